@@ -1,0 +1,6 @@
+//! The node agent: hardware discovery (nvidia-smi, NVML, sysfs InfiniBand),
+//! engine launch and supervision, weights and provisioning, and the one
+//! outbound stream to the control plane.
+//!
+//! What must not: any dependency on the server's crates. The agent speaks to
+//! the control plane only through `llmgw-api`.

@@ -1,0 +1,179 @@
+use std::path::PathBuf;
+
+use crate::StoreError;
+
+/// Where the log lives, parsed from an operator's `--store` value.
+///
+/// - `postgres://…` or `postgresql://…`: PostgreSQL;
+/// - `sqlite://PATH`, `sqlite:PATH` or a plain path: SQLite, the embedded default;
+/// - `@FILE`: the address is read from FILE, so that a DSN with a password
+///   stays out of command lines and configuration files.
+#[derive(Clone, PartialEq, Eq)]
+pub enum StoreAddress {
+    Postgres(String),
+    Sqlite(PathBuf),
+}
+
+impl StoreAddress {
+    pub fn parse(raw: &str) -> Result<Self, StoreError> {
+        let bad = |reason: &str| StoreError::BadAddress {
+            address: raw.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let raw_trim = raw.trim();
+        if let Some(file) = raw_trim.strip_prefix('@') {
+            if file.is_empty() {
+                return Err(bad("`@` must be followed by the path of a file"));
+            }
+            let text = std::fs::read_to_string(file).map_err(|e| StoreError::BadAddress {
+                address: raw.to_owned(),
+                reason: format!("cannot read {file}: {e}"),
+            })?;
+            let inner = text.trim();
+            if inner.starts_with('@') {
+                return Err(bad("the file must hold an address, not another `@file`"));
+            }
+            return Self::parse(inner);
+        }
+        if raw_trim.is_empty() {
+            return Err(bad("empty address"));
+        }
+        if raw_trim.starts_with("postgres://") || raw_trim.starts_with("postgresql://") {
+            // Validate now, so a typo is reported before any connection attempt.
+            raw_trim
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .map_err(|e| bad(&e.to_string()))?;
+            return Ok(StoreAddress::Postgres(raw_trim.to_owned()));
+        }
+        let path = if let Some(rest) = raw_trim.strip_prefix("sqlite://") {
+            rest
+        } else if let Some(rest) = raw_trim.strip_prefix("sqlite:") {
+            rest
+        } else if raw_trim.contains("://") {
+            return Err(bad("unknown scheme: use postgres://, sqlite:// or a file path"));
+        } else {
+            raw_trim
+        };
+        let path = path.split('?').next().unwrap_or_default();
+        if path.is_empty() {
+            return Err(bad("sqlite address without a path"));
+        }
+        if path == ":memory:" {
+            return Err(bad(
+                "an in-memory SQLite store would be lost on exit; give a file path",
+            ));
+        }
+        Ok(StoreAddress::Sqlite(PathBuf::from(path)))
+    }
+
+    /// The address with any password replaced, fit for logs and errors.
+    pub fn redacted(&self) -> String {
+        match self {
+            StoreAddress::Sqlite(p) => format!("sqlite://{}", p.display()),
+            StoreAddress::Postgres(url) => redact_password(url),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoreAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl std::fmt::Display for StoreAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    let user = userinfo.split(':').next().unwrap_or_default();
+    let userinfo = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        user.to_owned()
+    };
+    let tail = redact_query_password(tail);
+    format!("{scheme}://{userinfo}@{host}{tail}")
+}
+
+fn redact_query_password(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_owned();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some(("password", _)) => "password=***".to_owned(),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", query.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_pick_the_backend() {
+        assert!(matches!(
+            StoreAddress::parse("postgres://u@localhost/db").unwrap(),
+            StoreAddress::Postgres(_)
+        ));
+        assert_eq!(
+            StoreAddress::parse("sqlite:///var/lib/llmgw/log.db").unwrap(),
+            StoreAddress::Sqlite("/var/lib/llmgw/log.db".into())
+        );
+        assert_eq!(
+            StoreAddress::parse("sqlite:log.db").unwrap(),
+            StoreAddress::Sqlite("log.db".into())
+        );
+        assert_eq!(
+            StoreAddress::parse("./data/llmgw.db").unwrap(),
+            StoreAddress::Sqlite("./data/llmgw.db".into())
+        );
+    }
+
+    #[test]
+    fn bad_addresses_say_why() {
+        for raw in ["", "mysql://x", "sqlite://", "sqlite::memory:", "@", "postgres://u@h:notaport/db"] {
+            let err = StoreAddress::parse(raw).unwrap_err();
+            assert!(matches!(err, StoreError::BadAddress { .. }), "{raw}: {err}");
+        }
+    }
+
+    #[test]
+    fn at_file_reads_the_address_and_hides_the_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("dsn");
+        std::fs::write(&file, "postgres://llmgw:s3cret@db.internal:5432/llmgw\n").unwrap();
+        let addr = StoreAddress::parse(&format!("@{}", file.display())).unwrap();
+        assert_eq!(
+            addr,
+            StoreAddress::Postgres("postgres://llmgw:s3cret@db.internal:5432/llmgw".into())
+        );
+        assert_eq!(addr.redacted(), "postgres://llmgw:***@db.internal:5432/llmgw");
+        assert!(!format!("{addr:?}").contains("s3cret"));
+
+        let missing = StoreAddress::parse("@/nonexistent/dsn").unwrap_err();
+        assert!(missing.to_string().contains("cannot read /nonexistent/dsn"));
+    }
+
+    #[test]
+    fn query_passwords_are_redacted() {
+        let addr = StoreAddress::parse("postgres://u@h/db?password=hunter2&sslmode=require").unwrap();
+        assert_eq!(addr.redacted(), "postgres://u@h/db?password=***&sslmode=require");
+    }
+}

@@ -1,0 +1,103 @@
+use chrono::{DateTime, Utc};
+
+use crate::ExpectedVersion;
+
+/// Everything the event store can refuse or fail with. One type for the whole
+/// surface, so that callers match on the cases they handle and report the rest.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("bad store address {address:?}: {reason}")]
+    BadAddress { address: String, reason: String },
+
+    #[error("cannot open the store at {address}")]
+    Connect {
+        address: String,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error(
+        "the store at {address} has no llmgw schema yet; run `llmgw store migrate --store {address}`"
+    )]
+    NotMigrated { address: String },
+
+    #[error("migration {version} ({name}) was changed after it was applied")]
+    MigrationChanged { version: i64, name: String },
+
+    #[error("the store's schema (version {found}) is newer than this binary knows ({known})")]
+    SchemaTooNew { found: i64, known: i64 },
+
+    #[error("stream {stream}: expected {expected}, but its version is {actual}")]
+    VersionConflict {
+        stream: String,
+        expected: ExpectedVersion,
+        actual: u64,
+    },
+
+    /// The writer no longer holds the append lease: it must stop acting.
+    #[error("append refused: the lease is {current_holder:?} at epoch {current_epoch}, not this writer's")]
+    Fenced {
+        current_holder: Option<String>,
+        current_epoch: u64,
+    },
+
+    #[error("the append lease is held by {holder} (epoch {epoch}) until {expires_at}")]
+    LeaseHeld {
+        holder: String,
+        epoch: u64,
+        expires_at: DateTime<Utc>,
+    },
+
+    /// The request itself is malformed; nothing was written.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+
+    #[error("event {event_id} was already appended, but not in this batch")]
+    DuplicateEventId { event_id: uuid::Uuid },
+
+    #[error("no upcaster takes {event_type} from schema version {from} towards {to}")]
+    MissingUpcaster {
+        event_type: String,
+        from: u32,
+        to: u32,
+    },
+
+    #[error("upcasting {event_type} v{from} failed: {reason}")]
+    Upcast {
+        event_type: String,
+        from: u32,
+        reason: String,
+    },
+
+    #[error("checkpoint {name} is at position {position}, ahead of the log's surviving history")]
+    CheckpointAhead { name: String, position: u64 },
+
+    #[error("stored row at position {position} is unreadable: {reason}")]
+    Corrupt { position: u64, reason: String },
+
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// True when retrying the same call later may succeed (lock timeouts,
+    /// lost connections); false for refusals that a retry cannot change.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Database(e) => match e {
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+                sqlx::Error::Database(db) => matches!(
+                    db.code().as_deref(),
+                    // lock_not_available, serialization_failure, deadlock,
+                    // admin_shutdown, SQLITE_BUSY, SQLITE_LOCKED
+                    Some("55P03" | "40001" | "40P01" | "57P01" | "5" | "6" | "517")
+                ),
+                _ => false,
+            },
+            StoreError::Connect { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

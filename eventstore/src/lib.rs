@@ -1,0 +1,429 @@
+//! The append-only event log that every cluster change goes into.
+//!
+//! What belongs here: the [`EventStore`] trait and its two backends,
+//! PostgreSQL ([`PgStore`]) and SQLite ([`SqliteStore`], the embedded default),
+//! chosen by [`StoreAddress`]; appends with expected versions and idempotent
+//! retries; the append lease whose epoch fences every append inside the
+//! database; the hash chain and its verification; reads, subscriptions,
+//! projection checkpoints and upcasting on read; running the migrations.
+//!
+//! What must not: knowledge of what the events mean. Payloads are JSON
+//! values with a type name and a schema version; their Rust types live in
+//! `llmgw-domain`.
+//!
+//! # Why one control row
+//!
+//! Every append locks the single `es_control` row, takes its positions from
+//! the counter there and commits while still holding the lock. Positions are
+//! therefore dense and in commit order: a reader that has seen position `p`
+//! has seen everything below it, and needs no gap logic. The same row holds
+//! the lease (holder, epoch, expiry), so the fence check and the write are
+//! one atomic step: a takeover waits for an in-flight append to commit, and
+//! an append that waited for a takeover finds the epoch changed and writes
+//! nothing.
+
+mod address;
+mod append;
+mod error;
+pub mod hash;
+mod postgres;
+mod sqlite;
+mod subscribe;
+mod types;
+mod upcast;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+pub use address::StoreAddress;
+pub use error::{Result, StoreError};
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+pub use subscribe::{Subscription, Wakeups};
+pub use types::{
+    Appended, Checkpoint, ExpectedVersion, Lease, LeaseInfo, LeaseToken, NewEvent, RecordedEvent,
+    Stats, StreamAppend, VerifyReport, Writer,
+};
+pub use upcast::{UpcastFn, Upcasters};
+
+/// How many events one read returns at most, for callers that page.
+pub const DEFAULT_PAGE: usize = 1000;
+
+/// The log's operations; implemented by both backends and by [`AnyStore`].
+///
+/// The `*_raw` reads return events as stored; the plain reads pass them
+/// through the store's [`Upcasters`] first.
+pub trait EventStore: Clone + Send + Sync + 'static {
+    fn address(&self) -> &StoreAddress;
+
+    fn upcasters(&self) -> &Upcasters;
+
+    /// Applies the migrations this binary knows and the database lacks.
+    /// Returns the versions it applied.
+    fn migrate(&self) -> impl Future<Output = Result<Vec<i64>>> + Send;
+
+    /// Appends a batch atomically: all of it or nothing.
+    fn append(
+        &self,
+        writer: &Writer,
+        batch: &[StreamAppend],
+    ) -> impl Future<Output = Result<Appended>> + Send;
+
+    fn read_all_raw(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
+
+    fn read_stream_raw(
+        &self,
+        stream_id: &str,
+        after_version: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
+
+    /// Events recorded in `[from, to)` with a position above `after`.
+    fn read_time_range_raw(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
+
+    /// The head position and the head of the hash chain.
+    fn head(&self) -> impl Future<Output = Result<(u64, [u8; 32])>> + Send;
+
+    fn stats(&self) -> impl Future<Output = Result<Stats>> + Send;
+
+    /// Takes the lease if it is free or expired, or renews it under a new
+    /// epoch for the same holder. The epoch grows on every grant.
+    fn acquire_lease(
+        &self,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Extends a lease that is still held; `Fenced` once it is not.
+    fn renew_lease(
+        &self,
+        token: &LeaseToken,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
+    /// Steps down so that a successor need not wait out the ttl. Returns false
+    /// when the token no longer held the lease.
+    fn release_lease(&self, token: &LeaseToken) -> impl Future<Output = Result<bool>> + Send;
+
+    fn lease_info(&self) -> impl Future<Output = Result<LeaseInfo>> + Send;
+
+    fn save_checkpoint(
+        &self,
+        name: &str,
+        checkpoint: &Checkpoint,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    fn load_checkpoint(&self, name: &str) -> impl Future<Output = Result<Option<Checkpoint>>> + Send;
+
+    /// A source of "something was appended" hints for subscriptions.
+    fn wakeups(&self) -> impl Future<Output = Result<Wakeups>> + Send;
+
+    /// How often a subscription polls when no hint arrives.
+    fn poll_interval(&self) -> Duration;
+
+    fn read_all(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send {
+        async move { self.upcasters().upcast_all(self.read_all_raw(after, limit).await?) }
+    }
+
+    fn read_stream(
+        &self,
+        stream_id: &str,
+        after_version: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send {
+        async move {
+            let raw = self.read_stream_raw(stream_id, after_version, limit).await?;
+            self.upcasters().upcast_all(raw)
+        }
+    }
+
+    fn read_time_range(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send {
+        async move {
+            let raw = self.read_time_range_raw(from, to, after, limit).await?;
+            self.upcasters().upcast_all(raw)
+        }
+    }
+
+    /// The event at `position` as stored (not upcast), if there is one.
+    fn event_at(&self, position: u64) -> impl Future<Output = Result<Option<RecordedEvent>>> + Send {
+        async move {
+            if position == 0 {
+                return Ok(None);
+            }
+            let mut events = self.read_all_raw(position - 1, 1).await?;
+            Ok(events.pop().filter(|e| e.position == position))
+        }
+    }
+
+    /// Recomputes the hash chain over `[from, to]` (`to` defaults to the
+    /// head) and reports the first position whose stored hash does not match
+    /// its content. The link into `from` trusts the stored hash of `from - 1`.
+    fn verify(
+        &self,
+        from: u64,
+        to: Option<u64>,
+    ) -> impl Future<Output = Result<VerifyReport>> + Send {
+        async move {
+            let (head, head_hash) = self.head().await?;
+            let from = from.max(1);
+            let to = to.unwrap_or(head).min(head);
+            let mut report = VerifyReport {
+                from,
+                to,
+                checked: 0,
+                first_mismatch: None,
+                head_matches: None,
+            };
+            if from > to {
+                return Ok(report);
+            }
+            let mut prev = match self.event_at(from - 1).await? {
+                Some(e) => e.hash,
+                None => hash::GENESIS,
+            };
+            let mut after = from - 1;
+            'pages: while after < to {
+                let page = self.read_all_raw(after, DEFAULT_PAGE).await?;
+                if page.is_empty() {
+                    break;
+                }
+                for event in page {
+                    if event.position > to {
+                        break 'pages;
+                    }
+                    if event.position != after + 1 {
+                        report.first_mismatch = Some(after + 1);
+                        return Ok(report);
+                    }
+                    after = event.position;
+                    report.checked += 1;
+                    let computed = hash::chain(&prev, &event);
+                    if computed != event.hash {
+                        report.first_mismatch = Some(event.position);
+                        return Ok(report);
+                    }
+                    prev = computed;
+                }
+            }
+            if after < to {
+                report.first_mismatch = Some(after + 1);
+            } else if to == head {
+                report.head_matches = Some(prev == head_hash);
+            }
+            Ok(report)
+        }
+    }
+
+    /// Loads a projection's checkpoint and checks it against the log: a
+    /// checkpoint whose position is past the head, or whose event id is not
+    /// the event now at that position, is ahead of the surviving history and
+    /// the projection must be rebuilt.
+    fn resume_checkpoint(&self, name: &str) -> impl Future<Output = Result<Checkpoint>> + Send {
+        async move {
+            let Some(cp) = self.load_checkpoint(name).await? else {
+                return Ok(Checkpoint::START);
+            };
+            if cp.position == 0 {
+                return Ok(cp);
+            }
+            let ahead = || StoreError::CheckpointAhead {
+                name: name.to_owned(),
+                position: cp.position,
+            };
+            match self.event_at(cp.position).await? {
+                None => Err(ahead()),
+                Some(e) if cp.event_id.is_some_and(|id| id != e.event_id) => Err(ahead()),
+                Some(_) => Ok(cp),
+            }
+        }
+    }
+
+    /// Every event after `after`, first those already in the log, then new
+    /// ones as they are appended.
+    fn subscribe(&self, after: u64) -> Subscription<Self> {
+        Subscription::new(self.clone(), after)
+    }
+}
+
+/// Points inside an append where a test can hold the writer, to race it
+/// against a takeover. Not for production use.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendPoint {
+    /// The writer has a connection but has not yet checked its fence.
+    BeforeFence,
+    /// The fence check passed and the control row is locked.
+    AfterFence,
+}
+
+/// A test seam: called at each [`AppendPoint`].
+#[doc(hidden)]
+pub trait AppendHook: Send + Sync + std::fmt::Debug {
+    fn at(&self, point: AppendPoint) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Create the SQLite file if it is missing (PostgreSQL databases are
+    /// never created).
+    pub create: bool,
+    /// Apply pending migrations on open; otherwise a store without the
+    /// schema is refused with [`StoreError::NotMigrated`].
+    pub migrate: bool,
+    pub max_connections: u32,
+    pub poll_interval: Duration,
+    pub upcasters: Upcasters,
+    #[doc(hidden)]
+    pub append_hook: Option<Arc<dyn AppendHook>>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            create: false,
+            migrate: false,
+            max_connections: 8,
+            poll_interval: Duration::from_millis(500),
+            upcasters: Upcasters::new(),
+            append_hook: None,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// For `llmgw store migrate` and servers: create and migrate.
+    pub fn migrating() -> Self {
+        OpenOptions {
+            create: true,
+            migrate: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// Either backend, chosen at run time from the address.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    Postgres(PgStore),
+    Sqlite(SqliteStore),
+}
+
+impl AnyStore {
+    pub async fn open(address: &StoreAddress, options: OpenOptions) -> Result<Self> {
+        Ok(match address {
+            StoreAddress::Postgres(_) => AnyStore::Postgres(PgStore::open(address, options).await?),
+            StoreAddress::Sqlite(_) => AnyStore::Sqlite(SqliteStore::open(address, options).await?),
+        })
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Postgres($s) => $e,
+            AnyStore::Sqlite($s) => $e,
+        }
+    };
+}
+
+impl EventStore for AnyStore {
+    fn address(&self) -> &StoreAddress {
+        delegate!(self, s => s.address())
+    }
+    fn upcasters(&self) -> &Upcasters {
+        delegate!(self, s => s.upcasters())
+    }
+    fn poll_interval(&self) -> Duration {
+        delegate!(self, s => s.poll_interval())
+    }
+    async fn migrate(&self) -> Result<Vec<i64>> {
+        delegate!(self, s => s.migrate().await)
+    }
+    async fn append(&self, writer: &Writer, batch: &[StreamAppend]) -> Result<Appended> {
+        delegate!(self, s => s.append(writer, batch).await)
+    }
+    async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
+        delegate!(self, s => s.read_all_raw(after, limit).await)
+    }
+    async fn read_stream_raw(
+        &self,
+        stream_id: &str,
+        after_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        delegate!(self, s => s.read_stream_raw(stream_id, after_version, limit).await)
+    }
+    async fn read_time_range_raw(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        delegate!(self, s => s.read_time_range_raw(from, to, after, limit).await)
+    }
+    async fn head(&self) -> Result<(u64, [u8; 32])> {
+        delegate!(self, s => s.head().await)
+    }
+    async fn stats(&self) -> Result<Stats> {
+        delegate!(self, s => s.stats().await)
+    }
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
+        delegate!(self, s => s.acquire_lease(holder, ttl).await)
+    }
+    async fn renew_lease(&self, token: &LeaseToken, ttl: Duration) -> Result<Lease> {
+        delegate!(self, s => s.renew_lease(token, ttl).await)
+    }
+    async fn release_lease(&self, token: &LeaseToken) -> Result<bool> {
+        delegate!(self, s => s.release_lease(token).await)
+    }
+    async fn lease_info(&self) -> Result<LeaseInfo> {
+        delegate!(self, s => s.lease_info().await)
+    }
+    async fn save_checkpoint(&self, name: &str, checkpoint: &Checkpoint) -> Result<()> {
+        delegate!(self, s => s.save_checkpoint(name, checkpoint).await)
+    }
+    async fn load_checkpoint(&self, name: &str) -> Result<Option<Checkpoint>> {
+        delegate!(self, s => s.load_checkpoint(name).await)
+    }
+    async fn wakeups(&self) -> Result<Wakeups> {
+        delegate!(self, s => s.wakeups().await)
+    }
+}
+
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<i64> {
+    let ms = ttl.as_millis();
+    if ms == 0 || ms > 24 * 3600 * 1000 {
+        return Err(StoreError::Invalid("lease ttl must be between 1 ms and 24 h".into()));
+    }
+    Ok(ms as i64)
+}
+
+pub(crate) fn to_i64(v: u64, what: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| StoreError::Invalid(format!("{what} {v} is out of range")))
+}

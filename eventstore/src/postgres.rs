@@ -1,0 +1,591 @@
+//! The PostgreSQL backend. See the crate docs for why every append goes
+//! through the one `es_control` row.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sha2::{Digest, Sha256};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Connection, Row};
+use uuid::Uuid;
+
+use crate::append::{self, Existing, Head};
+use crate::{
+    AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
+    OpenOptions, RecordedEvent, Result, Stats, StoreAddress, StoreError, StreamAppend, Upcasters,
+    Wakeups, Writer, hash, to_i64, ttl_millis,
+};
+
+const CHANNEL: &str = "es_appended";
+/// Serialises concurrent `migrate` calls across processes.
+const MIGRATION_LOCK: i64 = 0x6c6c_6d67_7700_0001;
+
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    address: StoreAddress,
+    upcasters: Arc<Upcasters>,
+    poll_interval: Duration,
+    hook: Option<Arc<dyn AppendHook>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    pub async fn open(address: &StoreAddress, options: OpenOptions) -> Result<Self> {
+        let StoreAddress::Postgres(url) = address else {
+            return Err(StoreError::BadAddress {
+                address: address.redacted(),
+                reason: "not a postgres:// address".into(),
+            });
+        };
+        let connect = url
+            .parse::<PgConnectOptions>()
+            .map_err(|e| StoreError::BadAddress {
+                address: address.redacted(),
+                reason: e.to_string(),
+            })?
+            .application_name("llmgw")
+            // A writer waits this long for the control row before giving up
+            // with a transient error rather than hanging.
+            .options([("lock_timeout", "5s")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(connect)
+            .await
+            .map_err(|source| StoreError::Connect {
+                address: address.redacted(),
+                source,
+            })?;
+        let store = PgStore {
+            pool,
+            address: address.clone(),
+            upcasters: Arc::new(options.upcasters),
+            poll_interval: options.poll_interval,
+            hook: options.append_hook,
+        };
+        if options.migrate {
+            store.migrate().await?;
+        } else {
+            store.check_schema().await?;
+        }
+        Ok(store)
+    }
+
+    /// The pool, for tests and tools that inspect the tables directly.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn check_schema(&self) -> Result<()> {
+        let row = sqlx::query(
+            "SELECT to_regclass('es_control') IS NOT NULL,
+                    to_regclass('es_schema_migrations') IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if !row.try_get::<bool, _>(0)? || !row.try_get::<bool, _>(1)? {
+            return Err(StoreError::NotMigrated {
+                address: self.address.redacted(),
+            });
+        }
+        let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
+            .fetch_one(&self.pool)
+            .await?;
+        let known = llmgw_migrations::POSTGRES.last().map_or(0, |m| m.version);
+        match found {
+            Some(v) if v > known => Err(StoreError::SchemaTooNew { found: v, known }),
+            Some(v) if v == known => Ok(()),
+            _ => Err(StoreError::NotMigrated {
+                address: self.address.redacted(),
+            }),
+        }
+    }
+
+    async fn hook(&self, point: AppendPoint) {
+        if let Some(h) = &self.hook {
+            h.at(point).await;
+        }
+    }
+
+    async fn existing(&self, ids: &[Uuid]) -> Result<Vec<Existing>> {
+        let rows = sqlx::query(
+            "SELECT event_id, position, stream_id, stream_version FROM es_events
+             WHERE event_id = ANY($1)",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(existing_row).collect()
+    }
+}
+
+fn existing_row(r: &PgRow) -> Result<Existing> {
+    Ok(Existing {
+        event_id: r.try_get(0)?,
+        position: r.try_get::<i64, _>(1)? as u64,
+        stream_id: r.try_get(2)?,
+        stream_version: r.try_get::<i64, _>(3)? as u64,
+    })
+}
+
+const SELECT_EVENT: &str = "SELECT position, stream_id, stream_version, event_id, event_type,
+    schema_version, payload::text, metadata::text, epoch, recorded_at, hash FROM es_events";
+
+fn event_row(r: &PgRow) -> Result<RecordedEvent> {
+    let position = r.try_get::<i64, _>(0)? as u64;
+    let json = |i: usize| -> Result<serde_json::Value> {
+        let text: String = r.try_get(i)?;
+        serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+            position,
+            reason: e.to_string(),
+        })
+    };
+    Ok(RecordedEvent {
+        position,
+        stream_id: r.try_get(1)?,
+        stream_version: r.try_get::<i64, _>(2)? as u64,
+        event_id: r.try_get(3)?,
+        event_type: r.try_get(4)?,
+        schema_version: r.try_get::<i32, _>(5)? as u32,
+        payload: json(6)?,
+        metadata: json(7)?,
+        epoch: r.try_get::<i64, _>(8)? as u64,
+        recorded_at: r.try_get(9)?,
+        hash: hash::to_array(r.try_get::<&[u8], _>(10)?, position)?,
+    })
+}
+
+fn lease_row(r: &PgRow, holder: &str) -> Result<Lease> {
+    Ok(Lease {
+        token: LeaseToken {
+            holder: holder.to_owned(),
+            epoch: r.try_get::<i64, _>(0)? as u64,
+        },
+        expires_at: r.try_get(1)?,
+        head_at_grant: r.try_get::<i64, _>(2)? as u64,
+    })
+}
+
+impl EventStore for PgStore {
+    fn address(&self) -> &StoreAddress {
+        &self.address
+    }
+
+    fn upcasters(&self) -> &Upcasters {
+        &self.upcasters
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    async fn migrate(&self) -> Result<Vec<i64>> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        // Transaction-scoped, so an error cannot leave the lock behind.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS es_schema_migrations (
+                version    bigint      PRIMARY KEY,
+                name       text        NOT NULL,
+                checksum   bytea       NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT clock_timestamp())",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let applied: Vec<(i64, Vec<u8>)> =
+            sqlx::query_as("SELECT version, checksum FROM es_schema_migrations ORDER BY version")
+                .fetch_all(&mut *tx)
+                .await?;
+        let applied: HashMap<i64, Vec<u8>> = applied.into_iter().collect();
+        let known = llmgw_migrations::POSTGRES;
+        if let Some(&found) = applied.keys().max()
+            && found > known.last().map_or(0, |m| m.version)
+        {
+            return Err(StoreError::SchemaTooNew {
+                found,
+                known: known.last().map_or(0, |m| m.version),
+            });
+        }
+        let mut done = Vec::new();
+        for m in known {
+            let sum = Sha256::digest(m.sql.as_bytes()).to_vec();
+            match applied.get(&m.version) {
+                Some(stored) if *stored == sum => continue,
+                Some(_) => {
+                    return Err(StoreError::MigrationChanged {
+                        version: m.version,
+                        name: m.name.to_owned(),
+                    });
+                }
+                None => {}
+            }
+            sqlx::Executor::execute(&mut *tx, m.sql).await?;
+            sqlx::query("INSERT INTO es_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)")
+                .bind(m.version)
+                .bind(m.name)
+                .bind(sum)
+                .execute(&mut *tx)
+                .await?;
+            done.push(m.version);
+        }
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    async fn append(&self, writer: &Writer, batch: &[StreamAppend]) -> Result<Appended> {
+        let prepared = append::prepare(writer, batch)?;
+        let mut tx = self.pool.begin().await?;
+        self.hook(AppendPoint::BeforeFence).await;
+        // Lock the control row. For a leader the fence is part of the same
+        // statement: if a takeover committed while we waited for the lock,
+        // the re-checked row no longer matches and nothing is returned.
+        let head_row = match writer {
+            Writer::Leader(token) => {
+                sqlx::query(
+                    "SELECT last_position, last_hash, epoch, clock_timestamp() FROM es_control
+                     WHERE id = 1 AND epoch = $1 AND holder = $2
+                       AND lease_expires_at > clock_timestamp()
+                     FOR UPDATE",
+                )
+                .bind(to_i64(token.epoch, "epoch")?)
+                .bind(&token.holder)
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+            Writer::Observer { .. } => {
+                sqlx::query(
+                    "SELECT last_position, last_hash, epoch, clock_timestamp() FROM es_control
+                     WHERE id = 1 FOR UPDATE",
+                )
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+        };
+        let Some(head_row) = head_row else {
+            tx.rollback().await?;
+            // A retry of an append that committed before we lost the lease
+            // still gets its original positions.
+            if let Some(done) = append::resolve_retry(&prepared, &self.existing(&prepared.event_ids).await?)? {
+                return Ok(done);
+            }
+            let info = self.lease_info().await?;
+            return Err(StoreError::Fenced {
+                current_holder: info.holder,
+                current_epoch: info.epoch,
+            });
+        };
+        self.hook(AppendPoint::AfterFence).await;
+        let head = Head {
+            position: head_row.try_get::<i64, _>(0)? as u64,
+            hash: hash::to_array(head_row.try_get::<&[u8], _>(1)?, 0)?,
+            epoch: head_row.try_get::<i64, _>(2)? as u64,
+            now: append::micros(head_row.try_get::<DateTime<Utc>, _>(3)?),
+        };
+
+        let rows = sqlx::query(
+            "SELECT 0, event_id::text, position, stream_id, stream_version FROM es_events
+              WHERE event_id = ANY($1)
+             UNION ALL
+             SELECT 1, NULL, 0, stream_id, version FROM es_streams WHERE stream_id = ANY($2)",
+        )
+        .bind(&prepared.event_ids)
+        .bind(&prepared.stream_ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut existing = Vec::new();
+        let mut versions = HashMap::new();
+        for r in &rows {
+            let stream_id: String = r.try_get(3)?;
+            let n = r.try_get::<i64, _>(4)? as u64;
+            if r.try_get::<i32, _>(0)? == 0 {
+                let id: String = r.try_get(1)?;
+                let position = r.try_get::<i64, _>(2)? as u64;
+                existing.push(Existing {
+                    event_id: id.parse().map_err(|_| StoreError::Corrupt {
+                        position,
+                        reason: "bad event id".into(),
+                    })?,
+                    position,
+                    stream_id,
+                    stream_version: n,
+                });
+            } else {
+                versions.insert(stream_id, n);
+            }
+        }
+        if let Some(done) = append::resolve_retry(&prepared, &existing)? {
+            tx.rollback().await?;
+            return Ok(done);
+        }
+        let planned = append::plan(&prepared, writer, head, &versions)?;
+
+        let n = planned.events.len();
+        let mut positions = Vec::with_capacity(n);
+        let mut streams = Vec::with_capacity(n);
+        let mut stream_versions = Vec::with_capacity(n);
+        let mut ids = Vec::with_capacity(n);
+        let mut types = Vec::with_capacity(n);
+        let mut schema_versions = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut metadata = Vec::with_capacity(n);
+        let mut hashes = Vec::with_capacity(n);
+        for e in &planned.events {
+            positions.push(e.position as i64);
+            streams.push(e.stream_id.as_str());
+            stream_versions.push(e.stream_version as i64);
+            ids.push(e.event_id);
+            types.push(e.event_type.as_str());
+            schema_versions.push(e.schema_version as i32);
+            payloads.push(hash::canonical_string(&e.payload));
+            metadata.push(hash::canonical_string(&e.metadata));
+            hashes.push(e.hash.to_vec());
+        }
+        let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
+            .appended
+            .stream_versions
+            .iter()
+            .map(|(s, v)| (s.as_str(), *v as i64))
+            .unzip();
+        sqlx::query(
+            "WITH ev AS (
+                INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+                    schema_version, payload, metadata, epoch, recorded_at, hash)
+                SELECT p, s, v, i, t, sv, pl::jsonb, md::jsonb, $10, $11, h
+                FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[],
+                            $6::int[], $7::text[], $8::text[], $9::bytea[])
+                     AS u(p, s, v, i, t, sv, pl, md, h)
+             ), st AS (
+                INSERT INTO es_streams (stream_id, version)
+                SELECT * FROM unnest($12::text[], $13::bigint[])
+                ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version
+             ), ctl AS (
+                UPDATE es_control SET last_position = $14, last_hash = $15 WHERE id = 1
+             )
+             SELECT pg_notify($16, $14::text)",
+        )
+        .bind(&positions)
+        .bind(&streams)
+        .bind(&stream_versions)
+        .bind(&ids)
+        .bind(&types)
+        .bind(&schema_versions)
+        .bind(&payloads)
+        .bind(&metadata)
+        .bind(&hashes)
+        .bind(head.epoch as i64)
+        .bind(head.now)
+        .bind(&touched)
+        .bind(&touched_versions)
+        .bind(planned.head as i64)
+        .bind(planned.head_hash.as_slice())
+        .bind(CHANNEL)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(planned.appended)
+    }
+
+    async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
+        let rows = sqlx::query(&format!("{SELECT_EVENT} WHERE position > $1 ORDER BY position LIMIT $2"))
+            .bind(to_i64(after, "position")?)
+            .bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn read_stream_raw(
+        &self,
+        stream_id: &str,
+        after_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE stream_id = $1 AND stream_version > $2
+             ORDER BY stream_version LIMIT $3"
+        ))
+        .bind(stream_id)
+        .bind(to_i64(after_version, "version")?)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn read_time_range_raw(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE recorded_at >= $1 AND recorded_at < $2 AND position > $3
+             ORDER BY position LIMIT $4"
+        ))
+        .bind(from)
+        .bind(to)
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn head(&self) -> Result<(u64, [u8; 32])> {
+        let row = sqlx::query("SELECT last_position, last_hash FROM es_control WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((
+            row.try_get::<i64, _>(0)? as u64,
+            hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+        ))
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let by_type: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT event_type, count(*) FROM es_events GROUP BY event_type ORDER BY 2 DESC, 1",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let streams: i64 = sqlx::query_scalar("SELECT count(*) FROM es_streams")
+            .fetch_one(&self.pool)
+            .await?;
+        let (head, _) = self.head().await?;
+        Ok(Stats {
+            count: by_type.iter().map(|(_, n)| *n as u64).sum(),
+            head,
+            streams: streams as u64,
+            by_type: by_type.into_iter().map(|(t, n)| (t, n as u64)).collect(),
+        })
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
+        if holder.is_empty() {
+            return Err(StoreError::Invalid("empty lease holder".into()));
+        }
+        let ttl = ttl_millis(ttl)?;
+        let row = sqlx::query(
+            "UPDATE es_control
+                SET epoch = epoch + 1, holder = $1,
+                    lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond'
+              WHERE id = 1 AND (lease_expires_at <= clock_timestamp() OR holder = $1)
+             RETURNING epoch, lease_expires_at, last_position",
+        )
+        .bind(holder)
+        .bind(ttl)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(r) => lease_row(&r, holder),
+            None => {
+                let info = self.lease_info().await?;
+                Err(StoreError::LeaseHeld {
+                    holder: info.holder.unwrap_or_default(),
+                    epoch: info.epoch,
+                    expires_at: info.expires_at.unwrap_or_default(),
+                })
+            }
+        }
+    }
+
+    async fn renew_lease(&self, token: &LeaseToken, ttl: Duration) -> Result<Lease> {
+        let ttl = ttl_millis(ttl)?;
+        let row = sqlx::query(
+            "UPDATE es_control
+                SET lease_expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+              WHERE id = 1 AND epoch = $1 AND holder = $2 AND lease_expires_at > clock_timestamp()
+             RETURNING epoch, lease_expires_at, last_position",
+        )
+        .bind(to_i64(token.epoch, "epoch")?)
+        .bind(&token.holder)
+        .bind(ttl)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(r) => lease_row(&r, &token.holder),
+            None => {
+                let info = self.lease_info().await?;
+                Err(StoreError::Fenced {
+                    current_holder: info.holder,
+                    current_epoch: info.epoch,
+                })
+            }
+        }
+    }
+
+    async fn release_lease(&self, token: &LeaseToken) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE es_control SET lease_expires_at = clock_timestamp()
+              WHERE id = 1 AND epoch = $1 AND holder = $2 AND lease_expires_at > clock_timestamp()",
+        )
+        .bind(to_i64(token.epoch, "epoch")?)
+        .bind(&token.holder)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_info(&self) -> Result<LeaseInfo> {
+        let r = sqlx::query(
+            "SELECT holder, epoch,
+                    CASE WHEN lease_expires_at = '-infinity' THEN NULL ELSE lease_expires_at END,
+                    lease_expires_at > clock_timestamp(), last_position
+               FROM es_control WHERE id = 1",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(LeaseInfo {
+            holder: r.try_get(0)?,
+            epoch: r.try_get::<i64, _>(1)? as u64,
+            expires_at: r.try_get(2)?,
+            held: r.try_get(3)?,
+            head: r.try_get::<i64, _>(4)? as u64,
+        })
+    }
+
+    async fn save_checkpoint(&self, name: &str, checkpoint: &Checkpoint) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO es_checkpoints (name, position, event_id) VALUES ($1, $2, $3)
+             ON CONFLICT (name) DO UPDATE
+                SET position = EXCLUDED.position, event_id = EXCLUDED.event_id,
+                    updated_at = clock_timestamp()",
+        )
+        .bind(name)
+        .bind(to_i64(checkpoint.position, "position")?)
+        .bind(checkpoint.event_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn load_checkpoint(&self, name: &str) -> Result<Option<Checkpoint>> {
+        let row: Option<(i64, Option<Uuid>)> =
+            sqlx::query_as("SELECT position, event_id FROM es_checkpoints WHERE name = $1")
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|(position, event_id)| Checkpoint {
+            position: position as u64,
+            event_id,
+        }))
+    }
+
+    async fn wakeups(&self) -> Result<Wakeups> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        Ok(Wakeups::Postgres(Box::new(listener)))
+    }
+}

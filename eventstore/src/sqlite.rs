@@ -1,0 +1,611 @@
+//! The SQLite backend: the same schema and semantics as PostgreSQL for one
+//! machine. WAL with `synchronous=FULL` (a commit survives power loss), one
+//! writer connection, and every write transaction `BEGIN IMMEDIATE`, so that
+//! a writer takes the lock before it reads instead of failing with
+//! SQLITE_BUSY half way. SQLite has no trusted clock of its own: lease times
+//! come from this machine's clock, which every process on it shares.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::append::{self, Existing, Head};
+use crate::{
+    AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
+    OpenOptions, RecordedEvent, Result, Stats, StoreAddress, StoreError, StreamAppend, Upcasters,
+    Wakeups, Writer, hash, to_i64, ttl_millis,
+};
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    address: StoreAddress,
+    upcasters: Arc<Upcasters>,
+    poll_interval: Duration,
+    hook: Option<Arc<dyn AppendHook>>,
+    appended: Arc<watch::Sender<u64>>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
+/// One "appended" signal per database file in this process, so that every
+/// store opened on the same file wakes every subscriber on it. Other
+/// processes' appends are found by polling.
+fn signal_for(path: &Path) -> Arc<watch::Sender<u64>> {
+    static SIGNALS: OnceLock<Mutex<HashMap<PathBuf, Weak<watch::Sender<u64>>>>> = OnceLock::new();
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let mut map = SIGNALS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(existing) = map.get(&key).and_then(Weak::upgrade) {
+        return existing;
+    }
+    let signal = Arc::new(watch::Sender::new(0));
+    map.insert(key, Arc::downgrade(&signal));
+    signal
+}
+
+fn now_micros() -> i64 {
+    Utc::now().timestamp_micros()
+}
+
+fn from_micros(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or_default()
+}
+
+impl SqliteStore {
+    pub async fn open(address: &StoreAddress, options: OpenOptions) -> Result<Self> {
+        let StoreAddress::Sqlite(path) = address else {
+            return Err(StoreError::BadAddress {
+                address: address.redacted(),
+                reason: "not a SQLite address".into(),
+            });
+        };
+        if !options.create && !path.exists() {
+            return Err(StoreError::NotMigrated {
+                address: address.redacted(),
+            });
+        }
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(options.create)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let connect_err = |source| StoreError::Connect {
+            address: address.redacted(),
+            source,
+        };
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(connect.clone())
+            .await
+            .map_err(connect_err)?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .connect_with(connect)
+            .await
+            .map_err(connect_err)?;
+        let store = SqliteStore {
+            writer,
+            reader,
+            address: address.clone(),
+            upcasters: Arc::new(options.upcasters),
+            poll_interval: options.poll_interval,
+            hook: options.append_hook,
+            appended: signal_for(path),
+        };
+        if options.migrate {
+            store.migrate().await?;
+        } else {
+            store.check_schema().await?;
+        }
+        Ok(store)
+    }
+
+    /// The writer pool, for tests and tools that inspect the tables directly.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    async fn check_schema(&self) -> Result<()> {
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master
+              WHERE type = 'table' AND name IN ('es_control', 'es_schema_migrations')",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        if tables < 2 {
+            return Err(StoreError::NotMigrated {
+                address: self.address.redacted(),
+            });
+        }
+        let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
+            .fetch_one(&self.reader)
+            .await?;
+        let known = llmgw_migrations::SQLITE.last().map_or(0, |m| m.version);
+        match found {
+            Some(v) if v > known => Err(StoreError::SchemaTooNew { found: v, known }),
+            Some(v) if v == known => Ok(()),
+            _ => Err(StoreError::NotMigrated {
+                address: self.address.redacted(),
+            }),
+        }
+    }
+
+    async fn hook(&self, point: AppendPoint) {
+        if let Some(h) = &self.hook {
+            h.at(point).await;
+        }
+    }
+
+    async fn existing<'e, E>(&self, conn: E, ids: &[Uuid]) -> Result<Vec<Existing>>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
+    {
+        let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
+        let rows = sqlx::query(
+            "SELECT event_id, position, stream_id, stream_version FROM es_events
+              WHERE event_id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(serde_json::to_string(&ids).expect("strings serialise"))
+        .fetch_all(conn)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let position = r.try_get::<i64, _>(1)? as u64;
+                Ok(Existing {
+                    event_id: parse_uuid(r.try_get(0)?, position)?,
+                    position,
+                    stream_id: r.try_get(2)?,
+                    stream_version: r.try_get::<i64, _>(3)? as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn fenced_error(&self) -> Result<StoreError> {
+        let info = self.lease_info().await?;
+        Ok(StoreError::Fenced {
+            current_holder: info.holder,
+            current_epoch: info.epoch,
+        })
+    }
+}
+
+fn parse_uuid(text: &str, position: u64) -> Result<Uuid> {
+    text.parse().map_err(|_| StoreError::Corrupt {
+        position,
+        reason: format!("bad event id {text:?}"),
+    })
+}
+
+const SELECT_EVENT: &str = "SELECT position, stream_id, stream_version, event_id, event_type,
+    schema_version, payload, metadata, epoch, recorded_at, hash FROM es_events";
+
+fn event_row(r: &SqliteRow) -> Result<RecordedEvent> {
+    let position = r.try_get::<i64, _>(0)? as u64;
+    let json = |i: usize| -> Result<Value> {
+        let text: &str = r.try_get(i)?;
+        serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+            position,
+            reason: e.to_string(),
+        })
+    };
+    Ok(RecordedEvent {
+        position,
+        stream_id: r.try_get(1)?,
+        stream_version: r.try_get::<i64, _>(2)? as u64,
+        event_id: parse_uuid(r.try_get(3)?, position)?,
+        event_type: r.try_get(4)?,
+        schema_version: r.try_get::<i64, _>(5)? as u32,
+        payload: json(6)?,
+        metadata: json(7)?,
+        epoch: r.try_get::<i64, _>(8)? as u64,
+        recorded_at: from_micros(r.try_get(9)?),
+        hash: hash::to_array(r.try_get::<&[u8], _>(10)?, position)?,
+    })
+}
+
+fn lease_row(r: &SqliteRow, holder: &str) -> Result<Lease> {
+    Ok(Lease {
+        token: LeaseToken {
+            holder: holder.to_owned(),
+            epoch: r.try_get::<i64, _>(0)? as u64,
+        },
+        expires_at: from_micros(r.try_get(1)?),
+        head_at_grant: r.try_get::<i64, _>(2)? as u64,
+    })
+}
+
+impl EventStore for SqliteStore {
+    fn address(&self) -> &StoreAddress {
+        &self.address
+    }
+
+    fn upcasters(&self) -> &Upcasters {
+        &self.upcasters
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    async fn migrate(&self) -> Result<Vec<i64>> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS es_schema_migrations (
+                version    INTEGER PRIMARY KEY,
+                name       TEXT    NOT NULL,
+                checksum   BLOB    NOT NULL,
+                applied_at INTEGER NOT NULL) STRICT",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let applied: Vec<(i64, Vec<u8>)> =
+            sqlx::query_as("SELECT version, checksum FROM es_schema_migrations ORDER BY version")
+                .fetch_all(&mut *tx)
+                .await?;
+        let applied: HashMap<i64, Vec<u8>> = applied.into_iter().collect();
+        let known = llmgw_migrations::SQLITE;
+        let newest = known.last().map_or(0, |m| m.version);
+        if let Some(&found) = applied.keys().max()
+            && found > newest
+        {
+            return Err(StoreError::SchemaTooNew { found, known: newest });
+        }
+        let mut done = Vec::new();
+        for m in known {
+            let sum = Sha256::digest(m.sql.as_bytes()).to_vec();
+            match applied.get(&m.version) {
+                Some(stored) if *stored == sum => continue,
+                Some(_) => {
+                    return Err(StoreError::MigrationChanged {
+                        version: m.version,
+                        name: m.name.to_owned(),
+                    });
+                }
+                None => {}
+            }
+            sqlx::Executor::execute(&mut *tx, m.sql).await?;
+            sqlx::query(
+                "INSERT INTO es_schema_migrations (version, name, checksum, applied_at)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(sum)
+            .bind(now_micros())
+            .execute(&mut *tx)
+            .await?;
+            done.push(m.version);
+        }
+        tx.commit().await?;
+        Ok(done)
+    }
+
+    async fn append(&self, writer: &Writer, batch: &[StreamAppend]) -> Result<Appended> {
+        let prepared = append::prepare(writer, batch)?;
+        // BEGIN IMMEDIATE is the lock: the fence is checked right after it.
+        self.hook(AppendPoint::BeforeFence).await;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_micros();
+        let head_row = match writer {
+            Writer::Leader(token) => {
+                sqlx::query(
+                    "SELECT last_position, last_hash, epoch FROM es_control
+                      WHERE id = 1 AND epoch = ?1 AND holder = ?2 AND lease_expires_at > ?3",
+                )
+                .bind(to_i64(token.epoch, "epoch")?)
+                .bind(&token.holder)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?
+            }
+            Writer::Observer { .. } => {
+                sqlx::query("SELECT last_position, last_hash, epoch FROM es_control WHERE id = 1")
+                    .fetch_optional(&mut *tx)
+                    .await?
+            }
+        };
+        let existing = self.existing(&mut *tx, &prepared.event_ids).await?;
+        let Some(head_row) = head_row else {
+            tx.rollback().await?;
+            if let Some(done) = append::resolve_retry(&prepared, &existing)? {
+                return Ok(done);
+            }
+            return Err(self.fenced_error().await?);
+        };
+        self.hook(AppendPoint::AfterFence).await;
+        if let Some(done) = append::resolve_retry(&prepared, &existing)? {
+            tx.rollback().await?;
+            return Ok(done);
+        }
+        let head = Head {
+            position: head_row.try_get::<i64, _>(0)? as u64,
+            hash: hash::to_array(head_row.try_get::<&[u8], _>(1)?, 0)?,
+            epoch: head_row.try_get::<i64, _>(2)? as u64,
+            now: from_micros(now),
+        };
+        let versions: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT stream_id, version FROM es_streams
+              WHERE stream_id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(serde_json::to_string(&prepared.stream_ids).expect("strings serialise"))
+        .fetch_all(&mut *tx)
+        .await?;
+        let versions: HashMap<String, u64> =
+            versions.into_iter().map(|(s, v)| (s, v as u64)).collect();
+        let planned = append::plan(&prepared, writer, head, &versions)?;
+
+        // One statement for all rows: the batch travels as one JSON array.
+        let rows: Vec<Value> = planned
+            .events
+            .iter()
+            .map(|e| {
+                Value::Array(vec![
+                    e.position.into(),
+                    e.stream_id.clone().into(),
+                    e.stream_version.into(),
+                    e.event_id.hyphenated().to_string().into(),
+                    e.event_type.clone().into(),
+                    e.schema_version.into(),
+                    hash::canonical_string(&e.payload).into(),
+                    hash::canonical_string(&e.metadata).into(),
+                    hash::to_hex(&e.hash).into(),
+                ])
+            })
+            .collect();
+        sqlx::query(
+            "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+                 schema_version, payload, metadata, epoch, recorded_at, hash)
+             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
+                    value ->> 5, value ->> 6, value ->> 7, ?2, ?3, unhex(value ->> 8)
+               FROM json_each(?1)",
+        )
+        .bind(Value::Array(rows).to_string())
+        .bind(head.epoch as i64)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let streams: Vec<Value> = planned
+            .appended
+            .stream_versions
+            .iter()
+            .map(|(s, v)| Value::Array(vec![s.clone().into(), (*v).into()]))
+            .collect();
+        sqlx::query(
+            "INSERT INTO es_streams (stream_id, version)
+             SELECT value ->> 0, value ->> 1 FROM json_each(?1) WHERE true
+             ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version",
+        )
+        .bind(Value::Array(streams).to_string())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE es_control SET last_position = ?1, last_hash = ?2 WHERE id = 1")
+            .bind(planned.head as i64)
+            .bind(planned.head_hash.as_slice())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.appended.send_replace(planned.head);
+        Ok(planned.appended)
+    }
+
+    async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
+        let rows = sqlx::query(&format!("{SELECT_EVENT} WHERE position > ?1 ORDER BY position LIMIT ?2"))
+            .bind(to_i64(after, "position")?)
+            .bind(limit as i64)
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn read_stream_raw(
+        &self,
+        stream_id: &str,
+        after_version: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE stream_id = ?1 AND stream_version > ?2
+             ORDER BY stream_version LIMIT ?3"
+        ))
+        .bind(stream_id)
+        .bind(to_i64(after_version, "version")?)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn read_time_range_raw(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE recorded_at >= ?1 AND recorded_at < ?2 AND position > ?3
+             ORDER BY position LIMIT ?4"
+        ))
+        .bind(from.timestamp_micros())
+        .bind(to.timestamp_micros())
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn head(&self) -> Result<(u64, [u8; 32])> {
+        let row = sqlx::query("SELECT last_position, last_hash FROM es_control WHERE id = 1")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok((
+            row.try_get::<i64, _>(0)? as u64,
+            hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+        ))
+    }
+
+    async fn stats(&self) -> Result<Stats> {
+        let by_type: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT event_type, count(*) FROM es_events GROUP BY event_type ORDER BY 2 DESC, 1",
+        )
+        .fetch_all(&self.reader)
+        .await?;
+        let streams: i64 = sqlx::query_scalar("SELECT count(*) FROM es_streams")
+            .fetch_one(&self.reader)
+            .await?;
+        let (head, _) = self.head().await?;
+        Ok(Stats {
+            count: by_type.iter().map(|(_, n)| *n as u64).sum(),
+            head,
+            streams: streams as u64,
+            by_type: by_type.into_iter().map(|(t, n)| (t, n as u64)).collect(),
+        })
+    }
+
+    async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
+        if holder.is_empty() {
+            return Err(StoreError::Invalid("empty lease holder".into()));
+        }
+        let ttl = ttl_millis(ttl)?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_micros();
+        let row = sqlx::query(
+            "UPDATE es_control SET epoch = epoch + 1, holder = ?1, lease_expires_at = ?2
+              WHERE id = 1 AND (lease_expires_at <= ?3 OR holder = ?1)
+             RETURNING epoch, lease_expires_at, last_position",
+        )
+        .bind(holder)
+        .bind(now + ttl * 1000)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        match row {
+            Some(r) => lease_row(&r, holder),
+            None => {
+                let info = self.lease_info().await?;
+                Err(StoreError::LeaseHeld {
+                    holder: info.holder.unwrap_or_default(),
+                    epoch: info.epoch,
+                    expires_at: info.expires_at.unwrap_or_default(),
+                })
+            }
+        }
+    }
+
+    async fn renew_lease(&self, token: &LeaseToken, ttl: Duration) -> Result<Lease> {
+        let ttl = ttl_millis(ttl)?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_micros();
+        let row = sqlx::query(
+            "UPDATE es_control SET lease_expires_at = ?3
+              WHERE id = 1 AND epoch = ?1 AND holder = ?2 AND lease_expires_at > ?4
+             RETURNING epoch, lease_expires_at, last_position",
+        )
+        .bind(to_i64(token.epoch, "epoch")?)
+        .bind(&token.holder)
+        .bind(now + ttl * 1000)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        match row {
+            Some(r) => lease_row(&r, &token.holder),
+            None => Err(self.fenced_error().await?),
+        }
+    }
+
+    async fn release_lease(&self, token: &LeaseToken) -> Result<bool> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_micros();
+        let done = sqlx::query(
+            "UPDATE es_control SET lease_expires_at = ?3
+              WHERE id = 1 AND epoch = ?1 AND holder = ?2 AND lease_expires_at > ?3",
+        )
+        .bind(to_i64(token.epoch, "epoch")?)
+        .bind(&token.holder)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_info(&self) -> Result<LeaseInfo> {
+        let (holder, epoch, expires, head): (Option<String>, i64, i64, i64) = sqlx::query_as(
+            "SELECT holder, epoch, lease_expires_at, last_position FROM es_control WHERE id = 1",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(LeaseInfo {
+            holder,
+            epoch: epoch as u64,
+            expires_at: (expires != 0).then(|| from_micros(expires)),
+            held: expires > now_micros(),
+            head: head as u64,
+        })
+    }
+
+    async fn save_checkpoint(&self, name: &str, checkpoint: &Checkpoint) -> Result<()> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO es_checkpoints (name, position, event_id, updated_at)
+             VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (name) DO UPDATE
+                SET position = excluded.position, event_id = excluded.event_id,
+                    updated_at = excluded.updated_at",
+        )
+        .bind(name)
+        .bind(to_i64(checkpoint.position, "position")?)
+        .bind(checkpoint.event_id.map(|id| id.hyphenated().to_string()))
+        .bind(now_micros())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn load_checkpoint(&self, name: &str) -> Result<Option<Checkpoint>> {
+        let row: Option<(i64, Option<String>)> =
+            sqlx::query_as("SELECT position, event_id FROM es_checkpoints WHERE name = ?1")
+                .bind(name)
+                .fetch_optional(&self.reader)
+                .await?;
+        row.map(|(position, event_id)| {
+            Ok(Checkpoint {
+                position: position as u64,
+                event_id: event_id.map(|id| parse_uuid(&id, position as u64)).transpose()?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn wakeups(&self) -> Result<Wakeups> {
+        Ok(Wakeups::Local(self.appended.subscribe()))
+    }
+}
