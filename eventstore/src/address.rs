@@ -50,7 +50,9 @@ impl StoreAddress {
         } else if let Some(rest) = raw_trim.strip_prefix("sqlite:") {
             rest
         } else if raw_trim.contains("://") {
-            return Err(bad("unknown scheme: use postgres://, sqlite:// or a file path"));
+            return Err(bad(
+                "unknown scheme: use postgres://, sqlite:// or a file path",
+            ));
         } else {
             raw_trim
         };
@@ -148,7 +150,14 @@ mod tests {
 
     #[test]
     fn bad_addresses_say_why() {
-        for raw in ["", "mysql://x", "sqlite://", "sqlite::memory:", "@", "postgres://u@h:notaport/db"] {
+        for raw in [
+            "",
+            "mysql://x",
+            "sqlite://",
+            "sqlite::memory:",
+            "@",
+            "postgres://u@h:notaport/db",
+        ] {
             let err = StoreAddress::parse(raw).unwrap_err();
             assert!(matches!(err, StoreError::BadAddress { .. }), "{raw}: {err}");
         }
@@ -164,7 +173,10 @@ mod tests {
             addr,
             StoreAddress::Postgres("postgres://llmgw:s3cret@db.internal:5432/llmgw".into())
         );
-        assert_eq!(addr.redacted(), "postgres://llmgw:***@db.internal:5432/llmgw");
+        assert_eq!(
+            addr.redacted(),
+            "postgres://llmgw:***@db.internal:5432/llmgw"
+        );
         assert!(!format!("{addr:?}").contains("s3cret"));
 
         let missing = StoreAddress::parse("@/nonexistent/dsn").unwrap_err();
@@ -173,7 +185,11 @@ mod tests {
 
     #[test]
     fn query_passwords_are_redacted() {
-        let addr = StoreAddress::parse("postgres://u@h/db?password=hunter2&sslmode=require").unwrap();
-        assert_eq!(addr.redacted(), "postgres://u@h/db?password=***&sslmode=require");
+        let addr =
+            StoreAddress::parse("postgres://u@h/db?password=hunter2&sslmode=require").unwrap();
+        assert_eq!(
+            addr.redacted(),
+            "postgres://u@h/db?password=***&sslmode=require"
+        );
     }
 }

@@ -60,7 +60,10 @@ pub(crate) fn prepare<'a>(writer: &Writer, batch: &'a [StreamAppend]) -> Result<
             return invalid(format!("stream id must be 1 to {MAX_STREAM_ID} bytes"));
         }
         if s.stream_id.chars().any(char::is_control) {
-            return invalid(format!("stream id {:?} contains a control character", s.stream_id));
+            return invalid(format!(
+                "stream id {:?} contains a control character",
+                s.stream_id
+            ));
         }
         if !streams.insert(s.stream_id.as_str()) {
             return invalid(format!("stream {} appears twice in one batch", s.stream_id));
@@ -86,7 +89,10 @@ pub(crate) fn prepare<'a>(writer: &Writer, batch: &'a [StreamAppend]) -> Result<
                 ));
             }
             if !ids.insert(e.event_id) {
-                return invalid(format!("event id {} appears twice in one batch", e.event_id));
+                return invalid(format!(
+                    "event id {} appears twice in one batch",
+                    e.event_id
+                ));
             }
             event_ids.push(e.event_id);
         }
@@ -109,7 +115,10 @@ fn has_nul(v: &Value) -> bool {
 
 /// A retry of an append that already committed returns its original result;
 /// a batch that only partly overlaps the log is refused.
-pub(crate) fn resolve_retry(prepared: &Prepared<'_>, existing: &[Existing]) -> Result<Option<Appended>> {
+pub(crate) fn resolve_retry(
+    prepared: &Prepared<'_>,
+    existing: &[Existing],
+) -> Result<Option<Appended>> {
     if existing.is_empty() {
         return Ok(None);
     }

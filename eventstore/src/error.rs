@@ -35,7 +35,9 @@ pub enum StoreError {
     },
 
     /// The writer no longer holds the append lease: it must stop acting.
-    #[error("append refused: the lease is {current_holder:?} at epoch {current_epoch}, not this writer's")]
+    #[error(
+        "append refused: the lease is {current_holder:?} at epoch {current_epoch}, not this writer's"
+    )]
     Fenced {
         current_holder: Option<String>,
         current_epoch: u64,

@@ -129,19 +129,24 @@ mod tests {
 
     #[test]
     fn key_order_and_spacing_do_not_change_the_bytes() {
-        let a: Value = serde_json::from_str(r#"{"b": 1, "a": {"y": [1, 2.5], "x": null}}"#).unwrap();
+        let a: Value =
+            serde_json::from_str(r#"{"b": 1, "a": {"y": [1, 2.5], "x": null}}"#).unwrap();
         let b: Value = serde_json::from_str(r#"{"a":{"x":null,"y":[1,2.5]},"b":1}"#).unwrap();
         assert_eq!(canonical_string(&a), canonical_string(&b));
-        assert_eq!(canonical_string(&a), r#"{"a":{"x":null,"y":[1,2.5]},"b":1}"#);
+        assert_eq!(
+            canonical_string(&a),
+            r#"{"a":{"x":null,"y":[1,2.5]},"b":1}"#
+        );
     }
 
     #[test]
     fn numbers_survive_a_reformatting_round_trip() {
         // PostgreSQL prints 1e20 as 100000000000000000000 and 1.5e-7 as 0.00000015.
         let ours = json!({"big": 1e20, "small": 1.5e-7, "gib": 44.99});
-        let theirs: Value =
-            serde_json::from_str(r#"{"gib": 44.99, "big": 100000000000000000000, "small": 0.00000015}"#)
-                .unwrap();
+        let theirs: Value = serde_json::from_str(
+            r#"{"gib": 44.99, "big": 100000000000000000000, "small": 0.00000015}"#,
+        )
+        .unwrap();
         assert_eq!(canonical_string(&ours), canonical_string(&theirs));
     }
 

@@ -127,7 +127,10 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         checkpoint: &Checkpoint,
     ) -> impl Future<Output = Result<()>> + Send;
 
-    fn load_checkpoint(&self, name: &str) -> impl Future<Output = Result<Option<Checkpoint>>> + Send;
+    fn load_checkpoint(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Checkpoint>>> + Send;
 
     /// A source of "something was appended" hints for subscriptions.
     fn wakeups(&self) -> impl Future<Output = Result<Wakeups>> + Send;
@@ -140,7 +143,10 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send {
-        async move { self.upcasters().upcast_all(self.read_all_raw(after, limit).await?) }
+        async move {
+            self.upcasters()
+                .upcast_all(self.read_all_raw(after, limit).await?)
+        }
     }
 
     fn read_stream(
@@ -150,7 +156,9 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send {
         async move {
-            let raw = self.read_stream_raw(stream_id, after_version, limit).await?;
+            let raw = self
+                .read_stream_raw(stream_id, after_version, limit)
+                .await?;
             self.upcasters().upcast_all(raw)
         }
     }
@@ -169,7 +177,10 @@ pub trait EventStore: Clone + Send + Sync + 'static {
     }
 
     /// The event at `position` as stored (not upcast), if there is one.
-    fn event_at(&self, position: u64) -> impl Future<Output = Result<Option<RecordedEvent>>> + Send {
+    fn event_at(
+        &self,
+        position: u64,
+    ) -> impl Future<Output = Result<Option<RecordedEvent>>> + Send {
         async move {
             if position == 0 {
                 return Ok(None);
@@ -419,7 +430,9 @@ impl EventStore for AnyStore {
 pub(crate) fn ttl_millis(ttl: Duration) -> Result<i64> {
     let ms = ttl.as_millis();
     if ms == 0 || ms > 24 * 3600 * 1000 {
-        return Err(StoreError::Invalid("lease ttl must be between 1 ms and 24 h".into()));
+        return Err(StoreError::Invalid(
+            "lease ttl must be between 1 ms and 24 h".into(),
+        ));
     }
     Ok(ms as i64)
 }

@@ -33,7 +33,9 @@ pub struct PgStore {
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore").field("address", &self.address).finish_non_exhaustive()
+        f.debug_struct("PgStore")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
     }
 }
 
@@ -96,9 +98,10 @@ impl PgStore {
                 address: self.address.redacted(),
             });
         }
-        let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
-            .fetch_one(&self.pool)
-            .await?;
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
+                .fetch_one(&self.pool)
+                .await?;
         let known = llmgw_migrations::POSTGRES.last().map_or(0, |m| m.version);
         match found {
             Some(v) if v > known => Err(StoreError::SchemaTooNew { found: v, known }),
@@ -232,12 +235,14 @@ impl EventStore for PgStore {
                 None => {}
             }
             sqlx::Executor::execute(&mut *tx, m.sql).await?;
-            sqlx::query("INSERT INTO es_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)")
-                .bind(m.version)
-                .bind(m.name)
-                .bind(sum)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO es_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            )
+            .bind(m.version)
+            .bind(m.name)
+            .bind(sum)
+            .execute(&mut *tx)
+            .await?;
             done.push(m.version);
         }
         tx.commit().await?;
@@ -277,7 +282,9 @@ impl EventStore for PgStore {
             tx.rollback().await?;
             // A retry of an append that committed before we lost the lease
             // still gets its original positions.
-            if let Some(done) = append::resolve_retry(&prepared, &self.existing(&prepared.event_ids).await?)? {
+            if let Some(done) =
+                append::resolve_retry(&prepared, &self.existing(&prepared.event_ids).await?)?
+            {
                 return Ok(done);
             }
             let info = self.lease_info().await?;
@@ -398,11 +405,13 @@ impl EventStore for PgStore {
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
-        let rows = sqlx::query(&format!("{SELECT_EVENT} WHERE position > $1 ORDER BY position LIMIT $2"))
-            .bind(to_i64(after, "position")?)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE position > $1 ORDER BY position LIMIT $2"
+        ))
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter().map(event_row).collect()
     }
 

@@ -41,7 +41,9 @@ pub struct SqliteStore {
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("address", &self.address).finish_non_exhaustive()
+        f.debug_struct("SqliteStore")
+            .field("address", &self.address)
+            .finish_non_exhaustive()
     }
 }
 
@@ -140,9 +142,10 @@ impl SqliteStore {
                 address: self.address.redacted(),
             });
         }
-        let found: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
-            .fetch_one(&self.reader)
-            .await?;
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
+                .fetch_one(&self.reader)
+                .await?;
         let known = llmgw_migrations::SQLITE.last().map_or(0, |m| m.version);
         match found {
             Some(v) if v > known => Err(StoreError::SchemaTooNew { found: v, known }),
@@ -272,7 +275,10 @@ impl EventStore for SqliteStore {
         if let Some(&found) = applied.keys().max()
             && found > newest
         {
-            return Err(StoreError::SchemaTooNew { found, known: newest });
+            return Err(StoreError::SchemaTooNew {
+                found,
+                known: newest,
+            });
         }
         let mut done = Vec::new();
         for m in known {
@@ -413,11 +419,13 @@ impl EventStore for SqliteStore {
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
-        let rows = sqlx::query(&format!("{SELECT_EVENT} WHERE position > ?1 ORDER BY position LIMIT ?2"))
-            .bind(to_i64(after, "position")?)
-            .bind(limit as i64)
-            .fetch_all(&self.reader)
-            .await?;
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE position > ?1 ORDER BY position LIMIT ?2"
+        ))
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
+        .await?;
         rows.iter().map(event_row).collect()
     }
 
@@ -599,7 +607,9 @@ impl EventStore for SqliteStore {
         row.map(|(position, event_id)| {
             Ok(Checkpoint {
                 position: position as u64,
-                event_id: event_id.map(|id| parse_uuid(&id, position as u64)).transpose()?,
+                event_id: event_id
+                    .map(|id| parse_uuid(&id, position as u64))
+                    .transpose()?,
             })
         })
         .transpose()

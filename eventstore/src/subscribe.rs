@@ -36,7 +36,10 @@ impl Wakeups {
                 }
             }
             Wakeups::Local(rx) => {
-                if tokio::time::timeout(max, rx.changed()).await.is_ok_and(|r| r.is_err()) {
+                if tokio::time::timeout(max, rx.changed())
+                    .await
+                    .is_ok_and(|r| r.is_err())
+                {
                     // The store that fed this receiver is gone: poll only.
                     tokio::time::sleep(max).await;
                 }
@@ -146,7 +149,8 @@ impl<S: EventStore> Subscription<S> {
 
     async fn back_off(&mut self, error: StoreError) -> Result<()> {
         self.failures += 1;
-        let delay = Duration::from_millis(100 * 2u64.pow(self.failures.min(6))).min(MAX_RETRY_DELAY);
+        let delay =
+            Duration::from_millis(100 * 2u64.pow(self.failures.min(6))).min(MAX_RETRY_DELAY);
         if self.failures == 1 {
             tracing::warn!(error = %error, position = self.after, "subscription lost the store; retrying");
         }

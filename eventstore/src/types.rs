@@ -84,7 +84,11 @@ pub struct StreamAppend {
 }
 
 impl StreamAppend {
-    pub fn new(stream_id: impl Into<String>, expected: ExpectedVersion, events: Vec<NewEvent>) -> Self {
+    pub fn new(
+        stream_id: impl Into<String>,
+        expected: ExpectedVersion,
+        events: Vec<NewEvent>,
+    ) -> Self {
         StreamAppend {
             stream_id: stream_id.into(),
             expected,

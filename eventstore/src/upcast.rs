@@ -64,13 +64,12 @@ impl Upcasters {
                     from,
                     to: target,
                 })?;
-            event.payload = step(std::mem::take(&mut event.payload)).map_err(|reason| {
-                StoreError::Upcast {
+            event.payload =
+                step(std::mem::take(&mut event.payload)).map_err(|reason| StoreError::Upcast {
                     event_type: event.event_type.clone(),
                     from,
                     reason,
-                }
-            })?;
+                })?;
             event.schema_version = from + 1;
         }
         Ok(event)
@@ -124,7 +123,10 @@ mod tests {
             .step("NodeRegistered", 2, v2_to_v3);
         let up = reg.upcast(event(1, json!({"hostname": "gpu-a"}))).unwrap();
         assert_eq!(up.schema_version, 3);
-        assert_eq!(up.payload, json!({"name": "gpu-a", "labels": {}, "gpus": []}));
+        assert_eq!(
+            up.payload,
+            json!({"name": "gpu-a", "labels": {}, "gpus": []})
+        );
         // Already current: untouched.
         let cur = reg.upcast(event(3, json!({"x": 1}))).unwrap();
         assert_eq!(cur.payload, json!({"x": 1}));
@@ -132,8 +134,13 @@ mod tests {
 
     #[test]
     fn a_missing_step_is_an_error_not_a_silent_pass() {
-        let reg = Upcasters::new().current("NodeRegistered", 3).step("NodeRegistered", 2, v2_to_v3);
+        let reg = Upcasters::new()
+            .current("NodeRegistered", 3)
+            .step("NodeRegistered", 2, v2_to_v3);
         let err = reg.upcast(event(1, json!({}))).unwrap_err();
-        assert!(matches!(err, StoreError::MissingUpcaster { from: 1, to: 3, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::MissingUpcaster { from: 1, to: 3, .. }),
+            "{err}"
+        );
     }
 }

@@ -1,1 +1,10 @@
+//! The event store's integration tests: one conformance suite, run against a
+//! real PostgreSQL and a real SQLite file alike.
 
+mod support;
+
+mod conformance;
+mod fencing;
+mod properties;
+mod subscriptions;
+mod tamper;

@@ -1,0 +1,647 @@
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use llmgw_eventstore::{
+    AnyStore, Checkpoint, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreError,
+    Upcasters, Writer,
+};
+use serde_json::{Value, json};
+
+use crate::support::{Backend, Scratch, TestStore, all_events, both_backends, event, stream};
+
+both_backends!(
+    appends_get_dense_positions_and_stream_versions,
+    a_version_conflict_names_the_stream_and_writes_nothing,
+    retries_with_the_same_ids_return_the_original_positions,
+    malformed_batches_are_refused_before_anything_is_written,
+    the_lease_hands_over_with_a_growing_epoch,
+    an_expired_lease_refuses_appends,
+    observers_append_whoever_holds_the_lease,
+    stored_events_cannot_be_changed,
+    time_range_reads_match_recorded_times,
+    checkpoints_detect_a_projection_ahead_of_the_log,
+    old_schema_versions_are_upcast_on_read,
+    stats_count_events_per_type,
+    migrations_are_idempotent_and_required,
+);
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn leader(store: &AnyStore, holder: &str) -> Writer {
+    Writer::Leader(store.acquire_lease(holder, TTL).await.expect("lease").token)
+}
+
+async fn appends_get_dense_positions_and_stream_versions(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    let first = t
+        .store
+        .append(
+            &w,
+            &[
+                stream(
+                    "node-a",
+                    ExpectedVersion::NoStream,
+                    vec![event("NodeRegistered", 1)],
+                ),
+                stream(
+                    "model-x",
+                    ExpectedVersion::Any,
+                    vec![event("ModelAdded", 2), event("ModelUpdated", 3)],
+                ),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!((first.first_position, first.last_position), (1, 3));
+    assert_eq!(
+        first.stream_versions,
+        vec![("node-a".into(), 1), ("model-x".into(), 2)]
+    );
+    let second = t
+        .store
+        .append(
+            &w,
+            &[stream(
+                "model-x",
+                ExpectedVersion::Exact(2),
+                vec![event("ModelRemoved", 4)],
+            )],
+        )
+        .await
+        .unwrap();
+    assert_eq!((second.first_position, second.last_position), (4, 4));
+
+    let all = all_events(&t.store).await;
+    assert_eq!(
+        all.iter().map(|e| e.position).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    assert_eq!(all[3].payload["n"], json!(4));
+    assert_eq!(all[3].payload["note"], json!("ünïcode ✓"));
+    let model = t.store.read_stream("model-x", 0, 100).await.unwrap();
+    assert_eq!(
+        model
+            .iter()
+            .map(|e| (e.stream_version, e.event_type.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(1, "ModelAdded"), (2, "ModelUpdated"), (3, "ModelRemoved")]
+    );
+    assert_eq!(
+        t.store.read_stream("model-x", 2, 100).await.unwrap().len(),
+        1
+    );
+    assert_eq!(t.store.head().await.unwrap().0, 4);
+    let e = t.store.event_at(2).await.unwrap().expect("event 2");
+    assert_eq!(e.event_type, "ModelAdded");
+    assert!(t.store.event_at(5).await.unwrap().is_none());
+}
+
+async fn a_version_conflict_names_the_stream_and_writes_nothing(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[stream(
+                "node-a",
+                ExpectedVersion::NoStream,
+                vec![event("NodeRegistered", 1)],
+            )],
+        )
+        .await
+        .unwrap();
+    for expected in [
+        ExpectedVersion::NoStream,
+        ExpectedVersion::Exact(0),
+        ExpectedVersion::Exact(7),
+    ] {
+        let err = t
+            .store
+            .append(
+                &w,
+                &[
+                    stream(
+                        "node-b",
+                        ExpectedVersion::Any,
+                        vec![event("NodeRegistered", 2)],
+                    ),
+                    stream("node-a", expected, vec![event("NodeCordoned", 3)]),
+                ],
+            )
+            .await
+            .unwrap_err();
+        match err {
+            StoreError::VersionConflict {
+                stream,
+                expected: e,
+                actual,
+            } => {
+                assert_eq!((stream.as_str(), e, actual), ("node-a", expected, 1));
+            }
+            other => panic!("expected a conflict, got {other}"),
+        }
+    }
+    // The other stream of the refused batch was not written either.
+    assert_eq!(t.store.head().await.unwrap().0, 1);
+    assert!(
+        t.store
+            .read_stream("node-b", 0, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let msg = StoreError::VersionConflict {
+        stream: "node-a".into(),
+        expected: ExpectedVersion::Exact(7),
+        actual: 1,
+    }
+    .to_string();
+    assert_eq!(
+        msg,
+        "stream node-a: expected version 7, but its version is 1"
+    );
+}
+
+async fn retries_with_the_same_ids_return_the_original_positions(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[stream("a", ExpectedVersion::Any, vec![event("E", 0)])],
+        )
+        .await
+        .unwrap();
+    let batch = [
+        stream(
+            "b",
+            ExpectedVersion::NoStream,
+            vec![event("E", 1), event("E", 2)],
+        ),
+        stream("c", ExpectedVersion::NoStream, vec![event("E", 3)]),
+    ];
+    let first = t.store.append(&w, &batch).await.unwrap();
+    assert!(!first.deduplicated);
+    // The same batch again, even though its expected versions no longer hold.
+    let again = t.store.append(&w, &batch).await.unwrap();
+    assert!(again.deduplicated);
+    assert_eq!((again.first_position, again.last_position), (2, 4));
+    assert_eq!(again.stream_versions, first.stream_versions);
+    assert_eq!(t.store.head().await.unwrap().0, 4);
+
+    // A batch that reuses only some ids is refused whole.
+    let mixed = [stream(
+        "d",
+        ExpectedVersion::Any,
+        vec![event("E", 9), batch[0].events[0].clone()],
+    )];
+    let err = t.store.append(&w, &mixed).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::DuplicateEventId { event_id } if event_id == batch[0].events[0].event_id),
+        "{err}"
+    );
+    assert_eq!(t.store.head().await.unwrap().0, 4);
+
+    // A retry still succeeds after the writer lost the lease: it committed.
+    let LeaseHolder(token) = LeaseHolder::from(&w);
+    t.store.release_lease(&token).await.unwrap();
+    let after_release = t.store.append(&w, &batch).await.unwrap();
+    assert_eq!(
+        (after_release.first_position, after_release.last_position),
+        (2, 4)
+    );
+}
+
+struct LeaseHolder(llmgw_eventstore::LeaseToken);
+impl From<&Writer> for LeaseHolder {
+    fn from(w: &Writer) -> Self {
+        match w {
+            Writer::Leader(t) => LeaseHolder(t.clone()),
+            Writer::Observer { .. } => panic!("not a leader"),
+        }
+    }
+}
+
+async fn malformed_batches_are_refused_before_anything_is_written(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    let dup = event("E", 1);
+    let cases = vec![
+        vec![],
+        vec![stream("", ExpectedVersion::Any, vec![event("E", 1)])],
+        vec![stream("a", ExpectedVersion::Any, vec![])],
+        vec![
+            stream("a", ExpectedVersion::Any, vec![event("E", 1)]),
+            stream("a", ExpectedVersion::Any, vec![event("E", 2)]),
+        ],
+        vec![stream("a", ExpectedVersion::Any, vec![dup.clone(), dup])],
+        vec![stream(
+            "a",
+            ExpectedVersion::Any,
+            vec![NewEvent::new("", 1, json!({}))],
+        )],
+        vec![stream(
+            "a",
+            ExpectedVersion::Any,
+            vec![NewEvent::new("E", 0, json!({}))],
+        )],
+        vec![stream(
+            "a",
+            ExpectedVersion::Any,
+            vec![NewEvent::new("E", 1, json!({"s": "nul\u{0}"}))],
+        )],
+        vec![stream(
+            "a",
+            ExpectedVersion::Any,
+            vec![NewEvent::new("E", 1, json!({})).with_metadata(json!([1]))],
+        )],
+    ];
+    for batch in cases {
+        let err = t.store.append(&w, &batch).await.unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(_)), "{batch:?}: {err}");
+    }
+    assert_eq!(t.store.head().await.unwrap().0, 0);
+}
+
+async fn the_lease_hands_over_with_a_growing_epoch(b: Backend) {
+    let t = TestStore::new(b).await;
+    let info = t.store.lease_info().await.unwrap();
+    assert_eq!(
+        (info.holder, info.epoch, info.held, info.expires_at),
+        (None, 0, false, None)
+    );
+
+    let a = t.store.acquire_lease("ctl-a", TTL).await.unwrap();
+    assert_eq!(a.token.epoch, 1);
+    match t.store.acquire_lease("ctl-b", TTL).await.unwrap_err() {
+        StoreError::LeaseHeld { holder, epoch, .. } => {
+            assert_eq!((holder.as_str(), epoch), ("ctl-a", 1))
+        }
+        other => panic!("expected LeaseHeld, got {other}"),
+    }
+    let renewed = t.store.renew_lease(&a.token, TTL).await.unwrap();
+    assert_eq!(renewed.token, a.token);
+    assert!(renewed.expires_at >= a.expires_at);
+    t.store
+        .append(
+            &Writer::Leader(a.token.clone()),
+            &[stream("s", ExpectedVersion::Any, vec![event("E", 1)])],
+        )
+        .await
+        .unwrap();
+
+    // Stepping down lets the successor in at once, under a new epoch.
+    assert!(t.store.release_lease(&a.token).await.unwrap());
+    assert!(!t.store.lease_info().await.unwrap().held);
+    let b_lease = t.store.acquire_lease("ctl-b", TTL).await.unwrap();
+    assert_eq!(b_lease.token.epoch, 2);
+    assert_eq!(b_lease.head_at_grant, 1);
+    let info = t.store.lease_info().await.unwrap();
+    assert_eq!(
+        (info.holder.as_deref(), info.epoch, info.held),
+        (Some("ctl-b"), 2, true)
+    );
+
+    // The deposed holder can neither append, renew nor release.
+    let err = t
+        .store
+        .append(
+            &Writer::Leader(a.token.clone()),
+            &[stream("s", ExpectedVersion::Any, vec![event("E", 2)])],
+        )
+        .await
+        .unwrap_err();
+    match err {
+        StoreError::Fenced {
+            current_holder,
+            current_epoch,
+        } => assert_eq!(
+            (current_holder.as_deref(), current_epoch),
+            (Some("ctl-b"), 2)
+        ),
+        other => panic!("expected Fenced, got {other}"),
+    }
+    assert!(matches!(
+        t.store.renew_lease(&a.token, TTL).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert!(!t.store.release_lease(&a.token).await.unwrap());
+    assert_eq!(t.store.head().await.unwrap().0, 1);
+
+    // The same holder acquiring again (a restart) also moves the epoch on,
+    // which fences its own previous incarnation.
+    let b_again = t.store.acquire_lease("ctl-b", TTL).await.unwrap();
+    assert_eq!(b_again.token.epoch, 3);
+    let stale = Writer::Leader(b_lease.token);
+    let err = t
+        .store
+        .append(
+            &stale,
+            &[stream("s", ExpectedVersion::Any, vec![event("E", 3)])],
+        )
+        .await;
+    assert!(matches!(err, Err(StoreError::Fenced { .. })));
+}
+
+async fn an_expired_lease_refuses_appends(b: Backend) {
+    let t = TestStore::new(b).await;
+    let short = t
+        .store
+        .acquire_lease("ctl-a", Duration::from_millis(1))
+        .await
+        .unwrap();
+    // Synchronise on the store's own view of the lease, not on a sleep.
+    while t.store.lease_info().await.unwrap().held {
+        tokio::task::yield_now().await;
+    }
+    let err = t
+        .store
+        .append(
+            &Writer::Leader(short.token.clone()),
+            &[stream("s", ExpectedVersion::Any, vec![event("E", 1)])],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+    assert!(matches!(
+        t.store.renew_lease(&short.token, TTL).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(t.store.head().await.unwrap().0, 0);
+    // Anyone may take an expired lease.
+    let next = t.store.acquire_lease("ctl-b", TTL).await.unwrap();
+    assert_eq!(next.token.epoch, 2);
+}
+
+async fn observers_append_whoever_holds_the_lease(b: Backend) {
+    let t = TestStore::new(b).await;
+    let observer = Writer::Observer {
+        instance: "gw-2".into(),
+    };
+    t.store
+        .append(
+            &observer,
+            &[stream(
+                "usage-k1",
+                ExpectedVersion::Any,
+                vec![event("UsageRecorded", 1)],
+            )],
+        )
+        .await
+        .unwrap();
+    let lease = t.store.acquire_lease("ctl-a", TTL).await.unwrap();
+    t.store
+        .append(
+            &observer,
+            &[stream(
+                "usage-k1",
+                ExpectedVersion::Any,
+                vec![event("UsageRecorded", 2)],
+            )],
+        )
+        .await
+        .unwrap();
+    let all = all_events(&t.store).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].metadata["writer"], json!("gw-2"));
+    assert_eq!((all[0].epoch, all[1].epoch), (0, lease.token.epoch));
+    assert!(t.store.verify(1, None).await.unwrap().is_ok());
+}
+
+async fn stored_events_cannot_be_changed(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[stream("s", ExpectedVersion::Any, vec![event("E", 1)])],
+        )
+        .await
+        .unwrap();
+    let mut attempts = vec![
+        "UPDATE es_events SET event_type = 'Forged'",
+        "DELETE FROM es_events",
+        "UPDATE es_control SET last_position = 0",
+        "DELETE FROM es_control",
+    ];
+    if b == Backend::Postgres {
+        attempts.push("TRUNCATE es_events");
+        attempts.push("TRUNCATE es_control");
+    }
+    for sql in attempts {
+        let err = t.raw(sql).await.expect_err(sql);
+        let msg = err.to_string();
+        assert!(
+            msg.contains("append-only") || msg.contains("only moves forward"),
+            "{sql}: {msg}"
+        );
+    }
+    let all = all_events(&t.store).await;
+    assert_eq!((all.len(), all[0].event_type.as_str()), (1, "E"));
+}
+
+async fn time_range_reads_match_recorded_times(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    for i in 0..4 {
+        t.store
+            .append(
+                &w,
+                &[stream(
+                    "s",
+                    ExpectedVersion::Any,
+                    vec![event("E", 2 * i), event("E", 2 * i + 1)],
+                )],
+            )
+            .await
+            .unwrap();
+    }
+    let all = all_events(&t.store).await;
+    let times: Vec<DateTime<Utc>> = all.iter().map(|e| e.recorded_at).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "recorded times follow positions"
+    );
+    let far = Utc::now() + chrono::Duration::days(1);
+    for (from, to) in [
+        (times[0], far),
+        (times[2], times[5]),
+        (times[7], far),
+        (far, far),
+    ] {
+        let got: Vec<u64> = t
+            .store
+            .read_time_range(from, to, 0, 100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.position)
+            .collect();
+        let want: Vec<u64> = all
+            .iter()
+            .filter(|e| e.recorded_at >= from && e.recorded_at < to)
+            .map(|e| e.position)
+            .collect();
+        assert_eq!(got, want, "range {from} .. {to}");
+    }
+    // Paging by position within a range.
+    let page = t.store.read_time_range(times[0], far, 3, 2).await.unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.position).collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+}
+
+async fn checkpoints_detect_a_projection_ahead_of_the_log(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[stream(
+                "s",
+                ExpectedVersion::Any,
+                vec![event("E", 1), event("E", 2)],
+            )],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        t.store.resume_checkpoint("router").await.unwrap(),
+        Checkpoint::START
+    );
+    let second = t.store.event_at(2).await.unwrap().unwrap();
+    t.store
+        .save_checkpoint("router", &Checkpoint::after(&second))
+        .await
+        .unwrap();
+    assert_eq!(
+        t.store.load_checkpoint("router").await.unwrap(),
+        Some(Checkpoint::after(&second))
+    );
+    assert_eq!(
+        t.store.resume_checkpoint("router").await.unwrap().position,
+        2
+    );
+
+    // A checkpoint from a log that did not survive: past the head, or naming
+    // a different event at its position.
+    t.store
+        .save_checkpoint(
+            "cluster",
+            &Checkpoint {
+                position: 9,
+                event_id: Some(uuid::Uuid::new_v4()),
+            },
+        )
+        .await
+        .unwrap();
+    t.store
+        .save_checkpoint(
+            "usage",
+            &Checkpoint {
+                position: 2,
+                event_id: Some(uuid::Uuid::new_v4()),
+            },
+        )
+        .await
+        .unwrap();
+    for name in ["cluster", "usage"] {
+        let err = t.store.resume_checkpoint(name).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::CheckpointAhead { .. }),
+            "{name}: {err}"
+        );
+    }
+}
+
+fn add_labels(mut v: Value) -> Result<Value, String> {
+    let obj = v.as_object_mut().ok_or("payload is not an object")?;
+    obj.insert("labels".into(), json!({}));
+    Ok(v)
+}
+
+async fn old_schema_versions_are_upcast_on_read(b: Backend) {
+    let upcasters =
+        Upcasters::new()
+            .current("NodeRegistered", 2)
+            .step("NodeRegistered", 1, add_labels);
+    let t = TestStore::with_options(
+        b,
+        OpenOptions {
+            upcasters,
+            ..OpenOptions::migrating()
+        },
+    )
+    .await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[stream(
+                "node-a",
+                ExpectedVersion::Any,
+                vec![
+                    NewEvent::new("NodeRegistered", 1, json!({"name": "a"})),
+                    NewEvent::new(
+                        "NodeRegistered",
+                        2,
+                        json!({"name": "a", "labels": {"zone": "z1"}}),
+                    ),
+                ],
+            )],
+        )
+        .await
+        .unwrap();
+    let read = t.store.read_all(0, 10).await.unwrap();
+    assert_eq!(read[0].schema_version, 2);
+    assert_eq!(read[0].payload, json!({"name": "a", "labels": {}}));
+    assert_eq!(read[1].payload["labels"]["zone"], json!("z1"));
+    // What was written stays as written, and the chain still verifies.
+    let raw = t.store.read_all_raw(0, 10).await.unwrap();
+    assert_eq!(
+        (raw[0].schema_version, &raw[0].payload),
+        (1, &json!({"name": "a"}))
+    );
+    assert!(t.store.verify(1, None).await.unwrap().is_ok());
+}
+
+async fn stats_count_events_per_type(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[
+                stream(
+                    "a",
+                    ExpectedVersion::Any,
+                    vec![event("NodeRegistered", 1), event("NodeCordoned", 2)],
+                ),
+                stream("b", ExpectedVersion::Any, vec![event("NodeRegistered", 3)]),
+            ],
+        )
+        .await
+        .unwrap();
+    let stats = t.store.stats().await.unwrap();
+    assert_eq!((stats.count, stats.head, stats.streams), (3, 3, 2));
+    assert_eq!(
+        stats.by_type,
+        vec![("NodeRegistered".into(), 2), ("NodeCordoned".into(), 1)]
+    );
+}
+
+async fn migrations_are_idempotent_and_required(b: Backend) {
+    let t = TestStore::new(b).await;
+    assert_eq!(t.store.migrate().await.unwrap(), Vec::<i64>::new());
+    // A database without the schema is refused, with a pointer to the fix.
+    let (address, _guard) = Scratch::new(b).await;
+    let options = OpenOptions {
+        create: true,
+        ..OpenOptions::default()
+    };
+    let err = AnyStore::open(&address, options).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotMigrated { .. }), "{err}");
+    assert!(err.to_string().contains("llmgw store migrate"), "{err}");
+}

@@ -1,0 +1,156 @@
+//! Subscriptions catch up, follow live appends, and resume after a crash or
+//! a lost connection without losing or repeating an event.
+
+use std::time::Duration;
+
+use llmgw_eventstore::{
+    AnyStore, Checkpoint, EventStore, ExpectedVersion, OpenOptions, RecordedEvent, Subscription,
+    Writer,
+};
+use sqlx::{Connection, Executor};
+
+use crate::support::{Backend, TestStore, both_backends, event, stream};
+
+both_backends!(
+    a_subscriber_catches_up_then_follows_live_appends,
+    a_killed_subscriber_resumes_from_its_checkpoint_without_gap_or_repeat,
+    a_subscriber_sees_appends_made_through_another_store,
+);
+
+/// A bound on how long a test may wait for an event before it fails; the
+/// subscription itself is what wakes the test, not this timer.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+async fn next(sub: &mut Subscription<AnyStore>) -> RecordedEvent {
+    tokio::time::timeout(PATIENCE, sub.next())
+        .await
+        .expect("an event within the patience bound")
+        .expect("subscription error")
+}
+
+async fn append_n(store: &AnyStore, w: &Writer, from: u64, n: u64) {
+    let events = (from..from + n).map(|i| event("E", i)).collect();
+    store
+        .append(w, &[stream("s", ExpectedVersion::Any, events)])
+        .await
+        .unwrap();
+}
+
+async fn lead(store: &AnyStore) -> Writer {
+    Writer::Leader(
+        store
+            .acquire_lease("ctl", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .token,
+    )
+}
+
+async fn a_subscriber_catches_up_then_follows_live_appends(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = lead(&t.store).await;
+    append_n(&t.store, &w, 0, 3).await;
+    let mut sub = t.store.subscribe(0);
+    for want in 1..=3 {
+        assert_eq!(next(&mut sub).await.position, want);
+    }
+    assert!(sub.next_now().await.unwrap().is_none());
+    assert!(sub.is_caught_up());
+
+    let (store, w2) = (t.store.clone(), w.clone());
+    let writer = tokio::spawn(async move {
+        for i in 0..3 {
+            append_n(&store, &w2, 10 + i, 1).await;
+        }
+    });
+    for want in 4..=6 {
+        let e = next(&mut sub).await;
+        assert_eq!(
+            (e.position, e.payload["n"].as_u64()),
+            (want, Some(10 + want - 4))
+        );
+    }
+    writer.await.unwrap();
+    assert_eq!(sub.position(), 6);
+}
+
+async fn a_killed_subscriber_resumes_from_its_checkpoint_without_gap_or_repeat(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = lead(&t.store).await;
+    append_n(&t.store, &w, 0, 10).await;
+    let mut seen = Vec::new();
+    {
+        let mut sub = t.store.subscribe(0);
+        for _ in 0..4 {
+            let e = next(&mut sub).await;
+            seen.push(e.position);
+            t.store
+                .save_checkpoint("proj", &Checkpoint::after(&e))
+                .await
+                .unwrap();
+        }
+        // Killed here: the subscription and everything it buffered is gone.
+    }
+    let resumed = t.store.resume_checkpoint("proj").await.unwrap();
+    assert_eq!(resumed.position, 4);
+    let mut sub = t.store.subscribe(resumed.position);
+    append_n(&t.store, &w, 10, 3).await;
+    while seen.len() < 13 {
+        seen.push(next(&mut sub).await.position);
+    }
+    assert_eq!(seen, (1..=13).collect::<Vec<_>>());
+}
+
+async fn a_subscriber_sees_appends_made_through_another_store(b: Backend) {
+    let t = TestStore::new(b).await;
+    let other = t.another(OpenOptions::default()).await;
+    let mut sub = t.store.subscribe(0);
+    assert!(sub.next_now().await.unwrap().is_none());
+    let w = lead(&other).await;
+    let waiter = tokio::spawn(async move {
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            got.push(next(&mut sub).await.position);
+        }
+        got
+    });
+    append_n(&other, &w, 0, 2).await;
+    assert_eq!(waiter.await.unwrap(), vec![1, 2]);
+}
+
+#[tokio::test]
+async fn postgres_subscriber_survives_its_connections_being_killed() {
+    let t = TestStore::new(Backend::Postgres).await;
+    let AnyStore::Postgres(_) = &t.store else {
+        unreachable!()
+    };
+    let w = lead(&t.store).await;
+    append_n(&t.store, &w, 0, 3).await;
+    let mut sub = t.store.subscribe(0);
+    for want in 1..=3 {
+        assert_eq!(next(&mut sub).await.position, want);
+    }
+    // Listen connection and pooled connections alike are terminated.
+    let url = match &t.address {
+        llmgw_eventstore::StoreAddress::Postgres(u) => u.clone(),
+        _ => unreachable!(),
+    };
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let killed: Vec<(bool,)> = sqlx::query_as(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty());
+    admin.execute("SELECT 1").await.unwrap();
+
+    let fresh = t.another(OpenOptions::default()).await;
+    append_n(&fresh, &w, 3, 3).await;
+    let mut positions = Vec::new();
+    for _ in 0..3 {
+        positions.push(next(&mut sub).await.position);
+    }
+    assert_eq!(positions, vec![4, 5, 6]);
+}

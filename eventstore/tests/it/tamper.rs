@@ -1,0 +1,63 @@
+//! Altering a stored event behind the store's back (a superuser disabling
+//! the immutability trigger) is found by `verify`, which names the position.
+
+use llmgw_eventstore::{EventStore, ExpectedVersion, Writer};
+
+use crate::support::{Backend, TestStore, both_backends, event, stream};
+
+both_backends!(verify_names_the_first_altered_position);
+
+async fn verify_names_the_first_altered_position(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = Writer::Leader(
+        t.store
+            .acquire_lease("ctl", std::time::Duration::from_secs(30))
+            .await
+            .unwrap()
+            .token,
+    );
+    for batch in [0..3u64, 3..4, 4..10] {
+        let events = batch.map(|n| event("E", n)).collect();
+        t.store
+            .append(&w, &[stream("s", ExpectedVersion::Any, events)])
+            .await
+            .unwrap();
+    }
+    let clean = t.store.verify(1, None).await.unwrap();
+    assert!(clean.is_ok(), "{clean:?}");
+    assert_eq!((clean.checked, clean.head_matches), (10, Some(true)));
+
+    let (payload, epoch) = match b {
+        Backend::Postgres => (
+            "ALTER TABLE es_events DISABLE TRIGGER es_events_immutable;
+             UPDATE es_events SET payload = jsonb_set(payload, '{n}', '666') WHERE position = 4;
+             ALTER TABLE es_events ENABLE TRIGGER es_events_immutable;",
+            "ALTER TABLE es_events DISABLE TRIGGER es_events_immutable;
+             UPDATE es_events SET epoch = 0 WHERE position = 8;
+             ALTER TABLE es_events ENABLE TRIGGER es_events_immutable;",
+        ),
+        Backend::Sqlite => (
+            "DROP TRIGGER es_events_no_update;
+             UPDATE es_events SET payload = json_set(payload, '$.n', 666) WHERE position = 4;",
+            "UPDATE es_events SET epoch = 0 WHERE position = 8;",
+        ),
+    };
+    t.raw(payload).await.expect("tamper with the payload");
+    let report = t.store.verify(1, None).await.unwrap();
+    assert_eq!(report.first_mismatch, Some(4), "{report:?}");
+    assert!(!report.is_ok());
+    assert_eq!(
+        t.store.event_at(4).await.unwrap().unwrap().payload["n"],
+        666
+    );
+
+    // Ranges that stop before, or start after, the damage are clean.
+    assert!(t.store.verify(1, Some(3)).await.unwrap().is_ok());
+    assert!(t.store.verify(5, None).await.unwrap().is_ok());
+
+    t.raw(epoch).await.expect("tamper with the epoch");
+    assert_eq!(
+        t.store.verify(5, None).await.unwrap().first_mismatch,
+        Some(8)
+    );
+}
