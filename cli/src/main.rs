@@ -1,1 +1,78 @@
-fn main() {}
+//! The `llmgw` binary: every subcommand wires the library crates together.
+//! Parsing and printing live here; behaviour lives in the crates.
+
+mod events;
+mod lease;
+mod output;
+mod store;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// llmgw: LLMs on your own machines behind one OpenAI-compatible endpoint.
+#[derive(Debug, Parser)]
+#[command(name = "llmgw", version, about, propagate_version = true)]
+struct Cli {
+    /// Where the event log lives: postgres://…, sqlite://PATH, a file path,
+    /// or @FILE to read the address from FILE (keeps passwords off the
+    /// command line).
+    #[arg(long, global = true, env = "LLMGW_STORE", default_value = "llmgw.db")]
+    store: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read, verify and export the event log.
+    #[command(subcommand)]
+    Events(events::EventsCommand),
+    /// Manage the store itself.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
+    /// Inspect the append lease.
+    #[command(subcommand)]
+    Lease(lease::LeaseCommand),
+}
+
+/// What a command reports besides success: a check that ran and found a
+/// problem exits 1 without being an error of the command itself.
+pub(crate) enum Outcome {
+    Ok,
+    Failed,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Events(cmd) => events::run(&cli.store, cmd).await,
+            Command::Store(cmd) => store::run(&cli.store, cmd).await,
+            Command::Lease(cmd) => lease::run(&cli.store, cmd).await,
+        }
+    });
+    match result {
+        Ok(Outcome::Ok) => ExitCode::SUCCESS,
+        Ok(Outcome::Failed) => ExitCode::from(1),
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", output::one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -297,15 +297,25 @@ pub trait AppendHook: Send + Sync + std::fmt::Debug {
     fn at(&self, point: AppendPoint) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
+/// What opening a store does about its schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    /// Refuse a store without the current schema ([`StoreError::NotMigrated`]).
+    Require,
+    /// Apply pending migrations first.
+    Migrate,
+    /// Check nothing: for a caller that runs [`EventStore::migrate`] itself.
+    Unchecked,
+}
+
 /// How to open a store.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
     /// Create the SQLite file if it is missing (PostgreSQL databases are
     /// never created).
     pub create: bool,
-    /// Apply pending migrations on open; otherwise a store without the
-    /// schema is refused with [`StoreError::NotMigrated`].
-    pub migrate: bool,
+    /// What to do about the schema on open.
+    pub schema: Schema,
     pub max_connections: u32,
     pub poll_interval: Duration,
     pub upcasters: Upcasters,
@@ -317,7 +327,7 @@ impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             create: false,
-            migrate: false,
+            schema: Schema::Require,
             max_connections: 8,
             poll_interval: Duration::from_millis(500),
             upcasters: Upcasters::new(),
@@ -331,7 +341,7 @@ impl OpenOptions {
     pub fn migrating() -> Self {
         OpenOptions {
             create: true,
-            migrate: true,
+            schema: Schema::Migrate,
             ..Self::default()
         }
     }

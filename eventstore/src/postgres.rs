@@ -14,8 +14,8 @@ use uuid::Uuid;
 use crate::append::{self, Existing, Head};
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
-    OpenOptions, RecordedEvent, Result, Stats, StoreAddress, StoreError, StreamAppend, Upcasters,
-    Wakeups, Writer, hash, to_i64, ttl_millis,
+    OpenOptions, RecordedEvent, Result, Schema, Stats, StoreAddress, StoreError, StreamAppend,
+    Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
 };
 
 const CHANNEL: &str = "es_appended";
@@ -57,15 +57,22 @@ impl PgStore {
             // A writer waits this long for the control row before giving up
             // with a transient error rather than hanging.
             .options([("lock_timeout", "5s")]);
+        // One connection up front, so that a wrong host, password or
+        // database name is reported as such rather than as a pool timeout.
+        let connect_err = |source| StoreError::Connect {
+            address: address.redacted(),
+            source,
+        };
+        sqlx::PgConnection::connect_with(&connect)
+            .await
+            .map_err(connect_err)?
+            .close()
+            .await
+            .ok();
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(connect)
-            .await
-            .map_err(|source| StoreError::Connect {
-                address: address.redacted(),
-                source,
-            })?;
+            .connect_lazy_with(connect);
         let store = PgStore {
             pool,
             address: address.clone(),
@@ -73,10 +80,12 @@ impl PgStore {
             poll_interval: options.poll_interval,
             hook: options.append_hook,
         };
-        if options.migrate {
-            store.migrate().await?;
-        } else {
-            store.check_schema().await?;
+        match options.schema {
+            Schema::Migrate => {
+                store.migrate().await?;
+            }
+            Schema::Require => store.check_schema().await?,
+            Schema::Unchecked => {}
         }
         Ok(store)
     }

@@ -24,8 +24,8 @@ use uuid::Uuid;
 use crate::append::{self, Existing, Head};
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
-    OpenOptions, RecordedEvent, Result, Stats, StoreAddress, StoreError, StreamAppend, Upcasters,
-    Wakeups, Writer, hash, to_i64, ttl_millis,
+    OpenOptions, RecordedEvent, Result, Schema, Stats, StoreAddress, StoreError, StreamAppend,
+    Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
 };
 
 #[derive(Clone)]
@@ -117,10 +117,12 @@ impl SqliteStore {
             hook: options.append_hook,
             appended: signal_for(path),
         };
-        if options.migrate {
-            store.migrate().await?;
-        } else {
-            store.check_schema().await?;
+        match options.schema {
+            Schema::Migrate => {
+                store.migrate().await?;
+            }
+            Schema::Require => store.check_schema().await?,
+            Schema::Unchecked => {}
         }
         Ok(store)
     }

@@ -1,1 +1,439 @@
+//! The `llmgw` binary as an operator runs it: real processes, real stores.
 
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use llmgw_eventstore::{
+    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, RecordedEvent, StoreAddress,
+    StreamAppend, Writer,
+};
+use llmgw_testkit::{Backend, Scratch};
+use serde_json::{Value, json};
+
+fn llmgw(store: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .expect("run llmgw")
+}
+
+fn ok(store: &str, args: &[&str]) -> String {
+    let out = llmgw(store, args);
+    assert!(
+        out.status.success(),
+        "llmgw {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// A migrated store with `n` events over two streams.
+async fn seeded(backend: Backend, n: u64) -> (String, Scratch, AnyStore) {
+    let (address, scratch) = Scratch::new(backend).await;
+    ok(&address, &["store", "migrate"]);
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    let lease = store
+        .acquire_lease("seed", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let w = Writer::Leader(lease.token.clone());
+    for i in 0..n {
+        let s = if i % 3 == 0 { "node-a" } else { "model-b" };
+        let e = NewEvent::new(
+            if i % 3 == 0 {
+                "NodeRegistered"
+            } else {
+                "ModelAdded"
+            },
+            1,
+            json!({"i": i, "gib": 44.99}),
+        )
+        .with_metadata(json!({"actor": "test"}));
+        store
+            .append(&w, &[StreamAppend::new(s, ExpectedVersion::Any, vec![e])])
+            .await
+            .unwrap();
+    }
+    store.release_lease(&lease.token).await.unwrap();
+    (address, scratch, store)
+}
+
+async fn all(store: &AnyStore) -> Vec<RecordedEvent> {
+    store.read_all_raw(0, 10_000).await.unwrap()
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::Sqlite).await } )* }
+    };
+}
+
+both_backends!(
+    migrate_is_idempotent_and_stats_count_by_type,
+    export_then_import_reproduces_the_log,
+    tail_show_and_lease_show_print_tables_and_json,
+    tail_follow_prints_what_another_process_appends,
+    a_subscriber_sees_another_process_append,
+    verify_exits_1_and_names_a_tampered_position,
+    a_bad_import_is_refused_whole,
+);
+
+async fn migrate_is_idempotent_and_stats_count_by_type(b: Backend) {
+    let (address, _scratch, _store) = seeded(b, 6).await;
+    assert!(ok(&address, &["store", "migrate"]).contains("schema is up to date"));
+    let stats = &json_lines(&ok(&address, &["events", "stats", "--json"]))[0];
+    assert_eq!(
+        (
+            stats["count"].as_u64(),
+            stats["head"].as_u64(),
+            stats["streams"].as_u64()
+        ),
+        (Some(6), Some(6), Some(2))
+    );
+    assert_eq!(
+        stats["by_type"],
+        json!([["ModelAdded", 4], ["NodeRegistered", 2]])
+    );
+    let table = ok(&address, &["events", "stats"]);
+    assert!(
+        table.contains("events   6") && table.contains("ModelAdded"),
+        "{table}"
+    );
+}
+
+async fn export_then_import_reproduces_the_log(b: Backend) {
+    let (source, _s1, store) = seeded(b, 12).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("export.jsonl");
+    ok(
+        &source,
+        &["events", "export", "--output", file.to_str().unwrap()],
+    );
+    let exported = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(exported.lines().count(), 12);
+    // A range, to standard output.
+    let middle = json_lines(&ok(
+        &source,
+        &["events", "export", "--from", "4", "--to", "6"],
+    ));
+    assert_eq!(
+        middle
+            .iter()
+            .map(|e| e["position"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![4, 5, 6]
+    );
+
+    // Into a fresh store of the other backend as well as the same one.
+    for target_backend in [
+        b,
+        if b == Backend::Sqlite {
+            Backend::Postgres
+        } else {
+            Backend::Sqlite
+        },
+    ] {
+        let (target, _s2) = Scratch::new(target_backend).await;
+        ok(&target, &["store", "migrate"]);
+        let said = ok(&target, &["events", "import", file.to_str().unwrap()]);
+        assert!(
+            said.contains("imported 12 events at positions 1..=12"),
+            "{said}"
+        );
+        let again = ok(&target, &["events", "import", file.to_str().unwrap()]);
+        assert!(
+            again.contains("all 12 events were already present"),
+            "{again}"
+        );
+
+        let copy = AnyStore::open(
+            &StoreAddress::parse(&target).unwrap(),
+            OpenOptions::default(),
+        )
+        .await
+        .unwrap();
+        let key = |e: &RecordedEvent| {
+            (
+                e.position,
+                e.stream_id.clone(),
+                e.stream_version,
+                e.event_id,
+                e.event_type.clone(),
+                e.payload.clone(),
+                e.metadata.clone(),
+            )
+        };
+        assert_eq!(
+            all(&copy).await.iter().map(key).collect::<Vec<_>>(),
+            all(&store).await.iter().map(key).collect::<Vec<_>>()
+        );
+        assert!(ok(&target, &["events", "verify"]).starts_with("ok: 12 events"));
+    }
+}
+
+async fn tail_show_and_lease_show_print_tables_and_json(b: Backend) {
+    let (address, _scratch, store) = seeded(b, 30).await;
+    let table = ok(&address, &["events", "tail"]);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("POSITION"), "{table}");
+    assert_eq!(lines.len(), 21, "header plus the last 20 events");
+    assert!(
+        lines[1].starts_with("11 ") && lines[20].starts_with("30 "),
+        "{table}"
+    );
+    let from = json_lines(&ok(&address, &["events", "tail", "--from", "28", "--json"]));
+    assert_eq!(
+        from.iter()
+            .map(|e| e["position"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        vec![28, 29, 30]
+    );
+
+    let shown = &json_lines(&ok(&address, &["events", "show", "7", "--json"]))[0];
+    let stored = store.event_at(7).await.unwrap().unwrap();
+    assert_eq!(shown["event_id"], json!(stored.event_id));
+    assert_eq!(shown["hash"].as_str().map(str::len), Some(64));
+    let text = ok(&address, &["events", "show", "7"]);
+    assert!(
+        text.contains("NodeRegistered (schema v1)") && text.contains("\"gib\": 44.99"),
+        "{text}"
+    );
+    let missing = llmgw(&address, &["events", "show", "99"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr)
+            .contains("no event at position 99 (the log's head is 30)")
+    );
+
+    let lease = &json_lines(&ok(&address, &["lease", "show", "--json"]))[0];
+    assert_eq!(
+        (
+            lease["holder"].as_str(),
+            lease["epoch"].as_u64(),
+            lease["held"].as_bool()
+        ),
+        (Some("seed"), Some(1), Some(false))
+    );
+    let held = store
+        .acquire_lease("ctl-a", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let table = ok(&address, &["lease", "show"]);
+    assert!(
+        table.contains("ctl-a") && table.contains(" 2 ") && table.contains("held"),
+        "{table}"
+    );
+    store.release_lease(&held.token).await.unwrap();
+}
+
+async fn tail_follow_prints_what_another_process_appends(b: Backend) {
+    let (address, _scratch, store) = seeded(b, 2).await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "--store", &address, "events", "tail", "--follow", "--json", "--from", "1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let recv = || {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("tail printed a line");
+        serde_json::from_str::<Value>(&line).unwrap()["position"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!((recv(), recv()), (1, 2));
+    let lease = store
+        .acquire_lease("ctl", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let w = Writer::Leader(lease.token);
+    store
+        .append(
+            &w,
+            &[StreamAppend::new(
+                "node-z",
+                ExpectedVersion::NoStream,
+                vec![NewEvent::new("NodeRegistered", 1, json!({}))],
+            )],
+        )
+        .await
+        .unwrap();
+    assert_eq!(recv(), 3);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+async fn a_subscriber_sees_another_process_append(b: Backend) {
+    let (address, _scratch, store) = seeded(b, 0).await;
+    let (_other, _s2, source) = seeded(b, 4).await;
+    let mut sub = store.subscribe(0);
+    assert!(sub.next_now().await.unwrap().is_none());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("e.jsonl");
+    let lines: Vec<String> = all(&source)
+        .await
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    // Another process appends; this one's subscription must see it.
+    ok(&address, &["events", "import", file.to_str().unwrap()]);
+    for want in 1..=4 {
+        let e = tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .expect("in time")
+            .unwrap();
+        assert_eq!(e.position, want);
+    }
+}
+
+async fn verify_exits_1_and_names_a_tampered_position(b: Backend) {
+    let (address, _scratch, store) = seeded(b, 5).await;
+    assert_eq!(
+        ok(&address, &["events", "verify"]).trim(),
+        "ok: 5 events in 1..=5 verified"
+    );
+    let sql = match b {
+        Backend::Postgres => {
+            "ALTER TABLE es_events DISABLE TRIGGER es_events_immutable;
+             UPDATE es_events SET payload = '{\"i\": 99}' WHERE position = 2;
+             ALTER TABLE es_events ENABLE TRIGGER es_events_immutable;"
+        }
+        Backend::Sqlite => {
+            "DROP TRIGGER es_events_no_update; UPDATE es_events SET payload = '{\"i\":99}' WHERE position = 2;"
+        }
+    };
+    match &store {
+        AnyStore::Postgres(s) => sqlx::raw_sql(sql).execute(s.pool()).await.map(|_| ()),
+        AnyStore::Sqlite(s) => sqlx::raw_sql(sql).execute(s.pool()).await.map(|_| ()),
+    }
+    .unwrap();
+    let out = llmgw(&address, &["events", "verify"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("TAMPERED: position 2"),
+        "{out:?}"
+    );
+    let report = &json_lines(&String::from_utf8_lossy(
+        &llmgw(&address, &["events", "verify", "--json"]).stdout,
+    ))[0];
+    assert_eq!(report["first_mismatch"], json!(2));
+    assert_eq!(
+        ok(&address, &["events", "verify", "--from", "3"]).trim(),
+        "ok: 3 events in 3..=5 verified"
+    );
+}
+
+async fn a_bad_import_is_refused_whole(b: Backend) {
+    let (address, _scratch, _store) = seeded(b, 3).await;
+    let (_src, _s2, source) = seeded(b, 4).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines: Vec<String> = all(&source)
+        .await
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
+    lines.insert(2, "{not json".into());
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, lines.join("\n")).unwrap();
+    let out = llmgw(&address, &["events", "import", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("line 3: not an exported event"),
+        "{out:?}"
+    );
+
+    // The seeded streams already exist at other versions: a conflict, named.
+    lines.remove(2);
+    let clash = dir.path().join("clash.jsonl");
+    std::fs::write(&clash, lines.join("\n")).unwrap();
+    let out = llmgw(&address, &["events", "import", clash.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stream node-a: expected version 0"),
+        "{out:?}"
+    );
+    assert_eq!(
+        json_lines(&ok(&address, &["events", "stats", "--json"]))[0]["count"],
+        json!(3)
+    );
+}
+
+#[test]
+fn bad_addresses_fail_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("absent.db");
+    let cases = [
+        ("mysql://db/x", "unknown scheme"),
+        (
+            "postgres://postgres@127.0.0.1:1/x",
+            "cannot open the store at postgres://postgres@127.0.0.1:1/x",
+        ),
+        ("@/nonexistent/dsn", "cannot read /nonexistent/dsn"),
+        (missing.to_str().unwrap(), "run `llmgw store migrate"),
+    ];
+    for (address, says) in cases {
+        let out = llmgw(address, &["events", "stats"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{address}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(says),
+            "{address}: {stderr}"
+        );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(!stderr.contains("panicked"));
+    }
+    assert!(!missing.exists(), "a read command must not create a store");
+}
+
+#[test]
+fn the_store_address_comes_from_the_environment_or_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("env.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env("LLMGW_STORE", &db)
+        .args(["store", "migrate"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let dsn = dir.path().join("dsn");
+    std::fs::write(&dsn, format!("sqlite://{}\n", db.display())).unwrap();
+    let stats = ok(
+        &format!("@{}", dsn.display()),
+        &["events", "stats", "--json"],
+    );
+    assert_eq!(json_lines(&stats)[0]["count"], json!(0));
+    let version = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).starts_with("llmgw "));
+}

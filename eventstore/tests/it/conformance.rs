@@ -637,6 +637,7 @@ async fn migrations_are_idempotent_and_required(b: Backend) {
     assert_eq!(t.store.migrate().await.unwrap(), Vec::<i64>::new());
     // A database without the schema is refused, with a pointer to the fix.
     let (address, _guard) = Scratch::new(b).await;
+    let address = llmgw_eventstore::StoreAddress::parse(&address).unwrap();
     let options = OpenOptions {
         create: true,
         ..OpenOptions::default()

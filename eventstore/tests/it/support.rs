@@ -10,118 +10,16 @@ use llmgw_eventstore::{
     StoreAddress, StreamAppend,
 };
 use serde_json::json;
-use sqlx::{Connection, Executor};
+use sqlx::Executor;
 use tokio::sync::{Mutex, mpsc};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Postgres,
-    Sqlite,
-}
-
-/// The server to create test databases on: `DATABASE_URL`, else the local
-/// default. Never skipped: without PostgreSQL these tests fail, loudly.
-pub fn admin_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let scheme_end = base.find("://").map_or(0, |i| i + 3);
-    let host_end = base[scheme_end..]
-        .find('/')
-        .map_or(base.len(), |i| scheme_end + i);
-    let mut out = format!("{}/{}", &base[..host_end], name);
-    if let Some(q) = query {
-        out.push('?');
-        out.push_str(q);
-    }
-    out
-}
-
-pub struct TestDb {
-    pub url: String,
-    name: String,
-}
-
-impl TestDb {
-    pub async fn create() -> TestDb {
-        let admin = admin_url();
-        let name = format!("llmgw_test_{}", uuid::Uuid::new_v4().simple());
-        let mut conn = sqlx::PgConnection::connect(&admin)
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "PostgreSQL is not reachable at {admin} ({e}). Set DATABASE_URL, \
-                 or run the tests through scripts/test, which starts one."
-                )
-            });
-        conn.execute(format!("CREATE DATABASE {name}").as_str())
-            .await
-            .expect("create test database");
-        TestDb {
-            url: with_database(&admin, &name),
-            name,
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let admin = admin_url();
-        let name = self.name.clone();
-        // Drop runs inside the test's runtime; use a thread with its own.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(async {
-                let mut conn = sqlx::PgConnection::connect(&admin).await?;
-                conn.execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str())
-                    .await
-                    .map(|_| ())
-            })
-            .map_err(std::io::Error::other)
-        })
-        .join();
-    }
-}
+pub use llmgw_testkit::{Backend, Scratch};
 
 /// A migrated store of either backend that cleans up after itself.
 pub struct TestStore {
     pub store: AnyStore,
     pub address: StoreAddress,
     _scratch: Scratch,
-}
-
-/// An empty place for a store, removed when dropped.
-#[expect(dead_code, reason = "the fields are held for their Drop")]
-pub enum Scratch {
-    Postgres(TestDb),
-    Sqlite(tempfile::TempDir),
-}
-
-impl Scratch {
-    pub async fn new(backend: Backend) -> (StoreAddress, Scratch) {
-        match backend {
-            Backend::Postgres => {
-                let db = TestDb::create().await;
-                (
-                    StoreAddress::Postgres(db.url.clone()),
-                    Scratch::Postgres(db),
-                )
-            }
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().expect("temp dir");
-                let path = dir.path().join("llmgw.db");
-                (StoreAddress::Sqlite(path), Scratch::Sqlite(dir))
-            }
-        }
-    }
 }
 
 impl TestStore {
@@ -131,6 +29,7 @@ impl TestStore {
 
     pub async fn with_options(backend: Backend, options: OpenOptions) -> TestStore {
         let (address, scratch) = Scratch::new(backend).await;
+        let address = StoreAddress::parse(&address).expect("test address");
         let store = AnyStore::open(&address, options)
             .await
             .expect("open test store");
@@ -248,15 +147,3 @@ macro_rules! both_backends {
     };
 }
 pub(crate) use both_backends;
-
-#[test]
-fn database_names_replace_the_path_only() {
-    assert_eq!(
-        with_database(
-            "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-            "t1"
-        ),
-        "postgres://postgres@127.0.0.1:5432/t1?sslmode=disable"
-    );
-    assert_eq!(with_database("postgres://u@h", "t2"), "postgres://u@h/t2");
-}

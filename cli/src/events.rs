@@ -1,0 +1,300 @@
+use std::io::{BufRead, BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore};
+
+use crate::Outcome;
+use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
+
+mod import;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum EventsCommand {
+    /// The newest events, or those from a position on; --follow keeps
+    /// printing new ones as they are appended.
+    Tail {
+        #[arg(long)]
+        follow: bool,
+        /// First position to print (default: the last --limit events).
+        #[arg(long)]
+        from: Option<u64>,
+        /// How many events to print before following (default 20 without
+        /// --from, all with it).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One event, whole, exactly as stored.
+    Show {
+        position: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recompute the hash chain and report the first position that does not
+    /// match. Exits 1 when it finds one.
+    Verify {
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Last position to check (default: the head).
+        #[arg(long)]
+        to: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write events as JSON lines, one per line, as stored; `events import`
+    /// reads them back.
+    Export {
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        #[arg(long)]
+        to: Option<u64>,
+        /// File to write (default: standard output).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Append the events of an export (JSON lines) to this store, keeping
+    /// their ids, streams, versions and order. Takes the append lease for
+    /// the duration, so run it with no server holding it. Running it again
+    /// appends nothing twice.
+    Import {
+        /// The export to read; `-` for standard input.
+        #[arg(default_value = "-")]
+        input: PathBuf,
+    },
+    /// Event count, head position, and counts per event type.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Outcome> {
+    let store = crate::store::open(address).await?;
+    match cmd {
+        EventsCommand::Tail {
+            follow,
+            from,
+            limit,
+            json,
+        } => tail(&store, follow, from, limit, json).await,
+        EventsCommand::Show { position, json } => show(&store, position, json).await,
+        EventsCommand::Verify { from, to, json } => verify(&store, from, to, json).await,
+        EventsCommand::Export { from, to, output } => export(&store, from, to, output).await,
+        EventsCommand::Import { input } => import::run(&store, &input).await,
+        EventsCommand::Stats { json } => stats(&store, json).await,
+    }
+}
+
+async fn tail(
+    store: &AnyStore,
+    follow: bool,
+    from: Option<u64>,
+    limit: Option<usize>,
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    let (head, _) = store.head().await?;
+    let (after, limit) = match from {
+        Some(0) => bail!("positions start at 1"),
+        Some(p) => (p - 1, limit.unwrap_or(usize::MAX)),
+        None => {
+            let limit = limit.unwrap_or(20);
+            (head.saturating_sub(limit as u64), limit)
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let mut sub = store.subscribe(after);
+    let mut printed = 0;
+    let mut table = Table::new(EVENT_HEADER.to_vec());
+    while printed < limit {
+        let Some(e) = sub.next_now().await? else {
+            break;
+        };
+        printed += 1;
+        if json {
+            json_line(&mut out, &e)?;
+        } else if follow {
+            writeln!(out, "{}", event_line(&e))?;
+        } else {
+            table.row(event_cells(&e));
+        }
+    }
+    if !json && !follow {
+        table.print(&mut out)?;
+    }
+    out.flush()?;
+    if !follow {
+        return Ok(Outcome::Ok);
+    }
+    drop(out);
+    loop {
+        let e = tokio::select! {
+            e = sub.next() => e?,
+            _ = tokio::signal::ctrl_c() => return Ok(Outcome::Ok),
+        };
+        let mut out = std::io::stdout().lock();
+        if json {
+            json_line(&mut out, &e)?;
+        } else {
+            writeln!(out, "{}", event_line(&e))?;
+        }
+        out.flush()?;
+    }
+}
+
+async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Outcome> {
+    let Some(e) = store.event_at(position).await? else {
+        let (head, _) = store.head().await?;
+        bail!("no event at position {position} (the log's head is {head})");
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        json_line(&mut out, &e)?;
+    } else {
+        let fields = [
+            ("position", e.position.to_string()),
+            (
+                "stream",
+                format!("{} @ version {}", e.stream_id, e.stream_version),
+            ),
+            (
+                "type",
+                format!("{} (schema v{})", e.event_type, e.schema_version),
+            ),
+            ("event id", e.event_id.to_string()),
+            ("epoch", e.epoch.to_string()),
+            ("recorded at", e.recorded_at.to_rfc3339()),
+            ("hash", llmgw_eventstore::hash::to_hex(&e.hash)),
+            ("metadata", e.metadata.to_string()),
+        ];
+        for (k, v) in fields {
+            writeln!(out, "{k:<12} {v}")?;
+        }
+        writeln!(out, "payload")?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&e.payload)?)?;
+    }
+    out.flush()?;
+    Ok(Outcome::Ok)
+}
+
+async fn verify(
+    store: &AnyStore,
+    from: u64,
+    to: Option<u64>,
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    let report = store.verify(from, to).await?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        json_line(&mut out, &report)?;
+    } else if report.checked == 0 && report.first_mismatch.is_none() {
+        writeln!(out, "nothing to verify in {}..={}", report.from, report.to)?;
+    } else if let Some(p) = report.first_mismatch {
+        writeln!(
+            out,
+            "TAMPERED: position {p} does not match its hash ({} of {}..={} checked before it)",
+            report.checked.saturating_sub(1),
+            report.from,
+            report.to
+        )?;
+    } else if report.head_matches == Some(false) {
+        writeln!(
+            out,
+            "TAMPERED: events {}..={} chain correctly, but the log's recorded chain head differs",
+            report.from, report.to
+        )?;
+    } else {
+        writeln!(
+            out,
+            "ok: {} events in {}..={} verified",
+            report.checked, report.from, report.to
+        )?;
+    }
+    out.flush()?;
+    Ok(if report.is_ok() {
+        Outcome::Ok
+    } else {
+        Outcome::Failed
+    })
+}
+
+async fn export(
+    store: &AnyStore,
+    from: u64,
+    to: Option<u64>,
+    output: Option<PathBuf>,
+) -> anyhow::Result<Outcome> {
+    if from == 0 {
+        bail!("positions start at 1");
+    }
+    let mut sink: Box<dyn Write> = match &output {
+        Some(path) => Box::new(BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let to = match to {
+        Some(t) => t,
+        None => store.head().await?.0,
+    };
+    let mut after = from - 1;
+    let mut written = 0u64;
+    while after < to {
+        let page = store.read_all_raw(after, DEFAULT_PAGE).await?;
+        if page.is_empty() {
+            break;
+        }
+        for e in page.iter().take_while(|e| e.position <= to) {
+            json_line(&mut sink, e)?;
+            written += 1;
+        }
+        after = page.last().map_or(to, |e| e.position);
+    }
+    sink.flush()?;
+    if let Some(path) = output {
+        eprintln!("exported {written} events to {}", path.display());
+    }
+    Ok(Outcome::Ok)
+}
+
+async fn stats(store: &AnyStore, json: bool) -> anyhow::Result<Outcome> {
+    let stats = store.stats().await?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        json_line(&mut out, &stats)?;
+    } else {
+        writeln!(out, "events   {}", stats.count)?;
+        writeln!(out, "head     {}", stats.head)?;
+        writeln!(out, "streams  {}", stats.streams)?;
+        if !stats.by_type.is_empty() {
+            writeln!(out)?;
+            let mut t = Table::new(vec!["TYPE", "COUNT"]);
+            for (kind, n) in &stats.by_type {
+                t.row(vec![kind.clone(), n.to_string()]);
+            }
+            t.print(&mut out)?;
+        }
+    }
+    out.flush()?;
+    Ok(Outcome::Ok)
+}
+
+/// Reads all lines first, so that a bad line is reported before anything
+/// is appended.
+fn read_lines(input: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let reader: Box<dyn BufRead> = if input.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(input)
+                .with_context(|| format!("cannot open {}", input.display()))?,
+        ))
+    };
+    reader
+        .lines()
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("cannot read {}", input.display()))
+}

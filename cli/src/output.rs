@@ -1,0 +1,107 @@
+//! Printing for operators: aligned tables for people, JSON for scripts.
+
+use std::io::Write;
+
+use llmgw_eventstore::RecordedEvent;
+use serde::Serialize;
+
+pub(crate) fn json_line<T: Serialize>(out: &mut impl Write, value: &T) -> anyhow::Result<()> {
+    serde_json::to_writer(&mut *out, value)?;
+    out.write_all(b"\n")?;
+    Ok(())
+}
+
+/// A table whose columns are as wide as their widest cell.
+pub(crate) struct Table {
+    header: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub(crate) fn new(header: Vec<&'static str>) -> Self {
+        Table {
+            header,
+            rows: Vec::new(),
+        }
+    }
+
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub(crate) fn print(&self, out: &mut impl Write) -> anyhow::Result<()> {
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let header: Vec<String> = self.header.iter().map(|h| h.to_string()).collect();
+        for row in std::iter::once(&header).chain(&self.rows) {
+            let last = row.len().saturating_sub(1);
+            let mut line = String::new();
+            for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+                if i == last {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<w$}  "));
+                }
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) const EVENT_HEADER: [&str; 5] =
+    ["POSITION", "RECORDED", "STREAM@VERSION", "TYPE", "PAYLOAD"];
+
+pub(crate) fn event_cells(e: &RecordedEvent) -> Vec<String> {
+    vec![
+        e.position.to_string(),
+        e.recorded_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        format!("{}@{}", e.stream_id, e.stream_version),
+        format!("{} v{}", e.event_type, e.schema_version),
+        shorten(&e.payload.to_string(), 80),
+    ]
+}
+
+/// One line per event, for `tail --follow` where no table can be aligned.
+pub(crate) fn event_line(e: &RecordedEvent) -> String {
+    event_cells(e).join("  ")
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max - 1).collect();
+    out.push('…');
+    out
+}
+
+/// A closed pipe (`llmgw events tail | head`) is how a reader says it has
+/// seen enough; it is not an error worth reporting.
+pub(crate) fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error and its causes on one line, skipping a cause whose text the
+/// line already holds (database drivers often repeat their message).
+pub(crate) fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
