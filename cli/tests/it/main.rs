@@ -1,5 +1,7 @@
 //! The `llmgw` binary as an operator runs it: real processes, real stores.
 
+#![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

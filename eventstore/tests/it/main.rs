@@ -1,6 +1,8 @@
 //! The event store's integration tests: one conformance suite, run against a
 //! real PostgreSQL and a real SQLite file alike.
 
+#![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
 mod support;
 
 mod conformance;
