@@ -7,12 +7,16 @@
 //! no version checks and no hash chain, one transaction per batch, measured
 //! in the same run; `ratio` is our append's throughput over that baseline.
 
-#![allow(clippy::unwrap_used, reason = "a benchmark program; a failure should stop it loudly")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark program; a failure should stop it loudly"
+)]
 
 use std::time::{Duration, Instant};
 
 use llmgw_eventstore::{
-    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend, Writer,
+    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
+    Writer,
 };
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::json;
@@ -30,7 +34,9 @@ fn payload(i: usize) -> serde_json::Value {
 }
 
 fn batch(stream: &str, n: usize) -> Vec<StreamAppend> {
-    let events = (0..n).map(|i| NewEvent::new("UsageRecorded", 1, payload(i))).collect();
+    let events = (0..n)
+        .map(|i| NewEvent::new("UsageRecorded", 1, payload(i)))
+        .collect();
     vec![StreamAppend::new(stream, ExpectedVersion::Any, events)]
 }
 
@@ -120,10 +126,34 @@ async fn baseline(store: &AnyStore, size: usize) -> f64 {
     events as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Vacuums and checkpoints between measurements, so that one measurement's
+/// autovacuum or checkpoint does not land in the next one's window.
+async fn settle(store: &AnyStore) {
+    match store {
+        AnyStore::Postgres(s) => {
+            for sql in [
+                "VACUUM (ANALYZE) bench_raw",
+                "VACUUM (ANALYZE) es_events",
+                "CHECKPOINT",
+            ] {
+                s.pool().execute(sql).await.unwrap();
+            }
+        }
+        AnyStore::Sqlite(s) => {
+            s.pool()
+                .execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                .await
+                .unwrap();
+        }
+    }
+}
+
 async fn run(backend: Backend) {
     let (address, _scratch) = Scratch::new(backend).await;
     let address = StoreAddress::parse(&address).unwrap();
-    let store = AnyStore::open(&address, OpenOptions::migrating()).await.unwrap();
+    let store = AnyStore::open(&address, OpenOptions::migrating())
+        .await
+        .unwrap();
     match &store {
         AnyStore::Postgres(s) => s
             .pool()
@@ -138,12 +168,17 @@ async fn run(backend: Backend) {
             .map(|_| ())
             .unwrap(),
     }
-    let lease = store.acquire_lease("bench", Duration::from_secs(3600)).await.unwrap();
+    let lease = store
+        .acquire_lease("bench", Duration::from_secs(3600))
+        .await
+        .unwrap();
     let writer = Writer::Leader(lease.token);
     let name = format!("{backend:?}").to_lowercase();
     for size in BATCHES {
+        settle(&store).await;
         let base = baseline(&store, size).await;
         for writers in WRITERS {
+            settle(&store).await;
             let mut f = appends(&store, &writer, size, writers).await;
             let ratio = if writers == 1 {
                 format!("{:.2}", f.rate() / base)
@@ -162,8 +197,12 @@ async fn run(backend: Backend) {
     }
     // Fill up to the read-back size, then read everything in pages.
     while store.head().await.unwrap().0 < READ_BACK {
-        store.append(&writer, &batch("usage-fill", 1000)).await.unwrap();
+        store
+            .append(&writer, &batch("usage-fill", 1000))
+            .await
+            .unwrap();
     }
+    settle(&store).await;
     let start = Instant::now();
     let (mut after, mut read) = (0, 0u64);
     while read < READ_BACK {
@@ -172,11 +211,17 @@ async fn run(backend: Backend) {
         after = page.last().unwrap().position;
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("{name:<8} read {read} events in {secs:.2} s: {:.0} events/s", read as f64 / secs);
+    println!(
+        "{name:<8} read {read} events in {secs:.2} s: {:.0} events/s",
+        read as f64 / secs
+    );
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         run(Backend::Postgres).await;
         run(Backend::Sqlite).await;

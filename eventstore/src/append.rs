@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::{Appended, RecordedEvent, Result, StoreError, StreamAppend, Writer, hash};
+use crate::{Appended, NewEvent, Result, StoreError, StreamAppend, Writer, hash};
 
 const MAX_STREAM_ID: usize = 256;
 const MAX_EVENT_TYPE: usize = 128;
@@ -30,10 +30,22 @@ pub(crate) struct Existing {
     pub(crate) stream_version: u64,
 }
 
+/// One event laid out for writing: its place, its canonical JSON and hash.
+#[derive(Debug)]
+pub(crate) struct Row<'a> {
+    pub(crate) position: u64,
+    pub(crate) stream_id: &'a str,
+    pub(crate) stream_version: u64,
+    pub(crate) event: &'a NewEvent,
+    pub(crate) payload: String,
+    pub(crate) metadata: String,
+    pub(crate) hash: [u8; 32],
+}
+
 /// The rows to write and the control row's new head.
 #[derive(Debug)]
-pub(crate) struct Planned {
-    pub(crate) events: Vec<RecordedEvent>,
+pub(crate) struct Planned<'a> {
+    pub(crate) rows: Vec<Row<'a>>,
     pub(crate) head: u64,
     pub(crate) head_hash: [u8; 32],
     pub(crate) appended: Appended,
@@ -159,16 +171,17 @@ pub(crate) struct Head {
     pub(crate) now: DateTime<Utc>,
 }
 
-pub(crate) fn plan(
-    prepared: &Prepared<'_>,
+pub(crate) fn plan<'a>(
+    prepared: &Prepared<'a>,
     writer: &Writer,
     head: Head,
     versions: &HashMap<String, u64>,
-) -> Result<Planned> {
-    let mut events = Vec::with_capacity(prepared.event_ids.len());
+) -> Result<Planned<'a>> {
+    let mut rows = Vec::with_capacity(prepared.event_ids.len());
     let mut stream_versions = Vec::with_capacity(prepared.batch.len());
     let mut position = head.position;
     let mut prev = head.hash;
+    let recorded_at_micros = head.now.timestamp_micros();
     for s in prepared.batch {
         let actual = versions.get(&s.stream_id).copied().unwrap_or(0);
         if !s.expected.admits(actual) {
@@ -182,26 +195,42 @@ pub(crate) fn plan(
         for e in &s.events {
             position += 1;
             version += 1;
-            let mut metadata = e.metadata.clone();
-            if let (Writer::Observer { instance }, Value::Object(m)) = (writer, &mut metadata) {
-                m.insert("writer".into(), Value::String(instance.clone()));
-            }
-            let mut recorded = RecordedEvent {
-                position,
-                stream_id: s.stream_id.clone(),
-                stream_version: version,
-                event_id: e.event_id,
-                event_type: e.event_type.clone(),
-                schema_version: e.schema_version,
-                payload: e.payload.clone(),
-                metadata,
-                epoch: head.epoch,
-                recorded_at: head.now,
-                hash: [0; 32],
+            let metadata = match writer {
+                Writer::Observer { instance } => {
+                    let mut m = e.metadata.clone();
+                    if let Value::Object(map) = &mut m {
+                        map.insert("writer".into(), Value::String(instance.clone()));
+                    }
+                    hash::canonical_string(&m)
+                }
+                Writer::Leader(_) => hash::canonical_string(&e.metadata),
             };
-            recorded.hash = hash::chain(&prev, &recorded);
-            prev = recorded.hash;
-            events.push(recorded);
+            let payload = hash::canonical_string(&e.payload);
+            let h = hash::chain_canonical(
+                &prev,
+                &hash::Canonical {
+                    position,
+                    stream_id: &s.stream_id,
+                    stream_version: version,
+                    event_id: e.event_id,
+                    event_type: &e.event_type,
+                    schema_version: e.schema_version,
+                    payload: &payload,
+                    metadata: &metadata,
+                    epoch: head.epoch,
+                    recorded_at_micros,
+                },
+            );
+            prev = h;
+            rows.push(Row {
+                position,
+                stream_id: &s.stream_id,
+                stream_version: version,
+                event: e,
+                payload,
+                metadata,
+                hash: h,
+            });
         }
         stream_versions.push((s.stream_id.clone(), version));
     }
@@ -212,7 +241,7 @@ pub(crate) fn plan(
             stream_versions,
             deduplicated: false,
         },
-        events,
+        rows,
         head: position,
         head_hash: prev,
     })

@@ -13,41 +13,83 @@ use crate::RecordedEvent;
 
 pub const GENESIS: [u8; 32] = [0; 32];
 
+/// The fields of an event that its hash covers, with payload and metadata
+/// already in canonical form.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Canonical<'a> {
+    pub(crate) position: u64,
+    pub(crate) stream_id: &'a str,
+    pub(crate) stream_version: u64,
+    pub(crate) event_id: uuid::Uuid,
+    pub(crate) event_type: &'a str,
+    pub(crate) schema_version: u32,
+    pub(crate) payload: &'a str,
+    pub(crate) metadata: &'a str,
+    pub(crate) epoch: u64,
+    pub(crate) recorded_at_micros: i64,
+}
+
+/// The hash of a stored event, given the hash of the one before it.
 pub fn chain(prev: &[u8; 32], event: &RecordedEvent) -> [u8; 32] {
-    let mut bytes = Vec::with_capacity(256);
-    canonical_event(event, &mut bytes);
+    let payload = canonical_string(&event.payload);
+    let metadata = canonical_string(&event.metadata);
+    chain_canonical(
+        prev,
+        &Canonical {
+            position: event.position,
+            stream_id: &event.stream_id,
+            stream_version: event.stream_version,
+            event_id: event.event_id,
+            event_type: &event.event_type,
+            schema_version: event.schema_version,
+            payload: &payload,
+            metadata: &metadata,
+            epoch: event.epoch,
+            recorded_at_micros: event.recorded_at.timestamp_micros(),
+        },
+    )
+}
+
+/// sha256(prev ‖ `[position,stream,version,id,type,schema,payload,metadata,epoch,µs]`).
+pub(crate) fn chain_canonical(prev: &[u8; 32], e: &Canonical<'_>) -> [u8; 32] {
+    let mut out = Vec::with_capacity(128 + e.payload.len() + e.metadata.len());
+    out.push(b'[');
+    push_display(&mut out, e.position);
+    out.push(b',');
+    write_str(&mut out, e.stream_id);
+    out.push(b',');
+    push_display(&mut out, e.stream_version);
+    out.push(b',');
+    out.push(b'"');
+    out.extend_from_slice(
+        e.event_id
+            .hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer())
+            .as_bytes(),
+    );
+    out.push(b'"');
+    out.push(b',');
+    write_str(&mut out, e.event_type);
+    out.push(b',');
+    push_display(&mut out, e.schema_version);
+    out.push(b',');
+    out.extend_from_slice(e.payload.as_bytes());
+    out.push(b',');
+    out.extend_from_slice(e.metadata.as_bytes());
+    out.push(b',');
+    push_display(&mut out, e.epoch);
+    out.push(b',');
+    push_display(&mut out, e.recorded_at_micros);
+    out.push(b']');
     let mut h = Sha256::new();
     h.update(prev);
-    h.update(&bytes);
+    h.update(&out);
     h.finalize().into()
 }
 
-fn canonical_event(e: &RecordedEvent, out: &mut Vec<u8>) {
-    out.push(b'[');
-    push_display(out, e.position);
-    out.push(b',');
-    write_str(out, &e.stream_id);
-    out.push(b',');
-    push_display(out, e.stream_version);
-    out.push(b',');
-    write_str(out, &e.event_id.hyphenated().to_string());
-    out.push(b',');
-    write_str(out, &e.event_type);
-    out.push(b',');
-    push_display(out, e.schema_version);
-    out.push(b',');
-    write_canonical(&e.payload, out);
-    out.push(b',');
-    write_canonical(&e.metadata, out);
-    out.push(b',');
-    push_display(out, e.epoch);
-    out.push(b',');
-    push_display(out, e.recorded_at.timestamp_micros());
-    out.push(b']');
-}
-
 fn push_display(out: &mut Vec<u8>, v: impl std::fmt::Display) {
-    out.extend_from_slice(v.to_string().as_bytes());
+    use std::io::Write;
+    let _ = write!(out, "{v}");
 }
 
 /// JSON with object keys sorted by their bytes and no insignificant
@@ -79,7 +121,7 @@ pub fn write_canonical(v: &Value, out: &mut Vec<u8>) {
             out.push(b']');
         }
         // Scalars: serde_json prints them deterministically from their value.
-        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
+        scalar => serde_json::to_writer(&mut *out, scalar).expect("writing to a Vec"),
     }
 }
 
@@ -90,7 +132,7 @@ pub fn canonical_string(v: &Value) -> String {
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(Value::String(s.to_owned()).to_string().as_bytes());
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec");
 }
 
 pub fn to_hex(bytes: &[u8]) -> String {

@@ -347,7 +347,7 @@ impl EventStore for PgStore {
         }
         let planned = append::plan(&prepared, writer, head, &versions)?;
 
-        let n = planned.events.len();
+        let n = planned.rows.len();
         let mut positions = Vec::with_capacity(n);
         let mut streams = Vec::with_capacity(n);
         let mut stream_versions = Vec::with_capacity(n);
@@ -357,16 +357,16 @@ impl EventStore for PgStore {
         let mut payloads = Vec::with_capacity(n);
         let mut metadata = Vec::with_capacity(n);
         let mut hashes = Vec::with_capacity(n);
-        for e in &planned.events {
-            positions.push(e.position as i64);
-            streams.push(e.stream_id.as_str());
-            stream_versions.push(e.stream_version as i64);
-            ids.push(e.event_id);
-            types.push(e.event_type.as_str());
-            schema_versions.push(e.schema_version as i32);
-            payloads.push(hash::canonical_string(&e.payload));
-            metadata.push(hash::canonical_string(&e.metadata));
-            hashes.push(e.hash.to_vec());
+        for r in &planned.rows {
+            positions.push(r.position as i64);
+            streams.push(r.stream_id);
+            stream_versions.push(r.stream_version as i64);
+            ids.push(r.event.event_id);
+            types.push(r.event.event_type.as_str());
+            schema_versions.push(r.event.schema_version as i32);
+            payloads.push(r.payload.as_str());
+            metadata.push(r.metadata.as_str());
+            hashes.push(r.hash.as_slice());
         }
         let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
             .appended
