@@ -1,5 +1,7 @@
 //! `llmgw events import`: the inverse of `events export`.
 //!
+//! The file's hash chain is checked before anything is appended: an export
+//! that was altered, reordered or cut in the middle is refused whole.
 //! Events keep their ids, so a second run appends nothing. They keep their
 //! order too: a batch never holds two runs of the same stream, so the
 //! relative order of every event is what it was in the export.
@@ -10,30 +12,16 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use llmgw_eventstore::{
-    AnyStore, EventStore, ExpectedVersion, NewEvent, StoreError, StreamAppend, Writer,
+    AnyStore, EventStore, ExpectedVersion, NewEvent, RecordedEvent, StoreError, StreamAppend,
+    Writer, hash,
 };
-use serde::Deserialize;
-use serde_json::Value;
-use uuid::Uuid;
 
 use crate::Outcome;
 
 const BATCH: usize = 500;
 const TTL: Duration = Duration::from_secs(60);
 
-/// The fields of an exported line that an import needs; the rest
-/// (position, epoch, hash, time) are the target log's to assign.
-#[derive(Debug, Deserialize)]
-struct Line {
-    stream_id: String,
-    stream_version: u64,
-    event_id: Uuid,
-    event_type: String,
-    schema_version: u32,
-    payload: Value,
-    #[serde(default)]
-    metadata: Option<Value>,
-}
+type Line = RecordedEvent;
 
 pub(super) async fn run(store: &AnyStore, input: &Path) -> anyhow::Result<Outcome> {
     let lines = super::read_lines(input)?;
@@ -69,25 +57,46 @@ pub(super) async fn run(store: &AnyStore, input: &Path) -> anyhow::Result<Outcom
 }
 
 fn parse(lines: &[String]) -> anyhow::Result<Vec<Line>> {
-    let mut next_version: HashMap<&str, u64> = HashMap::new();
-    let mut events = Vec::new();
+    let mut events: Vec<Line> = Vec::new();
     for (i, text) in lines.iter().enumerate() {
         if text.trim().is_empty() {
             continue;
         }
         let line: Line = serde_json::from_str(text)
             .with_context(|| format!("line {}: not an exported event", i + 1))?;
+        // The chain links each event to the one before; the first event of a
+        // range that starts after position 1 can only be checked from there on.
+        let prev = match events.last() {
+            Some(p) if line.position != p.position + 1 => bail!(
+                "line {}: position {} follows {}; an export is one unbroken range",
+                i + 1,
+                line.position,
+                p.position
+            ),
+            Some(p) => Some(p.hash),
+            None if line.position == 1 => Some(hash::GENESIS),
+            None => None,
+        };
+        if let Some(prev) = prev
+            && hash::chain(&prev, &line) != line.hash
+        {
+            bail!(
+                "line {} (position {}): its hash does not match its content; the export was altered",
+                i + 1,
+                line.position
+            );
+        }
         events.push(line);
     }
-    for (i, e) in events.iter().enumerate() {
+    let mut next_version: HashMap<&str, u64> = HashMap::new();
+    for e in &events {
         let want = next_version
             .entry(e.stream_id.as_str())
             .or_insert(e.stream_version);
         if e.stream_version != *want {
             bail!(
-                "event {} ({}): stream {} jumps from version {} to {}",
-                i + 1,
-                e.event_id,
+                "position {}: stream {} jumps from version {} to {}",
+                e.position,
                 e.stream_id,
                 *want - 1,
                 e.stream_version
@@ -126,13 +135,9 @@ async fn append_all(store: &AnyStore, writer: &Writer, events: &[Line]) -> anyho
         let new_events = run
             .iter()
             .map(|e| {
-                let metadata = e
-                    .metadata
-                    .clone()
-                    .unwrap_or_else(|| Value::Object(Default::default()));
                 NewEvent::new(e.event_type.clone(), e.schema_version, e.payload.clone())
                     .with_id(e.event_id)
-                    .with_metadata(metadata)
+                    .with_metadata(e.metadata.clone())
             })
             .collect();
         let expected = ExpectedVersion::Exact(run[0].stream_version - 1);

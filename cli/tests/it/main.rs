@@ -373,8 +373,29 @@ async fn a_bad_import_is_refused_whole(b: Backend) {
         "{out:?}"
     );
 
-    // The seeded streams already exist at other versions: a conflict, named.
+    // An altered line breaks the chain: refused before anything is written.
     lines.remove(2);
+    let mut altered: Vec<String> = lines.clone();
+    altered[1] = altered[1].replace("\"gib\":44.99", "\"gib\":45.0");
+    assert_ne!(altered[1], lines[1]);
+    let forged = dir.path().join("forged.jsonl");
+    std::fs::write(&forged, altered.join("\n")).unwrap();
+    let out = llmgw(&address, &["events", "import", forged.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("line 2 (position 2): its hash does not match"),
+        "{out:?}"
+    );
+    let gap = dir.path().join("gap.jsonl");
+    std::fs::write(&gap, [lines[0].clone(), lines[2].clone()].join("\n")).unwrap();
+    let out = llmgw(&address, &["events", "import", gap.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("position 3 follows 1"),
+        "{out:?}"
+    );
+
+    // The seeded streams already exist at other versions: a conflict, named.
     let clash = dir.path().join("clash.jsonl");
     std::fs::write(&clash, lines.join("\n")).unwrap();
     let out = llmgw(&address, &["events", "import", clash.to_str().unwrap()]);
