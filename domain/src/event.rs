@@ -1,0 +1,206 @@
+//! Every event, its stable type name, its schema version and its stream.
+//!
+//! Stored as `(event_type, schema_version, payload)`: the type name is the
+//! variant's name, which is therefore part of the log's format and never
+//! renamed. A change of shape bumps the type's schema version here and adds
+//! an upcaster (in the event store's registry) from the old shape.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::catalog::CatalogEvent;
+use crate::nodes::NodeEvent;
+use crate::replicas::ReplicaEvent;
+use crate::tenancy::{Scope, TenancyEvent};
+use crate::usage::UsageEvent;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum LeadershipEvent {
+    LeadershipAcquired { holder: String, epoch: u64 },
+    LeadershipReleased { holder: String, epoch: u64 },
+}
+
+/// Any event of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Catalog(CatalogEvent),
+    Node(NodeEvent),
+    Replica(ReplicaEvent),
+    Tenancy(TenancyEvent),
+    Usage(UsageEvent),
+    Leadership(LeadershipEvent),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Area {
+    Catalog,
+    Node,
+    Replica,
+    Tenancy,
+    Usage,
+    Leadership,
+}
+
+/// Every type name with its area and current schema version.
+const TYPES: &[(&str, Area, u32)] = &[
+    ("ModelAdded", Area::Catalog, 1),
+    ("ModelUpdated", Area::Catalog, 1),
+    ("ModelRemoved", Area::Catalog, 1),
+    ("NodeRegistered", Area::Node, 1),
+    ("NodeInventoryChanged", Area::Node, 1),
+    ("NodeUnreachable", Area::Node, 1),
+    ("NodeLost", Area::Node, 1),
+    ("NodeRecovered", Area::Node, 1),
+    ("NodeCordoned", Area::Node, 1),
+    ("NodeUncordoned", Area::Node, 1),
+    ("NodeDrainRequested", Area::Node, 1),
+    ("ReplicaPlaced", Area::Replica, 1),
+    ("ReplicaAdopted", Area::Replica, 1),
+    ("ShardStateChanged", Area::Replica, 1),
+    ("ReplicaReady", Area::Replica, 1),
+    ("ReplicaFailed", Area::Replica, 1),
+    ("ReplicaDraining", Area::Replica, 1),
+    ("ReplicaStopped", Area::Replica, 1),
+    ("OrgCreated", Area::Tenancy, 1),
+    ("TeamCreated", Area::Tenancy, 1),
+    ("ProjectCreated", Area::Tenancy, 1),
+    ("LimitsSet", Area::Tenancy, 1),
+    ("KeyIssued", Area::Tenancy, 1),
+    ("KeyRevoked", Area::Tenancy, 1),
+    ("UserSignedUp", Area::Tenancy, 1),
+    ("UserApproved", Area::Tenancy, 1),
+    ("UserSuspended", Area::Tenancy, 1),
+    ("UserPromoted", Area::Tenancy, 1),
+    ("PasswordChanged", Area::Tenancy, 1),
+    ("UsageRecorded", Area::Usage, 1),
+    ("LeadershipAcquired", Area::Leadership, 1),
+    ("LeadershipReleased", Area::Leadership, 1),
+];
+
+/// Why a stored event could not be turned back into an [`Event`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("unknown event type {0}")]
+    UnknownType(String),
+    #[error(
+        "{event_type} is at schema version {found}, but this build reads version {current}; upcast it first"
+    )]
+    Version {
+        event_type: String,
+        found: u32,
+        current: u32,
+    },
+    #[error("{event_type}: {reason}")]
+    Payload { event_type: String, reason: String },
+}
+
+impl Event {
+    /// All type names this build knows, with their schema versions.
+    pub fn types() -> impl Iterator<Item = (&'static str, u32)> {
+        TYPES.iter().map(|(t, _, v)| (*t, *v))
+    }
+
+    /// The current schema version of a type name.
+    pub fn schema_version_of(event_type: &str) -> Option<u32> {
+        TYPES
+            .iter()
+            .find(|(t, ..)| *t == event_type)
+            .map(|(.., v)| *v)
+    }
+
+    /// `(type name, schema version, payload)` as stored.
+    pub fn encode(&self) -> (String, u32, Value) {
+        let tagged = match self {
+            Event::Catalog(e) => serde_json::to_value(e),
+            Event::Node(e) => serde_json::to_value(e),
+            Event::Replica(e) => serde_json::to_value(e),
+            Event::Tenancy(e) => serde_json::to_value(e),
+            Event::Usage(e) => serde_json::to_value(e),
+            Event::Leadership(e) => serde_json::to_value(e),
+        }
+        .expect("events serialise");
+        let Value::Object(mut map) = tagged else {
+            unreachable!("adjacently tagged enums serialise to objects")
+        };
+        let Some(Value::String(event_type)) = map.remove("type") else {
+            unreachable!("adjacently tagged enums carry their tag")
+        };
+        let payload = map
+            .remove("data")
+            .unwrap_or(Value::Object(Default::default()));
+        let version =
+            Self::schema_version_of(&event_type).expect("every variant is listed in TYPES");
+        (event_type, version, payload)
+    }
+
+    /// The event of a stored row; the row must already be upcast to the
+    /// current schema version.
+    pub fn decode(
+        event_type: &str,
+        schema_version: u32,
+        payload: &Value,
+    ) -> Result<Event, DecodeError> {
+        let Some(&(_, area, current)) = TYPES.iter().find(|(t, ..)| *t == event_type) else {
+            return Err(DecodeError::UnknownType(event_type.to_owned()));
+        };
+        if schema_version != current {
+            return Err(DecodeError::Version {
+                event_type: event_type.to_owned(),
+                found: schema_version,
+                current,
+            });
+        }
+        let tagged = serde_json::json!({ "type": event_type, "data": payload });
+        let err = |e: serde_json::Error| DecodeError::Payload {
+            event_type: event_type.to_owned(),
+            reason: e.to_string(),
+        };
+        Ok(match area {
+            Area::Catalog => Event::Catalog(serde_json::from_value(tagged).map_err(err)?),
+            Area::Node => Event::Node(serde_json::from_value(tagged).map_err(err)?),
+            Area::Replica => Event::Replica(serde_json::from_value(tagged).map_err(err)?),
+            Area::Tenancy => Event::Tenancy(serde_json::from_value(tagged).map_err(err)?),
+            Area::Usage => Event::Usage(serde_json::from_value(tagged).map_err(err)?),
+            Area::Leadership => Event::Leadership(serde_json::from_value(tagged).map_err(err)?),
+        })
+    }
+
+    /// The stream an event belongs to: one per model, node, replica,
+    /// tenancy object and key's usage.
+    pub fn stream_id(&self) -> String {
+        use TenancyEvent as T;
+        match self {
+            Event::Catalog(e) => match e {
+                CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model } => {
+                    format!("model-{}", model.name)
+                }
+                CatalogEvent::ModelRemoved { name } => format!("model-{name}"),
+            },
+            Event::Node(e) => format!("node-{}", e.node_id()),
+            Event::Replica(e) => format!("replica-{}", e.replica_id()),
+            Event::Tenancy(e) => match e {
+                T::OrgCreated { org_id, .. } => format!("org-{org_id}"),
+                T::TeamCreated { team_id, .. } => format!("team-{team_id}"),
+                T::ProjectCreated { project_id, .. } => format!("project-{project_id}"),
+                T::LimitsSet {
+                    scope, scope_id, ..
+                } => match scope {
+                    Scope::Org => format!("org-{scope_id}"),
+                    Scope::Team => format!("team-{scope_id}"),
+                    Scope::Project => format!("project-{scope_id}"),
+                    Scope::Key => format!("key-{scope_id}"),
+                },
+                T::KeyIssued(k) => format!("key-{}", k.key_id),
+                T::KeyRevoked { key_id, .. } => format!("key-{key_id}"),
+                T::UserSignedUp { user_id }
+                | T::UserApproved { user_id, .. }
+                | T::UserSuspended { user_id, .. }
+                | T::UserPromoted { user_id, .. }
+                | T::PasswordChanged { user_id } => format!("user-{user_id}"),
+            },
+            Event::Usage(UsageEvent::UsageRecorded(u)) => format!("usage-{}", u.key_id),
+            Event::Leadership(_) => "leadership".to_owned(),
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Nodes: registration, inventory, reachability, and the operator's cordon
+//! and drain. Only real changes become events: a heartbeat or a repeated
+//! registration with nothing new appends nothing, and neither ever clears a
+//! cordon an operator set.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Rejection;
+
+/// One GPU as the agent saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    /// `h100-80g`: name and memory in GiB as the driver reports it.
+    pub class: String,
+    pub memory_mb: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink_peers: Vec<u32>,
+    /// Reasons to keep it out of placement (ECC errors, foreign memory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// A fabric the node is attached to, with the adapters on it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricAttachment {
+    pub fabric: String,
+    pub hcas: Vec<String>,
+    #[serde(default)]
+    pub rate_gbps: u32,
+}
+
+/// What a node offers, as the scheduler sees it. Telemetry (utilisation,
+/// temperatures, used memory) is deliberately absent: it changes every
+/// heartbeat and lives in memory and in Prometheus, not in the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub hostname: String,
+    #[serde(default)]
+    pub mgmt_addr: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    #[serde(default)]
+    pub fabrics: Vec<FabricAttachment>,
+    /// 0 means unknown.
+    #[serde(default)]
+    pub memory_total_mb: u64,
+    #[serde(default)]
+    pub disk_free_gb: u64,
+    /// Engine name → version, for engines seen to run.
+    #[serde(default)]
+    pub engines: BTreeMap<String, String>,
+    /// Model sources whose weights are on local disk.
+    #[serde(default)]
+    pub weights: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reachability {
+    Ready,
+    /// No heartbeat for a while: no new placement, work left in place.
+    Unreachable,
+    /// Gone: its work is rebuilt elsewhere.
+    Lost,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: String,
+    pub inventory: Inventory,
+    pub reachability: Reachability,
+    pub cordoned: bool,
+    pub draining: bool,
+}
+
+impl Node {
+    /// Whether new work may be placed here.
+    pub fn schedulable(&self) -> bool {
+        self.reachability == Reachability::Ready && !self.cordoned && !self.draining
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum NodeCommand {
+    /// A (re-)registration carrying the full inventory.
+    Register {
+        node_id: String,
+        inventory: Inventory,
+    },
+    /// The inventory as re-read while running.
+    ReportInventory {
+        node_id: String,
+        inventory: Inventory,
+    },
+    /// A heartbeat arrived: revives an unreachable or lost node.
+    Heartbeat {
+        node_id: String,
+    },
+    MarkUnreachable {
+        node_id: String,
+    },
+    MarkLost {
+        node_id: String,
+    },
+    Cordon {
+        node_id: String,
+        by: String,
+        reason: String,
+    },
+    Uncordon {
+        node_id: String,
+        by: String,
+    },
+    Drain {
+        node_id: String,
+        by: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum NodeEvent {
+    NodeRegistered {
+        node_id: String,
+        inventory: Inventory,
+    },
+    NodeInventoryChanged {
+        node_id: String,
+        inventory: Inventory,
+    },
+    NodeUnreachable {
+        node_id: String,
+    },
+    NodeLost {
+        node_id: String,
+    },
+    NodeRecovered {
+        node_id: String,
+    },
+    NodeCordoned {
+        node_id: String,
+        by: String,
+        reason: String,
+    },
+    NodeUncordoned {
+        node_id: String,
+        by: String,
+    },
+    NodeDrainRequested {
+        node_id: String,
+        by: String,
+    },
+}
+
+impl NodeEvent {
+    pub fn node_id(&self) -> &str {
+        match self {
+            NodeEvent::NodeRegistered { node_id, .. }
+            | NodeEvent::NodeInventoryChanged { node_id, .. }
+            | NodeEvent::NodeUnreachable { node_id }
+            | NodeEvent::NodeLost { node_id }
+            | NodeEvent::NodeRecovered { node_id }
+            | NodeEvent::NodeCordoned { node_id, .. }
+            | NodeEvent::NodeUncordoned { node_id, .. }
+            | NodeEvent::NodeDrainRequested { node_id, .. } => node_id,
+        }
+    }
+}
+
+/// Every node the log knows of.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nodes {
+    pub nodes: BTreeMap<String, Node>,
+}
+
+impl Nodes {
+    pub fn decide(&self, command: NodeCommand) -> Result<Vec<NodeEvent>, Rejection> {
+        use NodeCommand as C;
+        use NodeEvent as E;
+        let known = |id: &str| {
+            self.nodes
+                .get(id)
+                .ok_or_else(|| Rejection::not_found(format!("no node {id} has registered")))
+        };
+        Ok(match command {
+            C::Register { node_id, inventory } => {
+                if node_id.is_empty()
+                    || node_id.len() > 128
+                    || node_id.chars().any(char::is_whitespace)
+                {
+                    return Err(Rejection::invalid(
+                        "a node id must be 1 to 128 characters without spaces",
+                    ));
+                }
+                check_inventory(&inventory)?;
+                match self.nodes.get(&node_id) {
+                    None => vec![E::NodeRegistered { node_id, inventory }],
+                    Some(node) => {
+                        let mut events = Vec::new();
+                        if node.inventory != inventory {
+                            events.push(E::NodeInventoryChanged {
+                                node_id: node_id.clone(),
+                                inventory,
+                            });
+                        }
+                        if node.reachability != Reachability::Ready {
+                            events.push(E::NodeRecovered { node_id });
+                        }
+                        events
+                    }
+                }
+            }
+            C::ReportInventory { node_id, inventory } => {
+                check_inventory(&inventory)?;
+                if known(&node_id)?.inventory == inventory {
+                    vec![]
+                } else {
+                    vec![E::NodeInventoryChanged { node_id, inventory }]
+                }
+            }
+            C::Heartbeat { node_id } => match known(&node_id)?.reachability {
+                Reachability::Ready => vec![],
+                _ => vec![E::NodeRecovered { node_id }],
+            },
+            C::MarkUnreachable { node_id } => match known(&node_id)?.reachability {
+                Reachability::Ready => vec![E::NodeUnreachable { node_id }],
+                _ => vec![],
+            },
+            C::MarkLost { node_id } => match known(&node_id)?.reachability {
+                Reachability::Lost => vec![],
+                _ => vec![E::NodeLost { node_id }],
+            },
+            C::Cordon {
+                node_id,
+                by,
+                reason,
+            } => {
+                if known(&node_id)?.cordoned {
+                    vec![]
+                } else {
+                    vec![E::NodeCordoned {
+                        node_id,
+                        by,
+                        reason,
+                    }]
+                }
+            }
+            C::Uncordon { node_id, by } => {
+                let node = known(&node_id)?;
+                if node.draining {
+                    return Err(Rejection::conflict(format!(
+                        "node {node_id} is draining; it stays cordoned until the drain is done"
+                    )));
+                }
+                if node.cordoned {
+                    vec![E::NodeUncordoned { node_id, by }]
+                } else {
+                    vec![]
+                }
+            }
+            C::Drain { node_id, by } => {
+                let node = known(&node_id)?;
+                let mut events = Vec::new();
+                if !node.cordoned {
+                    events.push(E::NodeCordoned {
+                        node_id: node_id.clone(),
+                        by: by.clone(),
+                        reason: "drain".into(),
+                    });
+                }
+                if !node.draining {
+                    events.push(E::NodeDrainRequested { node_id, by });
+                }
+                events
+            }
+        })
+    }
+
+    pub fn evolve(&mut self, event: &NodeEvent) {
+        use NodeEvent as E;
+        if let E::NodeRegistered { node_id, inventory } = event {
+            self.nodes.insert(
+                node_id.clone(),
+                Node {
+                    id: node_id.clone(),
+                    inventory: inventory.clone(),
+                    reachability: Reachability::Ready,
+                    cordoned: false,
+                    draining: false,
+                },
+            );
+            return;
+        }
+        let Some(node) = self.nodes.get_mut(event.node_id()) else {
+            return;
+        };
+        match event {
+            E::NodeRegistered { .. } => {}
+            E::NodeInventoryChanged { inventory, .. } => node.inventory = inventory.clone(),
+            E::NodeUnreachable { .. } => node.reachability = Reachability::Unreachable,
+            E::NodeLost { .. } => node.reachability = Reachability::Lost,
+            E::NodeRecovered { .. } => node.reachability = Reachability::Ready,
+            E::NodeCordoned { .. } => node.cordoned = true,
+            E::NodeUncordoned { .. } => node.cordoned = false,
+            E::NodeDrainRequested { .. } => node.draining = true,
+        }
+    }
+}
+
+fn check_inventory(inv: &Inventory) -> Result<(), Rejection> {
+    let mut seen = std::collections::BTreeSet::new();
+    for g in &inv.gpus {
+        if !seen.insert(g.index) {
+            return Err(Rejection::invalid(format!(
+                "GPU index {} is reported twice",
+                g.index
+            )));
+        }
+    }
+    let mut hcas = BTreeMap::new();
+    for f in &inv.fabrics {
+        for h in &f.hcas {
+            if let Some(other) = hcas.insert(h.as_str(), f.fabric.as_str()) {
+                return Err(Rejection::invalid(format!(
+                    "adapter {h} is named under two fabrics ({other} and {})",
+                    f.fabric
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,366 @@
+//! Replicas and their shards. A replica is ready only when every shard is
+//! ready; one failed shard fails the whole replica, because a tensor- or
+//! pipeline-parallel group cannot serve with a rank missing.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Rejection;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardState {
+    Pending,
+    Starting,
+    /// Loading weights: separate from Starting because a 70B load
+    /// legitimately takes minutes.
+    Loading,
+    Ready,
+    Draining,
+    Stopped,
+    Failed,
+}
+
+/// Where one rank of a replica runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPlacement {
+    pub shard_id: String,
+    pub rank: u32,
+    pub node_id: String,
+    #[serde(default)]
+    pub gpu_indices: Vec<u32>,
+    #[serde(default)]
+    pub hcas: Vec<String>,
+    pub port: u16,
+}
+
+/// A placement decision, with the reason it was made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub replica_id: String,
+    pub model: String,
+    pub profile: String,
+    pub profile_fp: String,
+    pub pool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
+    pub shards: Vec<ShardPlacement>,
+    #[serde(default)]
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplicaStatus {
+    Starting,
+    Ready,
+    Draining,
+    Failed,
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub placement: ShardPlacement,
+    pub state: ShardState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replica {
+    pub placement: Placement,
+    pub status: ReplicaStatus,
+    pub shards: BTreeMap<String, Shard>,
+    /// Adopted after a control-plane restart rather than placed by it.
+    pub adopted: bool,
+}
+
+impl Replica {
+    /// Whether its processes may still hold GPUs and ports.
+    pub fn is_live(&self) -> bool {
+        !matches!(self.status, ReplicaStatus::Stopped)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ReplicaCommand {
+    Place(Placement),
+    /// Shards an agent reports running after a control-plane restart.
+    Adopt(Placement),
+    ReportShard {
+        replica_id: String,
+        shard_id: String,
+        state: ShardState,
+        error: Option<String>,
+        exit_code: Option<i32>,
+        log_tail: Option<String>,
+    },
+    Drain {
+        replica_id: String,
+    },
+    Stop {
+        replica_id: String,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum ReplicaEvent {
+    ReplicaPlaced(Placement),
+    ReplicaAdopted(Placement),
+    ShardStateChanged {
+        replica_id: String,
+        shard_id: String,
+        state: ShardState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        log_tail: Option<String>,
+    },
+    ReplicaReady {
+        replica_id: String,
+    },
+    ReplicaFailed {
+        replica_id: String,
+        reason: String,
+    },
+    ReplicaDraining {
+        replica_id: String,
+    },
+    ReplicaStopped {
+        replica_id: String,
+        reason: String,
+    },
+}
+
+impl ReplicaEvent {
+    pub fn replica_id(&self) -> &str {
+        match self {
+            ReplicaEvent::ReplicaPlaced(p) | ReplicaEvent::ReplicaAdopted(p) => &p.replica_id,
+            ReplicaEvent::ShardStateChanged { replica_id, .. }
+            | ReplicaEvent::ReplicaReady { replica_id }
+            | ReplicaEvent::ReplicaFailed { replica_id, .. }
+            | ReplicaEvent::ReplicaDraining { replica_id }
+            | ReplicaEvent::ReplicaStopped { replica_id, .. } => replica_id,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replicas {
+    pub replicas: BTreeMap<String, Replica>,
+}
+
+/// The longest log tail kept in an event: enough to see why a process died.
+pub const MAX_LOG_TAIL: usize = 8 * 1024;
+
+impl Replicas {
+    pub fn decide(&self, command: ReplicaCommand) -> Result<Vec<ReplicaEvent>, Rejection> {
+        use ReplicaCommand as C;
+        use ReplicaEvent as E;
+        let known = |id: &str| {
+            self.replicas
+                .get(id)
+                .ok_or_else(|| Rejection::not_found(format!("no replica {id}")))
+        };
+        Ok(match command {
+            C::Place(p) | C::Adopt(p) if self.replicas.contains_key(&p.replica_id) => {
+                return Err(Rejection::conflict(format!(
+                    "replica id {} is already in use; ids are never reused",
+                    p.replica_id
+                )));
+            }
+            C::Place(p) => {
+                self.check_placement(&p)?;
+                vec![E::ReplicaPlaced(p)]
+            }
+            C::Adopt(p) => {
+                self.check_placement(&p)?;
+                vec![E::ReplicaAdopted(p)]
+            }
+            C::ReportShard {
+                replica_id,
+                shard_id,
+                state,
+                error,
+                exit_code,
+                log_tail,
+            } => {
+                let replica = known(&replica_id)?;
+                let Some(shard) = replica.shards.get(&shard_id) else {
+                    return Err(Rejection::not_found(format!(
+                        "replica {replica_id} has no shard {shard_id}"
+                    )));
+                };
+                if shard.state == state && shard.error == error {
+                    return Ok(vec![]);
+                }
+                if replica.status == ReplicaStatus::Stopped {
+                    // A late report from a replica already torn down.
+                    return Ok(vec![]);
+                }
+                let log_tail = log_tail.map(|t| tail(&t, MAX_LOG_TAIL));
+                let mut events = vec![E::ShardStateChanged {
+                    replica_id: replica_id.clone(),
+                    shard_id: shard_id.clone(),
+                    state,
+                    error: error.clone(),
+                    exit_code,
+                    log_tail,
+                }];
+                let all_ready = replica.shards.iter().all(|(id, s)| {
+                    if *id == shard_id {
+                        state == ShardState::Ready
+                    } else {
+                        s.state == ShardState::Ready
+                    }
+                });
+                match replica.status {
+                    ReplicaStatus::Starting if all_ready => {
+                        events.push(E::ReplicaReady { replica_id });
+                    }
+                    ReplicaStatus::Starting | ReplicaStatus::Ready | ReplicaStatus::Draining
+                        if state == ShardState::Failed =>
+                    {
+                        let why = error.unwrap_or_else(|| "exited".into());
+                        events.push(E::ReplicaFailed {
+                            replica_id,
+                            reason: format!("shard {shard_id} failed: {why}"),
+                        });
+                    }
+                    _ => {}
+                }
+                events
+            }
+            C::Drain { replica_id } => match known(&replica_id)?.status {
+                ReplicaStatus::Starting | ReplicaStatus::Ready => {
+                    vec![E::ReplicaDraining { replica_id }]
+                }
+                _ => vec![],
+            },
+            C::Stop { replica_id, reason } => match known(&replica_id)?.status {
+                ReplicaStatus::Stopped => vec![],
+                _ => vec![E::ReplicaStopped { replica_id, reason }],
+            },
+        })
+    }
+
+    fn check_placement(&self, p: &Placement) -> Result<(), Rejection> {
+        if p.shards.is_empty() {
+            return Err(Rejection::invalid(format!(
+                "replica {} has no shards",
+                p.replica_id
+            )));
+        }
+        let mut ranks: Vec<u32> = p.shards.iter().map(|s| s.rank).collect();
+        ranks.sort_unstable();
+        if ranks != (0..p.shards.len() as u32).collect::<Vec<_>>() {
+            return Err(Rejection::invalid(format!(
+                "replica {}: shard ranks must be 0..{}",
+                p.replica_id,
+                p.shards.len()
+            )));
+        }
+        // No GPU or port handed out twice among live replicas.
+        for other in self.replicas.values().filter(|r| r.is_live()) {
+            for mine in &p.shards {
+                for theirs in &other.placement.shards {
+                    if mine.node_id != theirs.node_id {
+                        continue;
+                    }
+                    if mine.port == theirs.port {
+                        return Err(Rejection::conflict(format!(
+                            "port {} on {} is held by replica {}",
+                            mine.port, mine.node_id, other.placement.replica_id
+                        )));
+                    }
+                    if let Some(g) = mine
+                        .gpu_indices
+                        .iter()
+                        .find(|g| theirs.gpu_indices.contains(g))
+                    {
+                        return Err(Rejection::conflict(format!(
+                            "GPU {g} on {} is held by replica {}",
+                            mine.node_id, other.placement.replica_id
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn evolve(&mut self, event: &ReplicaEvent) {
+        use ReplicaEvent as E;
+        match event {
+            E::ReplicaPlaced(p) | E::ReplicaAdopted(p) => {
+                let shards = p
+                    .shards
+                    .iter()
+                    .map(|s| {
+                        (
+                            s.shard_id.clone(),
+                            Shard {
+                                placement: s.clone(),
+                                state: ShardState::Pending,
+                                error: None,
+                            },
+                        )
+                    })
+                    .collect();
+                self.replicas.insert(
+                    p.replica_id.clone(),
+                    Replica {
+                        placement: p.clone(),
+                        status: ReplicaStatus::Starting,
+                        shards,
+                        adopted: matches!(event, E::ReplicaAdopted(_)),
+                    },
+                );
+            }
+            E::ShardStateChanged {
+                replica_id,
+                shard_id,
+                state,
+                error,
+                ..
+            } => {
+                if let Some(s) = self
+                    .replicas
+                    .get_mut(replica_id)
+                    .and_then(|r| r.shards.get_mut(shard_id))
+                {
+                    s.state = *state;
+                    s.error = error.clone();
+                }
+            }
+            E::ReplicaReady { replica_id } => self.set(replica_id, ReplicaStatus::Ready),
+            E::ReplicaFailed { replica_id, .. } => self.set(replica_id, ReplicaStatus::Failed),
+            E::ReplicaDraining { replica_id } => self.set(replica_id, ReplicaStatus::Draining),
+            E::ReplicaStopped { replica_id, .. } => self.set(replica_id, ReplicaStatus::Stopped),
+        }
+    }
+
+    fn set(&mut self, replica_id: &str, status: ReplicaStatus) {
+        if let Some(r) = self.replicas.get_mut(replica_id) {
+            r.status = status;
+        }
+    }
+}
+
+/// The last `max` bytes of `s`, cut at a character boundary.
+fn tail(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_owned()
+}

@@ -1,0 +1,647 @@
+//! The tenancy tree (org → team → project → key), keys, limits and the
+//! people who may sign in. Keys are only ever held as a SHA-256 hash and a
+//! display prefix. People are events without personal data: an email or
+//! name lives outside the log, so erasing a person never rewrites it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Rejection;
+
+/// Where a limit is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    Org,
+    Team,
+    Project,
+    Key,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Org => "org",
+            Scope::Team => "team",
+            Scope::Project => "project",
+            Scope::Key => "key",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Period {
+    Day,
+    Month,
+}
+
+/// Limits at one level. `None` means "not set here". An empty `models`
+/// list allows no model (it suspends the scope); an absent one allows all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u32>,
+    /// Micro-units per `period`; 0 is spent from the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_micros: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<Period>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+}
+
+impl Limits {
+    fn check(&self) -> Result<(), Rejection> {
+        // Zero would be ambiguous (unlimited or nothing?); to stop a scope,
+        // give it an empty model list.
+        if self.rpm == Some(0) || self.tpm == Some(0) {
+            return Err(Rejection::invalid(
+                "rpm and tpm must be positive; leave them unset for no limit, \
+                 or set an empty model list to suspend",
+            ));
+        }
+        if self.budget_micros.is_some() != self.period.is_some() {
+            return Err(Rejection::invalid(
+                "a budget needs a period (day or month), and a period a budget",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The models a composed allowlist permits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "models")]
+pub enum Allowed {
+    All,
+    Only(BTreeSet<String>),
+}
+
+impl Allowed {
+    pub fn permits(&self, canonical_model: &str) -> bool {
+        match self {
+            Allowed::All => true,
+            Allowed::Only(set) => set.contains(canonical_model),
+        }
+    }
+}
+
+/// One level's budget, kept apart: every level is checked against its own
+/// pool, in its own period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetLevel {
+    pub scope: Scope,
+    pub scope_id: String,
+    pub micros: u64,
+    pub period: Period,
+}
+
+/// The limits that bind a key: the most restrictive value of each, the
+/// intersection of allowlists, and every budget on the way up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Effective {
+    pub rpm: Option<u32>,
+    pub tpm: Option<u32>,
+    pub budgets: Vec<BudgetLevel>,
+    pub models: Allowed,
+}
+
+/// Composes limits from the org down to the key. `canonical` maps a model
+/// name or alias to its canonical name, so that an alias and its model are
+/// the same entry; names it does not know are kept as written.
+pub fn compose<'a>(
+    chain: impl IntoIterator<Item = (Scope, &'a str, &'a Limits)>,
+    canonical: impl Fn(&str) -> String,
+) -> Effective {
+    let mut eff = Effective {
+        rpm: None,
+        tpm: None,
+        budgets: Vec::new(),
+        models: Allowed::All,
+    };
+    let tighter = |a: Option<u32>, b: Option<u32>| match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    };
+    for (scope, id, l) in chain {
+        eff.rpm = tighter(eff.rpm, l.rpm);
+        eff.tpm = tighter(eff.tpm, l.tpm);
+        if let (Some(micros), Some(period)) = (l.budget_micros, l.period) {
+            eff.budgets.push(BudgetLevel {
+                scope,
+                scope_id: id.to_owned(),
+                micros,
+                period,
+            });
+        }
+        if let Some(models) = &l.models {
+            let here: BTreeSet<String> = models.iter().map(|m| canonical(m)).collect();
+            eff.models = match eff.models {
+                Allowed::All => Allowed::Only(here),
+                Allowed::Only(prev) => Allowed::Only(prev.intersection(&here).cloned().collect()),
+            };
+        }
+    }
+    eff
+}
+
+/// Priority bands for admission, lowest first to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Band {
+    Bronze,
+    Silver,
+    Gold,
+    Platinum,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    pub key_id: String,
+    pub project_id: String,
+    pub name: String,
+    /// Hex SHA-256 of the secret; the secret itself is never stored.
+    pub hash: String,
+    /// The first characters, so a person can tell keys apart.
+    pub prefix: String,
+    pub band: Band,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_profile: Option<String>,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UserStatus {
+    Pending,
+    Active,
+    Suspended,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub user_id: String,
+    pub status: UserStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_id: Option<String>,
+    pub admin: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TenancyCommand {
+    CreateOrg {
+        org_id: String,
+        name: String,
+    },
+    CreateTeam {
+        team_id: String,
+        org_id: String,
+        name: String,
+    },
+    CreateProject {
+        project_id: String,
+        team_id: String,
+        name: String,
+    },
+    SetLimits {
+        scope: Scope,
+        scope_id: String,
+        limits: Limits,
+    },
+    IssueKey(Key),
+    RevokeKey {
+        key_id: String,
+        by: String,
+    },
+    SignUp {
+        user_id: String,
+    },
+    Approve {
+        user_id: String,
+        project_id: String,
+        by: String,
+    },
+    Suspend {
+        user_id: String,
+        by: String,
+    },
+    Promote {
+        user_id: String,
+        by: String,
+    },
+    ChangePassword {
+        user_id: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum TenancyEvent {
+    OrgCreated {
+        org_id: String,
+        name: String,
+    },
+    TeamCreated {
+        team_id: String,
+        org_id: String,
+        name: String,
+    },
+    ProjectCreated {
+        project_id: String,
+        team_id: String,
+        name: String,
+    },
+    LimitsSet {
+        scope: Scope,
+        scope_id: String,
+        limits: Limits,
+    },
+    KeyIssued(Key),
+    KeyRevoked {
+        key_id: String,
+        by: String,
+    },
+    UserSignedUp {
+        user_id: String,
+    },
+    UserApproved {
+        user_id: String,
+        project_id: String,
+        by: String,
+    },
+    UserSuspended {
+        user_id: String,
+        by: String,
+    },
+    UserPromoted {
+        user_id: String,
+        by: String,
+    },
+    /// The hash lives outside the log; the event says that sessions end.
+    PasswordChanged {
+        user_id: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Named {
+    pub name: String,
+    /// The parent: the org of a team, the team of a project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenancy {
+    pub orgs: BTreeMap<String, Named>,
+    pub teams: BTreeMap<String, Named>,
+    pub projects: BTreeMap<String, Named>,
+    pub keys: BTreeMap<String, Key>,
+    pub limits: BTreeMap<(Scope, String), Limits>,
+    pub users: BTreeMap<String, User>,
+}
+
+fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
+    if id.is_empty()
+        || id.len() > 128
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(Rejection::invalid(format!(
+            "{kind} id {id:?} must be 1 to 128 of letters, digits and - _ ."
+        )));
+    }
+    Ok(())
+}
+
+impl Tenancy {
+    fn exists(&self, scope: Scope, id: &str) -> bool {
+        match scope {
+            Scope::Org => self.orgs.contains_key(id),
+            Scope::Team => self.teams.contains_key(id),
+            Scope::Project => self.projects.contains_key(id),
+            Scope::Key => self.keys.contains_key(id),
+        }
+    }
+
+    /// The levels above and at a key, org first.
+    pub fn chain(&self, key_id: &str) -> Vec<(Scope, String)> {
+        let Some(key) = self.keys.get(key_id) else {
+            return Vec::new();
+        };
+        let team = self
+            .projects
+            .get(&key.project_id)
+            .and_then(|p| p.parent.clone());
+        let org = team
+            .as_ref()
+            .and_then(|t| self.teams.get(t))
+            .and_then(|t| t.parent.clone());
+        let mut chain = Vec::new();
+        if let Some(o) = org {
+            chain.push((Scope::Org, o));
+        }
+        if let Some(t) = team {
+            chain.push((Scope::Team, t));
+        }
+        chain.push((Scope::Project, key.project_id.clone()));
+        chain.push((Scope::Key, key_id.to_owned()));
+        chain
+    }
+
+    /// A key's composed limits.
+    pub fn effective(&self, key_id: &str, canonical: impl Fn(&str) -> String) -> Effective {
+        let chain = self.chain(key_id);
+        let empty = Limits::default();
+        compose(
+            chain.iter().map(|(s, id)| {
+                (
+                    *s,
+                    id.as_str(),
+                    self.limits.get(&(*s, id.clone())).unwrap_or(&empty),
+                )
+            }),
+            canonical,
+        )
+    }
+
+    pub fn decide(&self, command: TenancyCommand) -> Result<Vec<TenancyEvent>, Rejection> {
+        use TenancyCommand as C;
+        use TenancyEvent as E;
+        let same_or_conflict =
+            |kind: &str, id: &str, existing: Option<&Named>, name: &str, parent: Option<&str>| {
+                match existing {
+                    None => Ok(true),
+                    Some(n) if n.name == name && n.parent.as_deref() == parent => Ok(false),
+                    Some(_) => Err(Rejection::conflict(format!(
+                        "{kind} {id} already exists with other details"
+                    ))),
+                }
+            };
+        Ok(match command {
+            C::CreateOrg { org_id, name } => {
+                check_id("org", &org_id)?;
+                if same_or_conflict("org", &org_id, self.orgs.get(&org_id), &name, None)? {
+                    vec![E::OrgCreated { org_id, name }]
+                } else {
+                    vec![]
+                }
+            }
+            C::CreateTeam {
+                team_id,
+                org_id,
+                name,
+            } => {
+                check_id("team", &team_id)?;
+                if !self.orgs.contains_key(&org_id) {
+                    return Err(Rejection::not_found(format!("no org {org_id}")));
+                }
+                if same_or_conflict(
+                    "team",
+                    &team_id,
+                    self.teams.get(&team_id),
+                    &name,
+                    Some(&org_id),
+                )? {
+                    vec![E::TeamCreated {
+                        team_id,
+                        org_id,
+                        name,
+                    }]
+                } else {
+                    vec![]
+                }
+            }
+            C::CreateProject {
+                project_id,
+                team_id,
+                name,
+            } => {
+                check_id("project", &project_id)?;
+                if !self.teams.contains_key(&team_id) {
+                    return Err(Rejection::not_found(format!("no team {team_id}")));
+                }
+                if same_or_conflict(
+                    "project",
+                    &project_id,
+                    self.projects.get(&project_id),
+                    &name,
+                    Some(&team_id),
+                )? {
+                    vec![E::ProjectCreated {
+                        project_id,
+                        team_id,
+                        name,
+                    }]
+                } else {
+                    vec![]
+                }
+            }
+            C::SetLimits {
+                scope,
+                scope_id,
+                limits,
+            } => {
+                if !self.exists(scope, &scope_id) {
+                    return Err(Rejection::not_found(format!(
+                        "no {} {scope_id}",
+                        scope.name()
+                    )));
+                }
+                limits.check()?;
+                if self.limits.get(&(scope, scope_id.clone())) == Some(&limits) {
+                    vec![]
+                } else {
+                    vec![E::LimitsSet {
+                        scope,
+                        scope_id,
+                        limits,
+                    }]
+                }
+            }
+            C::IssueKey(key) => {
+                check_id("key", &key.key_id)?;
+                if self.keys.contains_key(&key.key_id) {
+                    return Err(Rejection::conflict(format!(
+                        "key id {} is taken",
+                        key.key_id
+                    )));
+                }
+                if !self.projects.contains_key(&key.project_id) {
+                    return Err(Rejection::not_found(format!(
+                        "no project {}",
+                        key.project_id
+                    )));
+                }
+                if key.hash.len() != 64 || !key.hash.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(Rejection::invalid(
+                        "a key is stored as its hex SHA-256 hash, never in full",
+                    ));
+                }
+                if key.prefix.len() > 12 {
+                    return Err(Rejection::invalid(
+                        "a key's display prefix is at most 12 characters",
+                    ));
+                }
+                if key.revoked {
+                    return Err(Rejection::invalid("a key is issued unrevoked"));
+                }
+                vec![E::KeyIssued(key)]
+            }
+            C::RevokeKey { key_id, by } => match self.keys.get(&key_id) {
+                None => return Err(Rejection::not_found(format!("no key {key_id}"))),
+                Some(k) if k.revoked => vec![],
+                Some(_) => vec![E::KeyRevoked { key_id, by }],
+            },
+            C::SignUp { user_id } => {
+                check_id("user", &user_id)?;
+                if self.users.contains_key(&user_id) {
+                    vec![]
+                } else {
+                    vec![E::UserSignedUp { user_id }]
+                }
+            }
+            C::Approve {
+                user_id,
+                project_id,
+                by,
+            } => {
+                let user = self.user(&user_id)?;
+                if !self.projects.contains_key(&project_id) {
+                    return Err(Rejection::not_found(format!("no project {project_id}")));
+                }
+                if user.status == UserStatus::Active
+                    && user.project_id.as_deref() == Some(&project_id)
+                {
+                    vec![]
+                } else {
+                    vec![E::UserApproved {
+                        user_id,
+                        project_id,
+                        by,
+                    }]
+                }
+            }
+            C::Suspend { user_id, by } => match self.user(&user_id)?.status {
+                UserStatus::Suspended => vec![],
+                _ => vec![E::UserSuspended { user_id, by }],
+            },
+            C::Promote { user_id, by } => {
+                let user = self.user(&user_id)?;
+                if user.status != UserStatus::Active {
+                    return Err(Rejection::conflict(format!("user {user_id} is not active")));
+                }
+                if user.admin {
+                    vec![]
+                } else {
+                    vec![E::UserPromoted { user_id, by }]
+                }
+            }
+            C::ChangePassword { user_id } => {
+                self.user(&user_id)?;
+                vec![E::PasswordChanged { user_id }]
+            }
+        })
+    }
+
+    fn user(&self, user_id: &str) -> Result<&User, Rejection> {
+        self.users
+            .get(user_id)
+            .ok_or_else(|| Rejection::not_found(format!("no user {user_id}")))
+    }
+
+    pub fn evolve(&mut self, event: &TenancyEvent) {
+        use TenancyEvent as E;
+        match event {
+            E::OrgCreated { org_id, name } => {
+                self.orgs.insert(
+                    org_id.clone(),
+                    Named {
+                        name: name.clone(),
+                        parent: None,
+                    },
+                );
+            }
+            E::TeamCreated {
+                team_id,
+                org_id,
+                name,
+            } => {
+                self.teams.insert(
+                    team_id.clone(),
+                    Named {
+                        name: name.clone(),
+                        parent: Some(org_id.clone()),
+                    },
+                );
+            }
+            E::ProjectCreated {
+                project_id,
+                team_id,
+                name,
+            } => {
+                self.projects.insert(
+                    project_id.clone(),
+                    Named {
+                        name: name.clone(),
+                        parent: Some(team_id.clone()),
+                    },
+                );
+            }
+            E::LimitsSet {
+                scope,
+                scope_id,
+                limits,
+            } => {
+                self.limits
+                    .insert((*scope, scope_id.clone()), limits.clone());
+            }
+            E::KeyIssued(key) => {
+                self.keys.insert(key.key_id.clone(), key.clone());
+            }
+            E::KeyRevoked { key_id, .. } => {
+                if let Some(k) = self.keys.get_mut(key_id) {
+                    k.revoked = true;
+                }
+            }
+            E::UserSignedUp { user_id } => {
+                self.users.insert(
+                    user_id.clone(),
+                    User {
+                        user_id: user_id.clone(),
+                        status: UserStatus::Pending,
+                        project_id: None,
+                        admin: false,
+                    },
+                );
+            }
+            E::UserApproved {
+                user_id,
+                project_id,
+                ..
+            } => {
+                if let Some(u) = self.users.get_mut(user_id) {
+                    u.status = UserStatus::Active;
+                    u.project_id = Some(project_id.clone());
+                }
+            }
+            E::UserSuspended { user_id, .. } => {
+                if let Some(u) = self.users.get_mut(user_id) {
+                    u.status = UserStatus::Suspended;
+                }
+            }
+            E::UserPromoted { user_id, .. } => {
+                if let Some(u) = self.users.get_mut(user_id) {
+                    u.admin = true;
+                }
+            }
+            E::PasswordChanged { .. } => {}
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Usage: one record per finished request, priced by the model that served
+//! it. Prices are integer micro-units per 1,000 tokens, each side rounded up
+//! on its own, so that no request is ever free by rounding.
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::Price;
+use crate::tenancy::Band;
+use crate::{Millis, Rejection};
+
+impl Price {
+    pub const ZERO: Price = Price {
+        prompt_per_1k: 0,
+        completion_per_1k: 0,
+    };
+
+    /// A zero-priced model is exempt from budgets: this is what lets a key
+    /// whose budget is spent still be served a cheap fallback.
+    pub fn is_zero(&self) -> bool {
+        self.prompt_per_1k == 0 && self.completion_per_1k == 0
+    }
+
+    /// `ceil(p·prompt/1000) + ceil(c·completion/1000)`, exact, saturating
+    /// at `u64::MAX` only when the true cost does not fit.
+    pub fn cost(&self, prompt_tokens: u64, completion_tokens: u64) -> u64 {
+        let side =
+            |per_1k: u64, tokens: u64| (u128::from(per_1k) * u128::from(tokens)).div_ceil(1000);
+        let total = side(self.prompt_per_1k, prompt_tokens)
+            + side(self.completion_per_1k, completion_tokens);
+        u64::try_from(total).unwrap_or(u64::MAX)
+    }
+}
+
+/// A finished request, as recorded. No prompt or completion text: that is
+/// not an event (an immutable log cannot honour a retention window).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecorded {
+    pub request_id: String,
+    pub key_id: String,
+    pub project_id: String,
+    pub model_asked: String,
+    pub model_served: String,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost_micros: u64,
+    /// The HTTP status returned to the client.
+    pub status: u16,
+    pub latency_ms: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<u32>,
+    pub band: Band,
+    pub at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum UsageEvent {
+    UsageRecorded(UsageRecorded),
+}
+
+/// A request the gateway finished, before pricing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinishedRequest {
+    pub request_id: String,
+    pub key_id: String,
+    pub project_id: String,
+    pub model_asked: String,
+    pub model_served: String,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub status: u16,
+    pub latency_ms: u32,
+    pub ttft_ms: Option<u32>,
+    pub band: Band,
+    pub at: Millis,
+}
+
+/// Prices a finished request with the price of the model that served it.
+pub fn record(request: FinishedRequest, served_price: Price) -> Result<UsageEvent, Rejection> {
+    if request.request_id.is_empty() {
+        return Err(Rejection::invalid("a usage record needs a request id"));
+    }
+    if !(100..=599).contains(&request.status) {
+        return Err(Rejection::invalid(format!(
+            "{} is not an HTTP status",
+            request.status
+        )));
+    }
+    Ok(UsageEvent::UsageRecorded(UsageRecorded {
+        cost_micros: served_price.cost(request.prompt_tokens, request.completion_tokens),
+        request_id: request.request_id,
+        key_id: request.key_id,
+        project_id: request.project_id,
+        model_asked: request.model_asked,
+        model_served: request.model_served,
+        prompt_tokens: request.prompt_tokens,
+        completion_tokens: request.completion_tokens,
+        status: request.status,
+        latency_ms: request.latency_ms,
+        ttft_ms: request.ttft_ms,
+        band: request.band,
+        at: request.at,
+    }))
+}
+
+/// The start of the budget period containing `at` (UTC): midnight for a
+/// day, midnight on the 1st for a month.
+pub fn period_start(period: crate::tenancy::Period, at: Millis) -> Millis {
+    const DAY: i64 = 86_400_000;
+    let day_start = at.div_euclid(DAY) * DAY;
+    match period {
+        crate::tenancy::Period::Day => day_start,
+        crate::tenancy::Period::Month => {
+            let (y, m, _) = civil_from_days(at.div_euclid(DAY));
+            days_from_civil(y, m, 1) * DAY
+        }
+    }
+}
+
+// Howard Hinnant's civil-calendar algorithms: days since 1970-01-01 <-> (y, m, d).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}

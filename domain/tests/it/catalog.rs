@@ -1,0 +1,176 @@
+use llmgw_domain::RejectionCode;
+use llmgw_domain::catalog::{
+    Catalog, CatalogCommand, CatalogEvent, Engine, Model, Profile, Scaling,
+};
+
+pub(crate) fn gpu_profile(name: &str, tp: u32, nodes: u32, gpus_per_node: u32) -> Profile {
+    Profile {
+        name: name.into(),
+        engine: Engine::Vllm,
+        gpu_class: Some("h100-80g".into()),
+        tp,
+        pp: 1,
+        nodes,
+        gpus_per_node,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: None,
+        min_disk_gb: 100,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    }
+}
+
+fn with(models: Vec<Model>) -> Catalog {
+    let mut c = Catalog::default();
+    for m in models {
+        let events = c.decide(CatalogCommand::AddModel(m)).expect("valid model");
+        for e in &events {
+            c.evolve(e);
+        }
+    }
+    c
+}
+
+fn model(name: &str) -> Model {
+    let mut m = Model::named(name);
+    m.profiles.push(gpu_profile("h100x2", 2, 1, 2));
+    m
+}
+
+fn reason(c: &Catalog, cmd: CatalogCommand) -> String {
+    let before = c.clone();
+    let r = c.decide(cmd).expect_err("must be rejected");
+    assert_eq!(*c, before);
+    r.reason
+}
+
+#[test]
+fn gpu_arithmetic_must_add_up() {
+    let c = Catalog::default();
+    let mut m = model("llama-70b");
+    m.profiles[0] = gpu_profile("bad", 8, 2, 2);
+    let why = reason(&c, CatalogCommand::AddModel(m));
+    assert!(
+        why.contains("nodes × gpus_per_node = 2 × 2 = 4, but tp × pp = 8 × 1 = 8"),
+        "{why}"
+    );
+    let mut ok = model("llama-70b");
+    ok.profiles[0] = gpu_profile("2x4", 8, 2, 4);
+    assert_eq!(c.decide(CatalogCommand::AddModel(ok)).unwrap().len(), 1);
+}
+
+#[test]
+fn cpu_profiles_only_for_engines_that_serve_on_a_cpu() {
+    let c = Catalog::default();
+    let mut m = model("tiny");
+    m.profiles[0].gpu_class = None;
+    m.profiles[0].gpus_per_node = 0;
+    m.profiles[0].tp = 1;
+    let why = reason(&c, CatalogCommand::AddModel(m.clone()));
+    assert!(why.contains("vllm cannot serve on a CPU"), "{why}");
+    m.profiles[0].engine = Engine::Llamacpp;
+    assert!(c.decide(CatalogCommand::AddModel(m)).is_ok());
+}
+
+#[test]
+fn aliases_are_unique_and_never_another_models_name() {
+    let mut a = model("llama-8b");
+    a.aliases = vec!["llama".into()];
+    let c = with(vec![a, model("qwen-7b")]);
+    let mut b = model("mistral-7b");
+    b.aliases = vec!["llama".into()];
+    assert!(
+        reason(&c, CatalogCommand::AddModel(b))
+            .contains("alias llama is claimed by both llama-8b and mistral-7b")
+    );
+    let mut d = model("mistral-7b");
+    d.aliases = vec!["qwen-7b".into()];
+    assert!(
+        reason(&c, CatalogCommand::AddModel(d))
+            .contains("alias qwen-7b of mistral-7b is the name of another model")
+    );
+    assert_eq!(
+        c.resolve("llama").map(|m| m.name.as_str()),
+        Some("llama-8b")
+    );
+}
+
+#[test]
+fn fallbacks_resolve_and_form_no_cycle() {
+    let mut a = model("a");
+    a.aliases = vec!["alpha".into()];
+    let mut b = model("b");
+    b.fallbacks = vec!["alpha".into()];
+    let c = with(vec![a, b]);
+    let mut typo = model("c");
+    typo.fallbacks = vec!["bb".into()];
+    assert!(
+        reason(&c, CatalogCommand::AddModel(typo)).contains("fallback bb is not a model or alias")
+    );
+    let mut a2 = c.models["a"].clone();
+    a2.fallbacks = vec!["b".into()];
+    let why = reason(&c, CatalogCommand::UpdateModel(a2));
+    assert!(why.contains("fallbacks form a cycle: a → b → a"), "{why}");
+    // Removing a model that another falls back to would leave a dangling name.
+    let why = reason(&c, CatalogCommand::RemoveModel { name: "a".into() });
+    assert!(
+        why.contains("fallback alpha is not a model or alias"),
+        "{why}"
+    );
+}
+
+#[test]
+fn scaling_and_sizes_must_be_sane() {
+    let c = Catalog::default();
+    let mut m = model("m");
+    m.scaling = Scaling {
+        min: 3,
+        max: 1,
+        idle_timeout_s: None,
+    };
+    assert!(reason(&c, CatalogCommand::AddModel(m)).contains("scaling min 3 exceeds max 1"));
+    let mut m = model("m");
+    m.context_length = Some(0);
+    assert!(reason(&c, CatalogCommand::AddModel(m)).contains("context length 0"));
+    let mut m = model("m");
+    m.profiles.push(gpu_profile("h100x2", 2, 1, 2));
+    assert!(reason(&c, CatalogCommand::AddModel(m)).contains("two profiles share this name"));
+}
+
+#[test]
+fn edits_are_events_only_when_something_changed() {
+    let c = with(vec![model("m")]);
+    assert_eq!(
+        c.decide(CatalogCommand::UpdateModel(model("m"))).unwrap(),
+        vec![]
+    );
+    let mut edited = model("m");
+    edited.profiles[0].args = vec!["--max-model-len=8192".into()];
+    let events = c
+        .decide(CatalogCommand::UpdateModel(edited.clone()))
+        .unwrap();
+    assert_eq!(
+        events,
+        vec![CatalogEvent::ModelUpdated {
+            model: edited.clone()
+        }]
+    );
+    // The profile's fingerprint tells the edited profile apart.
+    assert_ne!(
+        c.models["m"].profiles[0].fingerprint(),
+        edited.profiles[0].fingerprint()
+    );
+    assert_eq!(
+        c.models["m"].profiles[0].fingerprint(),
+        model("m").profiles[0].fingerprint()
+    );
+    let r = c.decide(CatalogCommand::AddModel(model("m"))).unwrap_err();
+    assert_eq!(r.code, RejectionCode::Conflict);
+    let r = c
+        .decide(CatalogCommand::RemoveModel { name: "x".into() })
+        .unwrap_err();
+    assert_eq!(r.code, RejectionCode::NotFound);
+}

@@ -1,0 +1,221 @@
+use std::collections::BTreeSet;
+
+use llmgw_domain::Event;
+use llmgw_domain::catalog::{CatalogEvent, Model};
+use llmgw_domain::event::LeadershipEvent;
+use llmgw_domain::nodes::NodeEvent;
+use llmgw_domain::replicas::{ReplicaEvent, ShardState};
+use llmgw_domain::tenancy::{Limits, Scope, TenancyEvent};
+use llmgw_domain::usage::{UsageEvent, UsageRecorded};
+use llmgw_domain::{DecodeError, tenancy::Band};
+use serde_json::json;
+
+/// One of every event type.
+pub(crate) fn every_event() -> Vec<Event> {
+    let node = || "gpu-a-01".to_string();
+    let rid = || "r1".to_string();
+    let mut model = Model::named("llama");
+    model
+        .profiles
+        .push(crate::catalog::gpu_profile("h100x2", 2, 1, 2));
+    vec![
+        Event::Catalog(CatalogEvent::ModelAdded {
+            model: model.clone(),
+        }),
+        Event::Catalog(CatalogEvent::ModelUpdated { model }),
+        Event::Catalog(CatalogEvent::ModelRemoved {
+            name: "llama".into(),
+        }),
+        Event::Node(NodeEvent::NodeRegistered {
+            node_id: node(),
+            inventory: crate::nodes::inventory(2),
+        }),
+        Event::Node(NodeEvent::NodeInventoryChanged {
+            node_id: node(),
+            inventory: crate::nodes::inventory(4),
+        }),
+        Event::Node(NodeEvent::NodeUnreachable { node_id: node() }),
+        Event::Node(NodeEvent::NodeLost { node_id: node() }),
+        Event::Node(NodeEvent::NodeRecovered { node_id: node() }),
+        Event::Node(NodeEvent::NodeCordoned {
+            node_id: node(),
+            by: "ops".into(),
+            reason: "fan".into(),
+        }),
+        Event::Node(NodeEvent::NodeUncordoned {
+            node_id: node(),
+            by: "ops".into(),
+        }),
+        Event::Node(NodeEvent::NodeDrainRequested {
+            node_id: node(),
+            by: "ops".into(),
+        }),
+        Event::Replica(ReplicaEvent::ReplicaPlaced(crate::replicas::placement(
+            "r1",
+            &[("a", vec![0], 20000)],
+        ))),
+        Event::Replica(ReplicaEvent::ReplicaAdopted(crate::replicas::placement(
+            "r2",
+            &[("b", vec![0], 20000)],
+        ))),
+        Event::Replica(ReplicaEvent::ShardStateChanged {
+            replica_id: rid(),
+            shard_id: "r1-0".into(),
+            state: ShardState::Failed,
+            error: Some("oom".into()),
+            exit_code: Some(137),
+            log_tail: Some("killed".into()),
+        }),
+        Event::Replica(ReplicaEvent::ReplicaReady { replica_id: rid() }),
+        Event::Replica(ReplicaEvent::ReplicaFailed {
+            replica_id: rid(),
+            reason: "shard failed".into(),
+        }),
+        Event::Replica(ReplicaEvent::ReplicaDraining { replica_id: rid() }),
+        Event::Replica(ReplicaEvent::ReplicaStopped {
+            replica_id: rid(),
+            reason: "scale down".into(),
+        }),
+        Event::Tenancy(TenancyEvent::OrgCreated {
+            org_id: "o".into(),
+            name: "Acme".into(),
+        }),
+        Event::Tenancy(TenancyEvent::TeamCreated {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "ML".into(),
+        }),
+        Event::Tenancy(TenancyEvent::ProjectCreated {
+            project_id: "p".into(),
+            team_id: "t".into(),
+            name: "x".into(),
+        }),
+        Event::Tenancy(TenancyEvent::LimitsSet {
+            scope: Scope::Project,
+            scope_id: "p".into(),
+            limits: Limits {
+                rpm: Some(60),
+                models: Some(vec![]),
+                ..Limits::default()
+            },
+        }),
+        Event::Tenancy(TenancyEvent::KeyIssued(crate::tenancy::key("k", "p"))),
+        Event::Tenancy(TenancyEvent::KeyRevoked {
+            key_id: "k".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserSignedUp {
+            user_id: "usr-1".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserApproved {
+            user_id: "usr-1".into(),
+            project_id: "p".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserSuspended {
+            user_id: "usr-1".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserPromoted {
+            user_id: "usr-1".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::PasswordChanged {
+            user_id: "usr-1".into(),
+        }),
+        Event::Usage(UsageEvent::UsageRecorded(UsageRecorded {
+            request_id: "req-1".into(),
+            key_id: "k".into(),
+            project_id: "p".into(),
+            model_asked: "llama".into(),
+            model_served: "llama".into(),
+            prompt_tokens: 10,
+            completion_tokens: 20,
+            cost_micros: 3,
+            status: 200,
+            latency_ms: 100,
+            ttft_ms: None,
+            band: Band::Gold,
+            at: 1,
+        })),
+        Event::Leadership(LeadershipEvent::LeadershipAcquired {
+            holder: "ctl-a".into(),
+            epoch: 3,
+        }),
+        Event::Leadership(LeadershipEvent::LeadershipReleased {
+            holder: "ctl-a".into(),
+            epoch: 3,
+        }),
+    ]
+}
+
+#[test]
+fn every_event_type_round_trips_under_its_stable_name() {
+    let events = every_event();
+    let mut seen = BTreeSet::new();
+    for e in &events {
+        let (kind, version, payload) = e.encode();
+        assert_eq!(version, 1);
+        assert!(
+            !payload.to_string().contains("\"type\""),
+            "{kind}: the tag is not repeated in the payload"
+        );
+        let back =
+            Event::decode(&kind, version, &payload).unwrap_or_else(|err| panic!("{kind}: {err}"));
+        assert_eq!(&back, e);
+        seen.insert(kind);
+    }
+    let known: BTreeSet<String> = Event::types().map(|(t, _)| t.to_owned()).collect();
+    assert_eq!(seen, known, "the sample covers every type this build knows");
+}
+
+#[test]
+fn stored_shapes_are_stable() {
+    let (kind, _, payload) = Event::Node(NodeEvent::NodeCordoned {
+        node_id: "n1".into(),
+        by: "ops".into(),
+        reason: "fan".into(),
+    })
+    .encode();
+    assert_eq!(
+        (kind.as_str(), payload),
+        (
+            "NodeCordoned",
+            json!({"node_id": "n1", "by": "ops", "reason": "fan"})
+        )
+    );
+}
+
+#[test]
+fn unknown_types_old_versions_and_bad_payloads_are_errors() {
+    assert_eq!(
+        Event::decode("NodeExploded", 1, &json!({})),
+        Err(DecodeError::UnknownType("NodeExploded".into()))
+    );
+    assert!(matches!(
+        Event::decode("NodeLost", 0, &json!({"node_id": "n"})),
+        Err(DecodeError::Version {
+            found: 0,
+            current: 1,
+            ..
+        })
+    ));
+    let bad = Event::decode("NodeLost", 1, &json!({"node": "n"})).unwrap_err();
+    assert!(
+        bad.to_string()
+            .starts_with("NodeLost: missing field `node_id`"),
+        "{bad}"
+    );
+}
+
+#[test]
+fn streams_group_events_by_the_thing_they_are_about() {
+    let streams: Vec<String> = every_event().iter().map(Event::stream_id).collect();
+    assert_eq!(streams[0], "model-llama");
+    assert_eq!(streams[3], "node-gpu-a-01");
+    assert_eq!(streams[11], "replica-r1");
+    assert_eq!(streams[21], "project-p");
+    assert_eq!(streams[22], "key-k");
+    assert_eq!(streams[29], "usage-k");
+    assert_eq!(streams[30], "leadership");
+}

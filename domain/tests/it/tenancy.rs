@@ -1,0 +1,272 @@
+use std::collections::BTreeSet;
+
+use llmgw_domain::tenancy::{
+    Allowed, Band, Key, Limits, Period, Scope, Tenancy, TenancyCommand as C, TenancyEvent as E,
+    compose,
+};
+
+pub(crate) fn key(id: &str, project: &str) -> Key {
+    Key {
+        key_id: id.into(),
+        project_id: project.into(),
+        name: "ci".into(),
+        hash: "ab".repeat(32),
+        prefix: "llmgw-3f2a".into(),
+        band: Band::Silver,
+        routing_profile: None,
+        revoked: false,
+    }
+}
+
+pub(crate) fn tree() -> Tenancy {
+    let mut t = Tenancy::default();
+    for cmd in [
+        C::CreateOrg {
+            org_id: "o".into(),
+            name: "Acme".into(),
+        },
+        C::CreateTeam {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "ML".into(),
+        },
+        C::CreateProject {
+            project_id: "p".into(),
+            team_id: "t".into(),
+            name: "chat".into(),
+        },
+        C::IssueKey(key("k", "p")),
+    ] {
+        for e in t.decide(cmd).expect("accepted") {
+            t.evolve(&e);
+        }
+    }
+    t
+}
+
+fn set(t: &mut Tenancy, scope: Scope, id: &str, limits: Limits) {
+    for e in t
+        .decide(C::SetLimits {
+            scope,
+            scope_id: id.into(),
+            limits,
+        })
+        .expect("accepted")
+    {
+        t.evolve(&e);
+    }
+}
+
+fn only(names: &[&str]) -> Allowed {
+    Allowed::Only(names.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>())
+}
+
+#[test]
+fn limits_compose_as_the_most_restrictive_value() {
+    let mut t = tree();
+    set(
+        &mut t,
+        Scope::Org,
+        "o",
+        Limits {
+            rpm: Some(600),
+            tpm: Some(100_000),
+            ..Limits::default()
+        },
+    );
+    set(
+        &mut t,
+        Scope::Project,
+        "p",
+        Limits {
+            rpm: Some(60),
+            ..Limits::default()
+        },
+    );
+    set(
+        &mut t,
+        Scope::Key,
+        "k",
+        Limits {
+            tpm: Some(200_000),
+            ..Limits::default()
+        },
+    );
+    let e = t.effective("k", str::to_owned);
+    assert_eq!(
+        (e.rpm, e.tpm, e.models),
+        (Some(60), Some(100_000), Allowed::All)
+    );
+}
+
+#[test]
+fn each_budget_level_is_kept_with_its_own_period() {
+    let mut t = tree();
+    set(
+        &mut t,
+        Scope::Org,
+        "o",
+        Limits {
+            budget_micros: Some(1_000_000),
+            period: Some(Period::Month),
+            ..Limits::default()
+        },
+    );
+    set(
+        &mut t,
+        Scope::Key,
+        "k",
+        Limits {
+            budget_micros: Some(5_000),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    );
+    let e = t.effective("k", str::to_owned);
+    let levels: Vec<_> = e
+        .budgets
+        .iter()
+        .map(|b| (b.scope, b.scope_id.as_str(), b.micros, b.period))
+        .collect();
+    assert_eq!(
+        levels,
+        vec![
+            (Scope::Org, "o", 1_000_000, Period::Month),
+            (Scope::Key, "k", 5_000, Period::Day)
+        ]
+    );
+}
+
+#[test]
+fn allowlists_intersect_absent_means_all_and_empty_means_none() {
+    let canonical = |m: &str| {
+        if m == "llama" {
+            "llama-3.1-8b".to_string()
+        } else {
+            m.to_string()
+        }
+    };
+    let l = |models: Option<&[&str]>| Limits {
+        models: models.map(|m| m.iter().map(|s| s.to_string()).collect()),
+        ..Limits::default()
+    };
+    let org = l(Some(&["llama", "qwen-7b", "mistral"]));
+    let team = l(None);
+    let project = l(Some(&["llama-3.1-8b", "qwen-7b"]));
+    let e = compose(
+        [
+            (Scope::Org, "o", &org),
+            (Scope::Team, "t", &team),
+            (Scope::Project, "p", &project),
+        ],
+        canonical,
+    );
+    assert_eq!(e.models, only(&["llama-3.1-8b", "qwen-7b"]));
+    assert!(e.models.permits("llama-3.1-8b") && !e.models.permits("mistral"));
+    let suspended = l(Some(&[]));
+    let e = compose(
+        [(Scope::Org, "o", &org), (Scope::Project, "p", &suspended)],
+        canonical,
+    );
+    assert_eq!(e.models, only(&[]));
+    assert!(!e.models.permits("qwen-7b"));
+    let none = compose([(Scope::Org, "o", &team)], canonical);
+    assert_eq!(none.models, Allowed::All);
+}
+
+#[test]
+fn ambiguous_or_dangling_limits_are_refused() {
+    let t = tree();
+    let zero = t.decide(C::SetLimits {
+        scope: Scope::Key,
+        scope_id: "k".into(),
+        limits: Limits {
+            rpm: Some(0),
+            ..Limits::default()
+        },
+    });
+    assert!(
+        zero.unwrap_err()
+            .reason
+            .contains("rpm and tpm must be positive")
+    );
+    let no_period = t.decide(C::SetLimits {
+        scope: Scope::Key,
+        scope_id: "k".into(),
+        limits: Limits {
+            budget_micros: Some(5),
+            ..Limits::default()
+        },
+    });
+    assert!(
+        no_period
+            .unwrap_err()
+            .reason
+            .contains("a budget needs a period")
+    );
+    let ghost = t.decide(C::SetLimits {
+        scope: Scope::Team,
+        scope_id: "nope".into(),
+        limits: Limits::default(),
+    });
+    assert!(ghost.unwrap_err().reason.contains("no team nope"));
+}
+
+#[test]
+fn keys_are_only_hashes_and_revocation_is_soft() {
+    let mut t = tree();
+    let mut raw = key("k2", "p");
+    raw.hash = "llmgw-sk-live-secret".into();
+    assert!(
+        t.decide(C::IssueKey(raw))
+            .unwrap_err()
+            .reason
+            .contains("hex SHA-256")
+    );
+    let events = t
+        .decide(C::RevokeKey {
+            key_id: "k".into(),
+            by: "ops".into(),
+        })
+        .unwrap();
+    for e in &events {
+        t.evolve(e);
+    }
+    assert!(t.keys["k"].revoked, "kept, marked revoked");
+    assert_eq!(
+        t.decide(C::RevokeKey {
+            key_id: "k".into(),
+            by: "ops".into()
+        })
+        .unwrap(),
+        vec![]
+    );
+    let encoded = serde_json::to_string(&E::KeyIssued(key("k3", "p"))).unwrap();
+    assert!(!encoded.contains("secret"));
+}
+
+#[test]
+fn creating_the_same_thing_twice_is_a_no_op_and_a_clash_is_refused() {
+    let t = tree();
+    assert_eq!(
+        t.decide(C::CreateOrg {
+            org_id: "o".into(),
+            name: "Acme".into()
+        })
+        .unwrap(),
+        vec![]
+    );
+    let clash = t
+        .decide(C::CreateOrg {
+            org_id: "o".into(),
+            name: "Other".into(),
+        })
+        .unwrap_err();
+    assert!(clash.reason.contains("org o already exists"));
+    let orphan = t.decide(C::CreateProject {
+        project_id: "q".into(),
+        team_id: "ghost".into(),
+        name: "x".into(),
+    });
+    assert!(orphan.unwrap_err().reason.contains("no team ghost"));
+}
