@@ -302,7 +302,8 @@ pub struct Tenancy {
     pub teams: BTreeMap<String, Named>,
     pub projects: BTreeMap<String, Named>,
     pub keys: BTreeMap<String, Key>,
-    pub limits: BTreeMap<(Scope, String), Limits>,
+    /// Limits per scope and id (nested so that it serialises as JSON).
+    pub limits: BTreeMap<Scope, BTreeMap<String, Limits>>,
     pub users: BTreeMap<String, User>,
 }
 
@@ -328,6 +329,10 @@ impl Tenancy {
             Scope::Project => self.projects.contains_key(id),
             Scope::Key => self.keys.contains_key(id),
         }
+    }
+
+    pub fn limits_at(&self, scope: Scope, id: &str) -> Option<&Limits> {
+        self.limits.get(&scope).and_then(|m| m.get(id))
     }
 
     /// The levels above and at a key, org first.
@@ -360,13 +365,9 @@ impl Tenancy {
         let chain = self.chain(key_id);
         let empty = Limits::default();
         compose(
-            chain.iter().map(|(s, id)| {
-                (
-                    *s,
-                    id.as_str(),
-                    self.limits.get(&(*s, id.clone())).unwrap_or(&empty),
-                )
-            }),
+            chain
+                .iter()
+                .map(|(s, id)| (*s, id.as_str(), self.limits_at(*s, id).unwrap_or(&empty))),
             canonical,
         )
     }
@@ -455,7 +456,7 @@ impl Tenancy {
                     )));
                 }
                 limits.check()?;
-                if self.limits.get(&(scope, scope_id.clone())) == Some(&limits) {
+                if self.limits_at(scope, &scope_id) == Some(&limits) {
                     vec![]
                 } else {
                     vec![E::LimitsSet {
@@ -600,7 +601,9 @@ impl Tenancy {
                 limits,
             } => {
                 self.limits
-                    .insert((*scope, scope_id.clone()), limits.clone());
+                    .entry(*scope)
+                    .or_default()
+                    .insert(scope_id.clone(), limits.clone());
             }
             E::KeyIssued(key) => {
                 self.keys.insert(key.key_id.clone(), key.clone());

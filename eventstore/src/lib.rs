@@ -46,7 +46,7 @@ pub use sqlite::SqliteStore;
 pub use subscribe::{Subscription, Wakeups};
 pub use types::{
     Appended, Checkpoint, ExpectedVersion, Lease, LeaseInfo, LeaseToken, NewEvent, RecordedEvent,
-    Stats, StreamAppend, VerifyReport, Writer,
+    Snapshot, Stats, StreamAppend, VerifyReport, Writer,
 };
 pub use upcast::{UpcastFn, Upcasters};
 
@@ -131,6 +131,14 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Option<Checkpoint>>> + Send;
+
+    fn save_snapshot(
+        &self,
+        name: &str,
+        snapshot: &Snapshot,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    fn load_snapshot(&self, name: &str) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
 
     /// A source of "something was appended" hints for subscriptions.
     fn wakeups(&self) -> impl Future<Output = Result<Wakeups>> + Send;
@@ -431,6 +439,12 @@ impl EventStore for AnyStore {
     }
     async fn load_checkpoint(&self, name: &str) -> Result<Option<Checkpoint>> {
         delegate!(self, s => s.load_checkpoint(name).await)
+    }
+    async fn save_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<()> {
+        delegate!(self, s => s.save_snapshot(name, snapshot).await)
+    }
+    async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>> {
+        delegate!(self, s => s.load_snapshot(name).await)
     }
     async fn wakeups(&self) -> Result<Wakeups> {
         delegate!(self, s => s.wakeups().await)

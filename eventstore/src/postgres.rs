@@ -14,8 +14,8 @@ use uuid::Uuid;
 use crate::append::{self, Existing, Head};
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
-    OpenOptions, RecordedEvent, Result, Schema, Stats, StoreAddress, StoreError, StreamAppend,
-    Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
+    OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress, StoreError,
+    StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
 };
 
 const CHANNEL: &str = "es_appended";
@@ -599,6 +599,48 @@ impl EventStore for PgStore {
             position: position as u64,
             event_id,
         }))
+    }
+
+    async fn save_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO es_snapshots (name, position, event_id, state_version, state)
+             VALUES ($1, $2, $3, $4, $5::text::jsonb)
+             ON CONFLICT (name) DO UPDATE
+                SET position = EXCLUDED.position, event_id = EXCLUDED.event_id,
+                    state_version = EXCLUDED.state_version, state = EXCLUDED.state,
+                    updated_at = clock_timestamp()",
+        )
+        .bind(name)
+        .bind(to_i64(snapshot.checkpoint.position, "position")?)
+        .bind(snapshot.checkpoint.event_id)
+        .bind(snapshot.state_version as i32)
+        .bind(snapshot.state.to_string())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>> {
+        let row: Option<(i64, Option<Uuid>, i32, String)> = sqlx::query_as(
+            "SELECT position, event_id, state_version, state::text FROM es_snapshots WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(position, event_id, state_version, state)| {
+            Ok(Snapshot {
+                checkpoint: Checkpoint {
+                    position: position as u64,
+                    event_id,
+                },
+                state_version: state_version as u32,
+                state: serde_json::from_str(&state).map_err(|e| StoreError::Corrupt {
+                    position: position as u64,
+                    reason: format!("snapshot {name}: {e}"),
+                })?,
+            })
+        })
+        .transpose()
     }
 
     async fn wakeups(&self) -> Result<Wakeups> {

@@ -24,8 +24,8 @@ use uuid::Uuid;
 use crate::append::{self, Existing, Head};
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
-    OpenOptions, RecordedEvent, Result, Schema, Stats, StoreAddress, StoreError, StreamAppend,
-    Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
+    OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress, StoreError,
+    StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
 };
 
 #[derive(Clone)]
@@ -620,6 +620,57 @@ impl EventStore for SqliteStore {
                 event_id: event_id
                     .map(|id| parse_uuid(&id, position as u64))
                     .transpose()?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn save_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<()> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO es_snapshots (name, position, event_id, state_version, state, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (name) DO UPDATE
+                SET position = excluded.position, event_id = excluded.event_id,
+                    state_version = excluded.state_version, state = excluded.state,
+                    updated_at = excluded.updated_at",
+        )
+        .bind(name)
+        .bind(to_i64(snapshot.checkpoint.position, "position")?)
+        .bind(
+            snapshot
+                .checkpoint
+                .event_id
+                .map(|id| id.hyphenated().to_string()),
+        )
+        .bind(i64::from(snapshot.state_version))
+        .bind(snapshot.state.to_string())
+        .bind(now_micros())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>> {
+        let row: Option<(i64, Option<String>, i64, String)> = sqlx::query_as(
+            "SELECT position, event_id, state_version, state FROM es_snapshots WHERE name = ?1",
+        )
+        .bind(name)
+        .fetch_optional(&self.reader)
+        .await?;
+        row.map(|(position, event_id, state_version, state)| {
+            let position = position as u64;
+            Ok(Snapshot {
+                checkpoint: Checkpoint {
+                    position,
+                    event_id: event_id.map(|id| parse_uuid(&id, position)).transpose()?,
+                },
+                state_version: state_version as u32,
+                state: serde_json::from_str(&state).map_err(|e| StoreError::Corrupt {
+                    position,
+                    reason: format!("snapshot {name}: {e}"),
+                })?,
             })
         })
         .transpose()

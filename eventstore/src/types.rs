@@ -177,6 +177,12 @@ pub struct Checkpoint {
     pub event_id: Option<Uuid>,
 }
 
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint::START
+    }
+}
+
 impl Checkpoint {
     pub const START: Checkpoint = Checkpoint {
         position: 0,
@@ -230,4 +236,13 @@ mod hex_bytes {
         let text = String::deserialize(d)?;
         crate::hash::from_hex(&text).ok_or_else(|| D::Error::custom("expected 64 hex digits"))
     }
+}
+
+/// A projection's state as of a checkpoint. `state_version` is the view's
+/// own format version: a snapshot written by another version is ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub checkpoint: Checkpoint,
+    pub state_version: u32,
+    pub state: Value,
 }

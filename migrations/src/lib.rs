@@ -21,18 +21,32 @@ pub struct Migration {
 }
 
 /// Migrations for PostgreSQL, oldest first.
-pub const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "event_store",
-    sql: include_str!("../postgres/0001_event_store.sql"),
-}];
+pub const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "event_store",
+        sql: include_str!("../postgres/0001_event_store.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "snapshots",
+        sql: include_str!("../postgres/0002_snapshots.sql"),
+    },
+];
 
 /// Migrations for SQLite, oldest first.
-pub const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "event_store",
-    sql: include_str!("../sqlite/0001_event_store.sql"),
-}];
+pub const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "event_store",
+        sql: include_str!("../sqlite/0001_event_store.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "snapshots",
+        sql: include_str!("../sqlite/0002_snapshots.sql"),
+    },
+];
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,124 @@
 //! Read models built from the event log: the router, cluster, tenancy and
 //! usage views, each a plain struct with `apply(&mut self, &RecordedEvent)`,
-//! and the runner that feeds them from a subscription and keeps their
-//! checkpoints.
+//! and the [`Runner`] that feeds them from a subscription, snapshots them
+//! with their checkpoint and reports its lag.
 //!
 //! What must not: decisions (those are in `llmgw-domain`) or writes to the
-//! event log (only `llmgw-eventstore` appends, on behalf of the control plane).
+//! event log (only the control plane appends, through `llmgw-eventstore`).
+//! A view never fails on an event it does not understand: it skips it, so a
+//! newer writer cannot stop an older reader.
+
+mod cluster;
+mod router;
+mod runner;
+mod tenancy;
+mod usage;
+
+use llmgw_domain::Event;
+use llmgw_eventstore::{Checkpoint, RecordedEvent};
+use serde::{Deserialize, Serialize};
+
+pub use cluster::ClusterView;
+pub use router::{Endpoint, RouterModel, RouterView};
+pub use runner::{Runner, RunnerError};
+pub use tenancy::{KeyEntry, TenancyView};
+pub use usage::{ModelStats, PeriodSpend, Spend, UsageView};
+
+/// Where an event sits in the log, for views that care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub position: u64,
+    /// Milliseconds since the Unix epoch.
+    pub recorded_at_ms: i64,
+}
+
+/// One read model.
+pub trait View: Default + Clone + PartialEq + Serialize + for<'de> Deserialize<'de> {
+    /// The name operators use: `--view router`.
+    const NAME: &'static str;
+
+    /// Applies one decoded event.
+    fn apply_event(&mut self, stamp: Stamp, event: &Event);
+
+    /// Applies one stored event; types this build does not know are skipped.
+    fn apply(&mut self, recorded: &RecordedEvent) {
+        if let Some((stamp, event)) = decode(recorded) {
+            self.apply_event(stamp, &event);
+        }
+    }
+}
+
+/// The stored event as a domain event, or None for a type this build does
+/// not know (logged, not fatal).
+pub fn decode(recorded: &RecordedEvent) -> Option<(Stamp, Event)> {
+    match Event::decode(
+        &recorded.event_type,
+        recorded.schema_version,
+        &recorded.payload,
+    ) {
+        Ok(event) => Some((
+            Stamp {
+                position: recorded.position,
+                recorded_at_ms: recorded.recorded_at.timestamp_millis(),
+            },
+            event,
+        )),
+        Err(error) => {
+            tracing::warn!(position = recorded.position, %error, "skipping an event this build cannot read");
+            None
+        }
+    }
+}
+
+/// The names `--view` accepts.
+pub const VIEW_NAMES: [&str; 4] = [
+    RouterView::NAME,
+    ClusterView::NAME,
+    TenancyView::NAME,
+    UsageView::NAME,
+];
+
+/// Every view at one checkpoint: what a server keeps in memory and what a
+/// snapshot stores.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Projections {
+    pub checkpoint: Checkpoint,
+    /// Events this build could not decode and skipped.
+    pub skipped: u64,
+    pub router: RouterView,
+    pub cluster: ClusterView,
+    pub tenancy: TenancyView,
+    pub usage: UsageView,
+}
+
+impl Projections {
+    /// The format version of a snapshot of these views. Bump it whenever a
+    /// view's fields change, so that old snapshots are rebuilt, not misread.
+    pub const STATE_VERSION: u32 = 1;
+
+    /// Decodes once and applies to every view.
+    pub fn apply(&mut self, recorded: &RecordedEvent) {
+        match decode(recorded) {
+            Some((stamp, event)) => {
+                self.router.apply_event(stamp, &event);
+                self.cluster.apply_event(stamp, &event);
+                self.tenancy.apply_event(stamp, &event);
+                self.usage.apply_event(stamp, &event);
+            }
+            None => self.skipped += 1,
+        }
+        self.checkpoint = Checkpoint::after(recorded);
+    }
+
+    /// One view as JSON, by its operator-facing name.
+    pub fn view_json(&self, name: &str) -> Option<serde_json::Value> {
+        let value = match name {
+            RouterView::NAME => serde_json::to_value(&self.router),
+            ClusterView::NAME => serde_json::to_value(&self.cluster),
+            TenancyView::NAME => serde_json::to_value(self.tenancy.report()),
+            UsageView::NAME => serde_json::to_value(&self.usage),
+            _ => return None,
+        };
+        Some(value.expect("views serialise"))
+    }
+}

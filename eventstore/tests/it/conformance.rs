@@ -23,6 +23,7 @@ both_backends!(
     old_schema_versions_are_upcast_on_read,
     stats_count_events_per_type,
     migrations_are_idempotent_and_required,
+    snapshots_are_saved_and_replaced,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -645,4 +646,29 @@ async fn migrations_are_idempotent_and_required(b: Backend) {
     let err = AnyStore::open(&address, options).await.unwrap_err();
     assert!(matches!(err, StoreError::NotMigrated { .. }), "{err}");
     assert!(err.to_string().contains("llmgw store migrate"), "{err}");
+}
+
+async fn snapshots_are_saved_and_replaced(b: Backend) {
+    let t = TestStore::new(b).await;
+    assert_eq!(t.store.load_snapshot("router").await.unwrap(), None);
+    let id = uuid::Uuid::new_v4();
+    let first = llmgw_eventstore::Snapshot {
+        checkpoint: Checkpoint {
+            position: 7,
+            event_id: Some(id),
+        },
+        state_version: 1,
+        state: json!({"models": {"llama": {"aliases": ["l"]}}, "n": 1.5}),
+    };
+    t.store.save_snapshot("router", &first).await.unwrap();
+    assert_eq!(
+        t.store.load_snapshot("router").await.unwrap(),
+        Some(first.clone())
+    );
+    let second = llmgw_eventstore::Snapshot {
+        state_version: 2,
+        ..first
+    };
+    t.store.save_snapshot("router", &second).await.unwrap();
+    assert_eq!(t.store.load_snapshot("router").await.unwrap(), Some(second));
 }

@@ -1,0 +1,76 @@
+//! Nodes, their GPUs and fabrics, what is allocated where, replicas and
+//! shards, cordons and drains: what placement and the dashboard read.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use llmgw_domain::Event;
+use llmgw_domain::nodes::Nodes;
+use llmgw_domain::replicas::Replicas;
+use serde::{Deserialize, Serialize};
+
+use crate::{Stamp, View};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub nodes: Nodes,
+    pub replicas: Replicas,
+    /// Node → GPU index → the live replica holding it.
+    pub allocations: BTreeMap<String, BTreeMap<u32, String>>,
+    /// Fabric → the nodes attached to it.
+    pub fabrics: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl ClusterView {
+    fn reallocate(&mut self, replica_id: &str) {
+        for gpus in self.allocations.values_mut() {
+            gpus.retain(|_, r| r != replica_id);
+        }
+        if let Some(r) = self
+            .replicas
+            .replicas
+            .get(replica_id)
+            .filter(|r| r.is_live())
+        {
+            for s in &r.placement.shards {
+                let gpus = self.allocations.entry(s.node_id.clone()).or_default();
+                for g in &s.gpu_indices {
+                    gpus.insert(*g, replica_id.to_owned());
+                }
+            }
+        }
+        self.allocations.retain(|_, gpus| !gpus.is_empty());
+    }
+
+    fn refabric(&mut self, node_id: &str) {
+        for members in self.fabrics.values_mut() {
+            members.remove(node_id);
+        }
+        if let Some(n) = self.nodes.nodes.get(node_id) {
+            for f in &n.inventory.fabrics {
+                self.fabrics
+                    .entry(f.fabric.clone())
+                    .or_default()
+                    .insert(node_id.to_owned());
+            }
+        }
+        self.fabrics.retain(|_, m| !m.is_empty());
+    }
+}
+
+impl View for ClusterView {
+    const NAME: &'static str = "cluster";
+
+    fn apply_event(&mut self, _stamp: Stamp, event: &Event) {
+        match event {
+            Event::Node(e) => {
+                self.nodes.evolve(e);
+                self.refabric(e.node_id());
+            }
+            Event::Replica(e) => {
+                self.replicas.evolve(e);
+                self.reallocate(e.replica_id());
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! What the gateway routes by: names and aliases to canonical models, their
+//! fallbacks and routing profile, and the endpoints ready to serve them.
+
+use std::collections::BTreeMap;
+
+use llmgw_domain::Event;
+use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Price};
+use llmgw_domain::nodes::NodeEvent;
+use llmgw_domain::replicas::{Placement, ReplicaEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::{Stamp, View};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterModel {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub fallbacks: Vec<String>,
+    pub routing_profile: Option<String>,
+    pub on_demand: bool,
+    pub price: Option<Price>,
+    /// Profile name → its current fingerprint.
+    pub profiles: BTreeMap<String, String>,
+}
+
+/// A ready replica's rank 0, where requests go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub replica_id: String,
+    pub model: String,
+    pub url: String,
+    pub pool: String,
+    pub weight: u32,
+    pub priority: i32,
+    pub engine: Engine,
+    pub profile: String,
+    pub profile_fp: String,
+    /// False when the replica runs a profile that has since been edited:
+    /// it still serves, and the reconciler replaces it.
+    pub current: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouterView {
+    pub models: BTreeMap<String, RouterModel>,
+    pub aliases: BTreeMap<String, String>,
+    pub endpoints: BTreeMap<String, Endpoint>,
+    /// What endpoints are derived from.
+    placements: BTreeMap<String, Placement>,
+    /// Model → profile → what an endpoint of it carries.
+    profiles: BTreeMap<String, BTreeMap<String, ProfileFacts>>,
+    node_addrs: BTreeMap<String, String>,
+    lost_nodes: std::collections::BTreeSet<String>,
+    ready: std::collections::BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ProfileFacts {
+    weight: u32,
+    priority: i32,
+    engine: Engine,
+    fingerprint: String,
+}
+
+impl RouterView {
+    /// The canonical model a name or alias asks for.
+    pub fn resolve(&self, name: &str) -> Option<&RouterModel> {
+        self.models
+            .get(name)
+            .or_else(|| self.aliases.get(name).and_then(|c| self.models.get(c)))
+    }
+
+    /// Ready endpoints of a canonical model.
+    pub fn endpoints_for<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a Endpoint> + 'a {
+        self.endpoints.values().filter(move |e| e.model == model)
+    }
+
+    fn set_model(&mut self, m: &Model) {
+        self.remove_model(&m.name);
+        for a in &m.aliases {
+            self.aliases.insert(a.clone(), m.name.clone());
+        }
+        let profiles = self.profiles.entry(m.name.clone()).or_default();
+        for p in &m.profiles {
+            profiles.insert(
+                p.name.clone(),
+                ProfileFacts {
+                    weight: p.weight,
+                    priority: p.priority,
+                    engine: p.engine,
+                    fingerprint: p.fingerprint(),
+                },
+            );
+        }
+        self.models.insert(
+            m.name.clone(),
+            RouterModel {
+                name: m.name.clone(),
+                aliases: m.aliases.clone(),
+                fallbacks: m.fallbacks.clone(),
+                routing_profile: m.routing_profile.clone(),
+                on_demand: m.on_demand(),
+                price: m.price,
+                profiles: m
+                    .profiles
+                    .iter()
+                    .map(|p| (p.name.clone(), p.fingerprint()))
+                    .collect(),
+            },
+        );
+    }
+
+    fn remove_model(&mut self, name: &str) {
+        if let Some(old) = self.models.remove(name) {
+            for a in &old.aliases {
+                self.aliases.remove(a);
+            }
+        }
+        self.profiles.remove(name);
+    }
+
+    /// Rebuilds the endpoints of every ready replica: cheap, and keeps the
+    /// rule for "routable" in one place.
+    fn refresh(&mut self) {
+        let mut endpoints = BTreeMap::new();
+        for id in &self.ready {
+            let Some(p) = self.placements.get(id) else {
+                continue;
+            };
+            let Some(rank0) = p.shards.iter().find(|s| s.rank == 0) else {
+                continue;
+            };
+            if self.lost_nodes.contains(&rank0.node_id) {
+                continue;
+            }
+            let addr = self
+                .node_addrs
+                .get(&rank0.node_id)
+                .cloned()
+                .unwrap_or_else(|| rank0.node_id.clone());
+            let facts = self.profiles.get(&p.model).and_then(|m| m.get(&p.profile));
+            endpoints.insert(
+                id.clone(),
+                Endpoint {
+                    replica_id: id.clone(),
+                    model: p.model.clone(),
+                    url: format!("http://{addr}:{}", rank0.port),
+                    pool: p.pool.clone(),
+                    weight: facts.map_or(1, |f| f.weight),
+                    priority: facts.map_or(0, |f| f.priority),
+                    engine: facts.map_or(Engine::Sim, |f| f.engine),
+                    profile: p.profile.clone(),
+                    profile_fp: p.profile_fp.clone(),
+                    current: facts.is_some_and(|f| f.fingerprint == p.profile_fp),
+                },
+            );
+        }
+        self.endpoints = endpoints;
+    }
+}
+
+impl View for RouterView {
+    const NAME: &'static str = "router";
+
+    fn apply_event(&mut self, _stamp: Stamp, event: &Event) {
+        let touches_endpoints = match event {
+            Event::Catalog(
+                CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model },
+            ) => {
+                self.set_model(model);
+                true
+            }
+            Event::Catalog(CatalogEvent::ModelRemoved { name }) => {
+                self.remove_model(name);
+                true
+            }
+            Event::Node(NodeEvent::NodeRegistered { node_id, inventory })
+            | Event::Node(NodeEvent::NodeInventoryChanged { node_id, inventory }) => {
+                let addr = if inventory.mgmt_addr.is_empty() {
+                    &inventory.hostname
+                } else {
+                    &inventory.mgmt_addr
+                };
+                self.node_addrs.insert(node_id.clone(), addr.clone());
+                true
+            }
+            Event::Node(NodeEvent::NodeLost { node_id }) => self.lost_nodes.insert(node_id.clone()),
+            Event::Node(NodeEvent::NodeRecovered { node_id }) => self.lost_nodes.remove(node_id),
+            Event::Replica(ReplicaEvent::ReplicaPlaced(p) | ReplicaEvent::ReplicaAdopted(p)) => {
+                self.placements.insert(p.replica_id.clone(), p.clone());
+                false
+            }
+            Event::Replica(ReplicaEvent::ReplicaReady { replica_id }) => {
+                self.ready.insert(replica_id.clone())
+            }
+            Event::Replica(
+                ReplicaEvent::ReplicaFailed { replica_id, .. }
+                | ReplicaEvent::ReplicaDraining { replica_id },
+            ) => self.ready.remove(replica_id),
+            Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
+                self.placements.remove(replica_id);
+                self.ready.remove(replica_id)
+            }
+            _ => false,
+        };
+        if touches_endpoints {
+            self.refresh();
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! What authentication and admission read on every request: a key's hash to
+//! its key, project, team and org, band, routing profile, and the limits
+//! and allowlist composed down the tree.
+
+use std::collections::BTreeMap;
+
+use llmgw_domain::Event;
+use llmgw_domain::catalog::CatalogEvent;
+use llmgw_domain::tenancy::{Band, Effective, Scope, Tenancy, TenancyEvent};
+use serde::{Deserialize, Serialize};
+
+use crate::{Stamp, View};
+
+/// Everything a request's key decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyEntry {
+    pub key_id: String,
+    pub prefix: String,
+    pub project_id: String,
+    pub team_id: Option<String>,
+    pub org_id: Option<String>,
+    pub band: Band,
+    pub routing_profile: Option<String>,
+    pub limits: Effective,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenancyView {
+    pub tenancy: Tenancy,
+    /// Hex SHA-256 of a key → its id; revoked keys are not here.
+    by_hash: BTreeMap<String, String>,
+    /// Alias → canonical model, so allowlists compare canonical names.
+    aliases: BTreeMap<String, String>,
+}
+
+impl TenancyView {
+    /// The live key with this hash and what it may do.
+    pub fn lookup(&self, hash: &str) -> Option<KeyEntry> {
+        let key_id = self.by_hash.get(hash)?;
+        self.entry(key_id)
+    }
+
+    fn entry(&self, key_id: &str) -> Option<KeyEntry> {
+        let key = self.tenancy.keys.get(key_id)?;
+        let chain = self.tenancy.chain(key_id);
+        let find = |scope| {
+            chain
+                .iter()
+                .find(|(s, _)| *s == scope)
+                .map(|(_, id)| id.clone())
+        };
+        Some(KeyEntry {
+            key_id: key_id.to_owned(),
+            prefix: key.prefix.clone(),
+            project_id: key.project_id.clone(),
+            team_id: find(Scope::Team),
+            org_id: find(Scope::Org),
+            band: key.band,
+            routing_profile: key.routing_profile.clone(),
+            limits: self.tenancy.effective(key_id, |m| {
+                self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
+            }),
+        })
+    }
+
+    /// Live keys by hash, as `events replay --view tenancy` prints them.
+    pub fn report(&self) -> BTreeMap<String, KeyEntry> {
+        self.by_hash
+            .iter()
+            .filter_map(|(hash, id)| self.entry(id).map(|e| (hash.clone(), e)))
+            .collect()
+    }
+}
+
+impl View for TenancyView {
+    const NAME: &'static str = "tenancy";
+
+    fn apply_event(&mut self, _stamp: Stamp, event: &Event) {
+        match event {
+            Event::Tenancy(e) => {
+                self.tenancy.evolve(e);
+                match e {
+                    TenancyEvent::KeyIssued(k) => {
+                        self.by_hash.insert(k.hash.clone(), k.key_id.clone());
+                    }
+                    TenancyEvent::KeyRevoked { key_id, .. } => {
+                        self.by_hash.retain(|_, id| id != key_id)
+                    }
+                    _ => {}
+                }
+            }
+            Event::Catalog(
+                CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model },
+            ) => {
+                self.aliases.retain(|_, c| *c != model.name);
+                for a in &model.aliases {
+                    self.aliases.insert(a.clone(), model.name.clone());
+                }
+            }
+            Event::Catalog(CatalogEvent::ModelRemoved { name }) => {
+                self.aliases.retain(|_, c| c != name)
+            }
+            _ => {}
+        }
+    }
+}

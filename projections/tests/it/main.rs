@@ -1,0 +1,296 @@
+//! Views fed from a real store: followed live, rebuilt from zero, restarted
+//! from a snapshot.
+
+#![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
+mod views;
+
+use std::time::Duration;
+
+use llmgw_domain::catalog::{CatalogCommand, Engine, Model, Profile};
+use llmgw_domain::nodes::{Inventory, NodeCommand};
+use llmgw_domain::replicas::{Placement, ReplicaCommand, ShardPlacement, ShardState};
+use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand};
+use llmgw_domain::usage::{FinishedRequest, record};
+use llmgw_domain::{Command, Event, State};
+use llmgw_eventstore::{
+    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, Snapshot, StoreAddress,
+    StreamAppend, Writer,
+};
+use llmgw_projections::{Projections, Runner};
+use llmgw_testkit::{Backend, Scratch};
+
+pub(crate) fn gpu_model(name: &str) -> Model {
+    let mut m = Model::named(name);
+    m.aliases = vec![format!("{name}-latest")];
+    m.scaling.min = 1;
+    m.profiles.push(Profile {
+        name: "h100x1".into(),
+        engine: Engine::Vllm,
+        gpu_class: Some("h100-80g".into()),
+        tp: 1,
+        pp: 1,
+        nodes: 1,
+        gpus_per_node: 1,
+        priority: 0,
+        weight: 2,
+        startup_timeout_s: None,
+        min_disk_gb: 0,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    });
+    m
+}
+
+/// A small cluster's life as commands: catalog, nodes, replicas, tenancy.
+pub(crate) fn story(round: u32) -> Vec<Command> {
+    let node = format!("node-{round}");
+    let replica = format!("r{round}");
+    let model = gpu_model(&format!("model-{round}"));
+    let fp = model.profiles[0].fingerprint();
+    let mut inventory = Inventory {
+        hostname: node.clone(),
+        mgmt_addr: format!("10.0.0.{round}"),
+        ..Inventory::default()
+    };
+    inventory.memory_total_mb = 1024;
+    vec![
+        Command::Catalog(CatalogCommand::AddModel(model.clone())),
+        Command::Node(NodeCommand::Register {
+            node_id: node.clone(),
+            inventory,
+        }),
+        Command::Replica(ReplicaCommand::Place(Placement {
+            replica_id: replica.clone(),
+            model: model.name.clone(),
+            profile: "h100x1".into(),
+            profile_fp: fp,
+            pool: "h100-80g".into(),
+            fabric: None,
+            shards: vec![ShardPlacement {
+                shard_id: format!("{replica}-0"),
+                rank: 0,
+                node_id: node.clone(),
+                gpu_indices: vec![0],
+                hcas: vec![],
+                port: 20000,
+            }],
+            why: "test".into(),
+        })),
+        Command::Replica(ReplicaCommand::ReportShard {
+            replica_id: replica.clone(),
+            shard_id: format!("{replica}-0"),
+            state: ShardState::Ready,
+            error: None,
+            exit_code: None,
+            log_tail: None,
+        }),
+        Command::Tenancy(TenancyCommand::CreateOrg {
+            org_id: format!("o{round}"),
+            name: "org".into(),
+        }),
+        Command::Tenancy(TenancyCommand::CreateTeam {
+            team_id: format!("t{round}"),
+            org_id: format!("o{round}"),
+            name: "team".into(),
+        }),
+        Command::Tenancy(TenancyCommand::CreateProject {
+            project_id: format!("p{round}"),
+            team_id: format!("t{round}"),
+            name: "proj".into(),
+        }),
+        Command::Tenancy(TenancyCommand::SetLimits {
+            scope: Scope::Team,
+            scope_id: format!("t{round}"),
+            limits: Limits {
+                rpm: Some(100),
+                budget_micros: Some(1000),
+                period: Some(Period::Day),
+                ..Limits::default()
+            },
+        }),
+        Command::Tenancy(TenancyCommand::IssueKey(Key {
+            key_id: format!("k{round}"),
+            project_id: format!("p{round}"),
+            name: "key".into(),
+            hash: format!("{round:064x}"),
+            prefix: "llmgw-ab".into(),
+            band: Band::Gold,
+            routing_profile: None,
+            revoked: false,
+        })),
+    ]
+}
+
+pub(crate) fn usage(round: u32, i: u64) -> Event {
+    Event::Usage(
+        record(
+            FinishedRequest {
+                request_id: format!("req-{round}-{i}"),
+                key_id: format!("k{round}"),
+                project_id: format!("p{round}"),
+                model_asked: format!("model-{round}-latest"),
+                model_served: format!("model-{round}"),
+                prompt_tokens: 100 + i,
+                completion_tokens: 20,
+                status: if i.is_multiple_of(7) { 500 } else { 200 },
+                latency_ms: 50 + i as u32,
+                ttft_ms: Some(10),
+                band: Band::Gold,
+                at: 1_780_000_000_000 + i as i64 * 3_600_000,
+            },
+            llmgw_domain::catalog::Price {
+                prompt_per_1k: 1000,
+                completion_per_1k: 3000,
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// Decides each command against the state and appends its events.
+pub(crate) async fn append_story(
+    store: &AnyStore,
+    w: &Writer,
+    state: &mut State,
+    commands: Vec<Command>,
+    extra: Vec<Event>,
+) {
+    let mut events = Vec::new();
+    for c in commands {
+        for e in state.decide(c).expect("story commands are valid") {
+            state.evolve(&e);
+            events.push(e);
+        }
+    }
+    events.extend(extra);
+    for e in events {
+        let (kind, version, payload) = e.encode();
+        store
+            .append(
+                w,
+                &[StreamAppend::new(
+                    e.stream_id(),
+                    ExpectedVersion::Any,
+                    vec![NewEvent::new(kind, version, payload)],
+                )],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+async fn fresh(b: Backend) -> (AnyStore, Writer, Scratch) {
+    let (address, scratch) = Scratch::new(b).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let lease = store
+        .acquire_lease("ctl", Duration::from_secs(60))
+        .await
+        .unwrap();
+    (store, Writer::Leader(lease.token), scratch)
+}
+
+async fn replay_from_zero(store: &AnyStore) -> Projections {
+    let mut p = Projections::default();
+    loop {
+        let page = store.read_all(p.checkpoint.position, 1000).await.unwrap();
+        if page.is_empty() {
+            return p;
+        }
+        for e in &page {
+            p.apply(e);
+        }
+    }
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::Sqlite).await } )* }
+    };
+}
+
+both_backends!(
+    views_followed_live_equal_views_rebuilt_from_zero,
+    a_restart_resumes_from_a_matching_snapshot_only
+);
+
+async fn views_followed_live_equal_views_rebuilt_from_zero(b: Backend) {
+    let (store, w, _scratch) = fresh(b).await;
+    let mut state = State::default();
+    append_story(&store, &w, &mut state, story(1), vec![]).await;
+    let mut runner = Runner::start(store.clone(), "views").await.unwrap();
+    assert_eq!(runner.lag(), 0);
+    let views = runner.views();
+    let mut position = runner.watch_position();
+    let follower = tokio::spawn(async move { runner.follow().await });
+    for round in 2..=4 {
+        let extra = (0..5).map(|i| usage(round, i)).collect();
+        append_story(&store, &w, &mut state, story(round), extra).await;
+    }
+    let head = store.head().await.unwrap().0;
+    tokio::time::timeout(Duration::from_secs(20), position.wait_for(|p| *p >= head))
+        .await
+        .unwrap()
+        .unwrap();
+    follower.abort();
+    let live = views.read().unwrap().clone();
+    let rebuilt = replay_from_zero(&store).await;
+    assert_eq!(live, rebuilt);
+    assert_eq!(
+        live.router.endpoints.len(),
+        4,
+        "one ready endpoint per round"
+    );
+    assert_eq!(live.usage.models["model-3"].requests, 5);
+}
+
+async fn a_restart_resumes_from_a_matching_snapshot_only(b: Backend) {
+    let (store, w, _scratch) = fresh(b).await;
+    let mut state = State::default();
+    append_story(&store, &w, &mut state, story(1), vec![]).await;
+    let mut runner = Runner::start(store.clone(), "views").await.unwrap();
+    runner.save_snapshot().await.unwrap();
+    append_story(&store, &w, &mut state, story(2), vec![usage(2, 1)]).await;
+
+    // A matching snapshot is used: mark it, and the mark survives the restart.
+    let mut snap = store.load_snapshot("views").await.unwrap().unwrap();
+    snap.state["skipped"] = 4242.into();
+    store.save_snapshot("views", &snap).await.unwrap();
+    let restarted = Runner::start(store.clone(), "views").await.unwrap();
+    let got = restarted.views().read().unwrap().clone();
+    assert_eq!(got.skipped, 4242);
+    let rebuilt = replay_from_zero(&store).await;
+    assert_eq!(
+        Projections { skipped: 0, ..got },
+        rebuilt,
+        "snapshot plus tail equals a full replay"
+    );
+
+    // One that names another event at its position, or another format, is not.
+    for bad in [
+        Snapshot {
+            checkpoint: llmgw_eventstore::Checkpoint {
+                position: 2,
+                event_id: Some(NewEvent::new("x", 1, serde_json::json!({})).event_id),
+            },
+            ..snap.clone()
+        },
+        Snapshot {
+            state_version: 99,
+            ..snap.clone()
+        },
+    ] {
+        store.save_snapshot("views", &bad).await.unwrap();
+        let rebuilt_runner = Runner::start(store.clone(), "views").await.unwrap();
+        let got = rebuilt_runner.views().read().unwrap().clone();
+        assert_eq!(got, rebuilt);
+    }
+}
