@@ -8,6 +8,7 @@ use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore};
 use crate::Outcome;
 use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
 
+mod history;
 mod import;
 
 #[derive(Debug, Subcommand)]
@@ -64,6 +65,42 @@ pub(crate) enum EventsCommand {
         #[arg(default_value = "-")]
         input: PathBuf,
     },
+    /// A view as it stood at a position or time.
+    Replay {
+        /// A position, or an RFC 3339 time such as 2026-12-01T10:00:00Z.
+        #[arg(long)]
+        until: history::Point,
+        /// router, cluster, tenancy or usage.
+        #[arg(long)]
+        view: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The history of one thing as a timeline: who did what, when.
+    Log {
+        /// A stream id, such as node-gpu-a-01.
+        #[arg(long, group = "thing")]
+        stream: Option<String>,
+        #[arg(long, group = "thing")]
+        node: Option<String>,
+        #[arg(long, group = "thing")]
+        model: Option<String>,
+        #[arg(long, group = "thing")]
+        key: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What changed in a view between two points.
+    Diff {
+        #[arg(long)]
+        from: history::Point,
+        #[arg(long)]
+        to: history::Point,
+        #[arg(long)]
+        view: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Event count, head position, and counts per event type.
     Stats {
         #[arg(long)]
@@ -85,6 +122,31 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
         EventsCommand::Export { from, to, output } => export(&store, from, to, output).await,
         EventsCommand::Import { input } => import::run(&store, &input).await,
         EventsCommand::Stats { json } => stats(&store, json).await,
+        EventsCommand::Replay { until, view, json } => {
+            history::replay(&store, until, &view, json).await
+        }
+        EventsCommand::Diff {
+            from,
+            to,
+            view,
+            json,
+        } => history::diff(&store, from, to, &view, json).await,
+        EventsCommand::Log {
+            stream,
+            node,
+            model,
+            key,
+            json,
+        } => {
+            let stream = match (stream, node, model, key) {
+                (Some(s), ..) => s,
+                (_, Some(n), ..) => format!("node-{n}"),
+                (_, _, Some(m), _) => format!("model-{m}"),
+                (_, _, _, Some(k)) => format!("key-{k}"),
+                _ => bail!("say which thing: --stream, --node, --model or --key"),
+            };
+            history::log(&store, &stream, json).await
+        }
     }
 }
 

@@ -1,0 +1,349 @@
+//! Looking back: a view as it stood at a point, one thing's timeline, and
+//! what changed in a view between two points.
+
+use std::io::Write;
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore, RecordedEvent};
+use llmgw_projections::{Projections, VIEW_NAMES};
+use serde_json::Value;
+
+use crate::Outcome;
+use crate::output::{Table, json_line};
+
+/// A point in the log: a position, or an RFC 3339 time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Point {
+    Position(u64),
+    Time(DateTime<Utc>),
+}
+
+impl std::str::FromStr for Point {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(p) = s.parse::<u64>() {
+            return Ok(Point::Position(p));
+        }
+        DateTime::parse_from_rfc3339(s)
+            .map(|t| Point::Time(t.with_timezone(&Utc)))
+            .map_err(|_| {
+                format!("{s:?} is neither a position nor an RFC 3339 time (2026-12-01T10:00:00Z)")
+            })
+    }
+}
+
+impl Point {
+    fn includes(self, e: &RecordedEvent) -> bool {
+        match self {
+            Point::Position(p) => e.position <= p,
+            Point::Time(t) => e.recorded_at <= t,
+        }
+    }
+}
+
+pub(crate) fn check_view(view: &str) -> anyhow::Result<()> {
+    if !VIEW_NAMES.contains(&view) {
+        bail!(
+            "unknown view {view:?}; the views are {}",
+            VIEW_NAMES.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Every view as it stood at `until`.
+pub(crate) async fn fold(store: &AnyStore, until: Point) -> anyhow::Result<Projections> {
+    let mut p = Projections::default();
+    loop {
+        let page = store.read_all(p.checkpoint.position, DEFAULT_PAGE).await?;
+        if page.is_empty() {
+            return Ok(p);
+        }
+        for e in &page {
+            if !until.includes(e) {
+                return Ok(p);
+            }
+            p.apply(e);
+        }
+    }
+}
+
+pub(crate) async fn replay(
+    store: &AnyStore,
+    until: Point,
+    view: &str,
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    check_view(view)?;
+    let p = fold(store, until).await?;
+    let value = p.view_json(view).context("view")?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        json_line(&mut out, &value)?;
+    } else {
+        writeln!(out, "{view} view at position {}", p.checkpoint.position)?;
+        render(&mut out, view, &p)?;
+    }
+    out.flush()?;
+    Ok(Outcome::Ok)
+}
+
+fn render(out: &mut impl Write, view: &str, p: &Projections) -> anyhow::Result<()> {
+    match view {
+        "router" => {
+            let mut t = Table::new(vec!["MODEL", "ALIASES", "FALLBACKS", "ENDPOINTS"]);
+            for m in p.router.models.values() {
+                let eps: Vec<String> = p
+                    .router
+                    .endpoints_for(&m.name)
+                    .map(|e| {
+                        format!(
+                            "{}{}",
+                            e.url,
+                            if e.current { "" } else { " (edited profile)" }
+                        )
+                    })
+                    .collect();
+                t.row(vec![
+                    m.name.clone(),
+                    m.aliases.join(","),
+                    m.fallbacks.join(","),
+                    eps.join(" "),
+                ]);
+            }
+            t.print(out)
+        }
+        "cluster" => {
+            let mut t = Table::new(vec!["NODE", "STATE", "GPUS", "ALLOCATED", "CORDONED"]);
+            for n in p.cluster.nodes.nodes.values() {
+                let allocated = p.cluster.allocations.get(&n.id).map_or(0, |a| a.len());
+                t.row(vec![
+                    n.id.clone(),
+                    format!("{:?}", n.reachability).to_lowercase(),
+                    n.inventory.gpus.len().to_string(),
+                    allocated.to_string(),
+                    if n.draining {
+                        "draining".into()
+                    } else {
+                        n.cordoned.to_string()
+                    },
+                ]);
+            }
+            t.print(out)?;
+            let mut t = Table::new(vec!["REPLICA", "MODEL", "STATUS", "SHARDS"]);
+            for r in p.cluster.replicas.replicas.values() {
+                let shards: Vec<String> = r
+                    .shards
+                    .values()
+                    .map(|s| format!("{}:{:?}", s.placement.node_id, s.state).to_lowercase())
+                    .collect();
+                t.row(vec![
+                    r.placement.replica_id.clone(),
+                    r.placement.model.clone(),
+                    format!("{:?}", r.status).to_lowercase(),
+                    shards.join(" "),
+                ]);
+            }
+            writeln!(out)?;
+            t.print(out)
+        }
+        "tenancy" => {
+            let mut t = Table::new(vec![
+                "KEY", "PREFIX", "PROJECT", "BAND", "RPM", "TPM", "BUDGETS", "MODELS",
+            ]);
+            for e in p.tenancy.report().values() {
+                let opt = |v: Option<u32>| v.map_or("-".into(), |v| v.to_string());
+                let budgets: Vec<String> = e
+                    .limits
+                    .budgets
+                    .iter()
+                    .map(|b| {
+                        format!("{}:{}/{:?}", b.scope.name(), b.micros, b.period).to_lowercase()
+                    })
+                    .collect();
+                let models = match &e.limits.models {
+                    llmgw_domain::tenancy::Allowed::All => "all".to_owned(),
+                    llmgw_domain::tenancy::Allowed::Only(s) if s.is_empty() => "none".to_owned(),
+                    llmgw_domain::tenancy::Allowed::Only(s) => {
+                        s.iter().cloned().collect::<Vec<_>>().join(",")
+                    }
+                };
+                t.row(vec![
+                    e.key_id.clone(),
+                    e.prefix.clone(),
+                    e.project_id.clone(),
+                    format!("{:?}", e.band).to_lowercase(),
+                    opt(e.limits.rpm),
+                    opt(e.limits.tpm),
+                    budgets.join(" "),
+                    models,
+                ]);
+            }
+            t.print(out)
+        }
+        _ => {
+            let mut t = Table::new(vec![
+                "MODEL",
+                "REQUESTS",
+                "ERRORS",
+                "TOKENS",
+                "MEAN LATENCY MS",
+            ]);
+            for (name, m) in &p.usage.models {
+                t.row(vec![
+                    name.clone(),
+                    m.requests.to_string(),
+                    m.errors.to_string(),
+                    (m.prompt_tokens + m.completion_tokens).to_string(),
+                    (m.latency_ms_total / m.requests.max(1)).to_string(),
+                ]);
+            }
+            t.print(out)?;
+            let mut t = Table::new(vec!["SCOPE", "ID", "TODAY µ", "MONTH µ", "TOTAL µ"]);
+            for (scope, ids) in &p.usage.spend {
+                for (id, s) in ids {
+                    t.row(vec![
+                        scope.name().into(),
+                        id.clone(),
+                        s.day.micros.to_string(),
+                        s.month.micros.to_string(),
+                        s.total_micros.to_string(),
+                    ]);
+                }
+            }
+            writeln!(out)?;
+            t.print(out)
+        }
+    }
+}
+
+pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::Result<Outcome> {
+    let mut events = Vec::new();
+    loop {
+        let page = store
+            .read_stream(stream, events.len() as u64, DEFAULT_PAGE)
+            .await?;
+        if page.is_empty() {
+            break;
+        }
+        events.extend(page);
+    }
+    if events.is_empty() {
+        bail!("no events in stream {stream}");
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        for e in &events {
+            json_line(&mut out, e)?;
+        }
+    } else {
+        let mut t = Table::new(vec!["WHEN", "POSITION", "WHAT", "BY", "DETAILS"]);
+        for e in &events {
+            let by = e
+                .payload
+                .get("by")
+                .or_else(|| e.metadata.get("actor"))
+                .or_else(|| e.metadata.get("writer"));
+            let mut details = e.payload.clone();
+            if let Value::Object(m) = &mut details {
+                m.remove("by");
+            }
+            let details = details.to_string();
+            let details = if details.chars().count() > 90 {
+                details
+                    .chars()
+                    .take(89)
+                    .chain(std::iter::once('…'))
+                    .collect()
+            } else {
+                details
+            };
+            t.row(vec![
+                e.recorded_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                e.position.to_string(),
+                e.event_type.clone(),
+                by.and_then(Value::as_str).unwrap_or("-").to_owned(),
+                details,
+            ]);
+        }
+        t.print(&mut out)?;
+    }
+    out.flush()?;
+    Ok(Outcome::Ok)
+}
+
+pub(crate) async fn diff(
+    store: &AnyStore,
+    from: Point,
+    to: Point,
+    view: &str,
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    check_view(view)?;
+    let before = fold(store, from).await?;
+    let after = fold(store, to).await?;
+    let mut changes = Vec::new();
+    compare(
+        "",
+        &before.view_json(view).context("view")?,
+        &after.view_json(view).context("view")?,
+        &mut changes,
+    );
+    let mut out = std::io::stdout().lock();
+    if json {
+        for (path, old, new) in &changes {
+            json_line(
+                &mut out,
+                &serde_json::json!({ "path": path, "before": old, "after": new }),
+            )?;
+        }
+    } else {
+        writeln!(
+            out,
+            "{view} view from position {} to {}: {} change(s)",
+            before.checkpoint.position,
+            after.checkpoint.position,
+            changes.len()
+        )?;
+        for (path, old, new) in &changes {
+            match (old, new) {
+                (None, Some(n)) => writeln!(out, "+ {path} = {n}")?,
+                (Some(o), None) => writeln!(out, "- {path} = {o}")?,
+                (Some(o), Some(n)) => writeln!(out, "~ {path}: {o} → {n}")?,
+                (None, None) => {}
+            }
+        }
+    }
+    out.flush()?;
+    Ok(Outcome::Ok)
+}
+
+type Change = (String, Option<Value>, Option<Value>);
+
+/// The leaves that differ between two JSON values, by path.
+fn compare(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let p = format!("{path}/{k}");
+                match (x.get(k), y.get(k)) {
+                    (Some(va), Some(vb)) => compare(&p, va, vb, out),
+                    (va, vb) => out.push((p, va.cloned(), vb.cloned())),
+                }
+            }
+        }
+        _ if a != b => out.push((
+            if path.is_empty() {
+                "/".into()
+            } else {
+                path.to_owned()
+            },
+            Some(a.clone()),
+            Some(b.clone()),
+        )),
+        _ => {}
+    }
+}
