@@ -6,16 +6,22 @@
 //! models, with catalog, node, replica and tenancy changes mixed in.
 //! Baseline: reading the same events without applying them, in the same run.
 
-#![allow(clippy::unwrap_used, reason = "a benchmark program; a failure should stop it loudly")]
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark program; a failure should stop it loudly"
+)]
 
 use std::time::{Duration, Instant};
 
+use llmgw_domain::Event;
 use llmgw_domain::catalog::{CatalogEvent, Model, Price};
 use llmgw_domain::nodes::{Inventory, NodeEvent};
 use llmgw_domain::tenancy::{Band, Key, TenancyEvent};
 use llmgw_domain::usage::{UsageEvent, UsageRecorded};
-use llmgw_domain::Event;
-use llmgw_eventstore::{AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend, Writer};
+use llmgw_eventstore::{
+    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
+    Writer,
+};
 use llmgw_projections::Projections;
 use llmgw_testkit::{Backend, Scratch};
 
@@ -28,19 +34,36 @@ fn setup_events() -> Vec<Event> {
     let mut out = Vec::new();
     for m in 0..MODELS {
         let mut model = Model::named(&format!("model-{m}"));
-        model.price = Some(Price { prompt_per_1k: 100, completion_per_1k: 300 });
+        model.price = Some(Price {
+            prompt_per_1k: 100,
+            completion_per_1k: 300,
+        });
         out.push(Event::Catalog(CatalogEvent::ModelAdded { model }));
     }
     for n in 0..50 {
         out.push(Event::Node(NodeEvent::NodeRegistered {
             node_id: format!("n{n}"),
-            inventory: Inventory { hostname: format!("n{n}"), ..Inventory::default() },
+            inventory: Inventory {
+                hostname: format!("n{n}"),
+                ..Inventory::default()
+            },
         }));
     }
-    out.push(Event::Tenancy(TenancyEvent::OrgCreated { org_id: "o".into(), name: "o".into() }));
-    out.push(Event::Tenancy(TenancyEvent::TeamCreated { team_id: "t".into(), org_id: "o".into(), name: "t".into() }));
+    out.push(Event::Tenancy(TenancyEvent::OrgCreated {
+        org_id: "o".into(),
+        name: "o".into(),
+    }));
+    out.push(Event::Tenancy(TenancyEvent::TeamCreated {
+        team_id: "t".into(),
+        org_id: "o".into(),
+        name: "t".into(),
+    }));
     for p in 0..20 {
-        out.push(Event::Tenancy(TenancyEvent::ProjectCreated { project_id: format!("p{p}"), team_id: "t".into(), name: "p".into() }));
+        out.push(Event::Tenancy(TenancyEvent::ProjectCreated {
+            project_id: format!("p{p}"),
+            team_id: "t".into(),
+            name: "p".into(),
+        }));
     }
     for k in 0..KEYS {
         out.push(Event::Tenancy(TenancyEvent::KeyIssued(Key {
@@ -86,7 +109,10 @@ fn generated(i: u64) -> Event {
 }
 
 async fn fill(store: &AnyStore) {
-    let lease = store.acquire_lease("bench", Duration::from_secs(3600)).await.unwrap();
+    let lease = store
+        .acquire_lease("bench", Duration::from_secs(3600))
+        .await
+        .unwrap();
     let w = Writer::Leader(lease.token);
     let mut pending: Vec<Event> = setup_events();
     let mut i = 0;
@@ -125,17 +151,31 @@ fn peak_rss_mb() -> f64 {
 
 async fn run(backend: Backend) {
     let (address, _scratch) = Scratch::new(backend).await;
-    let store = AnyStore::open(&StoreAddress::parse(&address).unwrap(), OpenOptions::migrating()).await.unwrap();
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
     let t = Instant::now();
     fill(&store).await;
     let (head, _) = store.head().await.unwrap();
     let name = format!("{backend:?}").to_lowercase();
-    println!("{name:<8} generated {head} events in {:.1} s", t.elapsed().as_secs_f64());
+    println!(
+        "{name:<8} generated {head} events in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 
     let t = Instant::now();
     let mut after = 0;
     while after < head {
-        after = store.read_all(after, 1000).await.unwrap().last().unwrap().position;
+        after = store
+            .read_all(after, 1000)
+            .await
+            .unwrap()
+            .last()
+            .unwrap()
+            .position;
     }
     let read_rate = head as f64 / t.elapsed().as_secs_f64();
 
@@ -154,12 +194,18 @@ async fn run(backend: Backend) {
         head as f64 / secs / read_rate,
         peak_rss_mb(),
         p.usage.models.len(),
-        p.usage.spend.get(&llmgw_domain::tenancy::Scope::Key).map_or(0, |m| m.len()),
+        p.usage
+            .spend
+            .get(&llmgw_domain::tenancy::Scope::Key)
+            .map_or(0, |m| m.len()),
     );
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         run(Backend::Postgres).await;
         run(Backend::Sqlite).await;

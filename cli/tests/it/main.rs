@@ -463,9 +463,10 @@ fn the_store_address_comes_from_the_environment_or_a_file() {
 }
 
 fn fixture(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../replay-tests/fixtures").join(format!("{name}.jsonl"))
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../replay-tests/fixtures")
+        .join(format!("{name}.jsonl"))
 }
-
 
 async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
     let (address, _scratch) = Scratch::new(b).await;
@@ -473,43 +474,108 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
     let file = fixture("key-revoked-in-use");
     ok(&address, &["events", "import", file.to_str().unwrap()]);
     let events: Vec<Value> = json_lines(&std::fs::read_to_string(&file).unwrap());
-    let revoked_at = events.iter().find(|e| e["event_type"] == "KeyRevoked").unwrap();
+    let revoked_at = events
+        .iter()
+        .find(|e| e["event_type"] == "KeyRevoked")
+        .unwrap();
     let before = (revoked_at["position"].as_u64().unwrap() - 1).to_string();
     let hash = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
 
-    let then = &json_lines(&ok(&address, &["events", "replay", "--until", &before, "--view", "tenancy", "--json"]))[0];
+    let then = &json_lines(&ok(
+        &address,
+        &[
+            "events", "replay", "--until", &before, "--view", "tenancy", "--json",
+        ],
+    ))[0];
     assert_eq!(then[hash]["key_id"], json!("k"));
     let head = events.len().to_string();
-    let now = &json_lines(&ok(&address, &["events", "replay", "--until", &head, "--view", "tenancy", "--json"]))[0];
+    let now = &json_lines(&ok(
+        &address,
+        &[
+            "events", "replay", "--until", &head, "--view", "tenancy", "--json",
+        ],
+    ))[0];
     assert!(now.get(hash).is_none(), "revoked by the head");
     // A time works as well as a position. The import recorded the events
     // anew, so take the time from this store, not from the file.
     let first = &json_lines(&ok(&address, &["events", "show", "1", "--json"]))[0];
     let t0 = first["recorded_at"].as_str().unwrap();
-    let table = ok(&address, &["events", "replay", "--until", t0, "--view", "router"]);
+    let table = ok(
+        &address,
+        &["events", "replay", "--until", t0, "--view", "router"],
+    );
     let at = table.lines().next().unwrap();
-    assert!(at.starts_with("router view at position ") && !at.ends_with(&format!(" {head}")), "{table}");
-    let usage = ok(&address, &["events", "replay", "--until", &head, "--view", "usage"]);
-    assert!(usage.lines().any(|l| l.starts_with("llama-8b") && l.contains(" 4 ")), "{usage}");
+    assert!(
+        at.starts_with("router view at position ") && !at.ends_with(&format!(" {head}")),
+        "{table}"
+    );
+    let usage = ok(
+        &address,
+        &["events", "replay", "--until", &head, "--view", "usage"],
+    );
+    assert!(
+        usage
+            .lines()
+            .any(|l| l.starts_with("llama-8b") && l.contains(" 4 ")),
+        "{usage}"
+    );
 
     let timeline = ok(&address, &["events", "log", "--key", "k"]);
     let rows: Vec<&str> = timeline.lines().collect();
     assert!(rows[0].starts_with("WHEN") && rows.len() == 4, "{timeline}");
-    assert!(rows[1].contains("KeyIssued") && rows[3].contains("KeyRevoked") && rows[3].contains("ops@acme"), "{timeline}");
+    assert!(
+        rows[1].contains("KeyIssued")
+            && rows[3].contains("KeyRevoked")
+            && rows[3].contains("ops@acme"),
+        "{timeline}"
+    );
     let missing = llmgw(&address, &["events", "log", "--node", "ghost"]);
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no events in stream node-ghost"));
 
-    let diff = ok(&address, &["events", "diff", "--from", &before, "--to", &head, "--view", "tenancy"]);
-    assert!(diff.contains("1 change(s)") && diff.contains(&format!("- /{hash} = ")), "{diff}");
-    let changes = json_lines(&ok(&address, &["events", "diff", "--from", "1", "--to", &head, "--view", "usage", "--json"]));
-    assert!(changes.iter().any(|c| c["path"] == "/models/llama-8b"), "{changes:?}");
+    let diff = ok(
+        &address,
+        &[
+            "events", "diff", "--from", &before, "--to", &head, "--view", "tenancy",
+        ],
+    );
+    assert!(
+        diff.contains("1 change(s)") && diff.contains(&format!("- /{hash} = ")),
+        "{diff}"
+    );
+    let changes = json_lines(&ok(
+        &address,
+        &[
+            "events", "diff", "--from", "1", "--to", &head, "--view", "usage", "--json",
+        ],
+    ));
+    assert!(
+        changes.iter().any(|c| c["path"] == "/models/llama-8b"),
+        "{changes:?}"
+    );
 
     for (args, says) in [
-        (vec!["events", "replay", "--until", "yesterday", "--view", "router"], "neither a position nor an RFC 3339 time"),
-        (vec!["events", "replay", "--until", "3", "--view", "routers"], "unknown view \"routers\"; the views are router, cluster, tenancy, usage"),
+        (
+            vec![
+                "events",
+                "replay",
+                "--until",
+                "yesterday",
+                "--view",
+                "router",
+            ],
+            "neither a position nor an RFC 3339 time",
+        ),
+        (
+            vec!["events", "replay", "--until", "3", "--view", "routers"],
+            "unknown view \"routers\"; the views are router, cluster, tenancy, usage",
+        ),
     ] {
         let out = llmgw(&address, &args);
         assert_ne!(out.status.code(), Some(0));
-        assert!(String::from_utf8_lossy(&out.stderr).contains(says), "{:?}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{:?}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
