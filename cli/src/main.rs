@@ -4,6 +4,7 @@
 mod events;
 mod lease;
 mod output;
+mod sim;
 mod store;
 
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ enum Command {
     /// Inspect the append lease.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// An OpenAI-compatible simulated engine, for tests and demos.
+    SimEngine(sim::SimArgs),
 }
 
 /// What a command reports besides success: a check that ran and found a
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
             Command::Events(cmd) => events::run(&cli.store, cmd).await,
             Command::Store(cmd) => store::run(&cli.store, cmd).await,
             Command::Lease(cmd) => lease::run(&cli.store, cmd).await,
+            Command::SimEngine(args) => sim::run(args).await,
         }
     });
     match result {

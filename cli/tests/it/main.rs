@@ -579,3 +579,183 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
         );
     }
 }
+
+/// A child process whose output lines arrive on channels.
+struct Child {
+    process: std::process::Child,
+    stdout: std::sync::mpsc::Receiver<String>,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Child {
+    fn spawn(args: &[&str]) -> Child {
+        let mut process = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = |r: Box<dyn std::io::Read + Send>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(r).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            rx
+        };
+        let stdout = lines(Box::new(process.stdout.take().unwrap()));
+        let stderr = lines(Box::new(process.stderr.take().unwrap()));
+        Child {
+            process,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Waits for a line on `stream` containing `needle`; returns it.
+    fn expect(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("no line with {needle:?}"));
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    }
+
+    fn addr_after(&self, prefix: &str) -> String {
+        Child::expect(&self.stdout, prefix)
+            .trim_start_matches(prefix)
+            .trim()
+            .to_owned()
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+    }
+}
+
+#[tokio::test]
+async fn sim_engine_answers_openai_clients_over_a_socket() {
+    let engine = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ]);
+    let base = format!("http://{}", engine.addr_after("listening on "));
+    let client = reqwest::Client::new();
+    let body = json!({"model": "tiny", "stream": true, "max_tokens": 5, "stream_options": {"include_usage": true},
+                      "messages": [{"role": "user", "content": "hello"}]});
+    let resp = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = resp.text().await.unwrap();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.len(), 1 + 5 + 1 + 1 + 1, "{text}");
+    assert_eq!(*data.last().unwrap(), "[DONE]");
+    let usage: Value = serde_json::from_str(data[data.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+
+    let plain: Value = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain["choices"][0]["message"]["content"], "the quick ");
+    let missing = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": "big", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("vllm:num_requests_running{model_name=\"tiny\"} 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_multi_node_sim_engine_serves_only_once_every_worker_has_joined() {
+    let rank0 = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "big",
+        "--nnodes",
+        "3",
+        "--rank",
+        "0",
+        "--rendezvous",
+        "127.0.0.1:0",
+    ]);
+    let rendezvous = rank0.addr_after("rendezvous on ");
+    let worker = |rank: &str| {
+        Child::spawn(&[
+            "sim-engine",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "big",
+            "--nnodes",
+            "3",
+            "--rank",
+            rank,
+            "--rendezvous",
+            &rendezvous,
+        ])
+    };
+    let w1 = worker("1");
+    Child::expect(&rank0.stderr, "worker joined");
+    // One of two workers in: rank 0 has not started serving.
+    assert!(
+        rank0.stdout.try_recv().is_err(),
+        "rank 0 must not serve before every worker has joined"
+    );
+    let w2 = worker("2");
+    let base = format!("http://{}", rank0.addr_after("listening on "));
+    let health = reqwest::get(format!("{base}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    // Workers serve nothing and go when rank 0 goes.
+    assert!(w1.stdout.try_recv().is_err() && w2.stdout.try_recv().is_err());
+    drop(rank0);
+    for mut w in [w1, w2] {
+        let status = w.process.wait().unwrap();
+        assert!(!status.success());
+        Child::expect(&w.stderr, "rank 0 closed the rendezvous");
+    }
+}

@@ -1,0 +1,119 @@
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Args;
+use llmgw_sim::{Bound, Cluster, SimConfig, Vocabulary};
+
+use crate::Outcome;
+
+#[derive(Debug, Args)]
+pub(crate) struct SimArgs {
+    /// Where to serve HTTP; port 0 picks a free one (printed on start).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// A model name to serve; repeat for several.
+    #[arg(long = "model", required = true)]
+    models: Vec<String>,
+    /// Whose metric names to publish: vllm, sglang, llamacpp or sim.
+    #[arg(long, default_value = "vllm")]
+    engine: Vocabulary,
+    /// Fixed part of the time to first token, in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    ttft_ms: u64,
+    /// Prompt tokens prefilled per second (cached prefix blocks are free).
+    #[arg(long, default_value_t = 20_000)]
+    prefill_tps: u32,
+    /// Tokens generated per second per request.
+    #[arg(long, default_value_t = 100)]
+    tps: u32,
+    /// Requests generating at once.
+    #[arg(long, default_value_t = 8)]
+    slots: usize,
+    /// Requests waiting for a slot before new ones get 503.
+    #[arg(long, default_value_t = 256)]
+    queue: usize,
+    /// Prefix-cache capacity in blocks.
+    #[arg(long, default_value_t = 4096)]
+    kv_blocks: usize,
+    /// Prefix-cache block size in bytes of prompt.
+    #[arg(long, default_value_t = 64)]
+    block_bytes: usize,
+    /// Completion length when a request names none.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+    /// Nodes in a multi-node group; rank 0 serves once all have joined.
+    #[arg(long, default_value_t = 1)]
+    nnodes: u32,
+    #[arg(long, default_value_t = 0)]
+    rank: u32,
+    /// Rank 0's rendezvous address (rank 0 binds it, workers dial it).
+    #[arg(long)]
+    rendezvous: Option<SocketAddr>,
+    /// How long a worker keeps dialling rank 0, in seconds.
+    #[arg(long, default_value_t = 300)]
+    join_timeout_s: u64,
+}
+
+pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
+    let cluster = match (a.nnodes, a.rendezvous) {
+        (1, _) => None,
+        (0, _) => bail!("--nnodes must be at least 1"),
+        (_, None) => bail!("a multi-node group needs --rendezvous HOST:PORT"),
+        (nnodes, Some(rendezvous)) => Some(Cluster {
+            nnodes,
+            rank: a.rank,
+            rendezvous,
+            join_timeout: Duration::from_secs(a.join_timeout_s),
+        }),
+    };
+    let config = SimConfig {
+        models: a.models,
+        vocabulary: a.engine,
+        ttft: Duration::from_millis(a.ttft_ms),
+        prefill_tokens_per_s: a.prefill_tps,
+        tokens_per_s: a.tps,
+        slots: a.slots,
+        queue: a.queue,
+        kv_blocks: a.kv_blocks,
+        block_bytes: a.block_bytes,
+        default_max_tokens: a.max_tokens,
+    };
+    let serve = llmgw_sim::run(config, a.listen, cluster, |bound| {
+        let mut out = std::io::stdout().lock();
+        let _ = match bound {
+            Bound::Rendezvous(addr) => writeln!(out, "rendezvous on {addr}"),
+            Bound::Http(addr) => writeln!(out, "listening on {addr}"),
+        };
+        let _ = out.flush();
+    });
+    tokio::select! {
+        r = serve => r?,
+        _ = shutdown() => {}
+    }
+    Ok(Outcome::Ok)
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,466 @@
+//! The HTTP surface and the timing model.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
+
+use crate::SimConfig;
+use crate::cache::PrefixCache;
+
+/// Counters and gauges the metrics page reads.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) running: AtomicUsize,
+    pub(crate) waiting: AtomicUsize,
+    pub(crate) kv_blocks_in_use: AtomicUsize,
+    pub(crate) requests: AtomicU64,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) cached_prompt_tokens: AtomicU64,
+    pub(crate) generation_tokens: AtomicU64,
+    pub(crate) prefix_queries: AtomicU64,
+    pub(crate) prefix_hits: AtomicU64,
+}
+
+#[derive(Debug)]
+pub struct SimState {
+    pub(crate) config: SimConfig,
+    slots: Arc<Semaphore>,
+    cache: Mutex<PrefixCache>,
+    pub(crate) counters: Counters,
+}
+
+impl SimState {
+    pub fn new(config: SimConfig) -> Self {
+        SimState {
+            slots: Arc::new(Semaphore::new(config.slots)),
+            cache: Mutex::new(PrefixCache::new(config.kv_blocks, config.block_bytes)),
+            counters: Counters::default(),
+            config,
+        }
+    }
+}
+
+/// The engine's routes.
+pub fn app(state: Arc<SimState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(crate::metrics::page))
+        .with_state(state)
+}
+
+/// The engine's one error type, rendered in the OpenAI envelope.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body =
+            json!({ "error": { "message": self.message, "type": self.kind, "code": self.code } });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+fn error(status: StatusCode, kind: &'static str, code: &'static str, message: String) -> ApiError {
+    ApiError {
+        status,
+        kind,
+        code,
+        message,
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_request",
+        message.into(),
+    )
+}
+
+fn unknown_model(model: &str) -> ApiError {
+    error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        format!("The model `{model}` does not exist."),
+    )
+}
+
+/// What the engine needs from a completion request.
+struct Ask {
+    model: String,
+    prompt: String,
+    stream: bool,
+    include_usage: bool,
+    max_tokens: u32,
+}
+
+fn parse(
+    state: &SimState,
+    body: &Bytes,
+    prompt_of: fn(&Value) -> Option<String>,
+) -> Result<Ask, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
+    let model = v["model"]
+        .as_str()
+        .ok_or_else(|| bad_request("missing field `model`"))?
+        .to_owned();
+    if !state.config.models.contains(&model) {
+        return Err(unknown_model(&model));
+    }
+    let prompt =
+        prompt_of(&v).ok_or_else(|| bad_request("missing or malformed `messages` or `prompt`"))?;
+    let max_tokens = v
+        .get("max_completion_tokens")
+        .or_else(|| v.get("max_tokens"))
+        .and_then(Value::as_u64)
+        .map_or(state.config.default_max_tokens, |n| n.min(1_000_000) as u32);
+    Ok(Ask {
+        model,
+        prompt,
+        stream: v["stream"].as_bool().unwrap_or(false),
+        include_usage: v["stream_options"]["include_usage"]
+            .as_bool()
+            .unwrap_or(false),
+        max_tokens,
+    })
+}
+
+fn chat_prompt(v: &Value) -> Option<String> {
+    let messages = v["messages"].as_array()?;
+    let mut prompt = String::new();
+    for m in messages {
+        prompt.push_str(m["role"].as_str()?);
+        prompt.push_str(": ");
+        match &m["content"] {
+            Value::String(s) => prompt.push_str(s),
+            // Content parts: the text parts count.
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .for_each(|t| prompt.push_str(t)),
+            _ => return None,
+        }
+        prompt.push('\n');
+    }
+    Some(prompt)
+}
+
+fn completion_prompt(v: &Value) -> Option<String> {
+    match &v["prompt"] {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str())
+            .collect::<Option<Vec<_>>>()
+            .map(|p| p.join("\n")),
+        _ => None,
+    }
+}
+
+/// Roughly four bytes a token, as for English text.
+fn tokens_of(bytes: usize) -> u64 {
+    bytes.div_ceil(4).max(1) as u64
+}
+
+/// A request holding a slot and its share of the KV cache.
+struct Running {
+    _permit: OwnedSemaphorePermit,
+    state: Arc<SimState>,
+    blocks: usize,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    prefill: Duration,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.state.counters.running.fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .counters
+            .kv_blocks_in_use
+            .fetch_sub(self.blocks, Ordering::Relaxed);
+    }
+}
+
+/// Waits for a slot (or refuses when the queue is full), then looks the
+/// prompt up in the prefix cache to price its prefill.
+async fn admit(state: &Arc<SimState>, prompt: &str) -> Result<Running, ApiError> {
+    let c = &state.counters;
+    if c.waiting.load(Ordering::Relaxed) >= state.config.queue {
+        return Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "queue_full",
+            format!(
+                "the engine's waiting queue is full ({} requests)",
+                state.config.queue
+            ),
+        ));
+    }
+    c.waiting.fetch_add(1, Ordering::Relaxed);
+    let permit = state.slots.clone().acquire_owned().await;
+    c.waiting.fetch_sub(1, Ordering::Relaxed);
+    let permit = permit.map_err(|_| {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "shutting_down",
+            "the engine is stopping".into(),
+        )
+    })?;
+    c.running.fetch_add(1, Ordering::Relaxed);
+    c.requests.fetch_add(1, Ordering::Relaxed);
+    let lookup = state.cache.lock().await.admit(prompt.as_bytes());
+    c.kv_blocks_in_use
+        .fetch_add(lookup.blocks, Ordering::Relaxed);
+    c.prefix_queries
+        .fetch_add(lookup.blocks as u64, Ordering::Relaxed);
+    c.prefix_hits
+        .fetch_add(lookup.hits as u64, Ordering::Relaxed);
+    let prompt_tokens = tokens_of(prompt.len());
+    let cached_tokens = ((lookup.hits * state.config.block_bytes) as u64 / 4).min(prompt_tokens);
+    c.prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
+    c.cached_prompt_tokens
+        .fetch_add(cached_tokens, Ordering::Relaxed);
+    let to_prefill = prompt_tokens - cached_tokens;
+    let prefill = state.config.ttft
+        + Duration::from_secs_f64(to_prefill as f64 / f64::from(state.config.prefill_tokens_per_s));
+    Ok(Running {
+        _permit: permit,
+        state: state.clone(),
+        blocks: lookup.blocks,
+        prompt_tokens,
+        cached_tokens,
+        prefill,
+    })
+}
+
+fn token(i: u32) -> String {
+    const WORDS: [&str; 8] = [
+        "the",
+        "quick",
+        "model",
+        "answers",
+        "in",
+        "simulated",
+        "tokens",
+        "today",
+    ];
+    format!("{} ", WORDS[i as usize % WORDS.len()])
+}
+
+fn usage(run: &Running, completion: u32) -> Value {
+    json!({
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": run.prompt_tokens + u64::from(completion),
+        "prompt_tokens_details": { "cached_tokens": run.cached_tokens },
+    })
+}
+
+async fn chat(State(state): State<Arc<SimState>>, body: Bytes) -> Response {
+    generate(state, body, chat_prompt, Kind::Chat).await
+}
+
+async fn completions(State(state): State<Arc<SimState>>, body: Bytes) -> Response {
+    generate(state, body, completion_prompt, Kind::Text).await
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Text,
+}
+
+async fn generate(
+    state: Arc<SimState>,
+    body: Bytes,
+    prompt_of: fn(&Value) -> Option<String>,
+    kind: Kind,
+) -> Response {
+    let ask = match parse(&state, &body, prompt_of) {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let run = match admit(&state, &ask.prompt).await {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let per_token = Duration::from_secs_f64(1.0 / f64::from(state.config.tokens_per_s));
+    let id = format!(
+        "cmpl-sim-{}",
+        state.counters.requests.load(Ordering::Relaxed)
+    );
+    let (object, chunk_object) = match kind {
+        Kind::Chat => ("chat.completion", "chat.completion.chunk"),
+        Kind::Text => ("text_completion", "text_completion"),
+    };
+    if !ask.stream {
+        tokio::time::sleep(run.prefill + per_token * ask.max_tokens).await;
+        let text: String = (0..ask.max_tokens).map(token).collect();
+        state
+            .counters
+            .generation_tokens
+            .fetch_add(u64::from(ask.max_tokens), Ordering::Relaxed);
+        let choice = match kind {
+            Kind::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+            }
+            Kind::Text => json!({"index": 0, "text": text, "finish_reason": "length"}),
+        };
+        let body = json!({
+            "id": id, "object": object, "created": 0, "model": ask.model,
+            "choices": [choice], "usage": usage(&run, ask.max_tokens),
+        });
+        return axum::Json(body).into_response();
+    }
+
+    // Streaming: one SSE event per token, produced as it is generated.
+    let delta = move |text: Option<String>, finish: Option<&str>| match kind {
+        Kind::Chat => {
+            let d = match text {
+                Some(t) => json!({"content": t}),
+                None => json!({"role": "assistant", "content": ""}),
+            };
+            json!({"index": 0, "delta": d, "finish_reason": finish})
+        }
+        Kind::Text => {
+            json!({"index": 0, "text": text.unwrap_or_default(), "finish_reason": finish})
+        }
+    };
+    let frame = move |choices: Value, usage: Option<Value>| {
+        let mut chunk = json!({"id": id, "object": chunk_object, "created": 0, "model": ask.model, "choices": choices});
+        if let Some(u) = usage {
+            chunk["usage"] = u;
+        }
+        Bytes::from(format!("data: {chunk}\n\n"))
+    };
+    let (max, include_usage) = (ask.max_tokens, ask.include_usage);
+    // Steps: 0 = role (after prefill), 1..=max tokens, then finish, usage, done.
+    let stream = futures_util::stream::unfold((run, 0u32), move |(run, step)| {
+        let (delta, frame) = (delta, frame.clone());
+        async move {
+            let out = if step == 0 {
+                tokio::time::sleep(run.prefill).await;
+                match kind {
+                    Kind::Chat => frame(json!([delta(None, None)]), None),
+                    Kind::Text => {
+                        return Some((Ok::<_, std::convert::Infallible>(Bytes::new()), (run, 1)));
+                    }
+                }
+            } else if step <= max {
+                tokio::time::sleep(per_token).await;
+                run.state
+                    .counters
+                    .generation_tokens
+                    .fetch_add(1, Ordering::Relaxed);
+                frame(json!([delta(Some(token(step - 1)), None)]), None)
+            } else if step == max + 1 {
+                frame(json!([delta(Some(String::new()), Some("length"))]), None)
+            } else if step == max + 2 && include_usage {
+                frame(json!([]), Some(usage(&run, max)))
+            } else if step <= max + 3 {
+                Bytes::from_static(b"data: [DONE]\n\n")
+            } else {
+                return None;
+            };
+            let next = if step == max + 1 && !include_usage {
+                max + 3
+            } else {
+                step + 1
+            };
+            Some((Ok(out), (run, next)))
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+async fn embeddings(State(state): State<Arc<SimState>>, body: Bytes) -> Result<Response, ApiError> {
+    let v: Value =
+        serde_json::from_slice(&body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
+    let model = v["model"]
+        .as_str()
+        .ok_or_else(|| bad_request("missing field `model`"))?;
+    if !state.config.models.iter().any(|m| m == model) {
+        return Err(unknown_model(model));
+    }
+    let inputs: Vec<String> = match &v["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    if inputs.is_empty() {
+        return Err(bad_request(
+            "`input` must be a string or a non-empty list of strings",
+        ));
+    }
+    let tokens: u64 = inputs.iter().map(|i| tokens_of(i.len())).sum();
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| json!({"object": "embedding", "index": i, "embedding": embed(text)}))
+        .collect();
+    let usage = json!({"prompt_tokens": tokens, "total_tokens": tokens});
+    Ok(
+        axum::Json(json!({"object": "list", "model": model, "data": data, "usage": usage}))
+            .into_response(),
+    )
+}
+
+/// A deterministic unit vector from the text.
+fn embed(text: &str) -> Vec<f32> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let raw: Vec<f32> = (0..16u8)
+        .map(|i| {
+            let mut h = DefaultHasher::new();
+            (i, text).hash(&mut h);
+            (h.finish() % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect();
+    let norm = raw
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt()
+        .max(f32::EPSILON);
+    raw.into_iter().map(|x| x / norm).collect()
+}
+
+async fn models(State(state): State<Arc<SimState>>) -> Response {
+    let data: Vec<Value> = state
+        .config
+        .models
+        .iter()
+        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "llmgw-sim"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}

@@ -1,0 +1,160 @@
+//! `llmgw sim-engine`: an OpenAI-compatible inference engine that does no
+//! inference, good enough to test routing, admission and streaming against.
+//!
+//! What belongs here: the simulated engine's HTTP surface
+//! (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `/v1/models`, `/health`, `/metrics`), its timing model (a time to first
+//! token shortened by prefix-cache hits, a decode rate, concurrency slots and
+//! a bounded waiting queue), its metrics in the vocabulary of the engine it
+//! imitates, and multi-node rendezvous. What must not: anything the gateway
+//! or the agent would depend on; they talk to it over HTTP like a real engine.
+
+mod cache;
+mod cluster;
+mod engine;
+mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use cluster::{Cluster, ClusterError};
+pub use engine::{SimState, app};
+
+/// An address the engine has bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// Rank 0's rendezvous port, bound before any worker has joined.
+    Rendezvous(SocketAddr),
+    /// The HTTP port: the engine now serves.
+    Http(SocketAddr),
+}
+
+/// Whose metric names `/metrics` publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vocabulary {
+    Vllm,
+    Sglang,
+    Llamacpp,
+    Sim,
+}
+
+impl std::str::FromStr for Vocabulary {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "vllm" => Ok(Vocabulary::Vllm),
+            "sglang" => Ok(Vocabulary::Sglang),
+            "llamacpp" | "llama.cpp" => Ok(Vocabulary::Llamacpp),
+            "sim" => Ok(Vocabulary::Sim),
+            other => Err(format!(
+                "unknown engine {other:?}: use vllm, sglang, llamacpp or sim"
+            )),
+        }
+    }
+}
+
+/// How the simulated engine behaves.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub models: Vec<String>,
+    pub vocabulary: Vocabulary,
+    /// Fixed part of the time to first token.
+    pub ttft: Duration,
+    /// Prompt tokens prefilled per second; cached prefix blocks skip it.
+    pub prefill_tokens_per_s: u32,
+    /// Tokens generated per second per request.
+    pub tokens_per_s: u32,
+    /// Requests generating at once.
+    pub slots: usize,
+    /// Requests waiting for a slot before new ones are refused.
+    pub queue: usize,
+    /// Prefix-cache capacity, in blocks.
+    pub kv_blocks: usize,
+    pub block_bytes: usize,
+    /// Completion length when a request names none.
+    pub default_max_tokens: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            models: vec!["sim-model".into()],
+            vocabulary: Vocabulary::Vllm,
+            ttft: Duration::from_millis(20),
+            prefill_tokens_per_s: 20_000,
+            tokens_per_s: 100,
+            slots: 8,
+            queue: 256,
+            kv_blocks: 4096,
+            block_bytes: 64,
+            default_max_tokens: 16,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving HTTP")]
+    Serve(#[source] std::io::Error),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+impl SimConfig {
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |m: &str| Err(SimError::Config(m.into()));
+        if self.models.is_empty() {
+            return bad("at least one --model");
+        }
+        if self.slots == 0 || self.tokens_per_s == 0 || self.prefill_tokens_per_s == 0 {
+            return bad("slots, tokens per second and prefill tokens per second must be positive");
+        }
+        if self.block_bytes == 0 || self.kv_blocks == 0 {
+            return bad("the KV cache needs a positive block size and capacity");
+        }
+        Ok(())
+    }
+}
+
+/// Serves on `listen` until the future is dropped. With a cluster, rank 0
+/// serves only once every worker has joined its rendezvous, and a worker
+/// serves nothing: it holds its place until rank 0 goes away.
+/// `on_event` learns the bound addresses (useful with port 0).
+pub async fn run(
+    config: SimConfig,
+    listen: SocketAddr,
+    cluster: Option<Cluster>,
+    mut on_event: impl FnMut(Bound),
+) -> Result<(), SimError> {
+    config.validate()?;
+    if let Some(c) = &cluster {
+        if c.rank > 0 {
+            return Ok(c.join_as_worker().await?);
+        }
+        c.gather_workers(|addr| on_event(Bound::Rendezvous(addr)))
+            .await?;
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| SimError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(SimError::Serve)?;
+    on_event(Bound::Http(addr));
+    let state = Arc::new(SimState::new(config));
+    axum::serve(listener, app(state))
+        .await
+        .map_err(SimError::Serve)
+}

@@ -1,0 +1,466 @@
+//! The simulated engine as a client sees it. Timing on paused tokio time:
+//! the engine's sleeps advance a virtual clock, so the offsets are exact.
+
+#![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use llmgw_sim::{SimConfig, SimState, Vocabulary, app};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+/// Tokio's timer has millisecond ticks and rounds a deadline up to the next
+/// one, so a virtual duration may read up to 1 ms long.
+fn about(ms: u128, want: u128) -> bool {
+    (want..=want + 2).contains(&ms)
+}
+
+fn config() -> SimConfig {
+    SimConfig {
+        models: vec!["m".into(), "m2".into()],
+        ttft: Duration::from_millis(100),
+        // Prefill fast enough to vanish unless a test wants it.
+        prefill_tokens_per_s: u32::MAX,
+        tokens_per_s: 10,
+        ..SimConfig::default()
+    }
+}
+
+fn engine(config: SimConfig) -> (axum::Router, Arc<SimState>) {
+    let state = Arc::new(SimState::new(config));
+    (app(state.clone()), state)
+}
+
+fn post(path: &str, body: Value) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
+}
+
+fn chat(stream: bool, max_tokens: u32, content: &str) -> Value {
+    json!({"model": "m", "stream": stream, "max_tokens": max_tokens,
+           "stream_options": {"include_usage": true},
+           "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": content}]})
+}
+
+async fn json_of(resp: axum::response::Response) -> (StatusCode, Value) {
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// Each SSE event with the virtual time it arrived at.
+async fn events(resp: axum::response::Response, start: Instant) -> Vec<(Duration, String)> {
+    let mut body = resp.into_body();
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let data = frame.unwrap().into_data().unwrap();
+        let text = String::from_utf8(data.to_vec()).unwrap();
+        for event in text.split("\n\n").filter(|e| !e.is_empty()) {
+            out.push((
+                start.elapsed(),
+                event.trim_start_matches("data: ").to_owned(),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_stream_at_the_simulated_pace_with_usage_last() {
+    let (app, _) = engine(config());
+    let start = Instant::now();
+    let resp = app
+        .oneshot(post("/v1/chat/completions", chat(true, 3, "hi")))
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let evs = events(resp, start).await;
+    let at: Vec<u128> = evs.iter().map(|(t, _)| t.as_millis()).collect();
+    // Role after the time to first token, then one token every 100 ms, and
+    // the end right after the last token.
+    assert!(about(at[0], 100), "{at:?}");
+    let gaps: Vec<u128> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps, vec![100, 100, 100, 0, 0, 0], "{at:?}");
+    let parsed: Vec<Value> = evs[..6]
+        .iter()
+        .map(|(_, e)| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = parsed[1..4]
+        .iter()
+        .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "the quick model ");
+    assert_eq!(parsed[4]["choices"][0]["finish_reason"], "length");
+    assert_eq!(parsed[5]["choices"], json!([]));
+    assert_eq!(parsed[5]["usage"]["completion_tokens"], 3);
+    assert_eq!(evs[6].1, "[DONE]");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_include_usage_there_is_no_usage_chunk_and_a_plain_reply_has_usage() {
+    let (app, _) = engine(config());
+    let mut body = chat(true, 2, "hi");
+    body.as_object_mut().unwrap().remove("stream_options");
+    let evs = events(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", body))
+            .await
+            .unwrap(),
+        Instant::now(),
+    )
+    .await;
+    assert!(evs.iter().all(|(_, e)| !e.contains("\"usage\"")));
+    assert_eq!(evs.last().unwrap().1, "[DONE]");
+
+    let start = Instant::now();
+    let (status, reply) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 2, "hi")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        about(start.elapsed().as_millis(), 300),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(reply["choices"][0]["message"]["content"], "the quick ");
+    assert_eq!(
+        reply["usage"]["total_tokens"],
+        reply["usage"]["prompt_tokens"].as_u64().unwrap() + 2
+    );
+
+    let (status, text) = json_of(
+        app.oneshot(post(
+            "/v1/completions",
+            json!({"model": "m2", "prompt": "once upon", "max_tokens": 1}),
+        ))
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (
+            status,
+            text["object"].as_str(),
+            text["choices"][0]["text"].as_str()
+        ),
+        (StatusCode::OK, Some("text_completion"), Some("the "))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cached_prefix_shortens_the_time_to_first_token() {
+    let (app, state) = engine(SimConfig {
+        ttft: Duration::from_millis(10),
+        prefill_tokens_per_s: 1000,
+        ..config()
+    });
+    // A 4,000-byte system prompt is 1,000 tokens: a second of prefill.
+    let long = "x".repeat(4000);
+    let ask = |user: &str| json!({"model": "m", "max_tokens": 0, "messages": [{"role": "system", "content": long}, {"role": "user", "content": user}]});
+    let timed = |body: Value| {
+        let app = app.clone();
+        async move {
+            let start = Instant::now();
+            let (status, reply) = json_of(
+                app.oneshot(post("/v1/chat/completions", body))
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK);
+            (start.elapsed(), reply)
+        }
+    };
+    let (cold, _) = timed(ask("first question")).await;
+    let (warm, reply) = timed(ask("second question")).await;
+    assert!(cold >= Duration::from_millis(1000), "{cold:?}");
+    assert!(warm < Duration::from_millis(40), "{warm:?}");
+    assert!(
+        reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 990
+    );
+    let metrics = metrics_of(&app).await;
+    assert!(
+        metrics.contains("vllm:prefix_cache_hits_total{model_name=\"m\"} 62"),
+        "{metrics}"
+    );
+    drop(state);
+}
+
+async fn metrics_of(app: &axum::Router) -> String {
+    let resp = app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn slots_fill_then_the_queue_then_requests_are_refused() {
+    let (app, _) = engine(SimConfig {
+        slots: 1,
+        queue: 1,
+        ..config()
+    });
+    let first = tokio::spawn(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 10, "a"))),
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second = tokio::spawn(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 1, "b"))),
+    );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let metrics = metrics_of(&app).await;
+    assert!(
+        metrics.contains("vllm:num_requests_running{model_name=\"m\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("vllm:num_requests_waiting{model_name=\"m\"} 1"),
+        "{metrics}"
+    );
+    let (status, err) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 1, "c")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("queue_full"))
+    );
+    // The waiting request starts when the first finishes (1.1 s of work).
+    let start = Instant::now();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    let (status, _) = json_of(second.await.unwrap().unwrap()).await;
+    assert_eq!(status, StatusCode::OK);
+    // Queued behind the first request's 1.1 s, then its own 200 ms.
+    assert!(
+        about(start.elapsed().as_millis(), 1298),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_goes_away_frees_its_slot() {
+    let (app, _) = engine(SimConfig {
+        slots: 1,
+        ..config()
+    });
+    let resp = app
+        .clone()
+        .oneshot(post("/v1/chat/completions", chat(true, 100, "long")))
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    drop(body);
+    let start = Instant::now();
+    let (status, _) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 1, "next")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        about(start.elapsed().as_millis(), 200),
+        "waited for the abandoned stream: {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_requests_get_the_openai_error_envelope() {
+    let (app, _) = engine(config());
+    let raw = Request::post("/v1/chat/completions")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let cases = vec![
+        (raw, StatusCode::BAD_REQUEST, "invalid_request"),
+        (
+            post("/v1/chat/completions", json!({"messages": []})),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            post(
+                "/v1/chat/completions",
+                json!({"model": "m", "messages": "hi"}),
+            ),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            post(
+                "/v1/chat/completions",
+                json!({"model": "nope", "messages": []}),
+            ),
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+        ),
+        (
+            post("/v1/embeddings", json!({"model": "nope", "input": "x"})),
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+        ),
+        (
+            post("/v1/embeddings", json!({"model": "m", "input": 3})),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+    ];
+    for (req, want, code) in cases {
+        let (status, body) = json_of(app.clone().oneshot(req).await.unwrap()).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (want, Some(code)),
+            "{body}"
+        );
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+        assert!(body["error"]["type"].is_string());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn embeddings_models_and_health() {
+    let (app, _) = engine(config());
+    let (_, e) = json_of(
+        app.clone()
+            .oneshot(post(
+                "/v1/embeddings",
+                json!({"model": "m", "input": ["a", "b"]}),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let vecs: Vec<Vec<f64>> = e["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| serde_json::from_value(d["embedding"].clone()).unwrap())
+        .collect();
+    assert_eq!(vecs.len(), 2);
+    assert!(
+        (vecs[0].iter().map(|x| x * x).sum::<f64>() - 1.0).abs() < 1e-4,
+        "unit length"
+    );
+    assert_ne!(vecs[0], vecs[1]);
+    let (_, again) = json_of(
+        app.clone()
+            .oneshot(post("/v1/embeddings", json!({"model": "m", "input": "a"})))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        again["data"][0]["embedding"], e["data"][0]["embedding"],
+        "deterministic"
+    );
+    let (_, models) = json_of(
+        app.clone()
+            .oneshot(Request::get("/v1/models").body(Body::empty()).unwrap())
+            .await
+            .unwrap(),
+    )
+    .await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["m", "m2"]);
+    let health = app
+        .oneshot(Request::get("/health").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_use_the_vocabulary_of_the_engine_imitated() {
+    for (vocabulary, present, absent) in [
+        (
+            Vocabulary::Vllm,
+            vec![
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
+            ],
+            "sglang:",
+        ),
+        (
+            Vocabulary::Sglang,
+            vec![
+                "sglang:num_running_reqs",
+                "sglang:num_queue_reqs",
+                "sglang:token_usage",
+            ],
+            "vllm:",
+        ),
+        (
+            Vocabulary::Llamacpp,
+            vec!["llamacpp:requests_processing", "llamacpp:requests_deferred"],
+            "kv_cache",
+        ),
+        (
+            Vocabulary::Sim,
+            vec![
+                "llmgw_sim_running",
+                "llmgw_sim_waiting",
+                "llmgw_sim_kv_cache_usage",
+            ],
+            "vllm:",
+        ),
+    ] {
+        let (app, _) = engine(SimConfig {
+            vocabulary,
+            ..config()
+        });
+        let page = metrics_of(&app).await;
+        for name in present {
+            assert!(
+                page.contains(name),
+                "{vocabulary:?}: {name} missing from\n{page}"
+            );
+        }
+        assert!(
+            !page.contains(absent),
+            "{vocabulary:?}: {absent} present in\n{page}"
+        );
+    }
+}
