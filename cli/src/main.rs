@@ -4,6 +4,7 @@
 mod events;
 mod lease;
 mod output;
+mod server;
 mod sim;
 mod store;
 
@@ -36,6 +37,8 @@ enum Command {
     /// Inspect the append lease.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// The gateway; with --endpoint, alone against static endpoints.
+    Server(server::ServerArgs),
     /// An OpenAI-compatible simulated engine, for tests and demos.
     SimEngine(sim::SimArgs),
 }
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
             Command::Store(cmd) => store::run(&cli.store, cmd).await,
             Command::Lease(cmd) => lease::run(&cli.store, cmd).await,
             Command::SimEngine(args) => sim::run(args).await,
+            Command::Server(args) => server::run(args).await,
         }
     });
     match result {

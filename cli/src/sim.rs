@@ -96,7 +96,7 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
 }
 
 /// SIGINT or SIGTERM.
-async fn shutdown() {
+pub(crate) async fn shutdown() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

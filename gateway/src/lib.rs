@@ -1,6 +1,164 @@
-//! The OpenAI-compatible data plane: authentication, admission by priority
-//! band, endpoint choice, the streaming proxy and usage capture.
+//! The OpenAI-compatible data plane: endpoint choice, the streaming proxy,
+//! breakers and retries; authentication, admission and usage capture as
+//! they arrive.
 //!
 //! What must not: blocking a request on the database. Everything a request
-//! needs is read from in-memory projections; usage leaves the request path
-//! through a bounded queue.
+//! needs is in memory (the endpoint set, later the tenancy view); usage
+//! leaves the request path through a bounded queue.
+//!
+//! The hot path parses only what routing needs (`model`, `stream`) and
+//! forwards the original bytes; response bodies stream through chunk by
+//! chunk, never buffered.
+
+pub mod breaker;
+mod endpoints;
+mod error;
+mod metrics;
+mod proxy;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::{get, post};
+
+pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight};
+pub use error::ApiError;
+pub use metrics::Metrics;
+
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub endpoints: Vec<EndpointSpec>,
+    /// Largest request body accepted (413 beyond).
+    pub body_limit: usize,
+    /// Other endpoints tried after a failure, before the first byte only.
+    pub retries: u32,
+    pub breaker: BreakerConfig,
+    pub connect_timeout: Duration,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            endpoints: Vec::new(),
+            body_limit: 8 * 1024 * 1024,
+            retries: 2,
+            breaker: BreakerConfig::default(),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Shared by every request.
+#[derive(Debug)]
+pub struct Gateway {
+    pub endpoints: Endpoints,
+    pub metrics: Metrics,
+    client: reqwest::Client,
+    config: GatewayConfig,
+}
+
+impl Gateway {
+    pub fn new(config: GatewayConfig) -> Result<Arc<Self>, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Arc::new(Gateway {
+            endpoints: Endpoints::new(config.endpoints.clone(), config.breaker),
+            metrics: Metrics::default(),
+            client,
+            config,
+        }))
+    }
+}
+
+/// The client-facing routes.
+pub fn client_app(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(proxy::forward))
+        .route("/v1/completions", post(proxy::forward))
+        .route("/v1/embeddings", post(proxy::forward))
+        .route("/v1/models", get(proxy::models))
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(proxy::ready))
+        .with_state(gw)
+}
+
+/// The admin routes (loopback by default): health and metrics for now.
+pub fn admin_app(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics::page))
+        .with_state(gw)
+}
+
+/// Metrics only, for a port Prometheus may reach.
+pub fn metrics_app(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::page))
+        .with_state(gw)
+}
+
+/// Which listener was bound where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Client(SocketAddr),
+    Admin(SocketAddr),
+    Metrics(SocketAddr),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving")]
+    Io(#[from] std::io::Error),
+}
+
+/// Binds every listener, reports where, and serves until dropped.
+pub async fn serve(
+    gw: Arc<Gateway>,
+    client: SocketAddr,
+    admin: SocketAddr,
+    metrics: Option<SocketAddr>,
+    mut on_bound: impl FnMut(Listener),
+) -> Result<(), ServeError> {
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr, source })
+    };
+    let client_l = bind(client).await?;
+    let admin_l = bind(admin).await?;
+    let metrics_l = match metrics {
+        Some(m) => Some(bind(m).await?),
+        None => None,
+    };
+    on_bound(Listener::Client(client_l.local_addr()?));
+    on_bound(Listener::Admin(admin_l.local_addr()?));
+    if let Some(m) = &metrics_l {
+        on_bound(Listener::Metrics(m.local_addr()?));
+    }
+    let client_srv = axum::serve(client_l, client_app(gw.clone()));
+    let admin_srv = axum::serve(admin_l, admin_app(gw.clone()));
+    match metrics_l {
+        Some(m) => {
+            let metrics_srv = axum::serve(m, metrics_app(gw));
+            tokio::try_join!(
+                client_srv.into_future(),
+                admin_srv.into_future(),
+                metrics_srv.into_future()
+            )?;
+        }
+        None => {
+            tokio::try_join!(client_srv.into_future(), admin_srv.into_future())?;
+        }
+    }
+    Ok(())
+}

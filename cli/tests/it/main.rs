@@ -759,3 +759,76 @@ async fn a_multi_node_sim_engine_serves_only_once_every_worker_has_joined() {
         Child::expect(&w.stderr, "rank 0 closed the rendezvous");
     }
 }
+
+#[tokio::test]
+async fn the_server_routes_to_static_endpoints_and_refuses_to_start_with_none() {
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server"])
+        .env_remove("LLMGW_ENDPOINTS")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing to serve"));
+    let bad = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--endpoint", "a=localhost:1=m"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("the URL must start with http://"));
+
+    let engine = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ]);
+    let engine_addr = engine.addr_after("listening on ");
+    let endpoint = format!("e1=http://{engine_addr}=tiny");
+    let server = Child::spawn(&[
+        "server",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let admin = format!("http://{}", server.addr_after("admin listening on "));
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            r.status().as_u16(),
+            r.headers()["x-llmgw-served-model"].to_str().unwrap()
+        ),
+        (200, "tiny")
+    );
+    let reply: Value = r.json().await.unwrap();
+    assert_eq!(
+        reply["choices"][0]["message"]["content"],
+        "the quick model "
+    );
+    let metrics = client
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("llmgw_requests_total{model=\"tiny\",status=\"200\"} 1"),
+        "{metrics}"
+    );
+}

@@ -1,0 +1,64 @@
+use std::io::Write;
+use std::net::SocketAddr;
+
+use anyhow::bail;
+use clap::Args;
+use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig, Listener};
+
+use crate::Outcome;
+
+#[derive(Debug, Args)]
+pub(crate) struct ServerArgs {
+    /// A static endpoint, `id=URL=model[,model…]`; repeat for several.
+    #[arg(long = "endpoint", env = "LLMGW_ENDPOINTS", value_delimiter = ' ')]
+    endpoints: Vec<EndpointSpec>,
+    /// The client (OpenAI API) listener; `:8080` means every interface.
+    #[arg(long, env = "LLMGW_LISTEN", default_value = ":8080", value_parser = listen_addr)]
+    listen: SocketAddr,
+    /// The admin listener: keep it on loopback.
+    #[arg(long, env = "LLMGW_ADMIN_LISTEN", default_value = "127.0.0.1:9090", value_parser = listen_addr)]
+    admin_listen: SocketAddr,
+    /// A metrics-only listener, off unless given.
+    #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+/// `HOST:PORT`, or `:PORT` for every interface.
+fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse()
+        .map_err(|_| format!("{s:?} is not HOST:PORT or :PORT"))
+}
+
+pub(crate) async fn run(a: ServerArgs) -> anyhow::Result<Outcome> {
+    if a.endpoints.is_empty() {
+        bail!(
+            "nothing to serve: give at least one --endpoint id=URL=model (the control plane arrives later)"
+        );
+    }
+    if !a.admin_listen.ip().is_loopback() {
+        tracing::warn!(addr = %a.admin_listen, "the admin listener is not on loopback");
+    }
+    let gw = Gateway::new(GatewayConfig {
+        endpoints: a.endpoints,
+        ..GatewayConfig::default()
+    })?;
+    let serve = llmgw_gateway::serve(gw, a.listen, a.admin_listen, a.metrics_listen, |l| {
+        let mut out = std::io::stdout().lock();
+        let _ = match l {
+            Listener::Client(addr) => writeln!(out, "client listening on {addr}"),
+            Listener::Admin(addr) => writeln!(out, "admin listening on {addr}"),
+            Listener::Metrics(addr) => writeln!(out, "metrics listening on {addr}"),
+        };
+        let _ = out.flush();
+    });
+    tokio::select! {
+        r = serve => r?,
+        _ = crate::sim::shutdown() => {}
+    }
+    Ok(Outcome::Ok)
+}

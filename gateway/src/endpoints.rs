@@ -1,0 +1,301 @@
+//! The endpoints a gateway can send requests to, with the live state that
+//! must survive an update of the set: in-flight counts and breaker state.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use crate::breaker::Breaker;
+
+/// What an endpoint is, as configured or as the router view says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSpec {
+    pub id: String,
+    /// Base URL, e.g. `http://10.0.0.7:20001`.
+    pub url: String,
+    pub models: Vec<String>,
+    pub pool: String,
+    pub weight: u32,
+    /// Higher-priority pools are tried first.
+    pub priority: i32,
+}
+
+impl std::str::FromStr for EndpointSpec {
+    type Err = String;
+
+    /// `id=URL=model[,model…]`, as `llmgw server --endpoint` takes it.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.splitn(3, '=');
+        let (Some(id), Some(url), Some(models)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("{s:?}: expected id=URL=model[,model…]"));
+        };
+        if id.is_empty() {
+            return Err(format!("{s:?}: the endpoint id is empty"));
+        }
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!(
+                "{s:?}: the URL must start with http:// or https://"
+            ));
+        }
+        let models: Vec<String> = models
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if models.is_empty() {
+            return Err(format!("{s:?}: name at least one model"));
+        }
+        Ok(EndpointSpec {
+            id: id.to_owned(),
+            url: url.trim_end_matches('/').to_owned(),
+            models,
+            pool: "default".into(),
+            weight: 1,
+            priority: 0,
+        })
+    }
+}
+
+/// What is shared by every version of an endpoint across updates.
+#[derive(Debug)]
+struct Live {
+    in_flight: AtomicU32,
+    breaker: Mutex<Breaker>,
+}
+
+/// An endpoint with its live state.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub spec: EndpointSpec,
+    live: Arc<Live>,
+}
+
+impl Endpoint {
+    fn new(spec: EndpointSpec, breaker: &BreakerConfig) -> Self {
+        Endpoint {
+            spec,
+            live: Arc::new(Live {
+                in_flight: AtomicU32::new(0),
+                breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
+            }),
+        }
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.live.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
+        self.live.breaker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn breaker_open(&self) -> bool {
+        self.breaker().is_open()
+    }
+
+    pub fn record(&self, ok: bool) {
+        let mut b = self.breaker();
+        if ok { b.success() } else { b.failure() }
+    }
+
+    pub fn serves(&self, model: &str) -> bool {
+        self.spec.models.iter().any(|m| m == model)
+    }
+}
+
+/// Counts a request against an endpoint until dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<Endpoint>);
+
+impl InFlight {
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.live.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BreakerConfig {
+    pub threshold: u32,
+    pub cool_down: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            threshold: 3,
+            cool_down: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The current endpoints; replaced whole on update, live state carried over.
+#[derive(Debug, Default)]
+pub struct Endpoints {
+    all: RwLock<Vec<Arc<Endpoint>>>,
+    breaker: BreakerConfig,
+}
+
+impl Endpoints {
+    pub fn new(specs: Vec<EndpointSpec>, breaker: BreakerConfig) -> Self {
+        let e = Endpoints {
+            all: RwLock::new(Vec::new()),
+            breaker,
+        };
+        e.update(specs);
+        e
+    }
+
+    /// Replaces the set. An endpoint whose id survives keeps its in-flight
+    /// count and breaker, even if its other fields changed.
+    pub fn update(&self, specs: Vec<EndpointSpec>) {
+        let mut all = self.all.write().unwrap_or_else(|p| p.into_inner());
+        let old: HashMap<String, Arc<Endpoint>> =
+            all.drain(..).map(|e| (e.spec.id.clone(), e)).collect();
+        *all = specs
+            .into_iter()
+            .map(|spec| match old.get(&spec.id) {
+                Some(e) if e.spec == spec => e.clone(),
+                Some(e) => Arc::new(Endpoint {
+                    spec,
+                    live: e.live.clone(),
+                }),
+                None => Arc::new(Endpoint::new(spec, &self.breaker)),
+            })
+            .collect();
+    }
+
+    pub fn snapshot(&self) -> Vec<Arc<Endpoint>> {
+        self.all.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Models with at least one endpoint whose breaker lets traffic through.
+    pub fn routable_models(&self) -> Vec<String> {
+        let mut models: Vec<String> = self
+            .snapshot()
+            .iter()
+            .filter(|e| !e.breaker_open())
+            .flat_map(|e| e.spec.models.clone())
+            .collect();
+        models.sort();
+        models.dedup();
+        models
+    }
+
+    pub fn knows_model(&self, model: &str) -> bool {
+        self.snapshot().iter().any(|e| e.serves(model))
+    }
+
+    /// Filter (serves the model, not excluded, breaker lets it through) →
+    /// score → pick: the highest-priority pool first, then the least load
+    /// per unit of weight. Counts the request against the pick.
+    pub fn pick(&self, model: &str, exclude: &[String]) -> Option<InFlight> {
+        let candidates: Vec<Arc<Endpoint>> = self
+            .snapshot()
+            .into_iter()
+            .filter(|e| e.serves(model) && !exclude.contains(&e.spec.id) && !e.breaker_open())
+            .collect();
+        let top = candidates.iter().map(|e| e.spec.priority).max()?;
+        let best = candidates
+            .iter()
+            .filter(|e| e.spec.priority == top)
+            .min_by(|a, b| {
+                let load = |e: &Endpoint| {
+                    (f64::from(e.in_flight()) + 1.0) / f64::from(e.spec.weight.max(1))
+                };
+                load(a)
+                    .total_cmp(&load(b))
+                    .then_with(|| a.spec.id.cmp(&b.spec.id))
+            })?
+            .clone();
+        // The half-open probe is taken only by the endpoint actually picked.
+        if !best.breaker().try_acquire() {
+            let mut exclude = exclude.to_vec();
+            exclude.push(best.spec.id.clone());
+            return self.pick(model, &exclude);
+        }
+        best.live.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(InFlight(best))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, priority: i32, weight: u32) -> EndpointSpec {
+        EndpointSpec {
+            id: id.into(),
+            url: format!("http://{id}"),
+            models: vec!["m".into()],
+            pool: "p".into(),
+            weight,
+            priority,
+        }
+    }
+
+    #[test]
+    fn endpoint_flags_parse_and_bad_ones_say_why() {
+        let e: EndpointSpec = "a=http://10.0.0.1:8000/=llama,qwen".parse().unwrap();
+        assert_eq!(
+            (e.id.as_str(), e.url.as_str(), e.models.len()),
+            ("a", "http://10.0.0.1:8000", 2)
+        );
+        for bad in ["a=http://x", "=http://x=m", "a=ftp://x=m", "a=http://x="] {
+            assert!(bad.parse::<EndpointSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_least_loaded_per_weight_wins_within_the_highest_priority_pool() {
+        let set = Endpoints::new(
+            vec![spec("a", 0, 1), spec("b", 0, 2), spec("c", -1, 10)],
+            BreakerConfig::default(),
+        );
+        let first = set.pick("m", &[]).unwrap();
+        assert_eq!(first.endpoint().spec.id, "b", "weight 2 halves its load");
+        let second = set.pick("m", &[]).unwrap();
+        assert_eq!(
+            second.endpoint().spec.id,
+            "a",
+            "b now has one in flight: (1+1)/2 = 1 = a's (0+1)/1, tie by id"
+        );
+        let third = set.pick("m", &["a".into(), "b".into()]).unwrap();
+        assert_eq!(
+            third.endpoint().spec.id,
+            "c",
+            "a lower pool only when the higher has none"
+        );
+        assert!(set.pick("other", &[]).is_none());
+    }
+
+    #[test]
+    fn an_update_keeps_the_live_state_of_surviving_endpoints() {
+        let set = Endpoints::new(
+            vec![spec("a", 0, 1), spec("b", 0, 1)],
+            BreakerConfig::default(),
+        );
+        let held = set.pick("m", &[]).unwrap();
+        assert_eq!(held.endpoint().spec.id, "a");
+        for _ in 0..3 {
+            set.snapshot()[1].record(false);
+        }
+        set.update(vec![spec("a", 0, 1), spec("b", 0, 5), spec("c", 0, 1)]);
+        let now = set.snapshot();
+        assert_eq!(now[0].in_flight(), 1, "a kept its in-flight count");
+        assert!(
+            now[1].breaker_open(),
+            "b kept its open breaker though its weight changed"
+        );
+        assert_eq!(now.len(), 3);
+        drop(held);
+        assert_eq!(set.snapshot()[0].in_flight(), 0);
+    }
+}

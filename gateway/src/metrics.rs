@@ -1,0 +1,85 @@
+//! The gateway's metrics, with prometheus-client. Endpoint gauges are read
+//! from the live endpoint set at scrape time, so they cannot go stale.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::Gateway;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    model: String,
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Family<RequestLabels, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn request(&self, model: &str, status: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                model: model.to_owned(),
+                status: status.to_string(),
+            })
+            .inc();
+    }
+}
+
+pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
+    let mut registry = Registry::with_prefix("llmgw");
+    registry.register(
+        "requests",
+        "Requests answered, by model and status",
+        gw.metrics.requests.clone(),
+    );
+    let breaker_open = Family::<EndpointLabels, Gauge>::default();
+    let in_flight = Family::<EndpointLabels, Gauge>::default();
+    for e in gw.endpoints.snapshot() {
+        let labels = EndpointLabels {
+            endpoint: e.spec.id.clone(),
+        };
+        breaker_open
+            .get_or_create(&labels)
+            .set(i64::from(e.breaker_open()));
+        in_flight
+            .get_or_create(&labels)
+            .set(i64::from(e.in_flight()));
+    }
+    registry.register(
+        "endpoint_breaker_open",
+        "1 while the endpoint's circuit breaker is open",
+        breaker_open,
+    );
+    registry.register(
+        "endpoint_in_flight",
+        "Requests the gateway has in flight to the endpoint",
+        in_flight,
+    );
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
+}

@@ -1,0 +1,361 @@
+//! The gateway end to end: real sim engines and a real gateway on loopback
+//! ports, driven by a real HTTP client.
+
+#![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use llmgw_gateway::{EndpointSpec, GatewayConfig};
+use serde_json::{Value, json};
+use support::{Relay, dead_url, gateway, metric, sim, spec};
+
+fn chat(model: &str, stream: bool, max_tokens: u32) -> Value {
+    json!({"model": model, "stream": stream, "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": "tell me a story"}]})
+}
+
+#[tokio::test]
+async fn chunks_stream_through_as_the_engine_produces_them() {
+    let engine = sim(llmgw_sim::SimConfig {
+        tokens_per_s: 5,
+        ttft: Duration::from_millis(10),
+        ..support::sim_config()
+    })
+    .await;
+    let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
+    let start = Instant::now();
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", true, 6))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["x-llmgw-served-model"],
+        "m",
+        "set before the body starts"
+    );
+    let mut body = resp.bytes_stream();
+    let mut first_token = None;
+    let mut text = String::new();
+    while let Some(chunk) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        if first_token.is_none() && text.contains("\"content\":\"the \"") {
+            first_token = Some(start.elapsed());
+        }
+    }
+    let total = start.elapsed();
+    let first = first_token.expect("a token chunk");
+    // Six tokens at 200 ms each: buffering would deliver the first at the end.
+    assert!(total >= Duration::from_millis(1200), "{total:?}");
+    assert!(
+        first < total - Duration::from_millis(600),
+        "first token at {first:?} of {total:?}"
+    );
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+}
+
+#[tokio::test]
+async fn concurrent_requests_spread_over_the_endpoints_of_a_model() {
+    let config = llmgw_sim::SimConfig {
+        tokens_per_s: 100,
+        ..support::sim_config()
+    };
+    let (a, b) = (sim(config.clone()).await, sim(config).await);
+    let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
+    let client = reqwest::Client::new();
+    let requests = (0..8).map(|_| {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", false, 20))
+            .send()
+    });
+    for r in futures_util::future::join_all(requests).await {
+        let r = r.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-llmgw-served-model"], "m");
+    }
+    let (on_a, on_b) = (
+        metric(&a, "vllm:prefix_cache_queries_total").await,
+        metric(&b, "vllm:prefix_cache_queries_total").await,
+    );
+    assert!(on_a > 0.0 && on_b > 0.0, "a {on_a}, b {on_b}");
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_is_retried_around_then_its_breaker_opens() {
+    let live = sim(support::sim_config()).await;
+    // "a-dead" sorts first, so ties go to it until its breaker opens.
+    let gw = gateway(vec![
+        EndpointSpec {
+            id: "a-dead".into(),
+            ..spec("x", &dead_url(), &["m"])
+        },
+        spec("b", &live, &["m"]),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        let r = client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", false, 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "retried before the first byte");
+    }
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("llmgw_endpoint_breaker_open{endpoint=\"a-dead\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("llmgw_endpoint_breaker_open{endpoint=\"b\"} 0"),
+        "{page}"
+    );
+    assert!(
+        page.contains("llmgw_requests_total{model=\"m\",status=\"200\"} 5"),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
+    let live = sim(support::sim_config()).await;
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![
+            spec("a", &live, &["m"]),
+            spec("dead", &dead_url(), &["lonely"]),
+        ],
+        body_limit: 1024,
+        ..GatewayConfig::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.base);
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(2000)}]});
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (client.post(&url).body("{not json"), 400, "invalid_request"),
+        (
+            client.post(&url).json(&json!({"messages": []})),
+            400,
+            "invalid_request",
+        ),
+        (
+            client.post(&url).json(&chat("nope", false, 1)),
+            404,
+            "model_not_found",
+        ),
+        (client.post(&url).json(&big), 413, "request_too_large"),
+        // Its only endpoint refuses connections: every try failed.
+        (
+            client.post(&url).json(&chat("lonely", false, 1)),
+            502,
+            "upstream_error",
+        ),
+        (
+            client.post(&url).json(&chat("lonely", false, 1)),
+            502,
+            "upstream_error",
+        ),
+        (
+            client.post(&url).json(&chat("lonely", false, 1)),
+            502,
+            "upstream_error",
+        ),
+        // Now its breaker is open: no capacity, without trying.
+        (
+            client.post(&url).json(&chat("lonely", false, 1)),
+            503,
+            "no_capacity",
+        ),
+    ];
+    for (req, status, code) in cases {
+        let r = req
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+                && body["error"]["type"].is_string()
+        );
+    }
+    // Only what can serve now is listed, and the gateway is ready.
+    let models: Value = client
+        .get(format!("{}/v1/models", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["m"]
+    );
+    assert_eq!(
+        client
+            .get(format!("{}/ready", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client
+            .get(format!("{}/health", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn nothing_routable_means_not_ready() {
+    let gw = gateway(vec![spec("dead", &dead_url(), &["m"])]).await;
+    let client = reqwest::Client::new();
+    assert_eq!(
+        client
+            .get(format!("{}/ready", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "untried is not known dead"
+    );
+    for _ in 0..3 {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", false, 1))
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        client
+            .get(format!("{}/ready", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    let models: Value = client
+        .get(format!("{}/v1/models", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"], json!([]));
+}
+
+#[tokio::test]
+async fn an_engine_killed_mid_stream_ends_that_stream_and_the_next_request_goes_elsewhere() {
+    let slow = llmgw_sim::SimConfig {
+        tokens_per_s: 10,
+        ..support::sim_config()
+    };
+    let (a, b) = (sim(slow.clone()).await, sim(slow).await);
+    let relay = Relay::start(a).await;
+    let gw = gateway(vec![spec("a", &relay.addr, &["m"]), spec("b", &b, &["m"])]).await;
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", true, 50))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(std::str::from_utf8(&first).unwrap().starts_with("data: "));
+    relay.kill();
+    let mut ended_badly = false;
+    let mut text = String::new();
+    while let Some(chunk) = body.next().await {
+        match chunk {
+            Ok(c) => text.push_str(std::str::from_utf8(&c).unwrap()),
+            Err(_) => ended_badly = true,
+        }
+    }
+    assert!(
+        ended_badly || !text.contains("[DONE]"),
+        "the stream must not look complete: {text}"
+    );
+    let before = metric(&b, "vllm:prefix_cache_queries_total").await;
+    let next = client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", false, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200);
+    assert!(
+        metric(&b, "vllm:prefix_cache_queries_total").await > before,
+        "served by b"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_the_upstream_request() {
+    let engine = sim(llmgw_sim::SimConfig {
+        tokens_per_s: 5,
+        ..support::sim_config()
+    })
+    .await;
+    let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", true, 100))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1.0);
+    drop(body);
+    // A 20-second stream: the engine sees it end long before that.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metric(&engine, "vllm:num_requests_running").await > 0.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the engine stopped generating for a client that left");
+    let page = reqwest::get(format!("{}/metrics", gw.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("llmgw_endpoint_in_flight{endpoint=\"a\"} 0"),
+        "{page}"
+    );
+}

@@ -1,0 +1,141 @@
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig, Listener};
+use llmgw_sim::{Bound, SimConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, oneshot};
+
+pub(crate) fn sim_config() -> SimConfig {
+    SimConfig {
+        models: vec!["m".into()],
+        ttft: std::time::Duration::from_millis(5),
+        tokens_per_s: 1000,
+        ..SimConfig::default()
+    }
+}
+
+/// A sim engine on a loopback port, for the test's lifetime.
+pub(crate) async fn sim(config: SimConfig) -> SocketAddr {
+    let (tx, rx) = oneshot::channel();
+    let mut tx = Some(tx);
+    tokio::spawn(llmgw_sim::run(
+        config,
+        "127.0.0.1:0".parse().unwrap(),
+        None,
+        move |b| {
+            if let (Bound::Http(addr), Some(tx)) = (b, tx.take()) {
+                let _ = tx.send(addr);
+            }
+        },
+    ));
+    rx.await.unwrap()
+}
+
+/// An address nothing listens on: connections are refused.
+pub(crate) fn dead_url() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+pub(crate) fn spec(id: &str, addr: &SocketAddr, models: &[&str]) -> EndpointSpec {
+    format!("{id}=http://{addr}={}", models.join(","))
+        .parse()
+        .unwrap()
+}
+
+pub(crate) struct Running {
+    pub(crate) base: String,
+    pub(crate) admin: String,
+    #[allow(dead_code, reason = "kept so tests can reach the live state")]
+    pub(crate) gateway: Arc<Gateway>,
+}
+
+pub(crate) async fn gateway(endpoints: Vec<EndpointSpec>) -> Running {
+    gateway_with(GatewayConfig {
+        endpoints,
+        ..GatewayConfig::default()
+    })
+    .await
+}
+
+pub(crate) async fn gateway_with(config: GatewayConfig) -> Running {
+    let gw = Gateway::new(config).unwrap();
+    let (tx, rx) = oneshot::channel();
+    let mut found = (None, None);
+    let mut tx = Some(tx);
+    let any = "127.0.0.1:0".parse().unwrap();
+    tokio::spawn(llmgw_gateway::serve(gw.clone(), any, any, None, move |l| {
+        match l {
+            Listener::Client(a) => found.0 = Some(a),
+            Listener::Admin(a) => found.1 = Some(a),
+            Listener::Metrics(_) => {}
+        }
+        if let (Some(c), Some(a)) = found
+            && let Some(tx) = tx.take()
+        {
+            let _ = tx.send((c, a));
+        }
+    }));
+    let (client, admin) = rx.await.unwrap();
+    Running {
+        base: format!("http://{client}"),
+        admin: format!("http://{admin}"),
+        gateway: gw,
+    }
+}
+
+/// A metric's value from an engine's /metrics (the first series of it).
+pub(crate) async fn metric(engine: &SocketAddr, name: &str) -> f64 {
+    let page = reqwest::get(format!("http://{engine}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    page.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in\n{page}"))
+}
+
+/// A TCP relay in front of an engine that the test can cut, like a killed
+/// process: open connections drop and new ones are refused.
+pub(crate) struct Relay {
+    pub(crate) addr: SocketAddr,
+    kill: Arc<Notify>,
+}
+
+impl Relay {
+    pub(crate) async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let kill = Arc::new(Notify::new());
+        let k = kill.clone();
+        tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = k.notified() => break,
+                    accepted = listener.accept() => {
+                        let Ok((mut inbound, _)) = accepted else { break };
+                        conns.spawn(async move {
+                            if let Ok(mut outbound) = TcpStream::connect(target).await {
+                                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            }
+                        });
+                    }
+                }
+            }
+            // Dropping the set aborts every relayed connection; the listener
+            // goes with this task.
+            conns.abort_all();
+        });
+        Relay { addr, kill }
+    }
+
+    pub(crate) fn kill(&self) {
+        self.kill.notify_one();
+    }
+}
