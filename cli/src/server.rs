@@ -43,10 +43,13 @@ pub(crate) async fn run(a: ServerArgs) -> anyhow::Result<Outcome> {
     if !a.admin_listen.ip().is_loopback() {
         tracing::warn!(addr = %a.admin_listen, "the admin listener is not on loopback");
     }
-    let gw = Gateway::new(GatewayConfig {
-        endpoints: a.endpoints,
-        ..GatewayConfig::default()
-    })?;
+    let gw = Gateway::new(
+        GatewayConfig {
+            endpoints: a.endpoints,
+            ..GatewayConfig::default()
+        },
+        None,
+    )?;
     let serve = llmgw_gateway::serve(gw, a.listen, a.admin_listen, a.metrics_listen, |l| {
         let mut out = std::io::stdout().lock();
         let _ = match l {

@@ -15,6 +15,7 @@ mod endpoints;
 mod error;
 mod metrics;
 mod proxy;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,10 +58,16 @@ pub struct Gateway {
     pub metrics: Metrics,
     client: reqwest::Client,
     config: GatewayConfig,
+    usage: Option<Arc<usage::UsageQueue>>,
 }
 
 impl Gateway {
-    pub fn new(config: GatewayConfig) -> Result<Arc<Self>, reqwest::Error> {
+    /// A gateway that records usage into `usage` when given (see
+    /// [`usage::run_batcher`] for the other end).
+    pub fn new(
+        config: GatewayConfig,
+        usage: Option<Arc<usage::UsageQueue>>,
+    ) -> Result<Arc<Self>, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
@@ -70,6 +77,7 @@ impl Gateway {
             metrics: Metrics::default(),
             client,
             config,
+            usage,
         }))
     }
 }

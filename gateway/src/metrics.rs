@@ -10,6 +10,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::Gateway;
@@ -25,12 +26,46 @@ struct EndpointLabels {
     endpoint: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: &'static str,
+}
+
+#[derive(Debug)]
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
+    tokens: Family<DirectionLabels, Counter>,
+    ttft: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Family::default(),
+            tokens: Family::default(),
+            ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+        }
+    }
 }
 
 impl Metrics {
+    pub(crate) fn tokens(&self, prompt: u64, completion: u64) {
+        self.tokens
+            .get_or_create(&DirectionLabels {
+                direction: "prompt",
+            })
+            .inc_by(prompt);
+        self.tokens
+            .get_or_create(&DirectionLabels {
+                direction: "completion",
+            })
+            .inc_by(completion);
+    }
+
+    pub(crate) fn ttft(&self, seconds: f64) {
+        self.ttft.observe(seconds);
+    }
+
     pub(crate) fn request(&self, model: &str, status: u16) {
         self.requests
             .get_or_create(&RequestLabels {
@@ -48,6 +83,25 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         "Requests answered, by model and status",
         gw.metrics.requests.clone(),
     );
+    registry.register(
+        "tokens",
+        "Tokens counted from engine usage, by direction",
+        gw.metrics.tokens.clone(),
+    );
+    registry.register(
+        "ttft_seconds",
+        "Time to the first content chunk of streamed answers",
+        gw.metrics.ttft.clone(),
+    );
+    if let Some(q) = &gw.usage {
+        let dropped: Counter = Counter::default();
+        dropped.inc_by(q.dropped());
+        registry.register(
+            "usage_dropped",
+            "Usage records dropped because the queue was full",
+            dropped,
+        );
+    }
     let breaker_open = Family::<EndpointLabels, Gauge>::default();
     let in_flight = Family::<EndpointLabels, Gauge>::default();
     for e in gw.endpoints.snapshot() {

@@ -21,6 +21,76 @@ pub(crate) const SERVED_MODEL: &str = "x-llmgw-served-model";
 #[derive(Debug, Deserialize)]
 struct Head {
     model: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<serde_json::Value>,
+}
+
+/// Asks the engine to report usage in a streamed answer; returns the new
+/// body, or None when the client already asked (then nothing is stripped).
+fn with_usage_requested(body: &Bytes) -> Option<Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object_mut()?;
+    let opts = obj.entry("stream_options").or_insert_with(|| json!({}));
+    if opts
+        .get("include_usage")
+        .and_then(serde_json::Value::as_bool)
+        == Some(true)
+    {
+        return None;
+    }
+    opts.as_object_mut()?
+        .insert("include_usage".into(), json!(true));
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn request_id() -> String {
+    let n = REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("req-{}-{n}", std::process::id())
+}
+
+/// Records a request's usage when dropped: at the end of its stream, or
+/// when the client goes away mid-stream.
+struct Finish {
+    gw: Arc<Gateway>,
+    model: String,
+    status: u16,
+    started: tokio::time::Instant,
+    first_content: Option<std::time::Duration>,
+    tokens: Option<crate::usage::Tokens>,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let tokens = self.tokens.unwrap_or_default();
+        self.gw.metrics.tokens(tokens.prompt, tokens.completion);
+        if let Some(t) = self.first_content {
+            self.gw.metrics.ttft(t.as_secs_f64());
+        }
+        if let Some(q) = &self.gw.usage {
+            q.record(llmgw_domain::usage::FinishedRequest {
+                request_id: request_id(),
+                key_id: String::new(),
+                project_id: String::new(),
+                model_asked: self.model.clone(),
+                model_served: self.model.clone(),
+                prompt_tokens: tokens.prompt,
+                completion_tokens: tokens.completion,
+                status: self.status,
+                latency_ms: self.started.elapsed().as_millis().min(u128::from(u32::MAX)) as u32,
+                ttft_ms: self
+                    .first_content
+                    .map(|t| t.as_millis().min(u128::from(u32::MAX)) as u32),
+                band: crate::usage::anonymous_band(),
+                at: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64),
+            });
+        }
+    }
 }
 
 pub(crate) async fn forward(
@@ -58,6 +128,19 @@ async fn route(
         .model
         .filter(|m| !m.is_empty())
         .ok_or_else(|| (unknown(), ApiError::bad_request("missing field `model`")))?;
+    let asked = head
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.get("include_usage"))
+        .and_then(serde_json::Value::as_bool);
+    let injected = if head.stream && asked != Some(true) {
+        with_usage_requested(&body)
+    } else {
+        None
+    };
+    let strip_usage = injected.is_some();
+    let body = injected.unwrap_or(body);
+    let started = tokio::time::Instant::now();
     if !gw.endpoints.knows_model(&model) {
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
@@ -102,16 +185,32 @@ async fn route(
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
             .cloned();
-        // The stream owns the in-flight count: it ends when the body ends
-        // or the client goes away (which drops the upstream request too).
-        let stream = upstream.bytes_stream().map(move |chunk| {
-            let _held = &flight;
-            chunk.map_err(|e| {
-                flight.endpoint().record(false);
-                std::io::Error::other(e)
-            })
-        });
-        let mut response = Response::new(Body::from_stream(stream));
+        let mut finish = Finish {
+            gw: gw.clone(),
+            model: model.clone(),
+            status: status.as_u16(),
+            started,
+            first_content: None,
+            tokens: None,
+        };
+        let body = if head.stream {
+            Body::from_stream(relay(upstream, flight, finish, strip_usage))
+        } else {
+            // A plain answer is one JSON document: read it, note its usage.
+            let bytes = upstream.bytes().await.map_err(|e| {
+                endpoint.record(false);
+                (
+                    model.clone(),
+                    ApiError::upstream(format!("endpoint {} broke off: {e}", endpoint.spec.id)),
+                )
+            })?;
+            finish.tokens = serde_json::from_slice(&bytes)
+                .ok()
+                .and_then(|v| crate::usage::Tokens::from_usage(&v));
+            drop((finish, flight));
+            Body::from(bytes)
+        };
+        let mut response = Response::new(body);
         *response.status_mut() = status;
         let headers = response.headers_mut();
         if let Some(ct) = content_type.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
@@ -127,6 +226,60 @@ async fn route(
         None => ApiError::no_capacity(&model),
     };
     Err((model, error))
+}
+
+/// The streamed answer, event by event. It owns the in-flight count and
+/// the usage record: both end when the stream ends or the client goes away
+/// (which also drops the upstream request).
+fn relay(
+    upstream: reqwest::Response,
+    flight: crate::InFlight,
+    finish: Finish,
+    strip_usage: bool,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    struct State<S> {
+        upstream: S,
+        flight: crate::InFlight,
+        finish: Finish,
+        scanner: crate::usage::SseScanner,
+        done: bool,
+    }
+    let state = State {
+        upstream: Box::pin(upstream.bytes_stream()),
+        flight,
+        finish,
+        scanner: crate::usage::SseScanner::new(strip_usage),
+        done: false,
+    };
+    futures_util::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        loop {
+            match st.upstream.next().await {
+                Some(Ok(chunk)) => {
+                    let out = st.scanner.feed(&chunk);
+                    if st.scanner.saw_content && st.finish.first_content.is_none() {
+                        st.finish.first_content = Some(st.finish.started.elapsed());
+                    }
+                    st.finish.tokens = st.scanner.tokens;
+                    if !out.is_empty() {
+                        return Some((Ok(out), st));
+                    }
+                }
+                Some(Err(e)) => {
+                    st.flight.endpoint().record(false);
+                    st.done = true;
+                    return Some((Err(std::io::Error::other(e)), st));
+                }
+                None => {
+                    st.done = true;
+                    let rest = st.scanner.finish();
+                    return Some((Ok(rest), st));
+                }
+            }
+        }
+    })
 }
 
 pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Response {

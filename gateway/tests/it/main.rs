@@ -359,3 +359,132 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
         "{page}"
     );
 }
+
+#[tokio::test]
+async fn usage_is_counted_even_when_the_client_did_not_ask_and_then_stripped() {
+    let engine = sim(support::sim_config()).await;
+    let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
+    let client = reqwest::Client::new();
+    let text = client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", true, 4))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("\"usage\""),
+        "the extra chunk was stripped: {text}"
+    );
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    let mut asked = chat("m", true, 4);
+    asked["stream_options"] = json!({"include_usage": true});
+    let text = client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&asked)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("\"completion_tokens\":4"),
+        "a client that asked keeps it: {text}"
+    );
+    client
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", false, 2))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("llmgw_tokens_total{direction=\"completion\"} 10"),
+        "4 + 4 + 2:\n{page}"
+    );
+    assert!(page.contains("llmgw_ttft_seconds_count 2"), "{page}");
+}
+
+#[tokio::test]
+async fn usage_records_reach_the_event_log_through_the_batcher() {
+    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
+    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(64);
+    let price = |_: &str| llmgw_domain::catalog::Price {
+        prompt_per_1k: 1000,
+        completion_per_1k: 1000,
+    };
+    tokio::spawn(llmgw_gateway::usage::run_batcher(
+        store.clone(),
+        "gw-test".into(),
+        rx,
+        500,
+        Duration::from_millis(50),
+        price,
+    ));
+    let engine = sim(support::sim_config()).await;
+    let gw = support::gateway_recording(
+        GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..GatewayConfig::default()
+        },
+        Some(queue),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for stream in [true, false, true] {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", stream, 3))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+    }
+    let mut sub = store.subscribe(0);
+    let mut usage = Vec::new();
+    while usage.len() < 3 {
+        let e = tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.event_type, "UsageRecorded");
+        assert_eq!(e.metadata["writer"], "gw-test", "appended as an observer");
+        usage.push(e.payload);
+    }
+    for u in &usage {
+        assert_eq!(
+            (
+                u["model_served"].as_str(),
+                u["completion_tokens"].as_u64(),
+                u["status"].as_u64()
+            ),
+            (Some("m"), Some(3), Some(200))
+        );
+        assert!(
+            u["prompt_tokens"].as_u64().unwrap() > 0 && u["cost_micros"].as_u64().unwrap() > 0,
+            "{u}"
+        );
+    }
+}

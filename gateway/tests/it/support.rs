@@ -60,7 +60,14 @@ pub(crate) async fn gateway(endpoints: Vec<EndpointSpec>) -> Running {
 }
 
 pub(crate) async fn gateway_with(config: GatewayConfig) -> Running {
-    let gw = Gateway::new(config).unwrap();
+    gateway_recording(config, None).await
+}
+
+pub(crate) async fn gateway_recording(
+    config: GatewayConfig,
+    usage: Option<Arc<llmgw_gateway::usage::UsageQueue>>,
+) -> Running {
+    let gw = Gateway::new(config, usage).unwrap();
     let (tx, rx) = oneshot::channel();
     let mut found = (None, None);
     let mut tx = Some(tx);
