@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::breaker::Breaker;
+use crate::scrape::{EngineKind, Load};
 
 /// What an endpoint is, as configured or as the router view says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,14 +20,18 @@ pub struct EndpointSpec {
     pub weight: u32,
     /// Higher-priority pools are tried first.
     pub priority: i32,
+    pub engine: EngineKind,
 }
 
 impl std::str::FromStr for EndpointSpec {
     type Err = String;
 
-    /// `id=URL=model[,model…]`, as `llmgw server --endpoint` takes it.
+    /// `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`,
+    /// as `llmgw server --endpoint` takes it.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut parts = s.splitn(3, '=');
+        let mut options = s.split(';');
+        let main = options.next().unwrap_or_default();
+        let mut parts = main.splitn(3, '=');
         let (Some(id), Some(url), Some(models)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(format!("{s:?}: expected id=URL=model[,model…]"));
         };
@@ -47,14 +52,41 @@ impl std::str::FromStr for EndpointSpec {
         if models.is_empty() {
             return Err(format!("{s:?}: name at least one model"));
         }
-        Ok(EndpointSpec {
+        let mut spec = EndpointSpec {
             id: id.to_owned(),
             url: url.trim_end_matches('/').to_owned(),
             models,
             pool: "default".into(),
             weight: 1,
             priority: 0,
-        })
+            engine: EngineKind::default(),
+        };
+        for opt in options.filter(|o| !o.is_empty()) {
+            let (k, v) = opt
+                .split_once('=')
+                .ok_or_else(|| format!("{s:?}: option {opt:?} is not key=value"))?;
+            let num = |v: &str| {
+                v.parse::<i64>()
+                    .map_err(|_| format!("{s:?}: {k} must be a number"))
+            };
+            match k {
+                "engine" => spec.engine = v.parse()?,
+                "weight" => {
+                    spec.weight = u32::try_from(num(v)?)
+                        .ok()
+                        .filter(|w| *w > 0)
+                        .ok_or(format!("{s:?}: weight must be positive"))?
+                }
+                "priority" => spec.priority = num(v)? as i32,
+                "pool" => spec.pool = v.to_owned(),
+                other => {
+                    return Err(format!(
+                        "{s:?}: unknown option {other:?} (engine, weight, priority, pool)"
+                    ));
+                }
+            }
+        }
+        Ok(spec)
     }
 }
 
@@ -63,6 +95,10 @@ impl std::str::FromStr for EndpointSpec {
 struct Live {
     in_flight: AtomicU32,
     breaker: Mutex<Breaker>,
+    load: Mutex<Option<Load>>,
+    /// A scrape has been tried at least once.
+    scraped: std::sync::atomic::AtomicBool,
+    contract_warned: std::sync::atomic::AtomicBool,
 }
 
 /// An endpoint with its live state.
@@ -79,6 +115,9 @@ impl Endpoint {
             live: Arc::new(Live {
                 in_flight: AtomicU32::new(0),
                 breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
+                load: Mutex::new(None),
+                scraped: std::sync::atomic::AtomicBool::new(false),
+                contract_warned: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -98,6 +137,42 @@ impl Endpoint {
     pub fn record(&self, ok: bool) {
         let mut b = self.breaker();
         if ok { b.success() } else { b.failure() }
+    }
+
+    /// The outcome of one scrape: fresh figures, or none (failed, or
+    /// broke the vocabulary contract).
+    pub(crate) fn scraped(&self, load: Option<Load>) {
+        self.live.scraped.store(true, Ordering::Relaxed);
+        if let Some(load) = load {
+            *self.live.load.lock().unwrap_or_else(|p| p.into_inner()) = Some(load);
+        }
+    }
+
+    /// True the first time only, so a broken contract is logged once.
+    pub(crate) fn warn_contract_once(&self) -> bool {
+        !self.live.contract_warned.swap(true, Ordering::Relaxed)
+    }
+
+    /// The last scraped load, if any.
+    pub fn load(&self) -> Option<Load> {
+        *self.live.load.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Scraped, but without usable figures in the last `max_age`. A new
+    /// endpoint is not stale before its first scrape.
+    pub fn stale(&self, max_age: Duration) -> bool {
+        self.live.scraped.load(Ordering::Relaxed)
+            && self.load().is_none_or(|l| l.at.elapsed() > max_age)
+    }
+
+    /// Requests on the engine: ours in flight, or what it reports running
+    /// and waiting (other gateways' too), whichever is more.
+    fn queue(&self, max_age: Duration) -> f64 {
+        let ours = f64::from(self.in_flight());
+        match self.load() {
+            Some(l) if l.at.elapsed() <= max_age => ours.max(l.running + l.waiting),
+            _ => ours,
+        }
     }
 
     pub fn serves(&self, model: &str) -> bool {
@@ -137,17 +212,20 @@ impl Default for BreakerConfig {
 }
 
 /// The current endpoints; replaced whole on update, live state carried over.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Endpoints {
     all: RwLock<Vec<Arc<Endpoint>>>,
     breaker: BreakerConfig,
+    /// Scraped figures older than this are stale.
+    max_age: Duration,
 }
 
 impl Endpoints {
-    pub fn new(specs: Vec<EndpointSpec>, breaker: BreakerConfig) -> Self {
+    pub fn new(specs: Vec<EndpointSpec>, breaker: BreakerConfig, max_age: Duration) -> Self {
         let e = Endpoints {
             all: RwLock::new(Vec::new()),
             breaker,
+            max_age,
         };
         e.update(specs);
         e
@@ -193,23 +271,31 @@ impl Endpoints {
         self.snapshot().iter().any(|e| e.serves(model))
     }
 
-    /// Filter (serves the model, not excluded, breaker lets it through) →
-    /// score → pick: the highest-priority pool first, then the least load
-    /// per unit of weight. Counts the request against the pick.
+    pub fn max_age(&self) -> Duration {
+        self.max_age
+    }
+
+    /// Filter (serves the model, not excluded, breaker lets it through,
+    /// figures fresh when any are) → score → pick: the highest-priority pool
+    /// first, then the least load per unit of weight. Counts the request
+    /// against the pick.
     pub fn pick(&self, model: &str, exclude: &[String]) -> Option<InFlight> {
-        let candidates: Vec<Arc<Endpoint>> = self
+        let mut candidates: Vec<Arc<Endpoint>> = self
             .snapshot()
             .into_iter()
             .filter(|e| e.serves(model) && !exclude.contains(&e.spec.id) && !e.breaker_open())
             .collect();
+        // Route around stale figures, unless nothing else is left.
+        if candidates.iter().any(|e| !e.stale(self.max_age)) {
+            candidates.retain(|e| !e.stale(self.max_age));
+        }
         let top = candidates.iter().map(|e| e.spec.priority).max()?;
         let best = candidates
             .iter()
             .filter(|e| e.spec.priority == top)
             .min_by(|a, b| {
-                let load = |e: &Endpoint| {
-                    (f64::from(e.in_flight()) + 1.0) / f64::from(e.spec.weight.max(1))
-                };
+                let load =
+                    |e: &Endpoint| (e.queue(self.max_age) + 1.0) / f64::from(e.spec.weight.max(1));
                 load(a)
                     .total_cmp(&load(b))
                     .then_with(|| a.spec.id.cmp(&b.spec.id))
@@ -238,6 +324,7 @@ mod tests {
             pool: "p".into(),
             weight,
             priority,
+            engine: EngineKind::default(),
         }
     }
 
@@ -258,6 +345,7 @@ mod tests {
         let set = Endpoints::new(
             vec![spec("a", 0, 1), spec("b", 0, 2), spec("c", -1, 10)],
             BreakerConfig::default(),
+            Duration::from_secs(6),
         );
         let first = set.pick("m", &[]).unwrap();
         assert_eq!(first.endpoint().spec.id, "b", "weight 2 halves its load");
@@ -281,6 +369,7 @@ mod tests {
         let set = Endpoints::new(
             vec![spec("a", 0, 1), spec("b", 0, 1)],
             BreakerConfig::default(),
+            Duration::from_secs(6),
         );
         let held = set.pick("m", &[]).unwrap();
         assert_eq!(held.endpoint().spec.id, "a");

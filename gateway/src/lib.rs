@@ -15,6 +15,7 @@ mod endpoints;
 mod error;
 mod metrics;
 mod proxy;
+pub mod scrape;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -37,6 +38,9 @@ pub struct GatewayConfig {
     pub retries: u32,
     pub breaker: BreakerConfig,
     pub connect_timeout: Duration,
+    /// How often engine metrics are scraped; figures older than three
+    /// intervals are stale.
+    pub scrape_interval: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -47,6 +51,7 @@ impl Default for GatewayConfig {
             retries: 2,
             breaker: BreakerConfig::default(),
             connect_timeout: Duration::from_secs(2),
+            scrape_interval: Duration::from_secs(2),
         }
     }
 }
@@ -56,7 +61,7 @@ impl Default for GatewayConfig {
 pub struct Gateway {
     pub endpoints: Endpoints,
     pub metrics: Metrics,
-    client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
     config: GatewayConfig,
     usage: Option<Arc<usage::UsageQueue>>,
 }
@@ -73,7 +78,11 @@ impl Gateway {
             .tcp_nodelay(true)
             .build()?;
         Ok(Arc::new(Gateway {
-            endpoints: Endpoints::new(config.endpoints.clone(), config.breaker),
+            endpoints: Endpoints::new(
+                config.endpoints.clone(),
+                config.breaker,
+                config.scrape_interval * 3,
+            ),
             metrics: Metrics::default(),
             client,
             config,
@@ -153,6 +162,8 @@ pub async fn serve(
     if let Some(m) = &metrics_l {
         on_bound(Listener::Metrics(m.local_addr()?));
     }
+    let scraper = tokio::spawn(scrape::run(gw.clone(), gw.config.scrape_interval));
+    let _stop_scraper = AbortOnDrop(scraper);
     let client_srv = axum::serve(client_l, client_app(gw.clone()));
     let admin_srv = axum::serve(admin_l, admin_app(gw.clone()));
     match metrics_l {
@@ -169,4 +180,12 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

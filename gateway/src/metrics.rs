@@ -102,8 +102,12 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
             dropped,
         );
     }
+    type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
     let breaker_open = Family::<EndpointLabels, Gauge>::default();
     let in_flight = Family::<EndpointLabels, Gauge>::default();
+    let stale = Family::<EndpointLabels, Gauge>::default();
+    let waiting = Family::<EndpointLabels, FloatGauge>::default();
+    let kv = Family::<EndpointLabels, FloatGauge>::default();
     for e in gw.endpoints.snapshot() {
         let labels = EndpointLabels {
             endpoint: e.spec.id.clone(),
@@ -114,6 +118,15 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         in_flight
             .get_or_create(&labels)
             .set(i64::from(e.in_flight()));
+        stale
+            .get_or_create(&labels)
+            .set(i64::from(e.stale(gw.endpoints.max_age())));
+        if let Some(l) = e.load() {
+            waiting.get_or_create(&labels).set(l.waiting);
+            if let Some(k) = l.kv_usage {
+                kv.get_or_create(&labels).set(k);
+            }
+        }
     }
     registry.register(
         "endpoint_breaker_open",
@@ -124,6 +137,21 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         "endpoint_in_flight",
         "Requests the gateway has in flight to the endpoint",
         in_flight,
+    );
+    registry.register(
+        "endpoint_metrics_stale",
+        "1 while the engine's scraped figures are too old to route by",
+        stale,
+    );
+    registry.register(
+        "endpoint_waiting",
+        "Requests waiting in the engine, as last scraped",
+        waiting,
+    );
+    registry.register(
+        "endpoint_kv_cache_usage",
+        "The engine's KV-cache usage (0-1), as last scraped",
+        kv,
     );
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {

@@ -86,13 +86,14 @@ async fn concurrent_requests_spread_over_the_endpoints_of_a_model() {
 }
 
 #[tokio::test]
-async fn a_dead_endpoint_is_retried_around_then_its_breaker_opens() {
+async fn a_failing_endpoint_is_retried_around_then_its_breaker_opens() {
     let live = sim(support::sim_config()).await;
+    let failing = support::failing_engine().await;
     // "a-dead" sorts first, so ties go to it until its breaker opens.
     let gw = gateway(vec![
         EndpointSpec {
             id: "a-dead".into(),
-            ..spec("x", &dead_url(), &["m"])
+            ..spec("x", &failing, &["m"])
         },
         spec("b", &live, &["m"]),
     ])
@@ -487,4 +488,106 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
             "{u}"
         );
     }
+}
+
+#[tokio::test]
+async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around() {
+    // Engine a is busy with work the gateway did not send (another gateway's).
+    let busy = llmgw_sim::SimConfig {
+        slots: 1,
+        tokens_per_s: 2,
+        ..support::sim_config()
+    };
+    let (a, b) = (sim(busy).await, sim(support::sim_config()).await);
+    let direct = reqwest::Client::new();
+    let url = format!("http://{a}/v1/chat/completions");
+    let backlog: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(direct.post(&url).json(&chat("m", false, 100)).send()))
+        .collect();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metric(&a, "vllm:num_requests_waiting").await < 2.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
+    llmgw_gateway::scrape::scrape_once(&gw.gateway).await;
+    let before = metric(&b, "vllm:prefix_cache_queries_total").await;
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", false, 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(
+        metric(&b, "vllm:prefix_cache_queries_total").await - before,
+        3.0,
+        "all went to the idle engine"
+    );
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("llmgw_endpoint_waiting{endpoint=\"a\"} 2")),
+        "{page}"
+    );
+    for t in backlog {
+        t.abort();
+    }
+
+    // An endpoint whose figures break its vocabulary has none to route by:
+    // after its first scrape it is stale and routed around.
+    let c = sim(support::sim_config()).await;
+    let d = sim(support::sim_config()).await;
+    let wrong = EndpointSpec {
+        engine: "sglang".parse().unwrap(),
+        ..spec("c", &c, &["m"])
+    };
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![wrong, spec("d", &d, &["m"])],
+        ..GatewayConfig::default()
+    })
+    .await;
+    llmgw_gateway::scrape::scrape_once(&gw.gateway).await;
+    let before = metric(&c, "vllm:prefix_cache_queries_total").await;
+    for _ in 0..3 {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", false, 1))
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        metric(&c, "vllm:prefix_cache_queries_total").await,
+        before,
+        "the stale endpoint got nothing"
+    );
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("llmgw_endpoint_metrics_stale{endpoint=\"c\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("llmgw_endpoint_metrics_stale{endpoint=\"d\"} 0"),
+        "{page}"
+    );
 }

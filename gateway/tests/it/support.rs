@@ -146,3 +146,22 @@ impl Relay {
         self.kill.notify_one();
     }
 }
+
+/// An engine that looks healthy to the scraper but fails every request.
+pub(crate) async fn failing_engine() -> SocketAddr {
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "engine crashed") }),
+        )
+        .route(
+            "/metrics",
+            get(|| async { "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" }),
+        );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
