@@ -276,10 +276,9 @@ impl Endpoints {
     }
 
     /// Filter (serves the model, not excluded, breaker lets it through,
-    /// figures fresh when any are) → score → pick: the highest-priority pool
-    /// first, then the least load per unit of weight. Counts the request
-    /// against the pick.
-    pub fn pick(&self, model: &str, exclude: &[String]) -> Option<InFlight> {
+    /// figures fresh when any are), keep the highest-priority pool, and
+    /// order by load per unit of weight, least first (ties by id).
+    pub fn candidates(&self, model: &str, exclude: &[String]) -> Vec<(Arc<Endpoint>, f64)> {
         let mut candidates: Vec<Arc<Endpoint>> = self
             .snapshot()
             .into_iter()
@@ -289,26 +288,47 @@ impl Endpoints {
         if candidates.iter().any(|e| !e.stale(self.max_age)) {
             candidates.retain(|e| !e.stale(self.max_age));
         }
-        let top = candidates.iter().map(|e| e.spec.priority).max()?;
-        let best = candidates
-            .iter()
+        let Some(top) = candidates.iter().map(|e| e.spec.priority).max() else {
+            return Vec::new();
+        };
+        let mut scored: Vec<(Arc<Endpoint>, f64)> = candidates
+            .into_iter()
             .filter(|e| e.spec.priority == top)
-            .min_by(|a, b| {
-                let load =
-                    |e: &Endpoint| (e.queue(self.max_age) + 1.0) / f64::from(e.spec.weight.max(1));
-                load(a)
-                    .total_cmp(&load(b))
-                    .then_with(|| a.spec.id.cmp(&b.spec.id))
-            })?
-            .clone();
-        // The half-open probe is taken only by the endpoint actually picked.
-        if !best.breaker().try_acquire() {
-            let mut exclude = exclude.to_vec();
-            exclude.push(best.spec.id.clone());
-            return self.pick(model, &exclude);
+            .map(|e| {
+                let score = (e.queue(self.max_age) + 1.0) / f64::from(e.spec.weight.max(1));
+                (e, score)
+            })
+            .collect();
+        scored.sort_by(|(a, x), (b, y)| x.total_cmp(y).then_with(|| a.spec.id.cmp(&b.spec.id)));
+        scored
+    }
+
+    /// Counts a request against `e`, unless its breaker just refused (a
+    /// half-open breaker lets one probe through).
+    pub fn take(&self, e: &Arc<Endpoint>) -> Option<InFlight> {
+        if !e.breaker().try_acquire() {
+            return None;
         }
-        best.live.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(InFlight(best))
+        e.live.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(InFlight(e.clone()))
+    }
+
+    /// The least-loaded candidate, counted.
+    pub fn pick(&self, model: &str, exclude: &[String]) -> Option<InFlight> {
+        let mut exclude = exclude.to_vec();
+        loop {
+            let (best, _) = self.candidates(model, &exclude).into_iter().next()?;
+            if let Some(f) = self.take(&best) {
+                return Some(f);
+            }
+            exclude.push(best.spec.id.clone());
+        }
+    }
+
+    /// Requests on an endpoint by our count and the engine's, for affinity's
+    /// overload guard.
+    pub fn load_of(&self, e: &Endpoint) -> f64 {
+        e.queue(self.max_age)
     }
 }
 

@@ -10,6 +10,7 @@
 //! forwards the original bytes; response bodies stream through chunk by
 //! chunk, never buffered.
 
+pub mod affinity;
 pub mod breaker;
 mod endpoints;
 mod error;
@@ -41,6 +42,7 @@ pub struct GatewayConfig {
     /// How often engine metrics are scraped; figures older than three
     /// intervals are stale.
     pub scrape_interval: Duration,
+    pub affinity: affinity::AffinityConfig,
 }
 
 impl Default for GatewayConfig {
@@ -52,6 +54,7 @@ impl Default for GatewayConfig {
             breaker: BreakerConfig::default(),
             connect_timeout: Duration::from_secs(2),
             scrape_interval: Duration::from_secs(2),
+            affinity: affinity::AffinityConfig::default(),
         }
     }
 }
@@ -62,6 +65,7 @@ pub struct Gateway {
     pub endpoints: Endpoints,
     pub metrics: Metrics,
     pub(crate) client: reqwest::Client,
+    pub(crate) affinity: affinity::Affinity,
     config: GatewayConfig,
     usage: Option<Arc<usage::UsageQueue>>,
 }
@@ -85,6 +89,7 @@ impl Gateway {
             ),
             metrics: Metrics::default(),
             client,
+            affinity: affinity::Affinity::new(config.affinity.clone()),
             config,
             usage,
         }))

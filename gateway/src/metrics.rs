@@ -31,9 +31,15 @@ struct DirectionLabels {
     direction: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    decision: &'static str,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
+    decisions: Family<DecisionLabels, Counter>,
     tokens: Family<DirectionLabels, Counter>,
     ttft: Histogram,
 }
@@ -42,6 +48,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             requests: Family::default(),
+            decisions: Family::default(),
             tokens: Family::default(),
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
         }
@@ -49,6 +56,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub(crate) fn decision(&self, d: crate::affinity::Decision) {
+        self.decisions
+            .get_or_create(&DecisionLabels { decision: d.name() })
+            .inc();
+    }
+
     pub(crate) fn tokens(&self, prompt: u64, completion: u64) {
         self.tokens
             .get_or_create(&DirectionLabels {
@@ -82,6 +95,11 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         "requests",
         "Requests answered, by model and status",
         gw.metrics.requests.clone(),
+    );
+    registry.register(
+        "prefix_decisions",
+        "Endpoint choices, by why they were made",
+        gw.metrics.decisions.clone(),
     );
     registry.register(
         "tokens",

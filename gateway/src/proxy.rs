@@ -25,6 +25,49 @@ struct Head {
     stream: bool,
     #[serde(default)]
     stream_options: Option<serde_json::Value>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<Message>>,
+    #[serde(default)]
+    prompt: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<serde_json::Value>,
+}
+
+impl Head {
+    /// The prompt's text, for prefix affinity: message contents in order.
+    fn prompt_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut push = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => out.extend_from_slice(s.as_bytes()),
+            serde_json::Value::Array(parts) => {
+                for p in parts {
+                    if let Some(t) = p
+                        .get("text")
+                        .and_then(serde_json::Value::as_str)
+                        .or(p.as_str())
+                    {
+                        out.extend_from_slice(t.as_bytes());
+                    }
+                }
+            }
+            _ => {}
+        };
+        for m in self.messages.iter().flatten() {
+            if let Some(c) = &m.content {
+                push(c);
+            }
+        }
+        if let Some(p) = &self.prompt {
+            push(p);
+        }
+        out
+    }
 }
 
 /// Asks the engine to report usage in a streamed answer; returns the new
@@ -113,12 +156,17 @@ async fn route(
     path: &str,
     request: Request,
 ) -> Result<Response, (String, ApiError)> {
+    let session_header = request
+        .headers()
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let limit = gw.config.body_limit;
     let unknown = || String::from("-");
     let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| (unknown(), ApiError::too_large(limit)))?;
-    let head: Head = serde_json::from_slice(&body).map_err(|e| {
+    let mut head: Head = serde_json::from_slice(&body).map_err(|e| {
         (
             unknown(),
             ApiError::bad_request(format!("the body is not valid JSON: {e}")),
@@ -126,6 +174,7 @@ async fn route(
     })?;
     let model = head
         .model
+        .take()
         .filter(|m| !m.is_empty())
         .ok_or_else(|| (unknown(), ApiError::bad_request("missing field `model`")))?;
     let asked = head
@@ -144,14 +193,31 @@ async fn route(
     if !gw.endpoints.knows_model(&model) {
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
+    let session = session_header.or(head.user.clone());
+    let prompt = head.prompt_bytes();
     let mut tried: Vec<String> = Vec::new();
     let mut last_error = None;
     for _ in 0..=gw.config.retries {
-        let Some(flight) = gw.endpoints.pick(&model, &tried) else {
+        let candidates = gw.endpoints.candidates(&model, &tried);
+        if candidates.is_empty() {
             break;
-        };
-        let endpoint = flight.endpoint().clone();
+        }
+        let view: Vec<crate::affinity::Candidate<'_>> = candidates
+            .iter()
+            .map(|(e, _)| crate::affinity::Candidate {
+                id: &e.spec.id,
+                load: gw.endpoints.load_of(e),
+            })
+            .collect();
+        let (i, decision) = gw
+            .affinity
+            .choose(&model, session.as_deref(), &prompt, &view);
+        let endpoint = candidates[i].0.clone();
         tried.push(endpoint.spec.id.clone());
+        let Some(flight) = gw.endpoints.take(&endpoint) else {
+            continue;
+        };
+        gw.metrics.decision(decision);
         let sent = gw
             .client
             .post(format!("{}{path}", endpoint.spec.url))

@@ -591,3 +591,97 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
         "{page}"
     );
 }
+
+#[tokio::test]
+async fn a_shared_prefix_lands_on_one_replica_until_the_imbalance_guard_trips() {
+    let slow = llmgw_sim::SimConfig {
+        tokens_per_s: 2,
+        slots: 32,
+        ..support::sim_config()
+    };
+    let (a, b) = (sim(slow.clone()).await, sim(slow).await);
+    let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
+    let client = reqwest::Client::new();
+    let system = "You are a careful assistant. ".repeat(24);
+    let mut open = Vec::new();
+    for i in 0..12 {
+        let body = json!({"model": "m", "stream": true, "max_tokens": 50,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("question {i}")}]});
+        // Headers back means the gateway has chosen and counted it.
+        open.push(
+            client
+                .post(format!("{}/v1/chat/completions", gw.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let has = |line: &str| page.lines().any(|l| l == line);
+    // 1 miss to a, 8 hits on a, the 10th finds a at 9 against 0 (over both
+    // thresholds) and goes to b, whose prefix it now is.
+    assert!(has("llmgw_endpoint_in_flight{endpoint=\"a\"} 9"), "{page}");
+    assert!(has("llmgw_endpoint_in_flight{endpoint=\"b\"} 3"), "{page}");
+    assert!(
+        has("llmgw_prefix_decisions_total{decision=\"load_balance_override\"} 1"),
+        "{page}"
+    );
+    assert!(
+        has("llmgw_prefix_decisions_total{decision=\"prefix_hit\"} 10"),
+        "{page}"
+    );
+    assert!(
+        has("llmgw_prefix_decisions_total{decision=\"cache_miss_min_load\"} 1"),
+        "{page}"
+    );
+    drop(open);
+}
+
+#[tokio::test]
+async fn a_session_id_keeps_a_conversation_on_one_replica() {
+    let slow = llmgw_sim::SimConfig {
+        tokens_per_s: 2,
+        ..support::sim_config()
+    };
+    let (a, b) = (sim(slow.clone()).await, sim(slow).await);
+    let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
+    let client = reqwest::Client::new();
+    let send = |session: &'static str| {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .header("x-session-id", session)
+            .json(&chat("m", true, 50))
+            .send()
+    };
+    let mut open = vec![send("s1").await.unwrap()];
+    // a has one in flight, b none: without the session this would go to b.
+    open.push(send("s1").await.unwrap());
+    open.push(send("s2").await.unwrap());
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.lines()
+            .any(|l| l == "llmgw_endpoint_in_flight{endpoint=\"a\"} 2"),
+        "{page}"
+    );
+    assert!(
+        page.lines()
+            .any(|l| l == "llmgw_prefix_decisions_total{decision=\"session\"} 1"),
+        "{page}"
+    );
+    drop(open);
+}

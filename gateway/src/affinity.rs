@@ -1,0 +1,332 @@
+//! Session and prefix affinity: send a request where its conversation, or
+//! the prompt prefix it shares with earlier requests, has probably already
+//! been prefilled. Affinity yields to load only when the preferred endpoint
+//! is overloaded by both measures at once — more than `balance_abs`
+//! requests and more than `balance_rel` times the least-loaded one — since
+//! without the guard the hit rate rises while p99 collapses.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct AffinityConfig {
+    pub enabled: bool,
+    /// Bytes of prompt that must match before a prefix counts.
+    pub min_match: usize,
+    /// Share of the prompt that must match.
+    pub match_ratio: f64,
+    pub balance_abs: f64,
+    pub balance_rel: f64,
+    pub ttl: Duration,
+    /// Entries kept at most (prefix blocks and sessions each).
+    pub max_entries: usize,
+    /// Prefix granularity in bytes.
+    pub block_bytes: usize,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        AffinityConfig {
+            enabled: true,
+            min_match: 64,
+            match_ratio: 0.3,
+            balance_abs: 8.0,
+            balance_rel: 1.5,
+            ttl: Duration::from_secs(600),
+            max_entries: 100_000,
+            block_bytes: 64,
+        }
+    }
+}
+
+/// Why an endpoint was chosen, counted per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// The session's endpoint.
+    Session,
+    /// The endpoint that holds the prompt's prefix.
+    PrefixHit,
+    /// A preferred endpoint was too loaded; the least-loaded one instead.
+    LoadBalanceOverride,
+    /// Nothing preferred: the least-loaded endpoint.
+    CacheMissMinLoad,
+}
+
+impl Decision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Decision::Session => "session",
+            Decision::PrefixHit => "prefix_hit",
+            Decision::LoadBalanceOverride => "load_balance_override",
+            Decision::CacheMissMinLoad => "cache_miss_min_load",
+        }
+    }
+}
+
+/// A bounded map with expiry: oldest entries go first.
+#[derive(Debug)]
+struct Expiring {
+    map: HashMap<u64, (String, Instant)>,
+    order: VecDeque<(u64, Instant)>,
+    max: usize,
+    ttl: Duration,
+}
+
+impl Expiring {
+    fn new(max: usize, ttl: Duration) -> Self {
+        Expiring {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            max: max.max(1),
+            ttl,
+        }
+    }
+
+    fn get(&self, key: u64) -> Option<&str> {
+        self.map
+            .get(&key)
+            .filter(|(_, at)| at.elapsed() <= self.ttl)
+            .map(|(v, _)| v.as_str())
+    }
+
+    fn put(&mut self, key: u64, value: &str) {
+        let now = Instant::now();
+        self.map.insert(key, (value.to_owned(), now));
+        self.order.push_back((key, now));
+        while self.map.len() > self.max
+            || self
+                .order
+                .front()
+                .is_some_and(|(_, at)| at.elapsed() > self.ttl)
+        {
+            let Some((k, at)) = self.order.pop_front() else {
+                break;
+            };
+            if self.map.get(&k).is_some_and(|(_, t)| *t == at) {
+                self.map.remove(&k);
+            }
+        }
+        if self.order.len() > 4 * self.max {
+            let map = &self.map;
+            self.order
+                .retain(|(k, at)| map.get(k).is_some_and(|(_, t)| t == at));
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Affinity {
+    config: AffinityConfig,
+    sessions: Mutex<Expiring>,
+    prefixes: Mutex<Expiring>,
+}
+
+/// A candidate as affinity sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    pub id: &'a str,
+    pub load: f64,
+}
+
+fn hash_of(v: impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+impl Affinity {
+    pub fn new(config: AffinityConfig) -> Self {
+        Affinity {
+            sessions: Mutex::new(Expiring::new(config.max_entries, config.ttl)),
+            prefixes: Mutex::new(Expiring::new(config.max_entries, config.ttl)),
+            config,
+        }
+    }
+
+    fn block_hashes(&self, prompt: &[u8]) -> Vec<u64> {
+        let mut h = DefaultHasher::new();
+        prompt
+            .chunks(self.config.block_bytes.max(1))
+            .filter(|c| c.len() == self.config.block_bytes)
+            .map(|c| {
+                c.hash(&mut h);
+                h.finish()
+            })
+            .collect()
+    }
+
+    /// Chooses among `candidates` (non-empty, least loaded first) and
+    /// remembers the choice for the session and the prompt's prefix.
+    pub fn choose(
+        &self,
+        model: &str,
+        session: Option<&str>,
+        prompt: &[u8],
+        candidates: &[Candidate<'_>],
+    ) -> (usize, Decision) {
+        let least = 0;
+        if !self.config.enabled || candidates.len() < 2 {
+            return (least, Decision::CacheMissMinLoad);
+        }
+        let session_key = session.map(|s| hash_of((model, s)));
+        let blocks = self.block_hashes(prompt);
+        let preferred = session_key
+            .and_then(|k| {
+                self.sessions
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(k)
+                    .map(str::to_owned)
+            })
+            .map(|id| (id, Decision::Session))
+            .or_else(|| {
+                self.prefix_owner(model, &blocks, prompt.len())
+                    .map(|id| (id, Decision::PrefixHit))
+            });
+        let chosen = match preferred
+            .and_then(|(id, d)| candidates.iter().position(|c| c.id == id).map(|i| (i, d)))
+        {
+            Some((i, d)) if !self.overloaded(candidates[i].load, candidates[least].load) => (i, d),
+            Some(_) => (least, Decision::LoadBalanceOverride),
+            None => (least, Decision::CacheMissMinLoad),
+        };
+        let id = candidates[chosen.0].id;
+        if let Some(k) = session_key {
+            self.sessions
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .put(k, id);
+        }
+        let mut prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
+        for b in &blocks {
+            prefixes.put(hash_of((model, b)), id);
+        }
+        chosen
+    }
+
+    /// The endpoint holding the longest matching prefix, if it is long
+    /// enough by both the absolute and the relative rule.
+    fn prefix_owner(&self, model: &str, blocks: &[u64], prompt_len: usize) -> Option<String> {
+        let prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut owner = None;
+        let mut matched = 0;
+        for b in blocks {
+            match prefixes.get(hash_of((model, b))) {
+                Some(id) => {
+                    owner = Some(id.to_owned());
+                    matched += self.config.block_bytes;
+                }
+                None => break,
+            }
+        }
+        let long_enough = matched >= self.config.min_match
+            && matched as f64 >= self.config.match_ratio * prompt_len.max(1) as f64;
+        owner.filter(|_| long_enough)
+    }
+
+    fn overloaded(&self, preferred: f64, least: f64) -> bool {
+        preferred - least > self.config.balance_abs && preferred > self.config.balance_rel * least
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(id: &str, load: f64) -> Candidate<'_> {
+        Candidate { id, load }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_prefix_returns_to_its_endpoint_until_the_guard_trips() {
+        let a = Affinity::new(AffinityConfig::default());
+        let system = "s".repeat(640);
+        let first = format!("{system} user: one");
+        let second = format!("{system} user: two, a different question");
+        // First sight: least loaded (index 0 is "x").
+        assert_eq!(
+            a.choose("m", None, first.as_bytes(), &[c("x", 0.0), c("y", 0.0)]),
+            (0, Decision::CacheMissMinLoad)
+        );
+        // Now y is least loaded, but x holds the prefix.
+        assert_eq!(
+            a.choose("m", None, second.as_bytes(), &[c("y", 0.0), c("x", 3.0)]),
+            (1, Decision::PrefixHit)
+        );
+        // Only absolute overload: 9 - 7 is not > 8.
+        assert_eq!(
+            a.choose("m", None, second.as_bytes(), &[c("y", 7.0), c("x", 9.0)])
+                .1,
+            Decision::PrefixHit
+        );
+        // Both thresholds: 10 - 1 > 8 and 10 > 1.5.
+        assert_eq!(
+            a.choose("m", None, second.as_bytes(), &[c("y", 1.0), c("x", 10.0)]),
+            (0, Decision::LoadBalanceOverride)
+        );
+        // Entries expire.
+        tokio::time::advance(Duration::from_secs(601)).await;
+        assert_eq!(
+            a.choose("m", None, second.as_bytes(), &[c("x", 0.0), c("y", 0.0)])
+                .1,
+            Decision::CacheMissMinLoad
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn short_or_mostly_new_prompts_do_not_count_as_a_match() {
+        let a = Affinity::new(AffinityConfig::default());
+        let shared = "p".repeat(128);
+        a.choose("m", None, shared.as_bytes(), &[c("x", 0.0), c("y", 0.0)]);
+        // 128 bytes match, but of a 1,000-byte prompt: under 30%.
+        let long = format!("{shared}{}", "n".repeat(872));
+        assert_eq!(
+            a.choose("m", None, long.as_bytes(), &[c("y", 0.0), c("x", 0.0)])
+                .1,
+            Decision::CacheMissMinLoad
+        );
+        // Another model's prefix is not this one's.
+        assert_eq!(
+            a.choose(
+                "other",
+                None,
+                shared.as_bytes(),
+                &[c("y", 0.0), c("x", 0.0)]
+            )
+            .1,
+            Decision::CacheMissMinLoad
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_sticks_to_its_endpoint() {
+        let a = Affinity::new(AffinityConfig::default());
+        assert_eq!(
+            a.choose("m", Some("s1"), b"hi", &[c("x", 0.0), c("y", 0.0)])
+                .0,
+            0
+        );
+        assert_eq!(
+            a.choose("m", Some("s1"), b"hello", &[c("y", 0.0), c("x", 2.0)]),
+            (1, Decision::Session)
+        );
+        assert_eq!(
+            a.choose("m", Some("s2"), b"hello", &[c("y", 0.0), c("x", 2.0)]),
+            (0, Decision::CacheMissMinLoad)
+        );
+    }
+
+    #[test]
+    fn the_index_is_bounded() {
+        let mut e = Expiring::new(3, Duration::from_secs(60));
+        for k in 0..10 {
+            e.put(k, "x");
+        }
+        assert_eq!(e.map.len(), 3);
+        assert!(e.get(9).is_some() && e.get(0).is_none());
+    }
+}
