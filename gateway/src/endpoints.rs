@@ -325,6 +325,25 @@ impl Endpoints {
         }
     }
 
+    /// How full the pool serving `model` is: on its least saturated
+    /// endpoint, the worse of waiting requests and KV occupancy against
+    /// their ceilings. Endpoints without fresh figures count as empty.
+    pub fn saturation(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> f64 {
+        self.snapshot()
+            .iter()
+            .filter(|e| e.serves(model) && !e.breaker_open())
+            .map(|e| match e.load() {
+                Some(l) if l.at.elapsed() <= self.max_age => {
+                    let queue = l.waiting / waiting_ceiling.max(f64::EPSILON);
+                    let kv = l.kv_usage.map_or(0.0, |k| k / kv_ceiling.max(f64::EPSILON));
+                    queue.max(kv)
+                }
+                _ => 0.0,
+            })
+            .reduce(f64::min)
+            .unwrap_or(0.0)
+    }
+
     /// Requests on an endpoint by our count and the engine's, for affinity's
     /// overload guard.
     pub fn load_of(&self, e: &Endpoint) -> f64 {

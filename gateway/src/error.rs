@@ -11,6 +11,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub code: &'static str,
     pub message: String,
+    /// Seconds, sent as Retry-After.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -59,6 +61,20 @@ impl ApiError {
         )
     }
 
+    pub fn overloaded(band: &str) -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "overloaded",
+                format!(
+                    "the models are busy; requests of band {band} are held back, retry shortly"
+                ),
+            )
+        }
+    }
+
     fn new(
         status: StatusCode,
         kind: &'static str,
@@ -70,6 +86,7 @@ impl ApiError {
             kind,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 }
@@ -78,6 +95,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body =
             json!({ "error": { "message": self.message, "type": self.kind, "code": self.code } });
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        response
     }
 }

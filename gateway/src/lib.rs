@@ -10,6 +10,7 @@
 //! forwards the original bytes; response bodies stream through chunk by
 //! chunk, never buffered.
 
+pub mod admission;
 pub mod affinity;
 pub mod breaker;
 mod endpoints;
@@ -43,6 +44,7 @@ pub struct GatewayConfig {
     /// intervals are stale.
     pub scrape_interval: Duration,
     pub affinity: affinity::AffinityConfig,
+    pub admission: admission::AdmissionConfig,
 }
 
 impl Default for GatewayConfig {
@@ -55,6 +57,7 @@ impl Default for GatewayConfig {
             connect_timeout: Duration::from_secs(2),
             scrape_interval: Duration::from_secs(2),
             affinity: affinity::AffinityConfig::default(),
+            admission: admission::AdmissionConfig::default(),
         }
     }
 }
@@ -66,6 +69,7 @@ pub struct Gateway {
     pub metrics: Metrics,
     pub(crate) client: reqwest::Client,
     pub(crate) affinity: affinity::Affinity,
+    pub admission: admission::Admission,
     config: GatewayConfig,
     usage: Option<Arc<usage::UsageQueue>>,
 }
@@ -90,6 +94,7 @@ impl Gateway {
             metrics: Metrics::default(),
             client,
             affinity: affinity::Affinity::new(config.affinity.clone()),
+            admission: admission::Admission::new(config.admission.clone()),
             config,
             usage,
         }))

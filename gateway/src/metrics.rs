@@ -36,9 +36,20 @@ struct DecisionLabels {
     decision: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BandLabels {
+    band: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
+    rejected: Family<BandLabels, Counter>,
     decisions: Family<DecisionLabels, Counter>,
     tokens: Family<DirectionLabels, Counter>,
     ttft: Histogram,
@@ -48,6 +59,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             requests: Family::default(),
+            rejected: Family::default(),
             decisions: Family::default(),
             tokens: Family::default(),
             ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
@@ -56,6 +68,10 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    pub(crate) fn rejected(&self, band: &'static str) {
+        self.rejected.get_or_create(&BandLabels { band }).inc();
+    }
+
     pub(crate) fn decision(&self, d: crate::affinity::Decision) {
         self.decisions
             .get_or_create(&DecisionLabels { decision: d.name() })
@@ -95,6 +111,24 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         "requests",
         "Requests answered, by model and status",
         gw.metrics.requests.clone(),
+    );
+    registry.register(
+        "admission_rejected",
+        "Requests refused by admission, by band",
+        gw.metrics.rejected.clone(),
+    );
+    let saturation = Family::<ModelLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+    let cfg = &gw.admission.config;
+    for model in gw.endpoints.routable_models() {
+        let s = gw
+            .endpoints
+            .saturation(&model, cfg.waiting_ceiling, cfg.kv_ceiling);
+        saturation.get_or_create(&ModelLabels { model }).set(s);
+    }
+    registry.register(
+        "pool_saturation",
+        "Saturation of the pool serving a model (1 is full)",
+        saturation,
     );
     registry.register(
         "prefix_decisions",

@@ -108,6 +108,8 @@ struct Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
+        // A finished request may let a held-back one in.
+        self.gw.admission.load_changed();
         let tokens = self.tokens.unwrap_or_default();
         self.gw.metrics.tokens(tokens.prompt, tokens.completion);
         if let Some(t) = self.first_content {
@@ -161,6 +163,12 @@ async fn route(
         .get("x-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // With authentication off the header picks the band; with it on, the
+    // key will, so that clients cannot promote themselves.
+    let band_header = request
+        .headers()
+        .get("x-llmgw-band")
+        .map(|v| v.to_str().unwrap_or("?").to_owned());
     let limit = gw.config.body_limit;
     let unknown = || String::from("-");
     let body = axum::body::to_bytes(request.into_body(), limit)
@@ -192,6 +200,31 @@ async fn route(
     let started = tokio::time::Instant::now();
     if !gw.endpoints.knows_model(&model) {
         return Err((model.clone(), ApiError::unknown_model(&model)));
+    }
+    let band = match band_header {
+        None => gw.admission.config.default_band,
+        Some(b) => crate::admission::parse_band(&b).ok_or_else(|| {
+            (
+                model.clone(),
+                ApiError::bad_request(format!(
+                    "unknown band {b:?}: bronze, silver, gold or platinum"
+                )),
+            )
+        })?,
+    };
+    let cfg = &gw.admission.config;
+    if gw
+        .admission
+        .admit(band, || {
+            gw.endpoints
+                .saturation(&model, cfg.waiting_ceiling, cfg.kv_ceiling)
+        })
+        .await
+        .is_err()
+    {
+        let name = crate::admission::band_name(band);
+        gw.metrics.rejected(name);
+        return Err((model.clone(), ApiError::overloaded(name)));
     }
     let session = session_header.or(head.user.clone());
     let prompt = head.prompt_bytes();

@@ -114,6 +114,7 @@ pub async fn scrape_once(gw: &Arc<Gateway>) {
     let endpoints = gw.endpoints.snapshot();
     let scrapes = endpoints.iter().map(|e| scrape(gw, e));
     futures_util::future::join_all(scrapes).await;
+    gw.admission.load_changed();
 }
 
 async fn scrape(gw: &Arc<Gateway>, e: &Arc<Endpoint>) {

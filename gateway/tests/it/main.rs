@@ -685,3 +685,111 @@ async fn a_session_id_keeps_a_conversation_on_one_replica() {
     );
     drop(open);
 }
+
+#[tokio::test]
+async fn admission_holds_the_lowest_band_first_and_refuses_with_retry_after() {
+    // One slot: the backlog below keeps three requests waiting in the engine.
+    let busy = llmgw_sim::SimConfig {
+        slots: 1,
+        tokens_per_s: 2,
+        ..support::sim_config()
+    };
+    let engine = sim(busy).await;
+    let direct = reqwest::Client::new();
+    let url = format!("http://{engine}/v1/chat/completions");
+    let backlog: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(direct.post(&url).json(&chat("m", false, 100)).send()))
+        .collect();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metric(&engine, "vllm:num_requests_waiting").await < 3.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![spec("a", &engine, &["m"])],
+        // Three waiting against a ceiling of four: saturation 0.75.
+        admission: llmgw_gateway::admission::AdmissionConfig {
+            waiting_ceiling: 4.0,
+            max_wait: Duration::from_millis(200),
+            ..Default::default()
+        },
+        ..GatewayConfig::default()
+    })
+    .await;
+    llmgw_gateway::scrape::scrape_once(&gw.gateway).await;
+    let client = reqwest::Client::new();
+    let send = |band: &'static str| {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .header("x-llmgw-band", band)
+            .json(&chat("m", true, 1))
+            .send()
+    };
+    let page = client
+        .get(format!("{}/metrics", gw.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.lines()
+            .any(|l| l.starts_with("llmgw_pool_saturation{model=\"m\"} 0.75")),
+        "{page}"
+    );
+    let bronze = send("bronze").await.unwrap();
+    assert_eq!(
+        bronze.status(),
+        429,
+        "bronze waits at 0.75, then is refused"
+    );
+    assert_eq!(bronze.headers()["retry-after"], "1");
+    let body: Value = bronze.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+    assert_eq!(send("diamond").await.unwrap().status(), 400);
+    // Silver (0.85) and gold (1.0) are admitted at 0.75: the gateway sends
+    // them on (they then queue in the engine, behind the backlog).
+    let admitted: Vec<_> = ["silver", "gold"]
+        .into_iter()
+        .map(|b| tokio::spawn(send(b)))
+        .collect();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let page = client
+                .get(format!("{}/metrics", gw.admin))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if page
+                .lines()
+                .any(|l| l == "llmgw_endpoint_in_flight{endpoint=\"a\"} 2")
+            {
+                assert!(
+                    page.lines()
+                        .any(|l| l == "llmgw_admission_rejected_total{band=\"bronze\"} 1"),
+                    "{page}"
+                );
+                assert!(
+                    !page.contains("band=\"silver\"") && !page.contains("band=\"gold\""),
+                    "{page}"
+                );
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("silver and gold were sent on");
+    for t in admitted {
+        t.abort();
+    }
+    for t in backlog {
+        t.abort();
+    }
+}

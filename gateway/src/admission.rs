@@ -1,0 +1,186 @@
+//! Admission by priority band. An engine's queue is first come, first
+//! served whatever the tenant, so the gateway holds the lower bands back
+//! when the pool is busy: each band has a saturation threshold, the lowest
+//! band's lowest, so it is the first to wait. Saturation is the worse of
+//! queue depth and KV-cache occupancy, each against its ceiling, on the
+//! least saturated endpoint of the pool. Waiting is bounded in time and in
+//! number; past either, the request is refused with 429 and Retry-After.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use llmgw_domain::tenancy::Band;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    pub enabled: bool,
+    /// The band of a request that names none.
+    pub default_band: Band,
+    /// KV-cache occupancy at which an endpoint counts as full.
+    pub kv_ceiling: f64,
+    /// Requests waiting in an engine at which it counts as full.
+    pub waiting_ceiling: f64,
+    pub max_wait: Duration,
+    /// Requests held at once, across bands.
+    pub max_waiting: usize,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            enabled: true,
+            default_band: Band::Gold,
+            kv_ceiling: 0.9,
+            waiting_ceiling: 8.0,
+            max_wait: Duration::from_secs(5),
+            max_waiting: 1024,
+        }
+    }
+}
+
+/// The saturation below which a band goes straight through: bronze waits
+/// first, platinum last (it may push a pool a little past full).
+pub fn threshold(band: Band) -> f64 {
+    match band {
+        Band::Bronze => 0.7,
+        Band::Silver => 0.85,
+        Band::Gold => 1.0,
+        Band::Platinum => 1.2,
+    }
+}
+
+pub fn parse_band(s: &str) -> Option<Band> {
+    match s.to_ascii_lowercase().as_str() {
+        "bronze" => Some(Band::Bronze),
+        "silver" => Some(Band::Silver),
+        "gold" => Some(Band::Gold),
+        "platinum" => Some(Band::Platinum),
+        _ => None,
+    }
+}
+
+pub fn band_name(band: Band) -> &'static str {
+    match band {
+        Band::Bronze => "bronze",
+        Band::Silver => "silver",
+        Band::Gold => "gold",
+        Band::Platinum => "platinum",
+    }
+}
+
+#[derive(Debug)]
+pub struct Admission {
+    pub(crate) config: AdmissionConfig,
+    waiting: AtomicUsize,
+    changed: Notify,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Still saturated when its wait ran out.
+    Saturated,
+    /// Too many requests already waiting.
+    QueueFull,
+}
+
+impl Admission {
+    pub fn new(config: AdmissionConfig) -> Self {
+        Admission {
+            config,
+            waiting: AtomicUsize::new(0),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Something that may lower saturation happened (a request finished,
+    /// new figures arrived): waiters look again.
+    pub fn load_changed(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// Admits `band` once `saturation()` is under its threshold, waiting up
+    /// to the configured bound.
+    pub async fn admit(&self, band: Band, saturation: impl Fn() -> f64) -> Result<(), Refused> {
+        if !self.config.enabled || saturation() < threshold(band) {
+            return Ok(());
+        }
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.config.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refused::QueueFull);
+        }
+        let deadline = Instant::now() + self.config.max_wait;
+        let outcome = loop {
+            let notified = self.changed.notified();
+            if saturation() < threshold(band) {
+                break Ok(());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break if saturation() < threshold(band) {
+                    Ok(())
+                } else {
+                    Err(Refused::Saturated)
+                };
+            }
+        };
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lowest_band_waits_first_and_goes_when_load_falls() {
+        let adm = Arc::new(Admission::new(AdmissionConfig::default()));
+        let sat = Arc::new(AtomicU64::new(0.8f64.to_bits()));
+        let now = {
+            let sat = sat.clone();
+            move || f64::from_bits(sat.load(Ordering::Relaxed))
+        };
+        assert_eq!(
+            adm.admit(Band::Silver, now.clone()).await,
+            Ok(()),
+            "0.8 is under silver's 0.85"
+        );
+        let waiting = {
+            let (adm, now) = (adm.clone(), now.clone());
+            tokio::spawn(async move { adm.admit(Band::Bronze, now).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "bronze is held at 0.8");
+        sat.store(0.5f64.to_bits(), Ordering::Relaxed);
+        adm.load_changed();
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_is_bounded_in_time_and_number() {
+        let adm = Arc::new(Admission::new(AdmissionConfig {
+            max_waiting: 1,
+            ..AdmissionConfig::default()
+        }));
+        let full = || 2.0;
+        let first = {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.admit(Band::Gold, full).await })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(adm.admit(Band::Gold, full).await, Err(Refused::QueueFull));
+        let start = Instant::now();
+        assert_eq!(first.await.unwrap(), Err(Refused::Saturated));
+        assert!(start.elapsed() <= Duration::from_secs(5));
+        assert_eq!(
+            adm.admit(Band::Platinum, || 1.1).await,
+            Ok(()),
+            "platinum passes a little past full"
+        );
+    }
+}
