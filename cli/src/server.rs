@@ -18,9 +18,30 @@ pub(crate) struct ServerArgs {
     /// The admin listener: keep it on loopback.
     #[arg(long, env = "LLMGW_ADMIN_LISTEN", default_value = "127.0.0.1:9090", value_parser = listen_addr)]
     admin_listen: SocketAddr,
+    /// Models to try when a model has no capacity: `model=fallback[,fallback…]`.
+    #[arg(long = "fallback", env = "LLMGW_FALLBACKS", value_delimiter = ' ', value_parser = fallback)]
+    fallbacks: Vec<(String, Vec<String>)>,
     /// A metrics-only listener, off unless given.
     #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
     metrics_listen: Option<SocketAddr>,
+}
+
+fn fallback(s: &str) -> Result<(String, Vec<String>), String> {
+    let (model, list) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected model=fallback[,fallback…]"))?;
+    let list: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if model.is_empty() || list.is_empty() || list.iter().any(|f| f == model) {
+        return Err(format!(
+            "{s:?}: name a model and at least one other model to fall back to"
+        ));
+    }
+    Ok((model.to_owned(), list))
 }
 
 /// `HOST:PORT`, or `:PORT` for every interface.
@@ -46,6 +67,7 @@ pub(crate) async fn run(a: ServerArgs) -> anyhow::Result<Outcome> {
     let gw = Gateway::new(
         GatewayConfig {
             endpoints: a.endpoints,
+            fallbacks: a.fallbacks.into_iter().collect(),
             ..GatewayConfig::default()
         },
         None,

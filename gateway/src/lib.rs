@@ -45,6 +45,8 @@ pub struct GatewayConfig {
     pub scrape_interval: Duration,
     pub affinity: affinity::AffinityConfig,
     pub admission: admission::AdmissionConfig,
+    /// Model → models to try, in order, when it has no capacity.
+    pub fallbacks: std::collections::HashMap<String, Vec<String>>,
 }
 
 impl Default for GatewayConfig {
@@ -58,6 +60,7 @@ impl Default for GatewayConfig {
             scrape_interval: Duration::from_secs(2),
             affinity: affinity::AffinityConfig::default(),
             admission: admission::AdmissionConfig::default(),
+            fallbacks: Default::default(),
         }
     }
 }

@@ -226,8 +226,66 @@ async fn route(
         gw.metrics.rejected(name);
         return Err((model.clone(), ApiError::overloaded(name)));
     }
-    let session = session_header.or(head.user.clone());
-    let prompt = head.prompt_bytes();
+    let ctx = Attempt {
+        session: session_header.or(head.user.clone()),
+        prompt: head.prompt_bytes(),
+        stream: head.stream,
+        strip_usage,
+        started,
+    };
+    let mut last_error = match attempt(gw, path, &body, &model, &ctx).await {
+        Ok(r) => return Ok(r),
+        Err(e) => e,
+    };
+    // No capacity (not a failure): the model's fallbacks, in order, with the
+    // body naming the fallback; x-llmgw-served-model tells the client.
+    if last_error.is_none() {
+        for fallback in gw.config.fallbacks.get(&model).into_iter().flatten() {
+            let Some(rewritten) = with_model(&body, fallback) else {
+                continue;
+            };
+            match attempt(gw, path, &rewritten, fallback, &ctx).await {
+                Ok(r) => return Ok(r),
+                Err(e) => last_error = last_error.or(e),
+            }
+        }
+    }
+    let error = match last_error {
+        Some(why) => ApiError::upstream(format!("no endpoint answered: {why}")),
+        None => ApiError::no_capacity(&model),
+    };
+    Err((model, error))
+}
+
+/// What every attempt of one request shares.
+struct Attempt {
+    session: Option<String>,
+    prompt: Vec<u8>,
+    stream: bool,
+    strip_usage: bool,
+    started: tokio::time::Instant,
+}
+
+/// The body with its `model` replaced.
+fn with_model(body: &Bytes, model: &str) -> Option<Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.as_object_mut()?.insert("model".into(), json!(model));
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+/// Tries the endpoints of `model`, retrying before the first byte only.
+/// `Err(None)`: nothing could take it (no capacity); `Err(Some(why))`:
+/// endpoints were tried and failed.
+async fn attempt(
+    gw: &Arc<Gateway>,
+    path: &str,
+    body: &Bytes,
+    model: &str,
+    ctx: &Attempt,
+) -> Result<Response, Option<String>> {
+    let model = model.to_owned();
+    let (session, prompt, started, strip_usage) =
+        (&ctx.session, &ctx.prompt, ctx.started, ctx.strip_usage);
     let mut tried: Vec<String> = Vec::new();
     let mut last_error = None;
     for _ in 0..=gw.config.retries {
@@ -244,7 +302,7 @@ async fn route(
             .collect();
         let (i, decision) = gw
             .affinity
-            .choose(&model, session.as_deref(), &prompt, &view);
+            .choose(&model, session.as_deref(), prompt, &view);
         let endpoint = candidates[i].0.clone();
         tried.push(endpoint.spec.id.clone());
         let Some(flight) = gw.endpoints.take(&endpoint) else {
@@ -292,17 +350,19 @@ async fn route(
             first_content: None,
             tokens: None,
         };
-        let body = if head.stream {
+        let body = if ctx.stream {
             Body::from_stream(relay(upstream, flight, finish, strip_usage))
         } else {
             // A plain answer is one JSON document: read it, note its usage.
-            let bytes = upstream.bytes().await.map_err(|e| {
-                endpoint.record(false);
-                (
-                    model.clone(),
-                    ApiError::upstream(format!("endpoint {} broke off: {e}", endpoint.spec.id)),
-                )
-            })?;
+            // Nothing has reached the client yet, so a break here is retried.
+            let bytes = match upstream.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    endpoint.record(false);
+                    last_error = Some(format!("endpoint {} broke off: {e}", endpoint.spec.id));
+                    continue;
+                }
+            };
             finish.tokens = serde_json::from_slice(&bytes)
                 .ok()
                 .and_then(|v| crate::usage::Tokens::from_usage(&v));
@@ -320,11 +380,7 @@ async fn route(
         }
         return Ok(response);
     }
-    let error = match last_error {
-        Some(why) => ApiError::upstream(format!("no endpoint answered: {why}")),
-        None => ApiError::no_capacity(&model),
-    };
-    Err((model, error))
+    Err(last_error)
 }
 
 /// The streamed answer, event by event. It owns the in-flight count and

@@ -793,3 +793,55 @@ async fn admission_holds_the_lowest_band_first_and_refuses_with_retry_after() {
         t.abort();
     }
 }
+
+#[tokio::test]
+async fn a_model_without_capacity_falls_back_and_says_so() {
+    let small = sim(llmgw_sim::SimConfig {
+        models: vec!["small".into()],
+        ..support::sim_config()
+    })
+    .await;
+    let failing = support::failing_engine().await;
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![
+            spec("big-1", &failing, &["big"]),
+            spec("small-1", &small, &["small"]),
+        ],
+        fallbacks: [(
+            "big".to_string(),
+            vec!["missing".to_string(), "small".to_string()],
+        )]
+        .into(),
+        ..GatewayConfig::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.base);
+    // A failing endpoint is a failure, not a lack of capacity: no fallback.
+    for _ in 0..3 {
+        assert_eq!(
+            client
+                .post(&url)
+                .json(&chat("big", false, 1))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            502
+        );
+    }
+    // Its breaker is open now: no capacity, so the fallback serves.
+    let r = client
+        .post(&url)
+        .json(&chat("big", false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-llmgw-served-model"], "small");
+    let reply: Value = r.json().await.unwrap();
+    assert_eq!(
+        reply["model"], "small",
+        "the engine was asked for the fallback by name"
+    );
+}
