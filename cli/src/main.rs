@@ -71,7 +71,7 @@ fn main() -> ExitCode {
             Command::Store(cmd) => store::run(&cli.store, cmd).await,
             Command::Lease(cmd) => lease::run(&cli.store, cmd).await,
             Command::SimEngine(args) => sim::run(args).await,
-            Command::Server(args) => server::run(args).await,
+            Command::Server(args) => server::run(&cli.store, args).await,
         }
     });
     match result {

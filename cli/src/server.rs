@@ -21,6 +21,10 @@ pub(crate) struct ServerArgs {
     /// Models to try when a model has no capacity: `model=fallback[,fallback…]`.
     #[arg(long = "fallback", env = "LLMGW_FALLBACKS", value_delimiter = ' ', value_parser = fallback)]
     fallbacks: Vec<(String, Vec<String>)>,
+    /// Append a usage record per request to the event log at --store
+    /// (batched, off the request path; a full queue drops and counts).
+    #[arg(long, env = "LLMGW_RECORD_USAGE")]
+    record_usage: bool,
     /// A metrics-only listener, off unless given.
     #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
     metrics_listen: Option<SocketAddr>,
@@ -55,7 +59,7 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not HOST:PORT or :PORT"))
 }
 
-pub(crate) async fn run(a: ServerArgs) -> anyhow::Result<Outcome> {
+pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
     if a.endpoints.is_empty() {
         bail!(
             "nothing to serve: give at least one --endpoint id=URL=model (the control plane arrives later)"
@@ -64,13 +68,34 @@ pub(crate) async fn run(a: ServerArgs) -> anyhow::Result<Outcome> {
     if !a.admin_listen.ip().is_loopback() {
         tracing::warn!(addr = %a.admin_listen, "the admin listener is not on loopback");
     }
+    let mut usage = None;
+    let mut batcher = None;
+    if a.record_usage {
+        let address = llmgw_eventstore::StoreAddress::parse(store)?;
+        let store =
+            llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
+                .await?;
+        let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(8192);
+        let instance = format!("gateway-{}", std::process::id());
+        // Router-only mode has no catalog to price from.
+        let price = |_: &str| llmgw_domain::catalog::Price::ZERO;
+        batcher = Some(tokio::spawn(llmgw_gateway::usage::run_batcher(
+            store,
+            instance,
+            rx,
+            500,
+            std::time::Duration::from_millis(200),
+            price,
+        )));
+        usage = Some(queue);
+    }
     let gw = Gateway::new(
         GatewayConfig {
             endpoints: a.endpoints,
             fallbacks: a.fallbacks.into_iter().collect(),
             ..GatewayConfig::default()
         },
-        None,
+        usage,
     )?;
     let serve = llmgw_gateway::serve(gw, a.listen, a.admin_listen, a.metrics_listen, |l| {
         let mut out = std::io::stdout().lock();
@@ -84,6 +109,10 @@ pub(crate) async fn run(a: ServerArgs) -> anyhow::Result<Outcome> {
     tokio::select! {
         r = serve => r?,
         _ = crate::sim::shutdown() => {}
+    }
+    if let Some(b) = batcher {
+        // The queue's sender went with the gateway: the batcher flushes and ends.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), b).await;
     }
     Ok(Outcome::Ok)
 }

@@ -832,3 +832,119 @@ async fn the_server_routes_to_static_endpoints_and_refuses_to_start_with_none() 
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("log.db");
+    let store = store.to_str().unwrap();
+    let engine = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ]);
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let mut server = Child::spawn(&[
+        "--store",
+        store,
+        "server",
+        "--record-usage",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let client = reqwest::Client::new();
+    for stream in [false, true] {
+        let body = json!({"model": "tiny", "stream": stream, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]});
+        client
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+    }
+    // A clean stop (SIGTERM) flushes what the batcher still holds.
+    let pid = server.process.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(server.process.wait().unwrap().success());
+    let stats = &json_lines(&ok(store, &["events", "stats", "--json"]))[0];
+    assert_eq!(stats["by_type"], json!([["UsageRecorded", 2]]), "{stats}");
+    let events = json_lines(&ok(store, &["events", "tail", "--json"]));
+    assert!(events.iter().all(|e| {
+        e["payload"]["completion_tokens"] == 3
+            && e["metadata"]["writer"]
+                .as_str()
+                .is_some_and(|w| w.starts_with("gateway-"))
+    }));
+}
+
+/// The official OpenAI Python SDK, streaming and not, through the gateway.
+/// `scripts/test` installs the SDK; without it this fails and says how.
+#[tokio::test]
+async fn the_official_openai_sdk_works_through_the_gateway() {
+    let probe = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output();
+    assert!(
+        probe.as_ref().is_ok_and(|o| o.status.success()),
+        "the OpenAI Python SDK is needed: python3 -m pip install openai==3.57.0 (scripts/test does this)"
+    );
+    let engine = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ]);
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let server = Child::spawn(&[
+        "server",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/openai_sdk.py");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .arg(&base)
+            .arg("tiny")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
