@@ -1,23 +1,37 @@
+use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::Args;
 use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig, Listener};
+use serde::Deserialize;
 
 use crate::Outcome;
 
+/// Every setting is a flag, an `LLMGW_…` variable and a key of the
+/// configuration file alike; a flag or variable wins over the file.
 #[derive(Debug, Args)]
 pub(crate) struct ServerArgs {
-    /// A static endpoint, `id=URL=model[,model…]`; repeat for several.
+    /// A TOML file with any of the settings below (keys as the flags, with
+    /// `_` for `-`: `listen`, `admin_listen`, `endpoints = [...]`,
+    /// `[fallbacks]`).
+    #[arg(long, env = "LLMGW_CONFIG")]
+    config: Option<PathBuf>,
+    /// A static endpoint, `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`;
+    /// repeat for several.
     #[arg(long = "endpoint", env = "LLMGW_ENDPOINTS", value_delimiter = ' ')]
     endpoints: Vec<EndpointSpec>,
-    /// The client (OpenAI API) listener; `:8080` means every interface.
-    #[arg(long, env = "LLMGW_LISTEN", default_value = ":8080", value_parser = listen_addr)]
-    listen: SocketAddr,
-    /// The admin listener: keep it on loopback.
-    #[arg(long, env = "LLMGW_ADMIN_LISTEN", default_value = "127.0.0.1:9090", value_parser = listen_addr)]
-    admin_listen: SocketAddr,
+    /// The client (OpenAI API) listener; `:8080` (the default) means every interface.
+    #[arg(long, env = "LLMGW_LISTEN", value_parser = listen_addr)]
+    listen: Option<SocketAddr>,
+    /// The admin listener (default 127.0.0.1:9090): keep it on loopback.
+    #[arg(long, env = "LLMGW_ADMIN_LISTEN", value_parser = listen_addr)]
+    admin_listen: Option<SocketAddr>,
+    /// A metrics-only listener, off unless given.
+    #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
+    metrics_listen: Option<SocketAddr>,
     /// Models to try when a model has no capacity: `model=fallback[,fallback…]`.
     #[arg(long = "fallback", env = "LLMGW_FALLBACKS", value_delimiter = ' ', value_parser = fallback)]
     fallbacks: Vec<(String, Vec<String>)>,
@@ -25,9 +39,78 @@ pub(crate) struct ServerArgs {
     /// (batched, off the request path; a full queue drops and counts).
     #[arg(long, env = "LLMGW_RECORD_USAGE")]
     record_usage: bool,
-    /// A metrics-only listener, off unless given.
-    #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
+}
+
+/// The configuration file's shape. Unknown keys are refused, so that a
+/// typo is an error rather than a silently ignored setting.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    admin_listen: Option<String>,
+    metrics_listen: Option<String>,
+    #[serde(default)]
+    endpoints: Vec<String>,
+    #[serde(default)]
+    fallbacks: HashMap<String, Vec<String>>,
+    #[serde(default)]
+    record_usage: bool,
+}
+
+/// The settings once flags, variables and the file are merged.
+#[derive(Debug)]
+struct Settings {
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
     metrics_listen: Option<SocketAddr>,
+    endpoints: Vec<EndpointSpec>,
+    fallbacks: HashMap<String, Vec<String>>,
+    record_usage: bool,
+}
+
+fn settings(a: ServerArgs) -> anyhow::Result<Settings> {
+    let file = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            toml::from_str::<FileConfig>(&text)
+                .with_context(|| format!("{} is not a valid configuration", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let addr = |key: &str, v: Option<String>| -> anyhow::Result<Option<SocketAddr>> {
+        v.map(|s| listen_addr(&s).map_err(|e| anyhow::anyhow!("{key}: {e}")))
+            .transpose()
+    };
+    let endpoints = if a.endpoints.is_empty() {
+        file.endpoints
+            .iter()
+            .map(|e| {
+                e.parse::<EndpointSpec>()
+                    .map_err(|why| anyhow::anyhow!("endpoints: {why}"))
+            })
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        a.endpoints
+    };
+    let mut fallbacks = file.fallbacks;
+    fallbacks.extend(a.fallbacks);
+    Ok(Settings {
+        listen: a
+            .listen
+            .or(addr("listen", file.listen)?)
+            .unwrap_or_else(|| ([0, 0, 0, 0], 8080).into()),
+        admin_listen: a
+            .admin_listen
+            .or(addr("admin_listen", file.admin_listen)?)
+            .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into()),
+        metrics_listen: a
+            .metrics_listen
+            .or(addr("metrics_listen", file.metrics_listen)?),
+        endpoints,
+        fallbacks,
+        record_usage: a.record_usage || file.record_usage,
+    })
 }
 
 fn fallback(s: &str) -> Result<(String, Vec<String>), String> {
@@ -60,17 +143,18 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
-    if a.endpoints.is_empty() {
+    let s = settings(a)?;
+    if s.endpoints.is_empty() {
         bail!(
-            "nothing to serve: give at least one --endpoint id=URL=model (the control plane arrives later)"
+            "nothing to serve: give at least one endpoint (--endpoint id=URL=model, or endpoints in --config)"
         );
     }
-    if !a.admin_listen.ip().is_loopback() {
-        tracing::warn!(addr = %a.admin_listen, "the admin listener is not on loopback");
+    if !s.admin_listen.ip().is_loopback() {
+        tracing::warn!(addr = %s.admin_listen, "the admin listener is not on loopback");
     }
     let mut usage = None;
     let mut batcher = None;
-    if a.record_usage {
+    if s.record_usage {
         let address = llmgw_eventstore::StoreAddress::parse(store)?;
         let store =
             llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
@@ -91,13 +175,13 @@ pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
     }
     let gw = Gateway::new(
         GatewayConfig {
-            endpoints: a.endpoints,
-            fallbacks: a.fallbacks.into_iter().collect(),
+            endpoints: s.endpoints,
+            fallbacks: s.fallbacks,
             ..GatewayConfig::default()
         },
         usage,
     )?;
-    let serve = llmgw_gateway::serve(gw, a.listen, a.admin_listen, a.metrics_listen, |l| {
+    let serve = llmgw_gateway::serve(gw, s.listen, s.admin_listen, s.metrics_listen, |l| {
         let mut out = std::io::stdout().lock();
         let _ = match l {
             Listener::Client(addr) => writeln!(out, "client listening on {addr}"),

@@ -948,3 +948,105 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn server_settings_come_from_a_config_file_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ]);
+    let engine_addr = engine.addr_after("listening on ");
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\
+             endpoints = [\"e1=http://{engine_addr}=tiny;engine=vllm\"]\n[fallbacks]\nbig = [\"tiny\"]\n"
+        ),
+    )
+    .unwrap();
+    let server = Child::spawn(&["server", "--config", config.to_str().unwrap()]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let metrics = format!("http://{}", server.addr_after("metrics listening on "));
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let page = reqwest::get(format!("{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("llmgw_requests_total"),
+        "the metrics-only port serves metrics"
+    );
+
+    // A flag wins over the file: the file's admin address cannot be bound
+    // here, the flag's can.
+    let unbindable = dir.path().join("unbindable.toml");
+    std::fs::write(
+        &unbindable,
+        format!("listen = \"127.0.0.1:0\"\nadmin_listen = \"192.0.2.1:9\"\nendpoints = [\"e1=http://{engine_addr}=tiny\"]\n"),
+    )
+    .unwrap();
+    let flagged = Child::spawn(&[
+        "server",
+        "--config",
+        unbindable.to_str().unwrap(),
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(
+        flagged
+            .addr_after("admin listening on ")
+            .starts_with("127.0.0.1:")
+    );
+
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "listen = \":8080\"\nendpoint = []\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--config", typo.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a valid configuration") && err.contains("unknown field `endpoint`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_example_server_configuration_parses() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/server.toml");
+    // Its endpoints are unreachable from here, which does not stop a server
+    // from starting: a configuration that parses gets as far as serving.
+    let server = Child::spawn(&[
+        "server",
+        "--config",
+        example.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    assert!(
+        server
+            .addr_after("client listening on ")
+            .starts_with("127.0.0.1:")
+    );
+}
