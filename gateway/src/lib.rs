@@ -17,6 +17,7 @@ mod endpoints;
 mod error;
 mod metrics;
 mod proxy;
+mod routes;
 pub mod scrape;
 pub mod usage;
 
@@ -72,6 +73,7 @@ pub struct Gateway {
     pub metrics: Metrics,
     pub(crate) client: reqwest::Client,
     pub(crate) affinity: affinity::Affinity,
+    pub(crate) routes: routes::RouteTable,
     pub admission: admission::Admission,
     config: GatewayConfig,
     usage: Option<Arc<usage::UsageQueue>>,
@@ -97,6 +99,7 @@ impl Gateway {
             metrics: Metrics::default(),
             client,
             affinity: affinity::Affinity::new(config.affinity.clone()),
+            routes: routes::RouteTable::new(config.fallbacks.clone()),
             admission: admission::Admission::new(config.admission.clone()),
             config,
             usage,

@@ -198,6 +198,15 @@ async fn route(
     let strip_usage = injected.is_some();
     let body = injected.unwrap_or(body);
     let started = tokio::time::Instant::now();
+    // An alias is its model everywhere: route, account and answer as the
+    // canonical name, and ask the engine for it by that name.
+    let canonical = gw.routes.canonical(&model);
+    let body = if canonical != model {
+        with_model(&body, &canonical).unwrap_or(body)
+    } else {
+        body
+    };
+    let model = canonical;
     if !gw.endpoints.knows_model(&model) {
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
@@ -240,7 +249,7 @@ async fn route(
     // No capacity (not a failure): the model's fallbacks, in order, with the
     // body naming the fallback; x-llmgw-served-model tells the client.
     if last_error.is_none() {
-        for fallback in gw.config.fallbacks.get(&model).into_iter().flatten() {
+        for fallback in &gw.routes.fallbacks(&model) {
             let Some(rewritten) = with_model(&body, fallback) else {
                 continue;
             };

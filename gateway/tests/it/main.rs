@@ -845,3 +845,134 @@ async fn a_model_without_capacity_falls_back_and_says_so() {
         "the engine was asked for the fallback by name"
     );
 }
+
+#[tokio::test]
+async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live_state() {
+    use llmgw_domain::Event;
+    use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile};
+    use llmgw_domain::nodes::{Inventory, NodeEvent};
+    use llmgw_domain::replicas::{Placement, ReplicaEvent, ShardPlacement};
+    use llmgw_projections::{RouterView, Stamp, View};
+
+    let slow = llmgw_sim::SimConfig {
+        models: vec!["llama".into()],
+        vocabulary: llmgw_sim::Vocabulary::Sim,
+        tokens_per_s: 5,
+        ..support::sim_config()
+    };
+    let (first, second) = (sim(slow.clone()).await, sim(slow).await);
+    let mut view = RouterView::default();
+    fn apply(view: &mut RouterView, e: Event) {
+        view.apply_event(
+            Stamp {
+                position: 0,
+                recorded_at_ms: 0,
+            },
+            &e,
+        );
+    }
+    let mut model = Model::named("llama");
+    model.aliases = vec!["llama-latest".into()];
+    model.profiles.push(Profile {
+        name: "sim".into(),
+        engine: Engine::Sim,
+        gpu_class: None,
+        tp: 1,
+        pp: 1,
+        nodes: 1,
+        gpus_per_node: 0,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: None,
+        min_disk_gb: 0,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    });
+    apply(
+        &mut view,
+        Event::Catalog(CatalogEvent::ModelAdded {
+            model: model.clone(),
+        }),
+    );
+    apply(
+        &mut view,
+        Event::Node(NodeEvent::NodeRegistered {
+            node_id: "n1".into(),
+            inventory: Inventory {
+                hostname: "n1".into(),
+                mgmt_addr: "127.0.0.1".into(),
+                ..Inventory::default()
+            },
+        }),
+    );
+    let place = |id: &str, port: u16| Placement {
+        replica_id: id.into(),
+        model: "llama".into(),
+        profile: "sim".into(),
+        profile_fp: model.profiles[0].fingerprint(),
+        pool: "cpu".into(),
+        fabric: None,
+        shards: vec![ShardPlacement {
+            shard_id: format!("{id}-0"),
+            rank: 0,
+            node_id: "n1".into(),
+            gpu_indices: vec![],
+            hcas: vec![],
+            port,
+        }],
+        why: "test".into(),
+    };
+    apply(
+        &mut view,
+        Event::Replica(ReplicaEvent::ReplicaPlaced(place("r1", first.port()))),
+    );
+    apply(
+        &mut view,
+        Event::Replica(ReplicaEvent::ReplicaReady {
+            replica_id: "r1".into(),
+        }),
+    );
+
+    let gw = gateway(vec![]).await;
+    gw.gateway.apply_router_view(&view);
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.base);
+    // Asked by alias: routed, and answered, as the canonical model.
+    let held = client
+        .post(&url)
+        .json(&chat("llama-latest", true, 50))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.headers()["x-llmgw-served-model"], "llama");
+
+    // A second replica becomes ready; the view's update keeps r1's count.
+    apply(
+        &mut view,
+        Event::Replica(ReplicaEvent::ReplicaPlaced(place("r2", second.port()))),
+    );
+    apply(
+        &mut view,
+        Event::Replica(ReplicaEvent::ReplicaReady {
+            replica_id: "r2".into(),
+        }),
+    );
+    gw.gateway.apply_router_view(&view);
+    let live = gw.gateway.endpoints.snapshot();
+    let r1 = live.iter().find(|e| e.spec.id == "r1").unwrap();
+    assert_eq!((live.len(), r1.in_flight()), (2, 1));
+    assert_eq!(r1.spec.engine, llmgw_gateway::scrape::EngineKind::Sim);
+    // So the next request goes to the new replica.
+    let before = metric(&second, "llmgw_sim_prefix_queries_total").await;
+    let r = client
+        .post(&url)
+        .json(&chat("llama", false, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(metric(&second, "llmgw_sim_prefix_queries_total").await > before);
+    drop(held);
+}
