@@ -35,6 +35,10 @@ pub(crate) struct ServerArgs {
     /// Models to try when a model has no capacity: `model=fallback[,fallback…]`.
     #[arg(long = "fallback", env = "LLMGW_FALLBACKS", value_delimiter = ' ', value_parser = fallback)]
     fallbacks: Vec<(String, Vec<String>)>,
+    /// Require API keys, looked up (by hash) in the tenancy view of the
+    /// event log at --store; a key decides the band and the models.
+    #[arg(long, env = "LLMGW_AUTH")]
+    auth: bool,
     /// Append a usage record per request to the event log at --store
     /// (batched, off the request path; a full queue drops and counts).
     #[arg(long, env = "LLMGW_RECORD_USAGE")]
@@ -55,6 +59,8 @@ struct FileConfig {
     fallbacks: HashMap<String, Vec<String>>,
     #[serde(default)]
     record_usage: bool,
+    #[serde(default)]
+    auth: bool,
 }
 
 /// The settings once flags, variables and the file are merged.
@@ -66,6 +72,7 @@ struct Settings {
     endpoints: Vec<EndpointSpec>,
     fallbacks: HashMap<String, Vec<String>>,
     record_usage: bool,
+    auth: bool,
 }
 
 fn settings(a: ServerArgs) -> anyhow::Result<Settings> {
@@ -110,6 +117,7 @@ fn settings(a: ServerArgs) -> anyhow::Result<Settings> {
         endpoints,
         fallbacks,
         record_usage: a.record_usage || file.record_usage,
+        auth: a.auth || file.auth,
     })
 }
 
@@ -154,11 +162,27 @@ pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
     }
     let mut usage = None;
     let mut batcher = None;
-    if s.record_usage {
+    let mut keys = None;
+    let mut follower = None;
+    let log = if s.record_usage || s.auth {
         let address = llmgw_eventstore::StoreAddress::parse(store)?;
-        let store =
+        Some(
             llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
-                .await?;
+                .await?,
+        )
+    } else {
+        None
+    };
+    if let (true, Some(store)) = (s.auth, &log) {
+        let mut runner = llmgw_projections::Runner::start(store.clone(), "gateway-views").await?;
+        keys = Some(llmgw_gateway::auth::KeyDirectory(runner.views()));
+        follower = Some(tokio::spawn(async move {
+            if let Err(e) = runner.follow().await {
+                tracing::error!(error = %e, "the views stopped following the event log");
+            }
+        }));
+    }
+    if let (true, Some(store)) = (s.record_usage, log) {
         let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(8192);
         let instance = format!("gateway-{}", std::process::id());
         // Router-only mode has no catalog to price from.
@@ -173,13 +197,14 @@ pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
         )));
         usage = Some(queue);
     }
-    let gw = Gateway::new(
+    let gw = Gateway::with_keys(
         GatewayConfig {
             endpoints: s.endpoints,
             fallbacks: s.fallbacks,
             ..GatewayConfig::default()
         },
         usage,
+        keys,
     )?;
     let serve = llmgw_gateway::serve(gw, s.listen, s.admin_listen, s.metrics_listen, |l| {
         let mut out = std::io::stdout().lock();
@@ -193,6 +218,9 @@ pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
     tokio::select! {
         r = serve => r?,
         _ = crate::sim::shutdown() => {}
+    }
+    if let Some(f) = follower {
+        f.abort();
     }
     if let Some(b) = batcher {
         // The queue's sender went with the gateway: the batcher flushes and ends.

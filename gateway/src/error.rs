@@ -61,6 +61,16 @@ impl ApiError {
         )
     }
 
+    /// The one answer to a missing, unknown or revoked key.
+    pub fn invalid_key() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "invalid_api_key",
+            "Incorrect API key provided.",
+        )
+    }
+
     pub fn overloaded(band: &str) -> Self {
         ApiError {
             retry_after: Some(1),

@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod affinity;
+pub mod auth;
 pub mod breaker;
 mod endpoints;
 mod error;
@@ -74,6 +75,8 @@ pub struct Gateway {
     pub(crate) client: reqwest::Client,
     pub(crate) affinity: affinity::Affinity,
     pub(crate) routes: routes::RouteTable,
+    /// Keys are required when set.
+    pub(crate) keys: Option<auth::KeyDirectory>,
     pub admission: admission::Admission,
     config: GatewayConfig,
     usage: Option<Arc<usage::UsageQueue>>,
@@ -85,6 +88,15 @@ impl Gateway {
     pub fn new(
         config: GatewayConfig,
         usage: Option<Arc<usage::UsageQueue>>,
+    ) -> Result<Arc<Self>, reqwest::Error> {
+        Self::with_keys(config, usage, None)
+    }
+
+    /// A gateway that requires API keys, looked up in `keys`.
+    pub fn with_keys(
+        config: GatewayConfig,
+        usage: Option<Arc<usage::UsageQueue>>,
+        keys: Option<auth::KeyDirectory>,
     ) -> Result<Arc<Self>, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
@@ -100,6 +112,7 @@ impl Gateway {
             client,
             affinity: affinity::Affinity::new(config.affinity.clone()),
             routes: routes::RouteTable::new(config.fallbacks.clone()),
+            keys,
             admission: admission::Admission::new(config.admission.clone()),
             config,
             usage,

@@ -99,6 +99,9 @@ fn request_id() -> String {
 /// when the client goes away mid-stream.
 struct Finish {
     gw: Arc<Gateway>,
+    key_id: String,
+    project_id: String,
+    band: llmgw_domain::tenancy::Band,
     model: String,
     status: u16,
     started: tokio::time::Instant,
@@ -118,8 +121,8 @@ impl Drop for Finish {
         if let Some(q) = &self.gw.usage {
             q.record(llmgw_domain::usage::FinishedRequest {
                 request_id: request_id(),
-                key_id: String::new(),
-                project_id: String::new(),
+                key_id: self.key_id.clone(),
+                project_id: self.project_id.clone(),
                 model_asked: self.model.clone(),
                 model_served: self.model.clone(),
                 prompt_tokens: tokens.prompt,
@@ -129,7 +132,7 @@ impl Drop for Finish {
                 ttft_ms: self
                     .first_content
                     .map(|t| t.as_millis().min(u128::from(u32::MAX)) as u32),
-                band: crate::usage::anonymous_band(),
+                band: self.band,
                 at: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as i64),
@@ -165,6 +168,14 @@ async fn route(
         .map(str::to_owned);
     // With authentication off the header picks the band; with it on, the
     // key will, so that clients cannot promote themselves.
+    let key = match &gw.keys {
+        Some(directory) => Some(
+            directory
+                .authenticate(request.headers())
+                .map_err(|e| (String::from("-"), e))?,
+        ),
+        None => None,
+    };
     let band_header = request
         .headers()
         .get("x-llmgw-band")
@@ -210,9 +221,16 @@ async fn route(
     if !gw.endpoints.knows_model(&model) {
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
-    let band = match band_header {
-        None => gw.admission.config.default_band,
-        Some(b) => crate::admission::parse_band(&b).ok_or_else(|| {
+    // A key's allowlist: a model it may not use does not exist for it.
+    if let Some(k) = &key
+        && !k.limits.models.permits(&model)
+    {
+        return Err((model.clone(), ApiError::unknown_model(&model)));
+    }
+    let band = match (&key, band_header) {
+        (Some(k), _) => k.band,
+        (None, None) => gw.admission.config.default_band,
+        (None, Some(b)) => crate::admission::parse_band(&b).ok_or_else(|| {
             (
                 model.clone(),
                 ApiError::bad_request(format!(
@@ -236,6 +254,12 @@ async fn route(
         return Err((model.clone(), ApiError::overloaded(name)));
     }
     let ctx = Attempt {
+        key_id: key.as_ref().map(|k| k.key_id.clone()).unwrap_or_default(),
+        project_id: key
+            .as_ref()
+            .map(|k| k.project_id.clone())
+            .unwrap_or_default(),
+        band,
         session: session_header.or(head.user.clone()),
         prompt: head.prompt_bytes(),
         stream: head.stream,
@@ -268,6 +292,9 @@ async fn route(
 
 /// What every attempt of one request shares.
 struct Attempt {
+    key_id: String,
+    project_id: String,
+    band: llmgw_domain::tenancy::Band,
     session: Option<String>,
     prompt: Vec<u8>,
     stream: bool,
@@ -353,6 +380,9 @@ async fn attempt(
             .cloned();
         let mut finish = Finish {
             gw: gw.clone(),
+            key_id: ctx.key_id.clone(),
+            project_id: ctx.project_id.clone(),
+            band: ctx.band,
             model: model.clone(),
             status: status.as_u16(),
             started,
@@ -446,11 +476,23 @@ fn relay(
     })
 }
 
-pub(crate) async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+/// Models that can serve now; with keys on, only those the key may use.
+pub(crate) async fn models(
+    State(gw): State<Arc<Gateway>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let key = match &gw.keys {
+        Some(directory) => match directory.authenticate(&headers) {
+            Ok(k) => Some(k),
+            Err(e) => return e.into_response(),
+        },
+        None => None,
+    };
     let data: Vec<_> = gw
         .endpoints
         .routable_models()
         .into_iter()
+        .filter(|m| key.as_ref().is_none_or(|k| k.limits.models.permits(m)))
         .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "llmgw"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()

@@ -12,7 +12,6 @@ use std::time::Duration;
 use axum::body::Bytes;
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Price;
-use llmgw_domain::tenancy::Band;
 use llmgw_domain::usage::{FinishedRequest, record};
 use llmgw_eventstore::{EventStore, ExpectedVersion, NewEvent, StreamAppend, Writer};
 use serde_json::Value;
@@ -204,13 +203,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// The band a request is admitted under when authentication is off.
-pub(crate) fn anonymous_band() -> Band {
-    Band::Gold
-}
-
 #[cfg(test)]
 mod tests {
+    use llmgw_domain::tenancy::Band;
+
     use super::*;
 
     #[test]

@@ -1050,3 +1050,104 @@ fn the_example_server_configuration_parses() {
             .starts_with("127.0.0.1:")
     );
 }
+
+#[tokio::test]
+async fn the_server_with_auth_reads_keys_from_the_event_log() {
+    use llmgw_domain::tenancy::{Band, Key, TenancyCommand as T};
+    use llmgw_domain::{Command, State};
+    let (address, _scratch, store) = seeded(Backend::Sqlite, 0).await;
+    let lease = store
+        .acquire_lease("ctl", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let w = Writer::Leader(lease.token.clone());
+    let secret = "llmgw-sk-cli-test";
+    let hash = llmgw_gateway::auth::key_hash(secret);
+    let mut state = State::default();
+    for c in [
+        T::CreateOrg {
+            org_id: "o".into(),
+            name: "o".into(),
+        },
+        T::CreateTeam {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "t".into(),
+        },
+        T::CreateProject {
+            project_id: "p".into(),
+            team_id: "t".into(),
+            name: "p".into(),
+        },
+        T::IssueKey(Key {
+            key_id: "k".into(),
+            project_id: "p".into(),
+            name: "k".into(),
+            hash,
+            prefix: "llmgw-sk".into(),
+            band: Band::Gold,
+            routing_profile: None,
+            revoked: false,
+        }),
+    ] {
+        for e in state.decide(Command::Tenancy(c)).unwrap() {
+            state.evolve(&e);
+            let (kind, version, payload) = e.encode();
+            store
+                .append(
+                    &w,
+                    &[StreamAppend::new(
+                        e.stream_id(),
+                        ExpectedVersion::Any,
+                        vec![NewEvent::new(kind, version, payload)],
+                    )],
+                )
+                .await
+                .unwrap();
+        }
+    }
+    store.release_lease(&lease.token).await.unwrap();
+    let engine = Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ]);
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let server = Child::spawn(&[
+        "--store",
+        &address,
+        "server",
+        "--auth",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let client = reqwest::Client::new();
+    let body =
+        json!({"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]});
+    let anonymous = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let keyed = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(secret)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keyed.status(), 200);
+}

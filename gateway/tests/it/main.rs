@@ -976,3 +976,183 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
     assert!(metric(&second, "llmgw_sim_prefix_queries_total").await > before);
     drop(held);
 }
+
+#[tokio::test]
+async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() {
+    use llmgw_domain::tenancy::{Band, Key, Limits, Scope, TenancyCommand as T};
+    use llmgw_domain::{Command, State};
+    use llmgw_eventstore::{
+        AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
+        Writer,
+    };
+    use llmgw_gateway::auth::{KeyDirectory, key_hash};
+
+    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let lease = store
+        .acquire_lease("ctl", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let writer = Writer::Leader(lease.token);
+    let mut state = State::default();
+    let secret = "llmgw-sk-test-0123456789";
+    let commands = vec![
+        T::CreateOrg {
+            org_id: "o".into(),
+            name: "Acme".into(),
+        },
+        T::CreateTeam {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "ML".into(),
+        },
+        T::CreateProject {
+            project_id: "p".into(),
+            team_id: "t".into(),
+            name: "chat".into(),
+        },
+        T::SetLimits {
+            scope: Scope::Project,
+            scope_id: "p".into(),
+            limits: Limits {
+                models: Some(vec!["m".into()]),
+                ..Limits::default()
+            },
+        },
+        T::IssueKey(Key {
+            key_id: "k1".into(),
+            project_id: "p".into(),
+            name: "backend".into(),
+            hash: key_hash(secret),
+            prefix: secret[..10].into(),
+            band: Band::Bronze,
+            routing_profile: None,
+            revoked: false,
+        }),
+    ];
+    let append = |events: Vec<llmgw_domain::Event>| {
+        let (store, writer) = (store.clone(), writer.clone());
+        async move {
+            for e in events {
+                let (kind, version, payload) = e.encode();
+                let batch = [StreamAppend::new(
+                    e.stream_id(),
+                    ExpectedVersion::Any,
+                    vec![NewEvent::new(kind, version, payload)],
+                )];
+                store.append(&writer, &batch).await.unwrap();
+            }
+        }
+    };
+    for c in commands {
+        let events = state.decide(Command::Tenancy(c)).unwrap();
+        events.iter().for_each(|e| state.evolve(e));
+        append(events).await;
+    }
+    let mut runner = llmgw_projections::Runner::start(store.clone(), "gateway")
+        .await
+        .unwrap();
+    let views = runner.views();
+    let mut position = runner.watch_position();
+    let follower = tokio::spawn(async move { runner.follow().await });
+
+    let (queue, mut usage) = llmgw_gateway::usage::UsageQueue::new(16);
+    let engine = sim(llmgw_sim::SimConfig {
+        models: vec!["m".into(), "other".into()],
+        ..support::sim_config()
+    })
+    .await;
+    let gw = llmgw_gateway::Gateway::with_keys(
+        GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m", "other"])],
+            ..GatewayConfig::default()
+        },
+        Some(queue),
+        Some(KeyDirectory(views)),
+    )
+    .unwrap();
+    let gw = support::serve(gw).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.base);
+    let call = |key: Option<&str>, model: &str| {
+        let mut r = client
+            .post(&url)
+            .header("x-llmgw-band", "platinum")
+            .json(&chat(model, false, 1));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    // No key, a wrong key: the same refusal, naming nothing.
+    let mut refusals = Vec::new();
+    for key in [None, Some("llmgw-sk-wrong")] {
+        let r = call(key, "m").await.unwrap();
+        assert_eq!(r.status(), 401);
+        refusals.push(r.text().await.unwrap());
+    }
+    assert_eq!(refusals[0], refusals[1]);
+    assert!(refusals[0].contains("invalid_api_key"));
+    // The right key: served, accounted to its key and project, in the key's
+    // band whatever the header says.
+    assert_eq!(call(Some(secret), "m").await.unwrap().status(), 200);
+    let record = usage.recv().await.unwrap();
+    assert_eq!(
+        (
+            record.key_id.as_str(),
+            record.project_id.as_str(),
+            record.band
+        ),
+        ("k1", "p", Band::Bronze)
+    );
+    // Outside its allowlist a model does not exist for the key.
+    let r = call(Some(secret), "other").await.unwrap();
+    assert_eq!(r.status(), 404);
+    let listed: Value = client
+        .get(format!("{}/v1/models", gw.base))
+        .bearer_auth(secret)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["m"]
+    );
+    assert_eq!(
+        client
+            .get(format!("{}/v1/models", gw.base))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    // Revoked: refused as soon as the view has the revocation.
+    let events = state
+        .decide(Command::Tenancy(T::RevokeKey {
+            key_id: "k1".into(),
+            by: "ops".into(),
+        }))
+        .unwrap();
+    append(events).await;
+    let head = store.head().await.unwrap().0;
+    tokio::time::timeout(Duration::from_secs(20), position.wait_for(|p| *p >= head))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(call(Some(secret), "m").await.unwrap().status(), 401);
+    follower.abort();
+}

@@ -67,7 +67,11 @@ pub(crate) async fn gateway_recording(
     config: GatewayConfig,
     usage: Option<Arc<llmgw_gateway::usage::UsageQueue>>,
 ) -> Running {
-    let gw = Gateway::new(config, usage).unwrap();
+    serve(Gateway::new(config, usage).unwrap()).await
+}
+
+/// Serves a gateway on loopback ports.
+pub(crate) async fn serve(gw: Arc<Gateway>) -> Running {
     let (tx, rx) = oneshot::channel();
     let mut found = (None, None);
     let mut tx = Some(tx);
