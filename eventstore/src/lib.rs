@@ -26,6 +26,7 @@ mod address;
 mod append;
 mod error;
 pub mod hash;
+mod migrate;
 mod postgres;
 mod sqlite;
 mod subscribe;

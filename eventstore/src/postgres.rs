@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Row};
 use uuid::Uuid;
@@ -111,14 +110,7 @@ impl PgStore {
             sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
                 .fetch_one(&self.pool)
                 .await?;
-        let known = llmgw_migrations::POSTGRES.last().map_or(0, |m| m.version);
-        match found {
-            Some(v) if v > known => Err(StoreError::SchemaTooNew { found: v, known }),
-            Some(v) if v == known => Ok(()),
-            _ => Err(StoreError::NotMigrated {
-                address: self.address.redacted(),
-            }),
-        }
+        crate::migrate::check_current(llmgw_migrations::POSTGRES, found, &self.address.redacted())
     }
 
     async fn hook(&self, point: AppendPoint) {
@@ -221,28 +213,8 @@ impl EventStore for PgStore {
                 .fetch_all(&mut *tx)
                 .await?;
         let applied: HashMap<i64, Vec<u8>> = applied.into_iter().collect();
-        let known = llmgw_migrations::POSTGRES;
-        if let Some(&found) = applied.keys().max()
-            && found > known.last().map_or(0, |m| m.version)
-        {
-            return Err(StoreError::SchemaTooNew {
-                found,
-                known: known.last().map_or(0, |m| m.version),
-            });
-        }
         let mut done = Vec::new();
-        for m in known {
-            let sum = Sha256::digest(m.sql.as_bytes()).to_vec();
-            match applied.get(&m.version) {
-                Some(stored) if *stored == sum => continue,
-                Some(_) => {
-                    return Err(StoreError::MigrationChanged {
-                        version: m.version,
-                        name: m.name.to_owned(),
-                    });
-                }
-                None => {}
-            }
+        for (m, sum) in crate::migrate::pending(llmgw_migrations::POSTGRES, &applied)? {
             sqlx::Executor::execute(&mut *tx, m.sql).await?;
             sqlx::query(
                 "INSERT INTO es_schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
@@ -296,11 +268,7 @@ impl EventStore for PgStore {
             {
                 return Ok(done);
             }
-            let info = self.lease_info().await?;
-            return Err(StoreError::Fenced {
-                current_holder: info.holder,
-                current_epoch: info.epoch,
-            });
+            return Err(self.lease_info().await?.fenced());
         };
         self.hook(AppendPoint::AfterFence).await;
         let head = Head {
@@ -482,12 +450,7 @@ impl EventStore for PgStore {
             .fetch_one(&self.pool)
             .await?;
         let (head, _) = self.head().await?;
-        Ok(Stats {
-            count: by_type.iter().map(|(_, n)| *n as u64).sum(),
-            head,
-            streams: streams as u64,
-            by_type: by_type.into_iter().map(|(t, n)| (t, n as u64)).collect(),
-        })
+        Ok(Stats::from_counts(by_type, streams, head))
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
@@ -508,14 +471,7 @@ impl EventStore for PgStore {
         .await?;
         match row {
             Some(r) => lease_row(&r, holder),
-            None => {
-                let info = self.lease_info().await?;
-                Err(StoreError::LeaseHeld {
-                    holder: info.holder.unwrap_or_default(),
-                    epoch: info.epoch,
-                    expires_at: info.expires_at.unwrap_or_default(),
-                })
-            }
+            None => Err(self.lease_info().await?.held()),
         }
     }
 
@@ -534,13 +490,7 @@ impl EventStore for PgStore {
         .await?;
         match row {
             Some(r) => lease_row(&r, &token.holder),
-            None => {
-                let info = self.lease_info().await?;
-                Err(StoreError::Fenced {
-                    current_holder: info.holder,
-                    current_epoch: info.epoch,
-                })
-            }
+            None => Err(self.lease_info().await?.fenced()),
         }
     }
 

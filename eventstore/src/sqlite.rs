@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -151,14 +150,7 @@ impl SqliteStore {
             sqlx::query_scalar("SELECT max(version) FROM es_schema_migrations")
                 .fetch_one(&self.reader)
                 .await?;
-        let known = llmgw_migrations::SQLITE.last().map_or(0, |m| m.version);
-        match found {
-            Some(v) if v > known => Err(StoreError::SchemaTooNew { found: v, known }),
-            Some(v) if v == known => Ok(()),
-            _ => Err(StoreError::NotMigrated {
-                address: self.address.redacted(),
-            }),
-        }
+        crate::migrate::check_current(llmgw_migrations::SQLITE, found, &self.address.redacted())
     }
 
     async fn hook(&self, point: AppendPoint) {
@@ -190,14 +182,6 @@ impl SqliteStore {
                 })
             })
             .collect()
-    }
-
-    async fn fenced_error(&self) -> Result<StoreError> {
-        let info = self.lease_info().await?;
-        Ok(StoreError::Fenced {
-            current_holder: info.holder,
-            current_epoch: info.epoch,
-        })
     }
 }
 
@@ -275,29 +259,8 @@ impl EventStore for SqliteStore {
                 .fetch_all(&mut *tx)
                 .await?;
         let applied: HashMap<i64, Vec<u8>> = applied.into_iter().collect();
-        let known = llmgw_migrations::SQLITE;
-        let newest = known.last().map_or(0, |m| m.version);
-        if let Some(&found) = applied.keys().max()
-            && found > newest
-        {
-            return Err(StoreError::SchemaTooNew {
-                found,
-                known: newest,
-            });
-        }
         let mut done = Vec::new();
-        for m in known {
-            let sum = Sha256::digest(m.sql.as_bytes()).to_vec();
-            match applied.get(&m.version) {
-                Some(stored) if *stored == sum => continue,
-                Some(_) => {
-                    return Err(StoreError::MigrationChanged {
-                        version: m.version,
-                        name: m.name.to_owned(),
-                    });
-                }
-                None => {}
-            }
+        for (m, sum) in crate::migrate::pending(llmgw_migrations::SQLITE, &applied)? {
             sqlx::Executor::execute(&mut *tx, m.sql).await?;
             sqlx::query(
                 "INSERT INTO es_schema_migrations (version, name, checksum, applied_at)
@@ -345,7 +308,7 @@ impl EventStore for SqliteStore {
             if let Some(done) = append::resolve_retry(&prepared, &existing)? {
                 return Ok(done);
             }
-            return Err(self.fenced_error().await?);
+            return Err(self.lease_info().await?.fenced());
         };
         self.hook(AppendPoint::AfterFence).await;
         if let Some(done) = append::resolve_retry(&prepared, &existing)? {
@@ -497,12 +460,7 @@ impl EventStore for SqliteStore {
             .fetch_one(&self.reader)
             .await?;
         let (head, _) = self.head().await?;
-        Ok(Stats {
-            count: by_type.iter().map(|(_, n)| *n as u64).sum(),
-            head,
-            streams: streams as u64,
-            by_type: by_type.into_iter().map(|(t, n)| (t, n as u64)).collect(),
-        })
+        Ok(Stats::from_counts(by_type, streams, head))
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
@@ -525,14 +483,7 @@ impl EventStore for SqliteStore {
         tx.commit().await?;
         match row {
             Some(r) => lease_row(&r, holder),
-            None => {
-                let info = self.lease_info().await?;
-                Err(StoreError::LeaseHeld {
-                    holder: info.holder.unwrap_or_default(),
-                    epoch: info.epoch,
-                    expires_at: info.expires_at.unwrap_or_default(),
-                })
-            }
+            None => Err(self.lease_info().await?.held()),
         }
     }
 
@@ -554,7 +505,7 @@ impl EventStore for SqliteStore {
         tx.commit().await?;
         match row {
             Some(r) => lease_row(&r, &token.holder),
-            None => Err(self.fenced_error().await?),
+            None => Err(self.lease_info().await?.fenced()),
         }
     }
 

@@ -138,6 +138,25 @@ pub struct LeaseInfo {
     pub head: u64,
 }
 
+impl LeaseInfo {
+    /// The refusal of an append or renewal by a writer that is not the holder.
+    pub(crate) fn fenced(self) -> crate::StoreError {
+        crate::StoreError::Fenced {
+            current_holder: self.holder,
+            current_epoch: self.epoch,
+        }
+    }
+
+    /// The refusal of an acquisition while someone else holds the lease.
+    pub(crate) fn held(self) -> crate::StoreError {
+        crate::StoreError::LeaseHeld {
+            holder: self.holder.unwrap_or_default(),
+            epoch: self.epoch,
+            expires_at: self.expires_at.unwrap_or_default(),
+        }
+    }
+}
+
 /// An event as stored, with its place in the log and in its stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecordedEvent {
@@ -204,6 +223,17 @@ pub struct Stats {
     pub head: u64,
     pub streams: u64,
     pub by_type: Vec<(String, u64)>,
+}
+
+impl Stats {
+    pub(crate) fn from_counts(by_type: Vec<(String, i64)>, streams: i64, head: u64) -> Self {
+        Stats {
+            count: by_type.iter().map(|(_, n)| *n as u64).sum(),
+            head,
+            streams: streams as u64,
+            by_type: by_type.into_iter().map(|(t, n)| (t, n as u64)).collect(),
+        }
+    }
 }
 
 /// The outcome of `verify`: the range checked and the first position whose
