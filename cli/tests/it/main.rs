@@ -645,17 +645,7 @@ impl Drop for Child {
 
 #[tokio::test]
 async fn sim_engine_answers_openai_clients_over_a_socket() {
-    let engine = Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "tiny",
-        "--ttft-ms",
-        "1",
-        "--tps",
-        "1000",
-    ]);
+    let engine = tiny_engine();
     let base = format!("http://{}", engine.addr_after("listening on "));
     let client = reqwest::Client::new();
     let body = json!({"model": "tiny", "stream": true, "max_tokens": 5, "stream_options": {"include_usage": true},
@@ -776,17 +766,7 @@ async fn the_server_routes_to_static_endpoints_and_refuses_to_start_with_none() 
     assert_eq!(bad.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("the URL must start with http://"));
 
-    let engine = Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "tiny",
-        "--ttft-ms",
-        "1",
-        "--tps",
-        "1000",
-    ]);
+    let engine = tiny_engine();
     let engine_addr = engine.addr_after("listening on ");
     let endpoint = format!("e1=http://{engine_addr}=tiny");
     let server = Child::spawn(&[
@@ -838,17 +818,7 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("log.db");
     let store = store.to_str().unwrap();
-    let engine = Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "tiny",
-        "--ttft-ms",
-        "1",
-        "--tps",
-        "1000",
-    ]);
+    let engine = tiny_engine();
     let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
     let mut server = Child::spawn(&[
         "--store",
@@ -908,17 +878,7 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
         probe.as_ref().is_ok_and(|o| o.status.success()),
         "the OpenAI Python SDK is needed: python3 -m pip install openai==3.57.0 (scripts/test does this)"
     );
-    let engine = Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "tiny",
-        "--ttft-ms",
-        "1",
-        "--tps",
-        "1000",
-    ]);
+    let engine = tiny_engine();
     let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
     let server = Child::spawn(&[
         "server",
@@ -952,17 +912,7 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
 #[tokio::test]
 async fn server_settings_come_from_a_config_file_and_flags_win() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "tiny",
-        "--ttft-ms",
-        "1",
-        "--tps",
-        "1000",
-    ]);
+    let engine = tiny_engine();
     let engine_addr = engine.addr_after("listening on ");
     let config = dir.path().join("server.toml");
     std::fs::write(
@@ -1107,17 +1057,7 @@ async fn the_server_with_auth_reads_keys_from_the_event_log() {
         }
     }
     store.release_lease(&lease.token).await.unwrap();
-    let engine = Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "tiny",
-        "--ttft-ms",
-        "1",
-        "--tps",
-        "1000",
-    ]);
+    let engine = tiny_engine();
     let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
     let server = Child::spawn(&[
         "--store",
@@ -1150,4 +1090,19 @@ async fn the_server_with_auth_reads_keys_from_the_event_log() {
         .await
         .unwrap();
     assert_eq!(keyed.status(), 200);
+}
+
+/// A fast sim engine serving `tiny`, as a real process.
+fn tiny_engine() -> Child {
+    Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "tiny",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ])
 }

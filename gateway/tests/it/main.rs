@@ -108,14 +108,7 @@ async fn a_failing_endpoint_is_retried_around_then_its_breaker_opens() {
             .unwrap();
         assert_eq!(r.status(), 200, "retried before the first byte");
     }
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_endpoint_breaker_open{endpoint=\"a-dead\"} 1"),
         "{page}"
@@ -349,12 +342,7 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
     })
     .await
     .expect("the engine stopped generating for a client that left");
-    let page = reqwest::get(format!("{}/metrics", gw.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_endpoint_in_flight{endpoint=\"a\"} 0"),
         "{page}"
@@ -404,14 +392,7 @@ async fn usage_is_counted_even_when_the_client_did_not_ask_and_then_stripped() {
         .text()
         .await
         .unwrap();
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_tokens_total{direction=\"completion\"} 10"),
         "4 + 4 + 2:\n{page}"
@@ -529,14 +510,7 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
         3.0,
         "all went to the idle engine"
     );
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.lines()
             .any(|l| l.starts_with("llmgw_endpoint_waiting{endpoint=\"a\"} 2")),
@@ -574,14 +548,7 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
         before,
         "the stale endpoint got nothing"
     );
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_endpoint_metrics_stale{endpoint=\"c\"} 1"),
         "{page}"
@@ -617,14 +584,7 @@ async fn a_shared_prefix_lands_on_one_replica_until_the_imbalance_guard_trips() 
                 .unwrap(),
         );
     }
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     let has = |line: &str| page.lines().any(|l| l == line);
     // 1 miss to a, 8 hits on a, the 10th finds a at 9 against 0 (over both
     // thresholds) and goes to b, whose prefix it now is.
@@ -665,14 +625,7 @@ async fn a_session_id_keeps_a_conversation_on_one_replica() {
     // a has one in flight, b none: without the session this would go to b.
     open.push(send("s1").await.unwrap());
     open.push(send("s2").await.unwrap());
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.lines()
             .any(|l| l == "llmgw_endpoint_in_flight{endpoint=\"a\"} 2"),
@@ -727,14 +680,7 @@ async fn admission_holds_the_lowest_band_first_and_refuses_with_retry_after() {
             .json(&chat("m", true, 1))
             .send()
     };
-    let page = client
-        .get(format!("{}/metrics", gw.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = gw.admin_page().await;
     assert!(
         page.lines()
             .any(|l| l.starts_with("llmgw_pool_saturation{model=\"m\"} 0.75")),
@@ -758,14 +704,7 @@ async fn admission_holds_the_lowest_band_first_and_refuses_with_retry_after() {
         .collect();
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
-            let page = client
-                .get(format!("{}/metrics", gw.admin))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let page = gw.admin_page().await;
             if page
                 .lines()
                 .any(|l| l == "llmgw_endpoint_in_flight{endpoint=\"a\"} 2")

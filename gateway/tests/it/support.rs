@@ -51,6 +51,18 @@ pub(crate) struct Running {
     pub(crate) gateway: Arc<Gateway>,
 }
 
+impl Running {
+    /// The gateway's admin /metrics page.
+    pub(crate) async fn admin_page(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
 pub(crate) async fn gateway(endpoints: Vec<EndpointSpec>) -> Running {
     gateway_with(GatewayConfig {
         endpoints,
