@@ -4,3 +4,10 @@
 //!
 //! What must not: any dependency on the server's crates. The agent speaks to
 //! the control plane only through `llmgw-api`.
+//!
+//! So far: GPU discovery through nvidia-smi, GPU classes and health, and
+//! InfiniBand adapters from sysfs with the fabric checks. Every parser is
+//! tested on captured output and fixture trees, never on the build
+//! machine's own hardware.
+
+pub mod discovery;

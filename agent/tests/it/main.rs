@@ -1,0 +1,447 @@
+//! Discovery on captured command output and fixture sysfs trees, with the
+//! cases of the original agent's tests.
+
+#![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use llmgw_agent::discovery::fabric::{DoubleMembership, check};
+use llmgw_agent::discovery::gpu::{Gpu, Health, class, classes};
+use llmgw_agent::discovery::ib::{
+    self, Hca, Port, parse_enumerated_state, parse_gid_prefix, parse_maybe_hex, parse_rate,
+};
+use llmgw_agent::discovery::{memory, smi};
+
+const SMI_SAMPLE: &str = "0, GPU-11111111-2222-3333-4444-555555555555, NVIDIA H100 80GB HBM3, 81559, 4, 9.0, 00000000:1B:00.0, 550.54.15, 34, 0
+1, GPU-66666666-7777-8888-9999-000000000000, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54.15, 36, 0
+";
+
+#[test]
+fn nvidia_smi_rows_parse_into_healthy_gpus() {
+    let gpus = smi::parse(SMI_SAMPLE).unwrap();
+    assert_eq!(gpus.len(), 2);
+    let g = &gpus[0];
+    assert_eq!(g.uuid, "GPU-11111111-2222-3333-4444-555555555555");
+    assert_eq!(
+        (
+            g.memory_total_mb,
+            g.compute_capability.as_str(),
+            g.driver_version.as_str()
+        ),
+        (81559, "9.0", "550.54.15")
+    );
+    assert_eq!(
+        (g.class.as_str(), g.numa_node, g.health.temperature_c),
+        ("h100-80g", -1, 34)
+    );
+    assert!(g.health.ok(), "4 MiB used is driver overhead");
+}
+
+#[test]
+fn unsupported_fields_read_as_zero_and_short_rows_are_skipped() {
+    let row = "0, GPU-abc, NVIDIA GeForce RTX 4090, 24564, 300, 8.9, 00000000:01:00.0, 550.54.15, 40, [N/A]\n\
+               1, GPU-short, NVIDIA H100\n\
+               x, GPU-noindex, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 0:0, 550, 30, 0\n\n";
+    let gpus = smi::parse(row).unwrap();
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(
+        (gpus[0].health.ecc_errors, gpus[0].class.as_str()),
+        (0, "4090-24g")
+    );
+    assert!(gpus[0].health.ok());
+    for (cell, want) in [
+        (" 81559 MiB ", 81559),
+        ("250 W", 250),
+        ("[N/A]", 0),
+        ("Not Supported", 0),
+        ("", 0),
+        ("abc", 0),
+    ] {
+        assert_eq!(smi::parse_csv_int(cell), want, "{cell:?}");
+    }
+    assert!(smi::parse("0, \"unterminated, x\n").is_err());
+}
+
+#[test]
+fn an_older_driver_without_utilisation_still_discovers_and_a_newer_reports_it() {
+    let old = "0, GPU-aaa, NVIDIA H100 80GB HBM3, 81559, 1024, 9.0, 0000:01:00.0, 550.54, 41, 0";
+    let g = &smi::parse(old).unwrap()[0];
+    assert_eq!(
+        (
+            g.memory_total_mb,
+            g.health.temperature_c,
+            g.utilization_percent
+        ),
+        (81559, 41, 0)
+    );
+    let new = format!("{old}, 87");
+    assert_eq!(smi::parse(&new).unwrap()[0].utilization_percent, 87);
+}
+
+#[test]
+fn foreign_memory_and_ecc_errors_keep_a_gpu_out() {
+    let used = Gpu {
+        name: "NVIDIA H100 80GB HBM3".into(),
+        memory_total_mb: 81559,
+        memory_used_mb: 40000,
+        ..Gpu::default()
+    }
+    .finish();
+    assert_eq!(
+        used.health.problems,
+        vec!["40000 MiB already allocated by another process"]
+    );
+    let ecc = Gpu {
+        memory_used_mb: 512,
+        health: Health {
+            ecc_errors: 3,
+            ..Health::default()
+        },
+        ..Gpu::default()
+    }
+    .finish();
+    assert_eq!(
+        ecc.health.problems,
+        vec!["3 uncorrected ECC errors"],
+        "512 MiB is still overhead"
+    );
+}
+
+#[test]
+fn gpu_classes_are_name_and_reported_memory() {
+    for (name, mib, want) in [
+        ("NVIDIA H100 80GB HBM3", 81559, "h100-80g"),
+        ("NVIDIA H100-SXM5-80GB", 81559, "h100-80g"),
+        ("Tesla A100-SXM4-40GB", 40960, "a100-40g"),
+        ("NVIDIA A100 80GB PCIe", 81920, "a100-80g"),
+        ("NVIDIA L40S", 46068, "l40s-45g"),
+        ("NVIDIA GeForce RTX 4090", 24564, "4090-24g"),
+        ("Tesla V100-SXM2-16GB", 16160, "v100-16g"),
+        ("Mystery Card", 8192, "mystery-card-8g"),
+    ] {
+        assert_eq!(class(name, mib), want, "{name}");
+    }
+    let inv: Vec<Gpu> = [
+        ("NVIDIA H100 80GB HBM3", 81559),
+        ("NVIDIA H100-SXM5-80GB", 81559),
+        ("Tesla A100-SXM4-40GB", 40960),
+    ]
+    .into_iter()
+    .map(|(n, m)| {
+        Gpu {
+            name: n.into(),
+            memory_total_mb: m,
+            ..Gpu::default()
+        }
+        .finish()
+    })
+    .collect();
+    assert_eq!(classes(&inv), vec!["a100-40g", "h100-80g"]);
+}
+
+#[test]
+fn nvidia_smi_runs_as_a_command_and_a_missing_one_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("nvidia-smi");
+    std::fs::write(&stub, format!("#!/bin/sh\ncat <<'EOF'\n{SMI_SAMPLE}EOF\n")).unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&stub)
+        .status()
+        .unwrap();
+    assert_eq!(smi::discover(Some(&stub)).unwrap().len(), 2);
+    let err = smi::discover(Some(&dir.path().join("absent"))).unwrap_err();
+    assert!(err.to_string().starts_with("running "), "{err}");
+    let failing = dir.path().join("failing");
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&failing)
+        .status()
+        .unwrap();
+    let err = smi::discover(Some(&failing)).unwrap_err();
+    assert!(err.to_string().contains("NVIDIA-SMI has failed"), "{err}");
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// The original tests' sysfs tree: mlx5_0 (IB, 200, with a PCI device),
+/// mlx5_1 (one port up, one down), mlx5_2 (RoCE at 100).
+fn fake_sysfs(root: &Path) {
+    let ib = root.join("class/infiniband");
+    let port = |hca: &str, n: u32, state: &str, phys: &str, rate: &str, layer: &str| {
+        let p = ib.join(hca).join("ports").join(n.to_string());
+        write(&p.join("state"), state);
+        write(&p.join("phys_state"), phys);
+        write(&p.join("rate"), rate);
+        write(&p.join("link_layer"), layer);
+        p
+    };
+    write(&ib.join("mlx5_0/fw_ver"), "20.35.1012\n");
+    let p = port(
+        "mlx5_0",
+        1,
+        "4: ACTIVE",
+        "5: LinkUp",
+        "200 Gb/sec (4X HDR)",
+        "InfiniBand",
+    );
+    write(&p.join("gids/0"), "FEC0:0000:0000:000A:0002:C903:00A0:1234");
+    write(&p.join("lid"), "0x1a");
+    write(&p.join("sm_lid"), "1");
+    let pci = root.join("devices/pci/0000:0b:00.0");
+    write(&pci.join("numa_node"), "1\n");
+    std::os::unix::fs::symlink(&pci, ib.join("mlx5_0/device")).unwrap();
+    port(
+        "mlx5_1",
+        1,
+        "4: ACTIVE",
+        "5: LinkUp",
+        "200 Gb/sec (4X HDR)",
+        "InfiniBand",
+    );
+    port("mlx5_1", 2, "1: DOWN", "3: Disabled", "0", "InfiniBand");
+    port(
+        "mlx5_2",
+        1,
+        "4: ACTIVE",
+        "5: LinkUp",
+        "100 Gb/sec (4X EDR)",
+        "Ethernet",
+    );
+}
+
+#[test]
+fn infiniband_adapters_are_read_from_sysfs() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_sysfs(dir.path());
+    // An adapter without ports/ is skipped, not fatal.
+    std::fs::create_dir_all(dir.path().join("class/infiniband/mlx5_broken")).unwrap();
+    let hcas = ib::discover(Some(&dir.path().join("class/infiniband"))).unwrap();
+    assert_eq!(
+        hcas.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+        vec!["mlx5_0", "mlx5_1", "mlx5_2"]
+    );
+    let h = &hcas[0];
+    assert_eq!(
+        (
+            h.firmware_version.as_str(),
+            h.pci_addr.as_str(),
+            h.numa_node
+        ),
+        ("20.35.1012", "0000:0b:00.0", 1)
+    );
+    let p = &h.ports[0];
+    assert_eq!(
+        (
+            p.state.as_str(),
+            p.phys_state.as_str(),
+            p.rate_gbps,
+            p.link_layer.as_str(),
+            p.gid_prefix.as_str(),
+            p.lid,
+            p.sm_lid
+        ),
+        (
+            "ACTIVE",
+            "LinkUp",
+            200,
+            "InfiniBand",
+            "fec0:0000:0000:000a",
+            26,
+            1
+        )
+    );
+    assert_eq!(
+        (
+            hcas[1].ports.len(),
+            hcas[1]
+                .active_ports()
+                .iter()
+                .map(|p| p.num)
+                .collect::<Vec<_>>()
+        ),
+        (2, vec![1])
+    );
+    assert_eq!(
+        hcas[2].ports[0].link_layer, "Ethernet",
+        "RoCE is told apart"
+    );
+    assert!(
+        ib::discover(Some(&dir.path().join("absent")))
+            .unwrap()
+            .is_empty(),
+        "no fabric is not an error"
+    );
+}
+
+#[test]
+fn the_sysfs_value_parsers_match_the_original_cases() {
+    for (s, want) in [
+        ("4: ACTIVE", "ACTIVE"),
+        ("1: DOWN", "DOWN"),
+        ("5: LinkUp", "LinkUp"),
+        ("ACTIVE", "ACTIVE"),
+        ("", ""),
+    ] {
+        assert_eq!(parse_enumerated_state(s), want);
+    }
+    for (s, want) in [
+        ("200 Gb/sec (4X HDR)", 200),
+        ("100 Gb/sec (4X EDR)", 100),
+        ("2.5 Gb/sec (1X SDR)", 2),
+        ("", 0),
+        ("garbage", 0),
+    ] {
+        assert_eq!(parse_rate(s), want, "{s:?}");
+    }
+    for (s, want) in [("0x1a", 26), ("0X1A", 26), ("26", 26), ("", 0), ("zzz", 0)] {
+        assert_eq!(parse_maybe_hex(s), want, "{s:?}");
+    }
+    for (s, want) in [
+        (
+            "FE80:0000:0000:0000:0002:C903:00A0:1234",
+            "fe80:0000:0000:0000",
+        ),
+        ("short:gid", ""),
+        ("fec0::1", ""),
+    ] {
+        assert_eq!(parse_gid_prefix(s), want, "{s:?}");
+    }
+}
+
+fn hca(name: &str, ports: &[(&str, &str, u32)]) -> Hca {
+    Hca {
+        name: name.into(),
+        ports: ports
+            .iter()
+            .enumerate()
+            .map(|(i, (state, phys, rate))| Port {
+                num: i as u32 + 1,
+                state: (*state).into(),
+                phys_state: (*phys).into(),
+                rate_gbps: *rate,
+                ..Port::default()
+            })
+            .collect(),
+        numa_node: -1,
+        ..Hca::default()
+    }
+}
+
+fn declared(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    pairs
+        .iter()
+        .map(|(f, h)| (f.to_string(), h.iter().map(|s| s.to_string()).collect()))
+        .collect()
+}
+
+#[test]
+fn fabric_checks_name_missing_and_inactive_adapters_and_take_the_slowest_link() {
+    let up = hca("mlx5_0", &[("ACTIVE", "LinkUp", 200)]);
+    let c = &check(
+        &declared(&[("ib-a", &["mlx5_0", "mlx5_9"])]),
+        std::slice::from_ref(&up),
+    )
+    .unwrap()[0];
+    assert_eq!(c.usable, vec!["mlx5_0"]);
+    assert_eq!(
+        c.problems,
+        vec!["mlx5_9 is not on this node (found: mlx5_0)"]
+    );
+
+    let init = hca("mlx5_0", &[("INIT", "LinkUp", 200)]);
+    let c = &check(&declared(&[("ib-a", &["mlx5_0"])]), &[init]).unwrap()[0];
+    assert!(
+        !c.ok() && c.problems[0].contains("INIT"),
+        "{:?}",
+        c.problems
+    );
+
+    let fast = hca("mlx5_0", &[("ACTIVE", "LinkUp", 400)]);
+    let slow = hca("mlx5_1", &[("ACTIVE", "LinkUp", 100)]);
+    assert_eq!(
+        check(&declared(&[("ib-a", &["mlx5_0", "mlx5_1"])]), &[fast, slow]).unwrap()[0].rate_gbps,
+        100
+    );
+
+    let mixed = hca(
+        "mlx5_0",
+        &[("DOWN", "Disabled", 0), ("ACTIVE", "LinkUp", 200)],
+    );
+    let c = &check(&declared(&[("ib-a", &["mlx5_0"])]), &[mixed]).unwrap()[0];
+    assert!(c.ok() && c.rate_gbps == 200);
+
+    let down = hca("mlx5_0", &[("DOWN", "Polling", 0)]);
+    assert!(!check(&declared(&[("ib-a", &["mlx5_0"])]), &[down]).unwrap()[0].ok());
+    assert!(check(&BTreeMap::new(), &[]).unwrap().is_empty());
+
+    let order: Vec<String> = check(
+        &declared(&[("ib-c", &["x"]), ("ib-a", &["y"]), ("ib-b", &["z"])]),
+        &[],
+    )
+    .unwrap()
+    .into_iter()
+    .map(|c| c.fabric)
+    .collect();
+    assert_eq!(order, vec!["ib-a", "ib-b", "ib-c"]);
+    let c = &check(&declared(&[("ib-a", &["mlx5_7"])]), &[]).unwrap()[0];
+    assert_eq!(c.problems, vec!["mlx5_7 is not on this node (found: none)"]);
+}
+
+#[test]
+fn an_adapter_named_under_two_fabrics_is_refused() {
+    let err = check(
+        &declared(&[("ib-a", &["mlx5_0"]), ("ib-b", &["mlx5_0"])]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        DoubleMembership {
+            hca: "mlx5_0".into(),
+            first: "ib-a".into(),
+            second: "ib-b".into()
+        }
+    );
+}
+
+#[test]
+fn total_memory_comes_from_meminfo_and_unreadable_means_unknown() {
+    assert_eq!(
+        memory::parse("MemFree: 1 kB\nMemTotal:       32876244 kB\nSwapTotal: 0 kB\n"),
+        32105
+    );
+    for bad in [
+        "",
+        "MemTotal:\n",
+        "MemTotal: not-a-number kB",
+        "Other: 1 kB",
+    ] {
+        assert_eq!(memory::parse(bad), 0, "{bad:?}");
+    }
+    assert_eq!(memory::total_mb(Path::new("/nonexistent/meminfo")), 0);
+}
+
+#[test]
+fn a_gpu_serialises_in_the_inventory_shape() {
+    let g = &smi::parse(SMI_SAMPLE).unwrap()[0];
+    let v = serde_json::to_value(g).unwrap();
+    assert_eq!(
+        (v["class"].as_str(), v["memory_total_mb"].as_u64()),
+        (Some("h100-80g"), Some(81559))
+    );
+    assert!(v.get("utilization_percent").is_none(), "omitted when 0");
+    assert!(
+        v.get("nvlink_peers").is_none() && v.get("cuda_version").is_none(),
+        "omitted when empty"
+    );
+}
