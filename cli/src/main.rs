@@ -1,6 +1,7 @@
 //! The `llmgw` binary: every subcommand wires the library crates together.
 //! Parsing and printing live here; behaviour lives in the crates.
 
+mod agent;
 mod events;
 mod lease;
 mod output;
@@ -37,6 +38,9 @@ enum Command {
     /// Inspect the append lease.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// The node agent.
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     /// The gateway; with --endpoint, alone against static endpoints.
     Server(server::ServerArgs),
     /// An OpenAI-compatible simulated engine, for tests and demos.
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
             Command::Lease(cmd) => lease::run(&cli.store, cmd).await,
             Command::SimEngine(args) => sim::run(args).await,
             Command::Server(args) => server::run(&cli.store, args).await,
+            Command::Agent(cmd) => agent::run(cmd).await,
         }
     });
     match result {

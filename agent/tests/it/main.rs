@@ -445,3 +445,110 @@ fn a_gpu_serialises_in_the_inventory_shape() {
         "omitted when empty"
     );
 }
+
+#[test]
+fn the_host_is_read_from_os_release_cpuinfo_and_the_driver() {
+    use llmgw_agent::discovery::host::{
+        Host, debian_arch, parse_cpu_flags, parse_driver_version, parse_os_release,
+    };
+    let h = parse_os_release(
+        "NAME=\"Ubuntu\"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID=\"24.04\"\nVERSION_CODENAME=noble\nnot a pair\n",
+    );
+    assert_eq!(
+        (
+            h.os_id.as_str(),
+            h.os_version.as_str(),
+            h.os_codename.as_str(),
+            h.os_like.clone()
+        ),
+        ("ubuntu", "24.04", "noble", vec!["debian".to_string()])
+    );
+    assert_eq!(h.family(), "deb");
+    assert_eq!(
+        Host {
+            os_id: "rocky".into(),
+            ..Host::default()
+        }
+        .family(),
+        "rpm"
+    );
+    assert_eq!(
+        Host {
+            os_id: "arch".into(),
+            ..Host::default()
+        }
+        .family(),
+        ""
+    );
+    assert_eq!(
+        (
+            debian_arch("x86_64"),
+            debian_arch("aarch64"),
+            debian_arch("riscv64")
+        ),
+        ("amd64", "arm64", "riscv64")
+    );
+    let cpu = "processor\t: 0\nflags\t\t: fpu sse avx2 avx fma avx512f amx_tile\nflags : sve\n";
+    assert_eq!(
+        parse_cpu_flags(cpu),
+        vec!["avx", "avx2", "fma", "avx512f", "amx_tile"],
+        "fixed order, first line only"
+    );
+    assert_eq!(
+        parse_cpu_flags("Features\t: fp asimd sve\n"),
+        vec!["asimd", "sve"]
+    );
+    assert!(parse_cpu_flags("").is_empty());
+    assert_eq!(
+        parse_driver_version(
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Fri Jan 24 2025\n"
+        ),
+        "570.86.15"
+    );
+    assert_eq!(
+        parse_driver_version(
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build\n"
+        ),
+        "570.86.15",
+        "the open module's banner reads right"
+    );
+    assert_eq!(parse_driver_version(""), "");
+}
+
+#[test]
+fn weights_are_files_and_directories_with_weight_files() {
+    use llmgw_agent::discovery::weights::scan;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("qwen-3b-q4.gguf"), vec![0u8; 1024]).unwrap();
+    std::fs::create_dir(d.join("Llama-3.3-70B")).unwrap();
+    std::fs::write(
+        d.join("Llama-3.3-70B/model-00001.safetensors"),
+        vec![0u8; 2048],
+    )
+    .unwrap();
+    std::fs::write(d.join("Llama-3.3-70B/config.json"), vec![0u8; 64]).unwrap();
+    std::fs::create_dir(d.join("downloading")).unwrap();
+    std::fs::write(d.join("downloading/README.md"), "partial").unwrap();
+    std::fs::write(d.join("notes.txt"), "x").unwrap();
+    std::fs::write(d.join("fetch.sh"), "x").unwrap();
+    let found = scan(&[
+        d.to_path_buf(),
+        d.to_path_buf(),
+        "".into(),
+        d.join("absent"),
+    ]);
+    let got: Vec<(String, u64)> = found
+        .iter()
+        .map(|w| (w.path.rsplit('/').next().unwrap().to_owned(), w.size_bytes))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("Llama-3.3-70B".into(), 2112),
+            ("qwen-3b-q4.gguf".into(), 1024)
+        ]
+    );
+    assert!(found.iter().all(|w| !w.shared));
+    assert!(scan(&[]).is_empty());
+}

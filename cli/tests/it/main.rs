@@ -1106,3 +1106,102 @@ fn tiny_engine() -> Child {
         "1000",
     ])
 }
+
+#[test]
+fn agent_inventory_reports_what_the_scheduler_sees() {
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    let write = |p: &str, text: &str| {
+        let path = r.join(p);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    write(
+        "etc/os-release",
+        "ID=debian\nVERSION_ID=\"12\"\nVERSION_CODENAME=bookworm\n",
+    );
+    write("proc/meminfo", "MemTotal:       32876244 kB\n");
+    write("proc/cpuinfo", "flags : avx avx2\n");
+    for (f, v) in [
+        ("state", "4: ACTIVE"),
+        ("phys_state", "5: LinkUp"),
+        ("rate", "200 Gb/sec (4X HDR)"),
+        ("link_layer", "InfiniBand"),
+    ] {
+        write(&format!("sys/class/infiniband/mlx5_0/ports/1/{f}"), v);
+    }
+    write(
+        "bin/nvidia-smi",
+        "#!/bin/sh\necho '0, GPU-1, NVIDIA H100 80GB HBM3, 81559, 4, 9.0, 00000000:1B:00.0, 550.54.15, 34, 0, 12'\n",
+    );
+    Command::new("chmod")
+        .arg("+x")
+        .arg(r.join("bin/nvidia-smi"))
+        .status()
+        .unwrap();
+    let smi = r.join("bin/nvidia-smi");
+    let args = |json: bool| {
+        let mut a = vec![
+            "agent".to_string(),
+            "inventory".into(),
+            "--root".into(),
+            r.display().to_string(),
+            "--nvidia-smi".into(),
+            smi.display().to_string(),
+            "--fabric".into(),
+            "ib-a=mlx5_0,mlx5_9".into(),
+        ];
+        if json {
+            a.push("--json".into());
+        }
+        a
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(args(true))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (inv["source"].as_str(), inv["gpus"][0]["class"].as_str()),
+        (Some("nvidia-smi"), Some("h100-80g"))
+    );
+    assert_eq!(inv["gpus"][0]["utilization_percent"], 12);
+    assert_eq!(
+        (
+            inv["memory_total_mb"].as_u64(),
+            inv["host"]["os_codename"].as_str()
+        ),
+        (Some(32105), Some("bookworm"))
+    );
+    assert_eq!(inv["hcas"][0]["name"], "mlx5_0");
+    assert_eq!(inv["fabrics"][0]["usable"], json!(["mlx5_0"]));
+    assert_eq!(
+        inv["fabrics"][0]["problems"],
+        json!(["mlx5_9 is not on this node (found: mlx5_0)"])
+    );
+    let table = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(args(false))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("h100-80g") && text.contains("fabric   ib-a: ok at 200 Gb/s"),
+        "{text}"
+    );
+    let missing = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "agent",
+            "inventory",
+            "--nvidia-smi",
+            "/nonexistent/nvidia-smi",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("running /nonexistent/nvidia-smi"));
+}
