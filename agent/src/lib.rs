@@ -11,3 +11,4 @@
 //! machine's own hardware.
 
 pub mod discovery;
+pub mod engines;

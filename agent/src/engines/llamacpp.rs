@@ -1,0 +1,123 @@
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use super::{
+    Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, has_flag, strings,
+    validate_common,
+};
+
+/// llama.cpp's `llama-server`: a CPU (or single-node GPU) model behind the
+/// same API, one shard per replica.
+#[derive(Debug, Default)]
+pub struct LlamaCpp {
+    pub bin: Option<PathBuf>,
+    /// Concurrent slots; 0 means 4 (llama.cpp's own default of 1 serialises).
+    pub parallel: u32,
+    installed: RwLock<Option<PathBuf>>,
+}
+
+impl LlamaCpp {
+    pub fn new(bin: Option<PathBuf>, parallel: u32) -> Self {
+        LlamaCpp {
+            bin,
+            parallel,
+            installed: RwLock::new(None),
+        }
+    }
+
+    /// A binary the provisioner installed; it wins over the configured one.
+    pub fn use_installed(&self, path: PathBuf) {
+        *self.installed.write().unwrap_or_else(|p| p.into_inner()) = Some(path);
+    }
+
+    fn binary(&self) -> PathBuf {
+        self.installed
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .or_else(|| self.bin.clone())
+            .unwrap_or_else(|| "llama-server".into())
+    }
+}
+
+/// The model file for a path: the path itself unless it is a directory, in
+/// which case its first `.gguf` file by name (split models' first part
+/// sorts first; llama.cpp finds the rest).
+pub fn gguf_in(path: &Path) -> Result<PathBuf, EngineError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {}
+        // A missing file is the engine's to report.
+        _ => return Ok(path.to_path_buf()),
+    }
+    let entries = std::fs::read_dir(path)
+        .map_err(|e| EngineError(format!("reading {}: {e}", path.display())))?;
+    let mut ggufs: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.to_lowercase().ends_with(".gguf"))
+        .collect();
+    ggufs.sort();
+    ggufs
+        .first()
+        .map(|f| path.join(f))
+        .ok_or_else(|| EngineError(format!("{} holds no .gguf file", path.display())))
+}
+
+impl Engine for LlamaCpp {
+    fn name(&self) -> &'static str {
+        "llamacpp"
+    }
+
+    fn validate(&self, p: &Profile, gpus: &[GpuInfo]) -> Result<(), EngineError> {
+        validate_common(p, gpus)?;
+        if p.nodes > 1 {
+            return Err(EngineError(format!(
+                "profile {:?}: llamacpp does not span nodes; use vllm or sglang for a {}-node replica",
+                p.name, p.nodes
+            )));
+        }
+        if p.tp > 1 {
+            return Err(EngineError(format!(
+                "profile {:?}: llamacpp does not do tensor parallelism; it splits a model across local GPUs with --tensor-split, which this adapter does not drive",
+                p.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn serves_http(&self, _s: &ShardSpec) -> bool {
+        true
+    }
+
+    fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {
+        let p = &s.profile;
+        let model = gguf_in(Path::new(&p.model_path))?;
+        // --metrics always, or there is no /metrics to route by.
+        let mut args = strings(&["--model", &model.display().to_string(), "--host", "0.0.0.0"]);
+        args.extend(strings(&["--port", &s.http_port.to_string(), "--metrics"]));
+        if !has_flag(&p.args, &["--jinja", "--no-jinja"]) {
+            // Pins the model's own chat template across engine upgrades.
+            args.push("--jinja".into());
+        }
+        if !p.served_model_name.is_empty() {
+            args.extend(strings(&["--alias", &p.served_model_name]));
+        }
+        if !has_flag(&p.args, &["--parallel", "-np"]) {
+            let n = if self.parallel > 0 { self.parallel } else { 4 };
+            args.extend(strings(&["--parallel", &n.to_string()]));
+        }
+        if !s.gpu_indices.is_empty() && !has_flag(&p.args, &["--n-gpu-layers", "-ngl"]) {
+            // Never 0: CPU builds may reject the flag.
+            args.extend(strings(&["--n-gpu-layers", "999"]));
+        }
+        args.extend(p.args.iter().cloned());
+        Ok(vec![Command {
+            name: "llama-server".into(),
+            path: self.binary(),
+            args,
+            env: base_env(s),
+            wait_for_leader_port: false,
+        }])
+    }
+}

@@ -1,0 +1,69 @@
+use std::path::PathBuf;
+
+use super::{
+    Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, quantization_of,
+    require_compute_capability, strings, validate_common,
+};
+
+/// SGLang, run as a Python module: one process on every rank.
+#[derive(Debug, Clone, Default)]
+pub struct Sglang {
+    pub python: Option<PathBuf>,
+}
+
+impl Engine for Sglang {
+    fn name(&self) -> &'static str {
+        "sglang"
+    }
+
+    fn validate(&self, p: &Profile, gpus: &[GpuInfo]) -> Result<(), EngineError> {
+        validate_common(p, gpus)?;
+        if quantization_of(&p.args) == "fp8" {
+            require_compute_capability(p, gpus, 8.9, "fp8 quantization")?;
+        }
+        Ok(())
+    }
+
+    /// Only node-rank 0 binds HTTP.
+    fn serves_http(&self, s: &ShardSpec) -> bool {
+        s.leader()
+    }
+
+    fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {
+        let p = &s.profile;
+        let mut args = strings(&[
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            &p.model_path,
+            "--host",
+            "0.0.0.0",
+        ]);
+        args.extend(strings(&[
+            "--port",
+            &s.http_port.to_string(),
+            "--tp",
+            &p.tp.to_string(),
+        ]));
+        if !p.served_model_name.is_empty() {
+            args.extend(strings(&["--served-model-name", &p.served_model_name]));
+        }
+        if s.nnodes > 1 {
+            args.extend(strings(&[
+                "--nnodes",
+                &s.nnodes.to_string(),
+                "--node-rank",
+                &s.rank.to_string(),
+            ]));
+            args.extend(strings(&["--dist-init-addr", &s.dist_init()]));
+        }
+        args.extend(p.args.iter().cloned());
+        Ok(vec![Command {
+            name: "sglang".into(),
+            path: self.python.clone().unwrap_or_else(|| "python3".into()),
+            args,
+            env: base_env(s),
+            wait_for_leader_port: false,
+        }])
+    }
+}
