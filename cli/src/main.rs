@@ -2,6 +2,7 @@
 //! Parsing and printing live here; behaviour lives in the crates.
 
 mod agent;
+mod ctl;
 mod events;
 mod lease;
 mod output;
@@ -38,6 +39,9 @@ enum Command {
     /// Inspect the append lease.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// Operator tools.
+    #[command(subcommand)]
+    Ctl(ctl::CtlCommand),
     /// The node agent.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
             Command::SimEngine(args) => sim::run(args).await,
             Command::Server(args) => server::run(&cli.store, args).await,
             Command::Agent(cmd) => agent::run(cmd).await,
+            Command::Ctl(cmd) => ctl::run(cmd).await,
         }
     });
     match result {

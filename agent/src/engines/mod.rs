@@ -2,6 +2,7 @@
 //! processes that run it. Nothing here starts a process (the supervisor
 //! does), so every argument and variable is testable as data.
 
+pub mod check;
 mod llamacpp;
 mod sglang;
 mod sim;

@@ -1205,3 +1205,67 @@ fn agent_inventory_reports_what_the_scheduler_sees() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("running /nonexistent/nvidia-smi"));
 }
+
+#[test]
+fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
+    // The sim engine is this very binary: every flag must be in its help.
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "engine-check",
+            "sim",
+            "--bin",
+            env!("CARGO_BIN_EXE_llmgw"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for flag in ["--listen", "--model", "--nnodes", "--rank", "--rendezvous"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(flag) && l.ends_with("yes")),
+            "{flag}: {text}"
+        );
+    }
+    // A llama-server whose help lacks --jinja (an old build, or a truncated help).
+    let dir = tempfile::tempdir().unwrap();
+    let help = dir.path().join("help.txt");
+    std::fs::write(&help, "--model FNAME\n--host HOST\n--port PORT\n--metrics\n--alias NAME\n--parallel N\n--n-gpu-layers N\n--jinja-ish\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "engine-check",
+            "llamacpp",
+            "--help-output",
+            help.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("--jinja") && l.ends_with("MISSING")),
+        "a longer flag is not the flag: {text}"
+    );
+    assert!(text.contains("7 of 8 flags found"), "{text}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "engine-check",
+            "llama.cpp",
+            "--help-output",
+            help.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("unknown engine \"llama.cpp\" (have llamacpp, sglang, sim, vllm)")
+    );
+}

@@ -1,0 +1,102 @@
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm, check};
+
+use crate::Outcome;
+use crate::output::Table;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CtlCommand {
+    /// Check every flag llmgw would pass to an engine against the engine's
+    /// own full --help. Exits 1 when any is missing.
+    EngineCheck {
+        /// vllm, sglang, llamacpp or sim.
+        engine: String,
+        /// The engine binary to ask (for sglang, the Python that has it).
+        #[arg(long, conflicts_with = "help_output")]
+        bin: Option<PathBuf>,
+        /// A file holding the engine's --help output (`-` for standard input).
+        #[arg(long)]
+        help_output: Option<PathBuf>,
+    },
+}
+
+/// How to ask each engine for the help of the command llmgw runs.
+fn help_args(engine: &str) -> &'static [&'static str] {
+    match engine {
+        "vllm" => &["serve", "--help"],
+        "sglang" => &["-m", "sglang.launch_server", "--help"],
+        "sim" => &["sim-engine", "--help"],
+        _ => &["--help"],
+    }
+}
+
+pub(crate) async fn run(cmd: CtlCommand) -> anyhow::Result<Outcome> {
+    let CtlCommand::EngineCheck {
+        engine,
+        bin,
+        help_output,
+    } = cmd;
+    let registry = Registry::new(
+        Vllm::default(),
+        Sglang::default(),
+        LlamaCpp::default(),
+        Sim::default(),
+    );
+    let e = registry.get(&engine)?;
+    let help = match (bin, help_output) {
+        (_, Some(p)) if p.as_os_str() == "-" => {
+            std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+        }
+        (_, Some(p)) => {
+            std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?
+        }
+        (Some(b), None) => {
+            let out = Command::new(&b)
+                .args(help_args(&engine))
+                .output()
+                .with_context(|| format!("running {} --help", b.display()))?;
+            // Some engines print help on stderr, or exit non-zero after it.
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        }
+        (None, None) => bail!("give --bin PATH or --help-output FILE"),
+    };
+    if help.trim().is_empty() {
+        bail!("the help text is empty");
+    }
+    let used = check::flags_used(e);
+    let missing = check::missing(&used, &help);
+    let mut out = std::io::stdout().lock();
+    let mut t = Table::new(vec!["FLAG", "IN HELP"]);
+    for f in &used {
+        t.row(vec![
+            f.clone(),
+            if missing.contains(f) {
+                "MISSING".into()
+            } else {
+                "yes".into()
+            },
+        ]);
+    }
+    t.print(&mut out)?;
+    writeln!(
+        out,
+        "{} of {} flags found ({} help lines read)",
+        used.len() - missing.len(),
+        used.len(),
+        help.lines().count()
+    )?;
+    Ok(if missing.is_empty() {
+        Outcome::Ok
+    } else {
+        Outcome::Failed
+    })
+}
