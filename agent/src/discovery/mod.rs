@@ -6,6 +6,7 @@ pub mod host;
 pub mod ib;
 pub mod memory;
 pub mod smi;
+pub mod storage;
 pub mod weights;
 
 use std::collections::BTreeMap;
@@ -52,6 +53,8 @@ pub struct Inventory {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weights: Vec<weights::LocalWeights>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage: Vec<storage::Storage>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fabrics: Vec<fabric::FabricCheck>,
 }
 
@@ -90,6 +93,7 @@ pub fn discover(o: &Options) -> Result<Inventory, DiscoveryError> {
         host: host::discover(&o.root),
         memory_total_mb: memory::total_mb(&o.root.join("proc/meminfo")),
         weights: weights::scan(&o.model_dirs),
+        storage: storage::scan(&o.model_dirs),
         fabrics,
     })
 }

@@ -554,3 +554,26 @@ fn weights_are_files_and_directories_with_weight_files() {
     assert!(found.iter().all(|w| !w.shared));
     assert!(scan(&[]).is_empty());
 }
+
+#[test]
+fn storage_is_counted_once_per_disk_and_missing_mounts_are_unknown() {
+    use llmgw_agent::discovery::storage::{is_network_fs, scan};
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    let found = scan(&[a.clone(), b, "".into(), dir.path().join("absent")]);
+    assert_eq!(
+        found.len(),
+        1,
+        "two directories on one disk are one pool of bytes"
+    );
+    assert_eq!(found[0].path, a.display().to_string());
+    assert!(found[0].total_bytes > 0 && found[0].free_bytes <= found[0].total_bytes);
+    assert!(
+        !found[0].shared,
+        "local storage is never mistaken for shared"
+    );
+    assert!(scan(&[]).is_empty());
+    assert!(is_network_fs(0x6969) && is_network_fs(0xFF53_4D42) && !is_network_fs(0xEF53));
+}
