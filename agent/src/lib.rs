@@ -12,3 +12,4 @@
 
 pub mod discovery;
 pub mod engines;
+pub mod supervisor;

@@ -1269,3 +1269,201 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
             .contains("unknown engine \"llama.cpp\" (have llamacpp, sglang, sim, vllm)")
     );
 }
+
+mod supervision {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use llmgw_agent::engines::{Command as EngineCommand, Engine, Profile, ShardSpec, Sim};
+    use llmgw_agent::supervisor::{State, Status, SupervisorOptions, start};
+
+    fn sh(name: &str, script: &str) -> EngineCommand {
+        EngineCommand {
+            name: name.into(),
+            path: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: BTreeMap::new(),
+            wait_for_leader_port: false,
+        }
+    }
+
+    async fn until(rx: &mut tokio::sync::watch::Receiver<Status>, want: State) -> Status {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            rx.wait_for(|s| s.state == want || s.state == State::Failed),
+        )
+        .await
+        .expect("state reached in time")
+        .unwrap()
+        .clone()
+    }
+
+    /// Whether any live (not zombie) process is in the group: an orphan
+    /// killed here may linger as a zombie until something reaps it.
+    fn group_alive(pgid: u32) -> bool {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| {
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                    return false;
+                };
+                // pid (comm) state ppid pgrp ...: comm may hold spaces, so split after it.
+                let Some((_, rest)) = stat.rsplit_once(") ") else {
+                    return false;
+                };
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
+            })
+    }
+
+    fn options() -> SupervisorOptions {
+        SupervisorOptions {
+            stop_timeout: Duration::from_secs(2),
+            ..SupervisorOptions::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sim_engine_shard_becomes_ready_then_stops_as_a_group() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let spec = ShardSpec {
+            nnodes: 1,
+            http_port: port,
+            profile: Profile {
+                tp: 1,
+                model_path: "/m".into(),
+                served_model_name: "tiny".into(),
+                ..Profile::default()
+            },
+            ..ShardSpec::default()
+        };
+        let sim = Sim {
+            bin: Some(env!("CARGO_BIN_EXE_llmgw").into()),
+        };
+        let shard = start(
+            sim.commands(&spec).unwrap(),
+            SupervisorOptions {
+                http_port: Some(port),
+                ..options()
+            },
+        );
+        let mut status = shard.status();
+        assert_eq!(
+            until(&mut status, State::Ready).await.state,
+            State::Ready,
+            "ready once /health and /v1/models answer"
+        );
+        let models = reqwest::get(format!("http://127.0.0.1:{port}/v1/models"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(models.contains("tiny"));
+        assert_eq!(shard.stop().await.state, State::Stopped);
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "the engine is gone"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_engine_fails_the_shard_with_its_exit_code_and_log_tail() {
+        let shard = start(
+            vec![sh(
+                "engine",
+                "echo loading weights; echo 'CUDA out of memory' >&2; exit 3",
+            )],
+            options(),
+        );
+        let mut status = shard.status();
+        let s = until(&mut status, State::Ready).await;
+        let s = if s.state == State::Ready {
+            until(&mut status, State::Failed).await
+        } else {
+            s
+        };
+        assert_eq!((s.state, s.exit_code), (State::Failed, Some(3)));
+        assert!(
+            s.log_tail.contains("CUDA out of memory") && s.log_tail.contains("loading weights"),
+            "{}",
+            s.log_tail
+        );
+    }
+
+    #[tokio::test]
+    async fn stopping_takes_the_whole_process_group_and_a_sidecar_belongs_to_the_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pgid");
+        let script = format!("echo $$ > {}; sleep 600 & sleep 600", pidfile.display());
+        let shard = start(
+            vec![sh("sidecar", "sleep 600"), sh("engine", &script)],
+            options(),
+        );
+        let mut status = shard.status();
+        assert_eq!(
+            until(&mut status, State::Ready).await.state,
+            State::Ready,
+            "a worker is ready once started"
+        );
+        let pgid: u32 = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let text = std::fs::read_to_string(&pidfile).unwrap_or_default();
+                if let Ok(pid) = text.trim().parse() {
+                    return pid;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(group_alive(pgid), "the group is running before the stop");
+        assert_eq!(shard.stop().await.state, State::Stopped);
+        assert!(
+            !group_alive(pgid),
+            "every process of the group is gone, the backgrounded one too"
+        );
+
+        // A sidecar that dies takes the shard down with it.
+        let shard = start(
+            vec![sh("sidecar", "exit 7"), sh("engine", "sleep 600")],
+            options(),
+        );
+        let mut status = shard.status();
+        let s = until(&mut status, State::Failed).await;
+        let s = if s.state == State::Failed {
+            s
+        } else {
+            until(&mut status, State::Failed).await
+        };
+        assert_eq!(s.exit_code, Some(7));
+        assert!(s.error.unwrap().starts_with("sidecar exited"));
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_never_sees_its_leader_gives_up_in_time() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut join = sh("worker", "sleep 600");
+        join.wait_for_leader_port = true;
+        let shard = start(
+            vec![join],
+            SupervisorOptions {
+                leader: Some(("127.0.0.1".into(), closed)),
+                rendezvous_timeout: Duration::from_millis(500),
+                ..options()
+            },
+        );
+        let mut status = shard.status();
+        let s = until(&mut status, State::Failed).await;
+        assert!(s.error.unwrap().contains("did not open within"));
+    }
+}

@@ -1,0 +1,313 @@
+//! Runs a shard's commands and watches them. Each command runs in its own
+//! process group and is stopped as a group (SIGTERM, then SIGKILL after the
+//! stop timeout), so an engine's own children go with it. Earlier commands
+//! are sidecars kept alive for the shard's life; the last one's exit is the
+//! shard's. A bounded tail of the output goes with every failure.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process_group};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Child;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::engines::Command;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Pending,
+    Starting,
+    /// Started, not yet answering: loading weights can take minutes.
+    Loading,
+    Ready,
+    Draining,
+    Stopped,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub state: State,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    /// The last lines of output, set when the shard fails.
+    pub log_tail: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SupervisorOptions {
+    /// Rank 0 is ready when `/health` and `/v1/models` answer on this port;
+    /// None for workers, which are ready once started.
+    pub http_port: Option<u16>,
+    /// Where the leader's rendezvous is, for commands that wait for it.
+    pub leader: Option<(String, u16)>,
+    pub rendezvous_timeout: Duration,
+    pub stop_timeout: Duration,
+    pub log_lines: usize,
+    /// The environment the commands' variables are laid over.
+    pub base_env: Vec<(String, String)>,
+}
+
+impl Default for SupervisorOptions {
+    fn default() -> Self {
+        SupervisorOptions {
+            http_port: None,
+            leader: None,
+            rendezvous_timeout: Duration::from_secs(600),
+            stop_timeout: Duration::from_secs(30),
+            log_lines: 200,
+            base_env: std::env::vars().collect(),
+        }
+    }
+}
+
+/// The last `max` lines of a shard's output.
+#[derive(Debug, Clone, Default)]
+pub struct LogTail {
+    lines: Arc<Mutex<VecDeque<String>>>,
+    max: usize,
+}
+
+impl LogTail {
+    pub fn new(max: usize) -> Self {
+        LogTail {
+            lines: Arc::default(),
+            max: max.max(1),
+        }
+    }
+
+    pub fn push(&self, line: String) {
+        let mut l = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        if l.len() == self.max {
+            l.pop_front();
+        }
+        l.push_back(line);
+    }
+
+    pub fn text(&self) -> String {
+        let l = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        l.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+}
+
+/// A running shard: watch its status, stop it.
+#[derive(Debug)]
+pub struct Shard {
+    status: watch::Receiver<Status>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Shard {
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.status.clone()
+    }
+
+    /// Stops every process group of the shard and waits for them.
+    pub async fn stop(mut self) -> Status {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+        self.status.borrow().clone()
+    }
+}
+
+/// Starts `commands` in order and supervises them until stopped.
+pub fn start(commands: Vec<Command>, options: SupervisorOptions) -> Shard {
+    let initial = Status {
+        state: State::Pending,
+        exit_code: None,
+        error: None,
+        log_tail: String::new(),
+    };
+    let (tx, rx) = watch::channel(initial);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(supervise(commands, options, tx, stop_rx));
+    Shard {
+        status: rx,
+        stop: Some(stop_tx),
+        task,
+    }
+}
+
+fn set(tx: &watch::Sender<Status>, state: State) {
+    tx.send_modify(|s| s.state = state);
+}
+
+fn fail(tx: &watch::Sender<Status>, log: &LogTail, error: String, exit_code: Option<i32>) {
+    tx.send_modify(|s| {
+        s.state = State::Failed;
+        s.error = Some(error);
+        s.exit_code = exit_code;
+        s.log_tail = log.text();
+    });
+}
+
+async fn supervise(
+    commands: Vec<Command>,
+    o: SupervisorOptions,
+    tx: watch::Sender<Status>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let log = LogTail::new(o.log_lines);
+    let mut children: Vec<(String, Child)> = Vec::new();
+    set(&tx, State::Starting);
+    for c in &commands {
+        if c.wait_for_leader_port {
+            let Some((host, port)) = o.leader.clone() else {
+                fail(
+                    &tx,
+                    &log,
+                    format!("{} waits for a leader, but none is known", c.name),
+                    None,
+                );
+                return;
+            };
+            if !wait_for_port(&host, port, o.rendezvous_timeout).await {
+                fail(
+                    &tx,
+                    &log,
+                    format!(
+                        "leader {host}:{port} did not open within {:?}",
+                        o.rendezvous_timeout
+                    ),
+                    None,
+                );
+                stop_all(&mut children, o.stop_timeout).await;
+                return;
+            }
+        }
+        match spawn(c, &o, &log) {
+            Ok(child) => children.push((c.name.clone(), child)),
+            Err(e) => {
+                fail(&tx, &log, format!("starting {}: {e}", c.name), None);
+                stop_all(&mut children, o.stop_timeout).await;
+                return;
+            }
+        }
+    }
+    set(&tx, State::Loading);
+    let mut ready = o.http_port.is_none();
+    if ready {
+        set(&tx, State::Ready);
+    }
+    let mut probe = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        // Any process exiting ends the shard: a sidecar is part of it.
+        let exited = children
+            .iter_mut()
+            .find_map(|(name, ch)| ch.try_wait().ok().flatten().map(|s| (name.clone(), s)));
+        if let Some((name, status)) = exited {
+            fail(&tx, &log, format!("{name} exited: {status}"), status.code());
+            stop_all(&mut children, o.stop_timeout).await;
+            return;
+        }
+        tokio::select! {
+            _ = &mut stop => {
+                set(&tx, State::Draining);
+                stop_all(&mut children, o.stop_timeout).await;
+                set(&tx, State::Stopped);
+                return;
+            }
+            _ = probe.tick() => {
+                if !ready && let Some(port) = o.http_port
+                    && http_ok(port, "/health").await && http_ok(port, "/v1/models").await
+                {
+                    ready = true;
+                    set(&tx, State::Ready);
+                }
+            }
+        }
+    }
+}
+
+fn spawn(c: &Command, o: &SupervisorOptions, log: &LogTail) -> std::io::Result<Child> {
+    let mut cmd = tokio::process::Command::new(&c.path);
+    cmd.args(&c.args)
+        .env_clear()
+        .envs(
+            c.materialize_env(o.base_env.clone())
+                .into_iter()
+                .filter_map(|kv| {
+                    kv.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                }),
+        )
+        // Its own group, so the whole tree can be signalled at once.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    let mut child = cmd.spawn()?;
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(collect(out, log.clone(), c.name.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(collect(err, log.clone(), c.name.clone()));
+    }
+    Ok(child)
+}
+
+async fn collect(stream: impl AsyncRead + Unpin, log: LogTail, name: String) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        log.push(format!("[{name}] {line}"));
+    }
+}
+
+/// SIGTERM to every group, last started first; SIGKILL to what is left
+/// after the stop timeout.
+async fn stop_all(children: &mut [(String, Child)], timeout: Duration) {
+    let signal_all = |children: &[(String, Child)], sig: Signal| {
+        for (_, ch) in children.iter().rev() {
+            if let Some(pid) = ch.id().and_then(|id| Pid::from_raw(id as i32)) {
+                let _ = kill_process_group(pid, sig);
+            }
+        }
+    };
+    signal_all(children, Signal::TERM);
+    let deadline = Instant::now() + timeout;
+    for (_, ch) in children.iter_mut() {
+        if tokio::time::timeout_at(deadline, ch.wait()).await.is_err() {
+            break;
+        }
+    }
+    signal_all(children, Signal::KILL);
+    for (_, ch) in children.iter_mut() {
+        let _ = ch.wait().await;
+    }
+}
+
+async fn wait_for_port(host: &str, port: u16, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect((host, port)).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Whether `GET path` on the local port answers 200.
+async fn http_ok(port: u16, path: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut head)).await,
+        Ok(Ok(_))
+    ) && head.starts_with(b"HTTP/1.1 200")
+}
