@@ -4,6 +4,7 @@
 mod agent;
 mod ctl;
 mod events;
+mod keys;
 mod lease;
 mod output;
 mod server;
@@ -39,6 +40,9 @@ enum Command {
     /// Inspect the append lease.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
+    /// API keys and the tenancy tree they belong to.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Operator tools.
     #[command(subcommand)]
     Ctl(ctl::CtlCommand),
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
             Command::Server(args) => server::run(&cli.store, args).await,
             Command::Agent(cmd) => agent::run(cmd).await,
             Command::Ctl(cmd) => ctl::run(cmd).await,
+            Command::Keys(cmd) => keys::run(&cli.store, cmd).await,
         }
     });
     match result {

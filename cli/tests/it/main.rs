@@ -1467,3 +1467,124 @@ mod supervision {
         assert!(s.error.unwrap().contains("did not open within"));
     }
 }
+
+#[tokio::test]
+async fn keys_are_issued_listed_used_and_revoked_from_the_cli() {
+    let (address, _scratch) = Scratch::new(Backend::Sqlite).await;
+    ok(&address, &["store", "migrate"]);
+    assert!(
+        ok(
+            &address,
+            &[
+                "keys",
+                "init",
+                "--org",
+                "acme",
+                "--team",
+                "ml",
+                "--project",
+                "chat"
+            ]
+        )
+        .contains("ready")
+    );
+    ok(
+        &address,
+        &[
+            "keys",
+            "init",
+            "--org",
+            "acme",
+            "--team",
+            "ml",
+            "--project",
+            "chat",
+        ],
+    );
+    let out = llmgw(
+        &address,
+        &[
+            "keys",
+            "create",
+            "--project",
+            "chat",
+            "--name",
+            "backend",
+            "--band",
+            "silver",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(
+        secret.starts_with("llmgw-sk-") && secret.len() == 57,
+        "{secret}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shown only now"));
+    let keys = json_lines(&ok(&address, &["keys", "list", "--json"]));
+    assert_eq!(keys.len(), 1);
+    assert_eq!(
+        (keys[0]["project_id"].as_str(), keys[0]["band"].as_str()),
+        (Some("chat"), Some("silver"))
+    );
+    assert!(
+        keys[0].get("hash").is_none(),
+        "the list does not print hashes"
+    );
+    let dump = ok(&address, &["events", "export"]);
+    assert!(
+        !dump.contains(&secret) && dump.contains(&llmgw_gateway::auth::key_hash(&secret)),
+        "the log holds the hash only"
+    );
+    let missing = llmgw(
+        &address,
+        &["keys", "create", "--project", "nope", "--name", "x"],
+    );
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no project nope"));
+
+    let engine = tiny_engine();
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let server = Child::spawn(&[
+        "--store",
+        &address,
+        "server",
+        "--auth",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let body =
+        json!({"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]});
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(&secret)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 200);
+    let key_id = keys[0]["key_id"].as_str().unwrap();
+    assert!(ok(&address, &["keys", "revoke", key_id]).contains("revoked"));
+    // The server's views follow the log: the revocation lands within a poll.
+    let refused = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if send().await.unwrap().status() == 401 {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(refused.is_ok(), "a revoked key stops working");
+    let table = ok(&address, &["keys", "list"]);
+    assert!(table.contains("revoked"), "{table}");
+}
