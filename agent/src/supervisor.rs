@@ -156,6 +156,9 @@ async fn supervise(
 ) {
     let log = LogTail::new(o.log_lines);
     let mut children: Vec<(String, Child)> = Vec::new();
+    // The output readers: a failure waits for them, so that its log tail
+    // holds the last lines the process wrote before it died.
+    let mut readers: Vec<Vec<tokio::task::JoinHandle<()>>> = Vec::new();
     set(&tx, State::Starting);
     for c in &commands {
         if c.wait_for_leader_port {
@@ -183,7 +186,10 @@ async fn supervise(
             }
         }
         match spawn(c, &o, &log) {
-            Ok(child) => children.push((c.name.clone(), child)),
+            Ok((child, r)) => {
+                children.push((c.name.clone(), child));
+                readers.push(r);
+            }
             Err(e) => {
                 fail(&tx, &log, format!("starting {}: {e}", c.name), None);
                 stop_all(&mut children, o.stop_timeout).await;
@@ -201,8 +207,13 @@ async fn supervise(
         // Any process exiting ends the shard: a sidecar is part of it.
         let exited = children
             .iter_mut()
-            .find_map(|(name, ch)| ch.try_wait().ok().flatten().map(|s| (name.clone(), s)));
-        if let Some((name, status)) = exited {
+            .enumerate()
+            .find_map(|(i, (name, ch))| ch.try_wait().ok().flatten().map(|s| (i, name.clone(), s)));
+        if let Some((i, name, status)) = exited {
+            // Its pipes close with it: read what it wrote last.
+            for r in std::mem::take(&mut readers[i]) {
+                let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
+            }
             fail(&tx, &log, format!("{name} exited: {status}"), status.code());
             stop_all(&mut children, o.stop_timeout).await;
             return;
@@ -226,7 +237,11 @@ async fn supervise(
     }
 }
 
-fn spawn(c: &Command, o: &SupervisorOptions, log: &LogTail) -> std::io::Result<Child> {
+fn spawn(
+    c: &Command,
+    o: &SupervisorOptions,
+    log: &LogTail,
+) -> std::io::Result<(Child, Vec<tokio::task::JoinHandle<()>>)> {
     let mut cmd = tokio::process::Command::new(&c.path);
     cmd.args(&c.args)
         .env_clear()
@@ -245,13 +260,14 @@ fn spawn(c: &Command, o: &SupervisorOptions, log: &LogTail) -> std::io::Result<C
         .stderr(Stdio::piped())
         .kill_on_drop(false);
     let mut child = cmd.spawn()?;
+    let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(collect(out, log.clone(), c.name.clone()));
+        readers.push(tokio::spawn(collect(out, log.clone(), c.name.clone())));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(collect(err, log.clone(), c.name.clone()));
+        readers.push(tokio::spawn(collect(err, log.clone(), c.name.clone())));
     }
-    Ok(child)
+    Ok((child, readers))
 }
 
 async fn collect(stream: impl AsyncRead + Unpin, log: LogTail, name: String) {
