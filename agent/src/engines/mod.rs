@@ -206,6 +206,17 @@ pub(crate) fn require_compute_capability(
     Ok(())
 }
 
+/// vLLM's and SGLang's checks: the common ones, then FP8 quantization only
+/// on compute capability 8.9 or newer (older GPUs refuse it, or silently
+/// fall back).
+pub(crate) fn validate_gpu_engine(p: &Profile, gpus: &[GpuInfo]) -> Result<(), EngineError> {
+    validate_common(p, gpus)?;
+    if quantization_of(&p.args) == "fp8" {
+        require_compute_capability(p, gpus, 8.9, "fp8 quantization")?;
+    }
+    Ok(())
+}
+
 /// The value of the first `--quantization v` or `--quantization=v`.
 pub(crate) fn quantization_of(args: &[String]) -> String {
     let mut it = args.iter();

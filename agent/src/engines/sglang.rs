@@ -1,9 +1,6 @@
 use std::path::PathBuf;
 
-use super::{
-    Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, quantization_of,
-    require_compute_capability, strings, validate_common,
-};
+use super::{Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, strings};
 
 /// SGLang, run as a Python module: one process on every rank.
 #[derive(Debug, Clone, Default)]
@@ -17,11 +14,7 @@ impl Engine for Sglang {
     }
 
     fn validate(&self, p: &Profile, gpus: &[GpuInfo]) -> Result<(), EngineError> {
-        validate_common(p, gpus)?;
-        if quantization_of(&p.args) == "fp8" {
-            require_compute_capability(p, gpus, 8.9, "fp8 quantization")?;
-        }
-        Ok(())
+        super::validate_gpu_engine(p, gpus)
     }
 
     /// Only node-rank 0 binds HTTP.

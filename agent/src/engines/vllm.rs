@@ -1,9 +1,6 @@
 use std::path::PathBuf;
 
-use super::{
-    Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, quantization_of,
-    require_compute_capability, strings, validate_common,
-};
+use super::{Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, strings};
 
 /// How a multi-node vLLM replica is launched.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -40,12 +37,7 @@ impl Engine for Vllm {
     }
 
     fn validate(&self, p: &Profile, gpus: &[GpuInfo]) -> Result<(), EngineError> {
-        validate_common(p, gpus)?;
-        if quantization_of(&p.args) == "fp8" {
-            // Older GPUs refuse or silently fall back.
-            require_compute_capability(p, gpus, 8.9, "fp8 quantization")?;
-        }
-        Ok(())
+        super::validate_gpu_engine(p, gpus)
     }
 
     fn serves_http(&self, s: &ShardSpec) -> bool {
