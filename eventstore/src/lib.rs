@@ -28,6 +28,7 @@ mod error;
 pub mod hash;
 mod migrate;
 mod postgres;
+mod reader;
 mod sqlite;
 mod subscribe;
 mod types;
@@ -43,6 +44,7 @@ use chrono::{DateTime, Utc};
 pub use address::StoreAddress;
 pub use error::{Result, StoreError};
 pub use postgres::PgStore;
+pub use reader::PageReader;
 pub use sqlite::SqliteStore;
 pub use subscribe::{Subscription, Wakeups};
 pub use types::{

@@ -99,11 +99,13 @@ impl<S: EventStore> Runner<S> {
         self.views.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies everything up to the current head, page by page.
+    /// Applies everything up to the current head, page by page, with the
+    /// next page read while the current one is applied.
     pub async fn catch_up(&mut self) -> Result<(), RunnerError> {
+        let mut reader =
+            llmgw_eventstore::PageReader::new(self.store.clone(), self.position(), DEFAULT_PAGE);
         loop {
-            let after = self.position();
-            let page = self.store.read_all(after, DEFAULT_PAGE).await?;
+            let page = reader.next_page().await?;
             if page.is_empty() {
                 self.lag.store(0, Ordering::Relaxed);
                 return Ok(());

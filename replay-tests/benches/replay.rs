@@ -181,8 +181,10 @@ async fn run(backend: Backend) {
 
     let t = Instant::now();
     let mut p = Projections::default();
+    // The next page is read while this one is applied.
+    let mut reader = llmgw_eventstore::PageReader::new(store.clone(), 0, 1000);
     while p.checkpoint.position < head {
-        for e in store.read_all(p.checkpoint.position, 1000).await.unwrap() {
+        for e in reader.next_page().await.unwrap() {
             p.apply(&e);
         }
     }

@@ -24,6 +24,7 @@ both_backends!(
     stats_count_events_per_type,
     migrations_are_idempotent_and_required,
     snapshots_are_saved_and_replaced,
+    a_page_reader_reads_everything_in_order_with_read_ahead,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -671,4 +672,43 @@ async fn snapshots_are_saved_and_replaced(b: Backend) {
     };
     t.store.save_snapshot("router", &second).await.unwrap();
     assert_eq!(t.store.load_snapshot("router").await.unwrap(), Some(second));
+}
+
+async fn a_page_reader_reads_everything_in_order_with_read_ahead(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    let events: Vec<NewEvent> = (0..25).map(|i| event("E", i)).collect();
+    t.store
+        .append(&w, &[stream("s", ExpectedVersion::Any, events)])
+        .await
+        .unwrap();
+    let mut reader = llmgw_eventstore::PageReader::new(t.store.clone(), 3, 10);
+    let mut positions = Vec::new();
+    loop {
+        let page = reader.next_page().await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 10);
+        positions.extend(page.iter().map(|e| e.position));
+    }
+    assert_eq!(positions, (4..=25).collect::<Vec<_>>());
+    // Appends after the head are found by the next call.
+    t.store
+        .append(
+            &w,
+            &[stream("s", ExpectedVersion::Any, vec![event("E", 99)])],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        reader
+            .next_page()
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.position)
+            .collect::<Vec<_>>(),
+        vec![26]
+    );
 }
