@@ -199,15 +199,7 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
         .json()
         .await
         .unwrap();
-    assert_eq!(
-        models["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["id"].as_str().unwrap())
-            .collect::<Vec<_>>(),
-        vec!["m"]
-    );
+    assert_eq!(support::model_ids(&models), vec!["m"]);
     assert_eq!(
         client
             .get(format!("{}/ready", gw.base))
@@ -480,18 +472,7 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
         ..support::sim_config()
     };
     let (a, b) = (sim(busy).await, sim(support::sim_config()).await);
-    let direct = reqwest::Client::new();
-    let url = format!("http://{a}/v1/chat/completions");
-    let backlog: Vec<_> = (0..3)
-        .map(|_| tokio::spawn(direct.post(&url).json(&chat("m", false, 100)).send()))
-        .collect();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while metric(&a, "vllm:num_requests_waiting").await < 2.0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .unwrap();
+    let backlog = support::backlog(&a, 3, 2.0).await;
     let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
     llmgw_gateway::scrape::scrape_once(&gw.gateway).await;
     let before = metric(&b, "vllm:prefix_cache_queries_total").await;
@@ -648,18 +629,7 @@ async fn admission_holds_the_lowest_band_first_and_refuses_with_retry_after() {
         ..support::sim_config()
     };
     let engine = sim(busy).await;
-    let direct = reqwest::Client::new();
-    let url = format!("http://{engine}/v1/chat/completions");
-    let backlog: Vec<_> = (0..4)
-        .map(|_| tokio::spawn(direct.post(&url).json(&chat("m", false, 100)).send()))
-        .collect();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while metric(&engine, "vllm:num_requests_waiting").await < 3.0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .unwrap();
+    let backlog = support::backlog(&engine, 4, 3.0).await;
     let gw = support::gateway_with(GatewayConfig {
         endpoints: vec![spec("a", &engine, &["m"])],
         // Three waiting against a ceiling of four: saturation 0.75.
@@ -1061,15 +1031,7 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
         .json()
         .await
         .unwrap();
-    assert_eq!(
-        listed["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["id"].as_str().unwrap())
-            .collect::<Vec<_>>(),
-        vec!["m"]
-    );
+    assert_eq!(support::model_ids(&listed), vec!["m"]);
     assert_eq!(
         client
             .get(format!("{}/v1/models", gw.base))

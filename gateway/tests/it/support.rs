@@ -181,3 +181,33 @@ pub(crate) async fn failing_engine() -> SocketAddr {
     tokio::spawn(async move { axum::serve(l, app).await });
     addr
 }
+
+/// Requests sent straight to `engine` (another gateway's traffic), once at
+/// least `waiting` of them queue in it. Abort the handles to let them go.
+pub(crate) async fn backlog(
+    engine: &SocketAddr,
+    requests: usize,
+    waiting: f64,
+) -> Vec<tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>> {
+    let client = reqwest::Client::new();
+    let url = format!("http://{engine}/v1/chat/completions");
+    let body = serde_json::json!({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "backlog"}]});
+    let handles = (0..requests)
+        .map(|_| tokio::spawn(client.post(&url).json(&body).send()))
+        .collect();
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while metric(engine, "vllm:num_requests_waiting").await < waiting {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the backlog queued in the engine");
+    handles
+}
+
+/// The ids of a `/v1/models` answer.
+pub(crate) fn model_ids(models: &serde_json::Value) -> Vec<&str> {
+    models["data"].as_array().map_or_else(Vec::new, |a| {
+        a.iter().filter_map(|m| m["id"].as_str()).collect()
+    })
+}
