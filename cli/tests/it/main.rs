@@ -684,14 +684,7 @@ async fn sim_engine_answers_openai_clients_over_a_socket() {
         .await
         .unwrap();
     assert_eq!(missing.status(), 404);
-    let metrics = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = page(format!("{base}/metrics")).await;
     assert!(
         metrics.contains("vllm:num_requests_running{model_name=\"tiny\"} 0"),
         "{metrics}"
@@ -799,14 +792,7 @@ async fn the_server_routes_to_static_endpoints_and_refuses_to_start_with_none() 
         reply["choices"][0]["message"]["content"],
         "the quick model "
     );
-    let metrics = client
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = page(format!("{admin}/metrics")).await;
     assert!(
         metrics.contains("llmgw_requests_total{model=\"tiny\",status=\"200\"} 1"),
         "{metrics}"
@@ -933,12 +919,7 @@ async fn server_settings_come_from_a_config_file_and_flags_win() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let page = reqwest::get(format!("{metrics}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = page(format!("{metrics}/metrics")).await;
     assert!(
         page.contains("llmgw_requests_total"),
         "the metrics-only port serves metrics"
@@ -1358,12 +1339,7 @@ mod supervision {
             State::Ready,
             "ready once /health and /v1/models answer"
         );
-        let models = reqwest::get(format!("http://127.0.0.1:{port}/v1/models"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let models = super::page(format!("http://127.0.0.1:{port}/v1/models")).await;
         assert!(models.contains("tiny"));
         assert_eq!(shard.stop().await.state, State::Stopped);
         assert!(
@@ -1587,4 +1563,9 @@ async fn keys_are_issued_listed_used_and_revoked_from_the_cli() {
     assert!(refused.is_ok(), "a revoked key stops working");
     let table = ok(&address, &["keys", "list"]);
     assert!(table.contains("revoked"), "{table}");
+}
+
+/// The body of a GET, as text.
+async fn page(url: String) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
 }
