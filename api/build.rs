@@ -1,0 +1,16 @@
+//! Compiles the agent protocol with protox, so that no system `protoc` is
+//! needed to build llmgw.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/llmgw/v1/agent.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors = protox::compile([proto], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        // The rpc is named Connect, which would clash with the client's
+        // generated `connect` constructor: clients are built from a Channel.
+        .build_transport(false)
+        .compile_fds(descriptors)?;
+    Ok(())
+}
