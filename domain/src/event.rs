@@ -55,6 +55,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("NodeCordoned", Area::Node, 1),
     ("NodeUncordoned", Area::Node, 1),
     ("NodeDrainRequested", Area::Node, 1),
+    ("NodeDrained", Area::Node, 1),
     ("ReplicaPlaced", Area::Replica, 1),
     ("ReplicaAdopted", Area::Replica, 1),
     ("ShardStateChanged", Area::Replica, 1),

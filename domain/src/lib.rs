@@ -19,6 +19,8 @@
 pub mod catalog;
 pub mod event;
 pub mod nodes;
+pub mod placement;
+pub mod reconcile;
 pub mod replicas;
 pub mod tenancy;
 pub mod usage;

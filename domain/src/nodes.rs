@@ -121,6 +121,10 @@ pub enum NodeCommand {
         node_id: String,
         by: String,
     },
+    /// Nothing live is left on a draining node: it stays cordoned.
+    FinishDrain {
+        node_id: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -156,6 +160,9 @@ pub enum NodeEvent {
         node_id: String,
         by: String,
     },
+    NodeDrained {
+        node_id: String,
+    },
 }
 
 impl NodeEvent {
@@ -168,7 +175,8 @@ impl NodeEvent {
             | NodeEvent::NodeRecovered { node_id }
             | NodeEvent::NodeCordoned { node_id, .. }
             | NodeEvent::NodeUncordoned { node_id, .. }
-            | NodeEvent::NodeDrainRequested { node_id, .. } => node_id,
+            | NodeEvent::NodeDrainRequested { node_id, .. }
+            | NodeEvent::NodeDrained { node_id } => node_id,
         }
     }
 }
@@ -279,6 +287,13 @@ impl Nodes {
                 }
                 events
             }
+            C::FinishDrain { node_id } => {
+                if known(&node_id)?.draining {
+                    vec![E::NodeDrained { node_id }]
+                } else {
+                    vec![]
+                }
+            }
         })
     }
 
@@ -309,6 +324,7 @@ impl Nodes {
             E::NodeCordoned { .. } => node.cordoned = true,
             E::NodeUncordoned { .. } => node.cordoned = false,
             E::NodeDrainRequested { .. } => node.draining = true,
+            E::NodeDrained { .. } => node.draining = false,
         }
     }
 }

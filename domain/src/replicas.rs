@@ -33,6 +33,13 @@ pub struct ShardPlacement {
     #[serde(default)]
     pub hcas: Vec<String>,
     pub port: u16,
+    /// RAM a CPU shard holds, so placement never hands it out twice.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_mb: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A placement decision, with the reason it was made.

@@ -368,6 +368,7 @@ fn place(id: &str, model_name: &str, shards: &[(&str, Vec<u32>)], state: &State)
                     vec![]
                 },
                 port: 20000 + id.trim_start_matches('r').parse::<u16>().unwrap_or(0),
+                memory_mb: 0,
             })
             .collect(),
         why: "highest-priority profile that fits; bin-packed onto the fullest node".into(),

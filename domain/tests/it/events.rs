@@ -50,6 +50,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             node_id: node(),
             by: "ops".into(),
         }),
+        Event::Node(NodeEvent::NodeDrained { node_id: node() }),
         Event::Replica(ReplicaEvent::ReplicaPlaced(crate::replicas::placement(
             "r1",
             &[("a", vec![0], 20000)],
@@ -213,9 +214,9 @@ fn streams_group_events_by_the_thing_they_are_about() {
     let streams: Vec<String> = every_event().iter().map(Event::stream_id).collect();
     assert_eq!(streams[0], "model-llama");
     assert_eq!(streams[3], "node-gpu-a-01");
-    assert_eq!(streams[11], "replica-r1");
-    assert_eq!(streams[21], "project-p");
-    assert_eq!(streams[22], "key-k");
-    assert_eq!(streams[29], "usage-k");
-    assert_eq!(streams[30], "leadership");
+    assert_eq!(streams[12], "replica-r1");
+    assert_eq!(streams[22], "project-p");
+    assert_eq!(streams[23], "key-k");
+    assert_eq!(streams[30], "usage-k");
+    assert_eq!(streams[31], "leadership");
 }

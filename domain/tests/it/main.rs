@@ -3,7 +3,9 @@
 mod catalog;
 mod events;
 mod nodes;
+mod placement;
 mod properties;
+mod reconcile;
 mod replicas;
 mod tenancy;
 mod usage;

@@ -21,6 +21,7 @@ pub(crate) fn placement(id: &str, nodes: &[(&str, Vec<u32>, u16)]) -> Placement 
                 gpu_indices: gpus.clone(),
                 hcas: vec!["mlx5_0".into()],
                 port: *port,
+                memory_mb: 0,
             })
             .collect(),
         why: "highest-priority profile that fits".into(),

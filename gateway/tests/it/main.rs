@@ -830,6 +830,7 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
             gpu_indices: vec![],
             hcas: vec![],
             port,
+            memory_mb: 0,
         }],
         why: "test".into(),
     };

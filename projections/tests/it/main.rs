@@ -76,6 +76,7 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
                 gpu_indices: vec![0],
                 hcas: vec![],
                 port: 20000,
+                memory_mb: 0,
             }],
             why: "test".into(),
         })),

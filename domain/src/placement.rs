@@ -1,0 +1,541 @@
+//! Where a replica of a model goes: the highest-priority profile that fits,
+//! on nodes chosen by rules an operator can read back with `explain`.
+//!
+//! Pure: the caller passes the cluster as the log built it and the ids to
+//! use, and gets either a placement or the reason every node was refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Model, Profile};
+use crate::nodes::{Node, Nodes, Reachability};
+use crate::replicas::{Placement, Replicas, ShardPlacement};
+
+/// What placement may hand out besides GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaceOptions {
+    /// Engine ports, inclusive.
+    pub port_range: (u16, u16),
+}
+
+impl Default for PlaceOptions {
+    fn default() -> Self {
+        PlaceOptions {
+            port_range: (20000, 20999),
+        }
+    }
+}
+
+/// One node's verdict for one profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub node: String,
+    pub fits: bool,
+    /// Why it was refused, or what it offers when it fits.
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileVerdict {
+    pub profile: String,
+    pub priority: i32,
+    /// `placed`, or why the profile as a whole did not fit.
+    pub outcome: String,
+    pub candidates: Vec<Candidate>,
+}
+
+/// Every profile tried, in order, with every node's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub model: String,
+    pub profiles: Vec<ProfileVerdict>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chosen: Option<Placement>,
+}
+
+impl Explanation {
+    /// One line: what was chosen, or why nothing was.
+    pub fn summary(&self) -> String {
+        if let Some(p) = &self.chosen {
+            return format!("{} profile {}: {}", self.model, p.profile, p.why);
+        }
+        if self.profiles.is_empty() {
+            return format!("{} has no profiles and is never started", self.model);
+        }
+        let why: Vec<String> = self
+            .profiles
+            .iter()
+            .map(|p| format!("{}: {}", p.profile, p.outcome))
+            .collect();
+        format!("{} fits nowhere ({})", self.model, why.join("; "))
+    }
+}
+
+/// What is already handed out on one node.
+#[derive(Debug, Default)]
+struct Used {
+    gpus: BTreeMap<u32, String>,
+    ports: BTreeSet<u16>,
+    memory_mb: u64,
+    shards: usize,
+}
+
+/// A process an agent reports that the log no longer counts as live (a
+/// stop not yet carried out): its GPUs and port stay taken until it is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    pub node_id: String,
+    pub replica_id: String,
+    pub port: u16,
+    pub gpus: Vec<u32>,
+}
+
+fn usage<'a>(replicas: &'a Replicas, held: &'a [Held]) -> BTreeMap<&'a str, Used> {
+    let mut used: BTreeMap<&str, Used> = BTreeMap::new();
+    for h in held {
+        let u = used.entry(h.node_id.as_str()).or_default();
+        for g in &h.gpus {
+            u.gpus.insert(*g, h.replica_id.clone());
+        }
+        u.ports.insert(h.port);
+    }
+    for r in replicas.replicas.values().filter(|r| r.is_live()) {
+        for s in &r.placement.shards {
+            let u = used.entry(s.node_id.as_str()).or_default();
+            for g in &s.gpu_indices {
+                u.gpus.insert(*g, r.placement.replica_id.clone());
+            }
+            u.ports.insert(s.port);
+            u.memory_mb += s.memory_mb;
+            u.shards += 1;
+        }
+    }
+    used
+}
+
+/// A node that passed every per-node rule for a profile.
+#[derive(Debug)]
+struct Fit<'a> {
+    node: &'a Node,
+    /// Free, healthy GPUs of the profile's class, lowest index first.
+    free_gpus: Vec<u32>,
+    /// The GPUs this shard would take.
+    take: Vec<u32>,
+    port: u16,
+    holds_weights: bool,
+    shards: usize,
+    memory_free_mb: Option<u64>,
+}
+
+/// Whether a node's inventory already holds a model's weights.
+pub fn holds_weights(node: &Node, source: &str) -> bool {
+    if source.is_empty() {
+        return false;
+    }
+    let base = source
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    node.inventory.weights.iter().any(|w| {
+        w == source
+            || (!base.is_empty() && w.trim_end_matches('/').rsplit('/').next() == Some(base))
+    })
+}
+
+fn check_node<'a>(
+    node: &'a Node,
+    model: &Model,
+    profile: &Profile,
+    used: Option<&Used>,
+    options: PlaceOptions,
+) -> Result<Fit<'a>, String> {
+    match node.reachability {
+        Reachability::Ready => {}
+        Reachability::Unreachable => return Err("unreachable: no recent heartbeat".into()),
+        Reachability::Lost => return Err("lost".into()),
+    }
+    if node.draining {
+        return Err("draining".into());
+    }
+    if node.cordoned {
+        return Err("cordoned".into());
+    }
+    for (k, v) in &profile.node_selector {
+        match node.inventory.labels.get(k) {
+            Some(have) if have == v => {}
+            Some(have) => return Err(format!("label {k}={have}, the profile wants {k}={v}")),
+            None => return Err(format!("no label {k}, the profile wants {k}={v}")),
+        }
+    }
+    let engine = profile.engine.name();
+    if !node.inventory.engines.contains_key(engine) {
+        return Err(format!(
+            "engine {engine} is not installed or not seen to run"
+        ));
+    }
+    let holds = holds_weights(node, &model.source);
+    if profile.min_disk_gb > 0
+        && !holds
+        && node.inventory.disk_free_gb < u64::from(profile.min_disk_gb)
+    {
+        return Err(format!(
+            "needs {} GB of disk for the weights, has {} GB free and does not hold them",
+            profile.min_disk_gb, node.inventory.disk_free_gb
+        ));
+    }
+    let empty = Used::default();
+    let used = used.unwrap_or(&empty);
+    let mut memory_free_mb = None;
+    let (free_gpus, take) = match &profile.gpu_class {
+        None => {
+            if profile.memory_mb > 0 && node.inventory.memory_total_mb > 0 {
+                let free = node
+                    .inventory
+                    .memory_total_mb
+                    .saturating_sub(used.memory_mb);
+                if free < profile.memory_mb {
+                    return Err(format!(
+                        "needs {} MB of RAM, {free} MB of {} MB are free",
+                        profile.memory_mb, node.inventory.memory_total_mb
+                    ));
+                }
+                memory_free_mb = Some(free);
+            }
+            (Vec::new(), Vec::new())
+        }
+        Some(class) => {
+            let of_class: Vec<_> = node
+                .inventory
+                .gpus
+                .iter()
+                .filter(|g| &g.class == class)
+                .collect();
+            if of_class.is_empty() {
+                let classes: BTreeSet<&str> = node
+                    .inventory
+                    .gpus
+                    .iter()
+                    .map(|g| g.class.as_str())
+                    .collect();
+                return Err(if classes.is_empty() {
+                    format!("no GPUs, the profile wants {class}")
+                } else {
+                    format!(
+                        "no {class} GPUs (has {})",
+                        classes.into_iter().collect::<Vec<_>>().join(", ")
+                    )
+                });
+            }
+            let mut notes = Vec::new();
+            let mut free = Vec::new();
+            for g in &of_class {
+                if let Some(r) = used.gpus.get(&g.index) {
+                    notes.push(format!("GPU {} held by {r}", g.index));
+                } else if !g.problems.is_empty() {
+                    notes.push(format!("GPU {}: {}", g.index, g.problems.join(", ")));
+                } else {
+                    free.push(g.index);
+                }
+            }
+            free.sort_unstable();
+            let want = profile.gpus_per_node as usize;
+            if free.len() < want {
+                let mut why = format!("needs {want} free {class} GPUs, has {}", free.len());
+                if !notes.is_empty() {
+                    why.push_str(&format!(" ({})", notes.join("; ")));
+                }
+                return Err(why);
+            }
+            let take = choose_gpus(node, &free, want)
+                .ok_or_else(|| format!("no {want} free {class} GPUs within one NVLink domain"))?;
+            (free, take)
+        }
+    };
+    let port = (options.port_range.0..=options.port_range.1)
+        .find(|p| !used.ports.contains(p))
+        .ok_or_else(|| "every port in the engine port range is taken".to_owned())?;
+    Ok(Fit {
+        node,
+        free_gpus,
+        take,
+        port,
+        holds_weights: holds,
+        shards: used.shards,
+        memory_free_mb,
+    })
+}
+
+/// `want` GPUs out of `free`: inside one NVLink domain when the node
+/// reports its topology (a tensor-parallel group across domains crawls over
+/// PCIe), else the lowest indices.
+fn choose_gpus(node: &Node, free: &[u32], want: usize) -> Option<Vec<u32>> {
+    let gpus = &node.inventory.gpus;
+    if want <= 1 || gpus.iter().all(|g| g.nvlink_peers.is_empty()) {
+        return Some(free[..want].to_vec());
+    }
+    // Domains are the connected components of the NVLink graph.
+    let mut domain: BTreeMap<u32, u32> = gpus.iter().map(|g| (g.index, g.index)).collect();
+    fn root(d: &BTreeMap<u32, u32>, mut i: u32) -> u32 {
+        while let Some(&p) = d.get(&i) {
+            if p == i {
+                break;
+            }
+            i = p;
+        }
+        i
+    }
+    for g in gpus {
+        for p in &g.nvlink_peers {
+            if !domain.contains_key(p) {
+                continue;
+            }
+            let (a, b) = (root(&domain, g.index), root(&domain, *p));
+            if a != b {
+                domain.insert(a.max(b), a.min(b));
+            }
+        }
+    }
+    let mut by_domain: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for &i in free {
+        by_domain.entry(root(&domain, i)).or_default().push(i);
+    }
+    // The smallest domain that holds the group, so big domains stay whole.
+    by_domain
+        .into_values()
+        .filter(|members| members.len() >= want)
+        .min_by_key(|members| (members.len(), members[0]))
+        .map(|members| members[..want].to_vec())
+}
+
+/// Places one replica of `model`, or explains why it fits nowhere.
+///
+/// `replica_id` names the replica; shard ids are `{replica_id}-{rank}`.
+pub fn place(
+    model: &Model,
+    nodes: &Nodes,
+    replicas: &Replicas,
+    held: &[Held],
+    replica_id: &str,
+    options: PlaceOptions,
+) -> Explanation {
+    let used = usage(replicas, held);
+    let mut order: Vec<&Profile> = model.profiles.iter().collect();
+    // Highest priority first; the catalog's order breaks ties.
+    order.sort_by_key(|p| std::cmp::Reverse(p.priority));
+    let mut explanation = Explanation {
+        model: model.name.clone(),
+        profiles: Vec::new(),
+        chosen: None,
+    };
+    for profile in order {
+        let mut candidates = Vec::new();
+        let mut fits = Vec::new();
+        for node in nodes.nodes.values() {
+            match check_node(node, model, profile, used.get(node.id.as_str()), options) {
+                Ok(fit) => {
+                    candidates.push(Candidate {
+                        node: node.id.clone(),
+                        fits: true,
+                        reason: offer(&fit),
+                    });
+                    fits.push(fit);
+                }
+                Err(reason) => candidates.push(Candidate {
+                    node: node.id.clone(),
+                    fits: false,
+                    reason,
+                }),
+            }
+        }
+        let outcome = if profile.nodes <= 1 {
+            single_node(model, profile, fits, replica_id)
+        } else {
+            multi_node(model, profile, fits, replica_id, &mut candidates)
+        };
+        match outcome {
+            Ok(placement) => {
+                explanation.profiles.push(ProfileVerdict {
+                    profile: profile.name.clone(),
+                    priority: profile.priority,
+                    outcome: "placed".into(),
+                    candidates,
+                });
+                explanation.chosen = Some(placement);
+                break;
+            }
+            Err(outcome) => explanation.profiles.push(ProfileVerdict {
+                profile: profile.name.clone(),
+                priority: profile.priority,
+                outcome,
+                candidates,
+            }),
+        }
+    }
+    explanation
+}
+
+fn offer(fit: &Fit<'_>) -> String {
+    let mut parts = Vec::new();
+    if !fit.take.is_empty() {
+        parts.push(format!(
+            "GPUs {:?} of {} free",
+            fit.take,
+            fit.free_gpus.len()
+        ));
+    }
+    if let Some(m) = fit.memory_free_mb {
+        parts.push(format!("{m} MB RAM free"));
+    }
+    if fit.holds_weights {
+        parts.push("holds the weights".into());
+    }
+    parts.push(format!("port {}", fit.port));
+    parts.join(", ")
+}
+
+fn shard(
+    replica_id: &str,
+    rank: u32,
+    fit: &Fit<'_>,
+    hcas: Vec<String>,
+    profile: &Profile,
+) -> ShardPlacement {
+    ShardPlacement {
+        shard_id: format!("{replica_id}-{rank}"),
+        rank,
+        node_id: fit.node.id.clone(),
+        gpu_indices: fit.take.clone(),
+        hcas,
+        port: fit.port,
+        memory_mb: if profile.is_cpu() {
+            profile.memory_mb
+        } else {
+            0
+        },
+    }
+}
+
+fn single_node(
+    model: &Model,
+    profile: &Profile,
+    mut fits: Vec<Fit<'_>>,
+    replica_id: &str,
+) -> Result<Placement, String> {
+    if fits.is_empty() {
+        return Err("no node fits".into());
+    }
+    // Weights on disk first (a fetch costs minutes), then: GPU replicas
+    // bin-pack onto the fullest node that fits, keeping whole nodes free for
+    // big replicas; CPU replicas spread onto the least loaded node.
+    if profile.is_cpu() {
+        fits.sort_by_key(|f| (!f.holds_weights, f.shards, f.node.id.clone()));
+    } else {
+        fits.sort_by_key(|f| (!f.holds_weights, f.free_gpus.len(), f.node.id.clone()));
+    }
+    let best = &fits[0];
+    let why = format!(
+        "on {} ({}){}",
+        best.node.id,
+        if profile.is_cpu() {
+            "least loaded"
+        } else {
+            "fullest node that fits"
+        },
+        if best.holds_weights {
+            ", which holds the weights"
+        } else {
+            ""
+        }
+    );
+    Ok(Placement {
+        replica_id: replica_id.to_owned(),
+        model: model.name.clone(),
+        profile: profile.name.clone(),
+        profile_fp: profile.fingerprint(),
+        pool: profile.gpu_class.clone().unwrap_or_else(|| "cpu".into()),
+        fabric: None,
+        shards: vec![shard(replica_id, 0, best, Vec::new(), profile)],
+        why,
+    })
+}
+
+fn multi_node(
+    model: &Model,
+    profile: &Profile,
+    fits: Vec<Fit<'_>>,
+    replica_id: &str,
+    candidates: &mut [Candidate],
+) -> Result<Placement, String> {
+    let want = profile.nodes as usize;
+    // A multi-node replica lives on one fabric: group by fabric and never
+    // mix. A node without a fabric is an island.
+    let mut by_fabric: BTreeMap<&str, Vec<&Fit<'_>>> = BTreeMap::new();
+    for fit in &fits {
+        if fit.node.inventory.fabrics.is_empty() {
+            if let Some(c) = candidates.iter_mut().find(|c| c.node == fit.node.id) {
+                c.fits = false;
+                c.reason = "a multi-node profile needs a fabric; this node has none".into();
+            }
+            continue;
+        }
+        for f in &fit.node.inventory.fabrics {
+            by_fabric.entry(f.fabric.as_str()).or_default().push(fit);
+        }
+    }
+    let mut best: Option<(&str, Vec<&Fit<'_>>)> = None;
+    for (fabric, mut members) in by_fabric {
+        if members.len() < want {
+            continue;
+        }
+        // The emptiest nodes, weights on disk first.
+        members.sort_by_key(|f| {
+            (
+                !f.holds_weights,
+                std::cmp::Reverse(f.free_gpus.len()),
+                f.node.id.clone(),
+            )
+        });
+        members.truncate(want);
+        let score = |m: &[&Fit<'_>]| m.iter().filter(|f| f.holds_weights).count();
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| score(&members) > score(b))
+        {
+            best = Some((fabric, members));
+        }
+    }
+    let Some((fabric, members)) = best else {
+        return Err(format!(
+            "needs {want} nodes on one fabric, {} fit on their own",
+            fits.len()
+        ));
+    };
+    let shards = members
+        .iter()
+        .enumerate()
+        .map(|(rank, fit)| {
+            let hcas = fit
+                .node
+                .inventory
+                .fabrics
+                .iter()
+                .filter(|f| f.fabric == fabric)
+                .flat_map(|f| f.hcas.clone())
+                .collect();
+            shard(replica_id, rank as u32, fit, hcas, profile)
+        })
+        .collect();
+    let names: Vec<&str> = members.iter().map(|f| f.node.id.as_str()).collect();
+    Ok(Placement {
+        replica_id: replica_id.to_owned(),
+        model: model.name.clone(),
+        profile: profile.name.clone(),
+        profile_fp: profile.fingerprint(),
+        pool: profile.gpu_class.clone().unwrap_or_else(|| "cpu".into()),
+        fabric: Some(fabric.to_owned()),
+        shards,
+        why: format!("on fabric {fabric}: {} (emptiest nodes)", names.join(", ")),
+    })
+}

@@ -1,0 +1,283 @@
+//! The reconciler's decision: desired against actual, as a list of actions.
+//!
+//! Pure and idempotent: it reads the state the log built plus the few facts
+//! the control plane keeps in memory (backoff, on-demand requests, drain
+//! clocks) and returns what to do. Running it twice on the same input gives
+//! the same plan; carrying out a plan changes the log, so the next pass sees
+//! the result. At most one placement per model per pass, because the next
+//! placement must see the GPUs the previous one took.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Millis;
+use crate::State;
+use crate::catalog::Model;
+use crate::nodes::Reachability;
+use crate::placement::{self, Explanation, Held, PlaceOptions};
+use crate::replicas::{Placement, Replica, ReplicaStatus};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    pub place: PlaceOptions,
+    /// How long a draining replica may finish in-flight work, and how long a
+    /// node drain waits for replacements before stopping originals anyway.
+    pub drain_grace_ms: Millis,
+    /// Idle time after which an on-demand model without `idle_timeout_s` is
+    /// stopped.
+    pub default_idle_ms: Millis,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            place: PlaceOptions::default(),
+            drain_grace_ms: 30_000,
+            default_idle_ms: 15 * 60_000,
+        }
+    }
+}
+
+/// What the control plane keeps in memory between passes.
+#[derive(Debug, Clone, Default)]
+pub struct Runtime {
+    pub now: Millis,
+    /// Model → no placement before this time (after failures).
+    pub not_before: BTreeMap<String, Millis>,
+    /// On-demand model → when it was last asked for.
+    pub demand: BTreeMap<String, Millis>,
+    /// Replica or node id → when its drain was first seen.
+    pub drain_since: BTreeMap<String, Millis>,
+    /// Processes agents report that the log no longer counts as live.
+    pub held: Vec<Held>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    /// Append `ReplicaPlaced`, then start the shards, rank 0 first.
+    Place(Placement),
+    /// A shard's node is lost: the replica cannot serve.
+    Fail { replica_id: String, reason: String },
+    /// Stop every shard, then append `ReplicaStopped`.
+    Stop {
+        replica_id: String,
+        reason: String,
+        /// Whether this stop follows a failure (the model backs off).
+        failed: bool,
+    },
+    /// Take the replica out of routing and let in-flight work finish.
+    Drain { replica_id: String },
+    /// A draining node has nothing live left on it.
+    FinishNodeDrain { node_id: String },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    /// Models that want a replica and fit nowhere, with why.
+    pub unplaced: Vec<Explanation>,
+}
+
+/// How many replicas a model should have now.
+pub fn desired(model: &Model, rt: &Runtime, settings: &Settings) -> u32 {
+    if model.profiles.is_empty() {
+        return 0;
+    }
+    let idle = model
+        .scaling
+        .idle_timeout_s
+        .map_or(settings.default_idle_ms, |s| Millis::from(s) * 1000);
+    let asked = rt
+        .demand
+        .get(&model.name)
+        .is_some_and(|at| rt.now - at < idle);
+    model
+        .scaling
+        .min
+        .max(u32::from(asked))
+        .min(model.scaling.max)
+}
+
+/// The jittered exponential backoff after `failures` failures in a row:
+/// `base · 2^(failures-1)`, capped at `max`, times a factor in [0.8, 1.2)
+/// from `unit` (a random number in [0, 1) the caller draws), so that models
+/// failing together do not retry together.
+pub fn backoff(failures: u32, base_ms: Millis, max_ms: Millis, unit: f64) -> Millis {
+    let exp = failures.saturating_sub(1).min(30);
+    let raw = base_ms.saturating_mul(1 << exp).min(max_ms);
+    let factor = 0.8 + 0.4 * unit.clamp(0.0, 1.0);
+    ((raw as f64 * factor) as Millis).min(max_ms)
+}
+
+fn on_lost_node<'a>(state: &'a State, r: &Replica) -> Option<&'a str> {
+    r.placement.shards.iter().find_map(|s| {
+        state
+            .nodes
+            .nodes
+            .get(&s.node_id)
+            .filter(|n| n.reachability == Reachability::Lost)
+            .map(|n| n.id.as_str())
+    })
+}
+
+fn on_draining_node(state: &State, r: &Replica) -> Option<String> {
+    r.placement.shards.iter().find_map(|s| {
+        state
+            .nodes
+            .nodes
+            .get(&s.node_id)
+            .filter(|n| n.draining)
+            .map(|n| n.id.clone())
+    })
+}
+
+/// One pass. `new_id` names a replica if one is placed.
+pub fn plan(
+    state: &State,
+    rt: &Runtime,
+    settings: &Settings,
+    mut new_id: impl FnMut(&Model) -> String,
+) -> Plan {
+    let mut plan = Plan::default();
+    let mut touched: BTreeSet<String> = BTreeSet::new();
+    for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
+        let id = &r.placement.replica_id;
+        let profile = state
+            .catalog
+            .models
+            .get(&r.placement.model)
+            .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile));
+        if profile.is_none() {
+            plan.actions.push(Action::Stop {
+                replica_id: id.clone(),
+                reason: "its model or profile left the catalog".into(),
+                failed: false,
+            });
+            touched.insert(id.clone());
+            continue;
+        }
+        match r.status {
+            ReplicaStatus::Failed => {
+                plan.actions.push(Action::Stop {
+                    replica_id: id.clone(),
+                    reason: "failed; it is rebuilt".into(),
+                    failed: true,
+                });
+                touched.insert(id.clone());
+            }
+            ReplicaStatus::Draining => {
+                let since = rt.drain_since.get(id).copied().unwrap_or(rt.now);
+                if rt.now - since >= settings.drain_grace_ms {
+                    plan.actions.push(Action::Stop {
+                        replica_id: id.clone(),
+                        reason: "drained".into(),
+                        failed: false,
+                    });
+                    touched.insert(id.clone());
+                }
+            }
+            ReplicaStatus::Starting | ReplicaStatus::Ready => {
+                if let Some(node) = on_lost_node(state, r) {
+                    plan.actions.push(Action::Fail {
+                        replica_id: id.clone(),
+                        reason: format!("node {node} is lost"),
+                    });
+                    touched.insert(id.clone());
+                }
+            }
+            ReplicaStatus::Stopped => {}
+        }
+    }
+
+    for model in state.catalog.models.values() {
+        let want = desired(model, rt, settings);
+        let live: Vec<&Replica> = state
+            .replicas
+            .replicas
+            .values()
+            .filter(|r| r.placement.model == model.name)
+            .filter(|r| matches!(r.status, ReplicaStatus::Starting | ReplicaStatus::Ready))
+            .filter(|r| !touched.contains(&r.placement.replica_id))
+            .collect();
+        let draining_any = state
+            .replicas
+            .replicas
+            .values()
+            .any(|r| r.placement.model == model.name && r.status == ReplicaStatus::Draining);
+        let current_fp = |r: &Replica| {
+            model
+                .profiles
+                .iter()
+                .find(|p| p.name == r.placement.profile)
+                .is_some_and(|p| p.fingerprint() == r.placement.profile_fp)
+        };
+        // Replicas to move: on a draining node, or running an edited profile.
+        let (moving, keep): (Vec<&Replica>, Vec<&Replica>) = live
+            .iter()
+            .partition(|r| on_draining_node(state, r).is_some() || !current_fp(r));
+        let backing_off = rt.not_before.get(&model.name).is_some_and(|t| *t > rt.now);
+        if (keep.len() as u32) < want && !backing_off {
+            let id = new_id(model);
+            let explanation = placement::place(
+                model,
+                &state.nodes,
+                &state.replicas,
+                &rt.held,
+                &id,
+                settings.place,
+            );
+            match explanation.chosen {
+                Some(p) => plan.actions.push(Action::Place(p)),
+                None => plan.unplaced.push(explanation),
+            }
+        }
+        if draining_any {
+            continue;
+        }
+        let ready_keep = keep
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Ready)
+            .count() as u32;
+        if let Some(first) = moving.first() {
+            // Rolling: the replacement serves before the original stops,
+            // unless the grace period ran out.
+            let key = on_draining_node(state, first)
+                .unwrap_or_else(|| first.placement.replica_id.clone());
+            let since = rt.drain_since.get(&key).copied().unwrap_or(rt.now);
+            if ready_keep >= want || rt.now - since >= settings.drain_grace_ms {
+                plan.actions.push(Action::Drain {
+                    replica_id: first.placement.replica_id.clone(),
+                });
+            }
+        } else if keep.len() as u32 > want {
+            // Scale down: the newest replica that is not yet serving, else
+            // the newest one (replica ids sort by creation time).
+            let victim = keep
+                .iter()
+                .rev()
+                .find(|r| r.status == ReplicaStatus::Starting)
+                .or_else(|| keep.last());
+            if let Some(v) = victim {
+                plan.actions.push(Action::Drain {
+                    replica_id: v.placement.replica_id.clone(),
+                });
+            }
+        }
+    }
+
+    for node in state.nodes.nodes.values().filter(|n| n.draining) {
+        let busy = state
+            .replicas
+            .replicas
+            .values()
+            .filter(|r| r.is_live())
+            .any(|r| r.placement.shards.iter().any(|s| s.node_id == node.id));
+        if !busy {
+            plan.actions.push(Action::FinishNodeDrain {
+                node_id: node.id.clone(),
+            });
+        }
+    }
+    plan
+}

@@ -1,0 +1,316 @@
+//! The reconciler's plan: what a pass does for a given cluster.
+
+use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
+use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
+use llmgw_domain::reconcile::{Action, Runtime, Settings, backoff, desired, plan};
+use llmgw_domain::replicas::{ReplicaEvent, ShardState};
+use llmgw_domain::{Event, State};
+
+fn sim_model(min: u32, max: u32) -> Model {
+    let mut m = Model::named("chat");
+    m.scaling = Scaling {
+        min,
+        max,
+        idle_timeout_s: Some(60),
+    };
+    m.profiles = vec![Profile {
+        name: "sim".into(),
+        engine: Engine::Sim,
+        gpu_class: None,
+        tp: 1,
+        pp: 1,
+        nodes: 1,
+        gpus_per_node: 0,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: None,
+        min_disk_gb: 0,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    }];
+    m
+}
+
+fn register(state: &mut State, id: &str) {
+    state.evolve(&Event::Node(NodeEvent::NodeRegistered {
+        node_id: id.into(),
+        inventory: Inventory {
+            hostname: id.into(),
+            gpus: Vec::<Gpu>::new(),
+            engines: [("sim".to_string(), "1".to_string())].into(),
+            ..Inventory::default()
+        },
+    }));
+}
+
+fn cluster(min: u32, max: u32, nodes: &[&str]) -> State {
+    let mut s = State::default();
+    s.evolve(&Event::Catalog(CatalogEvent::ModelAdded {
+        model: sim_model(min, max),
+    }));
+    for n in nodes {
+        register(&mut s, n);
+    }
+    s
+}
+
+/// Runs passes, applying each plan's effects the way the control plane
+/// does, until nothing is left to do; returns every action taken.
+fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
+    let mut all = Vec::new();
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    for _ in 0..20 {
+        let p = plan(state, rt, &Settings::default(), |_| {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("r{n:05}")
+        });
+        if p.actions.is_empty() {
+            break;
+        }
+        for a in &p.actions {
+            let events = match a {
+                Action::Place(p) => vec![ReplicaEvent::ReplicaPlaced(p.clone())],
+                Action::Fail { replica_id, reason } => vec![ReplicaEvent::ReplicaFailed {
+                    replica_id: replica_id.clone(),
+                    reason: reason.clone(),
+                }],
+                Action::Stop {
+                    replica_id, reason, ..
+                } => vec![ReplicaEvent::ReplicaStopped {
+                    replica_id: replica_id.clone(),
+                    reason: reason.clone(),
+                }],
+                Action::Drain { replica_id } => {
+                    rt.drain_since.insert(replica_id.clone(), rt.now);
+                    vec![ReplicaEvent::ReplicaDraining {
+                        replica_id: replica_id.clone(),
+                    }]
+                }
+                Action::FinishNodeDrain { node_id } => {
+                    state.evolve(&Event::Node(NodeEvent::NodeDrained {
+                        node_id: node_id.clone(),
+                    }));
+                    vec![]
+                }
+            };
+            for e in events {
+                state.evolve(&Event::Replica(e));
+            }
+        }
+        all.extend(p.actions);
+        rt.now += 60_000;
+    }
+    all
+}
+
+fn ready_all(state: &mut State) {
+    let ids: Vec<(String, String)> = state
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| r.is_live())
+        .flat_map(|r| {
+            r.shards
+                .keys()
+                .map(|s| (r.placement.replica_id.clone(), s.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for (r, s) in ids {
+        let events = state
+            .replicas
+            .decide(llmgw_domain::replicas::ReplicaCommand::ReportShard {
+                replica_id: r,
+                shard_id: s,
+                state: ShardState::Ready,
+                error: None,
+                exit_code: None,
+                log_tail: None,
+            })
+            .expect("accepted");
+        for e in events {
+            state.evolve(&Event::Replica(e));
+        }
+    }
+}
+
+fn live(state: &State) -> usize {
+    state
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| r.is_live())
+        .count()
+}
+
+#[test]
+fn one_placement_per_model_per_pass_up_to_min() {
+    let mut s = cluster(3, 3, &["a", "b", "c"]);
+    let p = plan(&s, &Runtime::default(), &Settings::default(), |_| {
+        "r1".into()
+    });
+    assert_eq!(p.actions.len(), 1, "one placement per pass");
+    let actions = settle(&mut s, &mut Runtime::default());
+    assert_eq!(actions.len(), 3);
+    assert_eq!(live(&s), 3);
+    let nodes: std::collections::BTreeSet<_> = s
+        .replicas
+        .replicas
+        .values()
+        .map(|r| r.placement.shards[0].node_id.clone())
+        .collect();
+    assert_eq!(nodes.len(), 3, "CPU replicas spread over the nodes");
+    // Idempotent: a settled cluster plans nothing.
+    let again = plan(&s, &Runtime::default(), &Settings::default(), |_| {
+        "x".into()
+    });
+    assert!(again.actions.is_empty());
+}
+
+#[test]
+fn a_lost_node_fails_its_replica_which_is_stopped_and_rebuilt_elsewhere() {
+    let mut s = cluster(1, 1, &["a", "b"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    let first = s.replicas.replicas.values().next().expect("one").clone();
+    let node = first.placement.shards[0].node_id.clone();
+    s.evolve(&Event::Node(NodeEvent::NodeLost {
+        node_id: node.clone(),
+    }));
+    let actions = settle(&mut s, &mut rt);
+    assert!(matches!(&actions[0], Action::Fail { reason, .. } if reason.contains("lost")));
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Stop { failed: true, .. })),
+        "{actions:?}"
+    );
+    let rebuilt: Vec<_> = s
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| r.is_live())
+        .collect();
+    assert_eq!(rebuilt.len(), 1);
+    assert_ne!(rebuilt[0].placement.shards[0].node_id, node);
+}
+
+#[test]
+fn a_node_drain_is_rolling_the_replacement_serves_first() {
+    let mut s = cluster(1, 1, &["a", "b"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    let original = s.replicas.replicas.keys().next().expect("one").clone();
+    let node = s.replicas.replicas[&original].placement.shards[0]
+        .node_id
+        .clone();
+    s.evolve(&Event::Node(NodeEvent::NodeCordoned {
+        node_id: node.clone(),
+        by: "ops".into(),
+        reason: "drain".into(),
+    }));
+    s.evolve(&Event::Node(NodeEvent::NodeDrainRequested {
+        node_id: node.clone(),
+        by: "ops".into(),
+    }));
+    rt.drain_since.insert(node.clone(), rt.now);
+    let p = plan(&s, &rt, &Settings::default(), |_| "r900".into());
+    assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
+    assert!(matches!(&p.actions[0], Action::Place(pl) if pl.shards[0].node_id != node));
+    if let Action::Place(pl) = &p.actions[0] {
+        s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
+    }
+    // Not ready yet: the original keeps serving.
+    let p = plan(&s, &rt, &Settings::default(), |_| "r901".into());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    ready_all(&mut s);
+    let p = plan(&s, &rt, &Settings::default(), |_| "r902".into());
+    assert_eq!(
+        p.actions,
+        vec![Action::Drain {
+            replica_id: original.clone()
+        }]
+    );
+    let actions = settle(&mut s, &mut rt);
+    assert!(actions.contains(&Action::FinishNodeDrain { node_id: node }));
+    assert!(!s.replicas.replicas[&original].is_live());
+}
+
+#[test]
+fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
+    let mut s = cluster(0, 2, &["a"]);
+    let mut rt = Runtime::default();
+    assert_eq!(
+        desired(&s.catalog.models["chat"], &rt, &Settings::default()),
+        0
+    );
+    rt.demand.insert("chat".into(), 0);
+    let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
+    assert!(matches!(&p.actions[..], [Action::Place(_)]));
+    if let Action::Place(pl) = &p.actions[0] {
+        s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
+    }
+    ready_all(&mut s);
+    rt.now = 61_000; // past the 60 s idle timeout
+    let p = plan(&s, &rt, &Settings::default(), |_| "r2".into());
+    assert_eq!(
+        p.actions,
+        vec![Action::Drain {
+            replica_id: "r1".into()
+        }]
+    );
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
+        replica_id: "r1".into(),
+    }));
+    rt.drain_since.insert("r1".into(), rt.now);
+    assert!(
+        plan(&s, &rt, &Settings::default(), |_| "r3".into())
+            .actions
+            .is_empty(),
+        "in-flight work gets its grace"
+    );
+    rt.now += Settings::default().drain_grace_ms;
+    let p = plan(&s, &rt, &Settings::default(), |_| "r3".into());
+    assert!(matches!(
+        &p.actions[..],
+        [Action::Stop { failed: false, .. }]
+    ));
+}
+
+#[test]
+fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter() {
+    let (base, max) = (10_000, 600_000);
+    assert_eq!(backoff(1, base, max, 0.5), 10_000);
+    assert_eq!(backoff(2, base, max, 0.5), 20_000);
+    assert_eq!(backoff(4, base, max, 0.5), 80_000);
+    assert_eq!(backoff(30, base, max, 0.5), 600_000);
+    assert_eq!(backoff(1, base, max, 0.0), 8_000);
+    assert!(backoff(1, base, max, 0.999) < 12_000);
+    // A model backing off is not placed.
+    let s = cluster(1, 1, &["a"]);
+    let mut rt = Runtime::default();
+    rt.not_before.insert("chat".into(), 5);
+    assert!(
+        plan(&s, &rt, &Settings::default(), |_| "r".into())
+            .actions
+            .is_empty()
+    );
+}
+
+#[test]
+fn replicas_whose_model_left_the_catalog_are_stopped() {
+    let mut s = cluster(1, 1, &["a"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    s.evolve(&Event::Catalog(CatalogEvent::ModelRemoved {
+        name: "chat".into(),
+    }));
+    let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Stop { reason, failed: false, .. }] if reason.contains("left the catalog"))
+    );
+}
