@@ -1,1 +1,132 @@
+//! The admin API's JSON (`/api/v1/…` on the admin listener), shared by the
+//! server that writes it and the CLI that reads it.
 
+use serde::{Deserialize, Serialize};
+
+/// Every error body: one sentence that says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRow {
+    pub id: String,
+    pub hostname: String,
+    pub addr: String,
+    /// ready | unreachable | lost
+    pub state: String,
+    pub cordoned: bool,
+    pub draining: bool,
+    pub gpus: usize,
+    pub gpus_free: usize,
+    /// Distinct GPU classes, comma-separated; empty for a CPU node.
+    pub classes: String,
+    pub fabrics: Vec<String>,
+    pub memory_total_mb: u64,
+    pub engines: Vec<String>,
+    pub replicas: usize,
+    /// Whether this server holds the node's stream (only the leader does).
+    pub connected: bool,
+    /// Seconds since the last heartbeat this server saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelRow {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub profiles: Vec<String>,
+    pub min: u32,
+    pub max: u32,
+    pub on_demand: bool,
+    pub replicas: usize,
+    pub ready: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardRow {
+    pub shard_id: String,
+    pub rank: u32,
+    pub node: String,
+    pub gpus: Vec<u32>,
+    pub port: u16,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaRow {
+    pub id: String,
+    pub model: String,
+    pub profile: String,
+    pub status: String,
+    pub adopted: bool,
+    /// The profile was edited since it was placed; it is being replaced.
+    pub outdated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
+    pub shards: Vec<ShardRow>,
+}
+
+/// One node's verdict for one profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub node: String,
+    pub fits: bool,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileVerdict {
+    pub profile: String,
+    pub priority: i32,
+    pub outcome: String,
+    pub candidates: Vec<Candidate>,
+}
+
+/// `explain-placement`: what a placement now would do, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    pub model: String,
+    pub summary: String,
+    pub profiles: Vec<ProfileVerdict>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Leader {
+    /// This server's instance name.
+    pub instance: String,
+    pub is_leader: bool,
+    /// The current or last holder of the append lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    pub epoch: u64,
+    pub held: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub leader: Leader,
+    pub models: usize,
+    pub models_ready: usize,
+    pub nodes: usize,
+    pub nodes_ready: usize,
+    pub replicas: usize,
+    pub replicas_ready: usize,
+    /// Events in the log, and how far this server's views have read.
+    pub log_head: u64,
+    pub views_at: u64,
+}
+
+/// The answer to a change: what was appended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changed {
+    /// Event types appended, in order; empty when nothing needed to change.
+    pub events: Vec<String>,
+    pub message: String,
+}

@@ -50,8 +50,10 @@ pub struct Inventory {
     /// 0 means unknown.
     #[serde(default)]
     pub memory_total_mb: u64,
+    /// Free disk for weights (GB, the node's own filesystems); None when
+    /// not reported, which is unknown rather than full.
     #[serde(default)]
-    pub disk_free_gb: u64,
+    pub disk_free_gb: Option<u64>,
     /// Engine name → version, for engines seen to run.
     #[serde(default)]
     pub engines: BTreeMap<String, String>,

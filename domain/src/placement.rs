@@ -176,13 +176,14 @@ fn check_node<'a>(
         ));
     }
     let holds = holds_weights(node, &model.source);
-    if profile.min_disk_gb > 0
+    if let Some(free) = node.inventory.disk_free_gb
+        && profile.min_disk_gb > 0
         && !holds
-        && node.inventory.disk_free_gb < u64::from(profile.min_disk_gb)
+        && free < u64::from(profile.min_disk_gb)
     {
         return Err(format!(
-            "needs {} GB of disk for the weights, has {} GB free and does not hold them",
-            profile.min_disk_gb, node.inventory.disk_free_gb
+            "needs {} GB of disk for the weights, has {free} GB free and does not hold them",
+            profile.min_disk_gb
         ));
     }
     let empty = Used::default();

@@ -104,6 +104,11 @@ pub enum ReplicaCommand {
         exit_code: Option<i32>,
         log_tail: Option<String>,
     },
+    /// The replica cannot serve (a shard's node is lost).
+    Fail {
+        replica_id: String,
+        reason: String,
+    },
     Drain {
         replica_id: String,
     },
@@ -244,6 +249,12 @@ impl Replicas {
                 }
                 events
             }
+            C::Fail { replica_id, reason } => match known(&replica_id)?.status {
+                ReplicaStatus::Starting | ReplicaStatus::Ready | ReplicaStatus::Draining => {
+                    vec![E::ReplicaFailed { replica_id, reason }]
+                }
+                _ => vec![],
+            },
             C::Drain { replica_id } => match known(&replica_id)?.status {
                 ReplicaStatus::Starting | ReplicaStatus::Ready => {
                     vec![E::ReplicaDraining { replica_id }]

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_domain::Event;
+use llmgw_domain::catalog::Catalog;
 use llmgw_domain::nodes::Nodes;
 use llmgw_domain::replicas::Replicas;
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,8 @@ use crate::{Stamp, View};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterView {
+    /// The catalog, so that placement can be explained from any server.
+    pub catalog: Catalog,
     pub nodes: Nodes,
     pub replicas: Replicas,
     /// Node → GPU index → the live replica holding it.
@@ -62,6 +65,7 @@ impl View for ClusterView {
 
     fn apply_event(&mut self, _stamp: Stamp, event: &Event) {
         match event {
+            Event::Catalog(e) => self.catalog.evolve(e),
             Event::Node(e) => {
                 self.nodes.evolve(e);
                 self.refabric(e.node_id());

@@ -65,7 +65,7 @@ pub async fn record_frozen_v1() -> anyhow::Result<String> {
     .await?;
     r.run(register("n1", &[])).await?;
     let mut inv = inventory("n1", &[]);
-    inv.disk_free_gb = 10;
+    inv.disk_free_gb = Some(10);
     r.run(Command::Node(NodeCommand::ReportInventory {
         node_id: "n1".into(),
         inventory: inv,
@@ -327,7 +327,7 @@ fn inventory(node: &str, fabric: &[&str]) -> Inventory {
             })
             .collect(),
         memory_total_mb: 2_000_000,
-        disk_free_gb: 3000,
+        disk_free_gb: Some(3000),
         engines: [("vllm".to_string(), "0.11.0".to_string())].into(),
         ..Inventory::default()
     }

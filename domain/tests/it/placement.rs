@@ -35,7 +35,7 @@ fn node(id: &str, gpus: Vec<Gpu>, fabrics: &[(&str, &[&str])]) -> Node {
                 })
                 .collect(),
             memory_total_mb: 64_000,
-            disk_free_gb: 500,
+            disk_free_gb: Some(500),
             engines: [("vllm", "0.11.0"), ("llamacpp", "b10991"), ("sim", "1")]
                 .into_iter()
                 .map(|(a, b)| (a.into(), b.into()))
@@ -143,7 +143,7 @@ fn every_per_node_constraint_has_its_reason() {
     let mut labelled = node("labelled", vec![gpu(0, "h100-80g")], &[]);
     labelled.inventory.labels.insert("zone".into(), "b".into());
     let mut full_disk = node("full-disk", vec![gpu(0, "h100-80g")], &[]);
-    full_disk.inventory.disk_free_gb = 10;
+    full_disk.inventory.disk_free_gb = Some(10);
     let n = nodes(vec![
         cordoned,
         gone,
@@ -208,7 +208,7 @@ fn every_per_node_constraint_has_its_reason() {
 #[test]
 fn weights_on_disk_excuse_the_disk_rule_and_are_preferred() {
     let mut holder = node("holder", vec![gpu(0, "h100-80g")], &[]);
-    holder.inventory.disk_free_gb = 1;
+    holder.inventory.disk_free_gb = Some(1);
     holder.inventory.weights = vec!["/models/Llama-3.1-8B".into()];
     let other = node("other", vec![gpu(0, "h100-80g")], &[]);
     let mut p = profile("p", Some("h100-80g"), 1, 1);
