@@ -4,3 +4,291 @@
 //! What must not: hot-path request routing (that is `llmgw-gateway`) or pure
 //! decisions (those live in `llmgw-domain`, where they can be tested without
 //! a database).
+//!
+//! Every server runs one [`ControlPlane`]. Only the holder of the append
+//! lease acts: it accepts agent streams, runs the reconciler and decides
+//! operator commands. A standby follows the log through its views, answers
+//! reads, and refuses agents and writes with a status that names the leader.
+
+pub mod admin;
+mod agents;
+mod config;
+mod convert;
+mod decider;
+mod reconciler;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use llmgw_domain::{Command, Rejection};
+use llmgw_eventstore::{AnyStore, EventStore, LeaseToken, StoreError, Writer};
+use llmgw_projections::Projections;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+pub use agents::AgentSvc;
+pub use config::ControlConfig;
+
+/// Why a control-plane operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    #[error("this server is a standby; the leader is {}: send the command to the leader", leader.as_deref().unwrap_or("not elected yet"))]
+    Standby { leader: Option<String> },
+    #[error("the event store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What the control plane keeps in memory between reconciler passes: lost
+/// on restart by design (backoff restarts from the base, drains restart
+/// their grace period).
+#[derive(Debug, Default)]
+struct Memory {
+    rt: llmgw_domain::reconcile::Runtime,
+    failures: BTreeMap<String, u32>,
+    /// Model → the last reason it could not be placed, logged on change.
+    unplaced: BTreeMap<String, String>,
+}
+
+#[derive(Debug)]
+pub struct ControlPlane {
+    store: AnyStore,
+    config: ControlConfig,
+    decider: decider::Decider,
+    views: Arc<RwLock<Projections>>,
+    views_at: watch::Receiver<u64>,
+    lease: watch::Sender<Option<LeaseToken>>,
+    agents: agents::Registry,
+    memory: Mutex<Memory>,
+    wake: Notify,
+    started: Instant,
+}
+
+impl ControlPlane {
+    /// A control plane over `store`, reading the server's views (kept by a
+    /// projection runner that follows the same log).
+    pub fn new(
+        store: AnyStore,
+        views: Arc<RwLock<Projections>>,
+        views_at: watch::Receiver<u64>,
+        config: ControlConfig,
+    ) -> Arc<Self> {
+        let (lease, _) = watch::channel(None);
+        Arc::new(ControlPlane {
+            decider: decider::Decider::new(store.clone(), config.instance.clone()),
+            store,
+            config,
+            views,
+            views_at,
+            lease,
+            agents: agents::Registry::default(),
+            memory: Mutex::new(Memory::default()),
+            wake: Notify::new(),
+            started: Instant::now(),
+        })
+    }
+
+    pub fn config(&self) -> &ControlConfig {
+        &self.config
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.lease.borrow().is_some()
+    }
+
+    /// Changes to leadership: `Some` while this server leads.
+    pub fn leadership(&self) -> watch::Receiver<Option<LeaseToken>> {
+        self.lease.subscribe()
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.started.elapsed().as_millis() as i64
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Somebody asked for an on-demand model: keep it up for its idle time.
+    pub fn demand(&self, model: &str) {
+        let now = self.now_ms();
+        self.memory().rt.demand.insert(model.to_owned(), now);
+        self.wake.notify_one();
+    }
+
+    async fn leader_token(&self) -> Result<LeaseToken, ControlError> {
+        if let Some(t) = self.lease.borrow().clone() {
+            return Ok(t);
+        }
+        let info = self.store.lease_info().await?;
+        Err(ControlError::Standby {
+            leader: info.holder.filter(|_| info.held),
+        })
+    }
+
+    /// Decides and appends as the leader; wakes the reconciler.
+    pub(crate) async fn execute(
+        &self,
+        commands: Vec<Command>,
+    ) -> Result<decider::Decided, ControlError> {
+        let token = self.leader_token().await?;
+        match self
+            .decider
+            .execute(&Writer::Leader(token.clone()), commands)
+            .await
+        {
+            Ok(d) => {
+                if !d.events.is_empty() {
+                    self.wake.notify_one();
+                }
+                Ok(d)
+            }
+            Err(ControlError::Store(e @ StoreError::Fenced { .. })) => {
+                tracing::error!(error = %e, "deposed: the store refused an append; stepping down");
+                self.lose_leadership(&token);
+                Err(ControlError::Standby { leader: None })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits until this server's views have read `position`, so that a
+    /// read after a write sees the write.
+    pub(crate) async fn views_reach(&self, position: u64) {
+        let mut at = self.views_at.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
+    }
+
+    fn lose_leadership(&self, token: &LeaseToken) {
+        let was = self.lease.send_if_modified(|t| {
+            if t.as_ref() == Some(token) {
+                *t = None;
+                true
+            } else {
+                false
+            }
+        });
+        if was {
+            // Commands ride the agents' streams: dropping them sends the
+            // agents on to the new leader.
+            self.agents.drop_all();
+        }
+    }
+
+    /// Leads while it can, until `shutdown` turns true; then steps down so
+    /// that a standby need not wait out the ttl.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let reconciler = tokio::spawn(reconciler::run(self.clone()));
+        let liveness = tokio::spawn(reconciler::liveness(self.clone()));
+        tokio::select! {
+            _ = self.clone().lead() => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+        reconciler.abort();
+        liveness.abort();
+        self.step_down().await;
+    }
+
+    async fn step_down(&self) {
+        let Some(token) = self.lease.borrow().clone() else {
+            return;
+        };
+        let _ = self.lease.send(None);
+        self.agents.drop_all();
+        let released = llmgw_domain::event::LeadershipEvent::LeadershipReleased {
+            holder: token.holder.clone(),
+            epoch: token.epoch,
+        };
+        if let Err(e) = self
+            .decider
+            .append_event(
+                &Writer::Leader(token.clone()),
+                llmgw_domain::Event::Leadership(released),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "could not record stepping down");
+        }
+        match self.store.release_lease(&token).await {
+            Ok(_) => tracing::info!(epoch = token.epoch, "stepped down; the lease is free"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the lease; it expires on its own")
+            }
+        }
+    }
+
+    async fn lead(self: Arc<Self>) {
+        let ttl = self.config.lease_ttl;
+        loop {
+            let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
+                Ok(l) => l,
+                Err(StoreError::LeaseHeld { .. }) => {
+                    tokio::time::sleep(self.config.lease_poll).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot reach the store for the lease");
+                    tokio::time::sleep(self.config.lease_poll).await;
+                    continue;
+                }
+            };
+            let token = lease.token.clone();
+            if let Err(e) = self.take_office(&token).await {
+                tracing::error!(error = %e, "could not take office; releasing the lease");
+                let _ = self.store.release_lease(&token).await;
+                tokio::time::sleep(self.config.lease_poll).await;
+                continue;
+            }
+            tracing::info!(instance = %self.config.instance, epoch = token.epoch, "leading");
+            // Renew well inside the ttl; stop acting the moment one fails.
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                if self.lease.borrow().as_ref() != Some(&token) {
+                    break;
+                }
+                if let Err(e) = self.store.renew_lease(&token, ttl).await {
+                    tracing::error!(error = %e, "lost the lease; no longer leading");
+                    self.lose_leadership(&token);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A new leader catches up the whole log before its first decision,
+    /// gives every known node a fresh heartbeat clock, and applies the
+    /// configuration's models (the file wins over the store).
+    async fn take_office(&self, token: &LeaseToken) -> Result<(), ControlError> {
+        let state = self.decider.state().await?;
+        self.agents.reset_clocks(state.nodes.nodes.keys());
+        {
+            let mut m = self.memory();
+            m.rt.drain_since.clear();
+        }
+        let writer = Writer::Leader(token.clone());
+        let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {
+            holder: token.holder.clone(),
+            epoch: token.epoch,
+        };
+        self.decider
+            .append_event(&writer, llmgw_domain::Event::Leadership(acquired))
+            .await?;
+        let mut commands = Vec::new();
+        for m in &self.config.models {
+            use llmgw_domain::catalog::CatalogCommand as C;
+            commands.push(Command::Catalog(
+                if state.catalog.models.contains_key(&m.name) {
+                    C::UpdateModel(m.clone())
+                } else {
+                    C::AddModel(m.clone())
+                },
+            ));
+        }
+        self.decider.execute(&writer, commands).await?;
+        let _ = self.lease.send(Some(token.clone()));
+        self.wake.notify_one();
+        Ok(())
+    }
+}

@@ -1,0 +1,438 @@
+//! The operators' API under `/api/v1` on the admin listener (loopback by
+//! default). Reads come from this server's views, so a standby answers
+//! them too; changes go through the leader's decisions and a standby
+//! refuses them with the leader's name.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use llmgw_api::admin as api;
+use llmgw_domain::catalog::{CatalogCommand, Model};
+use llmgw_domain::nodes::{NodeCommand, Reachability};
+use llmgw_domain::replicas::{ReplicaStatus, ShardState};
+use llmgw_domain::{Command, RejectionCode};
+use llmgw_eventstore::EventStore;
+use serde::Deserialize;
+
+use crate::{ControlError, ControlPlane};
+
+pub fn router(cp: Arc<ControlPlane>) -> Router {
+    Router::new()
+        .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/nodes/{node}/cordon", post(cordon))
+        .route("/api/v1/nodes/{node}/uncordon", post(uncordon))
+        .route("/api/v1/nodes/{node}/drain", post(drain))
+        .route(
+            "/api/v1/models",
+            get(models).post(add_model).delete(remove_model),
+        )
+        .route("/api/v1/replicas", get(replicas))
+        .route("/api/v1/explain", get(explain))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/leader", get(leader))
+        .with_state(cp)
+}
+
+struct AdminError(StatusCode, String);
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        (self.0, Json(api::ErrorBody { error: self.1 })).into_response()
+    }
+}
+
+impl From<ControlError> for AdminError {
+    fn from(e: ControlError) -> Self {
+        let code = match &e {
+            ControlError::Rejected(r) => match r.code {
+                RejectionCode::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
+                RejectionCode::NotFound => StatusCode::NOT_FOUND,
+                RejectionCode::Conflict => StatusCode::CONFLICT,
+            },
+            ControlError::Standby { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ControlError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        if code == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(error = %e, "admin change refused");
+        }
+        AdminError(code, e.to_string())
+    }
+}
+
+type Result<T> = std::result::Result<Json<T>, AdminError>;
+
+fn reachability(r: Reachability) -> &'static str {
+    match r {
+        Reachability::Ready => "ready",
+        Reachability::Unreachable => "unreachable",
+        Reachability::Lost => "lost",
+    }
+}
+
+fn lower<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>> {
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    let c = &views.cluster;
+    let rows = c
+        .nodes
+        .nodes
+        .values()
+        .map(|n| {
+            let held = c.allocations.get(&n.id).map_or(0, |a| a.len());
+            let classes: BTreeSet<&str> =
+                n.inventory.gpus.iter().map(|g| g.class.as_str()).collect();
+            let replicas = c
+                .replicas
+                .replicas
+                .values()
+                .filter(|r| r.is_live() && r.placement.shards.iter().any(|s| s.node_id == n.id))
+                .count();
+            let healthy = n
+                .inventory
+                .gpus
+                .iter()
+                .filter(|g| g.problems.is_empty())
+                .count();
+            api::NodeRow {
+                id: n.id.clone(),
+                hostname: n.inventory.hostname.clone(),
+                addr: n.inventory.mgmt_addr.clone(),
+                state: reachability(n.reachability).into(),
+                cordoned: n.cordoned,
+                draining: n.draining,
+                gpus: n.inventory.gpus.len(),
+                gpus_free: healthy.saturating_sub(held),
+                classes: classes.into_iter().collect::<Vec<_>>().join(","),
+                fabrics: n
+                    .inventory
+                    .fabrics
+                    .iter()
+                    .map(|f| f.fabric.clone())
+                    .collect(),
+                memory_total_mb: n.inventory.memory_total_mb,
+                engines: n.inventory.engines.keys().cloned().collect(),
+                replicas,
+                connected: cp.agents.connected(&n.id),
+                last_heartbeat_s: cp
+                    .agents
+                    .last_seen(&n.id)
+                    .filter(|_| cp.is_leader())
+                    .map(|t| t.elapsed().as_secs_f64()),
+            }
+        })
+        .collect();
+    Ok(Json(rows))
+}
+
+async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow>> {
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    let c = &views.cluster;
+    let rows = c
+        .catalog
+        .models
+        .values()
+        .map(|m| {
+            let of = || {
+                c.replicas
+                    .replicas
+                    .values()
+                    .filter(|r| r.placement.model == m.name)
+            };
+            api::ModelRow {
+                name: m.name.clone(),
+                aliases: m.aliases.clone(),
+                profiles: m.profiles.iter().map(|p| p.name.clone()).collect(),
+                min: m.scaling.min,
+                max: m.scaling.max,
+                on_demand: m.on_demand(),
+                replicas: of().filter(|r| r.is_live()).count(),
+                ready: of().filter(|r| r.status == ReplicaStatus::Ready).count(),
+            }
+        })
+        .collect();
+    Ok(Json(rows))
+}
+
+#[derive(Debug, Deserialize)]
+struct ModelQuery {
+    model: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn replicas(
+    State(cp): State<Arc<ControlPlane>>,
+    Query(q): Query<ModelQuery>,
+) -> Result<Vec<api::ReplicaRow>> {
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    let c = &views.cluster;
+    let wanted = q.model.as_deref().map(|m| {
+        c.catalog
+            .resolve(m)
+            .map_or_else(|| m.to_owned(), |m| m.name.clone())
+    });
+    let rows = c
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| q.all || r.is_live())
+        .filter(|r| wanted.as_ref().is_none_or(|m| &r.placement.model == m))
+        .map(|r| {
+            let current = c
+                .catalog
+                .models
+                .get(&r.placement.model)
+                .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile))
+                .map(|p| p.fingerprint());
+            let mut shards: Vec<api::ShardRow> = r
+                .shards
+                .values()
+                .map(|s| api::ShardRow {
+                    shard_id: s.placement.shard_id.clone(),
+                    rank: s.placement.rank,
+                    node: s.placement.node_id.clone(),
+                    gpus: s.placement.gpu_indices.clone(),
+                    port: s.placement.port,
+                    state: lower::<ShardState>(&s.state),
+                    error: s.error.clone(),
+                })
+                .collect();
+            shards.sort_by_key(|s| s.rank);
+            api::ReplicaRow {
+                id: r.placement.replica_id.clone(),
+                model: r.placement.model.clone(),
+                profile: r.placement.profile.clone(),
+                status: lower(&r.status),
+                adopted: r.adopted,
+                outdated: current.is_some_and(|fp| fp != r.placement.profile_fp),
+                fabric: r.placement.fabric.clone(),
+                shards,
+            }
+        })
+        .collect();
+    Ok(Json(rows))
+}
+
+async fn explain(
+    State(cp): State<Arc<ControlPlane>>,
+    Query(q): Query<ModelQuery>,
+) -> Result<api::Explanation> {
+    let name = q.model.ok_or_else(|| {
+        AdminError(
+            StatusCode::BAD_REQUEST,
+            "say which model: ?model=NAME".into(),
+        )
+    })?;
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    let c = &views.cluster;
+    let model = c.catalog.resolve(&name).ok_or_else(|| {
+        AdminError(
+            StatusCode::NOT_FOUND,
+            format!("no model or alias {name}; `llmgw ctl models` lists them"),
+        )
+    })?;
+    let e = llmgw_domain::placement::place(
+        model,
+        &c.nodes,
+        &c.replicas,
+        &cp.agents.held(),
+        "explain",
+        llmgw_domain::placement::PlaceOptions {
+            port_range: cp.config.port_range,
+        },
+    );
+    Ok(Json(api::Explanation {
+        model: e.model.clone(),
+        summary: e.summary(),
+        profiles: e
+            .profiles
+            .iter()
+            .map(|p| api::ProfileVerdict {
+                profile: p.profile.clone(),
+                priority: p.priority,
+                outcome: p.outcome.clone(),
+                candidates: p
+                    .candidates
+                    .iter()
+                    .map(|c| api::Candidate {
+                        node: c.node.clone(),
+                        fits: c.fits,
+                        reason: c.reason.clone(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }))
+}
+
+async fn change(cp: &ControlPlane, commands: Vec<Command>, done: &str) -> Result<api::Changed> {
+    let decided = cp.execute(commands).await?;
+    cp.views_reach(decided.position).await;
+    let events: Vec<String> = decided.events.iter().map(|e| e.encode().0).collect();
+    let message = if events.is_empty() {
+        format!("nothing to change: {done} already")
+    } else {
+        done.to_owned()
+    };
+    Ok(Json(api::Changed { events, message }))
+}
+
+fn operator() -> String {
+    "admin-api".into()
+}
+
+async fn cordon(
+    State(cp): State<Arc<ControlPlane>>,
+    Path(node): Path<String>,
+) -> Result<api::Changed> {
+    let done = format!("{node} is cordoned: no new placement, nothing running is touched");
+    change(
+        &cp,
+        vec![Command::Node(NodeCommand::Cordon {
+            node_id: node,
+            by: operator(),
+            reason: "operator".into(),
+        })],
+        &done,
+    )
+    .await
+}
+
+async fn uncordon(
+    State(cp): State<Arc<ControlPlane>>,
+    Path(node): Path<String>,
+) -> Result<api::Changed> {
+    let done = format!("{node} is uncordoned");
+    change(
+        &cp,
+        vec![Command::Node(NodeCommand::Uncordon {
+            node_id: node,
+            by: operator(),
+        })],
+        &done,
+    )
+    .await
+}
+
+async fn drain(
+    State(cp): State<Arc<ControlPlane>>,
+    Path(node): Path<String>,
+) -> Result<api::Changed> {
+    let done = format!("{node} is draining: each replica moves once its replacement serves");
+    change(
+        &cp,
+        vec![Command::Node(NodeCommand::Drain {
+            node_id: node,
+            by: operator(),
+        })],
+        &done,
+    )
+    .await
+}
+
+async fn add_model(
+    State(cp): State<Arc<ControlPlane>>,
+    body: axum::body::Bytes,
+) -> Result<api::Changed> {
+    let model: Model = serde_json::from_slice(&body).map_err(|e| {
+        AdminError(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not a model: {e}"),
+        )
+    })?;
+    let exists = cp
+        .views
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .cluster
+        .catalog
+        .models
+        .contains_key(&model.name);
+    let (command, done) = if exists {
+        (
+            CatalogCommand::UpdateModel(model.clone()),
+            format!("model {} updated", model.name),
+        )
+    } else {
+        (
+            CatalogCommand::AddModel(model.clone()),
+            format!("model {} added", model.name),
+        )
+    };
+    change(&cp, vec![Command::Catalog(command)], &done).await
+}
+
+#[derive(Debug, Deserialize)]
+struct NameQuery {
+    name: String,
+}
+
+async fn remove_model(
+    State(cp): State<Arc<ControlPlane>>,
+    Query(q): Query<NameQuery>,
+) -> Result<api::Changed> {
+    let done = format!("model {} removed; its replicas stop", q.name);
+    change(
+        &cp,
+        vec![Command::Catalog(CatalogCommand::RemoveModel {
+            name: q.name,
+        })],
+        &done,
+    )
+    .await
+}
+
+async fn leader_info(cp: &ControlPlane) -> std::result::Result<api::Leader, AdminError> {
+    let info = cp.store.lease_info().await.map_err(ControlError::from)?;
+    Ok(api::Leader {
+        instance: cp.config.instance.clone(),
+        is_leader: cp.is_leader(),
+        holder: info.holder,
+        epoch: info.epoch,
+        held: info.held,
+        expires_at: info.expires_at.map(|t| t.to_rfc3339()),
+    })
+}
+
+async fn leader(State(cp): State<Arc<ControlPlane>>) -> Result<api::Leader> {
+    Ok(Json(leader_info(&cp).await?))
+}
+
+async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
+    let leader = leader_info(&cp).await?;
+    let head = cp.store.head().await.map_err(ControlError::from)?.0;
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    let c = &views.cluster;
+    let live = || c.replicas.replicas.values().filter(|r| r.is_live());
+    let ready_models: BTreeSet<&str> = live()
+        .filter(|r| r.status == ReplicaStatus::Ready)
+        .map(|r| r.placement.model.as_str())
+        .collect();
+    Ok(Json(api::Status {
+        leader,
+        models: c.catalog.models.len(),
+        models_ready: ready_models.len(),
+        nodes: c.nodes.nodes.len(),
+        nodes_ready: c
+            .nodes
+            .nodes
+            .values()
+            .filter(|n| n.reachability == Reachability::Ready)
+            .count(),
+        replicas: live().count(),
+        replicas_ready: live().filter(|r| r.status == ReplicaStatus::Ready).count(),
+        log_head: head,
+        views_at: views.checkpoint.position,
+    }))
+}

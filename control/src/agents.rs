@@ -1,0 +1,444 @@
+//! The agent service: one stream per node, opened by the agent.
+//!
+//! Registration and inventory changes become commands (and events only when
+//! something changed); heartbeats only move a clock in memory. Commands to
+//! a node ride its stream, so only the leader accepts streams.
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use llmgw_api::v1::{self, agent_message, control_message};
+use llmgw_api::{AgentMessage, ControlMessage};
+use llmgw_domain::Command;
+use llmgw_domain::nodes::NodeCommand;
+use llmgw_domain::replicas::{ReplicaCommand, ReplicaStatus, ShardState};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{ControlError, ControlPlane, convert};
+
+#[derive(Debug)]
+struct Session {
+    generation: u64,
+    tx: mpsc::Sender<Result<ControlMessage, Status>>,
+}
+
+/// Streams and heartbeat clocks, in memory only.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    sessions: Mutex<HashMap<String, Session>>,
+    last_seen: Mutex<HashMap<String, Instant>>,
+    /// Processes agents reported that the log does not count as live.
+    held: Mutex<BTreeMap<String, Vec<llmgw_domain::placement::Held>>>,
+    /// Shards of multi-node replicas awaiting their other ranks' reports
+    /// before adoption: replica id → (node, shard).
+    adopting: Mutex<BTreeMap<String, Vec<(String, v1::RunningShard)>>>,
+    generation: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Registry {
+    pub(crate) fn drop_all(&self) {
+        lock(&self.sessions).clear();
+        lock(&self.adopting).clear();
+    }
+
+    pub(crate) fn reset_clocks<'a>(&self, nodes: impl Iterator<Item = &'a String>) {
+        let now = Instant::now();
+        let mut seen = lock(&self.last_seen);
+        seen.clear();
+        for n in nodes {
+            seen.insert(n.clone(), now);
+        }
+    }
+
+    pub(crate) fn seen(&self, node: &str) {
+        lock(&self.last_seen).insert(node.to_owned(), Instant::now());
+    }
+
+    pub(crate) fn last_seen(&self, node: &str) -> Option<Instant> {
+        lock(&self.last_seen).get(node).copied()
+    }
+
+    pub(crate) fn connected(&self, node: &str) -> bool {
+        lock(&self.sessions).contains_key(node)
+    }
+
+    pub(crate) fn held(&self) -> Vec<llmgw_domain::placement::Held> {
+        lock(&self.held).values().flatten().cloned().collect()
+    }
+
+    /// Queues a message to a node; false when it has no stream (it gets the
+    /// message again when it re-registers, where that matters).
+    pub(crate) fn send(&self, node: &str, msg: control_message::Msg) -> bool {
+        let sessions = lock(&self.sessions);
+        let Some(s) = sessions.get(node) else {
+            return false;
+        };
+        s.tx.try_send(Ok(ControlMessage { msg: Some(msg) })).is_ok()
+    }
+}
+
+/// The tonic service over a control plane.
+#[derive(Debug, Clone)]
+pub struct AgentSvc(pub Arc<ControlPlane>);
+
+type Outbound = Pin<Box<dyn tokio_stream::Stream<Item = Result<ControlMessage, Status>> + Send>>;
+
+fn to_status(e: ControlError) -> Status {
+    match e {
+        ControlError::Standby { .. } => Status::unavailable(e.to_string()),
+        ControlError::Rejected(r) => Status::invalid_argument(r.reason),
+        ControlError::Store(e) => Status::unavailable(format!("the event store: {e}")),
+    }
+}
+
+#[tonic::async_trait]
+impl llmgw_api::AgentService for AgentSvc {
+    type ConnectStream = Outbound;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Outbound>, Status> {
+        let cp = self.0.clone();
+        cp.leader_token().await.map_err(to_status)?;
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))?;
+        let Some(agent_message::Msg::Register(reg)) = first.msg else {
+            return Err(Status::invalid_argument(
+                "the first message on a stream must be Register",
+            ));
+        };
+        let node = reg.node_id.clone();
+        cp.register(&reg).await.map_err(to_status)?;
+        let (tx, rx) = mpsc::channel(256);
+        let generation = cp.agents.generation.fetch_add(1, Ordering::Relaxed);
+        let _ = tx.try_send(Ok(ControlMessage {
+            msg: Some(control_message::Msg::Ack(v1::Ack {
+                message_id: "register".into(),
+                ok: true,
+                error: String::new(),
+            })),
+        }));
+        lock(&cp.agents.sessions).insert(node.clone(), Session { generation, tx });
+        tracing::info!(node = %node, shards = reg.running_shards.len(), "agent connected");
+        cp.after_register(&node, &reg).await;
+        tokio::spawn(read_stream(cp, node, generation, inbound));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+async fn read_stream(
+    cp: Arc<ControlPlane>,
+    node: String,
+    generation: u64,
+    mut inbound: Streaming<AgentMessage>,
+) {
+    loop {
+        let msg = match inbound.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::info!(node = %node, error = %e, "agent stream broke");
+                break;
+            }
+        };
+        let result = match msg.msg {
+            Some(agent_message::Msg::Heartbeat(hb)) => cp.heartbeat(&node, hb).await,
+            Some(agent_message::Msg::Shard(st)) => cp.shard_status(&node, st).await,
+            Some(agent_message::Msg::Register(_)) => {
+                tracing::warn!(node = %node, "a second Register on one stream is ignored");
+                Ok(())
+            }
+            Some(agent_message::Msg::Logs(_)) | None => Ok(()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(node = %node, error = %e, "could not apply an agent's report");
+        }
+    }
+    let mut sessions = lock(&cp.agents.sessions);
+    if sessions
+        .get(&node)
+        .is_some_and(|s| s.generation == generation)
+    {
+        sessions.remove(&node);
+        tracing::info!(node = %node, "agent disconnected");
+    }
+}
+
+impl ControlPlane {
+    async fn register(&self, reg: &v1::Register) -> Result<(), ControlError> {
+        self.execute(vec![Command::Node(NodeCommand::Register {
+            node_id: reg.node_id.clone(),
+            inventory: convert::inventory(reg),
+        })])
+        .await?;
+        self.agents.seen(&reg.node_id);
+        Ok(())
+    }
+
+    /// Adopts, reports or stops the shards the agent says it runs, and
+    /// re-sends starts the agent never got.
+    async fn after_register(&self, node: &str, reg: &v1::Register) {
+        let state = match self.decider.state().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the state after a registration");
+                return;
+            }
+        };
+        let mut held = Vec::new();
+        let mut commands = Vec::new();
+        let mut running = std::collections::BTreeSet::new();
+        for rs in &reg.running_shards {
+            running.insert(rs.shard_id.clone());
+            let known = state.replicas.replicas.get(&rs.replica_id);
+            let wire_state = convert::state_from_wire(rs.state);
+            match known {
+                Some(r) if r.is_live() && r.shards.contains_key(&rs.shard_id) => {
+                    if let Some(s) = wire_state {
+                        commands.push(Command::Replica(ReplicaCommand::ReportShard {
+                            replica_id: rs.replica_id.clone(),
+                            shard_id: rs.shard_id.clone(),
+                            state: s,
+                            error: None,
+                            exit_code: None,
+                            log_tail: None,
+                        }));
+                    }
+                }
+                Some(_) => {
+                    // The log stopped this replica: its process must go.
+                    self.stop_shard(node, rs, &mut held);
+                }
+                None => {
+                    let in_catalog = state
+                        .catalog
+                        .models
+                        .get(&rs.model)
+                        .is_some_and(|m| m.profiles.iter().any(|p| p.name == rs.profile));
+                    if !in_catalog {
+                        tracing::info!(node, shard = %rs.shard_id, model = %rs.model, "stopping a shard whose model or profile left the catalog");
+                        self.stop_shard(node, rs, &mut held);
+                        continue;
+                    }
+                    let group = {
+                        let mut adopting = lock(&self.agents.adopting);
+                        let g = adopting.entry(rs.replica_id.clone()).or_default();
+                        g.retain(|(n, s)| !(n == node && s.shard_id == rs.shard_id));
+                        g.push((node.to_owned(), rs.clone()));
+                        if g.len() as i32 >= rs.nnodes.max(1) {
+                            adopting.remove(&rs.replica_id)
+                        } else {
+                            None
+                        }
+                    };
+                    let Some(group) = group else { continue };
+                    let Some(p) = convert::adopted_placement(&group) else {
+                        continue;
+                    };
+                    let adopt = Command::Replica(ReplicaCommand::Adopt(p.clone()));
+                    match self.execute(vec![adopt]).await {
+                        Ok(_) => {
+                            tracing::info!(replica = %p.replica_id, model = %p.model, "adopted a running replica");
+                            for (n, s) in &group {
+                                if let Some(st) = convert::state_from_wire(s.state) {
+                                    commands.push(Command::Replica(ReplicaCommand::ReportShard {
+                                        replica_id: s.replica_id.clone(),
+                                        shard_id: s.shard_id.clone(),
+                                        state: st,
+                                        error: None,
+                                        exit_code: None,
+                                        log_tail: None,
+                                    }));
+                                }
+                                let _ = n;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(replica = %p.replica_id, error = %e, "cannot adopt; stopping its shards");
+                            for (n, s) in &group {
+                                self.stop_shard(n, s, &mut held);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        lock(&self.agents.held).insert(node.to_owned(), held);
+        // Shards the log places here that the agent does not run: a pending
+        // one is started (again: starts are idempotent), one that had got
+        // further has died with its agent.
+        for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
+            for shard in r.shards.values() {
+                if shard.placement.node_id != node || running.contains(&shard.placement.shard_id) {
+                    continue;
+                }
+                match (r.status, shard.state) {
+                    (ReplicaStatus::Starting, ShardState::Pending) => {
+                        self.start_shard(&state, &r.placement, &shard.placement);
+                    }
+                    (ReplicaStatus::Starting | ReplicaStatus::Ready, _) => {
+                        commands.push(Command::Replica(ReplicaCommand::ReportShard {
+                            replica_id: r.placement.replica_id.clone(),
+                            shard_id: shard.placement.shard_id.clone(),
+                            state: ShardState::Failed,
+                            error: Some(
+                                "not running on its node after the agent reconnected".into(),
+                            ),
+                            exit_code: None,
+                            log_tail: None,
+                        }));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for c in commands {
+            if let Err(e) = self.execute(vec![c]).await {
+                tracing::warn!(node, error = %e, "could not record a reported shard");
+            }
+        }
+    }
+
+    fn stop_shard(
+        &self,
+        node: &str,
+        rs: &v1::RunningShard,
+        held: &mut Vec<llmgw_domain::placement::Held>,
+    ) {
+        self.agents.send(
+            node,
+            control_message::Msg::Stop(v1::StopShard {
+                shard_id: rs.shard_id.clone(),
+            }),
+        );
+        held.push(llmgw_domain::placement::Held {
+            node_id: node.to_owned(),
+            replica_id: rs.replica_id.clone(),
+            port: u16::try_from(rs.http_port).unwrap_or(0),
+            gpus: rs
+                .gpu_indices
+                .iter()
+                .filter_map(|g| u32::try_from(*g).ok())
+                .collect(),
+        });
+    }
+
+    pub(crate) fn start_shard(
+        &self,
+        state: &llmgw_domain::State,
+        placement: &llmgw_domain::replicas::Placement,
+        shard: &llmgw_domain::replicas::ShardPlacement,
+    ) -> bool {
+        let Some(model) = state.catalog.models.get(&placement.model) else {
+            return false;
+        };
+        let Some(profile) = model.profiles.iter().find(|p| p.name == placement.profile) else {
+            return false;
+        };
+        let leader_node = placement
+            .shards
+            .iter()
+            .find(|s| s.rank == 0)
+            .and_then(|s| state.nodes.nodes.get(&s.node_id));
+        let leader_addr = leader_node
+            .map(|n| {
+                if n.inventory.mgmt_addr.is_empty() {
+                    n.inventory.hostname.clone()
+                } else {
+                    n.inventory.mgmt_addr.clone()
+                }
+            })
+            .unwrap_or_default();
+        let msg = convert::start_shard(
+            placement,
+            shard,
+            model,
+            profile,
+            &leader_addr,
+            &self.config.mgmt_interface,
+        );
+        self.agents
+            .send(&shard.node_id, control_message::Msg::Start(msg))
+    }
+
+    async fn heartbeat(&self, node: &str, hb: v1::Heartbeat) -> Result<(), ControlError> {
+        self.agents.seen(node);
+        let state = self.decider.state().await?;
+        let Some(current) = state.nodes.nodes.get(node) else {
+            return Ok(());
+        };
+        let mut commands = Vec::new();
+        if current.reachability != llmgw_domain::nodes::Reachability::Ready {
+            commands.push(Command::Node(NodeCommand::Heartbeat {
+                node_id: node.to_owned(),
+            }));
+        }
+        let mut inv = current.inventory.clone();
+        if hb.memory_total_mb > 0 {
+            inv.memory_total_mb = hb.memory_total_mb as u64;
+        }
+        if !hb.storage.is_empty() {
+            let own: Vec<&v1::Storage> = hb.storage.iter().filter(|s| !s.shared).collect();
+            inv.disk_free_gb = convert::disk_free_gb(&own);
+        }
+        if hb.weights_changed {
+            inv.weights = hb.weights.iter().map(|w| w.path.clone()).collect();
+        }
+        if hb.engines_changed {
+            inv.engines = hb.engine_versions.into_iter().collect();
+        }
+        if inv != current.inventory {
+            commands.push(Command::Node(NodeCommand::ReportInventory {
+                node_id: node.to_owned(),
+                inventory: inv,
+            }));
+        }
+        if !commands.is_empty() {
+            self.execute(commands).await?;
+        }
+        Ok(())
+    }
+
+    async fn shard_status(&self, node: &str, st: v1::ShardStatus) -> Result<(), ControlError> {
+        let Some(state) = convert::state_from_wire(st.state) else {
+            return Ok(());
+        };
+        if st.node_id != node && !st.node_id.is_empty() {
+            tracing::warn!(node, claimed = %st.node_id, "a shard status claims another node; ignored");
+            return Ok(());
+        }
+        let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
+        let command = Command::Replica(ReplicaCommand::ReportShard {
+            replica_id: st.replica_id.clone(),
+            shard_id: st.shard_id.clone(),
+            state,
+            error: (!st.error.is_empty()).then(|| st.error.clone()),
+            exit_code: (state == ShardState::Failed).then_some(st.exit_code),
+            log_tail: tail,
+        });
+        match self.execute(vec![command]).await {
+            Ok(_) => Ok(()),
+            // A report about a replica the log does not know (or no longer
+            // tracks) is stale, not an error worth a warning.
+            Err(ControlError::Rejected(r)) if r.code == llmgw_domain::RejectionCode::NotFound => {
+                tracing::debug!(node, replica = %st.replica_id, "status for an unknown replica");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}

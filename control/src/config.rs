@@ -1,0 +1,50 @@
+//! The control plane's timings and ranges. Defaults are the documented ones;
+//! tests shrink them.
+
+use std::time::Duration;
+
+use llmgw_domain::catalog::Model;
+
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// This server's name in the lease and in events' metadata.
+    pub instance: String,
+    /// How long the append lease lasts without a renewal.
+    pub lease_ttl: Duration,
+    /// How often a standby tries to take the lease.
+    pub lease_poll: Duration,
+    /// A reconciler pass at least this often (new events wake it sooner).
+    pub interval: Duration,
+    /// No heartbeat for this long: no new placement on the node.
+    pub unreachable_after: Duration,
+    /// No heartbeat for this long: the node's work is rebuilt elsewhere.
+    pub lost_after: Duration,
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+    pub drain_grace: Duration,
+    /// Engine ports, inclusive.
+    pub port_range: (u16, u16),
+    /// The interface engines bootstrap NCCL over.
+    pub mgmt_interface: String,
+    /// Models from the configuration file: they win over the store.
+    pub models: Vec<Model>,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        ControlConfig {
+            instance: format!("llmgw-{}", std::process::id()),
+            lease_ttl: Duration::from_secs(10),
+            lease_poll: Duration::from_millis(500),
+            interval: Duration::from_secs(5),
+            unreachable_after: Duration::from_secs(15),
+            lost_after: Duration::from_secs(60),
+            base_backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(600),
+            drain_grace: Duration::from_secs(30),
+            port_range: (20000, 20999),
+            mgmt_interface: "eth0".into(),
+            models: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Between the agent protocol and the domain's types.
+
+use llmgw_api::v1;
+use llmgw_domain::catalog::{Model, Profile};
+use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory};
+use llmgw_domain::replicas::{Placement, ShardPlacement, ShardState};
+
+/// What the scheduler keeps of a registration. Telemetry (used memory,
+/// temperatures) stays out: it would make every heartbeat an event.
+pub(crate) fn inventory(r: &v1::Register) -> Inventory {
+    let own: Vec<&v1::Storage> = r.storage.iter().filter(|s| !s.shared).collect();
+    Inventory {
+        hostname: r.hostname.clone(),
+        mgmt_addr: r.mgmt_addr.clone(),
+        labels: r.labels.clone().into_iter().collect(),
+        gpus: r.gpus.iter().map(gpu).collect(),
+        fabrics: r
+            .fabrics
+            .iter()
+            .map(|f| FabricAttachment {
+                fabric: f.fabric.clone(),
+                hcas: f.hcas.clone(),
+                rate_gbps: u32::try_from(f.rate_gbps).unwrap_or(0),
+            })
+            .collect(),
+        memory_total_mb: u64::try_from(r.memory_total_mb).unwrap_or(0),
+        disk_free_gb: disk_free_gb(&own),
+        engines: r.engine_versions.clone().into_iter().collect(),
+        weights: r.weights.iter().map(|w| w.path.clone()).collect(),
+    }
+}
+
+pub(crate) fn disk_free_gb(storage: &[&v1::Storage]) -> Option<u64> {
+    if storage.is_empty() {
+        return None;
+    }
+    let bytes: u64 = storage
+        .iter()
+        .map(|s| u64::try_from(s.free_bytes).unwrap_or(0))
+        .sum();
+    Some(bytes / 1_000_000_000)
+}
+
+fn gpu(g: &v1::Gpu) -> Gpu {
+    let memory_mb = u64::try_from(g.memory_total_mb).unwrap_or(0);
+    let class = if g.class.is_empty() {
+        // An agent that did not name the class: derive it the same way.
+        let name = g.name.to_lowercase();
+        let model = name.split_whitespace().last().unwrap_or("gpu").to_owned();
+        format!("{model}-{}g", (memory_mb as f64 / 1024.0).round() as u64)
+    } else {
+        g.class.clone()
+    };
+    Gpu {
+        index: u32::try_from(g.index).unwrap_or(0),
+        uuid: g.uuid.clone(),
+        class,
+        memory_mb,
+        nvlink_peers: g
+            .nvlink_peers
+            .iter()
+            .filter_map(|p| u32::try_from(*p).ok())
+            .collect(),
+        problems: g.problems.clone(),
+    }
+}
+
+pub(crate) fn state_from_wire(s: i32) -> Option<ShardState> {
+    use v1::shard_status::State as W;
+    Some(match W::try_from(s).ok()? {
+        W::Unspecified => return None,
+        W::Pending => ShardState::Pending,
+        W::Starting => ShardState::Starting,
+        W::Loading => ShardState::Loading,
+        W::Ready => ShardState::Ready,
+        W::Draining => ShardState::Draining,
+        W::Stopped => ShardState::Stopped,
+        W::Failed => ShardState::Failed,
+    })
+}
+
+/// The rendezvous port of a multi-node replica: beside the engine port
+/// range, so it never collides with an engine's HTTP port.
+pub(crate) fn rendezvous_port(http_port: u16) -> u16 {
+    http_port.saturating_add(1000)
+}
+
+pub(crate) fn start_shard(
+    placement: &Placement,
+    shard: &ShardPlacement,
+    model: &Model,
+    profile: &Profile,
+    leader_addr: &str,
+    mgmt_interface: &str,
+) -> v1::StartShard {
+    let rank0_port = placement
+        .shards
+        .iter()
+        .find(|s| s.rank == 0)
+        .map_or(shard.port, |s| s.port);
+    v1::StartShard {
+        replica_id: placement.replica_id.clone(),
+        shard_id: shard.shard_id.clone(),
+        rank: shard.rank as i32,
+        nnodes: placement.shards.len() as i32,
+        leader_addr: leader_addr.to_owned(),
+        leader_port: i32::from(rendezvous_port(rank0_port)),
+        gpu_indices: shard.gpu_indices.iter().map(|g| *g as i32).collect(),
+        hcas: shard.hcas.clone(),
+        mgmt_interface: mgmt_interface.to_owned(),
+        http_port: i32::from(shard.port),
+        profile: Some(v1::EngineProfile {
+            name: profile.name.clone(),
+            engine: profile.engine.name().to_owned(),
+            gpu_class: profile.gpu_class.clone().unwrap_or_default(),
+            tp: profile.tp as i32,
+            pp: profile.pp as i32,
+            gpus_per_node: profile.gpus_per_node as i32,
+            nodes: profile.nodes as i32,
+            args: profile.args.clone(),
+            env: profile.env.clone().into_iter().collect(),
+            model_path: model.source.clone(),
+            served_model_name: model.name.clone(),
+        }),
+        startup_timeout_ms: i64::from(profile.startup_timeout_s.unwrap_or(600)) * 1000,
+        pool: placement.pool.clone(),
+        fabric: placement.fabric.clone().unwrap_or_default(),
+        profile_fp: placement.profile_fp.clone(),
+        model: model.name.clone(),
+        source: model.source.clone(),
+    }
+}
+
+/// A replica rebuilt from what agents report running, for adoption.
+pub(crate) fn adopted_placement(shards: &[(String, v1::RunningShard)]) -> Option<Placement> {
+    let (_, first) = shards.first()?;
+    let mut out: Vec<ShardPlacement> = shards
+        .iter()
+        .map(|(node, s)| ShardPlacement {
+            shard_id: s.shard_id.clone(),
+            rank: u32::try_from(s.rank).unwrap_or(0),
+            node_id: node.clone(),
+            gpu_indices: s
+                .gpu_indices
+                .iter()
+                .filter_map(|g| u32::try_from(*g).ok())
+                .collect(),
+            hcas: s.hcas.clone(),
+            port: u16::try_from(s.http_port).unwrap_or(0),
+            memory_mb: 0,
+        })
+        .collect();
+    out.sort_by_key(|s| s.rank);
+    Some(Placement {
+        replica_id: first.replica_id.clone(),
+        model: first.model.clone(),
+        profile: first.profile.clone(),
+        profile_fp: first.profile_fp.clone(),
+        pool: first.pool.clone(),
+        fabric: (!first.fabric.is_empty()).then(|| first.fabric.clone()),
+        shards: out,
+        why: "adopted: reported running by its agents".into(),
+    })
+}

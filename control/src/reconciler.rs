@@ -1,0 +1,239 @@
+//! The reconciler's loop and the node clocks: the leader's side effects of
+//! the pure plan in `llmgw_domain::reconcile`.
+
+use std::sync::Arc;
+
+use llmgw_api::v1::{self, control_message};
+use llmgw_domain::Command;
+use llmgw_domain::nodes::{NodeCommand, Reachability};
+use llmgw_domain::reconcile::{self, Action, Settings};
+use llmgw_domain::replicas::{ReplicaCommand, ReplicaStatus};
+
+use crate::ControlPlane;
+
+/// Passes every `interval`, and sooner when an append wakes it.
+pub(crate) async fn run(cp: Arc<ControlPlane>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(cp.config.interval) => {}
+            _ = cp.wake.notified() => {}
+        }
+        if !cp.is_leader() {
+            continue;
+        }
+        if let Err(e) = cp.pass().await {
+            tracing::warn!(error = %e, "reconciler pass failed; retrying on the next one");
+        }
+    }
+}
+
+/// Marks nodes unreachable, then lost, when their heartbeats stop.
+pub(crate) async fn liveness(cp: Arc<ControlPlane>) {
+    let tick = (cp.config.unreachable_after / 5).clamp(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(1),
+    );
+    loop {
+        tokio::time::sleep(tick).await;
+        if !cp.is_leader() {
+            continue;
+        }
+        let state = match cp.decider.state().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "liveness: cannot read the state");
+                continue;
+            }
+        };
+        let mut commands = Vec::new();
+        for node in state.nodes.nodes.values() {
+            let Some(seen) = cp.agents.last_seen(&node.id) else {
+                cp.agents.seen(&node.id);
+                continue;
+            };
+            let age = seen.elapsed();
+            if age >= cp.config.lost_after && node.reachability != Reachability::Lost {
+                tracing::warn!(node = %node.id, ?age, "node lost; its work is rebuilt elsewhere");
+                commands.push(Command::Node(NodeCommand::MarkLost {
+                    node_id: node.id.clone(),
+                }));
+            } else if age >= cp.config.unreachable_after && node.reachability == Reachability::Ready
+            {
+                tracing::warn!(node = %node.id, ?age, "node unreachable; no new placement there");
+                commands.push(Command::Node(NodeCommand::MarkUnreachable {
+                    node_id: node.id.clone(),
+                }));
+            }
+        }
+        if !commands.is_empty()
+            && let Err(e) = cp.execute(commands).await
+        {
+            tracing::warn!(error = %e, "liveness: could not record a node's state");
+        }
+    }
+}
+
+fn replica_id() -> String {
+    // Time-ordered, so that "newest" is the largest id.
+    let id = uuid::Uuid::now_v7().simple().to_string();
+    format!("r-{}", &id[..16])
+}
+
+fn unit_random() -> f64 {
+    (uuid::Uuid::new_v4().as_u128() & 0xFFFF_FFFF) as f64 / (u32::MAX as f64 + 1.0)
+}
+
+impl ControlPlane {
+    fn settings(&self) -> Settings {
+        Settings {
+            place: llmgw_domain::placement::PlaceOptions {
+                port_range: self.config.port_range,
+            },
+            drain_grace_ms: self.config.drain_grace.as_millis() as i64,
+            ..Settings::default()
+        }
+    }
+
+    pub(crate) async fn pass(&self) -> Result<(), crate::ControlError> {
+        let state = self.decider.state().await?;
+        let now = self.now_ms();
+        let rt = {
+            let mut m = self.memory();
+            m.rt.now = now;
+            for n in state.nodes.nodes.values().filter(|n| n.draining) {
+                m.rt.drain_since.entry(n.id.clone()).or_insert(now);
+            }
+            for r in state.replicas.replicas.values() {
+                if r.status == ReplicaStatus::Draining {
+                    m.rt.drain_since
+                        .entry(r.placement.replica_id.clone())
+                        .or_insert(now);
+                }
+                if r.status == ReplicaStatus::Ready {
+                    m.failures.remove(&r.placement.model);
+                }
+            }
+            m.rt.held = self.agents.held();
+            m.rt.clone()
+        };
+        let plan = reconcile::plan(&state, &rt, &self.settings(), |_| replica_id());
+        {
+            let mut m = self.memory();
+            for e in &plan.unplaced {
+                let summary = e.summary();
+                if m.unplaced.get(&e.model) != Some(&summary) {
+                    tracing::info!(model = %e.model, "{summary}");
+                    m.unplaced.insert(e.model.clone(), summary);
+                }
+            }
+        }
+        for action in plan.actions {
+            if let Err(e) = self.carry_out(&state, action).await {
+                tracing::warn!(error = %e, "a reconciler action failed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn carry_out(
+        &self,
+        state: &llmgw_domain::State,
+        action: Action,
+    ) -> Result<(), crate::ControlError> {
+        match action {
+            Action::Place(p) => {
+                tracing::info!(replica = %p.replica_id, model = %p.model, profile = %p.profile, why = %p.why, "placing");
+                self.memory().unplaced.remove(&p.model);
+                self.execute(vec![Command::Replica(ReplicaCommand::Place(p.clone()))])
+                    .await?;
+                // Rank 0 first: it holds the rendezvous the others join.
+                let mut shards = p.shards.clone();
+                shards.sort_by_key(|s| s.rank);
+                let mut state = state.clone();
+                state
+                    .replicas
+                    .evolve(&llmgw_domain::replicas::ReplicaEvent::ReplicaPlaced(
+                        p.clone(),
+                    ));
+                for s in &shards {
+                    if !self.start_shard(&state, &p, s) {
+                        tracing::info!(node = %s.node_id, shard = %s.shard_id, "node not connected; it gets the start when it registers");
+                    }
+                }
+            }
+            Action::Fail { replica_id, reason } => {
+                tracing::warn!(replica = %replica_id, %reason, "replica failed");
+                self.execute(vec![Command::Replica(ReplicaCommand::Fail {
+                    replica_id,
+                    reason,
+                })])
+                .await?;
+            }
+            Action::Stop {
+                replica_id,
+                reason,
+                failed,
+            } => {
+                if let Some(r) = state.replicas.replicas.get(&replica_id) {
+                    for s in &r.placement.shards {
+                        self.agents.send(
+                            &s.node_id,
+                            control_message::Msg::Stop(v1::StopShard {
+                                shard_id: s.shard_id.clone(),
+                            }),
+                        );
+                    }
+                    if failed {
+                        let mut m = self.memory();
+                        let n = m.failures.entry(r.placement.model.clone()).or_insert(0);
+                        *n += 1;
+                        let delay = reconcile::backoff(
+                            *n,
+                            self.config.base_backoff.as_millis() as i64,
+                            self.config.max_backoff.as_millis() as i64,
+                            unit_random(),
+                        );
+                        let at = self.now_ms() + delay;
+                        tracing::info!(model = %r.placement.model, failures = *n, delay_ms = delay, "backing off before rebuilding");
+                        m.rt.not_before.insert(r.placement.model.clone(), at);
+                    }
+                }
+                tracing::info!(replica = %replica_id, %reason, "stopping");
+                self.execute(vec![Command::Replica(ReplicaCommand::Stop {
+                    replica_id: replica_id.clone(),
+                    reason,
+                })])
+                .await?;
+                self.memory().rt.drain_since.remove(&replica_id);
+            }
+            Action::Drain { replica_id } => {
+                tracing::info!(replica = %replica_id, "draining");
+                self.execute(vec![Command::Replica(ReplicaCommand::Drain {
+                    replica_id: replica_id.clone(),
+                })])
+                .await?;
+                if let Some(r) = state.replicas.replicas.get(&replica_id) {
+                    for s in &r.placement.shards {
+                        self.agents.send(
+                            &s.node_id,
+                            control_message::Msg::Drain(v1::DrainShard {
+                                shard_id: s.shard_id.clone(),
+                            }),
+                        );
+                    }
+                }
+                let now = self.now_ms();
+                self.memory().rt.drain_since.insert(replica_id, now);
+            }
+            Action::FinishNodeDrain { node_id } => {
+                tracing::info!(node = %node_id, "drain finished; the node stays cordoned");
+                self.execute(vec![Command::Node(NodeCommand::FinishDrain {
+                    node_id: node_id.clone(),
+                })])
+                .await?;
+                self.memory().rt.drain_since.remove(&node_id);
+            }
+        }
+        Ok(())
+    }
+}
