@@ -12,4 +12,5 @@
 
 pub mod discovery;
 pub mod engines;
+pub mod session;
 pub mod supervisor;

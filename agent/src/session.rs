@@ -1,0 +1,485 @@
+//! The agent's one outbound stream to the control plane.
+//!
+//! Register (the whole inventory and the running shards) on every stream,
+//! heartbeats with changed-only sections, shard status as it changes; starts
+//! and stops from the control plane carried out by the supervisor. The
+//! stream is redialled forever with jittered backoff, through every
+//! configured server in turn (a standby refuses and the next is tried).
+//! Engines outlive both the stream and the agent: a stop signal ends the
+//! agent and leaves them serving.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use llmgw_api::v1::{self, agent_message, control_message};
+use llmgw_api::{AgentMessage, AgentServiceClient};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::discovery::{self, Options};
+use crate::engines::{GpuInfo, Profile, Registry, ShardSpec};
+use crate::supervisor::{self, State, SupervisorOptions};
+
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Control-plane agent endpoints (`http://host:7443`), tried in turn.
+    pub servers: Vec<String>,
+    pub node_id: String,
+    pub mgmt_addr: String,
+    pub labels: BTreeMap<String, String>,
+    pub heartbeat: Duration,
+    pub reconnect_base: Duration,
+    pub reconnect_max: Duration,
+    pub discovery: Options,
+    pub stop_timeout: Duration,
+    pub log_lines: usize,
+    /// Engine name → version, as installed and seen to run.
+    pub engines_installed: BTreeMap<String, String>,
+}
+
+impl SessionConfig {
+    pub fn new(servers: Vec<String>, node_id: String) -> Self {
+        SessionConfig {
+            servers,
+            node_id,
+            mgmt_addr: "127.0.0.1".into(),
+            labels: BTreeMap::new(),
+            heartbeat: Duration::from_secs(5),
+            reconnect_base: Duration::from_secs(1),
+            reconnect_max: Duration::from_secs(30),
+            discovery: Options::default(),
+            stop_timeout: Duration::from_secs(30),
+            log_lines: 200,
+            engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Running {
+    start: v1::StartShard,
+    shard: Option<supervisor::Shard>,
+    status: watch::Receiver<supervisor::Status>,
+    started: Instant,
+    /// Draining is the control plane's word; the process keeps serving.
+    draining: bool,
+}
+
+/// The agent: its shards outlive any one stream.
+#[derive(Debug)]
+pub struct Agent {
+    config: SessionConfig,
+    engines: Arc<Registry>,
+    shards: BTreeMap<String, Running>,
+    /// Status changes from every shard's watcher.
+    changes_tx: mpsc::UnboundedSender<String>,
+    changes_rx: mpsc::UnboundedReceiver<String>,
+}
+
+fn wire_state(s: State) -> i32 {
+    use v1::shard_status::State as W;
+    (match s {
+        State::Pending => W::Pending,
+        State::Starting => W::Starting,
+        State::Loading => W::Loading,
+        State::Ready => W::Ready,
+        State::Draining => W::Draining,
+        State::Stopped => W::Stopped,
+        State::Failed => W::Failed,
+    }) as i32
+}
+
+/// A random factor in [0.5, 1.0), so that a fleet does not redial in step.
+fn jitter() -> f64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    0.5 + f64::from(nanos % 1000) / 2000.0
+}
+
+impl Agent {
+    pub fn new(config: SessionConfig, engines: Registry) -> Self {
+        let (changes_tx, changes_rx) = mpsc::unbounded_channel();
+        Agent {
+            config,
+            engines: Arc::new(engines),
+            shards: BTreeMap::new(),
+            changes_tx,
+            changes_rx,
+        }
+    }
+
+    /// Runs until `shutdown` turns true. Engines are left running.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut delay = self.config.reconnect_base;
+        let mut next = 0usize;
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let server = self.config.servers[next % self.config.servers.len().max(1)].clone();
+            next += 1;
+            let began = Instant::now();
+            tokio::select! {
+                r = self.session(&server) => match r {
+                    Ok(()) => tracing::info!(server = %server, "the control plane closed the stream"),
+                    Err(e) => tracing::warn!(server = %server, error = %e, "no session with the control plane"),
+                },
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            // A session that lasted resets the backoff.
+            if began.elapsed() > self.config.reconnect_max {
+                delay = self.config.reconnect_base;
+            }
+            let wait = delay.mul_f64(jitter());
+            delay = (delay * 2).min(self.config.reconnect_max);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    fn register(&mut self) -> v1::Register {
+        let inv = discovery::discover(&self.config.discovery).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "discovery failed; registering without GPUs");
+            discovery::Inventory {
+                source: "none".into(),
+                gpus: vec![],
+                hcas: vec![],
+                host: discovery::host::discover(&self.config.discovery.root),
+                memory_total_mb: 0,
+                weights: vec![],
+                storage: vec![],
+                fabrics: vec![],
+            }
+        });
+        v1::Register {
+            node_id: self.config.node_id.clone(),
+            hostname: self.config.node_id.clone(),
+            mgmt_addr: self.config.mgmt_addr.clone(),
+            labels: self.config.labels.clone().into_iter().collect(),
+            gpus: inv
+                .gpus
+                .iter()
+                .map(|g| v1::Gpu {
+                    index: g.index as i32,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total_mb: g.memory_total_mb as i32,
+                    memory_used_mb: g.memory_used_mb as i32,
+                    compute_capability: g.compute_capability.clone(),
+                    numa_node: g.numa_node,
+                    pci_bus_id: g.pci_bus_id.clone(),
+                    driver_version: g.driver_version.clone(),
+                    cuda_version: g.cuda_version.clone(),
+                    nvlink_peers: g.nvlink_peers.iter().map(|p| *p as i32).collect(),
+                    problems: g.health.problems.clone(),
+                    temperature_c: g.health.temperature_c as i32,
+                    ecc_errors: g.health.ecc_errors as i32,
+                    utilization_percent: g.utilization_percent as i32,
+                    class: g.class.clone(),
+                })
+                .collect(),
+            fabrics: inv
+                .fabrics
+                .iter()
+                .filter(|f| !f.usable.is_empty())
+                .map(|f| v1::FabricAttachment {
+                    fabric: f.fabric.clone(),
+                    hcas: f.usable.clone(),
+                    rate_gbps: f.rate_gbps as i32,
+                })
+                .collect(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            engine_versions: self.config.engines_installed.clone().into_iter().collect(),
+            running_shards: self.running_shards(),
+            memory_total_mb: inv.memory_total_mb as i64,
+            weights: inv
+                .weights
+                .iter()
+                .map(|w| v1::LocalWeights {
+                    path: w.path.clone(),
+                    size_bytes: w.size_bytes as i64,
+                    shared: w.shared,
+                })
+                .collect(),
+            storage: storage(&inv.storage),
+            host: Some(v1::Host {
+                os_id: inv.host.os_id.clone(),
+                os_version: inv.host.os_version.clone(),
+                os_codename: inv.host.os_codename.clone(),
+                arch: inv.host.arch.clone(),
+                cpu_flags: inv.host.cpu_flags.clone(),
+                nvidia_driver: inv.host.nvidia_driver.clone(),
+            }),
+            engines_probed: true,
+        }
+    }
+
+    fn running_shards(&mut self) -> Vec<v1::RunningShard> {
+        self.reap();
+        self.shards
+            .values()
+            .map(|r| {
+                let s = &r.start;
+                let state = if r.draining {
+                    State::Draining
+                } else {
+                    r.status.borrow().state
+                };
+                v1::RunningShard {
+                    replica_id: s.replica_id.clone(),
+                    shard_id: s.shard_id.clone(),
+                    rank: s.rank,
+                    nnodes: s.nnodes,
+                    gpu_indices: s.gpu_indices.clone(),
+                    hcas: s.hcas.clone(),
+                    http_port: s.http_port,
+                    state: wire_state(state),
+                    model: s.model.clone(),
+                    profile: s.profile.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+                    pool: s.pool.clone(),
+                    fabric: s.fabric.clone(),
+                    leader_addr: s.leader_addr.clone(),
+                    leader_port: s.leader_port,
+                    profile_fp: s.profile_fp.clone(),
+                    uptime_s: r.started.elapsed().as_secs() as i64,
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets shards whose processes are gone for good.
+    fn reap(&mut self) {
+        self.shards
+            .retain(|_, r| !matches!(r.status.borrow().state, State::Stopped | State::Failed));
+    }
+
+    fn heartbeat(&self) -> v1::Heartbeat {
+        let o = &self.config.discovery;
+        v1::Heartbeat {
+            node_id: self.config.node_id.clone(),
+            storage: storage(&discovery::storage::scan(&o.model_dirs)),
+            memory_total_mb: discovery::memory::total_mb(&o.root.join("proc/meminfo")) as i64,
+            ..v1::Heartbeat::default()
+        }
+    }
+
+    async fn session(&mut self, server: &str) -> Result<(), SessionError> {
+        let endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+            .map_err(|e| SessionError(format!("{server} is not a URL: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| SessionError(format!("cannot connect: {e}")))?;
+        let mut client = AgentServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel::<AgentMessage>(256);
+        let send = |tx: &mpsc::Sender<AgentMessage>, msg| {
+            let _ = tx.try_send(AgentMessage { msg: Some(msg) });
+        };
+        send(&tx, agent_message::Msg::Register(self.register()));
+        let mut inbound = client
+            .connect(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| SessionError(format!("refused: {}", s.message())))?
+            .into_inner();
+        tracing::info!(server, node = %self.config.node_id, "connected to the control plane");
+        let mut beat = tokio::time::interval(self.config.heartbeat);
+        beat.tick().await;
+        loop {
+            tokio::select! {
+                _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat())),
+                changed = self.changes_rx.recv() => {
+                    if let Some(shard_id) = changed
+                        && let Some(st) = self.shard_status(&shard_id)
+                    {
+                        send(&tx, agent_message::Msg::Shard(st));
+                    }
+                }
+                msg = inbound.message() => {
+                    let Some(msg) = msg.map_err(|s| SessionError(format!("stream: {}", s.message())))? else {
+                        return Ok(());
+                    };
+                    for reply in self.handle(msg.msg).await {
+                        send(&tx, agent_message::Msg::Shard(reply));
+                    }
+                }
+            }
+        }
+    }
+
+    fn shard_status(&mut self, shard_id: &str) -> Option<v1::ShardStatus> {
+        let r = self.shards.get(shard_id)?;
+        let st = r.status.borrow().clone();
+        let state = if r.draining && st.state == State::Ready {
+            State::Draining
+        } else {
+            st.state
+        };
+        let out = v1::ShardStatus {
+            node_id: self.config.node_id.clone(),
+            replica_id: r.start.replica_id.clone(),
+            shard_id: shard_id.to_owned(),
+            state: wire_state(state),
+            error: st.error.clone().unwrap_or_default(),
+            exit_code: st.exit_code.unwrap_or(0),
+            last_output: if st.state == State::Failed {
+                st.log_tail.lines().map(str::to_owned).collect()
+            } else {
+                vec![]
+            },
+            fetch: None,
+        };
+        if matches!(st.state, State::Stopped | State::Failed) {
+            self.shards.remove(shard_id);
+        }
+        Some(out)
+    }
+
+    async fn handle(&mut self, msg: Option<control_message::Msg>) -> Vec<v1::ShardStatus> {
+        match msg {
+            Some(control_message::Msg::Start(start)) => self.start(start).into_iter().collect(),
+            Some(control_message::Msg::Stop(stop)) => {
+                if let Some(mut r) = self.shards.remove(&stop.shard_id) {
+                    tracing::info!(shard = %stop.shard_id, "stopping");
+                    let node = self.config.node_id.clone();
+                    let status = match r.shard.take() {
+                        Some(s) => s.stop().await,
+                        None => r.status.borrow().clone(),
+                    };
+                    return vec![v1::ShardStatus {
+                        node_id: node,
+                        replica_id: r.start.replica_id.clone(),
+                        shard_id: stop.shard_id,
+                        state: wire_state(State::Stopped),
+                        exit_code: status.exit_code.unwrap_or(0),
+                        ..v1::ShardStatus::default()
+                    }];
+                }
+                vec![]
+            }
+            Some(control_message::Msg::Drain(d)) => {
+                if let Some(r) = self.shards.get_mut(&d.shard_id) {
+                    r.draining = true;
+                }
+                self.shard_status(&d.shard_id).into_iter().collect()
+            }
+            Some(control_message::Msg::Ack(a)) => {
+                if !a.ok {
+                    tracing::warn!(error = %a.error, "the control plane refused a message");
+                }
+                vec![]
+            }
+            Some(_) | None => vec![],
+        }
+    }
+
+    /// Idempotent by shard id: a repeat reports the running shard's state.
+    fn start(&mut self, start: v1::StartShard) -> Option<v1::ShardStatus> {
+        let shard_id = start.shard_id.clone();
+        if self.shards.contains_key(&shard_id) {
+            return self.shard_status(&shard_id);
+        }
+        let fail = |error: String| v1::ShardStatus {
+            node_id: self.config.node_id.clone(),
+            replica_id: start.replica_id.clone(),
+            shard_id: shard_id.clone(),
+            state: wire_state(State::Failed),
+            error,
+            ..v1::ShardStatus::default()
+        };
+        let Some(p) = start.profile.clone() else {
+            return Some(fail("StartShard carries no profile".into()));
+        };
+        let spec = ShardSpec {
+            replica_id: start.replica_id.clone(),
+            shard_id: shard_id.clone(),
+            rank: start.rank.max(0) as u32,
+            nnodes: start.nnodes.max(1) as u32,
+            leader_addr: start.leader_addr.clone(),
+            leader_port: u16::try_from(start.leader_port).unwrap_or(0),
+            gpu_indices: start.gpu_indices.iter().map(|g| (*g).max(0) as u32).collect(),
+            hcas: start.hcas.clone(),
+            mgmt_interface: start.mgmt_interface.clone(),
+            http_port: u16::try_from(start.http_port).unwrap_or(0),
+            profile: Profile {
+                name: p.name.clone(),
+                engine: p.engine.clone(),
+                tp: p.tp.max(1) as u32,
+                pp: p.pp.max(1) as u32,
+                nodes: p.nodes.max(1) as u32,
+                gpus_per_node: p.gpus_per_node.max(0) as u32,
+                args: p.args.clone(),
+                env: p.env.clone().into_iter().collect(),
+                model_path: p.model_path.clone(),
+                served_model_name: p.served_model_name.clone(),
+            },
+        };
+        let engine = match self.engines.get(&p.engine) {
+            Ok(e) => e,
+            Err(e) => return Some(fail(e.0)),
+        };
+        let gpus: Vec<GpuInfo> = Vec::new();
+        if !spec.gpu_indices.is_empty() {
+            // GPU facts come from discovery; without them validation of
+            // class mixing falls to the control plane's placement.
+        } else if let Err(e) = engine.validate(&spec.profile, &gpus) {
+            return Some(fail(e.0));
+        }
+        let commands = match engine.commands(&spec) {
+            Ok(c) => c,
+            Err(e) => return Some(fail(e.0)),
+        };
+        let options = SupervisorOptions {
+            http_port: engine.serves_http(&spec).then_some(spec.http_port),
+            leader: (spec.nnodes > 1).then(|| (spec.leader_addr.clone(), spec.leader_port)),
+            rendezvous_timeout: Duration::from_millis(start.startup_timeout_ms.max(1000) as u64),
+            stop_timeout: self.config.stop_timeout,
+            log_lines: self.config.log_lines,
+            ..SupervisorOptions::default()
+        };
+        tracing::info!(shard = %shard_id, engine = %p.engine, port = spec.http_port, "starting");
+        let shard = supervisor::start(commands, options);
+        let mut status = shard.status();
+        let changes = self.changes_tx.clone();
+        let id = shard_id.clone();
+        tokio::spawn(async move {
+            while status.changed().await.is_ok() {
+                if changes.send(id.clone()).is_err() {
+                    return;
+                }
+            }
+        });
+        self.shards.insert(
+            shard_id.clone(),
+            Running {
+                start,
+                status: shard.status(),
+                shard: Some(shard),
+                started: Instant::now(),
+                draining: false,
+            },
+        );
+        self.shard_status(&shard_id)
+    }
+}
+
+fn storage(s: &[discovery::storage::Storage]) -> Vec<v1::Storage> {
+    s.iter()
+        .map(|s| v1::Storage {
+            path: s.path.clone(),
+            free_bytes: s.free_bytes as i64,
+            total_bytes: s.total_bytes as i64,
+            shared: s.shared,
+        })
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SessionError(String);
