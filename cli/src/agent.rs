@@ -28,6 +28,121 @@ pub(crate) enum AgentCommand {
         #[arg(long, default_value = "/", hide = true)]
         root: PathBuf,
     },
+    /// Run the agent: connect to the control plane and carry out its
+    /// starts and stops. A stop signal ends the agent and leaves engines
+    /// running.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// A control plane's agent endpoint, `http://host:7443`; repeat for
+    /// several (a standby refuses and the next is tried).
+    #[arg(long = "server", env = "LLMGW_AGENT_SERVERS", value_delimiter = ',', required = true)]
+    servers: Vec<String>,
+    /// This node's id (default: the hostname).
+    #[arg(long, env = "LLMGW_NODE_ID")]
+    node_id: Option<String>,
+    /// The address engines are reached on (never a fabric address).
+    #[arg(long, env = "LLMGW_MGMT_ADDR", default_value = "127.0.0.1")]
+    mgmt_addr: String,
+    /// Seconds between heartbeats (fractions allowed).
+    #[arg(long, default_value_t = 5.0)]
+    heartbeat_s: f64,
+    /// The longest wait between reconnection attempts, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    reconnect_max_s: f64,
+    /// A label for node selectors, `key=value`; repeat.
+    #[arg(long = "label", value_parser = label)]
+    labels: Vec<(String, String)>,
+    #[arg(long = "model-dir")]
+    model_dirs: Vec<PathBuf>,
+    #[arg(long = "fabric", value_parser = fabric)]
+    fabrics: Vec<(String, Vec<String>)>,
+    #[arg(long)]
+    nvidia_smi: Option<PathBuf>,
+    #[arg(long)]
+    skip_gpus: bool,
+    /// How long an engine gets to stop before SIGKILL, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    stop_timeout_s: f64,
+}
+
+fn label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?}: expected key=value")),
+    }
+}
+
+fn seconds(name: &str, v: f64) -> anyhow::Result<std::time::Duration> {
+    if !(v.is_finite() && v > 0.0 && v < 86_400.0) {
+        anyhow::bail!("--{name} must be a positive number of seconds");
+    }
+    Ok(std::time::Duration::from_secs_f64(v))
+}
+
+pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session::SessionConfig> {
+    let node_id = match a.node_id {
+        Some(n) => n,
+        None => std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".into()),
+    };
+    for s in &a.servers {
+        if !(s.starts_with("http://") || s.starts_with("https://")) {
+            anyhow::bail!("--server {s:?} must be a URL like http://control-plane:7443");
+        }
+    }
+    let mut c = llmgw_agent::session::SessionConfig::new(a.servers, node_id);
+    c.mgmt_addr = a.mgmt_addr;
+    c.labels = a.labels.into_iter().collect();
+    c.heartbeat = seconds("heartbeat-s", a.heartbeat_s)?;
+    c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s)?;
+    c.reconnect_base = c.reconnect_base.min(c.reconnect_max);
+    c.stop_timeout = seconds("stop-timeout-s", a.stop_timeout_s)?;
+    c.discovery = Options {
+        nvidia_smi: a.nvidia_smi,
+        skip_gpus: a.skip_gpus,
+        model_dirs: a.model_dirs,
+        fabrics: a.fabrics.into_iter().collect(),
+        ..Options::default()
+    };
+    if let Some(bin) = which("llama-server") {
+        c.engines_installed.insert("llamacpp".into(), bin);
+    }
+    Ok(c)
+}
+
+/// The first `name` on PATH.
+fn which(name: &str) -> Option<String> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+            .map(|p| p.display().to_string())
+    })
+}
+
+pub(crate) fn engines() -> llmgw_agent::engines::Registry {
+    use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm};
+    Registry::new(
+        Vllm::default(),
+        Sglang::default(),
+        LlamaCpp::default(),
+        Sim::default(),
+    )
+}
+
+async fn run_agent(a: RunArgs) -> anyhow::Result<Outcome> {
+    let config = session_config(a)?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let agent = llmgw_agent::session::Agent::new(config, engines());
+    let task = tokio::spawn(agent.run(rx));
+    crate::sim::shutdown().await;
+    let _ = tx.send(true);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), task).await;
+    Ok(Outcome::Ok)
 }
 
 fn fabric(s: &str) -> Result<(String, Vec<String>), String> {
@@ -47,14 +162,17 @@ fn fabric(s: &str) -> Result<(String, Vec<String>), String> {
 }
 
 pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
-    let AgentCommand::Inventory {
-        json,
-        nvidia_smi,
-        skip_gpus,
-        model_dirs,
-        fabrics,
-        root,
-    } = cmd;
+    let (json, nvidia_smi, skip_gpus, model_dirs, fabrics, root) = match cmd {
+        AgentCommand::Run(a) => return run_agent(a).await,
+        AgentCommand::Inventory {
+            json,
+            nvidia_smi,
+            skip_gpus,
+            model_dirs,
+            fabrics,
+            root,
+        } => (json, nvidia_smi, skip_gpus, model_dirs, fabrics, root),
+    };
     let options = Options {
         root,
         nvidia_smi,

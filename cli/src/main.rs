@@ -2,11 +2,13 @@
 //! Parsing and printing live here; behaviour lives in the crates.
 
 mod agent;
+mod config;
 mod ctl;
 mod events;
 mod keys;
 mod lease;
 mod output;
+mod serve;
 mod server;
 mod sim;
 mod store;
@@ -93,6 +95,10 @@ fn main() -> ExitCode {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::Failed) => ExitCode::from(1),
         Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<config::ConfigError>().is_some() => {
+            eprintln!("error: {}", output::one_line(&e));
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("error: {}", output::one_line(&e));
             ExitCode::FAILURE

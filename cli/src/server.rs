@@ -1,24 +1,25 @@
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
 use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig, Listener};
-use serde::Deserialize;
-
 use crate::Outcome;
+use crate::config::{self, ConfigError, FileConfig};
 
 /// Every setting is a flag, an `LLMGW_…` variable and a key of the
 /// configuration file alike; a flag or variable wins over the file.
 #[derive(Debug, Args)]
 pub(crate) struct ServerArgs {
-    /// A TOML file with any of the settings below (keys as the flags, with
-    /// `_` for `-`: `listen`, `admin_listen`, `endpoints = [...]`,
-    /// `[fallbacks]`).
+    /// A YAML file (TOML if it ends in .toml) with any of the settings
+    /// below (keys as the flags, with `_` for `-`), plus `store`,
+    /// `control:` and the `models:` catalog; `LLMGW_A__B` sets `a.b`.
     #[arg(long, env = "LLMGW_CONFIG")]
     config: Option<PathBuf>,
+    /// The agent listener (default :7443), with the control plane.
+    #[arg(long, env = "LLMGW_AGENT_LISTEN", value_parser = listen_addr)]
+    agent_listen: Option<SocketAddr>,
     /// A static endpoint, `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`;
     /// repeat for several.
     #[arg(long = "endpoint", env = "LLMGW_ENDPOINTS", value_delimiter = ' ')]
@@ -45,64 +46,52 @@ pub(crate) struct ServerArgs {
     record_usage: bool,
 }
 
-/// The configuration file's shape. Unknown keys are refused, so that a
-/// typo is an error rather than a silently ignored setting.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    admin_listen: Option<String>,
-    metrics_listen: Option<String>,
-    #[serde(default)]
-    endpoints: Vec<String>,
-    #[serde(default)]
-    fallbacks: HashMap<String, Vec<String>>,
-    #[serde(default)]
-    record_usage: bool,
-    #[serde(default)]
-    auth: bool,
-}
-
 /// The settings once flags, variables and the file are merged.
 #[derive(Debug)]
 struct Settings {
+    agent_listen: SocketAddr,
+    store: Option<String>,
+    control: Option<llmgw_control::ControlConfig>,
     listen: SocketAddr,
     admin_listen: SocketAddr,
     metrics_listen: Option<SocketAddr>,
     endpoints: Vec<EndpointSpec>,
-    fallbacks: HashMap<String, Vec<String>>,
+    fallbacks: std::collections::HashMap<String, Vec<String>>,
     record_usage: bool,
     auth: bool,
 }
 
-fn settings(a: ServerArgs) -> anyhow::Result<Settings> {
+fn settings(a: ServerArgs) -> Result<Settings, ConfigError> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
     let file = match &a.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            toml::from_str::<FileConfig>(&text)
-                .with_context(|| format!("{} is not a valid configuration", path.display()))?
-        }
+        Some(path) => config::load(path, &env)?,
         None => FileConfig::default(),
     };
-    let addr = |key: &str, v: Option<String>| -> anyhow::Result<Option<SocketAddr>> {
-        v.map(|s| listen_addr(&s).map_err(|e| anyhow::anyhow!("{key}: {e}")))
+    let addr = |key: &str, v: Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
+        v.map(|s| listen_addr(&s).map_err(|e| ConfigError(format!("{key}: {e}"))))
             .transpose()
     };
+    let control = control_config(&file)?;
     let endpoints = if a.endpoints.is_empty() {
         file.endpoints
             .iter()
             .map(|e| {
                 e.parse::<EndpointSpec>()
-                    .map_err(|why| anyhow::anyhow!("endpoints: {why}"))
+                    .map_err(|why| ConfigError(format!("endpoints: {why}")))
             })
-            .collect::<anyhow::Result<_>>()?
+            .collect::<Result<_, _>>()?
     } else {
         a.endpoints
     };
     let mut fallbacks = file.fallbacks;
     fallbacks.extend(a.fallbacks);
     Ok(Settings {
+        agent_listen: a
+            .agent_listen
+            .or(addr("agent_listen", file.agent_listen)?)
+            .unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
+        store: file.store,
+        control,
         listen: a
             .listen
             .or(addr("listen", file.listen)?)
@@ -119,6 +108,58 @@ fn settings(a: ServerArgs) -> anyhow::Result<Settings> {
         record_usage: a.record_usage || file.record_usage,
         auth: a.auth || file.auth,
     })
+}
+
+fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConfig>, ConfigError> {
+    let c = &file.control;
+    if !c.enabled && file.models.is_empty() {
+        return Ok(None);
+    }
+    let mut out = llmgw_control::ControlConfig::default();
+    let set = |key: &str, v: &Option<String>, slot: &mut std::time::Duration| -> Result<(), ConfigError> {
+        if let Some(v) = v {
+            *slot = config::duration(&format!("control.{key}"), v)?;
+        }
+        Ok(())
+    };
+    set("interval", &c.interval, &mut out.interval)?;
+    set("lease_ttl", &c.lease_ttl, &mut out.lease_ttl)?;
+    set("unreachable_after", &c.unreachable_after, &mut out.unreachable_after)?;
+    set("lost_after", &c.lost_after, &mut out.lost_after)?;
+    set("base_backoff", &c.base_backoff, &mut out.base_backoff)?;
+    set("max_backoff", &c.max_backoff, &mut out.max_backoff)?;
+    set("drain_grace", &c.drain_grace, &mut out.drain_grace)?;
+    if out.lost_after <= out.unreachable_after {
+        return Err(ConfigError(format!(
+            "control.lost_after ({:?}) must be longer than control.unreachable_after ({:?})",
+            out.lost_after, out.unreachable_after
+        )));
+    }
+    if out.lease_ttl < std::time::Duration::from_millis(300) {
+        return Err(ConfigError("control.lease_ttl must be at least 300ms".into()));
+    }
+    out.lease_poll = (out.lease_ttl / 10).clamp(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_millis(500),
+    );
+    if let Some([lo, hi]) = c.port_range {
+        if lo == 0 || lo > hi || hi > 64535 {
+            return Err(ConfigError(format!(
+                "control.port_range [{lo}, {hi}] must be low ≤ high, from 1 to 64535 (rendezvous ports are 1000 above)"
+            )));
+        }
+        out.port_range = (lo, hi);
+    }
+    if let Some(i) = &c.mgmt_interface {
+        out.mgmt_interface = i.clone();
+    }
+    if let Some(i) = &c.instance {
+        out.instance = i.clone();
+    } else if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
+        out.instance = format!("{}-{}", host.trim(), std::process::id());
+    }
+    out.models = file.models.clone();
+    Ok(Some(out))
 }
 
 fn fallback(s: &str) -> Result<(String, Vec<String>), String> {
@@ -152,6 +193,18 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
 
 pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
     let s = settings(a)?;
+    let store = s.store.clone().unwrap_or_else(|| store.to_owned());
+    let store = store.as_str();
+    if let Some(control) = s.control.clone() {
+        let listen = crate::serve::Listen {
+            client: s.listen,
+            admin: s.admin_listen,
+            metrics: s.metrics_listen,
+            agent: s.agent_listen,
+        };
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        return crate::serve::run(store, listen, s.fallbacks, control, |_| {}, stop).await;
+    }
     if s.endpoints.is_empty() {
         bail!(
             "nothing to serve: give at least one endpoint (--endpoint id=URL=model, or endpoints in --config)"

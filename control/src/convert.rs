@@ -119,7 +119,13 @@ pub(crate) fn start_shard(
             nodes: profile.nodes as i32,
             args: profile.args.clone(),
             env: profile.env.clone().into_iter().collect(),
-            model_path: model.source.clone(),
+            // An engine needs something to load; a model without a source
+            // (the sim engine's) is named by itself.
+            model_path: if model.source.is_empty() {
+                model.name.clone()
+            } else {
+                model.source.clone()
+            },
             served_model_name: model.name.clone(),
         }),
         startup_timeout_ms: i64::from(profile.startup_timeout_s.unwrap_or(600)) * 1000,

@@ -195,7 +195,7 @@ impl ControlPlane {
         let Some(token) = self.lease.borrow().clone() else {
             return;
         };
-        let _ = self.lease.send(None);
+        self.lease.send_replace(None);
         self.agents.drop_all();
         let released = llmgw_domain::event::LeadershipEvent::LeadershipReleased {
             holder: token.holder.clone(),
@@ -287,7 +287,7 @@ impl ControlPlane {
             ));
         }
         self.decider.execute(&writer, commands).await?;
-        let _ = self.lease.send(Some(token.clone()));
+        self.lease.send_replace(Some(token.clone()));
         self.wake.notify_one();
         Ok(())
     }

@@ -141,6 +141,9 @@ pub fn plan(
 ) -> Plan {
     let mut plan = Plan::default();
     let mut touched: BTreeSet<String> = BTreeSet::new();
+    // A model whose replica failed waits out its backoff before a rebuild,
+    // starting with this pass.
+    let mut failing: BTreeSet<String> = BTreeSet::new();
     for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
         let id = &r.placement.replica_id;
         let profile = state
@@ -159,6 +162,7 @@ pub fn plan(
         }
         match r.status {
             ReplicaStatus::Failed => {
+                failing.insert(r.placement.model.clone());
                 plan.actions.push(Action::Stop {
                     replica_id: id.clone(),
                     reason: "failed; it is rebuilt".into(),
@@ -216,7 +220,8 @@ pub fn plan(
         let (moving, keep): (Vec<&Replica>, Vec<&Replica>) = live
             .iter()
             .partition(|r| on_draining_node(state, r).is_some() || !current_fp(r));
-        let backing_off = rt.not_before.get(&model.name).is_some_and(|t| *t > rt.now);
+        let backing_off = failing.contains(&model.name)
+            || rt.not_before.get(&model.name).is_some_and(|t| *t > rt.now);
         if (keep.len() as u32) < want && !backing_off {
             let id = new_id(model);
             let explanation = placement::place(

@@ -173,6 +173,19 @@ pub async fn serve(
     client: SocketAddr,
     admin: SocketAddr,
     metrics: Option<SocketAddr>,
+    on_bound: impl FnMut(Listener),
+) -> Result<(), ServeError> {
+    serve_with(gw, client, admin, metrics, Router::new(), on_bound).await
+}
+
+/// As [`serve`], with more routes on the admin listener (the control
+/// plane's API).
+pub async fn serve_with(
+    gw: Arc<Gateway>,
+    client: SocketAddr,
+    admin: SocketAddr,
+    metrics: Option<SocketAddr>,
+    extra_admin: Router,
     mut on_bound: impl FnMut(Listener),
 ) -> Result<(), ServeError> {
     let bind = |addr: SocketAddr| async move {
@@ -194,7 +207,7 @@ pub async fn serve(
     let scraper = tokio::spawn(scrape::run(gw.clone(), gw.config.scrape_interval));
     let _stop_scraper = AbortOnDrop(scraper);
     let client_srv = axum::serve(client_l, client_app(gw.clone()));
-    let admin_srv = axum::serve(admin_l, admin_app(gw.clone()));
+    let admin_srv = axum::serve(admin_l, admin_app(gw.clone()).merge(extra_admin));
     match metrics_l {
         Some(m) => {
             let metrics_srv = axum::serve(m, metrics_app(gw));

@@ -40,6 +40,10 @@ impl Engine for Sim {
             &format!("0.0.0.0:{}", s.http_port),
             "--model",
             &p.served_model_name,
+            // Its own metric names, which the gateway's scraper expects of
+            // a sim endpoint.
+            "--engine",
+            "sim",
         ]);
         if s.nnodes > 1 {
             args.extend(strings(&[

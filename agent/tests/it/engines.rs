@@ -485,7 +485,7 @@ fn the_sim_engine_carries_its_rendezvous_and_stays_on_its_fabric() {
     assert_eq!(cmds.len(), 1);
     assert_eq!(
         joined(&cmds[0].args),
-        "sim-engine --listen 0.0.0.0:20000 --model big-model --nnodes 2 --rank 1 --rendezvous 10.0.0.5:20001"
+        "sim-engine --listen 0.0.0.0:20000 --model big-model --engine sim --nnodes 2 --rank 1 --rendezvous 10.0.0.5:20001"
     );
     assert!(cmds[0].wait_for_leader_port);
     assert!(
