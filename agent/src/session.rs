@@ -37,6 +37,9 @@ pub struct SessionConfig {
     pub log_lines: usize,
     /// Engine name → version, as installed and seen to run.
     pub engines_installed: BTreeMap<String, String>,
+    /// Stop every engine when the agent stops (for `llmgw up`, where the
+    /// agent and its engines are one trial); a node agent leaves them.
+    pub stop_engines_on_exit: bool,
 }
 
 impl SessionConfig {
@@ -53,6 +56,7 @@ impl SessionConfig {
             stop_timeout: Duration::from_secs(30),
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
+            stop_engines_on_exit: false,
         }
     }
 }
@@ -111,8 +115,20 @@ impl Agent {
         }
     }
 
-    /// Runs until `shutdown` turns true. Engines are left running.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `shutdown` turns true. Engines are left running unless
+    /// the configuration says otherwise.
+    pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
+        self.serve(shutdown).await;
+        if self.config.stop_engines_on_exit {
+            for (_, mut r) in std::mem::take(&mut self.shards) {
+                if let Some(s) = r.shard.take() {
+                    s.stop().await;
+                }
+            }
+        }
+    }
+
+    async fn serve(&mut self, mut shutdown: watch::Receiver<bool>) {
         let mut delay = self.config.reconnect_base;
         let mut next = 0usize;
         loop {
@@ -240,7 +256,11 @@ impl Agent {
                     http_port: s.http_port,
                     state: wire_state(state),
                     model: s.model.clone(),
-                    profile: s.profile.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+                    profile: s
+                        .profile
+                        .as_ref()
+                        .map(|p| p.name.clone())
+                        .unwrap_or_default(),
                     pool: s.pool.clone(),
                     fabric: s.fabric.clone(),
                     leader_addr: s.leader_addr.clone(),
@@ -403,7 +423,11 @@ impl Agent {
             nnodes: start.nnodes.max(1) as u32,
             leader_addr: start.leader_addr.clone(),
             leader_port: u16::try_from(start.leader_port).unwrap_or(0),
-            gpu_indices: start.gpu_indices.iter().map(|g| (*g).max(0) as u32).collect(),
+            gpu_indices: start
+                .gpu_indices
+                .iter()
+                .map(|g| (*g).max(0) as u32)
+                .collect(),
             hcas: start.hcas.clone(),
             mgmt_interface: start.mgmt_interface.clone(),
             http_port: u16::try_from(start.http_port).unwrap_or(0),

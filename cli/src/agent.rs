@@ -38,7 +38,12 @@ pub(crate) enum AgentCommand {
 pub(crate) struct RunArgs {
     /// A control plane's agent endpoint, `http://host:7443`; repeat for
     /// several (a standby refuses and the next is tried).
-    #[arg(long = "server", env = "LLMGW_AGENT_SERVERS", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "server",
+        env = "LLMGW_AGENT_SERVERS",
+        value_delimiter = ',',
+        required = true
+    )]
     servers: Vec<String>,
     /// This node's id (default: the hostname).
     #[arg(long, env = "LLMGW_NODE_ID")]

@@ -65,9 +65,11 @@ pub(crate) fn duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     let (num, unit) = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .map_or((s, "s"), |i| (&s[..i], &s[i..]));
-    let n: f64 = num
-        .parse()
-        .map_err(|_| ConfigError(format!("{key}: {s:?} is not a duration like 500ms, 5s, 10m or 1h")))?;
+    let n: f64 = num.parse().map_err(|_| {
+        ConfigError(format!(
+            "{key}: {s:?} is not a duration like 500ms, 5s, 10m or 1h"
+        ))
+    })?;
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
@@ -87,7 +89,10 @@ pub(crate) fn load(path: &Path, env: &[(String, String)]) -> Result<FileConfig, 
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
     let invalid = |e: &dyn std::fmt::Display| {
-        ConfigError(format!("{} is not a valid configuration: {e}", path.display()))
+        ConfigError(format!(
+            "{} is not a valid configuration: {e}",
+            path.display()
+        ))
     };
     let mut tree: serde_json::Value = if path.extension().is_some_and(|e| e == "toml") {
         toml::from_str(&text).map_err(|e| invalid(&e))?
@@ -146,7 +151,8 @@ fn check_catalog(models: &[Model]) -> Result<(), String> {
         match events {
             Ok(events) => events.iter().for_each(|e| catalog.evolve(e)),
             Err(reason) if reason.contains("fallback") => {
-                catalog.evolve(&llmgw_domain::catalog::CatalogEvent::ModelAdded { model: m.clone() });
+                catalog
+                    .evolve(&llmgw_domain::catalog::CatalogEvent::ModelAdded { model: m.clone() });
             }
             Err(reason) => return Err(reason),
         }

@@ -9,8 +9,27 @@ use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm, check};
 use crate::Outcome;
 use crate::output::Table;
 
+#[derive(Debug, clap::Args)]
+pub(crate) struct CtlArgs {
+    /// The server's admin API (keep it on loopback).
+    #[arg(
+        long,
+        global = true,
+        env = "LLMGW_ADMIN",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    admin: String,
+    /// One JSON document instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum CtlCommand {
+    #[command(flatten)]
+    Cluster(crate::cluster::ClusterCommand),
     /// Check every flag llmgw would pass to an engine against the engine's
     /// own full --help. Exits 1 when any is missing.
     EngineCheck {
@@ -35,12 +54,15 @@ fn help_args(engine: &str) -> &'static [&'static str] {
     }
 }
 
-pub(crate) async fn run(cmd: CtlCommand) -> anyhow::Result<Outcome> {
-    let CtlCommand::EngineCheck {
-        engine,
-        bin,
-        help_output,
-    } = cmd;
+pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
+    let (engine, bin, help_output) = match args.command {
+        CtlCommand::Cluster(c) => return crate::cluster::run(&args.admin, args.json, c).await,
+        CtlCommand::EngineCheck {
+            engine,
+            bin,
+            help_output,
+        } => (engine, bin, help_output),
+    };
     let registry = Registry::new(
         Vllm::default(),
         Sglang::default(),

@@ -2,6 +2,7 @@
 //! Parsing and printing live here; behaviour lives in the crates.
 
 mod agent;
+mod cluster;
 mod config;
 mod ctl;
 mod events;
@@ -12,6 +13,7 @@ mod serve;
 mod server;
 mod sim;
 mod store;
+mod up;
 
 use std::process::ExitCode;
 
@@ -46,13 +48,15 @@ enum Command {
     #[command(subcommand)]
     Keys(keys::KeysCommand),
     /// Operator tools.
-    #[command(subcommand)]
-    Ctl(ctl::CtlCommand),
+    Ctl(ctl::CtlArgs),
     /// The node agent.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
     /// The gateway; with --endpoint, alone against static endpoints.
     Server(server::ServerArgs),
+    /// Try llmgw on this machine in one command: server, local agent and a
+    /// simulated model, with a curl that works.
+    Up(up::UpArgs),
     /// An OpenAI-compatible simulated engine, for tests and demos.
     SimEngine(sim::SimArgs),
 }
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
             Command::Agent(cmd) => agent::run(cmd).await,
             Command::Ctl(cmd) => ctl::run(cmd).await,
             Command::Keys(cmd) => keys::run(&cli.store, cmd).await,
+            Command::Up(args) => up::run(args).await,
         }
     });
     match result {

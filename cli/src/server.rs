@@ -2,11 +2,11 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use crate::Outcome;
+use crate::config::{self, ConfigError, FileConfig};
 use anyhow::bail;
 use clap::Args;
 use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig, Listener};
-use crate::Outcome;
-use crate::config::{self, ConfigError, FileConfig};
 
 /// Every setting is a flag, an `LLMGW_…` variable and a key of the
 /// configuration file alike; a flag or variable wins over the file.
@@ -116,7 +116,10 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         return Ok(None);
     }
     let mut out = llmgw_control::ControlConfig::default();
-    let set = |key: &str, v: &Option<String>, slot: &mut std::time::Duration| -> Result<(), ConfigError> {
+    let set = |key: &str,
+               v: &Option<String>,
+               slot: &mut std::time::Duration|
+     -> Result<(), ConfigError> {
         if let Some(v) = v {
             *slot = config::duration(&format!("control.{key}"), v)?;
         }
@@ -124,7 +127,11 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     };
     set("interval", &c.interval, &mut out.interval)?;
     set("lease_ttl", &c.lease_ttl, &mut out.lease_ttl)?;
-    set("unreachable_after", &c.unreachable_after, &mut out.unreachable_after)?;
+    set(
+        "unreachable_after",
+        &c.unreachable_after,
+        &mut out.unreachable_after,
+    )?;
     set("lost_after", &c.lost_after, &mut out.lost_after)?;
     set("base_backoff", &c.base_backoff, &mut out.base_backoff)?;
     set("max_backoff", &c.max_backoff, &mut out.max_backoff)?;
@@ -136,7 +143,9 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         )));
     }
     if out.lease_ttl < std::time::Duration::from_millis(300) {
-        return Err(ConfigError("control.lease_ttl must be at least 300ms".into()));
+        return Err(ConfigError(
+            "control.lease_ttl must be at least 300ms".into(),
+        ));
     }
     out.lease_poll = (out.lease_ttl / 10).clamp(
         std::time::Duration::from_millis(50),

@@ -1,0 +1,381 @@
+//! `llmgw ctl nodes|models|replicas|…`: the admin API, as tables a person
+//! reads at a glance or as JSON for scripts.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use llmgw_api::admin as api;
+use serde::de::DeserializeOwned;
+
+use crate::Outcome;
+use crate::output::{Table, json_line};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Every node: state, GPUs, replicas, heartbeat.
+    Nodes,
+    /// The catalog and how much of each model is serving.
+    Models,
+    /// Replicas and their shards.
+    Replicas {
+        /// Only this model's (a name or alias).
+        #[arg(long)]
+        model: Option<String>,
+        /// Stopped replicas too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Where a replica of MODEL would go now, and why every node would or
+    /// would not take it.
+    ExplainPlacement {
+        model: String,
+    },
+    /// No new placement on NODE; nothing running is touched.
+    Cordon {
+        node: String,
+    },
+    Uncordon {
+        node: String,
+    },
+    /// Move everything off NODE, one replica at a time, each replacement
+    /// serving before its original stops.
+    Drain {
+        node: String,
+    },
+    /// "N models on X/Y nodes", the leader and the log.
+    Status,
+    /// Who holds the append lease.
+    Leader,
+    /// Add or update a model from a YAML or JSON file.
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ModelCommand {
+    /// Add the model in FILE, or update it when it exists.
+    Add { file: PathBuf },
+    /// Remove a model; its replicas stop.
+    Remove { name: String },
+}
+
+/// Talks to one admin listener.
+struct Admin {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Admin {
+    async fn answer<T: DeserializeOwned>(&self, r: reqwest::RequestBuilder) -> anyhow::Result<T> {
+        let resp = r.send().await.with_context(|| {
+            format!(
+                "cannot reach the admin API at {}; is the server running (llmgw server --config …)? --admin sets the address",
+                self.base
+            )
+        })?;
+        let status = resp.status();
+        let body = resp.bytes().await?;
+        if !status.is_success() {
+            let why = serde_json::from_slice::<api::ErrorBody>(&body)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+            if status == reqwest::StatusCode::NOT_FOUND && why.is_empty() {
+                bail!("{} has no control plane (router-only mode)", self.base);
+            }
+            bail!("{why}");
+        }
+        serde_json::from_slice(&body)
+            .with_context(|| format!("{} answered something unexpected", self.base))
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.answer(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        self.answer(self.http.post(format!("{}{path}", self.base)))
+            .await
+    }
+}
+
+fn q(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn yes(b: bool, word: &str) -> String {
+    if b { word.to_owned() } else { String::new() }
+}
+
+pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow::Result<Outcome> {
+    let a = Admin {
+        base: admin.trim_end_matches('/').to_owned(),
+        http: reqwest::Client::new(),
+    };
+    let mut out = std::io::stdout().lock();
+    match cmd {
+        ClusterCommand::Nodes => {
+            let rows: Vec<api::NodeRow> = a.get("/api/v1/nodes").await?;
+            if json {
+                json_line(&mut out, &rows)?;
+            } else {
+                let mut t = Table::new(vec![
+                    "NODE",
+                    "STATE",
+                    "GPUS",
+                    "FREE",
+                    "CLASS",
+                    "FABRICS",
+                    "REPLICAS",
+                    "HEARTBEAT",
+                    "FLAGS",
+                ]);
+                for n in rows {
+                    let flags = [yes(n.cordoned, "cordoned"), yes(n.draining, "draining")]
+                        .into_iter()
+                        .filter(|f| !f.is_empty())
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    t.row(vec![
+                        n.id,
+                        n.state,
+                        n.gpus.to_string(),
+                        n.gpus_free.to_string(),
+                        if n.classes.is_empty() {
+                            "cpu".into()
+                        } else {
+                            n.classes
+                        },
+                        n.fabrics.join(","),
+                        n.replicas.to_string(),
+                        n.last_heartbeat_s
+                            .map_or("-".into(), |s| format!("{s:.1}s ago")),
+                        flags,
+                    ]);
+                }
+                t.print(&mut out)?;
+            }
+        }
+        ClusterCommand::Models => {
+            let rows: Vec<api::ModelRow> = a.get("/api/v1/models").await?;
+            if json {
+                json_line(&mut out, &rows)?;
+            } else {
+                let mut t = Table::new(vec![
+                    "MODEL", "READY", "REPLICAS", "MIN", "MAX", "PROFILES", "ALIASES",
+                ]);
+                for m in rows {
+                    t.row(vec![
+                        m.name,
+                        m.ready.to_string(),
+                        m.replicas.to_string(),
+                        m.min.to_string(),
+                        m.max.to_string(),
+                        if m.profiles.is_empty() {
+                            "(none: never started)".into()
+                        } else {
+                            m.profiles.join(",")
+                        },
+                        m.aliases.join(","),
+                    ]);
+                }
+                t.print(&mut out)?;
+            }
+        }
+        ClusterCommand::Replicas { model, all } => {
+            let mut path = format!("/api/v1/replicas?all={all}");
+            if let Some(m) = model {
+                path.push_str(&format!("&model={}", q(&m)));
+            }
+            let rows: Vec<api::ReplicaRow> = a.get(&path).await?;
+            if json {
+                json_line(&mut out, &rows)?;
+            } else {
+                let mut t = Table::new(vec![
+                    "REPLICA", "MODEL", "PROFILE", "STATUS", "SHARDS", "NOTE",
+                ]);
+                for r in rows {
+                    let shards = r
+                        .shards
+                        .iter()
+                        .map(|s| {
+                            let gpus = if s.gpus.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" gpu{:?}", s.gpus)
+                            };
+                            format!("{}@{}:{}{gpus} {}", s.rank, s.node, s.port, s.state)
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    let note = [
+                        yes(r.adopted, "adopted"),
+                        yes(r.outdated, "profile edited: being replaced"),
+                        r.shards
+                            .iter()
+                            .find_map(|s| s.error.clone())
+                            .unwrap_or_default(),
+                    ]
+                    .into_iter()
+                    .filter(|f| !f.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                    t.row(vec![r.id, r.model, r.profile, r.status, shards, note]);
+                }
+                t.print(&mut out)?;
+            }
+        }
+        ClusterCommand::ExplainPlacement { model } => {
+            let e: api::Explanation = a
+                .get(&format!("/api/v1/explain?model={}", q(&model)))
+                .await?;
+            if json {
+                json_line(&mut out, &e)?;
+            } else {
+                writeln!(out, "{}", e.summary)?;
+                for p in &e.profiles {
+                    writeln!(
+                        out,
+                        "\nprofile {} (priority {}): {}",
+                        p.profile, p.priority, p.outcome
+                    )?;
+                    let mut t = Table::new(vec!["  NODE", "FITS", "WHY"]);
+                    for c in &p.candidates {
+                        t.row(vec![
+                            format!("  {}", c.node),
+                            if c.fits { "yes".into() } else { "no".into() },
+                            c.reason.clone(),
+                        ]);
+                    }
+                    t.print(&mut out)?;
+                }
+            }
+        }
+        ClusterCommand::Cordon { node } => changed(
+            &mut out,
+            json,
+            a.post(&format!("/api/v1/nodes/{}/cordon", q(&node)))
+                .await?,
+        )?,
+        ClusterCommand::Uncordon { node } => changed(
+            &mut out,
+            json,
+            a.post(&format!("/api/v1/nodes/{}/uncordon", q(&node)))
+                .await?,
+        )?,
+        ClusterCommand::Drain { node } => changed(
+            &mut out,
+            json,
+            a.post(&format!("/api/v1/nodes/{}/drain", q(&node))).await?,
+        )?,
+        ClusterCommand::Status => {
+            let s: api::Status = a.get("/api/v1/status").await?;
+            if json {
+                json_line(&mut out, &s)?;
+            } else {
+                writeln!(
+                    out,
+                    "{} models on {}/{} nodes",
+                    s.models_ready, s.nodes_ready, s.nodes
+                )?;
+                writeln!(
+                    out,
+                    "catalog   {} models, {} of {} replicas ready",
+                    s.models, s.replicas_ready, s.replicas
+                )?;
+                let role = if s.leader.is_leader {
+                    "leader"
+                } else {
+                    "standby"
+                };
+                writeln!(
+                    out,
+                    "this      {} ({role}); lease {} at epoch {}",
+                    s.leader.instance,
+                    s.leader
+                        .holder
+                        .as_deref()
+                        .filter(|_| s.leader.held)
+                        .unwrap_or("free"),
+                    s.leader.epoch
+                )?;
+                writeln!(
+                    out,
+                    "log       head {}, views at {}",
+                    s.log_head, s.views_at
+                )?;
+            }
+        }
+        ClusterCommand::Leader => {
+            let l: api::Leader = a.get("/api/v1/leader").await?;
+            if json {
+                json_line(&mut out, &l)?;
+            } else {
+                let holder = l
+                    .holder
+                    .clone()
+                    .filter(|_| l.held)
+                    .unwrap_or_else(|| "nobody (the lease is free)".into());
+                writeln!(out, "leader    {holder}")?;
+                writeln!(out, "epoch     {}", l.epoch)?;
+                if let Some(t) = &l.expires_at {
+                    writeln!(out, "expires   {t}")?;
+                }
+                writeln!(
+                    out,
+                    "this      {} ({})",
+                    l.instance,
+                    if l.is_leader { "leader" } else { "standby" }
+                )?;
+            }
+        }
+        ClusterCommand::Model(ModelCommand::Add { file }) => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let model: serde_json::Value = if file.extension().is_some_and(|e| e == "json") {
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", file.display()))?
+            } else {
+                serde_norway::from_str(&text)
+                    .with_context(|| format!("{} is not YAML", file.display()))?
+            };
+            let c: api::Changed = a
+                .answer(
+                    a.http
+                        .post(format!("{}/api/v1/models", a.base))
+                        .json(&model),
+                )
+                .await?;
+            changed(&mut out, json, c)?;
+        }
+        ClusterCommand::Model(ModelCommand::Remove { name }) => {
+            let c: api::Changed = a
+                .answer(
+                    a.http
+                        .delete(format!("{}/api/v1/models?name={}", a.base, q(&name))),
+                )
+                .await?;
+            changed(&mut out, json, c)?;
+        }
+    }
+    Ok(Outcome::Ok)
+}
+
+fn changed(out: &mut impl Write, json: bool, c: api::Changed) -> anyhow::Result<()> {
+    if json {
+        json_line(out, &c)
+    } else {
+        writeln!(out, "{}", c.message)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! `llmgw up`: the one-command trial. A server on the embedded store, a
+//! local agent in the same process, and a simulated model; it waits until
+//! the model serves and prints a `curl` that works.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use llmgw_domain::catalog::{Engine, Model, Profile, Scaling};
+
+use crate::Outcome;
+
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// The OpenAI-compatible endpoint.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// The admin API (llmgw ctl talks to it).
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    admin_listen: SocketAddr,
+    /// Where the event log (SQLite) is kept.
+    #[arg(long, default_value = "llmgw-data")]
+    data_dir: PathBuf,
+    /// How long to wait for the model to serve, in seconds.
+    #[arg(long, default_value_t = 60)]
+    wait_s: u64,
+}
+
+const MODEL: &str = "demo";
+
+fn demo_model() -> Model {
+    let mut m = Model::named(MODEL);
+    m.description = "a simulated model: llmgw's sim engine".into();
+    m.scaling = Scaling {
+        min: 1,
+        max: 1,
+        idle_timeout_s: None,
+    };
+    m.profiles = vec![Profile {
+        name: "sim".into(),
+        engine: Engine::Sim,
+        gpu_class: None,
+        tp: 1,
+        pp: 1,
+        nodes: 1,
+        gpus_per_node: 0,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: Some(60),
+        min_disk_gb: 0,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    }];
+    m
+}
+
+pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
+    std::fs::create_dir_all(&a.data_dir)
+        .with_context(|| format!("cannot create {}", a.data_dir.display()))?;
+    let data = a.data_dir.canonicalize()?;
+    let store = format!("sqlite://{}", data.join("llmgw.db").display());
+    let control = llmgw_control::ControlConfig {
+        instance: "up".into(),
+        interval: Duration::from_secs(2),
+        lease_ttl: Duration::from_secs(5),
+        lease_poll: Duration::from_millis(200),
+        models: vec![demo_model()],
+        ..llmgw_control::ControlConfig::default()
+    };
+    let listen = crate::serve::Listen {
+        client: a.listen,
+        admin: a.admin_listen,
+        metrics: None,
+        agent: ([127, 0, 0, 1], 0).into(),
+    };
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            crate::serve::run(
+                &store,
+                listen,
+                Default::default(),
+                control,
+                move |b| {
+                    let _ = bound_tx.send(b);
+                },
+                stop_rx,
+            )
+            .await
+        })
+    };
+    let bound = match bound_rx.await {
+        Ok(b) => b,
+        Err(_) => {
+            return match server.await? {
+                Err(e) => Err(e),
+                Ok(_) => anyhow::bail!("the server stopped before it listened"),
+            };
+        }
+    };
+    let mut agent_config = llmgw_agent::session::SessionConfig::new(
+        vec![format!("http://{}", bound.agent)],
+        "local".into(),
+    );
+    agent_config.heartbeat = Duration::from_secs(2);
+    agent_config.discovery.skip_gpus = true;
+    agent_config.stop_engines_on_exit = true;
+    let (agent_stop_tx, agent_stop_rx) = tokio::sync::watch::channel(false);
+    let agent = tokio::spawn(
+        llmgw_agent::session::Agent::new(agent_config, crate::agent::engines()).run(agent_stop_rx),
+    );
+
+    let base = format!("http://{}", bound.client);
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(a.wait_s);
+    let ready = loop {
+        if let Ok(r) = http.get(format!("{base}/ready")).send().await
+            && r.status().is_success()
+        {
+            break true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        if ready {
+            writeln!(out, "llmgw is up: model {MODEL} is serving.")?;
+        } else {
+            writeln!(
+                out,
+                "llmgw is running, but {MODEL} is not serving yet; see `llmgw ctl replicas --admin http://{}`",
+                bound.admin
+            )?;
+        }
+        writeln!(out, "  endpoint  {base}/v1")?;
+        writeln!(
+            out,
+            "  admin     http://{}   (llmgw ctl status --admin http://{})",
+            bound.admin, bound.admin
+        )?;
+        writeln!(out, "  data      {}", data.display())?;
+        writeln!(out, "try:")?;
+        writeln!(
+            out,
+            "  curl {base}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
+        )?;
+        writeln!(out, "Ctrl-C stops everything.")?;
+        out.flush()?;
+    }
+    let mut server = server;
+    tokio::select! {
+        _ = crate::sim::shutdown() => {}
+        r = &mut server => {
+            let _ = agent_stop_tx.send(true);
+            let _ = agent.await;
+            r??;
+            return Ok(Outcome::Ok);
+        }
+    }
+    // Engines first (the agent stops them), then the server steps down.
+    let _ = agent_stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    Ok(Outcome::Ok)
+}
