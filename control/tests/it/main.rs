@@ -1,0 +1,351 @@
+//! The control plane against a real store over real sockets, with agents
+//! driven message by message through the real protocol.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod harness;
+
+use harness::{Agent, Server, eventually, fast, register, running, sim_model, types};
+use llmgw_api::v1::control_message::Msg;
+use llmgw_api::v1::shard_status::State as Wire;
+use llmgw_testkit::{Backend, Scratch};
+
+async fn count(server: &Server, event_type: &str) -> usize {
+    types(&server.events().await)
+        .iter()
+        .filter(|t| **t == event_type)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_is_an_event_only_when_something_changed() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let s = Server::start(&addr, fast("a", vec![])).await;
+    s.wait_leader().await;
+    let mut agent = Agent::connect(s.agent_addr, register("n1")).await.unwrap();
+    assert!(matches!(agent.next().await, Msg::Ack(a) if a.ok));
+    agent.keep_alive();
+    drop(agent);
+    // The same inventory again: no new event.
+    let mut again = Agent::connect(s.agent_addr, register("n1")).await.unwrap();
+    assert!(matches!(again.next().await, Msg::Ack(_)));
+    let mut changed = register("n1");
+    changed.memory_total_mb = 32_000;
+    let mut third = Agent::connect(s.agent_addr, changed).await.unwrap();
+    assert!(matches!(third.next().await, Msg::Ack(_)));
+    assert_eq!(count(&s, "NodeRegistered").await, 1);
+    assert_eq!(count(&s, "NodeInventoryChanged").await, 1);
+    // A bad registration is refused with its reason and appends nothing.
+    let mut bad = register("n2");
+    bad.fabrics = vec![
+        llmgw_api::v1::FabricAttachment {
+            fabric: "ib-a".into(),
+            hcas: vec!["mlx5_0".into()],
+            rate_gbps: 200,
+        },
+        llmgw_api::v1::FabricAttachment {
+            fabric: "ib-b".into(),
+            hcas: vec!["mlx5_0".into()],
+            rate_gbps: 200,
+        },
+    ];
+    let err = match Agent::connect(s.agent_addr, bad).await {
+        Err(e) => e,
+        Ok(_) => panic!("an adapter under two fabrics is refused"),
+    };
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("two fabrics"), "{}", err.message());
+    assert_eq!(count(&s, "NodeRegistered").await, 1);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_is_placed_started_and_ready_through_the_stream() {
+    let (addr, _db) = Scratch::new(Backend::Sqlite).await;
+    let s = Server::start(&addr, fast("a", vec![sim_model("chat", 1)])).await;
+    s.wait_leader().await;
+    let mut agent = Agent::connect(s.agent_addr, register("n1")).await.unwrap();
+    agent.keep_alive();
+    let start = agent.next_start().await;
+    assert_eq!(start.model, "chat");
+    assert_eq!(start.http_port, 20000);
+    assert_eq!(start.profile.as_ref().unwrap().engine, "sim");
+    assert_eq!(start.nnodes, 1);
+    agent.report(&start, Wire::Loading).await;
+    agent.report(&start, Wire::Ready).await;
+    let rows = eventually("the replica is ready", || async {
+        let r = s.get("/api/v1/replicas").await;
+        (r[0]["status"] == "ready").then_some(r)
+    })
+    .await;
+    assert_eq!(rows[0]["shards"][0]["node"], "n1");
+    let status = s.get("/api/v1/status").await;
+    assert_eq!(status["models_ready"], 1);
+    assert_eq!(status["leader"]["is_leader"], true);
+    // Nothing more to do: the reconciler is idempotent.
+    let before = s.events().await.len();
+    s.cp.demand("chat");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let after = s.events().await;
+    assert!(
+        types(&after[before..])
+            .iter()
+            .all(|t| *t != "ReplicaPlaced"),
+        "{:?}",
+        types(&after[before..])
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_goes_unreachable_then_lost_and_its_replica_is_rebuilt() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let s = Server::start(&addr, fast("a", vec![sim_model("chat", 1)])).await;
+    s.wait_leader().await;
+    let mut a = Agent::connect(s.agent_addr, register("a")).await.unwrap();
+    a.keep_alive();
+    let first = a.next_start().await;
+    a.report(&first, Wire::Ready).await;
+    let mut b = Agent::connect(s.agent_addr, register("b")).await.unwrap();
+    b.keep_alive();
+    eventually("ready", || async {
+        (s.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
+    })
+    .await;
+    a.silence();
+    let rebuilt = b.next_start().await;
+    assert_ne!(rebuilt.replica_id, first.replica_id);
+    let t = types(&s.events().await)
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    let at = |name: &str| {
+        t.iter()
+            .position(|x| x == name)
+            .unwrap_or_else(|| panic!("{name} in {t:?}"))
+    };
+    assert!(at("NodeUnreachable") < at("NodeLost"));
+    assert!(at("NodeLost") < at("ReplicaFailed"));
+    // A heartbeat revives the node.
+    a.keep_alive();
+    eventually("recovered", || async {
+        let nodes = s.get("/api/v1/nodes").await;
+        (nodes[0]["state"] == "ready").then_some(())
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_control_plane_adopts_running_shards_instead_of_restarting_them() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let s = Server::start(&addr, fast("a", vec![sim_model("chat", 1)])).await;
+    s.wait_leader().await;
+    let mut a = Agent::connect(s.agent_addr, register("a")).await.unwrap();
+    a.keep_alive();
+    let start = a.next_start().await;
+    a.report(&start, Wire::Ready).await;
+    eventually("ready", || async {
+        (s.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
+    })
+    .await;
+    drop(a);
+    s.stop().await;
+
+    let s2 = Server::start(&addr, fast("b", vec![sim_model("chat", 1)])).await;
+    s2.wait_leader().await;
+    let mut reg = register("a");
+    reg.running_shards = vec![running(&start)];
+    let mut a = Agent::connect(s2.agent_addr, reg).await.unwrap();
+    a.keep_alive();
+    assert!(matches!(a.next().await, Msg::Ack(_)));
+    // Served throughout; nothing is placed or stopped.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let t = types(&s2.events().await)
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        t.iter().filter(|x| *x == "ReplicaPlaced").count(),
+        1,
+        "{t:?}"
+    );
+    assert!(!t.contains(&"ReplicaStopped".to_owned()), "{t:?}");
+    assert_eq!(s2.get("/api/v1/status").await["replicas_ready"], 1);
+    s2.stop().await;
+
+    // A fresh log (the store was lost) adopts the reported replica whole.
+    let (fresh, _db2) = Scratch::new(Backend::Postgres).await;
+    let s3 = Server::start(&fresh, fast("c", vec![sim_model("chat", 1)])).await;
+    s3.wait_leader().await;
+    let mut reg = register("a");
+    reg.running_shards = vec![running(&start)];
+    let mut a = Agent::connect(s3.agent_addr, reg).await.unwrap();
+    a.keep_alive();
+    let rows = eventually("adopted and ready", || async {
+        let r = s3.get("/api/v1/replicas").await;
+        (r[0]["status"] == "ready").then_some(r)
+    })
+    .await;
+    assert_eq!(rows[0]["id"], start.replica_id.as_str());
+    assert_eq!(rows[0]["adopted"], true);
+    assert_eq!(count(&s3, "ReplicaPlaced").await, 0);
+    s3.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_whose_model_left_the_catalog_are_stopped() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let s = Server::start(&addr, fast("a", vec![])).await;
+    s.wait_leader().await;
+    let mut reg = register("a");
+    let ghost = llmgw_api::v1::StartShard {
+        replica_id: "r-ghost".into(),
+        shard_id: "r-ghost-0".into(),
+        nnodes: 1,
+        http_port: 20000,
+        model: "gone".into(),
+        profile: Some(llmgw_api::v1::EngineProfile {
+            name: "sim".into(),
+            engine: "sim".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    reg.running_shards = vec![running(&ghost)];
+    let mut a = Agent::connect(s.agent_addr, reg).await.unwrap();
+    a.keep_alive();
+    loop {
+        match a.next().await {
+            Msg::Stop(stop) => {
+                assert_eq!(stop.shard_id, "r-ghost-0");
+                break;
+            }
+            Msg::Ack(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_refuses_agents_and_changes_and_takes_over_when_the_leader_stops() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let leader = Server::start(&addr, fast("first", vec![sim_model("chat", 1)])).await;
+    leader.wait_leader().await;
+    let standby = Server::start(&addr, fast("second", vec![sim_model("chat", 1)])).await;
+    let err = match Agent::connect(standby.agent_addr, register("n1")).await {
+        Err(e) => e,
+        Ok(_) => panic!("a standby refuses agent streams"),
+    };
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(err.message().contains("first"), "{}", err.message());
+    let (code, body) = standby.post("/api/v1/nodes/n1/cordon").await;
+    assert_eq!(code, 503);
+    assert!(
+        body["error"].as_str().unwrap().contains("standby"),
+        "{body}"
+    );
+
+    let mut a = Agent::connect(leader.agent_addr, register("n1"))
+        .await
+        .unwrap();
+    a.keep_alive();
+    let start = a.next_start().await;
+    a.report(&start, Wire::Ready).await;
+    eventually("ready on the standby's views", || async {
+        (standby.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
+    })
+    .await;
+
+    let stopped = tokio::time::Instant::now();
+    leader.stop().await;
+    standby.wait_leader().await;
+    let took = stopped.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "handover took {took:?}"
+    );
+    // The agent moves to the new leader and its shard is adopted in place.
+    let mut reg = register("n1");
+    reg.running_shards = vec![running(&start)];
+    let mut a = Agent::connect(standby.agent_addr, reg).await.unwrap();
+    a.keep_alive();
+    assert!(matches!(a.next().await, Msg::Ack(_)));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        count(&standby, "ReplicaPlaced").await,
+        1,
+        "nothing placed twice"
+    );
+    let epochs: std::collections::BTreeSet<u64> =
+        standby.events().await.iter().map(|e| e.epoch).collect();
+    assert!(
+        epochs.len() >= 2,
+        "both leaders appended, each under its epoch"
+    );
+    standby.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cordon_stops_new_placement_and_drain_moves_the_replica_replacement_first() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let s = Server::start(&addr, fast("a", vec![sim_model("chat", 1)])).await;
+    s.wait_leader().await;
+    let mut a = Agent::connect(s.agent_addr, register("a")).await.unwrap();
+    a.keep_alive();
+    let first = a.next_start().await;
+    a.report(&first, Wire::Ready).await;
+    let mut b = Agent::connect(s.agent_addr, register("b")).await.unwrap();
+    b.keep_alive();
+    assert!(matches!(b.next().await, Msg::Ack(_)));
+
+    let (code, body) = s.post("/api/v1/nodes/b/cordon").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["events"][0], "NodeCordoned");
+    let e = s.get("/api/v1/explain?model=chat").await;
+    let b_row = e["profiles"][0]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["node"] == "b")
+        .unwrap()
+        .clone();
+    assert_eq!(b_row["reason"], "cordoned");
+    let (_, again) = s.post("/api/v1/nodes/b/cordon").await;
+    assert!(again["events"].as_array().unwrap().is_empty());
+    s.post("/api/v1/nodes/b/uncordon").await;
+
+    let (code, body) = s.post("/api/v1/nodes/a/drain").await;
+    assert_eq!(code, 200, "{body}");
+    let replacement = b.next_start().await;
+    // The original is not touched until the replacement serves.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(count(&s, "ReplicaDraining").await, 0);
+    b.report(&replacement, Wire::Ready).await;
+    loop {
+        match a.next().await {
+            Msg::Drain(d) => assert_eq!(d.shard_id, first.shard_id),
+            Msg::Stop(st) => {
+                assert_eq!(st.shard_id, first.shard_id);
+                break;
+            }
+            _ => {}
+        }
+    }
+    eventually("the drain finishes", || async {
+        let n = s.get("/api/v1/nodes").await;
+        let a_row = n
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == "a")
+            .unwrap()
+            .clone();
+        (a_row["draining"] == false && a_row["cordoned"] == true).then_some(())
+    })
+    .await;
+    let (code, _) = s.post("/api/v1/nodes/zz/cordon").await;
+    assert_eq!(code, 404);
+    s.stop().await;
+}
