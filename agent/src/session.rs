@@ -37,6 +37,9 @@ pub struct SessionConfig {
     pub log_lines: usize,
     /// Engine name → version, as installed and seen to run.
     pub engines_installed: BTreeMap<String, String>,
+    /// Where engines listen (and are health-checked); None is every
+    /// interface, checked on loopback.
+    pub engine_bind: Option<String>,
     /// Stop every engine when the agent stops (for `llmgw up`, where the
     /// agent and its engines are one trial); a node agent leaves them.
     pub stop_engines_on_exit: bool,
@@ -57,6 +60,7 @@ impl SessionConfig {
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
+            engine_bind: None,
         }
     }
 }
@@ -443,6 +447,7 @@ impl Agent {
                 model_path: p.model_path.clone(),
                 served_model_name: p.served_model_name.clone(),
             },
+            bind_addr: self.config.engine_bind.clone().unwrap_or_default(),
         };
         let engine = match self.engines.get(&p.engine) {
             Ok(e) => e,
@@ -461,6 +466,11 @@ impl Agent {
         };
         let options = SupervisorOptions {
             http_port: engine.serves_http(&spec).then_some(spec.http_port),
+            health_host: self
+                .config
+                .engine_bind
+                .clone()
+                .unwrap_or_else(|| "127.0.0.1".into()),
             leader: (spec.nnodes > 1).then(|| (spec.leader_addr.clone(), spec.leader_port)),
             rendezvous_timeout: Duration::from_millis(start.startup_timeout_ms.max(1000) as u64),
             stop_timeout: self.config.stop_timeout,

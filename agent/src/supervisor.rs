@@ -43,6 +43,8 @@ pub struct SupervisorOptions {
     /// Rank 0 is ready when `/health` and `/v1/models` answer on this port;
     /// None for workers, which are ready once started.
     pub http_port: Option<u16>,
+    /// Where the health checks go (the engine's bind address).
+    pub health_host: String,
     /// Where the leader's rendezvous is, for commands that wait for it.
     pub leader: Option<(String, u16)>,
     pub rendezvous_timeout: Duration,
@@ -56,6 +58,7 @@ impl Default for SupervisorOptions {
     fn default() -> Self {
         SupervisorOptions {
             http_port: None,
+            health_host: "127.0.0.1".into(),
             leader: None,
             rendezvous_timeout: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
@@ -227,7 +230,7 @@ async fn supervise(
             }
             _ = probe.tick() => {
                 if !ready && let Some(port) = o.http_port
-                    && http_ok(port, "/health").await && http_ok(port, "/v1/models").await
+                    && http_ok(&o.health_host, port, "/health").await && http_ok(&o.health_host, port, "/v1/models").await
                 {
                     ready = true;
                     set(&tx, State::Ready);
@@ -312,12 +315,12 @@ async fn wait_for_port(host: &str, port: u16, timeout: Duration) -> bool {
 }
 
 /// Whether `GET path` on the local port answers 200.
-async fn http_ok(port: u16, path: &str) -> bool {
+async fn http_ok(host: &str, port: u16, path: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+    let Ok(mut s) = tokio::net::TcpStream::connect((host, port)).await else {
         return false;
     };
-    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     if s.write_all(req.as_bytes()).await.is_err() {
         return false;
     }

@@ -68,6 +68,9 @@ pub(crate) struct RunArgs {
     nvidia_smi: Option<PathBuf>,
     #[arg(long)]
     skip_gpus: bool,
+    /// The address engines listen on (default: every interface).
+    #[arg(long)]
+    engine_bind: Option<String>,
     /// How long an engine gets to stop before SIGKILL, in seconds.
     #[arg(long, default_value_t = 30.0)]
     stop_timeout_s: f64,
@@ -101,6 +104,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     }
     let mut c = llmgw_agent::session::SessionConfig::new(a.servers, node_id);
     c.mgmt_addr = a.mgmt_addr;
+    c.engine_bind = a.engine_bind;
     c.labels = a.labels.into_iter().collect();
     c.heartbeat = seconds("heartbeat-s", a.heartbeat_s)?;
     c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s)?;

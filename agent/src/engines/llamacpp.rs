@@ -94,7 +94,7 @@ impl Engine for LlamaCpp {
         let p = &s.profile;
         let model = gguf_in(Path::new(&p.model_path))?;
         // --metrics always, or there is no /metrics to route by.
-        let mut args = strings(&["--model", &model.display().to_string(), "--host", "0.0.0.0"]);
+        let mut args = strings(&["--model", &model.display().to_string(), "--host", s.host()]);
         args.extend(strings(&["--port", &s.http_port.to_string(), "--metrics"]));
         if !has_flag(&p.args, &["--jinja", "--no-jinja"]) {
             // Pins the model's own chat template across engine upgrades.

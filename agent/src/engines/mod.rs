@@ -51,11 +51,22 @@ pub struct ShardSpec {
     pub mgmt_interface: String,
     pub http_port: u16,
     pub profile: Profile,
+    /// The address engines listen on; empty means every interface.
+    pub bind_addr: String,
 }
 
 impl ShardSpec {
     pub fn leader(&self) -> bool {
         self.rank == 0
+    }
+
+    /// Where the engine's HTTP server binds.
+    pub fn host(&self) -> &str {
+        if self.bind_addr.is_empty() {
+            "0.0.0.0"
+        } else {
+            &self.bind_addr
+        }
     }
 
     fn dist_init(&self) -> String {

@@ -30,7 +30,7 @@ impl Engine for Sglang {
             "--model-path",
             &p.model_path,
             "--host",
-            "0.0.0.0",
+            s.host(),
         ]);
         args.extend(strings(&[
             "--port",

@@ -37,7 +37,7 @@ impl Engine for Sim {
         let mut args = strings(&[
             "sim-engine",
             "--listen",
-            &format!("0.0.0.0:{}", s.http_port),
+            &format!("{}:{}", s.host(), s.http_port),
             "--model",
             &p.served_model_name,
             // Its own metric names, which the gateway's scraper expects of

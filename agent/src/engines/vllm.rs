@@ -51,7 +51,7 @@ impl Engine for Vllm {
             "serve",
             &p.model_path,
             "--host",
-            "0.0.0.0",
+            s.host(),
             "--port",
             &s.http_port.to_string(),
         ]);

@@ -13,6 +13,8 @@ use llmgw_eventstore::{
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
+mod cluster;
+
 fn llmgw(store: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .env_remove("LLMGW_STORE")

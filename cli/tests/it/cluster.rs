@@ -1,0 +1,459 @@
+//! Server, agents and sim engines as separate processes on loopback: the
+//! control plane's promises as clients and operators see them.
+//!
+//! Each test's nodes bind their own loopback addresses (127.0.N.x), so that
+//! engines of different nodes share ports without clashing, and so that a
+//! test can find and clean up the engines its agents leave running.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::Child;
+use serde_json::{Value, json};
+
+/// Engines outlive their agents by design; this kills the ones a test's
+/// nodes started when the test ends.
+struct EngineSweeper(String);
+
+impl EngineSweeper {
+    /// `(pid, cmdline)` of every sim engine bound under this prefix.
+    fn engines(&self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+            if cmd.contains("sim-engine") && cmd.contains(&format!("--listen {}", self.0)) {
+                out.push((pid, cmd));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for EngineSweeper {
+    fn drop(&mut self) {
+        for (pid, _) in self.engines() {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn model_yaml(min: u32) -> String {
+    format!(
+        r#"name: chat
+scaling: {{min: {min}, max: {min}}}
+profiles:
+  - name: sim
+    engine: sim
+"#
+    )
+}
+
+/// A server configuration; `min: 0` leaves the catalog empty (models are
+/// added with `ctl model add`).
+fn server_yaml(
+    dir: &std::path::Path,
+    name: &str,
+    store: &str,
+    agent_port: u16,
+    min: u32,
+) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    let models = if min == 0 {
+        "models: []\n".to_owned()
+    } else {
+        let indented: String = model_yaml(min)
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect();
+        format!("models:\n  - {}", indented.trim_start())
+    };
+    std::fs::write(
+        &path,
+        format!(
+            r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:{agent_port}"
+store: "{store}"
+control:
+  instance: {name}
+  interval: 200ms
+  lease_ttl: 2s
+  unreachable_after: 1s
+  lost_after: 2500ms
+  base_backoff: 300ms
+  drain_grace: 1s
+  port_range: [30100, 30199]
+  enabled: true
+{models}"#
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+struct ServerProc {
+    child: Child,
+    base: String,
+    admin: String,
+}
+
+fn start_server(config: &str) -> ServerProc {
+    let child = Child::spawn(&["server", "--config", config]);
+    let _agents = child.addr_after("agent listening on ");
+    let base = format!("http://{}", child.addr_after("client listening on "));
+    let admin = format!("http://{}", child.addr_after("admin listening on "));
+    ServerProc { child, base, admin }
+}
+
+fn start_agent(servers: &str, node: &str, ip: &str) -> Child {
+    Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        servers,
+        "--node-id",
+        node,
+        "--mgmt-addr",
+        ip,
+        "--engine-bind",
+        ip,
+        "--heartbeat-s",
+        "0.2",
+        "--reconnect-max-s",
+        "0.5",
+        "--skip-gpus",
+    ])
+}
+
+async fn get(url: String) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// Polls `check` every 50 ms for up to 30 s.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ready_replicas(rows: &Value) -> Vec<Value> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "ready")
+        .cloned()
+        .collect()
+}
+
+/// Four clients streaming chat completions back to back until stopped;
+/// every request must finish with `[DONE]`.
+struct Clients {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<String>>>,
+}
+
+impl Clients {
+    fn start(base: &str) -> Clients {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let tasks = (0..4)
+            .map(|i| {
+                let (stop, done, base) = (stop.clone(), done.clone(), base.to_owned());
+                tokio::spawn(async move {
+                    let http = reqwest::Client::new();
+                    let mut failures = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let body = json!({"model": "chat", "stream": true, "max_tokens": 8,
+                            "messages": [{"role": "user", "content": format!("client {i}")}]});
+                        let r = http
+                            .post(format!("{base}/v1/chat/completions"))
+                            .json(&body)
+                            .send()
+                            .await;
+                        match r {
+                            Ok(r) if r.status() == 200 => match r.text().await {
+                                Ok(t) if t.contains("[DONE]") => {
+                                    done.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Ok(t) => failures.push(format!("cut short: {t}")),
+                                Err(e) => failures.push(format!("body: {e}")),
+                            },
+                            Ok(r) => failures.push(format!(
+                                "{}: {}",
+                                r.status(),
+                                r.text().await.unwrap_or_default()
+                            )),
+                            Err(e) => failures.push(format!("send: {e}")),
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        Clients { stop, done, tasks }
+    }
+
+    async fn wait_for_more(&self, n: u64) {
+        let target = self.done.load(Ordering::Relaxed) + n;
+        until("clients to make progress", || async {
+            (self.done.load(Ordering::Relaxed) >= target).then_some(())
+        })
+        .await;
+    }
+
+    async fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for t in self.tasks {
+            failures.extend(t.await.unwrap());
+        }
+        (self.done.load(Ordering::Relaxed), failures)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agents_replica_is_rebuilt_on_a_survivor_and_no_request_fails() {
+    let sweep = EngineSweeper("127.0.1.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "solo", &store, port, 0);
+    let server = start_server(&config);
+    let servers = format!("http://127.0.0.1:{port}");
+    let mut agents: Vec<(String, Child)> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                n.to_string(),
+                start_agent(&servers, n, &format!("127.0.1.{}", i + 2)),
+            )
+        })
+        .collect();
+    until("three nodes", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array().unwrap().len() == 3).then_some(())
+    })
+    .await;
+    // The operator adds the model once the nodes are in, so its replicas
+    // spread over them.
+    let model = dir.path().join("chat.yaml");
+    std::fs::write(&model, model_yaml(2)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "--admin",
+            &server.admin,
+            "model",
+            "add",
+            model.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("model chat added"));
+    let replicas = until("two replicas ready", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        (ready.len() == 2).then_some(ready)
+    })
+    .await;
+    until("the gateway routes", || async {
+        let r = reqwest::get(format!("{}/ready", server.base)).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    let clients = Clients::start(&server.base);
+    clients.wait_for_more(20).await;
+
+    let victim = replicas[0]["shards"][0]["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let at = agents.iter().position(|(n, _)| *n == victim).unwrap();
+    let (_, mut killed) = agents.remove(at);
+    killed.process.kill().unwrap();
+    let _ = killed.process.wait();
+
+    until("the node is lost", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["id"] == victim.as_str() && n["state"] == "lost")
+            .then_some(())
+    })
+    .await;
+    let rebuilt = until(
+        "two replicas ready again, none on the lost node",
+        || async {
+            let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+            let ready = ready_replicas(&rows);
+            let off = ready
+                .iter()
+                .all(|r| r["shards"][0]["node"] != victim.as_str());
+            (ready.len() == 2 && off).then_some(ready)
+        },
+    )
+    .await;
+    assert!(rebuilt.iter().any(|r| r["id"] != replicas[0]["id"]));
+    clients.wait_for_more(20).await;
+    let (done, failures) = clients.finish().await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failures.len(),
+        done,
+        &failures[..failures.len().min(5)]
+    );
+    assert!(done >= 40);
+    drop(agents);
+    drop(server);
+    drop(sweep);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_adopts_running_engines_and_keeps_serving() {
+    let sweep = EngineSweeper("127.0.2.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "restart", &store, port, 1);
+    let server = start_server(&config);
+    let agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.2.2");
+    let first = until("ready", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows).into_iter().next()
+    })
+    .await;
+    let pids = until("one engine", || async {
+        let e = sweep.engines();
+        (e.len() == 1).then_some(e)
+    })
+    .await;
+
+    // A clean stop, then a new server on the same log and agent port.
+    let ServerProc { child, .. } = server;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.process.id().to_string()])
+        .status();
+    drop(child);
+    let server = start_server(&config);
+    let replicas = until("the replica serves through the new server", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        let connected = nodes[0]["connected"] == true;
+        (connected && ready.len() == 1).then_some(ready)
+    })
+    .await;
+    assert_eq!(replicas[0]["id"], first["id"], "adopted, not replaced");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "chat", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(sweep.engines(), pids, "the engine kept its process id");
+    drop(agent);
+    drop(server);
+    drop(sweep);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
+    let sweep = EngineSweeper("127.0.3.".into());
+    let db = llmgw_testkit::TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (free_port(), free_port());
+    let first = start_server(&server_yaml(dir.path(), "first", &db.url, pa, 2));
+    until("first leads", || async {
+        (get(format!("{}/api/v1/leader", first.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let second = start_server(&server_yaml(dir.path(), "second", &db.url, pb, 2));
+    let servers = format!("http://127.0.0.1:{pa},http://127.0.0.1:{pb}");
+    let agents: Vec<Child> = (2..4)
+        .map(|i| start_agent(&servers, &format!("n{i}"), &format!("127.0.3.{i}")))
+        .collect();
+    // The standby routes from the shared log's views.
+    until("the standby's gateway is ready", || async {
+        let r = reqwest::get(format!("{}/ready", second.base)).await.ok()?;
+        let rows = get(format!("{}/api/v1/replicas", second.admin)).await;
+        (r.status() == 200 && ready_replicas(&rows).len() == 2).then_some(())
+    })
+    .await;
+    let before = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
+    let clients = Clients::start(&second.base);
+    clients.wait_for_more(20).await;
+
+    let stopped = Instant::now();
+    let ServerProc { child, .. } = first;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.process.id().to_string()])
+        .status();
+    until("the standby leads", || async {
+        (get(format!("{}/api/v1/leader", second.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let took = stopped.elapsed();
+    assert!(took < Duration::from_secs(3), "handover took {took:?}");
+    until("both agents follow to the new leader", || async {
+        let nodes = get(format!("{}/api/v1/nodes", second.admin)).await;
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["connected"] == true)
+            .then_some(())
+    })
+    .await;
+    clients.wait_for_more(20).await;
+    let (done, failures) = clients.finish().await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failures.len(),
+        done,
+        &failures[..failures.len().min(5)]
+    );
+    let after = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
+    assert_eq!(before, after, "nothing was placed twice or restarted");
+    drop(child);
+    drop(agents);
+    drop(second);
+    drop(sweep);
+}
