@@ -139,23 +139,8 @@ fn overlay(tree: &mut serde_json::Value, env: &[(String, String)]) -> Result<(),
 }
 
 fn check_catalog(models: &[Model]) -> Result<(), String> {
-    let mut catalog = Catalog::default();
-    for m in models {
-        let events = catalog
-            .decide(CatalogCommand::AddModel(m.clone()))
-            .map_err(|r| {
-                // Fallbacks may name models later in the file: check those
-                // once everything is in.
-                r.reason
-            });
-        match events {
-            Ok(events) => events.iter().for_each(|e| catalog.evolve(e)),
-            Err(reason) if reason.contains("fallback") => {
-                catalog
-                    .evolve(&llmgw_domain::catalog::CatalogEvent::ModelAdded { model: m.clone() });
-            }
-            Err(reason) => return Err(reason),
-        }
-    }
-    catalog.validate().map_err(|r| r.reason)
+    Catalog::default()
+        .decide(CatalogCommand::ApplyModels(models.to_vec()))
+        .map(|_| ())
+        .map_err(|r| r.reason)
 }

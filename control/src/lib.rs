@@ -275,18 +275,10 @@ impl ControlPlane {
         self.decider
             .append_event(&writer, llmgw_domain::Event::Leadership(acquired))
             .await?;
-        let mut commands = Vec::new();
-        for m in &self.config.models {
-            use llmgw_domain::catalog::CatalogCommand as C;
-            commands.push(Command::Catalog(
-                if state.catalog.models.contains_key(&m.name) {
-                    C::UpdateModel(m.clone())
-                } else {
-                    C::AddModel(m.clone())
-                },
-            ));
-        }
-        self.decider.execute(&writer, commands).await?;
+        let apply = llmgw_domain::catalog::CatalogCommand::ApplyModels(self.config.models.clone());
+        self.decider
+            .execute(&writer, vec![Command::Catalog(apply)])
+            .await?;
         self.lease.send_replace(Some(token.clone()));
         self.wake.notify_one();
         Ok(())

@@ -174,7 +174,13 @@ impl Model {
 pub enum CatalogCommand {
     AddModel(Model),
     UpdateModel(Model),
-    RemoveModel { name: String },
+    RemoveModel {
+        name: String,
+    },
+    /// Adds or updates every model of a configuration file at once, so
+    /// that models may name each other (fallbacks) in any order. Only the
+    /// result is validated; unchanged models produce no event.
+    ApplyModels(Vec<Model>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,6 +210,27 @@ impl Catalog {
     pub fn decide(&self, command: CatalogCommand) -> Result<Vec<CatalogEvent>, Rejection> {
         let mut next = self.clone();
         let event = match command {
+            CatalogCommand::ApplyModels(models) => {
+                let mut names = BTreeSet::new();
+                let mut events = Vec::new();
+                for model in models {
+                    if !names.insert(model.name.clone()) {
+                        return Err(Rejection::invalid(format!(
+                            "model {} is listed twice",
+                            model.name
+                        )));
+                    }
+                    let event = match self.models.get(&model.name) {
+                        Some(current) if *current == model => continue,
+                        Some(_) => CatalogEvent::ModelUpdated { model },
+                        None => CatalogEvent::ModelAdded { model },
+                    };
+                    next.evolve(&event);
+                    events.push(event);
+                }
+                next.validate()?;
+                return Ok(events);
+            }
             CatalogCommand::AddModel(model) => {
                 if self.models.contains_key(&model.name) {
                     return Err(Rejection::conflict(format!(

@@ -954,7 +954,7 @@ async fn server_settings_come_from_a_config_file_and_flags_win() {
         .args(["server", "--config", typo.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "a bad configuration exits 2");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("is not a valid configuration") && err.contains("unknown field `endpoint`"),
@@ -1570,4 +1570,105 @@ async fn keys_are_issued_listed_used_and_revoked_from_the_cli() {
 /// The body of a GET, as text.
 async fn page(url: String) -> String {
     reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+#[test]
+fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/server.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let good = std::fs::read_to_string(&example)
+        .unwrap()
+        .replace("postgres://llmgw@db.internal:5432/llmgw", &store);
+    let copy = dir.path().join("server.yaml");
+    std::fs::write(&copy, &good).unwrap();
+    // The example's addresses are taken here: variables override them.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--config", copy.to_str().unwrap()])
+        .env("LLMGW_LISTEN", "127.0.0.1:0")
+        .env("LLMGW_ADMIN_LISTEN", "127.0.0.1:0")
+        .env("LLMGW_AGENT_LISTEN", "127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines: Vec<String> = BufReader::new(server.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .take(3)
+        .collect();
+    let admin = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("admin listening on "))
+        .unwrap_or_else(|| panic!("{lines:?}"))
+        .to_owned();
+    // The leader applies the file's catalog once it holds the lease.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let table = loop {
+        let models = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["ctl", "models", "--admin", &format!("http://{admin}")])
+            .output()
+            .unwrap();
+        let table = String::from_utf8_lossy(&models.stdout).into_owned();
+        if table.lines().count() == 4 || std::time::Instant::now() > deadline {
+            break table;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    for m in ["llama-3.1-8b", "llama-3.1-405b", "qwen-0.5b"] {
+        assert!(table.contains(m), "{table}");
+    }
+
+    let run = |text: &str, env: &[(&str, &str)]| {
+        let f = dir.path().join("s.yaml");
+        std::fs::write(&f, text).unwrap();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_llmgw"));
+        c.args(["server", "--config", f.to_str().unwrap()]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let cases: Vec<(String, Vec<(&str, &str)>, &str)> = vec![
+        (
+            good.replace("lost_after: 60s", "lost_after: 5s"),
+            vec![],
+            "lost_after",
+        ),
+        (
+            good.replace("interval: 5s", "interval: soon"),
+            vec![],
+            "is not a duration",
+        ),
+        (
+            good.replace("gpus_per_node: 2", "gpus_per_node: 3"),
+            vec![],
+            "tp × pp",
+        ),
+        (
+            good.replace("fallbacks: [qwen-0.5b]", "fallbacks: [nope]"),
+            vec![],
+            "fallback nope",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__PORT_RANGE", "[9, 1]")],
+            "port_range",
+        ),
+        (
+            format!("{good}\nlisten_typo: 1\n"),
+            vec![],
+            "unknown field `listen_typo`",
+        ),
+    ];
+    for (text, env, says) in cases {
+        let out = run(&text, &env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{says}: {err}");
+        assert!(err.contains(says), "expected {says:?} in {err}");
+        assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    }
 }

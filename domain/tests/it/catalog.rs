@@ -174,3 +174,50 @@ fn edits_are_events_only_when_something_changed() {
         .unwrap_err();
     assert_eq!(r.code, RejectionCode::NotFound);
 }
+
+#[test]
+fn a_configuration_file_applies_whole_with_references_in_any_order() {
+    let mut big = model("big");
+    big.fallbacks = vec!["small".into()];
+    let small = model("small");
+    let c = Catalog::default();
+    let events = c
+        .decide(CatalogCommand::ApplyModels(vec![
+            big.clone(),
+            small.clone(),
+        ]))
+        .expect("a fallback may name a model further down the file");
+    assert_eq!(events.len(), 2);
+    let c = with(vec![small.clone(), big.clone()]);
+    assert!(
+        c.decide(CatalogCommand::ApplyModels(vec![
+            big.clone(),
+            small.clone()
+        ]))
+        .unwrap()
+        .is_empty(),
+        "an unchanged file appends nothing"
+    );
+    let mut edited = small.clone();
+    edited.description = "now described".into();
+    let events = c
+        .decide(CatalogCommand::ApplyModels(vec![big.clone(), edited]))
+        .unwrap();
+    assert!(matches!(&events[..], [CatalogEvent::ModelUpdated { model }] if model.name == "small"));
+    assert!(
+        reason(
+            &c,
+            CatalogCommand::ApplyModels(vec![small.clone(), small.clone()])
+        )
+        .contains("listed twice")
+    );
+    let mut dangling = model("lonely");
+    dangling.fallbacks = vec!["nobody".into()];
+    assert!(
+        reason(
+            &Catalog::default(),
+            CatalogCommand::ApplyModels(vec![dangling])
+        )
+        .contains("nobody")
+    );
+}
