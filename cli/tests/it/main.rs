@@ -1572,8 +1572,11 @@ async fn page(url: String) -> String {
     reqwest::get(url).await.unwrap().text().await.unwrap()
 }
 
-#[test]
-fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
+/// A bad configuration, the variables laid over it, and what it must say.
+type BadCase<'a> = (String, Vec<(&'a str, &'a str)>, &'a str);
+
+#[tokio::test]
+async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
     let example =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/server.yaml");
     let dir = tempfile::tempdir().unwrap();
@@ -1614,7 +1617,7 @@ fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         if table.lines().count() == 4 || std::time::Instant::now() > deadline {
             break table;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let _ = server.kill();
     let _ = server.wait();
@@ -1632,7 +1635,7 @@ fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         }
         c.output().unwrap()
     };
-    let cases: Vec<(String, Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         (
             good.replace("lost_after: 60s", "lost_after: 5s"),
             vec![],
