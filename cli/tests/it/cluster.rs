@@ -457,3 +457,53 @@ async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
     drop(second);
     drop(sweep);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let up = Child::spawn(&[
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert!(Child::expect(&up.stdout, "llmgw is up").contains("serving"));
+    let endpoint = up.addr_after("  endpoint  ");
+    let curl = Child::expect(&up.stdout, "curl ");
+    assert!(
+        curl.contains(&format!("{endpoint}/chat/completions")),
+        "{curl}"
+    );
+    // The printed command, as a person would paste it.
+    let out = std::process::Command::new("sh")
+        .args(["-c", curl.trim()])
+        .output()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+    assert!(
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .len()
+            > 1
+    );
+    assert!(
+        data.join("llmgw.db").exists(),
+        "the log lives in the data directory"
+    );
+    // Ctrl-C stops the engine with everything else.
+    let sweep = EngineSweeper("0.0.0.0:20".into());
+    assert_eq!(sweep.engines().len(), 1);
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &up.process.id().to_string()])
+        .status();
+    until("the engine stops with llmgw up", || async {
+        sweep.engines().is_empty().then_some(())
+    })
+    .await;
+}
