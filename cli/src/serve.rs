@@ -83,6 +83,10 @@ pub(crate) async fn run(
         })
     };
     let cp = ControlPlane::new(log, views, position, control);
+    {
+        let cp = cp.clone();
+        gw.on_demand(llmgw_gateway::DemandHook(Box::new(move |m| cp.demand(m))));
+    }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let leading = tokio::spawn(cp.clone().run(shutdown_rx.clone()));
 

@@ -49,6 +49,8 @@ pub struct GatewayConfig {
     pub admission: admission::AdmissionConfig,
     /// Model → models to try, in order, when it has no capacity.
     pub fallbacks: std::collections::HashMap<String, Vec<String>>,
+    /// How long a request for an on-demand model waits for it to start.
+    pub on_demand_wait: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -63,6 +65,7 @@ impl Default for GatewayConfig {
             affinity: affinity::AffinityConfig::default(),
             admission: admission::AdmissionConfig::default(),
             fallbacks: Default::default(),
+            on_demand_wait: Duration::from_secs(120),
         }
     }
 }
@@ -80,6 +83,19 @@ pub struct Gateway {
     pub admission: admission::Admission,
     config: GatewayConfig,
     usage: Option<Arc<usage::UsageQueue>>,
+    /// Told of every request for an on-demand model (the control plane
+    /// starts it and keeps it for its idle time).
+    demand: std::sync::OnceLock<DemandHook>,
+    pub(crate) routes_changed: tokio::sync::Notify,
+}
+
+/// Called with the canonical name of an on-demand model a request asked for.
+pub struct DemandHook(pub Box<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for DemandHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DemandHook")
+    }
 }
 
 impl Gateway {
@@ -116,7 +132,14 @@ impl Gateway {
             admission: admission::Admission::new(config.admission.clone()),
             config,
             usage,
+            demand: std::sync::OnceLock::new(),
+            routes_changed: tokio::sync::Notify::new(),
         }))
+    }
+
+    /// Sets what is told of requests for on-demand models; once.
+    pub fn on_demand(&self, hook: DemandHook) {
+        let _ = self.demand.set(hook);
     }
 }
 

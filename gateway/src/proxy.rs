@@ -218,7 +218,7 @@ async fn route(
         body
     };
     let model = canonical;
-    if !gw.endpoints.knows_model(&model) {
+    if !gw.endpoints.knows_model(&model) && !gw.routes.catalogued(&model) {
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
     // A key's allowlist: a model it may not use does not exist for it.
@@ -252,6 +252,9 @@ async fn route(
         let name = crate::admission::band_name(band);
         gw.metrics.rejected(name);
         return Err((model.clone(), ApiError::overloaded(name)));
+    }
+    if gw.routes.on_demand(&model) {
+        wait_on_demand(gw, &model).await;
     }
     let ctx = Attempt {
         key_id: key.as_ref().map(|k| k.key_id.clone()).unwrap_or_default(),
@@ -288,6 +291,27 @@ async fn route(
         None => ApiError::no_capacity(&model),
     };
     Err((model, error))
+}
+
+/// Tells the control plane the model is wanted and, while nothing serves
+/// it, waits (bounded) for a replica to come up.
+async fn wait_on_demand(gw: &Gateway, model: &str) {
+    if let Some(hook) = gw.demand.get() {
+        (hook.0)(model);
+    }
+    let serving = || gw.endpoints.routable_models().iter().any(|m| m == model);
+    let deadline = tokio::time::Instant::now() + gw.config.on_demand_wait;
+    loop {
+        let changed = gw.routes_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if serving() {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// What every attempt of one request shares.

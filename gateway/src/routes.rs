@@ -18,6 +18,11 @@ pub(crate) struct Routes {
     aliases: HashMap<String, String>,
     /// Canonical model → fallbacks, canonical too.
     fallbacks: HashMap<String, Vec<String>>,
+    /// Models in the catalog (with the control plane): known even while
+    /// nothing serves them, so a request gets 503 or waits, never 404.
+    catalog: std::collections::HashSet<String>,
+    /// Catalogued models started by requests.
+    on_demand: std::collections::HashSet<String>,
 }
 
 #[derive(Debug, Default)]
@@ -28,6 +33,7 @@ impl RouteTable {
         RouteTable(RwLock::new(Routes {
             aliases: HashMap::new(),
             fallbacks,
+            ..Routes::default()
         }))
     }
 
@@ -42,6 +48,14 @@ impl RouteTable {
             .get(name)
             .cloned()
             .unwrap_or_else(|| name.to_owned())
+    }
+
+    pub(crate) fn catalogued(&self, model: &str) -> bool {
+        self.read().catalog.contains(model)
+    }
+
+    pub(crate) fn on_demand(&self, model: &str) -> bool {
+        self.read().on_demand.contains(model)
     }
 
     pub(crate) fn fallbacks(&self, model: &str) -> Vec<String> {
@@ -88,7 +102,20 @@ impl Gateway {
             .filter(|m| !m.fallbacks.is_empty())
             .map(|m| (m.name.clone(), m.fallbacks.iter().map(canonical).collect()))
             .collect();
-        *self.routes.0.write().unwrap_or_else(|p| p.into_inner()) = Routes { aliases, fallbacks };
+        let catalog = view.models.keys().cloned().collect();
+        let on_demand = view
+            .models
+            .values()
+            .filter(|m| m.on_demand)
+            .map(|m| m.name.clone())
+            .collect();
+        *self.routes.0.write().unwrap_or_else(|p| p.into_inner()) = Routes {
+            aliases,
+            fallbacks,
+            catalog,
+            on_demand,
+        };
+        self.routes_changed.notify_waiters();
     }
 }
 

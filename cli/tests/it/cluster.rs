@@ -507,3 +507,67 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
+    let sweep = EngineSweeper("127.0.4.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "lazy", &store, port, 0);
+    let server = start_server(&config);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.4.2");
+    until("the node", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array().unwrap().len() == 1).then_some(())
+    })
+    .await;
+    let model = dir.path().join("lazy.json");
+    std::fs::write(
+        &model,
+        json!({"name": "lazy", "scaling": {"min": 0, "max": 1, "idle_timeout_s": 1},
+               "profiles": [{"name": "sim", "engine": "sim"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "--admin",
+            &server.admin,
+            "model",
+            "add",
+            model.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(sweep.engines().is_empty(), "nothing runs before a request");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "lazy", "max_tokens": 2, "messages": [{"role": "user", "content": "wake up"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the request waited for the model to start");
+    // Idle past its timeout: drained, then stopped.
+    until("the idle replica is stopped", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (rows.as_array().unwrap().is_empty() && sweep.engines().is_empty()).then_some(())
+    })
+    .await;
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert_eq!(all[0]["status"], "stopped");
+    // An unknown model is still a 404.
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "nope", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
