@@ -178,8 +178,11 @@ fn the_version_1_log_still_decodes() {
             .unwrap_or_else(|err| panic!("position {}: {err}", e.position));
         types.insert(e.event_type.clone());
     }
+    // Types born after the log was frozen: their first shape is checked by
+    // the domain's round-trip test, and a log frozen later will hold them.
+    const BORN_AFTER_FREEZE: &[&str] = &["NodeDrained"];
     let v1: BTreeSet<String> = Event::types()
-        .filter(|(_, v)| *v == 1)
+        .filter(|(t, v)| *v == 1 && !BORN_AFTER_FREEZE.contains(t))
         .map(|(t, _)| t.to_owned())
         .collect();
     assert!(
