@@ -281,25 +281,40 @@ async fn collect(stream: impl AsyncRead + Unpin, log: LogTail, name: String) {
 }
 
 /// SIGTERM to every group, last started first; SIGKILL to what is left
-/// after the stop timeout.
+/// after the stop timeout. Returns once every group is gone (or, for a
+/// process stuck in the kernel, shortly after the SIGKILL).
 async fn stop_all(children: &mut [(String, Child)], timeout: Duration) {
-    let signal_all = |children: &[(String, Child)], sig: Signal| {
-        for (_, ch) in children.iter().rev() {
-            if let Some(pid) = ch.id().and_then(|id| Pid::from_raw(id as i32)) {
-                let _ = kill_process_group(pid, sig);
-            }
-        }
-    };
-    signal_all(children, Signal::TERM);
+    // The group ids are taken first: once a leader is reaped its id is
+    // gone, but the rest of its group (an engine's own children, or a
+    // process that ignores SIGTERM) may still be running.
+    let groups: Vec<Pid> = children
+        .iter()
+        .rev()
+        .filter_map(|(_, ch)| ch.id().and_then(|id| Pid::from_raw(id as i32)))
+        .collect();
+    let alive = |g: &Pid| rustix::process::test_kill_process_group(*g).is_ok();
+    for g in &groups {
+        let _ = kill_process_group(*g, Signal::TERM);
+    }
     let deadline = Instant::now() + timeout;
     for (_, ch) in children.iter_mut() {
         if tokio::time::timeout_at(deadline, ch.wait()).await.is_err() {
             break;
         }
     }
-    signal_all(children, Signal::KILL);
+    while groups.iter().any(alive) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for g in groups.iter().filter(|g| alive(g)) {
+        let _ = kill_process_group(*g, Signal::KILL);
+    }
     for (_, ch) in children.iter_mut() {
         let _ = ch.wait().await;
+    }
+    // SIGKILL is delivered asynchronously; orphans are reaped by init.
+    let settle = Instant::now() + Duration::from_secs(1);
+    while groups.iter().any(alive) && Instant::now() < settle {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
