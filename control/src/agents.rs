@@ -22,6 +22,26 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::{ControlError, ControlPlane, convert};
 
+/// What a registration asks for: commands to decide, groups of shards to
+/// adopt as replicas, and processes that hold resources until they stop.
+type Registration = (
+    Vec<Command>,
+    Vec<Vec<(String, v1::RunningShard)>>,
+    Vec<llmgw_domain::placement::Held>,
+);
+
+/// A reported shard's state as a command.
+fn report(rs: &v1::RunningShard, state: ShardState) -> Command {
+    Command::Replica(ReplicaCommand::ReportShard {
+        replica_id: rs.replica_id.clone(),
+        shard_id: rs.shard_id.clone(),
+        state,
+        error: None,
+        exit_code: None,
+        log_tail: None,
+    })
+}
+
 #[derive(Debug)]
 struct Session {
     generation: u64,
@@ -192,37 +212,75 @@ impl ControlPlane {
     /// Adopts, reports or stops the shards the agent says it runs, and
     /// re-sends starts the agent never got.
     async fn after_register(&self, node: &str, reg: &v1::Register) {
-        let state = match self.decider.state().await {
-            Ok(s) => s,
+        // Decided under a read of the state (no copy of it per
+        // registration: a fleet registering at once would make that
+        // quadratic); carried out after.
+        let planned = self
+            .decider
+            .read(|state| self.plan_registration(state, node, reg))
+            .await;
+        let (mut commands, adoptions, mut held) = match planned {
+            Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the state after a registration");
                 return;
             }
         };
+        for group in adoptions {
+            let Some(p) = convert::adopted_placement(&group) else {
+                continue;
+            };
+            match self
+                .execute(vec![Command::Replica(ReplicaCommand::Adopt(p.clone()))])
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(replica = %p.replica_id, model = %p.model, "adopted a running replica");
+                    for (_, s) in &group {
+                        if let Some(st) = convert::state_from_wire(s.state) {
+                            commands.push(report(s, st));
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(replica = %p.replica_id, error = %e, "cannot adopt; stopping its shards");
+                    for (n, s) in &group {
+                        self.stop_shard(n, s, &mut held);
+                    }
+                }
+            }
+        }
+        lock(&self.agents.held).insert(node.to_owned(), held);
+        for c in commands {
+            if let Err(e) = self.execute(vec![c]).await {
+                tracing::warn!(node, error = %e, "could not record a reported shard");
+            }
+        }
+    }
+
+    /// What a registration asks for: reports of known shards, adoptions of
+    /// unknown ones, stops of those the log stopped or the catalog lost,
+    /// and starts the agent missed.
+    fn plan_registration(
+        &self,
+        state: &llmgw_domain::State,
+        node: &str,
+        reg: &v1::Register,
+    ) -> Registration {
         let mut held = Vec::new();
         let mut commands = Vec::new();
+        let mut adoptions = Vec::new();
         let mut running = std::collections::BTreeSet::new();
         for rs in &reg.running_shards {
             running.insert(rs.shard_id.clone());
-            let known = state.replicas.replicas.get(&rs.replica_id);
-            let wire_state = convert::state_from_wire(rs.state);
-            match known {
+            match state.replicas.replicas.get(&rs.replica_id) {
                 Some(r) if r.is_live() && r.shards.contains_key(&rs.shard_id) => {
-                    if let Some(s) = wire_state {
-                        commands.push(Command::Replica(ReplicaCommand::ReportShard {
-                            replica_id: rs.replica_id.clone(),
-                            shard_id: rs.shard_id.clone(),
-                            state: s,
-                            error: None,
-                            exit_code: None,
-                            log_tail: None,
-                        }));
+                    if let Some(s) = convert::state_from_wire(rs.state) {
+                        commands.push(report(rs, s));
                     }
                 }
-                Some(_) => {
-                    // The log stopped this replica: its process must go.
-                    self.stop_shard(node, rs, &mut held);
-                }
+                // The log stopped this replica: its process must go.
+                Some(_) => self.stop_shard(node, rs, &mut held),
                 None => {
                     let in_catalog = state
                         .catalog
@@ -234,50 +292,18 @@ impl ControlPlane {
                         self.stop_shard(node, rs, &mut held);
                         continue;
                     }
-                    let group = {
-                        let mut adopting = lock(&self.agents.adopting);
-                        let g = adopting.entry(rs.replica_id.clone()).or_default();
-                        g.retain(|(n, s)| !(n == node && s.shard_id == rs.shard_id));
-                        g.push((node.to_owned(), rs.clone()));
-                        if g.len() as i32 >= rs.nnodes.max(1) {
-                            adopting.remove(&rs.replica_id)
-                        } else {
-                            None
-                        }
-                    };
-                    let Some(group) = group else { continue };
-                    let Some(p) = convert::adopted_placement(&group) else {
-                        continue;
-                    };
-                    let adopt = Command::Replica(ReplicaCommand::Adopt(p.clone()));
-                    match self.execute(vec![adopt]).await {
-                        Ok(_) => {
-                            tracing::info!(replica = %p.replica_id, model = %p.model, "adopted a running replica");
-                            for (n, s) in &group {
-                                if let Some(st) = convert::state_from_wire(s.state) {
-                                    commands.push(Command::Replica(ReplicaCommand::ReportShard {
-                                        replica_id: s.replica_id.clone(),
-                                        shard_id: s.shard_id.clone(),
-                                        state: st,
-                                        error: None,
-                                        exit_code: None,
-                                        log_tail: None,
-                                    }));
-                                }
-                                let _ = n;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(replica = %p.replica_id, error = %e, "cannot adopt; stopping its shards");
-                            for (n, s) in &group {
-                                self.stop_shard(n, s, &mut held);
-                            }
-                        }
+                    let mut adopting = lock(&self.agents.adopting);
+                    let g = adopting.entry(rs.replica_id.clone()).or_default();
+                    g.retain(|(n, s)| !(n == node && s.shard_id == rs.shard_id));
+                    g.push((node.to_owned(), rs.clone()));
+                    if g.len() as i32 >= rs.nnodes.max(1)
+                        && let Some(group) = adopting.remove(&rs.replica_id)
+                    {
+                        adoptions.push(group);
                     }
                 }
             }
         }
-        lock(&self.agents.held).insert(node.to_owned(), held);
         // Shards the log places here that the agent does not run: a pending
         // one is started (again: starts are idempotent), one that had got
         // further has died with its agent.
@@ -288,7 +314,7 @@ impl ControlPlane {
                 }
                 match (r.status, shard.state) {
                     (ReplicaStatus::Starting, ShardState::Pending) => {
-                        self.start_shard(&state, &r.placement, &shard.placement);
+                        self.start_shard(state, &r.placement, &shard.placement);
                     }
                     (ReplicaStatus::Starting | ReplicaStatus::Ready, _) => {
                         commands.push(Command::Replica(ReplicaCommand::ReportShard {
@@ -306,11 +332,7 @@ impl ControlPlane {
                 }
             }
         }
-        for c in commands {
-            if let Err(e) = self.execute(vec![c]).await {
-                tracing::warn!(node, error = %e, "could not record a reported shard");
-            }
-        }
+        (commands, adoptions, held)
     }
 
     fn stop_shard(
@@ -375,38 +397,55 @@ impl ControlPlane {
             .send(&shard.node_id, control_message::Msg::Start(msg))
     }
 
+    /// The hot path of a fleet: one per node every few seconds. It reads
+    /// the views under a read lock and touches the log only when the node
+    /// must be revived or its inventory changed; the decider re-checks
+    /// against the log, so a view a moment behind costs at most a no-op.
     async fn heartbeat(&self, node: &str, hb: v1::Heartbeat) -> Result<(), ControlError> {
         self.agents.seen(node);
-        let state = self.decider.state().await?;
-        let Some(current) = state.nodes.nodes.get(node) else {
-            return Ok(());
+        let commands = {
+            let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+            let Some(current) = views.cluster.nodes.nodes.get(node) else {
+                return Ok(());
+            };
+            let mut commands = Vec::new();
+            if current.reachability != llmgw_domain::nodes::Reachability::Ready {
+                commands.push(Command::Node(NodeCommand::Heartbeat {
+                    node_id: node.to_owned(),
+                }));
+            }
+            let cur = &current.inventory;
+            let memory = (hb.memory_total_mb > 0).then_some(hb.memory_total_mb as u64);
+            let disk = (!hb.storage.is_empty()).then(|| {
+                let own: Vec<&v1::Storage> = hb.storage.iter().filter(|s| !s.shared).collect();
+                convert::disk_free_gb(&own)
+            });
+            let weights = hb.weights_changed.then(|| {
+                hb.weights
+                    .iter()
+                    .map(|w| w.path.clone())
+                    .collect::<Vec<_>>()
+            });
+            let engines = hb
+                .engines_changed
+                .then(|| hb.engine_versions.into_iter().collect::<BTreeMap<_, _>>());
+            let changed = memory.is_some_and(|m| m != cur.memory_total_mb)
+                || disk.is_some_and(|d| d != cur.disk_free_gb)
+                || weights.as_ref().is_some_and(|w| *w != cur.weights)
+                || engines.as_ref().is_some_and(|e| *e != cur.engines);
+            if changed {
+                let mut inv = cur.clone();
+                inv.memory_total_mb = memory.unwrap_or(inv.memory_total_mb);
+                inv.disk_free_gb = disk.unwrap_or(inv.disk_free_gb);
+                inv.weights = weights.unwrap_or(inv.weights);
+                inv.engines = engines.unwrap_or(inv.engines);
+                commands.push(Command::Node(NodeCommand::ReportInventory {
+                    node_id: node.to_owned(),
+                    inventory: inv,
+                }));
+            }
+            commands
         };
-        let mut commands = Vec::new();
-        if current.reachability != llmgw_domain::nodes::Reachability::Ready {
-            commands.push(Command::Node(NodeCommand::Heartbeat {
-                node_id: node.to_owned(),
-            }));
-        }
-        let mut inv = current.inventory.clone();
-        if hb.memory_total_mb > 0 {
-            inv.memory_total_mb = hb.memory_total_mb as u64;
-        }
-        if !hb.storage.is_empty() {
-            let own: Vec<&v1::Storage> = hb.storage.iter().filter(|s| !s.shared).collect();
-            inv.disk_free_gb = convert::disk_free_gb(&own);
-        }
-        if hb.weights_changed {
-            inv.weights = hb.weights.iter().map(|w| w.path.clone()).collect();
-        }
-        if hb.engines_changed {
-            inv.engines = hb.engine_versions.into_iter().collect();
-        }
-        if inv != current.inventory {
-            commands.push(Command::Node(NodeCommand::ReportInventory {
-                node_id: node.to_owned(),
-                inventory: inv,
-            }));
-        }
         if !commands.is_empty() {
             self.execute(commands).await?;
         }

@@ -1,10 +1,19 @@
 //! Commands in, events out: the leader's one door to the log.
 //!
-//! The decision state is rebuilt from the log before each decision (reading
-//! only what was appended since the last one), so a command is always
-//! decided against everything any writer appended, and decisions are
-//! serialised by one lock. The append itself is fenced by the lease inside
-//! the store's transaction: a deposed leader's decision never lands.
+//! The decision state follows the log: before each decision it reads what
+//! was appended since the last one, so a command is always decided against
+//! everything any writer appended, and decisions are serialised by one
+//! lock. The append itself is fenced by the lease inside the store's
+//! transaction: a deposed leader's decision never lands.
+//!
+//! Decisions evolve the state in place (no copy per command: a fleet's
+//! registrations would make that quadratic). Only the leader appends
+//! cluster events, and each area of the state has one writer, so when
+//! another writer's events (usage, tenancy) land between a catch-up and our
+//! append, applying ours first and theirs on the next catch-up gives the
+//! same state; our own positions are then skipped when they are read back.
+
+use std::collections::BTreeSet;
 
 use llmgw_domain::{Command, Event, State};
 use llmgw_eventstore::{
@@ -32,6 +41,10 @@ pub(crate) struct Decided {
 struct Inner {
     state: State,
     position: u64,
+    /// Positions of our own events, already applied, ahead of `position`.
+    own: BTreeSet<u64>,
+    /// The state holds a decision that did not land: rebuild before use.
+    dirty: bool,
 }
 
 impl Decider {
@@ -44,6 +57,9 @@ impl Decider {
     }
 
     async fn catch_up(&self, inner: &mut Inner) -> Result<(), StoreError> {
+        if inner.dirty {
+            *inner = Inner::default();
+        }
         loop {
             let page = self.store.read_all(inner.position, 1000).await?;
             let Some(last) = page.last() else {
@@ -51,6 +67,9 @@ impl Decider {
             };
             inner.position = last.position;
             for r in &page {
+                if inner.own.remove(&r.position) {
+                    continue;
+                }
                 match Event::decode(&r.event_type, r.schema_version, &r.payload) {
                     Ok(e) => inner.state.evolve(&e),
                     Err(e) => {
@@ -61,11 +80,16 @@ impl Decider {
         }
     }
 
-    /// The decision state as of the log's head.
+    /// The decision state as of the log's head, copied.
     pub(crate) async fn state(&self) -> Result<State, StoreError> {
+        self.read(State::clone).await
+    }
+
+    /// Reads the decision state as of the log's head without copying it.
+    pub(crate) async fn read<R>(&self, f: impl FnOnce(&State) -> R) -> Result<R, StoreError> {
         let mut inner = self.inner.lock().await;
         self.catch_up(&mut inner).await?;
-        Ok(inner.state.clone())
+        Ok(f(&inner.state))
     }
 
     /// Appends an event that records a fact about this server rather than a
@@ -101,12 +125,21 @@ impl Decider {
     ) -> Result<Decided, ControlError> {
         let mut inner = self.inner.lock().await;
         self.catch_up(&mut inner).await?;
-        let mut next = inner.state.clone();
         let mut events = Vec::new();
         for c in commands {
-            for e in next.decide(c)? {
-                next.evolve(&e);
-                events.push(e);
+            match inner.state.decide(c) {
+                Ok(new) => {
+                    for e in &new {
+                        inner.state.evolve(e);
+                    }
+                    events.extend(new);
+                }
+                Err(r) => {
+                    // Earlier commands of this batch are in the state but
+                    // will not be appended.
+                    inner.dirty |= !events.is_empty();
+                    return Err(r.into());
+                }
             }
         }
         if events.is_empty() {
@@ -127,13 +160,19 @@ impl Decider {
                 _ => batch.push(StreamAppend::new(stream, ExpectedVersion::Any, vec![event])),
             }
         }
-        let appended = self.store.append(writer, &batch).await?;
-        // Our own events are applied now; anything another writer slipped in
-        // before them is read on the next catch-up, which replays from the
-        // old position, so apply ours only when nothing came between.
+        let appended = match self.store.append(writer, &batch).await {
+            Ok(a) => a,
+            Err(e) => {
+                inner.dirty = true;
+                return Err(e.into());
+            }
+        };
         if appended.first_position == inner.position + 1 {
-            inner.state = next;
             inner.position = appended.last_position;
+        } else {
+            inner
+                .own
+                .extend(appended.first_position..=appended.last_position);
         }
         Ok(Decided {
             events,

@@ -90,6 +90,11 @@ impl ControlPlane {
         })
     }
 
+    /// The views this control plane reads (and the admin API answers from).
+    pub fn views(&self) -> Arc<RwLock<Projections>> {
+        self.views.clone()
+    }
+
     pub fn config(&self) -> &ControlConfig {
         &self.config
     }

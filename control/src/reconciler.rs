@@ -16,7 +16,10 @@ pub(crate) async fn run(cp: Arc<ControlPlane>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(cp.config.interval) => {}
-            _ = cp.wake.notified() => {}
+            _ = cp.wake.notified() => {
+                // A burst of appends (a fleet registering) makes one pass.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
         }
         if !cp.is_leader() {
             continue;
@@ -38,39 +41,41 @@ pub(crate) async fn liveness(cp: Arc<ControlPlane>) {
         if !cp.is_leader() {
             continue;
         }
-        let state = match cp.decider.state().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "liveness: cannot read the state");
-                continue;
-            }
-        };
-        let mut commands = Vec::new();
-        for node in state.nodes.nodes.values() {
-            let Some(seen) = cp.agents.last_seen(&node.id) else {
-                cp.agents.seen(&node.id);
-                continue;
-            };
-            let age = seen.elapsed();
-            if age >= cp.config.lost_after && node.reachability != Reachability::Lost {
-                tracing::warn!(node = %node.id, ?age, "node lost; its work is rebuilt elsewhere");
-                commands.push(Command::Node(NodeCommand::MarkLost {
-                    node_id: node.id.clone(),
-                }));
-            } else if age >= cp.config.unreachable_after && node.reachability == Reachability::Ready
-            {
-                tracing::warn!(node = %node.id, ?age, "node unreachable; no new placement there");
-                commands.push(Command::Node(NodeCommand::MarkUnreachable {
-                    node_id: node.id.clone(),
-                }));
-            }
-        }
+        let commands = due_marks(&cp);
         if !commands.is_empty()
             && let Err(e) = cp.execute(commands).await
         {
             tracing::warn!(error = %e, "liveness: could not record a node's state");
         }
     }
+}
+
+/// Nodes whose heartbeat clocks ran out. Read from the views, not the
+/// decider: no clone of the state and no read of the log per tick. A mark
+/// the views have not caught up with yet is decided again and appends
+/// nothing.
+fn due_marks(cp: &ControlPlane) -> Vec<Command> {
+    let mut commands = Vec::new();
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    for node in views.cluster.nodes.nodes.values() {
+        let Some(seen) = cp.agents.last_seen(&node.id) else {
+            cp.agents.seen(&node.id);
+            continue;
+        };
+        let age = seen.elapsed();
+        if age >= cp.config.lost_after && node.reachability != Reachability::Lost {
+            tracing::warn!(node = %node.id, ?age, "node lost; its work is rebuilt elsewhere");
+            commands.push(Command::Node(NodeCommand::MarkLost {
+                node_id: node.id.clone(),
+            }));
+        } else if age >= cp.config.unreachable_after && node.reachability == Reachability::Ready {
+            tracing::warn!(node = %node.id, ?age, "node unreachable; no new placement there");
+            commands.push(Command::Node(NodeCommand::MarkUnreachable {
+                node_id: node.id.clone(),
+            }));
+        }
+    }
+    commands
 }
 
 fn replica_id() -> String {
@@ -95,28 +100,18 @@ impl ControlPlane {
     }
 
     pub(crate) async fn pass(&self) -> Result<(), crate::ControlError> {
-        let state = self.decider.state().await?;
         let now = self.now_ms();
-        let rt = {
-            let mut m = self.memory();
-            m.rt.now = now;
-            for n in state.nodes.nodes.values().filter(|n| n.draining) {
-                m.rt.drain_since.entry(n.id.clone()).or_insert(now);
-            }
-            for r in state.replicas.replicas.values() {
-                if r.status == ReplicaStatus::Draining {
-                    m.rt.drain_since
-                        .entry(r.placement.replica_id.clone())
-                        .or_insert(now);
-                }
-                if r.status == ReplicaStatus::Ready {
-                    m.failures.remove(&r.placement.model);
-                }
-            }
-            m.rt.held = self.agents.held();
-            m.rt.clone()
-        };
-        let plan = reconcile::plan(&state, &rt, &self.settings(), |_| replica_id());
+        // Planned under a read of the state; it is copied only when there
+        // is something to carry out, which a settled cluster never has.
+        let (plan, state) = self
+            .decider
+            .read(|state| {
+                let rt = self.runtime(state, now);
+                let plan = reconcile::plan(state, &rt, &self.settings(), |_| replica_id());
+                let copy = (!plan.actions.is_empty()).then(|| state.clone());
+                (plan, copy)
+            })
+            .await?;
         {
             let mut m = self.memory();
             for e in &plan.unplaced {
@@ -127,12 +122,37 @@ impl ControlPlane {
                 }
             }
         }
+        let Some(state) = state else {
+            return Ok(());
+        };
         for action in plan.actions {
             if let Err(e) = self.carry_out(&state, action).await {
                 tracing::warn!(error = %e, "a reconciler action failed");
             }
         }
         Ok(())
+    }
+
+    /// The in-memory facts of this pass: drain clocks started, failure
+    /// counts of models now serving forgotten.
+    fn runtime(&self, state: &llmgw_domain::State, now: i64) -> reconcile::Runtime {
+        let mut m = self.memory();
+        m.rt.now = now;
+        for n in state.nodes.nodes.values().filter(|n| n.draining) {
+            m.rt.drain_since.entry(n.id.clone()).or_insert(now);
+        }
+        for r in state.replicas.replicas.values() {
+            if r.status == ReplicaStatus::Draining {
+                m.rt.drain_since
+                    .entry(r.placement.replica_id.clone())
+                    .or_insert(now);
+            }
+            if r.status == ReplicaStatus::Ready {
+                m.failures.remove(&r.placement.model);
+            }
+        }
+        m.rt.held = self.agents.held();
+        m.rt.clone()
     }
 
     async fn carry_out(

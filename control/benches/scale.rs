@@ -1,0 +1,414 @@
+//! The control plane at fleet scale: its CPU and memory while 500, 1,000
+//! and 2,000 simulated agents heartbeat every 5 s, and the time of one
+//! placement decision on 10,000 nodes.
+//!
+//! Run: `cargo bench -p llmgw-control --bench scale`.
+//!
+//! The agents run in a child process (this program, re-run with
+//! `--fleet`), so the figures are the control plane's alone: its process
+//! runs the agent service, the views, the reconciler and the liveness
+//! clocks on an embedded SQLite log, as `llmgw server` does. Each agent is
+//! one stream (fifty share a connection, as agents behind one proxy
+//! would), registers eight H100s and heartbeats every 5 s from a random
+//! phase. CPU is the server process's user + system time over a 15 s window
+//! after every agent has registered, as a share of one core; the idle
+//! control plane (no agents) is measured first, in the same run, as the
+//! baseline. Placement is timed on generated clusters of 1,000 and 10,000
+//! nodes (the same shape, a fifth of their GPUs taken), the smaller one
+//! being the baseline for the ratio.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark program; a failure should stop it loudly"
+)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llmgw_api::v1::{self, agent_message};
+use llmgw_api::{AgentMessage, AgentServiceClient, AgentServiceServer};
+use llmgw_control::{AgentSvc, ControlConfig, ControlPlane};
+use llmgw_domain::catalog::{Engine, Model, Profile};
+use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, Node, Nodes, Reachability};
+use llmgw_domain::placement::{PlaceOptions, place};
+use llmgw_domain::replicas::{Placement, ReplicaEvent, Replicas, ShardPlacement};
+use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+
+const HEARTBEAT: Duration = Duration::from_secs(5);
+const WINDOW: Duration = Duration::from_secs(15);
+const PER_CONNECTION: usize = 50;
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = stat.rsplit_once(") ").unwrap().1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the state: utime is field 14 of the full line, 12 here.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    ticks as f64 / rustix::param::clock_ticks_per_second() as f64
+}
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb / 1024.0
+}
+
+fn register(i: usize) -> v1::Register {
+    v1::Register {
+        node_id: format!("node-{i:05}"),
+        hostname: format!("node-{i:05}"),
+        mgmt_addr: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+        gpus: (0..8)
+            .map(|g| v1::Gpu {
+                index: g,
+                uuid: format!("GPU-{i}-{g}"),
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory_total_mb: 81_559,
+                class: "h100-80g".into(),
+                ..v1::Gpu::default()
+            })
+            .collect(),
+        fabrics: vec![v1::FabricAttachment {
+            fabric: format!("ib-{}", i % 4),
+            hcas: (0..4).map(|h| format!("mlx5_{h}")).collect(),
+            rate_gbps: 400,
+        }],
+        engine_versions: [("vllm".to_string(), "0.11.0".to_string())].into(),
+        engines_probed: true,
+        memory_total_mb: 2_000_000,
+        storage: vec![v1::Storage {
+            path: "/var/lib/llmgw-weights".into(),
+            free_bytes: 3_000_000_000_000,
+            total_bytes: 4_000_000_000_000,
+            shared: false,
+        }],
+        ..v1::Register::default()
+    }
+}
+
+/// The child: `n` agents against `addr`, until killed.
+async fn fleet(addr: &str, n: usize) {
+    let mut tasks = Vec::new();
+    for chunk_start in (0..n).step_by(PER_CONNECTION) {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        for i in chunk_start..(chunk_start + PER_CONNECTION).min(n) {
+            let channel = channel.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut client = AgentServiceClient::new(channel);
+                let (tx, rx) = tokio::sync::mpsc::channel(8);
+                tx.send(AgentMessage {
+                    msg: Some(agent_message::Msg::Register(register(i))),
+                })
+                .await
+                .unwrap();
+                let mut inbound = client
+                    .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let phase = Duration::from_millis((i as u64 * 7919) % 5000);
+                let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + phase, HEARTBEAT);
+                loop {
+                    tokio::select! {
+                        _ = beat.tick() => {
+                            let hb = v1::Heartbeat {
+                                node_id: format!("node-{i:05}"),
+                                gpu_memory_used_mb: vec![0; 8],
+                                storage: register(i).storage,
+                                memory_total_mb: 2_000_000,
+                                ..v1::Heartbeat::default()
+                            };
+                            if tx.send(AgentMessage { msg: Some(agent_message::Msg::Heartbeat(hb)) }).await.is_err() {
+                                return;
+                            }
+                        }
+                        m = inbound.message() => if !matches!(m, Ok(Some(_))) { return },
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+struct Server {
+    cp: Arc<ControlPlane>,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+async fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let address = StoreAddress::parse(&dir.path().join("llmgw.db").display().to_string()).unwrap();
+    let store = AnyStore::open(&address, OpenOptions::migrating())
+        .await
+        .unwrap();
+    let mut runner = llmgw_projections::Runner::start(store.clone(), "bench")
+        .await
+        .unwrap();
+    let cp = ControlPlane::new(
+        store,
+        runner.views(),
+        runner.watch_position(),
+        ControlConfig {
+            instance: "bench".into(),
+            ..ControlConfig::default()
+        },
+    );
+    tokio::spawn(async move {
+        let _ = runner.follow().await;
+    });
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(cp.clone().run(stop_rx));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let svc = AgentServiceServer::new(AgentSvc(cp.clone()));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut l = cp.leadership();
+    l.wait_for(|t| t.is_some()).await.unwrap();
+    Server {
+        cp,
+        addr,
+        _dir: dir,
+        stop,
+    }
+}
+
+fn nodes_seen(cp: &ControlPlane) -> usize {
+    cp.views()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .cluster
+        .nodes
+        .nodes
+        .len()
+}
+
+async fn measure(n: usize) {
+    let s = server().await;
+    let rss_before = rss_mib();
+    let started = Instant::now();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--fleet", &s.addr.to_string(), &n.to_string()])
+        .spawn()
+        .unwrap();
+    while nodes_seen(&s.cp) < n {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let registered = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (c0, t0) = (cpu_seconds(), Instant::now());
+    tokio::time::sleep(WINDOW).await;
+    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    let rss = rss_mib();
+    println!(
+        "agents {n:>5}  heartbeats/s {:>5.0}  control plane CPU {:>5.1}% of a core  RSS {rss:>6.1} MiB (+{:.1} with them)  all registered in {:.1} s",
+        n as f64 / HEARTBEAT.as_secs_f64(),
+        share * 100.0,
+        rss - rss_before,
+        registered.as_secs_f64()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = s.stop.send(true);
+}
+
+async fn idle() {
+    let s = server().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (c0, t0) = (cpu_seconds(), Instant::now());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    println!(
+        "agents     0  (baseline: an idle control plane)  CPU {:>5.1}% of a core  RSS {:>6.1} MiB",
+        share * 100.0,
+        rss_mib()
+    );
+    let _ = s.stop.send(true);
+}
+
+fn cluster(n: usize) -> (Nodes, Replicas) {
+    let classes = ["h100-80g", "a100-80g", "l40s-45g"];
+    let mut nodes = BTreeMap::new();
+    for i in 0..n {
+        let id = format!("node-{i:05}");
+        let class = classes[i % 3];
+        nodes.insert(
+            id.clone(),
+            Node {
+                id: id.clone(),
+                inventory: Inventory {
+                    hostname: id.clone(),
+                    gpus: (0..8)
+                        .map(|g| Gpu {
+                            index: g,
+                            uuid: format!("GPU-{i}-{g}"),
+                            class: class.into(),
+                            memory_mb: 81_559,
+                            nvlink_peers: (0..8).filter(|p| *p != g).collect(),
+                            problems: vec![],
+                        })
+                        .collect(),
+                    fabrics: vec![FabricAttachment {
+                        fabric: format!("ib-{}", i % 8),
+                        hcas: vec!["mlx5_0".into(), "mlx5_1".into()],
+                        rate_gbps: 400,
+                    }],
+                    memory_total_mb: 2_000_000,
+                    disk_free_gb: Some(3000),
+                    engines: [("vllm".to_string(), "0.11.0".to_string())].into(),
+                    ..Inventory::default()
+                },
+                reachability: if i % 50 == 0 {
+                    Reachability::Unreachable
+                } else {
+                    Reachability::Ready
+                },
+                cordoned: i % 97 == 0,
+                draining: false,
+            },
+        );
+    }
+    let nodes = Nodes { nodes };
+    // About a fifth of the GPUs taken: every fifth node full, every fifth
+    // but one with a tp2 replica.
+    let mut replicas = Replicas::default();
+    for (i, id) in nodes.nodes.keys().enumerate() {
+        let gpus: Vec<u32> = match i % 5 {
+            0 => (0..8).collect(),
+            1 => vec![0, 1],
+            _ => continue,
+        };
+        replicas.evolve(&ReplicaEvent::ReplicaPlaced(Placement {
+            replica_id: format!("r{i:06}"),
+            model: "filler".into(),
+            profile: "p".into(),
+            profile_fp: String::new(),
+            pool: "h100-80g".into(),
+            fabric: None,
+            shards: vec![ShardPlacement {
+                shard_id: format!("r{i:06}-0"),
+                rank: 0,
+                node_id: id.clone(),
+                gpu_indices: gpus,
+                hcas: vec![],
+                port: 20000,
+                memory_mb: 0,
+            }],
+            why: String::new(),
+        }));
+    }
+    (nodes, replicas)
+}
+
+fn model(name: &str, tp: u32, nodes: u32) -> Model {
+    let mut m = Model::named(name);
+    m.profiles = vec![Profile {
+        name: format!("tp{tp}x{nodes}"),
+        engine: Engine::Vllm,
+        gpu_class: Some("h100-80g".into()),
+        tp,
+        pp: 1,
+        nodes,
+        gpus_per_node: tp / nodes,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: None,
+        min_disk_gb: 100,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    }];
+    m
+}
+
+fn time_placement(nodes: &Nodes, replicas: &Replicas, m: &Model) -> Duration {
+    let mut times: Vec<Duration> = (0..15)
+        .map(|i| {
+            let t = Instant::now();
+            let e = place(
+                m,
+                nodes,
+                replicas,
+                &[],
+                &format!("probe-{i}"),
+                PlaceOptions::default(),
+            );
+            let took = t.elapsed();
+            assert!(e.chosen.is_some(), "the probe fits");
+            took
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn placement() {
+    let (small_nodes, small_replicas) = cluster(1_000);
+    let (big_nodes, big_replicas) = cluster(10_000);
+    for (label, m) in [
+        ("tp8, one node", model("big", 8, 1)),
+        ("tp16, two nodes on one fabric", model("huge", 16, 2)),
+    ] {
+        let base = time_placement(&small_nodes, &small_replicas, &m);
+        let t = time_placement(&big_nodes, &big_replicas, &m);
+        println!(
+            "placement {label:<30} 10,000 nodes {:>8.2} ms   1,000 nodes (baseline) {:>7.2} ms   ratio {:.1}",
+            t.as_secs_f64() * 1e3,
+            base.as_secs_f64() * 1e3,
+            t.as_secs_f64() / base.as_secs_f64()
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    if let Some(i) = args.iter().position(|a| a == "--fleet") {
+        rt.block_on(fleet(&args[i + 1], args[i + 2].parse().unwrap()));
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--measure") {
+        let n: usize = args[i + 1].parse().unwrap();
+        rt.block_on(async {
+            if n == 0 {
+                idle().await
+            } else {
+                measure(n).await
+            }
+        });
+        return;
+    }
+    placement();
+    // Each level in a fresh process, so that one level's memory is not
+    // the next one's.
+    for n in [0, 500, 1000, 2000] {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--measure", &n.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
