@@ -571,3 +571,113 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
         .unwrap();
     assert_eq!(r.status(), 404);
 }
+
+fn ctl(admin: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .arg("ctl")
+        .args(args)
+        .args(["--admin", admin])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
+    let sweep = EngineSweeper("127.0.5.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "ops", &store, port, 1));
+    let servers = format!("http://127.0.0.1:{port}");
+    let _a = start_agent(&servers, "gpu-a", "127.0.5.2");
+    let _b = start_agent(&servers, "gpu-b", "127.0.5.3");
+    until("a ready replica and two nodes", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (ready_replicas(&rows).len() == 1 && nodes.as_array().unwrap().len() == 2).then_some(())
+    })
+    .await;
+    let admin = server.admin.as_str();
+
+    let (ok, status, _) = ctl(admin, &["status"]);
+    assert!(
+        ok && status.starts_with("1 models on 2/2 nodes"),
+        "{status}"
+    );
+    assert!(status.contains("ops (leader)"), "{status}");
+    let (_, nodes, _) = ctl(admin, &["nodes"]);
+    let header = nodes.lines().next().unwrap();
+    assert!(
+        header.starts_with("NODE") && header.contains("HEARTBEAT"),
+        "{nodes}"
+    );
+    assert!(
+        nodes.contains("gpu-a") && nodes.contains("gpu-b"),
+        "{nodes}"
+    );
+    let (_, replicas, _) = ctl(admin, &["replicas", "--model", "chat"]);
+    assert!(
+        replicas.contains("ready") && replicas.contains(":30100"),
+        "{replicas}"
+    );
+    let (_, json, _) = ctl(admin, &["replicas", "--json"]);
+    let rows: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(rows[0]["model"], "chat");
+
+    let busy = rows[0]["shards"][0]["node"].as_str().unwrap().to_owned();
+    let idle = if busy == "gpu-a" { "gpu-b" } else { "gpu-a" };
+    let (ok, out, _) = ctl(admin, &["cordon", idle]);
+    assert!(ok && out.contains("cordoned"), "{out}");
+    let (_, explained, _) = ctl(admin, &["explain-placement", "chat"]);
+    assert!(
+        explained.contains(idle) && explained.contains("cordoned"),
+        "{explained}"
+    );
+    let (_, json, _) = ctl(admin, &["explain-placement", "chat", "--json"]);
+    let e: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(e["profiles"][0]["candidates"].as_array().unwrap().len(), 2);
+    let (_, again, _) = ctl(admin, &["cordon", idle]);
+    assert!(again.starts_with("nothing to change"), "{again}");
+    let (ok, _, _) = ctl(admin, &["uncordon", idle]);
+    assert!(ok);
+
+    // A drain moves the replica to the other node, replacement first.
+    let (ok, out, _) = ctl(admin, &["drain", &busy]);
+    assert!(ok && out.contains("draining"), "{out}");
+    until("the replica moved", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        (ready.len() == 1 && ready[0]["shards"][0]["node"] == idle).then_some(())
+    })
+    .await;
+    let (_, leader, _) = ctl(admin, &["leader", "--json"]);
+    let l: Value = serde_json::from_str(&leader).unwrap();
+    assert_eq!(l["holder"], "ops");
+
+    // Errors say what to do.
+    let (ok, _, err) = ctl(admin, &["cordon", "no-such-node"]);
+    assert!(
+        !ok && err.contains("no node no-such-node has registered"),
+        "{err}"
+    );
+    let (ok, _, err) = ctl(admin, &["explain-placement", "nope"]);
+    assert!(!ok && err.contains("llmgw ctl models"), "{err}");
+    let (ok, _, err) = ctl("http://127.0.0.1:1", &["nodes"]);
+    assert!(!ok && err.contains("is the server running"), "{err}");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "name: broken\nscaling: {min: 3, max: 1}\n").unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("scaling min 3 exceeds max 1"), "{err}");
+    let (ok, out, _) = ctl(admin, &["model", "remove", "chat"]);
+    assert!(ok && out.contains("removed"), "{out}");
+    until("its replica stops", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (rows.as_array().unwrap().is_empty() && sweep.engines().is_empty()).then_some(())
+    })
+    .await;
+}
