@@ -12,5 +12,6 @@
 
 pub mod discovery;
 pub mod engines;
+pub mod fetch;
 pub mod session;
 pub mod supervisor;
