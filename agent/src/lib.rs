@@ -14,4 +14,5 @@ pub mod discovery;
 pub mod engines;
 pub mod fetch;
 pub mod session;
+pub mod state_files;
 pub mod supervisor;

@@ -20,6 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::discovery::{self, Options};
 use crate::engines::{GpuInfo, Profile, Registry, ShardSpec};
+use crate::state_files;
 use crate::supervisor::{self, State, SupervisorOptions};
 
 #[derive(Debug, Clone)]
@@ -37,6 +38,9 @@ pub struct SessionConfig {
     pub log_lines: usize,
     /// Engine name → version, as installed and seen to run.
     pub engines_installed: BTreeMap<String, String>,
+    /// Where state files and engine logs live; None keeps neither (an
+    /// agent restart then cannot adopt its engines).
+    pub work_dir: Option<std::path::PathBuf>,
     /// Where engines listen (and are health-checked); None is every
     /// interface, checked on loopback.
     pub engine_bind: Option<String>,
@@ -61,6 +65,7 @@ impl SessionConfig {
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
             engine_bind: None,
+            work_dir: None,
         }
     }
 }
@@ -122,12 +127,14 @@ impl Agent {
     /// Runs until `shutdown` turns true. Engines are left running unless
     /// the configuration says otherwise.
     pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
+        self.adopt_orphans().await;
         self.serve(shutdown).await;
         if self.config.stop_engines_on_exit {
-            for (_, mut r) in std::mem::take(&mut self.shards) {
+            for (id, mut r) in std::mem::take(&mut self.shards) {
                 if let Some(s) = r.shard.take() {
                     s.stop().await;
                 }
+                self.forget(&id);
             }
         }
     }
@@ -278,8 +285,16 @@ impl Agent {
 
     /// Forgets shards whose processes are gone for good.
     fn reap(&mut self) {
-        self.shards
-            .retain(|_, r| !matches!(r.status.borrow().state, State::Stopped | State::Failed));
+        let done: Vec<String> = self
+            .shards
+            .iter()
+            .filter(|(_, r)| matches!(r.status.borrow().state, State::Stopped | State::Failed))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in done {
+            self.shards.remove(&id);
+            self.forget(&id);
+        }
     }
 
     fn heartbeat(&self) -> v1::Heartbeat {
@@ -361,6 +376,7 @@ impl Agent {
         };
         if matches!(st.state, State::Stopped | State::Failed) {
             self.shards.remove(shard_id);
+            self.forget(shard_id);
         }
         Some(out)
     }
@@ -376,6 +392,7 @@ impl Agent {
                         Some(s) => s.stop().await,
                         None => r.status.borrow().clone(),
                     };
+                    self.forget(&stop.shard_id);
                     return vec![v1::ShardStatus {
                         node_id: node,
                         replica_id: r.start.replica_id.clone(),
@@ -478,17 +495,42 @@ impl Agent {
             ..SupervisorOptions::default()
         };
         tracing::info!(shard = %shard_id, engine = %p.engine, port = spec.http_port, "starting");
-        let shard = supervisor::start(commands, options);
-        let mut status = shard.status();
-        let changes = self.changes_tx.clone();
-        let id = shard_id.clone();
-        tokio::spawn(async move {
-            while status.changed().await.is_ok() {
-                if changes.send(id.clone()).is_err() {
-                    return;
-                }
-            }
+        let options = SupervisorOptions {
+            log_file: self
+                .config
+                .work_dir
+                .as_deref()
+                .and_then(|d| state_files::log_path(d, &shard_id).ok()),
+            ..options
+        };
+        let main = commands.last().map(|c| {
+            let mut argv = vec![c.path.display().to_string()];
+            argv.extend(c.args.iter().cloned());
+            argv
         });
+        let count = commands.len();
+        let shard = supervisor::start(commands, options);
+        // Once every command runs, the state file records them, so that a
+        // restarted agent adopts them.
+        let record = self
+            .config
+            .work_dir
+            .clone()
+            .zip(main)
+            .map(|(dir, cmdline)| {
+                (
+                    dir,
+                    state_files::Record {
+                        spec: state_files::Spec::of(&start),
+                        pids: Vec::new(),
+                        cmdline,
+                        started_at: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs()),
+                    },
+                )
+            });
+        self.watch(shard_id.clone(), shard.status(), record, count);
         self.shards.insert(
             shard_id.clone(),
             Running {
@@ -500,6 +542,102 @@ impl Agent {
             },
         );
         self.shard_status(&shard_id)
+    }
+}
+
+impl Agent {
+    /// Forwards a shard's status changes to the session, writing its state
+    /// file once all its commands run.
+    fn watch(
+        &self,
+        id: String,
+        mut status: watch::Receiver<supervisor::Status>,
+        mut record: Option<(std::path::PathBuf, state_files::Record)>,
+        commands: usize,
+    ) {
+        let changes = self.changes_tx.clone();
+        tokio::spawn(async move {
+            while status.changed().await.is_ok() {
+                let pids = status.borrow().pids.clone();
+                if pids.len() == commands
+                    && let Some((dir, mut r)) = record.take()
+                {
+                    r.pids = pids;
+                    if let Err(e) = state_files::write(&dir, &r) {
+                        tracing::warn!(error = %e, "no state file: a restarted agent will not adopt this shard");
+                    }
+                }
+                if changes.send(id.clone()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    fn forget(&self, shard_id: &str) {
+        if let Some(dir) = &self.config.work_dir {
+            state_files::remove(dir, shard_id);
+        }
+    }
+
+    /// Adopts what a previous agent left running, and cleans up after what
+    /// it did not.
+    async fn adopt_orphans(&mut self) {
+        let Some(dir) = self.config.work_dir.clone() else {
+            return;
+        };
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::error!(dir = %dir.display(), error = %e, "cannot create the work directory: engines will log nowhere and a restarted agent cannot adopt them");
+            self.config.work_dir = None;
+            return;
+        }
+        for found in state_files::scan(&dir) {
+            match found {
+                state_files::Found::Adopt(r) => {
+                    let start = r.spec.start();
+                    let serves = r.spec.rank == 0;
+                    let options = SupervisorOptions {
+                        http_port: serves.then(|| u16::try_from(r.spec.http_port).unwrap_or(0)),
+                        health_host: self
+                            .config
+                            .engine_bind
+                            .clone()
+                            .unwrap_or_else(|| "127.0.0.1".into()),
+                        stop_timeout: self.config.stop_timeout,
+                        log_lines: self.config.log_lines,
+                        log_file: state_files::log_path(&dir, &r.spec.shard_id).ok(),
+                        ..SupervisorOptions::default()
+                    };
+                    tracing::info!(shard = %r.spec.shard_id, pids = ?r.pids, "adopted an engine a previous agent started");
+                    let shard = supervisor::adopt(r.pids.clone(), options);
+                    self.watch(r.spec.shard_id.clone(), shard.status(), None, 0);
+                    let age = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                        .saturating_sub(r.started_at);
+                    self.shards.insert(
+                        r.spec.shard_id.clone(),
+                        Running {
+                            start,
+                            status: shard.status(),
+                            shard: Some(shard),
+                            started: Instant::now()
+                                .checked_sub(Duration::from_secs(age))
+                                .unwrap_or_else(Instant::now),
+                            draining: false,
+                        },
+                    );
+                }
+                state_files::Found::Unidentifiable { shard_id, pids } => {
+                    tracing::warn!(shard = %shard_id, ?pids, "killing an engine its state file cannot describe");
+                    state_files::kill_groups(&pids, self.config.stop_timeout).await;
+                    state_files::remove(&dir, &shard_id);
+                }
+                state_files::Found::Gone(id) | state_files::Found::Stale(id) => {
+                    state_files::remove(&dir, &id);
+                }
+            }
+        }
     }
 }
 

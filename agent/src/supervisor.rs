@@ -36,6 +36,9 @@ pub struct Status {
     pub error: Option<String>,
     /// The last lines of output, set when the shard fails.
     pub log_tail: String,
+    /// The process group of each command started so far (the main one
+    /// last): what a state file records and an adopter signals.
+    pub pids: Vec<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -52,6 +55,10 @@ pub struct SupervisorOptions {
     pub log_lines: usize,
     /// The environment the commands' variables are laid over.
     pub base_env: Vec<(String, String)>,
+    /// Where the commands' output goes. A file outlives the agent (an
+    /// engine writing into a pipe whose reader died would die of SIGPIPE),
+    /// and a restarted agent reads its tail; None pipes it into memory.
+    pub log_file: Option<std::path::PathBuf>,
 }
 
 impl Default for SupervisorOptions {
@@ -64,15 +71,35 @@ impl Default for SupervisorOptions {
             stop_timeout: Duration::from_secs(30),
             log_lines: 200,
             base_env: std::env::vars().collect(),
+            log_file: None,
         }
     }
 }
 
-/// The last `max` lines of a shard's output.
+/// The last `max` lines of a shard's output: kept in memory, or read
+/// from the shard's log file.
 #[derive(Debug, Clone, Default)]
 pub struct LogTail {
     lines: Arc<Mutex<VecDeque<String>>>,
     max: usize,
+    file: Option<std::path::PathBuf>,
+}
+
+/// The last `max` lines of a file (reading at most its last 256 KiB).
+pub fn file_tail(path: &std::path::Path, max: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let from = len.saturating_sub(256 * 1024);
+    let _ = f.seek(SeekFrom::Start(from));
+    let mut text = String::new();
+    let mut bytes = Vec::new();
+    let _ = f.read_to_end(&mut bytes);
+    text.push_str(&String::from_utf8_lossy(&bytes));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(max)..].join("\n")
 }
 
 impl LogTail {
@@ -80,6 +107,14 @@ impl LogTail {
         LogTail {
             lines: Arc::default(),
             max: max.max(1),
+            file: None,
+        }
+    }
+
+    pub fn of_file(path: std::path::PathBuf, max: usize) -> Self {
+        LogTail {
+            file: Some(path),
+            ..LogTail::new(max)
         }
     }
 
@@ -92,6 +127,9 @@ impl LogTail {
     }
 
     pub fn text(&self) -> String {
+        if let Some(f) = &self.file {
+            return file_tail(f, self.max);
+        }
         let l = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         l.iter().cloned().collect::<Vec<_>>().join("\n")
     }
@@ -127,6 +165,7 @@ pub fn start(commands: Vec<Command>, options: SupervisorOptions) -> Shard {
         exit_code: None,
         error: None,
         log_tail: String::new(),
+        pids: Vec::new(),
     };
     let (tx, rx) = watch::channel(initial);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -157,7 +196,10 @@ async fn supervise(
     tx: watch::Sender<Status>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
-    let log = LogTail::new(o.log_lines);
+    let log = match &o.log_file {
+        Some(f) => LogTail::of_file(f.clone(), o.log_lines),
+        None => LogTail::new(o.log_lines),
+    };
     let mut children: Vec<(String, Child)> = Vec::new();
     // The output readers: a failure waits for them, so that its log tail
     // holds the last lines the process wrote before it died.
@@ -190,6 +232,9 @@ async fn supervise(
         }
         match spawn(c, &o, &log) {
             Ok((child, r)) => {
+                if let Some(pid) = child.id() {
+                    tx.send_modify(|s| s.pids.push(pid));
+                }
                 children.push((c.name.clone(), child));
                 readers.push(r);
             }
@@ -259,9 +304,20 @@ fn spawn(
         // Its own group, so the whole tree can be signalled at once.
         .process_group(0)
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .kill_on_drop(false);
+    match &o.log_file {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            cmd.stdout(Stdio::from(file.try_clone()?))
+                .stderr(Stdio::from(file));
+        }
+        None => {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+    }
     let mut child = cmd.spawn()?;
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -344,4 +400,79 @@ async fn http_ok(host: &str, port: u16, path: &str) -> bool {
         tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut head)).await,
         Ok(Ok(_))
     ) && head.starts_with(b"HTTP/1.1 200")
+}
+
+/// Takes over a shard a previous agent started: the processes are not our
+/// children, so they are watched by polling their process groups, checked
+/// for readiness as a started shard would be, and stopped as groups.
+pub fn adopt(pids: Vec<u32>, options: SupervisorOptions) -> Shard {
+    let initial = Status {
+        state: State::Starting,
+        exit_code: None,
+        error: None,
+        log_tail: String::new(),
+        pids: pids.clone(),
+    };
+    let (tx, rx) = watch::channel(initial);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(watch_adopted(pids, options, tx, stop_rx));
+    Shard {
+        status: rx,
+        stop: Some(stop_tx),
+        task,
+    }
+}
+
+fn group_alive(pgid: u32) -> bool {
+    Pid::from_raw(pgid as i32).is_some_and(|p| rustix::process::test_kill_process_group(p).is_ok())
+}
+
+async fn watch_adopted(
+    pids: Vec<u32>,
+    o: SupervisorOptions,
+    tx: watch::Sender<Status>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let log = match &o.log_file {
+        Some(f) => LogTail::of_file(f.clone(), o.log_lines),
+        None => LogTail::new(o.log_lines),
+    };
+    let mut ready = o.http_port.is_none();
+    if ready {
+        set(&tx, State::Ready);
+    }
+    let mut probe = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = &mut stop => {
+                set(&tx, State::Draining);
+                let groups: Vec<Pid> = pids.iter().rev().filter_map(|p| Pid::from_raw(*p as i32)).collect();
+                for g in &groups {
+                    let _ = kill_process_group(*g, Signal::TERM);
+                }
+                let deadline = Instant::now() + o.stop_timeout;
+                while pids.iter().any(|p| group_alive(*p)) && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                for g in &groups {
+                    let _ = kill_process_group(*g, Signal::KILL);
+                }
+                set(&tx, State::Stopped);
+                return;
+            }
+            _ = probe.tick() => {
+                if pids.iter().any(|p| !group_alive(*p)) {
+                    fail(&tx, &log, "adopted engine exited".into(), None);
+                    return;
+                }
+                if !ready && let Some(port) = o.http_port
+                    && http_ok(&o.health_host, port, "/health").await
+                    && http_ok(&o.health_host, port, "/v1/models").await
+                {
+                    ready = true;
+                    set(&tx, State::Ready);
+                }
+            }
+        }
+    }
 }

@@ -68,6 +68,14 @@ pub(crate) struct RunArgs {
     nvidia_smi: Option<PathBuf>,
     #[arg(long)]
     skip_gpus: bool,
+    /// Where shard state files and engine logs are kept, so that a
+    /// restarted agent adopts the engines it left running.
+    #[arg(
+        long,
+        env = "LLMGW_AGENT_WORK_DIR",
+        default_value = "/var/lib/llmgw-agent"
+    )]
+    work_dir: PathBuf,
     /// The address engines listen on (default: every interface).
     #[arg(long)]
     engine_bind: Option<String>,
@@ -105,6 +113,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     let mut c = llmgw_agent::session::SessionConfig::new(a.servers, node_id);
     c.mgmt_addr = a.mgmt_addr;
     c.engine_bind = a.engine_bind;
+    c.work_dir = Some(a.work_dir);
     c.labels = a.labels.into_iter().collect();
     c.heartbeat = seconds("heartbeat-s", a.heartbeat_s)?;
     c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s)?;

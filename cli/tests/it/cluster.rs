@@ -5,6 +5,7 @@
 //! engines of different nodes share ports without clashing, and so that a
 //! test can find and clean up the engines its agents leave running.
 
+use std::os::unix::process::CommandExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -123,6 +124,12 @@ fn start_server(config: &str) -> ServerProc {
 }
 
 fn start_agent(servers: &str, node: &str, ip: &str) -> Child {
+    let work = std::env::temp_dir().join(format!("llmgw-agent-{ip}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    start_agent_in(servers, node, ip, &work)
+}
+
+fn start_agent_in(servers: &str, node: &str, ip: &str, work: &std::path::Path) -> Child {
     Child::spawn(&[
         "agent",
         "run",
@@ -139,6 +146,8 @@ fn start_agent(servers: &str, node: &str, ip: &str) -> Child {
         "--reconnect-max-s",
         "0.5",
         "--skip-gpus",
+        "--work-dir",
+        work.to_str().unwrap(),
     ])
 }
 
@@ -680,4 +689,116 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
         (rows.as_array().unwrap().is_empty() && sweep.engines().is_empty()).then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_adopts_its_engines_and_never_starts_a_second_copy() {
+    let sweep = EngineSweeper("127.0.6.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("agent");
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "keep", &store, port, 1));
+    let servers = format!("http://127.0.0.1:{port}");
+    let mut agent = start_agent_in(&servers, "a", "127.0.6.2", &work);
+    let first = until("ready", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows).into_iter().next()
+    })
+    .await;
+    let engines = until("its engine", || async {
+        let e = sweep.engines();
+        (e.len() == 1).then_some(e)
+    })
+    .await;
+    let files: Vec<String> = std::fs::read_dir(&work)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.starts_with("shard-") && f.ends_with(".json")),
+        "{files:?}"
+    );
+    assert!(
+        files.iter().any(|f| f.ends_with(".log")),
+        "engines log to a file: {files:?}"
+    );
+
+    // A process the state files cannot describe is killed; one whose pid
+    // now runs something else is left alone.
+    let mut stray = std::process::Command::new("sleep")
+        .arg("300")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let stray_pid = stray.id();
+    std::fs::write(
+        work.join("shard-stray.json"),
+        json!({"spec": {"replica_id": "", "shard_id": "stray", "rank": 0, "nnodes": 1, "gpu_indices": [],
+                        "hcas": [], "http_port": 1, "model": "", "profile": "", "engine": "", "served_model_name": "",
+                        "pool": "", "fabric": "", "leader_addr": "", "leader_port": 0, "profile_fp": ""},
+               "pids": [stray_pid], "cmdline": ["sleep", "300"], "started_at": 0})
+        .to_string(),
+    )
+    .unwrap();
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("301")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    std::fs::write(
+        work.join("shard-reused.json"),
+        json!({"spec": {"replica_id": "r", "shard_id": "reused", "rank": 0, "nnodes": 1, "gpu_indices": [],
+                        "hcas": [], "http_port": 1, "model": "m", "profile": "p", "engine": "sim", "served_model_name": "m",
+                        "pool": "", "fabric": "", "leader_addr": "", "leader_port": 0, "profile_fp": ""},
+               "pids": [bystander.id()], "cmdline": ["llmgw", "sim-engine"], "started_at": 0})
+        .to_string(),
+    )
+    .unwrap();
+
+    agent.process.kill().unwrap();
+    let _ = agent.process.wait();
+    let clients = Clients::start(&server.base);
+    clients.wait_for_more(5).await;
+    let _agent = start_agent_in(&servers, "a", "127.0.6.2", &work);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(stray.try_wait(), Ok(Some(_))) {
+        assert!(Instant::now() < deadline, "the stray was not killed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    until("the agent reconnected", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes[0]["connected"] == true).then_some(())
+    })
+    .await;
+    clients.wait_for_more(10).await;
+    let (done, failures) = clients.finish().await;
+    assert!(
+        failures.is_empty(),
+        "{} of {done} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert_eq!(
+        sweep.engines(),
+        engines,
+        "the same engine, not a second copy"
+    );
+    let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert_eq!(
+        rows.as_array().unwrap().len(),
+        1,
+        "nothing was rebuilt: {rows}"
+    );
+    assert_eq!(rows[0]["id"], first["id"]);
+    assert_eq!(rows[0]["status"], "ready");
+    assert!(
+        matches!(bystander.try_wait(), Ok(None)),
+        "a reused pid is never signalled"
+    );
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    assert!(!work.join("shard-reused.json").exists() && !work.join("shard-stray.json").exists());
 }

@@ -1,0 +1,263 @@
+//! What the agent knows of each running shard, on disk, so that a restarted
+//! agent adopts its engines instead of starting second copies.
+//!
+//! `<work_dir>/shard-<id>.json` holds the shard's spec, its process groups
+//! and the main process's command line. The command line is the
+//! fingerprint: pids are reused, so a live pid whose `/proc/<pid>/cmdline`
+//! differs is somebody else's process and is never signalled.
+
+use std::path::{Path, PathBuf};
+
+use llmgw_api::v1;
+use serde::{Deserialize, Serialize};
+
+/// The parts of a StartShard a restarted agent needs: to describe the
+/// shard back to the control plane and to judge it ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    pub replica_id: String,
+    pub shard_id: String,
+    pub rank: i32,
+    pub nnodes: i32,
+    pub gpu_indices: Vec<i32>,
+    pub hcas: Vec<String>,
+    pub http_port: i32,
+    pub model: String,
+    pub profile: String,
+    pub engine: String,
+    pub served_model_name: String,
+    pub pool: String,
+    pub fabric: String,
+    pub leader_addr: String,
+    pub leader_port: i32,
+    pub profile_fp: String,
+}
+
+impl Spec {
+    pub fn of(s: &v1::StartShard) -> Spec {
+        let p = s.profile.clone().unwrap_or_default();
+        Spec {
+            replica_id: s.replica_id.clone(),
+            shard_id: s.shard_id.clone(),
+            rank: s.rank,
+            nnodes: s.nnodes,
+            gpu_indices: s.gpu_indices.clone(),
+            hcas: s.hcas.clone(),
+            http_port: s.http_port,
+            model: s.model.clone(),
+            profile: p.name,
+            engine: p.engine,
+            served_model_name: p.served_model_name,
+            pool: s.pool.clone(),
+            fabric: s.fabric.clone(),
+            leader_addr: s.leader_addr.clone(),
+            leader_port: s.leader_port,
+            profile_fp: s.profile_fp.clone(),
+        }
+    }
+
+    /// The StartShard this spec came from, as far as it was kept.
+    pub fn start(&self) -> v1::StartShard {
+        v1::StartShard {
+            replica_id: self.replica_id.clone(),
+            shard_id: self.shard_id.clone(),
+            rank: self.rank,
+            nnodes: self.nnodes,
+            leader_addr: self.leader_addr.clone(),
+            leader_port: self.leader_port,
+            gpu_indices: self.gpu_indices.clone(),
+            hcas: self.hcas.clone(),
+            http_port: self.http_port,
+            profile: Some(v1::EngineProfile {
+                name: self.profile.clone(),
+                engine: self.engine.clone(),
+                served_model_name: self.served_model_name.clone(),
+                ..v1::EngineProfile::default()
+            }),
+            pool: self.pool.clone(),
+            fabric: self.fabric.clone(),
+            profile_fp: self.profile_fp.clone(),
+            model: self.model.clone(),
+            ..v1::StartShard::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub spec: Spec,
+    /// Each command's process group, the main one last.
+    pub pids: Vec<u32>,
+    /// The main process's argv: the fingerprint.
+    pub cmdline: Vec<String>,
+    /// Seconds since the Unix epoch.
+    pub started_at: u64,
+}
+
+/// What a state file found at start-up asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// Alive and identified: adopt it.
+    Adopt(Box<Record>),
+    /// Its processes are gone: forget it.
+    Gone(String),
+    /// Alive, but its record cannot say what it is: kill it.
+    Unidentifiable { shard_id: String, pids: Vec<u32> },
+    /// Unreadable, or its pid now belongs to another program: delete the
+    /// file and signal nothing.
+    Stale(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    #[error("shard id {0:?} cannot name a state file")]
+    BadId(String),
+    #[error("writing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub fn path(dir: &Path, shard_id: &str) -> Result<PathBuf, StateFileError> {
+    if shard_id.is_empty()
+        || shard_id.contains('/')
+        || shard_id.contains('\0')
+        || shard_id.starts_with('.')
+    {
+        return Err(StateFileError::BadId(shard_id.to_owned()));
+    }
+    Ok(dir.join(format!("shard-{shard_id}.json")))
+}
+
+/// The shard's output file, beside its state file.
+pub fn log_path(dir: &Path, shard_id: &str) -> Result<PathBuf, StateFileError> {
+    path(dir, shard_id).map(|p| p.with_extension("log"))
+}
+
+/// Written whole to a temporary name and renamed, so a reader never sees
+/// half a record.
+pub fn write(dir: &Path, record: &Record) -> Result<(), StateFileError> {
+    let target = path(dir, &record.spec.shard_id)?;
+    let tmp = target.with_extension("json.tmp");
+    let io = |source| StateFileError::Io {
+        path: target.clone(),
+        source,
+    };
+    let bytes = serde_json::to_vec_pretty(record).map_err(|e| io(std::io::Error::other(e)))?;
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        f.write_all(&bytes).map_err(io)?;
+    }
+    std::fs::rename(&tmp, &target).map_err(io)
+}
+
+pub fn remove(dir: &Path, shard_id: &str) {
+    if let Ok(p) = path(dir, shard_id) {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// argv of a live process, from `/proc/<pid>/cmdline`.
+pub fn cmdline_of(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}
+
+fn alive(pid: u32) -> bool {
+    rustix::process::Pid::from_raw(pid as i32)
+        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+}
+
+/// Every state file in `dir`, judged.
+pub fn scan(dir: &Path) -> Vec<Found> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(id) = name
+            .strip_prefix("shard-")
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        let record: Option<Record> = std::fs::read(e.path())
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let Some(r) = record else {
+            found.push(Found::Stale(id.to_owned()));
+            continue;
+        };
+        let Some(&main) = r.pids.last() else {
+            found.push(Found::Stale(id.to_owned()));
+            continue;
+        };
+        if !alive(main) {
+            found.push(Found::Gone(id.to_owned()));
+            continue;
+        }
+        if cmdline_of(main).as_ref() != Some(&r.cmdline) {
+            // The pid was reused by another program.
+            found.push(Found::Stale(id.to_owned()));
+            continue;
+        }
+        if r.spec.shard_id != id || r.spec.replica_id.is_empty() || r.spec.engine.is_empty() {
+            found.push(Found::Unidentifiable {
+                shard_id: id.to_owned(),
+                pids: r.pids.clone(),
+            });
+            continue;
+        }
+        found.push(Found::Adopt(Box::new(r)));
+    }
+    found
+}
+
+/// Whether a group still has a live leader (a zombie awaiting its parent
+/// counts as gone: it runs nothing).
+fn group_alive(pgid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pgid as i32) else {
+        return false;
+    };
+    if rustix::process::test_kill_process_group(p).is_err() {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .is_none_or(|(_, rest)| !rest.starts_with('Z'))
+}
+
+/// SIGTERM to each group, SIGKILL after `timeout`.
+pub async fn kill_groups(pids: &[u32], timeout: std::time::Duration) {
+    use rustix::process::{Pid, Signal, kill_process_group};
+    let groups: Vec<Pid> = pids
+        .iter()
+        .filter_map(|p| Pid::from_raw(*p as i32))
+        .collect();
+    for g in &groups {
+        let _ = kill_process_group(*g, Signal::TERM);
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    while pids.iter().any(|g| group_alive(*g)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for g in &groups {
+        let _ = kill_process_group(*g, Signal::KILL);
+    }
+}
