@@ -38,6 +38,9 @@ pub struct SessionConfig {
     pub log_lines: usize,
     /// Engine name → version, as installed and seen to run.
     pub engines_installed: BTreeMap<String, String>,
+    /// Where fetched weights are cached (also scanned for weights); None
+    /// fetches nothing.
+    pub cache_dir: Option<std::path::PathBuf>,
     /// Where state files and engine logs live; None keeps neither (an
     /// agent restart then cannot adopt its engines).
     pub work_dir: Option<std::path::PathBuf>,
@@ -66,6 +69,7 @@ impl SessionConfig {
             stop_engines_on_exit: false,
             engine_bind: None,
             work_dir: None,
+            cache_dir: None,
         }
     }
 }
@@ -78,6 +82,8 @@ struct Running {
     started: Instant,
     /// Draining is the control plane's word; the process keeps serving.
     draining: bool,
+    /// The download its weights wait on, if any.
+    fetch: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The agent: its shards outlive any one stream.
@@ -89,6 +95,45 @@ pub struct Agent {
     /// Status changes from every shard's watcher.
     changes_tx: mpsc::UnboundedSender<String>,
     changes_rx: mpsc::UnboundedReceiver<String>,
+    /// What this stream last told the control plane, so that heartbeats
+    /// carry only what changed.
+    sent_weights: Vec<v1::LocalWeights>,
+    sent_engines: BTreeMap<String, String>,
+    engines_checked: Option<Instant>,
+    fetcher: crate::fetch::Fetcher,
+    fetched_tx: mpsc::UnboundedSender<Fetched>,
+    fetched_rx: mpsc::UnboundedReceiver<Fetched>,
+    /// Downloads in flight, by the shard waiting on them.
+    progress: Arc<std::sync::Mutex<BTreeMap<String, crate::fetch::Progress>>>,
+}
+
+type Fetched = (String, Result<String, crate::fetch::FetchError>);
+
+/// How often installed engines are looked for again.
+const ENGINE_RECHECK: Duration = Duration::from_secs(60);
+
+/// The engines configured, plus `llama-server` when it is on PATH.
+pub fn installed_engines(configured: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut out = configured.clone();
+    if !out.contains_key("llamacpp")
+        && let Some(paths) = std::env::var_os("PATH")
+        && let Some(bin) = std::env::split_paths(&paths)
+            .map(|d| d.join("llama-server"))
+            .find(|p| p.is_file())
+    {
+        out.insert("llamacpp".into(), bin.display().to_string());
+    }
+    out
+}
+
+fn wire_weights(w: &[discovery::weights::LocalWeights]) -> Vec<v1::LocalWeights> {
+    w.iter()
+        .map(|w| v1::LocalWeights {
+            path: w.path.clone(),
+            size_bytes: w.size_bytes as i64,
+            shared: w.shared,
+        })
+        .collect()
 }
 
 fn wire_state(s: State) -> i32 {
@@ -115,12 +160,21 @@ fn jitter() -> f64 {
 impl Agent {
     pub fn new(config: SessionConfig, engines: Registry) -> Self {
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
+        let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
+        let fetcher = crate::fetch::Fetcher::new(config.cache_dir.clone());
         Agent {
             config,
             engines: Arc::new(engines),
             shards: BTreeMap::new(),
             changes_tx,
             changes_rx,
+            sent_weights: Vec::new(),
+            sent_engines: BTreeMap::new(),
+            engines_checked: None,
+            fetcher,
+            fetched_tx,
+            fetched_rx,
+            progress: Arc::default(),
         }
     }
 
@@ -221,18 +275,19 @@ impl Agent {
                 })
                 .collect(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
-            engine_versions: self.config.engines_installed.clone().into_iter().collect(),
+            engine_versions: {
+                let engines = installed_engines(&self.config.engines_installed);
+                self.sent_engines = engines.clone();
+                self.engines_checked = Some(Instant::now());
+                engines.into_iter().collect()
+            },
             running_shards: self.running_shards(),
             memory_total_mb: inv.memory_total_mb as i64,
-            weights: inv
-                .weights
-                .iter()
-                .map(|w| v1::LocalWeights {
-                    path: w.path.clone(),
-                    size_bytes: w.size_bytes as i64,
-                    shared: w.shared,
-                })
-                .collect(),
+            weights: {
+                let w = wire_weights(&inv.weights);
+                self.sent_weights = w.clone();
+                w
+            },
             storage: storage(&inv.storage),
             host: Some(v1::Host {
                 os_id: inv.host.os_id.clone(),
@@ -297,14 +352,39 @@ impl Agent {
         }
     }
 
-    fn heartbeat(&self) -> v1::Heartbeat {
+    /// Storage and memory always (a few numbers); weights when they
+    /// changed; installed engines, looked for once a minute, when they
+    /// changed. The flags say a list is meant, so an empty one is never
+    /// ambiguous.
+    fn heartbeat(&mut self) -> v1::Heartbeat {
         let o = &self.config.discovery;
-        v1::Heartbeat {
+        let mut hb = v1::Heartbeat {
             node_id: self.config.node_id.clone(),
             storage: storage(&discovery::storage::scan(&o.model_dirs)),
             memory_total_mb: discovery::memory::total_mb(&o.root.join("proc/meminfo")) as i64,
             ..v1::Heartbeat::default()
+        };
+        if !o.model_dirs.is_empty() {
+            let weights = wire_weights(&discovery::weights::scan(&o.model_dirs));
+            if weights != self.sent_weights {
+                hb.weights_changed = true;
+                hb.weights = weights.clone();
+                self.sent_weights = weights;
+            }
         }
+        if self
+            .engines_checked
+            .is_none_or(|t| t.elapsed() >= ENGINE_RECHECK)
+        {
+            self.engines_checked = Some(Instant::now());
+            let engines = installed_engines(&self.config.engines_installed);
+            if engines != self.sent_engines {
+                hb.engines_changed = true;
+                hb.engine_versions = engines.clone().into_iter().collect();
+                self.sent_engines = engines;
+            }
+        }
+        hb
     }
 
     async fn session(&mut self, server: &str) -> Result<(), SessionError> {
@@ -333,6 +413,11 @@ impl Agent {
         loop {
             tokio::select! {
                 _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat())),
+                Some((id, result)) = self.fetched_rx.recv() => {
+                    if let Some(st) = self.fetched(&id, result) {
+                        send(&tx, agent_message::Msg::Shard(st));
+                    }
+                }
                 changed = self.changes_rx.recv() => {
                     if let Some(shard_id) = changed
                         && let Some(st) = self.shard_status(&shard_id)
@@ -372,7 +457,16 @@ impl Agent {
             } else {
                 vec![]
             },
-            fetch: None,
+            fetch: self
+                .progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(shard_id)
+                .map(|p| v1::FetchProgress {
+                    source: p.source.clone(),
+                    bytes_done: p.bytes_done as i64,
+                    bytes_total: p.bytes_total as i64,
+                }),
         };
         if matches!(st.state, State::Stopped | State::Failed) {
             self.shards.remove(shard_id);
@@ -387,6 +481,9 @@ impl Agent {
             Some(control_message::Msg::Stop(stop)) => {
                 if let Some(mut r) = self.shards.remove(&stop.shard_id) {
                     tracing::info!(shard = %stop.shard_id, "stopping");
+                    if let Some(f) = r.fetch.take() {
+                        f.abort();
+                    }
                     let node = self.config.node_id.clone();
                     let status = match r.shard.take() {
                         Some(s) => s.stop().await,
@@ -410,6 +507,14 @@ impl Agent {
                 }
                 self.shard_status(&d.shard_id).into_iter().collect()
             }
+            Some(control_message::Msg::RemoveWeights(rw)) => {
+                let refused =
+                    crate::fetch::remove_weights(self.config.cache_dir.as_deref(), &rw.paths);
+                for (path, why) in refused {
+                    tracing::warn!(%path, %why, "refused to remove weights");
+                }
+                vec![]
+            }
             Some(control_message::Msg::Ack(a)) => {
                 if !a.ok {
                     tracing::warn!(error = %a.error, "the control plane refused a message");
@@ -421,11 +526,96 @@ impl Agent {
     }
 
     /// Idempotent by shard id: a repeat reports the running shard's state.
+    /// Remote weights are fetched first, off the session's loop; the shard
+    /// is Pending meanwhile, with the download's progress in its status.
     fn start(&mut self, start: v1::StartShard) -> Option<v1::ShardStatus> {
         let shard_id = start.shard_id.clone();
         if self.shards.contains_key(&shard_id) {
             return self.shard_status(&shard_id);
         }
+        let remote = matches!(
+            crate::fetch::classify(&start.source),
+            Ok(crate::fetch::Source::Remote(_))
+        );
+        if !remote {
+            return self.launch(start, None);
+        }
+        let pending = supervisor::Status {
+            state: State::Pending,
+            exit_code: None,
+            error: None,
+            log_tail: String::new(),
+            pids: Vec::new(),
+        };
+        let (status_tx, status) = watch::channel(pending);
+        let fetcher = self.fetcher.clone();
+        let source = start.source.clone();
+        let checksum = (!start.checksum.is_empty()).then(|| start.checksum.clone());
+        let done = self.fetched_tx.clone();
+        let id = shard_id.clone();
+        let progress = self.progress.clone();
+        let changes = self.changes_tx.clone();
+        let task = tokio::spawn(async move {
+            let id2 = id.clone();
+            let fetcher = fetcher.on_progress(move |p| {
+                progress
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id2.clone(), p);
+                let _ = changes.send(id2.clone());
+            });
+            let result = fetcher.ensure(&source, checksum.as_deref()).await;
+            let _ = done.send((id, result));
+            drop(status_tx);
+        });
+        tracing::info!(shard = %shard_id, source = %start.source, "fetching weights before starting");
+        self.shards.insert(
+            shard_id.clone(),
+            Running {
+                start,
+                status,
+                shard: None,
+                started: Instant::now(),
+                draining: false,
+                fetch: Some(task),
+            },
+        );
+        self.shard_status(&shard_id)
+    }
+
+    /// The weights of a fetching shard arrived (or did not).
+    fn fetched(
+        &mut self,
+        shard_id: &str,
+        result: Result<String, crate::fetch::FetchError>,
+    ) -> Option<v1::ShardStatus> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(shard_id);
+        let r = self.shards.remove(shard_id)?;
+        match result {
+            Ok(path) => self.launch(r.start, Some(path)),
+            Err(e) => {
+                tracing::warn!(shard = %shard_id, error = %e, "cannot fetch the weights");
+                Some(v1::ShardStatus {
+                    node_id: self.config.node_id.clone(),
+                    replica_id: r.start.replica_id.clone(),
+                    shard_id: shard_id.to_owned(),
+                    state: wire_state(State::Failed),
+                    error: e.to_string(),
+                    ..v1::ShardStatus::default()
+                })
+            }
+        }
+    }
+
+    fn launch(
+        &mut self,
+        start: v1::StartShard,
+        weights: Option<String>,
+    ) -> Option<v1::ShardStatus> {
+        let shard_id = start.shard_id.clone();
         let fail = |error: String| v1::ShardStatus {
             node_id: self.config.node_id.clone(),
             replica_id: start.replica_id.clone(),
@@ -461,7 +651,7 @@ impl Agent {
                 gpus_per_node: p.gpus_per_node.max(0) as u32,
                 args: p.args.clone(),
                 env: p.env.clone().into_iter().collect(),
-                model_path: p.model_path.clone(),
+                model_path: weights.clone().unwrap_or_else(|| p.model_path.clone()),
                 served_model_name: p.served_model_name.clone(),
             },
             bind_addr: self.config.engine_bind.clone().unwrap_or_default(),
@@ -539,6 +729,7 @@ impl Agent {
                 shard: Some(shard),
                 started: Instant::now(),
                 draining: false,
+                fetch: None,
             },
         );
         self.shard_status(&shard_id)
@@ -625,6 +816,7 @@ impl Agent {
                                 .checked_sub(Duration::from_secs(age))
                                 .unwrap_or_else(Instant::now),
                             draining: false,
+                            fetch: None,
                         },
                     );
                 }

@@ -76,6 +76,13 @@ pub(crate) struct RunArgs {
         default_value = "/var/lib/llmgw-agent"
     )]
     work_dir: PathBuf,
+    /// Where fetched weights are kept (and looked for).
+    #[arg(
+        long,
+        env = "LLMGW_AGENT_CACHE_DIR",
+        default_value = "/var/lib/llmgw-weights"
+    )]
+    cache_dir: PathBuf,
     /// The address engines listen on (default: every interface).
     #[arg(long)]
     engine_bind: Option<String>,
@@ -126,20 +133,18 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         fabrics: a.fabrics.into_iter().collect(),
         ..Options::default()
     };
-    if let Some(bin) = which("llama-server") {
-        c.engines_installed.insert("llamacpp".into(), bin);
+    // The cache is where weights appear, so it is scanned like a model
+    // directory; it is created now, or fetching is off (said loudly).
+    match std::fs::create_dir_all(&a.cache_dir) {
+        Ok(()) => {
+            c.discovery.model_dirs.push(a.cache_dir.clone());
+            c.cache_dir = Some(a.cache_dir);
+        }
+        Err(e) => {
+            tracing::error!(dir = %a.cache_dir.display(), error = %e, "no weights cache: remote sources cannot be fetched")
+        }
     }
     Ok(c)
-}
-
-/// The first `name` on PATH.
-fn which(name: &str) -> Option<String> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-            .map(|p| p.display().to_string())
-    })
 }
 
 pub(crate) fn engines() -> llmgw_agent::engines::Registry {

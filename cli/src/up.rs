@@ -113,6 +113,7 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     agent_config.discovery.skip_gpus = true;
     agent_config.stop_engines_on_exit = true;
     agent_config.work_dir = Some(data.join("agent"));
+    agent_config.cache_dir = Some(data.join("weights"));
     let (agent_stop_tx, agent_stop_rx) = tokio::sync::watch::channel(false);
     let agent = tokio::spawn(
         llmgw_agent::session::Agent::new(agent_config, crate::agent::engines()).run(agent_stop_rx),

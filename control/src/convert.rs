@@ -134,6 +134,7 @@ pub(crate) fn start_shard(
         profile_fp: placement.profile_fp.clone(),
         model: model.name.clone(),
         source: model.source.clone(),
+        checksum: model.checksum.clone().unwrap_or_default(),
     }
 }
 

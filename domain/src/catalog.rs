@@ -128,6 +128,10 @@ pub struct Model {
     /// A path, a hub id or a URL.
     #[serde(default)]
     pub source: String,
+    /// `sha256:<hex>` of the file a URL source names; a fetch that does not
+    /// match is discarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aliases: Vec<String>,
     /// Tried in order when this model has no capacity or the budget is spent.
@@ -154,6 +158,7 @@ impl Model {
         Model {
             name: name.to_owned(),
             source: String::new(),
+            checksum: None,
             aliases: Vec::new(),
             fallbacks: Vec::new(),
             routing_profile: None,
@@ -376,6 +381,12 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
     for a in &m.aliases {
         if !valid_name(a) {
             return bad(format!("alias {a:?} is not a valid name"));
+        }
+    }
+    if let Some(c) = &m.checksum {
+        let hex = c.strip_prefix("sha256:").unwrap_or("");
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return bad(format!("checksum {c:?} must be sha256: and 64 hex digits"));
         }
     }
     if m.scaling.min > m.scaling.max {

@@ -128,7 +128,29 @@ struct Fit<'a> {
     memory_free_mb: Option<u64>,
 }
 
-/// Whether a node's inventory already holds a model's weights.
+/// The file name an agent caches a fetched source under:
+/// `<16 hex of sha256(source)>-<base name>`. It must agree with the
+/// agent's `fetch::cache_path_for` (both are tested on the same vectors).
+pub fn cache_name(source: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(source.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let base = source
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    let base = if base.is_empty() || base == "." {
+        "weights"
+    } else {
+        base
+    };
+    format!("{hex}-{base}")
+}
+
+/// Whether a node's inventory already holds a model's weights: the source
+/// itself, a file of the same name in a model directory, or the agent's
+/// cached copy.
 pub fn holds_weights(node: &Node, source: &str) -> bool {
     if source.is_empty() {
         return false;
@@ -138,9 +160,10 @@ pub fn holds_weights(node: &Node, source: &str) -> bool {
         .rsplit('/')
         .next()
         .unwrap_or("");
+    let cached = cache_name(source);
     node.inventory.weights.iter().any(|w| {
-        w == source
-            || (!base.is_empty() && w.trim_end_matches('/').rsplit('/').next() == Some(base))
+        let name = w.trim_end_matches('/').rsplit('/').next();
+        w == source || (!base.is_empty() && name == Some(base)) || name == Some(cached.as_str())
     })
 }
 

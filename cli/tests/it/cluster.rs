@@ -802,3 +802,158 @@ async fn a_restarted_agent_adopts_its_engines_and_never_starts_a_second_copy() {
     let _ = bystander.wait();
     assert!(!work.join("shard-reused.json").exists() && !work.join("shard-stray.json").exists());
 }
+
+/// Serves `body` to every GET, over HTTP/1.1, from a thread.
+fn file_server(body: Vec<u8>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(mut sock) = sock else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = sock.read(&mut buf);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes());
+            let _ = sock.write_all(&body);
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
+    let sweep = EngineSweeper("127.0.7.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "fetch", &store, port, 0));
+    let servers = format!("http://127.0.0.1:{port}");
+    let _agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &servers,
+        "--node-id",
+        "a",
+        "--mgmt-addr",
+        "127.0.7.2",
+        "--engine-bind",
+        "127.0.7.2",
+        "--heartbeat-s",
+        "0.2",
+        "--skip-gpus",
+        "--work-dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    until("the node", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array().unwrap().len() == 1).then_some(())
+    })
+    .await;
+    let weights = b"not really a model, but bytes all the same".to_vec();
+    let sum = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&weights)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let source = format!("{}/tiny.gguf", file_server(weights.clone()));
+    let model = dir.path().join("m.json");
+    let add = |checksum: String, name: &str| {
+        std::fs::write(
+            &model,
+            json!({"name": name, "source": source, "checksum": checksum, "scaling": {"min": 1, "max": 1},
+                   "profiles": [{"name": "sim", "engine": "sim"}]})
+            .to_string(),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args([
+                "ctl",
+                "--admin",
+                &server.admin,
+                "model",
+                "add",
+                model.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // A checksum that does not match: the shard fails and says why.
+    add(format!("sha256:{}", "0".repeat(64)), "bad");
+    let err = until("the bad download fails", || async {
+        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find_map(|r| r["shards"][0]["error"].as_str().map(str::to_owned))
+    })
+    .await;
+    assert!(err.contains("checksum"), "{err}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["ctl", "--admin", &server.admin, "model", "remove", "bad"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+
+    add(format!("sha256:{sum}"), "good");
+    until("the replica is ready once its weights are in", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows)
+            .iter()
+            .any(|r| r["model"] == "good")
+            .then_some(())
+    })
+    .await;
+    let cached: Vec<std::path::PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        cached.len(),
+        1,
+        "one complete file, no part left: {cached:?}"
+    );
+    assert_eq!(std::fs::read(&cached[0]).unwrap(), weights);
+    assert!(
+        cached[0]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .ends_with("-tiny.gguf")
+    );
+    // The next heartbeat says the node now holds them.
+    let address = llmgw_eventstore::StoreAddress::parse(&store).unwrap();
+    let log = llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::default())
+        .await
+        .unwrap();
+    let path = cached[0].display().to_string();
+    until("the node reports the cached weights", || async {
+        use llmgw_eventstore::EventStore;
+        let events = log.read_all(0, 10_000).await.unwrap();
+        events
+            .iter()
+            .any(|e| {
+                e.event_type == "NodeInventoryChanged"
+                    && e.payload["inventory"]["weights"]
+                        .to_string()
+                        .contains(&path)
+            })
+            .then_some(())
+    })
+    .await;
+    drop(sweep);
+}

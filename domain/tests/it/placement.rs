@@ -471,3 +471,21 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_fetched_copy_in_the_agents_cache_counts_as_holding_the_weights() {
+    use llmgw_domain::placement::{cache_name, holds_weights};
+    // The same vectors as the agent's cache.
+    assert_eq!(
+        cache_name("https://one.example/model.gguf"),
+        "56682ad3639faabd-model.gguf"
+    );
+    assert_eq!(
+        cache_name("https://two.example/model.gguf"),
+        "2684e6a67d978bee-model.gguf"
+    );
+    let mut n = node("a", vec![], &[]);
+    n.inventory.weights = vec!["/var/lib/llmgw-weights/56682ad3639faabd-model.gguf".into()];
+    assert!(holds_weights(&n, "https://one.example/model.gguf"));
+    assert!(!holds_weights(&n, "https://two.example/other.gguf"));
+}
