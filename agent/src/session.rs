@@ -38,6 +38,9 @@ pub struct SessionConfig {
     pub log_lines: usize,
     /// Engine name → version, as installed and seen to run.
     pub engines_installed: BTreeMap<String, String>,
+    /// Mutual TLS: (CA, certificate, key) PEMs. With them the agent
+    /// refuses to dial `http://`.
+    pub tls: Option<(String, String, String)>,
     /// Where fetched weights are cached (also scanned for weights); None
     /// fetches nothing.
     pub cache_dir: Option<std::path::PathBuf>,
@@ -70,6 +73,7 @@ impl SessionConfig {
             engine_bind: None,
             work_dir: None,
             cache_dir: None,
+            tls: None,
         }
     }
 }
@@ -388,10 +392,25 @@ impl Agent {
     }
 
     async fn session(&mut self, server: &str) -> Result<(), SessionError> {
-        let endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+        let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
             .map_err(|e| SessionError(format!("{server} is not a URL: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
+        if let Some((ca, cert, key)) = &self.config.tls {
+            if !server.starts_with("https://") {
+                return Err(SessionError(format!(
+                    "{server}: this agent holds certificates and dials only https://"
+                )));
+            }
+            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+            endpoint = endpoint
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(Certificate::from_pem(ca))
+                        .identity(Identity::from_pem(cert, key)),
+                )
+                .map_err(|e| SessionError(format!("the TLS files do not fit together: {e}")))?;
+        }
         let channel = endpoint
             .connect()
             .await

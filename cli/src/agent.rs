@@ -31,7 +31,7 @@ pub(crate) enum AgentCommand {
     /// Run the agent: connect to the control plane and carry out its
     /// starts and stops. A stop signal ends the agent and leaves engines
     /// running.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,6 +76,14 @@ pub(crate) struct RunArgs {
         default_value = "/var/lib/llmgw-agent"
     )]
     work_dir: PathBuf,
+    /// Mutual TLS with the control plane: the authority's certificate.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// This node's certificate (`llmgw ctl cert issue-client NODE`).
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
+    tls_key: Option<PathBuf>,
     /// Where fetched weights are kept (and looked for).
     #[arg(
         long,
@@ -116,11 +124,32 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         if !(s.starts_with("http://") || s.starts_with("https://")) {
             anyhow::bail!("--server {s:?} must be a URL like http://control-plane:7443");
         }
+        if a.tls_ca.is_some() && !s.starts_with("https://") {
+            anyhow::bail!(
+                "--server {s:?}: with certificates the agent dials only https:// (refusing to send the stream in the clear)"
+            );
+        }
     }
+    let tls = match (&a.tls_ca, &a.tls_cert, &a.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let read = |p: &PathBuf| {
+                std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", p.display()))
+            };
+            Some((read(ca)?, read(cert)?, read(key)?))
+        }
+        _ => {
+            tracing::warn!(
+                "the stream to the control plane is plaintext: for a trusted network only"
+            );
+            None
+        }
+    };
     let mut c = llmgw_agent::session::SessionConfig::new(a.servers, node_id);
     c.mgmt_addr = a.mgmt_addr;
     c.engine_bind = a.engine_bind;
     c.work_dir = Some(a.work_dir);
+    c.tls = tls;
     c.labels = a.labels.into_iter().collect();
     c.heartbeat = seconds("heartbeat-s", a.heartbeat_s)?;
     c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s)?;
@@ -186,7 +215,7 @@ fn fabric(s: &str) -> Result<(String, Vec<String>), String> {
 
 pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
     let (json, nvidia_smi, skip_gpus, model_dirs, fabrics, root) = match cmd {
-        AgentCommand::Run(a) => return run_agent(a).await,
+        AgentCommand::Run(a) => return run_agent(*a).await,
         AgentCommand::Inventory {
             json,
             nvidia_smi,

@@ -39,6 +39,48 @@ pub(crate) struct FileConfig {
     /// The catalog: these models win over the store's.
     #[serde(default)]
     pub models: Vec<Model>,
+    /// Mutual TLS on the agent listener (`llmgw ctl cert` makes the files).
+    pub tls: Option<TlsSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsSection {
+    /// The authority agents' certificates must be signed by.
+    pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+/// The PEM files of a TLS section, read (and so checked) before anything
+/// binds.
+#[derive(Debug, Clone)]
+pub(crate) struct TlsPems {
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
+}
+
+impl TlsSection {
+    pub(crate) fn read(&self) -> Result<TlsPems, ConfigError> {
+        let read = |what: &str, p: &std::path::Path| {
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                ConfigError(format!("tls.{what}: cannot read {}: {e}", p.display()))
+            })?;
+            if !text.contains("-----BEGIN") {
+                return Err(ConfigError(format!(
+                    "tls.{what}: {} is not PEM",
+                    p.display()
+                )));
+            }
+            Ok(text)
+        };
+        Ok(TlsPems {
+            ca: read("ca", &self.ca)?,
+            cert: read("cert", &self.cert)?,
+            key: read("key", &self.key)?,
+        })
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]

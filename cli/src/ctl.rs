@@ -30,6 +30,9 @@ pub(crate) struct CtlArgs {
 pub(crate) enum CtlCommand {
     #[command(flatten)]
     Cluster(crate::cluster::ClusterCommand),
+    /// A private certificate authority for the agent stream.
+    #[command(subcommand)]
+    Cert(crate::cert::CertCommand),
     /// Check every flag llmgw would pass to an engine against the engine's
     /// own full --help. Exits 1 when any is missing.
     EngineCheck {
@@ -57,6 +60,7 @@ fn help_args(engine: &str) -> &'static [&'static str] {
 pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
     let (engine, bin, help_output) = match args.command {
         CtlCommand::Cluster(c) => return crate::cluster::run(&args.admin, args.json, c).await,
+        CtlCommand::Cert(c) => return crate::cert::run(c),
         CtlCommand::EngineCheck {
             engine,
             bin,

@@ -2,6 +2,7 @@
 //! Parsing and printing live here; behaviour lives in the crates.
 
 mod agent;
+mod cert;
 mod cluster;
 mod config;
 mod ctl;

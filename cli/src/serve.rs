@@ -25,6 +25,8 @@ pub(crate) struct Listen {
     pub admin: SocketAddr,
     pub metrics: Option<SocketAddr>,
     pub agent: SocketAddr,
+    /// Mutual TLS on the agent listener; None is plaintext.
+    pub agent_tls: Option<crate::config::TlsPems>,
 }
 
 fn say(line: String) {
@@ -95,7 +97,23 @@ pub(crate) async fn run(
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for agents: {e}", listen.agent))?;
     let agent_addr = agent_l.local_addr()?;
     let mut grpc_stop = shutdown_rx.clone();
-    let grpc = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    match &listen.agent_tls {
+        Some(t) => {
+            use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+            let tls = ServerTlsConfig::new()
+                .identity(Identity::from_pem(&t.cert, &t.key))
+                .client_ca_root(Certificate::from_pem(&t.ca));
+            builder = builder.tls_config(tls).map_err(|e| {
+                anyhow::anyhow!("the agent listener's TLS files do not fit together: {e}")
+            })?;
+            tracing::info!("agent streams require client certificates (mutual TLS)");
+        }
+        None => tracing::warn!(
+            "agent streams are plaintext: for a trusted network only (see `llmgw ctl cert` and the tls: section)"
+        ),
+    }
+    let grpc = builder
         .add_service(llmgw_api::AgentServiceServer::new(AgentSvc(cp.clone())))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(agent_l),

@@ -50,6 +50,7 @@ pub(crate) struct ServerArgs {
 #[derive(Debug)]
 struct Settings {
     agent_listen: SocketAddr,
+    agent_tls: Option<config::TlsPems>,
     store: Option<String>,
     control: Option<llmgw_control::ControlConfig>,
     listen: SocketAddr,
@@ -72,6 +73,11 @@ fn settings(a: ServerArgs) -> Result<Settings, ConfigError> {
             .transpose()
     };
     let control = control_config(&file)?;
+    let agent_tls = file
+        .tls
+        .as_ref()
+        .map(config::TlsSection::read)
+        .transpose()?;
     let endpoints = if a.endpoints.is_empty() {
         file.endpoints
             .iter()
@@ -92,6 +98,7 @@ fn settings(a: ServerArgs) -> Result<Settings, ConfigError> {
             .unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
         store: file.store,
         control,
+        agent_tls,
         listen: a
             .listen
             .or(addr("listen", file.listen)?)
@@ -210,6 +217,7 @@ pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
             admin: s.admin_listen,
             metrics: s.metrics_listen,
             agent: s.agent_listen,
+            agent_tls: s.agent_tls.clone(),
         };
         let (_stop_tx, stop) = tokio::sync::watch::channel(false);
         return crate::serve::run(store, listen, s.fallbacks, control, |_| {}, stop).await;

@@ -30,6 +30,16 @@ type Registration = (
     Vec<llmgw_domain::placement::Held>,
 );
 
+/// The common name of the first (leaf) certificate.
+fn common_name(certs: &[tonic::transport::CertificateDer<'static>]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?.as_ref()).ok()?;
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned)
+}
+
 /// A reported shard's state as a command.
 fn report(rs: &v1::RunningShard, state: ShardState) -> Command {
     Command::Replica(ReplicaCommand::ReportShard {
@@ -131,6 +141,13 @@ impl llmgw_api::AgentService for AgentSvc {
     ) -> Result<Response<Outbound>, Status> {
         let cp = self.0.clone();
         cp.leader_token().await.map_err(to_status)?;
+        // With mutual TLS, the certificate names the node.
+        let certified = match request.peer_certs() {
+            Some(certs) => Some(common_name(&certs).ok_or_else(|| {
+                Status::unauthenticated("the client certificate names no node (no common name)")
+            })?),
+            None => None,
+        };
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -142,6 +159,14 @@ impl llmgw_api::AgentService for AgentSvc {
             ));
         };
         let node = reg.node_id.clone();
+        if let Some(cn) = certified
+            && cn != node
+        {
+            tracing::warn!(claimed = %node, certificate = %cn, "refused a stream whose node id is not its certificate's");
+            return Err(Status::permission_denied(format!(
+                "this certificate is for node {cn}, not {node}: issue one with `llmgw ctl cert issue-client {node}`"
+            )));
+        }
         cp.register(&reg).await.map_err(to_status)?;
         let (tx, rx) = mpsc::channel(256);
         let generation = cp.agents.generation.fetch_add(1, Ordering::Relaxed);

@@ -957,3 +957,153 @@ async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
     .await;
     drop(sweep);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
+    let sweep = EngineSweeper("127.0.8.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    let rogue = dir.path().join("rogue");
+    let llmgw = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let p = pki.to_str().unwrap();
+    llmgw(&["ctl", "cert", "init-ca", "--dir", p]);
+    llmgw(&[
+        "ctl",
+        "cert",
+        "issue-server",
+        "cp",
+        "--host",
+        "127.0.0.1",
+        "--dir",
+        p,
+    ]);
+    llmgw(&["ctl", "cert", "issue-client", "a", "--dir", p]);
+    llmgw(&["ctl", "cert", "issue-client", "b", "--dir", p]);
+    let r = rogue.to_str().unwrap();
+    llmgw(&["ctl", "cert", "init-ca", "--dir", r]);
+    llmgw(&["ctl", "cert", "issue-client", "a", "--dir", r]);
+    let inspected = llmgw(&[
+        "ctl",
+        "cert",
+        "inspect",
+        pki.join("cp.pem").to_str().unwrap(),
+    ]);
+    assert!(
+        inspected.contains("CN=cp")
+            && inspected.contains("127.0.0.1")
+            && inspected.contains("server"),
+        "{inspected}"
+    );
+
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "secure", &store, port, 1);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "tls:\n  ca: {p}/ca.pem\n  cert: {p}/cp.pem\n  key: {p}/cp-key.pem\n"
+    ));
+    std::fs::write(&config, text).unwrap();
+    let server = start_server(&config);
+    let url = format!("https://127.0.0.1:{port}");
+    let agent = |node: &str,
+                 ip: &str,
+                 ca: &std::path::Path,
+                 pki: &std::path::Path,
+                 cert: &str,
+                 url: &str| {
+        Child::spawn(&[
+            "agent",
+            "run",
+            "--server",
+            url,
+            "--node-id",
+            node,
+            "--mgmt-addr",
+            ip,
+            "--engine-bind",
+            ip,
+            "--heartbeat-s",
+            "0.2",
+            "--skip-gpus",
+            "--reconnect-max-s",
+            "0.5",
+            "--work-dir",
+            dir.path()
+                .join(format!("work-{node}-{cert}"))
+                .to_str()
+                .unwrap(),
+            "--tls-ca",
+            ca.join("ca.pem").to_str().unwrap(),
+            "--tls-cert",
+            pki.join(format!("{cert}.pem")).to_str().unwrap(),
+            "--tls-key",
+            pki.join(format!("{cert}-key.pem")).to_str().unwrap(),
+        ])
+    };
+    // Node b's certificate claiming to be a: refused with the reason.
+    let impostor = agent("a", "127.0.8.3", &pki, &pki, "b", &url);
+    let line = Child::expect(&impostor.stderr, "certificate is for node b");
+    assert!(line.contains("not a"), "{line}");
+    drop(impostor);
+    // A certificate from another authority does not get a stream at all.
+    let stranger = agent("a", "127.0.8.4", &pki, &rogue, "a", &url);
+    Child::expect(&stranger.stderr, "no session with the control plane");
+    drop(stranger);
+    let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+    assert!(
+        nodes.as_array().unwrap().is_empty(),
+        "no refused agent registered: {nodes}"
+    );
+
+    // The right certificate: registered, placed, served.
+    let _a = agent("a", "127.0.8.2", &pki, &pki, "a", &url);
+    until("served over the secured stream", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (ready_replicas(&rows).len() == 1).then_some(())
+    })
+    .await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Holding certificates, an agent refuses to dial in the clear.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "agent",
+            "run",
+            "--server",
+            &format!("http://127.0.0.1:{port}"),
+            "--node-id",
+            "a",
+            "--tls-ca",
+            pki.join("ca.pem").to_str().unwrap(),
+            "--tls-cert",
+            pki.join("a.pem").to_str().unwrap(),
+            "--tls-key",
+            pki.join("a-key.pem").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only https://"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(sweep);
+}

@@ -1,0 +1,241 @@
+//! `llmgw ctl cert`: a private certificate authority for the agent stream.
+//! The server's certificate names its hosts; each agent's names its node
+//! id as the common name, which the server checks against the id the
+//! agent claims.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+
+use crate::Outcome;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CertCommand {
+    /// Create the authority: ca.pem and ca-key.pem (never overwritten).
+    InitCa {
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// The authority's name.
+        #[arg(long, default_value = "llmgw agents CA")]
+        name: String,
+    },
+    /// A server certificate for the agent listener, valid for every --host.
+    IssueServer {
+        name: String,
+        /// A DNS name or IP address agents dial; repeat.
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Where to write NAME.pem and NAME-key.pem (default: --dir).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// A client certificate for one node: its common name is the node id.
+    IssueClient {
+        node: String,
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// What a certificate says: names, issuer, validity, purposes.
+    Inspect { file: PathBuf },
+}
+
+fn valid_for_days(params: &mut CertificateParams, days: i64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let at = |secs: i64| {
+        rcgen::date_time_ymd(1970, 1, 1) + std::time::Duration::from_secs(secs.max(0) as u64)
+    };
+    // A little slack for clocks behind ours.
+    params.not_before = at(now - 3600);
+    params.not_after = at(now + days * 86_400);
+}
+
+/// Writes a file only if it does not exist; keys readable by the owner only.
+fn write_new(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot create {} (an existing file is never overwritten)",
+                path.display()
+            )
+        })?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn load_ca(dir: &Path) -> anyhow::Result<Issuer<'static, KeyPair>> {
+    let cert = std::fs::read_to_string(dir.join("ca.pem")).with_context(|| {
+        format!(
+            "no authority in {}: run `llmgw ctl cert init-ca --dir {}` first",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    let key = std::fs::read_to_string(dir.join("ca-key.pem"))
+        .with_context(|| format!("cannot read {}", dir.join("ca-key.pem").display()))?;
+    let key = KeyPair::from_pem(&key).context("ca-key.pem is not a private key")?;
+    Issuer::from_ca_cert_pem(&cert, key).context("ca.pem is not a certificate authority")
+}
+
+fn issue(
+    dir: &Path,
+    out: Option<&Path>,
+    name: &str,
+    sans: Vec<String>,
+    purpose: ExtendedKeyUsagePurpose,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        bail!("{name:?} cannot name a certificate file");
+    }
+    let ca = load_ca(dir)?;
+    let mut params = CertificateParams::new(sans).context("a --host is not a DNS name or IP")?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    params.distinguished_name = dn;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![purpose];
+    valid_for_days(&mut params, 825);
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &ca)?;
+    let out = out.unwrap_or(dir);
+    std::fs::create_dir_all(out)?;
+    let (c, k) = (
+        out.join(format!("{name}.pem")),
+        out.join(format!("{name}-key.pem")),
+    );
+    write_new(&k, &key.serialize_pem(), true)?;
+    write_new(&c, &cert.pem(), false)?;
+    Ok((c, k))
+}
+
+pub(crate) fn run(cmd: CertCommand) -> anyhow::Result<Outcome> {
+    let mut out = std::io::stdout().lock();
+    match cmd {
+        CertCommand::InitCa { dir, name } => {
+            std::fs::create_dir_all(&dir)?;
+            let (c, k) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+            if c.exists() || k.exists() {
+                bail!(
+                    "{} already holds an authority; it is never overwritten",
+                    dir.display()
+                );
+            }
+            let mut params = CertificateParams::default();
+            let mut dn = DistinguishedName::new();
+            dn.push(DnType::CommonName, &name);
+            params.distinguished_name = dn;
+            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+            valid_for_days(&mut params, 3650);
+            let key = KeyPair::generate()?;
+            let cert = params.self_signed(&key)?;
+            write_new(&k, &key.serialize_pem(), true)?;
+            write_new(&c, &cert.pem(), false)?;
+            writeln!(
+                out,
+                "authority {name:?}: {} and {} (keep the key offline)",
+                c.display(),
+                k.display()
+            )?;
+        }
+        CertCommand::IssueServer {
+            name,
+            hosts,
+            dir,
+            out: o,
+        } => {
+            let (c, k) = issue(
+                &dir,
+                o.as_deref(),
+                &name,
+                hosts.clone(),
+                ExtendedKeyUsagePurpose::ServerAuth,
+            )?;
+            writeln!(
+                out,
+                "server {name} for {}: {} and {}",
+                hosts.join(", "),
+                c.display(),
+                k.display()
+            )?;
+        }
+        CertCommand::IssueClient { node, dir, out: o } => {
+            let (c, k) = issue(
+                &dir,
+                o.as_deref(),
+                &node,
+                Vec::new(),
+                ExtendedKeyUsagePurpose::ClientAuth,
+            )?;
+            writeln!(out, "node {node}: {} and {}", c.display(), k.display())?;
+        }
+        CertCommand::Inspect { file } => {
+            let pem =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
+                .map_err(|e| anyhow::anyhow!("{} is not a PEM certificate: {e}", file.display()))?;
+            let cert = pem.parse_x509().map_err(|e| {
+                anyhow::anyhow!("{} holds no readable certificate: {e}", file.display())
+            })?;
+            writeln!(out, "subject   {}", cert.subject())?;
+            writeln!(out, "issuer    {}", cert.issuer())?;
+            writeln!(
+                out,
+                "valid     {} to {}",
+                cert.validity().not_before,
+                cert.validity().not_after
+            )?;
+            writeln!(out, "ca        {}", cert.is_ca())?;
+            if let Ok(Some(san)) = cert.subject_alternative_name() {
+                use x509_parser::extensions::GeneralName;
+                let names: Vec<String> = san
+                    .value
+                    .general_names
+                    .iter()
+                    .map(|n| match n {
+                        GeneralName::DNSName(d) => (*d).to_owned(),
+                        GeneralName::IPAddress(b) => match b.len() {
+                            4 => std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string(),
+                            16 => <[u8; 16]>::try_from(*b)
+                                .map(|a| std::net::Ipv6Addr::from(a).to_string())
+                                .unwrap_or_default(),
+                            _ => format!("{b:?}"),
+                        },
+                        other => other.to_string(),
+                    })
+                    .collect();
+                writeln!(out, "names     {}", names.join(", "))?;
+            }
+            if let Ok(Some(eku)) = cert.extended_key_usage() {
+                let mut p = Vec::new();
+                if eku.value.server_auth {
+                    p.push("server");
+                }
+                if eku.value.client_auth {
+                    p.push("client");
+                }
+                writeln!(out, "purposes  {}", p.join(", "))?;
+            }
+        }
+    }
+    Ok(Outcome::Ok)
+}
