@@ -18,6 +18,9 @@ pub(crate) enum AgentCommand {
         nvidia_smi: Option<PathBuf>,
         #[arg(long)]
         skip_gpus: bool,
+        /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
+        #[arg(long)]
+        no_nvml: bool,
         /// A directory of model weights; repeat for several.
         #[arg(long = "model-dir")]
         model_dirs: Vec<PathBuf>,
@@ -68,6 +71,9 @@ pub(crate) struct RunArgs {
     nvidia_smi: Option<PathBuf>,
     #[arg(long)]
     skip_gpus: bool,
+    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
+    #[arg(long)]
+    no_nvml: bool,
     /// Where shard state files and engine logs are kept, so that a
     /// restarted agent adopts the engines it left running.
     #[arg(
@@ -158,6 +164,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     c.discovery = Options {
         nvidia_smi: a.nvidia_smi,
         skip_gpus: a.skip_gpus,
+        prefer_nvml: !a.no_nvml,
         model_dirs: a.model_dirs,
         fabrics: a.fabrics.into_iter().collect(),
         ..Options::default()
@@ -214,21 +221,25 @@ fn fabric(s: &str) -> Result<(String, Vec<String>), String> {
 }
 
 pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
-    let (json, nvidia_smi, skip_gpus, model_dirs, fabrics, root) = match cmd {
+    let (json, nvidia_smi, skip_gpus, no_nvml, model_dirs, fabrics, root) = match cmd {
         AgentCommand::Run(a) => return run_agent(*a).await,
         AgentCommand::Inventory {
             json,
             nvidia_smi,
             skip_gpus,
+            no_nvml,
             model_dirs,
             fabrics,
             root,
-        } => (json, nvidia_smi, skip_gpus, model_dirs, fabrics, root),
+        } => (
+            json, nvidia_smi, skip_gpus, no_nvml, model_dirs, fabrics, root,
+        ),
     };
     let options = Options {
         root,
         nvidia_smi,
         skip_gpus,
+        prefer_nvml: !no_nvml,
         model_dirs,
         fabrics: fabrics.into_iter().collect(),
     };

@@ -5,6 +5,7 @@ pub mod gpu;
 pub mod host;
 pub mod ib;
 pub mod memory;
+pub mod nvml;
 pub mod smi;
 pub mod storage;
 pub mod weights;
@@ -22,6 +23,10 @@ pub struct Options {
     /// nvidia-smi to run; None looks it up on PATH (absent = CPU node).
     pub nvidia_smi: Option<PathBuf>,
     pub skip_gpus: bool,
+    /// Ask NVML first (for NVLink peers); nvidia-smi when it cannot load.
+    /// An explicit `nvidia_smi` is a deliberate choice and skips NVML, so
+    /// that fixtures are read, never the machine's own cards.
+    pub prefer_nvml: bool,
     pub model_dirs: Vec<PathBuf>,
     /// Fabric name → the adapters configured for it.
     pub fabrics: BTreeMap<String, Vec<String>>,
@@ -33,6 +38,7 @@ impl Default for Options {
             root: PathBuf::from("/"),
             nvidia_smi: None,
             skip_gpus: false,
+            prefer_nvml: true,
             model_dirs: Vec::new(),
             fabrics: BTreeMap::new(),
         }
@@ -75,19 +81,29 @@ pub enum DiscoveryError {
 /// Takes the inventory. A GPU failure is an error; memory, host and disks
 /// are read whatever happens to the GPUs.
 pub fn discover(o: &Options) -> Result<Inventory, DiscoveryError> {
-    let gpus = if o.skip_gpus {
-        Vec::new()
+    let (gpus, source) = if o.skip_gpus {
+        (Vec::new(), "none")
     } else {
-        smi::discover(o.nvidia_smi.as_deref())?
+        match (o.prefer_nvml && o.nvidia_smi.is_none()).then(nvml::discover) {
+            Some(Ok(gpus)) => (gpus, "nvml"),
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::warn!(error = %e, "NVML is not usable here; asking nvidia-smi (no NVLink peers)");
+                }
+                let gpus = smi::discover(o.nvidia_smi.as_deref())?;
+                let source = if gpus.is_empty() {
+                    "none"
+                } else {
+                    "nvidia-smi"
+                };
+                (gpus, source)
+            }
+        }
     };
     let hcas = ib::discover(Some(&o.root.join("sys/class/infiniband")))?;
     let fabrics = fabric::check(&o.fabrics, &hcas)?;
     Ok(Inventory {
-        source: if gpus.is_empty() {
-            "none".into()
-        } else {
-            "nvidia-smi".into()
-        },
+        source: source.into(),
         gpus,
         hcas,
         host: host::discover(&o.root),

@@ -578,3 +578,39 @@ fn storage_is_counted_once_per_disk_and_missing_mounts_are_unknown() {
     assert!(scan(&[]).is_empty());
     assert!(is_network_fs(0x6969) && is_network_fs(0xFF53_4D42) && !is_network_fs(0xEF53));
 }
+
+#[test]
+fn nvlink_peers_are_gpu_indices_of_this_machine_only() {
+    use llmgw_agent::discovery::nvml::peer_indices;
+    // Four cards: 0-1 and 2-3 bridged pairwise, 0 also reaches a switch
+    // (a bus id that is no card here), 1 reaches 0 over two links.
+    let links = vec![
+        (
+            "00000000:1B:00.0".to_string(),
+            vec![
+                "00000000:1C:00.0".to_string(),
+                "00000000:FF:00.0".to_string(),
+            ],
+        ),
+        (
+            "00000000:1C:00.0".to_string(),
+            vec!["00000000:1b:00.0".to_string(), "0000:1B:00.0".to_string()],
+        ),
+        (
+            "00000000:3D:00.0".to_string(),
+            vec!["00000000:3E:00.0".to_string()],
+        ),
+        (
+            "00000000:3E:00.0".to_string(),
+            vec!["00000000:3D:00.0".to_string()],
+        ),
+    ];
+    assert_eq!(
+        peer_indices(&links),
+        vec![vec![1], vec![0], vec![3], vec![2]]
+    );
+    assert_eq!(
+        peer_indices(&[("a".to_string(), vec![])]),
+        vec![Vec::<u32>::new()]
+    );
+}
