@@ -1107,3 +1107,120 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
     );
     drop(sweep);
 }
+
+/// llama.cpp's server and a tiny model, built once into a cache by
+/// `scripts/real-engine` (minutes the first time, then instant).
+fn real_engine() -> (std::path::PathBuf, std::path::PathBuf) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/real-engine");
+    let out = std::process::Command::new(script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/real-engine failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines = text.lines();
+    (lines.next().unwrap().into(), lines.next().unwrap().into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_llama_server_is_launched_judged_ready_and_served_through_the_router() {
+    let (bin, model) = real_engine();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = dir.path().join("real.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:{port}"
+store: "{store}"
+control:
+  interval: 200ms
+  port_range: [30400, 30499]
+models:
+  - name: tiny
+    source: {}
+    scaling: {{min: 1, max: 1}}
+    profiles:
+      - name: cpu
+        engine: llamacpp
+        args: ["--ctx-size", "512"]
+"#,
+            model.display()
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let _agent = Child::spawn_env(
+        &[
+            "agent",
+            "run",
+            "--server",
+            &format!("http://127.0.0.1:{port}"),
+            "--node-id",
+            "cpu-1",
+            "--mgmt-addr",
+            "127.0.0.1",
+            "--heartbeat-s",
+            "0.2",
+            "--skip-gpus",
+            "--work-dir",
+            dir.path().join("work").to_str().unwrap(),
+            "--cache-dir",
+            dir.path().join("cache").to_str().unwrap(),
+        ],
+        &[("PATH", path)],
+    );
+    let rows = until("llama-server is ready", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        (!ready.is_empty()).then_some(ready)
+    })
+    .await;
+    assert_eq!(rows[0]["shards"][0]["state"], "ready");
+    let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+    assert!(
+        nodes[0]["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == "llamacpp"),
+        "{nodes}"
+    );
+
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["object"], "chat.completion");
+    assert!(
+        body["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
+        "{body}"
+    );
+    let r = http
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "tiny", "max_tokens": 4, "stream": true,
+                      "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("chat.completion.chunk") && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
+}

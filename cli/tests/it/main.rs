@@ -591,8 +591,13 @@ struct Child {
 
 impl Child {
     fn spawn(args: &[&str]) -> Child {
+        Child::spawn_env(args, &[])
+    }
+
+    fn spawn_env(args: &[&str], env: &[(&str, String)]) -> Child {
         let mut process = Command::new(env!("CARGO_BIN_EXE_llmgw"))
             .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
