@@ -767,13 +767,27 @@ impl Agent {
     ) {
         let changes = self.changes_tx.clone();
         tokio::spawn(async move {
+            let mut rewritten = false;
             while status.changed().await.is_ok() {
-                let pids = status.borrow().pids.clone();
+                let (pids, state) = {
+                    let s = status.borrow();
+                    (s.pids.clone(), s.state)
+                };
+                // Written once every command runs, and again once ready
+                // with the command line as the kernel shows it then (a
+                // script's interpreter, or a wrapper that exec'd).
                 if pids.len() == commands
-                    && let Some((dir, mut r)) = record.take()
+                    && let Some((dir, r)) = record.as_mut()
+                    && (r.pids.is_empty() || (state == State::Ready && !rewritten))
                 {
+                    if state == State::Ready {
+                        rewritten = true;
+                        if let Some(c) = pids.last().and_then(|p| state_files::cmdline_of(*p)) {
+                            r.cmdline = c;
+                        }
+                    }
                     r.pids = pids;
-                    if let Err(e) = state_files::write(&dir, &r) {
+                    if let Err(e) = state_files::write(dir, r) {
                         tracing::warn!(error = %e, "no state file: a restarted agent will not adopt this shard");
                     }
                 }

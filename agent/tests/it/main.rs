@@ -15,6 +15,7 @@ use llmgw_agent::discovery::{memory, smi};
 
 mod engines;
 mod fetch;
+mod supervisor;
 
 const SMI_SAMPLE: &str = "0, GPU-11111111-2222-3333-4444-555555555555, NVIDIA H100 80GB HBM3, 81559, 4, 9.0, 00000000:1B:00.0, 550.54.15, 34, 0
 1, GPU-66666666-7777-8888-9999-000000000000, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54.15, 36, 0

@@ -1,0 +1,230 @@
+//! The supervisor and the state files with real child processes (small
+//! shell scripts): stop timeouts, output kept in files, adoption of a
+//! previous agent's engines, and what is done with files nobody can trust.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use llmgw_agent::engines::Command as EngineCommand;
+use llmgw_agent::state_files::{self, Found, Record, Spec};
+use llmgw_agent::supervisor::{State, Status, SupervisorOptions, adopt, start};
+
+fn sh(name: &str, script: &str) -> EngineCommand {
+    EngineCommand {
+        name: name.into(),
+        path: "/bin/sh".into(),
+        args: vec!["-c".into(), script.into()],
+        env: BTreeMap::new(),
+        wait_for_leader_port: false,
+    }
+}
+
+async fn until(rx: &mut tokio::sync::watch::Receiver<Status>, want: State) -> Status {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        rx.wait_for(|s| s.state == want || s.state == State::Failed),
+    )
+    .await
+    .expect("state reached in time")
+    .unwrap()
+    .clone()
+}
+
+/// A live (not zombie) process in the group.
+fn group_alive(pgid: u32) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                return false;
+            };
+            let Some((_, rest)) = stat.rsplit_once(") ") else {
+                return false;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
+        })
+}
+
+fn quick() -> SupervisorOptions {
+    SupervisorOptions {
+        stop_timeout: Duration::from_millis(300),
+        ..SupervisorOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn an_engine_that_ignores_sigterm_is_killed_after_the_stop_timeout() {
+    let shard = start(vec![sh("engine", "trap '' TERM; sleep 30 & wait")], quick());
+    let mut status = shard.status();
+    until(&mut status, State::Ready).await;
+    let pgid = status.borrow().pids[0];
+    let began = std::time::Instant::now();
+    assert_eq!(shard.stop().await.state, State::Stopped);
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    assert!(!group_alive(pgid), "SIGKILL took the group");
+}
+
+#[tokio::test]
+async fn output_goes_to_the_shards_log_file_and_its_tail_explains_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("shard-a.log");
+    let options = SupervisorOptions {
+        log_file: Some(log.clone()),
+        ..quick()
+    };
+    let shard = start(
+        vec![sh(
+            "engine",
+            "echo loading; echo 'CUDA out of memory' >&2; exit 3",
+        )],
+        options,
+    );
+    let mut status = shard.status();
+    let s = until(&mut status, State::Failed).await;
+    let s = if s.state == State::Failed {
+        s
+    } else {
+        until(&mut status, State::Failed).await
+    };
+    assert_eq!(s.exit_code, Some(3));
+    assert!(s.log_tail.contains("CUDA out of memory"), "{}", s.log_tail);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("loading") && text.contains("CUDA out of memory"),
+        "{text}"
+    );
+}
+
+fn spec(shard: &str) -> Spec {
+    Spec {
+        replica_id: "rep-1".into(),
+        shard_id: shard.into(),
+        rank: 1,
+        nnodes: 2,
+        gpu_indices: vec![],
+        hcas: vec![],
+        http_port: 20100,
+        model: "m".into(),
+        profile: "p".into(),
+        engine: "sim".into(),
+        served_model_name: "m".into(),
+        pool: "cpu".into(),
+        fabric: String::new(),
+        leader_addr: "10.0.0.1".into(),
+        leader_port: 21100,
+        profile_fp: "fp".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_second_supervisor_finds_adopts_and_stops_what_the_first_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start(vec![sh("engine", "exec sleep 30")], quick());
+    let mut status = first.status();
+    until(&mut status, State::Ready).await;
+    let pid = status.borrow().pids[0];
+    let cmdline = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match state_files::cmdline_of(pid) {
+                Some(c) if c == ["sleep", "30"] => return c,
+                _ => tokio::task::yield_now().await,
+            }
+        }
+    })
+    .await
+    .expect("exec replaced the shell");
+    state_files::write(
+        dir.path(),
+        &Record {
+            spec: spec("a"),
+            pids: vec![pid],
+            cmdline,
+            started_at: 1,
+        },
+    )
+    .unwrap();
+    // The first agent dies; its engine does not.
+    drop(first);
+    let found = state_files::scan(dir.path());
+    let [Found::Adopt(r)] = found.as_slice() else {
+        panic!("{found:?}")
+    };
+    assert_eq!(r.pids, vec![pid]);
+    assert_eq!(r.spec.replica_id, "rep-1");
+    assert_eq!(r.spec.start().http_port, 20100, "the spec is whole");
+    let adopted = adopt(r.pids.clone(), quick());
+    let mut s = adopted.status();
+    assert_eq!(
+        until(&mut s, State::Ready).await.state,
+        State::Ready,
+        "a worker: alive is ready"
+    );
+    assert_eq!(adopted.stop().await.state, State::Stopped);
+    assert!(!group_alive(pid));
+}
+
+#[tokio::test]
+async fn an_adopted_engine_that_dies_fails_its_shard() {
+    let first = start(vec![sh("engine", "exec sleep 30")], quick());
+    let mut status = first.status();
+    until(&mut status, State::Ready).await;
+    let pid = status.borrow().pids[0];
+    let adopted = adopt(vec![pid], quick());
+    let mut s = adopted.status();
+    until(&mut s, State::Ready).await;
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status();
+    let s = until(&mut s, State::Failed).await;
+    assert_eq!(s.state, State::Failed);
+    assert_eq!(s.error.as_deref(), Some("adopted engine exited"));
+    drop(first);
+}
+
+#[test]
+fn state_files_that_cannot_be_trusted_are_judged_and_never_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("shard-broken.json"), "{not json").unwrap();
+    std::fs::write(dir.path().join("shard-a.json.tmp"), "{}").unwrap();
+    // A pid that is alive but runs something else than recorded: reused.
+    let me = std::process::id();
+    state_files::write(
+        dir.path(),
+        &Record {
+            spec: spec("reused"),
+            pids: vec![me],
+            cmdline: vec!["llmgw".into(), "sim-engine".into()],
+            started_at: 1,
+        },
+    )
+    .unwrap();
+    // A process that is gone.
+    state_files::write(
+        dir.path(),
+        &Record {
+            spec: spec("gone"),
+            pids: vec![999_999_999],
+            cmdline: vec!["x".into()],
+            started_at: 1,
+        },
+    )
+    .unwrap();
+    let mut found = state_files::scan(dir.path());
+    found.sort_by_key(|f| format!("{f:?}"));
+    assert_eq!(
+        found,
+        vec![
+            Found::Gone("gone".into()),
+            Found::Stale("broken".into()),
+            Found::Stale("reused".into()),
+        ]
+    );
+    assert!(state_files::path(dir.path(), "../escape").is_err());
+    assert!(state_files::path(dir.path(), "").is_err());
+}
