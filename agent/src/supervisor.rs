@@ -267,7 +267,12 @@ async fn supervise(
             return;
         }
         tokio::select! {
-            _ = &mut stop => {
+            asked = &mut stop => {
+                if asked.is_err() {
+                    // The Shard was dropped without a stop (the agent is
+                    // exiting): the engine outlives it, to be adopted.
+                    return;
+                }
                 set(&tx, State::Draining);
                 stop_all(&mut children, o.stop_timeout).await;
                 set(&tx, State::Stopped);
@@ -444,7 +449,10 @@ async fn watch_adopted(
     let mut probe = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
-            _ = &mut stop => {
+            asked = &mut stop => {
+                if asked.is_err() {
+                    return;
+                }
                 set(&tx, State::Draining);
                 let groups: Vec<Pid> = pids.iter().rev().filter_map(|p| Pid::from_raw(*p as i32)).collect();
                 for g in &groups {

@@ -1224,3 +1224,39 @@ models:
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_agent_exits_within_a_second_and_leaves_its_engines_serving() {
+    let sweep = EngineSweeper("127.0.9.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "calm", &store, port, 1));
+    let mut agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.9.2");
+    until("ready", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (ready_replicas(&rows).len() == 1).then_some(())
+    })
+    .await;
+    let engines = sweep.engines();
+    assert_eq!(engines.len(), 1);
+    let signalled = Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &agent.process.id().to_string()])
+        .status();
+    let status = agent.process.wait().unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the agent took {took:?} to stop"
+    );
+    assert_eq!(sweep.engines(), engines, "its engine keeps running");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": "still there?"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "served without its agent");
+}
