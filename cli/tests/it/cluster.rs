@@ -1128,11 +1128,20 @@ async fn a_real_llama_server_is_launched_judged_ready_and_served_through_the_rou
     let (bin, model) = real_engine();
     // Every flag llmgw passes is in this build's own --help.
     let check = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args(["ctl", "engine-check", "llamacpp", "--bin", bin.to_str().unwrap()])
+        .args([
+            "ctl",
+            "engine-check",
+            "llamacpp",
+            "--bin",
+            bin.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&check.stdout);
-    assert!(check.status.success() && !table.contains("MISSING"), "{table}");
+    assert!(
+        check.status.success() && !table.contains("MISSING"),
+        "{table}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
     let port = free_port();
