@@ -692,6 +692,7 @@ impl Agent {
         };
         let options = SupervisorOptions {
             http_port: engine.serves_http(&spec).then_some(spec.http_port),
+            served_model: (!p.served_model_name.is_empty()).then(|| p.served_model_name.clone()),
             health_host: self
                 .config
                 .engine_bind
@@ -822,6 +823,8 @@ impl Agent {
                     let serves = r.spec.rank == 0;
                     let options = SupervisorOptions {
                         http_port: serves.then(|| u16::try_from(r.spec.http_port).unwrap_or(0)),
+                        served_model: (!r.spec.served_model_name.is_empty())
+                            .then(|| r.spec.served_model_name.clone()),
                         health_host: self
                             .config
                             .engine_bind

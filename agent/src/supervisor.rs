@@ -48,6 +48,9 @@ pub struct SupervisorOptions {
     pub http_port: Option<u16>,
     /// Where the health checks go (the engine's bind address).
     pub health_host: String,
+    /// The model `/v1/models` must list before the shard is ready; None
+    /// accepts any.
+    pub served_model: Option<String>,
     /// Where the leader's rendezvous is, for commands that wait for it.
     pub leader: Option<(String, u16)>,
     pub rendezvous_timeout: Duration,
@@ -66,6 +69,7 @@ impl Default for SupervisorOptions {
         SupervisorOptions {
             http_port: None,
             health_host: "127.0.0.1".into(),
+            served_model: None,
             leader: None,
             rendezvous_timeout: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
@@ -280,7 +284,7 @@ async fn supervise(
             }
             _ = probe.tick() => {
                 if !ready && let Some(port) = o.http_port
-                    && http_ok(&o.health_host, port, "/health").await && http_ok(&o.health_host, port, "/v1/models").await
+                    && engine_ready(&o, port).await
                 {
                     ready = true;
                     set(&tx, State::Ready);
@@ -390,21 +394,38 @@ async fn wait_for_port(host: &str, port: u16, timeout: Duration) -> bool {
     false
 }
 
-/// Whether `GET path` on the local port answers 200.
-async fn http_ok(host: &str, port: u16, path: &str) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect((host, port)).await else {
-        return false;
-    };
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
+/// Ready: `/health` answers 200 (a loading engine answers 503) and
+/// `/v1/models` lists the model this shard serves (an engine answering for
+/// another model is not this shard's).
+async fn engine_ready(o: &SupervisorOptions, port: u16) -> bool {
+    if http_get(&o.health_host, port, "/health").await.is_none() {
         return false;
     }
-    let mut head = [0u8; 12];
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut head)).await,
-        Ok(Ok(_))
-    ) && head.starts_with(b"HTTP/1.1 200")
+    match http_get(&o.health_host, port, "/v1/models").await {
+        None => false,
+        Some(body) => o
+            .served_model
+            .as_ref()
+            .is_none_or(|m| body.contains(&format!("\"{m}\""))),
+    }
+}
+
+/// The body of `GET path` when it answers 200 (at most 64 KiB, 2 s).
+async fn http_get(host: &str, port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        let _ = (&mut s).take(64 * 1024).read_to_end(&mut buf).await;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        text.starts_with("HTTP/1.1 200").then_some(text)
+    };
+    tokio::time::timeout(Duration::from_secs(2), fetch)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Takes over a shard a previous agent started: the processes are not our
@@ -474,8 +495,7 @@ async fn watch_adopted(
                     return;
                 }
                 if !ready && let Some(port) = o.http_port
-                    && http_ok(&o.health_host, port, "/health").await
-                    && http_ok(&o.health_host, port, "/v1/models").await
+                    && engine_ready(&o, port).await
                 {
                     ready = true;
                     set(&tx, State::Ready);

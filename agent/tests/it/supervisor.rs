@@ -228,3 +228,111 @@ fn state_files_that_cannot_be_trusted_are_judged_and_never_adopted() {
     assert!(state_files::path(dir.path(), "../escape").is_err());
     assert!(state_files::path(dir.path(), "").is_err());
 }
+
+/// An engine's HTTP surface, scripted: `/health`'s status and the models
+/// `/v1/models` lists can change while it runs; requests are counted.
+struct FakeEngine {
+    port: u16,
+    health: std::sync::Arc<std::sync::Mutex<(u16, Vec<String>)>>,
+    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    probes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn fake_engine(status: u16, models: &[&str]) -> FakeEngine {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let health = std::sync::Arc::new(std::sync::Mutex::new((
+        status,
+        models.iter().map(|m| (*m).to_owned()).collect::<Vec<_>>(),
+    )));
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let probes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (h, n, p) = (health.clone(), seen.clone(), probes.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let (h, n, p) = (h.clone(), n.clone(), p.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let Ok(len) = sock.read(&mut buf).await else {
+                    return;
+                };
+                let req = String::from_utf8_lossy(&buf[..len]).into_owned();
+                let (status, models) = h.lock().unwrap().clone();
+                let (code, body) = if req.starts_with("GET /health") {
+                    p.fetch_add(1, Ordering::SeqCst);
+                    (status, "{}".to_owned())
+                } else {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    let data: Vec<String> = models
+                        .iter()
+                        .map(|m| format!("{{\"id\":\"{m}\"}}"))
+                        .collect();
+                    (200, format!("{{\"data\":[{}]}}", data.join(",")))
+                };
+                let resp = format!(
+                    "HTTP/1.1 {code} X\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    FakeEngine {
+        port,
+        health,
+        seen,
+        probes,
+    }
+}
+
+#[tokio::test]
+async fn ready_means_healthy_and_serving_this_shards_model() {
+    use std::sync::atomic::Ordering;
+    let engine = fake_engine(200, &["some-other-model"]).await;
+    let options = SupervisorOptions {
+        http_port: Some(engine.port),
+        served_model: Some("llama-3.3-70b".into()),
+        ..quick()
+    };
+    let shard = start(vec![sh("engine", "exec sleep 30")], options);
+    let status = shard.status();
+    // Healthy but serving another model: probed, never ready.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while engine.seen.load(Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        status.borrow().state,
+        State::Loading,
+        "does not serve the model"
+    );
+    // Still loading (503), then the model appears and it is healthy.
+    *engine.health.lock().unwrap() = (503, vec!["llama-3.3-70b".into()]);
+    let before = engine.seen.load(Ordering::SeqCst);
+    let probed = engine.probes.load(Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while engine.probes.load(Ordering::SeqCst) < probed + 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    // At most the probe in flight when the health turned 503 went on.
+    assert!(
+        engine.seen.load(Ordering::SeqCst) <= before + 1,
+        "a 503 health stops there"
+    );
+    assert_eq!(status.borrow().state, State::Loading);
+    *engine.health.lock().unwrap() = (200, vec!["llama-3.3-70b".into()]);
+    let mut status = status;
+    assert_eq!(until(&mut status, State::Ready).await.state, State::Ready);
+    shard.stop().await;
+}
