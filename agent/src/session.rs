@@ -693,6 +693,8 @@ impl Agent {
         let options = SupervisorOptions {
             http_port: engine.serves_http(&spec).then_some(spec.http_port),
             served_model: (!p.served_model_name.is_empty()).then(|| p.served_model_name.clone()),
+            startup_timeout: (start.startup_timeout_ms > 0)
+                .then(|| Duration::from_millis(start.startup_timeout_ms as u64)),
             health_host: self
                 .config
                 .engine_bind

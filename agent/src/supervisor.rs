@@ -51,6 +51,8 @@ pub struct SupervisorOptions {
     /// The model `/v1/models` must list before the shard is ready; None
     /// accepts any.
     pub served_model: Option<String>,
+    /// Not ready this long after the start: failed, with the log tail.
+    pub startup_timeout: Option<Duration>,
     /// Where the leader's rendezvous is, for commands that wait for it.
     pub leader: Option<(String, u16)>,
     pub rendezvous_timeout: Duration,
@@ -70,6 +72,7 @@ impl Default for SupervisorOptions {
             http_port: None,
             health_host: "127.0.0.1".into(),
             served_model: None,
+            startup_timeout: None,
             leader: None,
             rendezvous_timeout: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
@@ -254,8 +257,21 @@ async fn supervise(
     if ready {
         set(&tx, State::Ready);
     }
+    let ready_by = o.startup_timeout.map(|t| Instant::now() + t);
     let mut probe = tokio::time::interval(Duration::from_millis(200));
     loop {
+        if !ready && ready_by.is_some_and(|t| Instant::now() >= t) {
+            // A load that never finishes: its output is the diagnosis.
+            let waited = o.startup_timeout.unwrap_or_default();
+            fail(
+                &tx,
+                &log,
+                format!("not ready within the startup timeout ({waited:?})"),
+                None,
+            );
+            stop_all(&mut children, o.stop_timeout).await;
+            return;
+        }
         // Any process exiting ends the shard: a sidecar is part of it.
         let exited = children
             .iter_mut()

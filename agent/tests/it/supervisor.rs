@@ -336,3 +336,56 @@ async fn ready_means_healthy_and_serving_this_shards_model() {
     assert_eq!(until(&mut status, State::Ready).await.state, State::Ready);
     shard.stop().await;
 }
+
+#[tokio::test]
+async fn a_shard_not_ready_within_its_startup_timeout_fails_with_its_output() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let options = SupervisorOptions {
+        http_port: Some(closed),
+        startup_timeout: Some(Duration::from_millis(300)),
+        ..quick()
+    };
+    let shard = start(
+        vec![sh("engine", "echo 'CUDA out of memory'; exec sleep 30")],
+        options,
+    );
+    let mut status = shard.status();
+    let s = until(&mut status, State::Failed).await;
+    assert_eq!(s.state, State::Failed);
+    assert!(
+        s.error.as_deref().unwrap_or("").contains("startup timeout"),
+        "{s:?}"
+    );
+    assert!(s.log_tail.contains("CUDA out of memory"), "{}", s.log_tail);
+    let pgid = s.pids[0];
+    assert!(!group_alive(pgid), "the engine was stopped");
+}
+
+#[tokio::test]
+async fn an_adopted_serving_shard_becomes_ready_when_its_engine_answers() {
+    let engine = fake_engine(503, &["m"]).await;
+    let first = start(vec![sh("engine", "exec sleep 30")], quick());
+    let mut status = first.status();
+    until(&mut status, State::Ready).await;
+    let pid = status.borrow().pids[0];
+    let options = SupervisorOptions {
+        http_port: Some(engine.port),
+        served_model: Some("m".into()),
+        ..quick()
+    };
+    let adopted = adopt(vec![pid], options);
+    let mut s = adopted.status();
+    assert_eq!(
+        s.borrow().state,
+        State::Starting,
+        "not ready until it answers"
+    );
+    engine.health.lock().unwrap().0 = 200;
+    assert_eq!(until(&mut s, State::Ready).await.state, State::Ready);
+    adopted.stop().await;
+    drop(first);
+}
