@@ -45,6 +45,8 @@ struct Inner {
     own: BTreeSet<u64>,
     /// The state holds a decision that did not land: rebuild before use.
     dirty: bool,
+    /// On-demand models another server's gateway was asked for, recently.
+    demanded: Vec<String>,
 }
 
 impl Decider {
@@ -71,6 +73,16 @@ impl Decider {
                     continue;
                 }
                 match Event::decode(&r.event_type, r.schema_version, &r.payload) {
+                    Ok(Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
+                        model,
+                    })) => {
+                        // Old demand (read back when taking office) is no
+                        // reason to start a model now.
+                        let age = chrono::Utc::now() - r.recorded_at;
+                        if age < chrono::Duration::minutes(2) {
+                            inner.demanded.push(model);
+                        }
+                    }
                     Ok(e) => inner.state.evolve(&e),
                     Err(e) => {
                         tracing::warn!(position = r.position, error = %e, "skipping an event this build cannot read")
@@ -78,6 +90,19 @@ impl Decider {
                 }
             }
         }
+    }
+
+    /// On-demand models other servers recorded since the last call.
+    pub(crate) async fn take_demanded(&self) -> Vec<String> {
+        std::mem::take(&mut self.inner.lock().await.demanded)
+    }
+
+    /// Appends an observed fact (no lease needed).
+    pub(crate) async fn observe(&self, event: Event) -> Result<(), StoreError> {
+        let writer = Writer::Observer {
+            instance: self.instance.clone(),
+        };
+        self.append_event(&writer, event).await
     }
 
     /// The decision state as of the log's head, copied.

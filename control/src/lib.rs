@@ -41,6 +41,9 @@ pub enum ControlError {
     Store(#[from] StoreError),
 }
 
+/// How often a standby records demand for one model.
+const DEMAND_EVERY_MS: i64 = 5_000;
+
 /// What the control plane keeps in memory between reconciler passes: lost
 /// on restart by design (backoff restarts from the base, drains restart
 /// their grace period).
@@ -117,10 +120,32 @@ impl ControlPlane {
     }
 
     /// Somebody asked for an on-demand model: keep it up for its idle time.
-    pub fn demand(&self, model: &str) {
+    /// A standby records the request in the log (at most every few seconds
+    /// per model), so that the leader sees it too.
+    pub fn demand(self: &Arc<Self>, model: &str) {
         let now = self.now_ms();
-        self.memory().rt.demand.insert(model.to_owned(), now);
-        self.wake.notify_one();
+        let previous = self.memory().rt.demand.insert(model.to_owned(), now);
+        if self.is_leader() {
+            self.wake.notify_one();
+            return;
+        }
+        if previous.is_some_and(|at| now - at < DEMAND_EVERY_MS) {
+            // Keep the older stamp, so the limit counts from the last record.
+            if let Some(at) = previous {
+                self.memory().rt.demand.insert(model.to_owned(), at);
+            }
+            return;
+        }
+        let (cp, model) = (self.clone(), model.to_owned());
+        tokio::spawn(async move {
+            let event =
+                llmgw_domain::Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
+                    model: model.clone(),
+                });
+            if let Err(e) = cp.decider.observe(event).await {
+                tracing::warn!(%model, error = %e, "could not record demand for the leader");
+            }
+        });
     }
 
     async fn leader_token(&self) -> Result<LeaseToken, ControlError> {

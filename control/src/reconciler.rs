@@ -101,6 +101,9 @@ impl ControlPlane {
 
     pub(crate) async fn pass(&self) -> Result<(), crate::ControlError> {
         let now = self.now_ms();
+        for model in self.decider.take_demanded().await {
+            self.memory().rt.demand.insert(model, now);
+        }
         // Planned under a read of the state; it is copied only when there
         // is something to carry out, which a settled cluster never has.
         let (plan, state) = self

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::catalog::CatalogEvent;
+use crate::demand::DemandEvent;
 use crate::nodes::NodeEvent;
 use crate::replicas::ReplicaEvent;
 use crate::tenancy::{Scope, TenancyEvent};
@@ -30,6 +31,7 @@ pub enum Event {
     Tenancy(TenancyEvent),
     Usage(UsageEvent),
     Leadership(LeadershipEvent),
+    Demand(DemandEvent),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +42,7 @@ enum Area {
     Tenancy,
     Usage,
     Leadership,
+    Demand,
 }
 
 /// Every type name with its area and current schema version.
@@ -77,6 +80,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("UsageRecorded", Area::Usage, 1),
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
+    ("ModelDemanded", Area::Demand, 1),
 ];
 
 /// Why a stored event could not be turned back into an [`Event`].
@@ -119,6 +123,7 @@ impl Event {
             Event::Tenancy(e) => serde_json::to_value(e),
             Event::Usage(e) => serde_json::to_value(e),
             Event::Leadership(e) => serde_json::to_value(e),
+            Event::Demand(e) => serde_json::to_value(e),
         }
         .expect("events serialise");
         let Value::Object(mut map) = tagged else {
@@ -164,6 +169,7 @@ impl Event {
             Area::Tenancy => Event::Tenancy(serde_json::from_value(tagged).map_err(err)?),
             Area::Usage => Event::Usage(serde_json::from_value(tagged).map_err(err)?),
             Area::Leadership => Event::Leadership(serde_json::from_value(tagged).map_err(err)?),
+            Area::Demand => Event::Demand(serde_json::from_value(tagged).map_err(err)?),
         })
     }
 
@@ -202,6 +208,7 @@ impl Event {
             },
             Event::Usage(UsageEvent::UsageRecorded(u)) => format!("usage-{}", u.key_id),
             Event::Leadership(_) => "leadership".to_owned(),
+            Event::Demand(DemandEvent::ModelDemanded { model }) => format!("demand-{model}"),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! person never means rewriting the log.
 
 pub mod catalog;
+pub mod demand;
 pub mod event;
 pub mod nodes;
 pub mod placement;
@@ -91,7 +92,7 @@ impl State {
             Event::Node(e) => self.nodes.evolve(e),
             Event::Replica(e) => self.replicas.evolve(e),
             Event::Tenancy(e) => self.tenancy.evolve(e),
-            Event::Usage(_) | Event::Leadership(_) => {}
+            Event::Usage(_) | Event::Leadership(_) | Event::Demand(_) => {}
         }
     }
 }

@@ -1276,3 +1276,66 @@ async fn a_stopped_agent_exits_within_a_second_and_leaves_its_engines_serving() 
         .unwrap();
     assert_eq!(r.status(), 200, "served without its agent");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
+    let sweep = EngineSweeper("127.0.10.".into());
+    let db = llmgw_testkit::TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (free_port(), free_port());
+    let leader = start_server(&server_yaml(dir.path(), "lead", &db.url, pa, 0));
+    until("it leads", || async {
+        (get(format!("{}/api/v1/leader", leader.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let standby = start_server(&server_yaml(dir.path(), "stand", &db.url, pb, 0));
+    let _agent = start_agent(
+        &format!("http://127.0.0.1:{pa},http://127.0.0.1:{pb}"),
+        "a",
+        "127.0.10.2",
+    );
+    let model = dir.path().join("lazy.json");
+    std::fs::write(
+        &model,
+        json!({"name": "lazy", "scaling": {"min": 0, "max": 1, "idle_timeout_s": 60},
+               "profiles": [{"name": "sim", "engine": "sim"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "--admin",
+            &leader.admin,
+            "model",
+            "add",
+            model.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    until("the standby knows the model and the node", || async {
+        let models = get(format!("{}/api/v1/models", standby.admin)).await;
+        let nodes = get(format!("{}/api/v1/nodes", standby.admin)).await;
+        (models.as_array().unwrap().len() == 1 && nodes.as_array().unwrap().len() == 1)
+            .then_some(())
+    })
+    .await;
+    assert!(sweep.engines().is_empty());
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", standby.base))
+        .json(&json!({"model": "lazy", "max_tokens": 2, "messages": [{"role": "user", "content": "wake"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "the leader started it for the standby's request"
+    );
+    assert_eq!(sweep.engines().len(), 1);
+}

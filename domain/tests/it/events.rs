@@ -147,6 +147,9 @@ pub(crate) fn every_event() -> Vec<Event> {
             holder: "ctl-a".into(),
             epoch: 3,
         }),
+        Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
+            model: "llama".into(),
+        }),
     ]
 }
 
