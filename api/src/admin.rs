@@ -55,6 +55,16 @@ pub struct ShardRow {
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The weights download it waits on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<Fetch>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetch {
+    pub bytes_done: u64,
+    /// 0 when the size is unknown.
+    pub bytes_total: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -214,7 +214,20 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                             } else {
                                 format!(" gpu{:?}", s.gpus)
                             };
-                            format!("{}@{}:{}{gpus} {}", s.rank, s.node, s.port, s.state)
+                            let fetch = s.fetch.map_or(String::new(), |f| {
+                                let mb = |b: u64| b as f64 / 1e6;
+                                if f.bytes_total > 0 {
+                                    format!(
+                                        " fetching {:.1}/{:.1} MB ({}%)",
+                                        mb(f.bytes_done),
+                                        mb(f.bytes_total),
+                                        f.bytes_done * 100 / f.bytes_total
+                                    )
+                                } else {
+                                    format!(" fetching {:.1} MB", mb(f.bytes_done))
+                                }
+                            });
+                            format!("{}@{}:{}{gpus} {}{fetch}", s.rank, s.node, s.port, s.state)
                         })
                         .collect::<Vec<_>>()
                         .join("; ");

@@ -182,45 +182,51 @@ async fn replicas(
             .resolve(m)
             .map_or_else(|| m.to_owned(), |m| m.name.clone())
     });
-    let rows = c
-        .replicas
-        .replicas
-        .values()
-        .filter(|r| q.all || r.is_live())
-        .filter(|r| wanted.as_ref().is_none_or(|m| &r.placement.model == m))
-        .map(|r| {
-            let current = c
-                .catalog
-                .models
-                .get(&r.placement.model)
-                .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile))
-                .map(|p| p.fingerprint());
-            let mut shards: Vec<api::ShardRow> = r
-                .shards
-                .values()
-                .map(|s| api::ShardRow {
-                    shard_id: s.placement.shard_id.clone(),
-                    rank: s.placement.rank,
-                    node: s.placement.node_id.clone(),
-                    gpus: s.placement.gpu_indices.clone(),
-                    port: s.placement.port,
-                    state: lower::<ShardState>(&s.state),
-                    error: s.error.clone(),
-                })
-                .collect();
-            shards.sort_by_key(|s| s.rank);
-            api::ReplicaRow {
-                id: r.placement.replica_id.clone(),
-                model: r.placement.model.clone(),
-                profile: r.placement.profile.clone(),
-                status: lower(&r.status),
-                adopted: r.adopted,
-                outdated: current.is_some_and(|fp| fp != r.placement.profile_fp),
-                fabric: r.placement.fabric.clone(),
-                shards,
-            }
-        })
-        .collect();
+    let rows =
+        c.replicas
+            .replicas
+            .values()
+            .filter(|r| q.all || r.is_live())
+            .filter(|r| wanted.as_ref().is_none_or(|m| &r.placement.model == m))
+            .map(|r| {
+                let current = c
+                    .catalog
+                    .models
+                    .get(&r.placement.model)
+                    .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile))
+                    .map(|p| p.fingerprint());
+                let mut shards: Vec<api::ShardRow> =
+                    r.shards
+                        .values()
+                        .map(|s| api::ShardRow {
+                            shard_id: s.placement.shard_id.clone(),
+                            rank: s.placement.rank,
+                            node: s.placement.node_id.clone(),
+                            gpus: s.placement.gpu_indices.clone(),
+                            port: s.placement.port,
+                            state: lower::<ShardState>(&s.state),
+                            error: s.error.clone(),
+                            fetch: cp.agents.fetch_of(&s.placement.shard_id).map(|(d, t)| {
+                                api::Fetch {
+                                    bytes_done: d,
+                                    bytes_total: t,
+                                }
+                            }),
+                        })
+                        .collect();
+                shards.sort_by_key(|s| s.rank);
+                api::ReplicaRow {
+                    id: r.placement.replica_id.clone(),
+                    model: r.placement.model.clone(),
+                    profile: r.placement.profile.clone(),
+                    status: lower(&r.status),
+                    adopted: r.adopted,
+                    outdated: current.is_some_and(|fp| fp != r.placement.profile_fp),
+                    fabric: r.placement.fabric.clone(),
+                    shards,
+                }
+            })
+            .collect();
     Ok(Json(rows))
 }
 

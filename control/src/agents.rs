@@ -68,6 +68,9 @@ pub(crate) struct Registry {
     /// Shards of multi-node replicas awaiting their other ranks' reports
     /// before adoption: replica id → (node, shard).
     adopting: Mutex<BTreeMap<String, Vec<(String, v1::RunningShard)>>>,
+    /// Downloads shards wait on: shard id → (bytes done, bytes total).
+    /// Telemetry, so memory and not the log.
+    fetches: Mutex<BTreeMap<String, (u64, u64)>>,
     generation: AtomicU64,
 }
 
@@ -100,6 +103,10 @@ impl Registry {
 
     pub(crate) fn connected(&self, node: &str) -> bool {
         lock(&self.sessions).contains_key(node)
+    }
+
+    pub(crate) fn fetch_of(&self, shard_id: &str) -> Option<(u64, u64)> {
+        lock(&self.fetches).get(shard_id).copied()
     }
 
     pub(crate) fn held(&self) -> Vec<llmgw_domain::placement::Held> {
@@ -484,6 +491,20 @@ impl ControlPlane {
         if st.node_id != node && !st.node_id.is_empty() {
             tracing::warn!(node, claimed = %st.node_id, "a shard status claims another node; ignored");
             return Ok(());
+        }
+        {
+            let mut fetches = lock(&self.agents.fetches);
+            match &st.fetch {
+                Some(f) if state == ShardState::Pending => {
+                    fetches.insert(
+                        st.shard_id.clone(),
+                        (f.bytes_done.max(0) as u64, f.bytes_total.max(0) as u64),
+                    );
+                }
+                _ => {
+                    fetches.remove(&st.shard_id);
+                }
+            }
         }
         let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
         let command = Command::Replica(ReplicaCommand::ReportShard {

@@ -288,6 +288,27 @@ impl Agent {
         }
     }
 
+    /// A shard still waiting on its weights, with the download's progress.
+    pub async fn report_fetch(&self, start: &v1::StartShard, done: i64, total: i64) {
+        self.tx
+            .send(AgentMessage {
+                msg: Some(agent_message::Msg::Shard(v1::ShardStatus {
+                    node_id: self.node.clone(),
+                    replica_id: start.replica_id.clone(),
+                    shard_id: start.shard_id.clone(),
+                    state: v1::shard_status::State::Pending as i32,
+                    fetch: Some(v1::FetchProgress {
+                        source: start.source.clone(),
+                        bytes_done: done,
+                        bytes_total: total,
+                    }),
+                    ..v1::ShardStatus::default()
+                })),
+            })
+            .await
+            .unwrap();
+    }
+
     pub async fn report(&self, start: &v1::StartShard, state: v1::shard_status::State) {
         self.tx
             .send(AgentMessage {

@@ -349,3 +349,30 @@ async fn cordon_stops_new_placement_and_drain_moves_the_replica_replacement_firs
     assert_eq!(code, 404);
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weights_download_shows_in_the_replicas_until_the_shard_moves_on() {
+    let (addr, _db) = Scratch::new(Backend::Sqlite).await;
+    let s = Server::start(&addr, fast("a", vec![sim_model("chat", 1)])).await;
+    s.wait_leader().await;
+    let mut agent = Agent::connect(s.agent_addr, register("n1")).await.unwrap();
+    agent.keep_alive();
+    let start = agent.next_start().await;
+    agent.report_fetch(&start, 50_000_000, 200_000_000).await;
+    let fetch = eventually("the progress is visible", || async {
+        let r = s.get("/api/v1/replicas").await;
+        let f = r[0]["shards"][0]["fetch"].clone();
+        (!f.is_null()).then_some(f)
+    })
+    .await;
+    assert_eq!(fetch["bytes_done"], 50_000_000);
+    assert_eq!(fetch["bytes_total"], 200_000_000);
+    agent.report(&start, Wire::Starting).await;
+    eventually("gone once the shard starts", || async {
+        let r = s.get("/api/v1/replicas").await;
+        (r[0]["shards"][0]["fetch"].is_null() && r[0]["shards"][0]["state"] == "starting")
+            .then_some(())
+    })
+    .await;
+    s.stop().await;
+}
