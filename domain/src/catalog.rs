@@ -91,6 +91,28 @@ impl Profile {
     pub fn is_cpu(&self) -> bool {
         self.gpu_class.is_none()
     }
+
+    /// One rank on the CPU (no `gpu_class`), every other field at its
+    /// default: the smallest profile, for builders and tests.
+    pub fn cpu(name: &str, engine: Engine) -> Self {
+        Profile {
+            name: name.to_owned(),
+            engine,
+            gpu_class: None,
+            tp: 1,
+            pp: 1,
+            nodes: 1,
+            gpus_per_node: 0,
+            priority: 0,
+            weight: 1,
+            startup_timeout_s: None,
+            min_disk_gb: 0,
+            memory_mb: 0,
+            node_selector: BTreeMap::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+        }
+    }
 }
 
 /// How many replicas to keep. `min: 0` means on-demand: a request starts

@@ -275,23 +275,9 @@ async fn a_killed_agents_replica_is_rebuilt_on_a_survivor_and_no_request_fails()
     // spread over them.
     let model = dir.path().join("chat.yaml");
     std::fs::write(&model, model_yaml(2)).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args([
-            "ctl",
-            "--admin",
-            &server.admin,
-            "model",
-            "add",
-            model.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("model chat added"));
+    let (ok, out, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("model chat added"), "{out}");
     let replicas = until("two replicas ready", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
         let ready = ready_replicas(&rows);
@@ -539,22 +525,8 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
         .to_string(),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args([
-            "ctl",
-            "--admin",
-            &server.admin,
-            "model",
-            "add",
-            model.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(ok, "{err}");
     assert!(sweep.engines().is_empty(), "nothing runs before a request");
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
@@ -875,22 +847,8 @@ async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
             .to_string(),
         )
         .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-            .args([
-                "ctl",
-                "--admin",
-                &server.admin,
-                "model",
-                "add",
-                model.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+        assert!(ok, "{err}");
     };
     // A checksum that does not match: the shard fails and says why.
     add(format!("sha256:{}", "0".repeat(64)), "bad");
@@ -1302,22 +1260,8 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
         .to_string(),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args([
-            "ctl",
-            "--admin",
-            &leader.admin,
-            "model",
-            "add",
-            model.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, _, err) = ctl(&leader.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(ok, "{err}");
     until("the standby knows the model and the node", || async {
         let models = get(format!("{}/api/v1/models", standby.admin)).await;
         let nodes = get(format!("{}/api/v1/nodes", standby.admin)).await;

@@ -13,23 +13,7 @@ fn sim_model(min: u32, max: u32) -> Model {
         max,
         idle_timeout_s: Some(60),
     };
-    m.profiles = vec![Profile {
-        name: "sim".into(),
-        engine: Engine::Sim,
-        gpu_class: None,
-        tp: 1,
-        pp: 1,
-        nodes: 1,
-        gpus_per_node: 0,
-        priority: 0,
-        weight: 1,
-        startup_timeout_s: None,
-        min_disk_gb: 0,
-        memory_mb: 0,
-        node_selector: Default::default(),
-        args: vec![],
-        env: Default::default(),
-    }];
+    m.profiles = vec![Profile::cpu("sim", Engine::Sim)];
     m
 }
 
