@@ -1,0 +1,213 @@
+//! What the agent tells the control plane about its node: the inventory
+//! at registration, the shards it runs, and heartbeats with changed-only
+//! sections.
+
+use std::collections::BTreeMap;
+
+use llmgw_api::v1;
+use tokio::time::Instant;
+
+use super::{Agent, ENGINE_RECHECK, wire_state};
+use crate::discovery;
+use crate::supervisor::State;
+
+/// The engines configured, plus `llama-server` when it is on PATH.
+pub fn installed_engines(configured: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut out = configured.clone();
+    if !out.contains_key("llamacpp")
+        && let Some(paths) = std::env::var_os("PATH")
+        && let Some(bin) = std::env::split_paths(&paths)
+            .map(|d| d.join("llama-server"))
+            .find(|p| p.is_file())
+    {
+        out.insert("llamacpp".into(), bin.display().to_string());
+    }
+    out
+}
+
+fn wire_weights(w: &[discovery::weights::LocalWeights]) -> Vec<v1::LocalWeights> {
+    w.iter()
+        .map(|w| v1::LocalWeights {
+            path: w.path.clone(),
+            size_bytes: w.size_bytes as i64,
+            shared: w.shared,
+        })
+        .collect()
+}
+
+fn storage(s: &[discovery::storage::Storage]) -> Vec<v1::Storage> {
+    s.iter()
+        .map(|s| v1::Storage {
+            path: s.path.clone(),
+            free_bytes: s.free_bytes as i64,
+            total_bytes: s.total_bytes as i64,
+            shared: s.shared,
+        })
+        .collect()
+}
+
+impl Agent {
+    pub(super) fn register(&mut self) -> v1::Register {
+        let inv = discovery::discover(&self.config.discovery).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "discovery failed; registering without GPUs");
+            discovery::Inventory {
+                source: "none".into(),
+                gpus: vec![],
+                hcas: vec![],
+                host: discovery::host::discover(&self.config.discovery.root),
+                memory_total_mb: 0,
+                weights: vec![],
+                storage: vec![],
+                fabrics: vec![],
+            }
+        });
+        v1::Register {
+            node_id: self.config.node_id.clone(),
+            hostname: self.config.node_id.clone(),
+            mgmt_addr: self.config.mgmt_addr.clone(),
+            labels: self.config.labels.clone().into_iter().collect(),
+            gpus: inv
+                .gpus
+                .iter()
+                .map(|g| v1::Gpu {
+                    index: g.index as i32,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total_mb: g.memory_total_mb as i32,
+                    memory_used_mb: g.memory_used_mb as i32,
+                    compute_capability: g.compute_capability.clone(),
+                    numa_node: g.numa_node,
+                    pci_bus_id: g.pci_bus_id.clone(),
+                    driver_version: g.driver_version.clone(),
+                    cuda_version: g.cuda_version.clone(),
+                    nvlink_peers: g.nvlink_peers.iter().map(|p| *p as i32).collect(),
+                    problems: g.health.problems.clone(),
+                    temperature_c: g.health.temperature_c as i32,
+                    ecc_errors: g.health.ecc_errors as i32,
+                    utilization_percent: g.utilization_percent as i32,
+                    class: g.class.clone(),
+                })
+                .collect(),
+            fabrics: inv
+                .fabrics
+                .iter()
+                .filter(|f| !f.usable.is_empty())
+                .map(|f| v1::FabricAttachment {
+                    fabric: f.fabric.clone(),
+                    hcas: f.usable.clone(),
+                    rate_gbps: f.rate_gbps as i32,
+                })
+                .collect(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+            engine_versions: {
+                let engines = installed_engines(&self.config.engines_installed);
+                self.sent_engines = engines.clone();
+                self.engines_checked = Some(Instant::now());
+                engines.into_iter().collect()
+            },
+            running_shards: self.running_shards(),
+            memory_total_mb: inv.memory_total_mb as i64,
+            weights: {
+                let w = wire_weights(&inv.weights);
+                self.sent_weights = w.clone();
+                w
+            },
+            storage: storage(&inv.storage),
+            host: Some(v1::Host {
+                os_id: inv.host.os_id.clone(),
+                os_version: inv.host.os_version.clone(),
+                os_codename: inv.host.os_codename.clone(),
+                arch: inv.host.arch.clone(),
+                cpu_flags: inv.host.cpu_flags.clone(),
+                nvidia_driver: inv.host.nvidia_driver.clone(),
+            }),
+            engines_probed: true,
+        }
+    }
+
+    pub(super) fn running_shards(&mut self) -> Vec<v1::RunningShard> {
+        self.reap();
+        self.shards
+            .values()
+            .map(|r| {
+                let s = &r.start;
+                let state = if r.draining {
+                    State::Draining
+                } else {
+                    r.status.borrow().state
+                };
+                v1::RunningShard {
+                    replica_id: s.replica_id.clone(),
+                    shard_id: s.shard_id.clone(),
+                    rank: s.rank,
+                    nnodes: s.nnodes,
+                    gpu_indices: s.gpu_indices.clone(),
+                    hcas: s.hcas.clone(),
+                    http_port: s.http_port,
+                    state: wire_state(state),
+                    model: s.model.clone(),
+                    profile: s
+                        .profile
+                        .as_ref()
+                        .map(|p| p.name.clone())
+                        .unwrap_or_default(),
+                    pool: s.pool.clone(),
+                    fabric: s.fabric.clone(),
+                    leader_addr: s.leader_addr.clone(),
+                    leader_port: s.leader_port,
+                    profile_fp: s.profile_fp.clone(),
+                    uptime_s: r.started.elapsed().as_secs() as i64,
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets shards whose processes are gone for good.
+    pub(super) fn reap(&mut self) {
+        let done: Vec<String> = self
+            .shards
+            .iter()
+            .filter(|(_, r)| matches!(r.status.borrow().state, State::Stopped | State::Failed))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in done {
+            self.shards.remove(&id);
+            self.forget(&id);
+        }
+    }
+
+    /// Storage and memory always (a few numbers); weights when they
+    /// changed; installed engines, looked for once a minute, when they
+    /// changed. The flags say a list is meant, so an empty one is never
+    /// ambiguous.
+    pub(super) fn heartbeat(&mut self) -> v1::Heartbeat {
+        let o = &self.config.discovery;
+        let mut hb = v1::Heartbeat {
+            node_id: self.config.node_id.clone(),
+            storage: storage(&discovery::storage::scan(&o.model_dirs)),
+            memory_total_mb: discovery::memory::total_mb(&o.root.join("proc/meminfo")) as i64,
+            ..v1::Heartbeat::default()
+        };
+        if !o.model_dirs.is_empty() {
+            let weights = wire_weights(&discovery::weights::scan(&o.model_dirs));
+            if weights != self.sent_weights {
+                hb.weights_changed = true;
+                hb.weights = weights.clone();
+                self.sent_weights = weights;
+            }
+        }
+        if self
+            .engines_checked
+            .is_none_or(|t| t.elapsed() >= ENGINE_RECHECK)
+        {
+            self.engines_checked = Some(Instant::now());
+            let engines = installed_engines(&self.config.engines_installed);
+            if engines != self.sent_engines {
+                hb.engines_changed = true;
+                hb.engine_versions = engines.clone().into_iter().collect();
+                self.sent_engines = engines;
+            }
+        }
+        hb
+    }
+}

@@ -1,0 +1,367 @@
+//! The shards the control plane asks for: starts (after any weights
+//! fetch), stops, drains, and their status back to it.
+
+use std::time::Duration;
+
+use llmgw_api::v1::{self, control_message};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Agent, Running, wire_state};
+use crate::engines::{GpuInfo, Profile, ShardSpec};
+use crate::state_files;
+use crate::supervisor::{self, State, SupervisorOptions};
+
+impl Agent {
+    pub(super) fn shard_status(&mut self, shard_id: &str) -> Option<v1::ShardStatus> {
+        let r = self.shards.get(shard_id)?;
+        let st = r.status.borrow().clone();
+        let state = if r.draining && st.state == State::Ready {
+            State::Draining
+        } else {
+            st.state
+        };
+        let out = v1::ShardStatus {
+            node_id: self.config.node_id.clone(),
+            replica_id: r.start.replica_id.clone(),
+            shard_id: shard_id.to_owned(),
+            state: wire_state(state),
+            error: st.error.clone().unwrap_or_default(),
+            exit_code: st.exit_code.unwrap_or(0),
+            last_output: if st.state == State::Failed {
+                st.log_tail.lines().map(str::to_owned).collect()
+            } else {
+                vec![]
+            },
+            fetch: self
+                .progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(shard_id)
+                .map(|p| v1::FetchProgress {
+                    source: p.source.clone(),
+                    bytes_done: p.bytes_done as i64,
+                    bytes_total: p.bytes_total as i64,
+                }),
+        };
+        if matches!(st.state, State::Stopped | State::Failed) {
+            self.shards.remove(shard_id);
+            self.forget(shard_id);
+        }
+        Some(out)
+    }
+
+    pub(super) async fn handle(
+        &mut self,
+        msg: Option<control_message::Msg>,
+    ) -> Vec<v1::ShardStatus> {
+        match msg {
+            Some(control_message::Msg::Start(start)) => self.start(start).into_iter().collect(),
+            Some(control_message::Msg::Stop(stop)) => {
+                if let Some(mut r) = self.shards.remove(&stop.shard_id) {
+                    tracing::info!(shard = %stop.shard_id, "stopping");
+                    if let Some(f) = r.fetch.take() {
+                        f.abort();
+                    }
+                    let node = self.config.node_id.clone();
+                    let status = match r.shard.take() {
+                        Some(s) => s.stop().await,
+                        None => r.status.borrow().clone(),
+                    };
+                    self.forget(&stop.shard_id);
+                    return vec![v1::ShardStatus {
+                        node_id: node,
+                        replica_id: r.start.replica_id.clone(),
+                        shard_id: stop.shard_id,
+                        state: wire_state(State::Stopped),
+                        exit_code: status.exit_code.unwrap_or(0),
+                        ..v1::ShardStatus::default()
+                    }];
+                }
+                vec![]
+            }
+            Some(control_message::Msg::Drain(d)) => {
+                if let Some(r) = self.shards.get_mut(&d.shard_id) {
+                    r.draining = true;
+                }
+                self.shard_status(&d.shard_id).into_iter().collect()
+            }
+            Some(control_message::Msg::RemoveWeights(rw)) => {
+                let refused =
+                    crate::fetch::remove_weights(self.config.cache_dir.as_deref(), &rw.paths);
+                for (path, why) in refused {
+                    tracing::warn!(%path, %why, "refused to remove weights");
+                }
+                vec![]
+            }
+            Some(control_message::Msg::Ack(a)) => {
+                if !a.ok {
+                    tracing::warn!(error = %a.error, "the control plane refused a message");
+                }
+                vec![]
+            }
+            Some(_) | None => vec![],
+        }
+    }
+
+    /// Idempotent by shard id: a repeat reports the running shard's state.
+    /// Remote weights are fetched first, off the session's loop; the shard
+    /// is Pending meanwhile, with the download's progress in its status.
+    pub(super) fn start(&mut self, start: v1::StartShard) -> Option<v1::ShardStatus> {
+        let shard_id = start.shard_id.clone();
+        if self.shards.contains_key(&shard_id) {
+            return self.shard_status(&shard_id);
+        }
+        let remote = matches!(
+            crate::fetch::classify(&start.source),
+            Ok(crate::fetch::Source::Remote(_))
+        );
+        if !remote {
+            return self.launch(start, None);
+        }
+        let pending = supervisor::Status {
+            state: State::Pending,
+            exit_code: None,
+            error: None,
+            log_tail: String::new(),
+            pids: Vec::new(),
+        };
+        let (status_tx, status) = watch::channel(pending);
+        let fetcher = self.fetcher.clone();
+        let source = start.source.clone();
+        let checksum = (!start.checksum.is_empty()).then(|| start.checksum.clone());
+        let done = self.fetched_tx.clone();
+        let id = shard_id.clone();
+        let progress = self.progress.clone();
+        let changes = self.changes_tx.clone();
+        let task = tokio::spawn(async move {
+            let id2 = id.clone();
+            let fetcher = fetcher.on_progress(move |p| {
+                progress
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id2.clone(), p);
+                let _ = changes.send(id2.clone());
+            });
+            let result = fetcher.ensure(&source, checksum.as_deref()).await;
+            let _ = done.send((id, result));
+            drop(status_tx);
+        });
+        tracing::info!(shard = %shard_id, source = %start.source, "fetching weights before starting");
+        self.shards.insert(
+            shard_id.clone(),
+            Running {
+                start,
+                status,
+                shard: None,
+                started: Instant::now(),
+                draining: false,
+                fetch: Some(task),
+            },
+        );
+        self.shard_status(&shard_id)
+    }
+
+    /// The weights of a fetching shard arrived (or did not).
+    pub(super) fn fetched(
+        &mut self,
+        shard_id: &str,
+        result: Result<String, crate::fetch::FetchError>,
+    ) -> Option<v1::ShardStatus> {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(shard_id);
+        let r = self.shards.remove(shard_id)?;
+        match result {
+            Ok(path) => self.launch(r.start, Some(path)),
+            Err(e) => {
+                tracing::warn!(shard = %shard_id, error = %e, "cannot fetch the weights");
+                Some(v1::ShardStatus {
+                    node_id: self.config.node_id.clone(),
+                    replica_id: r.start.replica_id.clone(),
+                    shard_id: shard_id.to_owned(),
+                    state: wire_state(State::Failed),
+                    error: e.to_string(),
+                    ..v1::ShardStatus::default()
+                })
+            }
+        }
+    }
+
+    pub(super) fn launch(
+        &mut self,
+        start: v1::StartShard,
+        weights: Option<String>,
+    ) -> Option<v1::ShardStatus> {
+        let shard_id = start.shard_id.clone();
+        let fail = |error: String| v1::ShardStatus {
+            node_id: self.config.node_id.clone(),
+            replica_id: start.replica_id.clone(),
+            shard_id: shard_id.clone(),
+            state: wire_state(State::Failed),
+            error,
+            ..v1::ShardStatus::default()
+        };
+        let Some(p) = start.profile.clone() else {
+            return Some(fail("StartShard carries no profile".into()));
+        };
+        let spec = ShardSpec {
+            replica_id: start.replica_id.clone(),
+            shard_id: shard_id.clone(),
+            rank: start.rank.max(0) as u32,
+            nnodes: start.nnodes.max(1) as u32,
+            leader_addr: start.leader_addr.clone(),
+            leader_port: u16::try_from(start.leader_port).unwrap_or(0),
+            gpu_indices: start
+                .gpu_indices
+                .iter()
+                .map(|g| (*g).max(0) as u32)
+                .collect(),
+            hcas: start.hcas.clone(),
+            mgmt_interface: start.mgmt_interface.clone(),
+            http_port: u16::try_from(start.http_port).unwrap_or(0),
+            profile: Profile {
+                name: p.name.clone(),
+                engine: p.engine.clone(),
+                tp: p.tp.max(1) as u32,
+                pp: p.pp.max(1) as u32,
+                nodes: p.nodes.max(1) as u32,
+                gpus_per_node: p.gpus_per_node.max(0) as u32,
+                args: p.args.clone(),
+                env: p.env.clone().into_iter().collect(),
+                model_path: weights.clone().unwrap_or_else(|| p.model_path.clone()),
+                served_model_name: p.served_model_name.clone(),
+            },
+            bind_addr: self.config.engine_bind.clone().unwrap_or_default(),
+        };
+        let engine = match self.engines.get(&p.engine) {
+            Ok(e) => e,
+            Err(e) => return Some(fail(e.0)),
+        };
+        let gpus: Vec<GpuInfo> = Vec::new();
+        if !spec.gpu_indices.is_empty() {
+            // GPU facts come from discovery; without them validation of
+            // class mixing falls to the control plane's placement.
+        } else if let Err(e) = engine.validate(&spec.profile, &gpus) {
+            return Some(fail(e.0));
+        }
+        let commands = match engine.commands(&spec) {
+            Ok(c) => c,
+            Err(e) => return Some(fail(e.0)),
+        };
+        let options = SupervisorOptions {
+            http_port: engine.serves_http(&spec).then_some(spec.http_port),
+            served_model: (!p.served_model_name.is_empty()).then(|| p.served_model_name.clone()),
+            startup_timeout: (start.startup_timeout_ms > 0)
+                .then(|| Duration::from_millis(start.startup_timeout_ms as u64)),
+            health_host: self
+                .config
+                .engine_bind
+                .clone()
+                .unwrap_or_else(|| "127.0.0.1".into()),
+            leader: (spec.nnodes > 1).then(|| (spec.leader_addr.clone(), spec.leader_port)),
+            rendezvous_timeout: Duration::from_millis(start.startup_timeout_ms.max(1000) as u64),
+            stop_timeout: self.config.stop_timeout,
+            log_lines: self.config.log_lines,
+            ..SupervisorOptions::default()
+        };
+        tracing::info!(shard = %shard_id, engine = %p.engine, port = spec.http_port, "starting");
+        let options = SupervisorOptions {
+            log_file: self
+                .config
+                .work_dir
+                .as_deref()
+                .and_then(|d| state_files::log_path(d, &shard_id).ok()),
+            ..options
+        };
+        let main = commands.last().map(|c| {
+            let mut argv = vec![c.path.display().to_string()];
+            argv.extend(c.args.iter().cloned());
+            argv
+        });
+        let count = commands.len();
+        let shard = supervisor::start(commands, options);
+        // Once every command runs, the state file records them, so that a
+        // restarted agent adopts them.
+        let record = self
+            .config
+            .work_dir
+            .clone()
+            .zip(main)
+            .map(|(dir, cmdline)| {
+                (
+                    dir,
+                    state_files::Record {
+                        spec: state_files::Spec::of(&start),
+                        pids: Vec::new(),
+                        cmdline,
+                        started_at: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs()),
+                    },
+                )
+            });
+        self.watch(shard_id.clone(), shard.status(), record, count);
+        self.shards.insert(
+            shard_id.clone(),
+            Running {
+                start,
+                status: shard.status(),
+                shard: Some(shard),
+                started: Instant::now(),
+                draining: false,
+                fetch: None,
+            },
+        );
+        self.shard_status(&shard_id)
+    }
+
+    /// Forwards a shard's status changes to the session, writing its state
+    /// file once all its commands run.
+    pub(super) fn watch(
+        &self,
+        id: String,
+        mut status: watch::Receiver<supervisor::Status>,
+        mut record: Option<(std::path::PathBuf, state_files::Record)>,
+        commands: usize,
+    ) {
+        let changes = self.changes_tx.clone();
+        tokio::spawn(async move {
+            let mut rewritten = false;
+            while status.changed().await.is_ok() {
+                let (pids, state) = {
+                    let s = status.borrow();
+                    (s.pids.clone(), s.state)
+                };
+                // Written once every command runs, and again once ready
+                // with the command line as the kernel shows it then (a
+                // script's interpreter, or a wrapper that exec'd).
+                if pids.len() == commands
+                    && let Some((dir, r)) = record.as_mut()
+                    && (r.pids.is_empty() || (state == State::Ready && !rewritten))
+                {
+                    if state == State::Ready {
+                        rewritten = true;
+                        if let Some(c) = pids.last().and_then(|p| state_files::cmdline_of(*p)) {
+                            r.cmdline = c;
+                        }
+                    }
+                    r.pids = pids;
+                    if let Err(e) = state_files::write(dir, r) {
+                        tracing::warn!(error = %e, "no state file: a restarted agent will not adopt this shard");
+                    }
+                }
+                if changes.send(id.clone()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    pub(super) fn forget(&self, shard_id: &str) {
+        if let Some(dir) = &self.config.work_dir {
+            state_files::remove(dir, shard_id);
+        }
+    }
+}
