@@ -35,6 +35,28 @@ impl KeyDirectory {
     }
 }
 
+impl KeyDirectory {
+    /// The first budget on the key's way up that is spent at `now_ms`.
+    pub fn spent_budget(
+        &self,
+        key: &KeyEntry,
+        now_ms: i64,
+    ) -> Option<llmgw_domain::tenancy::BudgetLevel> {
+        let views = self.0.read().unwrap_or_else(|p| p.into_inner());
+        key.limits
+            .budgets
+            .iter()
+            .find(|b| {
+                views
+                    .usage
+                    .spend_of(b.scope, &b.scope_id)
+                    .in_period(b.period, now_ms)
+                    >= b.micros
+            })
+            .cloned()
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -71,6 +71,34 @@ impl ApiError {
         )
     }
 
+    /// The key's requests per minute are used up.
+    pub fn rate_limited(rpm: u32, wait: std::time::Duration) -> Self {
+        ApiError {
+            retry_after: Some(wait.as_secs().max(1)),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "requests",
+                "rate_limit_exceeded",
+                format!(
+                    "this key may make {rpm} requests a minute; retry after the Retry-After seconds"
+                ),
+            )
+        }
+    }
+
+    /// A budget on the key's way up (key, project, team or org) is spent
+    /// for its period.
+    pub fn budget_spent(scope: &str, id: &str, period: &str) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "insufficient_quota",
+            "insufficient_quota",
+            format!(
+                "the {period} budget of {scope} {id} is spent; it renews with the next {period}"
+            ),
+        )
+    }
+
     pub fn overloaded(band: &str) -> Self {
         ApiError {
             retry_after: Some(1),

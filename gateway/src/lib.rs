@@ -16,6 +16,7 @@ pub mod auth;
 pub mod breaker;
 mod endpoints;
 mod error;
+pub mod limits;
 mod metrics;
 mod proxy;
 mod routes;
@@ -87,6 +88,7 @@ pub struct Gateway {
     /// starts it and keeps it for its idle time).
     demand: std::sync::OnceLock<DemandHook>,
     pub(crate) routes_changed: tokio::sync::Notify,
+    pub(crate) rates: limits::RateLimits,
 }
 
 /// Called with the canonical name of an on-demand model a request asked for.
@@ -134,6 +136,7 @@ impl Gateway {
             usage,
             demand: std::sync::OnceLock::new(),
             routes_changed: tokio::sync::Notify::new(),
+            rates: limits::RateLimits::default(),
         }))
     }
 

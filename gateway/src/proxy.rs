@@ -227,6 +227,30 @@ async fn route(
     {
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
+    if let Some(k) = &key {
+        if let Some(rpm) = k.limits.rpm
+            && let Err(wait) = gw.rates.admit(&k.key_id, rpm, tokio::time::Instant::now())
+        {
+            return Err((model.clone(), ApiError::rate_limited(rpm, wait)));
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        if let Some(b) = gw.keys.as_ref().and_then(|d| d.spent_budget(k, now_ms)) {
+            let scope = serde_json::to_value(b.scope)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let period = serde_json::to_value(b.period)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            return Err((
+                model.clone(),
+                ApiError::budget_spent(&scope, &b.scope_id, &period),
+            ));
+        }
+    }
     let band = match (&key, band_header) {
         (Some(k), _) => k.band,
         (None, None) => gw.admission.config.default_band,

@@ -1042,6 +1042,104 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
             .status(),
         401
     );
+    let caught_up = || async {
+        let head = store.head().await.unwrap().0;
+        let mut p = position.clone();
+        tokio::time::timeout(Duration::from_secs(20), p.wait_for(|p| *p >= head))
+            .await
+            .unwrap()
+            .unwrap();
+    };
+    // Requests per minute: counted from when the limit applies.
+    let events = state
+        .decide(Command::Tenancy(T::SetLimits {
+            scope: Scope::Key,
+            scope_id: "k1".into(),
+            limits: Limits {
+                rpm: Some(2),
+                ..Limits::default()
+            },
+        }))
+        .unwrap();
+    events.iter().for_each(|e| state.evolve(e));
+    append(events).await;
+    caught_up().await;
+    for _ in 0..2 {
+        assert_eq!(call(Some(secret), "m").await.unwrap().status(), 200);
+        usage.recv().await.unwrap();
+    }
+    let r = call(Some(secret), "m").await.unwrap();
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert!(r.text().await.unwrap().contains("rate_limit_exceeded"));
+
+    // A budget: spent (by any gateway, as the log says) means refused.
+    let budget_key = "llmgw-sk-budget-0123456789";
+    let commands = vec![
+        T::IssueKey(Key {
+            key_id: "k2".into(),
+            project_id: "p".into(),
+            name: "batch".into(),
+            hash: key_hash(budget_key),
+            prefix: budget_key[..10].into(),
+            band: Band::Bronze,
+            routing_profile: None,
+            revoked: false,
+        }),
+        T::SetLimits {
+            scope: Scope::Key,
+            scope_id: "k2".into(),
+            limits: Limits {
+                budget_micros: Some(1_000),
+                period: Some(llmgw_domain::tenancy::Period::Day),
+                ..Limits::default()
+            },
+        },
+    ];
+    for c in commands {
+        let events = state.decide(Command::Tenancy(c)).unwrap();
+        events.iter().for_each(|e| state.evolve(e));
+        append(events).await;
+    }
+    caught_up().await;
+    assert_eq!(call(Some(budget_key), "m").await.unwrap().status(), 200);
+    usage.recv().await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    append(vec![llmgw_domain::Event::Usage(
+        llmgw_domain::usage::UsageEvent::UsageRecorded(llmgw_domain::usage::UsageRecorded {
+            request_id: "elsewhere-1".into(),
+            key_id: "k2".into(),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: 100,
+            completion_tokens: 100,
+            cost_micros: 1_000,
+            status: 200,
+            latency_ms: 10,
+            ttft_ms: None,
+            band: Band::Bronze,
+            at: now,
+        }),
+    )])
+    .await;
+    caught_up().await;
+    let r = call(Some(budget_key), "m").await.unwrap();
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("insufficient_quota") && body.contains("day budget of key k2"),
+        "{body}"
+    );
+
     // Revoked: refused as soon as the view has the revocation.
     let events = state
         .decide(Command::Tenancy(T::RevokeKey {
