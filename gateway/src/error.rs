@@ -71,17 +71,32 @@ impl ApiError {
         )
     }
 
-    /// The key's requests per minute are used up.
-    pub fn rate_limited(rpm: u32, wait: std::time::Duration) -> Self {
+    /// The key's requests or tokens per minute are used up.
+    pub fn rate_limited(refusal: crate::limits::Refusal) -> Self {
+        use crate::limits::Refusal;
+        let (kind, wait, message) = match refusal {
+            Refusal::Requests { rpm, wait } => (
+                "requests",
+                wait,
+                format!(
+                    "this key may make {rpm} requests a minute; retry after the Retry-After seconds"
+                ),
+            ),
+            Refusal::Tokens { tpm, wait } => (
+                "tokens",
+                wait,
+                format!(
+                    "this key may use {tpm} tokens a minute; retry after the Retry-After seconds"
+                ),
+            ),
+        };
         ApiError {
             retry_after: Some(wait.as_secs().max(1)),
             ..Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "requests",
+                kind,
                 "rate_limit_exceeded",
-                format!(
-                    "this key may make {rpm} requests a minute; retry after the Retry-After seconds"
-                ),
+                message,
             )
         }
     }

@@ -115,6 +115,13 @@ impl Drop for Finish {
         self.gw.admission.load_changed();
         let tokens = self.tokens.unwrap_or_default();
         self.gw.metrics.tokens(tokens.prompt, tokens.completion);
+        if !self.key_id.is_empty() {
+            self.gw.rates.spent(
+                &self.key_id,
+                tokens.prompt.saturating_add(tokens.completion),
+                tokio::time::Instant::now(),
+            );
+        }
         if let Some(t) = self.first_content {
             self.gw.metrics.ttft(t.as_secs_f64());
         }
@@ -228,10 +235,15 @@ async fn route(
         return Err((model.clone(), ApiError::unknown_model(&model)));
     }
     if let Some(k) = &key {
-        if let Some(rpm) = k.limits.rpm
-            && let Err(wait) = gw.rates.admit(&k.key_id, rpm, tokio::time::Instant::now())
+        if (k.limits.rpm.is_some() || k.limits.tpm.is_some())
+            && let Err(refusal) = gw.rates.admit(
+                &k.key_id,
+                k.limits.rpm,
+                k.limits.tpm,
+                tokio::time::Instant::now(),
+            )
         {
-            return Err((model.clone(), ApiError::rate_limited(rpm, wait)));
+            return Err((model.clone(), ApiError::rate_limited(refusal)));
         }
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -1078,6 +1078,49 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
     assert!((1..=60).contains(&wait), "{wait}");
     assert!(r.text().await.unwrap().contains("rate_limit_exceeded"));
 
+    // Tokens per minute: a key that used its minute's tokens waits.
+    let token_key = "llmgw-sk-tokens-0123456789";
+    for c in [
+        T::IssueKey(Key {
+            key_id: "k3".into(),
+            project_id: "p".into(),
+            name: "chatty".into(),
+            hash: key_hash(token_key),
+            prefix: token_key[..10].into(),
+            band: Band::Bronze,
+            routing_profile: None,
+            revoked: false,
+        }),
+        T::SetLimits {
+            scope: Scope::Key,
+            scope_id: "k3".into(),
+            limits: Limits {
+                tpm: Some(5),
+                ..Limits::default()
+            },
+        },
+    ] {
+        let events = state.decide(Command::Tenancy(c)).unwrap();
+        events.iter().for_each(|e| state.evolve(e));
+        append(events).await;
+    }
+    caught_up().await;
+    let mut served = 0;
+    let refused = loop {
+        let r = call(Some(token_key), "m").await.unwrap();
+        if r.status() == 429 {
+            break r.text().await.unwrap();
+        }
+        assert_eq!(r.status(), 200);
+        usage.recv().await.unwrap();
+        served += 1;
+        assert!(served <= 5, "every request uses at least one token");
+    };
+    assert!(
+        served >= 1 && refused.contains("5 tokens a minute"),
+        "{refused}"
+    );
+
     // A budget: spent (by any gateway, as the log says) means refused.
     let budget_key = "llmgw-sk-budget-0123456789";
     let commands = vec![
