@@ -133,6 +133,16 @@ pub struct Status {
     pub views_at: u64,
 }
 
+/// `ctl logs`: the tail of one of a node's logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Logs {
+    pub node: String,
+    pub source: String,
+    pub lines: Vec<String>,
+    /// Every log the node can show.
+    pub sources: Vec<String>,
+}
+
 /// The answer to a change: what was appended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Changed {

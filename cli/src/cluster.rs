@@ -48,6 +48,15 @@ pub(crate) enum ClusterCommand {
     Status,
     /// Who holds the append lease.
     Leader,
+    /// The tail of an engine's log on NODE (its shard id as --source);
+    /// without --source, the logs NODE has.
+    Logs {
+        node: String,
+        #[arg(long)]
+        source: Option<String>,
+        #[arg(long, default_value_t = 200)]
+        lines: u32,
+    },
     /// Add or update a model from a YAML or JSON file.
     #[command(subcommand)]
     Model(ModelCommand),
@@ -350,6 +359,34 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                     l.instance,
                     if l.is_leader { "leader" } else { "standby" }
                 )?;
+            }
+        }
+        ClusterCommand::Logs {
+            node,
+            source,
+            lines,
+        } => {
+            let mut path = format!("/api/v1/logs?node={}&lines={lines}", q(&node));
+            if let Some(s) = &source {
+                path.push_str(&format!("&source={}", q(s)));
+            }
+            let l: api::Logs = a.get(&path).await?;
+            if json {
+                json_line(&mut out, &l)?;
+            } else if source.is_none() {
+                writeln!(
+                    out,
+                    "logs on {node}: {}",
+                    if l.sources.is_empty() {
+                        "none".into()
+                    } else {
+                        l.sources.join(", ")
+                    }
+                )?;
+            } else {
+                for line in &l.lines {
+                    writeln!(out, "{line}")?;
+                }
             }
         }
         ClusterCommand::Model(ModelCommand::Add { file }) => {

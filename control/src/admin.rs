@@ -35,6 +35,7 @@ pub fn router(cp: Arc<ControlPlane>) -> Router {
         .route("/api/v1/explain", get(explain))
         .route("/api/v1/status", get(status))
         .route("/api/v1/leader", get(leader))
+        .route("/api/v1/logs", get(logs))
         .with_state(cp)
 }
 
@@ -397,6 +398,31 @@ async fn remove_model(
         &done,
     )
     .await
+}
+
+#[derive(Debug, Deserialize)]
+struct LogsQuery {
+    node: String,
+    #[serde(default)]
+    source: String,
+    #[serde(default)]
+    lines: i32,
+}
+
+async fn logs(
+    State(cp): State<Arc<ControlPlane>>,
+    Query(q): Query<LogsQuery>,
+) -> Result<api::Logs> {
+    let reply = cp.node_logs(&q.node, &q.source, q.lines).await?;
+    if !reply.error.is_empty() {
+        return Err(AdminError(StatusCode::NOT_FOUND, reply.error));
+    }
+    Ok(Json(api::Logs {
+        node: q.node,
+        source: q.source,
+        lines: reply.lines,
+        sources: reply.sources,
+    }))
 }
 
 async fn leader_info(cp: &ControlPlane) -> std::result::Result<api::Leader, AdminError> {

@@ -71,6 +71,8 @@ pub(crate) struct Registry {
     /// Downloads shards wait on: shard id → (bytes done, bytes total).
     /// Telemetry, so memory and not the log.
     fetches: Mutex<BTreeMap<String, (u64, u64)>>,
+    /// LogsRequests awaiting their reply, by request id.
+    logs: Mutex<HashMap<String, tokio::sync::oneshot::Sender<v1::LogsReply>>>,
     generation: AtomicU64,
 }
 
@@ -214,7 +216,13 @@ async fn read_stream(
                 tracing::warn!(node = %node, "a second Register on one stream is ignored");
                 Ok(())
             }
-            Some(agent_message::Msg::Logs(_)) | None => Ok(()),
+            Some(agent_message::Msg::Logs(reply)) => {
+                if let Some(waiter) = lock(&cp.agents.logs).remove(&reply.request_id) {
+                    let _ = waiter.send(reply);
+                }
+                Ok(())
+            }
+            None => Ok(()),
         };
         if let Err(e) = result {
             tracing::warn!(node = %node, error = %e, "could not apply an agent's report");
@@ -231,6 +239,41 @@ async fn read_stream(
 }
 
 impl ControlPlane {
+    /// The tail of one of a node's logs, asked over its stream.
+    pub(crate) async fn node_logs(
+        &self,
+        node: &str,
+        source: &str,
+        lines: i32,
+    ) -> Result<v1::LogsReply, ControlError> {
+        self.leader_token().await?;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        lock(&self.agents.logs).insert(id.clone(), tx);
+        let asked = self.agents.send(
+            node,
+            control_message::Msg::Logs(v1::LogsRequest {
+                request_id: id.clone(),
+                source: source.to_owned(),
+                lines,
+            }),
+        );
+        let reply = if asked {
+            tokio::time::timeout(std::time::Duration::from_secs(5), rx)
+                .await
+                .ok()
+                .and_then(Result::ok)
+        } else {
+            None
+        };
+        lock(&self.agents.logs).remove(&id);
+        reply.ok_or_else(|| {
+            ControlError::Rejected(llmgw_domain::Rejection::not_found(format!(
+                "node {node} is not connected to this server (or did not answer in 5 s)"
+            )))
+        })
+    }
+
     async fn register(&self, reg: &v1::Register) -> Result<(), ControlError> {
         self.execute(vec![Command::Node(NodeCommand::Register {
             node_id: reg.node_id.clone(),

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use llmgw_api::v1::{self, agent_message};
+use llmgw_api::v1::{self, agent_message, control_message};
 use llmgw_api::{AgentMessage, AgentServiceClient};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -265,6 +265,10 @@ impl Agent {
                     let Some(msg) = msg.map_err(|s| SessionError(format!("stream: {}", s.message())))? else {
                         return Ok(());
                     };
+                    if let Some(control_message::Msg::Logs(req)) = msg.msg {
+                        send(&tx, agent_message::Msg::Logs(self.logs(&req)));
+                        continue;
+                    }
                     for reply in self.handle(msg.msg).await {
                         send(&tx, agent_message::Msg::Shard(reply));
                     }

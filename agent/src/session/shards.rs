@@ -12,7 +12,61 @@ use crate::engines::{GpuInfo, Profile, ShardSpec};
 use crate::state_files;
 use crate::supervisor::{self, State, SupervisorOptions};
 
+/// The most lines one LogsReply carries.
+const MAX_LOG_LINES: usize = 2000;
+
 impl Agent {
+    /// The tail of one engine's log (by shard id), and every log this node
+    /// can show. The agent's own log goes to its journal, not here.
+    pub(super) fn logs(&self, req: &v1::LogsRequest) -> v1::LogsReply {
+        let mut reply = v1::LogsReply {
+            request_id: req.request_id.clone(),
+            ..v1::LogsReply::default()
+        };
+        let Some(dir) = &self.config.work_dir else {
+            reply.error = "this agent keeps no engine logs (no --work-dir)".into();
+            return reply;
+        };
+        let mut sources: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_prefix("shard-")
+                    .and_then(|n| n.strip_suffix(".log"))
+                    .map(str::to_owned)
+            })
+            .collect();
+        sources.sort();
+        reply.sources = sources;
+        if req.source.is_empty() {
+            return reply;
+        }
+        if !reply.sources.contains(&req.source) {
+            reply.error = format!(
+                "no log named {}; this node has: {}",
+                req.source,
+                if reply.sources.is_empty() {
+                    "none".into()
+                } else {
+                    reply.sources.join(", ")
+                }
+            );
+            return reply;
+        }
+        let lines = match usize::try_from(req.lines) {
+            Ok(0) | Err(_) => 200,
+            Ok(n) => n.min(MAX_LOG_LINES),
+        };
+        if let Ok(path) = state_files::log_path(dir, &req.source) {
+            reply.lines = supervisor::file_tail(&path, lines)
+                .lines()
+                .map(str::to_owned)
+                .collect();
+        }
+        reply
+    }
     pub(super) fn shard_status(&mut self, shard_id: &str) -> Option<v1::ShardStatus> {
         let r = self.shards.get(shard_id)?;
         let st = r.status.borrow().clone();

@@ -636,6 +636,17 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
         (ready.len() == 1 && ready[0]["shards"][0]["node"] == idle).then_some(())
     })
     .await;
+    // An engine's log, read over the node's stream.
+    let shard = rows[0]["shards"][0]["shard_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (ok, listed, err) = ctl(admin, &["logs", &busy]);
+    assert!(ok && listed.contains(&shard), "{listed}{err}");
+    let (ok, lines, err) = ctl(admin, &["logs", &busy, "--source", &shard]);
+    assert!(ok && lines.contains("listening on"), "{lines}{err}");
+    let (ok, _, err) = ctl(admin, &["logs", &busy, "--source", "nope"]);
+    assert!(!ok && err.contains("no log named nope"), "{err}");
     let (_, leader, _) = ctl(admin, &["leader", "--json"]);
     let l: Value = serde_json::from_str(&leader).unwrap();
     assert_eq!(l["holder"], "ops");
