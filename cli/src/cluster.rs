@@ -48,6 +48,13 @@ pub(crate) enum ClusterCommand {
     Status,
     /// Who holds the append lease.
     Leader,
+    /// Cached weights no model names any more, per node; --collect asks
+    /// the nodes to remove them (each agent deletes only its own cache's
+    /// files).
+    Weights {
+        #[arg(long)]
+        collect: bool,
+    },
     /// The tail of an engine's log on NODE (its shard id as --source);
     /// without --source, the logs NODE has.
     Logs {
@@ -359,6 +366,26 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                     l.instance,
                     if l.is_leader { "leader" } else { "standby" }
                 )?;
+            }
+        }
+        ClusterCommand::Weights { collect } => {
+            let listed: std::collections::BTreeMap<String, Vec<String>> = if collect {
+                a.post("/api/v1/weights/collect").await?
+            } else {
+                a.get("/api/v1/weights").await?
+            };
+            if json {
+                json_line(&mut out, &listed)?;
+            } else if listed.is_empty() {
+                writeln!(out, "no unwanted cached weights")?;
+            } else {
+                let mut t = Table::new(vec!["NODE", if collect { "REMOVING" } else { "UNWANTED" }]);
+                for (node, paths) in listed {
+                    for p in paths {
+                        t.row(vec![node.clone(), p]);
+                    }
+                }
+                t.print(&mut out)?;
             }
         }
         ClusterCommand::Logs {

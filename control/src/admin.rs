@@ -36,6 +36,8 @@ pub fn router(cp: Arc<ControlPlane>) -> Router {
         .route("/api/v1/status", get(status))
         .route("/api/v1/leader", get(leader))
         .route("/api/v1/logs", get(logs))
+        .route("/api/v1/weights", get(weights))
+        .route("/api/v1/weights/collect", post(collect_weights))
         .with_state(cp)
 }
 
@@ -398,6 +400,50 @@ async fn remove_model(
         &done,
     )
     .await
+}
+
+/// Per node, the cached weights no model in the catalog names any more.
+fn unwanted(cp: &ControlPlane) -> std::collections::BTreeMap<String, Vec<String>> {
+    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+    let c = &views.cluster;
+    c.nodes
+        .nodes
+        .values()
+        .map(|n| {
+            (
+                n.id.clone(),
+                llmgw_domain::placement::unwanted_cached(&n.inventory.weights, &c.catalog),
+            )
+        })
+        .filter(|(_, w)| !w.is_empty())
+        .collect()
+}
+
+async fn weights(
+    State(cp): State<Arc<ControlPlane>>,
+) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+    Ok(Json(unwanted(&cp)))
+}
+
+/// Asks each node to remove its unwanted cached weights; the agent checks
+/// every path again and deletes only files its cache generated.
+async fn collect_weights(
+    State(cp): State<Arc<ControlPlane>>,
+) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+    cp.leader_token().await?;
+    let mut asked = std::collections::BTreeMap::new();
+    for (node, paths) in unwanted(&cp) {
+        let sent = cp.agents.send(
+            &node,
+            llmgw_api::v1::control_message::Msg::RemoveWeights(llmgw_api::v1::RemoveWeights {
+                paths: paths.clone(),
+            }),
+        );
+        if sent {
+            asked.insert(node, paths);
+        }
+    }
+    Ok(Json(asked))
 }
 
 #[derive(Debug, Deserialize)]

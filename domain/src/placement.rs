@@ -148,6 +148,34 @@ pub fn cache_name(source: &str) -> String {
     format!("{hex}-{base}")
 }
 
+/// The files in `weights` that an agent's cache generated (named
+/// `<16 hex>-…`) for no source the catalog still names: what a weights
+/// collection may remove. Downloads in progress (`.part`) are never listed.
+pub fn unwanted_cached(weights: &[String], catalog: &crate::catalog::Catalog) -> Vec<String> {
+    let keep: std::collections::BTreeSet<String> = catalog
+        .models
+        .values()
+        .filter(|m| !m.source.is_empty())
+        .map(|m| cache_name(&m.source))
+        .collect();
+    let generated = |name: &str| {
+        let b = name.as_bytes();
+        b.len() > 17
+            && b[..16]
+                .iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+            && b[16] == b'-'
+    };
+    weights
+        .iter()
+        .filter(|w| {
+            let name = w.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+            generated(name) && !name.ends_with(".part") && !keep.contains(name)
+        })
+        .cloned()
+        .collect()
+}
+
 /// Whether a node's inventory already holds a model's weights: the source
 /// itself, a file of the same name in a model directory, or the agent's
 /// cached copy.

@@ -924,6 +924,31 @@ async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
             .then_some(())
     })
     .await;
+    // Collection: a cached file no model names goes; the model's own file
+    // and the operator's stay.
+    let stray = cache.join(llmgw_domain::placement::cache_name(
+        "https://gone.example/old.gguf",
+    ));
+    std::fs::write(&stray, b"old").unwrap();
+    let mine = cache.join("copied-by-hand.gguf");
+    std::fs::write(&mine, b"mine").unwrap();
+    let stray_s = stray.display().to_string();
+    until("the node reports the stray", || async {
+        let (_, out, _) = ctl(&server.admin, &["weights"]);
+        out.contains(&stray_s).then_some(())
+    })
+    .await;
+    let (_, listed, _) = ctl(&server.admin, &["weights", "--json"]);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["a"], json!([stray_s]), "only the stray is unwanted");
+    let (ok, out, err) = ctl(&server.admin, &["weights", "--collect"]);
+    assert!(ok && out.contains("REMOVING"), "{out}{err}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stray.exists() {
+        assert!(Instant::now() < deadline, "the stray was not removed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(mine.exists() && cached[0].exists());
     drop(sweep);
 }
 

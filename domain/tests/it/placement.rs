@@ -489,3 +489,24 @@ fn a_fetched_copy_in_the_agents_cache_counts_as_holding_the_weights() {
     assert!(holds_weights(&n, "https://one.example/model.gguf"));
     assert!(!holds_weights(&n, "https://two.example/other.gguf"));
 }
+
+#[test]
+fn unwanted_cached_weights_are_generated_names_no_source_wants() {
+    use llmgw_domain::catalog::Catalog;
+    use llmgw_domain::placement::{cache_name, unwanted_cached};
+    let mut catalog = Catalog::default();
+    let mut m = Model::named("kept");
+    m.source = "https://one.example/model.gguf".into();
+    catalog.models.insert(m.name.clone(), m);
+    let dir = "/var/lib/llmgw-weights";
+    let weights = vec![
+        format!("{dir}/{}", cache_name("https://one.example/model.gguf")),
+        format!("{dir}/{}", cache_name("https://two.example/old.gguf")),
+        format!("{dir}/{}.part", cache_name("https://three.example/x.gguf")),
+        "/models/operators-own.gguf".to_string(),
+    ];
+    assert_eq!(
+        unwanted_cached(&weights, &catalog),
+        vec![weights[1].clone()]
+    );
+}
