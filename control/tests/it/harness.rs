@@ -261,6 +261,14 @@ impl Agent {
             .expect("a message body")
     }
 
+    /// The next message, or None once the server closed the stream.
+    pub async fn try_next(&mut self) -> Option<control_message::Msg> {
+        match self.inbound.message().await {
+            Ok(Some(m)) => m.msg,
+            Ok(None) | Err(_) => None,
+        }
+    }
+
     /// The next StartShard, skipping acks.
     pub async fn next_start(&mut self) -> v1::StartShard {
         loop {

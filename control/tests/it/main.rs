@@ -376,3 +376,49 @@ async fn a_weights_download_shows_in_the_replicas_until_the_shard_moves_on() {
     .await;
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_gone_stops_acting_at_its_next_renewal() {
+    use llmgw_eventstore::EventStore;
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let a = Server::start(&addr, fast("a", vec![])).await;
+    a.wait_leader().await;
+    let mut agent = Agent::connect(a.agent_addr, register("n1")).await.unwrap();
+    assert!(matches!(agent.next().await, Msg::Ack(_)));
+    // The lease vanishes under it (an operator, a clock, a partition).
+    let token = a.cp.leadership().borrow().clone().unwrap();
+    assert!(a.store.release_lease(&token).await.unwrap());
+    let mut l = a.cp.leadership();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        l.wait_for(|t| t.is_none()),
+    )
+    .await
+    .expect("it stops acting within a renewal")
+    .unwrap();
+    // Its agents are sent on (their stream ends), and it decides nothing.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            match agent.try_next().await {
+                None => return,
+                Some(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the agent's stream was closed");
+    // The lease is free again, so it takes office anew: under a new epoch,
+    // after catching up, never with the old token.
+    let mut l = a.cp.leadership();
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        l.wait_for(|t| t.is_some()),
+    )
+    .await
+    .expect("it leads again")
+    .unwrap()
+    .clone()
+    .unwrap();
+    assert!(again.epoch > token.epoch, "{again:?} after {token:?}");
+    a.stop().await;
+}
