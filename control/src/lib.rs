@@ -67,6 +67,9 @@ pub struct ControlPlane {
     memory: Mutex<Memory>,
     wake: Notify,
     started: Instant,
+    /// Reconciler passes completed as leader: what "the reconciler has
+    /// looked since" can be waited on.
+    passes: watch::Sender<u64>,
 }
 
 impl ControlPlane {
@@ -90,6 +93,7 @@ impl ControlPlane {
             memory: Mutex::new(Memory::default()),
             wake: Notify::new(),
             started: Instant::now(),
+            passes: watch::channel(0).0,
         })
     }
 
@@ -104,6 +108,11 @@ impl ControlPlane {
 
     pub fn is_leader(&self) -> bool {
         self.lease.borrow().is_some()
+    }
+
+    /// The count of reconciler passes completed as leader.
+    pub fn passes(&self) -> watch::Receiver<u64> {
+        self.passes.subscribe()
     }
 
     /// Changes to leadership: `Some` while this server leads.

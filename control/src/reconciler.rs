@@ -27,6 +27,7 @@ pub(crate) async fn run(cp: Arc<ControlPlane>) {
         if let Err(e) = cp.pass().await {
             tracing::warn!(error = %e, "reconciler pass failed; retrying on the next one");
         }
+        cp.passes.send_modify(|n| *n += 1);
     }
 }
 

@@ -44,6 +44,7 @@ pub fn fast(instance: &str, models: Vec<Model>) -> ControlConfig {
 /// One server: views, control plane, agent listener and admin API.
 pub struct Server {
     pub cp: Arc<ControlPlane>,
+    views_at: watch::Receiver<u64>,
     pub agent_addr: SocketAddr,
     pub admin: String,
     pub store: AnyStore,
@@ -63,12 +64,8 @@ impl Server {
             llmgw_projections::Runner::start(store.clone(), &format!("views-{}", config.instance))
                 .await
                 .unwrap();
-        let cp = ControlPlane::new(
-            store.clone(),
-            runner.views(),
-            runner.watch_position(),
-            config,
-        );
+        let views_at = runner.watch_position();
+        let cp = ControlPlane::new(store.clone(), runner.views(), views_at.clone(), config);
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(async move {
             let _ = runner.follow().await;
@@ -97,12 +94,24 @@ impl Server {
         }));
         Server {
             cp,
+            views_at,
             agent_addr,
             admin,
             store,
             stop,
             tasks,
         }
+    }
+
+    /// Returns once the reconciler has completed `n` more passes: what it
+    /// would do about the present state, it has done.
+    pub async fn passes(&self, n: u64) {
+        let mut p = self.cp.passes();
+        let target = *p.borrow() + n;
+        tokio::time::timeout(Duration::from_secs(10), p.wait_for(|c| *c >= target))
+            .await
+            .expect("reconciler passes")
+            .unwrap();
     }
 
     pub async fn wait_leader(&self) {
@@ -158,22 +167,30 @@ pub fn types(events: &[RecordedEvent]) -> Vec<&str> {
     events.iter().map(|e| e.event_type.as_str()).collect()
 }
 
-/// Polls `check` until it returns Some, for up to ten seconds.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+/// Checks `check` now and again after every change `server` can see (an
+/// event its views read, or a reconciler pass), for up to ten seconds.
+pub async fn eventually<T, F, Fut>(server: &Server, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
+    let mut views = server.views_at.clone();
+    let mut passes = server.cp.passes();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(v) = check().await {
             return v;
         }
+        let changed = async {
+            tokio::select! {
+                _ = views.changed() => {}
+                _ = passes.changed() => {}
+            }
+        };
         assert!(
-            tokio::time::Instant::now() < deadline,
+            tokio::time::timeout_at(deadline, changed).await.is_ok(),
             "timed out waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 

@@ -73,7 +73,7 @@ async fn a_model_is_placed_started_and_ready_through_the_stream() {
     assert_eq!(start.nnodes, 1);
     agent.report(&start, Wire::Loading).await;
     agent.report(&start, Wire::Ready).await;
-    let rows = eventually("the replica is ready", || async {
+    let rows = eventually(&s, "the replica is ready", || async {
         let r = s.get("/api/v1/replicas").await;
         (r[0]["status"] == "ready").then_some(r)
     })
@@ -85,7 +85,7 @@ async fn a_model_is_placed_started_and_ready_through_the_stream() {
     // Nothing more to do: the reconciler is idempotent.
     let before = s.events().await.len();
     s.cp.demand("chat");
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.passes(3).await;
     let after = s.events().await;
     assert!(
         types(&after[before..])
@@ -108,7 +108,7 @@ async fn a_silent_node_goes_unreachable_then_lost_and_its_replica_is_rebuilt() {
     a.report(&first, Wire::Ready).await;
     let mut b = Agent::connect(s.agent_addr, register("b")).await.unwrap();
     b.keep_alive();
-    eventually("ready", || async {
+    eventually(&s, "ready", || async {
         (s.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
     })
     .await;
@@ -128,7 +128,7 @@ async fn a_silent_node_goes_unreachable_then_lost_and_its_replica_is_rebuilt() {
     assert!(at("NodeLost") < at("ReplicaFailed"));
     // A heartbeat revives the node.
     a.keep_alive();
-    eventually("recovered", || async {
+    eventually(&s, "recovered", || async {
         let nodes = s.get("/api/v1/nodes").await;
         (nodes[0]["state"] == "ready").then_some(())
     })
@@ -145,7 +145,7 @@ async fn a_restarted_control_plane_adopts_running_shards_instead_of_restarting_t
     a.keep_alive();
     let start = a.next_start().await;
     a.report(&start, Wire::Ready).await;
-    eventually("ready", || async {
+    eventually(&s, "ready", || async {
         (s.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
     })
     .await;
@@ -160,7 +160,7 @@ async fn a_restarted_control_plane_adopts_running_shards_instead_of_restarting_t
     a.keep_alive();
     assert!(matches!(a.next().await, Msg::Ack(_)));
     // Served throughout; nothing is placed or stopped.
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    s2.passes(3).await;
     let t = types(&s2.events().await)
         .into_iter()
         .map(str::to_owned)
@@ -182,7 +182,7 @@ async fn a_restarted_control_plane_adopts_running_shards_instead_of_restarting_t
     reg.running_shards = vec![running(&start)];
     let mut a = Agent::connect(s3.agent_addr, reg).await.unwrap();
     a.keep_alive();
-    let rows = eventually("adopted and ready", || async {
+    let rows = eventually(&s3, "adopted and ready", || async {
         let r = s3.get("/api/v1/replicas").await;
         (r[0]["status"] == "ready").then_some(r)
     })
@@ -253,7 +253,7 @@ async fn a_standby_refuses_agents_and_changes_and_takes_over_when_the_leader_sto
     a.keep_alive();
     let start = a.next_start().await;
     a.report(&start, Wire::Ready).await;
-    eventually("ready on the standby's views", || async {
+    eventually(&standby, "ready on the standby's views", || async {
         (standby.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
     })
     .await;
@@ -272,7 +272,7 @@ async fn a_standby_refuses_agents_and_changes_and_takes_over_when_the_leader_sto
     let mut a = Agent::connect(standby.agent_addr, reg).await.unwrap();
     a.keep_alive();
     assert!(matches!(a.next().await, Msg::Ack(_)));
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    standby.passes(3).await;
     assert_eq!(
         count(&standby, "ReplicaPlaced").await,
         1,
@@ -320,7 +320,7 @@ async fn cordon_stops_new_placement_and_drain_moves_the_replica_replacement_firs
     assert_eq!(code, 200, "{body}");
     let replacement = b.next_start().await;
     // The original is not touched until the replacement serves.
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    s.passes(3).await;
     assert_eq!(count(&s, "ReplicaDraining").await, 0);
     b.report(&replacement, Wire::Ready).await;
     loop {
@@ -333,7 +333,7 @@ async fn cordon_stops_new_placement_and_drain_moves_the_replica_replacement_firs
             _ => {}
         }
     }
-    eventually("the drain finishes", || async {
+    eventually(&s, "the drain finishes", || async {
         let n = s.get("/api/v1/nodes").await;
         let a_row = n
             .as_array()
@@ -359,7 +359,7 @@ async fn a_weights_download_shows_in_the_replicas_until_the_shard_moves_on() {
     agent.keep_alive();
     let start = agent.next_start().await;
     agent.report_fetch(&start, 50_000_000, 200_000_000).await;
-    let fetch = eventually("the progress is visible", || async {
+    let fetch = eventually(&s, "the progress is visible", || async {
         let r = s.get("/api/v1/replicas").await;
         let f = r[0]["shards"][0]["fetch"].clone();
         (!f.is_null()).then_some(f)
@@ -368,7 +368,7 @@ async fn a_weights_download_shows_in_the_replicas_until_the_shard_moves_on() {
     assert_eq!(fetch["bytes_done"], 50_000_000);
     assert_eq!(fetch["bytes_total"], 200_000_000);
     agent.report(&start, Wire::Starting).await;
-    eventually("gone once the shard starts", || async {
+    eventually(&s, "gone once the shard starts", || async {
         let r = s.get("/api/v1/replicas").await;
         (r[0]["shards"][0]["fetch"].is_null() && r[0]["shards"][0]["state"] == "starting")
             .then_some(())
