@@ -228,36 +228,3 @@ pub fn scan(dir: &Path) -> Vec<Found> {
     }
     found
 }
-
-/// Whether a group still has a live leader (a zombie awaiting its parent
-/// counts as gone: it runs nothing).
-fn group_alive(pgid: u32) -> bool {
-    let Some(p) = rustix::process::Pid::from_raw(pgid as i32) else {
-        return false;
-    };
-    if rustix::process::test_kill_process_group(p).is_err() {
-        return false;
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap_or_default();
-    stat.rsplit_once(") ")
-        .is_none_or(|(_, rest)| !rest.starts_with('Z'))
-}
-
-/// SIGTERM to each group, SIGKILL after `timeout`.
-pub async fn kill_groups(pids: &[u32], timeout: std::time::Duration) {
-    use rustix::process::{Pid, Signal, kill_process_group};
-    let groups: Vec<Pid> = pids
-        .iter()
-        .filter_map(|p| Pid::from_raw(*p as i32))
-        .collect();
-    for g in &groups {
-        let _ = kill_process_group(*g, Signal::TERM);
-    }
-    let deadline = tokio::time::Instant::now() + timeout;
-    while pids.iter().any(|g| group_alive(*g)) && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    for g in &groups {
-        let _ = kill_process_group(*g, Signal::KILL);
-    }
-}

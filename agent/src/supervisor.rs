@@ -373,7 +373,7 @@ async fn stop_all(children: &mut [(String, Child)], timeout: Duration) {
         .rev()
         .filter_map(|(_, ch)| ch.id().and_then(|id| Pid::from_raw(id as i32)))
         .collect();
-    let alive = |g: &Pid| rustix::process::test_kill_process_group(*g).is_ok();
+    let alive = |g: &Pid| group_alive(g.as_raw_pid() as u32);
     for g in &groups {
         let _ = kill_process_group(*g, Signal::TERM);
     }
@@ -465,8 +465,38 @@ pub fn adopt(pids: Vec<u32>, options: SupervisorOptions) -> Shard {
     }
 }
 
-fn group_alive(pgid: u32) -> bool {
-    Pid::from_raw(pgid as i32).is_some_and(|p| rustix::process::test_kill_process_group(p).is_ok())
+/// Whether a group still has a live leader (a zombie awaiting its parent
+/// counts as gone: it runs nothing).
+pub(crate) fn group_alive(pgid: u32) -> bool {
+    let Some(p) = Pid::from_raw(pgid as i32) else {
+        return false;
+    };
+    if rustix::process::test_kill_process_group(p).is_err() {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .is_none_or(|(_, rest)| !rest.starts_with('Z'))
+}
+
+/// SIGTERM to each group, SIGKILL to those left after `timeout`: for
+/// processes that are not our children (adopted, or found orphaned).
+pub(crate) async fn kill_groups(pids: &[u32], timeout: Duration) {
+    let groups: Vec<Pid> = pids
+        .iter()
+        .rev()
+        .filter_map(|p| Pid::from_raw(*p as i32))
+        .collect();
+    for g in &groups {
+        let _ = kill_process_group(*g, Signal::TERM);
+    }
+    let deadline = Instant::now() + timeout;
+    while pids.iter().any(|p| group_alive(*p)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for g in groups.iter().filter(|g| group_alive(g.as_raw_pid() as u32)) {
+        let _ = kill_process_group(*g, Signal::KILL);
+    }
 }
 
 async fn watch_adopted(
@@ -491,17 +521,7 @@ async fn watch_adopted(
                     return;
                 }
                 set(&tx, State::Draining);
-                let groups: Vec<Pid> = pids.iter().rev().filter_map(|p| Pid::from_raw(*p as i32)).collect();
-                for g in &groups {
-                    let _ = kill_process_group(*g, Signal::TERM);
-                }
-                let deadline = Instant::now() + o.stop_timeout;
-                while pids.iter().any(|p| group_alive(*p)) && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                for g in &groups {
-                    let _ = kill_process_group(*g, Signal::KILL);
-                }
+                kill_groups(&pids, o.stop_timeout).await;
                 set(&tx, State::Stopped);
                 return;
             }

@@ -63,7 +63,7 @@ impl Agent {
                 }
                 state_files::Found::Unidentifiable { shard_id, pids } => {
                     tracing::warn!(shard = %shard_id, ?pids, "killing an engine its state file cannot describe");
-                    state_files::kill_groups(&pids, self.config.stop_timeout).await;
+                    supervisor::kill_groups(&pids, self.config.stop_timeout).await;
                     state_files::remove(&dir, &shard_id);
                 }
                 state_files::Found::Gone(id) | state_files::Found::Stale(id) => {
