@@ -122,9 +122,7 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<std::time::Duration> {
 pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session::SessionConfig> {
     let node_id = match a.node_id {
         Some(n) => n,
-        None => std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "localhost".into()),
+        None => llmgw_agent::discovery::host::hostname(),
     };
     for s in &a.servers {
         if !(s.starts_with("http://") || s.starts_with("https://")) {
@@ -243,7 +241,10 @@ pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
         model_dirs,
         fabrics: fabrics.into_iter().collect(),
     };
-    let inv = tokio::task::spawn_blocking(move || discovery::discover(&options)).await??;
+    let (inv, error) = tokio::task::spawn_blocking(move || discovery::discover(&options)).await?;
+    if let Some(e) = error {
+        return Err(e.into());
+    }
     let mut out = std::io::stdout().lock();
     if json {
         json_line(&mut out, &inv)?;

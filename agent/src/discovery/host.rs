@@ -127,3 +127,11 @@ pub fn parse_driver_version(text: &str) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The kernel's host name (what `hostname` prints), the node id's default.
+pub fn hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}

@@ -44,7 +44,7 @@ impl Hca {
 
 #[derive(Debug, thiserror::Error)]
 pub enum IbError {
-    #[error("reading {root}")]
+    #[error("reading {root}: {source}")]
     Root {
         root: String,
         #[source]

@@ -70,46 +70,61 @@ fn is_zero(v: &u64) -> bool {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
-    #[error("discovering GPUs")]
+    #[error("gpu discovery: {0}")]
     Gpus(#[from] smi::SmiError),
-    #[error("discovering InfiniBand adapters")]
+    #[error("infiniband discovery: {0}")]
     Ib(#[from] ib::IbError),
-    #[error("checking fabrics")]
+    #[error("fabric configuration: {0}")]
     Fabric(#[from] fabric::DoubleMembership),
 }
 
-/// Takes the inventory. A GPU failure is an error; memory, host and disks
-/// are read whatever happens to the GPUs.
-pub fn discover(o: &Options) -> Result<Inventory, DiscoveryError> {
-    let (gpus, source) = if o.skip_gpus {
-        (Vec::new(), "none")
-    } else {
-        match (o.prefer_nvml && o.nvidia_smi.is_none()).then(nvml::discover) {
-            Some(Ok(gpus)) => (gpus, "nvml"),
-            other => {
-                if let Some(Err(e)) = other {
-                    tracing::warn!(error = %e, "NVML is not usable here; asking nvidia-smi (no NVLink peers)");
-                }
-                let gpus = smi::discover(o.nvidia_smi.as_deref())?;
-                let source = if gpus.is_empty() {
-                    "none"
-                } else {
-                    "nvidia-smi"
-                };
-                (gpus, source)
-            }
-        }
-    };
-    let hcas = ib::discover(Some(&o.root.join("sys/class/infiniband")))?;
-    let fabrics = fabric::check(&o.fabrics, &hcas)?;
-    Ok(Inventory {
-        source: source.into(),
-        gpus,
-        hcas,
+/// Takes the inventory. Memory, host, weights and disks come first, so
+/// that a later failure (a broken driver, an unreadable sysfs) still leaves
+/// them: the inventory so far is returned with the error, and a node whose
+/// nvidia-smi fails still reports its RAM and its weights.
+pub fn discover(o: &Options) -> (Inventory, Option<DiscoveryError>) {
+    let mut inv = Inventory {
+        source: "none".into(),
+        gpus: Vec::new(),
+        hcas: Vec::new(),
         host: host::discover(&o.root),
         memory_total_mb: memory::total_mb(&o.root.join("proc/meminfo")),
         weights: weights::scan(&o.model_dirs),
         storage: storage::scan(&o.model_dirs),
-        fabrics,
-    })
+        fabrics: Vec::new(),
+    };
+    if !o.skip_gpus {
+        match gpus(o) {
+            Ok((gpus, source)) => {
+                inv.gpus = gpus;
+                inv.source = source.into();
+            }
+            Err(e) => return (inv, Some(e.into())),
+        }
+    }
+    match ib::discover(Some(&o.root.join("sys/class/infiniband"))) {
+        Ok(hcas) => inv.hcas = hcas,
+        Err(e) => return (inv, Some(e.into())),
+    }
+    match fabric::check(&o.fabrics, &inv.hcas) {
+        Ok(f) => inv.fabrics = f,
+        Err(e) => return (inv, Some(e.into())),
+    }
+    (inv, None)
+}
+
+/// NVML when asked for and usable, else nvidia-smi. `nvidia-smi` is the
+/// source once it was asked, even when it found no card (or is not on
+/// PATH): "looked, none here" rather than "not looked".
+fn gpus(o: &Options) -> Result<(Vec<gpu::Gpu>, &'static str), smi::SmiError> {
+    if o.prefer_nvml && o.nvidia_smi.is_none() {
+        match nvml::discover() {
+            Ok(gpus) => return Ok((gpus, "nvml")),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "NVML discovery failed, falling back to nvidia-smi; NVLink topology will be unavailable"
+            ),
+        }
+    }
+    Ok((smi::discover(o.nvidia_smi.as_deref())?, "nvidia-smi"))
 }

@@ -22,20 +22,26 @@ fn e(what: &str) -> impl Fn(nvml_wrapper::error::NvmlError) -> NvmlError + '_ {
 
 /// Every GPU NVML sees, with NVLink peers as GPU indices.
 pub fn discover() -> Result<Vec<Gpu>, NvmlError> {
-    let nvml = Nvml::init().map_err(e("loading libnvidia-ml"))?;
+    let nvml = Nvml::init().map_err(e("nvml init"))?;
     let driver = nvml.sys_driver_version().unwrap_or_default();
     let cuda = nvml
         .sys_cuda_driver_version()
         .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
         .unwrap_or_default();
-    let count = nvml.device_count().map_err(e("counting devices"))?;
+    let count = nvml.device_count().map_err(e("nvml device count"))?;
     let mut gpus = Vec::new();
     // Each card's bus id, and the bus ids its active links reach.
     let mut links: Vec<(String, Vec<String>)> = Vec::new();
     for i in 0..count {
-        let d = nvml.device_by_index(i).map_err(e("opening a device"))?;
-        let memory = d.memory_info().map_err(e("reading memory"))?;
-        let pci = d.pci_info().map_err(e("reading the PCI address"))?;
+        let d = nvml
+            .device_by_index(i)
+            .map_err(|err| NvmlError(format!("nvml device {i}: {err}")))?;
+        // Only a card that cannot be opened fails discovery; a figure
+        // that cannot be read is left empty.
+        let (memory_total_mb, memory_used_mb) = d.memory_info().map_or((0, 0), |m| {
+            (m.total / (1024 * 1024), m.used / (1024 * 1024))
+        });
+        let bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
         let cc = d.cuda_compute_capability().ok();
         // Optional figures must not break discovery.
         let ecc = d
@@ -50,20 +56,20 @@ pub fn discover() -> Result<Vec<Gpu>, NvmlError> {
                 peers.push(remote.bus_id);
             }
         }
-        links.push((pci.bus_id.clone(), peers));
+        links.push((bus_id.clone(), peers));
         gpus.push(
             Gpu {
                 index: i,
                 uuid: d.uuid().unwrap_or_default(),
                 name: d.name().unwrap_or_default(),
-                memory_total_mb: memory.total / (1024 * 1024),
-                memory_used_mb: memory.used / (1024 * 1024),
+                memory_total_mb,
+                memory_used_mb,
                 utilization_percent: d.utilization_rates().map_or(0, |u| u64::from(u.gpu)),
                 compute_capability: cc
                     .map(|c| format!("{}.{}", c.major, c.minor))
                     .unwrap_or_default(),
                 numa_node: d.numa_node_id().map_or(-1, |n| n as i32),
-                pci_bus_id: pci.bus_id,
+                pci_bus_id: bus_id,
                 driver_version: driver.clone(),
                 cuda_version: cuda.clone(),
                 nvlink_peers: Vec::new(),
@@ -83,32 +89,38 @@ pub fn discover() -> Result<Vec<Gpu>, NvmlError> {
     Ok(gpus)
 }
 
-/// NVLink peers as GPU indices, from each card's bus id and the bus ids its
-/// links reach. Links to a switch or to a card outside this machine's list
-/// are not peers; a peer reached by several links counts once.
-pub fn peer_indices(links: &[(String, Vec<String>)]) -> Vec<Vec<u32>> {
-    let norm = |b: &str| {
-        b.trim()
-            .to_lowercase()
-            .trim_start_matches("0000")
-            .to_owned()
+/// A PCI bus id in one spelling whatever its source: lowercase, the PCI
+/// domain's leading zeros dropped (NVML writes `00000000:1B:00.0`, sysfs
+/// `0000:1b:00.0`; both are `1b:00.0`, and domain 1 is `1:1b:00.0`).
+pub fn normalize_bus_id(bus: &str) -> String {
+    let b = bus.trim().to_lowercase();
+    let b = match b.find(':') {
+        Some(i) if i > 0 => format!("{}{}", b[..i].trim_start_matches('0'), &b[i..]),
+        _ => b,
     };
+    b.strip_prefix(':').map_or(b.clone(), str::to_owned)
+}
+
+/// NVLink peers as GPU indices, from each card's bus id and the bus ids its
+/// links reach, in the order the links were read. Links to a switch or to
+/// a card outside this machine's list are not peers; a peer reached by
+/// several links counts once.
+pub fn peer_indices(links: &[(String, Vec<String>)]) -> Vec<Vec<u32>> {
+    let buses: Vec<String> = links.iter().map(|(b, _)| normalize_bus_id(b)).collect();
     links
         .iter()
         .enumerate()
         .map(|(me, (_, remotes))| {
-            let mut peers: Vec<u32> = remotes
-                .iter()
-                .filter_map(|r| {
-                    links
-                        .iter()
-                        .position(|(bus, _)| norm(bus) == norm(r))
-                        .filter(|i| *i != me)
-                        .map(|i| i as u32)
-                })
-                .collect();
-            peers.sort_unstable();
-            peers.dedup();
+            let mut peers: Vec<u32> = Vec::new();
+            for r in remotes {
+                let r = normalize_bus_id(r);
+                if let Some(i) = buses.iter().position(|b| *b == r)
+                    && i != me
+                    && !peers.contains(&(i as u32))
+                {
+                    peers.push(i as u32);
+                }
+            }
             peers
         })
         .collect()

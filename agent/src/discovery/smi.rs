@@ -14,13 +14,13 @@ const MANDATORY_FIELDS: usize = 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SmiError {
-    #[error("running {bin}")]
+    #[error("running {bin}: {source}")]
     Run {
         bin: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("running {bin}: exit status {status}: {stderr}")]
+    #[error("running {bin}: {status}: {stderr}")]
     Failed {
         bin: String,
         status: String,

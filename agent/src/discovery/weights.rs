@@ -33,6 +33,8 @@ pub fn scan(dirs: &[PathBuf]) -> Vec<LocalWeights> {
         let Ok(children) = std::fs::read_dir(dir) else {
             continue;
         };
+        let shared =
+            rustix::fs::statfs(dir).is_ok_and(|fs| super::storage::is_network_fs(fs.f_type as u32));
         for child in children.filter_map(Result::ok) {
             let path = child.path();
             if !seen.insert(path.clone()) {
@@ -51,7 +53,7 @@ pub fn scan(dirs: &[PathBuf]) -> Vec<LocalWeights> {
                 out.push(LocalWeights {
                     path: path.display().to_string(),
                     size_bytes,
-                    shared: false,
+                    shared,
                 });
             }
         }

@@ -36,6 +36,7 @@ impl Agent {
                             .clone()
                             .unwrap_or_else(|| "127.0.0.1".into()),
                         stop_timeout: self.config.stop_timeout,
+                        alive_grace: self.config.alive_grace,
                         log_lines: self.config.log_lines,
                         log_file: state_files::log_path(&dir, &r.spec.shard_id).ok(),
                         ..SupervisorOptions::default()
@@ -56,7 +57,6 @@ impl Agent {
                             started: Instant::now()
                                 .checked_sub(Duration::from_secs(age))
                                 .unwrap_or_else(Instant::now),
-                            draining: false,
                             fetch: None,
                         },
                     );

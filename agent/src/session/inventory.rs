@@ -48,22 +48,13 @@ fn storage(s: &[discovery::storage::Storage]) -> Vec<v1::Storage> {
 
 impl Agent {
     pub(super) fn register(&mut self) -> v1::Register {
-        let inv = discovery::discover(&self.config.discovery).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "discovery failed; registering without GPUs");
-            discovery::Inventory {
-                source: "none".into(),
-                gpus: vec![],
-                hcas: vec![],
-                host: discovery::host::discover(&self.config.discovery.root),
-                memory_total_mb: 0,
-                weights: vec![],
-                storage: vec![],
-                fabrics: vec![],
-            }
-        });
+        let (inv, error) = discovery::discover(&self.config.discovery);
+        if let Some(e) = error {
+            tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
+        }
         v1::Register {
             node_id: self.config.node_id.clone(),
-            hostname: self.config.node_id.clone(),
+            hostname: discovery::host::hostname(),
             mgmt_addr: self.config.mgmt_addr.clone(),
             labels: self.config.labels.clone().into_iter().collect(),
             gpus: inv
@@ -131,11 +122,7 @@ impl Agent {
             .values()
             .map(|r| {
                 let s = &r.start;
-                let state = if r.draining {
-                    State::Draining
-                } else {
-                    r.status.borrow().state
-                };
+                let state = r.status.borrow().state;
                 v1::RunningShard {
                     replica_id: s.replica_id.clone(),
                     shard_id: s.shard_id.clone(),

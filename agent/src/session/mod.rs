@@ -40,6 +40,8 @@ pub struct SessionConfig {
     pub reconnect_max: Duration,
     pub discovery: Options,
     pub stop_timeout: Duration,
+    /// A worker rank alive this long counts as ready.
+    pub alive_grace: Duration,
     pub log_lines: usize,
     /// Engine name → version, as installed and seen to run.
     pub engines_installed: BTreeMap<String, String>,
@@ -72,6 +74,7 @@ impl SessionConfig {
             reconnect_max: Duration::from_secs(30),
             discovery: Options::default(),
             stop_timeout: Duration::from_secs(30),
+            alive_grace: Duration::from_secs(5),
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
@@ -89,8 +92,6 @@ struct Running {
     shard: Option<supervisor::Shard>,
     status: watch::Receiver<supervisor::Status>,
     started: Instant,
-    /// Draining is the control plane's word; the process keeps serving.
-    draining: bool,
     /// The download its weights wait on, if any.
     fetch: Option<tokio::task::JoinHandle<()>>,
 }

@@ -70,11 +70,7 @@ impl Agent {
     pub(super) fn shard_status(&mut self, shard_id: &str) -> Option<v1::ShardStatus> {
         let r = self.shards.get(shard_id)?;
         let st = r.status.borrow().clone();
-        let state = if r.draining && st.state == State::Ready {
-            State::Draining
-        } else {
-            st.state
-        };
+        let state = st.state;
         let out = v1::ShardStatus {
             node_id: self.config.node_id.clone(),
             replica_id: r.start.replica_id.clone(),
@@ -135,8 +131,9 @@ impl Agent {
                 vec![]
             }
             Some(control_message::Msg::Drain(d)) => {
-                if let Some(r) = self.shards.get_mut(&d.shard_id) {
-                    r.draining = true;
+                // A shard still fetching its weights has nothing to drain.
+                if let Some(shard) = self.shards.get(&d.shard_id).and_then(|r| r.shard.as_ref()) {
+                    shard.drain();
                 }
                 self.shard_status(&d.shard_id).into_iter().collect()
             }
@@ -173,13 +170,7 @@ impl Agent {
         if !remote {
             return self.launch(start, None);
         }
-        let pending = supervisor::Status {
-            state: State::Pending,
-            exit_code: None,
-            error: None,
-            log_tail: String::new(),
-            pids: Vec::new(),
-        };
+        let pending = supervisor::Status::new(State::Pending);
         let (status_tx, status) = watch::channel(pending);
         let fetcher = self.fetcher.clone();
         let source = start.source.clone();
@@ -209,7 +200,6 @@ impl Agent {
                 status,
                 shard: None,
                 started: Instant::now(),
-                draining: false,
                 fetch: Some(task),
             },
         );
@@ -317,6 +307,7 @@ impl Agent {
             leader: (spec.nnodes > 1).then(|| (spec.leader_addr.clone(), spec.leader_port)),
             rendezvous_timeout: Duration::from_millis(start.startup_timeout_ms.max(1000) as u64),
             stop_timeout: self.config.stop_timeout,
+            alive_grace: self.config.alive_grace,
             log_lines: self.config.log_lines,
             ..SupervisorOptions::default()
         };
@@ -364,7 +355,6 @@ impl Agent {
                 status: shard.status(),
                 shard: Some(shard),
                 started: Instant::now(),
-                draining: false,
                 fetch: None,
             },
         );

@@ -13,11 +13,13 @@ use llmgw_agent::discovery::ib::{
 };
 use llmgw_agent::discovery::{memory, smi};
 
+mod discovery_table;
 mod engines;
 mod fetch;
 mod supervisor;
+mod supervisor_table;
 
-const SMI_SAMPLE: &str = "0, GPU-11111111-2222-3333-4444-555555555555, NVIDIA H100 80GB HBM3, 81559, 4, 9.0, 00000000:1B:00.0, 550.54.15, 34, 0
+pub(crate) const SMI_SAMPLE: &str = "0, GPU-11111111-2222-3333-4444-555555555555, NVIDIA H100 80GB HBM3, 81559, 4, 9.0, 00000000:1B:00.0, 550.54.15, 34, 0
 1, GPU-66666666-7777-8888-9999-000000000000, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54.15, 36, 0
 ";
 
@@ -172,14 +174,14 @@ fn nvidia_smi_runs_as_a_command_and_a_missing_one_is_an_error() {
     assert!(err.to_string().contains("NVIDIA-SMI has failed"), "{err}");
 }
 
-fn write(path: &Path, text: &str) {
+pub(crate) fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();
 }
 
 /// The original tests' sysfs tree: mlx5_0 (IB, 200, with a PCI device),
 /// mlx5_1 (one port up, one down), mlx5_2 (RoCE at 100).
-fn fake_sysfs(root: &Path) {
+pub(crate) fn fake_sysfs(root: &Path) {
     let ib = root.join("class/infiniband");
     let port = |hca: &str, n: u32, state: &str, phys: &str, rate: &str, layer: &str| {
         let p = ib.join(hca).join("ports").join(n.to_string());

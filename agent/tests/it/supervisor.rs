@@ -9,7 +9,7 @@ use llmgw_agent::engines::Command as EngineCommand;
 use llmgw_agent::state_files::{self, Found, Record, Spec};
 use llmgw_agent::supervisor::{State, Status, SupervisorOptions, adopt, start};
 
-fn sh(name: &str, script: &str) -> EngineCommand {
+pub(crate) fn sh(name: &str, script: &str) -> EngineCommand {
     EngineCommand {
         name: name.into(),
         path: "/bin/sh".into(),
@@ -19,7 +19,7 @@ fn sh(name: &str, script: &str) -> EngineCommand {
     }
 }
 
-async fn until(rx: &mut tokio::sync::watch::Receiver<Status>, want: State) -> Status {
+pub(crate) async fn until(rx: &mut tokio::sync::watch::Receiver<Status>, want: State) -> Status {
     tokio::time::timeout(
         Duration::from_secs(20),
         rx.wait_for(|s| s.state == want || s.state == State::Failed),
@@ -31,7 +31,7 @@ async fn until(rx: &mut tokio::sync::watch::Receiver<Status>, want: State) -> St
 }
 
 /// A live (not zombie) process in the group.
-fn group_alive(pgid: u32) -> bool {
+pub(crate) fn group_alive(pgid: u32) -> bool {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(Result::ok)
@@ -47,9 +47,11 @@ fn group_alive(pgid: u32) -> bool {
         })
 }
 
-fn quick() -> SupervisorOptions {
+pub(crate) fn quick() -> SupervisorOptions {
     SupervisorOptions {
         stop_timeout: Duration::from_millis(300),
+        alive_grace: Duration::from_millis(50),
+        probe_interval: Duration::from_millis(20),
         ..SupervisorOptions::default()
     }
 }
@@ -231,14 +233,14 @@ fn state_files_that_cannot_be_trusted_are_judged_and_never_adopted() {
 
 /// An engine's HTTP surface, scripted: `/health`'s status and the models
 /// `/v1/models` lists can change while it runs; requests are counted.
-struct FakeEngine {
-    port: u16,
-    health: std::sync::Arc<std::sync::Mutex<(u16, Vec<String>)>>,
-    seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    probes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+pub(crate) struct FakeEngine {
+    pub(crate) port: u16,
+    pub(crate) health: std::sync::Arc<std::sync::Mutex<(u16, Vec<String>)>>,
+    pub(crate) seen: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) probes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-async fn fake_engine(status: u16, models: &[&str]) -> FakeEngine {
+pub(crate) async fn fake_engine(status: u16, models: &[&str]) -> FakeEngine {
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1308,6 +1308,7 @@ mod supervision {
     fn options() -> SupervisorOptions {
         SupervisorOptions {
             stop_timeout: Duration::from_secs(2),
+            alive_grace: Duration::from_millis(100),
             ..SupervisorOptions::default()
         }
     }
@@ -1414,7 +1415,7 @@ mod supervision {
 
         // A sidecar that dies takes the shard down with it.
         let shard = start(
-            vec![sh("sidecar", "exit 7"), sh("engine", "sleep 600")],
+            vec![sh("ray-head", "exit 7"), sh("engine", "sleep 600")],
             options(),
         );
         let mut status = shard.status();
@@ -1425,7 +1426,8 @@ mod supervision {
             until(&mut status, State::Failed).await
         };
         assert_eq!(s.exit_code, Some(7));
-        assert!(s.error.unwrap().starts_with("sidecar exited"));
+        let error = s.error.unwrap();
+        assert!(error.starts_with("sidecar ray-head exited"), "{error}");
     }
 
     #[tokio::test]
@@ -1447,7 +1449,8 @@ mod supervision {
         );
         let mut status = shard.status();
         let s = until(&mut status, State::Failed).await;
-        assert!(s.error.unwrap().contains("did not open within"));
+        let error = s.error.unwrap();
+        assert!(error.contains("not listening after"), "{error}");
     }
 }
 

@@ -1,0 +1,82 @@
+//! Shards a previous agent started: the processes are not our children, so
+//! they are watched by polling their process groups, judged ready as a
+//! started shard would be, and stopped as groups.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    Control, LogTail, Readiness, Shard, State, Status, SupervisorOptions, fail, groups, log_for,
+    set,
+};
+
+/// How often an adopted shard's processes are checked for.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Takes over the process groups `pids` (the engine last). A group already
+/// gone fails the shard at once.
+pub fn adopt(pids: Vec<u32>, options: SupervisorOptions) -> Shard {
+    let initial = Status {
+        pids: pids.clone(),
+        ..Status::new(State::Starting)
+    };
+    let log = log_for(&options);
+    Shard::spawn(initial, log.clone(), |tx, rx| {
+        watch_adopted(pids, options, log, tx, rx)
+    })
+}
+
+async fn watch_adopted(
+    pids: Vec<u32>,
+    o: SupervisorOptions,
+    log: LogTail,
+    tx: watch::Sender<Status>,
+    mut control: mpsc::UnboundedReceiver<Control>,
+) {
+    let mut readiness = Readiness::new(&o);
+    let mut ready = false;
+    let mut draining = false;
+    let mut poll = tokio::time::interval(POLL);
+    let mut probe = tokio::time::interval(o.probe_interval);
+    loop {
+        let waiting = !ready && !draining;
+        tokio::select! {
+            msg = control.recv() => match msg {
+                None => return,
+                Some(Control::Drain) => {
+                    draining = true;
+                    set(&tx, State::Draining);
+                }
+                Some(Control::Stop) => {
+                    set(&tx, State::Draining);
+                    groups::kill_groups(&pids, o.stop_timeout).await;
+                    set(&tx, State::Stopped);
+                    return;
+                }
+            },
+            _ = poll.tick() => {
+                if pids.iter().any(|p| !groups::group_alive(*p)) {
+                    if draining {
+                        groups::kill_groups(&pids, o.stop_timeout).await;
+                        set(&tx, State::Stopped);
+                    } else {
+                        fail(&tx, &log, "adopted engine exited".into(), None);
+                        groups::kill_groups(&pids, o.stop_timeout).await;
+                    }
+                    return;
+                }
+                if waiting && readiness.health.is_none() && readiness.probe().await {
+                    ready = true;
+                    set(&tx, State::Ready);
+                }
+            }
+            _ = probe.tick(), if waiting && readiness.health.is_some() => {
+                if readiness.probe().await {
+                    ready = true;
+                    set(&tx, State::Ready);
+                }
+            }
+        }
+    }
+}
