@@ -103,6 +103,32 @@ pub(crate) struct RunArgs {
     /// How long an engine gets to stop before SIGKILL, in seconds.
     #[arg(long, default_value_t = 30.0)]
     stop_timeout_s: f64,
+    #[command(flatten)]
+    engines: EngineArgs,
+}
+
+/// Where each engine is on this node and how it is launched.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct EngineArgs {
+    /// The `vllm` executable (default: `vllm` on PATH).
+    #[arg(long, env = "LLMGW_AGENT_VLLM_BIN")]
+    vllm_bin: Option<PathBuf>,
+    /// How a multi-node vLLM replica starts: a Ray cluster, or vLLM's own
+    /// multiprocessing on every rank.
+    #[arg(long, env = "LLMGW_AGENT_VLLM_LAUNCH_MODE", default_value = "ray", value_parser = ["ray", "mp"])]
+    vllm_launch_mode: String,
+    /// The `ray` executable for Ray launches (default: `ray` on PATH).
+    #[arg(long, env = "LLMGW_AGENT_RAY_BIN")]
+    ray_bin: Option<PathBuf>,
+    /// The Python that has SGLang installed (default: `python3`).
+    #[arg(long, env = "LLMGW_AGENT_SGLANG_PYTHON")]
+    sglang_python: Option<PathBuf>,
+    /// The `llama-server` executable (default: `llama-server` on PATH).
+    #[arg(long, env = "LLMGW_AGENT_LLAMACPP_BIN")]
+    llamacpp_bin: Option<PathBuf>,
+    /// llama-server's concurrent slots (0: 4).
+    #[arg(long, env = "LLMGW_AGENT_LLAMACPP_PARALLEL", default_value_t = 0)]
+    llamacpp_parallel: u32,
 }
 
 fn label(s: &str) -> Result<(String, String), String> {
@@ -124,16 +150,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         Some(n) => n,
         None => llmgw_agent::discovery::host::hostname(),
     };
-    for s in &a.servers {
-        if !(s.starts_with("http://") || s.starts_with("https://")) {
-            anyhow::bail!("--server {s:?} must be a URL like http://control-plane:7443");
-        }
-        if a.tls_ca.is_some() && !s.starts_with("https://") {
-            anyhow::bail!(
-                "--server {s:?}: with certificates the agent dials only https:// (refusing to send the stream in the clear)"
-            );
-        }
-    }
+    let servers = llmgw_agent::session::server_urls(&a.servers, a.tls_ca.is_some())?;
     let tls = match (&a.tls_ca, &a.tls_cert, &a.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
             let read = |p: &PathBuf| {
@@ -149,7 +166,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
             None
         }
     };
-    let mut c = llmgw_agent::session::SessionConfig::new(a.servers, node_id);
+    let mut c = llmgw_agent::session::SessionConfig::new(servers, node_id);
     c.mgmt_addr = a.mgmt_addr;
     c.engine_bind = a.engine_bind;
     c.work_dir = Some(a.work_dir);
@@ -181,20 +198,27 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     Ok(c)
 }
 
-pub(crate) fn engines() -> llmgw_agent::engines::Registry {
+pub(crate) fn engines(a: &EngineArgs) -> llmgw_agent::engines::Registry {
     use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm};
     Registry::new(
-        Vllm::default(),
-        Sglang::default(),
-        LlamaCpp::default(),
+        Vllm {
+            bin: a.vllm_bin.clone(),
+            launch_mode: a.vllm_launch_mode.as_str().into(),
+            ray_bin: a.ray_bin.clone(),
+        },
+        Sglang {
+            python: a.sglang_python.clone(),
+        },
+        LlamaCpp::new(a.llamacpp_bin.clone(), a.llamacpp_parallel),
         Sim::default(),
     )
 }
 
 async fn run_agent(a: RunArgs) -> anyhow::Result<Outcome> {
+    let registry = engines(&a.engines);
     let config = session_config(a)?;
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let agent = llmgw_agent::session::Agent::new(config, engines());
+    let agent = llmgw_agent::session::Agent::new(config, registry);
     let task = tokio::spawn(agent.run(rx));
     crate::sim::shutdown().await;
     let _ = tx.send(true);

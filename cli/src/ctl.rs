@@ -38,7 +38,8 @@ pub(crate) enum CtlCommand {
     EngineCheck {
         /// vllm, sglang, llamacpp or sim.
         engine: String,
-        /// The engine binary to ask (for sglang, the Python that has it).
+        /// The engine binary to ask (for sglang, the Python that has it;
+        /// default: the engine's usual name on PATH).
         #[arg(long, conflicts_with = "help_output")]
         bin: Option<PathBuf>,
         /// A file holding the engine's --help output (`-` for standard input).
@@ -47,10 +48,21 @@ pub(crate) enum CtlCommand {
     },
 }
 
+/// The binary asked when none is given: what the agent would run.
+fn default_bin(engine: &str) -> anyhow::Result<PathBuf> {
+    Ok(match engine {
+        "vllm" => "vllm".into(),
+        "sglang" => "python3".into(),
+        "sim" => std::env::current_exe().context("locating this llmgw binary")?,
+        _ => "llama-server".into(),
+    })
+}
+
 /// How to ask each engine for the help of the command llmgw runs.
 fn help_args(engine: &str) -> &'static [&'static str] {
     match engine {
-        "vllm" => &["serve", "--help"],
+        // Plain --help prints vLLM's section names only.
+        "vllm" => &["serve", "--help=all"],
         "sglang" => &["-m", "sglang.launch_server", "--help"],
         "sim" => &["sim-engine", "--help"],
         _ => &["--help"],
@@ -81,11 +93,21 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
         (_, Some(p)) => {
             std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?
         }
-        (Some(b), None) => {
-            let out = Command::new(&b)
-                .args(help_args(&engine))
+        (bin, None) => {
+            let b = match bin {
+                Some(b) => b,
+                None => default_bin(&engine)?,
+            };
+            let mut cmd = Command::new(&b);
+            cmd.args(help_args(&engine));
+            // vLLM refuses to print anything, its help included, on a
+            // machine without an accelerator unless told what to assume.
+            if engine == "vllm" && std::env::var_os("VLLM_TARGET_DEVICE").is_none() {
+                cmd.env("VLLM_TARGET_DEVICE", "cpu");
+            }
+            let out = cmd
                 .output()
-                .with_context(|| format!("running {} --help", b.display()))?;
+                .with_context(|| format!("running {} for its help", b.display()))?;
             // Some engines print help on stderr, or exit non-zero after it.
             format!(
                 "{}{}",
@@ -93,10 +115,16 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
                 String::from_utf8_lossy(&out.stderr)
             )
         }
-        (None, None) => bail!("give --bin PATH or --help-output FILE"),
     };
     if help.trim().is_empty() {
         bail!("the help text is empty");
+    }
+    if !help.contains("--help") {
+        // The cheapest sign of a help text cut short: flags past the cut
+        // would read as missing.
+        eprintln!(
+            "warning: this help text does not document --help itself; if it was cut short, flags past the cut read as missing"
+        );
     }
     let used = check::flags_used(e);
     let missing = check::missing(&used, &help);

@@ -46,10 +46,11 @@ pub(crate) struct SimArgs {
     /// Nodes in a multi-node group; rank 0 serves once all have joined.
     #[arg(long, default_value_t = 1)]
     nnodes: u32,
-    #[arg(long, default_value_t = 0)]
+    /// This node's rank in the group (0 serves).
+    #[arg(long = "node-rank", alias = "rank", default_value_t = 0)]
     rank: u32,
     /// Rank 0's rendezvous address (rank 0 binds it, workers dial it).
-    #[arg(long)]
+    #[arg(long = "dist-init-addr", alias = "rendezvous")]
     rendezvous: Option<SocketAddr>,
     /// How long a worker keeps dialling rank 0, in seconds.
     #[arg(long, default_value_t = 300)]
@@ -60,7 +61,7 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
     let cluster = match (a.nnodes, a.rendezvous) {
         (1, _) => None,
         (0, _) => bail!("--nnodes must be at least 1"),
-        (_, None) => bail!("a multi-node group needs --rendezvous HOST:PORT"),
+        (_, None) => bail!("a multi-node group needs --dist-init-addr HOST:PORT"),
         (nnodes, Some(rendezvous)) => Some(Cluster {
             nnodes,
             rank: a.rank,

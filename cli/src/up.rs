@@ -104,7 +104,11 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     agent_config.cache_dir = Some(data.join("weights"));
     let (agent_stop_tx, agent_stop_rx) = tokio::sync::watch::channel(false);
     let agent = tokio::spawn(
-        llmgw_agent::session::Agent::new(agent_config, crate::agent::engines()).run(agent_stop_rx),
+        llmgw_agent::session::Agent::new(
+            agent_config,
+            crate::agent::engines(&crate::agent::EngineArgs::default()),
+        )
+        .run(agent_stop_rx),
     );
 
     let base = format!("http://{}", bound.client);

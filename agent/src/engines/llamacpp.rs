@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 use super::{
-    Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, has_flag, strings,
+    Command, Engine, EngineError, GpuInfo, Probe, Profile, ShardSpec, base_env, has_flag, strings,
     validate_common,
 };
 
@@ -88,6 +88,10 @@ impl Engine for LlamaCpp {
 
     fn serves_http(&self, _s: &ShardSpec) -> bool {
         true
+    }
+
+    fn probe(&self) -> Option<Probe> {
+        Some(Probe::Binary(self.binary()))
     }
 
     fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {

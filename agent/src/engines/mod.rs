@@ -4,6 +4,7 @@
 
 pub mod check;
 mod llamacpp;
+pub mod probe;
 mod sglang;
 mod sim;
 mod vllm;
@@ -12,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use llamacpp::{LlamaCpp, gguf_in as llamacpp_gguf_in};
+pub use probe::Probe;
 pub use sglang::Sglang;
 pub use sim::Sim;
 pub use vllm::{LaunchMode, Vllm};
@@ -126,6 +128,11 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     }
     fn metrics_path(&self) -> &'static str {
         "/metrics"
+    }
+    /// How to tell whether this node has the engine; None for engines
+    /// that are always here (the sim engine is llmgw itself).
+    fn probe(&self) -> Option<Probe> {
+        None
     }
 }
 

@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use super::{Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, strings};
+use super::{Command, Engine, EngineError, GpuInfo, Probe, Profile, ShardSpec, base_env, strings};
 
 /// SGLang, run as a Python module: one process on every rank.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +20,18 @@ impl Engine for Sglang {
     /// Only node-rank 0 binds HTTP.
     fn serves_http(&self, s: &ShardSpec) -> bool {
         s.leader()
+    }
+
+    /// The module must import in the configured Python: a Python without
+    /// it (or no Python) means no SGLang here.
+    fn probe(&self) -> Option<Probe> {
+        Some(Probe::Run {
+            program: self.python.clone().unwrap_or_else(|| "python3".into()),
+            args: strings(&[
+                "-c",
+                "import sglang, sys; sys.stdout.write(getattr(sglang, '__version__', ''))",
+            ]),
+        })
     }
 
     fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {

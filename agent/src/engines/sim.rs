@@ -5,8 +5,9 @@ use super::{
 };
 
 /// `llmgw sim-engine`: exercises placement, fabrics and multi-node
-/// sequencing without GPUs. Its rendezvous flags are llmgw's own
-/// (`--nnodes --rank --rendezvous`).
+/// sequencing without GPUs. Its rendezvous flags are SGLang's
+/// (`--nnodes --node-rank --dist-init-addr`), so the multi-node launch
+/// path is the same one.
 #[derive(Debug, Clone, Default)]
 pub struct Sim {
     /// The llmgw binary; None uses the running one.
@@ -49,10 +50,10 @@ impl Engine for Sim {
             args.extend(strings(&[
                 "--nnodes",
                 &s.nnodes.to_string(),
-                "--rank",
+                "--node-rank",
                 &s.rank.to_string(),
             ]));
-            args.extend(strings(&["--rendezvous", &s.dist_init()]));
+            args.extend(strings(&["--dist-init-addr", &s.dist_init()]));
         }
         args.extend(p.args.iter().cloned());
         Ok(vec![Command {

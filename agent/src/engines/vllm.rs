@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use super::{Command, Engine, EngineError, GpuInfo, Profile, ShardSpec, base_env, strings};
+use super::{Command, Engine, EngineError, GpuInfo, Probe, Profile, ShardSpec, base_env, strings};
 
 /// How a multi-node vLLM replica is launched.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -42,6 +42,12 @@ impl Engine for Vllm {
 
     fn serves_http(&self, s: &ShardSpec) -> bool {
         s.leader()
+    }
+
+    fn probe(&self) -> Option<Probe> {
+        Some(Probe::Binary(
+            self.bin.clone().unwrap_or_else(|| "vllm".into()),
+        ))
     }
 
     fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {

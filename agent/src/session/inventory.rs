@@ -5,25 +5,10 @@
 use std::collections::BTreeMap;
 
 use llmgw_api::v1;
-use tokio::time::Instant;
 
-use super::{Agent, ENGINE_RECHECK, wire_state};
+use super::{Agent, wire_state};
 use crate::discovery;
 use crate::supervisor::State;
-
-/// The engines configured, plus `llama-server` when it is on PATH.
-pub fn installed_engines(configured: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    let mut out = configured.clone();
-    if !out.contains_key("llamacpp")
-        && let Some(paths) = std::env::var_os("PATH")
-        && let Some(bin) = std::env::split_paths(&paths)
-            .map(|d| d.join("llama-server"))
-            .find(|p| p.is_file())
-    {
-        out.insert("llamacpp".into(), bin.display().to_string());
-    }
-    out
-}
 
 fn wire_weights(w: &[discovery::weights::LocalWeights]) -> Vec<v1::LocalWeights> {
     w.iter()
@@ -91,9 +76,8 @@ impl Agent {
                 .collect(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
             engine_versions: {
-                let engines = installed_engines(&self.config.engines_installed);
+                let engines = self.installed_engines();
                 self.sent_engines = engines.clone();
-                self.engines_checked = Some(Instant::now());
                 engines.into_iter().collect()
             },
             running_shards: self.running_shards(),
@@ -183,18 +167,20 @@ impl Agent {
                 self.sent_weights = weights;
             }
         }
-        if self
-            .engines_checked
-            .is_none_or(|t| t.elapsed() >= ENGINE_RECHECK)
-        {
-            self.engines_checked = Some(Instant::now());
-            let engines = installed_engines(&self.config.engines_installed);
-            if engines != self.sent_engines {
-                hb.engines_changed = true;
-                hb.engine_versions = engines.clone().into_iter().collect();
-                self.sent_engines = engines;
-            }
+        let engines = self.installed_engines();
+        if engines != self.sent_engines {
+            hb.engines_changed = true;
+            hb.engine_versions = engines.clone().into_iter().collect();
+            self.sent_engines = engines;
         }
         hb
+    }
+
+    /// What the configuration names (the sim engine: llmgw itself) and
+    /// what the latest probe found.
+    pub(super) fn installed_engines(&self) -> BTreeMap<String, String> {
+        let mut out = self.probed.borrow().clone();
+        out.extend(self.config.engines_installed.clone());
+        out
     }
 }

@@ -12,8 +12,6 @@ mod adopt;
 mod inventory;
 mod shards;
 
-pub use inventory::installed_engines;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::discovery::Options;
 use crate::engines::Registry;
+use crate::engines::probe::PROBE_TIMEOUT;
 use crate::supervisor::{self, State};
 
 #[derive(Debug, Clone)]
@@ -109,7 +108,8 @@ pub struct Agent {
     /// carry only what changed.
     sent_weights: Vec<v1::LocalWeights>,
     sent_engines: BTreeMap<String, String>,
-    engines_checked: Option<Instant>,
+    /// The engines the latest probe found, refreshed in the background.
+    probed: watch::Receiver<BTreeMap<String, String>>,
     fetcher: crate::fetch::Fetcher,
     fetched_tx: mpsc::UnboundedSender<Fetched>,
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
@@ -156,7 +156,7 @@ impl Agent {
             changes_rx,
             sent_weights: Vec::new(),
             sent_engines: BTreeMap::new(),
-            engines_checked: None,
+            probed: watch::channel(BTreeMap::new()).1,
             fetcher,
             fetched_tx,
             fetched_rx,
@@ -168,6 +168,7 @@ impl Agent {
     /// the configuration says otherwise.
     pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
         self.adopt_orphans().await;
+        self.probed = self.probe_engines().await;
         self.serve(shutdown).await;
         if self.config.stop_engines_on_exit {
             for (id, mut r) in std::mem::take(&mut self.shards) {
@@ -177,6 +178,31 @@ impl Agent {
                 self.forget(&id);
             }
         }
+    }
+
+    /// Probes the engines now (registration carries them), then every
+    /// ENGINE_RECHECK in the background, so an engine installed while the
+    /// agent runs is reported by the next heartbeat.
+    async fn probe_engines(&self) -> watch::Receiver<BTreeMap<String, String>> {
+        let engines = self.engines.clone();
+        let first = engines.probe(PROBE_TIMEOUT).await;
+        tracing::info!(engines = ?first, "engines on this node");
+        let (tx, rx) = watch::channel(first);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(ENGINE_RECHECK) => {}
+                    _ = tx.closed() => return,
+                }
+                let found = engines.probe(PROBE_TIMEOUT).await;
+                tx.send_if_modified(|old| {
+                    let changed = *old != found;
+                    *old = found;
+                    changed
+                });
+            }
+        });
+        rx
     }
 
     async fn serve(&mut self, mut shutdown: watch::Receiver<bool>) {
@@ -282,3 +308,36 @@ impl Agent {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct SessionError(String);
+
+/// Each control-plane address as a URL, in the order given: a bare
+/// `host:port` gets `https://` with certificates and `http://` without;
+/// with certificates `http://` is refused (the stream would go in the
+/// clear); an address given twice is tried once.
+pub fn server_urls(servers: &[String], tls: bool) -> Result<Vec<String>, SessionError> {
+    let mut out: Vec<String> = Vec::new();
+    for s in servers.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let url = match s.split_once("://") {
+            None => format!("{}://{s}", if tls { "https" } else { "http" }),
+            Some(("http" | "https", _)) => s.to_owned(),
+            Some((scheme, _)) => {
+                return Err(SessionError(format!(
+                    "--server {s:?}: the scheme must be http or https, not {scheme}"
+                )));
+            }
+        };
+        if tls && url.starts_with("http://") {
+            return Err(SessionError(format!(
+                "--server {s:?}: with certificates the agent dials only https:// (refusing to send the stream in the clear)"
+            )));
+        }
+        if !out.contains(&url) {
+            out.push(url);
+        }
+    }
+    if out.is_empty() {
+        return Err(SessionError(
+            "no --server given: the agent needs a control plane to dial".into(),
+        ));
+    }
+    Ok(out)
+}

@@ -485,14 +485,17 @@ fn the_sim_engine_carries_its_rendezvous_and_stays_on_its_fabric() {
     assert_eq!(cmds.len(), 1);
     assert_eq!(
         joined(&cmds[0].args),
-        "sim-engine --listen 0.0.0.0:20000 --model big-model --engine sim --nnodes 2 --rank 1 --rendezvous 10.0.0.5:20001"
+        "sim-engine --listen 0.0.0.0:20000 --model big-model --engine sim --nnodes 2 --node-rank 1 --dist-init-addr 10.0.0.5:20001"
     );
     assert!(cmds[0].wait_for_leader_port);
     assert!(
         !sim.commands(&sim_spec(0, 2)).unwrap()[0].wait_for_leader_port,
         "the leader does not wait for itself"
     );
-    assert!(!joined(&sim.commands(&sim_spec(0, 1)).unwrap()[0].args).contains("--rendezvous"));
+    let single = joined(&sim.commands(&sim_spec(0, 1)).unwrap()[0].args);
+    for flag in ["--nnodes", "--node-rank", "--dist-init-addr"] {
+        assert!(!single.contains(flag), "{flag} in {single}");
+    }
     let env = &cmds[0].env;
     assert_eq!(
         (

@@ -16,6 +16,7 @@ use llmgw_agent::discovery::{memory, smi};
 mod discovery_table;
 mod engines;
 mod fetch;
+mod probe;
 mod supervisor;
 mod supervisor_table;
 

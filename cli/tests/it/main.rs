@@ -708,9 +708,9 @@ async fn a_multi_node_sim_engine_serves_only_once_every_worker_has_joined() {
         "big",
         "--nnodes",
         "3",
-        "--rank",
+        "--node-rank",
         "0",
-        "--rendezvous",
+        "--dist-init-addr",
         "127.0.0.1:0",
     ]);
     let rendezvous = rank0.addr_after("rendezvous on ");
@@ -723,9 +723,9 @@ async fn a_multi_node_sim_engine_serves_only_once_every_worker_has_joined() {
             "big",
             "--nnodes",
             "3",
-            "--rank",
+            "--node-rank",
             rank,
-            "--rendezvous",
+            "--dist-init-addr",
             &rendezvous,
         ])
     };
@@ -1213,7 +1213,13 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for flag in ["--listen", "--model", "--nnodes", "--rank", "--rendezvous"] {
+    for flag in [
+        "--listen",
+        "--model",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+    ] {
         assert!(
             text.lines()
                 .any(|l| l.starts_with(flag) && l.ends_with("yes")),
@@ -1242,6 +1248,46 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
         "a longer flag is not the flag: {text}"
     );
     assert!(text.contains("7 of 8 flags found"), "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not document --help itself"),
+        "a help text without --help may be cut short"
+    );
+    // vLLM gives its whole help only for --help=all, and on a machine
+    // without an accelerator only when told which device to assume.
+    let flags = llmgw_agent::engines::check::flags_used(&llmgw_agent::engines::Vllm::default());
+    let full = dir.path().join("full-help");
+    let mut text = String::from("usage: vllm serve [-h] [--help=all]\n");
+    for f in &flags {
+        text.push_str(&format!("  {f} VALUE\n"));
+    }
+    std::fs::write(&full, text).unwrap();
+    let vllm = dir.path().join("vllm");
+    std::fs::write(
+        &vllm,
+        format!(
+            "#!/bin/sh\nif [ \"$1 $2\" = 'serve --help=all' ] && [ -n \"$VLLM_TARGET_DEVICE\" ]; then cat {}; else echo 'usage: vllm serve [--help=all] (sections: frontend, model)'; fi\n",
+            full.display()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod").arg("+x").arg(&vllm).status().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "engine-check",
+            "vllm",
+            "--bin",
+            vllm.to_str().unwrap(),
+        ])
+        .env_remove("VLLM_TARGET_DEVICE")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("{0} of {0} flags found", flags.len())),
+        "{text}"
+    );
     let bad = Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .args([
             "ctl",

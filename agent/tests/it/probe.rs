@@ -1,0 +1,153 @@
+//! Which engines a node reports (`engines-provision.md` §5, the probe
+//! rows), and how the agent reads its `--server` list.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use llmgw_agent::engines::probe::{Probe, first_version, run};
+use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm};
+use llmgw_agent::session::server_urls;
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&path)
+        .status()
+        .unwrap();
+    path
+}
+
+fn registry(vllm: &Path, python: &Path, llama: &Path) -> Registry {
+    Registry::new(
+        Vllm {
+            bin: Some(vllm.into()),
+            ..Vllm::default()
+        },
+        Sglang {
+            python: Some(python.into()),
+        },
+        LlamaCpp::new(Some(llama.into()), 0),
+        Sim::default(),
+    )
+}
+
+const T: Duration = Duration::from_secs(8);
+
+#[tokio::test]
+async fn an_engine_that_is_not_installed_is_absent_from_the_report() {
+    let absent = Path::new("/nonexistent/engine");
+    assert!(registry(absent, absent, absent).probe(T).await.is_empty());
+    // A file that cannot be executed is not an engine either.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("vllm");
+    std::fs::write(&plain, "not a program").unwrap();
+    assert_eq!(run(&Probe::Binary(plain), T).await, None);
+}
+
+#[tokio::test]
+async fn probing_never_runs_an_engine_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let vllm = script(dir.path(), "vllm", &format!("touch {}\n", marker.display()));
+    let llama = script(
+        dir.path(),
+        "llama-server",
+        &format!("touch {}\n", marker.display()),
+    );
+    let found = registry(&vllm, Path::new("/nonexistent/python"), &llama)
+        .probe(T)
+        .await;
+    assert_eq!(
+        found.into_iter().collect::<Vec<_>>(),
+        [
+            ("llamacpp".to_string(), "unknown".to_string()),
+            ("vllm".to_string(), "unknown".to_string())
+        ]
+    );
+    assert!(!marker.exists(), "a wrapper script must not be started");
+}
+
+#[tokio::test]
+async fn sglang_is_there_when_its_module_imports() {
+    let dir = tempfile::tempdir().unwrap();
+    let absent = Path::new("/nonexistent/engine");
+    let broken = script(dir.path(), "python-without", "exit 1\n");
+    assert!(registry(absent, &broken, absent).probe(T).await.is_empty());
+    // The probe asks the module itself, in the configured Python.
+    let python = script(
+        dir.path(),
+        "python-with",
+        "case \"$2\" in *'import sglang'*) printf 0.4.1 ;; *) exit 3 ;; esac\n",
+    );
+    let found = registry(absent, &python, absent).probe(T).await;
+    assert_eq!(found.get("sglang").map(String::as_str), Some("0.4.1"));
+    let silent = script(dir.path(), "python-silent", "exit 0\n");
+    let found = registry(absent, &silent, absent).probe(T).await;
+    assert_eq!(found.get("sglang").map(String::as_str), Some("unknown"));
+}
+
+#[tokio::test]
+async fn a_probe_that_hangs_is_given_up_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = script(dir.path(), "python", "exec sleep 60\n");
+    let probe = Probe::Run {
+        program: slow,
+        args: vec![],
+    };
+    let began = tokio::time::Instant::now();
+    assert_eq!(run(&probe, Duration::from_millis(200)).await, None);
+    assert!(began.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn a_version_is_picked_out_of_whatever_is_printed() {
+    for (text, want) in [
+        ("0.4.1", "0.4.1"),
+        ("sglang 0.4.post1", "0.4.post1"),
+        ("warning: noise\n0.4.1", "0.4.1"),
+        ("vllm version 0.6.3, built today", "0.6.3"),
+        ("(0.5.2)", "0.5.2"),
+        ("", "unknown"),
+        ("no numbers here", "unknown"),
+        ("just 4123", "unknown"),
+    ] {
+        assert_eq!(first_version(text), want, "{text:?}");
+    }
+}
+
+#[test]
+fn server_addresses_gain_a_scheme_and_are_tried_once_each() {
+    let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    assert_eq!(
+        server_urls(&s(&["10.0.0.140:7443"]), false).unwrap(),
+        ["http://10.0.0.140:7443"]
+    );
+    assert_eq!(
+        server_urls(&s(&["10.0.0.140:9443"]), true).unwrap(),
+        ["https://10.0.0.140:9443"]
+    );
+    assert_eq!(
+        server_urls(
+            &s(&["first:7443", "http://second:7443", "third:7443"]),
+            false
+        )
+        .unwrap(),
+        [
+            "http://first:7443",
+            "http://second:7443",
+            "http://third:7443"
+        ],
+        "the order given is the order tried"
+    );
+    assert_eq!(
+        server_urls(&s(&["a:7443", "http://a:7443", "b:7443"]), false).unwrap(),
+        ["http://a:7443", "http://b:7443"]
+    );
+    let e = server_urls(&s(&["https://a:7443", "http://b:7443"]), true).unwrap_err();
+    assert!(e.to_string().contains("b:7443"), "{e}");
+    assert!(server_urls(&s(&["ftp://a:7443"]), false).is_err());
+    assert!(server_urls(&s(&[]), false).is_err());
+    assert!(server_urls(&s(&[" "]), false).is_err());
+}
