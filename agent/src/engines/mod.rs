@@ -182,7 +182,8 @@ pub(crate) fn validate_common(p: &Profile, gpus: &[GpuInfo]) -> Result<(), Engin
         p.gpus_per_node
     };
     let (nodes, pp) = (p.nodes.max(1), p.pp.max(1));
-    if per_node * nodes != p.tp * pp {
+    // In u64: absurd figures are refused, not overflowed.
+    if u64::from(per_node) * u64::from(nodes) != u64::from(p.tp) * u64::from(pp) {
         return err(format!(
             "{nodes} nodes x {per_node} GPUs does not match TP {} x PP {pp}",
             p.tp

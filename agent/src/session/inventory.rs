@@ -37,6 +37,16 @@ impl Agent {
         if let Some(e) = error {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
+        self.gpus = inv
+            .gpus
+            .iter()
+            .map(|g| crate::engines::GpuInfo {
+                index: g.index,
+                name: g.name.clone(),
+                compute_capability: g.compute_capability.clone(),
+                memory_total_mb: g.memory_total_mb,
+            })
+            .collect();
         v1::Register {
             node_id: self.config.node_id.clone(),
             hostname: discovery::host::hostname(),

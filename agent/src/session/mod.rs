@@ -115,6 +115,8 @@ pub struct Agent {
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
     /// Downloads in flight, by the shard waiting on them.
     progress: Arc<std::sync::Mutex<BTreeMap<String, crate::fetch::Progress>>>,
+    /// The GPUs the last discovery found, for validating starts.
+    gpus: Vec<crate::engines::GpuInfo>,
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
@@ -161,6 +163,7 @@ impl Agent {
             fetched_tx,
             fetched_rx,
             progress: Arc::default(),
+            gpus: Vec::new(),
         }
     }
 

@@ -15,6 +15,25 @@ use crate::supervisor::{self, State, SupervisorOptions};
 /// The most lines one LogsReply carries.
 const MAX_LOG_LINES: usize = 2000;
 
+/// The discovered GPUs a shard was given, in its order.
+fn selected_gpus(known: &[GpuInfo], indices: &[u32]) -> Result<Vec<GpuInfo>, String> {
+    indices
+        .iter()
+        .map(|i| {
+            known
+                .iter()
+                .find(|g| g.index == *i)
+                .cloned()
+                .ok_or_else(|| {
+                    format!(
+                        "GPU {i} is not on this node (discovery found {})",
+                        known.len()
+                    )
+                })
+        })
+        .collect()
+}
+
 impl Agent {
     /// The tail of one engine's log (by shard id), and every log this node
     /// can show. The agent's own log goes to its journal, not here.
@@ -283,11 +302,14 @@ impl Agent {
             Ok(e) => e,
             Err(e) => return Some(fail(e.0)),
         };
-        let gpus: Vec<GpuInfo> = Vec::new();
-        if !spec.gpu_indices.is_empty() {
-            // GPU facts come from discovery; without them validation of
-            // class mixing falls to the control plane's placement.
-        } else if let Err(e) = engine.validate(&spec.profile, &gpus) {
+        // Validated against the cards it will run on, as discovery saw
+        // them: a mixed group or FP8 on an old card fails here, with a
+        // reason, not minutes into a load.
+        let gpus = match selected_gpus(&self.gpus, &spec.gpu_indices) {
+            Ok(g) => g,
+            Err(e) => return Some(fail(e)),
+        };
+        if let Err(e) = engine.validate(&spec.profile, &gpus) {
             return Some(fail(e.0));
         }
         let commands = match engine.commands(&spec) {

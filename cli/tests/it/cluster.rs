@@ -1319,3 +1319,90 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
     );
     assert_eq!(sweep.engines().len(), 1);
 }
+
+/// A start is validated on the node against the cards it was given, as
+/// discovery saw them: FP8 on a V100 (compute capability 7.0) fails before
+/// anything is launched, and the reason reaches `ctl replicas`.
+#[tokio::test]
+async fn a_start_the_nodes_gpus_cannot_run_fails_before_launch_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = dir.path().join("gpu.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:{port}"
+store: "{store}"
+control:
+  interval: 200ms
+  port_range: [30500, 30599]
+models:
+  - name: big
+    source: /models/big
+    scaling: {{min: 1, max: 1}}
+    profiles:
+      - name: fp8
+        engine: vllm
+        gpu_class: v100-32g
+        tp: 1
+        gpus_per_node: 1
+        args: ["--quantization", "fp8"]
+"#
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    let write_exec = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&p)
+            .status()
+            .unwrap();
+        p
+    };
+    let smi = write_exec(
+        "nvidia-smi",
+        "echo '0, GPU-v100, Tesla V100-SXM2-32GB, 32510, 0, 7.0, 00000000:1B:00.0, 535.54, 30, 0'\n",
+    );
+    let marker = dir.path().join("vllm-ran");
+    let vllm = write_exec("vllm", &format!("touch {}\nsleep 600\n", marker.display()));
+    let _agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &format!("127.0.0.1:{port}"),
+        "--node-id",
+        "v100-1",
+        "--heartbeat-s",
+        "0.2",
+        "--nvidia-smi",
+        smi.to_str().unwrap(),
+        "--vllm-bin",
+        vllm.to_str().unwrap(),
+        "--work-dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let error = until("the shard's failure", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        rows.as_array()?.iter().find_map(|r| {
+            r["shards"]
+                .as_array()?
+                .iter()
+                .find_map(|s| s["error"].as_str().map(str::to_owned))
+        })
+    })
+    .await;
+    assert!(
+        error.contains("fp8 quantization needs compute capability 8.9")
+            && error.contains("Tesla V100"),
+        "{error}"
+    );
+    assert!(!marker.exists(), "nothing was launched");
+}
