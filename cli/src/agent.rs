@@ -167,6 +167,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         }
     };
     let mut c = llmgw_agent::session::SessionConfig::new(servers, node_id);
+    c.agent_log = AGENT_LOG.get().cloned();
     c.mgmt_addr = a.mgmt_addr;
     c.engine_bind = a.engine_bind;
     c.work_dir = Some(a.work_dir);
@@ -197,6 +198,10 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     }
     Ok(c)
 }
+
+/// The agent's own log lines, set up with logging before the agent runs.
+pub(crate) static AGENT_LOG: std::sync::OnceLock<llmgw_agent::supervisor::LogTail> =
+    std::sync::OnceLock::new();
 
 pub(crate) fn engines(a: &EngineArgs) -> llmgw_agent::engines::Registry {
     use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm};

@@ -2,6 +2,7 @@
 //! Parsing and printing live here; behaviour lives in the crates.
 
 mod agent;
+mod agent_log;
 mod cert;
 mod cluster;
 mod config;
@@ -69,14 +70,39 @@ pub(crate) enum Outcome {
     Failed,
 }
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+/// Logs go to stderr (filtered by RUST_LOG, warnings by default); a node
+/// agent also keeps its last lines at info level for `ctl logs`.
+fn init_logging(cli: &Cli) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        );
+    let ring = match &cli.command {
+        Command::Agent(agent::AgentCommand::Run(_)) => {
+            let ring = llmgw_agent::supervisor::LogTail::new(agent_log::LINES);
+            let _ = agent::AGENT_LOG.set(ring.clone());
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(agent_log::Ring(ring))
+                    .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+            )
+        }
+        _ => None,
+    };
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(ring)
         .init();
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(&cli);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -56,6 +56,9 @@ pub struct SessionConfig {
     /// Where engines listen (and are health-checked); None is every
     /// interface, checked on loopback.
     pub engine_bind: Option<String>,
+    /// The agent's own recent log lines, served as the log source
+    /// `agent`; None when the binary keeps none.
+    pub agent_log: Option<crate::supervisor::LogTail>,
     /// Stop every engine when the agent stops (for `llmgw up`, where the
     /// agent and its engines are one trial); a node agent leaves them.
     pub stop_engines_on_exit: bool,
@@ -77,6 +80,7 @@ impl SessionConfig {
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
+            agent_log: None,
             engine_bind: None,
             work_dir: None,
             cache_dir: None,

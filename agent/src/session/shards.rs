@@ -14,6 +14,8 @@ use crate::supervisor::{self, State, SupervisorOptions};
 
 /// The most lines one LogsReply carries.
 const MAX_LOG_LINES: usize = 2000;
+/// The log source naming the agent's own log.
+const AGENT_SOURCE: &str = "agent";
 
 /// The discovered GPUs a shard was given, in its order.
 fn selected_gpus(known: &[GpuInfo], indices: &[u32]) -> Result<Vec<GpuInfo>, String> {
@@ -36,17 +38,19 @@ fn selected_gpus(known: &[GpuInfo], indices: &[u32]) -> Result<Vec<GpuInfo>, Str
 
 impl Agent {
     /// The tail of one engine's log (by shard id), and every log this node
-    /// can show. The agent's own log goes to its journal, not here.
+    /// can show, the agent's own log (source `agent`) among them.
     pub(super) fn logs(&self, req: &v1::LogsRequest) -> v1::LogsReply {
         let mut reply = v1::LogsReply {
             request_id: req.request_id.clone(),
             ..v1::LogsReply::default()
         };
-        let Some(dir) = &self.config.work_dir else {
-            reply.error = "this agent keeps no engine logs (no --work-dir)".into();
-            return reply;
+        let lines = match usize::try_from(req.lines) {
+            Ok(0) | Err(_) => 200,
+            Ok(n) => n.min(MAX_LOG_LINES),
         };
-        let mut sources: Vec<String> = std::fs::read_dir(dir)
+        let dir = self.config.work_dir.as_deref();
+        let mut sources: Vec<String> = dir
+            .and_then(|d| std::fs::read_dir(d).ok())
             .into_iter()
             .flatten()
             .flatten()
@@ -58,8 +62,17 @@ impl Agent {
             })
             .collect();
         sources.sort();
+        if self.config.agent_log.is_some() {
+            sources.insert(0, AGENT_SOURCE.into());
+        }
         reply.sources = sources;
         if req.source.is_empty() {
+            return reply;
+        }
+        if req.source == AGENT_SOURCE
+            && let Some(log) = &self.config.agent_log
+        {
+            reply.lines = log.tail(lines);
             return reply;
         }
         if !reply.sources.contains(&req.source) {
@@ -74,11 +87,7 @@ impl Agent {
             );
             return reply;
         }
-        let lines = match usize::try_from(req.lines) {
-            Ok(0) | Err(_) => 200,
-            Ok(n) => n.min(MAX_LOG_LINES),
-        };
-        if let Ok(path) = state_files::log_path(dir, &req.source) {
+        if let Some(path) = dir.and_then(|d| state_files::log_path(d, &req.source).ok()) {
             reply.lines = supervisor::file_tail(&path, lines)
                 .lines()
                 .map(str::to_owned)

@@ -647,6 +647,13 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     assert!(ok && lines.contains("listening on"), "{lines}{err}");
     let (ok, _, err) = ctl(admin, &["logs", &busy, "--source", "nope"]);
     assert!(!ok && err.contains("no log named nope"), "{err}");
+    // The agent's own log, at info level whatever its stderr shows.
+    assert!(listed.contains("agent"), "{listed}");
+    let (ok, lines, err) = ctl(admin, &["logs", &busy, "--source", "agent"]);
+    assert!(
+        ok && lines.contains("connected to the control plane"),
+        "{lines}{err}"
+    );
     let (_, leader, _) = ctl(admin, &["leader", "--json"]);
     let l: Value = serde_json::from_str(&leader).unwrap();
     assert_eq!(l["holder"], "ops");
