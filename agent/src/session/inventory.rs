@@ -158,7 +158,7 @@ impl Agent {
     }
 
     /// Storage and memory always (a few numbers); weights when they
-    /// changed; installed engines, looked for once a minute, when they
+    /// changed; installed engines (probed in the background) when they
     /// changed. The flags say a list is meant, so an empty one is never
     /// ambiguous.
     pub(super) fn heartbeat(&mut self) -> v1::Heartbeat {

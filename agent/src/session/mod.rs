@@ -39,6 +39,9 @@ pub struct SessionConfig {
     pub reconnect_max: Duration,
     pub discovery: Options,
     pub stop_timeout: Duration,
+    /// How often installed engines are looked for again (an engine
+    /// installed while the agent runs is reported by the next heartbeat).
+    pub engine_recheck: Duration,
     /// A worker rank alive this long counts as ready.
     pub alive_grace: Duration,
     pub log_lines: usize,
@@ -77,6 +80,7 @@ impl SessionConfig {
             discovery: Options::default(),
             stop_timeout: Duration::from_secs(30),
             alive_grace: Duration::from_secs(5),
+            engine_recheck: Duration::from_secs(60),
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
@@ -124,9 +128,6 @@ pub struct Agent {
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
-
-/// How often installed engines are looked for again.
-const ENGINE_RECHECK: Duration = Duration::from_secs(60);
 
 fn wire_state(s: State) -> i32 {
     use v1::shard_status::State as W;
@@ -188,17 +189,17 @@ impl Agent {
     }
 
     /// Probes the engines now (registration carries them), then every
-    /// ENGINE_RECHECK in the background, so an engine installed while the
-    /// agent runs is reported by the next heartbeat.
+    /// `engine_recheck` in the background, off the stream's loop.
     async fn probe_engines(&self) -> watch::Receiver<BTreeMap<String, String>> {
         let engines = self.engines.clone();
+        let every = self.config.engine_recheck;
         let first = engines.probe(PROBE_TIMEOUT).await;
         tracing::info!(engines = ?first, "engines on this node");
         let (tx, rx) = watch::channel(first);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(ENGINE_RECHECK) => {}
+                    _ = tokio::time::sleep(every) => {}
                     _ = tx.closed() => return,
                 }
                 let found = engines.probe(PROBE_TIMEOUT).await;

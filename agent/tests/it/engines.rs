@@ -264,6 +264,27 @@ fn validation_refuses_what_would_hang_or_crawl() {
         "{err}"
     );
     assert!(v.validate(&fp8, &h100(4)).is_ok());
+    // The flag in its other spelling is read too; a dangling one names no
+    // quantization, so it is left to the engine to refuse.
+    let joined_fp8 = Profile {
+        args: vec!["--quantization=fp8".into()],
+        ..p.clone()
+    };
+    assert!(v.validate(&joined_fp8, &a100).is_err());
+    let dangling = Profile {
+        args: vec!["--quantization".into()],
+        ..p.clone()
+    };
+    assert!(v.validate(&dangling, &a100).is_ok());
+    let absurd = Profile {
+        tp: u32::MAX,
+        pp: u32::MAX,
+        ..p.clone()
+    };
+    assert!(
+        v.validate(&absurd, &h100(4)).is_err(),
+        "refused, not overflowed"
+    );
     let inconsistent = Profile {
         nodes: 2,
         gpus_per_node: 8,

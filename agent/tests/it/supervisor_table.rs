@@ -463,3 +463,16 @@ async fn a_worker_that_dies_early_never_looks_ready() {
     let s = until(&mut shard.status(), State::Ready).await;
     assert_eq!((s.state, s.exit_code), (State::Failed, Some(1)));
 }
+
+#[tokio::test]
+async fn an_engine_inherits_the_agents_environment_under_its_own_variables() {
+    let mut cmd = sh(
+        "engine",
+        "echo \"home=$HOME mine=$LLMGW_TEST_MARKER\"; exit 1",
+    );
+    cmd.env.insert("LLMGW_TEST_MARKER".into(), "present".into());
+    let shard = start(vec![cmd], quick());
+    let s = until(&mut shard.status(), State::Failed).await;
+    let home = std::env::var("HOME").unwrap_or_default();
+    assert_eq!(s.log_tail, format!("[engine] home={home} mine=present"));
+}

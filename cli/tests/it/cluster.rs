@@ -1413,3 +1413,58 @@ models:
     );
     assert!(!marker.exists(), "nothing was launched");
 }
+
+/// Installed engines are looked for again while the agent runs: vLLM
+/// installed after the agent started shows in the node's engines.
+#[tokio::test]
+async fn an_engine_installed_while_the_agent_runs_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "probe", &store, port, 0));
+    let vllm = dir.path().join("vllm");
+    let _agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &format!("127.0.0.1:{port}"),
+        "--node-id",
+        "later",
+        "--heartbeat-s",
+        "0.2",
+        "--engine-recheck-s",
+        "0.2",
+        "--skip-gpus",
+        "--vllm-bin",
+        vllm.to_str().unwrap(),
+        "--work-dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let engines = |nodes: &Value| -> Option<Vec<String>> {
+        let e = nodes.as_array()?.first()?["engines"].as_array()?.clone();
+        Some(
+            e.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        )
+    };
+    let before = until("the node registers", || async {
+        engines(&get(format!("{}/api/v1/nodes", server.admin)).await)
+    })
+    .await;
+    assert!(!before.contains(&"vllm".to_owned()), "{before:?}");
+    std::fs::write(&vllm, "#!/bin/sh\nexit 0\n").unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&vllm)
+        .status()
+        .unwrap();
+    until("vllm is reported", || async {
+        engines(&get(format!("{}/api/v1/nodes", server.admin)).await)?
+            .contains(&"vllm".to_owned())
+            .then_some(())
+    })
+    .await;
+}
