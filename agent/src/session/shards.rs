@@ -325,6 +325,16 @@ impl Agent {
             Ok(c) => c,
             Err(e) => return Some(fail(e.0)),
         };
+        // Another program on the port would answer the health checks, or
+        // the engine would die on bind with the reason buried in its log.
+        if engine.serves_http(&spec)
+            && let Err(e) = std::net::TcpListener::bind((spec.host(), spec.http_port))
+        {
+            return Some(fail(format!(
+                "port {} is not free on this node ({e}); something else listens there",
+                spec.http_port
+            )));
+        }
         let options = SupervisorOptions {
             http_port: engine.serves_http(&spec).then_some(spec.http_port),
             served_model: (!p.served_model_name.is_empty()).then(|| p.served_model_name.clone()),

@@ -1397,7 +1397,8 @@ models:
         dir.path().join("cache").to_str().unwrap(),
     ]);
     let error = until("the shard's failure", || async {
-        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        // Failed replicas too: a failed one is stopped at once.
+        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
         rows.as_array()?.iter().find_map(|r| {
             r["shards"]
                 .as_array()?
@@ -1467,4 +1468,68 @@ async fn an_engine_installed_while_the_agent_runs_is_reported() {
             .then_some(())
     })
     .await;
+}
+
+/// A port something else already listens on is refused before launch,
+/// with a reason, rather than left to the engine's bind error in its log.
+#[tokio::test]
+async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
+    let squatter = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = dir.path().join("taken.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:{port}"
+store: "{store}"
+control:
+  interval: 200ms
+  port_range: [{taken}, {taken}]
+models:
+  - name: chat
+    scaling: {{min: 1, max: 1}}
+    profiles:
+      - name: sim
+        engine: sim
+"#
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    let _agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &format!("127.0.0.1:{port}"),
+        "--node-id",
+        "busy-port",
+        "--heartbeat-s",
+        "0.2",
+        "--skip-gpus",
+        "--work-dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let error = until("the shard's failure", || async {
+        // Failed replicas too: a failed one is stopped at once.
+        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+        rows.as_array()?.iter().find_map(|r| {
+            r["shards"]
+                .as_array()?
+                .iter()
+                .find_map(|s| s["error"].as_str().map(str::to_owned))
+        })
+    })
+    .await;
+    assert!(
+        error.contains(&format!("port {taken} is not free on this node")),
+        "{error}"
+    );
+    drop(squatter);
 }
