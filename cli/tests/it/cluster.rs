@@ -47,6 +47,27 @@ impl Drop for EngineSweeper {
     }
 }
 
+/// Kills, when dropped, every process whose command line holds all of
+/// its needles: engines outlive their agents by design, so a test stops
+/// the ones it caused (a real llama-server, say) even when it fails.
+struct ProcessSweeper(Vec<String>);
+
+impl Drop for ProcessSweeper {
+    fn drop(&mut self) {
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+            if self.0.iter().all(|n| cmd.contains(n.as_str())) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &entry.file_name().to_string_lossy()])
+                    .status();
+            }
+        }
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -1127,6 +1148,7 @@ fn real_engine() -> (std::path::PathBuf, std::path::PathBuf) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_llama_server_is_launched_judged_ready_and_served_through_the_router() {
     let (bin, model) = real_engine();
+    let _sweep = ProcessSweeper(vec!["llama-server".into(), "--port 304".into()]);
     // Every flag llmgw passes is in this build's own --help.
     let check = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .args([
