@@ -103,9 +103,9 @@ pub(crate) struct RunArgs {
     /// How long an engine gets to stop before SIGKILL, in seconds.
     #[arg(long, default_value_t = 30.0)]
     stop_timeout_s: f64,
-    /// Seconds between looks for installed engines.
+    /// Seconds between looks at installed engines and GPU health.
     #[arg(long, default_value_t = 60.0)]
-    engine_recheck_s: f64,
+    recheck_s: f64,
     #[command(flatten)]
     engines: EngineArgs,
 }
@@ -180,7 +180,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s)?;
     c.reconnect_base = c.reconnect_base.min(c.reconnect_max);
     c.stop_timeout = seconds("stop-timeout-s", a.stop_timeout_s)?;
-    c.engine_recheck = seconds("engine-recheck-s", a.engine_recheck_s)?;
+    c.recheck = seconds("recheck-s", a.recheck_s)?;
     c.discovery = Options {
         nvidia_smi: a.nvidia_smi,
         skip_gpus: a.skip_gpus,

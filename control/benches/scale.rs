@@ -124,7 +124,6 @@ async fn fleet(addr: &str, n: usize) {
                         _ = beat.tick() => {
                             let hb = v1::Heartbeat {
                                 node_id: format!("node-{i:05}"),
-                                gpu_memory_used_mb: vec![0; 8],
                                 storage: register(i).storage,
                                 memory_total_mb: 2_000_000,
                                 ..v1::Heartbeat::default()

@@ -504,12 +504,27 @@ impl ControlPlane {
             let engines = hb
                 .engines_changed
                 .then(|| hb.engine_versions.into_iter().collect::<BTreeMap<_, _>>());
+            // A card's problems as the node sees them now: ECC errors that
+            // appeared, another process on a card, or such a process gone.
+            let mut gpus = cur.gpus.clone();
+            if hb.gpus_changed {
+                for h in &hb.gpus {
+                    if let Some(g) = gpus
+                        .iter_mut()
+                        .find(|g| i64::from(g.index) == i64::from(h.index))
+                    {
+                        g.problems = h.problems.clone();
+                    }
+                }
+            }
             let changed = memory.is_some_and(|m| m != cur.memory_total_mb)
                 || disk.is_some_and(|d| d != cur.disk_free_gb)
                 || weights.as_ref().is_some_and(|w| *w != cur.weights)
-                || engines.as_ref().is_some_and(|e| *e != cur.engines);
+                || engines.as_ref().is_some_and(|e| *e != cur.engines)
+                || gpus != cur.gpus;
             if changed {
                 let mut inv = cur.clone();
+                inv.gpus = gpus;
                 inv.memory_total_mb = memory.unwrap_or(inv.memory_total_mb);
                 inv.disk_free_gb = disk.unwrap_or(inv.disk_free_gb);
                 inv.weights = weights.unwrap_or(inv.weights);

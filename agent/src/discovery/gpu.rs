@@ -56,6 +56,12 @@ impl Gpu {
         self.health.problems = problems(&self.health, self.memory_used_mb);
         self
     }
+
+    /// Its problems knowing whether one of our own engines runs on it:
+    /// then the memory in use is ours, not another process's.
+    pub fn problems_given(&self, ours: bool) -> Vec<String> {
+        problems(&self.health, if ours { 0 } else { self.memory_used_mb })
+    }
 }
 
 /// `{model}-{GiB}g`, e.g. `h100-80g`. Two cards share a tensor-parallel

@@ -116,7 +116,7 @@ pub fn discover(o: &Options) -> (Inventory, Option<DiscoveryError>) {
 /// NVML when asked for and usable, else nvidia-smi. `nvidia-smi` is the
 /// source once it was asked, even when it found no card (or is not on
 /// PATH): "looked, none here" rather than "not looked".
-fn gpus(o: &Options) -> Result<(Vec<gpu::Gpu>, &'static str), smi::SmiError> {
+pub fn gpus(o: &Options) -> Result<(Vec<gpu::Gpu>, &'static str), smi::SmiError> {
     if o.prefer_nvml && o.nvidia_smi.is_none() {
         match nvml::discover() {
             Ok(gpus) => return Ok((gpus, "nvml")),

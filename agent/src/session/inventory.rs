@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use llmgw_api::v1;
 
-use super::{Agent, wire_state};
+use super::{Agent, recheck, wire_state};
 use crate::discovery;
 use crate::supervisor::State;
 
@@ -37,6 +37,8 @@ impl Agent {
         if let Some(e) = error {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
+        let ours = self.our_gpus();
+        self.sent_gpus = recheck::wire_health(&inv.gpus, &ours);
         self.gpus = inv
             .gpus
             .iter()
@@ -67,7 +69,7 @@ impl Agent {
                     driver_version: g.driver_version.clone(),
                     cuda_version: g.cuda_version.clone(),
                     nvlink_peers: g.nvlink_peers.iter().map(|p| *p as i32).collect(),
-                    problems: g.health.problems.clone(),
+                    problems: recheck::problems(g, &ours),
                     temperature_c: g.health.temperature_c as i32,
                     ecc_errors: g.health.ecc_errors as i32,
                     utilization_percent: g.utilization_percent as i32,
@@ -183,13 +185,22 @@ impl Agent {
             hb.engine_versions = engines.clone().into_iter().collect();
             self.sent_engines = engines;
         }
+        let gpus = self.rechecked.borrow().gpus.clone();
+        if let Some(gpus) = gpus {
+            let health = recheck::wire_health(&gpus, &self.our_gpus());
+            if health != self.sent_gpus {
+                hb.gpus_changed = true;
+                hb.gpus = health.clone();
+                self.sent_gpus = health;
+            }
+        }
         hb
     }
 
     /// What the configuration names (the sim engine: llmgw itself) and
     /// what the latest probe found.
     pub(super) fn installed_engines(&self) -> BTreeMap<String, String> {
-        let mut out = self.probed.borrow().clone();
+        let mut out = self.rechecked.borrow().engines.clone();
         out.extend(self.config.engines_installed.clone());
         out
     }

@@ -10,6 +10,7 @@
 
 mod adopt;
 mod inventory;
+mod recheck;
 mod shards;
 
 use std::collections::BTreeMap;
@@ -24,7 +25,6 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::discovery::Options;
 use crate::engines::Registry;
-use crate::engines::probe::PROBE_TIMEOUT;
 use crate::supervisor::{self, State};
 
 #[derive(Debug, Clone)]
@@ -39,9 +39,9 @@ pub struct SessionConfig {
     pub reconnect_max: Duration,
     pub discovery: Options,
     pub stop_timeout: Duration,
-    /// How often installed engines are looked for again (an engine
-    /// installed while the agent runs is reported by the next heartbeat).
-    pub engine_recheck: Duration,
+    /// How often installed engines and the GPUs' health are looked at
+    /// again (what changed goes with the next heartbeat).
+    pub recheck: Duration,
     /// A worker rank alive this long counts as ready.
     pub alive_grace: Duration,
     pub log_lines: usize,
@@ -80,7 +80,7 @@ impl SessionConfig {
             discovery: Options::default(),
             stop_timeout: Duration::from_secs(30),
             alive_grace: Duration::from_secs(5),
-            engine_recheck: Duration::from_secs(60),
+            recheck: recheck::DEFAULT_RECHECK,
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
@@ -116,8 +116,10 @@ pub struct Agent {
     /// carry only what changed.
     sent_weights: Vec<v1::LocalWeights>,
     sent_engines: BTreeMap<String, String>,
-    /// The engines the latest probe found, refreshed in the background.
-    probed: watch::Receiver<BTreeMap<String, String>>,
+    /// The latest background look at engines and GPUs.
+    rechecked: watch::Receiver<recheck::Rechecked>,
+    /// The GPU problems last told to the control plane.
+    sent_gpus: Vec<v1::GpuHealth>,
     fetcher: crate::fetch::Fetcher,
     fetched_tx: mpsc::UnboundedSender<Fetched>,
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
@@ -163,7 +165,8 @@ impl Agent {
             changes_rx,
             sent_weights: Vec::new(),
             sent_engines: BTreeMap::new(),
-            probed: watch::channel(BTreeMap::new()).1,
+            rechecked: watch::channel(recheck::Rechecked::default()).1,
+            sent_gpus: Vec::new(),
             fetcher,
             fetched_tx,
             fetched_rx,
@@ -176,7 +179,7 @@ impl Agent {
     /// the configuration says otherwise.
     pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
         self.adopt_orphans().await;
-        self.probed = self.probe_engines().await;
+        self.rechecked = self.start_rechecks().await;
         self.serve(shutdown).await;
         if self.config.stop_engines_on_exit {
             for (id, mut r) in std::mem::take(&mut self.shards) {
@@ -186,31 +189,6 @@ impl Agent {
                 self.forget(&id);
             }
         }
-    }
-
-    /// Probes the engines now (registration carries them), then every
-    /// `engine_recheck` in the background, off the stream's loop.
-    async fn probe_engines(&self) -> watch::Receiver<BTreeMap<String, String>> {
-        let engines = self.engines.clone();
-        let every = self.config.engine_recheck;
-        let first = engines.probe(PROBE_TIMEOUT).await;
-        tracing::info!(engines = ?first, "engines on this node");
-        let (tx, rx) = watch::channel(first);
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = tx.closed() => return,
-                }
-                let found = engines.probe(PROBE_TIMEOUT).await;
-                tx.send_if_modified(|old| {
-                    let changed = *old != found;
-                    *old = found;
-                    changed
-                });
-            }
-        });
-        rx
     }
 
     async fn serve(&mut self, mut shutdown: watch::Receiver<bool>) {

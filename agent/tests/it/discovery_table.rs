@@ -234,3 +234,24 @@ fn package_families_follow_the_os_or_what_it_is_like() {
     assert_eq!((h.os_id.as_str(), h.os_version.as_str()), ("debian", "12"));
     assert_eq!(host::discover(Path::new("/nonexistent")).os_id, "");
 }
+
+#[test]
+fn memory_our_own_engine_holds_is_not_another_process() {
+    let smi = llmgw_agent::discovery::smi::parse(
+        "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 70000, 9.0, 00000000:1B:00.0, 550.54, 30, 2\n",
+    )
+    .unwrap();
+    let g = &smi[0];
+    assert_eq!(
+        g.problems_given(false),
+        [
+            "2 uncorrected ECC errors",
+            "70000 MiB already allocated by another process"
+        ]
+    );
+    assert_eq!(
+        g.problems_given(true),
+        ["2 uncorrected ECC errors"],
+        "the memory of an engine of ours (adopted, say) is not a foreign process"
+    );
+}

@@ -1455,7 +1455,7 @@ async fn an_engine_installed_while_the_agent_runs_is_reported() {
         "later",
         "--heartbeat-s",
         "0.2",
-        "--engine-recheck-s",
+        "--recheck-s",
         "0.2",
         "--skip-gpus",
         "--vllm-bin",
@@ -1554,4 +1554,69 @@ models:
         "{error}"
     );
     drop(squatter);
+}
+
+/// GPU health is read again while the agent runs: a card that starts
+/// reporting uncorrected ECC errors leaves placement, and comes back once
+/// it reports none.
+#[tokio::test]
+async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "sick", &store, port, 0));
+    let rows = dir.path().join("smi.csv");
+    let healthy = "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1B:00.0, 550.54, 30, 0\n\
+                   1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54, 30, 0\n";
+    std::fs::write(&rows, healthy).unwrap();
+    let smi = dir.path().join("nvidia-smi");
+    std::fs::write(&smi, format!("#!/bin/sh\ncat {}\n", rows.display())).unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&smi)
+        .status()
+        .unwrap();
+    let _agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &format!("127.0.0.1:{port}"),
+        "--node-id",
+        "gpu-1",
+        "--heartbeat-s",
+        "0.2",
+        "--recheck-s",
+        "0.2",
+        "--nvidia-smi",
+        smi.to_str().unwrap(),
+        "--work-dir",
+        dir.path().join("work").to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let free = || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        nodes.as_array()?.first()?["gpus_free"].as_u64()
+    };
+    until("two healthy GPUs", || async {
+        (free().await? == 2).then_some(())
+    })
+    .await;
+    std::fs::write(
+        &rows,
+        healthy.replace(
+            "00000000:1C:00.0, 550.54, 30, 0",
+            "00000000:1C:00.0, 550.54, 30, 7",
+        ),
+    )
+    .unwrap();
+    until("GPU 1 is out", || async {
+        (free().await? == 1).then_some(())
+    })
+    .await;
+    std::fs::write(&rows, healthy).unwrap();
+    until("GPU 1 is back", || async {
+        (free().await? == 2).then_some(())
+    })
+    .await;
 }
