@@ -508,13 +508,16 @@ impl ControlPlane {
             // appeared, another process on a card, or such a process gone.
             let mut gpus = cur.gpus.clone();
             if hb.gpus_changed {
-                for h in &hb.gpus {
-                    if let Some(g) = gpus
-                        .iter_mut()
-                        .find(|g| i64::from(g.index) == i64::from(h.index))
-                    {
-                        g.problems = h.problems.clone();
-                    }
+                for g in &mut gpus {
+                    let seen = hb
+                        .gpus
+                        .iter()
+                        .find(|h| i64::from(h.index) == i64::from(g.index));
+                    g.problems = match seen {
+                        Some(h) => h.problems.clone(),
+                        // Registered, but gone from the node's own look.
+                        None => vec!["not seen by the node's last look at its GPUs".into()],
+                    };
                 }
             }
             let changed = memory.is_some_and(|m| m != cur.memory_total_mb)

@@ -69,27 +69,54 @@ pub fn first_version(text: &str) -> String {
     UNKNOWN.into()
 }
 
-/// The version `probe` finds, or None when the engine is not here.
+/// What one probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    Version(String),
+    Absent,
+    /// It did not answer in time (a cold import on a busy node): not a
+    /// reason to think the engine went away.
+    TimedOut,
+}
+
+/// The version `probe` finds, or None when the engine is not here (or did
+/// not answer in time).
 pub async fn run(probe: &Probe, timeout: Duration) -> Option<String> {
+    match look(probe, timeout).await {
+        Found::Version(v) => Some(v),
+        Found::Absent | Found::TimedOut => None,
+    }
+}
+
+pub async fn look(probe: &Probe, timeout: Duration) -> Found {
     match probe {
-        Probe::Binary(bin) => find_executable(bin).map(|_| UNKNOWN.to_owned()),
+        Probe::Binary(bin) => match find_executable(bin) {
+            Some(_) => Found::Version(UNKNOWN.to_owned()),
+            None => Found::Absent,
+        },
         Probe::Run { program, args } => {
-            let program = find_executable(program)?;
+            let Some(program) = find_executable(program) else {
+                return Found::Absent;
+            };
             let child = tokio::process::Command::new(program)
                 .args(args)
                 .stdin(std::process::Stdio::null())
                 .kill_on_drop(true)
                 .output();
-            let out = tokio::time::timeout(timeout, child).await.ok()?.ok()?;
+            let out = match tokio::time::timeout(timeout, child).await {
+                Err(_) => return Found::TimedOut,
+                Ok(Err(_)) => return Found::Absent,
+                Ok(Ok(out)) => out,
+            };
             if !out.status.success() {
-                return None;
+                return Found::Absent;
             }
             let text = format!(
                 "{}\n{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
-            Some(first_version(&text))
+            Found::Version(first_version(&text))
         }
     }
 }
@@ -97,15 +124,31 @@ pub async fn run(probe: &Probe, timeout: Duration) -> Option<String> {
 impl Registry {
     /// Every engine this node has, by name, probed concurrently.
     pub async fn probe(&self, timeout: Duration) -> BTreeMap<String, String> {
+        self.reprobe(timeout, &BTreeMap::new()).await
+    }
+
+    /// As `probe`, keeping what `previous` said of an engine whose probe
+    /// did not answer in time.
+    pub async fn reprobe(
+        &self,
+        timeout: Duration,
+        previous: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
         let probes = self
             .names()
             .into_iter()
             .filter_map(|n| Some((n, self.get(n).ok()?.probe()?)));
-        let found =
-            futures_util::future::join_all(probes.map(|(name, p)| async move {
-                run(&p, timeout).await.map(|v| (name.to_owned(), v))
-            }))
-            .await;
-        found.into_iter().flatten().collect()
+        let found = futures_util::future::join_all(
+            probes.map(|(name, p)| async move { (name, look(&p, timeout).await) }),
+        )
+        .await;
+        found
+            .into_iter()
+            .filter_map(|(name, f)| match f {
+                Found::Version(v) => Some((name.to_owned(), v)),
+                Found::Absent => None,
+                Found::TimedOut => previous.get(name).map(|v| (name.to_owned(), v.clone())),
+            })
+            .collect()
     }
 }

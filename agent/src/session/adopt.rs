@@ -58,6 +58,7 @@ impl Agent {
                                 .checked_sub(Duration::from_secs(age))
                                 .unwrap_or_else(Instant::now),
                             fetch: None,
+                            drained: false,
                         },
                     );
                 }

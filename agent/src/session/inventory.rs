@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use llmgw_api::v1;
 
-use super::{Agent, recheck, wire_state};
+use super::{Agent, wire_state};
 use crate::discovery;
 use crate::supervisor::State;
 
@@ -37,8 +37,7 @@ impl Agent {
         if let Some(e) = error {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
-        let ours = self.our_gpus();
-        self.sent_gpus = recheck::wire_health(&inv.gpus, &ours);
+        let health = self.registered_health(&inv.gpus);
         self.gpus = inv
             .gpus
             .iter()
@@ -69,7 +68,11 @@ impl Agent {
                     driver_version: g.driver_version.clone(),
                     cuda_version: g.cuda_version.clone(),
                     nvlink_peers: g.nvlink_peers.iter().map(|p| *p as i32).collect(),
-                    problems: recheck::problems(g, &ours),
+                    problems: health
+                        .iter()
+                        .find(|h| h.index == g.index as i32)
+                        .map(|h| h.problems.clone())
+                        .unwrap_or_default(),
                     temperature_c: g.health.temperature_c as i32,
                     ecc_errors: g.health.ecc_errors as i32,
                     utilization_percent: g.utilization_percent as i32,
@@ -154,7 +157,7 @@ impl Agent {
             .map(|(id, _)| id.clone())
             .collect();
         for id in done {
-            self.shards.remove(&id);
+            self.take_shard(&id);
             self.forget(&id);
         }
     }
@@ -185,14 +188,9 @@ impl Agent {
             hb.engine_versions = engines.clone().into_iter().collect();
             self.sent_engines = engines;
         }
-        let gpus = self.rechecked.borrow().gpus.clone();
-        if let Some(gpus) = gpus {
-            let health = recheck::wire_health(&gpus, &self.our_gpus());
-            if health != self.sent_gpus {
-                hb.gpus_changed = true;
-                hb.gpus = health.clone();
-                self.sent_gpus = health;
-            }
+        if let Some(health) = self.changed_health() {
+            hb.gpus_changed = true;
+            hb.gpus = health;
         }
         hb
     }

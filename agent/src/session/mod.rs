@@ -101,6 +101,8 @@ struct Running {
     started: Instant,
     /// The download its weights wait on, if any.
     fetch: Option<tokio::task::JoinHandle<()>>,
+    /// Drained by the control plane (while fetching: drained once it runs).
+    drained: bool,
 }
 
 /// The agent: its shards outlive any one stream.
@@ -120,6 +122,15 @@ pub struct Agent {
     rechecked: watch::Receiver<recheck::Rechecked>,
     /// The GPU problems last told to the control plane.
     sent_gpus: Vec<v1::GpuHealth>,
+    /// When the last registration read the GPUs: an older background look
+    /// must not overwrite it.
+    registered_at: Instant,
+    /// When a shard of ours last let go of each GPU: a look taken before
+    /// then saw our engine's memory there, not another process's.
+    released: BTreeMap<u32, Instant>,
+    /// Stops carried out off the loop report here.
+    stopped_tx: mpsc::UnboundedSender<v1::ShardStatus>,
+    stopped_rx: mpsc::UnboundedReceiver<v1::ShardStatus>,
     fetcher: crate::fetch::Fetcher,
     fetched_tx: mpsc::UnboundedSender<Fetched>,
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
@@ -156,6 +167,7 @@ impl Agent {
     pub fn new(config: SessionConfig, engines: Registry) -> Self {
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
+        let (stopped_tx, stopped_rx) = mpsc::unbounded_channel();
         let fetcher = crate::fetch::Fetcher::new(config.cache_dir.clone());
         Agent {
             config,
@@ -165,8 +177,16 @@ impl Agent {
             changes_rx,
             sent_weights: Vec::new(),
             sent_engines: BTreeMap::new(),
-            rechecked: watch::channel(recheck::Rechecked::default()).1,
+            rechecked: watch::channel(recheck::Rechecked {
+                engines: BTreeMap::new(),
+                gpus: None,
+            })
+            .1,
             sent_gpus: Vec::new(),
+            registered_at: Instant::now(),
+            released: BTreeMap::new(),
+            stopped_tx,
+            stopped_rx,
             fetcher,
             fetched_tx,
             fetched_rx,
@@ -262,6 +282,7 @@ impl Agent {
         loop {
             tokio::select! {
                 _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat())),
+                Some(st) = self.stopped_rx.recv() => send(&tx, agent_message::Msg::Shard(st)),
                 Some((id, result)) = self.fetched_rx.recv() => {
                     if let Some(st) = self.fetched(&id, result) {
                         send(&tx, agent_message::Msg::Shard(st));

@@ -8,30 +8,56 @@ use std::time::Duration;
 
 use llmgw_api::v1;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
-use super::Agent;
+use super::{Agent, Running};
 use crate::discovery::{self, gpu::Gpu};
 use crate::engines::Registry;
 use crate::engines::probe::PROBE_TIMEOUT;
 
+/// How often the engines and GPUs are looked at again, by default.
+pub(super) const DEFAULT_RECHECK: Duration = Duration::from_secs(60);
+/// An nvidia-smi (or NVML) that has not answered by then has a driver in
+/// trouble: the cards are reported unreadable.
+const GPU_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a look at the GPUs found.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum GpuLook {
+    Seen(Vec<Gpu>),
+    /// The driver did not answer, or answered with an error.
+    Unreadable(String),
+}
+
 /// The latest look.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Rechecked {
     pub engines: BTreeMap<String, String>,
-    /// None until a rediscovery succeeded (or with GPUs skipped).
-    pub gpus: Option<Vec<Gpu>>,
+    /// None until a look at the GPUs was taken (never with GPUs skipped).
+    pub gpus: Option<(Instant, GpuLook)>,
 }
 
-/// A GPU's problems, knowing which cards our own shards run on.
-pub(super) fn problems(g: &Gpu, ours: &BTreeSet<u32>) -> Vec<String> {
-    g.problems_given(ours.contains(&g.index))
-}
-
-pub(super) fn wire_health(gpus: &[Gpu], ours: &BTreeSet<u32>) -> Vec<v1::GpuHealth> {
+/// A GPU's problems, knowing whether one of our shards ran on it.
+fn wire_health(gpus: &[Gpu], ours: impl Fn(u32) -> bool) -> Vec<v1::GpuHealth> {
     gpus.iter()
         .map(|g| v1::GpuHealth {
             index: g.index as i32,
-            problems: problems(g, ours),
+            problems: g.problems_given(ours(g.index)),
+        })
+        .collect()
+}
+
+/// Problems without their figures: a foreign process using a few more MiB
+/// is not news worth an event.
+fn kinds(h: &[v1::GpuHealth]) -> Vec<(i32, Vec<String>)> {
+    h.iter()
+        .map(|g| {
+            let k = g
+                .problems
+                .iter()
+                .map(|p| p.chars().filter(|c| !c.is_ascii_digit()).collect())
+                .collect();
+            (g.index, k)
         })
         .collect()
 }
@@ -43,6 +69,55 @@ impl Agent {
             .values()
             .flat_map(|r| r.start.gpu_indices.iter().map(|i| (*i).max(0) as u32))
             .collect()
+    }
+
+    /// Forgets a shard, noting when its GPUs were let go.
+    pub(super) fn take_shard(&mut self, id: &str) -> Option<Running> {
+        let r = self.shards.remove(id)?;
+        let now = Instant::now();
+        for g in &r.start.gpu_indices {
+            self.released.insert((*g).max(0) as u32, now);
+        }
+        Some(r)
+    }
+
+    /// The GPUs' problems as registration reads them (fresh).
+    pub(super) fn registered_health(&mut self, gpus: &[Gpu]) -> Vec<v1::GpuHealth> {
+        let ours = self.our_gpus();
+        self.registered_at = Instant::now();
+        self.sent_gpus = wire_health(gpus, |i| ours.contains(&i));
+        self.sent_gpus.clone()
+    }
+
+    /// Every GPU's problems when any changed since they were last sent,
+    /// from a look newer than the registration.
+    pub(super) fn changed_health(&mut self) -> Option<Vec<v1::GpuHealth>> {
+        let (taken, look) = self.rechecked.borrow().gpus.clone()?;
+        if taken <= self.registered_at {
+            return None;
+        }
+        let health = match look {
+            GpuLook::Seen(gpus) => {
+                let ours = self.our_gpus();
+                // Our engine's memory, seen before the engine let go.
+                wire_health(&gpus, |i| {
+                    ours.contains(&i) || self.released.get(&i).is_some_and(|t| *t >= taken)
+                })
+            }
+            GpuLook::Unreadable(why) => self
+                .sent_gpus
+                .iter()
+                .map(|h| v1::GpuHealth {
+                    index: h.index,
+                    problems: vec![format!("the driver cannot read it: {why}")],
+                })
+                .collect(),
+        };
+        if kinds(&health) == kinds(&self.sent_gpus) {
+            return None;
+        }
+        self.sent_gpus = health.clone();
+        Some(health)
     }
 
     /// Probes the engines now (registration carries them), then every
@@ -58,30 +133,36 @@ impl Agent {
             gpus: None,
         });
         tokio::spawn(async move {
+            // A look still running (a hung driver) is waited on again
+            // rather than started twice.
+            let mut pending = None;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(every) => {}
                     _ = tx.closed() => return,
                 }
-                let engines = engines.probe(PROBE_TIMEOUT).await;
+                let previous = tx.borrow().engines.clone();
+                let engines = engines.reprobe(PROBE_TIMEOUT, &previous).await;
                 let gpus = if options.skip_gpus {
                     None
                 } else {
-                    let o = options.clone();
-                    match tokio::task::spawn_blocking(move || discovery::gpus(&o)).await {
-                        Ok(Ok((gpus, _))) => Some(gpus),
-                        Ok(Err(e)) => {
-                            tracing::warn!(error = %e, "GPU rediscovery failed; their health is as last reported");
-                            None
+                    let mut look = pending.take().unwrap_or_else(|| {
+                        let o = options.clone();
+                        tokio::task::spawn_blocking(move || discovery::gpus(&o))
+                    });
+                    let found = match tokio::time::timeout(GPU_TIMEOUT, &mut look).await {
+                        Ok(Ok(Ok((gpus, _)))) => GpuLook::Seen(gpus),
+                        Ok(Ok(Err(e))) => GpuLook::Unreadable(e.to_string()),
+                        Ok(Err(e)) => GpuLook::Unreadable(e.to_string()),
+                        Err(_) => {
+                            pending = Some(look);
+                            GpuLook::Unreadable(format!("no answer within {GPU_TIMEOUT:?}"))
                         }
-                        Err(_) => None,
-                    }
+                    };
+                    Some((Instant::now(), found))
                 };
                 tx.send_if_modified(|old| {
-                    let now = Rechecked {
-                        engines,
-                        gpus: gpus.or_else(|| old.gpus.clone()),
-                    };
+                    let now = Rechecked { engines, gpus };
                     let changed = *old != now;
                     *old = now;
                     changed
@@ -91,6 +172,3 @@ impl Agent {
         rx
     }
 }
-
-/// How often the engines and GPUs are looked at again, by default.
-pub(super) const DEFAULT_RECHECK: Duration = Duration::from_secs(60);

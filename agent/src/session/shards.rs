@@ -17,6 +17,21 @@ const MAX_LOG_LINES: usize = 2000;
 /// The log source naming the agent's own log.
 const AGENT_SOURCE: &str = "agent";
 
+/// The longest output line a status carries: a failure's tail must fit
+/// one message, whatever an engine printed.
+const MAX_STATUS_LINE: usize = 4096;
+
+fn clip(line: &str) -> String {
+    if line.len() <= MAX_STATUS_LINE {
+        return line.to_owned();
+    }
+    let mut end = MAX_STATUS_LINE;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &line[..end])
+}
+
 /// The discovered GPUs a shard was given, in its order.
 fn selected_gpus(known: &[GpuInfo], indices: &[u32]) -> Result<Vec<GpuInfo>, String> {
     indices
@@ -107,7 +122,7 @@ impl Agent {
             error: st.error.clone().unwrap_or_default(),
             exit_code: st.exit_code.unwrap_or(0),
             last_output: if st.state == State::Failed {
-                st.log_tail.lines().map(str::to_owned).collect()
+                st.log_tail.lines().map(clip).collect()
             } else {
                 vec![]
             },
@@ -123,7 +138,7 @@ impl Agent {
                 }),
         };
         if matches!(st.state, State::Stopped | State::Failed) {
-            self.shards.remove(shard_id);
+            self.take_shard(shard_id);
             self.forget(shard_id);
         }
         Some(out)
@@ -136,32 +151,50 @@ impl Agent {
         match msg {
             Some(control_message::Msg::Start(start)) => self.start(start).into_iter().collect(),
             Some(control_message::Msg::Stop(stop)) => {
-                if let Some(mut r) = self.shards.remove(&stop.shard_id) {
-                    tracing::info!(shard = %stop.shard_id, "stopping");
-                    if let Some(f) = r.fetch.take() {
-                        f.abort();
-                    }
-                    let node = self.config.node_id.clone();
-                    let status = match r.shard.take() {
-                        Some(s) => s.stop().await,
-                        None => r.status.borrow().clone(),
-                    };
-                    self.forget(&stop.shard_id);
-                    return vec![v1::ShardStatus {
-                        node_id: node,
-                        replica_id: r.start.replica_id.clone(),
-                        shard_id: stop.shard_id,
-                        state: wire_state(State::Stopped),
-                        exit_code: status.exit_code.unwrap_or(0),
-                        ..v1::ShardStatus::default()
-                    }];
+                let Some(mut r) = self.take_shard(&stop.shard_id) else {
+                    return vec![];
+                };
+                tracing::info!(shard = %stop.shard_id, "stopping");
+                if let Some(f) = r.fetch.take() {
+                    f.abort();
                 }
+                let stopped = |exit_code| v1::ShardStatus {
+                    node_id: self.config.node_id.clone(),
+                    replica_id: r.start.replica_id.clone(),
+                    shard_id: stop.shard_id.clone(),
+                    state: wire_state(State::Stopped),
+                    exit_code,
+                    ..v1::ShardStatus::default()
+                };
+                let Some(shard) = r.shard.take() else {
+                    self.forget(&stop.shard_id);
+                    return vec![stopped(0)];
+                };
+                // Stopping takes up to the stop timeout: off the stream's
+                // loop, which must keep heartbeating meanwhile.
+                let report = stopped(0);
+                let dir = self.config.work_dir.clone();
+                let done = self.stopped_tx.clone();
+                tokio::spawn(async move {
+                    let status = shard.stop().await;
+                    if let Some(d) = dir {
+                        state_files::remove(&d, &report.shard_id);
+                    }
+                    let _ = done.send(v1::ShardStatus {
+                        exit_code: status.exit_code.unwrap_or(0),
+                        ..report
+                    });
+                });
                 vec![]
             }
             Some(control_message::Msg::Drain(d)) => {
-                // A shard still fetching its weights has nothing to drain.
-                if let Some(shard) = self.shards.get(&d.shard_id).and_then(|r| r.shard.as_ref()) {
-                    shard.drain();
+                if let Some(r) = self.shards.get_mut(&d.shard_id) {
+                    // A shard still fetching its weights is drained once it
+                    // runs.
+                    r.drained = true;
+                    if let Some(shard) = &r.shard {
+                        shard.drain();
+                    }
                 }
                 self.shard_status(&d.shard_id).into_iter().collect()
             }
@@ -229,6 +262,7 @@ impl Agent {
                 shard: None,
                 started: Instant::now(),
                 fetch: Some(task),
+                drained: false,
             },
         );
         self.shard_status(&shard_id)
@@ -246,7 +280,18 @@ impl Agent {
             .remove(shard_id);
         let r = self.shards.remove(shard_id)?;
         match result {
-            Ok(path) => self.launch(r.start, Some(path)),
+            Ok(path) => {
+                let status = self.launch(r.start, Some(path));
+                if r.drained
+                    && let Some(now) = self.shards.get_mut(shard_id)
+                {
+                    now.drained = true;
+                    if let Some(shard) = &now.shard {
+                        shard.drain();
+                    }
+                }
+                status
+            }
             Err(e) => {
                 tracing::warn!(shard = %shard_id, error = %e, "cannot fetch the weights");
                 Some(v1::ShardStatus {
@@ -330,10 +375,14 @@ impl Agent {
         if engine.serves_http(&spec)
             && let Err(e) = std::net::TcpListener::bind((spec.host(), spec.http_port))
         {
-            return Some(fail(format!(
-                "port {} is not free on this node ({e}); something else listens there",
-                spec.http_port
-            )));
+            return Some(fail(if e.kind() == std::io::ErrorKind::AddrInUse {
+                format!(
+                    "port {} is not free on this node; something else listens there",
+                    spec.http_port
+                )
+            } else {
+                format!("cannot listen on {}:{}: {e}", spec.host(), spec.http_port)
+            }));
         }
         let options = SupervisorOptions {
             http_port: engine.serves_http(&spec).then_some(spec.http_port),
@@ -397,6 +446,7 @@ impl Agent {
                 shard: Some(shard),
                 started: Instant::now(),
                 fetch: None,
+                drained: false,
             },
         );
         self.shard_status(&shard_id)

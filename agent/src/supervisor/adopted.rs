@@ -56,7 +56,9 @@ async fn watch_adopted(
                 }
             },
             _ = poll.tick() => {
-                if pids.iter().any(|p| !groups::group_alive(*p)) {
+                // A command whose own process is gone has ended, whatever
+                // of its group lingers (that is killed below).
+                if pids.iter().any(|p| !groups::leader_alive(*p)) {
                     if draining {
                         groups::kill_groups(&pids, o.stop_timeout).await;
                         set(&tx, State::Stopped);

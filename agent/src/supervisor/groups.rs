@@ -7,8 +7,26 @@ use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::process::Child;
 use tokio::time::Instant;
 
-/// Whether a group still has a live leader (a zombie awaiting its parent
-/// counts as gone: it runs nothing).
+/// `(state, process group)` of a process, from `/proc/<pid>/stat` (the
+/// command name may hold spaces and parentheses: fields follow the last
+/// `)`).
+fn stat(pid: &str) -> Option<(char, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = text.rsplit_once(") ")?;
+    let mut f = rest.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let _ppid = f.next()?;
+    Some((state, f.next()?.to_owned()))
+}
+
+/// Whether a process runs: it exists and is not a zombie.
+pub(crate) fn leader_alive(pid: u32) -> bool {
+    stat(&pid.to_string()).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// Whether any process of the group still runs (zombies run nothing).
+/// The leader may be gone while the rest of its group lives on: an
+/// engine's workers after the engine died, say.
 pub(crate) fn group_alive(pgid: u32) -> bool {
     let Some(p) = Pid::from_raw(pgid as i32) else {
         return false;
@@ -16,26 +34,40 @@ pub(crate) fn group_alive(pgid: u32) -> bool {
     if rustix::process::test_kill_process_group(p).is_err() {
         return false;
     }
-    // comm may hold spaces and parentheses: the state follows the last ')'.
-    let stat = std::fs::read_to_string(format!("/proc/{pgid}/stat")).unwrap_or_default();
-    stat.rsplit_once(") ")
-        .is_none_or(|(_, rest)| !rest.starts_with('Z'))
+    if leader_alive(pgid) {
+        return true;
+    }
+    let want = pgid.to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.bytes().all(|b| b.is_ascii_digit())
+                && stat(&name).is_some_and(|(state, group)| state != 'Z' && group == want)
+        })
+}
+
+fn pids(pgids: &[u32]) -> Vec<Pid> {
+    pgids
+        .iter()
+        .rev()
+        .filter_map(|p| Pid::from_raw(*p as i32))
+        .collect()
 }
 
 /// SIGTERM to each group, SIGKILL to those left after `timeout`: for
 /// processes that are not our children (adopted, or found orphaned).
 /// A group already gone counts as stopped.
-pub(crate) async fn kill_groups(pids: &[u32], timeout: Duration) {
-    let groups: Vec<Pid> = pids
-        .iter()
-        .rev()
-        .filter_map(|p| Pid::from_raw(*p as i32))
-        .collect();
+pub(crate) async fn kill_groups(pgids: &[u32], timeout: Duration) {
+    let groups = pids(pgids);
     for g in &groups {
         let _ = kill_process_group(*g, Signal::TERM);
     }
     let deadline = Instant::now() + timeout;
-    while pids.iter().any(|p| group_alive(*p)) && Instant::now() < deadline {
+    while pgids.iter().any(|p| group_alive(*p)) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for g in groups.iter().filter(|g| group_alive(g.as_raw_pid() as u32)) {
@@ -46,16 +78,15 @@ pub(crate) async fn kill_groups(pids: &[u32], timeout: Duration) {
 
 /// SIGTERM to every group, last started first; SIGKILL to what is left
 /// after the stop timeout. Returns once every group is gone (or, for a
-/// process stuck in the kernel, shortly after the SIGKILL).
-pub(super) async fn stop_children(children: &mut [(String, Child)], timeout: Duration) {
-    // The group ids are taken first: once a leader is reaped its id is
-    // gone, but the rest of its group (an engine's own children, or a
-    // process that ignores SIGTERM) may still be running.
-    let groups: Vec<Pid> = children
-        .iter()
-        .rev()
-        .filter_map(|(_, ch)| ch.id().and_then(|id| Pid::from_raw(id as i32)))
-        .collect();
+/// process stuck in the kernel, shortly after the SIGKILL). The groups
+/// are the ones recorded at spawn: a child already reaped has no id any
+/// more, but the rest of its group may still run.
+pub(super) async fn stop_children(
+    children: &mut [(String, Child)],
+    pgids: &[u32],
+    timeout: Duration,
+) {
+    let groups = pids(pgids);
     let alive = |g: &Pid| group_alive(g.as_raw_pid() as u32);
     for g in &groups {
         let _ = kill_process_group(*g, Signal::TERM);
@@ -77,7 +108,7 @@ pub(super) async fn stop_children(children: &mut [(String, Child)], timeout: Dur
         let _ = ch.wait().await;
     }
     // SIGKILL is delivered asynchronously; orphans are reaped by init.
-    let settle = Instant::now() + Duration::from_secs(5);
+    let settle = Instant::now() + Duration::from_secs(2);
     while groups.iter().any(alive) && Instant::now() < settle {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

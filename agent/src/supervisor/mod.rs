@@ -287,10 +287,12 @@ async fn supervise(
     // The output readers: a failure waits for them, so that its log tail
     // holds the last lines the process wrote before it died.
     let mut readers: Vec<Option<tokio::task::JoinHandle<()>>> = Vec::new();
+    let pgids = |tx: &watch::Sender<Status>| tx.borrow().pids.clone();
     if commands.is_empty() {
         fail(&tx, &log, "no commands to run".into(), None);
         return;
     }
+    let mut draining = false;
     let last = commands.len() - 1;
     for (i, c) in commands.iter().enumerate() {
         let what = if i == last {
@@ -306,10 +308,31 @@ async fn supervise(
                     format!("{what} waits for a leader, but none is known"),
                     None,
                 );
-                groups::stop_children(&mut children, o.stop_timeout).await;
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             };
-            if !groups::wait_for_port(&host, port, o.rendezvous_timeout).await {
+            // A stop must not wait for a leader that may never come.
+            let wait = groups::wait_for_port(&host, port, o.rendezvous_timeout);
+            tokio::pin!(wait);
+            let up = loop {
+                tokio::select! {
+                    up = &mut wait => break up,
+                    msg = control.recv() => match msg {
+                        None => return,
+                        Some(Control::Drain) => {
+                            draining = true;
+                            set(&tx, State::Draining);
+                        }
+                        Some(Control::Stop) => {
+                            set(&tx, State::Draining);
+                            groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
+                            set(&tx, State::Stopped);
+                            return;
+                        }
+                    },
+                }
+            };
+            if !up {
                 fail(
                     &tx,
                     &log,
@@ -319,7 +342,7 @@ async fn supervise(
                     ),
                     None,
                 );
-                groups::stop_children(&mut children, o.stop_timeout).await;
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             }
         }
@@ -338,18 +361,17 @@ async fn supervise(
                     format!("{what}: starting {}: {e}", c.path.display())
                 };
                 fail(&tx, &log, error, None);
-                groups::stop_children(&mut children, o.stop_timeout).await;
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             }
         }
-        if i == last {
-            set(&tx, State::Starting);
-        }
     }
-    set(&tx, State::Loading);
+    if !draining {
+        set(&tx, State::Starting);
+        set(&tx, State::Loading);
+    }
     let mut readiness = Readiness::new(&o);
     let mut ready = false;
-    let mut draining = false;
     let ready_by = o.startup_timeout.map(|t| Instant::now() + t);
     let mut probe = tokio::time::interval(o.probe_interval);
     probe.tick().await;
@@ -368,7 +390,7 @@ async fn supervise(
                 }
                 Some(Control::Stop) => {
                     set(&tx, State::Draining);
-                    groups::stop_children(&mut children, o.stop_timeout).await;
+                    groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                     set(&tx, State::Stopped);
                     return;
                 }
@@ -392,23 +414,25 @@ async fn supervise(
                     format!("not ready within the startup timeout ({waited:?}): {}", readiness.why()),
                     None,
                 );
-                groups::stop_children(&mut children, o.stop_timeout).await;
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             }
         }
     };
     let (i, status) = exited;
-    // Its pipe closes with it: read what it wrote last.
-    if let Some(r) = readers[i].take() {
-        let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
-    }
     let code = status.as_ref().ok().and_then(ExitStatus::code);
     let how = match &status {
         Ok(s) => s.to_string(),
         Err(e) => e.to_string(),
     };
     let name = children[i].0.clone();
-    groups::stop_children(&mut children, o.stop_timeout).await;
+    // The rest of the shard goes, the exited command's own group too: an
+    // engine's workers outlive it, holding its GPUs and its port.
+    groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
+    // Its pipe closes with its group: read what it wrote last.
+    if let Some(r) = readers[i].take() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
+    }
     if draining {
         tx.send_modify(|s| {
             s.state = State::Stopped;
@@ -472,10 +496,19 @@ fn spawn(
     // the command (and everything it forked) closes its own.
     drop(cmd);
     let pump = match reader {
-        Some(read) => {
-            let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(read.into())?;
-            Some(tokio::spawn(output::pump(rx, log.clone(), c.name.clone())))
-        }
+        Some(read) => match tokio::net::unix::pipe::Receiver::from_owned_fd(read.into()) {
+            Ok(rx) => Some(tokio::spawn(output::pump(rx, log.clone(), c.name.clone()))),
+            Err(e) => {
+                // Nobody would read its output: it must not run untracked.
+                if let Some(pid) = child
+                    .id()
+                    .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+                {
+                    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+                }
+                return Err(e);
+            }
+        },
         None => None,
     };
     Ok((child, pump))

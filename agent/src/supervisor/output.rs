@@ -96,6 +96,9 @@ pub async fn pump(stream: impl AsyncRead + Unpin, log: LogTail, name: String) {
         log.push(format!("[{name}] {text}"));
         line.clear();
     };
+    // Just split a long line: a newline right after it ends that line,
+    // not an empty one.
+    let mut split = false;
     while let Ok(buf) = reader.fill_buf().await {
         if buf.is_empty() {
             if !line.is_empty() {
@@ -103,6 +106,12 @@ pub async fn pump(stream: impl AsyncRead + Unpin, log: LogTail, name: String) {
             }
             break;
         }
+        if split && line.is_empty() && buf[0] == b'\n' {
+            reader.consume(1);
+            split = false;
+            continue;
+        }
+        split = false;
         let room = MAX_LINE - line.len();
         let window = &buf[..buf.len().min(room)];
         match window.iter().position(|b| *b == b'\n') {
@@ -117,6 +126,7 @@ pub async fn pump(stream: impl AsyncRead + Unpin, log: LogTail, name: String) {
                 reader.consume(n);
                 if line.len() == MAX_LINE {
                     emit(&mut line);
+                    split = true;
                 }
             }
         }

@@ -198,7 +198,6 @@ fn an_absent_or_empty_directory_constrains_and_holds_nothing() {
     let found = weights::scan(&[models.clone(), models.clone()]);
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(found[0].path.ends_with("real.gguf"));
-    assert!(!found[0].shared, "a local directory is not shared");
 }
 
 #[test]

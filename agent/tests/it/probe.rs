@@ -99,6 +99,47 @@ async fn a_probe_that_hangs_is_given_up_in_time() {
     let began = tokio::time::Instant::now();
     assert_eq!(run(&probe, Duration::from_millis(200)).await, None);
     assert!(began.elapsed() < Duration::from_secs(30));
+    // The hung probe is killed, not left behind.
+    let pidfile = dir.path().join("pid");
+    let slow = script(
+        dir.path(),
+        "python-slow",
+        &format!("echo $$ > {}; exec sleep 60\n", pidfile.display()),
+    );
+    let probe = Probe::Run {
+        program: slow.clone(),
+        args: vec![],
+    };
+    assert_eq!(run(&probe, Duration::from_millis(300)).await, None);
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+            if stat.is_empty()
+                || stat
+                    .rsplit_once(") ")
+                    .is_some_and(|(_, r)| r.starts_with('Z'))
+            {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the hung probe was killed");
+    // A probe that times out keeps what was known: a slow import is not
+    // an engine gone.
+    let r = registry(
+        Path::new("/nonexistent/v"),
+        &slow,
+        Path::new("/nonexistent/l"),
+    );
+    let known: std::collections::BTreeMap<String, String> =
+        [("sglang".to_string(), "0.4.1".to_string())].into();
+    let again = r.reprobe(Duration::from_millis(200), &known).await;
+    assert_eq!(again, known);
+    assert!(r.probe(Duration::from_millis(200)).await.is_empty());
 }
 
 #[test]

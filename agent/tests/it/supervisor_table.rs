@@ -269,6 +269,61 @@ async fn a_line_longer_than_the_limit_is_split_and_reading_goes_on() {
     assert_eq!(lines[0].len(), "[engine] ".len() + MAX_LINE);
     assert_eq!(lines[1], format!("[engine] {}", "a".repeat(10)));
     assert_eq!(lines[2], "[engine] after");
+    // A line of exactly the limit is one line, not one and an empty one.
+    let shard = start(
+        vec![sh(
+            "engine",
+            &format!("head -c {MAX_LINE} /dev/zero | tr '\\0' a; echo; echo after; exit 1"),
+        )],
+        quick(),
+    );
+    let s = until(&mut shard.status(), State::Failed).await;
+    let lines: Vec<&str> = s.log_tail.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1], "[engine] after");
+}
+
+#[tokio::test]
+async fn an_engine_that_dies_takes_its_own_children_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("child");
+    let script = format!("sleep 30 & echo $! > {}; exit 1", pidfile.display());
+    let shard = start(vec![sh("engine", &script)], quick());
+    let s = until(&mut shard.status(), State::Failed).await;
+    assert_eq!(s.state, State::Failed);
+    let child: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty()
+            || stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with('Z')),
+        "the engine's child outlived it: {stat}"
+    );
+}
+
+#[tokio::test]
+async fn a_stop_while_waiting_for_the_leader_ends_the_wait() {
+    let mut join = sh("join", "exec sleep 30");
+    join.wait_for_leader_port = true;
+    let shard = start(
+        vec![join],
+        SupervisorOptions {
+            leader: Some(("127.0.0.1".into(), 1)),
+            // Far beyond the test's patience: only the stop can end it.
+            rendezvous_timeout: Duration::from_secs(600),
+            ..quick()
+        },
+    );
+    let s = tokio::time::timeout(Duration::from_secs(20), shard.stop())
+        .await
+        .expect("the stop did not wait for the leader");
+    assert_eq!(s.state, State::Stopped);
+    assert!(s.pids.is_empty(), "nothing was started");
 }
 
 // Rows 20–21: state names and the log tail.
@@ -432,6 +487,7 @@ async fn a_leader_that_never_listens_fails_the_shard_in_time() {
 
 #[tokio::test]
 async fn a_worker_is_ready_once_it_outlives_the_alive_grace() {
+    let began = std::time::Instant::now();
     let shard = start(
         vec![sh("worker", "exec sleep 30")],
         SupervisorOptions {
@@ -440,13 +496,11 @@ async fn a_worker_is_ready_once_it_outlives_the_alive_grace() {
         },
     );
     let mut status = shard.status();
-    let loading = status
-        .wait_for(|s| s.state == State::Loading)
-        .await
-        .unwrap()
-        .clone();
-    assert_eq!(loading.state, State::Loading, "not ready at once");
     assert_eq!(until(&mut status, State::Ready).await.state, State::Ready);
+    assert!(
+        began.elapsed() >= Duration::from_millis(150),
+        "ready before the grace was over"
+    );
     shard.stop().await;
 }
 
@@ -475,4 +529,41 @@ async fn an_engine_inherits_the_agents_environment_under_its_own_variables() {
     let s = until(&mut shard.status(), State::Failed).await;
     let home = std::env::var("HOME").unwrap_or_default();
     assert_eq!(s.log_tail, format!("[engine] home={home} mine=present"));
+}
+
+#[tokio::test]
+async fn an_adopted_engine_whose_process_died_fails_though_its_children_linger() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("child");
+    let script = format!("sleep 30 & echo $! > {}; exec sleep 31", pidfile.display());
+    let first = start(vec![sh("engine", &script)], quick());
+    let mut status = first.status();
+    until(&mut status, State::Ready).await;
+    let pid = status.borrow().pids[0];
+    // The first agent goes (its engine stays), as in an agent restart.
+    drop(first);
+    let adopted = adopt(vec![pid], quick());
+    let mut s = adopted.status();
+    until(&mut s, State::Ready).await;
+    let child: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(group_alive(pid));
+    // Only the engine's own process dies; its child lives on.
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    let s = until(&mut s, State::Failed).await;
+    assert_eq!(s.error.as_deref(), Some("adopted engine exited"));
+    assert!(!group_alive(pid), "what was left of its group is killed");
+    let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty()
+            || stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with('Z')),
+        "{stat}"
+    );
 }

@@ -47,22 +47,27 @@ impl Drop for EngineSweeper {
     }
 }
 
-/// Kills, when dropped, every process whose command line holds all of
-/// its needles: engines outlive their agents by design, so a test stops
-/// the ones it caused (a real llama-server, say) even when it fails.
-struct ProcessSweeper(Vec<String>);
+/// Kills, when dropped, the engines an agent's work directory records
+/// (its state files' process groups): engines outlive their agents by
+/// design, so a test stops the ones it caused even when it fails, and
+/// nothing else on the machine.
+struct StateFileSweeper(std::path::PathBuf);
 
-impl Drop for ProcessSweeper {
+impl Drop for StateFileSweeper {
     fn drop(&mut self) {
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let Ok(text) = std::fs::read_to_string(entry.path()) else {
                 continue;
             };
-            let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
-            if self.0.iter().all(|n| cmd.contains(n.as_str())) {
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &entry.file_name().to_string_lossy()])
-                    .status();
+            let Ok(record) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            for pgid in record["pids"].as_array().into_iter().flatten() {
+                if let Some(pgid) = pgid.as_u64().filter(|p| *p > 1) {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-9", "--", &format!("-{pgid}")])
+                        .status();
+                }
             }
         }
     }
@@ -1148,7 +1153,6 @@ fn real_engine() -> (std::path::PathBuf, std::path::PathBuf) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_llama_server_is_launched_judged_ready_and_served_through_the_router() {
     let (bin, model) = real_engine();
-    let _sweep = ProcessSweeper(vec!["llama-server".into(), "--port 304".into()]);
     // Every flag llmgw passes is in this build's own --help.
     let check = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .args([
@@ -1166,6 +1170,7 @@ async fn a_real_llama_server_is_launched_judged_ready_and_served_through_the_rou
         "{table}"
     );
     let dir = tempfile::tempdir().unwrap();
+    let _sweep = StateFileSweeper(dir.path().join("work"));
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
     let port = free_port();
     let config = dir.path().join("real.yaml");
@@ -1617,6 +1622,22 @@ async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
     std::fs::write(&rows, healthy).unwrap();
     until("GPU 1 is back", || async {
         (free().await? == 2).then_some(())
+    })
+    .await;
+    // A card the driver no longer lists is out; a driver that cannot
+    // answer at all takes every card out.
+    std::fs::write(&rows, healthy.lines().next().unwrap()).unwrap();
+    until("GPU 1 is gone", || async {
+        (free().await? == 1).then_some(())
+    })
+    .await;
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\necho 'Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error' >&2\nexit 9\n",
+    )
+    .unwrap();
+    until("every GPU is out", || async {
+        (free().await? == 0).then_some(())
     })
     .await;
 }
