@@ -1192,6 +1192,36 @@ fn agent_inventory_reports_what_the_scheduler_sees() {
         .unwrap();
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("running /nonexistent/nvidia-smi"));
+    // NVML is asked first; where it cannot load (no driver here) the
+    // nvidia-smi on PATH answers, and the fallback is said.
+    let path = format!(
+        "{}:{}",
+        r.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "agent",
+            "inventory",
+            "--json",
+            "--root",
+            r.to_str().unwrap(),
+        ])
+        .env("PATH", path)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let source = inv["source"].as_str().unwrap_or_default().to_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if source == "nvidia-smi" {
+        assert!(stderr.contains("falling back to nvidia-smi"), "{stderr}");
+        assert_eq!(inv["gpus"][0]["class"], "h100-80g");
+    } else {
+        // A machine with a driver: NVML itself answered.
+        assert_eq!(source, "nvml", "{inv}");
+    }
 }
 
 #[test]
