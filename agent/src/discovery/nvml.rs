@@ -36,11 +36,15 @@ pub fn discover() -> Result<Vec<Gpu>, NvmlError> {
         let d = nvml
             .device_by_index(i)
             .map_err(|err| NvmlError(format!("nvml device {i}: {err}")))?;
-        // Only a card that cannot be opened fails discovery; a figure
-        // that cannot be read is left empty.
-        let (memory_total_mb, memory_used_mb) = d.memory_info().map_or((0, 0), |m| {
-            (m.total / (1024 * 1024), m.used / (1024 * 1024))
-        });
+        // Memory is what a GPU's class and health are made of: an NVML
+        // that cannot read it (an old driver without the v2 call) is not
+        // usable, and nvidia-smi answers instead. Other figures that
+        // cannot be read are left empty.
+        let memory = d
+            .memory_info()
+            .map_err(|err| NvmlError(format!("nvml device {i} memory: {err}")))?;
+        let (memory_total_mb, memory_used_mb) =
+            (memory.total / (1024 * 1024), memory.used / (1024 * 1024));
         let bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
         let cc = d.cuda_compute_capability().ok();
         // Optional figures must not break discovery.
