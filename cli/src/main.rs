@@ -73,10 +73,14 @@ pub(crate) enum Outcome {
 /// Logs go to stderr (filtered by RUST_LOG, warnings by default); a node
 /// agent also keeps its last lines at info level for `ctl logs`.
 fn init_logging(cli: &Cli) {
+    use std::io::IsTerminal;
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    // Colours only for a person at a terminal: a journal or a log file
+    // gets plain text.
     let stderr = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .with_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
