@@ -43,6 +43,10 @@ pub struct ModelRow {
     pub on_demand: bool,
     pub replicas: usize,
     pub ready: usize,
+    /// Why its newest replica failed, while none is ready: a failed
+    /// replica is stopped at once, so this is where the reason stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -190,6 +190,14 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                 let mut t = Table::new(vec![
                     "MODEL", "READY", "REPLICAS", "MIN", "MAX", "PROFILES", "ALIASES",
                 ]);
+                let failures: Vec<String> = rows
+                    .iter()
+                    .filter_map(|m| {
+                        m.last_failure
+                            .as_ref()
+                            .map(|f| format!("{}: last failure {f}", m.name))
+                    })
+                    .collect();
                 for m in rows {
                     t.row(vec![
                         m.name,
@@ -206,6 +214,9 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                     ]);
                 }
                 t.print(&mut out)?;
+                for f in failures {
+                    writeln!(out, "{f}")?;
+                }
             }
         }
         ClusterCommand::Replicas { model, all } => {

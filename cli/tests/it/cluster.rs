@@ -1558,6 +1558,12 @@ models:
         error.contains(&format!("port {taken} is not free on this node")),
         "{error}"
     );
+    // The failed replica is stopped at once; the model keeps the reason.
+    let (ok, table, err) = ctl(&server.admin, &["models"]);
+    assert!(
+        ok && table.contains("chat: last failure on busy-port: port"),
+        "{table}{err}"
+    );
     drop(squatter);
 }
 
