@@ -1647,3 +1647,64 @@ async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
     })
     .await;
 }
+
+/// The agent's state files, end to end: one it cannot read is cleaned up
+/// at start, a running engine has one, and an engine that dies takes its
+/// file with it (a restarted agent must not adopt a dead engine) while
+/// the control plane starts a replacement.
+#[tokio::test]
+async fn state_files_follow_their_engines_and_unreadable_ones_are_cleaned_up() {
+    let sweep = EngineSweeper("127.0.11.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "files", &store, port, 1));
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("shard-broken.json"), "{not json").unwrap();
+    let _agent = start_agent_in(
+        &format!("http://127.0.0.1:{port}"),
+        "files-1",
+        "127.0.11.2",
+        &work,
+    );
+    let state_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&work)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("shard-") && n.ends_with(".json"))
+            .collect();
+        names.sort();
+        names
+    };
+    let first = until("a ready replica with a state file", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        let shard = ready.first()?["shards"][0]["shard_id"].as_str()?.to_owned();
+        (state_files() == [format!("shard-{shard}.json")]).then_some(shard)
+    })
+    .await;
+    assert!(
+        !work.join("shard-broken.json").exists(),
+        "cleaned up at start"
+    );
+    let engines = sweep.engines();
+    assert_eq!(engines.len(), 1);
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &engines[0].0.to_string()])
+        .status();
+    until(
+        "the dead engine's file is gone and it is replaced",
+        || async {
+            let files = state_files();
+            let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+            let ready = ready_replicas(&rows);
+            let shard = ready.first()?["shards"][0]["shard_id"].as_str()?.to_owned();
+            (shard != first && files == [format!("shard-{shard}.json")]).then_some(())
+        },
+    )
+    .await;
+    let models = get(format!("{}/api/v1/models", server.admin)).await;
+    assert_eq!(models[0]["ready"], 1, "{models}");
+}
