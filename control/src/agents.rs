@@ -58,6 +58,9 @@ struct Session {
     tx: mpsc::Sender<Result<ControlMessage, Status>>,
 }
 
+/// How long a port another program holds is left alone on its node.
+const FOREIGN_PORT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Streams and heartbeat clocks, in memory only.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
@@ -65,6 +68,9 @@ pub(crate) struct Registry {
     last_seen: Mutex<HashMap<String, Instant>>,
     /// Processes agents reported that the log does not count as live.
     held: Mutex<BTreeMap<String, Vec<llmgw_domain::placement::Held>>>,
+    /// Ports another program holds, by (node, port), until when they are
+    /// left alone.
+    foreign_ports: Mutex<BTreeMap<(String, u16), Instant>>,
     /// Shards of multi-node replicas awaiting their other ranks' reports
     /// before adoption: replica id → (node, shard).
     adopting: Mutex<BTreeMap<String, Vec<(String, v1::RunningShard)>>>,
@@ -112,7 +118,28 @@ impl Registry {
     }
 
     pub(crate) fn held(&self) -> Vec<llmgw_domain::placement::Held> {
-        lock(&self.held).values().flatten().cloned().collect()
+        let mut held: Vec<_> = lock(&self.held).values().flatten().cloned().collect();
+        let now = Instant::now();
+        let mut foreign = lock(&self.foreign_ports);
+        foreign.retain(|_, until| *until > now);
+        held.extend(
+            foreign
+                .keys()
+                .map(|(node, port)| llmgw_domain::placement::Held {
+                    node_id: node.clone(),
+                    replica_id: "(another program)".into(),
+                    port: *port,
+                    gpus: Vec::new(),
+                }),
+        );
+        held
+    }
+
+    /// A port another program holds on a node: placement leaves it alone
+    /// for a while (it may be freed; it is tried again after that).
+    fn port_taken(&self, node: &str, port: u16) {
+        lock(&self.foreign_ports)
+            .insert((node.to_owned(), port), Instant::now() + FOREIGN_PORT_TTL);
     }
 
     /// Queues a message to a node; false when it has no stream (it gets the
@@ -566,6 +593,11 @@ impl ControlPlane {
                     fetches.remove(&st.shard_id);
                 }
             }
+        }
+        if let Ok(port) = u16::try_from(st.port_taken)
+            && port > 0
+        {
+            self.agents.port_taken(node, port);
         }
         let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
         let command = Command::Replica(ReplicaCommand::ReportShard {

@@ -136,6 +136,7 @@ impl Agent {
                     bytes_done: p.bytes_done as i64,
                     bytes_total: p.bytes_total as i64,
                 }),
+            port_taken: 0,
         };
         if matches!(st.state, State::Stopped | State::Failed) {
             self.take_shard(shard_id);
@@ -375,14 +376,20 @@ impl Agent {
         if engine.serves_http(&spec)
             && let Err(e) = std::net::TcpListener::bind((spec.host(), spec.http_port))
         {
-            return Some(fail(if e.kind() == std::io::ErrorKind::AddrInUse {
-                format!(
+            if e.kind() != std::io::ErrorKind::AddrInUse {
+                return Some(fail(format!(
+                    "cannot listen on {}:{}: {e}",
+                    spec.host(),
+                    spec.http_port
+                )));
+            }
+            return Some(v1::ShardStatus {
+                port_taken: i32::from(spec.http_port),
+                ..fail(format!(
                     "port {} is not free on this node; something else listens there",
                     spec.http_port
-                )
-            } else {
-                format!("cannot listen on {}:{}: {e}", spec.host(), spec.http_port)
-            }));
+                ))
+            });
         }
         let options = SupervisorOptions {
             http_port: engine.serves_http(&spec).then_some(spec.http_port),

@@ -1708,3 +1708,76 @@ async fn state_files_follow_their_engines_and_unreadable_ones_are_cleaned_up() {
     let models = get(format!("{}/api/v1/models", server.admin)).await;
     assert_eq!(models[0]["ready"], 1, "{models}");
 }
+
+/// A port another program holds is left alone: the next placement of the
+/// model takes another port of the range and serves.
+#[tokio::test]
+async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
+    // Two adjacent ports, the first held by someone else.
+    let (squatter, taken) = loop {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
+            break (l, p);
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = dir.path().join("squat.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:{port}"
+store: "{store}"
+control:
+  interval: 200ms
+  base_backoff: 300ms
+  port_range: [{taken}, {next}]
+models:
+  - name: chat
+    scaling: {{min: 1, max: 1}}
+    profiles:
+      - name: sim
+        engine: sim
+"#,
+            next = taken + 1
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    let work = dir.path().join("work");
+    let _sweep = StateFileSweeper(work.clone());
+    let _agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &format!("127.0.0.1:{port}"),
+        "--node-id",
+        "squat-1",
+        "--heartbeat-s",
+        "0.2",
+        "--skip-gpus",
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--cache-dir",
+        dir.path().join("cache").to_str().unwrap(),
+    ]);
+    let served_on = until("a ready replica", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows).first()?["shards"][0]["port"].as_u64()
+    })
+    .await;
+    assert_eq!(served_on, u64::from(taken) + 1);
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert!(
+        all.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["shards"][0]["port"] == taken),
+        "the taken port was tried first: {all}"
+    );
+    drop(squatter);
+}
