@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     Control, LogTail, Readiness, Shard, State, Status, SupervisorOptions, fail, groups, log_for,
-    set,
+    obey, set,
 };
 
 /// How often an adopted shard's processes are checked for.
@@ -42,19 +42,11 @@ async fn watch_adopted(
     loop {
         let waiting = !ready && !draining;
         tokio::select! {
-            msg = control.recv() => match msg {
-                None => return,
-                Some(Control::Drain) => {
-                    draining = true;
-                    set(&tx, State::Draining);
-                }
-                Some(Control::Stop) => {
-                    set(&tx, State::Draining);
-                    groups::kill_groups(&pids, o.stop_timeout).await;
-                    set(&tx, State::Stopped);
+            msg = control.recv() => {
+                if obey(msg, &tx, &mut draining, groups::kill_groups(&pids, o.stop_timeout)).await {
                     return;
                 }
-            },
+            }
             _ = poll.tick() => {
                 // A command whose own process is gone has ended, whatever
                 // of its group lingers (that is killed below).

@@ -268,6 +268,32 @@ fn log_for(o: &SupervisorOptions) -> LogTail {
     }
 }
 
+/// Carries out a control message; true when supervision ends. A dropped
+/// handle (the agent exiting) ends it with the processes left running, to
+/// be adopted; a drain signals nothing; a stop runs `stop`. The stop future
+/// is lazy: nothing happens unless it is awaited.
+async fn obey(
+    msg: Option<Control>,
+    tx: &watch::Sender<Status>,
+    draining: &mut bool,
+    stop: impl Future<Output = ()>,
+) -> bool {
+    match msg {
+        None => true,
+        Some(Control::Drain) => {
+            *draining = true;
+            set(tx, State::Draining);
+            false
+        }
+        Some(Control::Stop) => {
+            set(tx, State::Draining);
+            stop.await;
+            set(tx, State::Stopped);
+            true
+        }
+    }
+}
+
 /// The first of `children` to exit (tokio's `wait` is cancel safe, so
 /// this can race other events).
 async fn first_exit(children: &mut [(String, Child)]) -> (usize, std::io::Result<ExitStatus>) {
@@ -317,19 +343,13 @@ async fn supervise(
             let up = loop {
                 tokio::select! {
                     up = &mut wait => break up,
-                    msg = control.recv() => match msg {
-                        None => return,
-                        Some(Control::Drain) => {
-                            draining = true;
-                            set(&tx, State::Draining);
-                        }
-                        Some(Control::Stop) => {
-                            set(&tx, State::Draining);
-                            groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
-                            set(&tx, State::Stopped);
+                    msg = control.recv() => {
+                        let pg = pgids(&tx);
+                        let stop = groups::stop_children(&mut children, &pg, o.stop_timeout);
+                        if obey(msg, &tx, &mut draining, stop).await {
                             return;
                         }
-                    },
+                    }
                 }
             };
             if !up {
@@ -380,21 +400,13 @@ async fn supervise(
         let waiting = !ready && !draining;
         tokio::select! {
             (i, status) = first_exit(&mut children) => break (i, status),
-            msg = control.recv() => match msg {
-                // The handle was dropped without a stop (the agent is
-                // exiting): the engine outlives it, to be adopted.
-                None => return,
-                Some(Control::Drain) => {
-                    draining = true;
-                    set(&tx, State::Draining);
-                }
-                Some(Control::Stop) => {
-                    set(&tx, State::Draining);
-                    groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
-                    set(&tx, State::Stopped);
+            msg = control.recv() => {
+                let pg = pgids(&tx);
+                let stop = groups::stop_children(&mut children, &pg, o.stop_timeout);
+                if obey(msg, &tx, &mut draining, stop).await {
                     return;
                 }
-            },
+            }
             _ = tokio::time::sleep_until(grace_over), if waiting && readiness.health.is_none() => {
                 ready = true;
                 set(&tx, State::Ready);

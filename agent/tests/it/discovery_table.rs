@@ -6,18 +6,7 @@ use std::path::{Path, PathBuf};
 
 use llmgw_agent::discovery::{Options, discover, host, nvml, storage, weights};
 
-use super::{SMI_SAMPLE, fake_sysfs, write};
-
-fn stub(dir: &Path, name: &str, script: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{script}")).unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&path)
-        .status()
-        .unwrap();
-    path
-}
+use super::{SMI_SAMPLE, executable, fake_sysfs, write};
 
 /// A machine under `root`: 64 GiB of RAM, Ubuntu, a model directory with
 /// one GGUF file.
@@ -35,7 +24,7 @@ fn machine(root: &Path) -> PathBuf {
 #[test]
 fn discover_asks_nvidia_smi_when_told_and_reads_no_adapters_without_sysfs() {
     let dir = tempfile::tempdir().unwrap();
-    let smi = stub(
+    let smi = executable(
         dir.path(),
         "nvidia-smi",
         &format!("cat <<'EOF'\n{SMI_SAMPLE}EOF\n"),
@@ -98,7 +87,7 @@ fn an_unreadable_adapter_tree_is_an_error_that_keeps_the_gpus() {
     let dir = tempfile::tempdir().unwrap();
     // A file where the directory should be: sysfs cannot be listed.
     write(&dir.path().join("sys/class/infiniband"), "");
-    let smi = stub(
+    let smi = executable(
         dir.path(),
         "nvidia-smi",
         &format!("cat <<'EOF'\n{SMI_SAMPLE}EOF\n"),
@@ -119,7 +108,7 @@ fn an_unreadable_adapter_tree_is_an_error_that_keeps_the_gpus() {
 #[test]
 fn an_inventory_serialises_in_the_shape_the_cli_prints() {
     let dir = tempfile::tempdir().unwrap();
-    let smi = stub(
+    let smi = executable(
         dir.path(),
         "nvidia-smi",
         "echo '0, GPU-aaa, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 0000:01:00.0, 550.54, 41, 0'\n",

@@ -175,6 +175,15 @@ fn nvidia_smi_runs_as_a_command_and_a_missing_one_is_an_error() {
     assert!(err.to_string().contains("NVIDIA-SMI has failed"), "{err}");
 }
 
+/// A shell script at `dir/name`, executable.
+pub(crate) fn executable(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
 pub(crate) fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, text).unwrap();

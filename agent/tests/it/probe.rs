@@ -1,23 +1,14 @@
 //! Which engines a node reports (`engines-provision.md` §5, the probe
 //! rows), and how the agent reads its `--server` list.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use llmgw_agent::engines::probe::{Probe, first_version, run};
 use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm};
 use llmgw_agent::session::server_urls;
 
-fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&path)
-        .status()
-        .unwrap();
-    path
-}
+use super::executable;
 
 fn registry(vllm: &Path, python: &Path, llama: &Path) -> Registry {
     Registry::new(
@@ -50,8 +41,8 @@ async fn an_engine_that_is_not_installed_is_absent_from_the_report() {
 async fn probing_never_runs_an_engine_binary() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
-    let vllm = script(dir.path(), "vllm", &format!("touch {}\n", marker.display()));
-    let llama = script(
+    let vllm = executable(dir.path(), "vllm", &format!("touch {}\n", marker.display()));
+    let llama = executable(
         dir.path(),
         "llama-server",
         &format!("touch {}\n", marker.display()),
@@ -73,17 +64,17 @@ async fn probing_never_runs_an_engine_binary() {
 async fn sglang_is_there_when_its_module_imports() {
     let dir = tempfile::tempdir().unwrap();
     let absent = Path::new("/nonexistent/engine");
-    let broken = script(dir.path(), "python-without", "exit 1\n");
+    let broken = executable(dir.path(), "python-without", "exit 1\n");
     assert!(registry(absent, &broken, absent).probe(T).await.is_empty());
     // The probe asks the module itself, in the configured Python.
-    let python = script(
+    let python = executable(
         dir.path(),
         "python-with",
         "case \"$2\" in *'import sglang'*) printf 0.4.1 ;; *) exit 3 ;; esac\n",
     );
     let found = registry(absent, &python, absent).probe(T).await;
     assert_eq!(found.get("sglang").map(String::as_str), Some("0.4.1"));
-    let silent = script(dir.path(), "python-silent", "exit 0\n");
+    let silent = executable(dir.path(), "python-silent", "exit 0\n");
     let found = registry(absent, &silent, absent).probe(T).await;
     assert_eq!(found.get("sglang").map(String::as_str), Some("unknown"));
 }
@@ -91,7 +82,7 @@ async fn sglang_is_there_when_its_module_imports() {
 #[tokio::test]
 async fn a_probe_that_hangs_is_given_up_in_time() {
     let dir = tempfile::tempdir().unwrap();
-    let slow = script(dir.path(), "python", "exec sleep 60\n");
+    let slow = executable(dir.path(), "python", "exec sleep 60\n");
     let probe = Probe::Run {
         program: slow,
         args: vec![],
@@ -101,7 +92,7 @@ async fn a_probe_that_hangs_is_given_up_in_time() {
     assert!(began.elapsed() < Duration::from_secs(30));
     // The hung probe is killed, not left behind.
     let pidfile = dir.path().join("pid");
-    let slow = script(
+    let slow = executable(
         dir.path(),
         "python-slow",
         &format!("echo $$ > {}; exec sleep 60\n", pidfile.display()),

@@ -248,39 +248,26 @@ async fn output_is_captured_in_the_order_it_was_written() {
     );
 }
 
+/// The output lines of an engine running `script` until it fails.
+async fn failed_output(script: &str) -> Vec<String> {
+    let shard = start(vec![sh("engine", script)], quick());
+    let s = until(&mut shard.status(), State::Failed).await;
+    s.log_tail.lines().map(str::to_owned).collect()
+}
+
 #[tokio::test]
 async fn a_line_longer_than_the_limit_is_split_and_reading_goes_on() {
-    let over = MAX_LINE + 10;
-    let shard = start(
-        vec![sh(
-            "engine",
-            &format!("head -c {over} /dev/zero | tr '\\0' a; echo; echo after; exit 1"),
-        )],
-        quick(),
-    );
-    let s = until(&mut shard.status(), State::Failed).await;
-    let lines: Vec<&str> = s.log_tail.lines().collect();
-    assert_eq!(
-        lines.len(),
-        3,
-        "{:?}",
-        lines.iter().map(|l| l.len()).collect::<Vec<_>>()
-    );
-    assert_eq!(lines[0].len(), "[engine] ".len() + MAX_LINE);
-    assert_eq!(lines[1], format!("[engine] {}", "a".repeat(10)));
-    assert_eq!(lines[2], "[engine] after");
+    let lines = |n: usize| format!("head -c {n} /dev/zero | tr '\\0' a; echo; echo after; exit 1");
+    let over = failed_output(&lines(MAX_LINE + 10)).await;
+    let lengths: Vec<usize> = over.iter().map(String::len).collect();
+    assert_eq!(over.len(), 3, "{lengths:?}");
+    assert_eq!(over[0].len(), "[engine] ".len() + MAX_LINE);
+    assert_eq!(over[1], format!("[engine] {}", "a".repeat(10)));
+    assert_eq!(over[2], "[engine] after");
     // A line of exactly the limit is one line, not one and an empty one.
-    let shard = start(
-        vec![sh(
-            "engine",
-            &format!("head -c {MAX_LINE} /dev/zero | tr '\\0' a; echo; echo after; exit 1"),
-        )],
-        quick(),
-    );
-    let s = until(&mut shard.status(), State::Failed).await;
-    let lines: Vec<&str> = s.log_tail.lines().collect();
-    assert_eq!(lines.len(), 2);
-    assert_eq!(lines[1], "[engine] after");
+    let exact = failed_output(&lines(MAX_LINE)).await;
+    assert_eq!(exact.len(), 2);
+    assert_eq!(exact[1], "[engine] after");
 }
 
 #[tokio::test]

@@ -15,11 +15,11 @@ use serde_json::{Value, json};
 
 /// Engines outlive their agents by design; this kills the ones a test's
 /// nodes started when the test ends.
-struct EngineSweeper(String);
+pub(crate) struct EngineSweeper(pub(crate) String);
 
 impl EngineSweeper {
     /// `(pid, cmdline)` of every sim engine bound under this prefix.
-    fn engines(&self) -> Vec<(u32, String)> {
+    pub(crate) fn engines(&self) -> Vec<(u32, String)> {
         let mut out = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -51,7 +51,7 @@ impl Drop for EngineSweeper {
 /// (its state files' process groups): engines outlive their agents by
 /// design, so a test stops the ones it caused even when it fails, and
 /// nothing else on the machine.
-struct StateFileSweeper(std::path::PathBuf);
+pub(crate) struct StateFileSweeper(pub(crate) std::path::PathBuf);
 
 impl Drop for StateFileSweeper {
     fn drop(&mut self) {
@@ -73,7 +73,7 @@ impl Drop for StateFileSweeper {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -94,7 +94,7 @@ profiles:
 
 /// A server configuration; `min: 0` leaves the catalog empty (models are
 /// added with `ctl model add`).
-fn server_yaml(
+pub(crate) fn server_yaml(
     dir: &std::path::Path,
     name: &str,
     store: &str,
@@ -135,13 +135,13 @@ control:
     path.display().to_string()
 }
 
-struct ServerProc {
+pub(crate) struct ServerProc {
     child: Child,
-    base: String,
-    admin: String,
+    pub(crate) base: String,
+    pub(crate) admin: String,
 }
 
-fn start_server(config: &str) -> ServerProc {
+pub(crate) fn start_server(config: &str) -> ServerProc {
     let child = Child::spawn(&["server", "--config", config]);
     let _agents = child.addr_after("agent listening on ");
     let base = format!("http://{}", child.addr_after("client listening on "));
@@ -155,7 +155,7 @@ fn start_agent(servers: &str, node: &str, ip: &str) -> Child {
     start_agent_in(servers, node, ip, &work)
 }
 
-fn start_agent_in(servers: &str, node: &str, ip: &str, work: &std::path::Path) -> Child {
+pub(crate) fn start_agent_in(servers: &str, node: &str, ip: &str, work: &std::path::Path) -> Child {
     Child::spawn(&[
         "agent",
         "run",
@@ -177,12 +177,12 @@ fn start_agent_in(servers: &str, node: &str, ip: &str, work: &std::path::Path) -
     ])
 }
 
-async fn get(url: String) -> Value {
+pub(crate) async fn get(url: String) -> Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
 /// Polls `check` every 50 ms for up to 30 s.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+pub(crate) async fn until<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -197,7 +197,7 @@ where
     }
 }
 
-fn ready_replicas(rows: &Value) -> Vec<Value> {
+pub(crate) fn ready_replicas(rows: &Value) -> Vec<Value> {
     rows.as_array()
         .unwrap()
         .iter()
@@ -579,7 +579,7 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     assert_eq!(r.status(), 404);
 }
 
-fn ctl(admin: &str, args: &[&str]) -> (bool, String, String) {
+pub(crate) fn ctl(admin: &str, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .arg("ctl")
         .args(args)
@@ -1352,432 +1352,4 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
         "the leader started it for the standby's request"
     );
     assert_eq!(sweep.engines().len(), 1);
-}
-
-/// A start is validated on the node against the cards it was given, as
-/// discovery saw them: FP8 on a V100 (compute capability 7.0) fails before
-/// anything is launched, and the reason reaches `ctl replicas`.
-#[tokio::test]
-async fn a_start_the_nodes_gpus_cannot_run_fails_before_launch_with_the_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let port = free_port();
-    let config = dir.path().join("gpu.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: "127.0.0.1:0"
-admin_listen: "127.0.0.1:0"
-agent_listen: "127.0.0.1:{port}"
-store: "{store}"
-control:
-  interval: 200ms
-  port_range: [30500, 30599]
-models:
-  - name: big
-    source: /models/big
-    scaling: {{min: 1, max: 1}}
-    profiles:
-      - name: fp8
-        engine: vllm
-        gpu_class: v100-32g
-        tp: 1
-        gpus_per_node: 1
-        args: ["--quantization", "fp8"]
-"#
-        ),
-    )
-    .unwrap();
-    let server = start_server(config.to_str().unwrap());
-    let write_exec = |name: &str, body: &str| {
-        let p = dir.path().join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}")).unwrap();
-        std::process::Command::new("chmod")
-            .arg("+x")
-            .arg(&p)
-            .status()
-            .unwrap();
-        p
-    };
-    let smi = write_exec(
-        "nvidia-smi",
-        "echo '0, GPU-v100, Tesla V100-SXM2-32GB, 32510, 0, 7.0, 00000000:1B:00.0, 535.54, 30, 0'\n",
-    );
-    let marker = dir.path().join("vllm-ran");
-    let vllm = write_exec("vllm", &format!("touch {}\nsleep 600\n", marker.display()));
-    let _agent = Child::spawn(&[
-        "agent",
-        "run",
-        "--server",
-        &format!("127.0.0.1:{port}"),
-        "--node-id",
-        "v100-1",
-        "--heartbeat-s",
-        "0.2",
-        "--nvidia-smi",
-        smi.to_str().unwrap(),
-        "--vllm-bin",
-        vllm.to_str().unwrap(),
-        "--work-dir",
-        dir.path().join("work").to_str().unwrap(),
-        "--cache-dir",
-        dir.path().join("cache").to_str().unwrap(),
-    ]);
-    let error = until("the shard's failure", || async {
-        // Failed replicas too: a failed one is stopped at once.
-        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
-        rows.as_array()?.iter().find_map(|r| {
-            r["shards"]
-                .as_array()?
-                .iter()
-                .find_map(|s| s["error"].as_str().map(str::to_owned))
-        })
-    })
-    .await;
-    assert!(
-        error.contains("fp8 quantization needs compute capability 8.9")
-            && error.contains("Tesla V100"),
-        "{error}"
-    );
-    assert!(!marker.exists(), "nothing was launched");
-}
-
-/// Installed engines are looked for again while the agent runs: vLLM
-/// installed after the agent started shows in the node's engines.
-#[tokio::test]
-async fn an_engine_installed_while_the_agent_runs_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let port = free_port();
-    let server = start_server(&server_yaml(dir.path(), "probe", &store, port, 0));
-    let vllm = dir.path().join("vllm");
-    let _agent = Child::spawn(&[
-        "agent",
-        "run",
-        "--server",
-        &format!("127.0.0.1:{port}"),
-        "--node-id",
-        "later",
-        "--heartbeat-s",
-        "0.2",
-        "--recheck-s",
-        "0.2",
-        "--skip-gpus",
-        "--vllm-bin",
-        vllm.to_str().unwrap(),
-        "--work-dir",
-        dir.path().join("work").to_str().unwrap(),
-        "--cache-dir",
-        dir.path().join("cache").to_str().unwrap(),
-    ]);
-    let engines = |nodes: &Value| -> Option<Vec<String>> {
-        let e = nodes.as_array()?.first()?["engines"].as_array()?.clone();
-        Some(
-            e.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect(),
-        )
-    };
-    let before = until("the node registers", || async {
-        engines(&get(format!("{}/api/v1/nodes", server.admin)).await)
-    })
-    .await;
-    assert!(!before.contains(&"vllm".to_owned()), "{before:?}");
-    std::fs::write(&vllm, "#!/bin/sh\nexit 0\n").unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&vllm)
-        .status()
-        .unwrap();
-    until("vllm is reported", || async {
-        engines(&get(format!("{}/api/v1/nodes", server.admin)).await)?
-            .contains(&"vllm".to_owned())
-            .then_some(())
-    })
-    .await;
-}
-
-/// A port something else already listens on is refused before launch,
-/// with a reason, rather than left to the engine's bind error in its log.
-#[tokio::test]
-async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
-    let squatter = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-    let taken = squatter.local_addr().unwrap().port();
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let port = free_port();
-    let config = dir.path().join("taken.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: "127.0.0.1:0"
-admin_listen: "127.0.0.1:0"
-agent_listen: "127.0.0.1:{port}"
-store: "{store}"
-control:
-  interval: 200ms
-  port_range: [{taken}, {taken}]
-models:
-  - name: chat
-    scaling: {{min: 1, max: 1}}
-    profiles:
-      - name: sim
-        engine: sim
-"#
-        ),
-    )
-    .unwrap();
-    let server = start_server(config.to_str().unwrap());
-    let _agent = Child::spawn(&[
-        "agent",
-        "run",
-        "--server",
-        &format!("127.0.0.1:{port}"),
-        "--node-id",
-        "busy-port",
-        "--heartbeat-s",
-        "0.2",
-        "--skip-gpus",
-        "--work-dir",
-        dir.path().join("work").to_str().unwrap(),
-        "--cache-dir",
-        dir.path().join("cache").to_str().unwrap(),
-    ]);
-    let error = until("the shard's failure", || async {
-        // Failed replicas too: a failed one is stopped at once.
-        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
-        rows.as_array()?.iter().find_map(|r| {
-            r["shards"]
-                .as_array()?
-                .iter()
-                .find_map(|s| s["error"].as_str().map(str::to_owned))
-        })
-    })
-    .await;
-    assert!(
-        error.contains(&format!("port {taken} is not free on this node")),
-        "{error}"
-    );
-    // The failed replica is stopped at once; the model keeps the reason.
-    let (ok, table, err) = ctl(&server.admin, &["models"]);
-    assert!(
-        ok && table.contains("chat: last failure on busy-port: port"),
-        "{table}{err}"
-    );
-    drop(squatter);
-}
-
-/// GPU health is read again while the agent runs: a card that starts
-/// reporting uncorrected ECC errors leaves placement, and comes back once
-/// it reports none.
-#[tokio::test]
-async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let port = free_port();
-    let server = start_server(&server_yaml(dir.path(), "sick", &store, port, 0));
-    let rows = dir.path().join("smi.csv");
-    let healthy = "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1B:00.0, 550.54, 30, 0\n\
-                   1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54, 30, 0\n";
-    std::fs::write(&rows, healthy).unwrap();
-    let smi = dir.path().join("nvidia-smi");
-    std::fs::write(&smi, format!("#!/bin/sh\ncat {}\n", rows.display())).unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&smi)
-        .status()
-        .unwrap();
-    let _agent = Child::spawn(&[
-        "agent",
-        "run",
-        "--server",
-        &format!("127.0.0.1:{port}"),
-        "--node-id",
-        "gpu-1",
-        "--heartbeat-s",
-        "0.2",
-        "--recheck-s",
-        "0.2",
-        "--nvidia-smi",
-        smi.to_str().unwrap(),
-        "--work-dir",
-        dir.path().join("work").to_str().unwrap(),
-        "--cache-dir",
-        dir.path().join("cache").to_str().unwrap(),
-    ]);
-    let free = || async {
-        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
-        nodes.as_array()?.first()?["gpus_free"].as_u64()
-    };
-    until("two healthy GPUs", || async {
-        (free().await? == 2).then_some(())
-    })
-    .await;
-    std::fs::write(
-        &rows,
-        healthy.replace(
-            "00000000:1C:00.0, 550.54, 30, 0",
-            "00000000:1C:00.0, 550.54, 30, 7",
-        ),
-    )
-    .unwrap();
-    until("GPU 1 is out", || async {
-        (free().await? == 1).then_some(())
-    })
-    .await;
-    std::fs::write(&rows, healthy).unwrap();
-    until("GPU 1 is back", || async {
-        (free().await? == 2).then_some(())
-    })
-    .await;
-    // A card the driver no longer lists is out; a driver that cannot
-    // answer at all takes every card out.
-    std::fs::write(&rows, healthy.lines().next().unwrap()).unwrap();
-    until("GPU 1 is gone", || async {
-        (free().await? == 1).then_some(())
-    })
-    .await;
-    std::fs::write(
-        &smi,
-        "#!/bin/sh\necho 'Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error' >&2\nexit 9\n",
-    )
-    .unwrap();
-    until("every GPU is out", || async {
-        (free().await? == 0).then_some(())
-    })
-    .await;
-}
-
-/// The agent's state files, end to end: one it cannot read is cleaned up
-/// at start, a running engine has one, and an engine that dies takes its
-/// file with it (a restarted agent must not adopt a dead engine) while
-/// the control plane starts a replacement.
-#[tokio::test]
-async fn state_files_follow_their_engines_and_unreadable_ones_are_cleaned_up() {
-    let sweep = EngineSweeper("127.0.11.".into());
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let port = free_port();
-    let server = start_server(&server_yaml(dir.path(), "files", &store, port, 1));
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::write(work.join("shard-broken.json"), "{not json").unwrap();
-    let _agent = start_agent_in(
-        &format!("http://127.0.0.1:{port}"),
-        "files-1",
-        "127.0.11.2",
-        &work,
-    );
-    let state_files = || -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&work)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("shard-") && n.ends_with(".json"))
-            .collect();
-        names.sort();
-        names
-    };
-    let first = until("a ready replica with a state file", || async {
-        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
-        let ready = ready_replicas(&rows);
-        let shard = ready.first()?["shards"][0]["shard_id"].as_str()?.to_owned();
-        (state_files() == [format!("shard-{shard}.json")]).then_some(shard)
-    })
-    .await;
-    assert!(
-        !work.join("shard-broken.json").exists(),
-        "cleaned up at start"
-    );
-    let engines = sweep.engines();
-    assert_eq!(engines.len(), 1);
-    let _ = std::process::Command::new("kill")
-        .args(["-KILL", &engines[0].0.to_string()])
-        .status();
-    until(
-        "the dead engine's file is gone and it is replaced",
-        || async {
-            let files = state_files();
-            let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
-            let ready = ready_replicas(&rows);
-            let shard = ready.first()?["shards"][0]["shard_id"].as_str()?.to_owned();
-            (shard != first && files == [format!("shard-{shard}.json")]).then_some(())
-        },
-    )
-    .await;
-    let models = get(format!("{}/api/v1/models", server.admin)).await;
-    assert_eq!(models[0]["ready"], 1, "{models}");
-}
-
-/// A port another program holds is left alone: the next placement of the
-/// model takes another port of the range and serves.
-#[tokio::test]
-async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
-    // Two adjacent ports, the first held by someone else.
-    let (squatter, taken) = loop {
-        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
-            break (l, p);
-        }
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let port = free_port();
-    let config = dir.path().join("squat.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"listen: "127.0.0.1:0"
-admin_listen: "127.0.0.1:0"
-agent_listen: "127.0.0.1:{port}"
-store: "{store}"
-control:
-  interval: 200ms
-  base_backoff: 300ms
-  port_range: [{taken}, {next}]
-models:
-  - name: chat
-    scaling: {{min: 1, max: 1}}
-    profiles:
-      - name: sim
-        engine: sim
-"#,
-            next = taken + 1
-        ),
-    )
-    .unwrap();
-    let server = start_server(config.to_str().unwrap());
-    let work = dir.path().join("work");
-    let _sweep = StateFileSweeper(work.clone());
-    let _agent = Child::spawn(&[
-        "agent",
-        "run",
-        "--server",
-        &format!("127.0.0.1:{port}"),
-        "--node-id",
-        "squat-1",
-        "--heartbeat-s",
-        "0.2",
-        "--skip-gpus",
-        "--work-dir",
-        work.to_str().unwrap(),
-        "--cache-dir",
-        dir.path().join("cache").to_str().unwrap(),
-    ]);
-    let served_on = until("a ready replica", || async {
-        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
-        ready_replicas(&rows).first()?["shards"][0]["port"].as_u64()
-    })
-    .await;
-    assert_eq!(served_on, u64::from(taken) + 1);
-    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
-    assert!(
-        all.as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["shards"][0]["port"] == taken),
-        "the taken port was tried first: {all}"
-    );
-    drop(squatter);
 }

@@ -14,6 +14,7 @@ use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
 mod cluster;
+mod node_agent;
 
 fn llmgw(store: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_llmgw"))

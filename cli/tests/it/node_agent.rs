@@ -1,0 +1,345 @@
+//! The node agent against a real server, end to end, for what only a node
+//! can know: its GPUs as discovery sees them (stub nvidia-smi), the
+//! engines installed on it, ports other programs hold, and its state
+//! files.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::Child;
+use super::cluster::{
+    EngineSweeper, ServerProc, StateFileSweeper, ctl, free_port, get, ready_replicas, server_yaml,
+    start_agent_in, start_server, until,
+};
+
+/// A server on its own SQLite store, with `control` lines added to its
+/// control section and `models` as its catalog.
+fn server(dir: &Path, agent_port: u16, control: &str, models: &str) -> ServerProc {
+    let store = format!("sqlite://{}", dir.join("llmgw.db").display());
+    let config = dir.join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nagent_listen: \"127.0.0.1:{agent_port}\"\nstore: \"{store}\"\ncontrol:\n  interval: 200ms\n{control}models:\n{models}"
+        ),
+    )
+    .unwrap();
+    start_server(config.to_str().unwrap())
+}
+
+/// One sim model, started at once.
+const SIM_MODEL: &str = "  - name: chat\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n";
+
+/// An agent dialling `agent_port` by bare address, heartbeating fast, with
+/// its work and cache directories under `dir`; `extra` adds flags.
+fn agent(agent_port: u16, node: &str, dir: &Path, extra: &[&str]) -> Child {
+    let (work, cache) = (dir.join("work"), dir.join("cache"));
+    let server = format!("127.0.0.1:{agent_port}");
+    let mut args = vec![
+        "agent",
+        "run",
+        "--server",
+        &server,
+        "--node-id",
+        node,
+        "--heartbeat-s",
+        "0.2",
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Child::spawn(&args)
+}
+
+/// A shell script at `dir/name`, executable.
+fn executable(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// The first shard error any replica shows, failed ones included (a failed
+/// replica is stopped at once).
+async fn shard_error(admin: &str) -> Option<String> {
+    let rows = get(format!("{admin}/api/v1/replicas?all=true")).await;
+    rows.as_array()?.iter().find_map(|r| {
+        r["shards"]
+            .as_array()?
+            .iter()
+            .find_map(|s| s["error"].as_str().map(str::to_owned))
+    })
+}
+
+/// A start is validated on the node against the cards it was given, as
+/// discovery saw them: FP8 on a V100 (compute capability 7.0) fails before
+/// anything is launched, and the reason reaches `ctl replicas`.
+#[tokio::test]
+async fn a_start_the_nodes_gpus_cannot_run_fails_before_launch_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = server(
+        dir.path(),
+        port,
+        "  port_range: [30500, 30599]\n",
+        "  - name: big\n    source: /models/big\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: fp8\n        engine: vllm\n        gpu_class: v100-32g\n        tp: 1\n        gpus_per_node: 1\n        args: [\"--quantization\", \"fp8\"]\n",
+    );
+    let smi = executable(
+        dir.path(),
+        "nvidia-smi",
+        "echo '0, GPU-v100, Tesla V100-SXM2-32GB, 32510, 0, 7.0, 00000000:1B:00.0, 535.54, 30, 0'\n",
+    );
+    let marker = dir.path().join("vllm-ran");
+    let vllm = executable(
+        dir.path(),
+        "vllm",
+        &format!("touch {}\nsleep 600\n", marker.display()),
+    );
+    let _agent = agent(
+        port,
+        "v100-1",
+        dir.path(),
+        &[
+            "--nvidia-smi",
+            smi.to_str().unwrap(),
+            "--vllm-bin",
+            vllm.to_str().unwrap(),
+        ],
+    );
+    let error = until("the shard's failure", || shard_error(&server.admin)).await;
+    assert!(
+        error.contains("fp8 quantization needs compute capability 8.9")
+            && error.contains("Tesla V100"),
+        "{error}"
+    );
+    assert!(!marker.exists(), "nothing was launched");
+}
+
+/// Installed engines are looked for again while the agent runs: vLLM
+/// installed after the agent started shows in the node's engines.
+#[tokio::test]
+async fn an_engine_installed_while_the_agent_runs_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "probe", &store, port, 0));
+    let vllm = dir.path().join("vllm");
+    let _agent = agent(
+        port,
+        "later",
+        dir.path(),
+        &[
+            "--recheck-s",
+            "0.2",
+            "--skip-gpus",
+            "--vllm-bin",
+            vllm.to_str().unwrap(),
+        ],
+    );
+    let engines = |nodes: &Value| -> Option<Vec<String>> {
+        let e = nodes.as_array()?.first()?["engines"].as_array()?.clone();
+        Some(
+            e.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
+        )
+    };
+    let before = until("the node registers", || async {
+        engines(&get(format!("{}/api/v1/nodes", server.admin)).await)
+    })
+    .await;
+    assert!(!before.contains(&"vllm".to_owned()), "{before:?}");
+    executable(dir.path(), "vllm", "exit 0\n");
+    until("vllm is reported", || async {
+        engines(&get(format!("{}/api/v1/nodes", server.admin)).await)?
+            .contains(&"vllm".to_owned())
+            .then_some(())
+    })
+    .await;
+}
+
+/// A port something else already listens on is refused before launch,
+/// with a reason, rather than left to the engine's bind error in its log;
+/// with no other port to take, the model says why it does not run.
+#[tokio::test]
+async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
+    let squatter = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let taken = squatter.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = server(
+        dir.path(),
+        port,
+        &format!("  port_range: [{taken}, {taken}]\n"),
+        SIM_MODEL,
+    );
+    let _agent = agent(port, "busy-port", dir.path(), &["--skip-gpus"]);
+    let error = until("the shard's failure", || shard_error(&server.admin)).await;
+    assert!(
+        error.contains(&format!("port {taken} is not free on this node")),
+        "{error}"
+    );
+    // The failed replica is stopped at once; the model keeps the reason.
+    let (ok, table, err) = ctl(&server.admin, &["models"]);
+    assert!(
+        ok && table.contains("chat: last failure on busy-port: port"),
+        "{table}{err}"
+    );
+    drop(squatter);
+}
+
+/// A port another program holds is left alone: the next placement of the
+/// model takes another port of the range and serves.
+#[tokio::test]
+async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
+    // Two adjacent ports, the first held by someone else.
+    let (squatter, taken) = loop {
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && std::net::TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
+            break (l, p);
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let server = server(
+        dir.path(),
+        port,
+        &format!(
+            "  base_backoff: 300ms\n  port_range: [{taken}, {}]\n",
+            taken + 1
+        ),
+        SIM_MODEL,
+    );
+    let _sweep = StateFileSweeper(dir.path().join("work"));
+    let _agent = agent(port, "squat-1", dir.path(), &["--skip-gpus"]);
+    let served_on = until("a ready replica", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows).first()?["shards"][0]["port"].as_u64()
+    })
+    .await;
+    assert_eq!(served_on, u64::from(taken) + 1);
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert!(
+        all.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["shards"][0]["port"] == taken),
+        "the taken port was tried first: {all}"
+    );
+    drop(squatter);
+}
+
+/// GPU health is read again while the agent runs: a card that starts
+/// reporting uncorrected ECC errors leaves placement and comes back once
+/// it reports none; a card the driver no longer lists is out, and a driver
+/// that cannot answer takes every card out.
+#[tokio::test]
+async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "sick", &store, port, 0));
+    let rows = dir.path().join("smi.csv");
+    let healthy = "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1B:00.0, 550.54, 30, 0\n\
+                   1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54, 30, 0\n";
+    std::fs::write(&rows, healthy).unwrap();
+    let smi = executable(
+        dir.path(),
+        "nvidia-smi",
+        &format!("cat {}\n", rows.display()),
+    );
+    let _agent = agent(
+        port,
+        "gpu-1",
+        dir.path(),
+        &["--recheck-s", "0.2", "--nvidia-smi", smi.to_str().unwrap()],
+    );
+    let free = || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        nodes.as_array()?.first()?["gpus_free"].as_u64()
+    };
+    let gpus_free = |n: u64| async move { (free().await? == n).then_some(()) };
+    until("two healthy GPUs", || gpus_free(2)).await;
+    let sick = healthy.replace(
+        "00000000:1C:00.0, 550.54, 30, 0",
+        "00000000:1C:00.0, 550.54, 30, 7",
+    );
+    std::fs::write(&rows, sick).unwrap();
+    until("GPU 1 is out", || gpus_free(1)).await;
+    std::fs::write(&rows, healthy).unwrap();
+    until("GPU 1 is back", || gpus_free(2)).await;
+    std::fs::write(&rows, healthy.lines().next().unwrap()).unwrap();
+    until("GPU 1 is gone", || gpus_free(1)).await;
+    executable(
+        dir.path(),
+        "nvidia-smi",
+        "echo 'Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error' >&2\nexit 9\n",
+    );
+    until("every GPU is out", || gpus_free(0)).await;
+}
+
+/// The agent's state files: one it cannot read is cleaned up at start, a
+/// running engine has one, and an engine that dies takes its file with it
+/// (a restarted agent must not adopt a dead engine) while the control
+/// plane starts a replacement.
+#[tokio::test]
+async fn state_files_follow_their_engines_and_unreadable_ones_are_cleaned_up() {
+    let sweep = EngineSweeper("127.0.11.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "files", &store, port, 1));
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("shard-broken.json"), "{not json").unwrap();
+    let _agent = start_agent_in(
+        &format!("http://127.0.0.1:{port}"),
+        "files-1",
+        "127.0.11.2",
+        &work,
+    );
+    let state_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&work)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("shard-") && n.ends_with(".json"))
+            .collect();
+        names.sort();
+        names
+    };
+    let ready_shard = || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        ready.first()?["shards"][0]["shard_id"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let first = until("a ready replica with a state file", || async {
+        let shard = ready_shard().await?;
+        (state_files() == [format!("shard-{shard}.json")]).then_some(shard)
+    })
+    .await;
+    assert!(
+        !work.join("shard-broken.json").exists(),
+        "cleaned up at start"
+    );
+    let engines = sweep.engines();
+    assert_eq!(engines.len(), 1);
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &engines[0].0.to_string()])
+        .status();
+    until(
+        "the dead engine's file is gone and it is replaced",
+        || async {
+            let shard = ready_shard().await?;
+            (shard != first && state_files() == [format!("shard-{shard}.json")]).then_some(())
+        },
+    )
+    .await;
+}
