@@ -197,10 +197,20 @@ impl Agent {
 
     /// Runs until `shutdown` turns true. Engines are left running unless
     /// the configuration says otherwise.
-    pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.adopt_orphans().await;
-        self.rechecked = self.start_rechecks().await;
-        self.serve(shutdown).await;
+        // The first probe (an SGLang import can take seconds) must not
+        // hold up a stop signal.
+        let stopped = tokio::select! {
+            r = self.start_rechecks() => {
+                self.rechecked = r;
+                false
+            }
+            _ = shutdown.wait_for(|s| *s) => true,
+        };
+        if !stopped {
+            self.serve(shutdown).await;
+        }
         if self.config.stop_engines_on_exit {
             for (id, mut r) in std::mem::take(&mut self.shards) {
                 if let Some(s) = r.shard.take() {

@@ -183,3 +183,36 @@ fn server_addresses_gain_a_scheme_and_are_tried_once_each() {
     assert!(server_urls(&s(&[]), false).is_err());
     assert!(server_urls(&s(&[" "]), false).is_err());
 }
+
+#[tokio::test]
+async fn a_stop_is_not_held_up_by_the_first_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let python = executable(
+        dir.path(),
+        "python",
+        &format!("touch {}; exec sleep 60\n", started.display()),
+    );
+    let mut config = llmgw_agent::session::SessionConfig::new(
+        vec!["http://127.0.0.1:1".into()],
+        "slow-probe".into(),
+    );
+    config.discovery.skip_gpus = true;
+    let absent = Path::new("/nonexistent/engine");
+    let agent = llmgw_agent::session::Agent::new(config, registry(absent, &python, absent));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(agent.run(stopped));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !started.exists() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the probe started");
+    stop.send(true).unwrap();
+    // The probe alone would hold it for its whole timeout (8 s).
+    tokio::time::timeout(Duration::from_secs(4), run)
+        .await
+        .expect("the agent stopped while its probe hung")
+        .unwrap();
+}

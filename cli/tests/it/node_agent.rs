@@ -343,3 +343,53 @@ async fn state_files_follow_their_engines_and_unreadable_ones_are_cleaned_up() {
     )
     .await;
 }
+
+/// A stop signal ends the agent within a second even while its first
+/// engine probe hangs (a slow SGLang import), and the probe goes with it.
+#[tokio::test]
+async fn a_stop_signal_is_not_held_up_by_a_hanging_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("probe-started");
+    let pid = dir.path().join("probe-pid");
+    let python = executable(
+        dir.path(),
+        "python",
+        &format!(
+            "echo $$ > {}; touch {}; exec sleep 60\n",
+            pid.display(),
+            started.display()
+        ),
+    );
+    let mut agent = agent(
+        free_port(),
+        "slow-probe",
+        dir.path(),
+        &["--skip-gpus", "--sglang-python", python.to_str().unwrap()],
+    );
+    until("the probe runs", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    let signalled = std::time::Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &agent.process.id().to_string()])
+        .status();
+    let status = agent.process.wait().unwrap();
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "the agent took {took:?} to stop"
+    );
+    let probe = std::fs::read_to_string(&pid).unwrap();
+    until("the probe is gone", || async {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", probe.trim())).unwrap_or_default();
+        (stat.is_empty()
+            || stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with('Z')))
+        .then_some(())
+    })
+    .await;
+}
