@@ -161,19 +161,22 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
                 on_demand: m.on_demand(),
                 replicas: of().filter(|r| r.is_live()).count(),
                 ready: of().filter(|r| r.status == ReplicaStatus::Ready).count(),
+                // The newest failure, even while a retry is loading.
                 last_failure: of()
                     .all(|r| r.status != ReplicaStatus::Ready)
                     .then(|| {
-                        of().max_by(|a, b| a.placement.replica_id.cmp(&b.placement.replica_id))
-                    })
-                    .flatten()
-                    .and_then(|r| {
-                        r.shards.values().find_map(|s| {
-                            s.error
-                                .as_ref()
-                                .map(|e| format!("on {}: {e}", s.placement.node_id))
+                        of().filter_map(|r| {
+                            let error = r.shards.values().find_map(|s| {
+                                s.error
+                                    .as_ref()
+                                    .map(|e| format!("on {}: {e}", s.placement.node_id))
+                            })?;
+                            Some((r.placement.replica_id.as_str(), error))
                         })
-                    }),
+                        .max_by(|a, b| a.0.cmp(b.0))
+                        .map(|(_, e)| e)
+                    })
+                    .flatten(),
             }
         })
         .collect();

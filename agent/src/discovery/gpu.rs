@@ -10,6 +10,10 @@ pub const RESIDENT_MEMORY_TOLERANCE_MB: u64 = 512;
 pub struct Health {
     pub ecc_errors: u64,
     pub temperature_c: u64,
+    /// What the driver could not read of the card (it stays out of
+    /// placement while it cannot be judged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
 }
@@ -103,7 +107,7 @@ pub fn class(name: &str, memory_total_mb: u64) -> String {
 
 /// What keeps a GPU out of placement, in a fixed order.
 pub fn problems(health: &Health, memory_used_mb: u64) -> Vec<String> {
-    let mut p = Vec::new();
+    let mut p: Vec<String> = health.unreadable.clone();
     if health.ecc_errors > 0 {
         p.push(format!("{} uncorrected ECC errors", health.ecc_errors));
     }

@@ -36,15 +36,24 @@ pub fn discover() -> Result<Vec<Gpu>, NvmlError> {
         let d = nvml
             .device_by_index(i)
             .map_err(|err| NvmlError(format!("nvml device {i}: {err}")))?;
-        // Memory is what a GPU's class and health are made of: an NVML
-        // that cannot read it (an old driver without the v2 call) is not
-        // usable, and nvidia-smi answers instead. Other figures that
-        // cannot be read are left empty.
-        let memory = d
-            .memory_info()
-            .map_err(|err| NvmlError(format!("nvml device {i} memory: {err}")))?;
-        let (memory_total_mb, memory_used_mb) =
-            (memory.total / (1024 * 1024), memory.used / (1024 * 1024));
+        // Memory is what a GPU's class and health are made of. An NVML
+        // without the call (an old driver) is not usable here, and
+        // nvidia-smi answers instead; a card that fails to answer it is
+        // kept, with the failure as a problem. Other figures that cannot
+        // be read are left empty.
+        let mut unreadable = Vec::new();
+        let (memory_total_mb, memory_used_mb) = match d.memory_info() {
+            Ok(m) => (m.total / (1024 * 1024), m.used / (1024 * 1024)),
+            Err(
+                err @ (nvml_wrapper::error::NvmlError::FailedToLoadSymbol(_)
+                | nvml_wrapper::error::NvmlError::FunctionNotFound
+                | nvml_wrapper::error::NvmlError::NotSupported),
+            ) => return Err(NvmlError(format!("nvml device {i} memory: {err}"))),
+            Err(err) => {
+                unreadable.push(format!("memory unreadable: {err}"));
+                (0, 0)
+            }
+        };
         let bus_id = d.pci_info().map(|p| p.bus_id).unwrap_or_default();
         let cc = d.cuda_compute_capability().ok();
         // Optional figures must not break discovery.
@@ -80,6 +89,7 @@ pub fn discover() -> Result<Vec<Gpu>, NvmlError> {
                 health: Health {
                     ecc_errors: ecc,
                     temperature_c: d.temperature(TemperatureSensor::Gpu).map_or(0, u64::from),
+                    unreadable,
                     problems: Vec::new(),
                 },
                 class: String::new(),

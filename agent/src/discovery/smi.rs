@@ -102,7 +102,7 @@ pub fn parse(text: &str) -> Result<Vec<Gpu>, SmiError> {
             health: Health {
                 temperature_c: parse_csv_int(&fields[8]),
                 ecc_errors: parse_csv_int(&fields[9]),
-                problems: Vec::new(),
+                ..Health::default()
             },
             utilization_percent: fields.get(10).map_or(0, |u| parse_csv_int(u)),
             numa_node: -1,

@@ -131,6 +131,12 @@ pub struct Agent {
     /// Stops carried out off the loop report here.
     stopped_tx: mpsc::UnboundedSender<v1::ShardStatus>,
     stopped_rx: mpsc::UnboundedReceiver<v1::ShardStatus>,
+    /// Shards being stopped, with the port and GPUs they still hold.
+    stopping: BTreeMap<String, (u16, Vec<u32>)>,
+    /// Starts waiting for a stopping shard to let go of what they need.
+    deferred: Vec<v1::StartShard>,
+    /// The stops in flight, awaited when the agent stops its engines.
+    stop_tasks: tokio::task::JoinSet<()>,
     fetcher: crate::fetch::Fetcher,
     fetched_tx: mpsc::UnboundedSender<Fetched>,
     fetched_rx: mpsc::UnboundedReceiver<Fetched>,
@@ -187,6 +193,9 @@ impl Agent {
             released: BTreeMap::new(),
             stopped_tx,
             stopped_rx,
+            stopping: BTreeMap::new(),
+            deferred: Vec::new(),
+            stop_tasks: tokio::task::JoinSet::new(),
             fetcher,
             fetched_tx,
             fetched_rx,
@@ -212,6 +221,8 @@ impl Agent {
             self.serve(shutdown).await;
         }
         if self.config.stop_engines_on_exit {
+            // Stops already under way finish first.
+            while self.stop_tasks.join_next().await.is_some() {}
             for (id, mut r) in std::mem::take(&mut self.shards) {
                 if let Some(s) = r.shard.take() {
                     s.stop().await;
@@ -292,7 +303,11 @@ impl Agent {
         loop {
             tokio::select! {
                 _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat())),
-                Some(st) = self.stopped_rx.recv() => send(&tx, agent_message::Msg::Shard(st)),
+                Some(st) = self.stopped_rx.recv() => {
+                    for reply in self.stop_finished(st) {
+                        send(&tx, agent_message::Msg::Shard(reply));
+                    }
+                }
                 Some((id, result)) = self.fetched_rx.recv() => {
                     if let Some(st) = self.fetched(&id, result) {
                         send(&tx, agent_message::Msg::Shard(st));

@@ -153,7 +153,22 @@ impl Agent {
             Some(control_message::Msg::Start(start)) => self.start(start).into_iter().collect(),
             Some(control_message::Msg::Stop(stop)) => {
                 let Some(mut r) = self.take_shard(&stop.shard_id) else {
-                    return vec![];
+                    // A start still waiting for another stop is simply dropped.
+                    let Some(i) = self
+                        .deferred
+                        .iter()
+                        .position(|d| d.shard_id == stop.shard_id)
+                    else {
+                        return vec![];
+                    };
+                    let waiting = self.deferred.remove(i);
+                    return vec![v1::ShardStatus {
+                        node_id: self.config.node_id.clone(),
+                        replica_id: waiting.replica_id,
+                        shard_id: stop.shard_id.clone(),
+                        state: wire_state(State::Stopped),
+                        ..v1::ShardStatus::default()
+                    }];
                 };
                 tracing::info!(shard = %stop.shard_id, "stopping");
                 if let Some(f) = r.fetch.take() {
@@ -176,7 +191,18 @@ impl Agent {
                 let report = stopped(0);
                 let dir = self.config.work_dir.clone();
                 let done = self.stopped_tx.clone();
-                tokio::spawn(async move {
+                self.stopping.insert(
+                    stop.shard_id.clone(),
+                    (
+                        u16::try_from(r.start.http_port).unwrap_or(0),
+                        r.start
+                            .gpu_indices
+                            .iter()
+                            .map(|g| (*g).max(0) as u32)
+                            .collect(),
+                    ),
+                );
+                self.stop_tasks.spawn(async move {
                     let status = shard.stop().await;
                     if let Some(d) = dir {
                         state_files::remove(&d, &report.shard_id);
@@ -217,6 +243,18 @@ impl Agent {
         }
     }
 
+    /// A stop done off the loop: its report, then the starts that waited
+    /// for what it held.
+    pub(super) fn stop_finished(&mut self, st: v1::ShardStatus) -> Vec<v1::ShardStatus> {
+        self.stopping.remove(&st.shard_id);
+        while self.stop_tasks.try_join_next().is_some() {}
+        let mut out = vec![st];
+        for start in std::mem::take(&mut self.deferred) {
+            out.extend(self.start(start));
+        }
+        out
+    }
+
     /// Idempotent by shard id: a repeat reports the running shard's state.
     /// Remote weights are fetched first, off the session's loop; the shard
     /// is Pending meanwhile, with the download's progress in its status.
@@ -224,6 +262,30 @@ impl Agent {
         let shard_id = start.shard_id.clone();
         if self.shards.contains_key(&shard_id) {
             return self.shard_status(&shard_id);
+        }
+        // A shard of ours still stopping may hold this one's port or GPUs
+        // (or be this very shard): the start waits for that stop, rather
+        // than failing on a port it would call another program's.
+        let gpus: Vec<u32> = start
+            .gpu_indices
+            .iter()
+            .map(|g| (*g).max(0) as u32)
+            .collect();
+        let port = u16::try_from(start.http_port).unwrap_or(0);
+        if self.stopping.iter().any(|(id, (p, g))| {
+            *id == shard_id || (port != 0 && *p == port) || g.iter().any(|x| gpus.contains(x))
+        }) {
+            tracing::info!(shard = %shard_id, "waiting for a stopping shard to let go of its port or GPUs");
+            let pending = v1::ShardStatus {
+                node_id: self.config.node_id.clone(),
+                replica_id: start.replica_id.clone(),
+                shard_id: shard_id.clone(),
+                state: wire_state(State::Pending),
+                ..v1::ShardStatus::default()
+            };
+            self.deferred.retain(|d| d.shard_id != shard_id);
+            self.deferred.push(start);
+            return Some(pending);
         }
         let remote = matches!(
             crate::fetch::classify(&start.source),

@@ -337,19 +337,18 @@ async fn supervise(
                 groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             };
-            // A stop must not wait for a leader that may never come.
+            // A stop must not wait for a leader that may never come; nor
+            // a drain: a shard not yet serving has nothing to finish.
             let wait = groups::wait_for_port(&host, port, o.rendezvous_timeout);
             tokio::pin!(wait);
-            let up = loop {
-                tokio::select! {
-                    up = &mut wait => break up,
-                    msg = control.recv() => {
-                        let pg = pgids(&tx);
-                        let stop = groups::stop_children(&mut children, &pg, o.stop_timeout);
-                        if obey(msg, &tx, &mut draining, stop).await {
-                            return;
-                        }
-                    }
+            let up = tokio::select! {
+                up = &mut wait => up,
+                msg = control.recv() => {
+                    let msg = msg.map(|_| Control::Stop);
+                    let pg = pgids(&tx);
+                    let stop = groups::stop_children(&mut children, &pg, o.stop_timeout);
+                    obey(msg, &tx, &mut draining, stop).await;
+                    return;
                 }
             };
             if !up {

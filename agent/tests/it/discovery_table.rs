@@ -242,4 +242,12 @@ fn memory_our_own_engine_holds_is_not_another_process() {
         ["2 uncorrected ECC errors"],
         "the memory of an engine of ours (adopted, say) is not a foreign process"
     );
+    let mut blind = g.clone();
+    blind.health.unreadable = vec!["memory unreadable: Unknown Error".into()];
+    assert!(
+        blind
+            .problems_given(true)
+            .contains(&"memory unreadable: Unknown Error".to_owned()),
+        "a card the driver cannot read stays out"
+    );
 }

@@ -178,9 +178,13 @@ fn nvidia_smi_runs_as_a_command_and_a_missing_one_is_an_error() {
 /// A shell script at `dir/name`, executable.
 pub(crate) fn executable(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
+    // Written aside and renamed: a process running the old one never
+    // meets a file half written (or open for writing).
     let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
     path
 }
 

@@ -554,3 +554,21 @@ async fn an_adopted_engine_whose_process_died_fails_though_its_children_linger()
         "{stat}"
     );
 }
+
+#[tokio::test]
+async fn a_drain_while_waiting_for_the_leader_ends_the_shard() {
+    let mut join = sh("join", "exec sleep 30");
+    join.wait_for_leader_port = true;
+    let shard = start(
+        vec![join],
+        SupervisorOptions {
+            leader: Some(("127.0.0.1".into(), 1)),
+            rendezvous_timeout: Duration::from_secs(600),
+            ..quick()
+        },
+    );
+    shard.drain();
+    let s = until(&mut shard.status(), State::Stopped).await;
+    assert_eq!(s.state, State::Stopped, "nothing to finish: {s:?}");
+    assert!(s.pids.is_empty(), "nothing was started");
+}

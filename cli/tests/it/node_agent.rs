@@ -54,12 +54,20 @@ fn agent(agent_port: u16, node: &str, dir: &Path, extra: &[&str]) -> Child {
     Child::spawn(&args)
 }
 
+/// Writes `text` to `path` whole: to a temporary name, then renamed, so a
+/// reader (or an exec) never meets a file half written.
+fn replace(path: &Path, text: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// A shell script at `dir/name`, executable.
 fn executable(dir: &Path, name: &str, body: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    replace(&path, &format!("#!/bin/sh\n{body}"), 0o755);
     path
 }
 
@@ -167,8 +175,10 @@ async fn an_engine_installed_while_the_agent_runs_is_reported() {
 /// with no other port to take, the model says why it does not run.
 #[tokio::test]
 async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
-    let squatter = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-    let taken = squatter.local_addr().unwrap().port();
+    // A loopback address and a port of this test's own, outside the
+    // ephemeral range: nothing else on the machine takes them meanwhile.
+    let (ip, taken) = ("127.0.12.3", 30620);
+    let squatter = std::net::TcpListener::bind((ip, taken)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let server = server(
@@ -177,7 +187,12 @@ async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
         &format!("  port_range: [{taken}, {taken}]\n"),
         SIM_MODEL,
     );
-    let _agent = agent(port, "busy-port", dir.path(), &["--skip-gpus"]);
+    let _agent = agent(
+        port,
+        "busy-port",
+        dir.path(),
+        &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
+    );
     let error = until("the shard's failure", || shard_error(&server.admin)).await;
     assert!(
         error.contains(&format!("port {taken} is not free on this node")),
@@ -196,14 +211,10 @@ async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
 /// model takes another port of the range and serves.
 #[tokio::test]
 async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
-    // Two adjacent ports, the first held by someone else.
-    let (squatter, taken) = loop {
-        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < u16::MAX && std::net::TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
-            break (l, p);
-        }
-    };
+    // Two adjacent ports of this test's own, the first held by someone
+    // else (an address and ports nothing else on the machine uses).
+    let (ip, taken) = ("127.0.12.2", 30610);
+    let squatter = std::net::TcpListener::bind((ip, taken)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let server = server(
@@ -216,7 +227,12 @@ async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
         SIM_MODEL,
     );
     let _sweep = StateFileSweeper(dir.path().join("work"));
-    let _agent = agent(port, "squat-1", dir.path(), &["--skip-gpus"]);
+    let _agent = agent(
+        port,
+        "squat-1",
+        dir.path(),
+        &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
+    );
     let served_on = until("a ready replica", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
         ready_replicas(&rows).first()?["shards"][0]["port"].as_u64()
@@ -247,7 +263,7 @@ async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
     let rows = dir.path().join("smi.csv");
     let healthy = "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1B:00.0, 550.54, 30, 0\n\
                    1, GPU-b, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 00000000:1C:00.0, 550.54, 30, 0\n";
-    std::fs::write(&rows, healthy).unwrap();
+    replace(&rows, healthy, 0o644);
     let smi = executable(
         dir.path(),
         "nvidia-smi",
@@ -269,11 +285,11 @@ async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
         "00000000:1C:00.0, 550.54, 30, 0",
         "00000000:1C:00.0, 550.54, 30, 7",
     );
-    std::fs::write(&rows, sick).unwrap();
+    replace(&rows, &sick, 0o644);
     until("GPU 1 is out", || gpus_free(1)).await;
-    std::fs::write(&rows, healthy).unwrap();
+    replace(&rows, healthy, 0o644);
     until("GPU 1 is back", || gpus_free(2)).await;
-    std::fs::write(&rows, healthy.lines().next().unwrap()).unwrap();
+    replace(&rows, healthy.lines().next().unwrap(), 0o644);
     until("GPU 1 is gone", || gpus_free(1)).await;
     executable(
         dir.path(),
@@ -392,4 +408,100 @@ async fn a_stop_signal_is_not_held_up_by_a_hanging_probe() {
         .then_some(())
     })
     .await;
+}
+
+/// A start that needs the port of a shard of ours still stopping waits
+/// for that stop instead of failing on "another program": the model is
+/// removed and added back while its engine takes its time to exit.
+#[tokio::test]
+async fn a_start_waits_for_our_own_stopping_engine_to_free_its_port() {
+    let ip = "127.0.12.4";
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let model = "  - name: slow\n    source: /models/slow.gguf\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: cpu\n        engine: llamacpp\n";
+    let server = server(
+        dir.path(),
+        port,
+        "  base_backoff: 300ms\n  port_range: [30630, 30635]\n",
+        model,
+    );
+    // An "engine" that holds its port and takes four seconds to exit on
+    // SIGTERM (as a large model freeing its GPUs does).
+    let engine = executable(
+        dir.path(),
+        "llama-server",
+        r#"while [ $# -gt 0 ]; do case "$1" in --host) h=$2;; --port) p=$2;; esac; shift; done
+exec python3 -c "
+import signal, socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('$h', $p)); s.listen()
+signal.signal(signal.SIGTERM, lambda *a: (time.sleep(4), sys.exit(0)))
+time.sleep(600)
+"
+"#,
+    );
+    let _sweep = StateFileSweeper(dir.path().join("work"));
+    let _agent = agent(
+        port,
+        "slow-1",
+        dir.path(),
+        &[
+            "--skip-gpus",
+            "--engine-bind",
+            ip,
+            "--mgmt-addr",
+            ip,
+            "--stop-timeout-s",
+            "20",
+            "--llamacpp-bin",
+            engine.to_str().unwrap(),
+        ],
+    );
+    let shard_on = |rows: &Value, port: u64| -> Option<String> {
+        rows.as_array()?.iter().find_map(|r| {
+            let s = &r["shards"][0];
+            // Loading is the agent's word (the control plane says starting
+            // as soon as it sends the start).
+            (s["port"] == port && s["state"] == "loading")
+                .then(|| s["shard_id"].as_str().unwrap_or_default().to_owned())
+        })
+    };
+    let first = until("the engine runs on the first port", || async {
+        shard_on(
+            &get(format!("{}/api/v1/replicas", server.admin)).await,
+            30630,
+        )
+    })
+    .await;
+    // The engine holds its port (and its SIGTERM handler is in place).
+    until("the engine listens", || async {
+        std::net::TcpStream::connect((ip, 30630)).ok().map(|_| ())
+    })
+    .await;
+    let file = dir.path().join("slow.yaml");
+    std::fs::write(
+        &file,
+        "name: slow\nsource: /models/slow.gguf\nscaling: {min: 1, max: 1}\nprofiles:\n  - name: cpu\n    engine: llamacpp\n",
+    )
+    .unwrap();
+    let (ok, _, err) = ctl(&server.admin, &["model", "remove", "slow"]);
+    assert!(ok, "{err}");
+    // Its replica is stopped at once; its engine takes seconds to go.
+    until("the replica is stopped", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        rows.as_array()?.is_empty().then_some(())
+    })
+    .await;
+    let (ok, _, err) = ctl(&server.admin, &["model", "add", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    until("the replacement runs on the same port", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        shard_on(&rows, 30630).filter(|s| *s != first).map(|_| ())
+    })
+    .await;
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert!(
+        !all.to_string().contains("not free"),
+        "our own stopping engine was taken for another program: {all}"
+    );
 }
