@@ -181,21 +181,7 @@ pub(crate) async fn get(url: String) -> Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
-/// Polls `check` every 50 ms for up to 30 s.
-pub(crate) async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub(crate) use super::until;
 
 pub(crate) fn ready_replicas(rows: &Value) -> Vec<Value> {
     rows.as_array()
@@ -779,11 +765,13 @@ async fn a_restarted_agent_adopts_its_engines_and_never_starts_a_second_copy() {
     let clients = Clients::start(&server.base);
     clients.wait_for_more(5).await;
     let _agent = start_agent_in(&servers, "a", "127.0.6.2", &work);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !matches!(stray.try_wait(), Ok(Some(_))) {
-        assert!(Instant::now() < deadline, "the stray was not killed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The stray is this test's child: its exit is awaited, not polled.
+    let killed = tokio::task::spawn_blocking(move || stray.wait());
+    tokio::time::timeout(Duration::from_secs(30), killed)
+        .await
+        .expect("the stray was not killed")
+        .unwrap()
+        .unwrap();
     until("the agent reconnected", || async {
         let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
         (nodes[0]["connected"] == true).then_some(())
@@ -976,11 +964,10 @@ async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
     assert_eq!(listed["a"], json!([stray_s]), "only the stray is unwanted");
     let (ok, out, err) = ctl(&server.admin, &["weights", "--collect"]);
     assert!(ok && out.contains("REMOVING"), "{out}{err}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while stray.exists() {
-        assert!(Instant::now() < deadline, "the stray was not removed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the stray is removed", || async {
+        (!stray.exists()).then_some(())
+    })
+    .await;
     assert!(mine.exists() && cached[0].exists());
     drop(sweep);
 }

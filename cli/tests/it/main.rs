@@ -16,6 +16,28 @@ use serde_json::{Value, json};
 mod cluster;
 mod node_agent;
 
+/// Waits until `check` says yes, for up to 30 s. Another process's state
+/// (a server's API, an agent's files) offers nothing to await, so it is
+/// read again every 50 ms; this is the one place tests poll.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut every = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        every.tick().await;
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+    }
+}
+
 fn llmgw(store: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .env_remove("LLMGW_STORE")
@@ -1692,18 +1714,15 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         .unwrap_or_else(|| panic!("{lines:?}"))
         .to_owned();
     // The leader applies the file's catalog once it holds the lease.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let table = loop {
+    let table = until("the catalog is applied", || async {
         let models = Command::new(env!("CARGO_BIN_EXE_llmgw"))
             .args(["ctl", "models", "--admin", &format!("http://{admin}")])
             .output()
             .unwrap();
         let table = String::from_utf8_lossy(&models.stdout).into_owned();
-        if table.lines().count() == 4 || std::time::Instant::now() > deadline {
-            break table;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (table.lines().count() == 4).then_some(table)
+    })
+    .await;
     let _ = server.kill();
     let _ = server.wait();
     for m in ["llama-3.1-8b", "llama-3.1-405b", "qwen-0.5b"] {

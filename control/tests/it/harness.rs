@@ -242,7 +242,10 @@ impl Agent {
     pub fn keep_alive(&mut self) {
         let (tx, node) = (self.tx.clone(), self.node.clone());
         self.beats = Some(tokio::spawn(async move {
+            // Heartbeats on a clock, as an agent sends them.
+            let mut every = tokio::time::interval(Duration::from_millis(100));
             loop {
+                every.tick().await;
                 let hb = v1::Heartbeat {
                     node_id: node.clone(),
                     ..v1::Heartbeat::default()
@@ -256,7 +259,6 @@ impl Agent {
                 {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }));
     }
