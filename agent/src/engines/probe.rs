@@ -79,15 +79,7 @@ pub enum Found {
     TimedOut,
 }
 
-/// The version `probe` finds, or None when the engine is not here (or did
-/// not answer in time).
-pub async fn run(probe: &Probe, timeout: Duration) -> Option<String> {
-    match look(probe, timeout).await {
-        Found::Version(v) => Some(v),
-        Found::Absent | Found::TimedOut => None,
-    }
-}
-
+/// What `probe` finds of its engine within `timeout`.
 pub async fn look(probe: &Probe, timeout: Duration) -> Found {
     match probe {
         Probe::Binary(bin) => match find_executable(bin) {

@@ -318,7 +318,6 @@ async fn supervise(
         fail(&tx, &log, "no commands to run".into(), None);
         return;
     }
-    let mut draining = false;
     let last = commands.len() - 1;
     for (i, c) in commands.iter().enumerate() {
         let what = if i == last {
@@ -347,7 +346,7 @@ async fn supervise(
                     let msg = msg.map(|_| Control::Stop);
                     let pg = pgids(&tx);
                     let stop = groups::stop_children(&mut children, &pg, o.stop_timeout);
-                    obey(msg, &tx, &mut draining, stop).await;
+                    obey(msg, &tx, &mut true, stop).await;
                     return;
                 }
             };
@@ -385,10 +384,9 @@ async fn supervise(
             }
         }
     }
-    if !draining {
-        set(&tx, State::Starting);
-        set(&tx, State::Loading);
-    }
+    set(&tx, State::Starting);
+    set(&tx, State::Loading);
+    let mut draining = false;
     let mut readiness = Readiness::new(&o);
     let mut ready = false;
     let ready_by = o.startup_timeout.map(|t| Instant::now() + t);

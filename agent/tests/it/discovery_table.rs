@@ -8,6 +8,15 @@ use llmgw_agent::discovery::{Options, discover, host, nvml, storage, weights};
 
 use super::{SMI_SAMPLE, executable, fake_sysfs, write};
 
+/// An nvidia-smi that prints the original tests' two H100s.
+fn sample_smi(dir: &Path) -> PathBuf {
+    executable(
+        dir,
+        "nvidia-smi",
+        &format!("cat <<'EOF'\n{SMI_SAMPLE}EOF\n"),
+    )
+}
+
 /// A machine under `root`: 64 GiB of RAM, Ubuntu, a model directory with
 /// one GGUF file.
 fn machine(root: &Path) -> PathBuf {
@@ -24,11 +33,7 @@ fn machine(root: &Path) -> PathBuf {
 #[test]
 fn discover_asks_nvidia_smi_when_told_and_reads_no_adapters_without_sysfs() {
     let dir = tempfile::tempdir().unwrap();
-    let smi = executable(
-        dir.path(),
-        "nvidia-smi",
-        &format!("cat <<'EOF'\n{SMI_SAMPLE}EOF\n"),
-    );
+    let smi = sample_smi(dir.path());
     let (inv, error) = discover(&Options {
         root: dir.path().into(),
         nvidia_smi: Some(smi),
@@ -87,11 +92,7 @@ fn an_unreadable_adapter_tree_is_an_error_that_keeps_the_gpus() {
     let dir = tempfile::tempdir().unwrap();
     // A file where the directory should be: sysfs cannot be listed.
     write(&dir.path().join("sys/class/infiniband"), "");
-    let smi = executable(
-        dir.path(),
-        "nvidia-smi",
-        &format!("cat <<'EOF'\n{SMI_SAMPLE}EOF\n"),
-    );
+    let smi = sample_smi(dir.path());
     let (inv, error) = discover(&Options {
         root: dir.path().into(),
         nvidia_smi: Some(smi),

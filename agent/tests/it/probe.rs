@@ -4,11 +4,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use llmgw_agent::engines::probe::{Probe, first_version, run};
+use llmgw_agent::engines::probe::{Found, Probe, first_version, look};
 use llmgw_agent::engines::{LlamaCpp, Registry, Sglang, Sim, Vllm};
 use llmgw_agent::session::server_urls;
 
 use super::executable;
+use super::supervisor::gone;
 
 fn registry(vllm: &Path, python: &Path, llama: &Path) -> Registry {
     Registry::new(
@@ -34,7 +35,7 @@ async fn an_engine_that_is_not_installed_is_absent_from_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let plain = dir.path().join("vllm");
     std::fs::write(&plain, "not a program").unwrap();
-    assert_eq!(run(&Probe::Binary(plain), T).await, None);
+    assert_eq!(look(&Probe::Binary(plain), T).await, Found::Absent);
 }
 
 #[tokio::test]
@@ -88,7 +89,10 @@ async fn a_probe_that_hangs_is_given_up_in_time() {
         args: vec![],
     };
     let began = tokio::time::Instant::now();
-    assert_eq!(run(&probe, Duration::from_millis(200)).await, None);
+    assert_eq!(
+        look(&probe, Duration::from_millis(200)).await,
+        Found::TimedOut
+    );
     assert!(began.elapsed() < Duration::from_secs(30));
     // The hung probe is killed, not left behind.
     let pidfile = dir.path().join("pid");
@@ -101,19 +105,14 @@ async fn a_probe_that_hangs_is_given_up_in_time() {
         program: slow.clone(),
         args: vec![],
     };
-    assert_eq!(run(&probe, Duration::from_millis(300)).await, None);
+    assert_eq!(
+        look(&probe, Duration::from_millis(300)).await,
+        Found::TimedOut
+    );
     let pid = std::fs::read_to_string(&pidfile).unwrap();
+    let pid: u32 = pid.trim().parse().unwrap();
     tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let stat =
-                std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
-            if stat.is_empty()
-                || stat
-                    .rsplit_once(") ")
-                    .is_some_and(|(_, r)| r.starts_with('Z'))
-            {
-                return;
-            }
+        while !gone(pid) {
             tokio::task::yield_now().await;
         }
     })

@@ -400,18 +400,32 @@ async fn a_restarted_server_adopts_running_engines_and_keeps_serving() {
     drop(sweep);
 }
 
+/// Two servers on one log: the first started leads before the second
+/// (its standby) starts. Each is `(instance name, agent port)`.
+async fn leader_and_standby(
+    dir: &std::path::Path,
+    store: &str,
+    (a, pa): (&str, u16),
+    (b, pb): (&str, u16),
+    min: u32,
+) -> (ServerProc, ServerProc) {
+    let leader = start_server(&server_yaml(dir, a, store, pa, min));
+    until("the first server leads", || async {
+        (get(format!("{}/api/v1/leader", leader.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let standby = start_server(&server_yaml(dir, b, store, pb, min));
+    (leader, standby)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
     let sweep = EngineSweeper("127.0.3.".into());
     let db = llmgw_testkit::TestDb::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb) = (free_port(), free_port());
-    let first = start_server(&server_yaml(dir.path(), "first", &db.url, pa, 2));
-    until("first leads", || async {
-        (get(format!("{}/api/v1/leader", first.admin)).await["is_leader"] == true).then_some(())
-    })
-    .await;
-    let second = start_server(&server_yaml(dir.path(), "second", &db.url, pb, 2));
+    let (first, second) =
+        leader_and_standby(dir.path(), &db.url, ("first", pa), ("second", pb), 2).await;
     let servers = format!("http://127.0.0.1:{pa},http://127.0.0.1:{pb}");
     let agents: Vec<Child> = (2..4)
         .map(|i| start_agent(&servers, &format!("n{i}"), &format!("127.0.3.{i}")))
@@ -1298,12 +1312,8 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
     let db = llmgw_testkit::TestDb::create().await;
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb) = (free_port(), free_port());
-    let leader = start_server(&server_yaml(dir.path(), "lead", &db.url, pa, 0));
-    until("it leads", || async {
-        (get(format!("{}/api/v1/leader", leader.admin)).await["is_leader"] == true).then_some(())
-    })
-    .await;
-    let standby = start_server(&server_yaml(dir.path(), "stand", &db.url, pb, 0));
+    let (leader, standby) =
+        leader_and_standby(dir.path(), &db.url, ("lead", pa), ("stand", pb), 0).await;
     let _agent = start_agent(
         &format!("http://127.0.0.1:{pa},http://127.0.0.1:{pb}"),
         "a",

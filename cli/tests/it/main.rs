@@ -1357,22 +1357,13 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
     );
 }
 
+/// The supervisor with the sim engine, which is this binary: the rest of
+/// the supervisor's behaviour is tested in the agent crate with scripts.
 mod supervision {
-    use std::collections::BTreeMap;
     use std::time::Duration;
 
-    use llmgw_agent::engines::{Command as EngineCommand, Engine, Profile, ShardSpec, Sim};
+    use llmgw_agent::engines::{Engine, Profile, ShardSpec, Sim};
     use llmgw_agent::supervisor::{State, Status, SupervisorOptions, start};
-
-    fn sh(name: &str, script: &str) -> EngineCommand {
-        EngineCommand {
-            name: name.into(),
-            path: "/bin/sh".into(),
-            args: vec!["-c".into(), script.into()],
-            env: BTreeMap::new(),
-            wait_for_leader_port: false,
-        }
-    }
 
     async fn until(rx: &mut tokio::sync::watch::Receiver<Status>, want: State) -> Status {
         tokio::time::timeout(
@@ -1383,25 +1374,6 @@ mod supervision {
         .expect("state reached in time")
         .unwrap()
         .clone()
-    }
-
-    /// Whether any live (not zombie) process is in the group: an orphan
-    /// killed here may linger as a zombie until something reaps it.
-    fn group_alive(pgid: u32) -> bool {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(Result::ok)
-            .any(|e| {
-                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-                    return false;
-                };
-                // pid (comm) state ppid pgrp ...: comm may hold spaces, so split after it.
-                let Some((_, rest)) = stat.rsplit_once(") ") else {
-                    return false;
-                };
-                let fields: Vec<&str> = rest.split_whitespace().collect();
-                fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
-            })
     }
 
     fn options() -> SupervisorOptions {
@@ -1453,103 +1425,6 @@ mod supervision {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
             "the engine is gone"
         );
-    }
-
-    #[tokio::test]
-    async fn a_failing_engine_fails_the_shard_with_its_exit_code_and_log_tail() {
-        let shard = start(
-            vec![sh(
-                "engine",
-                "echo loading weights; echo 'CUDA out of memory' >&2; exit 3",
-            )],
-            options(),
-        );
-        let mut status = shard.status();
-        let s = until(&mut status, State::Ready).await;
-        let s = if s.state == State::Ready {
-            until(&mut status, State::Failed).await
-        } else {
-            s
-        };
-        assert_eq!((s.state, s.exit_code), (State::Failed, Some(3)));
-        assert!(
-            s.log_tail.contains("CUDA out of memory") && s.log_tail.contains("loading weights"),
-            "{}",
-            s.log_tail
-        );
-    }
-
-    #[tokio::test]
-    async fn stopping_takes_the_whole_process_group_and_a_sidecar_belongs_to_the_shard() {
-        let dir = tempfile::tempdir().unwrap();
-        let pidfile = dir.path().join("pgid");
-        let script = format!("echo $$ > {}; sleep 600 & sleep 600", pidfile.display());
-        let shard = start(
-            vec![sh("sidecar", "sleep 600"), sh("engine", &script)],
-            options(),
-        );
-        let mut status = shard.status();
-        assert_eq!(
-            until(&mut status, State::Ready).await.state,
-            State::Ready,
-            "a worker is ready once started"
-        );
-        let pgid: u32 = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                let text = std::fs::read_to_string(&pidfile).unwrap_or_default();
-                if let Ok(pid) = text.trim().parse() {
-                    return pid;
-                }
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .unwrap();
-        assert!(group_alive(pgid), "the group is running before the stop");
-        assert_eq!(shard.stop().await.state, State::Stopped);
-        assert!(
-            !group_alive(pgid),
-            "every process of the group is gone, the backgrounded one too"
-        );
-
-        // A sidecar that dies takes the shard down with it.
-        let shard = start(
-            vec![sh("ray-head", "exit 7"), sh("engine", "sleep 600")],
-            options(),
-        );
-        let mut status = shard.status();
-        let s = until(&mut status, State::Failed).await;
-        let s = if s.state == State::Failed {
-            s
-        } else {
-            until(&mut status, State::Failed).await
-        };
-        assert_eq!(s.exit_code, Some(7));
-        let error = s.error.unwrap();
-        assert!(error.starts_with("sidecar ray-head exited"), "{error}");
-    }
-
-    #[tokio::test]
-    async fn a_worker_that_never_sees_its_leader_gives_up_in_time() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut join = sh("worker", "sleep 600");
-        join.wait_for_leader_port = true;
-        let shard = start(
-            vec![join],
-            SupervisorOptions {
-                leader: Some(("127.0.0.1".into(), closed)),
-                rendezvous_timeout: Duration::from_millis(500),
-                ..options()
-            },
-        );
-        let mut status = shard.status();
-        let s = until(&mut status, State::Failed).await;
-        let error = s.error.unwrap();
-        assert!(error.contains("not listening after"), "{error}");
     }
 }
 

@@ -170,29 +170,51 @@ async fn an_engine_installed_while_the_agent_runs_is_reported() {
     .await;
 }
 
+/// A node whose first engine port another program holds: a loopback
+/// address and ports of the test's own, outside the ephemeral range, so
+/// nothing else on the machine takes them meanwhile.
+struct Squat {
+    // Dropped in this order: the agent and server before their directory.
+    _agent: Child,
+    server: ServerProc,
+    _squatter: std::net::TcpListener,
+    dir: tempfile::TempDir,
+}
+
+impl Squat {
+    fn new(ip: &str, taken: u16, last: u16, control: &str, node: &str) -> Squat {
+        let squatter = std::net::TcpListener::bind((ip, taken)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let server = server(
+            dir.path(),
+            port,
+            &format!("{control}  port_range: [{taken}, {last}]\n"),
+            SIM_MODEL,
+        );
+        let agent = agent(
+            port,
+            node,
+            dir.path(),
+            &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
+        );
+        Squat {
+            _agent: agent,
+            server,
+            _squatter: squatter,
+            dir,
+        }
+    }
+}
+
 /// A port something else already listens on is refused before launch,
 /// with a reason, rather than left to the engine's bind error in its log;
 /// with no other port to take, the model says why it does not run.
 #[tokio::test]
 async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
-    // A loopback address and a port of this test's own, outside the
-    // ephemeral range: nothing else on the machine takes them meanwhile.
-    let (ip, taken) = ("127.0.12.3", 30620);
-    let squatter = std::net::TcpListener::bind((ip, taken)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let server = server(
-        dir.path(),
-        port,
-        &format!("  port_range: [{taken}, {taken}]\n"),
-        SIM_MODEL,
-    );
-    let _agent = agent(
-        port,
-        "busy-port",
-        dir.path(),
-        &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
-    );
+    let taken = 30620;
+    let squat = Squat::new("127.0.12.3", taken, taken, "", "busy-port");
+    let server = &squat.server;
     let error = until("the shard's failure", || shard_error(&server.admin)).await;
     assert!(
         error.contains(&format!("port {taken} is not free on this node")),
@@ -204,35 +226,22 @@ async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
         ok && table.contains("chat: last failure on busy-port: port"),
         "{table}{err}"
     );
-    drop(squatter);
 }
 
 /// A port another program holds is left alone: the next placement of the
 /// model takes another port of the range and serves.
 #[tokio::test]
 async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
-    // Two adjacent ports of this test's own, the first held by someone
-    // else (an address and ports nothing else on the machine uses).
-    let (ip, taken) = ("127.0.12.2", 30610);
-    let squatter = std::net::TcpListener::bind((ip, taken)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let server = server(
-        dir.path(),
-        port,
-        &format!(
-            "  base_backoff: 300ms\n  port_range: [{taken}, {}]\n",
-            taken + 1
-        ),
-        SIM_MODEL,
-    );
-    let _sweep = StateFileSweeper(dir.path().join("work"));
-    let _agent = agent(
-        port,
+    let taken = 30610;
+    let squat = Squat::new(
+        "127.0.12.2",
+        taken,
+        taken + 1,
+        "  base_backoff: 300ms\n",
         "squat-1",
-        dir.path(),
-        &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
     );
+    let server = &squat.server;
+    let _sweep = StateFileSweeper(squat.dir.path().join("work"));
     let served_on = until("a ready replica", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
         ready_replicas(&rows).first()?["shards"][0]["port"].as_u64()
@@ -247,7 +256,6 @@ async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
             .any(|r| r["shards"][0]["port"] == taken),
         "the taken port was tried first: {all}"
     );
-    drop(squatter);
 }
 
 /// GPU health is read again while the agent runs: a card that starts
