@@ -46,7 +46,7 @@ impl Default for Options {
 }
 
 /// What the scheduler sees of this machine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Inventory {
     /// `none`, `nvml` or `nvidia-smi`: "no GPUs" apart from "not discovered".
     pub source: String,

@@ -32,8 +32,17 @@ fn storage(s: &[discovery::storage::Storage]) -> Vec<v1::Storage> {
 }
 
 impl Agent {
-    pub(super) fn register(&mut self) -> v1::Register {
-        let (inv, error) = discovery::discover(&self.config.discovery);
+    /// The whole inventory, read off the stream's loop: nvidia-smi and the
+    /// model directories' walk take a while, and a runtime thread must not
+    /// wait on them.
+    pub(super) async fn register(&mut self) -> v1::Register {
+        let options = self.config.discovery.clone();
+        let (inv, error) = tokio::task::spawn_blocking(move || discovery::discover(&options))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "discovery panicked");
+                (discovery::Inventory::default(), None)
+            });
         if let Some(e) = error {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
@@ -166,16 +175,28 @@ impl Agent {
     /// changed; installed engines (probed in the background) when they
     /// changed. The flags say a list is meant, so an empty one is never
     /// ambiguous.
-    pub(super) fn heartbeat(&mut self) -> v1::Heartbeat {
-        let o = &self.config.discovery;
+    pub(super) async fn heartbeat(&mut self) -> v1::Heartbeat {
+        // The disks and the model directories' walk, off the loop.
+        let o = self.config.discovery.clone();
+        let (disks, memory_mb, found) = tokio::task::spawn_blocking(move || {
+            let weights =
+                (!o.model_dirs.is_empty()).then(|| discovery::weights::scan(&o.model_dirs));
+            (
+                discovery::storage::scan(&o.model_dirs),
+                discovery::memory::total_mb(&o.root.join("proc/meminfo")),
+                weights,
+            )
+        })
+        .await
+        .unwrap_or_default();
         let mut hb = v1::Heartbeat {
             node_id: self.config.node_id.clone(),
-            storage: storage(&discovery::storage::scan(&o.model_dirs)),
-            memory_total_mb: discovery::memory::total_mb(&o.root.join("proc/meminfo")) as i64,
+            storage: storage(&disks),
+            memory_total_mb: memory_mb as i64,
             ..v1::Heartbeat::default()
         };
-        if !o.model_dirs.is_empty() {
-            let weights = wire_weights(&discovery::weights::scan(&o.model_dirs));
+        if let Some(found) = found {
+            let weights = wire_weights(&found);
             if weights != self.sent_weights {
                 hb.weights_changed = true;
                 hb.weights = weights.clone();

@@ -291,7 +291,7 @@ impl Agent {
         let send = |tx: &mpsc::Sender<AgentMessage>, msg| {
             let _ = tx.try_send(AgentMessage { msg: Some(msg) });
         };
-        send(&tx, agent_message::Msg::Register(self.register()));
+        send(&tx, agent_message::Msg::Register(self.register().await));
         let mut inbound = client
             .connect(ReceiverStream::new(rx))
             .await
@@ -302,7 +302,7 @@ impl Agent {
         beat.tick().await;
         loop {
             tokio::select! {
-                _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat())),
+                _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat().await)),
                 Some(st) = self.stopped_rx.recv() => {
                     for reply in self.stop_finished(st) {
                         send(&tx, agent_message::Msg::Shard(reply));
