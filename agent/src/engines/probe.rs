@@ -90,12 +90,32 @@ pub async fn look(probe: &Probe, timeout: Duration) -> Found {
             let Some(program) = find_executable(program) else {
                 return Found::Absent;
             };
-            let child = tokio::process::Command::new(program)
-                .args(args)
-                .stdin(std::process::Stdio::null())
-                .kill_on_drop(true)
-                .output();
-            let out = match tokio::time::timeout(timeout, child).await {
+            let run = async {
+                // ETXTBSY: the file was just written and a process forked
+                // meanwhile still holds it open for writing until its own
+                // exec; that passes in moments.
+                let mut busy = 0;
+                loop {
+                    let out = tokio::process::Command::new(&program)
+                        .args(args)
+                        .stdin(std::process::Stdio::null())
+                        .kill_on_drop(true)
+                        .output()
+                        .await;
+                    match out {
+                        Err(e)
+                            if e.raw_os_error()
+                                == Some(rustix::io::Errno::TXTBSY.raw_os_error())
+                                && busy < 10 =>
+                        {
+                            busy += 1;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        other => return other,
+                    }
+                }
+            };
+            let out = match tokio::time::timeout(timeout, run).await {
                 Err(_) => return Found::TimedOut,
                 Ok(Err(_)) => return Found::Absent,
                 Ok(Ok(out)) => out,
