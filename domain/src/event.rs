@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::audit::AuditEvent;
 use crate::catalog::CatalogEvent;
 use crate::demand::DemandEvent;
 use crate::nodes::NodeEvent;
@@ -32,6 +33,7 @@ pub enum Event {
     Usage(UsageEvent),
     Leadership(LeadershipEvent),
     Demand(DemandEvent),
+    Audit(AuditEvent),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,7 @@ enum Area {
     Usage,
     Leadership,
     Demand,
+    Audit,
 }
 
 /// Every type name with its area and current schema version.
@@ -81,6 +84,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
     ("ModelDemanded", Area::Demand, 1),
+    ("CommandRefused", Area::Audit, 1),
 ];
 
 /// Why a stored event could not be turned back into an [`Event`].
@@ -124,6 +128,7 @@ impl Event {
             Event::Usage(e) => serde_json::to_value(e),
             Event::Leadership(e) => serde_json::to_value(e),
             Event::Demand(e) => serde_json::to_value(e),
+            Event::Audit(e) => serde_json::to_value(e),
         }
         .expect("events serialise");
         let Value::Object(mut map) = tagged else {
@@ -170,6 +175,7 @@ impl Event {
             Area::Usage => Event::Usage(serde_json::from_value(tagged).map_err(err)?),
             Area::Leadership => Event::Leadership(serde_json::from_value(tagged).map_err(err)?),
             Area::Demand => Event::Demand(serde_json::from_value(tagged).map_err(err)?),
+            Area::Audit => Event::Audit(serde_json::from_value(tagged).map_err(err)?),
         })
     }
 
@@ -209,6 +215,7 @@ impl Event {
             Event::Usage(UsageEvent::UsageRecorded(u)) => format!("usage-{}", u.key_id),
             Event::Leadership(_) => "leadership".to_owned(),
             Event::Demand(DemandEvent::ModelDemanded { model }) => format!("demand-{model}"),
+            Event::Audit(e) => e.stream_id(),
         }
     }
 }

@@ -16,6 +16,7 @@
 //! names of people) is kept out of events altogether, so that erasing a
 //! person never means rewriting the log.
 
+pub mod audit;
 pub mod catalog;
 pub mod demand;
 pub mod event;
@@ -92,7 +93,7 @@ impl State {
             Event::Node(e) => self.nodes.evolve(e),
             Event::Replica(e) => self.replicas.evolve(e),
             Event::Tenancy(e) => self.tenancy.evolve(e),
-            Event::Usage(_) | Event::Leadership(_) | Event::Demand(_) => {}
+            Event::Usage(_) | Event::Leadership(_) | Event::Demand(_) | Event::Audit(_) => {}
         }
     }
 }

@@ -100,12 +100,29 @@ pub struct BudgetLevel {
     pub period: Period,
 }
 
-/// The limits that bind a key: the most restrictive value of each, the
-/// intersection of allowlists, and every budget on the way up.
+/// One level's rates, kept apart: rpm and tpm set on a team or project
+/// count every key under it together, so each level has its own window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLevel {
+    pub scope: Scope,
+    pub scope_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u32>,
+}
+
+/// The limits that bind a key: every rate and budget on the way up, each
+/// counted at its own level, and the intersection of allowlists. `rpm` and
+/// `tpm` are the tightest values on the way (what one key alone can reach),
+/// for display.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Effective {
     pub rpm: Option<u32>,
     pub tpm: Option<u32>,
+    /// Levels with a rate set, org first.
+    #[serde(default)]
+    pub rates: Vec<RateLevel>,
     pub budgets: Vec<BudgetLevel>,
     pub models: Allowed,
 }
@@ -120,6 +137,7 @@ pub fn compose<'a>(
     let mut eff = Effective {
         rpm: None,
         tpm: None,
+        rates: Vec::new(),
         budgets: Vec::new(),
         models: Allowed::All,
     };
@@ -130,6 +148,14 @@ pub fn compose<'a>(
     for (scope, id, l) in chain {
         eff.rpm = tighter(eff.rpm, l.rpm);
         eff.tpm = tighter(eff.tpm, l.tpm);
+        if l.rpm.is_some() || l.tpm.is_some() {
+            eff.rates.push(RateLevel {
+                scope,
+                scope_id: id.to_owned(),
+                rpm: l.rpm,
+                tpm: l.tpm,
+            });
+        }
         if let (Some(micros), Some(period)) = (l.budget_micros, l.period) {
             eff.budgets.push(BudgetLevel {
                 scope,
@@ -492,6 +518,18 @@ impl Tenancy {
                 }
                 if key.revoked {
                     return Err(Rejection::invalid("a key is issued unrevoked"));
+                }
+                // A name is how a person tells a project's keys apart (and
+                // revokes the right one), so live names do not repeat.
+                if let Some(twin) = self
+                    .keys
+                    .values()
+                    .find(|k| !k.revoked && k.project_id == key.project_id && k.name == key.name)
+                {
+                    return Err(Rejection::conflict(format!(
+                        "project {} already has a key named {} ({})",
+                        key.project_id, key.name, twin.key_id
+                    )));
                 }
                 vec![E::KeyIssued(key)]
             }

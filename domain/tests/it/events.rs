@@ -150,6 +150,12 @@ pub(crate) fn every_event() -> Vec<Event> {
         Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
             model: "llama".into(),
         }),
+        Event::Audit(llmgw_domain::audit::AuditEvent::CommandRefused {
+            actor: "alice".into(),
+            command: "RevokeKey key-1".into(),
+            target: "key-key-1".into(),
+            reason: "no key key-1".into(),
+        }),
     ]
 }
 

@@ -1,5 +1,6 @@
 //! The domain's rules, as a user of the control plane would notice them.
 
+mod audit;
 mod catalog;
 mod events;
 mod nodes;

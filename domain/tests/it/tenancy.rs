@@ -9,7 +9,8 @@ pub(crate) fn key(id: &str, project: &str) -> Key {
     Key {
         key_id: id.into(),
         project_id: project.into(),
-        name: "ci".into(),
+        // Live names are unique per project: one per id keeps tests apart.
+        name: format!("ci-{id}"),
         hash: "ab".repeat(32),
         prefix: "llmgw-3f2a".into(),
         band: Band::Silver,
@@ -96,6 +97,20 @@ fn limits_compose_as_the_most_restrictive_value() {
     assert_eq!(
         (e.rpm, e.tpm, e.models),
         (Some(60), Some(100_000), Allowed::All)
+    );
+    // Each level keeps its own rates: a group's limit counts for the group.
+    let levels: Vec<_> = e
+        .rates
+        .iter()
+        .map(|r| (r.scope, r.scope_id.as_str(), r.rpm, r.tpm))
+        .collect();
+    assert_eq!(
+        levels,
+        vec![
+            (Scope::Org, "o", Some(600), Some(100_000)),
+            (Scope::Project, "p", Some(60), None),
+            (Scope::Key, "k", None, Some(200_000)),
+        ]
     );
 }
 
@@ -243,6 +258,46 @@ fn keys_are_only_hashes_and_revocation_is_soft() {
     );
     let encoded = serde_json::to_string(&E::KeyIssued(key("k3", "p"))).unwrap();
     assert!(!encoded.contains("secret"));
+}
+
+#[test]
+fn a_live_key_name_is_unique_within_its_project() {
+    let mut t = tree();
+    let mut twin = key("k2", "p");
+    twin.name = "ci-k".into();
+    let refused = t.decide(C::IssueKey(twin.clone())).unwrap_err();
+    assert_eq!(refused.code, llmgw_domain::RejectionCode::Conflict);
+    assert_eq!(refused.reason, "project p already has a key named ci-k (k)");
+    // Another project may use the name.
+    for cmd in [
+        C::CreateProject {
+            project_id: "q".into(),
+            team_id: "t".into(),
+            name: "batch".into(),
+        },
+        C::IssueKey(key("k3", "q")),
+    ] {
+        for e in t.decide(cmd).unwrap() {
+            t.evolve(&e);
+        }
+    }
+    let mut elsewhere = key("k4", "q");
+    elsewhere.name = "ci-k".into();
+    assert!(t.decide(C::IssueKey(elsewhere)).is_ok());
+    // Once the holder of the name is revoked, the name is free again.
+    for e in t
+        .decide(C::RevokeKey {
+            key_id: "k".into(),
+            by: "ops".into(),
+        })
+        .unwrap()
+    {
+        t.evolve(&e);
+    }
+    assert_eq!(
+        t.decide(C::IssueKey(twin.clone())).unwrap(),
+        vec![E::KeyIssued(twin)]
+    );
 }
 
 #[test]

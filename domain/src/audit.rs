@@ -1,0 +1,169 @@
+//! What an auditor needs beyond the changes themselves: the operator
+//! commands that were refused, with who asked and why.
+//!
+//! Also the pure naming of a command (the stream it is about and a one-line
+//! description), so that every writer records a refusal the same way.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Command;
+use crate::catalog::CatalogCommand;
+use crate::nodes::NodeCommand;
+use crate::replicas::ReplicaCommand;
+use crate::tenancy::{Scope, TenancyCommand};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "data")]
+pub enum AuditEvent {
+    /// An operator's command that the domain rejected; nothing else was
+    /// written for it.
+    CommandRefused {
+        /// Who asked (the operator's name).
+        actor: String,
+        /// The command in one line, e.g. `RevokeKey key-123`.
+        command: String,
+        /// The stream the command was about, e.g. `key-key-123`.
+        target: String,
+        reason: String,
+    },
+}
+
+impl AuditEvent {
+    /// `audit-<target>`: the refusals about one thing, next to its stream.
+    pub fn stream_id(&self) -> String {
+        match self {
+            AuditEvent::CommandRefused { target, .. } => format!("audit-{target}"),
+        }
+    }
+}
+
+fn scoped(scope: Scope, id: &str) -> String {
+    format!("{}-{id}", scope.name())
+}
+
+impl Command {
+    /// The stream this command is about: where its events would go (the
+    /// first of them, for a command that writes several), named as
+    /// [`crate::Event::stream_id`] names it. `catalog` for a whole-catalog
+    /// command.
+    pub fn target(&self) -> String {
+        use TenancyCommand as T;
+        match self {
+            Command::Catalog(c) => match c {
+                CatalogCommand::AddModel(m) | CatalogCommand::UpdateModel(m) => {
+                    format!("model-{}", m.name)
+                }
+                CatalogCommand::RemoveModel { name } => format!("model-{name}"),
+                CatalogCommand::ApplyModels(_) => "catalog".to_owned(),
+            },
+            Command::Node(c) => format!("node-{}", node_id(c)),
+            Command::Replica(c) => format!("replica-{}", replica_id(c)),
+            Command::Tenancy(c) => match c {
+                T::CreateOrg { org_id, .. } => scoped(Scope::Org, org_id),
+                T::CreateTeam { team_id, .. } => scoped(Scope::Team, team_id),
+                T::CreateProject { project_id, .. } => scoped(Scope::Project, project_id),
+                T::SetLimits {
+                    scope, scope_id, ..
+                } => scoped(*scope, scope_id),
+                T::IssueKey(k) => scoped(Scope::Key, &k.key_id),
+                T::RevokeKey { key_id, .. } => scoped(Scope::Key, key_id),
+                T::SignUp { user_id }
+                | T::Approve { user_id, .. }
+                | T::Suspend { user_id, .. }
+                | T::Promote { user_id, .. }
+                | T::ChangePassword { user_id } => format!("user-{user_id}"),
+            },
+        }
+    }
+
+    /// The command in one line for people: its name and what it names,
+    /// never a secret (a key shows its id, project and name, not its hash).
+    pub fn describe(&self) -> String {
+        use TenancyCommand as T;
+        match self {
+            Command::Catalog(c) => match c {
+                CatalogCommand::AddModel(m) => format!("AddModel {}", m.name),
+                CatalogCommand::UpdateModel(m) => format!("UpdateModel {}", m.name),
+                CatalogCommand::RemoveModel { name } => format!("RemoveModel {name}"),
+                CatalogCommand::ApplyModels(ms) => format!("ApplyModels ({} models)", ms.len()),
+            },
+            Command::Node(c) => {
+                let verb = match c {
+                    NodeCommand::Register { .. } => "Register",
+                    NodeCommand::ReportInventory { .. } => "ReportInventory",
+                    NodeCommand::Heartbeat { .. } => "Heartbeat",
+                    NodeCommand::MarkUnreachable { .. } => "MarkUnreachable",
+                    NodeCommand::MarkLost { .. } => "MarkLost",
+                    NodeCommand::Cordon { .. } => "Cordon",
+                    NodeCommand::Uncordon { .. } => "Uncordon",
+                    NodeCommand::Drain { .. } => "Drain",
+                    NodeCommand::FinishDrain { .. } => "FinishDrain",
+                };
+                format!("{verb} {}", node_id(c))
+            }
+            Command::Replica(c) => {
+                let verb = match c {
+                    ReplicaCommand::Place(_) => "Place",
+                    ReplicaCommand::Adopt(_) => "Adopt",
+                    ReplicaCommand::ReportShard { .. } => "ReportShard",
+                    ReplicaCommand::Fail { .. } => "Fail",
+                    ReplicaCommand::Drain { .. } => "Drain",
+                    ReplicaCommand::Stop { .. } => "Stop",
+                };
+                format!("{verb} {}", replica_id(c))
+            }
+            Command::Tenancy(c) => match c {
+                T::CreateOrg { org_id, .. } => format!("CreateOrg {org_id}"),
+                T::CreateTeam {
+                    team_id, org_id, ..
+                } => format!("CreateTeam {team_id} in org {org_id}"),
+                T::CreateProject {
+                    project_id,
+                    team_id,
+                    ..
+                } => format!("CreateProject {project_id} in team {team_id}"),
+                T::SetLimits {
+                    scope, scope_id, ..
+                } => format!("SetLimits {} {scope_id}", scope.name()),
+                T::IssueKey(k) => format!(
+                    "IssueKey {} named {:?} in project {}",
+                    k.key_id, k.name, k.project_id
+                ),
+                T::RevokeKey { key_id, .. } => format!("RevokeKey {key_id}"),
+                T::SignUp { user_id } => format!("SignUp {user_id}"),
+                T::Approve {
+                    user_id,
+                    project_id,
+                    ..
+                } => format!("Approve {user_id} for project {project_id}"),
+                T::Suspend { user_id, .. } => format!("Suspend {user_id}"),
+                T::Promote { user_id, .. } => format!("Promote {user_id}"),
+                T::ChangePassword { user_id } => format!("ChangePassword {user_id}"),
+            },
+        }
+    }
+}
+
+fn node_id(c: &NodeCommand) -> &str {
+    match c {
+        NodeCommand::Register { node_id, .. }
+        | NodeCommand::ReportInventory { node_id, .. }
+        | NodeCommand::Heartbeat { node_id }
+        | NodeCommand::MarkUnreachable { node_id }
+        | NodeCommand::MarkLost { node_id }
+        | NodeCommand::Cordon { node_id, .. }
+        | NodeCommand::Uncordon { node_id, .. }
+        | NodeCommand::Drain { node_id, .. }
+        | NodeCommand::FinishDrain { node_id } => node_id,
+    }
+}
+
+fn replica_id(c: &ReplicaCommand) -> &str {
+    match c {
+        ReplicaCommand::Place(p) | ReplicaCommand::Adopt(p) => &p.replica_id,
+        ReplicaCommand::ReportShard { replica_id, .. }
+        | ReplicaCommand::Fail { replica_id, .. }
+        | ReplicaCommand::Drain { replica_id }
+        | ReplicaCommand::Stop { replica_id, .. } => replica_id,
+    }
+}
