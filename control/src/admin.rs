@@ -59,6 +59,7 @@ impl From<ControlError> for AdminError {
             },
             ControlError::Standby { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ControlError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ControlError::Conflict { .. } => StatusCode::CONFLICT,
         };
         if code == StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(error = %e, "admin change refused");
@@ -302,7 +303,8 @@ async fn explain(
 }
 
 async fn change(cp: &ControlPlane, commands: Vec<Command>, done: &str) -> Result<api::Changed> {
-    let decided = cp.execute(commands).await?;
+    let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Operator(operator()));
+    let decided = cp.execute(&origin, commands).await?;
     cp.views_reach(decided.position).await;
     let events: Vec<String> = decided.events.iter().map(|e| e.encode().0).collect();
     let message = if events.is_empty() {

@@ -164,6 +164,7 @@ fn to_status(e: ControlError) -> Status {
         ControlError::Standby { .. } => Status::unavailable(e.to_string()),
         ControlError::Rejected(r) => Status::invalid_argument(r.reason),
         ControlError::Store(e) => Status::unavailable(format!("the event store: {e}")),
+        ControlError::Conflict { .. } => Status::aborted(e.to_string()),
     }
 }
 
@@ -302,10 +303,13 @@ impl ControlPlane {
     }
 
     async fn register(&self, reg: &v1::Register) -> Result<(), ControlError> {
-        self.execute(vec![Command::Node(NodeCommand::Register {
-            node_id: reg.node_id.clone(),
-            inventory: convert::inventory(reg),
-        })])
+        self.execute(
+            &self.own(),
+            vec![Command::Node(NodeCommand::Register {
+                node_id: reg.node_id.clone(),
+                inventory: convert::inventory(reg),
+            })],
+        )
         .await?;
         self.agents.seen(&reg.node_id);
         Ok(())
@@ -333,7 +337,10 @@ impl ControlPlane {
                 continue;
             };
             match self
-                .execute(vec![Command::Replica(ReplicaCommand::Adopt(p.clone()))])
+                .execute(
+                    &self.own(),
+                    vec![Command::Replica(ReplicaCommand::Adopt(p.clone()))],
+                )
                 .await
             {
                 Ok(_) => {
@@ -354,7 +361,7 @@ impl ControlPlane {
         }
         lock(&self.agents.held).insert(node.to_owned(), held);
         for c in commands {
-            if let Err(e) = self.execute(vec![c]).await {
+            if let Err(e) = self.execute(&self.own(), vec![c]).await {
                 tracing::warn!(node, error = %e, "could not record a reported shard");
             }
         }
@@ -567,7 +574,7 @@ impl ControlPlane {
             commands
         };
         if !commands.is_empty() {
-            self.execute(commands).await?;
+            self.execute(&self.own(), commands).await?;
         }
         Ok(())
     }
@@ -608,7 +615,7 @@ impl ControlPlane {
             exit_code: (state == ShardState::Failed).then_some(st.exit_code),
             log_tail: tail,
         });
-        match self.execute(vec![command]).await {
+        match self.execute(&self.own(), vec![command]).await {
             Ok(_) => Ok(()),
             // A report about a replica the log does not know (or no longer
             // tracks) is stale, not an error worth a warning.

@@ -14,13 +14,13 @@ pub mod admin;
 mod agents;
 mod config;
 mod convert;
-mod decider;
 mod reconciler;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use llmgw_decider::{Actor, DecideError, Decided, Decider, Origin};
 use llmgw_domain::{Command, Rejection};
 use llmgw_eventstore::{AnyStore, EventStore, LeaseToken, StoreError, Writer};
 use llmgw_projections::Projections;
@@ -39,6 +39,23 @@ pub enum ControlError {
     Standby { leader: Option<String> },
     #[error("the event store: {0}")]
     Store(#[from] StoreError),
+    #[error(
+        "stream {stream} kept changing while the command was decided ({tries} tries); nothing was written: try again"
+    )]
+    Conflict { stream: String, tries: u32 },
+}
+
+impl From<DecideError> for ControlError {
+    fn from(e: DecideError) -> Self {
+        match e {
+            DecideError::Rejected(r) => ControlError::Rejected(r),
+            DecideError::Store(e) => ControlError::Store(e),
+            DecideError::Conflict { stream, tries } => ControlError::Conflict { stream, tries },
+            DecideError::LeaseHeld { holder, .. } => ControlError::Standby {
+                leader: Some(holder),
+            },
+        }
+    }
 }
 
 /// How often a standby records demand for one model.
@@ -59,7 +76,7 @@ struct Memory {
 pub struct ControlPlane {
     store: AnyStore,
     config: ControlConfig,
-    decider: decider::Decider,
+    decider: Decider,
     views: Arc<RwLock<Projections>>,
     views_at: watch::Receiver<u64>,
     lease: watch::Sender<Option<LeaseToken>>,
@@ -83,7 +100,7 @@ impl ControlPlane {
     ) -> Arc<Self> {
         let (lease, _) = watch::channel(None);
         Arc::new(ControlPlane {
-            decider: decider::Decider::new(store.clone(), config.instance.clone()),
+            decider: Decider::new(store.clone(), config.instance.clone()),
             store,
             config,
             views,
@@ -120,6 +137,11 @@ impl ControlPlane {
         self.lease.subscribe()
     }
 
+    /// The origin of the control plane's own decisions and records.
+    pub(crate) fn own(&self) -> Origin {
+        Origin::new(Actor::Leader(self.config.instance.clone()))
+    }
+
     fn now_ms(&self) -> i64 {
         self.started.elapsed().as_millis() as i64
     }
@@ -151,7 +173,8 @@ impl ControlPlane {
                 llmgw_domain::Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
                     model: model.clone(),
                 });
-            if let Err(e) = cp.decider.observe(event).await {
+            let origin = Origin::new(Actor::Gateway(cp.config.instance.clone()));
+            if let Err(e) = cp.decider.observe(&origin, vec![event]).await {
                 tracing::warn!(%model, error = %e, "could not record demand for the leader");
             }
         });
@@ -167,15 +190,17 @@ impl ControlPlane {
         })
     }
 
-    /// Decides and appends as the leader; wakes the reconciler.
+    /// Decides and appends as the leader on behalf of `origin`; wakes the
+    /// reconciler.
     pub(crate) async fn execute(
         &self,
+        origin: &Origin,
         commands: Vec<Command>,
-    ) -> Result<decider::Decided, ControlError> {
+    ) -> Result<Decided, ControlError> {
         let token = self.leader_token().await?;
         match self
             .decider
-            .execute(&Writer::Leader(token.clone()), commands)
+            .execute(&Writer::Leader(token.clone()), origin, commands)
             .await
         {
             Ok(d) => {
@@ -184,12 +209,12 @@ impl ControlPlane {
                 }
                 Ok(d)
             }
-            Err(ControlError::Store(e @ StoreError::Fenced { .. })) => {
+            Err(DecideError::Store(e @ StoreError::Fenced { .. })) => {
                 tracing::error!(error = %e, "deposed: the store refused an append; stepping down");
                 self.lose_leadership(&token);
                 Err(ControlError::Standby { leader: None })
             }
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -242,8 +267,9 @@ impl ControlPlane {
         };
         if let Err(e) = self
             .decider
-            .append_event(
+            .record(
                 &Writer::Leader(token.clone()),
+                &self.own(),
                 llmgw_domain::Event::Leadership(released),
             )
             .await
@@ -310,13 +336,15 @@ impl ControlPlane {
         let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {
             holder: token.holder.clone(),
             epoch: token.epoch,
+            admin: None,
         };
+        let origin = self.own();
         self.decider
-            .append_event(&writer, llmgw_domain::Event::Leadership(acquired))
+            .record(&writer, &origin, llmgw_domain::Event::Leadership(acquired))
             .await?;
         let apply = llmgw_domain::catalog::CatalogCommand::ApplyModels(self.config.models.clone());
         self.decider
-            .execute(&writer, vec![Command::Catalog(apply)])
+            .execute(&writer, &origin, vec![Command::Catalog(apply)])
             .await?;
         self.lease.send_replace(Some(token.clone()));
         self.wake.notify_one();

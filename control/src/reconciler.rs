@@ -44,7 +44,7 @@ pub(crate) async fn liveness(cp: Arc<ControlPlane>) {
         }
         let commands = due_marks(&cp);
         if !commands.is_empty()
-            && let Err(e) = cp.execute(commands).await
+            && let Err(e) = cp.execute(&cp.own(), commands).await
         {
             tracing::warn!(error = %e, "liveness: could not record a node's state");
         }
@@ -169,8 +169,11 @@ impl ControlPlane {
             Action::Place(p) => {
                 tracing::info!(replica = %p.replica_id, model = %p.model, profile = %p.profile, why = %p.why, "placing");
                 self.memory().unplaced.remove(&p.model);
-                self.execute(vec![Command::Replica(ReplicaCommand::Place(p.clone()))])
-                    .await?;
+                self.execute(
+                    &self.own(),
+                    vec![Command::Replica(ReplicaCommand::Place(p.clone()))],
+                )
+                .await?;
                 // Rank 0 first: it holds the rendezvous the others join.
                 let mut shards = p.shards.clone();
                 shards.sort_by_key(|s| s.rank);
@@ -188,10 +191,13 @@ impl ControlPlane {
             }
             Action::Fail { replica_id, reason } => {
                 tracing::warn!(replica = %replica_id, %reason, "replica failed");
-                self.execute(vec![Command::Replica(ReplicaCommand::Fail {
-                    replica_id,
-                    reason,
-                })])
+                self.execute(
+                    &self.own(),
+                    vec![Command::Replica(ReplicaCommand::Fail {
+                        replica_id,
+                        reason,
+                    })],
+                )
                 .await?;
             }
             Action::Stop {
@@ -224,18 +230,24 @@ impl ControlPlane {
                     }
                 }
                 tracing::info!(replica = %replica_id, %reason, "stopping");
-                self.execute(vec![Command::Replica(ReplicaCommand::Stop {
-                    replica_id: replica_id.clone(),
-                    reason,
-                })])
+                self.execute(
+                    &self.own(),
+                    vec![Command::Replica(ReplicaCommand::Stop {
+                        replica_id: replica_id.clone(),
+                        reason,
+                    })],
+                )
                 .await?;
                 self.memory().rt.drain_since.remove(&replica_id);
             }
             Action::Drain { replica_id } => {
                 tracing::info!(replica = %replica_id, "draining");
-                self.execute(vec![Command::Replica(ReplicaCommand::Drain {
-                    replica_id: replica_id.clone(),
-                })])
+                self.execute(
+                    &self.own(),
+                    vec![Command::Replica(ReplicaCommand::Drain {
+                        replica_id: replica_id.clone(),
+                    })],
+                )
                 .await?;
                 if let Some(r) = state.replicas.replicas.get(&replica_id) {
                     for s in &r.placement.shards {
@@ -252,9 +264,12 @@ impl ControlPlane {
             }
             Action::FinishNodeDrain { node_id } => {
                 tracing::info!(node = %node_id, "drain finished; the node stays cordoned");
-                self.execute(vec![Command::Node(NodeCommand::FinishDrain {
-                    node_id: node_id.clone(),
-                })])
+                self.execute(
+                    &self.own(),
+                    vec![Command::Node(NodeCommand::FinishDrain {
+                        node_id: node_id.clone(),
+                    })],
+                )
                 .await?;
                 self.memory().rt.drain_since.remove(&node_id);
             }
