@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use llmgw_decider::{Actor, Decider, Origin};
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Price;
 use llmgw_domain::usage::{FinishedRequest, record};
-use llmgw_eventstore::{EventStore, ExpectedVersion, NewEvent, StreamAppend, Writer};
+use llmgw_eventstore::AnyStore;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -71,18 +72,19 @@ impl UsageQueue {
     }
 }
 
-/// Appends queued usage to the log every `interval` or `batch` records, as
-/// an observer (usage is a fact any gateway saw, not a leader's decision).
+/// Appends queued usage to the log every `interval` or `batch` records,
+/// through the decider's observer path (usage is a fact any gateway saw,
+/// not a leader's decision; each batch is one command of this gateway).
 /// Runs until the queue's senders are gone, then flushes what is left.
-pub async fn run_batcher<S: EventStore>(
-    store: S,
+pub async fn run_batcher(
+    store: AnyStore,
     instance: String,
     mut rx: mpsc::Receiver<FinishedRequest>,
     batch: usize,
     interval: Duration,
     price_of: impl Fn(&str) -> Price,
 ) {
-    let writer = Writer::Observer { instance };
+    let decider = Decider::new(store, instance.clone());
     let mut pending: Vec<FinishedRequest> = Vec::new();
     let mut tick = tokio::time::interval(interval);
     loop {
@@ -94,28 +96,19 @@ pub async fn run_batcher<S: EventStore>(
             _ = tick.tick() => false,
         };
         if !pending.is_empty() && (closed || pending.len() >= batch || rx.is_empty()) {
-            let events: Vec<StreamAppend> = pending
+            let events: Vec<Event> = pending
                 .drain(..)
                 .filter_map(|r| {
                     let price = price_of(&r.model_served);
                     record(r, price).ok()
                 })
-                .map(|u| {
-                    let e = Event::Usage(u);
-                    let (kind, version, payload) = e.encode();
-                    (e.stream_id(), NewEvent::new(kind, version, payload))
-                })
-                .fold(Vec::new(), |mut acc: Vec<StreamAppend>, (stream, event)| {
-                    match acc.iter_mut().find(|s| s.stream_id == stream) {
-                        Some(s) => s.events.push(event),
-                        None => {
-                            acc.push(StreamAppend::new(stream, ExpectedVersion::Any, vec![event]))
-                        }
-                    }
-                    acc
-                });
-            if let Err(e) = store.append(&writer, &events).await {
-                let n: usize = events.iter().map(|s| s.events.len()).sum();
+                .map(Event::Usage)
+                .collect();
+            let n = events.len();
+            let origin = Origin::new(Actor::Gateway(instance.clone()));
+            if n > 0
+                && let Err(e) = decider.observe(&origin, events).await
+            {
                 tracing::error!(error = %e, records = n, "appending usage failed; records lost");
             }
         }
