@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use llmgw_decider::{Actor, DecideError, Decider, Origin};
 use llmgw_domain::catalog::{CatalogCommand, Engine, Model, Price, Profile};
 use llmgw_domain::event::LeadershipEvent;
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, NodeCommand};
@@ -12,10 +13,8 @@ use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand};
 use llmgw_domain::usage::{FinishedRequest, record};
 use llmgw_domain::{Command, Event, State};
 use llmgw_eventstore::{
-    AnyStore, EventStore, ExpectedVersion, LeaseToken, NewEvent, OpenOptions, StoreAddress,
-    StoreError, StreamAppend, Writer,
+    AnyStore, EventStore, LeaseToken, OpenOptions, StoreAddress, StoreError, Writer,
 };
-use serde_json::json;
 
 /// Every incident by fixture name.
 pub const ALL: [&str; 6] = [
@@ -156,9 +155,13 @@ pub async fn record_frozen_v1() -> anyhow::Result<String> {
     r.export().await
 }
 
-/// Drives decisions into a store the way the control plane will.
+/// Drives decisions into a store the way the control plane does: through
+/// the decider, as the leader of the moment.
 struct Recorder {
     store: AnyStore,
+    /// The current leader's decider (a new leader starts a fresh one).
+    decider: Decider,
+    /// The decision state after the last command, for building placements.
     state: State,
     lease: Option<LeaseToken>,
     _dir: tempfile::TempDir,
@@ -178,6 +181,7 @@ impl Recorder {
         let address = StoreAddress::Sqlite(dir.path().join("incident.db"));
         let store = AnyStore::open(&address, OpenOptions::migrating()).await?;
         Ok(Recorder {
+            decider: Decider::new(store.clone(), "recorder".into()),
             store,
             state: State::default(),
             lease: None,
@@ -185,8 +189,10 @@ impl Recorder {
         })
     }
 
-    fn writer(&self) -> anyhow::Result<Writer> {
-        Ok(Writer::Leader(self.lease.clone().context("no lease held")?))
+    fn leading(&self) -> anyhow::Result<(Writer, Origin)> {
+        let token = self.lease.clone().context("no lease held")?;
+        let origin = Origin::new(Actor::Leader(token.holder.clone()));
+        Ok((Writer::Leader(token), origin))
     }
 
     async fn lead(&mut self, holder: &str) -> anyhow::Result<LeaseToken> {
@@ -196,68 +202,47 @@ impl Recorder {
     async fn lead_for(&mut self, holder: &str, ttl: Duration) -> anyhow::Result<LeaseToken> {
         let lease = self.store.acquire_lease(holder, ttl).await?;
         self.lease = Some(lease.token.clone());
+        self.decider = Decider::new(self.store.clone(), holder.into());
         let e = Event::Leadership(LeadershipEvent::LeadershipAcquired {
             holder: holder.into(),
             epoch: lease.token.epoch,
+            admin: None,
         });
-        self.append(&self.writer()?, &e, holder).await?;
+        let (w, origin) = self.leading()?;
+        self.decider.record(&w, &origin, e).await?;
         Ok(lease.token)
     }
 
     async fn step_down(&mut self) -> anyhow::Result<()> {
+        let (w, origin) = self.leading()?;
         let token = self.lease.take().context("no lease held")?;
         let e = Event::Leadership(LeadershipEvent::LeadershipReleased {
             holder: token.holder.clone(),
             epoch: token.epoch,
         });
-        self.append(&Writer::Leader(token.clone()), &e, &token.holder)
-            .await?;
+        self.decider.record(&w, &origin, e).await?;
         self.store.release_lease(&token).await?;
         Ok(())
     }
 
-    async fn append(&self, w: &Writer, e: &Event, actor: &str) -> Result<(), StoreError> {
-        let (kind, version, payload) = e.encode();
-        let event = NewEvent::new(kind, version, payload).with_metadata(json!({ "actor": actor }));
-        self.store
-            .append(
-                w,
-                &[StreamAppend::new(
-                    e.stream_id(),
-                    ExpectedVersion::Any,
-                    vec![event],
-                )],
-            )
-            .await
-            .map(|_| ())
-    }
-
     /// Decides a command and appends what it produced, as the leader.
     async fn run(&mut self, command: Command) -> anyhow::Result<()> {
-        let w = self.writer()?;
-        let actor = self
-            .lease
-            .as_ref()
-            .map(|l| l.holder.clone())
-            .unwrap_or_default();
-        let events = self
-            .state
-            .decide(command.clone())
-            .map_err(|r| anyhow::anyhow!("{command:?}: {r}"))?;
-        for e in events {
-            self.append(&w, &e, &actor).await?;
-            self.state.evolve(&e);
-        }
+        let (w, origin) = self.leading()?;
+        self.decider
+            .execute(&w, &origin, vec![command.clone()])
+            .await
+            .map_err(|e| anyhow::anyhow!("{command:?}: {e}"))?;
+        self.state = self.decider.state().await?;
         Ok(())
     }
 
     /// Records a finished request, as any gateway does (not fenced).
     async fn usage(&mut self, request: FinishedRequest, price: Price) -> anyhow::Result<()> {
         let e = Event::Usage(record(request, price)?);
-        let w = Writer::Observer {
-            instance: "gw-1".into(),
-        };
-        self.append(&w, &e, "gw-1").await?;
+        let gateway = Decider::new(self.store.clone(), "gw-1".into());
+        gateway
+            .observe(&Origin::new(Actor::Gateway("gw-1".into())), vec![e])
+            .await?;
         Ok(())
     }
 
@@ -636,11 +621,18 @@ async fn leadership_change_mid_placement(r: &mut Recorder) -> anyhow::Result<()>
         tokio::task::yield_now().await;
     }
     r.lead("ctl-b").await?;
+    // ctl-a wakes up and decides a placement: the store refuses it.
     let late = place("r1", "llama-8b", &[("n1", vec![0])], &r.state);
-    let e = Event::Replica(llmgw_domain::replicas::ReplicaEvent::ReplicaPlaced(late));
-    let refused = r.append(&Writer::Leader(a), &e, "ctl-a").await;
+    let deposed = Decider::new(r.store.clone(), "ctl-a".into());
+    let refused = deposed
+        .execute(
+            &Writer::Leader(a),
+            &Origin::new(Actor::Leader("ctl-a".into())),
+            vec![Command::Replica(ReplicaCommand::Place(late))],
+        )
+        .await;
     ensure!(
-        matches!(refused, Err(StoreError::Fenced { .. })),
+        matches!(refused, Err(DecideError::Store(StoreError::Fenced { .. }))),
         "the deposed leader must be fenced: {refused:?}"
     );
     // The new leader re-reads the state and places the replica itself.
