@@ -36,24 +36,24 @@ impl KeyDirectory {
 }
 
 impl KeyDirectory {
-    /// The first budget on the key's way up that is spent at `now_ms`.
-    pub fn spent_budget(
-        &self,
-        key: &KeyEntry,
-        now_ms: i64,
-    ) -> Option<llmgw_domain::tenancy::BudgetLevel> {
+    /// What each of the key's budgets has spent in its period at `now_ms`,
+    /// in the order of `key.limits.budgets`. Nothing is read when it has
+    /// none.
+    pub fn budget_spend(&self, key: &KeyEntry, now_ms: i64) -> Vec<u64> {
+        if key.limits.budgets.is_empty() {
+            return Vec::new();
+        }
         let views = self.0.read().unwrap_or_else(|p| p.into_inner());
         key.limits
             .budgets
             .iter()
-            .find(|b| {
+            .map(|b| {
                 views
                     .usage
                     .spend_of(b.scope, &b.scope_id)
                     .in_period(b.period, now_ms)
-                    >= b.micros
             })
-            .cloned()
+            .collect()
     }
 }
 

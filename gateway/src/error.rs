@@ -71,27 +71,31 @@ impl ApiError {
         )
     }
 
-    /// The key's requests or tokens per minute are used up.
+    /// A level's requests or tokens per minute are used up: the message
+    /// names the level (a team's limit counts all its keys).
     pub fn rate_limited(refusal: crate::limits::Refusal) -> Self {
-        use crate::limits::Refusal;
-        let (kind, wait, message) = match refusal {
-            Refusal::Requests { rpm, wait } => (
+        use crate::limits::Exceeded;
+        let who = format!("{} {}", refusal.scope.name(), refusal.scope_id);
+        let group = match refusal.scope {
+            llmgw_domain::tenancy::Scope::Key => "",
+            _ => " (all its keys together, at this gateway)",
+        };
+        let (kind, message) = match refusal.exceeded {
+            Exceeded::Requests { rpm } => (
                 "requests",
-                wait,
                 format!(
-                    "this key may make {rpm} requests a minute; retry after the Retry-After seconds"
+                    "{who} may make {rpm} requests a minute{group}; retry after the Retry-After seconds"
                 ),
             ),
-            Refusal::Tokens { tpm, wait } => (
+            Exceeded::Tokens { tpm } => (
                 "tokens",
-                wait,
                 format!(
-                    "this key may use {tpm} tokens a minute; retry after the Retry-After seconds"
+                    "{who} may use {tpm} tokens a minute{group}; retry after the Retry-After seconds"
                 ),
             ),
         };
         ApiError {
-            retry_after: Some(wait.as_secs().max(1)),
+            retry_after: Some(refusal.wait.as_secs().max(1)),
             ..Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 kind,
@@ -111,6 +115,29 @@ impl ApiError {
             format!(
                 "the {period} budget of {scope} {id} is spent; it renews with the next {period}"
             ),
+        )
+    }
+
+    /// A budget is not spent yet, but has less left than this request may
+    /// cost (its prompt and the completion it allows itself).
+    pub fn budget_short(scope: &str, id: &str, period: &str, left_micros: u64) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "insufficient_quota",
+            "insufficient_quota",
+            format!(
+                "the {period} budget of {scope} {id} has {left_micros} micro-units left, \
+                 less than this request may cost; ask for fewer tokens, or wait for the next {period}"
+            ),
+        )
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            message,
         )
     }
 

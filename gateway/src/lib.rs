@@ -1,10 +1,11 @@
 //! The OpenAI-compatible data plane: endpoint choice, the streaming proxy,
-//! breakers and retries; authentication, admission and usage capture as
-//! they arrive.
+//! breakers and retries; keys, rate limits per level, budgets and prices,
+//! admission and usage capture. The request path's stages are in
+//! `proxy/` (admit → resolve → forward → account).
 //!
 //! What must not: blocking a request on the database. Everything a request
-//! needs is in memory (the endpoint set, later the tenancy view); usage
-//! leaves the request path through a bounded queue.
+//! needs is in memory (the endpoint set, the routing table, the tenancy and
+//! usage views); usage leaves the request path through a bounded queue.
 //!
 //! The hot path parses only what routing needs (`model`, `stream`) and
 //! forwards the original bytes; response bodies stream through chunk by
@@ -16,6 +17,7 @@ pub mod auth;
 pub mod breaker;
 mod endpoints;
 mod error;
+mod info;
 pub mod limits;
 mod metrics;
 mod proxy;
@@ -52,6 +54,9 @@ pub struct GatewayConfig {
     pub fallbacks: std::collections::HashMap<String, Vec<String>>,
     /// How long a request for an on-demand model waits for it to start.
     pub on_demand_wait: Duration,
+    /// The price of a model the catalog gives none (and of every model in
+    /// router-only mode). Zero, the default, is exempt from budgets.
+    pub default_price: llmgw_domain::catalog::Price,
 }
 
 impl Default for GatewayConfig {
@@ -67,6 +72,7 @@ impl Default for GatewayConfig {
             admission: admission::AdmissionConfig::default(),
             fallbacks: Default::default(),
             on_demand_wait: Duration::from_secs(120),
+            default_price: llmgw_domain::catalog::Price::ZERO,
         }
     }
 }
@@ -82,11 +88,11 @@ pub struct Gateway {
     /// Keys are required when set.
     pub(crate) keys: Option<auth::KeyDirectory>,
     pub admission: admission::Admission,
-    config: GatewayConfig,
-    usage: Option<Arc<usage::UsageQueue>>,
+    pub(crate) config: GatewayConfig,
+    pub(crate) usage: Option<Arc<usage::UsageQueue>>,
     /// Told of every request for an on-demand model (the control plane
     /// starts it and keeps it for its idle time).
-    demand: std::sync::OnceLock<DemandHook>,
+    pub(crate) demand: std::sync::OnceLock<DemandHook>,
     pub(crate) routes_changed: tokio::sync::Notify,
     pub(crate) rates: limits::RateLimits,
 }
@@ -144,17 +150,27 @@ impl Gateway {
     pub fn on_demand(&self, hook: DemandHook) {
         let _ = self.demand.set(hook);
     }
+
+    /// What `model` (canonical) is charged at: the catalog's price, else
+    /// the configured default. For the usage batcher: `move |m|
+    /// gw.price_of(m)`, called with the model that served.
+    pub fn price_of(&self, model: &str) -> llmgw_domain::catalog::Price {
+        let routes = self.routes.load();
+        proxy::price(self, &routes, model)
+    }
 }
 
 /// The client-facing routes.
 pub fn client_app(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(proxy::forward))
-        .route("/v1/completions", post(proxy::forward))
-        .route("/v1/embeddings", post(proxy::forward))
-        .route("/v1/models", get(proxy::models))
+        .route("/v1/chat/completions", post(proxy::handle))
+        .route("/v1/completions", post(proxy::handle))
+        .route("/v1/embeddings", post(proxy::handle))
+        .route("/v1/models", get(info::models))
+        .route("/v1/models/{id}", get(info::model))
+        .route("/me", get(info::me))
         .route("/health", get(|| async { "ok" }))
-        .route("/ready", get(proxy::ready))
+        .route("/ready", get(info::ready))
         .with_state(gw)
 }
 

@@ -1,17 +1,21 @@
-//! Names to canonical models and their fallbacks: from configuration in
-//! router-only mode, from the router view with the control plane. An update
-//! from the view replaces the endpoint set but keeps the live state
-//! (in-flight counts, breakers) of endpoints that survive it.
+//! Names to canonical models, their fallbacks, prices and descriptions:
+//! from configuration in router-only mode, from the router view with the
+//! control plane. The table is an immutable value, built whole from the
+//! view and swapped in one step, so a request reads one consistent table
+//! from start to end. An update from the view also replaces the endpoint
+//! set but keeps the live state (in-flight counts, breakers) of endpoints
+//! that survive it.
 
-use std::collections::HashMap;
-use std::sync::RwLock;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 
-use llmgw_domain::catalog::Engine;
+use llmgw_domain::catalog::{Engine, Price};
 use llmgw_projections::RouterView;
 
 use crate::scrape::EngineKind;
 use crate::{EndpointSpec, Gateway};
 
+/// One routing table; never changed once built.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Routes {
     /// Alias → canonical model.
@@ -20,50 +24,110 @@ pub(crate) struct Routes {
     fallbacks: HashMap<String, Vec<String>>,
     /// Models in the catalog (with the control plane): known even while
     /// nothing serves them, so a request gets 503 or waits, never 404.
-    catalog: std::collections::HashSet<String>,
+    catalog: HashSet<String>,
     /// Catalogued models started by requests.
-    on_demand: std::collections::HashSet<String>,
+    on_demand: HashSet<String>,
+    /// The catalog's price of a model, where it has one.
+    prices: HashMap<String, Price>,
+    descriptions: HashMap<String, String>,
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct RouteTable(RwLock<Routes>);
-
-impl RouteTable {
-    pub(crate) fn new(fallbacks: HashMap<String, Vec<String>>) -> Self {
-        RouteTable(RwLock::new(Routes {
-            aliases: HashMap::new(),
+impl Routes {
+    fn configured(fallbacks: HashMap<String, Vec<String>>) -> Self {
+        Routes {
             fallbacks,
             ..Routes::default()
-        }))
+        }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Routes> {
-        self.0.read().unwrap_or_else(|p| p.into_inner())
+    /// The table the router view describes. Fallbacks from the
+    /// configuration stay for models the catalog gives none.
+    fn from_view(view: &RouterView, configured: &HashMap<String, Vec<String>>) -> Self {
+        let aliases: HashMap<String, String> = view.aliases.clone().into_iter().collect();
+        let canonical = |n: &String| aliases.get(n).cloned().unwrap_or_else(|| n.clone());
+        let mut fallbacks = configured.clone();
+        for m in view.models.values().filter(|m| !m.fallbacks.is_empty()) {
+            fallbacks.insert(m.name.clone(), m.fallbacks.iter().map(canonical).collect());
+        }
+        Routes {
+            catalog: view.models.keys().cloned().collect(),
+            on_demand: view
+                .models
+                .values()
+                .filter(|m| m.on_demand)
+                .map(|m| m.name.clone())
+                .collect(),
+            prices: view
+                .models
+                .values()
+                .filter_map(|m| Some((m.name.clone(), m.price?)))
+                .collect(),
+            descriptions: view
+                .models
+                .values()
+                .filter(|m| !m.description.is_empty())
+                .map(|m| (m.name.clone(), m.description.clone()))
+                .collect(),
+            fallbacks,
+            aliases,
+        }
     }
 
     /// The canonical model a name asks for (itself if not an alias).
-    pub(crate) fn canonical(&self, name: &str) -> String {
-        self.read()
-            .aliases
-            .get(name)
-            .cloned()
-            .unwrap_or_else(|| name.to_owned())
+    pub(crate) fn canonical<'a>(&'a self, name: &'a str) -> &'a str {
+        self.aliases.get(name).map_or(name, String::as_str)
     }
 
     pub(crate) fn catalogued(&self, model: &str) -> bool {
-        self.read().catalog.contains(model)
+        self.catalog.contains(model)
+    }
+
+    pub(crate) fn on_demand_models(&self) -> impl Iterator<Item = &str> {
+        self.on_demand.iter().map(String::as_str)
     }
 
     pub(crate) fn on_demand(&self, model: &str) -> bool {
-        self.read().on_demand.contains(model)
+        self.on_demand.contains(model)
     }
 
-    pub(crate) fn fallbacks(&self, model: &str) -> Vec<String> {
-        self.read()
-            .fallbacks
-            .get(model)
-            .cloned()
-            .unwrap_or_default()
+    pub(crate) fn fallbacks(&self, model: &str) -> &[String] {
+        self.fallbacks.get(model).map_or(&[], Vec::as_slice)
+    }
+
+    pub(crate) fn price(&self, model: &str) -> Option<Price> {
+        self.prices.get(model).copied()
+    }
+
+    pub(crate) fn description(&self, model: &str) -> Option<&str> {
+        self.descriptions.get(model).map(String::as_str)
+    }
+}
+
+/// The current table, replaced whole.
+#[derive(Debug, Default)]
+pub(crate) struct RouteTable {
+    current: RwLock<Arc<Routes>>,
+    configured: HashMap<String, Vec<String>>,
+}
+
+impl RouteTable {
+    pub(crate) fn new(fallbacks: HashMap<String, Vec<String>>) -> Self {
+        RouteTable {
+            current: RwLock::new(Arc::new(Routes::configured(fallbacks.clone()))),
+            configured: fallbacks,
+        }
+    }
+
+    /// The table as of now; a request keeps it for its whole way.
+    pub(crate) fn load(&self) -> Arc<Routes> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn swap(&self, routes: Routes) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(routes);
     }
 }
 
@@ -78,7 +142,7 @@ fn engine_kind(e: Engine) -> EngineKind {
 
 impl Gateway {
     /// Routes by the control plane's router view: its ready endpoints,
-    /// aliases and fallbacks.
+    /// aliases, fallbacks and prices.
     pub fn apply_router_view(&self, view: &RouterView) {
         let specs = view
             .endpoints
@@ -94,27 +158,8 @@ impl Gateway {
             })
             .collect();
         self.endpoints.update(specs);
-        let aliases: HashMap<String, String> = view.aliases.clone().into_iter().collect();
-        let canonical = |n: &String| aliases.get(n).cloned().unwrap_or_else(|| n.clone());
-        let fallbacks = view
-            .models
-            .values()
-            .filter(|m| !m.fallbacks.is_empty())
-            .map(|m| (m.name.clone(), m.fallbacks.iter().map(canonical).collect()))
-            .collect();
-        let catalog = view.models.keys().cloned().collect();
-        let on_demand = view
-            .models
-            .values()
-            .filter(|m| m.on_demand)
-            .map(|m| m.name.clone())
-            .collect();
-        *self.routes.0.write().unwrap_or_else(|p| p.into_inner()) = Routes {
-            aliases,
-            fallbacks,
-            catalog,
-            on_demand,
-        };
+        self.routes
+            .swap(Routes::from_view(view, &self.routes.configured));
         self.routes_changed.notify_waiters();
     }
 }
@@ -128,12 +173,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fallbacks_from_the_view_are_canonical_names() {
+    fn the_view_gives_canonical_fallbacks_prices_and_descriptions() {
         let mut view = RouterView::default();
         let mut small = Model::named("small");
         small.aliases = vec!["small-latest".into()];
+        small.description = "a small model".into();
         let mut big = Model::named("big");
         big.fallbacks = vec!["small-latest".into()];
+        big.price = Some(Price {
+            prompt_per_1k: 3,
+            completion_per_1k: 4,
+        });
         for model in [small, big] {
             view.apply_event(
                 Stamp {
@@ -144,9 +194,18 @@ mod tests {
             );
         }
         let gw = Gateway::new(crate::GatewayConfig::default(), None).unwrap();
+        let before = gw.routes.load();
         gw.apply_router_view(&view);
-        assert_eq!(gw.routes.fallbacks("big"), vec!["small".to_string()]);
-        assert_eq!(gw.routes.canonical("small-latest"), "small");
-        assert_eq!(gw.routes.canonical("big"), "big");
+        let routes = gw.routes.load();
+        assert_eq!(routes.fallbacks("big"), ["small".to_string()]);
+        assert_eq!(routes.canonical("small-latest"), "small");
+        assert_eq!(routes.canonical("big"), "big");
+        assert_eq!(routes.description("small"), Some("a small model"));
+        assert_eq!(gw.price_of("big").completion_per_1k, 4);
+        assert_eq!(gw.price_of("small"), Price::ZERO, "the default price");
+        assert!(
+            !before.catalogued("big"),
+            "a table already taken is never changed"
+        );
     }
 }

@@ -19,6 +19,9 @@ pub struct RouterModel {
     pub routing_profile: Option<String>,
     pub on_demand: bool,
     pub price: Option<Price>,
+    /// The catalog's description, for `/v1/models`; empty when none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
     /// Profile name → its current fingerprint.
     pub profiles: BTreeMap<String, String>,
 }
@@ -101,6 +104,7 @@ impl RouterView {
                 routing_profile: m.routing_profile.clone(),
                 on_demand: m.on_demand(),
                 price: m.price,
+                description: m.description.clone(),
                 profiles: m
                     .profiles
                     .iter()

@@ -211,3 +211,84 @@ pub(crate) fn model_ids(models: &serde_json::Value) -> Vec<&str> {
         a.iter().filter_map(|m| m["id"].as_str()).collect()
     })
 }
+
+/// A router view with `models` catalogued and each of `serving` (model,
+/// engine address) a ready replica of it.
+pub(crate) fn router_view(
+    models: Vec<llmgw_domain::catalog::Model>,
+    serving: &[(&str, SocketAddr)],
+) -> llmgw_projections::RouterView {
+    use llmgw_domain::Event;
+    use llmgw_domain::catalog::{CatalogEvent, Engine, Profile};
+    use llmgw_domain::nodes::{Inventory, NodeEvent};
+    use llmgw_domain::replicas::{Placement, ReplicaEvent, ShardPlacement};
+    use llmgw_projections::{RouterView, Stamp, View};
+
+    let mut view = RouterView::default();
+    let mut apply = |e: Event| {
+        view.apply_event(
+            Stamp {
+                position: 0,
+                recorded_at_ms: 0,
+            },
+            &e,
+        )
+    };
+    let profile = Profile {
+        name: "sim".into(),
+        engine: Engine::Sim,
+        gpu_class: None,
+        tp: 1,
+        pp: 1,
+        nodes: 1,
+        gpus_per_node: 0,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: None,
+        min_disk_gb: 0,
+        memory_mb: 0,
+        node_selector: Default::default(),
+        args: vec![],
+        env: Default::default(),
+    };
+    let fp = profile.fingerprint();
+    for mut model in models {
+        if model.profiles.is_empty() {
+            model.profiles.push(profile.clone());
+        }
+        apply(Event::Catalog(CatalogEvent::ModelAdded { model }));
+    }
+    apply(Event::Node(NodeEvent::NodeRegistered {
+        node_id: "n1".into(),
+        inventory: Inventory {
+            hostname: "n1".into(),
+            mgmt_addr: "127.0.0.1".into(),
+            ..Inventory::default()
+        },
+    }));
+    for (i, (model, addr)) in serving.iter().enumerate() {
+        let id = format!("r{i}");
+        apply(Event::Replica(ReplicaEvent::ReplicaPlaced(Placement {
+            replica_id: id.clone(),
+            model: (*model).into(),
+            profile: "sim".into(),
+            profile_fp: fp.clone(),
+            pool: "cpu".into(),
+            fabric: None,
+            shards: vec![ShardPlacement {
+                shard_id: format!("{id}-0"),
+                rank: 0,
+                node_id: "n1".into(),
+                gpu_indices: vec![],
+                hcas: vec![],
+                port: addr.port(),
+                memory_mb: 0,
+            }],
+            why: "test".into(),
+        })));
+        apply(Event::Replica(ReplicaEvent::ReplicaReady {
+            replica_id: id,
+        }));
+    }
+    view
+}

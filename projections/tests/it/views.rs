@@ -35,8 +35,16 @@ fn router_routes_ready_replicas_by_name_or_alias_and_flags_edited_profiles() {
         ("http://10.0.0.1:20000", 2, true)
     );
 
+    assert_eq!((m.price, m.description.as_str()), (None, ""));
+
     let mut edited = crate::gpu_model("model-1");
     edited.profiles[0].args = vec!["--enforce-eager".into()];
+    // The catalog's price and description reach the gateway through here.
+    edited.price = Some(llmgw_domain::catalog::Price {
+        prompt_per_1k: 2,
+        completion_per_1k: 3,
+    });
+    edited.description = "a chat model".into();
     feed(
         &mut router,
         &mut state,
@@ -45,6 +53,11 @@ fn router_routes_ready_replicas_by_name_or_alias_and_flags_edited_profiles() {
     assert!(
         !router.endpoints["r1"].current,
         "an edited profile marks the running replica"
+    );
+    let m = &router.models["model-1"];
+    assert_eq!(
+        (m.price.map(|p| p.completion_per_1k), m.description.as_str()),
+        (Some(3), "a chat model")
     );
 
     feed(
@@ -118,6 +131,19 @@ fn tenancy_finds_live_keys_by_hash_with_composed_limits() {
         ("p1", Some("t1"), Some("o1"))
     );
     assert_eq!(entry.limits.rpm, Some(10));
+    assert_eq!(
+        entry
+            .limits
+            .rates
+            .iter()
+            .map(|r| (r.scope, r.scope_id.as_str(), r.rpm))
+            .collect::<Vec<_>>(),
+        vec![
+            (Scope::Team, "t1", Some(100)),
+            (Scope::Project, "p1", Some(10))
+        ],
+        "each level's rate is counted at its level"
+    );
     assert_eq!(entry.limits.budgets.len(), 1);
     assert!(
         entry.limits.models.permits("model-1"),

@@ -1,0 +1,130 @@
+//! What a client may ask about itself and the models: `/v1/models` (every
+//! model the key may use, whether serving now or started on demand, with
+//! the catalog's description), `/v1/models/{id}`, and `/me` (the key's
+//! limits at every level, its spend this period, its models).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use llmgw_projections::KeyEntry;
+use serde_json::{Value, json};
+
+use crate::routes::Routes;
+use crate::{ApiError, Gateway};
+
+/// The models the key (or anyone, with authentication off) may use:
+/// serving now, or started on demand by asking; sorted.
+fn models_for(gw: &Gateway, routes: &Routes, key: Option<&KeyEntry>) -> Vec<String> {
+    let mut all: Vec<String> = gw.endpoints.routable_models();
+    all.extend(routes.on_demand_models().map(str::to_owned));
+    all.sort();
+    all.dedup();
+    all.retain(|m| key.is_none_or(|k| k.limits.models.permits(m)));
+    all
+}
+
+fn model_object(routes: &Routes, id: &str) -> Value {
+    let mut m = json!({"id": id, "object": "model", "created": 0, "owned_by": "llmgw"});
+    if let Some(d) = routes.description(id) {
+        m["description"] = json!(d);
+    }
+    m
+}
+
+pub(crate) async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let caller = match crate::proxy::identify(&gw, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let routes = gw.routes.load();
+    let data: Vec<Value> = models_for(&gw, &routes, caller.key.as_ref())
+        .iter()
+        .map(|m| model_object(&routes, m))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// One model; the same 404 whether it does not exist or is not the key's.
+pub(crate) async fn model(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match crate::proxy::identify(&gw, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let routes = gw.routes.load();
+    let canonical = routes.canonical(&id);
+    let listed = (routes.on_demand(canonical)
+        || gw
+            .endpoints
+            .routable_models()
+            .iter()
+            .any(|m| m == canonical))
+        && caller
+            .key
+            .as_ref()
+            .is_none_or(|k| k.limits.models.permits(canonical));
+    if !listed {
+        return ApiError::unknown_model(&id).into_response();
+    }
+    axum::Json(model_object(&routes, canonical)).into_response()
+}
+
+/// The key's own view of itself.
+pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let Some(directory) = &gw.keys else {
+        return ApiError::not_found(
+            "authentication is off: requests carry no key, so there is no `me`",
+        )
+        .into_response();
+    };
+    let key = match directory.authenticate(&headers) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
+    let now = crate::proxy::now_ms();
+    let spent = directory.budget_spend(&key, now);
+    let spend: Vec<Value> = key
+        .limits
+        .budgets
+        .iter()
+        .zip(&spent)
+        .map(|(b, s)| {
+            json!({
+                "scope": b.scope,
+                "scope_id": b.scope_id,
+                "period": b.period,
+                "budget_micros": b.micros,
+                "spent_micros": s,
+                "left_micros": b.micros.saturating_sub(*s),
+            })
+        })
+        .collect();
+    let routes = gw.routes.load();
+    let models = models_for(&gw, &routes, Some(&key));
+    axum::Json(json!({
+        "key_id": key.key_id,
+        "prefix": key.prefix,
+        "project_id": key.project_id,
+        "team_id": key.team_id,
+        "org_id": key.org_id,
+        "band": key.band,
+        "limits": key.limits,
+        "spend": spend,
+        "models": models,
+    }))
+    .into_response()
+}
+
+pub(crate) async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
+    if gw.endpoints.routable_models().is_empty() {
+        (StatusCode::SERVICE_UNAVAILABLE, "nothing is routable").into_response()
+    } else {
+        (StatusCode::OK, Bytes::from_static(b"ready")).into_response()
+    }
+}

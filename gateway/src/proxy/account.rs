@@ -1,0 +1,124 @@
+//! Stage four: what a request cost, when it ends (its stream finished, the
+//! client went away, or nothing answered). The rates charged at admission
+//! are settled with the engine's count; a served request becomes a usage
+//! record naming the model asked for and the model that served (which is
+//! the one priced) and feeds the metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use llmgw_domain::tenancy::Band;
+
+use crate::Gateway;
+use crate::limits::Charge;
+use crate::usage::Tokens;
+
+/// An admitted request's account, open until it is dropped.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    gw: Arc<Gateway>,
+    pub(crate) key_id: String,
+    pub(crate) project_id: String,
+    pub(crate) band: Band,
+    /// The canonical model the client asked for.
+    pub(crate) asked: String,
+    charge: Charge,
+    pub(crate) started: tokio::time::Instant,
+    /// Tokens used, once known; the charge is settled to this.
+    used: u64,
+}
+
+impl Ticket {
+    pub(crate) fn open(
+        gw: Arc<Gateway>,
+        key: Option<&llmgw_projections::KeyEntry>,
+        asked: String,
+        admitted: super::admit::Admitted,
+        started: tokio::time::Instant,
+    ) -> Self {
+        Ticket {
+            gw,
+            key_id: key.map(|k| k.key_id.clone()).unwrap_or_default(),
+            project_id: key.map(|k| k.project_id.clone()).unwrap_or_default(),
+            band: admitted.band,
+            asked,
+            charge: admitted.charge,
+            started,
+            used: 0,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // A finished request may let a held-back one in.
+        self.gw.admission.load_changed();
+        self.gw
+            .rates
+            .settle(&self.charge, self.used, tokio::time::Instant::now());
+    }
+}
+
+static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn request_id() -> String {
+    let n = REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("req-{}-{n}", std::process::id())
+}
+
+/// A served request: recorded when dropped, at the end of its stream or
+/// when the client goes away mid-stream.
+#[derive(Debug)]
+pub(crate) struct Finish {
+    ticket: Ticket,
+    served: String,
+    status: u16,
+    pub(crate) first_content: Option<Duration>,
+    pub(crate) tokens: Option<Tokens>,
+}
+
+impl Finish {
+    pub(crate) fn new(ticket: Ticket, served: String, status: u16) -> Self {
+        Finish {
+            ticket,
+            served,
+            status,
+            first_content: None,
+            tokens: None,
+        }
+    }
+
+    pub(crate) fn started(&self) -> tokio::time::Instant {
+        self.ticket.started
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let gw = &self.ticket.gw;
+        let tokens = self.tokens.unwrap_or_default();
+        gw.metrics.tokens(tokens.prompt, tokens.completion);
+        // The ticket, dropped after this, settles the rates to this count.
+        self.ticket.used = tokens.prompt.saturating_add(tokens.completion);
+        if let Some(t) = self.first_content {
+            gw.metrics.ttft(t.as_secs_f64());
+        }
+        let Some(q) = &gw.usage else { return };
+        let t = &self.ticket;
+        let millis = |d: Duration| d.as_millis().min(u128::from(u32::MAX)) as u32;
+        q.record(llmgw_domain::usage::FinishedRequest {
+            request_id: request_id(),
+            key_id: t.key_id.clone(),
+            project_id: t.project_id.clone(),
+            model_asked: t.asked.clone(),
+            model_served: std::mem::take(&mut self.served),
+            prompt_tokens: tokens.prompt,
+            completion_tokens: tokens.completion,
+            status: self.status,
+            latency_ms: millis(t.started.elapsed()),
+            ttft_ms: self.first_content.map(millis),
+            band: t.band,
+            at: super::resolve::now_ms(),
+        });
+    }
+}

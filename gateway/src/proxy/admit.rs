@@ -1,0 +1,99 @@
+//! Stage one and three: who asks, and whether they may go now. The key
+//! (when authentication is on) is checked before the body is read; once
+//! the model is resolved, the request's rates are charged at every level
+//! and it waits, bounded, for its band's turn.
+
+use axum::http::HeaderMap;
+use llmgw_domain::tenancy::Band;
+use llmgw_projections::KeyEntry;
+
+use crate::limits::Charge;
+use crate::{ApiError, Gateway};
+
+/// Who is asking, from the headers alone.
+#[derive(Debug)]
+pub(crate) struct Caller {
+    /// None when authentication is off.
+    pub(crate) key: Option<KeyEntry>,
+    band_header: Option<String>,
+    /// `x-session-id`, for session affinity.
+    pub(crate) session: Option<String>,
+}
+
+/// The key in the headers, or the one refusal for every failure.
+pub(crate) fn identify(gw: &Gateway, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let key = match &gw.keys {
+        Some(directory) => Some(directory.authenticate(headers)?),
+        None => None,
+    };
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("?").to_owned())
+    };
+    Ok(Caller {
+        key,
+        band_header: text("x-llmgw-band"),
+        session: text("x-session-id"),
+    })
+}
+
+/// A request let through: its band, and the tokens charged for it.
+#[derive(Debug)]
+pub(crate) struct Admitted {
+    pub(crate) band: Band,
+    pub(crate) charge: Charge,
+}
+
+/// Charges the request's rates (every level must admit it) and waits for
+/// its band's turn on `model`'s pool.
+pub(crate) async fn admit(
+    gw: &Gateway,
+    caller: &Caller,
+    model: &str,
+    estimate: u64,
+) -> Result<Admitted, ApiError> {
+    // With authentication off the header picks the band; with it on, the
+    // key does, so that clients cannot promote themselves.
+    let band = match (&caller.key, &caller.band_header) {
+        (Some(k), _) => k.band,
+        (None, None) => gw.admission.config.default_band,
+        (None, Some(b)) => crate::admission::parse_band(b).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unknown band {b:?}: bronze, silver, gold or platinum"
+            ))
+        })?,
+    };
+    let charge = match &caller.key {
+        Some(k) => gw
+            .rates
+            .admit(&k.limits.rates, estimate, tokio::time::Instant::now())
+            .map_err(ApiError::rate_limited)?,
+        None => Charge::default(),
+    };
+    // Held back (or the client left while waiting): not served, so its
+    // tokens are given back.
+    let mut held = GiveBack(gw, Some(charge));
+    let cfg = &gw.admission.config;
+    let saturation = || {
+        gw.endpoints
+            .saturation(model, cfg.waiting_ceiling, cfg.kv_ceiling)
+    };
+    if gw.admission.admit(band, saturation).await.is_err() {
+        let name = crate::admission::band_name(band);
+        gw.metrics.rejected(name);
+        return Err(ApiError::overloaded(name));
+    }
+    let charge = held.1.take().unwrap_or_default();
+    Ok(Admitted { band, charge })
+}
+
+struct GiveBack<'a>(&'a Gateway, Option<Charge>);
+
+impl Drop for GiveBack<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = &self.1 {
+            self.0.rates.settle(c, 0, tokio::time::Instant::now());
+        }
+    }
+}

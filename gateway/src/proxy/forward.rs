@@ -1,0 +1,220 @@
+//! Stage three: the plan's models in order, the endpoints of each. A
+//! failure before the first byte is retried on another endpoint (and
+//! counted by its breaker); after it, the stream ends with an error (a
+//! retry could duplicate output). A model with no capacity at all passes
+//! the request to the next model of the plan; one whose endpoints failed
+//! ends it.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use futures_util::StreamExt;
+
+use super::account::{Finish, Ticket};
+use super::request::{ClientRequest, with_model};
+use super::resolve::Plan;
+use crate::{ApiError, Gateway};
+
+pub(crate) const SERVED_MODEL: &str = "x-llmgw-served-model";
+
+/// Sends the request to the first model of the plan that has capacity.
+pub(crate) async fn forward(
+    gw: &Arc<Gateway>,
+    path: &str,
+    request: &ClientRequest,
+    session: Option<&str>,
+    plan: &Plan,
+    ticket: Ticket,
+) -> Result<Response, ApiError> {
+    let mut ticket = Some(ticket);
+    let mut failed = None;
+    for model in &plan.candidates {
+        // The engine is asked for the model by its canonical name.
+        let rewritten;
+        let body = if *model == request.model {
+            &request.body
+        } else {
+            let Some(b) = with_model(&request.body, model) else {
+                continue;
+            };
+            rewritten = b;
+            &rewritten
+        };
+        match attempt(gw, path, body, model, request, session, &mut ticket).await {
+            Ok(r) => return Ok(r),
+            // No capacity: the next model of the plan.
+            Err(None) => continue,
+            Err(Some(why)) => {
+                failed = Some(why);
+                break;
+            }
+        }
+    }
+    Err(match failed {
+        Some(why) => ApiError::upstream(format!("no endpoint answered: {why}")),
+        None => ApiError::no_capacity(&plan.asked),
+    })
+}
+
+/// Tries the endpoints of `model`, retrying before the first byte only.
+/// `Err(None)`: nothing could take it (no capacity); `Err(Some(why))`:
+/// endpoints were tried and failed.
+async fn attempt(
+    gw: &Arc<Gateway>,
+    path: &str,
+    body: &Bytes,
+    model: &str,
+    request: &ClientRequest,
+    session: Option<&str>,
+    ticket: &mut Option<Ticket>,
+) -> Result<Response, Option<String>> {
+    let mut tried: Vec<String> = Vec::new();
+    let mut last_error = None;
+    for _ in 0..=gw.config.retries {
+        let candidates = gw.endpoints.candidates(model, &tried);
+        if candidates.is_empty() {
+            break;
+        }
+        let view: Vec<crate::affinity::Candidate<'_>> = candidates
+            .iter()
+            .map(|(e, _)| crate::affinity::Candidate {
+                id: &e.spec.id,
+                load: gw.endpoints.load_of(e),
+            })
+            .collect();
+        let (i, decision) = gw.affinity.choose(model, session, &request.prompt, &view);
+        let endpoint = candidates[i].0.clone();
+        tried.push(endpoint.spec.id.clone());
+        let Some(flight) = gw.endpoints.take(&endpoint) else {
+            continue;
+        };
+        gw.metrics.decision(decision);
+        let sent = gw
+            .client
+            .post(format!("{}{path}", endpoint.spec.url))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        let upstream = match sent {
+            Ok(r) if r.status().is_server_error() => {
+                endpoint.record(false);
+                last_error = Some(format!(
+                    "endpoint {} answered {}",
+                    endpoint.spec.id,
+                    r.status()
+                ));
+                continue;
+            }
+            Ok(r) => r,
+            Err(e) => {
+                endpoint.record(false);
+                tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
+                last_error = Some(format!("endpoint {} is unreachable", endpoint.spec.id));
+                continue;
+            }
+        };
+        endpoint.record(true);
+        let status =
+            StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        let content_type = upstream
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .cloned();
+        let body = if request.stream {
+            let Some(t) = ticket.take() else {
+                return Err(last_error);
+            };
+            let finish = Finish::new(t, model.to_owned(), status.as_u16());
+            Body::from_stream(relay(upstream, flight, finish, request.strip_usage))
+        } else {
+            // A plain answer is one JSON document: read it, note its usage.
+            // Nothing has reached the client yet, so a break here is retried.
+            let bytes = match upstream.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    endpoint.record(false);
+                    last_error = Some(format!("endpoint {} broke off: {e}", endpoint.spec.id));
+                    continue;
+                }
+            };
+            let Some(t) = ticket.take() else {
+                return Err(last_error);
+            };
+            let mut finish = Finish::new(t, model.to_owned(), status.as_u16());
+            finish.tokens = serde_json::from_slice(&bytes)
+                .ok()
+                .and_then(|v| crate::usage::Tokens::from_usage(&v));
+            drop((finish, flight));
+            Body::from(bytes)
+        };
+        gw.metrics.request(model, status.as_u16());
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        if let Some(ct) = content_type.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
+            headers.insert(header::CONTENT_TYPE, ct);
+        }
+        if let Ok(v) = HeaderValue::from_str(model) {
+            headers.insert(SERVED_MODEL, v);
+        }
+        return Ok(response);
+    }
+    Err(last_error)
+}
+
+/// The streamed answer, event by event. It owns the in-flight count and
+/// the account: both end when the stream ends or the client goes away
+/// (which also drops the upstream request).
+fn relay(
+    upstream: reqwest::Response,
+    flight: crate::InFlight,
+    finish: Finish,
+    strip_usage: bool,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
+    struct State<S> {
+        upstream: S,
+        flight: crate::InFlight,
+        finish: Finish,
+        scanner: crate::usage::SseScanner,
+        done: bool,
+    }
+    let state = State {
+        upstream: Box::pin(upstream.bytes_stream()),
+        flight,
+        finish,
+        scanner: crate::usage::SseScanner::new(strip_usage),
+        done: false,
+    };
+    futures_util::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        loop {
+            match st.upstream.next().await {
+                Some(Ok(chunk)) => {
+                    let out = st.scanner.feed(&chunk);
+                    if st.scanner.saw_content && st.finish.first_content.is_none() {
+                        st.finish.first_content = Some(st.finish.started().elapsed());
+                    }
+                    st.finish.tokens = st.scanner.tokens;
+                    if !out.is_empty() {
+                        return Some((Ok(out), st));
+                    }
+                }
+                Some(Err(e)) => {
+                    st.flight.endpoint().record(false);
+                    st.done = true;
+                    return Some((Err(std::io::Error::other(e)), st));
+                }
+                None => {
+                    st.done = true;
+                    let rest = st.scanner.finish();
+                    return Some((Ok(rest), st));
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,172 @@
+//! The request as the stages see it: the body read once, only the fields
+//! routing and limits need parsed, and the body to forward (with usage
+//! asked for in a stream, so that every answer can be counted).
+
+use axum::body::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::ApiError;
+
+/// The fields routing reads; everything else is forwarded untouched.
+#[derive(Debug, Deserialize)]
+struct Head {
+    model: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<Value>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<Message>>,
+    #[serde(default)]
+    prompt: Option<Value>,
+    /// Embeddings' text.
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<Value>,
+}
+
+/// Appends the text of a content value: a string, or the text parts of an
+/// array of parts (or strings).
+fn push_text(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        Value::Array(parts) => {
+            for p in parts {
+                if let Some(t) = p.get("text").and_then(Value::as_str).or(p.as_str()) {
+                    out.extend_from_slice(t.as_bytes());
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A parsed request.
+#[derive(Debug)]
+pub(crate) struct ClientRequest {
+    /// The model as the client wrote it (maybe an alias).
+    pub(crate) model: String,
+    pub(crate) stream: bool,
+    pub(crate) user: Option<String>,
+    /// The prompt's text, for prefix affinity: message contents in order.
+    pub(crate) prompt: Vec<u8>,
+    /// Prompt tokens, estimated before sending (see
+    /// [`crate::limits::estimate_tokens`]).
+    pub(crate) prompt_estimate: u64,
+    /// The completion the request allows itself, if it says.
+    pub(crate) max_completion: Option<u64>,
+    /// What is forwarded.
+    pub(crate) body: Bytes,
+    /// The gateway asked for the usage chunk, so it takes it out again.
+    pub(crate) strip_usage: bool,
+}
+
+impl ClientRequest {
+    pub(crate) fn parse(body: Bytes) -> Result<Self, ApiError> {
+        let mut head: Head = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+        let model = head
+            .model
+            .take()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::bad_request("missing field `model`"))?;
+        let asked = head
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool);
+        let injected = if head.stream && asked != Some(true) {
+            with_usage_requested(&body)
+        } else {
+            None
+        };
+        let mut prompt = Vec::new();
+        for m in head.messages.iter().flatten() {
+            if let Some(c) = &m.content {
+                push_text(&mut prompt, c);
+            }
+        }
+        if let Some(p) = &head.prompt {
+            push_text(&mut prompt, p);
+        }
+        let mut counted = prompt.len();
+        if let Some(i) = &head.input {
+            let mut text = Vec::new();
+            push_text(&mut text, i);
+            counted += text.len();
+        }
+        Ok(ClientRequest {
+            model,
+            stream: head.stream,
+            user: head.user,
+            prompt,
+            prompt_estimate: crate::limits::estimate_tokens(counted, None),
+            max_completion: head.max_completion_tokens.or(head.max_tokens),
+            strip_usage: injected.is_some(),
+            body: injected.unwrap_or(body),
+        })
+    }
+
+    /// Tokens charged against tpm at admission.
+    pub(crate) fn token_estimate(&self) -> u64 {
+        self.prompt_estimate + self.max_completion.unwrap_or(0)
+    }
+}
+
+/// Asks the engine to report usage in a streamed answer; returns the new
+/// body, or None when the client already asked (then nothing is stripped).
+fn with_usage_requested(body: &Bytes) -> Option<Bytes> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object_mut()?;
+    let opts = obj.entry("stream_options").or_insert_with(|| json!({}));
+    if opts.get("include_usage").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    opts.as_object_mut()?
+        .insert("include_usage".into(), json!(true));
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+/// The body with its `model` replaced.
+pub(crate) fn with_model(body: &Bytes, model: &str) -> Option<Bytes> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    v.as_object_mut()?.insert("model".into(), json!(model));
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_estimate_counts_the_whole_prompt_and_the_completion_allowed() {
+        let body = json!({
+            "model": "m",
+            "max_completion_tokens": 10,
+            "max_tokens": 99,
+            "messages": [
+                {"role": "system", "content": "abc"},
+                {"role": "user", "content": [{"type": "text", "text": "defg"}]},
+            ],
+        });
+        let r = ClientRequest::parse(Bytes::from(body.to_string())).unwrap();
+        assert_eq!(r.prompt, b"abcdefg");
+        // 7 bytes → 3 tokens, and the newer field wins over max_tokens.
+        assert_eq!((r.prompt_estimate, r.token_estimate()), (3, 13));
+        let embed = json!({"model": "e", "input": ["hello", "world"]});
+        let r = ClientRequest::parse(Bytes::from(embed.to_string())).unwrap();
+        assert_eq!(r.token_estimate(), 4);
+    }
+}

@@ -1,0 +1,134 @@
+//! Stage two: which model answers. An alias is its canonical model; a
+//! model outside the key's allowlist does not exist for it. A spent budget
+//! (or one this request would overrun) turns the request to the model's
+//! fallbacks that are free or still affordable; a model without capacity
+//! turns it to its fallbacks too. Every fallback obeys the key's allowlist
+//! and its budgets. Then, for an on-demand model, a bounded wait.
+
+use llmgw_domain::catalog::Price;
+use llmgw_domain::tenancy::BudgetLevel;
+
+use super::admit::Caller;
+use super::request::ClientRequest;
+use crate::routes::Routes;
+use crate::{ApiError, Gateway};
+
+/// The models to try, in order: the first is tried first, the others
+/// only when it (or the one before them) has no capacity.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// The canonical model the client asked for.
+    pub(crate) asked: String,
+    pub(crate) candidates: Vec<String>,
+}
+
+/// A known model's name (a metric label may be a model's name only if the
+/// gateway knows it: never a client's string).
+pub(crate) fn known(gw: &Gateway, routes: &Routes, model: &str) -> bool {
+    routes.catalogued(model) || gw.endpoints.knows_model(model)
+}
+
+/// The price a model is charged at.
+pub(crate) fn price(gw: &Gateway, routes: &Routes, model: &str) -> Price {
+    routes.price(model).unwrap_or(gw.config.default_price)
+}
+
+/// Plans the request, or refuses it: 404 for a model unknown or not the
+/// key's, 429 `insufficient_quota` when a budget leaves nothing to serve.
+/// The error comes with the metric label to count it under.
+pub(crate) fn plan(
+    gw: &Gateway,
+    routes: &Routes,
+    caller: &Caller,
+    request: &ClientRequest,
+) -> Result<Plan, (Option<String>, ApiError)> {
+    let asked = routes.canonical(&request.model);
+    if !known(gw, routes, asked) {
+        return Err((None, ApiError::unknown_model(asked)));
+    }
+    let label = || Some(asked.to_owned());
+    let permits = |m: &str| {
+        caller
+            .key
+            .as_ref()
+            .is_none_or(|k| k.limits.models.permits(m))
+    };
+    if !permits(asked) {
+        return Err((label(), ApiError::unknown_model(asked)));
+    }
+    let (budgets, spent): (&[BudgetLevel], Vec<u64>) = match (&caller.key, &gw.keys) {
+        (Some(k), Some(directory)) if !k.limits.budgets.is_empty() => {
+            (&k.limits.budgets, directory.budget_spend(k, now_ms()))
+        }
+        _ => (&[], Vec::new()),
+    };
+    let blocking = |m: &str| {
+        crate::limits::blocking_budget(
+            budgets,
+            &spent,
+            price(gw, routes, m),
+            request.prompt_estimate,
+            request.max_completion.unwrap_or(0),
+        )
+    };
+    let fits = |m: &&String| known(gw, routes, m) && permits(m) && blocking(m).is_none();
+    let mut candidates = Vec::new();
+    match blocking(asked) {
+        None => candidates.push(asked.to_owned()),
+        Some(b) => {
+            let first = routes.fallbacks(asked).iter().find(fits);
+            if first.is_none() {
+                let i = budgets.iter().position(|x| x == b).unwrap_or(0);
+                return Err((label(), budget_refusal(b, spent.get(i).copied())));
+            }
+        }
+    }
+    candidates.extend(routes.fallbacks(asked).iter().filter(fits).cloned());
+    Ok(Plan {
+        asked: asked.to_owned(),
+        candidates,
+    })
+}
+
+fn budget_refusal(b: &BudgetLevel, spent: Option<u64>) -> ApiError {
+    let period = match b.period {
+        llmgw_domain::tenancy::Period::Day => "day",
+        llmgw_domain::tenancy::Period::Month => "month",
+    };
+    match spent {
+        Some(s) if s < b.micros => {
+            ApiError::budget_short(b.scope.name(), &b.scope_id, period, b.micros - s)
+        }
+        _ => ApiError::budget_spent(b.scope.name(), &b.scope_id, period),
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Tells the control plane the model is wanted and, while nothing serves
+/// it, waits (bounded) for a replica to come up.
+pub(crate) async fn wait_on_demand(gw: &Gateway, routes: &Routes, model: &str) {
+    if !routes.on_demand(model) {
+        return;
+    }
+    if let Some(hook) = gw.demand.get() {
+        (hook.0)(model);
+    }
+    let serving = || gw.endpoints.routable_models().iter().any(|m| m == model);
+    let deadline = tokio::time::Instant::now() + gw.config.on_demand_wait;
+    loop {
+        let changed = gw.routes_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if serving() {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+            return;
+        }
+    }
+}

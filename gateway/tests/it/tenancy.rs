@@ -1,0 +1,736 @@
+//! Keys, limits, budgets and prices on the request path: a real store, the
+//! views following it, a real gateway over loopback sockets.
+
+use std::time::Duration;
+
+use llmgw_domain::catalog::{Model, Price};
+use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
+use llmgw_domain::{Command, State};
+use llmgw_eventstore::{
+    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
+    Writer,
+};
+use llmgw_gateway::auth::{KeyDirectory, key_hash};
+use llmgw_gateway::{Gateway, GatewayConfig};
+use serde_json::{Value, json};
+
+use crate::support::{self, sim, spec};
+
+/// A store with an org `o`, team `t` and project `p`, and the views
+/// following it.
+struct Tenants {
+    store: AnyStore,
+    writer: Writer,
+    state: State,
+    views: std::sync::Arc<std::sync::RwLock<llmgw_projections::Projections>>,
+    position: tokio::sync::watch::Receiver<u64>,
+    follower: tokio::task::JoinHandle<()>,
+    _scratch: llmgw_testkit::Scratch,
+}
+
+impl Drop for Tenants {
+    fn drop(&mut self) {
+        self.follower.abort();
+    }
+}
+
+impl Tenants {
+    async fn new() -> Self {
+        let (address, scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+        let store = AnyStore::open(
+            &StoreAddress::parse(&address).unwrap(),
+            OpenOptions::migrating(),
+        )
+        .await
+        .unwrap();
+        let lease = store
+            .acquire_lease("ctl", Duration::from_secs(60))
+            .await
+            .unwrap();
+        let mut runner = llmgw_projections::Runner::start(store.clone(), "gateway")
+            .await
+            .unwrap();
+        let views = runner.views();
+        let position = runner.watch_position();
+        let follower = tokio::spawn(async move {
+            let _ = runner.follow().await;
+        });
+        let mut t = Tenants {
+            store,
+            writer: Writer::Leader(lease.token),
+            state: State::default(),
+            views,
+            position,
+            follower,
+            _scratch: scratch,
+        };
+        t.run(T::CreateOrg {
+            org_id: "o".into(),
+            name: "Acme".into(),
+        })
+        .await;
+        t.run(T::CreateTeam {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "ML".into(),
+        })
+        .await;
+        t.project("p").await;
+        t
+    }
+
+    async fn append(&self, events: Vec<llmgw_domain::Event>) {
+        for e in events {
+            let (kind, version, payload) = e.encode();
+            let batch = [StreamAppend::new(
+                e.stream_id(),
+                ExpectedVersion::Any,
+                vec![NewEvent::new(kind, version, payload)],
+            )];
+            self.store.append(&self.writer, &batch).await.unwrap();
+        }
+    }
+
+    async fn run(&mut self, c: T) {
+        let events = self.state.decide(Command::Tenancy(c)).unwrap();
+        events.iter().for_each(|e| self.state.evolve(e));
+        self.append(events).await;
+        self.caught_up().await;
+    }
+
+    async fn project(&mut self, id: &str) {
+        self.run(T::CreateProject {
+            project_id: id.into(),
+            team_id: "t".into(),
+            name: id.into(),
+        })
+        .await;
+    }
+
+    /// Issues key `id` in `project`; returns its secret.
+    async fn key(&mut self, id: &str, project: &str) -> String {
+        let secret = format!("llmgw-sk-{id}-0123456789");
+        self.run(T::IssueKey(Key {
+            key_id: id.into(),
+            project_id: project.into(),
+            name: id.into(),
+            hash: key_hash(&secret),
+            prefix: secret[..10].into(),
+            band: Band::Bronze,
+            routing_profile: None,
+            revoked: false,
+        }))
+        .await;
+        secret
+    }
+
+    async fn limit(&mut self, scope: Scope, id: &str, limits: Limits) {
+        self.run(T::SetLimits {
+            scope,
+            scope_id: id.into(),
+            limits,
+        })
+        .await;
+    }
+
+    /// Another gateway's request, as the log records it.
+    async fn spent_elsewhere(&self, key: &str, project: &str, micros: u64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        self.append(vec![llmgw_domain::Event::Usage(
+            llmgw_domain::usage::UsageEvent::UsageRecorded(llmgw_domain::usage::UsageRecorded {
+                request_id: format!("elsewhere-{key}-{micros}"),
+                key_id: key.into(),
+                project_id: project.into(),
+                model_asked: "m".into(),
+                model_served: "m".into(),
+                prompt_tokens: 100,
+                completion_tokens: 100,
+                cost_micros: micros,
+                status: 200,
+                latency_ms: 10,
+                ttft_ms: None,
+                band: Band::Bronze,
+                at: now,
+            }),
+        )])
+        .await;
+        self.caught_up().await;
+    }
+
+    async fn caught_up(&self) {
+        let head = self.store.head().await.unwrap().0;
+        let mut p = self.position.clone();
+        tokio::time::timeout(Duration::from_secs(20), p.wait_for(|p| *p >= head))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    fn directory(&self) -> KeyDirectory {
+        KeyDirectory(self.views.clone())
+    }
+}
+
+fn chat(model: &str, max_tokens: u32) -> Value {
+    json!({"model": model, "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": "tell me a story"}]})
+}
+
+async fn call(base: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-llmgw-band", "platinum")
+        .json(body);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    r.send().await.unwrap()
+}
+
+async fn get(url: String, key: Option<&str>) -> reqwest::Response {
+    let mut r = reqwest::Client::new().get(url);
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    r.send().await.unwrap()
+}
+
+fn retry_after(r: &reqwest::Response) -> u64 {
+    r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() {
+    let mut t = Tenants::new().await;
+    t.limit(
+        Scope::Project,
+        "p",
+        Limits {
+            models: Some(vec!["m".into()]),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let secret = t.key("k1", "p").await;
+    let (queue, mut usage) = llmgw_gateway::usage::UsageQueue::new(16);
+    let engine = sim(llmgw_sim::SimConfig {
+        models: vec!["m".into(), "other".into()],
+        ..support::sim_config()
+    })
+    .await;
+    let gw = Gateway::with_keys(
+        GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m", "other"])],
+            // Every model is priced: budgets apply.
+            default_price: Price {
+                prompt_per_1k: 1_000,
+                completion_per_1k: 1_000,
+            },
+            ..GatewayConfig::default()
+        },
+        Some(queue),
+        Some(t.directory()),
+    )
+    .unwrap();
+    let gw = support::serve(gw).await;
+    let base = gw.base.as_str();
+    // No key, a wrong key: the same refusal, naming nothing.
+    let mut refusals = Vec::new();
+    for key in [None, Some("llmgw-sk-wrong")] {
+        let r = call(base, key, &chat("m", 1)).await;
+        assert_eq!(r.status(), 401);
+        refusals.push(r.text().await.unwrap());
+    }
+    assert_eq!(refusals[0], refusals[1]);
+    assert!(refusals[0].contains("invalid_api_key"));
+    // The right key: served, accounted to its key and project, in the key's
+    // band whatever the header says.
+    assert_eq!(call(base, Some(&secret), &chat("m", 1)).await.status(), 200);
+    let record = usage.recv().await.unwrap();
+    assert_eq!(
+        (
+            record.key_id.as_str(),
+            record.project_id.as_str(),
+            record.band
+        ),
+        ("k1", "p", Band::Bronze)
+    );
+    // Outside its allowlist a model does not exist for the key.
+    assert_eq!(
+        call(base, Some(&secret), &chat("other", 1)).await.status(),
+        404
+    );
+    let listed: Value = get(format!("{base}/v1/models"), Some(&secret))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(support::model_ids(&listed), vec!["m"]);
+    assert_eq!(get(format!("{base}/v1/models"), None).await.status(), 401);
+
+    // Requests per minute: counted from when the limit applies.
+    t.limit(
+        Scope::Key,
+        "k1",
+        Limits {
+            rpm: Some(2),
+            ..Limits::default()
+        },
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(call(base, Some(&secret), &chat("m", 1)).await.status(), 200);
+        usage.recv().await.unwrap();
+    }
+    let r = call(base, Some(&secret), &chat("m", 1)).await;
+    assert_eq!(r.status(), 429);
+    assert!((1..=60).contains(&retry_after(&r)));
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("rate_limit_exceeded") && body.contains("key k1 may make 2 requests"),
+        "{body}"
+    );
+
+    // Tokens per minute: a key that used its minute's tokens waits.
+    let token_key = t.key("k3", "p").await;
+    t.limit(
+        Scope::Key,
+        "k3",
+        Limits {
+            tpm: Some(5),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let mut served = 0;
+    let refused = loop {
+        let r = call(base, Some(&token_key), &chat("m", 1)).await;
+        if r.status() == 429 {
+            break r.text().await.unwrap();
+        }
+        assert_eq!(r.status(), 200);
+        usage.recv().await.unwrap();
+        served += 1;
+        assert!(served <= 5, "every request uses at least one token");
+    };
+    assert!(
+        served >= 1 && refused.contains("5 tokens a minute"),
+        "{refused}"
+    );
+
+    // A budget: spent (by any gateway, as the log says) means refused when
+    // the model has no fallback.
+    let budget_key = t.key("k2", "p").await;
+    t.limit(
+        Scope::Key,
+        "k2",
+        Limits {
+            budget_micros: Some(1_000),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        call(base, Some(&budget_key), &chat("m", 1)).await.status(),
+        200
+    );
+    usage.recv().await.unwrap();
+    t.spent_elsewhere("k2", "p", 1_000).await;
+    let r = call(base, Some(&budget_key), &chat("m", 1)).await;
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("insufficient_quota") && body.contains("day budget of key k2 is spent"),
+        "{body}"
+    );
+
+    // Revoked: refused as soon as the view has the revocation.
+    t.run(T::RevokeKey {
+        key_id: "k1".into(),
+        by: "ops".into(),
+    })
+    .await;
+    assert_eq!(call(base, Some(&secret), &chat("m", 1)).await.status(), 401);
+}
+
+#[tokio::test]
+async fn a_team_limit_counts_every_key_of_the_team_and_says_so() {
+    let mut t = Tenants::new().await;
+    t.project("q").await;
+    let a = t.key("ka", "p").await;
+    let b = t.key("kb", "q").await;
+    t.limit(
+        Scope::Team,
+        "t",
+        Limits {
+            rpm: Some(3),
+            ..Limits::default()
+        },
+    )
+    .await;
+    t.limit(
+        Scope::Key,
+        "ka",
+        Limits {
+            rpm: Some(100),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let engine = sim(support::sim_config()).await;
+    let gw = Gateway::with_keys(
+        GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..GatewayConfig::default()
+        },
+        None,
+        Some(t.directory()),
+    )
+    .unwrap();
+    let gw = support::serve(gw).await;
+    // Two keys in two projects of the team share its three requests.
+    for key in [&a, &b, &a] {
+        assert_eq!(call(&gw.base, Some(key), &chat("m", 1)).await.status(), 200);
+    }
+    let r = call(&gw.base, Some(&b), &chat("m", 1)).await;
+    assert_eq!(r.status(), 429);
+    assert!((1..=60).contains(&retry_after(&r)));
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("team t may make 3 requests a minute (all its keys together"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn tokens_are_charged_before_sending_so_a_burst_cannot_overshoot_tpm() {
+    let mut t = Tenants::new().await;
+    let key = t.key("k", "p").await;
+    t.limit(
+        Scope::Project,
+        "p",
+        Limits {
+            tpm: Some(100),
+            ..Limits::default()
+        },
+    )
+    .await;
+    // Slow enough that the first answer is still streaming when the second
+    // request comes.
+    let engine = sim(llmgw_sim::SimConfig {
+        tokens_per_s: 20,
+        ..support::sim_config()
+    })
+    .await;
+    let gw = Gateway::with_keys(
+        GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..GatewayConfig::default()
+        },
+        None,
+        Some(t.directory()),
+    )
+    .unwrap();
+    let gw = support::serve(gw).await;
+    let mut streamed = chat("m", 60);
+    streamed["stream"] = json!(true);
+    let first = call(&gw.base, Some(&key), &streamed).await;
+    assert_eq!(first.status(), 200);
+    // Nothing is counted from the engine yet, but 60 + the prompt are
+    // charged: another 60 would overshoot the project's 100.
+    let r = call(&gw.base, Some(&key), &chat("m", 60)).await;
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("project p may use 100 tokens a minute"),
+        "{body}"
+    );
+    // A small one still fits.
+    assert_eq!(
+        call(&gw.base, Some(&key), &chat("m", 5)).await.status(),
+        200
+    );
+    drop(first);
+}
+
+/// `big` is priced; its fallbacks are `tiny` (free, not every key's) and
+/// `free` (free).
+async fn priced_catalog(
+    t: &Tenants,
+    usage: Option<std::sync::Arc<llmgw_gateway::usage::UsageQueue>>,
+) -> support::Running {
+    let engine = sim(llmgw_sim::SimConfig {
+        models: vec!["big".into(), "tiny".into(), "free".into()],
+        ..support::sim_config()
+    })
+    .await;
+    let mut big = Model::named("big");
+    big.fallbacks = vec!["tiny".into(), "free".into()];
+    big.price = Some(Price {
+        prompt_per_1k: 1_000,
+        completion_per_1k: 2_000,
+    });
+    big.description = "the big one".into();
+    let mut tiny = Model::named("tiny");
+    tiny.price = Some(Price::ZERO);
+    let mut free = Model::named("free");
+    free.price = Some(Price::ZERO);
+    // Catalogued, never started: no capacity, so its fallbacks serve.
+    let mut gone = Model::named("gone");
+    gone.fallbacks = vec!["tiny".into(), "free".into()];
+    gone.price = Some(Price::ZERO);
+    let mut later = Model::named("later");
+    later.description = "started when asked".into();
+    for m in [&mut big, &mut tiny, &mut free, &mut gone] {
+        m.scaling.min = 1;
+    }
+    let view = support::router_view(
+        vec![big, tiny, free, gone, later],
+        &[("big", engine), ("tiny", engine), ("free", engine)],
+    );
+    let gw = Gateway::with_keys(
+        GatewayConfig {
+            default_price: Price {
+                prompt_per_1k: 5,
+                completion_per_1k: 5,
+            },
+            ..GatewayConfig::default()
+        },
+        usage,
+        Some(t.directory()),
+    )
+    .unwrap();
+    gw.apply_router_view(&view);
+    support::serve(gw).await
+}
+
+#[tokio::test]
+async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
+    let mut t = Tenants::new().await;
+    t.project("q").await;
+    let key = t.key("k", "p").await;
+    let narrow = t.key("kn", "q").await;
+    t.limit(
+        Scope::Project,
+        "p",
+        Limits {
+            models: Some(vec!["big".into(), "free".into(), "gone".into()]),
+            budget_micros: Some(1_000),
+            period: Some(Period::Month),
+            ..Limits::default()
+        },
+    )
+    .await;
+    t.limit(
+        Scope::Project,
+        "q",
+        Limits {
+            models: Some(vec!["big".into()]),
+            budget_micros: Some(1_000),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let (queue, mut usage) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = priced_catalog(&t, Some(queue)).await;
+    assert_eq!(gw.gateway.price_of("big").completion_per_1k, 2_000);
+    assert_eq!(gw.gateway.price_of("free"), Price::ZERO);
+    assert_eq!(gw.gateway.price_of("later").prompt_per_1k, 5, "the default");
+    // Within budget: the model asked for serves.
+    let r = call(&gw.base, Some(&key), &chat("big", 2)).await;
+    assert_eq!(r.headers()["x-llmgw-served-model"], "big");
+    let record = usage.recv().await.unwrap();
+    assert_eq!(
+        (record.model_asked.as_str(), record.model_served.as_str()),
+        ("big", "big")
+    );
+    // No capacity: the fallbacks the key may use, and only those.
+    let r = call(&gw.base, Some(&key), &chat("gone", 2)).await;
+    assert_eq!(r.headers()["x-llmgw-served-model"], "free");
+    usage.recv().await.unwrap();
+    // Spent: the first free fallback the key may use (not `tiny`).
+    t.spent_elsewhere("k", "p", 1_000).await;
+    let r = call(&gw.base, Some(&key), &chat("big", 2)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-llmgw-served-model"], "free");
+    let reply: Value = r.json().await.unwrap();
+    assert_eq!(reply["model"], "free", "the engine was asked for it");
+    let record = usage.recv().await.unwrap();
+    assert_eq!(
+        (record.model_asked.as_str(), record.model_served.as_str()),
+        ("big", "free")
+    );
+    // A key that may use no free fallback: 429, naming the spent scope.
+    t.spent_elsewhere("kn", "q", 1_000).await;
+    let r = call(&gw.base, Some(&narrow), &chat("big", 2)).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_quota");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("day budget of project q is spent"),
+        "{body}"
+    );
+    // A request that would overrun what is left is refused the same way.
+    t.project("r").await;
+    t.limit(
+        Scope::Project,
+        "r",
+        Limits {
+            models: Some(vec!["big".into()]),
+            budget_micros: Some(1_000),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let roomy = t.key("kr", "r").await;
+    let r = call(&gw.base, Some(&roomy), &chat("big", 4_000)).await;
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("day budget of project r has 1000 micro-units left"),
+        "{body}"
+    );
+    assert_eq!(
+        call(&gw.base, Some(&roomy), &chat("big", 2)).await.status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn me_shows_the_keys_limits_spend_and_models() {
+    let mut t = Tenants::new().await;
+    let key = t.key("k", "p").await;
+    t.limit(
+        Scope::Team,
+        "t",
+        Limits {
+            rpm: Some(50),
+            ..Limits::default()
+        },
+    )
+    .await;
+    t.limit(
+        Scope::Key,
+        "k",
+        Limits {
+            tpm: Some(1_000),
+            models: Some(vec!["big".into(), "later".into()]),
+            budget_micros: Some(10_000),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    )
+    .await;
+    t.spent_elsewhere("k", "p", 1_234).await;
+    let gw = priced_catalog(&t, None).await;
+    assert_eq!(get(format!("{}/me", gw.base), None).await.status(), 401);
+    let me: Value = get(format!("{}/me", gw.base), Some(&key))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &me["key_id"],
+            &me["project_id"],
+            &me["team_id"],
+            &me["band"]
+        ),
+        (&json!("k"), &json!("p"), &json!("t"), &json!("bronze"))
+    );
+    assert_eq!(
+        me["limits"]["rates"],
+        json!([
+            {"scope": "team", "scope_id": "t", "rpm": 50},
+            {"scope": "key", "scope_id": "k", "tpm": 1000},
+        ])
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let spent = t
+        .views
+        .read()
+        .unwrap()
+        .usage
+        .spend_of(Scope::Key, "k")
+        .in_period(Period::Day, now);
+    assert_eq!(spent, 1_234);
+    assert_eq!(
+        me["spend"],
+        json!([{"scope": "key", "scope_id": "k", "period": "day",
+                "budget_micros": 10_000, "spent_micros": spent, "left_micros": 10_000 - spent}])
+    );
+    assert_eq!(me["models"], json!(["big", "later"]));
+
+    // With authentication off there is no `me`.
+    let open = support::gateway(vec![]).await;
+    let r = get(format!("{}/me", open.base), None).await;
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.unwrap().contains("authentication is off"));
+}
+
+#[tokio::test]
+async fn models_lists_on_demand_models_with_descriptions_for_the_key() {
+    let mut t = Tenants::new().await;
+    let key = t.key("k", "p").await;
+    t.limit(
+        Scope::Key,
+        "k",
+        Limits {
+            models: Some(vec!["big".into(), "later".into(), "free".into()]),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let gw = priced_catalog(&t, None).await;
+    let listed: Value = get(format!("{}/v1/models", gw.base), Some(&key))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(support::model_ids(&listed), vec!["big", "free", "later"]);
+    assert_eq!(listed["data"][0]["description"], "the big one");
+    assert_eq!(listed["data"][2]["description"], "started when asked");
+    assert!(listed["data"][1].get("description").is_none());
+    let one: Value = get(format!("{}/v1/models/later", gw.base), Some(&key))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&one["id"], &one["description"]),
+        (&json!("later"), &json!("started when asked"))
+    );
+    // Not the key's, or not at all: the same answer.
+    let mut answers = Vec::new();
+    for id in ["tiny", "nope"] {
+        let r = get(format!("{}/v1/models/{id}", gw.base), Some(&key)).await;
+        assert_eq!(r.status(), 404);
+        let body: Value = r.json().await.unwrap();
+        answers.push((body["error"]["code"].clone(), body["error"]["type"].clone()));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0].0, "model_not_found");
+    assert_eq!(
+        get(format!("{}/v1/models/big", gw.base), None)
+            .await
+            .status(),
+        401
+    );
+}
