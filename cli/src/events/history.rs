@@ -219,17 +219,25 @@ fn render(out: &mut impl Write, view: &str, p: &Projections) -> anyhow::Result<(
     }
 }
 
-pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::Result<Outcome> {
+async fn read_stream(store: &AnyStore, stream: &str) -> anyhow::Result<Vec<RecordedEvent>> {
     let mut events = Vec::new();
     loop {
         let page = store
             .read_stream(stream, events.len() as u64, DEFAULT_PAGE)
             .await?;
         if page.is_empty() {
-            break;
+            return Ok(events);
         }
         events.extend(page);
     }
+}
+
+/// One thing's timeline: its stream, and the refused commands about it
+/// (`audit-<stream>`), in log order, so that attempts show next to changes.
+pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::Result<Outcome> {
+    let mut events = read_stream(store, stream).await?;
+    events.extend(read_stream(store, &format!("audit-{stream}")).await?);
+    events.sort_by_key(|e| e.position);
     if events.is_empty() {
         bail!("no events in stream {stream}");
     }
@@ -241,37 +249,57 @@ pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::R
     } else {
         let mut t = Table::new(vec!["WHEN", "POSITION", "WHAT", "BY", "DETAILS"]);
         for e in &events {
-            let by = e
-                .payload
-                .get("by")
-                .or_else(|| e.metadata.get("actor"))
-                .or_else(|| e.metadata.get("writer"));
-            let mut details = e.payload.clone();
-            if let Value::Object(m) = &mut details {
-                m.remove("by");
-            }
-            let details = details.to_string();
-            let details = if details.chars().count() > 90 {
-                details
-                    .chars()
-                    .take(89)
-                    .chain(std::iter::once('…'))
-                    .collect()
-            } else {
-                details
-            };
-            t.row(vec![
-                e.recorded_at.format("%Y-%m-%d %H:%M:%S").to_string(),
-                e.position.to_string(),
-                e.event_type.clone(),
-                by.and_then(Value::as_str).unwrap_or("-").to_owned(),
-                details,
-            ]);
+            t.row(timeline_row(e));
         }
         t.print(&mut out)?;
     }
     out.flush()?;
     Ok(Outcome::Ok)
+}
+
+/// Who acted: the actor the event's metadata names (with its kind when it
+/// is not a person), else the payload's `by`, else the writing process.
+fn actor(e: &RecordedEvent) -> String {
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+    match (
+        text(e.metadata.get("actor")),
+        text(e.metadata.get("actor_kind")),
+    ) {
+        (Some(a), Some(kind)) if kind != "operator" => format!("{a} ({kind})"),
+        (Some(a), _) => a,
+        (None, _) => text(e.payload.get("by"))
+            .or_else(|| text(e.metadata.get("writer")))
+            .unwrap_or_else(|| "-".to_owned()),
+    }
+}
+
+fn timeline_row(e: &RecordedEvent) -> Vec<String> {
+    let details = if e.event_type == "CommandRefused" {
+        let field = |k: &str| e.payload.get(k).and_then(Value::as_str).unwrap_or("-");
+        format!("{}: {}", field("command"), field("reason"))
+    } else {
+        let mut details = e.payload.clone();
+        if let Value::Object(m) = &mut details {
+            m.remove("by");
+        }
+        details.to_string()
+    };
+    let details = if details.chars().count() > 90 {
+        details
+            .chars()
+            .take(89)
+            .chain(std::iter::once('…'))
+            .collect()
+    } else {
+        details
+    };
+    vec![
+        e.recorded_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        e.position.to_string(),
+        e.event_type.clone(),
+        actor(e),
+        details,
+    ]
 }
 
 pub(crate) async fn diff(
@@ -345,5 +373,70 @@ fn compare(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
             Some(b.clone()),
         )),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn recorded(event_type: &str, payload: Value, metadata: Value) -> RecordedEvent {
+        RecordedEvent {
+            position: 7,
+            stream_id: "key-k1".into(),
+            stream_version: 1,
+            event_id: uuid::Uuid::nil(),
+            event_type: event_type.into(),
+            schema_version: 1,
+            payload,
+            metadata,
+            epoch: 1,
+            recorded_at: DateTime::UNIX_EPOCH,
+            hash: [0; 32],
+        }
+    }
+
+    #[test]
+    fn the_timeline_names_who_acted_and_what_was_refused() {
+        let revoked = recorded(
+            "KeyRevoked",
+            json!({"key_id": "k1", "by": "cli"}),
+            json!({"writer": "cli-9-0", "actor": "alice", "actor_kind": "operator", "command_id": "c1"}),
+        );
+        assert_eq!(
+            timeline_row(&revoked)[3..],
+            ["alice", "{\"key_id\":\"k1\"}"]
+        );
+        let refused = recorded(
+            "CommandRefused",
+            json!({"actor": "bob", "command": "IssueKey k2 named \"ci\" in project p", "target": "key-k2", "reason": "project p already has a key named ci (k1)"}),
+            json!({"writer": "cp-1", "actor": "bob", "actor_kind": "operator", "command_id": "c2"}),
+        );
+        assert_eq!(
+            timeline_row(&refused)[2..],
+            [
+                "CommandRefused",
+                "bob",
+                "IssueKey k2 named \"ci\" in project p: project p already has a key named ci (k1)"
+            ]
+        );
+        let limited = recorded(
+            "LimitsSet",
+            json!({"scope": "key", "scope_id": "k1", "limits": {"rpm": 5}}),
+            json!({"writer": "cp-1", "actor": "cp-1", "actor_kind": "leader"}),
+        );
+        assert_eq!(timeline_row(&limited)[3], "cp-1 (leader)");
+        let old = recorded(
+            "KeyRevoked",
+            json!({"key_id": "k1", "by": "ops"}),
+            json!({}),
+        );
+        assert_eq!(
+            timeline_row(&old)[3],
+            "ops",
+            "older events: the payload's by"
+        );
     }
 }
