@@ -41,6 +41,9 @@ pub struct GatewayConfig {
     pub endpoints: Vec<EndpointSpec>,
     /// Largest request body accepted (413 beyond).
     pub body_limit: usize,
+    /// The header that names a conversation for session affinity
+    /// (lowercase; the body's `user` when absent).
+    pub session_header: String,
     /// Other endpoints tried after a failure, before the first byte only.
     pub retries: u32,
     pub breaker: BreakerConfig,
@@ -64,6 +67,7 @@ impl Default for GatewayConfig {
         GatewayConfig {
             endpoints: Vec::new(),
             body_limit: 8 * 1024 * 1024,
+            session_header: "x-session-id".into(),
             retries: 2,
             breaker: BreakerConfig::default(),
             connect_timeout: Duration::from_secs(2),

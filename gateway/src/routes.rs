@@ -162,6 +162,17 @@ impl Gateway {
             .swap(Routes::from_view(view, &self.routes.configured));
         self.routes_changed.notify_waiters();
     }
+
+    /// Takes only the catalog from the router view (names, aliases,
+    /// fallbacks, prices, descriptions) and keeps the configured endpoints:
+    /// for a gateway with a store but no control plane, where nothing keeps
+    /// the view's endpoints true and nothing starts a model on demand.
+    pub fn apply_catalog(&self, view: &RouterView) {
+        let mut routes = Routes::from_view(view, &self.routes.configured);
+        routes.on_demand.clear();
+        self.routes.swap(routes);
+        self.routes_changed.notify_waiters();
+    }
 }
 
 #[cfg(test)]
@@ -207,5 +218,42 @@ mod tests {
             !before.catalogued("big"),
             "a table already taken is never changed"
         );
+    }
+
+    #[test]
+    fn the_catalog_alone_keeps_the_configured_endpoints_and_starts_nothing() {
+        let mut view = RouterView::default();
+        let mut model = Model::named("m");
+        model.profiles = vec![
+            serde_json::from_value(serde_json::json!({
+                "name": "p", "engine": "sim"
+            }))
+            .unwrap(),
+        ];
+        model.price = Some(Price {
+            prompt_per_1k: 1,
+            completion_per_1k: 1,
+        });
+        view.apply_event(
+            Stamp {
+                position: 0,
+                recorded_at_ms: 0,
+            },
+            &Event::Catalog(CatalogEvent::ModelAdded { model }),
+        );
+        assert!(view.models["m"].on_demand);
+        let gw = Gateway::new(
+            crate::GatewayConfig {
+                endpoints: vec!["a=http://127.0.0.1:1=m".parse().unwrap()],
+                ..crate::GatewayConfig::default()
+            },
+            None,
+        )
+        .unwrap();
+        gw.apply_catalog(&view);
+        assert_eq!(gw.endpoints.snapshot().len(), 1);
+        let routes = gw.routes.load();
+        assert!(routes.catalogued("m") && !routes.on_demand("m"));
+        assert_eq!(gw.price_of("m").prompt_per_1k, 1);
     }
 }

@@ -16,7 +16,7 @@ pub(crate) struct Caller {
     /// None when authentication is off.
     pub(crate) key: Option<KeyEntry>,
     band_header: Option<String>,
-    /// `x-session-id`, for session affinity.
+    /// The session header's value, for session affinity.
     pub(crate) session: Option<String>,
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn identify(gw: &Gateway, headers: &HeaderMap) -> Result<Caller, ApiE
     Ok(Caller {
         key,
         band_header: text("x-llmgw-band"),
-        session: text("x-session-id"),
+        session: text(&gw.config.session_header),
     })
 }
 

@@ -601,12 +601,18 @@ async fn a_session_id_keeps_a_conversation_on_one_replica() {
         ..support::sim_config()
     };
     let (a, b) = (sim(slow.clone()).await, sim(slow).await);
-    let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
+    // The header is configurable.
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])],
+        session_header: "x-conversation".into(),
+        ..GatewayConfig::default()
+    })
+    .await;
     let client = reqwest::Client::new();
     let send = |session: &'static str| {
         client
             .post(format!("{}/v1/chat/completions", gw.base))
-            .header("x-session-id", session)
+            .header("x-conversation", session)
             .json(&chat("m", true, 50))
             .send()
     };
