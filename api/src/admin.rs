@@ -154,3 +154,107 @@ pub struct Changed {
     pub events: Vec<String>,
     pub message: String,
 }
+
+/// Who issued an operator command (an OS user or `--as NAME`), recorded
+/// with the events it causes; the admin listener is on loopback, so this
+/// is an audit label, not a credential.
+pub const ACTOR_HEADER: &str = "x-llmgw-actor";
+/// The command's id, recorded with its events: a retried command keeps it.
+pub const COMMAND_HEADER: &str = "x-llmgw-command-id";
+/// Set on a command a standby forwarded to the leader, so that it is
+/// forwarded at most once.
+pub const FORWARDED_HEADER: &str = "x-llmgw-forwarded-by";
+
+/// `POST /api/v1/orgs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewOrg {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `POST /api/v1/teams`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewTeam {
+    pub id: String,
+    pub org: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `POST /api/v1/projects`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewProject {
+    pub id: String,
+    pub team: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// `POST /api/v1/keys`: the server makes the secret and answers it once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewKey {
+    pub project: String,
+    pub name: String,
+    /// bronze, silver, gold (the default) or platinum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub band: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCreated {
+    pub key_id: String,
+    pub prefix: String,
+    /// Shown only in this answer; the log keeps its hash.
+    pub secret: String,
+}
+
+/// One level's limits as set there (not composed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LevelLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u32>,
+    /// Absent: every model; empty: none (the scope is suspended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// Micro-units per period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_micros: Option<u64>,
+    /// day or month.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+}
+
+/// `PUT /api/v1/limits`: the fields given replace those of the level;
+/// `clear` first drops everything set there.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetLimits {
+    /// org, team, project or key.
+    pub scope: String,
+    pub id: String,
+    #[serde(default)]
+    pub clear: bool,
+    #[serde(default)]
+    pub limits: LevelLimits,
+    /// Drop the level's allowlist (every model again).
+    #[serde(default)]
+    pub all_models: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRow {
+    pub key_id: String,
+    pub prefix: String,
+    pub project: String,
+    pub name: String,
+    pub band: String,
+    /// active or revoked.
+    pub state: String,
+    /// The key's own level.
+    pub limits: LevelLimits,
+    /// RFC 3339, from the usage the log holds; None when never used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used: Option<String>,
+}

@@ -32,8 +32,13 @@ pub(crate) struct FileConfig {
     pub fallbacks: HashMap<String, Vec<String>>,
     #[serde(default)]
     pub record_usage: bool,
+    /// `auth: true`, or the section; `true` is `{enabled: true}`.
     #[serde(default)]
-    pub auth: bool,
+    pub auth: AuthSection,
+    #[serde(default)]
+    pub router: RouterSection,
+    #[serde(default)]
+    pub admission: AdmissionSection,
     #[serde(default)]
     pub control: ControlSection,
     /// The catalog: these models win over the store's.
@@ -41,6 +46,81 @@ pub(crate) struct FileConfig {
     pub models: Vec<Model>,
     /// Mutual TLS on the agent listener (`llmgw ctl cert` makes the files).
     pub tls: Option<TlsSection>,
+}
+
+/// API keys, pricing and the usage batcher.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuthSection {
+    #[serde(default)]
+    pub enabled: bool,
+    /// The price of a model the catalog does not price.
+    pub default_price: Option<llmgw_domain::catalog::Price>,
+    /// How often queued usage is appended.
+    pub flush_interval: Option<String>,
+    /// Usage records appended at most per append.
+    pub batch_size: Option<usize>,
+    /// Usage records held before new ones are dropped (and counted).
+    pub buffer_size: Option<usize>,
+}
+
+/// How the gateway routes.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RouterSection {
+    /// Other endpoints tried after a failure before the first byte.
+    pub retries: Option<u32>,
+    /// The request header that pins a conversation to one endpoint.
+    pub session_header: Option<String>,
+    /// The largest request body, in bytes.
+    pub body_limit: Option<usize>,
+    pub scrape_interval: Option<String>,
+    pub connect_timeout: Option<String>,
+    /// How long a request for an on-demand model waits for a replica.
+    pub on_demand_wait: Option<String>,
+    pub breaker: Option<BreakerSection>,
+    pub prefix: Option<PrefixSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BreakerSection {
+    /// Failures in a row that open an endpoint's breaker.
+    pub threshold: Option<u32>,
+    pub cool_down: Option<String>,
+}
+
+/// Prefix (and session) affinity.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PrefixSection {
+    pub enabled: Option<bool>,
+    /// Bytes of prompt that must match before a prefix counts.
+    pub min_match: Option<usize>,
+    /// Share of the prompt that must match, 0 to 1.
+    pub match_ratio: Option<f64>,
+    /// Load difference (requests) that overrides affinity.
+    pub balance_abs: Option<f64>,
+    /// Load ratio that overrides affinity.
+    pub balance_rel: Option<f64>,
+    pub ttl: Option<String>,
+    /// Entries kept at most (prefix blocks and sessions each).
+    pub max_nodes: Option<usize>,
+}
+
+/// Priority bands.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AdmissionSection {
+    pub enabled: Option<bool>,
+    /// The band of a request that names none (auth off).
+    pub default_band: Option<String>,
+    /// KV-cache occupancy at which an endpoint counts as full, 0 to 1.
+    pub kv_ceiling: Option<f64>,
+    /// Requests waiting in an engine at which it counts as full.
+    pub waiting_ceiling: Option<f64>,
+    pub max_wait: Option<String>,
+    pub max_waiting: Option<usize>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -99,6 +179,44 @@ pub(crate) struct ControlSection {
     pub drain_grace: Option<String>,
     pub port_range: Option<[u16; 2]>,
     pub mgmt_interface: Option<String>,
+    /// The admin URL other servers forward operators' commands to while
+    /// this one leads (default: http:// and admin_listen).
+    pub advertise_admin: Option<String>,
+}
+
+impl ControlSection {
+    /// Whether any setting besides `enabled` is given.
+    pub(crate) fn is_set(&self) -> bool {
+        let ControlSection {
+            enabled: _,
+            instance,
+            interval,
+            lease_ttl,
+            unreachable_after,
+            lost_after,
+            base_backoff,
+            max_backoff,
+            drain_grace,
+            port_range,
+            mgmt_interface,
+            advertise_admin,
+        } = self;
+        [
+            instance,
+            interval,
+            lease_ttl,
+            unreachable_after,
+            lost_after,
+            base_backoff,
+            max_backoff,
+            drain_grace,
+            mgmt_interface,
+            advertise_admin,
+        ]
+        .iter()
+        .any(|v| v.is_some())
+            || port_range.is_some()
+    }
 }
 
 /// `500ms`, `5s`, `10m`, `1h`, or a bare number of seconds.
@@ -126,26 +244,53 @@ pub(crate) fn duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Parses a file, lays the environment over it and checks the catalog.
-pub(crate) fn load(path: &Path, env: &[(String, String)]) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+/// Parses a file (or nothing), lays the environment over it and checks
+/// the catalog.
+pub(crate) fn load(
+    path: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<FileConfig, ConfigError> {
+    let name = path.map_or_else(|| "the environment".to_owned(), |p| p.display().to_string());
     let invalid = |e: &dyn std::fmt::Display| {
-        ConfigError(format!(
-            "{} is not a valid configuration: {e}",
-            path.display()
-        ))
+        ConfigError(format!("{name} is not a valid configuration: {e}"))
     };
-    let mut tree: serde_json::Value = if path.extension().is_some_and(|e| e == "toml") {
-        toml::from_str(&text).map_err(|e| invalid(&e))?
-    } else {
-        serde_norway::from_str(&text).map_err(|e| invalid(&e))?
+    let mut tree: serde_json::Value = match path {
+        None => serde_json::json!({}),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+            if path.extension().is_some_and(|e| e == "toml") {
+                toml::from_str(&text).map_err(|e| invalid(&e))?
+            } else {
+                serde_norway::from_str(&text).map_err(|e| invalid(&e))?
+            }
+        }
     };
     if tree.is_null() {
         tree = serde_json::json!({});
     }
+    // `auth: true` is shorthand for the section, so that
+    // `LLMGW_AUTH__ENABLED` and the other `auth.*` variables still apply.
+    if let Some(on) = tree.get("auth").and_then(serde_json::Value::as_bool) {
+        tree["auth"] = serde_json::json!({ "enabled": on });
+    }
     overlay(&mut tree, env).map_err(|e| invalid(&e))?;
-    let config: FileConfig = serde_json::from_value(tree).map_err(|e| invalid(&e))?;
+    // Sections refuse unknown keys themselves; the catalog's types are also
+    // read from events, where a newer writer's field must be skipped, so
+    // here a key they would skip is caught on the way through.
+    let mut ignored = Vec::new();
+    let config: FileConfig =
+        serde_ignored::deserialize(tree, |path| ignored.push(path.to_string()))
+            .map_err(|e| invalid(&e))?;
+    if let Some(path) = ignored.first() {
+        let (at, key) = path.rsplit_once('.').unwrap_or(("", path));
+        let whence = if at.is_empty() {
+            String::new()
+        } else {
+            format!(" in {at}")
+        };
+        return Err(invalid(&format!("unknown field `{key}`{whence}")));
+    }
     check_catalog(&config.models).map_err(|e| invalid(&e))?;
     Ok(config)
 }

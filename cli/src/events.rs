@@ -109,7 +109,12 @@ pub(crate) enum EventsCommand {
 }
 
 pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Outcome> {
-    let store = crate::store::open(address).await?;
+    let store = match &cmd {
+        // An import may be the first thing a store receives: it gets its
+        // schema, as a server would give it.
+        EventsCommand::Import { .. } => crate::store::open_migrating(address).await?,
+        _ => crate::store::open(address).await?,
+    };
     match cmd {
         EventsCommand::Tail {
             follow,

@@ -1,20 +1,43 @@
-//! `llmgw keys`: the tenancy tree and API keys, decided by the domain and
-//! appended to the log under a short-lived lease. A key is shown once, at
-//! creation; the log holds only its SHA-256 hash and a display prefix.
+//! `llmgw keys`: the tenancy tree, API keys and limits. Every command is a
+//! request to the admin API's tenancy routes: a running server's (any
+//! server: a standby forwards to the leader), or, when none answers, the
+//! same routes served in this process over the store, deciding under the
+//! append lease. One code path either way; a key is shown once, at
+//! creation, and the log holds only its hash.
 
 use std::io::Write;
 use std::time::Duration;
 
-use anyhow::Context;
-use clap::Subcommand;
-use llmgw_domain::tenancy::{Band, Key, TenancyCommand};
-use llmgw_domain::{Command, Event, State};
-use llmgw_eventstore::{
-    AnyStore, DEFAULT_PAGE, EventStore, ExpectedVersion, NewEvent, StreamAppend, Writer,
-};
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use llmgw_api::admin as api;
+use llmgw_decider::Origin;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::Outcome;
 use crate::output::{Table, json_line};
+
+#[derive(Debug, Args)]
+pub(crate) struct KeysArgs {
+    /// A server's admin API; when none answers there, the command is
+    /// decided here, on --store, under the append lease.
+    #[arg(
+        long,
+        global = true,
+        env = "LLMGW_ADMIN",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    admin: String,
+    /// Write to --store directly even if a server answers at --admin.
+    #[arg(long, global = true)]
+    offline: bool,
+    /// The operator the log names (default: the OS user).
+    #[arg(long = "as", global = true, value_name = "NAME")]
+    as_name: Option<String>,
+    #[command(subcommand)]
+    command: KeysCommand,
+}
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum KeysCommand {
@@ -31,127 +54,221 @@ pub(crate) enum KeysCommand {
     Create {
         #[arg(long)]
         project: String,
+        /// Unique among the project's live keys.
         #[arg(long)]
         name: String,
         /// bronze, silver, gold or platinum.
-        #[arg(long, default_value = "gold", value_parser = band)]
-        band: Band,
+        #[arg(long, default_value = "gold")]
+        band: String,
     },
     /// Revoke a key by its id; it stops working once the views see it.
     Revoke { key_id: String },
-    /// Keys by id, with their project, band and state.
+    /// Keys with their project, band, limits, state and last use.
     List {
+        #[arg(long)]
+        project: Option<String>,
         #[arg(long)]
         json: bool,
     },
+    /// Set limits at one level; the flags given replace what is set there.
+    /// rpm and tpm on a team or project count for the whole group.
+    Limits {
+        /// org, team, project or key.
+        #[arg(long)]
+        scope: String,
+        #[arg(long)]
+        id: String,
+        /// Requests per minute.
+        #[arg(long)]
+        rpm: Option<u32>,
+        /// Tokens per minute (prompt and completion).
+        #[arg(long)]
+        tpm: Option<u32>,
+        /// The models allowed, comma-separated; "" allows none (suspends).
+        #[arg(long, conflicts_with = "all_models")]
+        models: Option<String>,
+        /// Drop this level's model list: every model again.
+        #[arg(long)]
+        all_models: bool,
+        /// Micro-units per --period.
+        #[arg(long, requires = "period")]
+        budget: Option<u64>,
+        /// day or month.
+        #[arg(long, requires = "budget")]
+        period: Option<String>,
+        /// Drop every limit set at this level first.
+        #[arg(long)]
+        clear: bool,
+    },
 }
 
-fn band(s: &str) -> Result<Band, String> {
-    match s {
-        "bronze" => Ok(Band::Bronze),
-        "silver" => Ok(Band::Silver),
-        "gold" => Ok(Band::Gold),
-        "platinum" => Ok(Band::Platinum),
-        other => Err(format!(
-            "unknown band {other:?}: bronze, silver, gold or platinum"
-        )),
-    }
+/// Where the tenancy routes are served.
+enum Api {
+    Remote {
+        base: String,
+        http: reqwest::Client,
+    },
+    /// No server answered: the routes, here, over the store.
+    Local {
+        routes: axum::Router,
+        admin: String,
+        _follower: tokio::task::JoinHandle<()>,
+    },
 }
 
-/// The decision state, from the whole log.
-async fn load(store: &AnyStore) -> anyhow::Result<State> {
-    let mut state = State::default();
-    let mut after = 0;
-    loop {
-        let page = store.read_all(after, DEFAULT_PAGE).await?;
-        let Some(last) = page.last() else {
-            return Ok(state);
-        };
-        after = last.position;
-        for e in &page {
-            if let Ok(event) = Event::decode(&e.event_type, e.schema_version, &e.payload) {
-                state.evolve(&event);
-            }
-        }
-    }
-}
-
-/// Decides `commands` in turn and appends what they produce.
-async fn run_commands(store: &AnyStore, commands: Vec<TenancyCommand>) -> anyhow::Result<State> {
-    let mut state = load(store).await?;
-    let mut events = Vec::new();
-    for c in commands {
-        for e in state.decide(Command::Tenancy(c))? {
-            state.evolve(&e);
-            events.push(e);
-        }
-    }
-    if events.is_empty() {
-        return Ok(state);
-    }
-    let holder = format!("cli-keys-{}", std::process::id());
-    let lease = store
-        .acquire_lease(&holder, Duration::from_secs(30))
+/// A server that answers at `admin`, or None when nothing listens there.
+async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .build()?;
+    let health = format!("{}/health", admin.trim_end_matches('/'));
+    match http
+        .get(&health)
+        .timeout(Duration::from_secs(2))
+        .send()
         .await
-        .context("keys are written under the append lease")?;
-    let batch: Vec<StreamAppend> = events
-        .iter()
-        .map(|e| {
-            let (kind, version, payload) = e.encode();
-            let event = NewEvent::new(kind, version, payload)
-                .with_metadata(serde_json::json!({ "actor": "cli" }));
-            StreamAppend::new(e.stream_id(), ExpectedVersion::Any, vec![event])
-        })
-        .fold(Vec::new(), |mut acc: Vec<StreamAppend>, s| {
-            // One append; a stream that recurs joins its earlier entry.
-            match acc.iter_mut().find(|a| a.stream_id == s.stream_id) {
-                Some(a) => a.events.extend(s.events),
-                None => acc.push(s),
-            }
-            acc
-        });
-    let result = store
-        .append(&Writer::Leader(lease.token.clone()), &batch)
-        .await;
-    store.release_lease(&lease.token).await?;
-    result?;
-    Ok(state)
-}
-
-fn random_hex(n: usize) -> String {
-    let mut s = String::new();
-    while s.len() < n {
-        s.push_str(&uuid::Uuid::new_v4().simple().to_string());
+    {
+        Ok(r) if r.status().is_success() => Ok(Some(http)),
+        Ok(r) => bail!(
+            "{admin} answered {} to /health: is it an llmgw admin listener?",
+            r.status()
+        ),
+        Err(e) if e.is_connect() => Ok(None),
+        Err(e) => {
+            Err(e).with_context(|| format!("{admin} did not answer like an llmgw admin listener"))
+        }
     }
-    s.truncate(n);
-    s
 }
 
-pub(crate) async fn run(address: &str, cmd: KeysCommand) -> anyhow::Result<Outcome> {
-    let store = crate::store::open(address).await?;
-    let mut out = std::io::stdout().lock();
-    match cmd {
-        KeysCommand::Init { org, team, project } => {
-            run_commands(
-                &store,
-                vec![
-                    TenancyCommand::CreateOrg {
-                        org_id: org.clone(),
-                        name: org.clone(),
-                    },
-                    TenancyCommand::CreateTeam {
-                        team_id: team.clone(),
-                        org_id: org,
-                        name: team.clone(),
-                    },
-                    TenancyCommand::CreateProject {
-                        project_id: project.clone(),
-                        team_id: team,
-                        name: project.clone(),
-                    },
-                ],
-            )
+async fn local(store: &str, admin: &str) -> anyhow::Result<Api> {
+    let address = llmgw_eventstore::StoreAddress::parse(store)?;
+    // A fresh store gets its schema, as a server would give it.
+    let log =
+        llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
             .await?;
+    let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
+    let door = llmgw_control::Door::Lease {
+        store: log,
+        views: runner.views(),
+        views_at: runner.watch_position(),
+    };
+    let follower = tokio::spawn(async move {
+        if let Err(e) = runner.follow().await {
+            tracing::warn!(error = %e, "the views stopped following the event log");
+        }
+    });
+    Ok(Api::Local {
+        routes: llmgw_control::tenancy_api::router(door),
+        admin: admin.to_owned(),
+        _follower: follower,
+    })
+}
+
+impl Api {
+    async fn call<T: DeserializeOwned>(
+        &self,
+        origin: &Origin,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> anyhow::Result<T> {
+        let body = body.map(serde_json::to_vec).transpose()?;
+        let (status, bytes) = match self {
+            Api::Remote { base, http } => {
+                let mut r = http
+                    .request(method, format!("{}{path}", base.trim_end_matches('/')))
+                    .header(api::ACTOR_HEADER, origin.actor.name())
+                    .header(api::COMMAND_HEADER, &origin.command_id);
+                if let Some(b) = body {
+                    r = r.header("content-type", "application/json").body(b);
+                }
+                let resp = r
+                    .send()
+                    .await
+                    .with_context(|| format!("the admin API at {base} stopped answering"))?;
+                (resp.status().as_u16(), resp.bytes().await?.to_vec())
+            }
+            Api::Local { routes, .. } => {
+                use tower::ServiceExt;
+                let request = axum::http::Request::builder()
+                    .method(method.as_str())
+                    .uri(path)
+                    .header(api::ACTOR_HEADER, origin.actor.name())
+                    .header(api::COMMAND_HEADER, &origin.command_id)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(body.unwrap_or_default()))?;
+                let resp = routes.clone().oneshot(request).await?;
+                let status = resp.status().as_u16();
+                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await?;
+                (status, bytes.to_vec())
+            }
+        };
+        if !(200..300).contains(&status) {
+            let why = serde_json::from_slice::<api::ErrorBody>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            if status == 404 && why.is_empty() {
+                bail!("the server's admin API has no tenancy routes: is it an older llmgw?");
+            }
+            if let Api::Local { admin, .. } = self
+                && status == 423
+            {
+                bail!(
+                    "{why}; no admin API answers at {admin}: pass --admin with a server's admin address (a standby forwards to the leader)"
+                );
+            }
+            bail!("{why}");
+        }
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+}
+
+pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> {
+    let api = match args.offline {
+        true => local(store, &args.admin).await?,
+        false => match remote(&args.admin).await? {
+            Some(http) => Api::Remote {
+                base: args.admin.clone(),
+                http,
+            },
+            None => local(store, &args.admin).await?,
+        },
+    };
+    let origin = Origin::operator_from_env(args.as_name);
+    let mut out = std::io::stdout().lock();
+    use reqwest::Method;
+    let none: Option<&()> = None;
+    match args.command {
+        KeysCommand::Init { org, team, project } => {
+            let steps: [(&str, serde_json::Value); 3] = [
+                (
+                    "/api/v1/orgs",
+                    serde_json::to_value(api::NewOrg {
+                        id: org.clone(),
+                        name: None,
+                    })?,
+                ),
+                (
+                    "/api/v1/teams",
+                    serde_json::to_value(api::NewTeam {
+                        id: team.clone(),
+                        org,
+                        name: None,
+                    })?,
+                ),
+                (
+                    "/api/v1/projects",
+                    serde_json::to_value(api::NewProject {
+                        id: project.clone(),
+                        team,
+                        name: None,
+                    })?,
+                ),
+            ];
+            for (path, body) in steps {
+                let _: api::Changed = api.call(&origin, Method::POST, path, Some(&body)).await?;
+            }
             writeln!(out, "project {project} is ready for keys")?;
         }
         KeysCommand::Create {
@@ -159,63 +276,117 @@ pub(crate) async fn run(address: &str, cmd: KeysCommand) -> anyhow::Result<Outco
             name,
             band,
         } => {
-            let secret = format!("llmgw-sk-{}", random_hex(48));
-            let key = Key {
-                key_id: format!("key-{}", random_hex(12)),
-                project_id: project,
+            let body = api::NewKey {
+                project,
                 name,
-                hash: llmgw_gateway::auth::key_hash(&secret),
-                prefix: secret[..12].to_owned(),
-                band,
-                routing_profile: None,
-                revoked: false,
+                band: Some(band),
             };
-            let id = key.key_id.clone();
-            run_commands(&store, vec![TenancyCommand::IssueKey(key)]).await?;
-            writeln!(out, "{secret}")?;
-            eprintln!("issued {id}; the key above is shown only now");
+            let created: api::KeyCreated = api
+                .call(&origin, Method::POST, "/api/v1/keys", Some(&body))
+                .await?;
+            writeln!(out, "{}", created.secret)?;
+            eprintln!("issued {}; the key above is shown only now", created.key_id);
         }
         KeysCommand::Revoke { key_id } => {
-            run_commands(
-                &store,
-                vec![TenancyCommand::RevokeKey {
-                    key_id: key_id.clone(),
-                    by: "cli".into(),
-                }],
-            )
-            .await?;
-            writeln!(out, "revoked {key_id}")?;
+            let path = format!("/api/v1/keys/{key_id}/revoke");
+            let changed: api::Changed = api.call(&origin, Method::POST, &path, none).await?;
+            writeln!(out, "{}", changed.message)?;
         }
-        KeysCommand::List { json } => {
-            let state = load(&store).await?;
+        KeysCommand::List { project, json } => {
+            let path = match &project {
+                Some(p) => format!("/api/v1/keys?project={p}"),
+                None => "/api/v1/keys".to_owned(),
+            };
+            let rows: Vec<api::KeyRow> = api.call(&origin, Method::GET, &path, none).await?;
             if json {
-                for k in state.tenancy.keys.values() {
-                    let mut v = serde_json::to_value(k)?;
-                    if let Some(o) = v.as_object_mut() {
-                        o.remove("hash");
-                    }
-                    json_line(&mut out, &v)?;
+                for r in &rows {
+                    json_line(&mut out, r)?;
                 }
             } else {
-                let mut t = Table::new(vec!["KEY", "PREFIX", "PROJECT", "NAME", "BAND", "STATE"]);
-                for k in state.tenancy.keys.values() {
-                    t.row(vec![
-                        k.key_id.clone(),
-                        k.prefix.clone(),
-                        k.project_id.clone(),
-                        k.name.clone(),
-                        format!("{:?}", k.band).to_lowercase(),
-                        if k.revoked {
-                            "revoked".into()
-                        } else {
-                            "active".into()
-                        },
-                    ]);
-                }
-                t.print(&mut out)?;
+                print_keys(&mut out, &rows)?;
             }
+        }
+        KeysCommand::Limits {
+            scope,
+            id,
+            rpm,
+            tpm,
+            models,
+            all_models,
+            budget,
+            period,
+            clear,
+        } => {
+            let models = models.map(|m| {
+                m.split(',')
+                    .map(str::trim)
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            });
+            let body = api::SetLimits {
+                scope,
+                id,
+                clear,
+                all_models,
+                limits: api::LevelLimits {
+                    rpm,
+                    tpm,
+                    models,
+                    budget_micros: budget,
+                    period,
+                },
+            };
+            let changed: api::Changed = api
+                .call(&origin, Method::PUT, "/api/v1/limits", Some(&body))
+                .await?;
+            writeln!(out, "{}", changed.message)?;
         }
     }
     out.flush()?;
     Ok(Outcome::Ok)
+}
+
+fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> {
+    let mut t = Table::new(vec![
+        "KEY",
+        "PREFIX",
+        "PROJECT",
+        "NAME",
+        "BAND",
+        "STATE",
+        "RPM",
+        "TPM",
+        "MODELS",
+        "BUDGET",
+        "LAST USED",
+    ]);
+    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    for k in rows {
+        let l = &k.limits;
+        t.row(vec![
+            k.key_id.clone(),
+            k.prefix.clone(),
+            k.project.clone(),
+            k.name.clone(),
+            k.band.clone(),
+            k.state.clone(),
+            or_dash(l.rpm.map(|n| n.to_string())),
+            or_dash(l.tpm.map(|n| n.to_string())),
+            or_dash(l.models.as_ref().map(|m| {
+                if m.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    m.join(",")
+                }
+            })),
+            or_dash(
+                l.budget_micros
+                    .zip(l.period.as_ref())
+                    .map(|(b, p)| format!("{b}/{p}")),
+            ),
+            or_dash(k.last_used.clone()),
+        ]);
+    }
+    t.print(out)
 }

@@ -8,6 +8,7 @@ mod cluster;
 mod config;
 mod ctl;
 mod events;
+mod gateway_settings;
 mod keys;
 mod lease;
 mod output;
@@ -46,9 +47,8 @@ enum Command {
     /// Inspect the append lease.
     #[command(subcommand)]
     Lease(lease::LeaseCommand),
-    /// API keys and the tenancy tree they belong to.
-    #[command(subcommand)]
-    Keys(keys::KeysCommand),
+    /// API keys, their limits and the tenancy tree they belong to.
+    Keys(keys::KeysArgs),
     /// Operator tools.
     Ctl(ctl::CtlArgs),
     /// The node agent.

@@ -1,13 +1,19 @@
-//! The server with its control plane: the gateway routes by the router
-//! view, the control plane leads or stands by on the shared log, agents
-//! connect on the agent listener, operators on the admin listener.
+//! The one composition root: every mode of `llmgw server` (router-only,
+//! control plane, or both) and `llmgw up` are built here, from one plan.
+//! A mode is a choice inside this builder, never a second builder, so that
+//! keys, limits, prices, usage recording, admission and affinity mean the
+//! same in every mode.
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use llmgw_control::{AgentSvc, ControlConfig, ControlPlane};
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
+use llmgw_projections::Projections;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::Outcome;
 
@@ -16,7 +22,8 @@ use crate::Outcome;
 pub(crate) struct Bound {
     pub client: SocketAddr,
     pub admin: SocketAddr,
-    pub agent: SocketAddr,
+    /// None in router-only mode: no agents without a control plane.
+    pub agent: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -29,31 +36,57 @@ pub(crate) struct Listen {
     pub agent_tls: Option<crate::config::TlsPems>,
 }
 
+/// How usage records leave the request path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UsageSettings {
+    pub flush: Duration,
+    pub batch: usize,
+    pub buffer: usize,
+}
+
+/// Everything a server is built from, checked before anything binds.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub store: String,
+    pub listen: Listen,
+    /// Static endpoints, fallbacks, routing, admission and the default
+    /// price.
+    pub gateway: GatewayConfig,
+    /// The control plane, when the catalog or `control.enabled` asks.
+    pub control: Option<ControlConfig>,
+    /// API keys required.
+    pub auth: bool,
+    /// Usage recorded (always with auth: budgets are spent by it).
+    pub usage: Option<UsageSettings>,
+}
+
 fn say(line: String) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
-/// Serves until SIGINT/SIGTERM or `stop`, then steps down as leader.
-pub(crate) async fn run(
-    store: &str,
-    listen: Listen,
-    fallbacks: std::collections::HashMap<String, Vec<String>>,
-    control: ControlConfig,
-    on_bound: impl FnOnce(Bound) + Send,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<Outcome> {
-    if !listen.admin.ip().is_loopback() {
-        tracing::warn!(addr = %listen.admin, "the admin listener is not on loopback");
+/// This server's name in the lease and in what it appends.
+fn instance(plan: &Plan) -> String {
+    match &plan.control {
+        Some(c) => c.instance.clone(),
+        None => {
+            let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        }
     }
-    let address = llmgw_eventstore::StoreAddress::parse(store)?;
-    let log =
-        llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
-            .await?;
-    let mut runner =
-        llmgw_projections::Runner::start(log.clone(), &format!("views-{}", control.instance))
-            .await?;
+}
+
+/// The views every reader shares (keys, budgets, prices, routes and the
+/// control plane), kept by one runner that follows the log.
+struct Views {
+    views: Arc<RwLock<Projections>>,
+    position: watch::Receiver<u64>,
+    follower: JoinHandle<()>,
+}
+
+async fn follow(log: &llmgw_eventstore::AnyStore, name: &str) -> anyhow::Result<Views> {
+    let mut runner = llmgw_projections::Runner::start(log.clone(), name).await?;
     let views = runner.views();
     let position = runner.watch_position();
     let follower = tokio::spawn(async move {
@@ -61,42 +94,216 @@ pub(crate) async fn run(
             tracing::error!(error = %e, "the views stopped following the event log");
         }
     });
-    let gw = Gateway::with_keys(
-        GatewayConfig {
-            fallbacks,
-            ..GatewayConfig::default()
-        },
-        None,
-        None,
-    )?;
-    // The gateway routes by the router view, refreshed as the log moves.
-    let routes = {
-        let (gw, views, mut position) = (gw.clone(), views.clone(), position.clone());
+    Ok(Views {
+        views,
+        position,
+        follower,
+    })
+}
+
+/// Serves until SIGINT/SIGTERM or `stop`, then steps down as leader and
+/// flushes the usage it holds.
+pub(crate) async fn run(
+    plan: Plan,
+    on_bound: impl FnOnce(Bound) + Send,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Outcome> {
+    if !plan.listen.admin.ip().is_loopback() {
+        tracing::warn!(addr = %plan.listen.admin, "the admin listener is not on loopback");
+    }
+    let instance = instance(&plan);
+    let needs_log = plan.control.is_some() || plan.auth || plan.usage.is_some();
+    let log = if needs_log {
+        let address = llmgw_eventstore::StoreAddress::parse(&plan.store)?;
+        Some(
+            llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
+                .await?,
+        )
+    } else {
+        None
+    };
+    let views = match &log {
+        Some(log) => Some(follow(log, &format!("views-{instance}")).await?),
+        None => None,
+    };
+    let keys = match (&views, plan.auth) {
+        (Some(v), true) => Some(llmgw_gateway::auth::KeyDirectory(v.views.clone())),
+        _ => None,
+    };
+    let default_price = plan.gateway.default_price;
+    let mut batcher = None;
+    let usage = match (&log, &views, plan.usage) {
+        (Some(log), Some(v), Some(u)) => {
+            let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(u.buffer);
+            // Priced off the request path, from the catalog the views hold:
+            // the model that served is what is charged.
+            let prices = v.views.clone();
+            let price_of = move |model: &str| {
+                let views = prices.read().unwrap_or_else(|p| p.into_inner());
+                views
+                    .router
+                    .models
+                    .get(model)
+                    .and_then(|m| m.price)
+                    .unwrap_or(default_price)
+            };
+            batcher = Some(tokio::spawn(llmgw_gateway::usage::run_batcher(
+                log.clone(),
+                format!("gateway-{instance}"),
+                rx,
+                u.batch,
+                u.flush,
+                price_of,
+            )));
+            Some(queue)
+        }
+        _ => None,
+    };
+    let with_control = plan.control.is_some();
+    let gw = Gateway::with_keys(plan.gateway, usage, keys)?;
+
+    // The routing table follows the router view: with the control plane its
+    // endpoints join the static ones; without it only the catalog (prices,
+    // aliases, fallbacks) is taken, since nothing keeps its endpoints true.
+    let routes = views.as_ref().map(|v| {
+        let (gw, views, mut position) = (gw.clone(), v.views.clone(), v.position.clone());
         tokio::spawn(async move {
             loop {
                 {
                     let v = views.read().unwrap_or_else(|p| p.into_inner());
-                    gw.apply_router_view(&v.router);
+                    if with_control {
+                        gw.apply_router_view(&v.router);
+                    } else {
+                        gw.apply_catalog(&v.router);
+                    }
                 }
                 if position.changed().await.is_err() {
                     return;
                 }
             }
         })
-    };
-    let cp = ControlPlane::new(log, views, position, control);
-    {
-        let cp = cp.clone();
-        gw.on_demand(llmgw_gateway::DemandHook(Box::new(move |m| cp.demand(m))));
-    }
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let leading = tokio::spawn(cp.clone().run(shutdown_rx.clone()));
+    });
 
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut admin_routes = axum::Router::new();
+    let mut cp = None;
+    let mut grpc: Serving = Box::pin(std::future::pending());
+    let mut agent_addr = None;
+    let advertise = plan
+        .control
+        .as_ref()
+        .and_then(|c| c.advertise_admin.clone());
+    if let (Some(control), Some(log), Some(v)) = (plan.control, &log, &views) {
+        let plane = ControlPlane::new(log.clone(), v.views.clone(), v.position.clone(), control);
+        {
+            let plane = plane.clone();
+            gw.on_demand(llmgw_gateway::DemandHook(Box::new(move |m| {
+                plane.demand(m)
+            })));
+        }
+        let (addr, server) =
+            agent_listener(&plan.listen, plane.clone(), shutdown_rx.clone()).await?;
+        agent_addr = Some(addr);
+        grpc = server;
+        // A standby sends operators' writes on to the leader.
+        admin_routes = llmgw_control::admin::router(plane.clone())
+            .merge(llmgw_control::tenancy_api::router(
+                llmgw_control::Door::Control(plane.clone()),
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                plane.clone(),
+                llmgw_control::forward_writes,
+            ));
+        say(format!("agent listening on {addr}"));
+        cp = Some(plane);
+    } else if let (Some(log), Some(v)) = (&log, &views) {
+        // No leader to send commands to: each is decided under the lease.
+        admin_routes = llmgw_control::tenancy_api::router(llmgw_control::Door::Lease {
+            store: log.clone(),
+            views: v.views.clone(),
+            views_at: v.position.clone(),
+        });
+    }
+    let mut leading = None;
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut serve = Box::pin(llmgw_gateway::serve_with(
+        gw,
+        plan.listen.client,
+        plan.listen.admin,
+        plan.listen.metrics,
+        admin_routes,
+        move |l| {
+            let _ = tx.send(l);
+        },
+    ));
+    let mut client = None;
+    let mut admin = None;
+    let mut on_bound = Some(on_bound);
+    loop {
+        tokio::select! {
+            r = &mut serve => { r?; break; }
+            r = &mut grpc => { r?; break; }
+            Some(l) = rx.recv() => {
+                match l {
+                    Listener::Client(a) => { client = Some(a); say(format!("client listening on {a}")); }
+                    Listener::Admin(a) => {
+                        admin = Some(a);
+                        say(format!("admin listening on {a}"));
+                        // Leading starts once the admin address it records
+                        // for standbys is known.
+                        if let Some(cp) = cp.take() {
+                            cp.advertise_admin(advertise.clone().unwrap_or_else(|| format!("http://{a}")));
+                            leading = Some(tokio::spawn(cp.run(shutdown_rx.clone())));
+                        }
+                    }
+                    Listener::Metrics(a) => say(format!("metrics listening on {a}")),
+                }
+                if let (Some(c), Some(a)) = (client, admin)
+                    && let Some(f) = on_bound.take()
+                {
+                    f(Bound { client: c, admin: a, agent: agent_addr });
+                }
+            }
+            _ = crate::sim::shutdown() => break,
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    let _ = shutdown_tx.send(true);
+    // Stepping down lets a standby take over at once instead of after the ttl.
+    if let Some(leading) = leading {
+        let _ = tokio::time::timeout(Duration::from_secs(5), leading).await;
+    }
+    // The usage queue's sender lives in the gateway: once every holder of
+    // it is gone, the batcher flushes what it holds and ends.
+    drop(serve);
+    drop(grpc);
+    if let Some(r) = routes {
+        r.abort();
+        let _ = r.await;
+    }
+    if let Some(v) = views {
+        v.follower.abort();
+    }
+    if let Some(b) = batcher {
+        let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
+    }
+    Ok(Outcome::Ok)
+}
+
+type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
+
+/// Binds the agent listener (mutual TLS when configured) and returns its
+/// address and the server, which stops when `shutdown` turns true.
+async fn agent_listener(
+    listen: &Listen,
+    cp: Arc<ControlPlane>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, Serving)> {
     let agent_l = tokio::net::TcpListener::bind(listen.agent)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for agents: {e}", listen.agent))?;
-    let agent_addr = agent_l.local_addr()?;
-    let mut grpc_stop = shutdown_rx.clone();
+    let addr = agent_l.local_addr()?;
     let mut builder = tonic::transport::Server::builder();
     match &listen.agent_tls {
         Some(t) => {
@@ -113,55 +320,26 @@ pub(crate) async fn run(
             "agent streams are plaintext: for a trusted network only (see `llmgw ctl cert` and the tls: section)"
         ),
     }
-    let grpc = builder
-        .add_service(llmgw_api::AgentServiceServer::new(AgentSvc(cp.clone())))
+    let server = builder
+        .add_service(llmgw_api::AgentServiceServer::new(AgentSvc(cp)))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(agent_l),
             async move {
-                let _ = grpc_stop.wait_for(|s| *s).await;
+                let _ = shutdown.wait_for(|s| *s).await;
             },
         );
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let serve = llmgw_gateway::serve_with(
-        gw,
-        listen.client,
-        listen.admin,
-        listen.metrics,
-        llmgw_control::admin::router(cp.clone()),
-        move |l| {
-            let _ = tx.send(l);
-        },
-    );
-    tokio::pin!(serve);
-    tokio::pin!(grpc);
-    let mut client = None;
-    let mut admin = None;
-    let mut on_bound = Some(on_bound);
-    say(format!("agent listening on {agent_addr}"));
-    loop {
-        tokio::select! {
-            r = &mut serve => { r?; break; }
-            r = &mut grpc => { r?; break; }
-            Some(l) = rx.recv() => {
-                match l {
-                    Listener::Client(a) => { client = Some(a); say(format!("client listening on {a}")); }
-                    Listener::Admin(a) => { admin = Some(a); say(format!("admin listening on {a}")); }
-                    Listener::Metrics(a) => say(format!("metrics listening on {a}")),
-                }
-                if let (Some(c), Some(a)) = (client, admin)
-                    && let Some(f) = on_bound.take()
-                {
-                    f(Bound { client: c, admin: a, agent: agent_addr });
-                }
-            }
-            _ = crate::sim::shutdown() => break,
-            _ = stop.wait_for(|s| *s) => break,
-        }
+    Ok((addr, Box::pin(async move { Ok(server.await?) })))
+}
+
+/// The plan `llmgw up` runs: the control plane on the embedded store, no
+/// keys, no usage.
+pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> Plan {
+    Plan {
+        store,
+        listen,
+        gateway: GatewayConfig::default(),
+        control: Some(control),
+        auth: false,
+        usage: None,
     }
-    let _ = shutdown_tx.send(true);
-    // Stepping down lets a standby take over at once instead of after the ttl.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), leading).await;
-    follower.abort();
-    routes.abort();
-    Ok(Outcome::Ok)
 }

@@ -1,12 +1,10 @@
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::Outcome;
 use crate::config::{self, ConfigError, FileConfig};
-use anyhow::bail;
 use clap::Args;
-use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig, Listener};
+use llmgw_gateway::EndpointSpec;
 
 /// Every setting is a flag, an `LLMGW_…` variable and a key of the
 /// configuration file alike; a flag or variable wins over the file.
@@ -46,28 +44,9 @@ pub(crate) struct ServerArgs {
     record_usage: bool,
 }
 
-/// The settings once flags, variables and the file are merged.
-#[derive(Debug)]
-struct Settings {
-    agent_listen: SocketAddr,
-    agent_tls: Option<config::TlsPems>,
-    store: Option<String>,
-    control: Option<llmgw_control::ControlConfig>,
-    listen: SocketAddr,
-    admin_listen: SocketAddr,
-    metrics_listen: Option<SocketAddr>,
-    endpoints: Vec<EndpointSpec>,
-    fallbacks: std::collections::HashMap<String, Vec<String>>,
-    record_usage: bool,
-    auth: bool,
-}
-
-fn settings(a: ServerArgs) -> Result<Settings, ConfigError> {
+fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, ConfigError> {
     let env: Vec<(String, String)> = std::env::vars().collect();
-    let file = match &a.config {
-        Some(path) => config::load(path, &env)?,
-        None => FileConfig::default(),
-    };
+    let file = config::load(a.config.as_deref(), &env)?;
     let addr = |key: &str, v: Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
         v.map(|s| listen_addr(&s).map_err(|e| ConfigError(format!("{key}: {e}"))))
             .transpose()
@@ -78,7 +57,7 @@ fn settings(a: ServerArgs) -> Result<Settings, ConfigError> {
         .as_ref()
         .map(config::TlsSection::read)
         .transpose()?;
-    let endpoints = if a.endpoints.is_empty() {
+    let endpoints: Vec<EndpointSpec> = if a.endpoints.is_empty() {
         file.endpoints
             .iter()
             .map(|e| {
@@ -89,31 +68,95 @@ fn settings(a: ServerArgs) -> Result<Settings, ConfigError> {
     } else {
         a.endpoints
     };
-    let mut fallbacks = file.fallbacks;
-    fallbacks.extend(a.fallbacks);
-    Ok(Settings {
-        agent_listen: a
-            .agent_listen
-            .or(addr("agent_listen", file.agent_listen)?)
-            .unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
-        store: file.store,
+    let agent_listen = a
+        .agent_listen
+        .or(addr("agent_listen", file.agent_listen.clone())?);
+    // A setting this mode cannot honour stops the start: it is never
+    // silently dropped.
+    if control.is_none() {
+        if endpoints.is_empty() {
+            return Err(ConfigError(
+                "nothing to serve: give at least one endpoint (--endpoint id=URL=model, or endpoints in --config), or a models: catalog for the control plane".into(),
+            ));
+        }
+        let needs_control = [
+            (agent_listen.is_some(), "agent_listen"),
+            (agent_tls.is_some(), "tls"),
+            (file.control.is_set(), "control.*"),
+        ];
+        if let Some((_, what)) = needs_control.iter().find(|(set, _)| *set) {
+            return Err(ConfigError(format!(
+                "{what} needs the control plane, which is off: add a models: catalog or control.enabled: true, or remove {what}"
+            )));
+        }
+    }
+    let auth = a.auth || file.auth.enabled;
+    // Budgets are spent by usage records: with keys on, usage is recorded.
+    let record_usage = auth || a.record_usage || file.record_usage;
+    let usage = crate::serve::UsageSettings {
+        flush: match &file.auth.flush_interval {
+            Some(v) => config::duration("auth.flush_interval", v)?,
+            None => std::time::Duration::from_millis(200),
+        },
+        batch: file.auth.batch_size.unwrap_or(500),
+        buffer: file.auth.buffer_size.unwrap_or(8192),
+    };
+    if !record_usage {
+        let set = [
+            (file.auth.flush_interval.is_some(), "auth.flush_interval"),
+            (file.auth.batch_size.is_some(), "auth.batch_size"),
+            (file.auth.buffer_size.is_some(), "auth.buffer_size"),
+            (file.auth.default_price.is_some(), "auth.default_price"),
+        ];
+        if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
+            return Err(ConfigError(format!(
+                "{what} applies only when usage is recorded: set auth.enabled or record_usage"
+            )));
+        }
+    }
+    if usage.batch == 0 || usage.buffer == 0 {
+        return Err(ConfigError(
+            "auth.batch_size and auth.buffer_size must be at least 1".into(),
+        ));
+    }
+    if usage.flush.is_zero() {
+        return Err(ConfigError("auth.flush_interval must be above 0".into()));
+    }
+    if auth && file.admission.default_band.is_some() {
+        return Err(ConfigError(
+            "admission.default_band applies only with auth off: with keys, the key decides the band".into(),
+        ));
+    }
+    let mut gateway = crate::gateway_settings::gateway_config(&file.router, &file.admission)?;
+    gateway.endpoints = endpoints;
+    gateway.fallbacks = file.fallbacks.clone();
+    gateway.fallbacks.extend(a.fallbacks);
+    gateway.default_price = file.auth.default_price.unwrap_or_default();
+    let store = file
+        .store
+        .clone()
+        .unwrap_or_else(|| default_store.to_owned());
+    Ok(crate::serve::Plan {
+        store,
+        listen: crate::serve::Listen {
+            client: a
+                .listen
+                .or(addr("listen", file.listen)?)
+                .unwrap_or_else(|| ([0, 0, 0, 0], 8080).into()),
+            admin: a
+                .admin_listen
+                .or(addr("admin_listen", file.admin_listen)?)
+                .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into()),
+            metrics: a
+                .metrics_listen
+                .or(addr("metrics_listen", file.metrics_listen)?),
+            agent: agent_listen.unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
+            agent_tls,
+        },
+        gateway,
         control,
-        agent_tls,
-        listen: a
-            .listen
-            .or(addr("listen", file.listen)?)
-            .unwrap_or_else(|| ([0, 0, 0, 0], 8080).into()),
-        admin_listen: a
-            .admin_listen
-            .or(addr("admin_listen", file.admin_listen)?)
-            .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into()),
-        metrics_listen: a
-            .metrics_listen
-            .or(addr("metrics_listen", file.metrics_listen)?),
-        endpoints,
-        fallbacks,
-        record_usage: a.record_usage || file.record_usage,
-        auth: a.auth || file.auth,
+        auth,
+        usage: record_usage.then_some(usage),
     })
 }
 
@@ -169,6 +212,14 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     if let Some(i) = &c.mgmt_interface {
         out.mgmt_interface = i.clone();
     }
+    if let Some(url) = &c.advertise_admin {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ConfigError(format!(
+                "control.advertise_admin: {url:?} is not an http:// or https:// URL"
+            )));
+        }
+        out.advertise_admin = Some(url.trim_end_matches('/').to_owned());
+    }
     if let Some(i) = &c.instance {
         out.instance = i.clone();
     } else if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
@@ -208,93 +259,7 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
 }
 
 pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
-    let s = settings(a)?;
-    let store = s.store.clone().unwrap_or_else(|| store.to_owned());
-    let store = store.as_str();
-    if let Some(control) = s.control.clone() {
-        let listen = crate::serve::Listen {
-            client: s.listen,
-            admin: s.admin_listen,
-            metrics: s.metrics_listen,
-            agent: s.agent_listen,
-            agent_tls: s.agent_tls.clone(),
-        };
-        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-        return crate::serve::run(store, listen, s.fallbacks, control, |_| {}, stop).await;
-    }
-    if s.endpoints.is_empty() {
-        bail!(
-            "nothing to serve: give at least one endpoint (--endpoint id=URL=model, or endpoints in --config)"
-        );
-    }
-    if !s.admin_listen.ip().is_loopback() {
-        tracing::warn!(addr = %s.admin_listen, "the admin listener is not on loopback");
-    }
-    let mut usage = None;
-    let mut batcher = None;
-    let mut keys = None;
-    let mut follower = None;
-    let log = if s.record_usage || s.auth {
-        let address = llmgw_eventstore::StoreAddress::parse(store)?;
-        Some(
-            llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
-                .await?,
-        )
-    } else {
-        None
-    };
-    if let (true, Some(store)) = (s.auth, &log) {
-        let mut runner = llmgw_projections::Runner::start(store.clone(), "gateway-views").await?;
-        keys = Some(llmgw_gateway::auth::KeyDirectory(runner.views()));
-        follower = Some(tokio::spawn(async move {
-            if let Err(e) = runner.follow().await {
-                tracing::error!(error = %e, "the views stopped following the event log");
-            }
-        }));
-    }
-    if let (true, Some(store)) = (s.record_usage, log) {
-        let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(8192);
-        let instance = format!("gateway-{}", std::process::id());
-        // Router-only mode has no catalog to price from.
-        let price = |_: &str| llmgw_domain::catalog::Price::ZERO;
-        batcher = Some(tokio::spawn(llmgw_gateway::usage::run_batcher(
-            store,
-            instance,
-            rx,
-            500,
-            std::time::Duration::from_millis(200),
-            price,
-        )));
-        usage = Some(queue);
-    }
-    let gw = Gateway::with_keys(
-        GatewayConfig {
-            endpoints: s.endpoints,
-            fallbacks: s.fallbacks,
-            ..GatewayConfig::default()
-        },
-        usage,
-        keys,
-    )?;
-    let serve = llmgw_gateway::serve(gw, s.listen, s.admin_listen, s.metrics_listen, |l| {
-        let mut out = std::io::stdout().lock();
-        let _ = match l {
-            Listener::Client(addr) => writeln!(out, "client listening on {addr}"),
-            Listener::Admin(addr) => writeln!(out, "admin listening on {addr}"),
-            Listener::Metrics(addr) => writeln!(out, "metrics listening on {addr}"),
-        };
-        let _ = out.flush();
-    });
-    tokio::select! {
-        r = serve => r?,
-        _ = crate::sim::shutdown() => {}
-    }
-    if let Some(f) = follower {
-        f.abort();
-    }
-    if let Some(b) = batcher {
-        // The queue's sender went with the gateway: the batcher flushes and ends.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), b).await;
-    }
-    Ok(Outcome::Ok)
+    let plan = settings(a, store)?;
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    crate::serve::run(plan, |_| {}, stop).await
 }

@@ -36,3 +36,9 @@ pub(crate) async fn open(address: &str) -> anyhow::Result<AnyStore> {
     let address = StoreAddress::parse(address)?;
     Ok(AnyStore::open(&address, OpenOptions::default()).await?)
 }
+
+/// Opens a store for writing, creating or upgrading its schema first.
+pub(crate) async fn open_migrating(address: &str) -> anyhow::Result<AnyStore> {
+    let address = StoreAddress::parse(address)?;
+    Ok(AnyStore::open(&address, OpenOptions::migrating()).await?)
+}

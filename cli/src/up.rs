@@ -72,10 +72,7 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
         let store = store.clone();
         tokio::spawn(async move {
             crate::serve::run(
-                &store,
-                listen,
-                Default::default(),
-                control,
+                crate::serve::up_plan(store, listen, control),
                 move |b| {
                     let _ = bound_tx.send(b);
                 },
@@ -94,7 +91,12 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
         }
     };
     let mut agent_config = llmgw_agent::session::SessionConfig::new(
-        vec![format!("http://{}", bound.agent)],
+        vec![format!(
+            "http://{}",
+            bound
+                .agent
+                .ok_or_else(|| anyhow::anyhow!("the server has no agent listener"))?
+        )],
         "local".into(),
     );
     agent_config.heartbeat = Duration::from_secs(2);

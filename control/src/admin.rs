@@ -41,7 +41,7 @@ pub fn router(cp: Arc<ControlPlane>) -> Router {
         .with_state(cp)
 }
 
-struct AdminError(StatusCode, String);
+pub(crate) struct AdminError(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for AdminError {
     fn into_response(self) -> Response {
@@ -60,6 +60,8 @@ impl From<ControlError> for AdminError {
             ControlError::Standby { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ControlError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             ControlError::Conflict { .. } => StatusCode::CONFLICT,
+            // The CLI reads this as "a server leads: use its admin API".
+            ControlError::Lease(_) => StatusCode::LOCKED,
         };
         if code == StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(error = %e, "admin change refused");
@@ -68,7 +70,7 @@ impl From<ControlError> for AdminError {
     }
 }
 
-type Result<T> = std::result::Result<Json<T>, AdminError>;
+pub(crate) type Result<T> = std::result::Result<Json<T>, AdminError>;
 
 fn reachability(r: Reachability) -> &'static str {
     match r {
@@ -302,9 +304,13 @@ async fn explain(
     }))
 }
 
-async fn change(cp: &ControlPlane, commands: Vec<Command>, done: &str) -> Result<api::Changed> {
-    let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Operator(operator()));
-    let decided = cp.execute(&origin, commands).await?;
+async fn change(
+    cp: &ControlPlane,
+    origin: &llmgw_decider::Origin,
+    commands: Vec<Command>,
+    done: &str,
+) -> Result<api::Changed> {
+    let decided = cp.execute(origin, commands).await?;
     cp.views_reach(decided.position).await;
     let events: Vec<String> = decided.events.iter().map(|e| e.encode().0).collect();
     let message = if events.is_empty() {
@@ -315,20 +321,19 @@ async fn change(cp: &ControlPlane, commands: Vec<Command>, done: &str) -> Result
     Ok(Json(api::Changed { events, message }))
 }
 
-fn operator() -> String {
-    "admin-api".into()
-}
-
 async fn cordon(
     State(cp): State<Arc<ControlPlane>>,
+    headers: axum::http::HeaderMap,
     Path(node): Path<String>,
 ) -> Result<api::Changed> {
+    let origin = crate::tenancy_api::origin(&headers);
     let done = format!("{node} is cordoned: no new placement, nothing running is touched");
     change(
         &cp,
+        &origin,
         vec![Command::Node(NodeCommand::Cordon {
             node_id: node,
-            by: operator(),
+            by: origin.actor.name().to_owned(),
             reason: "operator".into(),
         })],
         &done,
@@ -338,14 +343,17 @@ async fn cordon(
 
 async fn uncordon(
     State(cp): State<Arc<ControlPlane>>,
+    headers: axum::http::HeaderMap,
     Path(node): Path<String>,
 ) -> Result<api::Changed> {
+    let origin = crate::tenancy_api::origin(&headers);
     let done = format!("{node} is uncordoned");
     change(
         &cp,
+        &origin,
         vec![Command::Node(NodeCommand::Uncordon {
             node_id: node,
-            by: operator(),
+            by: origin.actor.name().to_owned(),
         })],
         &done,
     )
@@ -354,14 +362,17 @@ async fn uncordon(
 
 async fn drain(
     State(cp): State<Arc<ControlPlane>>,
+    headers: axum::http::HeaderMap,
     Path(node): Path<String>,
 ) -> Result<api::Changed> {
+    let origin = crate::tenancy_api::origin(&headers);
     let done = format!("{node} is draining: each replica moves once its replacement serves");
     change(
         &cp,
+        &origin,
         vec![Command::Node(NodeCommand::Drain {
             node_id: node,
-            by: operator(),
+            by: origin.actor.name().to_owned(),
         })],
         &done,
     )
@@ -370,8 +381,10 @@ async fn drain(
 
 async fn add_model(
     State(cp): State<Arc<ControlPlane>>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<api::Changed> {
+    let origin = crate::tenancy_api::origin(&headers);
     let model: Model = serde_json::from_slice(&body).map_err(|e| {
         AdminError(
             StatusCode::BAD_REQUEST,
@@ -397,7 +410,7 @@ async fn add_model(
             format!("model {} added", model.name),
         )
     };
-    change(&cp, vec![Command::Catalog(command)], &done).await
+    change(&cp, &origin, vec![Command::Catalog(command)], &done).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -407,11 +420,14 @@ struct NameQuery {
 
 async fn remove_model(
     State(cp): State<Arc<ControlPlane>>,
+    headers: axum::http::HeaderMap,
     Query(q): Query<NameQuery>,
 ) -> Result<api::Changed> {
+    let origin = crate::tenancy_api::origin(&headers);
     let done = format!("model {} removed; its replicas stop", q.name);
     change(
         &cp,
+        &origin,
         vec![Command::Catalog(CatalogCommand::RemoveModel {
             name: q.name,
         })],

@@ -161,7 +161,7 @@ type Outbound = Pin<Box<dyn tokio_stream::Stream<Item = Result<ControlMessage, S
 
 fn to_status(e: ControlError) -> Status {
     match e {
-        ControlError::Standby { .. } => Status::unavailable(e.to_string()),
+        ControlError::Standby { .. } | ControlError::Lease(_) => Status::unavailable(e.to_string()),
         ControlError::Rejected(r) => Status::invalid_argument(r.reason),
         ControlError::Store(e) => Status::unavailable(format!("the event store: {e}")),
         ControlError::Conflict { .. } => Status::aborted(e.to_string()),

@@ -28,12 +28,16 @@ pub struct ControlConfig {
     pub mgmt_interface: String,
     /// Models from the configuration file: they win over the store.
     pub models: Vec<Model>,
+    /// The admin address standbys forward commands to while this server
+    /// leads (default: `http://` and the admin listener's address).
+    pub advertise_admin: Option<String>,
 }
 
 impl Default for ControlConfig {
     fn default() -> Self {
         ControlConfig {
             instance: format!("llmgw-{}", std::process::id()),
+            advertise_admin: None,
             lease_ttl: Duration::from_secs(10),
             lease_poll: Duration::from_millis(500),
             interval: Duration::from_secs(5),

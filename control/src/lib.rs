@@ -14,7 +14,10 @@ pub mod admin;
 mod agents;
 mod config;
 mod convert;
+mod door;
+mod forward;
 mod reconciler;
+pub mod tenancy_api;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -29,6 +32,8 @@ use tokio::time::Instant;
 
 pub use agents::AgentSvc;
 pub use config::ControlConfig;
+pub use door::Door;
+pub use forward::forward_writes;
 
 /// Why a control-plane operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +48,10 @@ pub enum ControlError {
         "stream {stream} kept changing while the command was decided ({tries} tries); nothing was written: try again"
     )]
     Conflict { stream: String, tries: u32 },
+    /// No control plane here, and a server leads the store: the command
+    /// belongs to that server's admin API.
+    #[error("{0}")]
+    Lease(DecideError),
 }
 
 impl From<DecideError> for ControlError {
@@ -51,9 +60,7 @@ impl From<DecideError> for ControlError {
             DecideError::Rejected(r) => ControlError::Rejected(r),
             DecideError::Store(e) => ControlError::Store(e),
             DecideError::Conflict { stream, tries } => ControlError::Conflict { stream, tries },
-            DecideError::LeaseHeld { holder, .. } => ControlError::Standby {
-                leader: Some(holder),
-            },
+            e @ DecideError::LeaseHeld { .. } => ControlError::Lease(e),
         }
     }
 }
@@ -87,6 +94,12 @@ pub struct ControlPlane {
     /// Reconciler passes completed as leader: what "the reconciler has
     /// looked since" can be waited on.
     passes: watch::Sender<u64>,
+    /// Where this server's admin API answers others, recorded on taking
+    /// office so that standbys can forward commands here.
+    admin_url: Mutex<Option<String>>,
+    /// Leaders' admin addresses, read from the log (for forwarding).
+    leaders: tokio::sync::Mutex<forward::Leaders>,
+    http: reqwest::Client,
 }
 
 impl ControlPlane {
@@ -111,7 +124,20 @@ impl ControlPlane {
             wake: Notify::new(),
             started: Instant::now(),
             passes: watch::channel(0).0,
+            admin_url: Mutex::new(None),
+            leaders: tokio::sync::Mutex::new(forward::Leaders::default()),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap_or_default(),
         })
+    }
+
+    /// The admin address other servers forward commands to while this one
+    /// leads; set it before [`ControlPlane::run`].
+    pub fn advertise_admin(&self, url: String) {
+        *self.admin_url.lock().unwrap_or_else(|p| p.into_inner()) = Some(url);
     }
 
     /// The views this control plane reads (and the admin API answers from).
@@ -336,7 +362,11 @@ impl ControlPlane {
         let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {
             holder: token.holder.clone(),
             epoch: token.epoch,
-            admin: None,
+            admin: self
+                .admin_url
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         };
         let origin = self.own();
         self.decider

@@ -19,8 +19,18 @@ use crate::usage::UsageEvent;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data")]
 pub enum LeadershipEvent {
-    LeadershipAcquired { holder: String, epoch: u64 },
-    LeadershipReleased { holder: String, epoch: u64 },
+    LeadershipAcquired {
+        holder: String,
+        epoch: u64,
+        /// Where the new leader's admin API answers, so that a standby can
+        /// forward operators' commands to it (absent in older logs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        admin: Option<String>,
+    },
+    LeadershipReleased {
+        holder: String,
+        epoch: u64,
+    },
 }
 
 /// Any event of the log.

@@ -53,6 +53,9 @@ pub struct Spend {
     pub month: PeriodSpend,
     pub total_micros: u64,
     pub total_tokens: u64,
+    /// When the newest request counted here was made (ms, UTC); 0: never.
+    #[serde(default)]
+    pub last_at: i64,
 }
 
 impl Spend {
@@ -134,6 +137,7 @@ impl View for UsageView {
                     s.month.add(Period::Month, u.at, u.cost_micros, tokens);
                     s.total_micros = s.total_micros.saturating_add(u.cost_micros);
                     s.total_tokens = s.total_tokens.saturating_add(tokens);
+                    s.last_at = s.last_at.max(u.at);
                 }
                 let m = self.models.entry(u.model_served.clone()).or_default();
                 m.requests += 1;

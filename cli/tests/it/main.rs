@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 mod cluster;
 mod node_agent;
+mod tenancy;
 
 /// Waits until `check` says yes, for up to 30 s. Another process's state
 /// (a server's API, an agent's files) offers nothing to await, so it is

@@ -142,6 +142,7 @@ pub(crate) fn every_event() -> Vec<Event> {
         Event::Leadership(LeadershipEvent::LeadershipAcquired {
             holder: "ctl-a".into(),
             epoch: 3,
+            admin: None,
         }),
         Event::Leadership(LeadershipEvent::LeadershipReleased {
             holder: "ctl-a".into(),

@@ -1,0 +1,129 @@
+//! The gateway's settings from the `router:` and `admission:` sections,
+//! checked whole: a value out of range is refused with the key that holds
+//! it, before anything binds.
+
+use llmgw_gateway::GatewayConfig;
+
+use crate::config::{AdmissionSection, ConfigError, RouterSection, duration};
+
+fn ratio(key: &str, v: f64) -> Result<f64, ConfigError> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(ConfigError(format!("{key}: {v} must be from 0 to 1")))
+    }
+}
+
+fn positive(key: &str, v: f64) -> Result<f64, ConfigError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(ConfigError(format!("{key}: {v} must be above 0")))
+    }
+}
+
+fn nonzero(key: &str, v: usize) -> Result<usize, ConfigError> {
+    if v == 0 {
+        Err(ConfigError(format!("{key} must be at least 1")))
+    } else {
+        Ok(v)
+    }
+}
+
+fn interval(key: &str, v: &str) -> Result<std::time::Duration, ConfigError> {
+    let d = duration(key, v)?;
+    if d.is_zero() {
+        return Err(ConfigError(format!("{key} must be above 0")));
+    }
+    Ok(d)
+}
+
+/// Defaults, then whatever the sections set.
+pub(crate) fn gateway_config(
+    router: &RouterSection,
+    admission: &AdmissionSection,
+) -> Result<GatewayConfig, ConfigError> {
+    let mut g = GatewayConfig::default();
+    if let Some(n) = router.retries {
+        g.retries = n;
+    }
+    if let Some(h) = &router.session_header {
+        let valid = !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(ConfigError(format!(
+                "router.session_header: {h:?} is not a header name"
+            )));
+        }
+        g.session_header = h.to_ascii_lowercase();
+    }
+    if let Some(n) = router.body_limit {
+        g.body_limit = nonzero("router.body_limit", n)?;
+    }
+    if let Some(v) = &router.scrape_interval {
+        g.scrape_interval = interval("router.scrape_interval", v)?;
+    }
+    if let Some(v) = &router.connect_timeout {
+        g.connect_timeout = interval("router.connect_timeout", v)?;
+    }
+    if let Some(v) = &router.on_demand_wait {
+        g.on_demand_wait = duration("router.on_demand_wait", v)?;
+    }
+    if let Some(b) = &router.breaker {
+        if let Some(n) = b.threshold {
+            g.breaker.threshold = nonzero("router.breaker.threshold", n as usize)? as u32;
+        }
+        if let Some(v) = &b.cool_down {
+            g.breaker.cool_down = interval("router.breaker.cool_down", v)?;
+        }
+    }
+    if let Some(p) = &router.prefix {
+        let a = &mut g.affinity;
+        if let Some(on) = p.enabled {
+            a.enabled = on;
+        }
+        if let Some(n) = p.min_match {
+            a.min_match = n;
+        }
+        if let Some(r) = p.match_ratio {
+            a.match_ratio = ratio("router.prefix.match_ratio", r)?;
+        }
+        if let Some(v) = p.balance_abs {
+            a.balance_abs = positive("router.prefix.balance_abs", v)?;
+        }
+        if let Some(v) = p.balance_rel {
+            a.balance_rel = positive("router.prefix.balance_rel", v)?;
+        }
+        if let Some(v) = &p.ttl {
+            a.ttl = interval("router.prefix.ttl", v)?;
+        }
+        if let Some(n) = p.max_nodes {
+            a.max_entries = nonzero("router.prefix.max_nodes", n)?;
+        }
+    }
+    let ad = &mut g.admission;
+    if let Some(on) = admission.enabled {
+        ad.enabled = on;
+    }
+    if let Some(b) = &admission.default_band {
+        ad.default_band = llmgw_gateway::admission::parse_band(b).ok_or_else(|| {
+            ConfigError(format!(
+                "admission.default_band: {b:?} is not bronze, silver, gold or platinum"
+            ))
+        })?;
+    }
+    if let Some(v) = admission.kv_ceiling {
+        ad.kv_ceiling = ratio("admission.kv_ceiling", v)?;
+    }
+    if let Some(v) = admission.waiting_ceiling {
+        ad.waiting_ceiling = positive("admission.waiting_ceiling", v)?;
+    }
+    if let Some(v) = &admission.max_wait {
+        ad.max_wait = duration("admission.max_wait", v)?;
+    }
+    if let Some(n) = admission.max_waiting {
+        ad.max_waiting = nonzero("admission.max_waiting", n)?;
+    }
+    Ok(g)
+}

@@ -1,0 +1,495 @@
+//! Keys, limits, prices and usage through the shipped binary, in every
+//! mode a user can configure: router-only and with a control plane, auth
+//! on and off, SQLite and PostgreSQL, one server and two.
+
+use std::process::Command;
+
+use llmgw_testkit::{Backend, Scratch};
+use serde_json::{Value, json};
+
+use super::{Child, until};
+
+/// A sim engine serving `paid` and `free`.
+fn engine() -> Child {
+    Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "paid",
+        "--model",
+        "free",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "1000",
+    ])
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Static endpoints, no control plane.
+    RouterOnly,
+    /// A catalog (so the control plane leads) and the same static endpoint.
+    Control,
+}
+
+/// A server configuration for `mode`; `extra` is appended as is.
+fn config(
+    dir: &std::path::Path,
+    name: &str,
+    store: &str,
+    engine: &str,
+    mode: Mode,
+    extra: &str,
+) -> String {
+    let mut text = format!(
+        r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+store: "{store}"
+endpoints: ["e1=http://{engine}=paid,free"]
+"#
+    );
+    if mode == Mode::Control {
+        text.push_str(&format!(
+            r#"agent_listen: "127.0.0.1:0"
+control:
+  instance: {name}
+  interval: 200ms
+  lease_ttl: 2s
+  unreachable_after: 1s
+  lost_after: 2500ms
+models:
+  - name: paid
+    price: {{prompt_per_1k: 1000000, completion_per_1k: 1000000}}
+    fallbacks: [free]
+    scaling: {{min: 0, max: 1}}
+    profiles: [{{name: sim, engine: sim}}]
+  - name: free
+    scaling: {{min: 0, max: 1}}
+    profiles: [{{name: sim, engine: sim}}]
+"#
+        ));
+    }
+    text.push_str(extra);
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    admin: String,
+}
+
+fn start(config: &str) -> Server {
+    let child = Child::spawn(&["server", "--config", config]);
+    let base = format!("http://{}", child.addr_after("client listening on "));
+    let admin = format!("http://{}", child.addr_after("admin listening on "));
+    Server { child, base, admin }
+}
+
+/// `llmgw keys …` against `admin`, as operator `alice`.
+fn keys(store: &str, admin: &str, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .env_remove("LLMGW_ADMIN")
+        .args(["--store", store, "keys", "--admin", admin, "--as", "alice"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn keys_ok(store: &str, admin: &str, args: &[&str]) -> String {
+    let out = keys(store, admin, args);
+    assert!(
+        out.status.success(),
+        "keys {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+async fn chat(base: &str, key: Option<&str>, model: &str) -> reqwest::Response {
+    let mut r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": model, "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hello there"}]}));
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    r.send().await.unwrap()
+}
+
+async fn status_becomes(base: &str, key: Option<&str>, model: &str, want: u16) {
+    until(&format!("{model} answers {want}"), || async {
+        (chat(base, key, model).await.status() == want).then_some(())
+    })
+    .await;
+}
+
+fn new_key(store: &str, admin: &str, name: &str) -> (String, String) {
+    let out = keys(store, admin, &["create", "--project", "p", "--name", name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let err = String::from_utf8(out.stderr).unwrap();
+    let id = err
+        .split_whitespace()
+        .find(|w| w.starts_with("key-"))
+        .unwrap()
+        .trim_end_matches(';')
+        .to_owned();
+    (secret, id)
+}
+
+/// The whole tenancy story with auth on, in one mode and on one backend.
+async fn auth_on(mode: Mode, backend: Backend) {
+    let (store, _scratch) = Scratch::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth:\n  enabled: true\n  flush_interval: 50ms\n  default_price: {prompt_per_1k: 1000000, completion_per_1k: 1000000}\n";
+    let server = start(&config(dir.path(), "cp-a", &store, &e, mode, extra));
+    let (base, admin) = (server.base.as_str(), server.admin.as_str());
+
+    assert_eq!(
+        chat(base, None, "paid").await.status(),
+        401,
+        "no key, no answer"
+    );
+    keys_ok(
+        &store,
+        admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let (secret, id) = new_key(&store, admin, "backend");
+    status_becomes(base, Some(&secret), "free", 200).await;
+
+    // Limits set with the CLI: the third request in a minute is refused.
+    let (limited, limited_id) = new_key(&store, admin, "limited");
+    keys_ok(
+        &store,
+        admin,
+        &[
+            "limits",
+            "--scope",
+            "key",
+            "--id",
+            &limited_id,
+            "--rpm",
+            "2",
+        ],
+    );
+    let refused = until("the rpm limit to bind", || async {
+        let r = chat(base, Some(&limited), "free").await;
+        (r.status() == 429).then_some(r)
+    })
+    .await;
+    assert!(refused.headers().contains_key("retry-after"));
+
+    // A budget: once spent, a priced model falls back to a free one where
+    // the catalog has one, else the key gets insufficient_quota.
+    let (budgeted, budgeted_id) = new_key(&store, admin, "budgeted");
+    keys_ok(
+        &store,
+        admin,
+        &[
+            "limits",
+            "--scope",
+            "key",
+            "--id",
+            &budgeted_id,
+            "--budget",
+            "1",
+            "--period",
+            "day",
+        ],
+    );
+    status_becomes(base, Some(&budgeted), "paid", 200).await;
+    let answer = until("the budget to be spent", || async {
+        let r = chat(base, Some(&budgeted), "paid").await;
+        (r.status() != 200 || r.headers()["x-llmgw-served-model"] != "paid").then_some(r)
+    })
+    .await;
+    match mode {
+        Mode::Control => {
+            assert_eq!(answer.status(), 200);
+            assert_eq!(answer.headers()["x-llmgw-served-model"], "free");
+        }
+        Mode::RouterOnly => {
+            // Every model is priced (the default price): nothing to fall back to.
+            assert_eq!(answer.status(), 429);
+            let body: Value = answer.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
+            assert!(
+                body["error"]["message"].as_str().unwrap().contains("key"),
+                "{body}"
+            );
+        }
+    }
+
+    // /me agrees with the usage the log holds.
+    let me: Value = until("/me to show spend", || async {
+        let r = reqwest::Client::new()
+            .get(format!("{base}/me"))
+            .bearer_auth(&budgeted)
+            .send()
+            .await
+            .ok()?;
+        let v: Value = r.json().await.ok()?;
+        (v.to_string().contains("spent")).then_some(v)
+    })
+    .await;
+    let log = super::ok(&store, &["events", "tail", "--limit", "1000", "--json"]);
+    let cost: u64 = super::json_lines(&log)
+        .iter()
+        .filter(|e| {
+            e["event_type"] == "UsageRecorded" && e["payload"]["key_id"] == budgeted_id.as_str()
+        })
+        .map(|e| e["payload"]["cost_micros"].as_u64().unwrap())
+        .sum();
+    assert!(cost > 0);
+    assert!(
+        me.to_string().contains(&format!("\"spent_micros\":{cost}")),
+        "{me} vs {cost}"
+    );
+
+    // A refused command is on the record too; then the revocation.
+    let out = keys(
+        &store,
+        admin,
+        &["limits", "--scope", "key", "--id", &id, "--rpm", "0"],
+    );
+    assert!(!out.status.success());
+    keys_ok(&store, admin, &["revoke", &id]);
+    status_becomes(base, Some(&secret), "free", 401).await;
+    let history = super::ok(&store, &["events", "log", "--key", &id]);
+    for needle in ["KeyIssued", "KeyRevoked", "CommandRefused", "alice"] {
+        assert!(history.contains(needle), "{needle} in {history}");
+    }
+    drop(server);
+}
+
+/// With auth off nothing asks for a key, and usage is still recorded when
+/// asked for.
+async fn auth_off(mode: Mode, backend: Backend) {
+    let (store, _scratch) = Scratch::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let server = start(&config(
+        dir.path(),
+        "cp-off",
+        &store,
+        &e,
+        mode,
+        "record_usage: true\nauth:\n  flush_interval: 50ms\n",
+    ));
+    assert_eq!(chat(&server.base, None, "paid").await.status(), 200);
+    let r = chat(&server.base, None, "nope").await;
+    assert_eq!(r.status(), 404);
+    until("the usage record", || async {
+        let log = super::ok(&store, &["events", "stats", "--json"]);
+        log.contains("UsageRecorded").then_some(())
+    })
+    .await;
+    drop(server);
+}
+
+macro_rules! cells {
+    ($($name:ident => $body:expr),* $(,)?) => {
+        $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { $body.await } )*
+    };
+}
+
+cells!(
+    router_only_with_auth_on_sqlite => auth_on(Mode::RouterOnly, Backend::Sqlite),
+    router_only_with_auth_on_postgres => auth_on(Mode::RouterOnly, Backend::Postgres),
+    control_plane_with_auth_on_sqlite => auth_on(Mode::Control, Backend::Sqlite),
+    control_plane_with_auth_on_postgres => auth_on(Mode::Control, Backend::Postgres),
+    router_only_with_auth_off => auth_off(Mode::RouterOnly, Backend::Sqlite),
+    control_plane_with_auth_off => auth_off(Mode::Control, Backend::Postgres),
+);
+
+/// Two servers on one PostgreSQL: a key made through the standby lands via
+/// the leader and works on both; with the leader killed, the next key is
+/// made once the standby leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_forwards_key_commands_to_the_leader_and_takes_over() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth: true\n";
+    let mut a = start(&config(
+        dir.path(),
+        "cp-a",
+        &store,
+        &e,
+        Mode::Control,
+        extra,
+    ));
+    until("cp-a leads", || async {
+        let v: Value = reqwest::get(format!("{}/api/v1/leader", a.admin))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (v["is_leader"] == true).then_some(())
+    })
+    .await;
+    let b = start(&config(
+        dir.path(),
+        "cp-b",
+        &store,
+        &e,
+        Mode::Control,
+        extra,
+    ));
+    keys_ok(
+        &store,
+        &b.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let (secret, _) = new_key(&store, &b.admin, "via-standby");
+    status_becomes(&a.base, Some(&secret), "free", 200).await;
+    status_becomes(&b.base, Some(&secret), "free", 200).await;
+    let history = super::ok(&store, &["events", "tail", "--limit", "100", "--json"]);
+    let issued = super::json_lines(&history)
+        .into_iter()
+        .find(|e| e["event_type"] == "KeyIssued")
+        .unwrap();
+    assert_eq!(
+        issued["metadata"]["writer"], "cp-a",
+        "the leader wrote it: {issued}"
+    );
+    assert_eq!(issued["metadata"]["actor"], "alice");
+
+    a.child.process.kill().unwrap();
+    let _ = a.child.process.wait();
+    let (later, _) = until("the standby to take over key commands", || async {
+        let out = keys(
+            &store,
+            &b.admin,
+            &["create", "--project", "p", "--name", "after"],
+        );
+        out.status.success().then(|| {
+            let s = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+            (s, ())
+        })
+    })
+    .await;
+    status_becomes(&b.base, Some(&later), "free", 200).await;
+}
+
+/// Two `keys create` for one name at once: exactly one wins, through a
+/// server and with none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_creates_of_one_name_make_one_key() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    keys_ok(
+        &store,
+        &closed,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let race = |admin: String, name: &'static str| {
+        let store = store.clone();
+        let spawn = move || {
+            let (store, admin) = (store.clone(), admin.clone());
+            std::thread::spawn(move || {
+                keys(
+                    &store,
+                    &admin,
+                    &["create", "--project", "p", "--name", name],
+                )
+            })
+        };
+        let (x, y) = (spawn(), spawn());
+        [x.join().unwrap(), y.join().unwrap()]
+    };
+    let offline = race(closed.clone(), "same");
+    let wins = offline.iter().filter(|o| o.status.success()).count();
+    assert_eq!(wins, 1, "{offline:?}");
+    let loser = offline.iter().find(|o| !o.status.success()).unwrap();
+    assert!(String::from_utf8_lossy(&loser.stderr).contains("already has a key named same"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let server = start(&config(
+        dir.path(),
+        "cp-a",
+        &store,
+        &e,
+        Mode::Control,
+        "auth: true\n",
+    ));
+    let online = race(server.admin.clone(), "twin");
+    assert_eq!(
+        online.iter().filter(|o| o.status.success()).count(),
+        1,
+        "{online:?}"
+    );
+    let list = keys_ok(&store, &server.admin, &["list", "--json"]);
+    assert_eq!(list.matches("\"name\":\"twin\"").count(), 1, "{list}");
+}
+
+/// A setting a mode cannot honour stops the start with one line.
+#[test]
+fn settings_a_mode_cannot_honour_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("x.db").display());
+    let cases = [
+        (
+            "agent_listen: \"127.0.0.1:0\"\n",
+            "agent_listen needs the control plane",
+        ),
+        ("tls: {ca: a, cert: b, key: c}\n", "tls"),
+        (
+            "control: {lease_ttl: 5s}\n",
+            "control.* needs the control plane",
+        ),
+        (
+            "auth: {flush_interval: 1s}\n",
+            "auth.flush_interval applies only when usage is recorded",
+        ),
+        (
+            "auth: true\nadmission: {default_band: bronze}\n",
+            "admission.default_band applies only with auth off",
+        ),
+        ("router: {retires: 2}\n", "unknown field `retires`"),
+        (
+            "router: {prefix: {match_ratio: 2}}\n",
+            "router.prefix.match_ratio",
+        ),
+        (
+            "models:\n  - name: m\n    profiles: [{name: p, engine: sim, gpu_clas: x}]\n",
+            "unknown field `gpu_clas` in models.0.profiles.0",
+        ),
+    ];
+    for (extra, says) in cases {
+        let path = config(
+            dir.path(),
+            "bad",
+            &store,
+            "127.0.0.1:9",
+            Mode::RouterOnly,
+            extra,
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["server", "--config", &path])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra}: {err}");
+        assert!(err.contains(says), "expected {says:?} for {extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}

@@ -1,0 +1,57 @@
+//! Where an operator command goes. With a control plane, the leader
+//! decides it (a standby's admin API forwards the request to the leader,
+//! see `forward.rs`). In router-only mode there is no leader: each command
+//! is decided under the append lease, held for that one decision.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use llmgw_decider::{Decided, Origin};
+use llmgw_domain::Command;
+use llmgw_eventstore::AnyStore;
+use llmgw_projections::Projections;
+use tokio::sync::watch;
+
+use crate::{ControlError, ControlPlane};
+
+#[derive(Debug, Clone)]
+pub enum Door {
+    Control(Arc<ControlPlane>),
+    Lease {
+        store: AnyStore,
+        views: Arc<RwLock<Projections>>,
+        views_at: watch::Receiver<u64>,
+    },
+}
+
+impl Door {
+    pub async fn execute(
+        &self,
+        origin: &Origin,
+        commands: Vec<Command>,
+    ) -> Result<Decided, ControlError> {
+        match self {
+            Door::Control(cp) => cp.execute(origin, commands).await,
+            Door::Lease { store, .. } => {
+                Ok(llmgw_decider::offline::execute(store, origin, commands).await?)
+            }
+        }
+    }
+
+    pub fn views(&self) -> Arc<RwLock<Projections>> {
+        match self {
+            Door::Control(cp) => cp.views(),
+            Door::Lease { views, .. } => views.clone(),
+        }
+    }
+
+    /// Waits (bounded) until this server's views have read `position`, so
+    /// that a read after a write sees the write.
+    pub async fn views_reach(&self, position: u64) {
+        let mut at = match self {
+            Door::Control(cp) => cp.views_at.clone(),
+            Door::Lease { views_at, .. } => views_at.clone(),
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
+    }
+}

@@ -1,0 +1,142 @@
+//! A standby's admin API forwards writes to the leader, so an operator may
+//! talk to any server: the caller gets the leader's answer, unchanged. The
+//! leader's admin address is what it recorded on taking office
+//! (`LeadershipAcquired.admin`), read from the log's `leadership` stream.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use llmgw_api::admin as api;
+use llmgw_domain::Event;
+use llmgw_domain::event::LeadershipEvent;
+use llmgw_eventstore::EventStore;
+
+use crate::ControlPlane;
+use crate::admin::AdminError;
+
+/// The largest command body forwarded (a model file is the largest).
+const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// What this server knows of leaders' admin addresses.
+#[derive(Debug, Default)]
+pub(crate) struct Leaders {
+    /// The `leadership` stream's version read so far.
+    version: u64,
+    /// Epoch → the admin address its leader recorded.
+    admin: std::collections::BTreeMap<u64, String>,
+}
+
+impl ControlPlane {
+    /// The admin address of the server that leads now, if it recorded one.
+    pub(crate) async fn leader_admin(&self) -> Result<Option<(String, String)>, AdminError> {
+        let info = self
+            .store
+            .lease_info()
+            .await
+            .map_err(crate::ControlError::from)?;
+        let Some(holder) = info.holder.filter(|_| info.held) else {
+            return Ok(None);
+        };
+        let mut leaders = self.leaders.lock().await;
+        loop {
+            let page = self
+                .store
+                .read_stream("leadership", leaders.version, 500)
+                .await
+                .map_err(crate::ControlError::from)?;
+            let Some(last) = page.last() else { break };
+            leaders.version = last.stream_version;
+            for r in &page {
+                if let Ok(Event::Leadership(LeadershipEvent::LeadershipAcquired {
+                    epoch,
+                    admin: Some(admin),
+                    ..
+                })) = Event::decode(&r.event_type, r.schema_version, &r.payload)
+                {
+                    leaders.admin.insert(epoch, admin);
+                }
+            }
+        }
+        Ok(leaders
+            .admin
+            .get(&info.epoch)
+            .map(|url| (holder, url.clone())))
+    }
+}
+
+/// Passes reads and a leader's own commands through; a standby sends a
+/// command on to the leader once (never a forwarded one again).
+pub async fn forward_writes(
+    State(cp): State<Arc<ControlPlane>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    if read || cp.is_leader() || request.headers().contains_key(api::FORWARDED_HEADER) {
+        return next.run(request).await;
+    }
+    let leader = match cp.leader_admin().await {
+        Ok(Some(l)) => l,
+        // No leader, or one that left no address: the handler refuses
+        // with the leader's name.
+        Ok(None) => return next.run(request).await,
+        Err(e) => return e.into_response(),
+    };
+    match forward(&cp, &leader.1, request).await {
+        Ok(r) => r,
+        Err(why) => AdminError(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "this server is a standby and the leader {} does not answer at {}: {why}; try again once a leader is elected, or send the command to the leader's admin API",
+                leader.0, leader.1
+            ),
+        )
+        .into_response(),
+    }
+}
+
+async fn forward(cp: &ControlPlane, leader: &str, request: Request) -> Result<Response, String> {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, BODY_LIMIT)
+        .await
+        .map_err(|e| format!("the command's body: {e}"))?;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str());
+    let method =
+        reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = cp
+        .http
+        .request(method, format!("{}{path}", leader.trim_end_matches('/')))
+        .header(api::FORWARDED_HEADER, &cp.config.instance)
+        .body(body);
+    for (name, value) in &parts.headers {
+        let keep = [
+            axum::http::header::CONTENT_TYPE.as_str(),
+            api::ACTOR_HEADER,
+            api::COMMAND_HEADER,
+        ];
+        if keep.contains(&name.as_str()) {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = out.send().await.map_err(|e| e.to_string())?;
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let content_type = answer.headers().get(reqwest::header::CONTENT_TYPE).cloned();
+    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    let mut response = Response::new(Body::from(bytes));
+    *response.status_mut() = status;
+    if let Some(ct) =
+        content_type.and_then(|v| axum::http::HeaderValue::from_bytes(v.as_bytes()).ok())
+    {
+        response
+            .headers_mut()
+            .insert(axum::http::header::CONTENT_TYPE, ct);
+    }
+    Ok(response)
+}

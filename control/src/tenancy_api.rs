@@ -1,0 +1,310 @@
+//! The admin API's tenancy routes: orgs, teams, projects, keys and limits.
+//! Reads come from this server's views; writes go through the [`Door`]
+//! with the operator the request names, so the log says who did what.
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use llmgw_api::admin as api;
+use llmgw_decider::{Actor, Origin};
+use llmgw_domain::Command;
+use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::admin::{AdminError, Result};
+use crate::door::Door;
+
+pub fn router(door: Door) -> Router {
+    Router::new()
+        .route("/api/v1/orgs", post(create_org))
+        .route("/api/v1/teams", post(create_team))
+        .route("/api/v1/projects", post(create_project))
+        .route("/api/v1/keys", get(list_keys).post(create_key))
+        .route("/api/v1/keys/{key}/revoke", post(revoke_key))
+        .route("/api/v1/limits", put(set_limits))
+        .with_state(door)
+}
+
+/// The operator a request speaks for, and its command id (kept when a
+/// standby forwards it, so both servers' logs name one command).
+pub(crate) fn origin(headers: &HeaderMap) -> Origin {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty() && v.len() <= 128)
+            .map(str::to_owned)
+    };
+    let mut origin = Origin::new(Actor::Operator(
+        header(api::ACTOR_HEADER).unwrap_or_else(|| "admin-api".to_owned()),
+    ));
+    if let Some(id) = header(api::COMMAND_HEADER) {
+        origin.command_id = id;
+    }
+    origin
+}
+
+fn bad(why: impl Into<String>) -> AdminError {
+    AdminError(StatusCode::UNPROCESSABLE_ENTITY, why.into())
+}
+
+async fn change(
+    door: &Door,
+    headers: &HeaderMap,
+    commands: Vec<Command>,
+    done: &str,
+) -> Result<api::Changed> {
+    let decided = door.execute(&origin(headers), commands).await?;
+    door.views_reach(decided.position).await;
+    let events: Vec<String> = decided.events.iter().map(|e| e.encode().0).collect();
+    let message = if events.is_empty() {
+        format!("nothing to change: {done} already")
+    } else {
+        done.to_owned()
+    };
+    Ok(Json(api::Changed { events, message }))
+}
+
+async fn create_org(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Json(o): Json<api::NewOrg>,
+) -> Result<api::Changed> {
+    let done = format!("org {} exists", o.id);
+    let name = o.name.unwrap_or_else(|| o.id.clone());
+    let c = T::CreateOrg { org_id: o.id, name };
+    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+async fn create_team(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Json(t): Json<api::NewTeam>,
+) -> Result<api::Changed> {
+    let done = format!("team {} exists in org {}", t.id, t.org);
+    let name = t.name.unwrap_or_else(|| t.id.clone());
+    let c = T::CreateTeam {
+        team_id: t.id,
+        org_id: t.org,
+        name,
+    };
+    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+async fn create_project(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Json(p): Json<api::NewProject>,
+) -> Result<api::Changed> {
+    let done = format!("project {} exists in team {}", p.id, p.team);
+    let name = p.name.unwrap_or_else(|| p.id.clone());
+    let c = T::CreateProject {
+        project_id: p.id,
+        team_id: p.team,
+        name,
+    };
+    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+fn random_hex(n: usize) -> String {
+    let mut s = String::new();
+    while s.len() < n {
+        s.push_str(&uuid::Uuid::new_v4().simple().to_string());
+    }
+    s.truncate(n);
+    s
+}
+
+pub(crate) fn band_of(s: Option<&str>) -> std::result::Result<Band, AdminError> {
+    match s.unwrap_or("gold") {
+        "bronze" => Ok(Band::Bronze),
+        "silver" => Ok(Band::Silver),
+        "gold" => Ok(Band::Gold),
+        "platinum" => Ok(Band::Platinum),
+        other => Err(bad(format!(
+            "unknown band {other:?}: bronze, silver, gold or platinum"
+        ))),
+    }
+}
+
+fn band_name(b: Band) -> &'static str {
+    match b {
+        Band::Bronze => "bronze",
+        Band::Silver => "silver",
+        Band::Gold => "gold",
+        Band::Platinum => "platinum",
+    }
+}
+
+/// Makes the secret here, stores only its hash, and answers it once.
+async fn create_key(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Json(k): Json<api::NewKey>,
+) -> Result<api::KeyCreated> {
+    let band = band_of(k.band.as_deref())?;
+    let secret = format!("llmgw-sk-{}", random_hex(48));
+    let hash: String = Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let key = Key {
+        key_id: format!("key-{}", random_hex(12)),
+        project_id: k.project,
+        name: k.name,
+        hash,
+        prefix: secret[..12].to_owned(),
+        band,
+        routing_profile: None,
+        revoked: false,
+    };
+    let (key_id, prefix) = (key.key_id.clone(), key.prefix.clone());
+    let decided = door
+        .execute(&origin(&headers), vec![Command::Tenancy(T::IssueKey(key))])
+        .await?;
+    // The key works on this server once its views hold it.
+    door.views_reach(decided.position).await;
+    Ok(Json(api::KeyCreated {
+        key_id,
+        prefix,
+        secret,
+    }))
+}
+
+async fn revoke_key(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Result<api::Changed> {
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!("{key} is revoked");
+    let c = T::RevokeKey { key_id: key, by };
+    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+pub(crate) fn scope_of(s: &str) -> std::result::Result<Scope, AdminError> {
+    match s {
+        "org" => Ok(Scope::Org),
+        "team" => Ok(Scope::Team),
+        "project" => Ok(Scope::Project),
+        "key" => Ok(Scope::Key),
+        other => Err(bad(format!(
+            "unknown scope {other:?}: org, team, project or key"
+        ))),
+    }
+}
+
+fn period_of(s: &str) -> std::result::Result<Period, AdminError> {
+    match s {
+        "day" => Ok(Period::Day),
+        "month" => Ok(Period::Month),
+        other => Err(bad(format!("unknown period {other:?}: day or month"))),
+    }
+}
+
+fn period_name(p: Period) -> &'static str {
+    match p {
+        Period::Day => "day",
+        Period::Month => "month",
+    }
+}
+
+/// One level's limits as the API shows them.
+pub(crate) fn level(l: &Limits) -> api::LevelLimits {
+    api::LevelLimits {
+        rpm: l.rpm,
+        tpm: l.tpm,
+        models: l.models.clone(),
+        budget_micros: l.budget_micros,
+        period: l.period.map(|p| period_name(p).to_owned()),
+    }
+}
+
+/// The level's limits after the request: what it had (unless `clear`),
+/// with the given fields replaced.
+async fn set_limits(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Json(s): Json<api::SetLimits>,
+) -> Result<api::Changed> {
+    let scope = scope_of(&s.scope)?;
+    let mut limits = if s.clear {
+        Limits::default()
+    } else {
+        let views = door.views();
+        let views = views.read().unwrap_or_else(|p| p.into_inner());
+        views
+            .tenancy
+            .tenancy
+            .limits_at(scope, &s.id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let l = s.limits;
+    if l.rpm.is_some() {
+        limits.rpm = l.rpm;
+    }
+    if l.tpm.is_some() {
+        limits.tpm = l.tpm;
+    }
+    if s.all_models {
+        limits.models = None;
+    } else if l.models.is_some() {
+        limits.models = l.models;
+    }
+    if l.budget_micros.is_some() {
+        limits.budget_micros = l.budget_micros;
+    }
+    if let Some(p) = &l.period {
+        limits.period = Some(period_of(p)?);
+    }
+    let done = format!("limits of {} {} are set", s.scope, s.id);
+    let c = T::SetLimits {
+        scope,
+        scope_id: s.id,
+        limits,
+    };
+    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+#[derive(Debug, Deserialize)]
+struct KeysQuery {
+    project: Option<String>,
+}
+
+async fn list_keys(
+    State(door): State<Door>,
+    Query(q): Query<KeysQuery>,
+) -> Result<Vec<api::KeyRow>> {
+    let views = door.views();
+    let views = views.read().unwrap_or_else(|p| p.into_inner());
+    let t = &views.tenancy.tenancy;
+    let rows = t
+        .keys
+        .values()
+        .filter(|k| q.project.as_ref().is_none_or(|p| &k.project_id == p))
+        .map(|k| {
+            let last = views.usage.spend_of(Scope::Key, &k.key_id).last_at;
+            api::KeyRow {
+                key_id: k.key_id.clone(),
+                prefix: k.prefix.clone(),
+                project: k.project_id.clone(),
+                name: k.name.clone(),
+                band: band_name(k.band).into(),
+                state: if k.revoked { "revoked" } else { "active" }.into(),
+                limits: t
+                    .limits_at(Scope::Key, &k.key_id)
+                    .map(level)
+                    .unwrap_or_default(),
+                last_used: (last > 0)
+                    .then(|| chrono::DateTime::from_timestamp_millis(last))
+                    .flatten()
+                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+            }
+        })
+        .collect();
+    Ok(Json(rows))
+}
