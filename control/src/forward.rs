@@ -69,7 +69,9 @@ impl ControlPlane {
 }
 
 /// Passes reads and a leader's own commands through; a standby sends a
-/// command on to the leader once (never a forwarded one again).
+/// command on to the leader once (never a forwarded one again). While no
+/// leader is in office (an election, a takeover after a crash) it waits,
+/// bounded, for one, rather than failing a command a moment early.
 pub async fn forward_writes(
     State(cp): State<Arc<ControlPlane>>,
     request: Request,
@@ -79,25 +81,58 @@ pub async fn forward_writes(
     if read || cp.is_leader() || request.headers().contains_key(api::FORWARDED_HEADER) {
         return next.run(request).await;
     }
-    let leader = match cp.leader_admin().await {
-        Ok(Some(l)) => l,
-        // No leader, or one that left no address: the handler refuses
-        // with the leader's name.
-        Ok(None) => return next.run(request).await,
-        Err(e) => return e.into_response(),
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(e) => {
+            return AdminError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the command's body: {e}"),
+            )
+            .into_response();
+        }
     };
-    match forward(&cp, &leader.1, request).await {
-        Ok(r) => r,
-        Err(why) => AdminError(
+    let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
+    let deadline = tokio::time::Instant::now() + (cp.config.lease_ttl * 2).min(MAX_WAIT);
+    let mut leadership = cp.leadership();
+    let mut last_error = None;
+    loop {
+        if cp.is_leader() {
+            return next.run(rebuild()).await;
+        }
+        match cp.leader_admin().await {
+            Ok(Some((holder, url))) if holder != cp.config.instance => {
+                match forward(&cp, &url, rebuild()).await {
+                    Ok(r) => return r,
+                    Err(why) => last_error = Some((holder, url, why)),
+                }
+            }
+            // No leader yet, or this server is taking office.
+            Ok(_) => {}
+            Err(e) => return e.into_response(),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        let _ = tokio::time::timeout(RECHECK, leadership.changed()).await;
+    }
+    match last_error {
+        Some((holder, url, why)) => AdminError(
             StatusCode::BAD_GATEWAY,
             format!(
-                "this server is a standby and the leader {} does not answer at {}: {why}; try again once a leader is elected, or send the command to the leader's admin API",
-                leader.0, leader.1
+                "this server is a standby and the leader {holder} does not answer at {url}: {why}; try again once a new leader is elected"
             ),
         )
         .into_response(),
+        // The handler refuses with the leader's name (or "not elected yet").
+        None => next.run(rebuild()).await,
     }
 }
+
+/// How long a standby waits at most for a leader to forward to.
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+/// How often it looks again while waiting.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 async fn forward(cp: &ControlPlane, leader: &str, request: Request) -> Result<Response, String> {
     let (parts, body) = request.into_parts();

@@ -144,10 +144,13 @@ impl Gateway {
     /// Routes by the control plane's router view: its ready endpoints,
     /// aliases, fallbacks and prices.
     pub fn apply_router_view(&self, view: &RouterView) {
-        let specs = view
+        // Configured endpoints serve beside the control plane's replicas.
+        let specs = self
+            .config
             .endpoints
-            .values()
-            .map(|e| EndpointSpec {
+            .iter()
+            .cloned()
+            .chain(view.endpoints.values().map(|e| EndpointSpec {
                 id: e.replica_id.clone(),
                 url: e.url.clone(),
                 models: vec![e.model.clone()],
@@ -155,7 +158,7 @@ impl Gateway {
                 weight: e.weight.max(1),
                 priority: e.priority,
                 engine: engine_kind(e.engine),
-            })
+            }))
             .collect();
         self.endpoints.update(specs);
         self.routes

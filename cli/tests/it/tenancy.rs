@@ -66,6 +66,7 @@ models:
     scaling: {{min: 0, max: 1}}
     profiles: [{{name: sim, engine: sim}}]
   - name: free
+    price: {{prompt_per_1k: 0, completion_per_1k: 0}}
     scaling: {{min: 0, max: 1}}
     profiles: [{{name: sim, engine: sim}}]
 "#
@@ -123,10 +124,21 @@ async fn chat(base: &str, key: Option<&str>, model: &str) -> reqwest::Response {
 }
 
 async fn status_becomes(base: &str, key: Option<&str>, model: &str, want: u16) {
-    until(&format!("{model} answers {want}"), || async {
-        (chat(base, key, model).await.status() == want).then_some(())
-    })
-    .await;
+    let last = std::sync::Mutex::new(String::new());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = chat(base, key, model).await;
+        if r.status() == want {
+            return;
+        }
+        *last.lock().unwrap() = format!("{} {}", r.status(), r.text().await.unwrap_or_default());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{model} never answered {want}; last: {}",
+            last.lock().unwrap()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 fn new_key(store: &str, admin: &str, name: &str) -> (String, String) {
@@ -193,7 +205,8 @@ async fn auth_on(mode: Mode, backend: Backend) {
     assert!(refused.headers().contains_key("retry-after"));
 
     // A budget: once spent, a priced model falls back to a free one where
-    // the catalog has one, else the key gets insufficient_quota.
+    // the catalog has one, else the key gets insufficient_quota. At a
+    // micro-unit a token, one short request fits in it and a second does not.
     let (budgeted, budgeted_id) = new_key(&store, admin, "budgeted");
     keys_ok(
         &store,
@@ -205,7 +218,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
             "--id",
             &budgeted_id,
             "--budget",
-            "1",
+            "10000",
             "--period",
             "day",
         ],
@@ -253,7 +266,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
         })
         .map(|e| e["payload"]["cost_micros"].as_u64().unwrap())
         .sum();
-    assert!(cost > 0);
+    assert!(cost > 0, "{log}");
     assert!(
         me.to_string().contains(&format!("\"spent_micros\":{cost}")),
         "{me} vs {cost}"
