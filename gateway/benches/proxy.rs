@@ -58,14 +58,121 @@ async fn upstream() -> SocketAddr {
 }
 
 async fn gateway(up: SocketAddr) -> SocketAddr {
-    let gw = Gateway::new(
-        GatewayConfig {
-            endpoints: vec![format!("u=http://{up}=m").parse().unwrap()],
-            ..GatewayConfig::default()
+    let gw = Gateway::new(config(up), None).unwrap();
+    listen(gw).await
+}
+
+fn config(up: SocketAddr) -> GatewayConfig {
+    GatewayConfig {
+        endpoints: vec![format!("u=http://{up}=m").parse().unwrap()],
+        // Every request is priced, so the budget check has work to do.
+        default_price: llmgw_domain::catalog::Price {
+            prompt_per_1k: 1,
+            completion_per_1k: 1,
         },
-        None,
+        ..GatewayConfig::default()
+    }
+}
+
+/// What a gateway with keys, limits and usage recording needs: a store
+/// (SQLite, on disk), a key under org → team → project with rpm, tpm and a
+/// budget at every level, the views following the store, and the batcher.
+struct Tenancy {
+    secret: String,
+    store: llmgw_eventstore::AnyStore,
+    queue: std::sync::Arc<llmgw_gateway::usage::UsageQueue>,
+    views: std::sync::Arc<std::sync::RwLock<llmgw_projections::Projections>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn tenancy() -> (
+    Tenancy,
+    tokio::sync::mpsc::Receiver<llmgw_domain::usage::FinishedRequest>,
+) {
+    use llmgw_domain::Command;
+    use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
+    let dir = tempfile::tempdir().unwrap();
+    let address = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let store = llmgw_eventstore::AnyStore::open(
+        &llmgw_eventstore::StoreAddress::parse(&address).unwrap(),
+        llmgw_eventstore::OpenOptions::migrating(),
     )
+    .await
     .unwrap();
+    let secret = "llmgw-sk-bench-0123456789abcdef".to_owned();
+    // Generous limits: checked on every request, never refusing one.
+    let limits = Limits {
+        rpm: Some(100_000_000),
+        tpm: Some(2_000_000_000),
+        budget_micros: Some(u64::MAX / 4),
+        period: Some(Period::Month),
+        models: Some(vec!["m".into()]),
+    };
+    let mut commands = vec![
+        T::CreateOrg {
+            org_id: "o".into(),
+            name: "o".into(),
+        },
+        T::CreateTeam {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "t".into(),
+        },
+        T::CreateProject {
+            project_id: "p".into(),
+            team_id: "t".into(),
+            name: "p".into(),
+        },
+        T::IssueKey(Key {
+            key_id: "k".into(),
+            project_id: "p".into(),
+            name: "bench".into(),
+            hash: llmgw_gateway::auth::key_hash(&secret),
+            prefix: secret[..12].into(),
+            band: Band::Gold,
+            routing_profile: None,
+            revoked: false,
+        }),
+    ];
+    for (scope, id) in [
+        (Scope::Org, "o"),
+        (Scope::Team, "t"),
+        (Scope::Project, "p"),
+        (Scope::Key, "k"),
+    ] {
+        commands.push(T::SetLimits {
+            scope,
+            scope_id: id.into(),
+            limits: limits.clone(),
+        });
+    }
+    let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Recorder("bench".into()));
+    llmgw_decider::offline::execute(
+        &store,
+        &origin,
+        commands.into_iter().map(Command::Tenancy).collect(),
+    )
+    .await
+    .unwrap();
+    let mut runner = llmgw_projections::Runner::start(store.clone(), "bench")
+        .await
+        .unwrap();
+    let views = runner.views();
+    tokio::spawn(async move { runner.follow().await });
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(8192);
+    (
+        Tenancy {
+            secret,
+            store,
+            queue,
+            views,
+            _dir: dir,
+        },
+        rx,
+    )
+}
+
+async fn listen(gw: std::sync::Arc<Gateway>) -> SocketAddr {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let mut tx = Some(tx);
     let any = "127.0.0.1:0".parse().unwrap();
@@ -83,8 +190,10 @@ fn body(stream: bool) -> String {
 
 async fn one(client: &reqwest::Client, url: &str, stream: bool) -> Duration {
     let t = Instant::now();
+    // The key is ignored where auth is off.
     let resp = client
         .post(url)
+        .header("authorization", "Bearer llmgw-sk-bench-0123456789abcdef")
         .header("content-type", "application/json")
         .body(body(stream))
         .send()
@@ -164,12 +273,31 @@ fn main() {
     rt.block_on(async {
         let up = upstream().await;
         let gw = gateway(up).await;
+        let (t, rx) = tenancy().await;
+        let keyed = Gateway::with_keys(
+            config(up),
+            Some(t.queue.clone()),
+            Some(llmgw_gateway::auth::KeyDirectory(t.views.clone())),
+        )
+        .unwrap();
+        let batcher = tokio::spawn(llmgw_gateway::usage::run_batcher(
+            t.store.clone(),
+            "bench".into(),
+            rx,
+            500,
+            Duration::from_millis(200),
+            |_: &str| llmgw_domain::catalog::Price { prompt_per_1k: 1, completion_per_1k: 1 },
+        ));
+        let keyed = listen(keyed).await;
+        let tenanted = format!("http://{keyed}/v1/chat/completions");
+        assert!(!t.secret.is_empty());
         let direct = format!("http://{up}/v1/chat/completions");
         let via = format!("http://{gw}/v1/chat/completions");
         let client = reqwest::Client::builder().pool_max_idle_per_host(256).tcp_nodelay(true).build().unwrap();
         // Warm the connection pools.
         saturate(&client, &direct, 8, 1, false).await;
         saturate(&client, &via, 8, 1, false).await;
+        saturate(&client, &tenanted, 8, 1, false).await;
 
         for rate in [1000u64, 5000] {
             let mut d = fixed_rate(&client, &direct, rate, 3).await;
@@ -191,5 +319,86 @@ fn main() {
                 100.0 * g_rate / d_rate
             );
         }
+        // Auth, limits at four levels, budgets and usage recording on,
+        // against all off, in the same run.
+        let mut d = fixed_rate(&client, &direct, 1000, 3).await;
+        let mut g = fixed_rate(&client, &via, 1000, 3).await;
+        let mut k = fixed_rate(&client, &tenanted, 1000, 3).await;
+        let d50 = pct(&mut d, 0.5);
+        let d99 = pct(&mut d, 0.99);
+        println!(
+            "fixed 1000 req/s, added over direct: all off p50 {:.3} ms p99 {:.3} ms   auth+limits+usage p50 {:.3} ms p99 {:.3} ms",
+            pct(&mut g, 0.5) - d50,
+            pct(&mut g, 0.99) - d99,
+            pct(&mut k, 0.5) - d50,
+            pct(&mut k, 0.99) - d99,
+        );
+        let before = head(&t.store).await;
+        let (off, _) = saturate(&client, &via, 32, 3, false).await;
+        let (on, mut lat) = saturate(&client, &tenanted, 32, 3, false).await;
+        println!(
+            "saturated, 32 clients, plain: all off {off:.0} req/s, auth+limits+usage {on:.0} req/s (p50 {:.3} ms): {:.2} of all off",
+            pct(&mut lat, 0.5),
+            on / off
+        );
+        // The usage path: what reaching the log costs per request.
+        let recorded = settled(&t.store).await - before;
+        println!(
+            "usage path: {recorded} requests became UsageRecorded events ({} dropped); appending them costs {:.1} µs per record (batches of 500, SQLite)",
+            t.queue.dropped(),
+            append_cost(&t.store).await
+        );
+        drop(batcher);
     });
+}
+
+async fn head(store: &llmgw_eventstore::AnyStore) -> u64 {
+    use llmgw_eventstore::EventStore;
+    store.head().await.unwrap().0
+}
+
+/// The log's head once the batcher has stopped appending.
+async fn settled(store: &llmgw_eventstore::AnyStore) -> u64 {
+    let mut last = head(store).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = head(store).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Microseconds per usage record appended through the decider's observer
+/// path, in the batcher's batch size.
+async fn append_cost(store: &llmgw_eventstore::AnyStore) -> f64 {
+    let n = 5000;
+    let records: Vec<llmgw_domain::Event> = (0..n)
+        .map(|i| {
+            let request = llmgw_domain::usage::FinishedRequest {
+                request_id: format!("bench-{i}"),
+                key_id: "k".into(),
+                project_id: "p".into(),
+                model_asked: "m".into(),
+                model_served: "m".into(),
+                prompt_tokens: 12,
+                completion_tokens: 3,
+                status: 200,
+                latency_ms: 1,
+                ttft_ms: None,
+                band: llmgw_domain::tenancy::Band::Gold,
+                at: 0,
+            };
+            let priced = llmgw_domain::usage::record(request, llmgw_domain::catalog::Price::ZERO);
+            llmgw_domain::Event::Usage(priced.unwrap())
+        })
+        .collect();
+    let decider = llmgw_decider::Decider::new(store.clone(), "bench".into());
+    let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Gateway("bench".into()));
+    let timed = Instant::now();
+    for chunk in records.chunks(500) {
+        decider.observe(&origin, chunk.to_vec()).await.unwrap();
+    }
+    timed.elapsed().as_secs_f64() * 1e6 / n as f64
 }

@@ -266,8 +266,11 @@ fn actor(e: &RecordedEvent) -> String {
         text(e.metadata.get("actor_kind")),
     ) {
         (Some(a), Some(kind)) if kind != "operator" => format!("{a} ({kind})"),
-        (Some(a), _) => a,
-        (None, _) => text(e.payload.get("by"))
+        (Some(a), Some(_)) => a,
+        // Older events name only the writing process under "actor"; the
+        // person, where there was one, is the payload's `by`.
+        (old, _) => text(e.payload.get("by"))
+            .or(old)
             .or_else(|| text(e.metadata.get("writer")))
             .unwrap_or_else(|| "-".to_owned()),
     }

@@ -272,18 +272,32 @@ async fn auth_on(mode: Mode, backend: Backend) {
         "{me} vs {cost}"
     );
 
-    // A refused command is on the record too; then the revocation.
+    // Who issued, limited and revoked the key is on the record, and so is
+    // a refused command.
+    keys_ok(
+        &store,
+        admin,
+        &["limits", "--scope", "key", "--id", &id, "--tpm", "100000"],
+    );
     let out = keys(
         &store,
         admin,
         &["limits", "--scope", "key", "--id", &id, "--rpm", "0"],
     );
     assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rpm and tpm must be positive"),
+        "{out:?}"
+    );
     keys_ok(&store, admin, &["revoke", &id]);
     status_becomes(base, Some(&secret), "free", 401).await;
     let history = super::ok(&store, &["events", "log", "--key", &id]);
-    for needle in ["KeyIssued", "KeyRevoked", "CommandRefused", "alice"] {
-        assert!(history.contains(needle), "{needle} in {history}");
+    for needle in ["KeyIssued", "LimitsSet", "KeyRevoked", "CommandRefused"] {
+        let row = history.lines().find(|l| l.contains(needle));
+        assert!(
+            row.is_some_and(|r| r.contains("alice")),
+            "{needle} by alice in {history}"
+        );
     }
     drop(server);
 }

@@ -49,6 +49,15 @@ def main() -> None:
     emb = client.embeddings.create(model=model, input=["a", "b"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 16, emb
 
+    listed = [m.id for m in client.models.list()]
+    assert model in listed, listed
+    assert client.models.retrieve(model).id == model
+    try:
+        client.models.retrieve("nope")
+        raise AssertionError("an unknown model has no entry")
+    except openai.NotFoundError:
+        pass
+
     try:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
         raise AssertionError("an unknown model must fail")

@@ -3,13 +3,10 @@
 
 use std::time::Duration;
 
+use llmgw_domain::Command;
 use llmgw_domain::catalog::{Model, Price};
 use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
-use llmgw_domain::{Command, State};
-use llmgw_eventstore::{
-    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
-    Writer,
-};
+use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress, Writer};
 use llmgw_gateway::auth::{KeyDirectory, key_hash};
 use llmgw_gateway::{Gateway, GatewayConfig};
 use serde_json::{Value, json};
@@ -21,7 +18,8 @@ use crate::support::{self, sim, spec};
 struct Tenants {
     store: AnyStore,
     writer: Writer,
-    state: State,
+    decider: llmgw_decider::Decider,
+    origin: llmgw_decider::Origin,
     views: std::sync::Arc<std::sync::RwLock<llmgw_projections::Projections>>,
     position: tokio::sync::watch::Receiver<u64>,
     follower: tokio::task::JoinHandle<()>,
@@ -56,9 +54,10 @@ impl Tenants {
             let _ = runner.follow().await;
         });
         let mut t = Tenants {
+            decider: llmgw_decider::Decider::new(store.clone(), "test".into()),
+            origin: llmgw_decider::Origin::new(llmgw_decider::Actor::Recorder("test".into())),
             store,
             writer: Writer::Leader(lease.token),
-            state: State::default(),
             views,
             position,
             follower,
@@ -79,22 +78,17 @@ impl Tenants {
         t
     }
 
+    /// An observed fact (usage), through the decider's observer path.
     async fn append(&self, events: Vec<llmgw_domain::Event>) {
-        for e in events {
-            let (kind, version, payload) = e.encode();
-            let batch = [StreamAppend::new(
-                e.stream_id(),
-                ExpectedVersion::Any,
-                vec![NewEvent::new(kind, version, payload)],
-            )];
-            self.store.append(&self.writer, &batch).await.unwrap();
-        }
+        self.decider.observe(&self.origin, events).await.unwrap();
     }
 
+    /// A command, decided and appended through the one door.
     async fn run(&mut self, c: T) {
-        let events = self.state.decide(Command::Tenancy(c)).unwrap();
-        events.iter().for_each(|e| self.state.evolve(e));
-        self.append(events).await;
+        self.decider
+            .execute(&self.writer, &self.origin, vec![Command::Tenancy(c)])
+            .await
+            .unwrap();
         self.caught_up().await;
     }
 
