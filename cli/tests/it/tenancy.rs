@@ -520,3 +520,24 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
 }
+
+/// `keys init` and `events import` give a fresh store its schema, as a
+/// server would, instead of failing on a missing table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let keyed = format!("sqlite://{}", dir.path().join("keys.db").display());
+    keys_ok(
+        &keyed,
+        &closed,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let exported = super::ok(&keyed, &["events", "export"]);
+    let file = dir.path().join("log.jsonl");
+    std::fs::write(&file, &exported).unwrap();
+    let (imported, _scratch) = Scratch::new(Backend::Postgres).await;
+    super::ok(&imported, &["events", "import", file.to_str().unwrap()]);
+    let stats = super::ok(&imported, &["events", "stats", "--json"]);
+    assert!(stats.contains("ProjectCreated"), "{stats}");
+}
