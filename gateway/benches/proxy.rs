@@ -290,6 +290,14 @@ fn main() {
         ));
         let keyed = listen(keyed).await;
         let tenanted = format!("http://{keyed}/v1/chat/completions");
+        // The same keys and limits, recording no usage: what the log costs.
+        let unrecorded = Gateway::with_keys(
+            config(up),
+            None,
+            Some(llmgw_gateway::auth::KeyDirectory(t.views.clone())),
+        )
+        .unwrap();
+        let unrecorded = format!("http://{}/v1/chat/completions", listen(unrecorded).await);
         assert!(!t.secret.is_empty());
         let direct = format!("http://{up}/v1/chat/completions");
         let via = format!("http://{gw}/v1/chat/completions");
@@ -298,6 +306,7 @@ fn main() {
         saturate(&client, &direct, 8, 1, false).await;
         saturate(&client, &via, 8, 1, false).await;
         saturate(&client, &tenanted, 8, 1, false).await;
+        saturate(&client, &unrecorded, 8, 1, false).await;
 
         for rate in [1000u64, 5000] {
             let mut d = fixed_rate(&client, &direct, rate, 3).await;
@@ -333,12 +342,22 @@ fn main() {
             pct(&mut k, 0.5) - d50,
             pct(&mut k, 0.99) - d99,
         );
+        // Interleaved twice, best of each: the machine's own noise (two
+        // cores shared by clients, upstream and gateways) moves single runs
+        // by a third.
         let before = head(&t.store).await;
-        let (off, _) = saturate(&client, &via, 32, 3, false).await;
-        let (on, mut lat) = saturate(&client, &tenanted, 32, 3, false).await;
+        let (mut off, mut keys_only, mut on, mut on_p50) = (0f64, 0f64, 0f64, 0f64);
+        for _ in 0..2 {
+            off = off.max(saturate(&client, &via, 32, 3, false).await.0);
+            keys_only = keys_only.max(saturate(&client, &unrecorded, 32, 3, false).await.0);
+            let (rate, mut lat) = saturate(&client, &tenanted, 32, 3, false).await;
+            if rate > on {
+                (on, on_p50) = (rate, pct(&mut lat, 0.5));
+            }
+        }
         println!(
-            "saturated, 32 clients, plain: all off {off:.0} req/s, auth+limits+usage {on:.0} req/s (p50 {:.3} ms): {:.2} of all off",
-            pct(&mut lat, 0.5),
+            "saturated, 32 clients, plain, best of two: all off {off:.0} req/s; auth+limits without usage {keys_only:.0} req/s ({:.2} of all off); auth+limits+usage {on:.0} req/s, p50 {on_p50:.3} ms ({:.2} of all off)",
+            keys_only / off,
             on / off
         );
         // The usage path: what reaching the log costs per request.

@@ -88,14 +88,17 @@ pub async fn run_batcher(
     let mut pending: Vec<FinishedRequest> = Vec::new();
     let mut tick = tokio::time::interval(interval);
     loop {
-        let closed = tokio::select! {
+        // A full batch goes at once; anything else waits for the tick, so
+        // a steady trickle becomes one append per interval, not one per
+        // moment the queue happens to be empty.
+        let (flush, closed) = tokio::select! {
             r = rx.recv() => match r {
-                Some(r) => { pending.push(r); false }
-                None => true,
+                Some(r) => { pending.push(r); (pending.len() >= batch, false) }
+                None => (true, true),
             },
-            _ = tick.tick() => false,
+            _ = tick.tick() => (true, false),
         };
-        if !pending.is_empty() && (closed || pending.len() >= batch || rx.is_empty()) {
+        if flush && !pending.is_empty() {
             let events: Vec<Event> = pending
                 .drain(..)
                 .filter_map(|r| {

@@ -25,7 +25,14 @@ pub struct Runner<S> {
     /// Events between snapshots.
     snapshot_every: u64,
     since_snapshot: u64,
+    /// When the last snapshot was saved (or the runner started).
+    snapshot_at: tokio::time::Instant,
 }
+
+/// A runner that has caught up snapshots at most this often: under a
+/// steady trickle (usage) it is caught up after every batch, and a snapshot
+/// of every view per batch would cost more than the batch itself.
+const SNAPSHOT_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl<S: EventStore> Runner<S> {
     /// Loads the snapshot named `name` if it matches this build and the log,
@@ -47,6 +54,7 @@ impl<S: EventStore> Runner<S> {
             position,
             snapshot_every: 10_000,
             since_snapshot: 0,
+            snapshot_at: tokio::time::Instant::now(),
         };
         runner.catch_up().await?;
         Ok(runner)
@@ -131,7 +139,8 @@ impl<S: EventStore> Runner<S> {
     }
 
     /// Follows the log forever; drop the future to stop. A snapshot is saved
-    /// every `snapshot_every` events and whenever the views catch up.
+    /// every `snapshot_every` events, and when the views catch up if the
+    /// last one is older than [`SNAPSHOT_IDLE`].
     pub async fn follow(&mut self) -> Result<(), RunnerError> {
         let mut sub = self.store.subscribe(self.position());
         loop {
@@ -153,8 +162,10 @@ impl<S: EventStore> Runner<S> {
     }
 
     async fn maybe_snapshot(&mut self, caught_up: bool) -> Result<(), RunnerError> {
-        let due =
-            self.since_snapshot >= self.snapshot_every || (caught_up && self.since_snapshot > 0);
+        let due = self.since_snapshot >= self.snapshot_every
+            || (caught_up
+                && self.since_snapshot > 0
+                && self.snapshot_at.elapsed() >= SNAPSHOT_IDLE);
         if !due {
             return Ok(());
         }
@@ -176,6 +187,7 @@ impl<S: EventStore> Runner<S> {
             .save_checkpoint(&self.name, &snapshot.checkpoint)
             .await?;
         self.since_snapshot = 0;
+        self.snapshot_at = tokio::time::Instant::now();
         Ok(())
     }
 }
