@@ -312,13 +312,18 @@ async fn change(
 ) -> Result<api::Changed> {
     let decided = cp.execute(origin, commands).await?;
     cp.views_reach(decided.position).await;
+    Ok(Json(changed(&decided, done)))
+}
+
+/// What a command changed, as the API answers it.
+pub(crate) fn changed(decided: &llmgw_decider::Decided, done: &str) -> api::Changed {
     let events: Vec<String> = decided.events.iter().map(|e| e.encode().0).collect();
     let message = if events.is_empty() {
         format!("nothing to change: {done} already")
     } else {
         done.to_owned()
     };
-    Ok(Json(api::Changed { events, message }))
+    api::Changed { events, message }
 }
 
 async fn cordon(

@@ -59,13 +59,7 @@ async fn change(
 ) -> Result<api::Changed> {
     let decided = door.execute(&origin(headers), commands).await?;
     door.views_reach(decided.position).await;
-    let events: Vec<String> = decided.events.iter().map(|e| e.encode().0).collect();
-    let message = if events.is_empty() {
-        format!("nothing to change: {done} already")
-    } else {
-        done.to_owned()
-    };
-    Ok(Json(api::Changed { events, message }))
+    Ok(Json(crate::admin::changed(&decided, done)))
 }
 
 async fn create_org(
