@@ -107,7 +107,7 @@ pub(crate) fn gateway_config(
         ad.enabled = on;
     }
     if let Some(b) = &admission.default_band {
-        ad.default_band = llmgw_gateway::admission::parse_band(b).ok_or_else(|| {
+        ad.default_band = llmgw_domain::tenancy::Band::parse(b).ok_or_else(|| {
             ConfigError(format!(
                 "admission.default_band: {b:?} is not bronze, silver, gold or platinum"
             ))

@@ -70,11 +70,17 @@ fn say(line: String) {
 fn instance(plan: &Plan) -> String {
     match &plan.control {
         Some(c) => c.instance.clone(),
-        None => {
-            let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
-            format!("{}-{}", host.trim(), std::process::id())
-        }
+        None => default_instance(),
     }
+}
+
+/// `hostname-pid`: unique among the servers sharing a store.
+pub(crate) fn default_instance() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let host = Some(host.trim())
+        .filter(|h| !h.is_empty())
+        .unwrap_or("llmgw");
+    format!("{host}-{}", std::process::id())
 }
 
 /// The views every reader shares (keys, budgets, prices, routes and the

@@ -83,6 +83,11 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
             (agent_listen.is_some(), "agent_listen"),
             (agent_tls.is_some(), "tls"),
             (file.control.is_set(), "control.*"),
+            // Only the control plane starts models on demand.
+            (
+                file.router.on_demand_wait.is_some(),
+                "router.on_demand_wait",
+            ),
         ];
         if let Some((_, what)) = needs_control.iter().find(|(set, _)| *set) {
             return Err(ConfigError(format!(
@@ -220,11 +225,10 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         }
         out.advertise_admin = Some(url.trim_end_matches('/').to_owned());
     }
-    if let Some(i) = &c.instance {
-        out.instance = i.clone();
-    } else if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
-        out.instance = format!("{}-{}", host.trim(), std::process::id());
-    }
+    out.instance = c
+        .instance
+        .clone()
+        .unwrap_or_else(crate::serve::default_instance);
     out.models = file.models.clone();
     Ok(Some(out))
 }

@@ -4,7 +4,6 @@
 //! is decided under the append lease, held for that one decision.
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use llmgw_decider::{Decided, Origin};
 use llmgw_domain::Command;
@@ -48,10 +47,9 @@ impl Door {
     /// Waits (bounded) until this server's views have read `position`, so
     /// that a read after a write sees the write.
     pub async fn views_reach(&self, position: u64) {
-        let mut at = match self {
-            Door::Control(cp) => cp.views_at.clone(),
-            Door::Lease { views_at, .. } => views_at.clone(),
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
+        match self {
+            Door::Control(cp) => cp.views_reach(position).await,
+            Door::Lease { views_at, .. } => crate::reach(views_at.clone(), position).await,
+        }
     }
 }

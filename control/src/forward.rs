@@ -102,7 +102,7 @@ pub async fn forward_writes(
         }
         match cp.leader_admin().await {
             Ok(Some((holder, url))) if holder != cp.config.instance => {
-                match forward(&cp, &url, rebuild()).await {
+                match forward(&cp, &url, &parts, body.clone()).await {
                     Ok(r) => return r,
                     Err(why) => last_error = Some((holder, url, why)),
                 }
@@ -134,11 +134,12 @@ const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 /// How often it looks again while waiting.
 const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
-async fn forward(cp: &ControlPlane, leader: &str, request: Request) -> Result<Response, String> {
-    let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, BODY_LIMIT)
-        .await
-        .map_err(|e| format!("the command's body: {e}"))?;
+async fn forward(
+    cp: &ControlPlane,
+    leader: &str,
+    parts: &axum::http::request::Parts,
+    body: axum::body::Bytes,
+) -> Result<Response, String> {
     let path = parts
         .uri
         .path_and_query()

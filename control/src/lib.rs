@@ -65,6 +65,11 @@ impl From<DecideError> for ControlError {
     }
 }
 
+/// Waits, for 5 s at most, until views at `at` have read `position`.
+async fn reach(mut at: watch::Receiver<u64>, position: u64) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
+}
+
 /// How often a standby records demand for one model.
 const DEMAND_EVERY_MS: i64 = 5_000;
 
@@ -247,8 +252,7 @@ impl ControlPlane {
     /// Waits until this server's views have read `position`, so that a
     /// read after a write sees the write.
     pub(crate) async fn views_reach(&self, position: u64) {
-        let mut at = self.views_at.clone();
-        let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
+        reach(self.views_at.clone(), position).await;
     }
 
     fn lose_leadership(&self, token: &LeaseToken) {

@@ -112,25 +112,13 @@ fn random_hex(n: usize) -> String {
     s
 }
 
-pub(crate) fn band_of(s: Option<&str>) -> std::result::Result<Band, AdminError> {
-    match s.unwrap_or("gold") {
-        "bronze" => Ok(Band::Bronze),
-        "silver" => Ok(Band::Silver),
-        "gold" => Ok(Band::Gold),
-        "platinum" => Ok(Band::Platinum),
-        other => Err(bad(format!(
-            "unknown band {other:?}: bronze, silver, gold or platinum"
-        ))),
-    }
-}
-
-fn band_name(b: Band) -> &'static str {
-    match b {
-        Band::Bronze => "bronze",
-        Band::Silver => "silver",
-        Band::Gold => "gold",
-        Band::Platinum => "platinum",
-    }
+fn band_of(s: Option<&str>) -> std::result::Result<Band, AdminError> {
+    let s = s.unwrap_or("gold");
+    Band::parse(s).ok_or_else(|| {
+        bad(format!(
+            "unknown band {s:?}: bronze, silver, gold or platinum"
+        ))
+    })
 }
 
 /// Makes the secret here, stores only its hash, and answers it once.
@@ -179,31 +167,12 @@ async fn revoke_key(
     change(&door, &headers, vec![Command::Tenancy(c)], &done).await
 }
 
-pub(crate) fn scope_of(s: &str) -> std::result::Result<Scope, AdminError> {
-    match s {
-        "org" => Ok(Scope::Org),
-        "team" => Ok(Scope::Team),
-        "project" => Ok(Scope::Project),
-        "key" => Ok(Scope::Key),
-        other => Err(bad(format!(
-            "unknown scope {other:?}: org, team, project or key"
-        ))),
-    }
+fn scope_of(s: &str) -> std::result::Result<Scope, AdminError> {
+    Scope::parse(s).ok_or_else(|| bad(format!("unknown scope {s:?}: org, team, project or key")))
 }
 
 fn period_of(s: &str) -> std::result::Result<Period, AdminError> {
-    match s {
-        "day" => Ok(Period::Day),
-        "month" => Ok(Period::Month),
-        other => Err(bad(format!("unknown period {other:?}: day or month"))),
-    }
-}
-
-fn period_name(p: Period) -> &'static str {
-    match p {
-        Period::Day => "day",
-        Period::Month => "month",
-    }
+    Period::parse(s).ok_or_else(|| bad(format!("unknown period {s:?}: day or month")))
 }
 
 /// One level's limits as the API shows them.
@@ -213,7 +182,7 @@ pub(crate) fn level(l: &Limits) -> api::LevelLimits {
         tpm: l.tpm,
         models: l.models.clone(),
         budget_micros: l.budget_micros,
-        period: l.period.map(|p| period_name(p).to_owned()),
+        period: l.period.map(|p| p.name().to_owned()),
     }
 }
 
@@ -287,7 +256,7 @@ async fn list_keys(
                 prefix: k.prefix.clone(),
                 project: k.project_id.clone(),
                 name: k.name.clone(),
-                band: band_name(k.band).into(),
+                band: k.band.name().into(),
                 state: if k.revoked { "revoked" } else { "active" }.into(),
                 limits: t
                     .limits_at(Scope::Key, &k.key_id)

@@ -20,6 +20,13 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// `org`, `team`, `project` or `key`.
+    pub fn parse(s: &str) -> Option<Scope> {
+        [Scope::Org, Scope::Team, Scope::Project, Scope::Key]
+            .into_iter()
+            .find(|v| v.name() == s)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Scope::Org => "org",
@@ -35,6 +42,22 @@ impl Scope {
 pub enum Period {
     Day,
     Month,
+}
+
+impl Period {
+    pub fn name(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+
+    /// `day` or `month`.
+    pub fn parse(s: &str) -> Option<Period> {
+        [Period::Day, Period::Month]
+            .into_iter()
+            .find(|v| v.name() == s)
+    }
 }
 
 /// Limits at one level. `None` means "not set here". An empty `models`
@@ -183,6 +206,25 @@ pub enum Band {
     Silver,
     Gold,
     Platinum,
+}
+
+impl Band {
+    pub fn name(self) -> &'static str {
+        match self {
+            Band::Bronze => "bronze",
+            Band::Silver => "silver",
+            Band::Gold => "gold",
+            Band::Platinum => "platinum",
+        }
+    }
+
+    /// `bronze`, `silver`, `gold` or `platinum`, in any case.
+    pub fn parse(s: &str) -> Option<Band> {
+        let s = s.to_ascii_lowercase();
+        [Band::Bronze, Band::Silver, Band::Gold, Band::Platinum]
+            .into_iter()
+            .find(|v| v.name() == s)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

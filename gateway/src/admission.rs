@@ -51,25 +51,6 @@ pub fn threshold(band: Band) -> f64 {
     }
 }
 
-pub fn parse_band(s: &str) -> Option<Band> {
-    match s.to_ascii_lowercase().as_str() {
-        "bronze" => Some(Band::Bronze),
-        "silver" => Some(Band::Silver),
-        "gold" => Some(Band::Gold),
-        "platinum" => Some(Band::Platinum),
-        _ => None,
-    }
-}
-
-pub fn band_name(band: Band) -> &'static str {
-    match band {
-        Band::Bronze => "bronze",
-        Band::Silver => "silver",
-        Band::Gold => "gold",
-        Band::Platinum => "platinum",
-    }
-}
-
 #[derive(Debug)]
 pub struct Admission {
     pub(crate) config: AdmissionConfig,

@@ -124,21 +124,10 @@ async fn chat(base: &str, key: Option<&str>, model: &str) -> reqwest::Response {
 }
 
 async fn status_becomes(base: &str, key: Option<&str>, model: &str, want: u16) {
-    let last = std::sync::Mutex::new(String::new());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let r = chat(base, key, model).await;
-        if r.status() == want {
-            return;
-        }
-        *last.lock().unwrap() = format!("{} {}", r.status(), r.text().await.unwrap_or_default());
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{model} never answered {want}; last: {}",
-            last.lock().unwrap()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    until(&format!("{model} to answer {want}"), || async {
+        (chat(base, key, model).await.status() == want).then_some(())
+    })
+    .await;
 }
 
 fn new_key(store: &str, admin: &str, name: &str) -> (String, String) {
@@ -492,6 +481,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "admission.default_band applies only with auth off",
         ),
         ("router: {retires: 2}\n", "unknown field `retires`"),
+        (
+            "router: {on_demand_wait: 30s}\n",
+            "router.on_demand_wait needs the control plane",
+        ),
         (
             "router: {prefix: {match_ratio: 2}}\n",
             "router.prefix.match_ratio",

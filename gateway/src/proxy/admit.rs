@@ -58,7 +58,7 @@ pub(crate) async fn admit(
     let band = match (&caller.key, &caller.band_header) {
         (Some(k), _) => k.band,
         (None, None) => gw.admission.config.default_band,
-        (None, Some(b)) => crate::admission::parse_band(b).ok_or_else(|| {
+        (None, Some(b)) => Band::parse(b).ok_or_else(|| {
             ApiError::bad_request(format!(
                 "unknown band {b:?}: bronze, silver, gold or platinum"
             ))
@@ -80,7 +80,7 @@ pub(crate) async fn admit(
             .saturation(model, cfg.waiting_ceiling, cfg.kv_ceiling)
     };
     if gw.admission.admit(band, saturation).await.is_err() {
-        let name = crate::admission::band_name(band);
+        let name = band.name();
         gw.metrics.rejected(name);
         return Err(ApiError::overloaded(name));
     }
