@@ -209,7 +209,9 @@ impl Api {
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
             if status == 404 && why.is_empty() {
-                bail!("the server's admin API has no tenancy routes: is it an older llmgw?");
+                bail!(
+                    "the server at --admin keeps no keys: it runs without auth and record_usage (or is an older llmgw); pass --offline to write to --store instead"
+                );
             }
             if let Api::Local { admin, .. } = self
                 && status == 423

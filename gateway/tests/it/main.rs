@@ -796,23 +796,7 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
     }
     let mut model = Model::named("llama");
     model.aliases = vec!["llama-latest".into()];
-    model.profiles.push(Profile {
-        name: "sim".into(),
-        engine: Engine::Sim,
-        gpu_class: None,
-        tp: 1,
-        pp: 1,
-        nodes: 1,
-        gpus_per_node: 0,
-        priority: 0,
-        weight: 1,
-        startup_timeout_s: None,
-        min_disk_gb: 0,
-        memory_mb: 0,
-        node_selector: Default::default(),
-        args: vec![],
-        env: Default::default(),
-    });
+    model.profiles.push(Profile::cpu("sim", Engine::Sim));
     apply(
         &mut view,
         Event::Catalog(CatalogEvent::ModelAdded {

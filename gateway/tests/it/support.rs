@@ -234,23 +234,7 @@ pub(crate) fn router_view(
             &e,
         )
     };
-    let profile = Profile {
-        name: "sim".into(),
-        engine: Engine::Sim,
-        gpu_class: None,
-        tp: 1,
-        pp: 1,
-        nodes: 1,
-        gpus_per_node: 0,
-        priority: 0,
-        weight: 1,
-        startup_timeout_s: None,
-        min_disk_gb: 0,
-        memory_mb: 0,
-        node_selector: Default::default(),
-        args: vec![],
-        env: Default::default(),
-    };
+    let profile = Profile::cpu("sim", Engine::Sim);
     let fp = profile.fingerprint();
     for mut model in models {
         if model.profiles.is_empty() {
