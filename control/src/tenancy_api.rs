@@ -142,6 +142,7 @@ async fn create_key(
         band,
         routing_profile: None,
         revoked: false,
+        owner: None,
     };
     let (key_id, prefix) = (key.key_id.clone(), key.prefix.clone());
     let decided = door

@@ -66,12 +66,16 @@ impl Command {
                     scope, scope_id, ..
                 } => scoped(*scope, scope_id),
                 T::IssueKey(k) => scoped(Scope::Key, &k.key_id),
-                T::RevokeKey { key_id, .. } => scoped(Scope::Key, key_id),
+                T::RevokeKey { key_id, .. }
+                | T::OfferClaim { key_id, .. }
+                | T::Claim { key_id } => scoped(Scope::Key, key_id),
                 T::SignUp { user_id }
                 | T::Approve { user_id, .. }
                 | T::Suspend { user_id, .. }
                 | T::Promote { user_id, .. }
-                | T::ChangePassword { user_id } => format!("user-{user_id}"),
+                | T::ChangePassword { user_id }
+                | T::ResetPassword { user_id, .. }
+                | T::Erase { user_id, .. } => format!("user-{user_id}"),
             },
         }
     }
@@ -139,6 +143,10 @@ impl Command {
                 T::Suspend { user_id, .. } => format!("Suspend {user_id}"),
                 T::Promote { user_id, .. } => format!("Promote {user_id}"),
                 T::ChangePassword { user_id } => format!("ChangePassword {user_id}"),
+                T::ResetPassword { user_id, .. } => format!("ResetPassword {user_id}"),
+                T::Erase { user_id, .. } => format!("Erase {user_id}"),
+                T::OfferClaim { key_id, .. } => format!("OfferClaim {key_id}"),
+                T::Claim { key_id } => format!("Claim {key_id}"),
             },
         }
     }

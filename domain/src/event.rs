@@ -90,6 +90,10 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("UserSuspended", Area::Tenancy, 1),
     ("UserPromoted", Area::Tenancy, 1),
     ("PasswordChanged", Area::Tenancy, 1),
+    ("PasswordReset", Area::Tenancy, 1),
+    ("UserErased", Area::Tenancy, 1),
+    ("KeyClaimOffered", Area::Tenancy, 1),
+    ("KeyClaimed", Area::Tenancy, 1),
     ("UsageRecorded", Area::Usage, 1),
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
@@ -215,12 +219,16 @@ impl Event {
                     Scope::Key => format!("key-{scope_id}"),
                 },
                 T::KeyIssued(k) => format!("key-{}", k.key_id),
-                T::KeyRevoked { key_id, .. } => format!("key-{key_id}"),
+                T::KeyRevoked { key_id, .. }
+                | T::KeyClaimOffered { key_id, .. }
+                | T::KeyClaimed { key_id } => format!("key-{key_id}"),
                 T::UserSignedUp { user_id }
                 | T::UserApproved { user_id, .. }
                 | T::UserSuspended { user_id, .. }
                 | T::UserPromoted { user_id, .. }
-                | T::PasswordChanged { user_id } => format!("user-{user_id}"),
+                | T::PasswordChanged { user_id }
+                | T::PasswordReset { user_id, .. }
+                | T::UserErased { user_id, .. } => format!("user-{user_id}"),
             },
             Event::Usage(UsageEvent::UsageRecorded(u)) => format!("usage-{}", u.key_id),
             Event::Leadership(_) => "leadership".to_owned(),

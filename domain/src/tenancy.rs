@@ -241,6 +241,10 @@ pub struct Key {
     pub routing_profile: Option<String>,
     #[serde(default)]
     pub revoked: bool,
+    /// The person who made it for themselves on their profile page, so
+    /// their use counts as theirs; None for a key an operator made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,6 +253,8 @@ pub enum UserStatus {
     Pending,
     Active,
     Suspended,
+    /// Personal data removed; the id stays in the log, powerless.
+    Erased,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -305,6 +311,25 @@ pub enum TenancyCommand {
     ChangePassword {
         user_id: String,
     },
+    /// An operator set a new password (the hash lives outside the log).
+    ResetPassword {
+        user_id: String,
+        by: String,
+    },
+    /// The person's personal data is gone; the id stays, powerless.
+    Erase {
+        user_id: String,
+        by: String,
+    },
+    /// The key's secret waits, sealed, behind a claim link.
+    OfferClaim {
+        key_id: String,
+        by: String,
+    },
+    /// The claim link was used; the sealed copy is gone.
+    Claim {
+        key_id: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -353,6 +378,21 @@ pub enum TenancyEvent {
     /// The hash lives outside the log; the event says that sessions end.
     PasswordChanged {
         user_id: String,
+    },
+    PasswordReset {
+        user_id: String,
+        by: String,
+    },
+    UserErased {
+        user_id: String,
+        by: String,
+    },
+    KeyClaimOffered {
+        key_id: String,
+        by: String,
+    },
+    KeyClaimed {
+        key_id: String,
     },
 }
 
@@ -426,6 +466,40 @@ impl Tenancy {
         chain.push((Scope::Project, key.project_id.clone()));
         chain.push((Scope::Key, key_id.to_owned()));
         chain
+    }
+
+    /// The levels above and at a project, org first.
+    pub fn project_chain(&self, project_id: &str) -> Vec<(Scope, String)> {
+        let team = self.projects.get(project_id).and_then(|p| p.parent.clone());
+        let org = team
+            .as_ref()
+            .and_then(|t| self.teams.get(t))
+            .and_then(|t| t.parent.clone());
+        let mut chain = Vec::new();
+        if let Some(o) = org {
+            chain.push((Scope::Org, o));
+        }
+        if let Some(t) = team {
+            chain.push((Scope::Team, t));
+        }
+        chain.push((Scope::Project, project_id.to_owned()));
+        chain
+    }
+
+    /// A project's composed limits: what a person signed in to it may do.
+    pub fn project_effective(
+        &self,
+        project_id: &str,
+        canonical: impl Fn(&str) -> String,
+    ) -> Effective {
+        let chain = self.project_chain(project_id);
+        let empty = Limits::default();
+        compose(
+            chain
+                .iter()
+                .map(|(s, id)| (*s, id.as_str(), self.limits_at(*s, id).unwrap_or(&empty))),
+            canonical,
+        )
     }
 
     /// A key's composed limits.
@@ -593,7 +667,7 @@ impl Tenancy {
                 project_id,
                 by,
             } => {
-                let user = self.user(&user_id)?;
+                let user = self.live_user(&user_id)?;
                 if !self.projects.contains_key(&project_id) {
                     return Err(Rejection::not_found(format!("no project {project_id}")));
                 }
@@ -609,7 +683,7 @@ impl Tenancy {
                     }]
                 }
             }
-            C::Suspend { user_id, by } => match self.user(&user_id)?.status {
+            C::Suspend { user_id, by } => match self.live_user(&user_id)?.status {
                 UserStatus::Suspended => vec![],
                 _ => vec![E::UserSuspended { user_id, by }],
             },
@@ -625,9 +699,28 @@ impl Tenancy {
                 }
             }
             C::ChangePassword { user_id } => {
-                self.user(&user_id)?;
+                self.live_user(&user_id)?;
                 vec![E::PasswordChanged { user_id }]
             }
+            C::ResetPassword { user_id, by } => {
+                self.live_user(&user_id)?;
+                vec![E::PasswordReset { user_id, by }]
+            }
+            C::Erase { user_id, by } => match self.user(&user_id)?.status {
+                UserStatus::Erased => vec![],
+                _ => vec![E::UserErased { user_id, by }],
+            },
+            C::OfferClaim { key_id, by } => match self.keys.get(&key_id) {
+                None => return Err(Rejection::not_found(format!("no key {key_id}"))),
+                Some(k) if k.revoked => {
+                    return Err(Rejection::conflict(format!("key {key_id} is revoked")));
+                }
+                Some(_) => vec![E::KeyClaimOffered { key_id, by }],
+            },
+            C::Claim { key_id } => match self.keys.get(&key_id) {
+                None => return Err(Rejection::not_found(format!("no key {key_id}"))),
+                Some(_) => vec![E::KeyClaimed { key_id }],
+            },
         })
     }
 
@@ -635,6 +728,16 @@ impl Tenancy {
         self.users
             .get(user_id)
             .ok_or_else(|| Rejection::not_found(format!("no user {user_id}")))
+    }
+
+    /// A user whose personal data has not been erased.
+    fn live_user(&self, user_id: &str) -> Result<&User, Rejection> {
+        match self.user(user_id)? {
+            u if u.status == UserStatus::Erased => {
+                Err(Rejection::conflict(format!("user {user_id} was erased")))
+            }
+            u => Ok(u),
+        }
     }
 
     pub fn evolve(&mut self, event: &TenancyEvent) {
@@ -724,7 +827,16 @@ impl Tenancy {
                     u.admin = true;
                 }
             }
-            E::PasswordChanged { .. } => {}
+            E::UserErased { user_id, .. } => {
+                if let Some(u) = self.users.get_mut(user_id) {
+                    u.status = UserStatus::Erased;
+                    u.admin = false;
+                }
+            }
+            E::PasswordChanged { .. }
+            | E::PasswordReset { .. }
+            | E::KeyClaimOffered { .. }
+            | E::KeyClaimed { .. } => {}
         }
     }
 }

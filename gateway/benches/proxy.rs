@@ -134,6 +134,7 @@ async fn tenancy() -> (
             band: Band::Gold,
             routing_profile: None,
             revoked: false,
+            owner: None,
         }),
     ];
     for (scope, id) in [

@@ -26,6 +26,30 @@ fn models_for(gw: &Gateway, routes: &Routes, key: Option<&KeyEntry>) -> Vec<Stri
     all
 }
 
+/// A model a person may pick on the chat page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCard {
+    pub id: String,
+    pub description: Option<String>,
+    /// Started by asking; not serving now.
+    pub loading_on_demand: bool,
+}
+
+/// The models `key` (None: anyone, with authentication off) may use, as
+/// `/v1/models` lists them.
+pub fn model_cards(gw: &Gateway, key: Option<&KeyEntry>) -> Vec<ModelCard> {
+    let routes = gw.routes.load();
+    let serving = gw.endpoints.routable_models();
+    models_for(gw, &routes, key)
+        .into_iter()
+        .map(|id| ModelCard {
+            description: routes.description(&id).map(str::to_owned),
+            loading_on_demand: !serving.contains(&id),
+            id,
+        })
+        .collect()
+}
+
 fn model_object(routes: &Routes, id: &str) -> Value {
     let mut m = json!({"id": id, "object": "model", "created": 0, "owned_by": "llmgw"});
     if let Some(d) = routes.description(id) {

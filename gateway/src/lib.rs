@@ -34,7 +34,9 @@ use axum::routing::{get, post};
 
 pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight};
 pub use error::ApiError;
+pub use info::{ModelCard, model_cards};
 pub use metrics::Metrics;
+pub use proxy::chat_as;
 
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {

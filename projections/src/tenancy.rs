@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use llmgw_domain::Event;
 use llmgw_domain::catalog::CatalogEvent;
-use llmgw_domain::tenancy::{Band, Effective, Scope, Tenancy, TenancyEvent};
+use llmgw_domain::tenancy::{Band, Effective, Scope, Tenancy, TenancyEvent, UserStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::{Stamp, View};
@@ -60,6 +60,37 @@ impl TenancyView {
             limits: self.tenancy.effective(key_id, |m| {
                 self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
             }),
+        })
+    }
+
+    /// What a signed-in person may do: an active person stands for their
+    /// project (its limits and allowlist, no key level), counted as
+    /// `session:<user id>`. None for anyone else.
+    pub fn person_entry(&self, user_id: &str) -> Option<KeyEntry> {
+        let user = self.tenancy.users.get(user_id)?;
+        if user.status != UserStatus::Active {
+            return None;
+        }
+        let project_id = user.project_id.clone()?;
+        let chain = self.tenancy.project_chain(&project_id);
+        let find = |scope| {
+            chain
+                .iter()
+                .find(|(s, _)| *s == scope)
+                .map(|(_, id)| id.clone())
+        };
+        Some(KeyEntry {
+            key_id: format!("session:{user_id}"),
+            prefix: String::new(),
+            team_id: find(Scope::Team),
+            org_id: find(Scope::Org),
+            // As a key made without a band: chat is interactive.
+            band: Band::Gold,
+            routing_profile: None,
+            limits: self.tenancy.project_effective(&project_id, |m| {
+                self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
+            }),
+            project_id,
         })
     }
 

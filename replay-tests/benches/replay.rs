@@ -75,6 +75,7 @@ fn setup_events() -> Vec<Event> {
             band: Band::Silver,
             routing_profile: None,
             revoked: false,
+            owner: None,
         })));
     }
     out

@@ -413,6 +413,7 @@ async fn tenancy_tree(r: &mut Recorder, key_limits: Limits) -> anyhow::Result<()
             band: Band::Gold,
             routing_profile: Some("chat".into()),
             revoked: false,
+            owner: None,
         }),
         TenancyCommand::SetLimits {
             scope: Scope::Key,

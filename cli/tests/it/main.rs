@@ -1050,6 +1050,7 @@ async fn the_server_with_auth_reads_keys_from_the_event_log() {
             band: Band::Gold,
             routing_profile: None,
             revoked: false,
+            owner: None,
         }),
     ];
     let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Recorder("test".into()));

@@ -40,6 +40,7 @@ pub(crate) fn key(id: &str, name: &str) -> Key {
         band: Band::Gold,
         routing_profile: None,
         revoked: false,
+        owner: None,
     }
 }
 

@@ -16,6 +16,7 @@ pub(crate) fn key(id: &str, project: &str) -> Key {
         band: Band::Silver,
         routing_profile: None,
         revoked: false,
+        owner: None,
     }
 }
 

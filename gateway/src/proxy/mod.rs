@@ -23,12 +23,15 @@ mod resolve;
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 
 pub(crate) use admit::identify;
 pub(crate) use resolve::{now_ms, price};
+
+use llmgw_projections::KeyEntry;
 
 use crate::{ApiError, Gateway};
 
@@ -58,6 +61,30 @@ async fn route(gw: &Arc<Gateway>, path: &str, request: Request) -> Result<Respon
     let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| ApiError::too_large(limit))?;
+    serve_body(gw, path, caller, body).await
+}
+
+/// A chat completion on a signed-in person's behalf (the chat page): no
+/// key is presented; `key` stands for the person's project (None with
+/// authentication off). Everything after identification is the API's.
+pub async fn chat_as(gw: Arc<Gateway>, key: Option<KeyEntry>, body: Bytes) -> Response {
+    let caller = admit::Caller::standing_for(key);
+    match serve_body(&gw, "/v1/chat/completions", caller, body).await {
+        Ok(r) => r,
+        Err(Refused(label, e)) => {
+            gw.metrics
+                .request(label.as_deref().unwrap_or("unknown"), e.status.as_u16());
+            e.into_response()
+        }
+    }
+}
+
+async fn serve_body(
+    gw: &Arc<Gateway>,
+    path: &str,
+    caller: admit::Caller,
+    body: Bytes,
+) -> Result<Response, Refused> {
     let request = request::ClientRequest::parse(body)?;
     let started = tokio::time::Instant::now();
     // One routing table for the whole request, however the view moves.

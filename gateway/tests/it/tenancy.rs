@@ -113,6 +113,7 @@ impl Tenants {
             band: Band::Bronze,
             routing_profile: None,
             revoked: false,
+            owner: None,
         }))
         .await;
         secret

@@ -121,6 +121,7 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
             band: Band::Gold,
             routing_profile: None,
             revoked: false,
+            owner: None,
         })),
     ]
 }
