@@ -1,18 +1,36 @@
 //! The pages, server-rendered: how to connect, sign-in and sign-up, the
 //! profile (keys, password), claim links, chat, and the admin dashboard
-//! with the event-log browser. SCAFFOLD: modules are being written.
+//! with the event-log browser.
 //!
 //! The pages never write the log themselves: a person's facts (signed up,
-//! changed a password) are observed through the decider, and everything
-//! decided (approve, suspend, a key made or revoked) is a request to the
-//! admin API, served in-process, so that a standby forwards it to the
-//! leader like any operator's command.
+//! changed a password, claimed a key) are observed through the decider,
+//! and everything decided (approve, suspend, a key made or revoked) is a
+//! request to the admin API, served in-process, so that a standby forwards
+//! it to the leader like any operator's command.
+//!
+//! Two doors: the client listener serves everyone's pages and `/admin/…`
+//! to signed-in admins (404 to anyone else, so the pages' existence is not
+//! revealed); the admin listener (loopback) serves the same admin pages
+//! read-only without sign-in: shell access on the host is the credential.
+
+mod admin;
+mod chrome;
+mod error;
+mod events;
+mod headers;
+mod pages;
+mod session;
 
 use std::sync::{Arc, RwLock};
 
+use axum::Router;
 use llmgw_eventstore::AnyStore;
 use llmgw_people::People;
 use llmgw_projections::Projections;
+
+pub(crate) use chrome::Chrome;
+pub(crate) use error::{WebError, render};
+pub(crate) use session::{Viewer, Visitor};
 
 /// What the pages say and allow, from `landing:` and `auth:`.
 #[derive(Debug, Clone, Default)]
@@ -47,10 +65,52 @@ pub struct Web {
     /// The admin API, served in-process (`tower::ServiceExt::oneshot`):
     /// approve, suspend, keys made and revoked on a person's behalf. On a
     /// standby it forwards to the leader like any operator's request.
-    pub admin: axum::Router,
+    pub admin: Router,
     /// Appends a person's facts (signed up, changed a password, claimed a
     /// key) as observations; None when the server keeps no log.
     pub decider: Option<llmgw_decider::Decider>,
     /// This server's name, as it appears in what it appends.
     pub instance: String,
+}
+
+impl Web {
+    /// The views, for reading (a poisoned lock still holds the last good
+    /// state: views are replaced whole, never half-applied).
+    pub(crate) fn views(&self) -> std::sync::RwLockReadGuard<'_, Projections> {
+        self.views.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The client listener's pages: `/`, sign-in, profile, claim, chat, and
+/// `/admin/…` for signed-in admins.
+pub fn client_routes(web: Arc<Web>) -> Router {
+    let admin_pages = admin_pages().layer(axum::middleware::from_fn_with_state(
+        web.clone(),
+        session::admins_only,
+    ));
+    Router::new()
+        .merge(statics())
+        .merge(pages::routes())
+        .merge(admin_pages)
+        .layer(axum::middleware::from_fn(headers::secure))
+        .with_state(web)
+}
+
+/// The admin listener's pages: the same `/admin/…`, read-only, no sign-in.
+pub fn admin_routes(web: Arc<Web>) -> Router {
+    Router::new()
+        .merge(statics())
+        .merge(admin_pages())
+        .layer(axum::middleware::from_fn(session::local_viewer))
+        .layer(axum::middleware::from_fn(headers::secure))
+        .with_state(web)
+}
+
+/// Every `/admin/…` page; who may see it is the listener's concern.
+fn admin_pages() -> Router<Arc<Web>> {
+    admin::routes().merge(events::routes())
+}
+
+fn statics() -> Router<Arc<Web>> {
+    Router::new().route("/static/style.css", axum::routing::get(headers::style))
 }

@@ -1,0 +1,183 @@
+//! Who is looking. A browser session is a random token in an HttpOnly,
+//! SameSite=Strict cookie (only its hash is stored, by `llmgw-people`);
+//! the CSRF token its forms carry sits in a second such cookie, so a
+//! server-rendered form can include it and a post can prove it came from
+//! one of our pages. A session counts only while its person is active in
+//! the log, so a suspension takes effect even before its sessions are
+//! closed.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use llmgw_domain::tenancy::UserStatus;
+
+use crate::{Web, WebError};
+
+pub(crate) const SESSION_COOKIE: &str = "llmgw_session";
+pub(crate) const CSRF_COOKIE: &str = "llmgw_csrf";
+
+/// A signed-in, active person.
+#[derive(Debug, Clone)]
+pub(crate) struct Person {
+    pub user_id: String,
+    pub admin: bool,
+    /// This session's CSRF token (from its cookie, checked against the
+    /// session); empty when the cookie is missing or foreign.
+    pub csrf: String,
+    /// The session itself, for checking a submitted token.
+    pub session: llmgw_people::Session,
+    /// The cookie's token, for signing out this browser.
+    pub token: String,
+}
+
+impl Person {
+    /// Whether a submitted form token is this session's.
+    pub(crate) fn check_csrf(&self, submitted: &str) -> Result<(), WebError> {
+        if self.session.csrf_ok(submitted) {
+            Ok(())
+        } else {
+            Err(WebError::Csrf)
+        }
+    }
+}
+
+/// Who is on a client-listener page.
+#[derive(Debug, Clone)]
+pub(crate) enum Visitor {
+    Person(Person),
+    Anonymous,
+}
+
+impl Visitor {
+    /// The signed-in person, or a redirect to `/login`.
+    pub(crate) fn person(&self) -> Result<&Person, WebError> {
+        match self {
+            Visitor::Person(p) => Ok(p),
+            Visitor::Anonymous => Err(WebError::SignIn),
+        }
+    }
+}
+
+/// A cookie's value from the request's `Cookie` headers.
+pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_empty())
+}
+
+/// A `Set-Cookie` value for one of our cookies; `None` clears it.
+pub(crate) fn set_cookie(web: &Web, name: &str, value: Option<&str>) -> String {
+    let secure = if web.settings.secure_cookies {
+        "; Secure"
+    } else {
+        ""
+    };
+    match value {
+        Some(v) => format!("{name}={v}; Path=/; HttpOnly; SameSite=Strict{secure}"),
+        None => format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
+    }
+}
+
+/// The person behind the request's session cookie, if any and active.
+pub(crate) async fn resolve(web: &Web, headers: &HeaderMap) -> Visitor {
+    let (Some(people), Some(token)) = (&web.people, cookie(headers, SESSION_COOKIE)) else {
+        return Visitor::Anonymous;
+    };
+    let Ok(session) = people.resolve(token, Utc::now()).await else {
+        return Visitor::Anonymous;
+    };
+    let admin = {
+        let views = web.views();
+        match views.tenancy.tenancy.users.get(&session.user_id) {
+            Some(u) if u.status == UserStatus::Active => u.admin,
+            _ => return Visitor::Anonymous,
+        }
+    };
+    let csrf = cookie(headers, CSRF_COOKIE)
+        .filter(|c| session.csrf_ok(c))
+        .unwrap_or_default()
+        .to_owned();
+    Visitor::Person(Person {
+        user_id: session.user_id.clone(),
+        admin,
+        csrf,
+        session,
+        token: token.to_owned(),
+    })
+}
+
+impl FromRequestParts<Arc<Web>> for Visitor {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, web: &Arc<Web>) -> Result<Self, Self::Rejection> {
+        if let Some(v) = parts.extensions.get::<Visitor>() {
+            return Ok(v.clone());
+        }
+        Ok(resolve(web, &parts.headers).await)
+    }
+}
+
+/// Who is on an `/admin/…` page: a signed-in admin (client listener) or
+/// the host's shell (admin listener, read-only).
+#[derive(Debug, Clone)]
+pub(crate) enum Viewer {
+    Admin(Person),
+    Local,
+}
+
+impl Viewer {
+    /// The admin allowed to act from a page; the admin listener only
+    /// shows (steering stays with the CLI there).
+    pub(crate) fn actor(&self) -> Result<&Person, WebError> {
+        match self {
+            Viewer::Admin(p) => Ok(p),
+            Viewer::Local => Err(WebError::NotFound),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Viewer {
+    type Rejection = WebError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Viewer>()
+            .cloned()
+            .ok_or(WebError::NotFound)
+    }
+}
+
+/// The client listener's gate in front of `/admin/…`: a signed-in admin
+/// passes; anyone else gets the same 404 as for a page that does not
+/// exist.
+pub(crate) async fn admins_only(
+    State(web): State<Arc<Web>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match resolve(&web, request.headers()).await {
+        Visitor::Person(p) if p.admin => {
+            request.extensions_mut().insert(Viewer::Admin(p));
+            next.run(request).await
+        }
+        _ => WebError::NotFound.into_response(),
+    }
+}
+
+/// The admin listener: everyone there is the host's shell.
+pub(crate) async fn local_viewer(mut request: Request, next: Next) -> Response {
+    request.extensions_mut().insert(Viewer::Local);
+    next.run(request).await
+}
