@@ -199,14 +199,56 @@ pub struct NewKey {
     /// bronze, silver, gold (the default) or platinum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub band: Option<String>,
+    /// The person making it for themselves (the profile page).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Seal the secret behind a one-time claim link instead of answering it.
+    #[serde(default)]
+    pub claim: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyCreated {
     pub key_id: String,
     pub prefix: String,
-    /// Shown only in this answer; the log keeps its hash.
-    pub secret: String,
+    /// Shown only in this answer; the log keeps its hash. None when the
+    /// key was sealed behind a claim link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// The claim link's token (`<base URL>/claim/<token>`), when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_token: Option<String>,
+}
+
+/// One person, for `llmgw users list` and the people page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRow {
+    pub user_id: String,
+    /// Empty once erased.
+    pub email: String,
+    pub name: String,
+    /// pending, active, suspended or erased.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    pub admin: bool,
+    /// RFC 3339; None once erased.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_login: Option<String>,
+}
+
+/// `POST /api/v1/users/{id}/approve`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approve {
+    pub project: String,
+}
+
+/// `POST /api/v1/users/{id}/reset-password`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetPassword {
+    pub password: String,
 }
 
 /// One level's limits as set there (not composed).
@@ -252,6 +294,9 @@ pub struct KeyRow {
     pub band: String,
     /// active or revoked.
     pub state: String,
+    /// The person who made it for themselves, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// The key's own level.
     pub limits: LevelLimits,
     /// RFC 3339, from the usage the log holds; None when never used.

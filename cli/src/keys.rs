@@ -18,6 +18,20 @@ use serde::de::DeserializeOwned;
 use crate::Outcome;
 use crate::output::{Table, json_line};
 
+/// A claim link's base: an http(s) URL, without a trailing slash.
+fn claim_base(url: &str) -> anyhow::Result<String> {
+    let trimmed = url.trim().trim_end_matches('/');
+    let rest = trimmed
+        .strip_prefix("https://")
+        .or_else(|| trimmed.strip_prefix("http://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.contains(char::is_whitespace) => {
+            Ok(trimmed.to_owned())
+        }
+        _ => bail!("--base-url {url:?} must be an http:// or https:// address"),
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct KeysArgs {
     /// A server's admin API; when none answers there, the command is
@@ -60,6 +74,13 @@ pub(crate) enum KeysCommand {
         /// bronze, silver, gold or platinum.
         #[arg(long, default_value = "gold")]
         band: String,
+        /// Print a one-time claim link instead of the key: the key is
+        /// sealed with the link's token and only the token's hash is kept.
+        #[arg(long, requires = "base_url")]
+        claim: bool,
+        /// The address people open the link on (the client listener).
+        #[arg(long, value_name = "URL")]
+        base_url: Option<String>,
     },
     /// Revoke a key by its id; it stops working once the views see it.
     Revoke { key_id: String },
@@ -277,17 +298,37 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             project,
             name,
             band,
+            claim,
+            base_url,
         } => {
+            let base = match &base_url {
+                Some(b) => Some(claim_base(b)?),
+                None => None,
+            };
             let body = api::NewKey {
                 project,
                 name,
                 band: Some(band),
+                owner: None,
+                claim,
             };
             let created: api::KeyCreated = api
                 .call(&origin, Method::POST, "/api/v1/keys", Some(&body))
                 .await?;
-            writeln!(out, "{}", created.secret)?;
-            eprintln!("issued {}; the key above is shown only now", created.key_id);
+            match (created.secret, created.claim_token, base) {
+                (_, Some(token), Some(base)) => {
+                    writeln!(out, "{base}/claim/{token}")?;
+                    eprintln!(
+                        "issued {}; the link above reveals the key once",
+                        created.key_id
+                    );
+                }
+                (Some(secret), _, _) => {
+                    writeln!(out, "{secret}")?;
+                    eprintln!("issued {}; the key above is shown only now", created.key_id);
+                }
+                _ => bail!("the server answered neither a key nor a claim link"),
+            }
         }
         KeysCommand::Revoke { key_id } => {
             let path = format!("/api/v1/keys/{key_id}/revoke");

@@ -142,7 +142,7 @@ async fn create_key(
         band,
         routing_profile: None,
         revoked: false,
-        owner: None,
+        owner: k.owner,
     };
     let (key_id, prefix) = (key.key_id.clone(), key.prefix.clone());
     let decided = door
@@ -153,7 +153,8 @@ async fn create_key(
     Ok(Json(api::KeyCreated {
         key_id,
         prefix,
-        secret,
+        secret: Some(secret),
+        claim_token: None,
     }))
 }
 
@@ -259,6 +260,7 @@ async fn list_keys(
                 name: k.name.clone(),
                 band: k.band.name().into(),
                 state: if k.revoked { "revoked" } else { "active" }.into(),
+                owner: k.owner.clone(),
                 limits: t
                     .limits_at(Scope::Key, &k.key_id)
                     .map(level)
