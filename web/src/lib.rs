@@ -14,6 +14,7 @@
 //! read-only without sign-in: shell access on the host is the credential.
 
 mod admin;
+mod admin_api;
 mod chrome;
 mod error;
 mod events;

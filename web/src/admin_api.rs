@@ -1,0 +1,59 @@
+//! Decisions the pages ask for go to the admin API, served in-process, so
+//! that they take the operators' path: decided by the leader (a standby
+//! forwards), recorded with who asked, refused with the same reasons.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tower::ServiceExt;
+
+use crate::{Web, WebError};
+
+/// `method path` with `body` (JSON), on behalf of `actor` (a person's id);
+/// the answer's JSON, or the API's refusal as a page error.
+pub(crate) async fn call<T: DeserializeOwned>(
+    web: &Web,
+    method: Method,
+    path: &str,
+    actor: &str,
+    body: Option<&impl Serialize>,
+) -> Result<T, WebError> {
+    let body = match body {
+        Some(b) => Body::from(
+            serde_json::to_vec(b).map_err(|e| WebError::Internal(e.to_string()))?,
+        ),
+        None => Body::empty(),
+    };
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(llmgw_api::admin::ACTOR_HEADER, actor)
+        .body(body)
+        .map_err(|e| WebError::Internal(e.to_string()))?;
+    let response = web
+        .admin
+        .clone()
+        .oneshot(request)
+        .await
+        .map_err(|e| WebError::Internal(e.to_string()))?;
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .map_err(|e| WebError::Internal(e.to_string()))?;
+    if status.is_success() {
+        return serde_json::from_slice(&bytes)
+            .map_err(|e| WebError::Internal(format!("the admin API's answer: {e}")));
+    }
+    // The API's refusals are written for people: pass them on.
+    let why = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+    Err(match status {
+        StatusCode::NOT_FOUND => WebError::NotFound,
+        s if s.is_client_error() => WebError::Bad(why),
+        _ => WebError::Internal(why),
+    })
+}
