@@ -24,6 +24,7 @@
 
 mod address;
 mod append;
+mod browse;
 mod error;
 pub mod hash;
 mod migrate;
@@ -35,6 +36,7 @@ mod types;
 mod upcast;
 
 use std::future::Future;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +44,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 pub use address::StoreAddress;
+pub use browse::EventFilter;
 pub use error::{Result, StoreError};
 pub use postgres::PgStore;
 pub use reader::PageReader;
@@ -95,6 +98,17 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         from: DateTime<Utc>,
         to: DateTime<Utc>,
         after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
+
+    /// The events in `positions` that match `filter`, newest first, at most
+    /// `limit`, as stored: for browsing. The read walks down from
+    /// `positions.end`, so a narrow range bounds the cost of a rare filter;
+    /// the next page is the range below the last event returned.
+    fn read_backward_raw(
+        &self,
+        filter: &EventFilter,
+        positions: Range<u64>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
 
@@ -418,6 +432,14 @@ impl EventStore for AnyStore {
         limit: usize,
     ) -> Result<Vec<RecordedEvent>> {
         delegate!(self, s => s.read_time_range_raw(from, to, after, limit).await)
+    }
+    async fn read_backward_raw(
+        &self,
+        filter: &EventFilter,
+        positions: Range<u64>,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        delegate!(self, s => s.read_backward_raw(filter, positions, limit).await)
     }
     async fn head(&self) -> Result<(u64, [u8; 32])> {
         delegate!(self, s => s.head().await)

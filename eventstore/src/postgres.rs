@@ -2,6 +2,7 @@
 //! through the one `es_control` row.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +12,11 @@ use sqlx::{Connection, Row};
 use uuid::Uuid;
 
 use crate::append::{self, Existing, Head};
+use crate::browse::{self, Arg, Dialect};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
-    OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress, StoreError,
-    StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, Lease, LeaseInfo,
+    LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress,
+    StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
 };
 
 const CHANNEL: &str = "es_appended";
@@ -427,6 +429,25 @@ impl EventStore for PgStore {
         .bind(limit as i64)
         .fetch_all(&self.pool)
         .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn read_backward_raw(
+        &self,
+        filter: &EventFilter,
+        positions: Range<u64>,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let q = browse::backward(SELECT_EVENT, Dialect::Postgres, filter, positions, limit)?;
+        let mut query = sqlx::query(&q.sql);
+        for arg in q.args {
+            query = match arg {
+                Arg::Text(t) => query.bind(t),
+                Arg::Int(i) => query.bind(i),
+                Arg::Time(t) => query.bind(t),
+            };
+        }
+        let rows = query.fetch_all(&self.pool).await?;
         rows.iter().map(event_row).collect()
     }
 

@@ -6,6 +6,7 @@
 //! come from this machine's clock, which every process on it shares.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -21,10 +22,11 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::append::{self, Existing, Head};
+use crate::browse::{self, Arg, Dialect};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventStore, Lease, LeaseInfo, LeaseToken,
-    OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress, StoreError,
-    StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, Lease, LeaseInfo,
+    LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress,
+    StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
 };
 
 #[derive(Clone)]
@@ -437,6 +439,26 @@ impl EventStore for SqliteStore {
         .bind(limit as i64)
         .fetch_all(&self.reader)
         .await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    async fn read_backward_raw(
+        &self,
+        filter: &EventFilter,
+        positions: Range<u64>,
+        limit: usize,
+    ) -> Result<Vec<RecordedEvent>> {
+        let q = browse::backward(SELECT_EVENT, Dialect::Sqlite, filter, positions, limit)?;
+        let mut query = sqlx::query(&q.sql);
+        for arg in q.args {
+            query = match arg {
+                Arg::Text(t) => query.bind(t),
+                Arg::Int(i) => query.bind(i),
+                // SQLite times are bound as microseconds.
+                Arg::Time(t) => query.bind(t.timestamp_micros()),
+            };
+        }
+        let rows = query.fetch_all(&self.reader).await?;
         rows.iter().map(event_row).collect()
     }
 

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod browse;
 mod conformance;
 mod fencing;
 mod properties;
