@@ -22,7 +22,10 @@ pub use cluster::ClusterView;
 pub use router::{Endpoint, RouterModel, RouterView};
 pub use runner::{Runner, RunnerError};
 pub use tenancy::{KeyEntry, TenancyView};
-pub use usage::{ModelStats, PeriodSpend, Spend, UsageView};
+pub use usage::{
+    Bucket, DAILY_KEPT, DAY_MS, GroupBy, HOUR_MS, HOURLY_KEPT, ModelStats, PeriodSpend,
+    SESSION_KEY_PREFIX, Series, Spend, UsageView,
+};
 
 /// Where an event sits in the log, for views that care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +97,7 @@ pub struct Projections {
 impl Projections {
     /// The format version of a snapshot of these views. Bump it whenever a
     /// view's fields change, so that old snapshots are rebuilt, not misread.
-    pub const STATE_VERSION: u32 = 3;
+    pub const STATE_VERSION: u32 = 4;
 
     /// Decodes once and applies to every view.
     pub fn apply(&mut self, recorded: &RecordedEvent) {
