@@ -126,6 +126,9 @@ pub struct ModelStats {
     pub latency_ms_max: u32,
     pub ttft_ms_total: u64,
     pub ttft_count: u64,
+    /// What the requests it served cost, at its price when they were made.
+    #[serde(default)]
+    pub cost_micros: u64,
 }
 
 /// What the usage charts group by.
@@ -329,6 +332,7 @@ impl UsageView {
         m.completion_tokens += u.completion_tokens;
         m.latency_ms_total += u64::from(u.latency_ms);
         m.latency_ms_max = m.latency_ms_max.max(u.latency_ms);
+        m.cost_micros = m.cost_micros.saturating_add(u.cost_micros);
         if let Some(t) = u.ttft_ms {
             m.ttft_ms_total += u64::from(t);
             m.ttft_count += 1;
@@ -488,6 +492,7 @@ mod tests {
         assert_eq!((s.latency_ms_avg(), s.latency_ms_max), (200, 300));
         assert_eq!((s.total_tokens, s.total_micros), (30, 200));
         assert_eq!(v.spend_of(Scope::Org, "o").requests, 2);
+        assert_eq!(v.models["m"].cost_micros, 200);
     }
 
     #[test]
