@@ -1,0 +1,234 @@
+//! Signing in and out, and signing up.
+
+use std::sync::Arc;
+
+use axum::Form;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use chrono::Utc;
+use llmgw_decider::Actor;
+use llmgw_domain::Event;
+use llmgw_domain::tenancy::TenancyEvent;
+use llmgw_people::PeopleError;
+use serde::Deserialize;
+
+use super::{pre, see_other, with_cookies, with_status};
+use crate::session::{CSRF_COOKIE, SESSION_COOKIE, set_cookie};
+use crate::{Chrome, Visitor, Web, WebError, render};
+
+#[derive(Debug, askama::Template)]
+#[template(path = "pages/login.html")]
+struct Login {
+    chrome: Chrome,
+    pre: String,
+    email: String,
+    error: Option<String>,
+}
+
+#[derive(Debug, askama::Template)]
+#[template(path = "pages/signup.html")]
+struct Signup {
+    chrome: Chrome,
+    pre: String,
+    email: String,
+    name: String,
+    error: Option<String>,
+}
+
+#[derive(Debug, askama::Template)]
+#[template(path = "pages/signup_done.html")]
+struct SignupDone {
+    chrome: Chrome,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct LoginForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    password: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct SignupForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    password: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct CsrfForm {
+    #[serde(default)]
+    pub(super) csrf: String,
+}
+
+/// A form page with the pre-session token it carries set as a cookie.
+fn form_page(
+    web: &Web,
+    page: &impl askama::Template,
+    token: &str,
+    status: StatusCode,
+) -> Result<Response, WebError> {
+    let response = with_status(render(page)?, status);
+    with_cookies(response, &[pre::set(web, token)])
+}
+
+pub(super) async fn login_form(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+    headers: HeaderMap,
+) -> Result<Response, WebError> {
+    super::people(&web)?;
+    if let Visitor::Person(_) = visitor {
+        return Ok(see_other("/profile"));
+    }
+    let token = pre::token(&headers)?;
+    let page = Login {
+        chrome: Chrome::for_visitor(&web, &visitor),
+        pre: token.clone(),
+        email: String::new(),
+        error: None,
+    };
+    form_page(&web, &page, &token, StatusCode::OK)
+}
+
+pub(super) async fn login(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Result<Response, WebError> {
+    let people = super::people(&web)?;
+    pre::check(&headers, &form.csrf)?;
+    let status = |user_id: &str| {
+        web.views()
+            .tenancy
+            .tenancy
+            .users
+            .get(user_id)
+            .map(|u| u.status)
+    };
+    match people
+        .sign_in(&form.email, &form.password, status, Utc::now())
+        .await
+    {
+        Ok(opened) => {
+            let cookies = [
+                set_cookie(&web, SESSION_COOKIE, Some(&opened.token)),
+                set_cookie(&web, CSRF_COOKIE, Some(&opened.csrf)),
+                pre::clear(&web),
+            ];
+            with_cookies(see_other("/profile"), &cookies)
+        }
+        Err(PeopleError::Store(why)) => Err(WebError::Internal(format!("signing in: {why}"))),
+        // The people errors are written for the person at the form.
+        Err(e) => {
+            let page = Login {
+                chrome: Chrome::for_visitor(&web, &visitor),
+                pre: form.csrf.clone(),
+                email: form.email,
+                error: Some(e.to_string()),
+            };
+            form_page(&web, &page, &form.csrf, StatusCode::UNPROCESSABLE_ENTITY)
+        }
+    }
+}
+
+pub(super) async fn logout(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, WebError> {
+    let people = super::people(&web)?;
+    if let Visitor::Person(person) = &visitor {
+        person.check_csrf(&form.csrf)?;
+        people
+            .sign_out(&person.token)
+            .await
+            .map_err(|e| WebError::Internal(format!("signing out: {e}")))?;
+    }
+    let cookies = [
+        set_cookie(&web, SESSION_COOKIE, None),
+        set_cookie(&web, CSRF_COOKIE, None),
+    ];
+    with_cookies(see_other("/"), &cookies)
+}
+
+/// Sign-up exists only when accounts do and sign-up is open.
+fn signup_open(web: &Web) -> Result<&Arc<llmgw_people::People>, WebError> {
+    let people = super::people(web)?;
+    if web.settings.signup_open {
+        Ok(people)
+    } else {
+        Err(WebError::NotFound)
+    }
+}
+
+pub(super) async fn signup_form(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+    headers: HeaderMap,
+) -> Result<Response, WebError> {
+    signup_open(&web)?;
+    let token = pre::token(&headers)?;
+    let page = Signup {
+        chrome: Chrome::for_visitor(&web, &visitor),
+        pre: token.clone(),
+        email: String::new(),
+        name: String::new(),
+        error: None,
+    };
+    form_page(&web, &page, &token, StatusCode::OK)
+}
+
+pub(super) async fn signup(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    Form(form): Form<SignupForm>,
+) -> Result<Response, WebError> {
+    let people = signup_open(&web)?;
+    pre::check(&headers, &form.csrf)?;
+    let chrome = Chrome::for_visitor(&web, &visitor);
+    match people
+        .sign_up(&form.email, &form.name, &form.password, Utc::now())
+        .await
+    {
+        Ok(Some(user_id)) => {
+            let event = Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: user_id.clone(),
+            });
+            if let Err(why) = super::observe(&web, Actor::Operator(user_id.clone()), event).await {
+                // Without its fact in the log the account could never be
+                // approved: take the personal data back out.
+                if let Err(e) = people.erase(&user_id).await {
+                    tracing::error!(user_id = %user_id, error = %e, "erasing a sign-up the log did not take");
+                }
+                return Err(WebError::Internal(format!("recording a sign-up: {why}")));
+            }
+            render(&SignupDone { chrome })
+        }
+        // A taken address gets the same answer as a new account, so the
+        // form does not tell who has one.
+        Ok(None) => render(&SignupDone { chrome }),
+        Err(PeopleError::Store(why)) => Err(WebError::Internal(format!("signing up: {why}"))),
+        Err(e) => {
+            let page = Signup {
+                chrome,
+                pre: form.csrf.clone(),
+                email: form.email,
+                name: form.name,
+                error: Some(e.to_string()),
+            };
+            form_page(&web, &page, &form.csrf, StatusCode::UNPROCESSABLE_ENTITY)
+        }
+    }
+}

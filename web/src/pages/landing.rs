@@ -1,0 +1,60 @@
+//! `/`: how to connect.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use llmgw_gateway::ModelCard;
+
+use super::contact::{self, Contact};
+use crate::{Chrome, Visitor, Web, WebError, render};
+
+#[derive(Debug, askama::Template)]
+#[template(path = "pages/landing.html")]
+struct Landing {
+    chrome: Chrome,
+    base: String,
+    /// Keys are needed (accounts on).
+    keys: bool,
+    curl: String,
+    models: Vec<ModelCard>,
+    notice: Option<String>,
+    contact: Option<Contact>,
+}
+
+pub(super) async fn page(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+    headers: HeaderMap,
+) -> Result<Response, WebError> {
+    let base = super::base_url(&web, &headers);
+    let keys = web.settings.accounts;
+    let models = distinct(llmgw_gateway::model_cards(&web.gateway, None));
+    let first = models.first().map_or("MODEL", |m| m.id.as_str());
+    let curl = super::curl_example(&base, keys.then_some("$LLMGW_KEY"), first);
+    let page = Landing {
+        chrome: Chrome::for_visitor(&web, &visitor),
+        keys,
+        curl,
+        base,
+        models,
+        notice: web.settings.notice.clone().filter(|n| !n.trim().is_empty()),
+        contact: web
+            .settings
+            .contact
+            .as_deref()
+            .filter(|c| !c.trim().is_empty())
+            .map(contact::classify),
+    };
+    render(&page)
+}
+
+/// Each model once, in the order given.
+pub(super) fn distinct(models: Vec<ModelCard>) -> Vec<ModelCard> {
+    let mut seen = std::collections::HashSet::new();
+    models
+        .into_iter()
+        .filter(|m| seen.insert(m.id.clone()))
+        .collect()
+}

@@ -1,0 +1,118 @@
+//! CSRF before there is a session (sign-in, sign-up, claim links): a
+//! random token in an HttpOnly, SameSite=Strict cookie and the same token
+//! in the form. Another site can make a browser post our form but can
+//! neither read the cookie nor make the browser send it cross-site, so a
+//! post whose field matches the cookie came from one of our pages.
+
+use axum::http::HeaderMap;
+
+use crate::session::{cookie, set_cookie};
+use crate::{Web, WebError};
+
+pub(super) const PRE_COOKIE: &str = "llmgw_pre";
+
+/// 32 random bytes, hex.
+const TOKEN_LEN: usize = 64;
+
+/// The token this browser's forms carry: its cookie's when it has a
+/// well-formed one (several open tabs keep working), else a fresh one.
+pub(super) fn token(headers: &HeaderMap) -> Result<String, WebError> {
+    match cookie(headers, PRE_COOKIE).filter(|t| well_formed(t)) {
+        Some(t) => Ok(t.to_owned()),
+        None => random_token(),
+    }
+}
+
+/// The `Set-Cookie` that (re)sets `token`.
+pub(super) fn set(web: &Web, token: &str) -> String {
+    set_cookie(web, PRE_COOKIE, Some(token))
+}
+
+/// The `Set-Cookie` that drops it (a session has its own token now).
+pub(super) fn clear(web: &Web) -> String {
+    set_cookie(web, PRE_COOKIE, None)
+}
+
+/// Whether a posted form's token is this browser's cookie.
+pub(super) fn check(headers: &HeaderMap, submitted: &str) -> Result<(), WebError> {
+    match cookie(headers, PRE_COOKIE) {
+        Some(c) if well_formed(c) && ct_eq(c.as_bytes(), submitted.as_bytes()) => Ok(()),
+        _ => Err(WebError::Csrf),
+    }
+}
+
+fn well_formed(t: &str) -> bool {
+    t.len() == TOKEN_LEN && t.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Equal, in time that depends only on the lengths.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// 32 bytes from the kernel's CSPRNG, hex-encoded.
+fn random_token() -> Result<String, WebError> {
+    use std::fmt::Write;
+    use std::io::Read;
+
+    let mut bytes = [0u8; TOKEN_LEN / 2];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| WebError::Internal(format!("reading /dev/urandom: {e}")))?;
+    let mut out = String::with_capacity(TOKEN_LEN);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::header;
+
+    use super::*;
+
+    fn with_cookie(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            format!("other=1; {PRE_COOKIE}={value}")
+                .parse()
+                .expect("header"),
+        );
+        h
+    }
+
+    #[test]
+    fn fresh_tokens_differ_and_are_well_formed() {
+        let a = token(&HeaderMap::new()).expect("token");
+        let b = token(&HeaderMap::new()).expect("token");
+        assert_ne!(a, b);
+        assert!(well_formed(&a) && well_formed(&b));
+    }
+
+    #[test]
+    fn a_browser_keeps_its_token() {
+        let t = random_token().expect("token");
+        assert_eq!(token(&with_cookie(&t)).expect("token"), t);
+        // A cookie we did not make is replaced, never echoed.
+        assert_ne!(token(&with_cookie("abc")).expect("token"), "abc");
+    }
+
+    #[test]
+    fn only_the_cookies_token_passes() {
+        let t = random_token().expect("token");
+        assert!(check(&with_cookie(&t), &t).is_ok());
+        let other = random_token().expect("token");
+        assert!(matches!(
+            check(&with_cookie(&t), &other),
+            Err(WebError::Csrf)
+        ));
+        assert!(matches!(check(&with_cookie(&t), ""), Err(WebError::Csrf)));
+        assert!(matches!(check(&HeaderMap::new(), &t), Err(WebError::Csrf)));
+        assert!(matches!(check(&HeaderMap::new(), ""), Err(WebError::Csrf)));
+    }
+}

@@ -1,0 +1,252 @@
+//! The pages through the client listener's router, on a server without
+//! accounts (with accounts they need the people tables in a database:
+//! those are tested through the binary).
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode, header};
+use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig};
+use llmgw_projections::Projections;
+use tower::ServiceExt;
+
+use crate::{Web, WebSettings, client_routes};
+
+fn web(settings: WebSettings, endpoints: Vec<EndpointSpec>) -> Arc<Web> {
+    let gateway = Gateway::new(
+        GatewayConfig {
+            endpoints,
+            ..GatewayConfig::default()
+        },
+        None,
+    )
+    .expect("gateway");
+    Arc::new(Web {
+        settings,
+        views: Arc::new(RwLock::new(Projections::default())),
+        store: None,
+        people: None,
+        gateway,
+        admin: Router::new(),
+        decider: None,
+        instance: "test".into(),
+    })
+}
+
+fn endpoint(url: &str, model: &str) -> EndpointSpec {
+    format!("e1={url}={model}").parse().expect("endpoint")
+}
+
+async fn get(app: &Router, uri: &str, host: &str) -> (StatusCode, String, axum::http::HeaderMap) {
+    let request = Request::get(uri)
+        .header(header::HOST, host)
+        .body(Body::empty())
+        .expect("request");
+    send(app, request).await
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, axum::http::HeaderMap) {
+    let response = app.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned(), headers)
+}
+
+#[tokio::test]
+async fn the_landing_page_says_how_to_connect_without_a_key() {
+    let settings = WebSettings {
+        notice: Some("Maintenance <b>Friday</b>".into()),
+        contact: Some("platform@example.org".into()),
+        ..WebSettings::default()
+    };
+    let app = client_routes(web(
+        settings,
+        vec![endpoint("http://127.0.0.1:9", "llama-8b")],
+    ));
+    let (status, html, headers) = get(&app, "/", "gw.example:8080").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("http://gw.example:8080/v1"), "{html}");
+    assert!(html.contains("curl http://gw.example:8080/v1/chat/completions"));
+    assert!(
+        html.contains("&#34;model&#34;:&#34;llama-8b&#34;"),
+        "{html}"
+    );
+    assert!(!html.contains("Authorization"), "no key needed: {html}");
+    assert!(html.contains(r#"href="/v1/models""#) && html.contains(r#"href="/me""#));
+    assert!(
+        html.contains("Maintenance &#60;b&#62;Friday&#60;/b&#62;"),
+        "{html}"
+    );
+    assert!(html.contains(r#"<a href="mailto:platform@example.org">platform@example.org</a>"#));
+    let csp = headers
+        .get(header::CONTENT_SECURITY_POLICY)
+        .expect("csp")
+        .to_str()
+        .expect("ascii");
+    assert!(csp.contains("script-src 'self'"));
+}
+
+#[tokio::test]
+async fn a_stored_javascript_contact_is_only_text() {
+    let settings = WebSettings {
+        contact: Some("javascript:alert(1)".into()),
+        base_url: Some("https://llm.example.org/".into()),
+        ..WebSettings::default()
+    };
+    let app = client_routes(web(settings, Vec::new()));
+    let (_, html, _) = get(&app, "/", "ignored").await;
+    assert!(
+        html.contains("Questions: javascript:alert(1)</p>"),
+        "{html}"
+    );
+    assert!(!html.contains(r#"href="javascript"#));
+    // The configured base URL wins over Host.
+    assert!(html.contains("https://llm.example.org/v1"));
+    assert!(!html.contains("ignored"));
+}
+
+#[tokio::test]
+async fn with_accounts_on_the_curl_sends_a_key() {
+    let settings = WebSettings {
+        accounts: true,
+        signup_open: true,
+        ..WebSettings::default()
+    };
+    let app = client_routes(web(settings, Vec::new()));
+    let (_, html, _) = get(&app, "/", "h").await;
+    assert!(html.contains("Authorization: Bearer $LLMGW_KEY"), "{html}");
+    assert!(html.contains(r#"href="/signup""#));
+}
+
+#[tokio::test]
+async fn account_pages_do_not_exist_without_accounts() {
+    let app = client_routes(web(WebSettings::default(), Vec::new()));
+    for uri in ["/login", "/signup", "/profile", "/claim/abc"] {
+        let (status, _, _) = get(&app, uri, "h").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn the_chat_script_is_served_as_a_file() {
+    let app = client_routes(web(WebSettings::default(), Vec::new()));
+    let (status, js, headers) = get(&app, "/static/chat.js", "h").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers.get(header::CONTENT_TYPE).expect("type"),
+        "text/javascript; charset=utf-8"
+    );
+    assert!(js.contains("/chat/completions") && js.contains("textContent"));
+    assert!(!js.contains("innerHTML"));
+}
+
+#[tokio::test]
+async fn the_chat_page_lists_each_model_once_and_loads_its_script() {
+    let endpoints = vec![
+        endpoint("http://127.0.0.1:9", "llama-8b"),
+        "e2=http://127.0.0.1:10=llama-8b,qwen-7b"
+            .parse()
+            .expect("endpoint"),
+    ];
+    let app = client_routes(web(WebSettings::default(), endpoints));
+    let (status, html, _) = get(&app, "/chat", "h").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        html.matches(r#"<option value="llama-8b""#).count(),
+        1,
+        "{html}"
+    );
+    assert_eq!(
+        html.matches(r#"<option value="qwen-7b""#).count(),
+        1,
+        "{html}"
+    );
+    assert!(html.contains(r#"<script src="/static/chat.js" defer></script>"#));
+    assert!(html.contains(r#"data-max-tokens="512""#));
+}
+
+/// A stand-in engine that keeps the bodies it was sent.
+async fn engine() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move |body: Bytes| {
+            let keep = keep.clone();
+            async move {
+                let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+                keep.lock().expect("lock").push(v);
+                axum::Json(serde_json::json!({
+                    "id": "x", "object": "chat.completion", "model": "llama-8b",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+#[tokio::test]
+async fn a_chat_turn_reaches_the_model_capped_at_512_tokens() {
+    let (url, seen) = engine().await;
+    let app = client_routes(web(
+        WebSettings::default(),
+        vec![endpoint(&url, "llama-8b")],
+    ));
+    let body = serde_json::json!({
+        "model": "llama-8b",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4096,
+    });
+    let request = Request::post("/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let (status, answer, _) = send(&app, request).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(answer.contains("\"hi\""), "{answer}");
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["max_tokens"], 512);
+    assert_eq!(seen[0]["messages"][0]["content"], "hello");
+}
+
+#[tokio::test]
+async fn a_chat_turn_that_is_not_json_is_refused_in_the_apis_envelope() {
+    let app = client_routes(web(WebSettings::default(), Vec::new()));
+    let request = Request::post("/chat/completions")
+        .body(Body::from("nope"))
+        .expect("request");
+    let (status, answer, _) = send(&app, request).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let v: serde_json::Value = serde_json::from_str(&answer).expect("json");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("JSON")
+    );
+}
+
+#[test]
+fn curl_quotes_what_the_shell_would_split() {
+    let curl = super::curl_example("http://h:1", Some("sk-abc"), "it's");
+    assert_eq!(
+        curl,
+        "curl http://h:1/v1/chat/completions \\\n  -H \"Authorization: Bearer sk-abc\" \\\n  \
+         -H 'content-type: application/json' \\\n  \
+         -d '{\"messages\":[{\"content\":\"Hello!\",\"role\":\"user\"}],\"model\":\"it'\\''s\"}'"
+    );
+}

@@ -1,0 +1,155 @@
+// The chat page: sends each turn to /chat/completions (the session stands
+// for the person; no key in the browser) and streams the answer into the
+// log. The conversation lives only in `history`, in this page. Text goes
+// into the page as textContent, never as markup.
+"use strict";
+
+(function () {
+  const root = document.getElementById("chat");
+  if (!root) {
+    return;
+  }
+  const csrf = root.dataset.csrf || "";
+  const maxTokens = Number(root.dataset.maxTokens) || 512;
+  const form = document.getElementById("chat-form");
+  const select = document.getElementById("chat-model");
+  const input = document.getElementById("chat-input");
+  const log = document.getElementById("chat-log");
+  const status = document.getElementById("chat-status");
+  const send = document.getElementById("chat-send");
+
+  /** @type {{role: string, content: string}[]} */
+  const history = [];
+  let busy = false;
+
+  function addTurn(role, text) {
+    const turn = document.createElement("div");
+    turn.className = "turn " + role;
+    turn.textContent = text;
+    log.appendChild(turn);
+    log.scrollTop = log.scrollHeight;
+    return turn;
+  }
+
+  function say(text, kind) {
+    status.textContent = text;
+    status.className = kind;
+  }
+
+  // The API's refusals come as {"error": {"message": ...}}.
+  async function refusal(response) {
+    const text = await response.text();
+    try {
+      const body = JSON.parse(text);
+      if (body && body.error) {
+        return typeof body.error === "string" ? body.error : body.error.message || text;
+      }
+    } catch (_) {
+      // not JSON: show it as it came
+    }
+    return text || response.status + " " + response.statusText;
+  }
+
+  // Reads the server-sent events, calling onDelta with each piece of text.
+  async function readStream(body, onDelta) {
+    const reader = body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) {
+        return;
+      }
+      buffer += decoder.decode(value, { stream: true });
+      const lines = buffer.split("\n");
+      buffer = lines.pop();
+      for (const raw of lines) {
+        const line = raw.replace(/\r$/, "");
+        if (!line.startsWith("data:")) {
+          continue;
+        }
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") {
+          return;
+        }
+        let chunk;
+        try {
+          chunk = JSON.parse(data);
+        } catch (_) {
+          continue;
+        }
+        if (chunk.error) {
+          throw new Error(chunk.error.message || String(chunk.error));
+        }
+        const choice = chunk.choices && chunk.choices[0];
+        const piece = choice && choice.delta && choice.delta.content;
+        if (typeof piece === "string" && piece.length > 0) {
+          onDelta(piece);
+        }
+      }
+    }
+  }
+
+  form.addEventListener("submit", async function (event) {
+    event.preventDefault();
+    if (busy) {
+      return;
+    }
+    const content = input.value.trim();
+    if (!content) {
+      return;
+    }
+    const model = select.value;
+    const option = select.selectedOptions[0];
+    const onDemand = option && option.dataset.onDemand === "true";
+
+    busy = true;
+    send.disabled = true;
+    input.value = "";
+    addTurn("user", content);
+    history.push({ role: "user", content: content });
+    say(onDemand ? "loading " + model + "…" : "waiting for " + model + "…", "muted");
+    const answer = addTurn("assistant", "");
+    let text = "";
+
+    try {
+      const response = await fetch("/chat/completions", {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "content-type": "application/json", "x-csrf-token": csrf },
+        body: JSON.stringify({
+          model: model,
+          messages: history,
+          stream: true,
+          max_tokens: maxTokens,
+        }),
+      });
+      if (!response.ok) {
+        throw new Error(await refusal(response));
+      }
+      await readStream(response.body, function (piece) {
+        if (text === "") {
+          say("", "muted");
+        }
+        text += piece;
+        answer.textContent = text;
+        log.scrollTop = log.scrollHeight;
+      });
+      history.push({ role: "assistant", content: text });
+      say("", "muted");
+    } catch (error) {
+      if (text === "") {
+        // Unanswered: the question leaves the conversation, to be asked again.
+        history.pop();
+        answer.remove();
+      } else {
+        history.push({ role: "assistant", content: text });
+      }
+      say(error && error.message ? error.message : String(error), "error");
+    } finally {
+      busy = false;
+      send.disabled = false;
+      input.focus();
+    }
+  });
+})();
