@@ -7,6 +7,14 @@
 //! PostgreSQL comes from `DATABASE_URL`, else `postgres://postgres@127.0.0.1:5432/postgres`.
 //! When it is unreachable the test fails with a message saying how to get
 //! one; it is never skipped.
+//!
+//! `webdriver` drives a real headless Chromium (`Browser::start`) for tests
+//! of the pages; without Chromium and ChromeDriver installed it fails with a
+//! message saying how to install them.
+
+pub mod webdriver;
+
+pub use webdriver::{Browser, Element, WebDriverError};
 
 use sqlx::{Connection, Executor};
 
