@@ -32,6 +32,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "snapshots",
         sql: include_str!("../postgres/0002_snapshots.sql"),
     },
+    Migration {
+        version: 3,
+        name: "people",
+        sql: include_str!("../postgres/0003_people.sql"),
+    },
 ];
 
 /// Migrations for SQLite, oldest first.
@@ -45,6 +50,11 @@ pub const SQLITE: &[Migration] = &[
         version: 2,
         name: "snapshots",
         sql: include_str!("../sqlite/0002_snapshots.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "people",
+        sql: include_str!("../sqlite/0003_people.sql"),
     },
 ];
 

@@ -1,11 +1,31 @@
-//! People who sign in. SCAFFOLD: the API below is the contract the web
-//! crate and the admin API code against; bodies are being written.
+//! People who sign in: accounts, password hashes, browser sessions and key
+//! claim links.
+//!
+//! What belongs here: the personal data the event log must not hold (email,
+//! name, password hash), kept in erasable tables next to the log, and the
+//! rules for signing in. A person's state (pending, active, suspended,
+//! erased) lives in the log; [`People::sign_in`] asks the caller for it.
+//!
+//! Every method takes `now`: this crate never reads the clock, so tests and
+//! replays are deterministic.
+
+mod account;
+mod attempts;
+mod claims;
+mod email;
+mod password;
+mod secret;
+mod sessions;
+mod store;
+mod time;
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use llmgw_domain::tenancy::UserStatus;
 use llmgw_eventstore::AnyStore;
+
+pub use email::{check_email, normalize_email};
+pub use password::{BadHash, MIN_PASSWORD_CHARS, hash_password, verify_password};
 
 #[derive(Debug, Clone)]
 pub struct PeopleConfig {
@@ -27,6 +47,26 @@ impl Default for PeopleConfig {
             max_attempts: 10,
             attempt_window: Duration::from_secs(15 * 60),
             claim_ttl: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+impl PeopleConfig {
+    /// Zero means "not set": a zero limit would lock everyone out or close
+    /// every session at once, which no operator means.
+    fn or_defaults(self) -> Self {
+        let d = PeopleConfig::default();
+        let pick = |v: Duration, dv: Duration| if v.is_zero() { dv } else { v };
+        PeopleConfig {
+            session_idle: pick(self.session_idle, d.session_idle),
+            session_max: pick(self.session_max, d.session_max),
+            max_attempts: if self.max_attempts == 0 {
+                d.max_attempts
+            } else {
+                self.max_attempts
+            },
+            attempt_window: pick(self.attempt_window, d.attempt_window),
+            claim_ttl: pick(self.claim_ttl, d.claim_ttl),
         }
     }
 }
@@ -74,14 +114,6 @@ pub struct Session {
     pub opened_at: DateTime<Utc>,
 }
 
-impl Session {
-    /// Whether `submitted` is this session's CSRF token (constant time).
-    pub fn csrf_ok(&self, submitted: &str) -> bool {
-        let _ = submitted;
-        false
-    }
-}
-
 /// A person's personal data, as shown to admins.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Person {
@@ -99,99 +131,40 @@ pub struct Claimed {
     pub secret: String,
 }
 
+/// What [`People::sweep`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Sessions past their idle or absolute expiry, deleted.
+    pub sessions: u64,
+    /// Expired, unclaimed links whose sealed key was wiped.
+    pub claims: u64,
+}
+
 #[derive(Debug)]
 pub struct People {
-    _store: AnyStore,
-    _config: PeopleConfig,
+    db: store::Db,
+    config: PeopleConfig,
+    attempts: attempts::Attempts,
 }
 
 type Result<T> = std::result::Result<T, PeopleError>;
 
 impl People {
     pub fn new(store: &AnyStore, config: PeopleConfig) -> Self {
+        let config = config.or_defaults();
+        password::warm_dummy();
         People {
-            _store: store.clone(),
-            _config: config,
+            db: store::Db::new(store),
+            attempts: attempts::Attempts::new(config.max_attempts, config.attempt_window),
+            config,
         }
     }
 
-    /// A new pending person; `Ok(None)` when the email is taken (the
-    /// caller answers exactly as for a new one).
-    pub async fn sign_up(
-        &self,
-        _email: &str,
-        _name: &str,
-        _password: &str,
-        _now: DateTime<Utc>,
-    ) -> Result<Option<String>> {
-        Err(PeopleError::Store("scaffold".into()))
-    }
-
-    /// `status` reads a person's state from the log's view.
-    pub async fn sign_in(
-        &self,
-        _email: &str,
-        _password: &str,
-        _status: impl Fn(&str) -> Option<UserStatus> + Send,
-        _now: DateTime<Utc>,
-    ) -> Result<Opened> {
-        Err(PeopleError::Store("scaffold".into()))
-    }
-
-    pub async fn resolve(&self, _token: &str, _now: DateTime<Utc>) -> Result<Session> {
-        Err(PeopleError::NoSession)
-    }
-
-    pub async fn sign_out(&self, _token: &str) -> Result<()> {
-        Ok(())
-    }
-
-    /// Closes every session of the person and opens one for this browser.
-    pub async fn change_password(
-        &self,
-        _user_id: &str,
-        _current: &str,
-        _next: &str,
-        _now: DateTime<Utc>,
-    ) -> Result<Opened> {
-        Err(PeopleError::Store("scaffold".into()))
-    }
-
-    /// An operator's reset: sets the password, closes every session.
-    pub async fn reset_password(&self, _user_id: &str, _password: &str) -> Result<()> {
-        Err(PeopleError::Store("scaffold".into()))
-    }
-
-    pub async fn close_sessions(&self, _user_id: &str) -> Result<u64> {
-        Ok(0)
-    }
-
-    /// Removes the person's personal data and sessions; false when none.
-    pub async fn erase(&self, _user_id: &str) -> Result<bool> {
-        Ok(false)
-    }
-
-    pub async fn person(&self, _user_id: &str) -> Result<Option<Person>> {
-        Ok(None)
-    }
-
-    pub async fn people(&self) -> Result<Vec<Person>> {
-        Ok(Vec::new())
-    }
-
-    /// Seals `secret` with a fresh link token and keeps only its hash;
-    /// returns the token.
-    pub async fn seal_claim(&self, _key_id: &str, _secret: &str, _now: DateTime<Utc>) -> Result<String> {
-        Err(PeopleError::Store("scaffold".into()))
-    }
-
-    /// Whether the link still works (without using it).
-    pub async fn claim_open(&self, _token: &str, _now: DateTime<Utc>) -> Result<bool> {
-        Ok(false)
-    }
-
-    /// Reveals the key once: the sealed copy is wiped in the same step.
-    pub async fn claim(&self, _token: &str, _now: DateTime<Utc>) -> Result<Claimed> {
-        Err(PeopleError::ClaimInvalid)
+    /// Deletes expired sessions and wipes the sealed keys of expired links;
+    /// a server runs it now and then so that nothing lingers.
+    pub async fn sweep(&self, now: DateTime<Utc>) -> Result<Swept> {
+        let now = time::exact(now);
+        let idle_cutoff = time::minus(now, self.config.session_idle);
+        self.db.sweep(now, idle_cutoff).await
     }
 }

@@ -1,0 +1,164 @@
+//! Signing up, signing in, passwords and erasure.
+
+use chrono::{DateTime, Utc};
+use llmgw_domain::tenancy::UserStatus;
+
+use crate::password::{self, check_strength, hash_blocking, verify_blocking};
+use crate::store::{NewPassword, NewPerson};
+use crate::{Opened, People, PeopleError, Person, Result, email, secret, time};
+
+impl People {
+    /// A new pending person; `Ok(None)` when the email is taken (the
+    /// caller answers exactly as for a new one).
+    pub async fn sign_up(
+        &self,
+        email: &str,
+        name: &str,
+        password: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>> {
+        let email = email::check_email(email)?;
+        check_strength(password)?;
+        let name = match name.trim() {
+            "" => email.as_str(),
+            n => n,
+        };
+        // Hashed whether or not the address is taken: the answer's timing
+        // must not tell.
+        let hash = hash_blocking(password).await?;
+        let user_id = secret::new_user_id()?;
+        let inserted = self
+            .db
+            .insert_person(&NewPerson {
+                user_id: &user_id,
+                email: &email,
+                name,
+                password_hash: &hash,
+                created_at: time::exact(now),
+            })
+            .await?;
+        if !inserted {
+            tracing::info!("a sign-up for an address already registered; nothing changed");
+            return Ok(None);
+        }
+        Ok(Some(user_id))
+    }
+
+    /// `status` reads a person's state from the log's view.
+    pub async fn sign_in(
+        &self,
+        email: &str,
+        password: &str,
+        status: impl Fn(&str) -> Option<UserStatus> + Send,
+        now: DateTime<Utc>,
+    ) -> Result<Opened> {
+        let now = time::exact(now);
+        let email = email::normalize_email(email);
+        // Before the lookup, so that guessing at unknown addresses counts.
+        if !self.attempts.allow(&email, now) {
+            return Err(PeopleError::TooManyTries);
+        }
+        let found = match email::check_email(&email) {
+            Ok(_) => self.db.login(&email).await?,
+            Err(_) => None,
+        };
+        let Some((user_id, hash)) = found else {
+            verify_blocking(password, password::dummy_hash()).await?;
+            return Err(PeopleError::BadCredentials);
+        };
+        if !verify_blocking(password, &hash).await? {
+            return Err(PeopleError::BadCredentials);
+        }
+        // Only a right password learns the account's state.
+        match status(&user_id) {
+            None | Some(UserStatus::Erased) => return Err(PeopleError::BadCredentials),
+            Some(UserStatus::Pending) => {
+                self.attempts.clear(&email);
+                return Err(PeopleError::NotApproved);
+            }
+            Some(UserStatus::Suspended) => {
+                self.attempts.clear(&email);
+                return Err(PeopleError::Suspended);
+            }
+            Some(UserStatus::Active) => self.attempts.clear(&email),
+        }
+        let opened = self.open_session(&user_id, now).await?;
+        if let Err(e) = self.db.touch_login(&user_id, now).await {
+            tracing::warn!(user_id, error = %e, "could not note a sign-in");
+        }
+        Ok(opened)
+    }
+
+    /// Closes every session of the person and opens one for this browser.
+    pub async fn change_password(
+        &self,
+        user_id: &str,
+        current: &str,
+        next: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Opened> {
+        let now = time::exact(now);
+        let key = format!("pw:{user_id}");
+        if !self.attempts.allow(&key, now) {
+            return Err(PeopleError::TooManyTries);
+        }
+        let Some(old) = self.db.password_hash(user_id).await? else {
+            return Err(PeopleError::NoPerson);
+        };
+        if !verify_blocking(current, &old).await? {
+            return Err(PeopleError::BadCredentials);
+        }
+        self.attempts.clear(&key);
+        if verify_blocking(next, &old).await? {
+            return Err(PeopleError::SamePassword);
+        }
+        let hash = hash_blocking(next).await?;
+        let (opened, session) = self.new_session(user_id, now)?;
+        let set = self
+            .db
+            .set_password(&NewPassword {
+                user_id,
+                hash: &hash,
+                replaces: Some(&old),
+                reopen: Some(&session),
+            })
+            .await?;
+        if !set {
+            // Changed or erased since `current` was checked against it.
+            return Err(PeopleError::BadCredentials);
+        }
+        Ok(opened)
+    }
+
+    /// An operator's reset: sets the password, closes every session.
+    pub async fn reset_password(&self, user_id: &str, password: &str) -> Result<()> {
+        let hash = hash_blocking(password).await?;
+        let set = self
+            .db
+            .set_password(&NewPassword {
+                user_id,
+                hash: &hash,
+                replaces: None,
+                reopen: None,
+            })
+            .await?;
+        if !set {
+            return Err(PeopleError::NoPerson);
+        }
+        Ok(())
+    }
+
+    /// Removes the person's personal data and sessions; false when none.
+    pub async fn erase(&self, user_id: &str) -> Result<bool> {
+        self.db.erase(user_id).await
+    }
+
+    pub async fn person(&self, user_id: &str) -> Result<Option<Person>> {
+        self.db.person(user_id).await
+    }
+
+    /// Everyone, oldest first.
+    pub async fn people(&self) -> Result<Vec<Person>> {
+        self.db.people().await
+    }
+}

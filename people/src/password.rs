@@ -1,0 +1,152 @@
+//! Password hashes: argon2id, in the PHC string format.
+
+use std::sync::OnceLock;
+
+use argon2::{Algorithm, Argon2, Params, Version};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use subtle::ConstantTimeEq;
+
+use crate::{PeopleError, Result, secret};
+
+/// The only rule for a password: at least this many Unicode code points.
+pub const MIN_PASSWORD_CHARS: usize = 12;
+
+const M_COST: u32 = 65_536; // KiB
+const T_COST: u32 = 3;
+const P_COST: u32 = 4;
+const OUTPUT_LEN: usize = 32;
+
+// Upper bounds when verifying a stored string's own parameters: the table
+// is ours, but a corrupted row must not make one sign-in allocate gigabytes.
+const MAX_M_COST: u32 = 1 << 20; // 1 GiB
+const MAX_T_COST: u32 = 64;
+const MAX_OUTPUT_LEN: usize = 128;
+
+/// A stored hash that is not an argon2id PHC string this crate can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("unreadable password hash")]
+pub struct BadHash;
+
+/// `Err(WeakPassword)` unless `password` has enough code points.
+pub(crate) fn check_strength(password: &str) -> Result<()> {
+    if password.chars().count() < MIN_PASSWORD_CHARS {
+        return Err(PeopleError::WeakPassword);
+    }
+    Ok(())
+}
+
+/// `$argon2id$v=19$m=65536,t=3,p=4$<salt>$<hash>` with a fresh salt, or
+/// `WeakPassword`. Slow on purpose: call it off the async threads.
+pub fn hash_password(password: &str) -> Result<String> {
+    check_strength(password)?;
+    let salt = secret::random::<16>()?;
+    hash_with_salt(password, &salt)
+        .ok_or_else(|| PeopleError::Store("argon2 refused its own parameters".into()))
+}
+
+fn hash_with_salt(password: &str, salt: &[u8]) -> Option<String> {
+    let params = Params::new(M_COST, T_COST, P_COST, Some(OUTPUT_LEN)).ok()?;
+    let mut out = [0u8; OUTPUT_LEN];
+    Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
+        .hash_password_into(password.as_bytes(), salt, &mut out)
+        .ok()?;
+    Some(format!(
+        "$argon2id$v=19$m={M_COST},t={T_COST},p={P_COST}${}${}",
+        STANDARD_NO_PAD.encode(salt),
+        STANDARD_NO_PAD.encode(out)
+    ))
+}
+
+/// Whether `password` matches `stored`, derived with the string's own
+/// parameters (so hashes made under older settings still verify) and
+/// compared in constant time. Anything unreadable is `Err`, never a match.
+pub fn verify_password(password: &str, stored: &str) -> std::result::Result<bool, BadHash> {
+    let parsed = parse(stored).ok_or(BadHash)?;
+    let params =
+        Params::new(parsed.m, parsed.t, parsed.p, Some(parsed.hash.len())).map_err(|_| BadHash)?;
+    let mut out = vec![0u8; parsed.hash.len()];
+    Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
+        .hash_password_into(password.as_bytes(), &parsed.salt, &mut out)
+        .map_err(|_| BadHash)?;
+    Ok(bool::from(out.ct_eq(&parsed.hash)))
+}
+
+struct Parsed {
+    m: u32,
+    t: u32,
+    p: u32,
+    salt: Vec<u8>,
+    hash: Vec<u8>,
+}
+
+fn parse(stored: &str) -> Option<Parsed> {
+    let parts: Vec<&str> = stored.split('$').collect();
+    let ["", "argon2id", "v=19", params, salt, hash] = parts.as_slice() else {
+        return None;
+    };
+    let mut fields = params.split(',');
+    let m: u32 = fields.next()?.strip_prefix("m=")?.parse().ok()?;
+    let t: u32 = fields.next()?.strip_prefix("t=")?.parse().ok()?;
+    let p: u8 = fields.next()?.strip_prefix("p=")?.parse().ok()?;
+    if fields.next().is_some() || m > MAX_M_COST || t > MAX_T_COST {
+        return None;
+    }
+    let salt = STANDARD_NO_PAD.decode(salt).ok()?;
+    let hash = STANDARD_NO_PAD.decode(hash).ok()?;
+    if hash.len() > MAX_OUTPUT_LEN {
+        return None;
+    }
+    Some(Parsed {
+        m,
+        t,
+        p: u32::from(p),
+        salt,
+        hash,
+    })
+}
+
+static DUMMY: OnceLock<String> = OnceLock::new();
+
+/// A hash nobody's password is checked against for real: verifying an
+/// unknown email against it costs what a real check costs, so the answer's
+/// timing does not tell whether an account exists.
+pub(crate) fn dummy_hash() -> &'static str {
+    DUMMY.get_or_init(|| {
+        let salt = secret::random::<16>().unwrap_or([7u8; 16]);
+        hash_with_salt(&"x".repeat(MIN_PASSWORD_CHARS), &salt).unwrap_or_default()
+    })
+}
+
+/// Builds the dummy hash in the background at start-up, so that the first
+/// unknown email does not pay for it (and stand out by its timing).
+pub(crate) fn warm_dummy() {
+    if DUMMY.get().is_none()
+        && let Ok(rt) = tokio::runtime::Handle::try_current()
+    {
+        rt.spawn_blocking(|| {
+            dummy_hash();
+        });
+    }
+}
+
+/// [`hash_password`] on the blocking pool.
+pub(crate) async fn hash_blocking(password: &str) -> Result<String> {
+    let password = password.to_owned();
+    tokio::task::spawn_blocking(move || hash_password(&password))
+        .await
+        .map_err(|e| PeopleError::Store(format!("the hashing task failed: {e}")))?
+}
+
+/// [`verify_password`] on the blocking pool; an unreadable hash is no match.
+pub(crate) async fn verify_blocking(password: &str, stored: &str) -> Result<bool> {
+    let (password, stored) = (password.to_owned(), stored.to_owned());
+    tokio::task::spawn_blocking(move || {
+        verify_password(&password, &stored).unwrap_or_else(|BadHash| {
+            tracing::warn!("a stored password hash is unreadable; treated as no match");
+            false
+        })
+    })
+    .await
+    .map_err(|e| PeopleError::Store(format!("the hashing task failed: {e}")))
+}
