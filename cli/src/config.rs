@@ -40,6 +40,8 @@ pub(crate) struct FileConfig {
     #[serde(default)]
     pub admission: AdmissionSection,
     #[serde(default)]
+    pub landing: LandingSection,
+    #[serde(default)]
     pub control: ControlSection,
     /// The catalog: these models win over the store's.
     #[serde(default)]
@@ -62,6 +64,28 @@ pub(crate) struct AuthSection {
     pub batch_size: Option<usize>,
     /// Usage records held before new ones are dropped (and counted).
     pub buffer_size: Option<usize>,
+    /// Anyone may sign up on `/signup` (a pending, powerless account until
+    /// an operator approves it). Default true.
+    pub signup_open: Option<bool>,
+    /// A browser session unused this long ends (default 8h).
+    pub session_idle: Option<String>,
+    /// A browser session ends this long after sign-in however busy
+    /// (default 7d).
+    pub session_max: Option<String>,
+}
+
+/// What `/` tells people.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LandingSection {
+    /// Whom to ask: an email (a mailto link), an http(s) address (a link),
+    /// or plain text.
+    pub contact: Option<String>,
+    /// A line shown on the start page.
+    pub notice: Option<String>,
+    /// The address clients use (http:// or https://), shown in examples
+    /// and claim pages; https makes the cookies Secure.
+    pub base_url: Option<String>,
 }
 
 /// How the gateway routes.
@@ -235,6 +259,7 @@ pub(crate) fn duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
+        "d" => n * 86_400.0,
         _ => {
             return Err(ConfigError(format!(
                 "{key}: unknown unit {unit:?} in {s:?}; use ms, s, m or h"

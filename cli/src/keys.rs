@@ -6,16 +6,14 @@
 //! creation, and the log holds only its hash.
 
 use std::io::Write;
-use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Subcommand};
 use llmgw_api::admin as api;
 use llmgw_decider::Origin;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::Outcome;
+use crate::admin_client::Api;
 use crate::output::{Table, json_line};
 
 /// A claim link's base: an http(s) URL, without a trailing slash.
@@ -123,141 +121,8 @@ pub(crate) enum KeysCommand {
     },
 }
 
-/// Where the tenancy routes are served.
-enum Api {
-    Remote {
-        base: String,
-        http: reqwest::Client,
-    },
-    /// No server answered: the routes, here, over the store.
-    Local {
-        routes: axum::Router,
-        admin: String,
-        _follower: tokio::task::JoinHandle<()>,
-    },
-}
-
-/// A server that answers at `admin`, or None when nothing listens there.
-async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .no_proxy()
-        .build()?;
-    let health = format!("{}/health", admin.trim_end_matches('/'));
-    match http
-        .get(&health)
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-    {
-        Ok(r) if r.status().is_success() => Ok(Some(http)),
-        Ok(r) => bail!(
-            "{admin} answered {} to /health: is it an llmgw admin listener?",
-            r.status()
-        ),
-        Err(e) if e.is_connect() => Ok(None),
-        Err(e) => {
-            Err(e).with_context(|| format!("{admin} did not answer like an llmgw admin listener"))
-        }
-    }
-}
-
-async fn local(store: &str, admin: &str) -> anyhow::Result<Api> {
-    let address = llmgw_eventstore::StoreAddress::parse(store)?;
-    // A fresh store gets its schema, as a server would give it.
-    let log =
-        llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
-            .await?;
-    let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
-    let door = llmgw_control::Door::Lease {
-        store: log,
-        views: runner.views(),
-        views_at: runner.watch_position(),
-    };
-    let follower = tokio::spawn(async move {
-        if let Err(e) = runner.follow().await {
-            tracing::warn!(error = %e, "the views stopped following the event log");
-        }
-    });
-    Ok(Api::Local {
-        routes: llmgw_control::tenancy_api::router(door),
-        admin: admin.to_owned(),
-        _follower: follower,
-    })
-}
-
-impl Api {
-    async fn call<T: DeserializeOwned>(
-        &self,
-        origin: &Origin,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<&impl Serialize>,
-    ) -> anyhow::Result<T> {
-        let body = body.map(serde_json::to_vec).transpose()?;
-        let (status, bytes) = match self {
-            Api::Remote { base, http } => {
-                let mut r = http
-                    .request(method, format!("{}{path}", base.trim_end_matches('/')))
-                    .header(api::ACTOR_HEADER, origin.actor.name())
-                    .header(api::COMMAND_HEADER, &origin.command_id);
-                if let Some(b) = body {
-                    r = r.header("content-type", "application/json").body(b);
-                }
-                let resp = r
-                    .send()
-                    .await
-                    .with_context(|| format!("the admin API at {base} stopped answering"))?;
-                (resp.status().as_u16(), resp.bytes().await?.to_vec())
-            }
-            Api::Local { routes, .. } => {
-                use tower::ServiceExt;
-                let request = axum::http::Request::builder()
-                    .method(method.as_str())
-                    .uri(path)
-                    .header(api::ACTOR_HEADER, origin.actor.name())
-                    .header(api::COMMAND_HEADER, &origin.command_id)
-                    .header("content-type", "application/json")
-                    .body(axum::body::Body::from(body.unwrap_or_default()))?;
-                let resp = routes.clone().oneshot(request).await?;
-                let status = resp.status().as_u16();
-                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await?;
-                (status, bytes.to_vec())
-            }
-        };
-        if !(200..300).contains(&status) {
-            let why = serde_json::from_slice::<api::ErrorBody>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            if status == 404 && why.is_empty() {
-                bail!(
-                    "the server at --admin keeps no keys: it runs without auth and record_usage (or is an older llmgw); pass --offline to write to --store instead"
-                );
-            }
-            if let Api::Local { admin, .. } = self
-                && status == 423
-            {
-                bail!(
-                    "{why}; no admin API answers at {admin}: pass --admin with a server's admin address (a standby forwards to the leader)"
-                );
-            }
-            bail!("{why}");
-        }
-        Ok(serde_json::from_slice(&bytes)?)
-    }
-}
-
 pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> {
-    let api = match args.offline {
-        true => local(store, &args.admin).await?,
-        false => match remote(&args.admin).await? {
-            Some(http) => Api::Remote {
-                base: args.admin.clone(),
-                http,
-            },
-            None => local(store, &args.admin).await?,
-        },
-    };
+    let api = Api::connect(store, &args.admin, args.offline).await?;
     let origin = Origin::operator_from_env(args.as_name);
     let mut out = std::io::stdout().lock();
     use reqwest::Method;

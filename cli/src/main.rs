@@ -1,6 +1,7 @@
 //! The `llmgw` binary: every subcommand wires the library crates together.
 //! Parsing and printing live here; behaviour lives in the crates.
 
+mod admin_client;
 mod agent;
 mod agent_log;
 mod cert;
@@ -17,6 +18,7 @@ mod server;
 mod sim;
 mod store;
 mod up;
+mod users;
 
 use std::process::ExitCode;
 
@@ -49,6 +51,9 @@ enum Command {
     Lease(lease::LeaseCommand),
     /// API keys, their limits and the tenancy tree they belong to.
     Keys(keys::KeysArgs),
+    /// People who sign in to the pages: approve, suspend, promote, reset a
+    /// password, erase.
+    Users(users::UsersArgs),
     /// Operator tools.
     Ctl(ctl::CtlArgs),
     /// The node agent.
@@ -124,6 +129,7 @@ fn main() -> ExitCode {
             Command::Agent(cmd) => agent::run(cmd).await,
             Command::Ctl(cmd) => ctl::run(cmd).await,
             Command::Keys(cmd) => keys::run(&cli.store, cmd).await,
+            Command::Users(cmd) => users::run(&cli.store, cmd).await,
             Command::Up(args) => up::run(args).await,
         }
     });

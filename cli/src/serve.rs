@@ -58,6 +58,14 @@ pub(crate) struct Plan {
     pub auth: bool,
     /// Usage recorded (always with auth: budgets are spent by it).
     pub usage: Option<UsageSettings>,
+    pub web: WebPlan,
+}
+
+/// The pages and the accounts behind them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WebPlan {
+    pub settings: llmgw_web::WebSettings,
+    pub people: llmgw_people::PeopleConfig,
 }
 
 fn say(line: String) {
@@ -191,6 +199,11 @@ pub(crate) async fn run(
     });
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    // The erasable tables beside the log: claim links (any mode with a
+    // log), accounts and sessions (with auth).
+    let people = log
+        .as_ref()
+        .map(|l| Arc::new(llmgw_people::People::new(l, plan.web.people.clone())));
     let mut admin_routes = axum::Router::new();
     let mut cp = None;
     let mut grpc: Serving = Box::pin(std::future::pending());
@@ -199,7 +212,8 @@ pub(crate) async fn run(
         .control
         .as_ref()
         .and_then(|c| c.advertise_admin.clone());
-    if let (Some(control), Some(log), Some(v)) = (plan.control, &log, &views) {
+    if let (Some(control), Some(log), Some(v), Some(people)) = (plan.control, &log, &views, &people)
+    {
         let plane = ControlPlane::new(log.clone(), v.views.clone(), v.position.clone(), control);
         {
             let plane = plane.clone();
@@ -215,6 +229,7 @@ pub(crate) async fn run(
         admin_routes = llmgw_control::admin::router(plane.clone())
             .merge(llmgw_control::tenancy_api::router(
                 llmgw_control::Door::Control(plane.clone()),
+                people.clone(),
             ))
             .layer(axum::middleware::from_fn_with_state(
                 plane.clone(),
@@ -222,14 +237,36 @@ pub(crate) async fn run(
             ));
         say(format!("agent listening on {addr}"));
         cp = Some(plane);
-    } else if let (Some(log), Some(v)) = (&log, &views) {
+    } else if let (Some(log), Some(v), Some(people)) = (&log, &views, &people) {
         // No leader to send commands to: each is decided under the lease.
-        admin_routes = llmgw_control::tenancy_api::router(llmgw_control::Door::Lease {
-            store: log.clone(),
-            views: v.views.clone(),
-            views_at: v.position.clone(),
-        });
+        admin_routes = llmgw_control::tenancy_api::router(
+            llmgw_control::Door::Lease {
+                store: log.clone(),
+                views: v.views.clone(),
+                views_at: v.position.clone(),
+            },
+            people.clone(),
+        );
     }
+    let web = Arc::new(llmgw_web::Web {
+        settings: plan.web.settings.clone(),
+        views: match &views {
+            Some(v) => v.views.clone(),
+            None => Arc::new(RwLock::new(Projections::default())),
+        },
+        store: log.clone(),
+        people: people.filter(|_| plan.auth),
+        gateway: gw.clone(),
+        admin: admin_routes.clone(),
+        decider: log
+            .as_ref()
+            .map(|l| llmgw_decider::Decider::new(l.clone(), format!("gateway-{instance}"))),
+        instance: instance.clone(),
+    });
+    let extra = llmgw_gateway::Extra {
+        client: llmgw_web::client_routes(web.clone()),
+        admin: admin_routes.merge(llmgw_web::admin_routes(web)),
+    };
     let mut leading = None;
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -238,7 +275,7 @@ pub(crate) async fn run(
         plan.listen.client,
         plan.listen.admin,
         plan.listen.metrics,
-        admin_routes,
+        extra,
         move |l| {
             let _ = tx.send(l);
         },
@@ -347,5 +384,6 @@ pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> 
         control: Some(control),
         auth: false,
         usage: None,
+        web: WebPlan::default(),
     }
 }

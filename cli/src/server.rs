@@ -132,6 +132,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
             "admission.default_band applies only with auth off: with keys, the key decides the band".into(),
         ));
     }
+    let web = web_plan(&file, auth)?;
     let mut gateway = crate::gateway_settings::gateway_config(&file.router, &file.admission)?;
     gateway.endpoints = endpoints;
     gateway.fallbacks = file.fallbacks.clone();
@@ -162,6 +163,69 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         control,
         auth,
         usage: record_usage.then_some(usage),
+        web,
+    })
+}
+
+/// The pages' settings: `landing:` in every mode; accounts (`auth.signup_open`
+/// and the session lifetimes) only with keys on.
+fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, ConfigError> {
+    let a = &file.auth;
+    if !auth {
+        let set = [
+            (a.signup_open.is_some(), "auth.signup_open"),
+            (a.session_idle.is_some(), "auth.session_idle"),
+            (a.session_max.is_some(), "auth.session_max"),
+        ];
+        if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
+            return Err(ConfigError(format!(
+                "{what} applies only with auth.enabled: people sign in only where keys are required"
+            )));
+        }
+    }
+    let mut people = llmgw_people::PeopleConfig::default();
+    if let Some(v) = &a.session_idle {
+        people.session_idle = config::duration("auth.session_idle", v)?;
+    }
+    if let Some(v) = &a.session_max {
+        people.session_max = config::duration("auth.session_max", v)?;
+    }
+    if people.session_idle.is_zero() || people.session_max < people.session_idle {
+        return Err(ConfigError(
+            "auth.session_idle must be above 0 and at most auth.session_max".into(),
+        ));
+    }
+    let l = &file.landing;
+    let base_url = match &l.base_url {
+        Some(u) => {
+            let u = u.trim().trim_end_matches('/');
+            if !(u.starts_with("http://") || u.starts_with("https://")) || u.contains(' ') {
+                return Err(ConfigError(format!(
+                    "landing.base_url {u:?} must be an http:// or https:// address"
+                )));
+            }
+            Some(u.to_owned())
+        }
+        None => None,
+    };
+    let text = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Ok(crate::serve::WebPlan {
+        settings: llmgw_web::WebSettings {
+            accounts: auth,
+            signup_open: auth && a.signup_open.unwrap_or(true),
+            contact: text(&l.contact),
+            notice: text(&l.notice),
+            secure_cookies: base_url
+                .as_deref()
+                .is_some_and(|u| u.starts_with("https://")),
+            base_url,
+        },
+        people,
     })
 }
 

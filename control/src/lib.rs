@@ -16,6 +16,7 @@ mod config;
 mod convert;
 mod door;
 mod forward;
+mod people_api;
 mod reconciler;
 pub mod tenancy_api;
 

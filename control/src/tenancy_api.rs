@@ -2,7 +2,9 @@
 //! Reads come from this server's views; writes go through the [`Door`]
 //! with the operator the request names, so the log says who did what.
 
-use axum::extract::{Query, State};
+use std::sync::Arc;
+
+use axum::extract::{FromRef, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -10,13 +12,28 @@ use llmgw_api::admin as api;
 use llmgw_decider::{Actor, Origin};
 use llmgw_domain::Command;
 use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
+use llmgw_people::People;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::admin::{AdminError, Result};
 use crate::door::Door;
 
-pub fn router(door: Door) -> Router {
+/// What the tenancy and people routes share: where commands go, and the
+/// erasable tables (claim links, passwords, sessions).
+#[derive(Debug, Clone)]
+pub struct TenancyState {
+    pub door: Door,
+    pub people: Arc<People>,
+}
+
+impl FromRef<TenancyState> for Door {
+    fn from_ref(s: &TenancyState) -> Door {
+        s.door.clone()
+    }
+}
+
+pub fn router(door: Door, people: Arc<People>) -> Router {
     Router::new()
         .route("/api/v1/orgs", post(create_org))
         .route("/api/v1/teams", post(create_team))
@@ -24,7 +41,8 @@ pub fn router(door: Door) -> Router {
         .route("/api/v1/keys", get(list_keys).post(create_key))
         .route("/api/v1/keys/{key}/revoke", post(revoke_key))
         .route("/api/v1/limits", put(set_limits))
-        .with_state(door)
+        .merge(crate::people_api::routes())
+        .with_state(TenancyState { door, people })
 }
 
 /// The operator a request speaks for, and its command id (kept when a
@@ -47,11 +65,11 @@ pub(crate) fn origin(headers: &HeaderMap) -> Origin {
     origin
 }
 
-fn bad(why: impl Into<String>) -> AdminError {
+pub(crate) fn bad(why: impl Into<String>) -> AdminError {
     AdminError(StatusCode::UNPROCESSABLE_ENTITY, why.into())
 }
 
-async fn change(
+pub(crate) async fn change(
     door: &Door,
     headers: &HeaderMap,
     commands: Vec<Command>,
@@ -121,9 +139,10 @@ fn band_of(s: Option<&str>) -> std::result::Result<Band, AdminError> {
     })
 }
 
-/// Makes the secret here, stores only its hash, and answers it once.
+/// Makes the secret here, stores only its hash, and answers it once (or
+/// seals it behind a one-time claim link, keeping only the link's hash).
 async fn create_key(
-    State(door): State<Door>,
+    State(TenancyState { door, people }): State<TenancyState>,
     headers: HeaderMap,
     Json(k): Json<api::NewKey>,
 ) -> Result<api::KeyCreated> {
@@ -145,16 +164,31 @@ async fn create_key(
         owner: k.owner,
     };
     let (key_id, prefix) = (key.key_id.clone(), key.prefix.clone());
-    let decided = door
-        .execute(&origin(&headers), vec![Command::Tenancy(T::IssueKey(key))])
-        .await?;
+    let origin = origin(&headers);
+    let mut commands = vec![Command::Tenancy(T::IssueKey(key))];
+    if k.claim {
+        commands.push(Command::Tenancy(T::OfferClaim {
+            key_id: key_id.clone(),
+            by: origin.actor.name().to_owned(),
+        }));
+    }
+    let decided = door.execute(&origin, commands).await?;
     // The key works on this server once its views hold it.
     door.views_reach(decided.position).await;
+    let (secret, claim_token) = if k.claim {
+        let token = people
+            .seal_claim(&key_id, &secret, chrono::Utc::now())
+            .await
+            .map_err(|e| AdminError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        (None, Some(token))
+    } else {
+        (Some(secret), None)
+    };
     Ok(Json(api::KeyCreated {
         key_id,
         prefix,
-        secret: Some(secret),
-        claim_token: None,
+        secret,
+        claim_token,
     }))
 }
 

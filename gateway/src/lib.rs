@@ -223,17 +223,26 @@ pub async fn serve(
     metrics: Option<SocketAddr>,
     on_bound: impl FnMut(Listener),
 ) -> Result<(), ServeError> {
-    serve_with(gw, client, admin, metrics, Router::new(), on_bound).await
+    let extra = Extra::default();
+    serve_with(gw, client, admin, metrics, extra, on_bound).await
 }
 
-/// As [`serve`], with more routes on the admin listener (the control
-/// plane's API).
+/// Routes served beside the gateway's own.
+#[derive(Debug, Default)]
+pub struct Extra {
+    /// On the client listener (the pages).
+    pub client: Router,
+    /// On the admin listener (the control plane's API, the admin pages).
+    pub admin: Router,
+}
+
+/// As [`serve`], with more routes on the client and admin listeners.
 pub async fn serve_with(
     gw: Arc<Gateway>,
     client: SocketAddr,
     admin: SocketAddr,
     metrics: Option<SocketAddr>,
-    extra_admin: Router,
+    extra: Extra,
     mut on_bound: impl FnMut(Listener),
 ) -> Result<(), ServeError> {
     let bind = |addr: SocketAddr| async move {
@@ -254,8 +263,8 @@ pub async fn serve_with(
     }
     let scraper = tokio::spawn(scrape::run(gw.clone(), gw.config.scrape_interval));
     let _stop_scraper = AbortOnDrop(scraper);
-    let client_srv = axum::serve(client_l, client_app(gw.clone()));
-    let admin_srv = axum::serve(admin_l, admin_app(gw.clone()).merge(extra_admin));
+    let client_srv = axum::serve(client_l, client_app(gw.clone()).merge(extra.client));
+    let admin_srv = axum::serve(admin_l, admin_app(gw.clone()).merge(extra.admin));
     match metrics_l {
         Some(m) => {
             let metrics_srv = axum::serve(m, metrics_app(gw));

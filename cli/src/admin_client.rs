@@ -1,0 +1,154 @@
+//! Where `llmgw keys` and `llmgw users` send their commands: a running
+//! server's admin API (any server: a standby forwards to the leader), or,
+//! when none answers, the same routes served in this process over the
+//! store, deciding under the append lease. One code path either way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use llmgw_api::admin as api;
+use llmgw_decider::Origin;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Where the tenancy routes are served.
+pub(crate) enum Api {
+    Remote {
+        base: String,
+        http: reqwest::Client,
+    },
+    /// No server answered: the routes, here, over the store.
+    Local {
+        routes: axum::Router,
+        admin: String,
+        _follower: tokio::task::JoinHandle<()>,
+    },
+}
+
+/// A server that answers at `admin`, or None when nothing listens there.
+async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .build()?;
+    let health = format!("{}/health", admin.trim_end_matches('/'));
+    match http
+        .get(&health)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => Ok(Some(http)),
+        Ok(r) => bail!(
+            "{admin} answered {} to /health: is it an llmgw admin listener?",
+            r.status()
+        ),
+        Err(e) if e.is_connect() => Ok(None),
+        Err(e) => {
+            Err(e).with_context(|| format!("{admin} did not answer like an llmgw admin listener"))
+        }
+    }
+}
+
+async fn local(store: &str, admin: &str) -> anyhow::Result<Api> {
+    let address = llmgw_eventstore::StoreAddress::parse(store)?;
+    // A fresh store gets its schema, as a server would give it.
+    let log =
+        llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
+            .await?;
+    let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
+    let door = llmgw_control::Door::Lease {
+        store: log.clone(),
+        views: runner.views(),
+        views_at: runner.watch_position(),
+    };
+    let follower = tokio::spawn(async move {
+        if let Err(e) = runner.follow().await {
+            tracing::warn!(error = %e, "the views stopped following the event log");
+        }
+    });
+    Ok(Api::Local {
+        // Claim links and password resets touch the people tables of the
+        // same store.
+        routes: llmgw_control::tenancy_api::router(
+            door,
+            Arc::new(llmgw_people::People::new(&log, Default::default())),
+        ),
+        admin: admin.to_owned(),
+        _follower: follower,
+    })
+}
+
+impl Api {
+    /// `admin` when a server answers there (unless `offline`), else the
+    /// routes here over `store`.
+    pub(crate) async fn connect(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
+        if !offline && let Some(http) = remote(admin).await? {
+            return Ok(Api::Remote {
+                base: admin.to_owned(),
+                http,
+            });
+        }
+        local(store, admin).await
+    }
+
+    pub(crate) async fn call<T: DeserializeOwned>(
+        &self,
+        origin: &Origin,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> anyhow::Result<T> {
+        let body = body.map(serde_json::to_vec).transpose()?;
+        let (status, bytes) = match self {
+            Api::Remote { base, http } => {
+                let mut r = http
+                    .request(method, format!("{}{path}", base.trim_end_matches('/')))
+                    .header(api::ACTOR_HEADER, origin.actor.name())
+                    .header(api::COMMAND_HEADER, &origin.command_id);
+                if let Some(b) = body {
+                    r = r.header("content-type", "application/json").body(b);
+                }
+                let resp = r
+                    .send()
+                    .await
+                    .with_context(|| format!("the admin API at {base} stopped answering"))?;
+                (resp.status().as_u16(), resp.bytes().await?.to_vec())
+            }
+            Api::Local { routes, .. } => {
+                use tower::ServiceExt;
+                let request = axum::http::Request::builder()
+                    .method(method.as_str())
+                    .uri(path)
+                    .header(api::ACTOR_HEADER, origin.actor.name())
+                    .header(api::COMMAND_HEADER, &origin.command_id)
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(body.unwrap_or_default()))?;
+                let resp = routes.clone().oneshot(request).await?;
+                let status = resp.status().as_u16();
+                let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await?;
+                (status, bytes.to_vec())
+            }
+        };
+        if !(200..300).contains(&status) {
+            let why = serde_json::from_slice::<api::ErrorBody>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            if status == 404 && why.is_empty() {
+                bail!(
+                    "the server at --admin keeps no keys: it runs without auth and record_usage (or is an older llmgw); pass --offline to write to --store instead"
+                );
+            }
+            if let Api::Local { admin, .. } = self
+                && status == 423
+            {
+                bail!(
+                    "{why}; no admin API answers at {admin}: pass --admin with a server's admin address (a standby forwards to the leader)"
+                );
+            }
+            bail!("{why}");
+        }
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+}

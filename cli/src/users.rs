@@ -1,0 +1,171 @@
+//! `llmgw users`: the people who sign in to the pages. Signing up is the
+//! person's own act (on `/signup`); approving, suspending, promoting,
+//! resetting a password and erasing are an operator's, here only: each
+//! would let a stolen browser session escalate, so the pages show, they do
+//! not steer. Commands go where `llmgw keys` sends them.
+
+use std::io::{BufRead, Write};
+
+use clap::{Args, Subcommand};
+use llmgw_api::admin as api;
+use llmgw_decider::Origin;
+use reqwest::Method;
+
+use crate::Outcome;
+use crate::admin_client::Api;
+use crate::output::{Table, json_line};
+
+#[derive(Debug, Args)]
+pub(crate) struct UsersArgs {
+    /// A server's admin API; when none answers there, the command is
+    /// decided here, on --store, under the append lease.
+    #[arg(
+        long,
+        global = true,
+        env = "LLMGW_ADMIN",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    admin: String,
+    /// Write to --store directly even if a server answers at --admin.
+    #[arg(long, global = true)]
+    offline: bool,
+    /// The operator the log names (default: the OS user).
+    #[arg(long = "as", global = true, value_name = "NAME")]
+    as_name: Option<String>,
+    #[command(subcommand)]
+    command: UsersCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum UsersCommand {
+    /// Everyone who signed up, pending first.
+    List {
+        /// Only those waiting for approval.
+        #[arg(long)]
+        pending: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Let a pending (or suspended) person in, to a project.
+    Approve {
+        id: String,
+        #[arg(long)]
+        project: String,
+    },
+    /// Close a person's sessions and keep them out; their keys keep
+    /// working until revoked.
+    Suspend { id: String },
+    /// Give an active person the admin pages.
+    Promote { id: String },
+    /// Set a new password (read from stdin unless --password) and close the
+    /// person's sessions.
+    ResetPassword {
+        id: String,
+        /// Visible to other users of this machine while the command runs;
+        /// prefer stdin.
+        #[arg(long)]
+        password: Option<String>,
+    },
+    /// Remove a person's personal data (email, name, password, sessions).
+    /// The log keeps their id and what was done, and still verifies.
+    Erase { id: String },
+}
+
+pub(crate) async fn run(store: &str, args: UsersArgs) -> anyhow::Result<Outcome> {
+    let api = Api::connect(store, &args.admin, args.offline).await?;
+    let origin = Origin::operator_from_env(args.as_name);
+    let mut out = std::io::stdout().lock();
+    let none: Option<&()> = None;
+    let post = |id: &str, verb: &str| format!("/api/v1/users/{id}/{verb}");
+    let changed: api::Changed = match args.command {
+        UsersCommand::List { pending, json } => {
+            let path = if pending {
+                "/api/v1/users?pending=true"
+            } else {
+                "/api/v1/users"
+            };
+            let rows: Vec<api::UserRow> = api.call(&origin, Method::GET, path, none).await?;
+            if json {
+                for r in &rows {
+                    json_line(&mut out, r)?;
+                }
+            } else {
+                print_users(&mut out, &rows)?;
+            }
+            return Ok(Outcome::Ok);
+        }
+        UsersCommand::Approve { id, project } => {
+            let body = api::Approve { project };
+            api.call(&origin, Method::POST, &post(&id, "approve"), Some(&body))
+                .await?
+        }
+        UsersCommand::Suspend { id } => {
+            api.call(&origin, Method::POST, &post(&id, "suspend"), none)
+                .await?
+        }
+        UsersCommand::Promote { id } => {
+            api.call(&origin, Method::POST, &post(&id, "promote"), none)
+                .await?
+        }
+        UsersCommand::ResetPassword { id, password } => {
+            let password = match password {
+                Some(p) => p,
+                None => read_password()?,
+            };
+            let body = api::ResetPassword { password };
+            api.call(
+                &origin,
+                Method::POST,
+                &post(&id, "reset-password"),
+                Some(&body),
+            )
+            .await?
+        }
+        UsersCommand::Erase { id } => {
+            api.call(&origin, Method::POST, &post(&id, "erase"), none)
+                .await?
+        }
+    };
+    writeln!(out, "{}", changed.message)?;
+    Ok(Outcome::Ok)
+}
+
+/// One line from stdin, without its line ending.
+fn read_password() -> anyhow::Result<String> {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let password = line.trim_end_matches(['\r', '\n']).to_owned();
+    if password.is_empty() {
+        anyhow::bail!("no password on stdin (or pass --password)");
+    }
+    Ok(password)
+}
+
+fn print_users(out: &mut impl Write, rows: &[api::UserRow]) -> anyhow::Result<()> {
+    let mut t = Table::new(vec![
+        "ID",
+        "STATUS",
+        "PROJECT",
+        "ADMIN",
+        "EMAIL",
+        "SIGNED UP",
+        "LAST LOGIN",
+        "NAME",
+    ]);
+    let dash = || "-".to_owned();
+    for r in rows {
+        t.row(vec![
+            r.user_id.clone(),
+            r.status.clone(),
+            r.project.clone().unwrap_or_else(dash),
+            if r.admin { "yes" } else { "no" }.to_owned(),
+            Some(r.email.clone())
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(dash),
+            r.created_at.clone().unwrap_or_else(dash),
+            r.last_login.clone().unwrap_or_else(dash),
+            r.name.clone(),
+        ]);
+    }
+    t.print(out)
+}

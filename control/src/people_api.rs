@@ -1,0 +1,176 @@
+//! The admin API's people routes: list, approve, suspend, promote, reset a
+//! password, erase. The decision goes through the [`Door`] like every
+//! operator command; what lives outside the log (sessions, password
+//! hashes, personal data) is changed after the decision is recorded, so a
+//! refused command touches nothing.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use llmgw_api::admin as api;
+use llmgw_domain::Command;
+use llmgw_domain::tenancy::{TenancyCommand as T, UserStatus};
+use serde::Deserialize;
+
+use crate::admin::{AdminError, Result};
+use crate::tenancy_api::{TenancyState, bad, change, origin};
+
+pub(crate) fn routes() -> Router<TenancyState> {
+    Router::new()
+        .route("/api/v1/users", get(list))
+        .route("/api/v1/users/{id}/approve", post(approve))
+        .route("/api/v1/users/{id}/suspend", post(suspend))
+        .route("/api/v1/users/{id}/promote", post(promote))
+        .route("/api/v1/users/{id}/reset-password", post(reset_password))
+        .route("/api/v1/users/{id}/erase", post(erase))
+}
+
+fn internal(e: impl std::fmt::Display) -> AdminError {
+    AdminError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+fn status_name(s: UserStatus) -> &'static str {
+    match s {
+        UserStatus::Pending => "pending",
+        UserStatus::Active => "active",
+        UserStatus::Suspended => "suspended",
+        UserStatus::Erased => "erased",
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    pending: bool,
+}
+
+/// Everyone the log knows, pending first, with what the people table
+/// still holds of them (nothing once erased).
+async fn list(
+    State(s): State<TenancyState>,
+    Query(q): Query<ListQuery>,
+) -> Result<Vec<api::UserRow>> {
+    let persons = s.people.people().await.map_err(internal)?;
+    let views = s.door.views();
+    let views = views.read().unwrap_or_else(|p| p.into_inner());
+    let stamp =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut rows: Vec<api::UserRow> = views
+        .tenancy
+        .tenancy
+        .users
+        .values()
+        .filter(|u| !q.pending || u.status == UserStatus::Pending)
+        .map(|u| {
+            let person = persons.iter().find(|p| p.user_id == u.user_id);
+            api::UserRow {
+                user_id: u.user_id.clone(),
+                email: person.map(|p| p.email.clone()).unwrap_or_default(),
+                name: person.map(|p| p.name.clone()).unwrap_or_default(),
+                status: status_name(u.status).to_owned(),
+                project: u.project_id.clone(),
+                admin: u.admin,
+                created_at: person.map(|p| stamp(p.created_at)),
+                last_login: person.and_then(|p| p.last_login_at).map(stamp),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        (a.status != "pending", &a.created_at, &a.user_id).cmp(&(
+            b.status != "pending",
+            &b.created_at,
+            &b.user_id,
+        ))
+    });
+    Ok(Json(rows))
+}
+
+async fn approve(
+    State(s): State<TenancyState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(a): Json<api::Approve>,
+) -> Result<api::Changed> {
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!("{id} may use project {}", a.project);
+    let c = T::Approve {
+        user_id: id,
+        project_id: a.project,
+        by,
+    };
+    change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+/// Suspended in the log first (which already stops the sessions from
+/// counting), then the sessions are closed. Keys keep working until
+/// revoked.
+async fn suspend(
+    State(s): State<TenancyState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<api::Changed> {
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!("{id} is suspended; their keys work until revoked");
+    let c = T::Suspend {
+        user_id: id.clone(),
+        by,
+    };
+    let changed = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
+    s.people.close_sessions(&id).await.map_err(internal)?;
+    Ok(changed)
+}
+
+async fn promote(
+    State(s): State<TenancyState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<api::Changed> {
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!("{id} is an admin");
+    let c = T::Promote { user_id: id, by };
+    change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+async fn reset_password(
+    State(s): State<TenancyState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(r): Json<api::ResetPassword>,
+) -> Result<api::Changed> {
+    // Checked before anything is recorded, so a weak password changes
+    // nothing.
+    if r.password.chars().count() < 12 {
+        return Err(bad(llmgw_people::PeopleError::WeakPassword.to_string()));
+    }
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!("{id} has a new password; their sessions are closed");
+    let c = T::ResetPassword {
+        user_id: id.clone(),
+        by,
+    };
+    let changed = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
+    s.people
+        .reset_password(&id, &r.password)
+        .await
+        .map_err(internal)?;
+    Ok(changed)
+}
+
+/// The person's personal data leaves the people table; the log keeps
+/// only the id and what was done, so its chain still verifies.
+async fn erase(
+    State(s): State<TenancyState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<api::Changed> {
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!("{id}'s personal data is erased");
+    let c = T::Erase {
+        user_id: id.clone(),
+        by,
+    };
+    let changed = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
+    s.people.erase(&id).await.map_err(internal)?;
+    Ok(changed)
+}
