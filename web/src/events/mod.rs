@@ -64,3 +64,6 @@ fn render_status(status: StatusCode, t: &impl askama::Template) -> Result<Respon
 fn internal(e: llmgw_eventstore::StoreError) -> WebError {
     WebError::Internal(format!("reading the log: {e}"))
 }
+
+#[cfg(test)]
+mod tests;
