@@ -1,0 +1,87 @@
+//! `/admin`: the cluster and who uses it.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::Method;
+use axum::response::Response;
+use serde::Deserialize;
+
+use super::cluster::{self, ModelRow, NodeRow, ReplicaRow, Why};
+use super::spend::{self, UsageRow};
+use super::{Pager, page_number, reader};
+use crate::{Chrome, Viewer, Web, WebError, admin_api, render};
+
+/// Rows a usage table shows at once.
+const PER_PAGE: usize = 50;
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct DashboardQuery {
+    /// The keys table's page.
+    page: Option<String>,
+    /// The people table's page.
+    people: Option<String>,
+}
+
+#[derive(askama::Template)]
+#[template(path = "admin/dashboard.html")]
+struct Dashboard {
+    chrome: Chrome,
+    position: u64,
+    nodes: Vec<NodeRow>,
+    replicas: Vec<ReplicaRow>,
+    models: Vec<ModelRow>,
+    why: Vec<Why>,
+    keys: Vec<UsageRow>,
+    keys_pager: Pager,
+    people: Vec<UsageRow>,
+    people_pager: Pager,
+    model_usage: Vec<UsageRow>,
+}
+
+pub(crate) async fn page(
+    State(web): State<Arc<Web>>,
+    viewer: Viewer,
+    Query(q): Query<DashboardQuery>,
+) -> Result<Response, WebError> {
+    // Last heartbeats live in the leader's memory, not in the log; where
+    // the admin API cannot say (a standby, no control plane), the page
+    // shows a dash rather than failing.
+    let api_nodes = admin_api::call::<Vec<llmgw_api::admin::NodeRow>>(
+        &web,
+        Method::GET,
+        "/api/v1/nodes",
+        reader(&viewer),
+        None::<&()>,
+    )
+    .await
+    .unwrap_or_default();
+    let (key_page, people_page) = (
+        page_number(q.page.as_deref()),
+        page_number(q.people.as_deref()),
+    );
+    let page = {
+        let views = web.views();
+        let c = &views.cluster;
+        let (keys, keys_pager) = spend::keys(&views, PER_PAGE, key_page, |n| {
+            format!("/admin?page={n}&people={people_page}#keys")
+        });
+        let (people, people_pager) = spend::people(&views, PER_PAGE, people_page, |n| {
+            format!("/admin?page={key_page}&people={n}#people")
+        });
+        Dashboard {
+            chrome: Chrome::for_viewer(&web, &viewer),
+            position: views.checkpoint.position,
+            nodes: cluster::nodes(c, &api_nodes),
+            replicas: cluster::replicas(c),
+            models: cluster::models(c),
+            why: cluster::explanations(c),
+            keys,
+            keys_pager,
+            people,
+            people_pager,
+            model_usage: spend::models(&views),
+        }
+    };
+    render(&page)
+}

@@ -1,0 +1,168 @@
+//! Usage per key, per person and per model, biggest spender first, one
+//! page at a time.
+
+use std::cmp::Reverse;
+
+use llmgw_domain::tenancy::Scope;
+use llmgw_projections::{ModelStats, Projections, Spend};
+
+use super::{Pager, fmt};
+
+/// One line of a usage table.
+#[derive(Debug, Clone)]
+pub(crate) struct UsageRow {
+    pub id: String,
+    /// The key's name, or empty.
+    pub name: String,
+    pub project: String,
+    /// The key's owner, or empty for an operator's key.
+    pub owner: String,
+    pub revoked: bool,
+    pub requests: String,
+    pub tokens: String,
+    pub errors: String,
+    pub spend: String,
+    pub latency: String,
+    /// Time to first token (models only).
+    pub ttft: String,
+    pub last: String,
+}
+
+impl UsageRow {
+    fn new(id: &str, s: &Spend) -> UsageRow {
+        UsageRow {
+            id: id.to_owned(),
+            name: String::new(),
+            project: String::new(),
+            owner: String::new(),
+            revoked: false,
+            requests: fmt::count(s.requests),
+            tokens: fmt::count(s.total_tokens),
+            errors: fmt::count(s.errors),
+            spend: fmt::money(s.total_micros),
+            latency: latency(s.requests, s.latency_ms_avg(), s.latency_ms_max),
+            ttft: String::new(),
+            last: fmt::when(s.last_at),
+        }
+    }
+}
+
+fn latency(requests: u64, avg: u64, max: u32) -> String {
+    if requests == 0 {
+        "—".into()
+    } else {
+        format!("{avg} / {max} ms")
+    }
+}
+
+/// Biggest spend first, then most requests, then by id: a stable order,
+/// so that paging never shows a row twice.
+fn rank(id: &str, s: &Spend) -> (Reverse<u64>, Reverse<u64>, String) {
+    (Reverse(s.total_micros), Reverse(s.requests), id.to_owned())
+}
+
+/// One page of keys (live and revoked), with their use.
+pub(crate) fn keys(
+    views: &Projections,
+    per_page: usize,
+    page: usize,
+    href: impl Fn(usize) -> String,
+) -> (Vec<UsageRow>, Pager) {
+    let used = views.usage.spend.get(&Scope::Key);
+    let none = Spend::default();
+    let mut all: Vec<(&String, &Spend)> = views
+        .tenancy
+        .tenancy
+        .keys
+        .keys()
+        .map(|id| (id, used.and_then(|u| u.get(id)).unwrap_or(&none)))
+        .collect();
+    // Only the page is sorted in full; the rest need only be on the right
+    // side of it.
+    let pager = Pager::new(all.len(), per_page, page, href);
+    let by = |a: &(&String, &Spend), b: &(&String, &Spend)| rank(a.0, a.1).cmp(&rank(b.0, b.1));
+    let range = pager.range();
+    if range.end < all.len() {
+        all.select_nth_unstable_by(range.end, by);
+        all.truncate(range.end);
+    }
+    all.sort_unstable_by(by);
+    let rows = all[range]
+        .iter()
+        .map(|(id, s)| {
+            let mut row = UsageRow::new(id, s);
+            if let Some(k) = views.tenancy.tenancy.keys.get(*id) {
+                row.name.clone_from(&k.name);
+                row.project.clone_from(&k.project_id);
+                row.owner = k.owner.clone().unwrap_or_default();
+                row.revoked = k.revoked;
+            }
+            row
+        })
+        .collect();
+    (rows, pager)
+}
+
+/// One page of people: their own keys' use and their chat, together.
+pub(crate) fn people(
+    views: &Projections,
+    per_page: usize,
+    page: usize,
+    href: impl Fn(usize) -> String,
+) -> (Vec<UsageRow>, Pager) {
+    let none = Spend::default();
+    let users = &views.tenancy.tenancy.users;
+    let mut all: Vec<(&String, &Spend)> = users
+        .keys()
+        .map(|id| (id, views.usage.people.get(id).unwrap_or(&none)))
+        .collect();
+    // Someone the tenancy no longer lists (never, today) still shows.
+    all.extend(
+        views
+            .usage
+            .people
+            .iter()
+            .filter(|(id, _)| !users.contains_key(*id)),
+    );
+    all.sort_unstable_by(|a, b| rank(a.0, a.1).cmp(&rank(b.0, b.1)));
+    let pager = Pager::new(all.len(), per_page, page, href);
+    let rows = all[pager.range()]
+        .iter()
+        .map(|(id, s)| {
+            let mut row = UsageRow::new(id, s);
+            if let Some(u) = users.get(*id) {
+                row.project = u.project_id.clone().unwrap_or_default();
+            }
+            row
+        })
+        .collect();
+    (rows, pager)
+}
+
+/// Every model that served a request.
+pub(crate) fn models(views: &Projections) -> Vec<UsageRow> {
+    let mut all: Vec<(&String, &ModelStats)> = views.usage.models.iter().collect();
+    all.sort_by_key(|(id, m)| (Reverse(m.cost_micros), Reverse(m.requests), (*id).clone()));
+    all.into_iter()
+        .map(|(id, m)| {
+            let avg = m.latency_ms_total.checked_div(m.requests).unwrap_or(0);
+            UsageRow {
+                id: id.clone(),
+                name: String::new(),
+                project: String::new(),
+                owner: String::new(),
+                revoked: false,
+                requests: fmt::count(m.requests),
+                tokens: fmt::count(m.prompt_tokens.saturating_add(m.completion_tokens)),
+                errors: fmt::count(m.errors),
+                spend: fmt::money(m.cost_micros),
+                latency: latency(m.requests, avg, m.latency_ms_max),
+                ttft: m
+                    .ttft_ms_total
+                    .checked_div(m.ttft_count)
+                    .map_or_else(|| "—".to_owned(), |t| format!("{t} ms")),
+                last: String::new(),
+            }
+        })
+        .collect()
+}

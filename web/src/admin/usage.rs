@@ -1,0 +1,398 @@
+//! `/admin/usage`: requests, tokens and spend over time by org, team,
+//! project or person, as charts drawn on the server, with the groups'
+//! totals for the range underneath.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use llmgw_projections::{Bucket, DAY_MS, GroupBy, HOUR_MS, Projections, Series};
+use serde::Deserialize;
+
+use super::chart::{self, Chart, OTHER};
+use super::{Pager, fmt, page_number};
+use crate::{Chrome, Viewer, Web, WebError, render};
+
+/// Groups drawn on their own; the rest are stacked as "other".
+const TOP: usize = 6;
+const PER_PAGE: usize = 50;
+
+/// A range the page offers: its name, bucket size and number of buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Range {
+    pub name: &'static str,
+    step_ms: i64,
+    buckets: i64,
+}
+
+const RANGES: [Range; 5] = [
+    Range {
+        name: "24h",
+        step_ms: HOUR_MS,
+        buckets: 24,
+    },
+    Range {
+        name: "7d",
+        step_ms: HOUR_MS,
+        buckets: 7 * 24,
+    },
+    Range {
+        name: "30d",
+        step_ms: DAY_MS,
+        buckets: 30,
+    },
+    Range {
+        name: "90d",
+        step_ms: DAY_MS,
+        buckets: 90,
+    },
+    Range {
+        name: "365d",
+        step_ms: DAY_MS,
+        buckets: 365,
+    },
+];
+const DEFAULT_RANGE: usize = 1;
+
+impl Range {
+    fn parse(s: Option<&str>) -> Range {
+        RANGES
+            .into_iter()
+            .find(|r| Some(r.name) == s)
+            .unwrap_or(RANGES[DEFAULT_RANGE])
+    }
+
+    /// `[start, end)` ending with the bucket that holds `now`.
+    fn window(self, now: i64) -> (i64, i64) {
+        let end = now.div_euclid(self.step_ms) * self.step_ms + self.step_ms;
+        (end - self.buckets * self.step_ms, end)
+    }
+
+    fn label(self, start_ms: i64) -> String {
+        let format = if self.step_ms < DAY_MS {
+            "%m-%d %H:00"
+        } else {
+            "%Y-%m-%d"
+        };
+        DateTime::<Utc>::from_timestamp_millis(start_ms)
+            .map(|t| t.format(format).to_string())
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct UsageQuery {
+    by: Option<String>,
+    range: Option<String>,
+    page: Option<String>,
+}
+
+/// A link in the page's selectors.
+#[derive(Debug, Clone)]
+pub(crate) struct Choice {
+    pub label: &'static str,
+    pub href: String,
+    pub current: bool,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct GroupRow {
+    pub id: String,
+    pub name: String,
+    pub requests: String,
+    pub tokens: String,
+    pub errors: String,
+    pub spend: String,
+}
+
+#[derive(askama::Template)]
+#[template(path = "admin/usage.html")]
+struct UsagePage {
+    chrome: Chrome,
+    by: &'static str,
+    range: &'static str,
+    by_choices: Vec<Choice>,
+    range_choices: Vec<Choice>,
+    /// Inline SVG made by `chart::stacked_bars` (escaped there).
+    charts: Vec<String>,
+    groups: Vec<GroupRow>,
+    pager: Pager,
+    total: GroupRow,
+    from: String,
+    to: String,
+}
+
+/// One group's name as people know it: the tree's names, a person's
+/// name or email (from outside the log) when this server has them.
+fn display_name(
+    views: &Projections,
+    by: GroupBy,
+    id: &str,
+    people: &BTreeMap<String, String>,
+) -> String {
+    let t = &views.tenancy.tenancy;
+    let named = match by {
+        GroupBy::Org => t.orgs.get(id).map(|n| n.name.clone()),
+        GroupBy::Team => t.teams.get(id).map(|n| n.name.clone()),
+        GroupBy::Project => t.projects.get(id).map(|n| n.name.clone()),
+        GroupBy::Person => people.get(id).cloned(),
+    };
+    named.unwrap_or_default()
+}
+
+/// Each group's values per bucket in `[start, end)`, biggest spender first,
+/// the groups past `TOP` added up as "other".
+pub(crate) fn stack<'a>(
+    groups: impl Iterator<Item = (&'a String, &'a Series)>,
+    step_ms: i64,
+    start: i64,
+    end: i64,
+) -> Vec<(String, Vec<Bucket>)> {
+    let n = usize::try_from((end - start) / step_ms).unwrap_or(0);
+    let mut ranked: Vec<(&String, &Series, Bucket)> = groups
+        .map(|(id, s)| (id, s, s.total(step_ms, start, end)))
+        .filter(|(_, _, t)| t.requests > 0)
+        .collect();
+    ranked.sort_by_key(|(id, _, t)| (Reverse(t.micros), Reverse(t.requests), (*id).clone()));
+    let mut out: Vec<(String, Vec<Bucket>)> = Vec::new();
+    for (i, (id, s, _)) in ranked.iter().enumerate() {
+        if i == TOP {
+            out.push((OTHER.to_owned(), vec![Bucket::default(); n]));
+        }
+        let slot = out.len().min(TOP);
+        if i < TOP {
+            out.push(((*id).clone(), vec![Bucket::default(); n]));
+        }
+        for (t, b) in s.buckets(step_ms, start, end) {
+            let at = usize::try_from((t - start) / step_ms).unwrap_or(usize::MAX);
+            if let Some(cell) = out[slot].1.get_mut(at) {
+                cell.merge(b);
+            }
+        }
+    }
+    out
+}
+
+fn chart_of(
+    title: &str,
+    buckets: &[String],
+    stacked: &[(String, Vec<Bucket>)],
+    legend: &dyn Fn(&str) -> String,
+    value: fn(&Bucket) -> u64,
+    format: fn(u64) -> String,
+) -> String {
+    chart::stacked_bars(&Chart {
+        title: title.to_owned(),
+        buckets: buckets.to_vec(),
+        series: stacked
+            .iter()
+            .map(|(id, values)| (legend(id), values.iter().map(value).collect()))
+            .collect(),
+        format,
+    })
+}
+
+fn row(id: &str, name: String, b: &Bucket) -> GroupRow {
+    GroupRow {
+        id: id.to_owned(),
+        name,
+        requests: fmt::count(b.requests),
+        tokens: fmt::count(b.tokens),
+        errors: fmt::count(b.errors),
+        spend: fmt::money(b.micros),
+    }
+}
+
+pub(crate) async fn page(
+    State(web): State<Arc<Web>>,
+    viewer: Viewer,
+    Query(q): Query<UsageQuery>,
+) -> Result<Response, WebError> {
+    let by =
+        q.by.as_deref()
+            .and_then(GroupBy::parse)
+            .unwrap_or(GroupBy::Project);
+    let range = Range::parse(q.range.as_deref());
+    // People's names live outside the log; shown when this server has them.
+    let mut people = BTreeMap::new();
+    if by == GroupBy::Person
+        && let Some(p) = &web.people
+    {
+        let persons = p
+            .people()
+            .await
+            .map_err(|e| WebError::Internal(e.to_string()))?;
+        for p in persons {
+            let name = if p.name.is_empty() { p.email } else { p.name };
+            people.insert(p.user_id, name);
+        }
+    }
+    let (start, end) = range.window(Utc::now().timestamp_millis());
+    let buckets: Vec<String> = (0..range.buckets)
+        .map(|i| range.label(start + i * range.step_ms))
+        .collect();
+    let href = |by: &str, range: &str| format!("/admin/usage?by={by}&range={range}");
+    let page = {
+        let views = web.views();
+        let stacked = stack(views.usage.series_by(by), range.step_ms, start, end);
+        let legend = |id: &str| {
+            if id == OTHER {
+                return OTHER.to_owned();
+            }
+            match by {
+                GroupBy::Person => people.get(id).cloned().unwrap_or_else(|| id.to_owned()),
+                _ => id.to_owned(),
+            }
+        };
+        let charts = vec![
+            chart_of(
+                "Requests",
+                &buckets,
+                &stacked,
+                &legend,
+                |b| b.requests,
+                fmt::short,
+            ),
+            chart_of(
+                "Tokens (prompt and completion)",
+                &buckets,
+                &stacked,
+                &legend,
+                |b| b.tokens,
+                fmt::short,
+            ),
+            chart_of(
+                "Spend",
+                &buckets,
+                &stacked,
+                &legend,
+                |b| b.micros,
+                fmt::short_money,
+            ),
+        ];
+        let mut totals: Vec<(&String, Bucket)> = views
+            .usage
+            .series_by(by)
+            .map(|(id, s)| (id, s.total(range.step_ms, start, end)))
+            .filter(|(_, t)| t.requests > 0)
+            .collect();
+        totals.sort_by_key(|(id, t)| (Reverse(t.micros), Reverse(t.requests), (*id).clone()));
+        let mut sum = Bucket::default();
+        for (_, t) in &totals {
+            sum.merge(t);
+        }
+        let pager = Pager::new(
+            totals.len(),
+            PER_PAGE,
+            page_number(q.page.as_deref()),
+            |n| format!("{}&page={n}", href(by.name(), range.name)),
+        );
+        let groups = totals[pager.range()]
+            .iter()
+            .map(|(id, t)| row(id, display_name(&views, by, id, &people), t))
+            .collect();
+        UsagePage {
+            chrome: Chrome::for_viewer(&web, &viewer),
+            by: by.name(),
+            range: range.name,
+            by_choices: GroupBy::ALL
+                .into_iter()
+                .map(|g| Choice {
+                    label: g.name(),
+                    href: href(g.name(), range.name),
+                    current: g == by,
+                })
+                .collect(),
+            range_choices: RANGES
+                .into_iter()
+                .map(|r| Choice {
+                    label: r.name,
+                    href: href(by.name(), r.name),
+                    current: r == range,
+                })
+                .collect(),
+            charts,
+            groups,
+            pager,
+            total: row("all", String::new(), &sum),
+            from: fmt::when(start),
+            to: fmt::when(end),
+        }
+    };
+    render(&page)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(points: &[(i64, u64, u64)]) -> Series {
+        let mut s = Series::default();
+        for (t, requests, micros) in points {
+            s.hourly.insert(
+                *t,
+                Bucket {
+                    requests: *requests,
+                    micros: *micros,
+                    ..Bucket::default()
+                },
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn ranges_end_with_the_current_bucket() {
+        let r = Range::parse(Some("24h"));
+        let now = 10 * DAY_MS + 5 * HOUR_MS + 17;
+        assert_eq!(
+            r.window(now),
+            (9 * DAY_MS + 6 * HOUR_MS, 10 * DAY_MS + 6 * HOUR_MS)
+        );
+        assert_eq!(Range::parse(Some("bogus")).name, "7d");
+        assert_eq!(Range::parse(Some("30d")).window(now).1, 11 * DAY_MS);
+        assert_eq!(r.label(0), "01-01 00:00");
+        assert_eq!(Range::parse(Some("365d")).label(DAY_MS), "1970-01-02");
+    }
+
+    #[test]
+    fn the_biggest_spenders_stack_on_their_own_and_the_rest_as_other() {
+        let ids: Vec<String> = (0..8).map(|i| format!("g{i}")).collect();
+        // g7 spends most; g0 least. Each has one request in hour 1,
+        // and g3 one more in hour 0.
+        let all: Vec<Series> = (0..8u64)
+            .map(|i| {
+                let mut points = vec![(HOUR_MS, 1, (i + 1) * 10)];
+                if i == 3 {
+                    points.push((0, 2, 1));
+                }
+                series(&points)
+            })
+            .collect();
+        let stacked = stack(ids.iter().zip(all.iter()), HOUR_MS, 0, 3 * HOUR_MS);
+        let names: Vec<&str> = stacked.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["g7", "g6", "g5", "g4", "g3", "g2", OTHER]);
+        let other = &stacked[6].1;
+        assert_eq!(other.len(), 3);
+        assert_eq!(
+            (other[1].requests, other[1].micros),
+            (2, 30),
+            "g1 and g0 together"
+        );
+        let g3 = &stacked[4].1;
+        assert_eq!((g3[0].requests, g3[1].requests, g3[2].requests), (2, 1, 0));
+        // Outside the window: nothing.
+        assert!(
+            stack(
+                ids.iter().zip(all.iter()),
+                HOUR_MS,
+                5 * HOUR_MS,
+                8 * HOUR_MS
+            )
+            .is_empty()
+        );
+    }
+}
