@@ -111,7 +111,7 @@ pub(super) async fn reveal(
         secret: claimed.secret,
         base,
     };
-    with_cookies(render(&page)?, &[pre::clear(&web)])
+    render(&page)
 }
 
 /// A people error fit for the log: only the store's failures carry text

@@ -1,60 +1,10 @@
-//! The pages through the client listener's router, on a server without
-//! accounts (with accounts they need the people tables in a database:
-//! those are tested through the binary).
+//! A server without accounts: the pages anyone may see.
 
-use std::sync::{Arc, Mutex, RwLock};
-
-use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig};
-use llmgw_projections::Projections;
-use tower::ServiceExt;
 
-use crate::{Web, WebSettings, client_routes};
-
-fn web(settings: WebSettings, endpoints: Vec<EndpointSpec>) -> Arc<Web> {
-    let gateway = Gateway::new(
-        GatewayConfig {
-            endpoints,
-            ..GatewayConfig::default()
-        },
-        None,
-    )
-    .expect("gateway");
-    Arc::new(Web {
-        settings,
-        views: Arc::new(RwLock::new(Projections::default())),
-        store: None,
-        people: None,
-        gateway,
-        admin: Router::new(),
-        decider: None,
-        instance: "test".into(),
-    })
-}
-
-fn endpoint(url: &str, model: &str) -> EndpointSpec {
-    format!("e1={url}={model}").parse().expect("endpoint")
-}
-
-async fn get(app: &Router, uri: &str, host: &str) -> (StatusCode, String, axum::http::HeaderMap) {
-    let request = Request::get(uri)
-        .header(header::HOST, host)
-        .body(Body::empty())
-        .expect("request");
-    send(app, request).await
-}
-
-async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, axum::http::HeaderMap) {
-    let response = app.clone().oneshot(request).await.expect("response");
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("body");
-    (status, String::from_utf8_lossy(&body).into_owned(), headers)
-}
+use super::harness::{endpoint, engine, get, send, web};
+use crate::{WebSettings, client_routes};
 
 #[tokio::test]
 async fn the_landing_page_says_how_to_connect_without_a_key() {
@@ -169,35 +119,6 @@ async fn the_chat_page_lists_each_model_once_and_loads_its_script() {
     assert!(html.contains(r#"data-max-tokens="512""#));
 }
 
-/// A stand-in engine that keeps the bodies it was sent.
-async fn engine() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let keep = seen.clone();
-    let app = Router::new().route(
-        "/v1/chat/completions",
-        axum::routing::post(move |body: Bytes| {
-            let keep = keep.clone();
-            async move {
-                let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
-                keep.lock().expect("lock").push(v);
-                axum::Json(serde_json::json!({
-                    "id": "x", "object": "chat.completion", "model": "llama-8b",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-                }))
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), seen)
-}
-
 #[tokio::test]
 async fn a_chat_turn_reaches_the_model_capped_at_512_tokens() {
     let (url, seen) = engine().await;
@@ -242,7 +163,7 @@ async fn a_chat_turn_that_is_not_json_is_refused_in_the_apis_envelope() {
 
 #[test]
 fn curl_quotes_what_the_shell_would_split() {
-    let curl = super::curl_example("http://h:1", Some("sk-abc"), "it's");
+    let curl = crate::pages::curl_example("http://h:1", Some("sk-abc"), "it's");
     assert_eq!(
         curl,
         "curl http://h:1/v1/chat/completions \\\n  -H \"Authorization: Bearer sk-abc\" \\\n  \

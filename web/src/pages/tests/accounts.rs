@@ -1,0 +1,452 @@
+//! A server with accounts: signing up, in and out, the profile, claim
+//! links and chat on a person's behalf.
+
+use axum::http::StatusCode;
+use chrono::Utc;
+use serde_json::json;
+
+use super::harness::{Browser, Page, Site, endpoint, engine};
+
+const PASSWORD: &str = "correct horse battery";
+
+async fn post_signup(
+    site: &Site,
+    browser: &mut Browser,
+    csrf: &str,
+    email: &str,
+    password: &str,
+) -> Page {
+    let form = [
+        ("csrf", csrf),
+        ("email", email),
+        ("name", "Ada"),
+        ("password", password),
+    ];
+    browser.post(site, "/signup", &form).await
+}
+
+/// Signs up through the page; the new person's id from the log.
+async fn sign_up(site: &Site, browser: &mut Browser, email: &str) -> String {
+    let form = browser.get(site, "/signup").await;
+    let csrf = form.field("csrf");
+    let done = browser
+        .post(
+            site,
+            "/signup",
+            &[
+                ("csrf", &csrf),
+                ("email", email),
+                ("name", "Ada"),
+                ("password", PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    site.catch_up().await;
+    site.events()
+        .await
+        .iter()
+        .rev()
+        .find(|(t, _)| t == "UserSignedUp")
+        .and_then(|(_, p)| p["user_id"].as_str().map(str::to_owned))
+        .expect("a UserSignedUp")
+}
+
+async fn sign_in(site: &Site, browser: &mut Browser, email: &str, password: &str) -> Page {
+    let form = browser.get(site, "/login").await;
+    assert_eq!(form.status, StatusCode::OK);
+    let csrf = form.field("csrf");
+    browser
+        .post(
+            site,
+            "/login",
+            &[("csrf", &csrf), ("email", email), ("password", password)],
+        )
+        .await
+}
+
+/// A person approved into `p1` and signed in; their id.
+async fn signed_in(site: &Site, browser: &mut Browser, email: &str) -> String {
+    let user_id = sign_up(site, browser, email).await;
+    site.approve(&user_id, "p1").await;
+    let page = sign_in(site, browser, email, PASSWORD).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    assert_eq!(page.location(), Some("/profile"));
+    user_id
+}
+
+fn count(events: &[(String, serde_json::Value)], kind: &str) -> usize {
+    events.iter().filter(|(t, _)| t == kind).count()
+}
+
+#[tokio::test]
+async fn signing_up_waits_for_approval_and_a_taken_address_gets_the_same_answer() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    let form = browser.get(&site, "/signup").await;
+    assert_eq!(form.status, StatusCode::OK);
+    let csrf = form.field("csrf");
+    assert_eq!(browser.cookies.get("llmgw_pre"), Some(&csrf));
+
+    // Another site's form: no cookie of ours.
+    let forged = post_signup(
+        &site,
+        &mut Browser::default(),
+        &csrf,
+        "ada@example.org",
+        PASSWORD,
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    assert!(site.events().await.is_empty());
+
+    let first = post_signup(&site, &mut browser, &csrf, "ada@example.org", PASSWORD).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(
+        first.body.contains("waits for an administrator"),
+        "{}",
+        first.body
+    );
+    assert_eq!(count(&site.events().await, "UserSignedUp"), 1);
+
+    let again = post_signup(
+        &site,
+        &mut browser,
+        &csrf,
+        "ada@example.org",
+        "another long password",
+    )
+    .await;
+    assert_eq!(again.status, first.status);
+    assert_eq!(again.body, first.body);
+    assert_eq!(count(&site.events().await, "UserSignedUp"), 1);
+
+    let weak = post_signup(&site, &mut browser, &csrf, "bob@example.org", "short").await;
+    assert_eq!(weak.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        weak.body.contains("at least 12 characters"),
+        "{}",
+        weak.body
+    );
+    assert!(weak.body.contains(r#"value="bob@example.org""#));
+
+    // Pending: powerless, and told so.
+    site.catch_up().await;
+    let pending = sign_in(&site, &mut browser, "ada@example.org", PASSWORD).await;
+    assert_eq!(pending.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        pending.body.contains("waiting for approval"),
+        "{}",
+        pending.body
+    );
+    assert!(!browser.cookies.contains_key("llmgw_session"));
+}
+
+#[tokio::test]
+async fn signup_is_not_there_when_closed() {
+    let site = Site::open(false, Vec::new()).await;
+    let mut browser = Browser::default();
+    assert_eq!(
+        browser.get(&site, "/signup").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let form = browser.get(&site, "/login").await;
+    let csrf = form.field("csrf");
+    assert!(!form.body.contains("/signup"));
+    let post = browser
+        .post(
+            &site,
+            "/signup",
+            &[
+                ("csrf", &csrf),
+                ("email", "a@example.org"),
+                ("password", PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(post.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_sign_in_form_from_elsewhere_is_refused() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    browser.get(&site, "/login").await;
+    let page = browser
+        .post(
+            &site,
+            "/login",
+            &[
+                ("csrf", "0".repeat(64).as_str()),
+                ("email", "a@example.org"),
+                ("password", PASSWORD),
+            ],
+        )
+        .await;
+    assert_eq!(page.status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn a_person_manages_their_own_keys_from_the_profile() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    // Signed out, the profile asks to sign in.
+    let away = browser.get(&site, "/profile").await;
+    assert_eq!(away.status, StatusCode::SEE_OTHER);
+    assert_eq!(away.location(), Some("/login"));
+
+    let user_id = signed_in(&site, &mut browser, "ada@example.org").await;
+    assert!(!browser.cookies.contains_key("llmgw_pre"));
+    let profile = browser.get(&site, "/profile").await;
+    assert_eq!(profile.status, StatusCode::OK, "{}", profile.body);
+    assert!(profile.body.contains("ada@example.org"));
+    assert!(profile.body.contains("p1"));
+    assert!(profile.body.contains("keeps working until it is revoked"));
+    // Only their own key is listed.
+    assert!(profile.body.contains("key-mine name"));
+    assert!(!profile.body.contains("key-theirs"));
+    assert!(!profile.body.contains("key-ops"));
+    let csrf = profile.field("csrf");
+    assert_eq!(browser.cookies.get("llmgw_csrf"), Some(&csrf));
+
+    let forged = browser
+        .post(
+            &site,
+            "/profile/keys",
+            &[("csrf", "nope"), ("name", "laptop")],
+        )
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+
+    let made = browser
+        .post(
+            &site,
+            "/profile/keys",
+            &[("csrf", &csrf), ("name", "laptop")],
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::OK, "{}", made.body);
+    assert!(made.body.contains("sk-new-0123456789abcdef"));
+    assert!(
+        made.body
+            .contains("Authorization: Bearer sk-new-0123456789abcdef")
+    );
+    assert!(made.body.contains("http://gw.example/v1/chat/completions"));
+    let asked_to_make: Vec<_> = site
+        .asked
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(what, _, _)| what == "POST keys")
+        .cloned()
+        .collect();
+    assert_eq!(asked_to_make.len(), 1);
+    assert_eq!(asked_to_make[0].1, user_id);
+    assert_eq!(
+        asked_to_make[0].2,
+        json!({"project": "p1", "name": "laptop", "owner": user_id, "claim": false})
+    );
+
+    // Someone else's key and a key that does not exist: the same 404.
+    for key in ["key-theirs", "key-ops", "key-nope"] {
+        let page = browser
+            .post(
+                &site,
+                &format!("/profile/keys/{key}/revoke"),
+                &[("csrf", &csrf)],
+            )
+            .await;
+        assert_eq!(page.status, StatusCode::NOT_FOUND, "{key}");
+    }
+    let revoked = browser
+        .post(&site, "/profile/keys/key-mine/revoke", &[("csrf", &csrf)])
+        .await;
+    assert_eq!(revoked.status, StatusCode::SEE_OTHER);
+    let revokes: Vec<_> = site
+        .asked
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|(what, _, _)| what.ends_with("/revoke"))
+        .map(|(what, who, _)| (what.clone(), who.clone()))
+        .collect();
+    assert_eq!(
+        revokes,
+        vec![("POST keys/key-mine/revoke".to_owned(), user_id)]
+    );
+}
+
+#[tokio::test]
+async fn a_password_change_keeps_this_browser_and_signs_out_the_others() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    let user_id = signed_in(&site, &mut browser, "ada@example.org").await;
+    let mut other = Browser::default();
+    let page = sign_in(&site, &mut other, "ada@example.org", PASSWORD).await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER);
+
+    let csrf = browser.get(&site, "/profile").await.field("csrf");
+    let wrong = browser
+        .post(
+            &site,
+            "/profile/password",
+            &[
+                ("csrf", &csrf),
+                ("current", "not the password"),
+                ("next", "a brand new password"),
+            ],
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(wrong.body.contains("do not match"), "{}", wrong.body);
+    assert_eq!(other.get(&site, "/profile").await.status, StatusCode::OK);
+
+    let old_session = browser.cookies.get("llmgw_session").cloned();
+    let changed = browser
+        .post(
+            &site,
+            "/profile/password",
+            &[
+                ("csrf", &csrf),
+                ("current", PASSWORD),
+                ("next", "a brand new password"),
+            ],
+        )
+        .await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
+    assert!(changed.body.contains("Your password has changed"));
+    assert_ne!(browser.cookies.get("llmgw_session"), old_session.as_ref());
+    // The page's forms carry the new session's token.
+    assert_eq!(
+        browser.cookies.get("llmgw_csrf"),
+        Some(&changed.field("csrf"))
+    );
+    assert_eq!(browser.get(&site, "/profile").await.status, StatusCode::OK);
+    let signed_out = other.get(&site, "/profile").await;
+    assert_eq!(signed_out.location(), Some("/login"));
+
+    let events = site.events().await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, p)| t == "PasswordChanged" && p["user_id"] == user_id.as_str())
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|(_, p)| p.to_string().contains("brand new"))
+    );
+
+    // The new password signs in; signing out ends this browser's session.
+    let csrf = browser.get(&site, "/profile").await.field("csrf");
+    let out = browser.post(&site, "/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    assert!(!browser.cookies.contains_key("llmgw_session"));
+    assert_eq!(
+        browser.get(&site, "/profile").await.location(),
+        Some("/login")
+    );
+    let again = sign_in(
+        &site,
+        &mut browser,
+        "ada@example.org",
+        "a brand new password",
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::SEE_OTHER, "{}", again.body);
+}
+
+#[tokio::test]
+async fn a_claim_link_shows_its_key_once() {
+    let site = Site::open(false, Vec::new()).await;
+    let token = site
+        .people
+        .seal_claim("key-claimed", "sk-claimed-secret", Utc::now())
+        .await
+        .expect("seal");
+    let mut browser = Browser::default();
+
+    let bogus = browser.get(&site, "/claim/not-a-token").await;
+    assert_eq!(bogus.status, StatusCode::NOT_FOUND);
+    assert!(
+        bogus
+            .body
+            .contains("not valid, has expired or has already been used")
+    );
+
+    let ask = browser.get(&site, &format!("/claim/{token}")).await;
+    assert_eq!(ask.status, StatusCode::OK);
+    assert!(ask.body.contains("Reveal the key"));
+    assert!(!ask.body.contains("sk-claimed-secret"));
+    let csrf = ask.field("csrf");
+
+    // A post from elsewhere does not use the link up.
+    let forged = Browser::default()
+        .post(&site, &format!("/claim/{token}"), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+
+    let shown = browser
+        .post(&site, &format!("/claim/{token}"), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(shown.status, StatusCode::OK);
+    assert!(shown.body.contains("sk-claimed-secret"));
+    assert!(
+        shown
+            .body
+            .contains("Authorization: Bearer sk-claimed-secret")
+    );
+    assert!(shown.body.contains("http://gw.example/v1"));
+    assert!(shown.body.contains(r#"href="/v1/models""#) && shown.body.contains(r#"href="/me""#));
+    let events = site.events().await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, p)| t == "KeyClaimed" && p["key_id"] == "key-claimed")
+    );
+
+    let twice = browser
+        .post(&site, &format!("/claim/{token}"), &[("csrf", &csrf)])
+        .await;
+    assert_eq!(twice.status, StatusCode::NOT_FOUND);
+    assert!(!twice.body.contains("sk-claimed-secret"));
+    assert_eq!(
+        browser.get(&site, &format!("/claim/{token}")).await.body,
+        bogus.body
+    );
+}
+
+#[tokio::test]
+async fn chat_stands_for_the_persons_project_with_no_key_in_the_browser() {
+    let (url, seen) = engine().await;
+    let site = Site::open(true, vec![endpoint(&url, "llama-8b")]).await;
+    let mut browser = Browser::default();
+    assert_eq!(browser.get(&site, "/chat").await.location(), Some("/login"));
+    let turn = json!({"model": "llama-8b", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 100});
+    let anonymous = browser
+        .post_json(&site, "/chat/completions", None, &turn)
+        .await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+
+    signed_in(&site, &mut browser, "ada@example.org").await;
+    let page = browser.get(&site, "/chat").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"<option value="llama-8b""#));
+    let csrf = browser.cookies.get("llmgw_csrf").cloned().expect("csrf");
+    assert!(page.body.contains(&format!(r#"data-csrf="{csrf}""#)));
+    assert!(!page.body.contains("sk-"));
+
+    let forged = browser
+        .post_json(&site, "/chat/completions", None, &turn)
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    assert!(seen.lock().expect("lock").is_empty());
+
+    let answer = browser
+        .post_json(&site, "/chat/completions", Some(&csrf), &turn)
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["max_tokens"], 100);
+}

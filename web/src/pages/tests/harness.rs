@@ -1,0 +1,385 @@
+//! What the page tests share: a server's `Web` (with or without accounts),
+//! a browser that keeps cookies, a stand-in engine and a stand-in admin
+//! API.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::routing::{get as get_route, post as post_route};
+use llmgw_api::admin::{ACTOR_HEADER, Changed, KeyCreated, KeyRow, LevelLimits, NewKey};
+use llmgw_decider::{Actor, Decider, Origin};
+use llmgw_domain::Event;
+use llmgw_domain::tenancy::TenancyEvent;
+use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
+use llmgw_gateway::{EndpointSpec, Gateway, GatewayConfig};
+use llmgw_people::{People, PeopleConfig};
+use llmgw_projections::Projections;
+use serde_json::Value;
+use tower::ServiceExt;
+
+use crate::{Web, WebSettings, client_routes};
+
+pub(super) fn gateway(endpoints: Vec<EndpointSpec>) -> Arc<Gateway> {
+    Gateway::new(
+        GatewayConfig {
+            endpoints,
+            ..GatewayConfig::default()
+        },
+        None,
+    )
+    .expect("gateway")
+}
+
+/// A server without accounts.
+pub(super) fn web(settings: WebSettings, endpoints: Vec<EndpointSpec>) -> Arc<Web> {
+    Arc::new(Web {
+        settings,
+        views: Arc::new(RwLock::new(Projections::default())),
+        store: None,
+        people: None,
+        gateway: gateway(endpoints),
+        admin: Router::new(),
+        decider: None,
+        instance: "test".into(),
+    })
+}
+
+pub(super) fn endpoint(url: &str, model: &str) -> EndpointSpec {
+    format!("e1={url}={model}").parse().expect("endpoint")
+}
+
+pub(super) async fn get(app: &Router, uri: &str, host: &str) -> (StatusCode, String, HeaderMap) {
+    let request = Request::get(uri)
+        .header(header::HOST, host)
+        .body(Body::empty())
+        .expect("request");
+    send(app, request).await
+}
+
+pub(super) async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, HeaderMap) {
+    let response = app.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned(), headers)
+}
+
+pub(super) type Seen = Arc<Mutex<Vec<Value>>>;
+
+/// A stand-in engine that keeps the bodies it was sent.
+pub(super) async fn engine() -> (String, Seen) {
+    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post_route(move |body: Bytes| {
+            let keep = keep.clone();
+            async move {
+                let v: Value = serde_json::from_slice(&body).expect("json");
+                keep.lock().expect("lock").push(v);
+                axum::Json(serde_json::json!({
+                    "id": "x", "object": "chat.completion", "model": "llama-8b",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+/// What the stand-in admin API was asked: `(method path, actor, body)`.
+pub(super) type Asked = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+/// The admin API as far as the profile page uses it: every project has a
+/// key of the asking person's, someone else's and an unowned one.
+fn admin_api(asked: Asked) -> Router {
+    let actor = |h: &HeaderMap| {
+        h.get(ACTOR_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let row = |key_id: &str, project: &str, owner: Option<String>| KeyRow {
+        key_id: key_id.into(),
+        prefix: format!("sk-{key_id}"),
+        project: project.into(),
+        name: format!("{key_id} name"),
+        band: "gold".into(),
+        state: "active".into(),
+        owner,
+        limits: LevelLimits::default(),
+        last_used: None,
+    };
+    let (list, made, revoked) = (asked.clone(), asked.clone(), asked);
+    Router::new()
+        .route(
+            "/api/v1/keys",
+            get_route(
+                move |h: HeaderMap, Query(q): Query<BTreeMap<String, String>>| {
+                    let who = actor(&h);
+                    let project = q.get("project").cloned().unwrap_or_default();
+                    list.lock().expect("lock").push((
+                        format!("GET keys?project={project}"),
+                        who.clone(),
+                        Value::Null,
+                    ));
+                    async move {
+                        axum::Json(vec![
+                            row("key-mine", &project, Some(who)),
+                            row("key-theirs", &project, Some("usr-someone-else".into())),
+                            row("key-ops", &project, None),
+                        ])
+                    }
+                },
+            )
+            .post(move |h: HeaderMap, axum::Json(body): axum::Json<NewKey>| {
+                made.lock().expect("lock").push((
+                    "POST keys".into(),
+                    actor(&h),
+                    serde_json::to_value(&body).expect("json"),
+                ));
+                async move {
+                    axum::Json(KeyCreated {
+                        key_id: "key-new".into(),
+                        prefix: "sk-new".into(),
+                        secret: Some("sk-new-0123456789abcdef".into()),
+                        claim_token: None,
+                    })
+                }
+            }),
+        )
+        .route(
+            "/api/v1/keys/{id}/revoke",
+            post_route(move |h: HeaderMap, Path(id): Path<String>| {
+                revoked.lock().expect("lock").push((
+                    format!("POST keys/{id}/revoke"),
+                    actor(&h),
+                    Value::Null,
+                ));
+                async move {
+                    axum::Json(Changed {
+                        events: vec!["KeyRevoked".into()],
+                        message: format!("revoked {id}"),
+                    })
+                }
+            }),
+        )
+}
+
+/// A server with accounts: people tables and the log in a fresh SQLite
+/// file, the views caught up by hand.
+pub(super) struct Site {
+    pub app: Router,
+    pub web: Arc<Web>,
+    pub people: Arc<People>,
+    pub store: AnyStore,
+    pub asked: Asked,
+    position: Mutex<u64>,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+static SITES: AtomicU64 = AtomicU64::new(0);
+
+impl Site {
+    pub(super) async fn open(signup_open: bool, endpoints: Vec<EndpointSpec>) -> Site {
+        let dir = std::env::temp_dir().join(format!(
+            "llmgw-web-pages-{}-{}",
+            std::process::id(),
+            SITES.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let address =
+            StoreAddress::parse(&dir.join("log.db").display().to_string()).expect("address");
+        let store = AnyStore::open(&address, OpenOptions::migrating())
+            .await
+            .expect("store");
+        let people = Arc::new(People::new(&store, PeopleConfig::default()));
+        let asked: Asked = Arc::default();
+        let web = Arc::new(Web {
+            settings: WebSettings {
+                accounts: true,
+                signup_open,
+                ..WebSettings::default()
+            },
+            views: Arc::new(RwLock::new(Projections::default())),
+            store: Some(store.clone()),
+            people: Some(people.clone()),
+            gateway: gateway(endpoints),
+            admin: admin_api(asked.clone()),
+            decider: Some(Decider::new(store.clone(), "test".into())),
+            instance: "test".into(),
+        });
+        Site {
+            app: client_routes(web.clone()),
+            web,
+            people,
+            store,
+            asked,
+            position: Mutex::new(0),
+            dir,
+        }
+    }
+
+    /// Applies what the log gained to the views, as the server's runner
+    /// would.
+    pub(super) async fn catch_up(&self) {
+        let after = *self.position.lock().expect("lock");
+        let events = self.store.read_all(after, 10_000).await.expect("read");
+        let mut views = self.web.views.write().expect("views");
+        for e in &events {
+            views.apply(e);
+        }
+        if let Some(last) = events.last() {
+            *self.position.lock().expect("lock") = last.position;
+        }
+    }
+
+    /// Every event in the log: `(type, payload)`.
+    pub(super) async fn events(&self) -> Vec<(String, Value)> {
+        self.store
+            .read_all(0, 10_000)
+            .await
+            .expect("read")
+            .into_iter()
+            .map(|e| (e.event_type, e.payload))
+            .collect()
+    }
+
+    /// An administrator's approval, as the log would hold it.
+    pub(super) async fn approve(&self, user_id: &str, project: &str) {
+        let event = Event::Tenancy(TenancyEvent::UserApproved {
+            user_id: user_id.into(),
+            project_id: project.into(),
+            by: "admin".into(),
+        });
+        self.web
+            .decider
+            .as_ref()
+            .expect("decider")
+            .observe(&Origin::new(Actor::Operator("admin".into())), vec![event])
+            .await
+            .expect("append");
+        self.catch_up().await;
+    }
+}
+
+/// A browser: keeps the cookies it is given, sends them back.
+#[derive(Debug, Default)]
+pub(super) struct Browser {
+    pub cookies: BTreeMap<String, String>,
+}
+
+#[derive(Debug)]
+pub(super) struct Page {
+    pub status: StatusCode,
+    pub body: String,
+    pub headers: HeaderMap,
+}
+
+impl Page {
+    pub(super) fn location(&self) -> Option<&str> {
+        self.headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+    }
+
+    /// The value of the form field `name` (the first one on the page).
+    pub(super) fn field(&self, name: &str) -> String {
+        let marker = format!("name=\"{name}\" value=\"");
+        let start = self.body.find(&marker).expect("field") + marker.len();
+        let end = self.body[start..].find('"').expect("end of value");
+        self.body[start..start + end].to_owned()
+    }
+}
+
+impl Browser {
+    pub(super) async fn get(&mut self, site: &Site, uri: &str) -> Page {
+        let request = self.request(Request::get(uri)).body(Body::empty());
+        self.send(site, request.expect("request")).await
+    }
+
+    pub(super) async fn post(&mut self, site: &Site, uri: &str, form: &[(&str, &str)]) -> Page {
+        let body = form
+            .iter()
+            .map(|(k, v)| format!("{}={}", crate::pages::encode(k), crate::pages::encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        let request = self
+            .request(Request::post(uri))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(body));
+        self.send(site, request.expect("request")).await
+    }
+
+    pub(super) async fn post_json(
+        &mut self,
+        site: &Site,
+        uri: &str,
+        csrf: Option<&str>,
+        body: &Value,
+    ) -> Page {
+        let mut request = self
+            .request(Request::post(uri))
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(t) = csrf {
+            request = request.header("x-csrf-token", t);
+        }
+        let request = request.body(Body::from(body.to_string()));
+        self.send(site, request.expect("request")).await
+    }
+
+    fn request(&self, builder: axum::http::request::Builder) -> axum::http::request::Builder {
+        let builder = builder.header(header::HOST, "gw.example");
+        if self.cookies.is_empty() {
+            return builder;
+        }
+        let jar = self
+            .cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        builder.header(header::COOKIE, jar)
+    }
+
+    async fn send(&mut self, site: &Site, request: Request<Body>) -> Page {
+        let (status, body, headers) = send(&site.app, request).await;
+        for set in headers.get_all(header::SET_COOKIE) {
+            let set = set.to_str().expect("ascii");
+            let (pair, attributes) = set.split_once(';').unwrap_or((set, ""));
+            let (name, value) = pair.split_once('=').expect("name=value");
+            assert!(attributes.contains("HttpOnly") && attributes.contains("SameSite=Strict"));
+            if attributes.contains("Max-Age=0") {
+                self.cookies.remove(name);
+            } else {
+                self.cookies.insert(name.to_owned(), value.to_owned());
+            }
+        }
+        Page {
+            status,
+            body,
+            headers,
+        }
+    }
+}
