@@ -10,6 +10,8 @@ mod chart;
 mod cluster;
 mod dashboard;
 mod fmt;
+#[cfg(test)]
+mod page_tests;
 mod spend;
 mod usage;
 mod users;

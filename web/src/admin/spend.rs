@@ -57,8 +57,8 @@ fn latency(requests: u64, avg: u64, max: u32) -> String {
 
 /// Biggest spend first, then most requests, then by id: a stable order,
 /// so that paging never shows a row twice.
-fn rank(id: &str, s: &Spend) -> (Reverse<u64>, Reverse<u64>, String) {
-    (Reverse(s.total_micros), Reverse(s.requests), id.to_owned())
+fn rank<'a>(&(id, s): &(&'a String, &'a Spend)) -> (Reverse<u64>, Reverse<u64>, &'a String) {
+    (Reverse(s.total_micros), Reverse(s.requests), id)
 }
 
 /// One page of keys (live and revoked), with their use.
@@ -80,13 +80,12 @@ pub(crate) fn keys(
     // Only the page is sorted in full; the rest need only be on the right
     // side of it.
     let pager = Pager::new(all.len(), per_page, page, href);
-    let by = |a: &(&String, &Spend), b: &(&String, &Spend)| rank(a.0, a.1).cmp(&rank(b.0, b.1));
     let range = pager.range();
     if range.end < all.len() {
-        all.select_nth_unstable_by(range.end, by);
+        all.select_nth_unstable_by_key(range.end, rank);
         all.truncate(range.end);
     }
-    all.sort_unstable_by(by);
+    all.sort_unstable_by_key(rank);
     let rows = all[range]
         .iter()
         .map(|(id, s)| {
@@ -124,7 +123,7 @@ pub(crate) fn people(
             .iter()
             .filter(|(id, _)| !users.contains_key(*id)),
     );
-    all.sort_unstable_by(|a, b| rank(a.0, a.1).cmp(&rank(b.0, b.1)));
+    all.sort_unstable_by_key(rank);
     let pager = Pager::new(all.len(), per_page, page, href);
     let rows = all[pager.range()]
         .iter()

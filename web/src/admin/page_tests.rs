@@ -1,0 +1,625 @@
+//! The admin pages over HTTP: what the admin listener shows (read-only),
+//! and approve and suspend from a signed-in admin's browser.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Path;
+use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::routing::post;
+use chrono::Utc;
+use llmgw_api::admin::{ACTOR_HEADER, Changed};
+use llmgw_domain::Event;
+use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Price, Profile};
+use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
+use llmgw_domain::replicas::{Placement, ReplicaEvent, ShardPlacement, ShardState};
+use llmgw_domain::tenancy::{Band, Key, TenancyEvent};
+use llmgw_domain::usage::{UsageEvent, UsageRecorded};
+use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+use llmgw_people::{People, PeopleConfig};
+use llmgw_projections::{Projections, Stamp, View};
+use serde_json::Value;
+use tower::ServiceExt;
+
+use crate::{Web, WebSettings};
+
+fn web(views: Projections, people: Option<Arc<People>>, admin: Router) -> Arc<Web> {
+    Arc::new(Web {
+        settings: WebSettings {
+            accounts: people.is_some(),
+            ..WebSettings::default()
+        },
+        views: Arc::new(RwLock::new(views)),
+        store: None,
+        people,
+        gateway: llmgw_gateway::Gateway::new(llmgw_gateway::GatewayConfig::default(), None)
+            .expect("gateway"),
+        admin,
+        decider: None,
+        instance: "test".into(),
+    })
+}
+
+fn feed(p: &mut Projections, events: impl IntoIterator<Item = Event>) {
+    let stamp = Stamp {
+        position: 0,
+        recorded_at_ms: 0,
+    };
+    for e in events {
+        p.router.apply_event(stamp, &e);
+        p.cluster.apply_event(stamp, &e);
+        p.tenancy.apply_event(stamp, &e);
+        p.usage.apply_event(stamp, &e);
+    }
+}
+
+fn gpu(index: u32) -> Gpu {
+    Gpu {
+        index,
+        uuid: format!("GPU-{index}"),
+        class: "h100-80g".into(),
+        memory_mb: 81_920,
+        nvlink_peers: Vec::new(),
+        problems: Vec::new(),
+    }
+}
+
+fn model(name: &str, gpus: u32, min: u32) -> Model {
+    let mut m = Model::named(name);
+    m.scaling.min = min;
+    m.price = Some(Price {
+        prompt_per_1k: 1000,
+        completion_per_1k: 2000,
+    });
+    m.profiles.push(Profile {
+        name: format!("h100x{gpus}"),
+        engine: Engine::Vllm,
+        gpu_class: Some("h100-80g".into()),
+        tp: gpus,
+        pp: 1,
+        nodes: 1,
+        gpus_per_node: gpus,
+        priority: 0,
+        weight: 1,
+        startup_timeout_s: None,
+        min_disk_gb: 0,
+        memory_mb: 0,
+        node_selector: BTreeMap::new(),
+        args: Vec::new(),
+        env: BTreeMap::new(),
+    });
+    m
+}
+
+fn tree() -> Vec<Event> {
+    vec![
+        Event::Tenancy(TenancyEvent::OrgCreated {
+            org_id: "acme".into(),
+            name: "Acme".into(),
+        }),
+        Event::Tenancy(TenancyEvent::TeamCreated {
+            team_id: "ml".into(),
+            org_id: "acme".into(),
+            name: "ML".into(),
+        }),
+        Event::Tenancy(TenancyEvent::ProjectCreated {
+            project_id: "chatbot".into(),
+            team_id: "ml".into(),
+            name: "Chat bot".into(),
+        }),
+        Event::Tenancy(TenancyEvent::ProjectCreated {
+            project_id: "search".into(),
+            team_id: "ml".into(),
+            name: "Search".into(),
+        }),
+    ]
+}
+
+fn key(id: &str, name: &str, owner: Option<&str>) -> Event {
+    Event::Tenancy(TenancyEvent::KeyIssued(Key {
+        key_id: id.into(),
+        project_id: "chatbot".into(),
+        name: name.into(),
+        hash: format!("{id:0>64}"),
+        prefix: "llmgw-ab".into(),
+        band: Band::Gold,
+        routing_profile: None,
+        revoked: false,
+        owner: owner.map(str::to_owned),
+    }))
+}
+
+fn used(key_id: &str, micros: u64, at: i64, status: u16) -> Event {
+    Event::Usage(UsageEvent::UsageRecorded(UsageRecorded {
+        request_id: format!("req-{key_id}-{at}-{micros}"),
+        key_id: key_id.into(),
+        project_id: "chatbot".into(),
+        model_asked: "small".into(),
+        model_served: "small".into(),
+        prompt_tokens: 100,
+        completion_tokens: 20,
+        cost_micros: micros,
+        status,
+        latency_ms: 400,
+        ttft_ms: Some(50),
+        band: Band::Gold,
+        at,
+    }))
+}
+
+/// One node with two GPUs, a model that runs on one, and one that needs
+/// four and so fits nowhere.
+fn cluster() -> Vec<Event> {
+    let small = model("small", 1, 1);
+    let fp = small.profiles[0].fingerprint();
+    vec![
+        Event::Catalog(CatalogEvent::ModelAdded { model: small }),
+        Event::Catalog(CatalogEvent::ModelAdded {
+            model: model("huge", 4, 1),
+        }),
+        Event::Node(NodeEvent::NodeRegistered {
+            node_id: "gpu-1".into(),
+            inventory: Inventory {
+                hostname: "gpu-1.lab".into(),
+                gpus: vec![gpu(0), gpu(1)],
+                memory_total_mb: 524_288,
+                ..Inventory::default()
+            },
+        }),
+        Event::Replica(ReplicaEvent::ReplicaPlaced(Placement {
+            replica_id: "r-small-1".into(),
+            model: "small".into(),
+            profile: "h100x1".into(),
+            profile_fp: fp,
+            pool: "h100-80g".into(),
+            fabric: None,
+            shards: vec![ShardPlacement {
+                shard_id: "r-small-1-0".into(),
+                rank: 0,
+                node_id: "gpu-1".into(),
+                gpu_indices: vec![1],
+                hcas: Vec::new(),
+                port: 20000,
+                memory_mb: 0,
+            }],
+            why: "test".into(),
+        })),
+        Event::Replica(ReplicaEvent::ShardStateChanged {
+            replica_id: "r-small-1".into(),
+            shard_id: "r-small-1-0".into(),
+            state: ShardState::Ready,
+            error: None,
+            exit_code: None,
+            log_tail: None,
+        }),
+    ]
+}
+
+async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String, HeaderMap) {
+    let response = app.clone().oneshot(request).await.expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), 8 << 20)
+        .await
+        .expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned(), headers)
+}
+
+async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
+    let (status, body, _) =
+        send(app, Request::get(uri).body(Body::empty()).expect("request")).await;
+    (status, body)
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_nodes_replicas_models_and_why_one_is_not_placed() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    feed(&mut views, cluster());
+    feed(&mut views, [key("k-1", "<script>alert(1)</script>", None)]);
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (status, body) = get(&app, "/admin").await;
+    assert_eq!(status, StatusCode::OK);
+    // The node and its GPUs, one held by the running replica.
+    assert!(
+        body.contains("gpu-1.lab") && body.contains("h100-80g · 80 GiB"),
+        "{body}"
+    );
+    assert!(body.contains("r-small-1"));
+    assert!(body.contains("gpu-1: GPU 1 (ready)"));
+    // The model that fits nowhere, with the node's verdict.
+    assert!(body.contains("Why not placed"));
+    assert!(body.contains("huge fits nowhere"), "{body}");
+    assert!(body.contains("wants 1 replica(s), has 0 starting or ready"));
+    assert!(
+        !body.contains("<h3 class=\"mono\">small</h3>"),
+        "a model with all it wants needs no explanation"
+    );
+    assert!(
+        body.contains("0.0010 in / 0.0020 out per 1k"),
+        "micro-units per 1k tokens"
+    );
+    // Names are data: escaped.
+    assert!(!body.contains("<script>alert(1)"));
+    assert!(body.contains("&#60;script&#62;alert(1)&#60;/script&#62;"));
+}
+
+#[tokio::test]
+async fn usage_per_key_is_paged_biggest_spender_first_and_a_person_counts_their_keys_and_chat() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let now = Utc::now().timestamp_millis();
+    let mut events = Vec::new();
+    for i in 0..120u64 {
+        events.push(key(&format!("k-{i:03}"), "k", (i == 7).then_some("ada")));
+        events.push(used(&format!("k-{i:03}"), 1000 + i * 10, now, 200));
+    }
+    events.push(used("session:ada", 5, now, 502));
+    events.push(Event::Tenancy(TenancyEvent::UserSignedUp {
+        user_id: "ada".into(),
+    }));
+    feed(&mut views, events);
+    let app = crate::admin_routes(web(views, None, Router::new()));
+
+    let (_, first) = get(&app, "/admin").await;
+    assert!(
+        first.contains("k-119") && first.contains("k-070"),
+        "the top 50"
+    );
+    assert!(!first.contains(">k-069<"), "the 51st is on page 2");
+    assert!(first.contains("keys 1–50 of 120"));
+    assert!(first.contains("href=\"/admin?page=2&#38;people=1#keys\""));
+    let (_, last) = get(&app, "/admin?page=3").await;
+    assert!(last.contains(">k-000<") && !last.contains(">k-119<"));
+    assert!(last.contains("keys 101–120 of 120"));
+
+    // ada: her key (1,070 micros) and her chat (5), one error among two.
+    let row = first
+        .split("<tr>")
+        .find(|r| r.contains(">ada<"))
+        .expect("ada's row");
+    assert!(row.contains(">2<") && row.contains(">0.0010<"), "{row}");
+}
+
+#[tokio::test]
+async fn the_usage_page_draws_charts_by_group_and_range() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let now = Utc::now().timestamp_millis();
+    feed(
+        &mut views,
+        [
+            key("k-ada", "ada's", Some("ada")),
+            used("k-ada", 2_000_000, now, 200),
+            used("k-ada", 1_000_000, now - 3_600_000, 200),
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: "ada".into(),
+            }),
+        ],
+    );
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (status, body) = get(&app, "/admin/usage?by=org&range=24h").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body.matches("<svg class=\"chart\"").count(),
+        3,
+        "requests, tokens, spend"
+    );
+    assert!(body.contains("<title>Spend</title>"));
+    assert!(body.contains(">acme</text>"), "the org in the legend");
+    assert!(body.contains("<td>Acme</td>"));
+    assert!(body.contains("3.0000"), "the range's spend");
+    assert!(!body.contains("<script"), "no script, inline or not");
+
+    let (_, people) = get(&app, "/admin/usage?by=person&range=30d").await;
+    assert!(people.contains(">ada</text>"));
+    let (_, none) = get(&app, "/admin/usage?by=team&range=nonsense").await;
+    assert!(
+        none.contains("aria-current=\"page\">7d<"),
+        "an unknown range is 7d"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_listener_shows_people_without_forms_and_refuses_to_act() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    feed(
+        &mut views,
+        [
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: "usr-a".into(),
+            }),
+            Event::Tenancy(TenancyEvent::UserApproved {
+                user_id: "usr-a".into(),
+                project_id: "search".into(),
+                by: "op".into(),
+            }),
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: "usr-z".into(),
+            }),
+        ],
+    );
+    let asked: Asked = Arc::default();
+    let app = crate::admin_routes(web(views, None, admin_api(asked.clone())));
+    let (status, body) = get(&app, "/admin/users").await;
+    assert_eq!(status, StatusCode::OK);
+    let (z, a) = (
+        body.find("usr-z").expect("z"),
+        body.find("usr-a").expect("a"),
+    );
+    assert!(z < a, "pending first");
+    assert!(body.contains("1</strong> waiting for approval"));
+    assert!(body.contains("keys they made keep working until revoked"));
+    assert!(body.contains("llmgw users promote ID"));
+    assert!(!body.contains("<form"), "read-only: {body}");
+    let (status, _, _) = send(
+        &app,
+        Request::post("/admin/users/usr-z/approve")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from("csrf=x&project=search"))
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(asked.lock().expect("lock").is_empty());
+}
+
+/// What the stand-in admin API was asked: `(path, actor, body)`.
+type Asked = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+fn admin_api(asked: Asked) -> Router {
+    let actor = |h: &HeaderMap| {
+        h.get(ACTOR_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (approved, suspended) = (asked.clone(), asked);
+    Router::new()
+        .route(
+            "/api/v1/users/{id}/approve",
+            post(
+                move |h: HeaderMap, Path(id): Path<String>, body: axum::body::Bytes| {
+                    let v: Value = serde_json::from_slice(&body).expect("json");
+                    approved
+                        .lock()
+                        .expect("lock")
+                        .push((format!("approve {id}"), actor(&h), v));
+                    async move {
+                        if id == "usr-gone" {
+                            return Err(StatusCode::NOT_FOUND);
+                        }
+                        Ok(axum::Json(Changed {
+                            events: vec!["UserApproved".into()],
+                            message: "ok".into(),
+                        }))
+                    }
+                },
+            ),
+        )
+        .route(
+            "/api/v1/users/{id}/suspend",
+            post(move |h: HeaderMap, Path(id): Path<String>| {
+                suspended.lock().expect("lock").push((
+                    format!("suspend {id}"),
+                    actor(&h),
+                    Value::Null,
+                ));
+                async move {
+                    axum::Json(Changed {
+                        events: vec!["UserSuspended".into()],
+                        message: "ok".into(),
+                    })
+                }
+            }),
+        )
+}
+
+static DIRS: AtomicU64 = AtomicU64::new(0);
+
+/// A signed-in admin's browser against the client listener, a pending
+/// person to approve, and the stand-in admin API.
+struct Signed {
+    app: Router,
+    cookie: String,
+    csrf: String,
+    admin_id: String,
+    pending_id: String,
+    asked: Asked,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Signed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn signed_in_admin() -> Signed {
+    let dir = std::env::temp_dir().join(format!(
+        "llmgw-web-admin-{}-{}",
+        std::process::id(),
+        DIRS.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let address = StoreAddress::parse(&dir.join("log.db").display().to_string()).expect("address");
+    let store: AnyStore = AnyStore::open(&address, OpenOptions::migrating())
+        .await
+        .expect("store");
+    let people = Arc::new(People::new(&store, PeopleConfig::default()));
+    let now = Utc::now();
+    let password = "a long enough passphrase";
+    let admin_id = people
+        .sign_up("root@example.org", "Root", password, now)
+        .await
+        .expect("sign up")
+        .expect("new");
+    let pending_id = people
+        .sign_up("new@example.org", "New <b>Person</b>", password, now)
+        .await
+        .expect("sign up")
+        .expect("new");
+    let opened = people
+        .sign_in(
+            "root@example.org",
+            password,
+            |_| Some(llmgw_domain::tenancy::UserStatus::Active),
+            now,
+        )
+        .await
+        .expect("sign in");
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    feed(
+        &mut views,
+        [
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: admin_id.clone(),
+            }),
+            Event::Tenancy(TenancyEvent::UserApproved {
+                user_id: admin_id.clone(),
+                project_id: "chatbot".into(),
+                by: "op".into(),
+            }),
+            Event::Tenancy(TenancyEvent::UserPromoted {
+                user_id: admin_id.clone(),
+                by: "op".into(),
+            }),
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: pending_id.clone(),
+            }),
+        ],
+    );
+    let asked: Asked = Arc::default();
+    let app = crate::client_routes(web(views, Some(people), admin_api(asked.clone())));
+    Signed {
+        app,
+        cookie: format!(
+            "{}={}; {}={}",
+            crate::session::SESSION_COOKIE,
+            opened.token,
+            crate::session::CSRF_COOKIE,
+            opened.csrf
+        ),
+        csrf: opened.csrf,
+        admin_id,
+        pending_id,
+        asked,
+        dir,
+    }
+}
+
+impl Signed {
+    async fn get(&self, uri: &str) -> (StatusCode, String) {
+        let request = Request::get(uri)
+            .header(header::COOKIE, &self.cookie)
+            .body(Body::empty())
+            .expect("request");
+        let (status, body, _) = send(&self.app, request).await;
+        (status, body)
+    }
+
+    async fn post(&self, uri: &str, form: &str) -> (StatusCode, Option<String>) {
+        let request = Request::post(uri)
+            .header(header::COOKIE, &self.cookie)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(form.to_owned()))
+            .expect("request");
+        let (status, _, headers) = send(&self.app, request).await;
+        let location = headers
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (status, location)
+    }
+}
+
+#[tokio::test]
+async fn an_admin_approves_a_pending_person_into_a_project_from_the_page() {
+    let s = signed_in_admin().await;
+    let (status, body) = s.get("/admin/users").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("new@example.org"));
+    assert!(
+        body.contains("New &#60;b&#62;Person&#60;/b&#62;"),
+        "names are escaped: {body}"
+    );
+    let action = format!("action=\"/admin/users/{}/approve\"", s.pending_id);
+    assert!(
+        body.contains(&action),
+        "an approve form for the pending person"
+    );
+    assert!(body.contains(&format!("name=\"csrf\" value=\"{}\"", s.csrf)));
+    assert!(
+        body.contains("<option value=\"search\""),
+        "every project to pick"
+    );
+
+    let uri = format!("/admin/users/{}/approve", s.pending_id);
+    let (status, location) = s
+        .post(&uri, &format!("csrf={}&project=search", s.csrf))
+        .await;
+    assert_eq!(
+        (status, location.as_deref()),
+        (StatusCode::SEE_OTHER, Some("/admin/users"))
+    );
+    let asked = s.asked.lock().expect("lock").clone();
+    assert_eq!(
+        asked,
+        vec![(
+            format!("approve {}", s.pending_id),
+            s.admin_id.clone(),
+            serde_json::json!({"project": "search"})
+        )]
+    );
+}
+
+#[tokio::test]
+async fn a_form_without_this_sessions_token_is_refused_and_nothing_is_asked() {
+    let s = signed_in_admin().await;
+    let uri = format!("/admin/users/{}/approve", s.pending_id);
+    let (status, _) = s.post(&uri, "csrf=forged&project=search").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = s.post(&uri, "project=search").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let suspend = format!("/admin/users/{}/suspend", s.pending_id);
+    let (status, _) = s.post(&suspend, "csrf=").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(s.asked.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn an_admin_suspends_and_a_refusal_of_the_api_is_the_pages_answer() {
+    let s = signed_in_admin().await;
+    let uri = format!("/admin/users/{}/suspend", s.pending_id);
+    let (status, location) = s.post(&uri, &format!("csrf={}", s.csrf)).await;
+    assert_eq!(
+        (status, location.as_deref()),
+        (StatusCode::SEE_OTHER, Some("/admin/users"))
+    );
+    let (status, _) = s
+        .post(
+            "/admin/users/usr-gone/approve",
+            &format!("csrf={}&project=search", s.csrf),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let asked: Vec<String> = s
+        .asked
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|(what, who, _)| format!("{what} by {who}"))
+        .collect();
+    assert_eq!(
+        asked,
+        vec![
+            format!("suspend {} by {}", s.pending_id, s.admin_id),
+            format!("approve usr-gone by {}", s.admin_id),
+        ]
+    );
+}
