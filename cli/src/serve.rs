@@ -204,6 +204,19 @@ pub(crate) async fn run(
     let people = log
         .as_ref()
         .map(|l| Arc::new(llmgw_people::People::new(l, plan.web.people.clone())));
+    // Expired sessions and claim links leave the tables within the hour,
+    // whoever leads (any server may sweep: deletions are idempotent).
+    let sweeper = people.clone().map(|p| {
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                every.tick().await;
+                if let Err(e) = p.sweep(chrono::Utc::now()).await {
+                    tracing::warn!(error = %e, "sweeping expired sessions and claim links");
+                }
+            }
+        })
+    });
     let mut admin_routes = axum::Router::new();
     let mut cp = None;
     let mut grpc: Serving = Box::pin(std::future::pending());
@@ -327,6 +340,9 @@ pub(crate) async fn run(
     }
     if let Some(v) = views {
         v.follower.abort();
+    }
+    if let Some(s) = sweeper {
+        s.abort();
     }
     if let Some(b) = batcher {
         let _ = tokio::time::timeout(Duration::from_secs(5), b).await;

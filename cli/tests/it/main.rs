@@ -13,9 +13,11 @@ use llmgw_eventstore::{
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
+mod browser;
 mod cluster;
 mod node_agent;
 mod tenancy;
+mod web;
 
 /// Waits until `check` says yes, for up to 30 s. Another process's state
 /// (a server's API, an agent's files) offers nothing to await, so it is

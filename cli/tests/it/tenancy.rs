@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{Child, until};
 
 /// A sim engine serving `paid` and `free`.
-fn engine() -> Child {
+pub(super) fn engine() -> Child {
     Child::spawn(&[
         "sim-engine",
         "--listen",
@@ -27,7 +27,7 @@ fn engine() -> Child {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     /// Static endpoints, no control plane.
     RouterOnly,
     /// A catalog (so the control plane leads) and the same static endpoint.
@@ -35,7 +35,7 @@ enum Mode {
 }
 
 /// A server configuration for `mode`; `extra` is appended as is.
-fn config(
+pub(super) fn config(
     dir: &std::path::Path,
     name: &str,
     store: &str,
@@ -78,13 +78,13 @@ models:
     path.display().to_string()
 }
 
-struct Server {
-    child: Child,
-    base: String,
-    admin: String,
+pub(super) struct Server {
+    pub(super) child: Child,
+    pub(super) base: String,
+    pub(super) admin: String,
 }
 
-fn start(config: &str) -> Server {
+pub(super) fn start(config: &str) -> Server {
     let child = Child::spawn(&["server", "--config", config]);
     let base = format!("http://{}", child.addr_after("client listening on "));
     let admin = format!("http://{}", child.addr_after("admin listening on "));
@@ -92,7 +92,7 @@ fn start(config: &str) -> Server {
 }
 
 /// `llmgw keys …` against `admin`, as operator `alice`.
-fn keys(store: &str, admin: &str, args: &[&str]) -> std::process::Output {
+pub(super) fn keys(store: &str, admin: &str, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .env_remove("LLMGW_STORE")
         .env_remove("LLMGW_ADMIN")
@@ -102,7 +102,7 @@ fn keys(store: &str, admin: &str, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn keys_ok(store: &str, admin: &str, args: &[&str]) -> String {
+pub(super) fn keys_ok(store: &str, admin: &str, args: &[&str]) -> String {
     let out = keys(store, admin, args);
     assert!(
         out.status.success(),

@@ -1,0 +1,575 @@
+//! People and the pages through the shipped binary: sign-up, approval from
+//! the CLI, sessions, CSRF, keys on the profile, chat, claim links, the
+//! admin gate, erasure; router-only on SQLite and with a control plane on
+//! PostgreSQL.
+
+use std::collections::BTreeMap;
+
+use llmgw_testkit::{Backend, Scratch};
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+
+use super::tenancy::{Mode, Server, config, engine, keys, keys_ok, start};
+use super::until;
+
+/// A browser without a browser: follows no redirects, keeps cookies.
+struct Visit {
+    http: reqwest::Client,
+    base: String,
+    jar: BTreeMap<String, String>,
+}
+
+struct Page {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Page {
+    /// The value of the first `name="csrf"` field.
+    fn csrf(&self) -> String {
+        let at = self
+            .body
+            .find("name=\"csrf\" value=\"")
+            .unwrap_or_else(|| panic!("no csrf field in {}", self.body));
+        let rest = &self.body[at + "name=\"csrf\" value=\"".len()..];
+        rest[..rest.find('"').unwrap()].to_owned()
+    }
+
+    fn location(&self) -> &str {
+        self.headers
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+impl Visit {
+    fn new(base: &str) -> Visit {
+        Visit {
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            base: base.to_owned(),
+            jar: BTreeMap::new(),
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.jar
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    async fn page(&mut self, r: reqwest::RequestBuilder) -> Page {
+        let r = r
+            .header("cookie", self.cookie_header())
+            .send()
+            .await
+            .unwrap();
+        for c in r.headers().get_all("set-cookie") {
+            let c = c.to_str().unwrap();
+            let (pair, attrs) = c.split_once(';').unwrap_or((c, ""));
+            let (k, v) = pair.split_once('=').unwrap();
+            if v.is_empty() || attrs.contains("Max-Age=0") {
+                self.jar.remove(k);
+            } else {
+                self.jar.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        Page {
+            status: r.status(),
+            headers: r.headers().clone(),
+            body: r.text().await.unwrap(),
+        }
+    }
+
+    async fn get(&mut self, path: &str) -> Page {
+        let r = self.http.get(format!("{}{path}", self.base));
+        self.page(r).await
+    }
+
+    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Page {
+        let r = self.http.post(format!("{}{path}", self.base)).form(form);
+        self.page(r).await
+    }
+
+    async fn post_owned(&mut self, path: &str, form: &[(&str, String)]) -> Page {
+        let r = self.http.post(format!("{}{path}", self.base)).form(form);
+        self.page(r).await
+    }
+
+    /// Signs in; panics unless the server lets them in.
+    async fn sign_in(&mut self, email: &str, password: &str) {
+        let form = self.get("/login").await;
+        let csrf = form.csrf();
+        let p = self
+            .post(
+                "/login",
+                &[("email", email), ("password", password), ("csrf", &csrf)],
+            )
+            .await;
+        assert_eq!(p.status, StatusCode::SEE_OTHER, "{}", p.body);
+        assert_eq!(p.location(), "/profile");
+    }
+
+    async fn signed_in(&mut self) -> bool {
+        self.get("/profile").await.status == StatusCode::OK
+    }
+}
+
+/// `llmgw users …` against the server's admin API, as operator `alice`.
+fn users(store: &str, admin: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .env_remove("LLMGW_ADMIN")
+        .args(["--store", store, "users", "--admin", admin, "--as", "alice"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "users {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn user_rows(store: &str, admin: &str, pending: bool) -> Vec<Value> {
+    let mut args = vec!["list", "--json"];
+    if pending {
+        args.push("--pending");
+    }
+    users(store, admin, &args)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn secret_in(body: &str) -> String {
+    let at = body
+        .find("llmgw-sk-")
+        .unwrap_or_else(|| panic!("no key in {body}"));
+    body[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect()
+}
+
+async fn api_chat(base: &str, key: &str) -> StatusCode {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&json!({"model": "free", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+const GOOD: &str = "correct horse battery staple";
+
+const LANDING: &str = r#"auth:
+  enabled: true
+landing:
+  contact: "javascript:alert(1)"
+  notice: "Be kind to the GPUs"
+"#;
+
+async fn the_people_pages(mode: Mode, backend: Backend) {
+    let (store, _scratch) = Scratch::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let cfg = config(dir.path(), "web", &store, &e, mode, LANDING);
+    let server = start(&cfg);
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    keys_ok(
+        &store,
+        &admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let mut ayse = Visit::new(&base);
+
+    // The start page says how to connect; the stored contact is text, and
+    // no page allows inline script.
+    let landing = ayse.get("/").await;
+    assert_eq!(landing.status, StatusCode::OK);
+    let csp = landing.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"));
+    assert!(landing.body.contains("Be kind to the GPUs"));
+    assert!(landing.body.contains("/v1/chat/completions"));
+    assert!(landing.body.contains("javascript:alert(1)"));
+    assert!(!landing.body.contains("href=\"javascript:"));
+
+    // Sign-up: a form without its token is refused; a taken address gets
+    // the same answer as a new one.
+    let form = ayse.get("/signup").await;
+    assert_eq!(form.status, StatusCode::OK);
+    let signup = |csrf: &str| {
+        [
+            ("email", "Ayse@Example.COM".to_owned()),
+            ("name", "Ayşe".to_owned()),
+            ("password", GOOD.to_owned()),
+            ("csrf", csrf.to_owned()),
+        ]
+    };
+    let forged = ayse.post_owned("/signup", &signup("")).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let done = ayse.post_owned("/signup", &signup(&form.csrf())).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    assert!(done.body.contains("approval"));
+    let again = ayse.get("/signup").await.csrf();
+    let twice = ayse.post_owned("/signup", &signup(&again)).await;
+    assert_eq!(twice.status, done.status);
+    assert_eq!(twice.body, done.body);
+
+    // Pending: powerless until an operator approves, and told so.
+    let pending = user_rows(&store, &admin, true);
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["email"], "ayse@example.com");
+    let id = pending[0]["user_id"].as_str().unwrap().to_owned();
+    let login = ayse.get("/login").await;
+    let refused = ayse
+        .post(
+            "/login",
+            &[
+                ("email", "ayse@example.com"),
+                ("password", GOOD),
+                ("csrf", &login.csrf()),
+            ],
+        )
+        .await;
+    assert_ne!(refused.status, StatusCode::SEE_OTHER);
+    assert!(
+        refused.body.contains("waiting for approval"),
+        "{}",
+        refused.body
+    );
+    users(&store, &admin, &["approve", &id, "--project", "p"]);
+
+    // Signed in: the session cookie is HttpOnly and SameSite=Strict.
+    let login = ayse.get("/login").await;
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{base}/login"))
+        .header("cookie", ayse.cookie_header())
+        .form(&[
+            ("email", "ayse@example.com"),
+            ("password", GOOD),
+            ("csrf", &login.csrf()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let session_cookie = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("llmgw_session="))
+        .expect("a session cookie");
+    assert!(session_cookie.contains("HttpOnly"), "{session_cookie}");
+    assert!(
+        session_cookie.contains("SameSite=Strict"),
+        "{session_cookie}"
+    );
+    ayse.sign_in("ayse@example.com", GOOD).await;
+    let profile = ayse.get("/profile").await;
+    assert_eq!(profile.status, StatusCode::OK);
+    assert!(profile.body.contains("ayse@example.com"));
+
+    // A key made on the profile works on the API, and is shown once.
+    let forged = ayse.post("/profile/keys", &[("name", "laptop")]).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    let made = ayse
+        .post(
+            "/profile/keys",
+            &[("name", "laptop"), ("csrf", &profile.csrf())],
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::OK, "{}", made.body);
+    let secret = secret_in(&made.body);
+    assert_eq!(api_chat(&base, &secret).await, StatusCode::OK);
+    assert!(!ayse.get("/profile").await.body.contains(&secret));
+
+    // Chat: the session stands for the project; no key in the browser, the
+    // form's token is required, and a turn is capped at 512 tokens.
+    let csrf = ayse.get("/profile").await.csrf();
+    let turn = json!({"model": "free", "stream": true, "max_tokens": 5000,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let chat = |csrf: Option<&str>| {
+        let mut r = reqwest::Client::new()
+            .post(format!("{base}/chat/completions"))
+            .header("cookie", ayse.cookie_header())
+            .json(&turn);
+        if let Some(c) = csrf {
+            r = r.header("x-csrf-token", c);
+        }
+        r.send()
+    };
+    assert_eq!(chat(None).await.unwrap().status(), StatusCode::FORBIDDEN);
+    let streamed = chat(Some(&csrf)).await.unwrap();
+    assert_eq!(streamed.status(), StatusCode::OK);
+    let text = streamed.text().await.unwrap();
+    // The sim engine sends one token per chunk.
+    let tokens = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .count();
+    assert_eq!(tokens, 512, "{text}");
+
+    // The admin pages are not there for a person who is not an admin.
+    assert_eq!(ayse.get("/admin").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        ayse.get("/admin/events").await.status,
+        StatusCode::NOT_FOUND
+    );
+    users(&store, &admin, &["promote", &id]);
+    for page in ["/admin", "/admin/users", "/admin/usage", "/admin/events"] {
+        let p = ayse.get(page).await;
+        assert_eq!(p.status, StatusCode::OK, "{page}: {}", p.body);
+    }
+    assert!(ayse.get("/admin/usage").await.body.contains("<svg"));
+    assert!(
+        ayse.get("/admin/users")
+            .await
+            .body
+            .contains("ayse@example.com")
+    );
+    // The admin listener shows the same pages without sign-in.
+    let mut local = Visit::new(&admin);
+    for page in ["/admin", "/admin/users", "/admin/usage", "/admin/events"] {
+        let p = local.get(page).await;
+        assert_eq!(p.status, StatusCode::OK, "{page}: {}", p.body);
+    }
+
+    // A password change needs the current one and signs out other
+    // browsers, not this one.
+    let mut other = Visit::new(&base);
+    other.sign_in("ayse@example.com", GOOD).await;
+    let csrf = ayse.get("/profile").await.csrf();
+    let wrong = ayse
+        .post(
+            "/profile/password",
+            &[
+                ("current", "not my password at all"),
+                ("next", "a brand new passphrase"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert!(wrong.body.contains("do not match"), "{}", wrong.body);
+    assert!(other.signed_in().await);
+    let changed = ayse
+        .post(
+            "/profile/password",
+            &[
+                ("current", GOOD),
+                ("next", "a brand new passphrase"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert!(changed.status.is_success() || changed.status.is_redirection());
+    assert!(ayse.signed_in().await);
+    assert!(!other.signed_in().await);
+
+    // A one-time claim link reveals a key once.
+    let link = keys_ok(
+        &store,
+        &admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "shared",
+            "--claim",
+            "--base-url",
+            &base,
+        ],
+    );
+    let path = link.trim().strip_prefix(base.as_str()).unwrap().to_owned();
+    assert!(path.starts_with("/claim/"), "{link}");
+    let mut visitor = Visit::new(&base);
+    let offer = visitor.get(&path).await;
+    assert_eq!(offer.status, StatusCode::OK);
+    assert!(!offer.body.contains("llmgw-sk-"));
+    let revealed = visitor.post(&path, &[("csrf", &offer.csrf())]).await;
+    assert_eq!(revealed.status, StatusCode::OK, "{}", revealed.body);
+    let claimed = secret_in(&revealed.body);
+    assert_eq!(api_chat(&base, &claimed).await, StatusCode::OK);
+    let mut late = Visit::new(&base);
+    assert_eq!(late.get(&path).await.status, StatusCode::NOT_FOUND);
+
+    // Suspension closes the sessions; the keys keep working until revoked.
+    users(&store, &admin, &["suspend", &id]);
+    assert!(!ayse.signed_in().await);
+    assert_eq!(api_chat(&base, &secret).await, StatusCode::OK);
+
+    // Erasure removes the personal data; the log still verifies.
+    users(&store, &admin, &["erase", &id]);
+    let rows = user_rows(&store, &admin, false);
+    let row = rows.iter().find(|r| r["user_id"] == id.as_str()).unwrap();
+    assert_eq!(row["status"], "erased");
+    assert_eq!(row["email"], "");
+    let mut again = Visit::new(&base);
+    let login = again.get("/login").await;
+    let gone = again
+        .post(
+            "/login",
+            &[
+                ("email", "ayse@example.com"),
+                ("password", "a brand new passphrase"),
+                ("csrf", &login.csrf()),
+            ],
+        )
+        .await;
+    assert!(gone.body.contains("do not match"), "{}", gone.body);
+    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["--store", &store, "events", "verify"])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let log = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["--store", &store, "events", "export"])
+        .output()
+        .unwrap();
+    let exported = String::from_utf8_lossy(&log.stdout);
+    assert!(exported.contains(&id), "the log keeps the person's id");
+    assert!(!exported.contains("ayse@example.com"));
+    assert!(!exported.contains("Ayşe"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn people_pages_router_only_on_sqlite() {
+    the_people_pages(Mode::RouterOnly, Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn people_pages_with_a_control_plane_on_postgres() {
+    the_people_pages(Mode::Control, Backend::Postgres).await;
+}
+
+/// A session ends at its absolute expiry however busy it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ends_at_its_expiry() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth:\n  enabled: true\n  session_idle: 1s\n  session_max: 1s\n";
+    let cfg = config(dir.path(), "expiry", &store, &e, Mode::RouterOnly, extra);
+    let server = start(&cfg);
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    keys_ok(
+        &store,
+        &admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let mut v = Visit::new(&base);
+    let form = v.get("/signup").await;
+    let csrf = form.csrf();
+    v.post(
+        "/signup",
+        &[
+            ("email", "bo@example.com"),
+            ("name", "Bo"),
+            ("password", GOOD),
+            ("csrf", &csrf),
+        ],
+    )
+    .await;
+    let id = user_rows(&store, &admin, true)[0]["user_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    users(&store, &admin, &["approve", &id, "--project", "p"]);
+    v.sign_in("bo@example.com", GOOD).await;
+    assert!(v.signed_in().await);
+    // Polling touches the session, so only the absolute expiry can end it.
+    until("the session to expire", || {
+        let mut probe = Visit {
+            http: v.http.clone(),
+            base: v.base.clone(),
+            jar: v.jar.clone(),
+        };
+        async move { (!probe.signed_in().await).then_some(()) }
+    })
+    .await;
+    assert_eq!(v.get("/profile").await.location(), "/login");
+}
+
+/// Account settings without accounts, and a base URL that is not one, stop
+/// the start.
+#[tokio::test]
+async fn account_settings_without_auth_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, says) in [
+        ("auth:\n  signup_open: true\n", "auth.signup_open"),
+        ("auth:\n  session_max: 1h\n", "auth.session_max"),
+        (
+            "landing:\n  base_url: \"ftp://example.com\"\n",
+            "landing.base_url",
+        ),
+    ] {
+        let cfg = config(
+            dir.path(),
+            "refused",
+            &format!("{}/s.db", dir.path().display()),
+            "127.0.0.1:1",
+            Mode::RouterOnly,
+            extra,
+        );
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["server", "--config", &cfg])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+    }
+}
+
+/// Claim links and `users` need no running server: in-process over the
+/// store, like `keys`.
+#[tokio::test]
+async fn a_claim_link_needs_an_http_base_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let out = keys(
+        &store,
+        &closed,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "n",
+            "--claim",
+            "--base-url",
+            "javascript:x",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--base-url"));
+}
