@@ -90,6 +90,14 @@
     }
   }
 
+  // Enter sends; Shift+Enter (or an input method composing) is a new line.
+  input.addEventListener("keydown", function (event) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
     if (busy) {

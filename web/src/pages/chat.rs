@@ -143,6 +143,17 @@ pub(super) async fn script() -> Response {
         .into_response()
 }
 
+pub(super) async fn style() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        include_str!("../../static/pages.css"),
+    )
+        .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

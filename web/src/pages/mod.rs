@@ -43,6 +43,7 @@ pub(crate) fn routes() -> Router<Arc<Web>> {
         .route("/chat", get(chat::page))
         .route("/chat/completions", post(chat::completions))
         .route("/static/chat.js", get(chat::script))
+        .route("/static/pages.css", get(chat::style))
 }
 
 /// The people tables, when this server has accounts; otherwise the pages
