@@ -143,6 +143,20 @@ async fn signing_up_waits_for_approval_and_a_taken_address_gets_the_same_answer(
 }
 
 #[tokio::test]
+async fn a_sign_up_the_log_does_not_take_leaves_no_personal_data() {
+    let site = Site::open(true, Vec::new()).await;
+    let broken = site.without_log();
+    let mut browser = Browser::default();
+    let csrf = browser.get(&broken, "/signup").await.field("csrf");
+    let page = post_signup(&broken, &mut browser, &csrf, "ada@example.org", PASSWORD).await;
+    assert_eq!(page.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(site.people.people().await.expect("people").is_empty());
+    // The address is free again once the log works.
+    sign_up(&site, &mut browser, "ada@example.org").await;
+    assert_eq!(site.people.people().await.expect("people").len(), 1);
+}
+
+#[tokio::test]
 async fn signup_is_not_there_when_closed() {
     let site = Site::open(false, Vec::new()).await;
     let mut browser = Browser::default();

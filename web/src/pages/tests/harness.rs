@@ -195,7 +195,9 @@ pub(super) struct Site {
 
 impl Drop for Site {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -264,6 +266,30 @@ impl Site {
             .into_iter()
             .map(|e| (e.event_type, e.payload))
             .collect()
+    }
+
+    /// The same server whose log refuses every append.
+    pub(super) fn without_log(&self) -> Site {
+        let web = Arc::new(Web {
+            settings: self.web.settings.clone(),
+            views: self.web.views.clone(),
+            store: None,
+            people: Some(self.people.clone()),
+            gateway: self.web.gateway.clone(),
+            admin: self.web.admin.clone(),
+            decider: None,
+            instance: "test".into(),
+        });
+        Site {
+            app: client_routes(web.clone()),
+            web,
+            people: self.people.clone(),
+            store: self.store.clone(),
+            asked: self.asked.clone(),
+            position: Mutex::new(0),
+            // The directory stays with the original.
+            dir: std::path::PathBuf::new(),
+        }
     }
 
     /// An administrator's approval, as the log would hold it.
