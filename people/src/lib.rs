@@ -25,6 +25,12 @@ use chrono::{DateTime, Utc};
 use llmgw_eventstore::AnyStore;
 
 pub use email::{check_email, normalize_email};
+
+/// 32 bytes from the operating system's CSPRNG, lowercase hex: for tokens
+/// made outside these tables (the pages' pre-session CSRF token).
+pub fn random_hex_token() -> Result<String> {
+    Ok(secret::hex(&secret::random::<32>()?))
+}
 pub use password::{BadHash, MIN_PASSWORD_CHARS, hash_password, verify_password};
 
 #[derive(Debug, Clone)]

@@ -53,20 +53,9 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// 32 bytes from the kernel's CSPRNG, hex-encoded.
+/// 32 bytes from the operating system's CSPRNG, hex-encoded.
 fn random_token() -> Result<String, WebError> {
-    use std::fmt::Write;
-    use std::io::Read;
-
-    let mut bytes = [0u8; TOKEN_LEN / 2];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| WebError::Internal(format!("reading /dev/urandom: {e}")))?;
-    let mut out = String::with_capacity(TOKEN_LEN);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    Ok(out)
+    llmgw_people::random_hex_token().map_err(|e| WebError::Internal(e.to_string()))
 }
 
 #[cfg(test)]
