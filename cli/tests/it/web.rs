@@ -573,3 +573,141 @@ async fn a_claim_link_needs_an_http_base_url() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--base-url"));
 }
+
+/// Signs up `email` on `visit`'s server; returns the new person's id.
+async fn sign_up(visit: &mut Visit, store: &str, admin: &str, email: &str) -> String {
+    let form = visit.get("/signup").await;
+    let csrf = form.csrf();
+    let done = visit
+        .post(
+            "/signup",
+            &[
+                ("email", email),
+                ("name", email),
+                ("password", GOOD),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    user_rows(store, admin, true)
+        .into_iter()
+        .find(|r| r["email"] == email)
+        .and_then(|r| r["user_id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{email} is pending"))
+}
+
+/// Two servers on one PostgreSQL: a person signs up on the standby and an
+/// admin approves them on the standby's people page; the leader decides
+/// and records who approved, and both servers let the person in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_page_sends_its_decisions_to_the_leader() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let a = start(&config(
+        dir.path(),
+        "cp-a",
+        &store,
+        &e,
+        Mode::Control,
+        "auth: true\n",
+    ));
+    until("cp-a leads", || async {
+        let v: Value = reqwest::get(format!("{}/api/v1/leader", a.admin))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (v["is_leader"] == true).then_some(())
+    })
+    .await;
+    let b = start(&config(
+        dir.path(),
+        "cp-b",
+        &store,
+        &e,
+        Mode::Control,
+        "auth: true\n",
+    ));
+    keys_ok(
+        &store,
+        &b.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    // The admin: signed up on the standby, approved and promoted from the
+    // CLI through it.
+    let mut boss = Visit::new(&b.base);
+    let boss_id = sign_up(&mut boss, &store, &b.admin, "boss@example.com").await;
+    users(&store, &b.admin, &["approve", &boss_id, "--project", "p"]);
+    users(&store, &b.admin, &["promote", &boss_id]);
+    boss.sign_in("boss@example.com", GOOD).await;
+
+    let mut cem = Visit::new(&b.base);
+    let cem_id = sign_up(&mut cem, &store, &b.admin, "cem@example.com").await;
+    let page = boss.get("/admin/users").await;
+    assert!(page.body.contains("cem@example.com"), "{}", page.body);
+    let approved = boss
+        .post(
+            &format!("/admin/users/{cem_id}/approve"),
+            &[("project", "p"), ("csrf", &page.csrf())],
+        )
+        .await;
+    assert!(approved.status.is_redirection(), "{}", approved.body);
+    cem.sign_in("cem@example.com", GOOD).await;
+    let mut cem_on_a = Visit::new(&a.base);
+    cem_on_a.sign_in("cem@example.com", GOOD).await;
+
+    let history = super::ok(&store, &["events", "tail", "--limit", "100", "--json"]);
+    let event = super::json_lines(&history)
+        .into_iter()
+        .find(|e| e["event_type"] == "UserApproved" && e["payload"]["user_id"] == cem_id.as_str())
+        .expect("UserApproved");
+    assert_eq!(
+        event["metadata"]["writer"], "cp-a",
+        "the leader decided: {event}"
+    );
+    assert_eq!(event["metadata"]["actor"], boss_id.as_str());
+}
+
+/// With auth off there are no accounts: the start page and chat work for
+/// anyone, the account pages are not there, and the admin pages are only
+/// on the admin listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_accounts_the_pages_need_no_sign_in() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let cfg = config(dir.path(), "open", &store, &e, Mode::RouterOnly, "");
+    let server = start(&cfg);
+    let mut v = Visit::new(&server.base);
+    let landing = v.get("/").await;
+    assert_eq!(landing.status, StatusCode::OK);
+    assert!(!landing.body.contains("Authorization: Bearer"));
+    for gone in ["/login", "/signup", "/profile", "/admin", "/admin/events"] {
+        let p = v.get(gone).await;
+        assert!(
+            p.status == StatusCode::NOT_FOUND || p.location() == "/login",
+            "{gone}: {}",
+            p.status
+        );
+    }
+    assert_eq!(v.get("/chat").await.status, StatusCode::OK);
+    let streamed = reqwest::Client::new()
+        .post(format!("{}/chat/completions", server.base))
+        .json(&json!({"model": "free", "stream": true, "max_tokens": 3,
+            "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), StatusCode::OK);
+    assert!(streamed.text().await.unwrap().contains("[DONE]"));
+    let mut local = Visit::new(&server.admin);
+    for page in ["/admin", "/admin/users", "/admin/usage", "/admin/events"] {
+        let p = local.get(page).await;
+        assert_eq!(p.status, StatusCode::OK, "{page}: {}", p.body);
+    }
+}
