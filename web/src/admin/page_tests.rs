@@ -623,3 +623,27 @@ async fn an_admin_suspends_and_a_refusal_of_the_api_is_the_pages_answer() {
         ]
     );
 }
+
+#[tokio::test]
+async fn the_usage_page_shows_an_earlier_range_and_links_to_its_neighbours() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let then = Utc::now() - chrono::Duration::days(3);
+    feed(
+        &mut views,
+        [
+            key("k-ops", "ops", None),
+            used("k-ops", 7_000_000, then.timestamp_millis(), 200),
+        ],
+    );
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (_, today) = get(&app, "/admin/usage?range=24h").await;
+    assert!(today.contains("No requests in this range."));
+    let day = then.format("%Y-%m-%d").to_string();
+    let (_, that_day) = get(&app, &format!("/admin/usage?range=24h&until={day}")).await;
+    assert!(that_day.contains("7.0000"), "{that_day}");
+    let before = (then - chrono::Duration::days(1)).format("%Y-%m-%d");
+    let after = (then + chrono::Duration::days(1)).format("%Y-%m-%d");
+    assert!(that_day.contains(&format!("range=24h&#38;until={before}\">← earlier")));
+    assert!(that_day.contains(&format!("range=24h&#38;until={after}\">later →")));
+}

@@ -88,6 +88,27 @@ pub(crate) struct UsageQuery {
     by: Option<String>,
     range: Option<String>,
     page: Option<String>,
+    /// `YYYY-MM-DD`: the range ends with that day (UTC) instead of now.
+    until: Option<String>,
+}
+
+/// The end (exclusive, ms) of the day `until` names, if it names one
+/// before `now`'s; else None (the range ends now).
+fn until_end(until: Option<&str>, now: i64) -> Option<i64> {
+    let day = chrono::NaiveDate::parse_from_str(until?, "%Y-%m-%d").ok()?;
+    let end = day
+        .succ_opt()?
+        .and_hms_opt(0, 0, 0)?
+        .and_utc()
+        .timestamp_millis();
+    (end <= now).then_some(end)
+}
+
+/// The `YYYY-MM-DD` of the day holding `ms`.
+fn day_of(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%d").to_string())
+        .unwrap_or_default()
 }
 
 /// A link in the page's selectors.
@@ -123,6 +144,8 @@ struct UsagePage {
     total: GroupRow,
     from: String,
     to: String,
+    earlier: String,
+    later: Option<String>,
 }
 
 /// One group's name as people know it: the tree's names, a person's
@@ -230,11 +253,40 @@ pub(crate) async fn page(
             people.insert(p.user_id, name);
         }
     }
-    let (start, end) = range.window(Utc::now().timestamp_millis());
+    let now = Utc::now().timestamp_millis();
+    let until = until_end(q.until.as_deref(), now);
+    let (start, end) = range.window(until.map_or(now, |e| e - 1));
     let buckets: Vec<String> = (0..range.buckets)
         .map(|i| range.label(start + i * range.step_ms))
         .collect();
-    let href = |by: &str, range: &str| format!("/admin/usage?by={by}&range={range}");
+    let until_param = until.map(|e| format!("&until={}", day_of(e - 1)));
+    let href = |by: &str, range: &str| {
+        format!(
+            "/admin/usage?by={by}&range={range}{}",
+            until_param.as_deref().unwrap_or_default()
+        )
+    };
+    // The range before this one, and the one after unless this is the
+    // latest.
+    let earlier = format!(
+        "/admin/usage?by={}&range={}&until={}",
+        by.name(),
+        range.name,
+        day_of(start - 1)
+    );
+    let later = until.map(|e| {
+        let next = e + range.buckets * range.step_ms;
+        if next >= now {
+            format!("/admin/usage?by={}&range={}", by.name(), range.name)
+        } else {
+            format!(
+                "/admin/usage?by={}&range={}&until={}",
+                by.name(),
+                range.name,
+                day_of(next - 1)
+            )
+        }
+    });
     let page = {
         let views = web.views();
         let stacked = stack(views.usage.series_by(by), range.step_ms, start, end);
@@ -320,6 +372,8 @@ pub(crate) async fn page(
             total: row("all", String::new(), &sum),
             from: fmt::when(start),
             to: fmt::when(end),
+            earlier,
+            later,
         }
     };
     render(&page)
@@ -342,6 +396,17 @@ mod tests {
             );
         }
         s
+    }
+
+    #[test]
+    fn a_range_may_end_with_an_earlier_day_but_not_a_later_one() {
+        let now = 10 * DAY_MS + 5 * HOUR_MS;
+        assert_eq!(until_end(Some("1970-01-03"), now), Some(3 * DAY_MS));
+        assert_eq!(until_end(Some("1970-01-11"), now), None, "today is now");
+        assert_eq!(until_end(Some("1970-02-01"), now), None);
+        assert_eq!(until_end(Some("yesterday"), now), None);
+        assert_eq!(until_end(None, now), None);
+        assert_eq!(day_of(3 * DAY_MS - 1), "1970-01-03");
     }
 
     #[test]
