@@ -130,6 +130,9 @@ pub(crate) struct SseScanner {
     strip_usage: bool,
     pub(crate) tokens: Option<Tokens>,
     pub(crate) saw_content: bool,
+    /// Events that carried text: engines stream about one token each, so
+    /// this stands for the completion while no usage has been reported.
+    pub(crate) content_events: u64,
 }
 
 impl SseScanner {
@@ -190,6 +193,7 @@ impl SseScanner {
                 .is_some_and(|c| !c.is_empty())
         {
             self.saw_content = true;
+            self.content_events += 1;
         }
         true
     }

@@ -331,6 +331,17 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         })
         .count();
     assert_eq!(tokens, 512, "{text}");
+    // Counted as the person's, with the tokens the answer had.
+    let session = format!("session:{id}");
+    let usage = until("the chat's usage in the log", || async {
+        let log = super::ok(&store, &["events", "tail", "--limit", "200", "--json"]);
+        super::json_lines(&log).into_iter().find(|e| {
+            e["event_type"] == "UsageRecorded" && e["payload"]["key_id"] == session.as_str()
+        })
+    })
+    .await;
+    assert_eq!(usage["payload"]["project_id"], "p", "{usage}");
+    assert_eq!(usage["payload"]["completion_tokens"], 512, "{usage}");
 
     // The admin pages are not there for a person who is not an admin.
     assert_eq!(ayse.get("/admin").await.status, StatusCode::NOT_FOUND);

@@ -128,7 +128,13 @@ async fn attempt(
                 return Err(last_error);
             };
             let finish = Finish::new(t, model.to_owned(), status.as_u16());
-            Body::from_stream(relay(upstream, flight, finish, request.strip_usage))
+            Body::from_stream(relay(
+                upstream,
+                flight,
+                finish,
+                request.strip_usage,
+                request.prompt_estimate,
+            ))
         } else {
             // A plain answer is one JSON document: read it, note its usage.
             // Nothing has reached the client yet, so a break here is retried.
@@ -173,6 +179,7 @@ fn relay(
     flight: crate::InFlight,
     finish: Finish,
     strip_usage: bool,
+    prompt_estimate: u64,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
     struct State<S> {
         upstream: S,
@@ -188,7 +195,7 @@ fn relay(
         scanner: crate::usage::SseScanner::new(strip_usage),
         done: false,
     };
-    futures_util::stream::unfold(state, |mut st| async move {
+    futures_util::stream::unfold(state, move |mut st| async move {
         if st.done {
             return None;
         }
@@ -199,7 +206,13 @@ fn relay(
                     if st.scanner.saw_content && st.finish.first_content.is_none() {
                         st.finish.first_content = Some(st.finish.started().elapsed());
                     }
-                    st.finish.tokens = st.scanner.tokens;
+                    // Until the engine reports usage (its last event), what
+                    // was streamed counts: a client that leaves early pays
+                    // for the prompt and the tokens it was sent.
+                    st.finish.tokens = st.scanner.tokens.or(Some(crate::usage::Tokens {
+                        prompt: prompt_estimate,
+                        completion: st.scanner.content_events,
+                    }));
                     if !out.is_empty() {
                         return Some((Ok(out), st));
                     }

@@ -400,6 +400,46 @@ async fn usage_is_counted_even_when_the_client_did_not_ask_and_then_stripped() {
     assert!(page.contains("llmgw_ttft_seconds_count 2"), "{page}");
 }
 
+/// A client that leaves mid-stream pays for the prompt and what it was
+/// sent, not nothing: the engine's own count never arrives.
+#[tokio::test]
+async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
+    let engine = sim(llmgw_sim::SimConfig {
+        tokens_per_s: 200,
+        ..support::sim_config()
+    })
+    .await;
+    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = support::gateway_recording(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..Default::default()
+        },
+        Some(queue),
+    )
+    .await;
+    let mut response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", true, 1000))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = 0;
+    while seen < 5 {
+        let chunk = response.chunk().await.unwrap().expect("more of the answer");
+        seen += String::from_utf8_lossy(&chunk)
+            .matches("\"content\"")
+            .count();
+    }
+    drop(response);
+    let record = rx.recv().await.expect("a usage record");
+    assert!(record.prompt_tokens > 0, "{record:?}");
+    assert!(
+        record.completion_tokens >= 4 && record.completion_tokens < 1000,
+        "{record:?}"
+    );
+}
+
 #[tokio::test]
 async fn usage_records_reach_the_event_log_through_the_batcher() {
     use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
