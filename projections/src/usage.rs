@@ -201,8 +201,8 @@ pub struct Series {
 }
 
 impl Series {
-    /// The buckets of one resolution (`HOUR_MS` or `DAY_MS`) that start in
-    /// `[from, to)`.
+    /// The buckets that start in `[from, to)`: hourly ones for a step
+    /// under a day, else daily ones (a caller adds them up into its steps).
     pub fn buckets(
         &self,
         step_ms: i64,

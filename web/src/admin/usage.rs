@@ -20,7 +20,8 @@ use crate::{Chrome, Viewer, Web, WebError, render};
 const TOP: usize = 6;
 const PER_PAGE: usize = 50;
 
-/// A range the page offers: its name, bucket size and number of buckets.
+/// A range the page offers: its name, bar width and number of bars. A
+/// bar shorter than a day adds up hourly buckets, a longer one daily ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Range {
     pub name: &'static str,
@@ -28,6 +29,8 @@ pub(crate) struct Range {
     buckets: i64,
 }
 
+/// At most about sixty bars a chart: more would be thinner than a pixel
+/// or two and make the page heavy, so longer ranges add buckets up.
 const RANGES: [Range; 5] = [
     Range {
         name: "24h",
@@ -36,8 +39,8 @@ const RANGES: [Range; 5] = [
     },
     Range {
         name: "7d",
-        step_ms: HOUR_MS,
-        buckets: 7 * 24,
+        step_ms: 3 * HOUR_MS,
+        buckets: 7 * 8,
     },
     Range {
         name: "30d",
@@ -46,13 +49,13 @@ const RANGES: [Range; 5] = [
     },
     Range {
         name: "90d",
-        step_ms: DAY_MS,
-        buckets: 90,
+        step_ms: 2 * DAY_MS,
+        buckets: 45,
     },
     Range {
         name: "365d",
-        step_ms: DAY_MS,
-        buckets: 365,
+        step_ms: 7 * DAY_MS,
+        buckets: 53,
     },
 ];
 const DEFAULT_RANGE: usize = 1;
