@@ -12,6 +12,9 @@
 //!
 //! Adding a page: write a `fn NAME_cases(fx: &Fixture) -> Vec<Case>` and
 //! list it in `cases`.
+//!
+//! Usage is recorded one request a second up to the moment the benchmark
+//! starts, so the usage charts (which end now) are full.
 
 #![allow(
     clippy::unwrap_used,
@@ -26,8 +29,8 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use llmgw_domain::Event;
-use llmgw_domain::catalog::{CatalogEvent, Model};
-use llmgw_domain::nodes::{Inventory, NodeEvent};
+use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile};
+use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
 use llmgw_domain::replicas::{Placement, ReplicaEvent, ShardPlacement, ShardState};
 use llmgw_domain::tenancy::{Band, Key, TenancyEvent};
 use llmgw_domain::usage::{UsageEvent, UsageRecorded};
@@ -76,8 +79,35 @@ struct Fixture {
 
 fn cases(fx: &Fixture) -> Vec<Case> {
     let mut all = Vec::new();
+    all.extend(admin_cases(fx));
     all.extend(events_cases(fx));
     all
+}
+
+/// The dashboard (10,000 keys sorted by spend, a page shown), the people
+/// and the usage charts.
+fn admin_cases(_fx: &Fixture) -> Vec<Case> {
+    vec![
+        Case::new("/admin", "first page", "/admin"),
+        Case::new("/admin", "keys page 150 (the last)", "/admin?page=150"),
+        Case::new("/admin/users", "first page", "/admin/users"),
+        Case::new("/admin/usage", "by project, 7d (hourly)", "/admin/usage"),
+        Case::new(
+            "/admin/usage",
+            "by person, 24h (hourly)",
+            "/admin/usage?by=person&range=24h",
+        ),
+        Case::new(
+            "/admin/usage",
+            "by person, 30d (daily)",
+            "/admin/usage?by=person&range=30d",
+        ),
+        Case::new(
+            "/admin/usage",
+            "by org, 365d (daily)",
+            "/admin/usage?by=org&range=365d",
+        ),
+    ]
 }
 
 fn events_cases(fx: &Fixture) -> Vec<Case> {
@@ -95,6 +125,16 @@ fn events_cases(fx: &Fixture) -> Vec<Case> {
             format!("{p}?type=KeyIssued"),
         ),
         Case::new(p, "actor=cp-1", format!("{p}?actor=cp-1")),
+        Case::new(
+            p,
+            "actor=alice (none near the head)",
+            format!("{p}?actor=alice"),
+        ),
+        Case::new(
+            p,
+            "to=2000-01-01 (nothing that old)",
+            format!("{p}?to=2000-01-01"),
+        ),
         Case::new(p, "stream=node-n7 (exact)", format!("{p}?stream=node-n7")),
         Case::new(p, "stream=node-* (prefix)", format!("{p}?stream=node-*")),
         Case::new(
@@ -140,6 +180,17 @@ fn gateway() -> Value {
     json!({"writer": "gw-1", "actor": "gw-1", "actor_kind": "gateway", "command_id": "c"})
 }
 
+fn gpu(index: u32) -> Gpu {
+    Gpu {
+        index,
+        uuid: format!("GPU-{index}"),
+        class: "h100-80g".into(),
+        memory_mb: 81_920,
+        nvlink_peers: Vec::new(),
+        problems: Vec::new(),
+    }
+}
+
 fn placement(r: u64) -> Placement {
     let node = format!("n{}", r % NODES);
     Placement {
@@ -171,12 +222,25 @@ fn setup_events() -> Vec<(Event, Value)> {
             operator("alice"),
         ));
     }
+    // Wants a replica and fits on no node: the dashboard explains why.
+    let mut huge = Model::named("huge");
+    huge.scaling.min = 1;
+    let mut profile = Profile::cpu("h100x16", Engine::Vllm);
+    profile.gpu_class = Some("h100-80g".into());
+    profile.gpus_per_node = 16;
+    profile.tp = 16;
+    huge.profiles.push(profile);
+    out.push((
+        Event::Catalog(CatalogEvent::ModelAdded { model: huge }),
+        operator("alice"),
+    ));
     for n in 0..NODES {
         out.push((
             Event::Node(NodeEvent::NodeRegistered {
                 node_id: format!("n{n}"),
                 inventory: Inventory {
                     hostname: format!("n{n}"),
+                    gpus: (0..8).map(gpu).collect(),
                     ..Inventory::default()
                 },
             }),
@@ -294,10 +358,17 @@ fn generated(i: u64) -> (Event, Value) {
             latency_ms: (200 + i % 2000) as u32,
             ttft_ms: Some((20 + i % 200) as u32),
             band: Band::Silver,
-            at: 1_796_029_200_000 + (i as i64) * 1000,
+            at: usage_epoch() + (i as i64) * 1000,
         })),
         gateway(),
     )
+}
+
+/// When the first generated request was made: as long before the
+/// benchmark started as the log has requests, one a second.
+fn usage_epoch() -> i64 {
+    static EPOCH: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(|| chrono::Utc::now().timestamp_millis() - EVENTS as i64 * 1000)
 }
 
 /// Appends the log in batches of a thousand straight through the store

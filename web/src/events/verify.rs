@@ -36,12 +36,14 @@ impl Verified {
     pub(crate) fn summary(&self) -> String {
         let r = &self.report;
         if let Some(p) = r.first_mismatch {
-            let good = p.saturating_sub(1);
+            let before = if p > r.from {
+                format!(" Positions {} to {} verify.", r.from, p - 1)
+            } else {
+                String::new()
+            };
             format!(
-                "The chain breaks at position {p}: its stored hash does not match its content \
-                 and the hash before it, so event {p} (or its hash) was changed, or is missing, \
-                 after it was written. Positions {}..={good} verify.",
-                r.from
+                "The chain breaks at position {p}: the event there does not match its stored \
+                 hash (or is missing), so it or its hash was changed after it was written.{before}"
             )
         } else if r.head_matches == Some(false) {
             format!(
@@ -122,4 +124,47 @@ pub(crate) async fn page(
     };
     let verified = run(store).await?;
     render(&VerifyPage { chrome, verified })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verified(first_mismatch: Option<u64>, head_matches: Option<bool>) -> Verified {
+        Verified {
+            store: String::new(),
+            report: VerifyReport {
+                from: 1,
+                to: 10,
+                checked: first_mismatch.unwrap_or(10),
+                first_mismatch,
+                head_matches,
+            },
+            at: Utc::now(),
+            millis: 1,
+        }
+    }
+
+    #[test]
+    fn the_summary_says_where_the_chain_breaks_and_what_still_verifies() {
+        let broken = verified(Some(4), None);
+        assert!(!broken.ok());
+        assert!(
+            broken
+                .summary()
+                .starts_with("The chain breaks at position 4")
+        );
+        assert!(broken.summary().ends_with("Positions 1 to 3 verify."));
+        let first = verified(Some(1), None).summary();
+        assert!(!first.contains("Positions"), "{first}");
+        let head = verified(None, Some(false));
+        assert!(!head.ok());
+        assert!(head.summary().contains("recorded chain head differs"));
+        let ok = verified(None, Some(true));
+        assert!(ok.ok());
+        assert_eq!(
+            ok.summary(),
+            "OK up to position 10: 10 events chain from the first, and the log's recorded head matches."
+        );
+    }
 }
