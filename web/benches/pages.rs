@@ -91,20 +91,24 @@ fn admin_cases(_fx: &Fixture) -> Vec<Case> {
         Case::new("/admin", "first page", "/admin"),
         Case::new("/admin", "keys page 150 (the last)", "/admin?page=150"),
         Case::new("/admin/users", "first page", "/admin/users"),
-        Case::new("/admin/usage", "by project, 7d (hourly)", "/admin/usage"),
         Case::new(
             "/admin/usage",
-            "by person, 24h (hourly)",
+            "by project, 7d (3-hour bars)",
+            "/admin/usage",
+        ),
+        Case::new(
+            "/admin/usage",
+            "by person, 24h (hourly bars)",
             "/admin/usage?by=person&range=24h",
         ),
         Case::new(
             "/admin/usage",
-            "by person, 30d (daily)",
+            "by person, 30d (daily bars)",
             "/admin/usage?by=person&range=30d",
         ),
         Case::new(
             "/admin/usage",
-            "by org, 365d (daily)",
+            "by org, 365d (weekly bars)",
             "/admin/usage?by=org&range=365d",
         ),
     ]
