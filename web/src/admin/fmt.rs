@@ -40,7 +40,9 @@ fn trim(v: f64, unit: &str) -> String {
 
 /// Micro-units, short, for chart axes.
 pub(crate) fn short_money(micros: u64) -> String {
-    if micros >= 1_000_000_000 {
+    if micros == 0 {
+        "0".into()
+    } else if micros >= 1_000_000_000 {
         short(micros / 1_000_000)
     } else if micros >= 10_000 {
         let units = micros as f64 / 1e6;
@@ -105,6 +107,7 @@ mod tests {
         assert_eq!(short_money(250_000), "0.25");
         assert_eq!(short_money(2_000_000), "2");
         assert_eq!(short_money(200), "0.0002");
+        assert_eq!(short_money(0), "0", "the axis starts at a plain 0");
     }
 
     #[test]
