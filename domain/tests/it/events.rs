@@ -124,6 +124,19 @@ pub(crate) fn every_event() -> Vec<Event> {
         Event::Tenancy(TenancyEvent::PasswordChanged {
             user_id: "usr-1".into(),
         }),
+        Event::Tenancy(TenancyEvent::PasswordReset {
+            user_id: "usr-1".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserErased {
+            user_id: "usr-1".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::KeyClaimOffered {
+            key_id: "k".into(),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::KeyClaimed { key_id: "k".into() }),
         Event::Usage(UsageEvent::UsageRecorded(UsageRecorded {
             request_id: "req-1".into(),
             key_id: "k".into(),
@@ -227,6 +240,8 @@ fn streams_group_events_by_the_thing_they_are_about() {
     assert_eq!(streams[12], "replica-r1");
     assert_eq!(streams[22], "project-p");
     assert_eq!(streams[23], "key-k");
-    assert_eq!(streams[30], "usage-k");
-    assert_eq!(streams[31], "leadership");
+    assert_eq!(streams[30], "user-usr-1");
+    assert_eq!(streams[32], "key-k");
+    assert_eq!(streams[34], "usage-k");
+    assert_eq!(streams[35], "leadership");
 }

@@ -326,3 +326,138 @@ fn creating_the_same_thing_twice_is_a_no_op_and_a_clash_is_refused() {
     });
     assert!(orphan.unwrap_err().reason.contains("no team ghost"));
 }
+
+fn run(t: &mut Tenancy, cmd: C) -> Vec<E> {
+    let events = t.decide(cmd).expect("accepted");
+    for e in &events {
+        t.evolve(e);
+    }
+    events
+}
+
+#[test]
+fn a_person_is_approved_into_a_project_and_an_erased_one_stays_powerless() {
+    use llmgw_domain::tenancy::UserStatus;
+    let mut t = tree();
+    let u = || "usr-1".to_owned();
+    run(&mut t, C::SignUp { user_id: u() });
+    assert_eq!(t.users["usr-1"].status, UserStatus::Pending);
+    // Approval needs a project that exists.
+    let nowhere = t.decide(C::Approve {
+        user_id: u(),
+        project_id: "ghost".into(),
+        by: "ops".into(),
+    });
+    assert!(nowhere.unwrap_err().reason.contains("no project ghost"));
+    run(
+        &mut t,
+        C::Approve {
+            user_id: u(),
+            project_id: "p".into(),
+            by: "ops".into(),
+        },
+    );
+    assert_eq!(t.users["usr-1"].status, UserStatus::Active);
+    run(
+        &mut t,
+        C::Promote {
+            user_id: u(),
+            by: "ops".into(),
+        },
+    );
+    assert!(t.users["usr-1"].admin);
+    let erased = run(
+        &mut t,
+        C::Erase {
+            user_id: u(),
+            by: "ops".into(),
+        },
+    );
+    assert_eq!(erased.len(), 1);
+    assert_eq!(t.users["usr-1"].status, UserStatus::Erased);
+    assert!(!t.users["usr-1"].admin, "an erased person is no admin");
+    // Nothing brings an erased person back, and erasing twice changes nothing.
+    for cmd in [
+        C::Approve {
+            user_id: u(),
+            project_id: "p".into(),
+            by: "ops".into(),
+        },
+        C::ResetPassword {
+            user_id: u(),
+            by: "ops".into(),
+        },
+        C::ChangePassword { user_id: u() },
+    ] {
+        assert!(t.decide(cmd).unwrap_err().reason.contains("erased"));
+    }
+    assert_eq!(
+        t.decide(C::Erase {
+            user_id: u(),
+            by: "ops".into()
+        })
+        .unwrap(),
+        vec![]
+    );
+}
+
+#[test]
+fn a_claim_link_is_offered_only_for_a_live_key() {
+    let mut t = tree();
+    let offer = |t: &Tenancy, id: &str| {
+        t.decide(C::OfferClaim {
+            key_id: id.into(),
+            by: "ops".into(),
+        })
+    };
+    assert!(
+        offer(&t, "nope")
+            .unwrap_err()
+            .reason
+            .contains("no key nope")
+    );
+    assert_eq!(offer(&t, "k").unwrap().len(), 1);
+    run(
+        &mut t,
+        C::RevokeKey {
+            key_id: "k".into(),
+            by: "ops".into(),
+        },
+    );
+    assert!(offer(&t, "k").unwrap_err().reason.contains("revoked"));
+}
+
+#[test]
+fn a_project_stands_for_its_people_with_its_own_limits() {
+    let mut t = tree();
+    set(
+        &mut t,
+        Scope::Team,
+        "t",
+        Limits {
+            rpm: Some(5),
+            ..Limits::default()
+        },
+    );
+    set(
+        &mut t,
+        Scope::Key,
+        "k",
+        Limits {
+            rpm: Some(1),
+            ..Limits::default()
+        },
+    );
+    let chain = t.project_chain("p");
+    assert_eq!(
+        chain,
+        vec![
+            (Scope::Org, "o".to_owned()),
+            (Scope::Team, "t".to_owned()),
+            (Scope::Project, "p".to_owned())
+        ]
+    );
+    // The team's limit applies; the key's does not (a person is no key).
+    let e = t.project_effective("p", str::to_owned);
+    assert_eq!(e.rates.len(), 1, "{e:?}");
+}
