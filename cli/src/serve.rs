@@ -393,6 +393,8 @@ async fn agent_listener(
 /// The plan `llmgw up` runs: the control plane on the embedded store, no
 /// keys, no usage.
 pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> Plan {
+    let mut web = WebPlan::default();
+    web.settings.place.port_range = control.port_range;
     Plan {
         store,
         listen,
@@ -400,6 +402,6 @@ pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> 
         control: Some(control),
         auth: false,
         usage: None,
-        web: WebPlan::default(),
+        web,
     }
 }

@@ -132,7 +132,10 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
             "admission.default_band applies only with auth off: with keys, the key decides the band".into(),
         ));
     }
-    let web = web_plan(&file, auth)?;
+    let mut web = web_plan(&file, auth)?;
+    if let Some(c) = &control {
+        web.settings.place.port_range = c.port_range;
+    }
     let mut gateway = crate::gateway_settings::gateway_config(&file.router, &file.admission)?;
     gateway.endpoints = endpoints;
     gateway.fallbacks = file.fallbacks.clone();
@@ -224,6 +227,7 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
                 .as_deref()
                 .is_some_and(|u| u.starts_with("https://")),
             base_url,
+            place: Default::default(),
         },
         people,
     })

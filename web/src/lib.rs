@@ -48,6 +48,9 @@ pub struct WebSettings {
     pub secure_cookies: bool,
     /// The base URL clients use, when configured (else from `Host`).
     pub base_url: Option<String>,
+    /// The control plane's placement ranges, so the dashboard explains a
+    /// placement as `llmgw ctl explain-placement` does.
+    pub place: llmgw_domain::placement::PlaceOptions,
 }
 
 /// Everything a page reads or asks for.

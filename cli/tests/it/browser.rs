@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use llmgw_testkit::{Backend, Browser, Scratch};
 
-use super::tenancy::{Mode, Server, config, engine, keys_ok, start};
+use super::tenancy::{Mode, config, engine, keys_ok, start};
 
 const WAIT: Duration = Duration::from_secs(20);
 const GOOD: &str = "correct horse battery staple";

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use super::tenancy::{Mode, Server, config, engine, keys, keys_ok, start};
+use super::tenancy::{Mode, config, engine, keys, keys_ok, start};
 use super::until;
 
 /// A browser without a browser: follows no redirects, keeps cookies.

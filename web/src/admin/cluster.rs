@@ -268,7 +268,7 @@ pub(crate) fn models(c: &ClusterView) -> Vec<ModelRow> {
 /// every idle on-demand model (would a request find room?). Agents'
 /// processes the log already counts as stopped are not visible here, so
 /// a GPU they still hold for a moment may look free.
-pub(crate) fn explanations(c: &ClusterView) -> Vec<Why> {
+pub(crate) fn explanations(c: &ClusterView, place: PlaceOptions) -> Vec<Why> {
     c.catalog
         .models
         .values()
@@ -282,14 +282,7 @@ pub(crate) fn explanations(c: &ClusterView) -> Vec<Why> {
             } else {
                 return None;
             };
-            let e = placement::place(
-                m,
-                &c.nodes,
-                &c.replicas,
-                &[],
-                "explain",
-                PlaceOptions::default(),
-            );
+            let e = placement::place(m, &c.nodes, &c.replicas, &[], "explain", place);
             Some(Why {
                 model: m.name.clone(),
                 headline,

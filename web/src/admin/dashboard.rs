@@ -75,7 +75,7 @@ pub(crate) async fn page(
             nodes: cluster::nodes(c, &api_nodes),
             replicas: cluster::replicas(c),
             models: cluster::models(c),
-            why: cluster::explanations(c),
+            why: cluster::explanations(c, web.settings.place),
             keys,
             keys_pager,
             people,
