@@ -399,6 +399,33 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     assert!(ayse.signed_in().await);
     assert!(!other.signed_in().await);
 
+    // An operator's reset (the password read from stdin) closes the
+    // person's sessions; the new password lets them in.
+    let mut reset = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .env_remove("LLMGW_ADMIN")
+        .args(["--store", &store, "users", "--admin", &admin])
+        .args(["reset-password", &id])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = reset.stdin.take().unwrap();
+        stdin.write_all(b"an operator's choice 42\n").unwrap();
+    }
+    let out = reset.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!ayse.signed_in().await);
+    ayse.sign_in("ayse@example.com", "an operator's choice 42")
+        .await;
+
     // A one-time claim link reveals a key once.
     let link = keys_ok(
         &store,
@@ -487,7 +514,7 @@ async fn a_session_ends_at_its_expiry() {
     let dir = tempfile::tempdir().unwrap();
     let engine = engine();
     let e = engine.addr_after("listening on ");
-    let extra = "auth:\n  enabled: true\n  session_idle: 1s\n  session_max: 1s\n";
+    let extra = "auth:\n  enabled: true\n  session_idle: 1s\n  session_max: 1s\nlanding:\n  base_url: https://llm.example.com\n";
     let cfg = config(dir.path(), "expiry", &store, &e, Mode::RouterOnly, extra);
     let server = start(&cfg);
     let (base, admin) = (server.base.clone(), server.admin.clone());
@@ -498,6 +525,13 @@ async fn a_session_ends_at_its_expiry() {
     );
     let mut v = Visit::new(&base);
     let form = v.get("/signup").await;
+    // Served behind https (the base URL says so): the cookies are Secure.
+    let cookie = form.headers["set-cookie"].to_str().unwrap();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    assert!(
+        form.body.contains("https://llm.example.com")
+            || v.get("/").await.body.contains("https://llm.example.com")
+    );
     let csrf = form.csrf();
     v.post(
         "/signup",
