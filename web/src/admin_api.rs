@@ -20,9 +20,9 @@ pub(crate) async fn call<T: DeserializeOwned>(
     body: Option<&impl Serialize>,
 ) -> Result<T, WebError> {
     let body = match body {
-        Some(b) => Body::from(
-            serde_json::to_vec(b).map_err(|e| WebError::Internal(e.to_string()))?,
-        ),
+        Some(b) => {
+            Body::from(serde_json::to_vec(b).map_err(|e| WebError::Internal(e.to_string()))?)
+        }
         None => Body::empty(),
     };
     let request = Request::builder()

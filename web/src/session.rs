@@ -120,7 +120,10 @@ pub(crate) async fn resolve(web: &Web, headers: &HeaderMap) -> Visitor {
 impl FromRequestParts<Arc<Web>> for Visitor {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, web: &Arc<Web>) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        web: &Arc<Web>,
+    ) -> Result<Self, Self::Rejection> {
         if let Some(v) = parts.extensions.get::<Visitor>() {
             return Ok(v.clone());
         }
