@@ -63,6 +63,12 @@ impl Query {
 
 /// `select` (a `SELECT … FROM es_events`) narrowed to `filter` within
 /// `positions`, newest first.
+///
+/// Exact streams are read one by one, each down its (stream_id,
+/// stream_version) index (within a stream, versions grow with positions,
+/// so that order is the log's), and the branches merged: a planner handed
+/// `stream_id IN (…) ORDER BY position` walks the whole log backwards when
+/// it misjudges how rare the streams are.
 pub(crate) fn backward(
     select: &str,
     dialect: Dialect,
@@ -74,31 +80,23 @@ pub(crate) fn backward(
         sql: String::new(),
         args: Vec::new(),
     };
-    // Positions are i64 in both schemas; a range past that is "to the end".
-    let clamp = |p: u64| to_i64(p.min(i64::MAX as u64), "position");
-    let mut clauses = vec![
-        format!(
-            "position >= {}",
-            q.bind(dialect, Arg::Int(clamp(positions.start)?))
-        ),
-        format!(
-            "position < {}",
-            q.bind(dialect, Arg::Int(clamp(positions.end)?))
-        ),
-    ];
+    let mut clauses = Vec::new();
+    // Positions are i64 in both schemas. A bound that excludes nothing is
+    // left out: given `position >= 1`, a planner without statistics may
+    // read the whole primary key to intersect it with another index.
+    if positions.start > 1 {
+        let start = to_i64(positions.start.min(i64::MAX as u64), "position")?;
+        clauses.push(format!("position >= {}", q.bind(dialect, Arg::Int(start))));
+    }
+    if positions.end < i64::MAX as u64 {
+        let end = to_i64(positions.end, "position")?;
+        clauses.push(format!("position < {}", q.bind(dialect, Arg::Int(end))));
+    }
     if let Some(t) = &filter.event_type {
         clauses.push(format!(
             "event_type = {}",
             q.bind(dialect, Arg::Text(t.clone()))
         ));
-    }
-    if !filter.streams.is_empty() {
-        let list: Vec<String> = filter
-            .streams
-            .iter()
-            .map(|s| q.bind(dialect, Arg::Text(s.clone())))
-            .collect();
-        clauses.push(format!("stream_id IN ({})", list.join(", ")));
     }
     if let Some(prefix) = &filter.stream_prefix {
         clauses.push(match dialect {
@@ -136,18 +134,36 @@ pub(crate) fn backward(
     if let Some(to) = filter.to {
         clauses.push(format!("recorded_at < {}", q.bind(dialect, time(to))));
     }
-    // Within one stream, versions grow with positions: ordering by version
-    // lets the (stream_id, stream_version) index serve the order, where
-    // ordering by position would sort every event of a long stream.
-    let order = if filter.streams.len() == 1 {
-        "stream_version"
-    } else {
-        "position"
-    };
     let limit = q.bind(dialect, Arg::Int(limit.min(i64::MAX as usize) as i64));
+    let conditions = |clauses: Vec<String>| {
+        if clauses.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", clauses.join(" AND "))
+        }
+    };
+    if filter.streams.is_empty() {
+        q.sql = format!(
+            "{select}{} ORDER BY position DESC LIMIT {limit}",
+            conditions(clauses)
+        );
+        return Ok(q);
+    }
+    let mut branches = Vec::with_capacity(filter.streams.len());
+    for (i, stream) in filter.streams.iter().enumerate() {
+        let mut own = vec![format!(
+            "stream_id = {}",
+            q.bind(dialect, Arg::Text(stream.clone()))
+        )];
+        own.extend(clauses.iter().cloned());
+        branches.push(format!(
+            "SELECT * FROM ({select}{} ORDER BY stream_version DESC LIMIT {limit}) AS s{i}",
+            conditions(own)
+        ));
+    }
     q.sql = format!(
-        "{select} WHERE {} ORDER BY {order} DESC LIMIT {limit}",
-        clauses.join(" AND ")
+        "{} ORDER BY position DESC LIMIT {limit}",
+        branches.join(" UNION ALL ")
     );
     Ok(q)
 }
@@ -156,54 +172,61 @@ pub(crate) fn backward(
 mod tests {
     use super::*;
 
+    const SELECT: &str = "SELECT * FROM es_events";
+
     #[test]
     fn placeholders_are_numbered_in_binding_order() {
         let filter = EventFilter {
             event_type: Some("KeyIssued".into()),
-            streams: vec!["key-a".into(), "audit-key-a".into()],
+            streams: Vec::new(),
             stream_prefix: Some("key-".into()),
             actor: Some("alice".into()),
             from: Some(DateTime::UNIX_EPOCH),
             to: None,
         };
+        let q = backward(SELECT, Dialect::Sqlite, &filter, 2..10, 5).expect("query");
+        assert_eq!(
+            q.sql,
+            "SELECT * FROM es_events WHERE position >= ?1 AND position < ?2 AND event_type = ?3 \
+             AND substr(stream_id, 1, ?4) = ?5 AND json_extract(metadata, '$.actor') = ?6 \
+             AND recorded_at >= ?7 ORDER BY position DESC LIMIT ?8"
+        );
+        assert_eq!(q.args[3], Arg::Int(4));
+        assert_eq!(q.args.len(), 8);
+    }
+
+    #[test]
+    fn bounds_that_exclude_nothing_are_left_out() {
         let q = backward(
-            "SELECT * FROM es_events",
-            Dialect::Sqlite,
-            &filter,
-            1..10,
+            SELECT,
+            Dialect::Postgres,
+            &EventFilter::default(),
+            0..u64::MAX,
             5,
         )
         .expect("query");
         assert_eq!(
             q.sql,
-            "SELECT * FROM es_events WHERE position >= ?1 AND position < ?2 AND event_type = ?3 \
-             AND stream_id IN (?4, ?5) AND substr(stream_id, 1, ?6) = ?7 \
-             AND json_extract(metadata, '$.actor') = ?8 AND recorded_at >= ?9 \
-             ORDER BY position DESC LIMIT ?10"
+            "SELECT * FROM es_events ORDER BY position DESC LIMIT $1"
         );
-        assert_eq!(q.args[5], Arg::Int(4));
-        assert_eq!(q.args.len(), 10);
     }
 
     #[test]
-    fn one_stream_is_walked_by_its_versions() {
+    fn each_stream_is_walked_down_its_versions_and_the_walks_merged() {
         let filter = EventFilter {
-            streams: vec!["node-a".into()],
+            streams: vec!["node-a".into(), "audit-node-a".into()],
+            actor: Some("bob".into()),
             ..EventFilter::default()
         };
-        let q = backward(
-            "SELECT * FROM es_events",
-            Dialect::Postgres,
-            &filter,
-            0..u64::MAX,
-            5,
-        )
-        .expect("query");
-        assert!(
-            q.sql.ends_with("ORDER BY stream_version DESC LIMIT $4"),
-            "{}",
-            q.sql
+        let q = backward(SELECT, Dialect::Postgres, &filter, 1..7, 5).expect("query");
+        assert_eq!(
+            q.sql,
+            "SELECT * FROM (SELECT * FROM es_events WHERE stream_id = $4 AND position < $1 \
+             AND metadata->>'actor' = $2 ORDER BY stream_version DESC LIMIT $3) AS s0 \
+             UNION ALL SELECT * FROM (SELECT * FROM es_events WHERE stream_id = $5 \
+             AND position < $1 AND metadata->>'actor' = $2 ORDER BY stream_version DESC \
+             LIMIT $3) AS s1 ORDER BY position DESC LIMIT $3"
         );
-        assert_eq!(q.args[1], Arg::Int(i64::MAX));
+        assert_eq!(q.args[3], Arg::Text("node-a".into()));
     }
 }
