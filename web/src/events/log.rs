@@ -29,7 +29,7 @@ use crate::{Chrome, Viewer, Web, WebError};
 pub(crate) const PAGE: usize = 50;
 
 /// The most positions one page of a row-by-row filter searches.
-pub(crate) const WINDOW: u64 = 50_000;
+pub(crate) const WINDOW: u64 = 100_000;
 
 #[derive(askama::Template)]
 #[template(path = "events/log.html")]
@@ -122,18 +122,21 @@ async fn fill(
         }
         None => Vec::new(),
     };
-    let top = query.before.unwrap_or(u64::MAX).min(page.head + 1);
+    // Below `before`, else everything: the first page reads to whatever
+    // the head is by then.
+    let end = page.head + 1;
+    let top = query.before.map_or(u64::MAX, |b| b.min(end));
     if query.before.is_some() {
         page.newest = Some(query.link(None));
     }
     let Some(filter) = query.filter(streams) else {
         return Ok(());
     };
-    // Exact streams go through the index; anything else is a walk down
+    // Exact streams go through their index; anything else is a walk down
     // the log, bounded per page.
     let row_by_row = filter.streams.is_empty() && query.filtered();
     let bottom = if row_by_row {
-        top.saturating_sub(WINDOW).max(1)
+        top.min(end).saturating_sub(WINDOW).max(1)
     } else {
         1
     };
@@ -147,10 +150,10 @@ async fn fill(
         _ if bottom > 1 => Some(bottom),
         _ => None,
     };
-    if row_by_row && events.len() < PAGE && top > 1 {
+    if row_by_row && events.len() < PAGE && top.min(end) > 1 {
         page.searched = Some(Searched {
             from: bottom,
-            to: top - 1,
+            to: top.min(end) - 1,
         });
     }
     page.older = next.map(|b| query.link(Some(b)));
