@@ -41,7 +41,7 @@ pub(crate) fn time_text(t: &DateTime<Utc>) -> String {
 }
 
 /// How long a summary may be, in characters.
-const SUMMARY: usize = 120;
+const SUMMARY: usize = 72;
 
 impl Row {
     pub(crate) fn of(e: &RecordedEvent) -> Row {
