@@ -13,6 +13,26 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Where the tenancy routes are served.
+/// Where a command is sent, shared by `keys` and `users`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AdminArgs {
+    /// A server's admin API; when none answers there, the command is
+    /// decided here, on --store, under the append lease.
+    #[arg(
+        long,
+        global = true,
+        env = "LLMGW_ADMIN",
+        default_value = "http://127.0.0.1:9090"
+    )]
+    pub admin: String,
+    /// Write to --store directly even if a server answers at --admin.
+    #[arg(long, global = true)]
+    pub offline: bool,
+    /// The operator the log names (default: the OS user).
+    #[arg(long = "as", global = true, value_name = "NAME")]
+    pub as_name: Option<String>,
+}
+
 pub(crate) enum Api {
     Remote {
         base: String,
@@ -83,14 +103,16 @@ async fn local(store: &str, admin: &str) -> anyhow::Result<Api> {
 impl Api {
     /// `admin` when a server answers there (unless `offline`), else the
     /// routes here over `store`.
-    pub(crate) async fn connect(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
-        if !offline && let Some(http) = remote(admin).await? {
+    pub(crate) async fn connect(store: &str, to: &AdminArgs) -> anyhow::Result<Api> {
+        if !to.offline
+            && let Some(http) = remote(&to.admin).await?
+        {
             return Ok(Api::Remote {
-                base: admin.to_owned(),
+                base: to.admin.clone(),
                 http,
             });
         }
-        local(store, admin).await
+        local(store, &to.admin).await
     }
 
     pub(crate) async fn call<T: DeserializeOwned>(

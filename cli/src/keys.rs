@@ -13,7 +13,7 @@ use llmgw_api::admin as api;
 use llmgw_decider::Origin;
 
 use crate::Outcome;
-use crate::admin_client::Api;
+use crate::admin_client::{AdminArgs, Api};
 use crate::output::{Table, json_line};
 
 /// A claim link's base: an http(s) URL, without a trailing slash.
@@ -32,21 +32,8 @@ fn claim_base(url: &str) -> anyhow::Result<String> {
 
 #[derive(Debug, Args)]
 pub(crate) struct KeysArgs {
-    /// A server's admin API; when none answers there, the command is
-    /// decided here, on --store, under the append lease.
-    #[arg(
-        long,
-        global = true,
-        env = "LLMGW_ADMIN",
-        default_value = "http://127.0.0.1:9090"
-    )]
-    admin: String,
-    /// Write to --store directly even if a server answers at --admin.
-    #[arg(long, global = true)]
-    offline: bool,
-    /// The operator the log names (default: the OS user).
-    #[arg(long = "as", global = true, value_name = "NAME")]
-    as_name: Option<String>,
+    #[command(flatten)]
+    to: AdminArgs,
     #[command(subcommand)]
     command: KeysCommand,
 }
@@ -122,8 +109,8 @@ pub(crate) enum KeysCommand {
 }
 
 pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> {
-    let api = Api::connect(store, &args.admin, args.offline).await?;
-    let origin = Origin::operator_from_env(args.as_name);
+    let api = Api::connect(store, &args.to).await?;
+    let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     use reqwest::Method;
     let none: Option<&()> = None;

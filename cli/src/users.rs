@@ -12,26 +12,13 @@ use llmgw_decider::Origin;
 use reqwest::Method;
 
 use crate::Outcome;
-use crate::admin_client::Api;
+use crate::admin_client::{AdminArgs, Api};
 use crate::output::{Table, json_line};
 
 #[derive(Debug, Args)]
 pub(crate) struct UsersArgs {
-    /// A server's admin API; when none answers there, the command is
-    /// decided here, on --store, under the append lease.
-    #[arg(
-        long,
-        global = true,
-        env = "LLMGW_ADMIN",
-        default_value = "http://127.0.0.1:9090"
-    )]
-    admin: String,
-    /// Write to --store directly even if a server answers at --admin.
-    #[arg(long, global = true)]
-    offline: bool,
-    /// The operator the log names (default: the OS user).
-    #[arg(long = "as", global = true, value_name = "NAME")]
-    as_name: Option<String>,
+    #[command(flatten)]
+    to: AdminArgs,
     #[command(subcommand)]
     command: UsersCommand,
 }
@@ -72,8 +59,8 @@ pub(crate) enum UsersCommand {
 }
 
 pub(crate) async fn run(store: &str, args: UsersArgs) -> anyhow::Result<Outcome> {
-    let api = Api::connect(store, &args.admin, args.offline).await?;
-    let origin = Origin::operator_from_env(args.as_name);
+    let api = Api::connect(store, &args.to).await?;
+    let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     let none: Option<&()> = None;
     let post = |id: &str, verb: &str| format!("/api/v1/users/{id}/{verb}");

@@ -30,15 +30,6 @@ fn internal(e: impl std::fmt::Display) -> AdminError {
     AdminError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
-fn status_name(s: UserStatus) -> &'static str {
-    match s {
-        UserStatus::Pending => "pending",
-        UserStatus::Active => "active",
-        UserStatus::Suspended => "suspended",
-        UserStatus::Erased => "erased",
-    }
-}
-
 #[derive(Debug, Deserialize)]
 struct ListQuery {
     #[serde(default)]
@@ -68,7 +59,7 @@ async fn list(
                 user_id: u.user_id.clone(),
                 email: person.map(|p| p.email.clone()).unwrap_or_default(),
                 name: person.map(|p| p.name.clone()).unwrap_or_default(),
-                status: status_name(u.status).to_owned(),
+                status: u.status.name().to_owned(),
                 project: u.project_id.clone(),
                 admin: u.admin,
                 created_at: person.map(|p| stamp(p.created_at)),

@@ -257,6 +257,18 @@ pub enum UserStatus {
     Erased,
 }
 
+impl UserStatus {
+    /// `pending`, `active`, `suspended` or `erased`.
+    pub fn name(self) -> &'static str {
+        match self {
+            UserStatus::Pending => "pending",
+            UserStatus::Active => "active",
+            UserStatus::Suspended => "suspended",
+            UserStatus::Erased => "erased",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct User {
     pub user_id: String,
@@ -448,22 +460,7 @@ impl Tenancy {
         let Some(key) = self.keys.get(key_id) else {
             return Vec::new();
         };
-        let team = self
-            .projects
-            .get(&key.project_id)
-            .and_then(|p| p.parent.clone());
-        let org = team
-            .as_ref()
-            .and_then(|t| self.teams.get(t))
-            .and_then(|t| t.parent.clone());
-        let mut chain = Vec::new();
-        if let Some(o) = org {
-            chain.push((Scope::Org, o));
-        }
-        if let Some(t) = team {
-            chain.push((Scope::Team, t));
-        }
-        chain.push((Scope::Project, key.project_id.clone()));
+        let mut chain = self.project_chain(&key.project_id);
         chain.push((Scope::Key, key_id.to_owned()));
         chain
     }
@@ -492,19 +489,19 @@ impl Tenancy {
         project_id: &str,
         canonical: impl Fn(&str) -> String,
     ) -> Effective {
-        let chain = self.project_chain(project_id);
-        let empty = Limits::default();
-        compose(
-            chain
-                .iter()
-                .map(|(s, id)| (*s, id.as_str(), self.limits_at(*s, id).unwrap_or(&empty))),
-            canonical,
-        )
+        self.compose_chain(&self.project_chain(project_id), canonical)
     }
 
     /// A key's composed limits.
     pub fn effective(&self, key_id: &str, canonical: impl Fn(&str) -> String) -> Effective {
-        let chain = self.chain(key_id);
+        self.compose_chain(&self.chain(key_id), canonical)
+    }
+
+    fn compose_chain(
+        &self,
+        chain: &[(Scope, String)],
+        canonical: impl Fn(&str) -> String,
+    ) -> Effective {
         let empty = Limits::default();
         compose(
             chain

@@ -42,19 +42,13 @@ impl TenancyView {
 
     fn entry(&self, key_id: &str) -> Option<KeyEntry> {
         let key = self.tenancy.keys.get(key_id)?;
-        let chain = self.tenancy.chain(key_id);
-        let find = |scope| {
-            chain
-                .iter()
-                .find(|(s, _)| *s == scope)
-                .map(|(_, id)| id.clone())
-        };
+        let (team_id, org_id) = self.team_and_org(&key.project_id);
         Some(KeyEntry {
             key_id: key_id.to_owned(),
             prefix: key.prefix.clone(),
             project_id: key.project_id.clone(),
-            team_id: find(Scope::Team),
-            org_id: find(Scope::Org),
+            team_id,
+            org_id,
             band: key.band,
             routing_profile: key.routing_profile.clone(),
             limits: self.tenancy.effective(key_id, |m| {
@@ -72,18 +66,12 @@ impl TenancyView {
             return None;
         }
         let project_id = user.project_id.clone()?;
-        let chain = self.tenancy.project_chain(&project_id);
-        let find = |scope| {
-            chain
-                .iter()
-                .find(|(s, _)| *s == scope)
-                .map(|(_, id)| id.clone())
-        };
+        let (team_id, org_id) = self.team_and_org(&project_id);
         Some(KeyEntry {
             key_id: format!("session:{user_id}"),
             prefix: String::new(),
-            team_id: find(Scope::Team),
-            org_id: find(Scope::Org),
+            team_id,
+            org_id,
             // As a key made without a band: chat is interactive.
             band: Band::Gold,
             routing_profile: None,
@@ -92,6 +80,18 @@ impl TenancyView {
             }),
             project_id,
         })
+    }
+
+    /// The team and org a project belongs to.
+    fn team_and_org(&self, project_id: &str) -> (Option<String>, Option<String>) {
+        let chain = self.tenancy.project_chain(project_id);
+        let find = |scope| {
+            chain
+                .iter()
+                .find(|(s, _)| *s == scope)
+                .map(|(_, id)| id.clone())
+        };
+        (find(Scope::Team), find(Scope::Org))
     }
 
     /// Live keys by hash, as `events replay --view tenancy` prints them.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use llmgw_testkit::{Backend, Browser, Scratch};
 
 use super::tenancy::{Mode, config, engine, keys_ok, start};
+use super::web::users;
 
 const WAIT: Duration = Duration::from_secs(20);
 const GOOD: &str = "correct horse battery staple";
@@ -26,22 +27,6 @@ async fn fill(b: &Browser, css: &str, text: &str) {
     let e = b.find(css).await.unwrap();
     e.clear().await.unwrap();
     e.send_keys(text).await.unwrap();
-}
-
-fn users(store: &str, admin: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .env_remove("LLMGW_STORE")
-        .env_remove("LLMGW_ADMIN")
-        .args(["--store", store, "users", "--admin", admin, "--as", "alice"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,6 +78,20 @@ models:
     path.display().to_string()
 }
 
+/// Waits until the server whose admin API is at `admin` leads.
+pub(super) async fn leads(admin: &str) {
+    until("the server to lead", || async {
+        let v: Value = reqwest::get(format!("{admin}/api/v1/leader"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (v["is_leader"] == true).then_some(())
+    })
+    .await;
+}
+
 pub(super) struct Server {
     pub(super) child: Child,
     pub(super) base: String,
@@ -350,16 +364,7 @@ async fn a_standby_forwards_key_commands_to_the_leader_and_takes_over() {
         Mode::Control,
         extra,
     ));
-    until("cp-a leads", || async {
-        let v: Value = reqwest::get(format!("{}/api/v1/leader", a.admin))
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (v["is_leader"] == true).then_some(())
-    })
-    .await;
+    leads(&a.admin).await;
     let b = start(&config(
         dir.path(),
         "cp-b",

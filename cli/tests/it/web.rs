@@ -123,7 +123,7 @@ impl Visit {
 }
 
 /// `llmgw users …` against the server's admin API, as operator `alice`.
-fn users(store: &str, admin: &str, args: &[&str]) -> String {
+pub(super) fn users(store: &str, admin: &str, args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .env_remove("LLMGW_STORE")
         .env_remove("LLMGW_ADMIN")
@@ -659,16 +659,7 @@ async fn a_standby_page_sends_its_decisions_to_the_leader() {
         Mode::Control,
         "auth: true\n",
     ));
-    until("cp-a leads", || async {
-        let v: Value = reqwest::get(format!("{}/api/v1/leader", a.admin))
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (v["is_leader"] == true).then_some(())
-    })
-    .await;
+    super::tenancy::leads(&a.admin).await;
     let b = start(&config(
         dir.path(),
         "cp-b",

@@ -56,15 +56,6 @@ struct UsersPage {
     no_accounts: bool,
 }
 
-fn status_name(s: UserStatus) -> &'static str {
-    match s {
-        UserStatus::Pending => "pending",
-        UserStatus::Active => "active",
-        UserStatus::Suspended => "suspended",
-        UserStatus::Erased => "erased",
-    }
-}
-
 pub(crate) async fn page(
     State(web): State<Arc<Web>>,
     viewer: Viewer,
@@ -117,7 +108,7 @@ pub(crate) async fn page(
                 path: segment(&u.user_id),
                 email: p.map(|p| p.email.clone()).unwrap_or_default(),
                 name: p.map(|p| p.name.clone()).unwrap_or_default(),
-                status: status_name(u.status),
+                status: u.status.name(),
                 pending: u.status == UserStatus::Pending,
                 active: u.status == UserStatus::Active,
                 project: u.project_id.clone().unwrap_or_default(),
