@@ -24,7 +24,7 @@ use llmgw_domain::Rejection;
 use llmgw_eventstore::StoreError;
 
 pub use decider::{Decided, Decider, MAX_TRIES};
-pub use origin::{Actor, Origin};
+pub use origin::{Actor, Origin, actor_of};
 
 /// Why a command did not land.
 #[derive(Debug, thiserror::Error)]

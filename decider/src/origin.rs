@@ -87,3 +87,24 @@ fn id_un() -> Option<String> {
     let name = String::from_utf8(out.stdout).ok()?.trim().to_owned();
     (out.status.success() && !name.is_empty()).then_some(name)
 }
+
+/// Who acted on a stored event, and as what (`operator`, `leader`, …):
+/// the metadata an [`Origin`] wrote. Events older than that name only the
+/// writing process under `actor`; the person, where there was one, is the
+/// payload's `by`, and the kind is empty.
+pub fn actor_of(e: &llmgw_eventstore::RecordedEvent) -> (String, String) {
+    let text = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_str()).map(str::to_owned);
+    match (
+        text(e.metadata.get("actor")),
+        text(e.metadata.get("actor_kind")),
+    ) {
+        (Some(a), Some(kind)) => (a, kind),
+        (old, _) => (
+            text(e.payload.get("by"))
+                .or(old)
+                .or_else(|| text(e.metadata.get("writer")))
+                .unwrap_or_default(),
+            String::new(),
+        ),
+    }
+}

@@ -9,6 +9,7 @@
 //! newer writer cannot stop an older reader.
 
 mod cluster;
+mod replay;
 mod router;
 mod runner;
 mod tenancy;
@@ -19,6 +20,7 @@ use llmgw_eventstore::{Checkpoint, RecordedEvent};
 use serde::{Deserialize, Serialize};
 
 pub use cluster::ClusterView;
+pub use replay::{position_at, replay_to};
 pub use router::{Endpoint, RouterModel, RouterView};
 pub use runner::{Runner, RunnerError};
 pub use tenancy::{KeyEntry, TenancyView};

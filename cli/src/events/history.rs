@@ -34,15 +34,6 @@ impl std::str::FromStr for Point {
     }
 }
 
-impl Point {
-    fn includes(self, e: &RecordedEvent) -> bool {
-        match self {
-            Point::Position(p) => e.position <= p,
-            Point::Time(t) => e.recorded_at <= t,
-        }
-    }
-}
-
 pub(crate) fn check_view(view: &str) -> anyhow::Result<()> {
     if !VIEW_NAMES.contains(&view) {
         bail!(
@@ -55,19 +46,13 @@ pub(crate) fn check_view(view: &str) -> anyhow::Result<()> {
 
 /// Every view as it stood at `until`.
 pub(crate) async fn fold(store: &AnyStore, until: Point) -> anyhow::Result<Projections> {
+    let stop = match until {
+        Point::Position(p) => p,
+        Point::Time(t) => llmgw_projections::position_at(store, t).await?,
+    };
     let mut p = Projections::default();
-    loop {
-        let page = store.read_all(p.checkpoint.position, DEFAULT_PAGE).await?;
-        if page.is_empty() {
-            return Ok(p);
-        }
-        for e in &page {
-            if !until.includes(e) {
-                return Ok(p);
-            }
-            p.apply(e);
-        }
-    }
+    llmgw_projections::replay_to(store, &mut p, stop).await?;
+    Ok(p)
 }
 
 pub(crate) async fn replay(
@@ -257,22 +242,12 @@ pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::R
     Ok(Outcome::Ok)
 }
 
-/// Who acted: the actor the event's metadata names (with its kind when it
-/// is not a person), else the payload's `by`, else the writing process.
+/// Who acted, with the kind when it is not a person.
 fn actor(e: &RecordedEvent) -> String {
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-    match (
-        text(e.metadata.get("actor")),
-        text(e.metadata.get("actor_kind")),
-    ) {
-        (Some(a), Some(kind)) if kind != "operator" => format!("{a} ({kind})"),
-        (Some(a), Some(_)) => a,
-        // Older events name only the writing process under "actor"; the
-        // person, where there was one, is the payload's `by`.
-        (old, _) => text(e.payload.get("by"))
-            .or(old)
-            .or_else(|| text(e.metadata.get("writer")))
-            .unwrap_or_else(|| "-".to_owned()),
+    match llmgw_decider::actor_of(e) {
+        (a, _) if a.is_empty() => "-".to_owned(),
+        (a, kind) if kind.is_empty() || kind == "operator" => a,
+        (a, kind) => format!("{a} ({kind})"),
     }
 }
 

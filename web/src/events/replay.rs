@@ -16,7 +16,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore};
+use llmgw_eventstore::{AnyStore, EventStore};
 use llmgw_projections::{Projections, VIEW_NAMES};
 use serde::Deserialize;
 
@@ -133,14 +133,10 @@ async fn resolve(store: &AnyStore, until: Until, head: u64) -> Result<u64, WebEr
     Ok(match until {
         Until::Head => head,
         Until::Position(p) => p.min(head),
-        Until::Time(t) => {
-            let after = t + chrono::Duration::microseconds(1);
-            let first_after = store
-                .read_time_range_raw(after, DateTime::<Utc>::MAX_UTC, 0, 1)
-                .await
-                .map_err(super::internal)?;
-            first_after.first().map_or(head, |e| e.position - 1)
-        }
+        Until::Time(t) => llmgw_projections::position_at(store, t)
+            .await
+            .map_err(super::internal)?
+            .min(head),
     })
 }
 
@@ -160,23 +156,9 @@ async fn replay(web: &Web, store: &AnyStore, view: &str, stop: u64) -> Result<Re
     let mut p = live.unwrap_or_else(Projections::default);
     let skipped_before = p.skipped;
     let start = p.checkpoint.position;
-    let mut recorded_at = None;
-    'pages: while p.checkpoint.position < stop {
-        let page = store
-            .read_all(p.checkpoint.position, DEFAULT_PAGE)
-            .await
-            .map_err(super::internal)?;
-        if page.is_empty() {
-            break;
-        }
-        for e in &page {
-            if e.position > stop {
-                break 'pages;
-            }
-            p.apply(e);
-            recorded_at = Some(e.recorded_at);
-        }
-    }
+    let mut recorded_at = llmgw_projections::replay_to(store, &mut p, stop)
+        .await
+        .map_err(super::internal)?;
     if recorded_at.is_none() && p.checkpoint.position > 0 {
         recorded_at = store
             .event_at(p.checkpoint.position)

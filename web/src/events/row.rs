@@ -45,7 +45,7 @@ const SUMMARY: usize = 72;
 
 impl Row {
     pub(crate) fn of(e: &RecordedEvent) -> Row {
-        let (actor, actor_kind) = actor(e);
+        let (actor, actor_kind) = llmgw_decider::actor_of(e);
         let summary = shorten(&e.payload.to_string(), SUMMARY);
         let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
         Row {
@@ -72,27 +72,6 @@ impl Row {
             payload: pretty(&e.payload),
             metadata: pretty(&e.metadata),
         }
-    }
-}
-
-/// Who acted and as what: the metadata's `actor` and `actor_kind`
-/// (written by the decider for every event). Older events name only the
-/// writing process there; the person, where there was one, is the
-/// payload's `by` (as the CLI's `events log` reads it).
-fn actor(e: &RecordedEvent) -> (String, String) {
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-    match (
-        text(e.metadata.get("actor")),
-        text(e.metadata.get("actor_kind")),
-    ) {
-        (Some(a), Some(kind)) => (a, kind),
-        (old, _) => (
-            text(e.payload.get("by"))
-                .or(old)
-                .or_else(|| text(e.metadata.get("writer")))
-                .unwrap_or_default(),
-            String::new(),
-        ),
     }
 }
 
