@@ -55,8 +55,8 @@ async fn watch_adopted(
                         groups::kill_groups(&pids, o.stop_timeout).await;
                         set(&tx, State::Stopped);
                     } else {
-                        fail(&tx, &log, "adopted engine exited".into(), None);
                         groups::kill_groups(&pids, o.stop_timeout).await;
+                        fail(&tx, &log, "adopted engine exited".into(), None);
                     }
                     return;
                 }

@@ -213,6 +213,8 @@ fn set(tx: &watch::Sender<Status>, state: State) {
     tx.send_modify(|s| s.state = state);
 }
 
+/// Reports the shard failed; callers stop its groups first, so that
+/// "failed", like "stopped", means nothing of it runs any more.
 fn fail(tx: &watch::Sender<Status>, log: &LogTail, error: String, exit_code: Option<i32>) {
     tx.send_modify(|s| {
         s.state = State::Failed;
@@ -327,13 +329,13 @@ async fn supervise(
         };
         if c.wait_for_leader_port {
             let Some((host, port)) = o.leader.clone() else {
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 fail(
                     &tx,
                     &log,
                     format!("{what} waits for a leader, but none is known"),
                     None,
                 );
-                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             };
             // A stop must not wait for a leader that may never come; nor
@@ -351,6 +353,7 @@ async fn supervise(
                 }
             };
             if !up {
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 fail(
                     &tx,
                     &log,
@@ -360,7 +363,6 @@ async fn supervise(
                     ),
                     None,
                 );
-                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             }
         }
@@ -378,8 +380,8 @@ async fn supervise(
                 } else {
                     format!("{what}: starting {}: {e}", c.path.display())
                 };
-                fail(&tx, &log, error, None);
                 groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
+                fail(&tx, &log, error, None);
                 return;
             }
         }
@@ -417,13 +419,13 @@ async fn supervise(
             _ = tokio::time::sleep_until(ready_by.unwrap_or_else(Instant::now)), if waiting && ready_by.is_some() => {
                 // A load that never finishes: its output is the diagnosis.
                 let waited = o.startup_timeout.unwrap_or_default();
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 fail(
                     &tx,
                     &log,
                     format!("not ready within the startup timeout ({waited:?}): {}", readiness.why()),
                     None,
                 );
-                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
                 return;
             }
         }
