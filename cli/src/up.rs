@@ -102,6 +102,8 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     agent_config.heartbeat = Duration::from_secs(2);
     agent_config.discovery.skip_gpus = true;
     agent_config.stop_engines_on_exit = true;
+    // Everything of `up` stays on this machine: the engine too.
+    agent_config.engine_bind = Some("127.0.0.1".into());
     agent_config.work_dir = Some(data.join("agent"));
     agent_config.cache_dir = Some(data.join("weights"));
     let (agent_stop_tx, agent_stop_rx) = tokio::sync::watch::channel(false);

@@ -517,9 +517,10 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
         data.join("llmgw.db").exists(),
         "the log lives in the data directory"
     );
-    // Ctrl-C stops the engine with everything else.
-    let sweep = EngineSweeper("0.0.0.0:20".into());
-    assert_eq!(sweep.engines().len(), 1);
+    // The engine listens on loopback only, like the rest of `up`; Ctrl-C
+    // stops it with everything else.
+    let sweep = EngineSweeper("127.0.0.1:20".into());
+    assert_eq!(sweep.engines().len(), 1, "one engine, on 127.0.0.1");
     let _ = std::process::Command::new("kill")
         .args(["-INT", &up.process.id().to_string()])
         .status();
