@@ -20,7 +20,7 @@ use llmgw_eventstore::{Checkpoint, RecordedEvent};
 use serde::{Deserialize, Serialize};
 
 pub use cluster::ClusterView;
-pub use replay::{position_at, replay_to};
+pub use replay::{parse_time, position_at, replay_to};
 pub use router::{Endpoint, RouterModel, RouterView};
 pub use runner::{Runner, RunnerError};
 pub use tenancy::{KeyEntry, TenancyView};

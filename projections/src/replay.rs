@@ -46,3 +46,50 @@ pub async fn replay_to(
     }
     Ok(recorded_at)
 }
+
+/// A time as people write it: RFC 3339; a time without a zone, taken as
+/// UTC (`2026-12-02T20:21:30`, `2026-12-02 20:21:30`, `2026-12-02T20:21`);
+/// or a date, meaning its first instant, or with `day_end` the first
+/// instant of the next day (so that "to 2026-12-01" includes that day).
+pub fn parse_time(text: &str, day_end: bool) -> Option<DateTime<Utc>> {
+    use chrono::{NaiveDate, NaiveDateTime};
+    let text = text.trim();
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Some(t.with_timezone(&Utc));
+    }
+    for format in [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+    ] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
+            return Some(t.and_utc());
+        }
+    }
+    let day = NaiveDate::parse_from_str(text, "%Y-%m-%d").ok()?;
+    let day = if day_end { day.succ_opt()? } else { day };
+    Some(day.and_hms_opt(0, 0, 0)?.and_utc())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_time;
+
+    #[test]
+    fn times_are_read_as_people_write_them() {
+        let at = |s: &str| parse_time(s, false).map(|t| t.to_rfc3339());
+        let utc = Some("2026-12-02T20:21:30+00:00".to_owned());
+        assert_eq!(at("2026-12-02T20:21:30Z"), utc);
+        assert_eq!(at("2026-12-02T21:21:30+01:00"), utc);
+        assert_eq!(at("2026-12-02 20:21:30"), utc);
+        assert_eq!(at("2026-12-02T20:21:30"), utc);
+        assert_eq!(at("2026-12-02"), Some("2026-12-02T00:00:00+00:00".into()));
+        assert_eq!(
+            parse_time("2026-12-02", true).map(|t| t.to_rfc3339()),
+            Some("2026-12-03T00:00:00+00:00".into())
+        );
+        assert_eq!(at("yesterday"), None);
+        assert_eq!(at("2026-13-02"), None);
+    }
+}

@@ -26,10 +26,12 @@ impl std::str::FromStr for Point {
         if let Ok(p) = s.parse::<u64>() {
             return Ok(Point::Position(p));
         }
-        DateTime::parse_from_rfc3339(s)
-            .map(|t| Point::Time(t.with_timezone(&Utc)))
-            .map_err(|_| {
-                format!("{s:?} is neither a position nor an RFC 3339 time (2026-12-01T10:00:00Z)")
+        llmgw_projections::parse_time(s, false)
+            .map(Point::Time)
+            .ok_or_else(|| {
+                format!(
+                    "{s:?} is neither a position nor a time (2026-12-01T10:00:00Z, \"2026-12-01 10:00:00\" in UTC, or a date)"
+                )
             })
     }
 }

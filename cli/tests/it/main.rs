@@ -539,6 +539,17 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
         at.starts_with("router view at position ") && !at.ends_with(&format!(" {head}")),
         "{table}"
     );
+    // As people write it: a space, no zone (UTC).
+    let plain = t0
+        .replacen('T', " ", 1)
+        .trim_end_matches('Z')
+        .trim_end_matches("+00:00")
+        .to_owned();
+    let same = ok(
+        &address,
+        &["events", "replay", "--until", &plain, "--view", "router"],
+    );
+    assert_eq!(same, table, "{plain}");
     let usage = ok(
         &address,
         &["events", "replay", "--until", &head, "--view", "usage"],
@@ -593,7 +604,7 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
                 "--view",
                 "router",
             ],
-            "neither a position nor an RFC 3339 time",
+            "neither a position nor a time",
         ),
         (
             vec!["events", "replay", "--until", "3", "--view", "routers"],

@@ -1,7 +1,7 @@
 //! What the log page was asked for: its query string, checked, and the
 //! links that keep it while changing one thing (the next page, a filter).
 
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use chrono::{DateTime, Utc};
 use llmgw_eventstore::EventFilter;
 use serde::Deserialize;
 
@@ -198,30 +198,11 @@ pub(crate) enum Bound {
 
 /// An RFC 3339 time, a time without a zone (taken as UTC), or a date.
 pub(crate) fn parse_time(text: &str, bound: Bound) -> Result<DateTime<Utc>, WebError> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
-        return Ok(t.with_timezone(&Utc));
-    }
-    for format in [
-        "%Y-%m-%dT%H:%M:%S%.f",
-        "%Y-%m-%dT%H:%M",
-        "%Y-%m-%d %H:%M:%S%.f",
-    ] {
-        if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
-            return Ok(t.and_utc());
-        }
-    }
-    if let Ok(d) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
-        let day = match bound {
-            Bound::Start => Some(d),
-            Bound::End => d.succ_opt(),
-        };
-        if let Some(t) = day.and_then(|d| d.and_hms_opt(0, 0, 0)) {
-            return Ok(t.and_utc());
-        }
-    }
-    Err(WebError::Bad(format!(
-        "{text:?} is not a time: write 2026-12-01T10:00:00Z (RFC 3339) or a date, 2026-12-01"
-    )))
+    llmgw_projections::parse_time(text, bound == Bound::End).ok_or_else(|| {
+        WebError::Bad(format!(
+            "{text:?} is not a time: write 2026-12-01T10:00:00Z (RFC 3339) or a date, 2026-12-01"
+        ))
+    })
 }
 
 #[cfg(test)]
