@@ -279,6 +279,7 @@ pub(crate) fn load(
     let invalid = |e: &dyn std::fmt::Display| {
         ConfigError(format!("{name} is not a valid configuration: {e}"))
     };
+    let mut yaml = None;
     let mut tree: serde_json::Value = match path {
         None => serde_json::json!({}),
         Some(path) => {
@@ -287,7 +288,9 @@ pub(crate) fn load(
             if path.extension().is_some_and(|e| e == "toml") {
                 toml::from_str(&text).map_err(|e| invalid(&e))?
             } else {
-                serde_norway::from_str(&text).map_err(|e| invalid(&e))?
+                let tree = serde_norway::from_str(&text).map_err(|e| invalid(&e))?;
+                yaml = Some(text);
+                tree
             }
         }
     };
@@ -305,8 +308,19 @@ pub(crate) fn load(
     // here a key they would skip is caught on the way through.
     let mut ignored = Vec::new();
     let config: FileConfig =
-        serde_ignored::deserialize(tree, |path| ignored.push(path.to_string()))
-            .map_err(|e| invalid(&e))?;
+        serde_ignored::deserialize(tree, |path| ignored.push(path.to_string())).map_err(|e| {
+            // The merged tree has no lines; the file itself says where,
+            // when reading it alone fails the same way.
+            let located = yaml
+                .as_deref()
+                .and_then(|text| serde_norway::from_str::<FileConfig>(text).err())
+                .filter(|direct| direct.location().is_some())
+                .filter(|direct| direct.to_string().contains(&e.to_string()));
+            match located {
+                Some(direct) => invalid(&direct),
+                None => invalid(&e),
+            }
+        })?;
     if let Some(path) = ignored.first() {
         let (at, key) = path.rsplit_once('.').unwrap_or(("", path));
         let whence = if at.is_empty() {

@@ -1008,6 +1008,20 @@ async fn server_settings_come_from_a_config_file_and_flags_win() {
         err.contains("is not a valid configuration") && err.contains("unknown field `endpoint`"),
         "{err}"
     );
+
+    // A YAML file's mistake is pointed at: its key, line and column.
+    let wrong = dir.path().join("wrong.yaml");
+    std::fs::write(&wrong, "listen: \":8080\"\nauth:\n  enabled: maybe\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--config", wrong.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("auth.enabled: invalid type") && err.contains("at line 3 column 12"),
+        "{err}"
+    );
 }
 
 #[test]
