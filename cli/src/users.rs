@@ -73,9 +73,8 @@ pub(crate) async fn run(store: &str, args: UsersArgs) -> anyhow::Result<Outcome>
             };
             let rows: Vec<api::UserRow> = api.call(&origin, Method::GET, path, none).await?;
             if json {
-                for r in &rows {
-                    json_line(&mut out, r)?;
-                }
+                // One document, `[]` when there is nothing.
+                json_line(&mut out, &rows)?;
             } else {
                 print_users(&mut out, &rows)?;
             }

@@ -72,8 +72,8 @@ async fn a_person_and_an_admin_in_a_real_browser() {
         .unwrap();
     b.wait_text("body", "approval", WAIT).await.unwrap();
     let pending = users(&store, &admin, &["list", "--pending", "--json"]);
-    let row: serde_json::Value = serde_json::from_str(pending.lines().next().unwrap()).unwrap();
-    let id = row["user_id"].as_str().unwrap().to_owned();
+    let rows: serde_json::Value = serde_json::from_str(&pending).unwrap();
+    let id = rows[0]["user_id"].as_str().unwrap().to_owned();
     users(&store, &admin, &["approve", &id, "--project", "p"]);
 
     // Sign in, make a key on the profile, and call the API with it.

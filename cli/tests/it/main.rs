@@ -1505,7 +1505,14 @@ async fn keys_are_issued_listed_used_and_revoked_from_the_cli() {
         "{secret}"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("shown only now"));
-    let keys = json_lines(&ok(&address, &["keys", "list", "--json"]));
+    let empty: Value = serde_json::from_str(&ok(
+        &address,
+        &["keys", "list", "--project", "none", "--json"],
+    ))
+    .unwrap();
+    assert_eq!(empty, json!([]), "one document, empty when nothing matches");
+    let keys: Vec<Value> =
+        serde_json::from_str(&ok(&address, &["keys", "list", "--json"])).unwrap();
     assert_eq!(keys.len(), 1);
     assert_eq!(
         (keys[0]["project"].as_str(), keys[0]["band"].as_str()),

@@ -144,10 +144,7 @@ fn user_rows(store: &str, admin: &str, pending: bool) -> Vec<Value> {
     if pending {
         args.push("--pending");
     }
-    users(store, admin, &args)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    serde_json::from_str(&users(store, admin, &args)).unwrap()
 }
 
 fn secret_in(body: &str) -> String {
