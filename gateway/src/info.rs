@@ -50,8 +50,9 @@ pub fn model_cards(gw: &Gateway, key: Option<&KeyEntry>) -> Vec<ModelCard> {
         .collect()
 }
 
-fn model_object(routes: &Routes, id: &str) -> Value {
-    let mut m = json!({"id": id, "object": "model", "created": 0, "owned_by": "llmgw"});
+fn model_object(gw: &Gateway, routes: &Routes, id: &str) -> Value {
+    let created = routes.created(id).unwrap_or(gw.started_s);
+    let mut m = json!({"id": id, "object": "model", "created": created, "owned_by": "llmgw"});
     if let Some(d) = routes.description(id) {
         m["description"] = json!(d);
     }
@@ -66,7 +67,7 @@ pub(crate) async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -
     let routes = gw.routes.load();
     let data: Vec<Value> = models_for(&gw, &routes, caller.key.as_ref())
         .iter()
-        .map(|m| model_object(&routes, m))
+        .map(|m| model_object(&gw, &routes, m))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -96,7 +97,7 @@ pub(crate) async fn model(
     if !listed {
         return ApiError::unknown_model(&id).into_response();
     }
-    axum::Json(model_object(&routes, canonical)).into_response()
+    axum::Json(model_object(&gw, &routes, canonical)).into_response()
 }
 
 /// The key's own view of itself.

@@ -101,6 +101,9 @@ pub struct Gateway {
     pub(crate) demand: std::sync::OnceLock<DemandHook>,
     pub(crate) routes_changed: tokio::sync::Notify,
     pub(crate) rates: limits::RateLimits,
+    /// When this gateway started (seconds since the epoch): the `created`
+    /// of a model no catalog dates, such as a configured endpoint's.
+    pub(crate) started_s: i64,
 }
 
 /// Called with the canonical name of an on-demand model a request asked for.
@@ -149,6 +152,9 @@ impl Gateway {
             demand: std::sync::OnceLock::new(),
             routes_changed: tokio::sync::Notify::new(),
             rates: limits::RateLimits::default(),
+            started_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64),
         }))
     }
 

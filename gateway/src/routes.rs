@@ -30,6 +30,8 @@ pub(crate) struct Routes {
     /// The catalog's price of a model, where it has one.
     prices: HashMap<String, Price>,
     descriptions: HashMap<String, String>,
+    /// When the catalog added each model, in seconds since the epoch.
+    created: HashMap<String, i64>,
 }
 
 impl Routes {
@@ -68,6 +70,12 @@ impl Routes {
                 .filter(|m| !m.description.is_empty())
                 .map(|m| (m.name.clone(), m.description.clone()))
                 .collect(),
+            created: view
+                .models
+                .values()
+                .filter(|m| m.added_ms > 0)
+                .map(|m| (m.name.clone(), m.added_ms / 1000))
+                .collect(),
             fallbacks,
             aliases,
         }
@@ -96,6 +104,11 @@ impl Routes {
 
     pub(crate) fn price(&self, model: &str) -> Option<Price> {
         self.prices.get(model).copied()
+    }
+
+    /// When the catalog added `model` (seconds since the epoch).
+    pub(crate) fn created(&self, model: &str) -> Option<i64> {
+        self.created.get(model).copied()
     }
 
     pub(crate) fn description(&self, model: &str) -> Option<&str> {

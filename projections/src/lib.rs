@@ -99,7 +99,7 @@ pub struct Projections {
 impl Projections {
     /// The format version of a snapshot of these views. Bump it whenever a
     /// view's fields change, so that old snapshots are rebuilt, not misread.
-    pub const STATE_VERSION: u32 = 4;
+    pub const STATE_VERSION: u32 = 5;
 
     /// Decodes once and applies to every view.
     pub fn apply(&mut self, recorded: &RecordedEvent) {

@@ -24,6 +24,10 @@ pub struct RouterModel {
     pub description: String,
     /// Profile name → its current fingerprint.
     pub profiles: BTreeMap<String, String>,
+    /// When the catalog first added it (ms since the epoch): `/v1/models`'
+    /// `created`. An update keeps it; removing and adding again resets it.
+    #[serde(default)]
+    pub added_ms: i64,
 }
 
 /// A ready replica's rank 0, where requests go.
@@ -78,7 +82,8 @@ impl RouterView {
         self.endpoints.values().filter(move |e| e.model == model)
     }
 
-    fn set_model(&mut self, m: &Model) {
+    fn set_model(&mut self, m: &Model, at_ms: i64) {
+        let added_ms = self.models.get(&m.name).map_or(at_ms, |old| old.added_ms);
         self.remove_model(&m.name);
         for a in &m.aliases {
             self.aliases.insert(a.clone(), m.name.clone());
@@ -110,6 +115,7 @@ impl RouterView {
                     .iter()
                     .map(|p| (p.name.clone(), p.fingerprint()))
                     .collect(),
+                added_ms,
             },
         );
     }
@@ -166,12 +172,12 @@ impl RouterView {
 impl View for RouterView {
     const NAME: &'static str = "router";
 
-    fn apply_event(&mut self, _stamp: Stamp, event: &Event) {
+    fn apply_event(&mut self, stamp: Stamp, event: &Event) {
         let touches_endpoints = match event {
             Event::Catalog(
                 CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model },
             ) => {
-                self.set_model(model);
+                self.set_model(model, stamp.recorded_at_ms);
                 true
             }
             Event::Catalog(CatalogEvent::ModelRemoved { name }) => {

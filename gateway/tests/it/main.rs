@@ -208,6 +208,13 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
         .await
         .unwrap();
     assert_eq!(support::model_ids(&models), vec!["m"]);
+    // A configured endpoint's model is as old as the gateway, not 0.
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let created = models["data"][0]["created"].as_i64().unwrap();
+    assert!(created > now_s - 600 && created <= now_s, "{models}");
     assert_eq!(
         client
             .get(format!("{}/ready", gw.base))

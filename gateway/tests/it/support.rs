@@ -214,6 +214,9 @@ pub(crate) fn model_ids(models: &serde_json::Value) -> Vec<&str> {
 
 /// A router view with `models` catalogued and each of `serving` (model,
 /// engine address) a ready replica of it.
+/// When [`router_view`]'s catalog was added (2026-11-30T00:00:00Z).
+pub(crate) const ADDED_MS: i64 = 1_796_083_200_000;
+
 pub(crate) fn router_view(
     models: Vec<llmgw_domain::catalog::Model>,
     serving: &[(&str, SocketAddr)],
@@ -229,7 +232,7 @@ pub(crate) fn router_view(
         view.apply_event(
             Stamp {
                 position: 0,
-                recorded_at_ms: 0,
+                recorded_at_ms: ADDED_MS,
             },
             &e,
         )

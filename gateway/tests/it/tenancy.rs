@@ -712,6 +712,11 @@ async fn models_lists_on_demand_models_with_descriptions_for_the_key() {
         (&one["id"], &one["description"]),
         (&json!("later"), &json!("started when asked"))
     );
+    // `created` is when the catalog added the model, not 0.
+    assert_eq!(one["created"], json!(support::ADDED_MS / 1000));
+    for m in listed["data"].as_array().unwrap() {
+        assert_eq!(m["created"], json!(support::ADDED_MS / 1000), "{m}");
+    }
     // Not the key's, or not at all: the same answer.
     let mut answers = Vec::new();
     for id in ["tiny", "nope"] {
