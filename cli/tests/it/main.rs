@@ -1622,12 +1622,12 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             .output()
             .unwrap();
         let table = String::from_utf8_lossy(&models.stdout).into_owned();
-        (table.lines().count() == 4).then_some(table)
+        (table.lines().count() == 5).then_some(table)
     })
     .await;
     let _ = server.kill();
     let _ = server.wait();
-    for m in ["llama-3.1-8b", "llama-3.1-405b", "qwen-0.5b"] {
+    for m in ["llama-3.1-8b", "llama-3.1-405b", "qwen-0.5b", "demo"] {
         assert!(table.contains(m), "{table}");
     }
 
@@ -1679,5 +1679,86 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{says}: {err}");
         assert!(err.contains(says), "expected {says:?} in {err}");
         assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+    }
+}
+
+/// The README's "gateway alone" commands, run as a person pastes them (one
+/// at a time: a background command is given until its port answers), with
+/// the binary this test built as `llmgw`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_gateway_example_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let block = readme
+        .split("The gateway alone")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's gateway example");
+    let commands: Vec<String> = block
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(commands.len(), 3, "{block}");
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_llmgw"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut background = Vec::new();
+    let mut answer = String::new();
+    for command in &commands {
+        if let Some(cmd) = command.strip_suffix('&') {
+            let child = Command::new("sh")
+                .args(["-c", &format!("exec {cmd}")])
+                .env("PATH", &path)
+                .env_remove("LLMGW_STORE")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            background.push(KillOnDrop(child));
+            let port = cmd
+                .split("--listen 127.0.0.1:")
+                .last()
+                .and_then(|p| p.split_whitespace().next())
+                .expect("a --listen port");
+            until(&format!("{cmd} to listen"), || async {
+                tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+                    .await
+                    .ok()
+                    .map(|_| ())
+            })
+            .await;
+        } else {
+            let out = Command::new("sh")
+                .args(["-c", command])
+                .env("PATH", &path)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{command}: {out:?}");
+            answer = String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+    }
+    assert!(
+        answer.contains("data: ") && answer.trim_end().ends_with("data: [DONE]"),
+        "{answer}"
+    );
+    drop(background);
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
