@@ -11,11 +11,13 @@ use crate::output::{Table, json_line};
 pub(crate) enum AgentCommand {
     /// What the scheduler would see of this machine.
     Inventory {
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
         /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
         #[arg(long)]
         nvidia_smi: Option<PathBuf>,
+        /// Report no GPUs, whatever is installed (a CPU node).
         #[arg(long)]
         skip_gpus: bool,
         /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
@@ -63,12 +65,16 @@ pub(crate) struct RunArgs {
     /// A label for node selectors, `key=value`; repeat.
     #[arg(long = "label", value_parser = label)]
     labels: Vec<(String, String)>,
+    /// A directory of model weights; repeat for several.
     #[arg(long = "model-dir")]
     model_dirs: Vec<PathBuf>,
+    /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat.
     #[arg(long = "fabric", value_parser = fabric)]
     fabrics: Vec<(String, Vec<String>)>,
+    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
     #[arg(long)]
     nvidia_smi: Option<PathBuf>,
+    /// Report no GPUs, whatever is installed (a CPU node).
     #[arg(long)]
     skip_gpus: bool,
     /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
@@ -88,6 +94,7 @@ pub(crate) struct RunArgs {
     /// This node's certificate (`llmgw ctl cert issue-client NODE`).
     #[arg(long, requires_all = ["tls_ca", "tls_key"])]
     tls_cert: Option<PathBuf>,
+    /// This node's private key, which stays on the node.
     #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
     tls_key: Option<PathBuf>,
     /// Where fetched weights are kept (and looked for).

@@ -19,6 +19,7 @@ use crate::Outcome;
 pub(crate) enum CertCommand {
     /// Create the authority: ca.pem and ca-key.pem (never overwritten).
     InitCa {
+        /// Where ca.pem and ca-key.pem are written.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
         /// The authority's name.
@@ -27,10 +28,12 @@ pub(crate) enum CertCommand {
     },
     /// A server certificate for the agent listener, valid for every --host.
     IssueServer {
+        /// The certificate's name: NAME.pem and NAME-key.pem.
         name: String,
         /// A DNS name or IP address agents dial; repeat.
         #[arg(long = "host", required = true)]
         hosts: Vec<String>,
+        /// Where the authority (ca.pem, ca-key.pem) is.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
         /// Where to write NAME.pem and NAME-key.pem (default: --dir).
@@ -39,14 +42,20 @@ pub(crate) enum CertCommand {
     },
     /// A client certificate for one node: its common name is the node id.
     IssueClient {
+        /// The node id, which the certificate's common name must equal.
         node: String,
+        /// Where the authority (ca.pem, ca-key.pem) is.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
+        /// Where to write NODE.pem and NODE-key.pem (default: --dir).
         #[arg(long)]
         out: Option<PathBuf>,
     },
     /// What a certificate says: names, issuer, validity, purposes.
-    Inspect { file: PathBuf },
+    Inspect {
+        /// A PEM certificate.
+        file: PathBuf,
+    },
 }
 
 fn valid_for_days(params: &mut CertificateParams, days: i64) {

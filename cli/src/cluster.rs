@@ -30,18 +30,23 @@ pub(crate) enum ClusterCommand {
     /// Where a replica of MODEL would go now, and why every node would or
     /// would not take it.
     ExplainPlacement {
+        /// A model's name or alias.
         model: String,
     },
     /// No new placement on NODE; nothing running is touched.
     Cordon {
+        /// The node's id.
         node: String,
     },
+    /// Let NODE take new placements again.
     Uncordon {
+        /// The node's id.
         node: String,
     },
     /// Move everything off NODE, one replica at a time, each replacement
     /// serving before its original stops.
     Drain {
+        /// The node's id.
         node: String,
     },
     /// "N models on X/Y nodes", the leader and the log.
@@ -52,15 +57,19 @@ pub(crate) enum ClusterCommand {
     /// the nodes to remove them (each agent deletes only its own cache's
     /// files).
     Weights {
+        /// Ask the nodes to remove those files.
         #[arg(long)]
         collect: bool,
     },
     /// The tail of an engine's log on NODE (its shard id as --source);
     /// without --source, the logs NODE has.
     Logs {
+        /// The node's id.
         node: String,
+        /// A shard id, or `agent` for the agent's own log.
         #[arg(long)]
         source: Option<String>,
+        /// How many of the last lines.
         #[arg(long, default_value_t = 200)]
         lines: u32,
     },
@@ -72,9 +81,15 @@ pub(crate) enum ClusterCommand {
 #[derive(Debug, Subcommand)]
 pub(crate) enum ModelCommand {
     /// Add the model in FILE, or update it when it exists.
-    Add { file: PathBuf },
+    Add {
+        /// A model in YAML (or JSON, for a .json file), as in the catalog.
+        file: PathBuf,
+    },
     /// Remove a model; its replicas stop.
-    Remove { name: String },
+    Remove {
+        /// The model's name.
+        name: String,
+    },
 }
 
 /// Talks to one admin listener.

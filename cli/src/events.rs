@@ -16,6 +16,7 @@ pub(crate) enum EventsCommand {
     /// The newest events, or those from a position on; --follow keeps
     /// printing new ones as they are appended.
     Tail {
+        /// Keep printing events as they are appended (Ctrl-C stops).
         #[arg(long)]
         follow: bool,
         /// First position to print (default: the last --limit events).
@@ -25,31 +26,38 @@ pub(crate) enum EventsCommand {
         /// --from, all with it).
         #[arg(long)]
         limit: Option<usize>,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// One event, whole, exactly as stored.
     Show {
+        /// The event's position in the log.
         position: u64,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Recompute the hash chain and report the first position that does not
     /// match. Exits 1 when it finds one.
     Verify {
+        /// First position to check.
         #[arg(long, default_value_t = 1)]
         from: u64,
         /// Last position to check (default: the head).
         #[arg(long)]
         to: Option<u64>,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Write events as JSON lines, one per line, as stored; `events import`
     /// reads them back.
     Export {
+        /// First position to write.
         #[arg(long, default_value_t = 1)]
         from: u64,
+        /// Last position to write (default: the head).
         #[arg(long)]
         to: Option<u64>,
         /// File to write (default: standard output).
@@ -73,6 +81,7 @@ pub(crate) enum EventsCommand {
         /// router, cluster, tenancy or usage.
         #[arg(long)]
         view: String,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -81,28 +90,37 @@ pub(crate) enum EventsCommand {
         /// A stream id, such as node-gpu-a-01.
         #[arg(long, group = "thing")]
         stream: Option<String>,
+        /// A node: its stream, the replicas placed on it and refusals about it.
         #[arg(long, group = "thing")]
         node: Option<String>,
+        /// A model: its catalog stream and refusals about it.
         #[arg(long, group = "thing")]
         model: Option<String>,
+        /// An API key, by id: issued, limited, revoked, refused.
         #[arg(long, group = "thing")]
         key: Option<String>,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// What changed in a view between two points.
     Diff {
+        /// The earlier point: a position, or a time (2026-12-01T10:00:00Z, "2026-12-01 10:00:00" in UTC, or a date).
         #[arg(long)]
         from: history::Point,
+        /// The later point, written the same way.
         #[arg(long)]
         to: history::Point,
+        /// router, cluster, tenancy or usage.
         #[arg(long)]
         view: String,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Event count, head position, and counts per event type.
     Stats {
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },

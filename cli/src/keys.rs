@@ -42,15 +42,19 @@ pub(crate) struct KeysArgs {
 pub(crate) enum KeysCommand {
     /// Create an org, a team in it and a project in that (again: no change).
     Init {
+        /// The org's id (created if missing).
         #[arg(long)]
         org: String,
+        /// The team's id, in the org.
         #[arg(long)]
         team: String,
+        /// The project's id, in the team.
         #[arg(long)]
         project: String,
     },
     /// Issue a key for a project; the key is printed once.
     Create {
+        /// The project the key belongs to (`keys init` makes one).
         #[arg(long)]
         project: String,
         /// Unique among the project's live keys.
@@ -68,11 +72,16 @@ pub(crate) enum KeysCommand {
         base_url: Option<String>,
     },
     /// Revoke a key by its id; it stops working once the views see it.
-    Revoke { key_id: String },
+    Revoke {
+        /// The key's id (`keys list` shows it), not the key itself.
+        key_id: String,
+    },
     /// Keys with their project, band, limits, state and last use.
     List {
+        /// Only this project's keys.
         #[arg(long)]
         project: Option<String>,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -82,6 +91,7 @@ pub(crate) enum KeysCommand {
         /// org, team, project or key.
         #[arg(long)]
         scope: String,
+        /// The org, team, project or key id the limits are set on.
         #[arg(long)]
         id: String,
         /// Requests per minute.

@@ -10,6 +10,7 @@ use crate::output::{Table, json_line};
 pub(crate) enum LeaseCommand {
     /// Who holds the append lease, under which epoch, until when.
     Show {
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },

@@ -30,23 +30,33 @@ pub(crate) enum UsersCommand {
         /// Only those waiting for approval.
         #[arg(long)]
         pending: bool,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Let a pending (or suspended) person in, to a project.
     Approve {
+        /// The person's id (`users list` shows it).
         id: String,
+        /// The project they may use; their chat counts there.
         #[arg(long)]
         project: String,
     },
     /// Close a person's sessions and keep them out; their keys keep
     /// working until revoked.
-    Suspend { id: String },
+    Suspend {
+        /// The person's id (`users list` shows it).
+        id: String,
+    },
     /// Give an active person the admin pages.
-    Promote { id: String },
+    Promote {
+        /// The person's id (`users list` shows it).
+        id: String,
+    },
     /// Set a new password (read from stdin unless --password) and close the
     /// person's sessions.
     ResetPassword {
+        /// The person's id.
         id: String,
         /// Visible to other users of this machine while the command runs;
         /// prefer stdin.
@@ -55,7 +65,10 @@ pub(crate) enum UsersCommand {
     },
     /// Remove a person's personal data (email, name, password, sessions).
     /// The log keeps their id and what was done, and still verifies.
-    Erase { id: String },
+    Erase {
+        /// The person's id (`users list` shows it).
+        id: String,
+    },
 }
 
 pub(crate) async fn run(store: &str, args: UsersArgs) -> anyhow::Result<Outcome> {
