@@ -90,13 +90,13 @@ pub(crate) enum EventsCommand {
         /// A stream id, such as node-gpu-a-01.
         #[arg(long, group = "thing")]
         stream: Option<String>,
-        /// A node: its stream, the replicas placed on it and refusals about it.
+        /// A node: its stream (`node-ID`) and the commands refused about it.
         #[arg(long, group = "thing")]
         node: Option<String>,
-        /// A model: its catalog stream and refusals about it.
+        /// A model: its stream (`model-NAME`) and the commands refused about it.
         #[arg(long, group = "thing")]
         model: Option<String>,
-        /// An API key, by id: issued, limited, revoked, refused.
+        /// An API key, by id: its stream (issued, limited, revoked) and refusals.
         #[arg(long, group = "thing")]
         key: Option<String>,
         /// Print JSON instead of a table.
