@@ -136,7 +136,36 @@ fn issue(
     Ok((c, k))
 }
 
-pub(crate) fn run(cmd: CertCommand) -> anyhow::Result<Outcome> {
+/// What `cert inspect` reports.
+#[derive(Debug, serde::Serialize)]
+struct Inspected {
+    subject: String,
+    issuer: String,
+    not_before: String,
+    not_after: String,
+    ca: bool,
+    /// DNS names and IP addresses it is valid for.
+    names: Vec<String>,
+    /// server and/or client.
+    purposes: Vec<String>,
+}
+
+fn general_name(n: &x509_parser::extensions::GeneralName) -> String {
+    use x509_parser::extensions::GeneralName;
+    match n {
+        GeneralName::DNSName(d) => (*d).to_owned(),
+        GeneralName::IPAddress(b) => match b.len() {
+            4 => std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string(),
+            16 => <[u8; 16]>::try_from(*b)
+                .map(|a| std::net::Ipv6Addr::from(a).to_string())
+                .unwrap_or_default(),
+            _ => format!("{b:?}"),
+        },
+        other => other.to_string(),
+    }
+}
+
+pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
     let mut out = std::io::stdout().lock();
     match cmd {
         CertCommand::InitCa { dir, name } => {
@@ -205,44 +234,46 @@ pub(crate) fn run(cmd: CertCommand) -> anyhow::Result<Outcome> {
             let cert = pem.parse_x509().map_err(|e| {
                 anyhow::anyhow!("{} holds no readable certificate: {e}", file.display())
             })?;
-            writeln!(out, "subject   {}", cert.subject())?;
-            writeln!(out, "issuer    {}", cert.issuer())?;
-            writeln!(
-                out,
-                "valid     {} to {}",
-                cert.validity().not_before,
-                cert.validity().not_after
-            )?;
-            writeln!(out, "ca        {}", cert.is_ca())?;
-            if let Ok(Some(san)) = cert.subject_alternative_name() {
-                use x509_parser::extensions::GeneralName;
-                let names: Vec<String> = san
-                    .value
-                    .general_names
-                    .iter()
-                    .map(|n| match n {
-                        GeneralName::DNSName(d) => (*d).to_owned(),
-                        GeneralName::IPAddress(b) => match b.len() {
-                            4 => std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string(),
-                            16 => <[u8; 16]>::try_from(*b)
-                                .map(|a| std::net::Ipv6Addr::from(a).to_string())
-                                .unwrap_or_default(),
-                            _ => format!("{b:?}"),
-                        },
-                        other => other.to_string(),
-                    })
-                    .collect();
-                writeln!(out, "names     {}", names.join(", "))?;
-            }
-            if let Ok(Some(eku)) = cert.extended_key_usage() {
-                let mut p = Vec::new();
-                if eku.value.server_auth {
-                    p.push("server");
+            let names: Vec<String> = match cert.subject_alternative_name() {
+                Ok(Some(san)) => san.value.general_names.iter().map(general_name).collect(),
+                _ => Vec::new(),
+            };
+            let purposes: Vec<&str> = match cert.extended_key_usage() {
+                Ok(Some(eku)) => [
+                    (eku.value.server_auth, "server"),
+                    (eku.value.client_auth, "client"),
+                ]
+                .into_iter()
+                .filter_map(|(on, p)| on.then_some(p))
+                .collect(),
+                _ => Vec::new(),
+            };
+            let inspected = Inspected {
+                subject: cert.subject().to_string(),
+                issuer: cert.issuer().to_string(),
+                not_before: cert.validity().not_before.to_string(),
+                not_after: cert.validity().not_after.to_string(),
+                ca: cert.is_ca(),
+                names,
+                purposes: purposes.iter().map(|p| (*p).to_owned()).collect(),
+            };
+            if json {
+                crate::output::json_line(&mut out, &inspected)?;
+            } else {
+                writeln!(out, "subject   {}", inspected.subject)?;
+                writeln!(out, "issuer    {}", inspected.issuer)?;
+                writeln!(
+                    out,
+                    "valid     {} to {}",
+                    inspected.not_before, inspected.not_after
+                )?;
+                writeln!(out, "ca        {}", inspected.ca)?;
+                if !inspected.names.is_empty() {
+                    writeln!(out, "names     {}", inspected.names.join(", "))?;
                 }
-                if eku.value.client_auth {
-                    p.push("client");
+                if !inspected.purposes.is_empty() {
+                    writeln!(out, "purposes  {}", inspected.purposes.join(", "))?;
                 }
-                writeln!(out, "purposes  {}", p.join(", "))?;
             }
         }
     }

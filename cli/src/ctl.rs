@@ -72,7 +72,7 @@ fn help_args(engine: &str) -> &'static [&'static str] {
 pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
     let (engine, bin, help_output) = match args.command {
         CtlCommand::Cluster(c) => return crate::cluster::run(&args.admin, args.json, c).await,
-        CtlCommand::Cert(c) => return crate::cert::run(c),
+        CtlCommand::Cert(c) => return crate::cert::run(c, args.json),
         CtlCommand::EngineCheck {
             engine,
             bin,

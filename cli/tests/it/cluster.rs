@@ -1034,6 +1034,18 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
             && inspected.contains("server"),
         "{inspected}"
     );
+    let as_json: Value = serde_json::from_str(&llmgw(&[
+        "ctl",
+        "cert",
+        "inspect",
+        "--json",
+        pki.join("cp.pem").to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(as_json["subject"], "CN=cp");
+    assert_eq!(as_json["names"], json!(["127.0.0.1"]));
+    assert_eq!(as_json["purposes"], json!(["server"]));
+    assert_eq!(as_json["ca"], false);
 
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
     let port = free_port();
