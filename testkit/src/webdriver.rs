@@ -217,7 +217,19 @@ impl Browser {
             });
         }
         let driver_path = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        let (mut driver, port) = spawn_driver(&driver_path)?;
+        // With --port=0 chromedriver picks a port for IPv4 and then wants
+        // the same one on IPv6 (or the reverse); when another process takes
+        // it in between, it exits with "port not available". Another
+        // start picks another port.
+        let mut tries = 0;
+        let (mut driver, port) = loop {
+            tries += 1;
+            match spawn_driver(&driver_path) {
+                Err(WebDriverError::Startup { detail, .. })
+                    if tries < 5 && detail.contains("port not available") => {}
+                other => break other?,
+            }
+        };
         match open_session(port, &chromium, &mut driver).await {
             Ok(session) => Ok(Browser {
                 session,
