@@ -130,8 +130,14 @@ pub struct Status {
     pub models_ready: usize,
     pub nodes: usize,
     pub nodes_ready: usize,
+    /// Live replicas (placed, not stopped).
     pub replicas: usize,
     pub replicas_ready: usize,
+    /// Replicas the catalog wants now (its minimums, and on-demand
+    /// models asked for lately): more than `replicas` means some wait for
+    /// a place.
+    #[serde(default)]
+    pub replicas_wanted: usize,
     /// Events in the log, and how far this server's views have read.
     pub log_head: u64,
     pub views_at: u64,

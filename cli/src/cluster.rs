@@ -49,7 +49,8 @@ pub(crate) enum ClusterCommand {
         /// The node's id.
         node: String,
     },
-    /// "N models on X/Y nodes", the leader and the log.
+    /// Models serving, nodes ready, replicas (ready, starting, waiting for
+    /// a place), the leader and the log.
     Status,
     /// Who holds the append lease.
     Leader,
@@ -340,14 +341,10 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
             } else {
                 writeln!(
                     out,
-                    "{} models on {}/{} nodes",
-                    s.models_ready, s.nodes_ready, s.nodes
+                    "{} of {} models serving, on {}/{} nodes ready",
+                    s.models_ready, s.models, s.nodes_ready, s.nodes
                 )?;
-                writeln!(
-                    out,
-                    "catalog   {} models, {} of {} replicas ready",
-                    s.models, s.replicas_ready, s.replicas
-                )?;
+                writeln!(out, "replicas  {}", replica_summary(&s))?;
                 let role = if s.leader.is_leader {
                     "leader"
                 } else {
@@ -472,6 +469,21 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
         }
     }
     Ok(Outcome::Ok)
+}
+
+/// Ready, starting and waiting for a place, against what the catalog wants.
+fn replica_summary(s: &api::Status) -> String {
+    let starting = s.replicas.saturating_sub(s.replicas_ready);
+    let waiting = s.replicas_wanted.saturating_sub(s.replicas);
+    let mut text = format!("{} ready", s.replicas_ready);
+    if starting > 0 {
+        text.push_str(&format!(", {starting} starting"));
+    }
+    if waiting > 0 {
+        text.push_str(&format!(", {waiting} waiting for a place"));
+    }
+    text.push_str(&format!(" ({} wanted)", s.replicas_wanted));
+    text
 }
 
 fn changed(out: &mut impl Write, json: bool, c: api::Changed) -> anyhow::Result<()> {

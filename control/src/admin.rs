@@ -529,9 +529,21 @@ async fn leader(State(cp): State<Arc<ControlPlane>>) -> Result<api::Leader> {
 async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
     let leader = leader_info(&cp).await?;
     let head = cp.store.head().await.map_err(ControlError::from)?.0;
+    let rt = {
+        let mut rt = cp.memory().rt.clone();
+        rt.now = cp.now_ms();
+        rt
+    };
+    let settings = cp.settings();
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     let c = &views.cluster;
     let live = || c.replicas.replicas.values().filter(|r| r.is_live());
+    let wanted: u32 = c
+        .catalog
+        .models
+        .values()
+        .map(|m| llmgw_domain::reconcile::desired(m, &rt, &settings))
+        .sum();
     let ready_models: BTreeSet<&str> = live()
         .filter(|r| r.status == ReplicaStatus::Ready)
         .map(|r| r.placement.model.as_str())
@@ -549,6 +561,7 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
             .count(),
         replicas: live().count(),
         replicas_ready: live().filter(|r| r.status == ReplicaStatus::Ready).count(),
+        replicas_wanted: wanted as usize,
         log_head: head,
         views_at: views.checkpoint.position,
     }))

@@ -91,7 +91,7 @@ fn unit_random() -> f64 {
 }
 
 impl ControlPlane {
-    fn settings(&self) -> Settings {
+    pub(crate) fn settings(&self) -> Settings {
         Settings {
             place: llmgw_domain::placement::PlaceOptions {
                 port_range: self.config.port_range,

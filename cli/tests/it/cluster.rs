@@ -614,9 +614,10 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
 
     let (ok, status, _) = ctl(admin, &["status"]);
     assert!(
-        ok && status.starts_with("1 models on 2/2 nodes"),
+        ok && status.starts_with("1 of 1 models serving, on 2/2 nodes ready"),
         "{status}"
     );
+    assert!(status.contains("replicas  1 ready (1 wanted)"), "{status}");
     assert!(status.contains("ops (leader)"), "{status}");
     let (_, nodes, _) = ctl(admin, &["nodes"]);
     let header = nodes.lines().next().unwrap();
@@ -1362,4 +1363,28 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
         "the leader started it for the standby's request"
     );
     assert_eq!(sweep.engines().len(), 1);
+}
+
+/// A catalog that wants a replica and a cluster with no node yet: the
+/// status says so in one consistent summary, counting what waits for a
+/// place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_replicas_waiting_for_a_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let config = server_yaml(dir.path(), "empty", &store, free_port(), 1);
+    let server = start_server(&config);
+    let status = until("the catalog to be applied", || async {
+        let (ok, status, _) = ctl(&server.admin, &["status"]);
+        (ok && status.starts_with("0 of 1 models")).then_some(status)
+    })
+    .await;
+    assert!(
+        status.starts_with("0 of 1 models serving, on 0/0 nodes ready"),
+        "{status}"
+    );
+    assert!(
+        status.contains("replicas  0 ready, 1 waiting for a place (1 wanted)"),
+        "{status}"
+    );
 }
