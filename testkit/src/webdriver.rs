@@ -308,21 +308,18 @@ impl Browser {
 
     /// The first element matching `css`, looking again until `timeout`.
     pub async fn wait_for(&self, css: &str, timeout: Duration) -> Result<Element, WebDriverError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
+        let found = poll(timeout, || async {
             match self.session.find(css).await {
-                Err(WebDriverError::NotFound { .. }) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(POLL_INTERVAL).await;
-                }
-                Err(WebDriverError::NotFound { css, .. }) => {
-                    return Err(WebDriverError::NotFound {
-                        css,
-                        waited: timeout,
-                    });
-                }
-                other => return other,
+                Ok(el) => Ok(Some(el)),
+                Err(WebDriverError::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
             }
-        }
+        })
+        .await?;
+        found.ok_or_else(|| WebDriverError::NotFound {
+            css: css.to_owned(),
+            waited: timeout,
+        })
     }
 
     /// The first element matching `css` once its text contains `needle`,
@@ -334,30 +331,30 @@ impl Browser {
         needle: &str,
         timeout: Duration,
     ) -> Result<Element, WebDriverError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut last = None;
-        loop {
+        let last = std::sync::Mutex::new(None);
+        let found = poll(timeout, || async {
             match self.session.find(css).await {
                 Ok(el) => match el.text().await {
-                    Ok(text) if text.contains(needle) => return Ok(el),
-                    Ok(text) => last = Some(text),
+                    Ok(text) if text.contains(needle) => Ok(Some(el)),
+                    Ok(text) => {
+                        *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+                        Ok(None)
+                    }
                     // Replaced between finding and reading: look again.
-                    Err(e) if e.code() == Some("stale element reference") => {}
-                    Err(e) => return Err(e),
+                    Err(e) if e.code() == Some("stale element reference") => Ok(None),
+                    Err(e) => Err(e),
                 },
-                Err(WebDriverError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
+                Err(WebDriverError::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
             }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(WebDriverError::TextNotFound {
-                    css: css.to_owned(),
-                    needle: needle.to_owned(),
-                    waited: timeout,
-                    last,
-                });
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        })
+        .await?;
+        found.ok_or_else(|| WebDriverError::TextNotFound {
+            css: css.to_owned(),
+            needle: needle.to_owned(),
+            waited: timeout,
+            last: last.into_inner().unwrap_or_else(|p| p.into_inner()),
+        })
     }
 
     /// Runs `script` as a function body with `args` (`arguments[0]`, …) and
@@ -427,16 +424,9 @@ impl Browser {
 
     /// The text of the alert once one is open, looking again until `timeout`.
     pub async fn wait_alert(&self, timeout: Duration) -> Result<String, WebDriverError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if let Some(text) = self.open_alert().await? {
-                return Ok(text);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(WebDriverError::NoAlert { waited: timeout });
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        poll(timeout, || self.open_alert())
+            .await?
+            .ok_or(WebDriverError::NoAlert { waited: timeout })
     }
 
     /// Presses OK on the open alert.
@@ -674,36 +664,65 @@ fn reported_port(line: &str) -> Option<u16> {
     rest.trim_end_matches('.').trim().parse().ok()
 }
 
-/// Polls `GET /status` until the driver says it is ready, with a short
-/// backoff, failing early if the driver exits.
+/// Polls `GET /status` until the driver says it is ready, failing early
+/// if the driver exits.
 async fn wait_ready(
     http: &reqwest::Client,
     base: &str,
     driver: &mut Child,
 ) -> Result<(), WebDriverError> {
-    let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
-    let mut pause = Duration::from_millis(10);
-    loop {
-        let url = format!("{base}/status");
-        let last = match send(http, reqwest::Method::GET, &url, None).await {
-            Ok(v) if v.get("ready").and_then(Value::as_bool) == Some(true) => return Ok(()),
+    let url = format!("{base}/status");
+    let last = std::sync::Mutex::new(String::new());
+    let driver = std::sync::Mutex::new(driver);
+    let ready = poll(STARTUP_TIMEOUT, || async {
+        let said = match send(http, reqwest::Method::GET, &url, None).await {
+            Ok(v) if v.get("ready").and_then(Value::as_bool) == Some(true) => return Ok(Some(())),
             Ok(v) => v.to_string(),
             Err(e) => e.to_string(),
         };
-        if let Ok(Some(status)) = driver.try_wait() {
-            return Err(WebDriverError::Startup {
+        *last.lock().unwrap_or_else(|p| p.into_inner()) = said;
+        let exited = driver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_wait()
+            .ok()
+            .flatten();
+        match exited {
+            Some(status) => Err(WebDriverError::Startup {
                 waited: Duration::ZERO,
                 detail: format!("chromedriver exited ({status})"),
-            });
+            }),
+            None => Ok(None),
+        }
+    })
+    .await?;
+    ready.ok_or_else(|| WebDriverError::Startup {
+        waited: STARTUP_TIMEOUT,
+        detail: format!(
+            "not ready: {}",
+            last.into_inner().unwrap_or_else(|p| p.into_inner())
+        ),
+    })
+}
+
+/// Asks `attempt` every [`POLL_INTERVAL`] until it answers `Some`, fails,
+/// or `timeout` passes (then `None`): the browser has no way to tell us
+/// when a page has changed, so looking again is the only way to wait.
+async fn poll<T, F, Fut>(timeout: Duration, mut attempt: F) -> Result<Option<T>, WebDriverError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, WebDriverError>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut every = tokio::time::interval(POLL_INTERVAL);
+    loop {
+        every.tick().await;
+        if let Some(v) = attempt().await? {
+            return Ok(Some(v));
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(WebDriverError::Startup {
-                waited: STARTUP_TIMEOUT,
-                detail: format!("not ready: {last}"),
-            });
+            return Ok(None);
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(200));
     }
 }
 
