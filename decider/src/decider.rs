@@ -171,7 +171,7 @@ impl Decider {
             instance: self.instance.clone(),
         };
         let batch = group(&events, origin, &self.instance, |_| ExpectedVersion::Any);
-        self.store.append(&writer, &batch).await
+        self.append(&writer, &batch).await
     }
 
     /// Appends a fact about this server rather than a decision over the
@@ -185,7 +185,23 @@ impl Decider {
         let batch = group(std::slice::from_ref(&event), origin, &self.instance, |_| {
             ExpectedVersion::Any
         });
-        self.store.append(writer, &batch).await
+        self.append(writer, &batch).await
+    }
+
+    /// Every append of this crate: timed and counted for the metrics page
+    /// ([`crate::appends::stats`]).
+    async fn append(
+        &self,
+        writer: &Writer,
+        batch: &[StreamAppend],
+    ) -> Result<Appended, StoreError> {
+        let began = std::time::Instant::now();
+        let result = self.store.append(writer, batch).await;
+        let types = batch
+            .iter()
+            .flat_map(|s| s.events.iter().map(|e| e.event_type.as_str()));
+        crate::appends::stats().record(began.elapsed(), types, result.is_ok());
+        result
     }
 
     /// Decides each command in turn against the state its predecessors
@@ -223,7 +239,7 @@ impl Decider {
             if let Some(hook) = &self.before_append {
                 (hook.0)(attempt).await;
             }
-            match self.store.append(writer, &batch).await {
+            match self.append(writer, &batch).await {
                 Ok(appended) => {
                     for (stream, version) in &appended.stream_versions {
                         inner.versions.insert(stream.clone(), *version);

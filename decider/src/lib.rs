@@ -14,6 +14,7 @@
 //! the CLI, the gateway's usage batcher and the incident recorder all write
 //! through here.
 
+pub mod appends;
 mod decider;
 #[cfg(feature = "test-hooks")]
 pub mod hooks;

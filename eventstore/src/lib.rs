@@ -4,8 +4,9 @@
 //! PostgreSQL ([`PgStore`]) and SQLite ([`SqliteStore`], the embedded default),
 //! chosen by [`StoreAddress`]; appends with expected versions and idempotent
 //! retries; the append lease whose epoch fences every append inside the
-//! database; the hash chain and its verification; reads, subscriptions,
-//! projection checkpoints and upcasting on read; running the migrations.
+//! database; the hash chain and its verification (also in the background,
+//! [`ChainWatch`]); reads, subscriptions, projection checkpoints and
+//! upcasting on read; running the migrations.
 //!
 //! What must not: knowledge of what the events mean. Payloads are JSON
 //! values with a type name and a schema version; their Rust types live in
@@ -25,6 +26,7 @@
 mod address;
 mod append;
 mod browse;
+mod chain_watch;
 mod error;
 pub mod hash;
 mod migrate;
@@ -45,6 +47,7 @@ use chrono::{DateTime, Utc};
 
 pub use address::StoreAddress;
 pub use browse::EventFilter;
+pub use chain_watch::ChainWatch;
 pub use error::{Result, StoreError};
 pub use postgres::PgStore;
 pub use reader::PageReader;
@@ -411,7 +414,24 @@ impl EventStore for AnyStore {
         delegate!(self, s => s.migrate().await)
     }
     async fn append(&self, writer: &Writer, batch: &[StreamAppend]) -> Result<Appended> {
-        delegate!(self, s => s.append(writer, batch).await)
+        use tracing::Instrument;
+        // Every write passes here: its span shows in a trace what a
+        // request or a reconciler pass wrote and how long the database took.
+        let events: usize = batch.iter().map(|s| s.events.len()).sum();
+        let span = tracing::info_span!(
+            "append",
+            streams = batch.len(),
+            events,
+            positions = tracing::field::Empty
+        );
+        let result = delegate!(self, s => s.append(writer, batch).instrument(span.clone()).await);
+        if let Ok(a) = &result {
+            span.record(
+                "positions",
+                format_args!("{}..={}", a.first_position, a.last_position),
+            );
+        }
+        result
     }
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
         delegate!(self, s => s.read_all_raw(after, limit).await)

@@ -5,7 +5,10 @@ use llmgw_eventstore::{EventStore, ExpectedVersion, Writer};
 
 use crate::support::{Backend, TestStore, both_backends, event, stream};
 
-both_backends!(verify_names_the_first_altered_position);
+both_backends!(
+    verify_names_the_first_altered_position,
+    the_background_watch_verifies_new_events_and_counts_a_break,
+);
 
 async fn verify_names_the_first_altered_position(b: Backend) {
     let t = TestStore::new(b).await;
@@ -60,4 +63,55 @@ async fn verify_names_the_first_altered_position(b: Backend) {
         t.store.verify(5, None).await.unwrap().first_mismatch,
         Some(8)
     );
+}
+
+/// The watch checks only what is new on each pass, and a break found is
+/// counted on every pass while the verified position stays before it.
+async fn the_background_watch_verifies_new_events_and_counts_a_break(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = Writer::Leader(
+        t.store
+            .acquire_lease("ctl", std::time::Duration::from_secs(30))
+            .await
+            .unwrap()
+            .token,
+    );
+    let append = |from: u64, to: u64| {
+        let events = (from..to).map(|n| event("E", n)).collect();
+        let (store, w) = (t.store.clone(), w.clone());
+        async move {
+            store
+                .append(&w, &[stream("s", ExpectedVersion::Any, events)])
+                .await
+                .unwrap();
+        }
+    };
+    let watch = llmgw_eventstore::ChainWatch::new();
+    assert_eq!(watch.check(&t.store).await.unwrap().checked, 0);
+    append(0, 4).await;
+    let first = watch.check(&t.store).await.unwrap();
+    assert_eq!((first.from, first.checked, watch.verified()), (1, 4, 4));
+    append(4, 7).await;
+    let second = watch.check(&t.store).await.unwrap();
+    assert_eq!((second.from, second.checked, watch.verified()), (5, 3, 7));
+    assert_eq!(watch.failures(), 0);
+
+    append(7, 10).await;
+    let tamper = match b {
+        Backend::Postgres => {
+            "ALTER TABLE es_events DISABLE TRIGGER es_events_immutable;
+             UPDATE es_events SET payload = jsonb_set(payload, '{n}', '666') WHERE position = 9;
+             ALTER TABLE es_events ENABLE TRIGGER es_events_immutable;"
+        }
+        Backend::Sqlite => {
+            "DROP TRIGGER es_events_no_update;
+             UPDATE es_events SET payload = json_set(payload, '$.n', 666) WHERE position = 9;"
+        }
+    };
+    t.raw(tamper).await.expect("tamper with the payload");
+    for pass in 1..=2 {
+        let r = watch.check(&t.store).await.unwrap();
+        assert_eq!(r.first_mismatch, Some(9), "{r:?}");
+        assert_eq!((watch.verified(), watch.failures()), (8, pass));
+    }
 }
