@@ -1,7 +1,8 @@
 //! Read models built from the event log: the router, cluster, tenancy and
 //! usage views, each a plain struct with `apply(&mut self, &RecordedEvent)`,
 //! and the [`Runner`] that feeds them from a subscription, snapshots them
-//! with their checkpoint and reports its lag.
+//! with their checkpoint and reports its lag, and [`Lag`], the views' lag
+//! sampled from outside the runner for the metrics page.
 //!
 //! What must not: decisions (those are in `llmgw-domain`) or writes to the
 //! event log (only the control plane appends, through `llmgw-eventstore`).
@@ -9,6 +10,7 @@
 //! newer writer cannot stop an older reader.
 
 mod cluster;
+mod lag;
 mod replay;
 mod router;
 mod runner;
@@ -20,6 +22,7 @@ use llmgw_eventstore::{Checkpoint, RecordedEvent};
 use serde::{Deserialize, Serialize};
 
 pub use cluster::ClusterView;
+pub use lag::{Lag, lag_of};
 pub use replay::{parse_time, position_at, replay_to};
 pub use router::{Endpoint, RouterModel, RouterView};
 pub use runner::{Runner, RunnerError};

@@ -120,6 +120,16 @@ impl RouterView {
         );
     }
 
+    /// The node a placed replica's rank 0 runs on (where its endpoint
+    /// answers), for labelling the endpoint's metrics.
+    pub fn node_of(&self, replica_id: &str) -> Option<&str> {
+        let p = self.placements.get(replica_id)?;
+        p.shards
+            .iter()
+            .find(|s| s.rank == 0)
+            .map(|s| s.node_id.as_str())
+    }
+
     fn remove_model(&mut self, name: &str) {
         if let Some(old) = self.models.remove(name) {
             for a in &old.aliases {

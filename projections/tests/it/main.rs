@@ -221,7 +221,8 @@ macro_rules! both_backends {
 
 both_backends!(
     views_followed_live_equal_views_rebuilt_from_zero,
-    a_restart_resumes_from_a_matching_snapshot_only
+    a_restart_resumes_from_a_matching_snapshot_only,
+    the_sampled_lag_counts_unapplied_events_and_is_zero_when_caught_up,
 );
 
 async fn views_followed_live_equal_views_rebuilt_from_zero(b: Backend) {
@@ -252,6 +253,13 @@ async fn views_followed_live_equal_views_rebuilt_from_zero(b: Backend) {
         "one ready endpoint per round"
     );
     assert_eq!(live.usage.models["model-3"].requests, 5);
+    assert!(
+        live.router
+            .endpoints
+            .keys()
+            .all(|id| live.router.node_of(id).is_some()),
+        "every endpoint names the node it answers on"
+    );
 }
 
 async fn a_restart_resumes_from_a_matching_snapshot_only(b: Backend) {
@@ -295,4 +303,19 @@ async fn a_restart_resumes_from_a_matching_snapshot_only(b: Backend) {
         let got = rebuilt_runner.views().read().unwrap().clone();
         assert_eq!(got, rebuilt);
     }
+}
+
+/// The lag is read from the store, not from the runner: views at position 1
+/// of 3 are two events behind; at the head, nothing.
+async fn the_sampled_lag_counts_unapplied_events_and_is_zero_when_caught_up(b: Backend) {
+    let (store, w, _scratch) = fresh(b).await;
+    let mut state = State::default();
+    let usage_events = (0..3).map(|i| usage(1, i)).collect();
+    append_story(&store, &w, &mut state, vec![], usage_events).await;
+    let lag = llmgw_projections::Lag::new();
+    lag.sample(&store, 1).await.unwrap();
+    assert_eq!(lag.events(), 2);
+    assert!(lag.seconds() >= 0.0);
+    lag.sample(&store, 3).await.unwrap();
+    assert_eq!((lag.events(), lag.seconds()), (0, 0.0));
 }
