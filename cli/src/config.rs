@@ -370,3 +370,7 @@ fn check_catalog(models: &[Model]) -> Result<(), String> {
         .map(|_| ())
         .map_err(|r| r.reason)
 }
+
+#[cfg(test)]
+#[path = "config_docs.rs"]
+mod docs;
