@@ -226,7 +226,7 @@ async fn replicas(
                             node: s.placement.node_id.clone(),
                             gpus: s.placement.gpu_indices.clone(),
                             port: s.placement.port,
-                            state: lower::<ShardState>(&s.state),
+                            state: lower::<ShardState>(&shown_state(r.status, s.state)),
                             error: s.error.clone(),
                             fetch: cp.agents.fetch_of(&s.placement.shard_id).map(|(d, t)| {
                                 api::Fetch {
@@ -250,6 +250,17 @@ async fn replicas(
             })
             .collect();
     Ok(Json(rows))
+}
+
+/// A stopped replica's shards keep the last state they reported
+/// ("ready", "draining"); shown as what they are now, stopped, unless a
+/// shard failed, which is worth seeing.
+fn shown_state(replica: ReplicaStatus, shard: ShardState) -> ShardState {
+    match (replica, shard) {
+        (ReplicaStatus::Stopped, ShardState::Failed) => ShardState::Failed,
+        (ReplicaStatus::Stopped, _) => ShardState::Stopped,
+        _ => shard,
+    }
 }
 
 async fn explain(
@@ -396,6 +407,7 @@ async fn add_model(
             format!("the body is not a model: {e}"),
         )
     })?;
+    from_config_file(&cp, &model.name, "changed")?;
     let exists = cp
         .views
         .read()
@@ -418,6 +430,25 @@ async fn add_model(
     change(&cp, &origin, vec![Command::Catalog(command)], &done).await
 }
 
+/// The configuration file's models are applied again whenever a server
+/// takes office, so a change made here would silently last only until
+/// then: it is refused, naming where the model is defined.
+fn from_config_file(
+    cp: &ControlPlane,
+    name: &str,
+    verb: &str,
+) -> std::result::Result<(), AdminError> {
+    if cp.config.models.iter().any(|m| m.name == name) {
+        return Err(AdminError(
+            StatusCode::CONFLICT,
+            format!(
+                "model {name} is defined in the leader's configuration file, which wins whenever a server takes office: it cannot be {verb} with ctl; edit the file and restart the server instead"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Deserialize)]
 struct NameQuery {
     name: String,
@@ -429,6 +460,7 @@ async fn remove_model(
     Query(q): Query<NameQuery>,
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
+    from_config_file(&cp, &q.name, "removed")?;
     let done = format!("model {} removed; its replicas stop", q.name);
     change(
         &cp,

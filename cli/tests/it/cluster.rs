@@ -570,6 +570,7 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     .await;
     let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
     assert_eq!(all[0]["status"], "stopped");
+    assert_eq!(all[0]["shards"][0]["state"], "stopped", "{all}");
     // An unknown model is still a 404.
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
@@ -700,13 +701,20 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     std::fs::write(&bad, "name: broken\nscaling: {min: 3, max: 1}\n").unwrap();
     let (ok, _, err) = ctl(admin, &["model", "add", bad.to_str().unwrap()]);
     assert!(!ok && err.contains("scaling min 3 exceeds max 1"), "{err}");
-    let (ok, out, _) = ctl(admin, &["model", "remove", "chat"]);
-    assert!(ok && out.contains("removed"), "{out}");
-    until("its replica stops", || async {
-        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
-        (rows.as_array().unwrap().is_empty() && sweep.engines().is_empty()).then_some(())
-    })
-    .await;
+    // The file's models come back whenever a server takes office: a
+    // change through ctl would silently not last, so it is refused.
+    let (ok, _, err) = ctl(admin, &["model", "remove", "chat"]);
+    assert!(
+        !ok && err.contains("defined in the leader's configuration file"),
+        "{err}"
+    );
+    let edited = dir.path().join("chat.yaml");
+    std::fs::write(&edited, model_yaml(2)).unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", edited.to_str().unwrap()]);
+    assert!(!ok && err.contains("edit the file"), "{err}");
+    let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+    assert_eq!(ready_replicas(&rows).len(), 1, "nothing changed");
+    drop(sweep);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
