@@ -12,6 +12,7 @@ mod events;
 mod gateway_settings;
 mod keys;
 mod lease;
+mod logging;
 mod output;
 mod serve;
 mod server;
@@ -33,6 +34,17 @@ struct Cli {
     /// command line).
     #[arg(long, global = true, env = "LLMGW_STORE", default_value = "llmgw.db")]
     store: String,
+
+    /// How log lines are written to stderr: text, or json (one object a
+    /// line, for a log pipeline). RUST_LOG sets the levels.
+    #[arg(
+        long,
+        global = true,
+        env = "LLMGW_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    log_format: logging::LogFormat,
 
     #[command(subcommand)]
     command: Command,
@@ -75,48 +87,47 @@ pub(crate) enum Outcome {
     Failed,
 }
 
-/// Logs go to stderr (filtered by RUST_LOG, warnings by default); a node
-/// agent also keeps its last lines at info level for `ctl logs`.
-fn init_logging(cli: &Cli) {
-    use std::io::IsTerminal;
-    use tracing_subscriber::Layer;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    // Colours only for a person at a terminal: a journal or a log file
-    // gets plain text.
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .with_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        );
-    let ring = match &cli.command {
+/// How this process logs. Daemons log at info, so that "leading", "agent
+/// connected" and every request's access line reach the journal; a
+/// one-shot command (keys, events, ctl, users…) stays at warn, because a
+/// person or a script reads its output and its stderr carries its one-line
+/// error. RUST_LOG overrides either. A daemon that serves or steers
+/// exports traces when OTLP is configured; the simulated engine does not.
+fn logging_setup(cli: &Cli) -> logging::Setup {
+    use tracing_subscriber::filter::LevelFilter;
+    let (default_level, service, ring) = match &cli.command {
+        Command::Server(_) | Command::Up(_) => (LevelFilter::INFO, Some("llmgw-server"), None),
         Command::Agent(agent::AgentCommand::Run(_)) => {
             let ring = llmgw_agent::supervisor::LogTail::new(agent_log::LINES);
             let _ = agent::AGENT_LOG.set(ring.clone());
-            Some(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .with_writer(agent_log::Ring(ring))
-                    .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
-            )
+            (LevelFilter::INFO, Some("llmgw-agent"), Some(ring))
         }
-        _ => None,
+        Command::SimEngine(_) => (LevelFilter::INFO, None, None),
+        _ => (LevelFilter::WARN, None, None),
     };
-    tracing_subscriber::registry()
-        .with(stderr)
-        .with(ring)
-        .init();
+    logging::Setup {
+        format: cli.log_format,
+        default_level,
+        service,
+        ring,
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
+        }
+    };
+    // The trace exporter sends on the runtime: it goes before the runtime.
+    let logs = match logging::init(logging_setup(&cli), runtime.handle()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
     };
     let result = runtime.block_on(async {
@@ -133,6 +144,7 @@ fn main() -> ExitCode {
             Command::Up(args) => up::run(args).await,
         }
     });
+    drop(logs);
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,
         Ok(Outcome::Failed) => ExitCode::from(1),

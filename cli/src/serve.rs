@@ -318,6 +318,13 @@ pub(crate) async fn run(
                 if let (Some(c), Some(a)) = (client, admin)
                     && let Some(f) = on_bound.take()
                 {
+                    tracing::info!(
+                        version = env!("CARGO_PKG_VERSION"),
+                        client = %c,
+                        admin = %a,
+                        agent = agent_addr.map(tracing::field::display),
+                        "serving"
+                    );
                     f(Bound { client: c, admin: a, agent: agent_addr });
                 }
             }

@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::{ControlError, ControlPlane, convert};
 
@@ -204,7 +205,13 @@ impl llmgw_api::AgentService for AgentSvc {
                 "this certificate is for node {cn}, not {node}: issue one with `llmgw ctl cert issue-client {node}`"
             )));
         }
-        cp.register(&reg).await.map_err(to_status)?;
+        // The session's span: what the server does for this node, from its
+        // registration to the stream's end, carries the node's name.
+        let span = tracing::info_span!("agent_session", node = %node);
+        cp.register(&reg)
+            .instrument(span.clone())
+            .await
+            .map_err(to_status)?;
         let (tx, rx) = mpsc::channel(256);
         let generation = cp.agents.generation.fetch_add(1, Ordering::Relaxed);
         let _ = tx.try_send(Ok(ControlMessage {
@@ -215,9 +222,13 @@ impl llmgw_api::AgentService for AgentSvc {
             })),
         }));
         lock(&cp.agents.sessions).insert(node.clone(), Session { generation, tx });
-        tracing::info!(node = %node, shards = reg.running_shards.len(), "agent connected");
-        cp.after_register(&node, &reg).await;
-        tokio::spawn(read_stream(cp, node, generation, inbound));
+        span.in_scope(|| {
+            tracing::info!(node = %node, shards = reg.running_shards.len(), "agent connected");
+        });
+        cp.after_register(&node, &reg)
+            .instrument(span.clone())
+            .await;
+        tokio::spawn(read_stream(cp, node, generation, inbound).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }

@@ -24,7 +24,9 @@ pub(crate) async fn run(cp: Arc<ControlPlane>) {
         if !cp.is_leader() {
             continue;
         }
-        if let Err(e) = cp.pass().await {
+        // A span per pass: its appends and the agents told are its children.
+        let span = tracing::info_span!("reconcile", actions = tracing::field::Empty);
+        if let Err(e) = tracing::Instrument::instrument(cp.pass(), span).await {
             tracing::warn!(error = %e, "reconciler pass failed; retrying on the next one");
         }
         cp.passes.send_modify(|n| *n += 1);
@@ -127,6 +129,7 @@ impl ControlPlane {
                 }
             }
         }
+        tracing::Span::current().record("actions", plan.actions.len());
         let Some(state) = state else {
             return Ok(());
         };

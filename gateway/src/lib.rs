@@ -11,6 +11,7 @@
 //! forwards the original bytes; response bodies stream through chunk by
 //! chunk, never buffered.
 
+mod access;
 pub mod admission;
 pub mod affinity;
 pub mod auth;
@@ -184,6 +185,8 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(info::ready))
         .with_state(gw)
+        // Outermost: every answer, a refusal included, has its request id.
+        .layer(axum::middleware::from_fn(access::layer))
 }
 
 /// The admin routes (loopback by default): health and metrics for now.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -279,12 +279,23 @@ fn usage(run: &Running, completion: u32) -> Value {
     })
 }
 
-async fn chat(State(state): State<Arc<SimState>>, body: Bytes) -> Response {
-    generate(state, body, chat_prompt, Kind::Chat).await
+async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Bytes) -> Response {
+    generate(state, &headers, body, chat_prompt, Kind::Chat).await
 }
 
-async fn completions(State(state): State<Arc<SimState>>, body: Bytes) -> Response {
-    generate(state, body, completion_prompt, Kind::Text).await
+async fn completions(
+    State(state): State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(state, &headers, body, completion_prompt, Kind::Text).await
+}
+
+/// One line a request, as a real engine's access log: with the id the
+/// gateway sent, a request can be followed from the client to here.
+fn received(headers: &HeaderMap, model: &str, stream: bool) {
+    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
+    tracing::info!(request_id, model, stream, "request received");
 }
 
 #[derive(Clone, Copy)]
@@ -295,6 +306,7 @@ enum Kind {
 
 async fn generate(
     state: Arc<SimState>,
+    headers: &HeaderMap,
     body: Bytes,
     prompt_of: fn(&Value) -> Option<String>,
     kind: Kind,
@@ -303,6 +315,7 @@ async fn generate(
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
+    received(headers, &ask.model, ask.stream);
     let run = match admit(&state, &ask.prompt).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -400,7 +413,11 @@ async fn generate(
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-async fn embeddings(State(state): State<Arc<SimState>>, body: Bytes) -> Result<Response, ApiError> {
+async fn embeddings(
+    State(state): State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let v: Value =
         serde_json::from_slice(&body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
     let model = v["model"]
@@ -409,6 +426,7 @@ async fn embeddings(State(state): State<Arc<SimState>>, body: Bytes) -> Result<R
     if !state.config.models.iter().any(|m| m == model) {
         return Err(unknown_model(model));
     }
+    received(&headers, model, false);
     let inputs: Vec<String> = match &v["input"] {
         Value::String(s) => vec![s.clone()],
         Value::Array(a) => a

@@ -242,8 +242,12 @@ impl Agent {
             let server = self.config.servers[next % self.config.servers.len().max(1)].clone();
             next += 1;
             let began = Instant::now();
+            // One span per session: every line the session logs names the
+            // server and this node.
+            let span =
+                tracing::info_span!("agent_session", server = %server, node = %self.config.node_id);
             tokio::select! {
-                r = self.session(&server) => match r {
+                r = tracing::Instrument::instrument(self.session(&server), span) => match r {
                     Ok(()) => tracing::info!(server = %server, "the control plane closed the stream"),
                     Err(e) => tracing::warn!(server = %server, error = %e, "no session with the control plane"),
                 },

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 mod browser;
 mod cluster;
+mod logs;
 mod node_agent;
 mod tenancy;
 mod web;

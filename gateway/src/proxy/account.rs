@@ -26,6 +26,8 @@ pub(crate) struct Ticket {
     pub(crate) started: tokio::time::Instant,
     /// Tokens used, once known; the charge is settled to this.
     used: u64,
+    /// The access line, written when the last of its holders lets go.
+    pub(crate) access: crate::access::Access,
 }
 
 impl Ticket {
@@ -35,6 +37,7 @@ impl Ticket {
         asked: String,
         admitted: super::admit::Admitted,
         started: tokio::time::Instant,
+        access: crate::access::Access,
     ) -> Self {
         Ticket {
             gw,
@@ -45,6 +48,7 @@ impl Ticket {
             charge: admitted.charge,
             started,
             used: 0,
+            access,
         }
     }
 }
@@ -75,16 +79,21 @@ pub(crate) struct Finish {
     status: u16,
     pub(crate) first_content: Option<Duration>,
     pub(crate) tokens: Option<Tokens>,
+    /// How a stream ended, when it did (None: still running when
+    /// dropped, so the client went away).
+    pub(crate) end: Option<crate::access::StreamEnd>,
 }
 
 impl Finish {
     pub(crate) fn new(ticket: Ticket, served: String, status: u16) -> Self {
+        ticket.access.served(&served, status);
         Finish {
             ticket,
             served,
             status,
             first_content: None,
             tokens: None,
+            end: None,
         }
     }
 
@@ -96,6 +105,9 @@ impl Finish {
 impl Drop for Finish {
     fn drop(&mut self) {
         let gw = &self.ticket.gw;
+        self.ticket
+            .access
+            .finished(self.tokens, self.first_content, self.end);
         let tokens = self.tokens.unwrap_or_default();
         gw.metrics.tokens(tokens.prompt, tokens.completion);
         // The ticket, dropped after this, settles the rates to this count.

@@ -72,6 +72,10 @@ async fn attempt(
 ) -> Result<Response, Option<String>> {
     let mut tried: Vec<String> = Vec::new();
     let mut last_error = None;
+    // The engine logs the client's id, so one grep follows a request.
+    let request_id = ticket
+        .as_ref()
+        .map_or_else(crate::access::RequestId::new, |t| t.access.id());
     for _ in 0..=gw.config.retries {
         let candidates = gw.endpoints.candidates(model, &tried);
         if candidates.is_empty() {
@@ -95,6 +99,7 @@ async fn attempt(
             .client
             .post(format!("{}{path}", endpoint.spec.url))
             .header(header::CONTENT_TYPE, "application/json")
+            .header(crate::access::REQUEST_ID, request_id.0.clone())
             .body(body.clone())
             .send()
             .await;
@@ -219,11 +224,13 @@ fn relay(
                 }
                 Some(Err(e)) => {
                     st.flight.endpoint().record(false);
+                    st.finish.end = Some(crate::access::StreamEnd::UpstreamError);
                     st.done = true;
                     return Some((Err(std::io::Error::other(e)), st));
                 }
                 None => {
                     st.done = true;
+                    st.finish.end = Some(crate::access::StreamEnd::Complete);
                     let rest = st.scanner.finish();
                     return Some((Ok(rest), st));
                 }

@@ -33,6 +33,7 @@ pub(crate) use resolve::{now_ms, price};
 
 use llmgw_projections::KeyEntry;
 
+use crate::access::{Access, RequestId};
 use crate::{ApiError, Gateway};
 
 /// A refusal and the model label it is counted under (None: `unknown`).
@@ -45,38 +46,52 @@ impl From<ApiError> for Refused {
 }
 
 pub(crate) async fn handle(State(gw): State<Arc<Gateway>>, uri: Uri, request: Request) -> Response {
-    match route(&gw, uri.path(), request).await {
+    let access = Access::start(request.extensions().get::<RequestId>());
+    let answer = route(&gw, uri.path(), request, &access).await;
+    refusal_counted(&gw, answer, &access)
+}
+
+/// The answer, or the refusal counted in the metrics and the access line.
+fn refusal_counted(gw: &Gateway, answer: Result<Response, Refused>, access: &Access) -> Response {
+    match answer {
         Ok(r) => r,
         Err(Refused(label, e)) => {
             gw.metrics
                 .request(label.as_deref().unwrap_or("unknown"), e.status.as_u16());
+            access.status(e.status.as_u16());
             e.into_response()
         }
     }
 }
 
-async fn route(gw: &Arc<Gateway>, path: &str, request: Request) -> Result<Response, Refused> {
+async fn route(
+    gw: &Arc<Gateway>,
+    path: &str,
+    request: Request,
+    access: &Access,
+) -> Result<Response, Refused> {
     let caller = admit::identify(gw, request.headers())?;
+    if let Some(k) = &caller.key {
+        access.key(&k.key_id);
+    }
     let limit = gw.config.body_limit;
     let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| ApiError::too_large(limit))?;
-    serve_body(gw, path, caller, body).await
+    serve_body(gw, path, caller, body, access).await
 }
 
 /// A chat completion on a signed-in person's behalf (the chat page): no
 /// key is presented; `key` stands for the person's project (None with
 /// authentication off). Everything after identification is the API's.
 pub async fn chat_as(gw: Arc<Gateway>, key: Option<KeyEntry>, body: Bytes) -> Response {
-    let caller = admit::Caller::standing_for(key);
-    match serve_body(&gw, "/v1/chat/completions", caller, body).await {
-        Ok(r) => r,
-        Err(Refused(label, e)) => {
-            gw.metrics
-                .request(label.as_deref().unwrap_or("unknown"), e.status.as_u16());
-            e.into_response()
-        }
+    let access = Access::start(None);
+    if let Some(k) = &key {
+        access.key(&k.key_id);
     }
+    let caller = admit::Caller::standing_for(key);
+    let answer = serve_body(&gw, "/v1/chat/completions", caller, body, &access).await;
+    refusal_counted(&gw, answer, &access)
 }
 
 async fn serve_body(
@@ -84,8 +99,10 @@ async fn serve_body(
     path: &str,
     caller: admit::Caller,
     body: Bytes,
+    access: &Access,
 ) -> Result<Response, Refused> {
     let request = request::ClientRequest::parse(body)?;
+    access.asked(&request.model, request.stream);
     let started = tokio::time::Instant::now();
     // One routing table for the whole request, however the view moves.
     let routes = gw.routes.load();
@@ -101,6 +118,7 @@ async fn serve_body(
         plan.asked.clone(),
         admitted,
         started,
+        access.clone(),
     );
     resolve::wait_on_demand(gw, &routes, first).await;
     let session = caller.session.as_deref().or(request.user.as_deref());

@@ -1,0 +1,196 @@
+//! Where the binary's logs and traces go: stderr as text or JSON lines,
+//! the agent's ring for `ctl logs`, and OpenTelemetry (OTLP over
+//! HTTP/protobuf) when the standard `OTEL_EXPORTER_OTLP_*ENDPOINT`
+//! variables name a collector.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
+
+use crate::config::ConfigError;
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// For a person or the journal: one line of text an event.
+    #[default]
+    Text,
+    /// For a log pipeline: one JSON object a line (timestamp, level,
+    /// target, fields with the message, the current span and the spans
+    /// around it with their fields).
+    Json,
+}
+
+/// What a process needs of its logging.
+#[derive(Debug)]
+pub(crate) struct Setup {
+    pub(crate) format: LogFormat,
+    /// The level when RUST_LOG is unset.
+    pub(crate) default_level: LevelFilter,
+    /// The OpenTelemetry service name when OTEL_SERVICE_NAME is unset;
+    /// None: this process never exports traces.
+    pub(crate) service: Option<&'static str>,
+    /// The agent's own last lines, kept at info for `ctl logs`.
+    pub(crate) ring: Option<llmgw_agent::supervisor::LogTail>,
+}
+
+/// Holds the trace exporter; dropping it sends what is still batched.
+/// Drop it before the runtime: the exporter's requests run on it.
+#[derive(Debug)]
+pub(crate) struct Guard(Option<SdkTracerProvider>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.0.take()
+            && let Err(e) = provider.shutdown_with_timeout(Duration::from_secs(5))
+        {
+            tracing::warn!(error = %e, "could not send the last traces");
+        }
+    }
+}
+
+type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
+
+/// Installs the process's subscriber. A trace export that is asked for
+/// but cannot be honoured (another protocol, a bad endpoint) is refused.
+pub(crate) fn init(setup: Setup, runtime: &tokio::runtime::Handle) -> Result<Guard, ConfigError> {
+    let provider = match setup.service {
+        Some(service) => exporter(service, runtime)?,
+        None => None,
+    };
+    let filter = || {
+        EnvFilter::builder()
+            .with_default_directive(setup.default_level.into())
+            .from_env_lossy()
+    };
+    let mut layers: Vec<Boxed> = Vec::new();
+    layers.push(match setup.format {
+        // Colours only for a person at a terminal: a journal or a log file
+        // gets plain text.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+    });
+    if let Some(ring) = setup.ring {
+        layers.push(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(crate::agent_log::Ring(ring))
+                .with_filter(LevelFilter::INFO)
+                .boxed(),
+        );
+    }
+    if let Some(p) = &provider {
+        // Our own spans, whatever RUST_LOG says of stderr; the HTTP and
+        // database libraries' spans would swamp a trace.
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(p.tracer("llmgw"))
+                .with_filter(Targets::new().with_target("llmgw", LevelFilter::INFO))
+                .boxed(),
+        );
+    }
+    tracing_subscriber::registry().with(layers).init();
+    Ok(Guard(provider))
+}
+
+/// A variable's value, when set to something.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The OTLP exporter the standard variables ask for, if they ask.
+fn exporter(
+    service: &str,
+    runtime: &tokio::runtime::Handle,
+) -> Result<Option<SdkTracerProvider>, ConfigError> {
+    if var("OTEL_EXPORTER_OTLP_ENDPOINT").is_none()
+        && var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
+    {
+        return Ok(None);
+    }
+    let off = |name: &str, value: &str| var(name).is_some_and(|v| v.eq_ignore_ascii_case(value));
+    if off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none") {
+        return Ok(None);
+    }
+    for name in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Some(p) = var(name)
+            && p != "http/protobuf"
+        {
+            return Err(ConfigError(format!(
+                "{name}={p}: llmgw exports traces as http/protobuf only (a collector's port 4318); unset it or set http/protobuf"
+            )));
+        }
+    }
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| ConfigError(format!("OpenTelemetry export: {e}")))?;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_http_client(OnRuntime {
+            client,
+            runtime: runtime.clone(),
+        })
+        .build()
+        .map_err(|e| ConfigError(format!("OTEL_EXPORTER_OTLP_ENDPOINT: {e}")))?;
+    let name = var("OTEL_SERVICE_NAME").unwrap_or_else(|| service.to_owned());
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(name)
+        .build();
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build(),
+    ))
+}
+
+/// The exporter's HTTP client: the SDK's batch processor exports from a
+/// thread of its own, outside the runtime, so each request is run on the
+/// runtime and that thread waits for the answer. The workspace's reqwest
+/// serves, and no worker thread ever blocks.
+#[derive(Debug)]
+struct OnRuntime {
+    client: reqwest::Client,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for OnRuntime {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let request = reqwest::Request::try_from(request)?;
+        let client = self.client.clone();
+        let sent = self.runtime.spawn(async move {
+            let answer = client.execute(request).await?;
+            let mut response = Response::builder().status(answer.status());
+            if let Some(headers) = response.headers_mut() {
+                headers.extend(answer.headers().clone());
+            }
+            let body = answer.bytes().await?;
+            Ok::<_, HttpError>(response.body(body)?)
+        });
+        sent.await?
+    }
+}

@@ -1,0 +1,231 @@
+//! Request ids, the request's span and the access line.
+//!
+//! Every request on the client routes gets an id: the client's
+//! `x-request-id` when it is sane, else a fresh one. It is returned on
+//! the response (errors included), sent to the engine, and named by the
+//! request's span, so every line logged for the request carries it.
+//!
+//! An inference request ends in one access line, written once when it is
+//! over: when the answer is sent, or for a stream when the stream ends,
+//! the client goes away or the engine breaks off. The stages fill in what
+//! they learn (the key, the model asked for and the one that served, the
+//! status, tokens, time to first token); the last of them to let go
+//! writes the line.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+use crate::usage::Tokens;
+
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client request id kept; a longer one is replaced.
+const MAX_ID: usize = 128;
+
+/// The id of the request being served (a request extension).
+#[derive(Debug, Clone)]
+pub(crate) struct RequestId(pub(crate) HeaderValue);
+
+impl RequestId {
+    /// The client's id when sane (1 to 128 visible ASCII characters, so it
+    /// cannot split a log line or smuggle a header), else a new one.
+    pub(crate) fn from_client(value: Option<&HeaderValue>) -> Self {
+        match value {
+            Some(v) if sane(v.as_bytes()) => RequestId(v.clone()),
+            _ => RequestId::new(),
+        }
+    }
+
+    pub(crate) fn new() -> Self {
+        let id = uuid::Uuid::new_v4().to_string();
+        RequestId(HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("-")))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // Sane ids and uuids are ASCII.
+        self.0.to_str().unwrap_or("-")
+    }
+}
+
+fn sane(id: &[u8]) -> bool {
+    (1..=MAX_ID).contains(&id.len()) && id.iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+/// The client router's outermost layer: the id, the span, the header on
+/// the way back.
+pub(crate) async fn layer(mut request: Request, next: Next) -> Response {
+    let id = RequestId::from_client(request.headers().get(&REQUEST_ID));
+    let path = request.uri().path();
+    // Health checks come every few seconds from every balancer: their
+    // spans are kept for debugging, out of an operator's traces.
+    let span = if path.starts_with("/v1/") {
+        tracing::info_span!("request", request_id = id.as_str(), method = %request.method(), path)
+    } else {
+        tracing::debug_span!("request", request_id = id.as_str(), method = %request.method(), path)
+    };
+    let header = id.0.clone();
+    request.extensions_mut().insert(id);
+    let mut response = next.run(request).instrument(span).await;
+    response.headers_mut().insert(REQUEST_ID, header);
+    response
+}
+
+/// How a streamed answer ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamEnd {
+    /// The engine finished it.
+    Complete,
+    /// The engine broke off mid-stream.
+    UpstreamError,
+}
+
+/// The facts of one request's access line; shared by the stages that
+/// learn them, written when the last of them lets go.
+#[derive(Debug, Clone)]
+pub(crate) struct Access(Arc<Mutex<Line>>);
+
+#[derive(Debug)]
+struct Line {
+    id: RequestId,
+    span: tracing::Span,
+    started: Instant,
+    key_id: Option<String>,
+    asked: Option<String>,
+    served: Option<String>,
+    /// None until an answer is settled: a request dropped before that
+    /// was given up by its client (499, as proxies log it).
+    status: Option<u16>,
+    tokens: Option<Tokens>,
+    ttft: Option<Duration>,
+    stream: bool,
+    end: Option<StreamEnd>,
+}
+
+/// A client's model name, bounded for the log.
+fn bounded(s: &str) -> String {
+    let mut end = s.len().min(MAX_ID);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+impl Access {
+    /// Opens the line of a request with `id` (one is made when the request
+    /// came another way than the client routes), inside the current span.
+    pub(crate) fn start(id: Option<&RequestId>) -> Self {
+        Access(Arc::new(Mutex::new(Line {
+            id: id.cloned().unwrap_or_else(RequestId::new),
+            span: tracing::Span::current(),
+            started: Instant::now(),
+            key_id: None,
+            asked: None,
+            served: None,
+            status: None,
+            tokens: None,
+            ttft: None,
+            stream: false,
+            end: None,
+        })))
+    }
+
+    fn with(&self, f: impl FnOnce(&mut Line)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    pub(crate) fn id(&self) -> RequestId {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).id.clone()
+    }
+
+    pub(crate) fn key(&self, key_id: &str) {
+        self.with(|l| l.key_id = Some(key_id.to_owned()));
+    }
+
+    pub(crate) fn asked(&self, model: &str, stream: bool) {
+        self.with(|l| {
+            l.asked = Some(bounded(model));
+            l.stream = stream;
+        });
+    }
+
+    pub(crate) fn status(&self, status: u16) {
+        self.with(|l| l.status = Some(status));
+    }
+
+    pub(crate) fn served(&self, model: &str, status: u16) {
+        self.with(|l| {
+            l.served = Some(model.to_owned());
+            l.status = Some(status);
+        });
+    }
+
+    pub(crate) fn finished(
+        &self,
+        tokens: Option<Tokens>,
+        ttft: Option<Duration>,
+        end: Option<StreamEnd>,
+    ) {
+        self.with(|l| {
+            l.tokens = tokens;
+            l.ttft = ttft;
+            l.end = end;
+        });
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        let _in = self.span.enter();
+        // Milliseconds to the microsecond: enough, and short to read.
+        let ms = |d: Duration| (d.as_micros() as f64) / 1000.0;
+        let stream_end = match (self.stream, self.status, self.end) {
+            (false, _, _) | (true, None, _) => None,
+            (true, Some(_), Some(StreamEnd::Complete)) => Some("complete"),
+            (true, Some(_), Some(StreamEnd::UpstreamError)) => Some("upstream_error"),
+            (true, Some(_), None) => Some("client_gone"),
+        };
+        tracing::info!(
+            target: "llmgw::access",
+            request_id = self.id.as_str(),
+            key_id = self.key_id.as_deref(),
+            model_asked = self.asked.as_deref(),
+            model_served = self.served.as_deref(),
+            status = self.status.unwrap_or(499),
+            prompt_tokens = self.tokens.map(|t| t.prompt),
+            completion_tokens = self.tokens.map(|t| t.completion),
+            ttft_ms = self.ttft.map(ms),
+            duration_ms = ms(self.started.elapsed()),
+            stream = self.stream,
+            stream_end,
+            "request"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_short_visible_ascii_ids_are_kept() {
+        let kept = |s: &[u8]| {
+            let v = HeaderValue::from_bytes(s).unwrap();
+            RequestId::from_client(Some(&v)).0 == v
+        };
+        assert!(kept(b"abc-123"));
+        assert!(kept(&[b'a'; 128]));
+        assert!(!kept(&[b'a'; 129]));
+        assert!(!kept(b"two words"));
+        assert!(!kept(b"tab\there"));
+        assert!(!kept("caf\u{e9}".as_bytes()));
+        assert!(!kept(b""));
+        let made = RequestId::from_client(None);
+        assert_eq!(made.as_str().len(), 36, "a uuid: {}", made.as_str());
+    }
+}
