@@ -47,6 +47,7 @@ impl Agent {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
         let health = self.registered_health(&inv.gpus);
+        self.registered_figures = super::recheck::wire_figures(&inv.gpus);
         self.gpus = inv
             .gpus
             .iter()
@@ -171,10 +172,10 @@ impl Agent {
         }
     }
 
-    /// Storage and memory always (a few numbers); weights when they
-    /// changed; installed engines (probed in the background) when they
-    /// changed. The flags say a list is meant, so an empty one is never
-    /// ambiguous.
+    /// Storage, memory and GPU figures always (a few numbers); weights
+    /// when they changed; installed engines (probed in the background) when
+    /// they changed. The flags say a list is meant, so an empty one is
+    /// never ambiguous.
     pub(super) async fn heartbeat(&mut self) -> v1::Heartbeat {
         // The disks and the model directories' walk, off the loop.
         let o = self.config.discovery.clone();
@@ -213,6 +214,7 @@ impl Agent {
             hb.gpus_changed = true;
             hb.gpus = health;
         }
+        hb.gpu_figures = self.gpu_figures();
         hb
     }
 

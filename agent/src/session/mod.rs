@@ -144,6 +144,11 @@ pub struct Agent {
     progress: Arc<std::sync::Mutex<BTreeMap<String, crate::fetch::Progress>>>,
     /// The GPUs the last discovery found, for validating starts.
     gpus: Vec<crate::engines::GpuInfo>,
+    /// The GPUs' figures as the registration read them, sent until a
+    /// later look exists.
+    registered_figures: Vec<v1::GpuFigures>,
+    /// What the agent's metrics page shows.
+    stats: Arc<crate::metrics::AgentStats>,
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
@@ -201,13 +206,27 @@ impl Agent {
             fetched_rx,
             progress: Arc::default(),
             gpus: Vec::new(),
+            registered_figures: Vec::new(),
+            stats: Arc::default(),
         }
+    }
+
+    /// What the agent's metrics page shows, kept up to date while it runs.
+    pub fn stats(&self) -> Arc<crate::metrics::AgentStats> {
+        self.stats.clone()
+    }
+
+    /// Tells the metrics page which shards are supervised now.
+    fn publish_shards(&self) {
+        self.stats
+            .supervising(self.shards.values().map(|r| r.status.clone()).collect());
     }
 
     /// Runs until `shutdown` turns true. Engines are left running unless
     /// the configuration says otherwise.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.adopt_orphans().await;
+        self.publish_shards();
         // The first probe (an SGLang import can take seconds) must not
         // hold up a stop signal.
         let stopped = tokio::select! {
@@ -242,6 +261,7 @@ impl Agent {
             let server = self.config.servers[next % self.config.servers.len().max(1)].clone();
             next += 1;
             let began = Instant::now();
+            self.publish_shards();
             // One span per session: every line the session logs names the
             // server and this node.
             let span =
@@ -253,6 +273,8 @@ impl Agent {
                 },
                 _ = shutdown.wait_for(|s| *s) => return,
             }
+            self.stats.stream_down();
+            self.publish_shards();
             // A session that lasted resets the backoff.
             if began.elapsed() > self.config.reconnect_max {
                 delay = self.config.reconnect_base;
@@ -302,9 +324,11 @@ impl Agent {
             .map_err(|s| SessionError(format!("refused: {}", s.message())))?
             .into_inner();
         tracing::info!(server, node = %self.config.node_id, "connected to the control plane");
+        self.stats.stream_up();
         let mut beat = tokio::time::interval(self.config.heartbeat);
         beat.tick().await;
         loop {
+            self.publish_shards();
             tokio::select! {
                 _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat().await)),
                 Some(st) = self.stopped_rx.recv() => {

@@ -47,6 +47,20 @@ fn wire_health(gpus: &[Gpu], ours: impl Fn(u32) -> bool) -> Vec<v1::GpuHealth> {
         .collect()
 }
 
+/// Every GPU's figures, for the control plane's metrics page.
+pub(super) fn wire_figures(gpus: &[Gpu]) -> Vec<v1::GpuFigures> {
+    gpus.iter()
+        .map(|g| v1::GpuFigures {
+            index: g.index as i32,
+            memory_used_mb: g.memory_used_mb as i64,
+            memory_total_mb: g.memory_total_mb as i64,
+            temperature_c: g.health.temperature_c as i32,
+            utilization_percent: g.utilization_percent as i32,
+            ecc_errors: g.health.ecc_errors as i64,
+        })
+        .collect()
+}
+
 /// Problems without their figures: a foreign process using a few more MiB
 /// is not news worth an event.
 fn kinds(h: &[v1::GpuHealth]) -> Vec<(i32, Vec<String>)> {
@@ -118,6 +132,18 @@ impl Agent {
         }
         self.sent_gpus = health.clone();
         Some(health)
+    }
+
+    /// The GPUs' figures from the latest look newer than the registration,
+    /// else the registration's; none while the driver cannot be read.
+    pub(super) fn gpu_figures(&self) -> Vec<v1::GpuFigures> {
+        match &self.rechecked.borrow().gpus {
+            Some((taken, look)) if *taken > self.registered_at => match look {
+                GpuLook::Seen(gpus) => wire_figures(gpus),
+                GpuLook::Unreadable(_) => Vec::new(),
+            },
+            _ => self.registered_figures.clone(),
+        }
     }
 
     /// Probes the engines now (registration carries them), then every
