@@ -323,6 +323,7 @@ impl ControlPlane {
         )
         .await?;
         self.agents.seen(&reg.node_id);
+        self.telemetry.registered(reg);
         Ok(())
     }
 
@@ -523,6 +524,7 @@ impl ControlPlane {
     /// against the log, so a view a moment behind costs at most a no-op.
     async fn heartbeat(&self, node: &str, hb: v1::Heartbeat) -> Result<(), ControlError> {
         self.agents.seen(node);
+        self.telemetry.heartbeat(node, &hb);
         let commands = {
             let views = self.views.read().unwrap_or_else(|p| p.into_inner());
             let Some(current) = views.cluster.nodes.nodes.get(node) else {

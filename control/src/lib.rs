@@ -16,11 +16,13 @@ mod config;
 mod convert;
 mod door;
 mod forward;
+pub mod metrics;
 mod people_api;
 mod reconciler;
 pub mod tenancy_api;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -106,6 +108,11 @@ pub struct ControlPlane {
     /// Leaders' admin addresses, read from the log (for forwarding).
     leaders: tokio::sync::Mutex<forward::Leaders>,
     http: reqwest::Client,
+    /// Disk and GPU figures from registrations and heartbeats (leader
+    /// only): telemetry for the metrics page, never the log.
+    telemetry: metrics::Telemetry,
+    /// The epoch of the lease held, or last seen held by another.
+    epoch_seen: AtomicU64,
 }
 
 impl ControlPlane {
@@ -137,6 +144,8 @@ impl ControlPlane {
                 .timeout(Duration::from_secs(30))
                 .build()
                 .unwrap_or_default(),
+            telemetry: metrics::Telemetry::default(),
+            epoch_seen: AtomicU64::new(0),
         })
     }
 
@@ -320,7 +329,8 @@ impl ControlPlane {
         loop {
             let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
                 Ok(l) => l,
-                Err(StoreError::LeaseHeld { .. }) => {
+                Err(StoreError::LeaseHeld { epoch, .. }) => {
+                    self.epoch_seen.fetch_max(epoch, Ordering::Relaxed);
                     tokio::time::sleep(self.config.lease_poll).await;
                     continue;
                 }
@@ -331,6 +341,7 @@ impl ControlPlane {
                 }
             };
             let token = lease.token.clone();
+            self.epoch_seen.fetch_max(token.epoch, Ordering::Relaxed);
             if let Err(e) = self.take_office(&token).await {
                 tracing::error!(error = %e, "could not take office; releasing the lease");
                 let _ = self.store.release_lease(&token).await;
@@ -359,6 +370,7 @@ impl ControlPlane {
     async fn take_office(&self, token: &LeaseToken) -> Result<(), ControlError> {
         let state = self.decider.state().await?;
         self.agents.reset_clocks(state.nodes.nodes.keys());
+        self.telemetry.clear();
         {
             let mut m = self.memory();
             m.rt.drain_since.clear();
