@@ -57,23 +57,23 @@ impl ChainWatch {
     }
 
     /// Verifies whenever the log has grown past the verified position, at
-    /// most once per `every` (the first pass at once); looks at the head
-    /// every `poll`. Runs until dropped.
-    pub async fn run<S: EventStore>(self: Arc<Self>, store: S, every: Duration, poll: Duration) {
+    /// most once per `every` (the first pass at once). `reached` is a
+    /// position the log has reached as this process follows it (a
+    /// server's views'), so nothing is polled. Runs until dropped, or until
+    /// `reached` has no sender left.
+    pub async fn run<S: EventStore>(
+        self: Arc<Self>,
+        store: S,
+        every: Duration,
+        mut reached: tokio::sync::watch::Receiver<u64>,
+    ) {
         let mut last_pass: Option<tokio::time::Instant> = None;
         // The failure last logged, so a lasting one is logged once.
         let mut logged: Option<(Option<u64>, Option<bool>)> = None;
         loop {
-            let head = match store.head().await {
-                Ok((head, _)) => head,
-                Err(e) => {
-                    tracing::debug!(error = %e, "chain verification cannot read the head");
-                    0
-                }
-            };
-            if head <= self.verified() {
-                tokio::time::sleep(poll).await;
-                continue;
+            let verified = self.verified();
+            if reached.wait_for(|p| *p > verified).await.is_err() {
+                return;
             }
             if let Some(at) = last_pass {
                 tokio::time::sleep_until(at + every).await;
