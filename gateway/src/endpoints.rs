@@ -21,6 +21,9 @@ pub struct EndpointSpec {
     /// Higher-priority pools are tried first.
     pub priority: i32,
     pub engine: EngineKind,
+    /// The node a placed replica runs on (for its metrics' labels); None
+    /// for a configured endpoint.
+    pub node: Option<String>,
 }
 
 impl std::str::FromStr for EndpointSpec {
@@ -60,6 +63,7 @@ impl std::str::FromStr for EndpointSpec {
             weight: 1,
             priority: 0,
             engine: EngineKind::default(),
+            node: None,
         };
         for opt in options.filter(|o| !o.is_empty()) {
             let (k, v) = opt
@@ -364,6 +368,7 @@ mod tests {
             weight,
             priority,
             engine: EngineKind::default(),
+            node: None,
         }
     }
 

@@ -136,13 +136,13 @@ impl Gateway {
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
             .build()?;
-        Ok(Arc::new(Gateway {
+        Ok(Arc::new_cyclic(|me| Gateway {
             endpoints: Endpoints::new(
                 config.endpoints.clone(),
                 config.breaker,
                 config.scrape_interval * 3,
             ),
-            metrics: Metrics::default(),
+            metrics: Metrics::new(me.clone()),
             client,
             affinity: affinity::Affinity::new(config.affinity.clone()),
             routes: routes::RouteTable::new(config.fallbacks.clone()),

@@ -1,13 +1,21 @@
-//! The gateway's metrics, with prometheus-client. Endpoint gauges are read
-//! from the live endpoint set at scrape time, so they cannot go stale.
+//! The process's one metrics registry, with prometheus-client. The
+//! gateway's counters are registered once; its live figures (endpoints,
+//! pool saturation, dropped usage) are a collector read at scrape time, so
+//! they cannot go stale; the rest of the process (the control plane, the
+//! log) adds its own collectors through [`Metrics::register`], and every
+//! series appears once on `/metrics`, whichever listener serves it.
+//!
+//! No label takes a client's text: `model` is a model the routing table
+//! knows (or `unknown`), endpoints and nodes are configured or placed.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -19,11 +27,6 @@ use crate::Gateway;
 struct RequestLabels {
     model: String,
     status: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EndpointLabels {
-    endpoint: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -46,28 +49,107 @@ struct ModelLabels {
     model: String,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabels {
+    version: &'static str,
+}
+
+/// `endpoint`, and `node` for a placed replica's (so that an alert on a
+/// node can silence its endpoints'); a configured endpoint has no node.
+type EndpointLabels = Vec<(&'static str, String)>;
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+fn ttft_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// The gateway's counters and the process's registry.
 #[derive(Debug)]
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     rejected: Family<BandLabels, Counter>,
     decisions: Family<DecisionLabels, Counter>,
     tokens: Family<DirectionLabels, Counter>,
-    ttft: Histogram,
+    ttft: Family<ModelLabels, Histogram, fn() -> Histogram>,
+    registry: Mutex<Registry>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics {
+impl Metrics {
+    /// The registry with the gateway's series; `gw` is read at scrape time
+    /// for the live ones.
+    pub(crate) fn new(gw: Weak<Gateway>) -> Self {
+        let m = Metrics {
             requests: Family::default(),
             rejected: Family::default(),
             decisions: Family::default(),
             tokens: Family::default(),
-            ttft: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            ttft: Family::new_with_constructor(ttft_histogram),
+            registry: Mutex::new(Registry::with_prefix("llmgw")),
+        };
+        {
+            let mut r = m.lock();
+            let build = Family::<VersionLabels, Gauge>::default();
+            build
+                .get_or_create(&VersionLabels {
+                    version: env!("CARGO_PKG_VERSION"),
+                })
+                .set(1);
+            r.register(
+                "build_info",
+                "Always 1; the version label is this binary's",
+                build,
+            );
+            r.register(
+                "requests",
+                "Requests answered, by model (a known model, or unknown) and status",
+                m.requests.clone(),
+            );
+            r.register(
+                "admission_rejected",
+                "Requests refused by admission, by band",
+                m.rejected.clone(),
+            );
+            r.register(
+                "prefix_decisions",
+                "Endpoint choices, by why they were made",
+                m.decisions.clone(),
+            );
+            r.register(
+                "tokens",
+                "Tokens counted from engine usage, by direction",
+                m.tokens.clone(),
+            );
+            r.register(
+                "ttft_seconds",
+                "Time to the first content chunk of streamed answers, by the model that served",
+                m.ttft.clone(),
+            );
+            r.register_collector(Box::new(Live(gw)));
         }
+        m
     }
-}
 
-impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds the series of another part of this process (the control plane,
+    /// the log) to the page. Register each once: the registry does not
+    /// merge, so a name registered twice would be written twice.
+    pub fn register(&self, collector: Box<dyn Collector>) {
+        self.lock().register_collector(collector);
+    }
+
+    /// The whole page, in the text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.lock()).is_err() {
+            out.clear();
+        }
+        out
+    }
+
     pub(crate) fn rejected(&self, band: &'static str) {
         self.rejected.get_or_create(&BandLabels { band }).inc();
     }
@@ -91,8 +173,13 @@ impl Metrics {
             .inc_by(completion);
     }
 
-    pub(crate) fn ttft(&self, seconds: f64) {
-        self.ttft.observe(seconds);
+    /// `model` is the model that served (one the routing table knows).
+    pub(crate) fn ttft(&self, model: &str, seconds: f64) {
+        self.ttft
+            .get_or_create(&ModelLabels {
+                model: model.to_owned(),
+            })
+            .observe(seconds);
     }
 
     pub(crate) fn request(&self, model: &str, status: u16) {
@@ -105,115 +192,117 @@ impl Metrics {
     }
 }
 
-pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
-    let mut registry = Registry::with_prefix("llmgw");
-    registry.register(
-        "requests",
-        "Requests answered, by model and status",
-        gw.metrics.requests.clone(),
-    );
-    registry.register(
-        "admission_rejected",
-        "Requests refused by admission, by band",
-        gw.metrics.rejected.clone(),
-    );
-    let saturation = Family::<ModelLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-    let cfg = &gw.admission.config;
-    for model in gw.endpoints.routable_models() {
-        let s = gw
-            .endpoints
-            .saturation(&model, cfg.waiting_ceiling, cfg.kv_ceiling);
-        saturation.get_or_create(&ModelLabels { model }).set(s);
-    }
-    registry.register(
-        "pool_saturation",
-        "Saturation of the pool serving a model (1 is full)",
-        saturation,
-    );
-    registry.register(
-        "prefix_decisions",
-        "Endpoint choices, by why they were made",
-        gw.metrics.decisions.clone(),
-    );
-    registry.register(
-        "tokens",
-        "Tokens counted from engine usage, by direction",
-        gw.metrics.tokens.clone(),
-    );
-    registry.register(
-        "ttft_seconds",
-        "Time to the first content chunk of streamed answers",
-        gw.metrics.ttft.clone(),
-    );
-    if let Some(q) = &gw.usage {
-        let dropped: Counter = Counter::default();
-        dropped.inc_by(q.dropped());
-        registry.register(
-            "usage_dropped",
-            "Usage records dropped because the queue was full",
-            dropped,
-        );
-    }
-    type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
-    let breaker_open = Family::<EndpointLabels, Gauge>::default();
-    let in_flight = Family::<EndpointLabels, Gauge>::default();
-    let stale = Family::<EndpointLabels, Gauge>::default();
-    let waiting = Family::<EndpointLabels, FloatGauge>::default();
-    let kv = Family::<EndpointLabels, FloatGauge>::default();
-    for e in gw.endpoints.snapshot() {
-        let labels = EndpointLabels {
-            endpoint: e.spec.id.clone(),
+/// Writes one metric (or family) under `name` with its HELP.
+fn put<M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &M,
+) -> Result<(), std::fmt::Error> {
+    // Ended with a period, as the registry ends the HELP of what is
+    // registered with it.
+    let help = format!("{help}.");
+    let m = enc.encode_descriptor(name, &help, None, metric.metric_type())?;
+    metric.encode(m)
+}
+
+/// The gateway's figures that are read, not counted: the endpoint set,
+/// the pools' saturation and the usage queue's drops.
+#[derive(Debug)]
+struct Live(Weak<Gateway>);
+
+impl Collector for Live {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(gw) = self.0.upgrade() else {
+            return Ok(());
         };
-        breaker_open
-            .get_or_create(&labels)
-            .set(i64::from(e.breaker_open()));
-        in_flight
-            .get_or_create(&labels)
-            .set(i64::from(e.in_flight()));
-        stale
-            .get_or_create(&labels)
-            .set(i64::from(e.stale(gw.endpoints.max_age())));
-        if let Some(l) = e.load() {
-            waiting.get_or_create(&labels).set(l.waiting);
-            if let Some(k) = l.kv_usage {
-                kv.get_or_create(&labels).set(k);
+        let saturation = Family::<ModelLabels, FloatGauge>::default();
+        let cfg = &gw.admission.config;
+        for model in gw.endpoints.routable_models() {
+            let s = gw
+                .endpoints
+                .saturation(&model, cfg.waiting_ceiling, cfg.kv_ceiling);
+            saturation.get_or_create(&ModelLabels { model }).set(s);
+        }
+        put(
+            &mut enc,
+            "pool_saturation",
+            "Saturation of the pool serving a model (1 is full)",
+            &saturation,
+        )?;
+        if let Some(q) = &gw.usage {
+            put(
+                &mut enc,
+                "usage_dropped",
+                "Usage records dropped because the queue was full",
+                &ConstCounter::new(q.dropped()),
+            )?;
+        }
+        let breaker_open = Family::<EndpointLabels, Gauge>::default();
+        let in_flight = Family::<EndpointLabels, Gauge>::default();
+        let stale = Family::<EndpointLabels, Gauge>::default();
+        let waiting = Family::<EndpointLabels, FloatGauge>::default();
+        let kv = Family::<EndpointLabels, FloatGauge>::default();
+        for e in gw.endpoints.snapshot() {
+            let mut labels = vec![("endpoint", e.spec.id.clone())];
+            if let Some(node) = &e.spec.node {
+                labels.push(("node", node.clone()));
+            }
+            breaker_open
+                .get_or_create(&labels)
+                .set(i64::from(e.breaker_open()));
+            in_flight
+                .get_or_create(&labels)
+                .set(i64::from(e.in_flight()));
+            stale
+                .get_or_create(&labels)
+                .set(i64::from(e.stale(gw.endpoints.max_age())));
+            if let Some(l) = e.load() {
+                waiting.get_or_create(&labels).set(l.waiting);
+                if let Some(k) = l.kv_usage {
+                    kv.get_or_create(&labels).set(k);
+                }
             }
         }
+        put(
+            &mut enc,
+            "endpoint_breaker_open",
+            "1 while the endpoint's circuit breaker is open",
+            &breaker_open,
+        )?;
+        put(
+            &mut enc,
+            "endpoint_in_flight",
+            "Requests the gateway has in flight to the endpoint",
+            &in_flight,
+        )?;
+        put(
+            &mut enc,
+            "endpoint_metrics_stale",
+            "1 while the engine's scraped figures are too old to route by",
+            &stale,
+        )?;
+        put(
+            &mut enc,
+            "endpoint_waiting",
+            "Requests waiting in the engine, as last scraped",
+            &waiting,
+        )?;
+        put(
+            &mut enc,
+            "endpoint_kv_cache_usage",
+            "The engine's KV-cache usage (0-1), as last scraped",
+            &kv,
+        )
     }
-    registry.register(
-        "endpoint_breaker_open",
-        "1 while the endpoint's circuit breaker is open",
-        breaker_open,
-    );
-    registry.register(
-        "endpoint_in_flight",
-        "Requests the gateway has in flight to the endpoint",
-        in_flight,
-    );
-    registry.register(
-        "endpoint_metrics_stale",
-        "1 while the engine's scraped figures are too old to route by",
-        stale,
-    );
-    registry.register(
-        "endpoint_waiting",
-        "Requests waiting in the engine, as last scraped",
-        waiting,
-    );
-    registry.register(
-        "endpoint_kv_cache_usage",
-        "The engine's KV-cache usage (0-1), as last scraped",
-        kv,
-    );
-    let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
-        out.clear();
-    }
+}
+
+pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        out,
+        gw.metrics.render(),
     )
 }

@@ -171,6 +171,7 @@ impl Gateway {
                 weight: e.weight.max(1),
                 priority: e.priority,
                 engine: engine_kind(e.engine),
+                node: view.node_of(&e.replica_id).map(str::to_owned),
             }))
             .collect();
         self.endpoints.update(specs);

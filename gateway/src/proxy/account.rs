@@ -113,7 +113,7 @@ impl Drop for Finish {
         // The ticket, dropped after this, settles the rates to this count.
         self.ticket.used = tokens.prompt.saturating_add(tokens.completion);
         if let Some(t) = self.first_content {
-            gw.metrics.ttft(t.as_secs_f64());
+            gw.metrics.ttft(&self.served, t.as_secs_f64());
         }
         let Some(q) = &gw.usage else { return };
         let t = &self.ticket;

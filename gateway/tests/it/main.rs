@@ -404,7 +404,10 @@ async fn usage_is_counted_even_when_the_client_did_not_ask_and_then_stripped() {
         page.contains("llmgw_tokens_total{direction=\"completion\"} 10"),
         "4 + 4 + 2:\n{page}"
     );
-    assert!(page.contains("llmgw_ttft_seconds_count 2"), "{page}");
+    assert!(
+        page.contains("llmgw_ttft_seconds_count{model=\"m\"} 2"),
+        "the model that served: {page}"
+    );
 }
 
 /// A client that leaves mid-stream pays for the prompt and what it was
