@@ -113,6 +113,11 @@ pub(crate) struct RunArgs {
     /// Seconds between looks at installed engines and GPU health.
     #[arg(long, default_value_t = 60.0)]
     recheck_s: f64,
+    /// Serve the agent's own metrics at `/metrics` here (`HOST:PORT`, or
+    /// `:PORT` for every interface): whether its stream is up, reconnects,
+    /// shards by state. Off unless given.
+    #[arg(long, env = "LLMGW_AGENT_METRICS_LISTEN", value_parser = crate::server::listen_addr)]
+    metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     engines: EngineArgs,
 }
@@ -230,16 +235,64 @@ pub(crate) fn engines(a: &EngineArgs) -> llmgw_agent::engines::Registry {
     )
 }
 
-async fn run_agent(a: RunArgs) -> anyhow::Result<Outcome> {
+async fn run_agent(mut a: RunArgs) -> anyhow::Result<Outcome> {
+    let metrics_listen = a.metrics_listen.take();
     let registry = engines(&a.engines);
     let config = session_config(a)?;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let agent = llmgw_agent::session::Agent::new(config, registry);
+    let _metrics = match metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, agent.stats()).await?),
+        None => None,
+    };
     let task = tokio::spawn(agent.run(rx));
     crate::sim::shutdown().await;
     let _ = tx.send(true);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), task).await;
     Ok(Outcome::Ok)
+}
+
+/// Serves the agent's metrics page until the returned guard is dropped;
+/// says where on standard output.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    stats: std::sync::Arc<llmgw_agent::metrics::AgentStats>,
+) -> anyhow::Result<AbortOnDrop> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let page = llmgw_agent::metrics::render(&stats);
+            async move {
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    page,
+                )
+            }
+        }),
+    );
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "metrics listening on {bound}")?;
+    out.flush()?;
+    Ok(AbortOnDrop(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the agent's metrics listener stopped");
+        }
+    })))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn fabric(s: &str) -> Result<(String, Vec<String>), String> {

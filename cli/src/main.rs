@@ -16,6 +16,7 @@ mod logging;
 mod output;
 mod serve;
 mod server;
+mod server_metrics;
 mod sim;
 mod store;
 mod up;

@@ -261,6 +261,12 @@ pub(crate) async fn run(
             people.clone(),
         );
     }
+    let _metrics = crate::server_metrics::install(
+        &gw,
+        log.as_ref(),
+        views.as_ref().map(|v| v.position.clone()),
+        cp.as_ref(),
+    );
     let web = Arc::new(llmgw_web::Web {
         settings: plan.web.settings.clone(),
         views: match &views {

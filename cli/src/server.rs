@@ -320,7 +320,7 @@ fn fallback(s: &str) -> Result<(String, Vec<String>), String> {
 }
 
 /// `HOST:PORT`, or `:PORT` for every interface.
-fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     let full = if s.starts_with(':') {
         format!("0.0.0.0{s}")
     } else {

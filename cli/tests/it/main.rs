@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 mod browser;
 mod cluster;
 mod logs;
+mod metrics;
 mod node_agent;
 mod tenancy;
 mod web;
