@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 mod browser;
 mod cluster;
+mod deploy_rules;
 mod logs;
 mod metrics;
 mod node_agent;
