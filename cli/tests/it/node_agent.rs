@@ -426,13 +426,19 @@ async fn a_start_waits_for_our_own_stopping_engine_to_free_its_port() {
     let ip = "127.0.12.4";
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let model = "  - name: slow\n    source: /models/slow.gguf\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: cpu\n        engine: llamacpp\n";
+    // Added with ctl: a model the file defines cannot be removed by ctl.
     let server = server(
         dir.path(),
         port,
-        "  base_backoff: 300ms\n  port_range: [30630, 30635]\n",
-        model,
+        "  enabled: true\n  base_backoff: 300ms\n  port_range: [30630, 30635]\n",
+        "  []\n",
     );
+    let file = dir.path().join("slow.yaml");
+    std::fs::write(
+        &file,
+        "name: slow\nsource: /models/slow.gguf\nscaling: {min: 1, max: 1}\nprofiles:\n  - name: cpu\n    engine: llamacpp\n",
+    )
+    .unwrap();
     // An "engine" that holds its port and takes four seconds to exit on
     // SIGTERM (as a large model freeing its GPUs does).
     let engine = executable(
@@ -465,6 +471,8 @@ time.sleep(600)
             engine.to_str().unwrap(),
         ],
     );
+    let (ok, _, err) = ctl(&server.admin, &["model", "add", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
     let shard_on = |rows: &Value, port: u64| -> Option<String> {
         rows.as_array()?.iter().find_map(|r| {
             let s = &r["shards"][0];
@@ -486,12 +494,6 @@ time.sleep(600)
         std::net::TcpStream::connect((ip, 30630)).ok().map(|_| ())
     })
     .await;
-    let file = dir.path().join("slow.yaml");
-    std::fs::write(
-        &file,
-        "name: slow\nsource: /models/slow.gguf\nscaling: {min: 1, max: 1}\nprofiles:\n  - name: cpu\n    engine: llamacpp\n",
-    )
-    .unwrap();
     let (ok, _, err) = ctl(&server.admin, &["model", "remove", "slow"]);
     assert!(ok, "{err}");
     // Its replica is stopped at once; its engine takes seconds to go.
