@@ -1,4 +1,4 @@
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -52,7 +52,9 @@ pub(crate) enum EventsCommand {
         json: bool,
     },
     /// Write events as JSON lines, one per line, as stored; `events import`
-    /// reads them back.
+    /// reads them back. A range that starts after position 1 names the hash
+    /// of the event before it on its first line (`prev_hash`), so that an
+    /// import can check where it joins.
     Export {
         /// First position to write.
         #[arg(long, default_value_t = 1)]
@@ -64,14 +66,31 @@ pub(crate) enum EventsCommand {
         #[arg(long, short)]
         output: Option<PathBuf>,
     },
-    /// Append the events of an export (JSON lines) to this store, keeping
-    /// their ids, streams, versions and order. Takes the append lease for
-    /// the duration, so run it with no server holding it. Running it again
-    /// appends nothing twice.
+    /// Copy the events of an export (JSON lines) into this store exactly as
+    /// they were: positions, times, epochs and hashes, so the copy's chain
+    /// head is the source's. All or nothing, in one transaction. The file
+    /// must continue this store's log: an empty store takes a file from
+    /// position 1; a store with events takes a file that links to its head
+    /// (events it already holds are checked by hash and skipped, so running
+    /// it again writes nothing). Takes the append lease while it runs, so
+    /// run it with no server holding it. Creates the store's schema if it
+    /// has none.
     Import {
         /// The export to read; `-` for standard input.
         #[arg(default_value = "-")]
         input: PathBuf,
+        /// Accept an export that starts after position 1 into an empty
+        /// store, trusting the hash its first line names for the position
+        /// before it: the store then begins there, and nothing can check
+        /// that link.
+        #[arg(long)]
+        from_anchor: bool,
+        /// A hash the file must have at a position, as held from the source
+        /// (`events stats` prints the chain head as HASH@POSITION): refuses
+        /// an edit whose later hashes were recomputed, and a file cut short
+        /// before the position. May be given more than once.
+        #[arg(long, value_name = "HASH@POSITION")]
+        anchor: Vec<import::Anchor>,
     },
     /// A view as it stood at a position or time.
     Replay {
@@ -118,7 +137,8 @@ pub(crate) enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Event count, head position, and counts per event type.
+    /// Event count, head position, the chain head as HASH@POSITION (an
+    /// anchor for `events import --anchor`), and counts per event type.
     Stats {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -127,12 +147,15 @@ pub(crate) enum EventsCommand {
 }
 
 pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Outcome> {
-    let store = match &cmd {
-        // An import may be the first thing a store receives: it gets its
-        // schema, as a server would give it.
-        EventsCommand::Import { .. } => crate::store::open_migrating(address).await?,
-        _ => crate::store::open(address).await?,
-    };
+    if let EventsCommand::Import {
+        input,
+        from_anchor,
+        anchor,
+    } = cmd
+    {
+        return import_into(address, &input, from_anchor, &anchor).await;
+    }
+    let store = crate::store::open(address).await?;
     match cmd {
         EventsCommand::Tail {
             follow,
@@ -143,7 +166,11 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
         EventsCommand::Show { position, json } => show(&store, position, json).await,
         EventsCommand::Verify { from, to, json } => verify(&store, from, to, json).await,
         EventsCommand::Export { from, to, output } => export(&store, from, to, output).await,
-        EventsCommand::Import { input } => import::run(&store, &input).await,
+        EventsCommand::Import {
+            input,
+            from_anchor,
+            anchor,
+        } => import::run(&store, &input, from_anchor, &anchor).await,
         EventsCommand::Stats { json } => stats(&store, json).await,
         EventsCommand::Replay { until, view, json } => {
             history::replay(&store, until, &view, json).await
@@ -171,6 +198,33 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
             history::log(&store, &stream, json).await
         }
     }
+}
+
+/// An import may be the first thing a store receives: it gets its schema,
+/// as a server would give it; but a refused import into a SQLite file it
+/// created leaves no file behind.
+async fn import_into(
+    address: &str,
+    input: &std::path::Path,
+    from_anchor: bool,
+    anchors: &[import::Anchor],
+) -> anyhow::Result<Outcome> {
+    let created = import::new_sqlite_file(address);
+    let result = async {
+        let store = crate::store::open_migrating(address).await?;
+        import::run(&store, input, from_anchor, anchors).await
+    }
+    .await;
+    if result.is_err()
+        && let Some(path) = created
+    {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    result
 }
 
 async fn tail(
@@ -291,9 +345,17 @@ async fn verify(
             report.from, report.to
         )?;
     } else {
+        let (base, _) = store.base().await?;
+        let trusted = if base > 0 && report.from == base + 1 {
+            format!(
+                " (the log begins after position {base}, at a hash taken on trust when it was imported)"
+            )
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "ok: {} events in {}..={} verified",
+            "ok: {} events in {}..={} verified{trusted}",
             report.checked, report.from, report.to
         )?;
     }
@@ -333,7 +395,12 @@ async fn export(
             break;
         }
         for e in page.iter().take_while(|e| e.position <= to) {
-            json_line(&mut sink, e)?;
+            if written == 0 && e.position > 1 {
+                // Where the range joins the log: the hash before it.
+                json_line(&mut sink, &first_line(store, e).await?)?;
+            } else {
+                json_line(&mut sink, e)?;
+            }
             written += 1;
         }
         after = page.last().map_or(to, |e| e.position);
@@ -345,15 +412,55 @@ async fn export(
     Ok(Outcome::Ok)
 }
 
+/// The first event of a range that starts after position 1, with the
+/// hash of the event before it as `prev_hash`.
+async fn first_line(
+    store: &AnyStore,
+    e: &llmgw_eventstore::RecordedEvent,
+) -> anyhow::Result<serde_json::Value> {
+    let prev = store
+        .hash_at(e.position - 1)
+        .await?
+        .with_context(|| format!("no event at position {} to link to", e.position - 1))?;
+    let mut value = serde_json::to_value(e)?;
+    if let serde_json::Value::Object(m) = &mut value {
+        m.insert(
+            "prev_hash".into(),
+            llmgw_eventstore::hash::to_hex(&prev).into(),
+        );
+    }
+    Ok(value)
+}
+
 async fn stats(store: &AnyStore, json: bool) -> anyhow::Result<Outcome> {
     let stats = store.stats().await?;
+    let (head, head_hash) = store.head().await?;
+    let anchor = import::Anchor {
+        position: head,
+        hash: head_hash,
+    };
+    let (base, _) = store.base().await?;
     let mut out = std::io::stdout().lock();
     if json {
-        json_line(&mut out, &stats)?;
+        let mut value = serde_json::to_value(&stats)?;
+        if let serde_json::Value::Object(m) = &mut value {
+            m.insert("chain_head".into(), anchor.to_string().into());
+            m.insert("base".into(), base.into());
+        }
+        json_line(&mut out, &value)?;
     } else {
         writeln!(out, "events   {}", stats.count)?;
         writeln!(out, "head     {}", stats.head)?;
         writeln!(out, "streams  {}", stats.streams)?;
+        if head > 0 {
+            writeln!(out, "chain    {anchor}")?;
+        }
+        if base > 0 {
+            writeln!(
+                out,
+                "begins   after position {base} (imported from an anchor taken on trust)"
+            )?;
+        }
         if !stats.by_type.is_empty() {
             writeln!(out)?;
             let mut t = Table::new(vec!["TYPE", "COUNT"]);
@@ -365,21 +472,4 @@ async fn stats(store: &AnyStore, json: bool) -> anyhow::Result<Outcome> {
     }
     out.flush()?;
     Ok(Outcome::Ok)
-}
-
-/// Reads all lines first, so that a bad line is reported before anything
-/// is appended.
-fn read_lines(input: &std::path::Path) -> anyhow::Result<Vec<String>> {
-    let reader: Box<dyn BufRead> = if input.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
-    } else {
-        Box::new(std::io::BufReader::new(
-            std::fs::File::open(input)
-                .with_context(|| format!("cannot open {}", input.display()))?,
-        ))
-    };
-    reader
-        .lines()
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("cannot read {}", input.display()))
 }

@@ -68,15 +68,7 @@ pub(crate) fn prepare<'a>(writer: &Writer, batch: &'a [StreamAppend]) -> Result<
     let mut event_ids = Vec::new();
     let mut stream_ids = Vec::new();
     for s in batch {
-        if s.stream_id.is_empty() || s.stream_id.len() > MAX_STREAM_ID {
-            return invalid(format!("stream id must be 1 to {MAX_STREAM_ID} bytes"));
-        }
-        if s.stream_id.chars().any(char::is_control) {
-            return invalid(format!(
-                "stream id {:?} contains a control character",
-                s.stream_id
-            ));
-        }
+        check_stream_id(&s.stream_id).map_err(StoreError::Invalid)?;
         if !streams.insert(s.stream_id.as_str()) {
             return invalid(format!("stream {} appears twice in one batch", s.stream_id));
         }
@@ -85,21 +77,8 @@ pub(crate) fn prepare<'a>(writer: &Writer, batch: &'a [StreamAppend]) -> Result<
         }
         stream_ids.push(s.stream_id.clone());
         for e in &s.events {
-            if e.event_type.is_empty() || e.event_type.len() > MAX_EVENT_TYPE {
-                return invalid(format!("event type must be 1 to {MAX_EVENT_TYPE} bytes"));
-            }
-            if e.schema_version == 0 {
-                return invalid(format!("{}: schema versions start at 1", e.event_type));
-            }
-            if !e.metadata.is_object() {
-                return invalid(format!("{}: metadata must be a JSON object", e.event_type));
-            }
-            if has_nul(&e.payload) || has_nul(&e.metadata) {
-                return invalid(format!(
-                    "{}: JSON text with a NUL character cannot be stored",
-                    e.event_type
-                ));
-            }
+            check_event(&e.event_type, e.schema_version, &e.payload, &e.metadata)
+                .map_err(StoreError::Invalid)?;
             if !ids.insert(e.event_id) {
                 return invalid(format!(
                     "event id {} appears twice in one batch",
@@ -114,6 +93,43 @@ pub(crate) fn prepare<'a>(writer: &Writer, batch: &'a [StreamAppend]) -> Result<
         event_ids,
         stream_ids,
     })
+}
+
+/// What every stored stream id satisfies; the reason when it does not.
+pub(crate) fn check_stream_id(stream_id: &str) -> std::result::Result<(), String> {
+    if stream_id.is_empty() || stream_id.len() > MAX_STREAM_ID {
+        return Err(format!("stream id must be 1 to {MAX_STREAM_ID} bytes"));
+    }
+    if stream_id.chars().any(char::is_control) {
+        return Err(format!(
+            "stream id {stream_id:?} contains a control character"
+        ));
+    }
+    Ok(())
+}
+
+/// What every stored event satisfies, appended or imported.
+pub(crate) fn check_event(
+    event_type: &str,
+    schema_version: u32,
+    payload: &Value,
+    metadata: &Value,
+) -> std::result::Result<(), String> {
+    if event_type.is_empty() || event_type.len() > MAX_EVENT_TYPE {
+        return Err(format!("event type must be 1 to {MAX_EVENT_TYPE} bytes"));
+    }
+    if schema_version == 0 {
+        return Err(format!("{event_type}: schema versions start at 1"));
+    }
+    if !metadata.is_object() {
+        return Err(format!("{event_type}: metadata must be a JSON object"));
+    }
+    if has_nul(payload) || has_nul(metadata) {
+        return Err(format!(
+            "{event_type}: JSON text with a NUL character cannot be stored"
+        ));
+    }
+    Ok(())
 }
 
 fn has_nul(v: &Value) -> bool {

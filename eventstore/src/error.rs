@@ -54,6 +54,11 @@ pub enum StoreError {
     #[error("invalid request: {0}")]
     Invalid(String),
 
+    /// An import that does not fit the store or is not a faithful export;
+    /// nothing was written.
+    #[error("import refused: {0}")]
+    ImportRefused(String),
+
     #[error("event {event_id} was already appended, but not in this batch")]
     DuplicateEventId { event_id: uuid::Uuid },
 

@@ -29,6 +29,7 @@ mod browse;
 mod chain_watch;
 mod error;
 pub mod hash;
+mod import;
 mod migrate;
 mod postgres;
 mod reader;
@@ -49,6 +50,7 @@ pub use address::StoreAddress;
 pub use browse::EventFilter;
 pub use chain_watch::ChainWatch;
 pub use error::{Result, StoreError};
+pub use import::{ChainCheck, ImportOptions, Imported};
 pub use postgres::PgStore;
 pub use reader::PageReader;
 pub use sqlite::SqliteStore;
@@ -117,6 +119,35 @@ pub trait EventStore: Clone + Send + Sync + 'static {
 
     /// The head position and the head of the hash chain.
     fn head(&self) -> impl Future<Output = Result<(u64, [u8; 32])>> + Send;
+
+    /// Where the log begins: the position before its first event and that
+    /// position's hash. `(0, GENESIS)` unless the log was imported from an
+    /// export that starts later ([`ImportOptions::from_anchor`]); then the
+    /// hash is the source's, taken on trust.
+    fn base(&self) -> impl Future<Output = Result<(u64, [u8; 32])>> + Send;
+
+    /// Writes an export's events exactly as they were (positions,
+    /// `recorded_at`, epochs, hashes), in one transaction: all or nothing.
+    ///
+    /// `token` must hold the append lease, checked under the control row's
+    /// lock as an append's fence is. Every event's hash is recomputed; the
+    /// events must continue this store's log exactly (an empty store: from
+    /// position 1, or from `options.prev_hash` with `from_anchor`; a store
+    /// with events: linked to its head, where events the store already
+    /// holds are checked by hash and skipped). Anything else is refused
+    /// with [`StoreError::ImportRefused`] and nothing is written. An error
+    /// from `events` (a line that is not an event) ends the import the same
+    /// way. When the events carry a higher epoch than the store's, the
+    /// control row's epoch moves up to it and the importer's lease ends.
+    fn import<I>(
+        &self,
+        token: &LeaseToken,
+        options: &ImportOptions,
+        events: I,
+    ) -> impl Future<Output = Result<Imported>> + Send
+    where
+        I: IntoIterator<Item = Result<RecordedEvent>> + Send,
+        I::IntoIter: Send;
 
     fn stats(&self) -> impl Future<Output = Result<Stats>> + Send;
 
@@ -218,9 +249,25 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         }
     }
 
+    /// The hash of the event at `position`: genesis for 0, the base hash at
+    /// the log's base, `None` where the log holds no event.
+    fn hash_at(&self, position: u64) -> impl Future<Output = Result<Option<[u8; 32]>>> + Send {
+        async move {
+            if position == 0 {
+                return Ok(Some(hash::GENESIS));
+            }
+            let (base, base_hash) = self.base().await?;
+            if position == base {
+                return Ok(Some(base_hash));
+            }
+            Ok(self.event_at(position).await?.map(|e| e.hash))
+        }
+    }
+
     /// Recomputes the hash chain over `[from, to]` (`to` defaults to the
     /// head) and reports the first position whose stored hash does not match
-    /// its content. The link into `from` trusts the stored hash of `from - 1`.
+    /// its content. The link into `from` trusts the stored hash of `from - 1`
+    /// (or the log's base hash: a range never starts before the base).
     fn verify(
         &self,
         from: u64,
@@ -228,7 +275,8 @@ pub trait EventStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<VerifyReport>> + Send {
         async move {
             let (head, head_hash) = self.head().await?;
-            let from = from.max(1);
+            let (base, base_hash) = self.base().await?;
+            let from = from.max(base + 1);
             let to = to.unwrap_or(head).min(head);
             let mut report = VerifyReport {
                 from,
@@ -240,9 +288,13 @@ pub trait EventStore: Clone + Send + Sync + 'static {
             if from > to {
                 return Ok(report);
             }
-            let mut prev = match self.event_at(from - 1).await? {
-                Some(e) => e.hash,
-                None => hash::GENESIS,
+            let mut prev = if from - 1 == base {
+                base_hash
+            } else {
+                match self.event_at(from - 1).await? {
+                    Some(e) => e.hash,
+                    None => hash::GENESIS,
+                }
             };
             let mut after = from - 1;
             'pages: while after < to {
@@ -463,6 +515,21 @@ impl EventStore for AnyStore {
     }
     async fn head(&self) -> Result<(u64, [u8; 32])> {
         delegate!(self, s => s.head().await)
+    }
+    async fn base(&self) -> Result<(u64, [u8; 32])> {
+        delegate!(self, s => s.base().await)
+    }
+    async fn import<I>(
+        &self,
+        token: &LeaseToken,
+        options: &ImportOptions,
+        events: I,
+    ) -> Result<Imported>
+    where
+        I: IntoIterator<Item = Result<RecordedEvent>> + Send,
+        I::IntoIter: Send,
+    {
+        delegate!(self, s => s.import(token, options, events).await)
     }
     async fn stats(&self) -> Result<Stats> {
         delegate!(self, s => s.stats().await)

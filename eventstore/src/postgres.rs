@@ -13,10 +13,12 @@ use uuid::Uuid;
 
 use crate::append::{self, Existing, Head};
 use crate::browse::{self, Arg, Dialect};
+use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, Lease, LeaseInfo,
-    LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress,
-    StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
+    Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
+    Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64,
+    ttl_millis,
 };
 
 const CHANNEL: &str = "es_appended";
@@ -131,6 +133,90 @@ impl PgStore {
         .await?;
         rows.iter().map(existing_row).collect()
     }
+}
+
+/// Writes one chunk of an import inside its transaction, after checking
+/// that it continues the store's streams and reuses none of its event ids.
+async fn import_chunk(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    run: &mut Run,
+    chunk: &[Pending],
+) -> Result<()> {
+    let ask = run.unknown_streams(chunk);
+    if !ask.is_empty() {
+        let found: Vec<(String, i64)> =
+            sqlx::query_as("SELECT stream_id, version FROM es_streams WHERE stream_id = ANY($1)")
+                .bind(&ask)
+                .fetch_all(&mut **tx)
+                .await?;
+        run.learn_versions(ask, found.into_iter().map(|(s, v)| (s, v as u64)).collect());
+    }
+    run.check_versions(chunk)?;
+    if run.store_had_events() {
+        let ids: Vec<Uuid> = chunk.iter().map(|p| p.event.event_id).collect();
+        let existing: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT event_id, position FROM es_events WHERE event_id = ANY($1)
+              ORDER BY position LIMIT 1",
+        )
+        .bind(&ids)
+        .fetch_all(&mut **tx)
+        .await?;
+        let existing: Vec<(Uuid, u64)> = existing.into_iter().map(|(i, p)| (i, p as u64)).collect();
+        Run::check_ids(chunk, &existing)?;
+    }
+    let n = chunk.len();
+    let mut positions = Vec::with_capacity(n);
+    let mut streams = Vec::with_capacity(n);
+    let mut versions = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    let mut schema_versions = Vec::with_capacity(n);
+    let mut epochs = Vec::with_capacity(n);
+    let mut times = Vec::with_capacity(n);
+    let mut hashes = Vec::with_capacity(n);
+    for p in chunk {
+        let e = &p.event;
+        positions.push(to_i64(e.position, "position")?);
+        streams.push(e.stream_id.as_str());
+        versions.push(to_i64(e.stream_version, "version")?);
+        ids.push(e.event_id);
+        types.push(e.event_type.as_str());
+        schema_versions.push(i32::try_from(e.schema_version).map_err(|_| {
+            StoreError::ImportRefused(format!(
+                "position {}: schema version out of range",
+                e.position
+            ))
+        })?);
+        epochs.push(to_i64(e.epoch, "epoch")?);
+        // The chain covers whole microseconds; PostgreSQL would round.
+        times.push(append::micros(e.recorded_at));
+        hashes.push(e.hash.as_slice());
+    }
+    let payloads: Vec<&str> = chunk.iter().map(|p| p.payload.as_str()).collect();
+    let metadata: Vec<&str> = chunk.iter().map(|p| p.metadata.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+             schema_version, payload, metadata, epoch, recorded_at, hash)
+         SELECT p, s, v, i, t, sv, pl::jsonb, md::jsonb, ep, ra, h
+           FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[],
+                       $6::int[], $7::text[], $8::text[], $9::bigint[], $10::timestamptz[],
+                       $11::bytea[])
+                AS u(p, s, v, i, t, sv, pl, md, ep, ra, h)",
+    )
+    .bind(&positions)
+    .bind(&streams)
+    .bind(&versions)
+    .bind(&ids)
+    .bind(&types)
+    .bind(&schema_versions)
+    .bind(&payloads)
+    .bind(&metadata)
+    .bind(&epochs)
+    .bind(&times)
+    .bind(&hashes)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 fn existing_row(r: &PgRow) -> Result<Existing> {
@@ -459,6 +545,113 @@ impl EventStore for PgStore {
             row.try_get::<i64, _>(0)? as u64,
             hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
         ))
+    }
+
+    async fn base(&self) -> Result<(u64, [u8; 32])> {
+        let row = sqlx::query("SELECT base_position, base_hash FROM es_control WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((
+            row.try_get::<i64, _>(0)? as u64,
+            hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+        ))
+    }
+
+    async fn import<I>(
+        &self,
+        token: &LeaseToken,
+        options: &ImportOptions,
+        events: I,
+    ) -> Result<Imported>
+    where
+        I: IntoIterator<Item = Result<RecordedEvent>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut tx = self.pool.begin().await?;
+        // The append's fence, and the lock that keeps every other writer
+        // out until the import commits or rolls back.
+        let row = sqlx::query(
+            "SELECT last_position, last_hash, base_position, base_hash FROM es_control
+              WHERE id = 1 AND epoch = $1 AND holder = $2
+                AND lease_expires_at > clock_timestamp()
+             FOR UPDATE",
+        )
+        .bind(to_i64(token.epoch, "epoch")?)
+        .bind(&token.holder)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Err(self.lease_info().await?.fenced());
+        };
+        let mut run = Run::new(
+            StoreHead {
+                position: row.try_get::<i64, _>(0)? as u64,
+                hash: hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+                base: row.try_get::<i64, _>(2)? as u64,
+                base_hash: hash::to_array(row.try_get::<&[u8], _>(3)?, 0)?,
+            },
+            options,
+        );
+        let mut chunk = Vec::with_capacity(CHUNK);
+        for event in events {
+            if let Some(p) = run.accept(event?)? {
+                chunk.push(p);
+            }
+            if chunk.len() == CHUNK {
+                import_chunk(&mut tx, &mut run, &chunk).await?;
+                chunk.clear();
+            }
+        }
+        if !chunk.is_empty() {
+            import_chunk(&mut tx, &mut run, &chunk).await?;
+        }
+        if let Some(at) = run.finish()? {
+            let stored: Option<Vec<u8>> =
+                sqlx::query_scalar("SELECT hash FROM es_events WHERE position = $1")
+                    .bind(to_i64(at.0, "position")?)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let stored = stored.map(|h| hash::to_array(&h, at.0)).transpose()?;
+            run.check_stored(at, stored)?;
+        }
+        if let Some(c) = run.control() {
+            let (streams, versions): (Vec<String>, Vec<i64>) = run
+                .stream_versions()
+                .into_iter()
+                .map(|(s, v)| (s, v as i64))
+                .unzip();
+            // The importer's lease ends if the epoch moves past it.
+            sqlx::query(
+                "WITH st AS (
+                    INSERT INTO es_streams (stream_id, version)
+                    SELECT * FROM unnest($1::text[], $2::bigint[])
+                    ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version
+                 ), ctl AS (
+                    UPDATE es_control
+                       SET last_position = $3, last_hash = $4,
+                           lease_expires_at = CASE WHEN $5 > epoch THEN clock_timestamp()
+                                                   ELSE lease_expires_at END,
+                           epoch = GREATEST(epoch, $5),
+                           base_position = COALESCE($6, base_position),
+                           base_hash = COALESCE($7, base_hash)
+                     WHERE id = 1
+                 )
+                 SELECT pg_notify($8, $3::text)",
+            )
+            .bind(&streams)
+            .bind(&versions)
+            .bind(to_i64(c.head, "position")?)
+            .bind(c.head_hash.as_slice())
+            .bind(to_i64(c.epoch, "epoch")?)
+            .bind(c.base.map(|(p, _)| p as i64))
+            .bind(c.base.map(|(_, h)| h.to_vec()))
+            .bind(CHANNEL)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(run.imported())
     }
 
     async fn stats(&self) -> Result<Stats> {

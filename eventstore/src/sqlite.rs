@@ -23,10 +23,12 @@ use uuid::Uuid;
 
 use crate::append::{self, Existing, Head};
 use crate::browse::{self, Arg, Dialect};
+use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, Lease, LeaseInfo,
-    LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot, Stats, StoreAddress,
-    StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64, ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
+    Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
+    Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64,
+    ttl_millis,
 };
 
 #[derive(Clone)]
@@ -185,6 +187,81 @@ impl SqliteStore {
             })
             .collect()
     }
+}
+
+/// Writes one chunk of an import inside its transaction, after checking
+/// that it continues the store's streams and reuses none of its event ids.
+async fn import_chunk(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: &mut Run,
+    chunk: &[Pending],
+) -> Result<()> {
+    let ask = run.unknown_streams(chunk);
+    if !ask.is_empty() {
+        let found: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT stream_id, version FROM es_streams
+              WHERE stream_id IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(serde_json::to_string(&ask).expect("strings serialise"))
+        .fetch_all(&mut **tx)
+        .await?;
+        run.learn_versions(ask, found.into_iter().map(|(s, v)| (s, v as u64)).collect());
+    }
+    run.check_versions(chunk)?;
+    if run.store_had_events() {
+        let ids: Vec<String> = chunk
+            .iter()
+            .map(|p| p.event.event_id.hyphenated().to_string())
+            .collect();
+        let existing: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT event_id, position FROM es_events
+              WHERE event_id IN (SELECT value FROM json_each(?1))
+              ORDER BY position LIMIT 1",
+        )
+        .bind(serde_json::to_string(&ids).expect("strings serialise"))
+        .fetch_all(&mut **tx)
+        .await?;
+        let existing = existing
+            .into_iter()
+            .map(|(id, p)| Ok((parse_uuid(&id, p as u64)?, p as u64)))
+            .collect::<Result<Vec<_>>>()?;
+        Run::check_ids(chunk, &existing)?;
+    }
+    let mut rows = String::with_capacity(chunk.len() * 320);
+    rows.push('[');
+    for (i, p) in chunk.iter().enumerate() {
+        if i > 0 {
+            rows.push(',');
+        }
+        let e = &p.event;
+        let cells = (
+            to_i64(e.position, "position")?,
+            &e.stream_id,
+            to_i64(e.stream_version, "version")?,
+            e.event_id,
+            &e.event_type,
+            e.schema_version,
+            &p.payload,
+            &p.metadata,
+            to_i64(e.epoch, "epoch")?,
+            e.recorded_at.timestamp_micros(),
+            hash::to_hex(&e.hash),
+        );
+        rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
+    }
+    rows.push(']');
+    sqlx::query(
+        "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+             schema_version, payload, metadata, epoch, recorded_at, hash)
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
+                value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9,
+                unhex(value ->> 10)
+           FROM json_each(?1)",
+    )
+    .bind(rows)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 fn parse_uuid(text: &str, position: u64) -> Result<Uuid> {
@@ -470,6 +547,113 @@ impl EventStore for SqliteStore {
             row.try_get::<i64, _>(0)? as u64,
             hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
         ))
+    }
+
+    async fn base(&self) -> Result<(u64, [u8; 32])> {
+        let row = sqlx::query("SELECT base_position, base_hash FROM es_control WHERE id = 1")
+            .fetch_one(&self.reader)
+            .await?;
+        Ok((
+            row.try_get::<i64, _>(0)? as u64,
+            hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+        ))
+    }
+
+    async fn import<I>(
+        &self,
+        token: &LeaseToken,
+        options: &ImportOptions,
+        events: I,
+    ) -> Result<Imported>
+    where
+        I: IntoIterator<Item = Result<RecordedEvent>> + Send,
+        I::IntoIter: Send,
+    {
+        // BEGIN IMMEDIATE is the lock; the fence is checked right after it.
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let row = sqlx::query(
+            "SELECT last_position, last_hash, base_position, base_hash FROM es_control
+              WHERE id = 1 AND epoch = ?1 AND holder = ?2 AND lease_expires_at > ?3",
+        )
+        .bind(to_i64(token.epoch, "epoch")?)
+        .bind(&token.holder)
+        .bind(now_micros())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Err(self.lease_info().await?.fenced());
+        };
+        let mut run = Run::new(
+            StoreHead {
+                position: row.try_get::<i64, _>(0)? as u64,
+                hash: hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+                base: row.try_get::<i64, _>(2)? as u64,
+                base_hash: hash::to_array(row.try_get::<&[u8], _>(3)?, 0)?,
+            },
+            options,
+        );
+        let mut chunk = Vec::with_capacity(CHUNK);
+        for event in events {
+            if let Some(p) = run.accept(event?)? {
+                chunk.push(p);
+            }
+            if chunk.len() == CHUNK {
+                import_chunk(&mut tx, &mut run, &chunk).await?;
+                chunk.clear();
+            }
+        }
+        if !chunk.is_empty() {
+            import_chunk(&mut tx, &mut run, &chunk).await?;
+        }
+        if let Some(at) = run.finish()? {
+            let stored: Option<Vec<u8>> =
+                sqlx::query_scalar("SELECT hash FROM es_events WHERE position = ?1")
+                    .bind(to_i64(at.0, "position")?)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            let stored = stored.map(|h| hash::to_array(&h, at.0)).transpose()?;
+            run.check_stored(at, stored)?;
+        }
+        let control = run.control();
+        if let Some(c) = control {
+            let streams: Vec<Value> = run
+                .stream_versions()
+                .into_iter()
+                .map(|(s, v)| Value::Array(vec![s.into(), v.into()]))
+                .collect();
+            sqlx::query(
+                "INSERT INTO es_streams (stream_id, version)
+                 SELECT value ->> 0, value ->> 1 FROM json_each(?1) WHERE true
+                 ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version",
+            )
+            .bind(Value::Array(streams).to_string())
+            .execute(&mut *tx)
+            .await?;
+            // The importer's lease ends if the epoch moves past it.
+            sqlx::query(
+                "UPDATE es_control
+                    SET last_position = ?1, last_hash = ?2,
+                        lease_expires_at = CASE WHEN ?3 > epoch THEN ?6 ELSE lease_expires_at END,
+                        epoch = max(epoch, ?3),
+                        base_position = coalesce(?4, base_position),
+                        base_hash = coalesce(?5, base_hash)
+                  WHERE id = 1",
+            )
+            .bind(to_i64(c.head, "position")?)
+            .bind(c.head_hash.as_slice())
+            .bind(to_i64(c.epoch, "epoch")?)
+            .bind(c.base.map(|(p, _)| p as i64))
+            .bind(c.base.map(|(_, h)| h.to_vec()))
+            .bind(now_micros())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        if let Some(c) = control {
+            self.appended.send_replace(c.head);
+        }
+        Ok(run.imported())
     }
 
     async fn stats(&self) -> Result<Stats> {

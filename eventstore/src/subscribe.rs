@@ -133,6 +133,7 @@ impl<S: EventStore> Subscription<S> {
         let page = self.store.read_all(self.after, DEFAULT_PAGE).await?;
         if let Some(first) = page.first()
             && first.position != self.after + 1
+            && !self.starts_at_base(first.position).await?
         {
             // Cannot happen with the control-row append; refuse rather than
             // silently skip if the log was damaged.
@@ -145,6 +146,13 @@ impl<S: EventStore> Subscription<S> {
         self.failures = 0;
         self.buffer.extend(page);
         Ok(())
+    }
+
+    /// True when the log begins after `self.after` (it was imported from an
+    /// anchor) and `first` is its first event.
+    async fn starts_at_base(&self, first: u64) -> Result<bool> {
+        let (base, _) = self.store.base().await?;
+        Ok(self.after <= base && first == base + 1)
     }
 
     async fn back_off(&mut self, error: StoreError) -> Result<()> {

@@ -37,6 +37,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "people",
         sql: include_str!("../postgres/0003_people.sql"),
     },
+    Migration {
+        version: 4,
+        name: "log_base",
+        sql: include_str!("../postgres/0004_log_base.sql"),
+    },
 ];
 
 /// Migrations for SQLite, oldest first.
@@ -55,6 +60,11 @@ pub const SQLITE: &[Migration] = &[
         version: 3,
         name: "people",
         sql: include_str!("../sqlite/0003_people.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "log_base",
+        sql: include_str!("../sqlite/0004_log_base.sql"),
     },
 ];
 

@@ -1,35 +1,201 @@
-//! `llmgw events import`: the inverse of `events export`.
+//! `llmgw events import`: the inverse of `events export`, verbatim.
 //!
-//! The file's hash chain is checked before anything is appended: an export
-//! that was altered, reordered or cut in the middle is refused whole.
-//! Events keep their ids, so a second run appends nothing. They keep their
-//! order too: a batch never holds two runs of the same stream, so the
-//! relative order of every event is what it was in the export.
+//! The store writes every event as it was (position, time, epoch, hash) in
+//! one transaction, and refuses a file that does not continue its log
+//! exactly (see `EventStore::import`). This side reads the file as a
+//! stream and checks each line's place in the chain as it goes, so that a
+//! refusal names the line, not only the position.
 
-use std::collections::HashMap;
-use std::path::Path;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use llmgw_eventstore::{
-    AnyStore, EventStore, ExpectedVersion, NewEvent, RecordedEvent, StoreError, StreamAppend,
-    Writer, hash,
+    AnyStore, ChainCheck, EventStore, ImportOptions, RecordedEvent, StoreAddress, StoreError, hash,
 };
+use serde::Deserialize;
 
 use crate::Outcome;
 
-const BATCH: usize = 500;
 const TTL: Duration = Duration::from_secs(60);
 
-type Line = RecordedEvent;
+/// `HASH@POSITION`: the hash a log has at a position, as an auditor holds
+/// it from the source.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Anchor {
+    pub(crate) position: u64,
+    pub(crate) hash: [u8; 32],
+}
 
-pub(super) async fn run(store: &AnyStore, input: &Path) -> anyhow::Result<Outcome> {
-    let lines = super::read_lines(input)?;
-    let events = parse(&lines)?;
-    if events.is_empty() {
-        println!("nothing to import");
-        return Ok(Outcome::Ok);
+impl std::str::FromStr for Anchor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not HASH@POSITION (64 hex digits, then @ and a position)");
+        let (h, p) = s.split_once('@').ok_or_else(bad)?;
+        Ok(Anchor {
+            position: p.trim().parse().ok().filter(|p| *p > 0).ok_or_else(bad)?,
+            hash: hash::from_hex(&h.trim().to_ascii_lowercase()).ok_or_else(bad)?,
+        })
     }
+}
+
+impl std::fmt::Display for Anchor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", hash::to_hex(&self.hash), self.position)
+    }
+}
+
+/// What an export's first line may say besides the event.
+#[derive(Debug, Deserialize)]
+struct FirstLine {
+    #[serde(default)]
+    prev_hash: Option<String>,
+}
+
+/// The export's lines as events, each checked against the one before.
+struct Lines {
+    reader: Box<dyn BufRead + Send>,
+    line: usize,
+    check: ChainCheck,
+    pending: Option<RecordedEvent>,
+    done: bool,
+}
+
+impl Lines {
+    /// The next event, or the reason the file cannot be imported.
+    fn next_event(&mut self) -> Result<Option<RecordedEvent>, StoreError> {
+        let refused = StoreError::ImportRefused;
+        let mut text = String::new();
+        loop {
+            text.clear();
+            self.line += 1;
+            let n = self
+                .reader
+                .read_line(&mut text)
+                .map_err(|e| refused(format!("line {}: cannot read: {e}", self.line)))?;
+            if n == 0 {
+                return self
+                    .check
+                    .finish()
+                    .map(|()| None)
+                    .map_err(|r| refused(format!("at the end of the file: {r}")));
+            }
+            if !text.trim().is_empty() {
+                break;
+            }
+        }
+        let event: RecordedEvent = serde_json::from_str(&text).map_err(|e| {
+            let cut = if e.is_eof() {
+                " (the file was cut short?)"
+            } else {
+                ""
+            };
+            refused(format!(
+                "line {}: not an exported event{cut}: {e}",
+                self.line
+            ))
+        })?;
+        self.check.push(&event).map_err(|r| {
+            refused(format!(
+                "line {} (position {}): {r}",
+                self.line, event.position
+            ))
+        })?;
+        Ok(Some(event))
+    }
+}
+
+impl Iterator for Lines {
+    type Item = Result<RecordedEvent, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if let Some(first) = self.pending.take() {
+            return Some(Ok(first));
+        }
+        match self.next_event() {
+            Ok(Some(e)) => Some(Ok(e)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+fn open(input: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
+    let reader: Box<dyn Read + Send> = if input.as_os_str() == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(
+            std::fs::File::open(input)
+                .with_context(|| format!("cannot open {}", input.display()))?,
+        )
+    };
+    Ok(Box::new(BufReader::with_capacity(1 << 20, reader)))
+}
+
+/// A SQLite file the import is about to create: removed again if the
+/// import is refused, so that a refusal leaves nothing behind.
+pub(crate) fn new_sqlite_file(address: &str) -> Option<PathBuf> {
+    match StoreAddress::parse(address).ok()? {
+        StoreAddress::Sqlite(path) if !path.exists() => Some(path),
+        _ => None,
+    }
+}
+
+pub(super) async fn run(
+    store: &AnyStore,
+    input: &Path,
+    from_anchor: bool,
+    anchors: &[Anchor],
+) -> anyhow::Result<Outcome> {
+    let anchors: Vec<(u64, [u8; 32])> = anchors.iter().map(|a| (a.position, a.hash)).collect();
+    // The first line may name the hash before it: read it before the rest.
+    let mut lines = Lines {
+        reader: open(input)?,
+        line: 0,
+        check: ChainCheck::default(),
+        pending: None,
+        done: false,
+    };
+    let mut first_text = String::new();
+    let prev_hash =
+        loop {
+            first_text.clear();
+            lines.line += 1;
+            if lines.reader.read_line(&mut first_text)? == 0 {
+                println!("nothing to import");
+                return Ok(Outcome::Ok);
+            }
+            if first_text.trim().is_empty() {
+                continue;
+            }
+            let said: FirstLine = serde_json::from_str(&first_text)
+                .with_context(|| format!("line {}: not an exported event", lines.line))?;
+            break match said.prev_hash {
+                Some(h) => Some(hash::from_hex(&h).with_context(|| {
+                    format!("line {}: prev_hash is not 64 hex digits", lines.line)
+                })?),
+                None => None,
+            };
+        };
+    lines.check = ChainCheck::new(prev_hash, &anchors);
+    let first: RecordedEvent = serde_json::from_str(&first_text)
+        .with_context(|| format!("line {}: not an exported event", lines.line))?;
+    if let Err(r) = lines.check.push(&first) {
+        bail!("line {} (position {}): {r}", lines.line, first.position);
+    }
+    lines.pending = Some(first);
+
     let holder = format!("import-{}", std::process::id());
     let lease = store
         .acquire_lease(&holder, TTL)
@@ -39,136 +205,33 @@ pub(super) async fn run(store: &AnyStore, input: &Path) -> anyhow::Result<Outcom
                 .context("an import appends under the append lease; stop the server that holds it"),
             other => other.into(),
         })?;
-    let writer = Writer::Leader(lease.token.clone());
-    let result = append_all(store, &writer, &events).await;
+    let options = ImportOptions {
+        prev_hash,
+        from_anchor,
+        anchors,
+    };
+    let result = store.import(&lease.token, &options, lines).await;
+    // The import ends the lease itself when the events carry a newer epoch.
     store.release_lease(&lease.token).await?;
-    let tally = result?;
-    match (tally.first, tally.last) {
-        (Some(f), Some(l)) => println!(
-            "imported {} events at positions {f}..={l}; {} were already present",
-            tally.written, tally.present
+    let done = result?;
+    let head = Anchor {
+        position: done.head,
+        hash: done.head_hash,
+    };
+    match done.positions {
+        Some((f, l)) => println!(
+            "imported {} events at positions {f}..={l}; {} were already present; the chain head is {head}",
+            done.written, done.present
         ),
-        _ => println!(
-            "imported nothing; all {} events were already present",
-            tally.present
+        None => println!(
+            "imported nothing; all {} events were already present; the chain head is {head}",
+            done.present
         ),
+    }
+    if let Some(p) = done.from_anchor {
+        println!(
+            "the log begins after position {p}, whose hash the file named and nothing here could check (--from-anchor)"
+        );
     }
     Ok(Outcome::Ok)
-}
-
-fn parse(lines: &[String]) -> anyhow::Result<Vec<Line>> {
-    let mut events: Vec<Line> = Vec::new();
-    for (i, text) in lines.iter().enumerate() {
-        if text.trim().is_empty() {
-            continue;
-        }
-        let line: Line = serde_json::from_str(text)
-            .with_context(|| format!("line {}: not an exported event", i + 1))?;
-        // The chain links each event to the one before; the first event of a
-        // range that starts after position 1 can only be checked from there on.
-        let prev = match events.last() {
-            Some(p) if line.position != p.position + 1 => bail!(
-                "line {}: position {} follows {}; an export is one unbroken range",
-                i + 1,
-                line.position,
-                p.position
-            ),
-            Some(p) => Some(p.hash),
-            None if line.position == 1 => Some(hash::GENESIS),
-            None => None,
-        };
-        if let Some(prev) = prev
-            && hash::chain(&prev, &line) != line.hash
-        {
-            bail!(
-                "line {} (position {}): its hash does not match its content; the export was altered",
-                i + 1,
-                line.position
-            );
-        }
-        events.push(line);
-    }
-    let mut next_version: HashMap<&str, u64> = HashMap::new();
-    for e in &events {
-        let want = next_version
-            .entry(e.stream_id.as_str())
-            .or_insert(e.stream_version);
-        if e.stream_version != *want {
-            bail!(
-                "position {}: stream {} jumps from version {} to {}",
-                e.position,
-                e.stream_id,
-                *want - 1,
-                e.stream_version
-            );
-        }
-        *want += 1;
-    }
-    Ok(events)
-}
-
-#[derive(Debug, Default)]
-struct Tally {
-    written: u64,
-    present: u64,
-    first: Option<u64>,
-    last: Option<u64>,
-}
-
-/// Groups events into batches of whole runs and appends them in order.
-async fn append_all(store: &AnyStore, writer: &Writer, events: &[Line]) -> anyhow::Result<Tally> {
-    let mut tally = Tally::default();
-    let mut batch: Vec<StreamAppend> = Vec::new();
-    let mut i = 0;
-    while i < events.len() {
-        let stream = &events[i].stream_id;
-        let run_len = events[i..]
-            .iter()
-            .take_while(|e| &e.stream_id == stream)
-            .count()
-            .min(BATCH);
-        let size: usize = batch.iter().map(|s| s.events.len()).sum();
-        if batch.iter().any(|s| &s.stream_id == stream) || size + run_len > BATCH {
-            flush(store, writer, &mut batch, &mut tally).await?;
-        }
-        let run = &events[i..i + run_len];
-        let new_events = run
-            .iter()
-            .map(|e| {
-                NewEvent::new(e.event_type.clone(), e.schema_version, e.payload.clone())
-                    .with_id(e.event_id)
-                    .with_metadata(e.metadata.clone())
-            })
-            .collect();
-        let expected = ExpectedVersion::Exact(run[0].stream_version - 1);
-        batch.push(StreamAppend::new(stream.clone(), expected, new_events));
-        i += run_len;
-    }
-    flush(store, writer, &mut batch, &mut tally).await?;
-    Ok(tally)
-}
-
-async fn flush(
-    store: &AnyStore,
-    writer: &Writer,
-    batch: &mut Vec<StreamAppend>,
-    tally: &mut Tally,
-) -> anyhow::Result<()> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let appended = store
-        .append(writer, batch)
-        .await
-        .context("appending imported events")?;
-    let n: u64 = batch.iter().map(|s| s.events.len() as u64).sum();
-    if appended.deduplicated {
-        tally.present += n;
-    } else {
-        tally.written += n;
-        tally.first.get_or_insert(appended.first_position);
-        tally.last = Some(appended.last_position);
-    }
-    batch.clear();
-    Ok(())
 }

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 mod browser;
 mod cluster;
 mod deploy_rules;
+mod events_io;
 mod logs;
 mod metrics;
 mod node_agent;
@@ -429,13 +430,14 @@ async fn a_bad_import_is_refused_whole(b: Backend) {
         "{out:?}"
     );
 
-    // The seeded streams already exist at other versions: a conflict, named.
+    // Another log's events where this store has its own: refused, named.
     let clash = dir.path().join("clash.jsonl");
     std::fs::write(&clash, lines.join("\n")).unwrap();
     let out = llmgw(&address, &["events", "import", clash.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("stream node-a: expected version 0"),
+        String::from_utf8_lossy(&out.stderr)
+            .contains("position 3: the file's event differs from this store's"),
         "{out:?}"
     );
     assert_eq!(
@@ -529,8 +531,7 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
         ],
     ))[0];
     assert!(now.get(hash).is_none(), "revoked by the head");
-    // A time works as well as a position. The import recorded the events
-    // anew, so take the time from this store, not from the file.
+    // A time works as well as a position.
     let first = &json_lines(&ok(&address, &["events", "show", "1", "--json"]))[0];
     let t0 = first["recorded_at"].as_str().unwrap();
     let table = ok(

@@ -8,6 +8,7 @@ mod support;
 mod browse;
 mod conformance;
 mod fencing;
+mod import;
 mod properties;
 mod subscriptions;
 mod tamper;

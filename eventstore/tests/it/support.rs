@@ -70,12 +70,12 @@ pub fn stream(id: &str, expected: ExpectedVersion, events: Vec<NewEvent>) -> Str
 
 /// Every event in the log, as stored.
 pub async fn all_events<S: EventStore>(store: &S) -> Vec<llmgw_eventstore::RecordedEvent> {
-    let mut out = Vec::new();
+    let mut out: Vec<llmgw_eventstore::RecordedEvent> = Vec::new();
     loop {
-        let page = store
-            .read_all_raw(out.len() as u64, 1000)
-            .await
-            .expect("read");
+        // After the last one read: a log imported from an anchor does not
+        // begin at position 1.
+        let after = out.last().map_or(0, |e| e.position);
+        let page = store.read_all_raw(after, 1000).await.expect("read");
         if page.is_empty() {
             return out;
         }

@@ -1,0 +1,276 @@
+//! `events export` and `events import` as an incident engineer and an
+//! auditor use them: the copy is the source, byte for byte; a range joins
+//! only the log it came from; and every file that is not a faithful export
+//! is refused with its reason, leaving the store as it was.
+
+use llmgw_eventstore::{RecordedEvent, hash};
+use llmgw_testkit::{Backend, Scratch};
+use serde_json::Value;
+
+use super::{fixture, json_lines, llmgw, ok};
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::Postgres).await } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name(super::Backend::Sqlite).await } )* }
+    };
+}
+
+both_backends!(
+    an_imported_copy_exports_the_same_bytes_and_travels_in_time_alike,
+    a_range_joins_only_the_log_it_came_from,
+    files_that_are_not_faithful_exports_are_refused_and_change_nothing,
+);
+
+fn other(b: Backend) -> Backend {
+    match b {
+        Backend::Postgres => Backend::Sqlite,
+        Backend::Sqlite => Backend::Postgres,
+    }
+}
+
+/// A store holding one of the recorded incidents, imported as it was.
+async fn incident(b: Backend, name: &str) -> (String, Scratch) {
+    let (address, scratch) = Scratch::new(b).await;
+    ok(
+        &address,
+        &["events", "import", fixture(name).to_str().unwrap()],
+    );
+    (address, scratch)
+}
+
+fn export(address: &str, args: &[&str]) -> String {
+    let mut all = vec!["events", "export"];
+    all.extend_from_slice(args);
+    ok(address, &all)
+}
+
+/// The chain head, as `events stats` prints it: HASH@POSITION.
+fn chain_head(address: &str) -> String {
+    let stats = &json_lines(&ok(address, &["events", "stats", "--json"]))[0];
+    stats["chain_head"].as_str().unwrap().to_owned()
+}
+
+fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// The file's events with an edit at `line` (1-based) and every later
+/// hash recomputed, as a forger would: consistent in itself.
+fn rechained_edit(text: &str, line: usize) -> String {
+    let mut events: Vec<RecordedEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    events[line - 1].metadata = serde_json::json!({"actor": "someone else"});
+    let mut prev = hash::GENESIS;
+    for e in &mut events {
+        e.hash = hash::chain(&prev, e);
+        prev = e.hash;
+    }
+    let lines: Vec<String> = events
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
+    lines.join("\n") + "\n"
+}
+
+async fn an_imported_copy_exports_the_same_bytes_and_travels_in_time_alike(b: Backend) {
+    for name in ["leadership-change-mid-placement", "node-lost-while-loading"] {
+        let recorded = std::fs::read_to_string(fixture(name)).unwrap();
+        let (source, _s1) = incident(b, name).await;
+        // The fixture came back out as it went in: positions, times, epochs
+        // and hashes as recorded, not as imported.
+        assert_eq!(export(&source, &[]), recorded, "{name}");
+        let epochs: Vec<u64> = json_lines(&recorded)
+            .iter()
+            .map(|e| e["epoch"].as_u64().unwrap())
+            .collect();
+        assert!(
+            name != "leadership-change-mid-placement" || epochs.iter().any(|e| *e > 1),
+            "{epochs:?}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(&dir, "export.jsonl", &export(&source, &[]));
+        for target in [b, other(b)] {
+            let (copy, _s2) = Scratch::new(target).await;
+            let said = ok(&copy, &["events", "import", &file]);
+            let head = chain_head(&source);
+            assert!(
+                said.contains(&format!("the chain head is {head}")),
+                "{said}"
+            );
+            assert_eq!(chain_head(&copy), head);
+            assert_eq!(export(&copy, &[]), recorded, "{name} on {target:?}");
+            assert!(ok(&copy, &["events", "verify"]).starts_with("ok: "));
+
+            // Time travel lands on the same position in both.
+            let events = json_lines(&recorded);
+            let middle = events[events.len() / 2]["recorded_at"].as_str().unwrap();
+            for view in ["cluster", "router"] {
+                let args = ["events", "replay", "--until", middle, "--view", view];
+                assert_eq!(ok(&copy, &args), ok(&source, &args), "{name} {view}");
+            }
+            let at = ok(
+                &copy,
+                &["events", "replay", "--until", middle, "--view", "cluster"],
+            );
+            let time = |e: &Value| {
+                chrono::DateTime::parse_from_rfc3339(e["recorded_at"].as_str().unwrap()).unwrap()
+            };
+            let until = time(&events[events.len() / 2]);
+            let want = events.iter().filter(|e| time(e) <= until).count();
+            assert!(
+                at.starts_with(&format!("cluster view at position {want}\n")),
+                "{at}"
+            );
+        }
+    }
+}
+
+async fn a_range_joins_only_the_log_it_came_from(b: Backend) {
+    let name = "two-node-shard-failure";
+    let (source, _s1) = incident(b, name).await;
+    let dir = tempfile::tempdir().unwrap();
+    let head = write(&dir, "head.jsonl", &export(&source, &["--to", "6"]));
+    let tail_text = export(&source, &["--from", "7"]);
+    let first: Value = serde_json::from_str(tail_text.lines().next().unwrap()).unwrap();
+    let sixth = &json_lines(&export(&source, &["--from", "6", "--to", "6"]))[0];
+    assert_eq!(first["position"], 7);
+    assert_eq!(
+        first["prev_hash"], sixth["hash"],
+        "the range names its link"
+    );
+    let tail = write(&dir, "tail.jsonl", &tail_text);
+
+    // Into a copy that holds 1..6: it joins, and the copy is the source.
+    let (copy, _s2) = Scratch::new(b).await;
+    ok(&copy, &["events", "import", &head]);
+    let said = ok(&copy, &["events", "import", &tail]);
+    assert!(said.contains("positions 7..=16"), "{said}");
+    assert_eq!(chain_head(&copy), chain_head(&source));
+    // Again: nothing to write, everything checked.
+    let again = ok(&copy, &["events", "import", &tail]);
+    assert!(again.contains("imported nothing; all 10 events were already present"));
+
+    // Into an empty store only on the operator's word, and it says so.
+    let (fresh, _s3) = Scratch::new(b).await;
+    let out = llmgw(&fresh, &["events", "import", &tail]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("this store is empty and the file starts at position 7")
+            && err.contains("--from-anchor"),
+        "{err}"
+    );
+    let said = ok(&fresh, &["events", "import", "--from-anchor", &tail]);
+    assert!(said.contains("the log begins after position 6"), "{said}");
+    let verified = ok(&fresh, &["events", "verify"]);
+    assert!(
+        verified.starts_with("ok: 10 events in 7..=16 verified (the log begins after position 6"),
+        "{verified}"
+    );
+    assert!(ok(&fresh, &["events", "stats"]).contains("begins   after position 6"));
+    assert_eq!(chain_head(&fresh), chain_head(&source));
+    // Its own export names the same link, so it can be passed on.
+    assert_eq!(export(&fresh, &[]), tail_text);
+}
+
+async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: Backend) {
+    let name = "node-lost-while-loading";
+    let (source, _s1) = incident(b, name).await;
+    let whole = export(&source, &[]);
+    let lines: Vec<&str> = whole.lines().collect();
+    let anchor = chain_head(&source);
+    let dir = tempfile::tempdir().unwrap();
+    // A copy holding the first half, and an address where no store is yet.
+    let (copy, _s2) = Scratch::new(b).await;
+    let half = write(&dir, "half.jsonl", &export(&source, &["--to", "7"]));
+    ok(&copy, &["events", "import", &half]);
+    let before = export(&copy, &[]);
+    let nowhere = dir.path().join("never.db");
+    let nowhere = nowhere.to_str().unwrap();
+    let (other_log, _s3) = incident(b, "two-node-shard-failure").await;
+
+    let rechained = write(&dir, "rechained.jsonl", &rechained_edit(&whole, 3));
+    let cut_mid_line = write(&dir, "cut.jsonl", &whole[..whole.len() - 40]);
+    let cut_at_line = write(&dir, "short.jsonl", &(lines[..10].join("\n") + "\n"));
+    let mut holed = lines.clone();
+    holed.remove(4);
+    let gap = write(&dir, "gap.jsonl", &(holed.join("\n") + "\n"));
+    let foreign = write(&dir, "foreign.jsonl", &export(&other_log, &["--from", "8"]));
+    let anchored = |file: &str| -> Vec<String> {
+        ["events", "import", "--anchor", &anchor, file]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let cases: Vec<(&str, &str, Vec<String>, &str)> = vec![
+        (
+            "rechained edit, against a copy",
+            copy.as_str(),
+            vec!["events".into(), "import".into(), rechained.clone()],
+            "position 7: the file's event differs from this store's",
+        ),
+        (
+            "rechained edit, against the source's anchor",
+            nowhere,
+            anchored(&rechained),
+            "not the anchor's",
+        ),
+        (
+            "cut in the middle of a line",
+            copy.as_str(),
+            vec!["events".into(), "import".into(), cut_mid_line],
+            "not an exported event (the file was cut short?)",
+        ),
+        (
+            "cut at a line, against the anchor",
+            nowhere,
+            anchored(&cut_at_line),
+            "the file ends at position 10, before the anchor at 14",
+        ),
+        (
+            "a gap",
+            copy.as_str(),
+            vec!["events".into(), "import".into(), gap],
+            "line 5 (position 6): position 6 follows 4",
+        ),
+        (
+            "a foreign start",
+            copy.as_str(),
+            vec!["events".into(), "import".into(), foreign],
+            "position 8: does not follow this store's head at 7",
+        ),
+    ];
+    for (what, store, args, says) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = llmgw(store, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(says),
+            "{what}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{what}: {err}");
+        assert_eq!(export(&copy, &[]), before, "{what} changed the copy");
+        assert!(
+            !std::path::Path::new(nowhere).exists(),
+            "{what} left a store behind"
+        );
+    }
+    // The anchor admits the faithful file, and creates the store for it.
+    let faithful = write(&dir, "whole.jsonl", &whole);
+    let args = anchored(&faithful);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(nowhere, &args);
+    assert_eq!(chain_head(nowhere), anchor);
+    let said = ok(&copy, &["events", "import", &faithful]);
+    assert!(
+        said.contains("positions 8..=14; 7 were already present"),
+        "{said}"
+    );
+}
