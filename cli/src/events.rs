@@ -3,11 +3,12 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore};
+use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventFilter, EventStore, RecordedEvent};
 
 use crate::Outcome;
 use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
 
+mod filter;
 mod history;
 mod import;
 
@@ -19,11 +20,19 @@ pub(crate) enum EventsCommand {
         /// Keep printing events as they are appended (Ctrl-C stops).
         #[arg(long)]
         follow: bool,
+        /// Only events of these types: a comma-separated list, where a
+        /// trailing * stands for any ending (NodeLost,Replica*).
+        #[arg(long = "type", value_name = "TYPES")]
+        types: Option<filter::TypePatterns>,
+        /// Only events by this actor: the person, or the server or gateway
+        /// acting on its own, as the BY column of `events log` names it.
+        #[arg(long, value_name = "NAME")]
+        actor: Option<String>,
         /// First position to print (default: the last --limit events).
         #[arg(long)]
         from: Option<u64>,
         /// How many events to print before following (default 20 without
-        /// --from, all with it).
+        /// --from, all with it); with --type or --actor, how many of those.
         #[arg(long)]
         limit: Option<usize>,
         /// Print JSON instead of a table.
@@ -94,8 +103,9 @@ pub(crate) enum EventsCommand {
     },
     /// A view as it stood at a position or time.
     Replay {
-        /// A position, or an RFC 3339 time such as 2026-12-01T10:00:00Z.
-        #[arg(long)]
+        /// A position, or a time: 2026-12-01T10:00:00Z, "2026-12-01
+        /// 10:00:00" (UTC), or a date.
+        #[arg(long, value_name = "POSITION|TIME")]
         until: history::Point,
         /// router, cluster, tenancy or usage.
         #[arg(long)]
@@ -109,10 +119,14 @@ pub(crate) enum EventsCommand {
         /// A stream id, such as node-gpu-a-01.
         #[arg(long, group = "thing")]
         stream: Option<String>,
-        /// A node: its stream (`node-ID`) and the commands refused about it.
+        /// A node: its stream (`node-ID`), the commands refused about it,
+        /// and the replicas placed there with the states of their shards on
+        /// it.
         #[arg(long, group = "thing")]
         node: Option<String>,
-        /// A model: its stream (`model-NAME`) and the commands refused about it.
+        /// A model: its stream (`model-NAME`), the commands refused about
+        /// it, and every replica of it (placed, its shards' states, ready,
+        /// failed, stopped).
         #[arg(long, group = "thing")]
         model: Option<String>,
         /// An API key, by id: its stream (issued, limited, revoked) and refusals.
@@ -124,11 +138,12 @@ pub(crate) enum EventsCommand {
     },
     /// What changed in a view between two points.
     Diff {
-        /// The earlier point: a position, or a time (2026-12-01T10:00:00Z, "2026-12-01 10:00:00" in UTC, or a date).
-        #[arg(long)]
+        /// The earlier point: a position, or a time (2026-12-01T10:00:00Z,
+        /// "2026-12-01 10:00:00" in UTC, or a date).
+        #[arg(long, value_name = "POSITION|TIME")]
         from: history::Point,
-        /// The later point, written the same way.
-        #[arg(long)]
+        /// The later point: a position or a time, written as for --from.
+        #[arg(long, value_name = "POSITION|TIME")]
         to: history::Point,
         /// router, cluster, tenancy or usage.
         #[arg(long)]
@@ -159,10 +174,15 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
     match cmd {
         EventsCommand::Tail {
             follow,
+            types,
+            actor,
             from,
             limit,
             json,
-        } => tail(&store, follow, from, limit, json).await,
+        } => {
+            let filter = filter::Filter { types, actor };
+            tail(&store, follow, from, limit, json, &filter).await
+        }
         EventsCommand::Show { position, json } => show(&store, position, json).await,
         EventsCommand::Verify { from, to, json } => verify(&store, from, to, json).await,
         EventsCommand::Export { from, to, output } => export(&store, from, to, output).await,
@@ -188,14 +208,14 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
             key,
             json,
         } => {
-            let stream = match (stream, node, model, key) {
-                (Some(s), ..) => s,
-                (_, Some(n), ..) => format!("node-{n}"),
-                (_, _, Some(m), _) => format!("model-{m}"),
-                (_, _, _, Some(k)) => format!("key-{k}"),
+            let thing = match (stream, node, model, key) {
+                (Some(s), ..) => history::Thing::Stream(s),
+                (_, Some(n), ..) => history::Thing::Node(n),
+                (_, _, Some(m), _) => history::Thing::Model(m),
+                (_, _, _, Some(k)) => history::Thing::Stream(format!("key-{k}")),
                 _ => bail!("say which thing: --stream, --node, --model or --key"),
             };
-            history::log(&store, &stream, json).await
+            history::log(&store, &thing, json).await
         }
     }
 }
@@ -233,33 +253,45 @@ async fn tail(
     from: Option<u64>,
     limit: Option<usize>,
     json: bool,
+    filter: &filter::Filter,
 ) -> anyhow::Result<Outcome> {
     let (head, _) = store.head().await?;
-    let (after, limit) = match from {
+    let mut out = std::io::stdout().lock();
+    let mut table = Table::new(EVENT_HEADER.to_vec());
+    let mut print = |out: &mut std::io::StdoutLock<'_>, e: &RecordedEvent| -> anyhow::Result<()> {
+        if json {
+            json_line(out, e)?;
+        } else if follow {
+            writeln!(out, "{}", event_line(e))?;
+        } else {
+            table.row(event_cells(e));
+        }
+        Ok(())
+    };
+    let mut sub = match from {
         Some(0) => bail!("positions start at 1"),
-        Some(p) => (p - 1, limit.unwrap_or(usize::MAX)),
+        Some(p) => {
+            let limit = limit.unwrap_or(usize::MAX);
+            let mut sub = store.subscribe(p - 1);
+            let mut printed = 0;
+            while printed < limit {
+                let Some(e) = sub.next_now().await? else {
+                    break;
+                };
+                if filter.keeps(&e) {
+                    print(&mut out, &e)?;
+                    printed += 1;
+                }
+            }
+            sub
+        }
         None => {
-            let limit = limit.unwrap_or(20);
-            (head.saturating_sub(limit as u64), limit)
+            for e in newest(store, head, limit.unwrap_or(20), filter).await? {
+                print(&mut out, &e)?;
+            }
+            store.subscribe(head)
         }
     };
-    let mut out = std::io::stdout().lock();
-    let mut sub = store.subscribe(after);
-    let mut printed = 0;
-    let mut table = Table::new(EVENT_HEADER.to_vec());
-    while printed < limit {
-        let Some(e) = sub.next_now().await? else {
-            break;
-        };
-        printed += 1;
-        if json {
-            json_line(&mut out, &e)?;
-        } else if follow {
-            writeln!(out, "{}", event_line(&e))?;
-        } else {
-            table.row(event_cells(&e));
-        }
-    }
     if !json && !follow {
         table.print(&mut out)?;
     }
@@ -273,6 +305,9 @@ async fn tail(
             e = sub.next() => e?,
             _ = tokio::signal::ctrl_c() => return Ok(Outcome::Ok),
         };
+        if !filter.keeps(&e) {
+            continue;
+        }
         let mut out = std::io::stdout().lock();
         if json {
             json_line(&mut out, &e)?;
@@ -281,6 +316,47 @@ async fn tail(
         }
         out.flush()?;
     }
+}
+
+/// The newest `limit` events up to `head` that the filter keeps, oldest
+/// first. Walks down from the head a page at a time, so a common filter
+/// reads little; the store filters on an exact type itself.
+async fn newest(
+    store: &AnyStore,
+    head: u64,
+    limit: usize,
+    filter: &filter::Filter,
+) -> anyhow::Result<Vec<RecordedEvent>> {
+    let narrow = EventFilter {
+        event_type: filter
+            .types
+            .as_ref()
+            .and_then(|t| t.single())
+            .map(str::to_owned),
+        ..EventFilter::default()
+    };
+    // Unfiltered, the newest `limit` are exactly what is wanted.
+    let page_size = if filter.is_empty() {
+        limit.clamp(1, DEFAULT_PAGE)
+    } else {
+        DEFAULT_PAGE
+    };
+    let mut found = Vec::new();
+    let mut below = head + 1;
+    while found.len() < limit && below > 1 {
+        let page = store
+            .read_backward_raw(&narrow, 0..below, page_size)
+            .await?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        below = last.position;
+        let page = store.upcasters().upcast_all(page)?;
+        found.extend(page.into_iter().filter(|e| filter.keeps(e)));
+    }
+    found.truncate(limit);
+    found.reverse();
+    Ok(found)
 }
 
 async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Outcome> {
@@ -304,7 +380,7 @@ async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Out
             ),
             ("event id", e.event_id.to_string()),
             ("epoch", e.epoch.to_string()),
-            ("recorded at", e.recorded_at.to_rfc3339()),
+            ("recorded at", filter::when(e.recorded_at)),
             ("hash", llmgw_eventstore::hash::to_hex(&e.hash)),
             ("metadata", e.metadata.to_string()),
         ];
@@ -414,10 +490,7 @@ async fn export(
 
 /// The first event of a range that starts after position 1, with the
 /// hash of the event before it as `prev_hash`.
-async fn first_line(
-    store: &AnyStore,
-    e: &llmgw_eventstore::RecordedEvent,
-) -> anyhow::Result<serde_json::Value> {
+async fn first_line(store: &AnyStore, e: &RecordedEvent) -> anyhow::Result<serde_json::Value> {
     let prev = store
         .hash_at(e.position - 1)
         .await?

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
-use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore, RecordedEvent};
+use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventFilter, EventStore, RecordedEvent};
 use llmgw_projections::{Projections, VIEW_NAMES};
 use serde_json::Value;
 
@@ -219,14 +219,135 @@ async fn read_stream(store: &AnyStore, stream: &str) -> anyhow::Result<Vec<Recor
     }
 }
 
-/// One thing's timeline: its stream, and the refused commands about it
-/// (`audit-<stream>`), in log order, so that attempts show next to changes.
-pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::Result<Outcome> {
-    let mut events = read_stream(store, stream).await?;
-    events.extend(read_stream(store, &format!("audit-{stream}")).await?);
+/// What `events log` shows the history of.
+#[derive(Debug, Clone)]
+pub(crate) enum Thing {
+    /// One stream, such as `key-k1`.
+    Stream(String),
+    /// A node, and the replicas and shards placed on it.
+    Node(String),
+    /// A model, and its replicas.
+    Model(String),
+}
+
+/// A replica as placed (or adopted): its model and where its shards ran.
+#[derive(Debug)]
+struct Placed {
+    replica_id: String,
+    model: String,
+    /// Shard id and node id.
+    shards: Vec<(String, String)>,
+}
+
+/// Every replica the log ever placed or adopted. The store filters on the
+/// two types; the placements themselves are read from their payloads.
+async fn placements(store: &AnyStore) -> anyhow::Result<Vec<Placed>> {
+    let (head, _) = store.head().await?;
+    let mut out = Vec::new();
+    for kind in ["ReplicaPlaced", "ReplicaAdopted"] {
+        let filter = EventFilter {
+            event_type: Some(kind.to_owned()),
+            ..EventFilter::default()
+        };
+        let mut below = head + 1;
+        while below > 1 {
+            let page = store
+                .read_backward_raw(&filter, 0..below, DEFAULT_PAGE)
+                .await?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            below = last.position;
+            for e in &page {
+                let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+                let shards = e
+                    .payload
+                    .get("shards")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| Some((text(s, "shard_id")?, text(s, "node_id")?)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let (Some(replica_id), Some(model)) =
+                    (text(&e.payload, "replica_id"), text(&e.payload, "model"))
+                {
+                    out.push(Placed {
+                        replica_id,
+                        model,
+                        shards,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The streams of a thing's timeline, with the shard events to leave out
+/// of each (a node's view of a replica shows only its own shards).
+async fn streams_of(
+    store: &AnyStore,
+    thing: &Thing,
+) -> anyhow::Result<(String, Vec<(String, Option<Vec<String>>)>)> {
+    let own = match thing {
+        Thing::Stream(s) => s.clone(),
+        Thing::Node(n) => format!("node-{n}"),
+        Thing::Model(m) => format!("model-{m}"),
+    };
+    let mut streams = vec![(own.clone(), None), (format!("audit-{own}"), None)];
+    match thing {
+        Thing::Stream(_) => {}
+        Thing::Node(n) => {
+            for p in placements(store).await? {
+                let here: Vec<String> = p
+                    .shards
+                    .iter()
+                    .filter(|(_, node)| node == n)
+                    .map(|(shard, _)| shard.clone())
+                    .collect();
+                if !here.is_empty() {
+                    streams.push((format!("replica-{}", p.replica_id), Some(here)));
+                }
+            }
+        }
+        Thing::Model(m) => {
+            for p in placements(store).await? {
+                if p.model == *m {
+                    streams.push((format!("replica-{}", p.replica_id), None));
+                }
+            }
+        }
+    }
+    streams.sort();
+    streams.dedup_by(|a, b| a.0 == b.0);
+    Ok((own, streams))
+}
+
+/// One thing's timeline: its stream and the refused commands about it
+/// (`audit-<stream>`), and for a node or a model the replicas concerned,
+/// in log order, so that attempts show next to changes and a replica's
+/// life next to its node's.
+pub(crate) async fn log(store: &AnyStore, thing: &Thing, json: bool) -> anyhow::Result<Outcome> {
+    let (own, streams) = streams_of(store, thing).await?;
+    let mut events = Vec::new();
+    for (stream, shards) in &streams {
+        let mut these = read_stream(store, stream).await?;
+        if let Some(shards) = shards {
+            these.retain(|e| {
+                e.event_type != "ShardStateChanged"
+                    || e.payload
+                        .get("shard_id")
+                        .and_then(Value::as_str)
+                        .is_some_and(|s| shards.iter().any(|mine| mine == s))
+            });
+        }
+        events.extend(these);
+    }
     events.sort_by_key(|e| e.position);
     if events.is_empty() {
-        bail!("no events in stream {stream}");
+        bail!("no events in stream {own}");
     }
     let mut out = std::io::stdout().lock();
     if json {
@@ -234,7 +355,7 @@ pub(crate) async fn log(store: &AnyStore, stream: &str, json: bool) -> anyhow::R
             json_line(&mut out, e)?;
         }
     } else {
-        let mut t = Table::new(vec!["WHEN", "POSITION", "WHAT", "BY", "DETAILS"]);
+        let mut t = Table::new(vec!["WHEN", "POSITION", "STREAM", "WHAT", "BY", "DETAILS"]);
         for e in &events {
             t.row(timeline_row(e));
         }
@@ -254,9 +375,15 @@ fn actor(e: &RecordedEvent) -> String {
 }
 
 fn timeline_row(e: &RecordedEvent) -> Vec<String> {
+    let field = |k: &str| e.payload.get(k).and_then(Value::as_str).unwrap_or("-");
     let details = if e.event_type == "CommandRefused" {
-        let field = |k: &str| e.payload.get(k).and_then(Value::as_str).unwrap_or("-");
         format!("{}: {}", field("command"), field("reason"))
+    } else if e.event_type == "ShardStateChanged" {
+        // Which shard and what it became come first; the error's tail after.
+        match e.payload.get("error").and_then(Value::as_str) {
+            Some(error) => format!("{} {}: {error}", field("shard_id"), field("state")),
+            None => format!("{} {}", field("shard_id"), field("state")),
+        }
     } else {
         let mut details = e.payload.clone();
         if let Value::Object(m) = &mut details {
@@ -274,8 +401,9 @@ fn timeline_row(e: &RecordedEvent) -> Vec<String> {
         details
     };
     vec![
-        e.recorded_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        super::filter::when(e.recorded_at),
         e.position.to_string(),
+        e.stream_id.clone(),
         e.event_type.clone(),
         actor(e),
         details,
@@ -386,7 +514,11 @@ mod tests {
             json!({"writer": "cli-9-0", "actor": "alice", "actor_kind": "operator", "command_id": "c1"}),
         );
         assert_eq!(
-            timeline_row(&revoked)[3..],
+            timeline_row(&revoked)[..3],
+            ["1970-01-01T00:00:00.000Z", "7", "key-k1"]
+        );
+        assert_eq!(
+            timeline_row(&revoked)[4..],
             ["alice", "{\"key_id\":\"k1\"}"]
         );
         let refused = recorded(
@@ -395,7 +527,7 @@ mod tests {
             json!({"writer": "cp-1", "actor": "bob", "actor_kind": "operator", "command_id": "c2"}),
         );
         assert_eq!(
-            timeline_row(&refused)[2..],
+            timeline_row(&refused)[3..],
             [
                 "CommandRefused",
                 "bob",
@@ -407,14 +539,14 @@ mod tests {
             json!({"scope": "key", "scope_id": "k1", "limits": {"rpm": 5}}),
             json!({"writer": "cp-1", "actor": "cp-1", "actor_kind": "leader"}),
         );
-        assert_eq!(timeline_row(&limited)[3], "cp-1 (leader)");
+        assert_eq!(timeline_row(&limited)[4], "cp-1 (leader)");
         let old = recorded(
             "KeyRevoked",
             json!({"key_id": "k1", "by": "ops"}),
             json!({}),
         );
         assert_eq!(
-            timeline_row(&old)[3],
+            timeline_row(&old)[4],
             "ops",
             "older events: the payload's by"
         );

@@ -20,6 +20,7 @@ both_backends!(
     an_imported_copy_exports_the_same_bytes_and_travels_in_time_alike,
     a_range_joins_only_the_log_it_came_from,
     files_that_are_not_faithful_exports_are_refused_and_change_nothing,
+    a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor,
 );
 
 fn other(b: Backend) -> Backend {
@@ -273,4 +274,89 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
         said.contains("positions 8..=14; 7 were already present"),
         "{said}"
     );
+}
+
+fn positions(text: &str) -> Vec<u64> {
+    json_lines(text)
+        .iter()
+        .map(|e| e["position"].as_u64().unwrap())
+        .collect()
+}
+
+/// `2026-12-03T07:45:12.345Z`: UTC, to the millisecond, with its zone.
+fn is_millisecond_utc(s: &str) -> bool {
+    chrono::DateTime::parse_from_rfc3339(s).is_ok()
+        && s.len() == 24
+        && s.as_bytes()[19] == b'.'
+        && s.ends_with('Z')
+}
+
+async fn a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor(b: Backend) {
+    let (two_nodes, _s1) = incident(b, "two-node-shard-failure").await;
+    // n2 held r1's second shard and r2's first: their replicas' lives, and
+    // only the shards that ran on n2.
+    let log = |args: &[&str]| {
+        let mut all = vec!["events", "log", "--json"];
+        all.extend_from_slice(args);
+        positions(&ok(&two_nodes, &all))
+    };
+    assert_eq!(log(&["--node", "n2"]), [4, 6, 8, 10, 11, 12, 13, 14, 16]);
+    assert_eq!(log(&["--node", "n1"]), [3, 6, 7, 9, 11, 12]);
+    assert_eq!(
+        log(&["--model", "llama-70b"]),
+        [2, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    );
+    let table = ok(&two_nodes, &["events", "log", "--node", "n2"]);
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(
+        rows[0].starts_with("WHEN") && rows[0].contains("STREAM"),
+        "{table}"
+    );
+    for row in &rows[1..] {
+        let when = row.split_whitespace().next().unwrap();
+        assert!(is_millisecond_utc(when), "{row}");
+    }
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("replica-r1") && r.contains("r1-1 failed: NCCL error")),
+        "{table}"
+    );
+
+    let (lost, _s2) = incident(b, "node-lost-while-loading").await;
+    let tail = |args: &[&str]| {
+        let mut all = vec!["events", "tail", "--json"];
+        all.extend_from_slice(args);
+        positions(&ok(&lost, &all))
+    };
+    assert_eq!(tail(&["--type", "NodeLost,Replica*"]), [5, 9, 10, 11, 14]);
+    assert_eq!(
+        tail(&["--type", "NodeLost,Replica*", "--limit", "2"]),
+        [11, 14]
+    );
+    assert_eq!(tail(&["--type", "Replica*", "--from", "6"]), [10, 11, 14]);
+    assert_eq!(tail(&["--type", "NodeLost"]), [9]);
+    let table = ok(&lost, &["events", "tail", "--type", "NodeLost"]);
+    let row = table.lines().nth(1).unwrap();
+    assert!(
+        is_millisecond_utc(row.split_whitespace().nth(1).unwrap()),
+        "{row}"
+    );
+    let bad = llmgw(&lost, &["events", "tail", "--type", "Re*plica"]);
+    assert_eq!(bad.status.code(), Some(2));
+
+    let (key, _s3) = incident(b, "key-revoked-in-use").await;
+    let by = |actor: &str| positions(&ok(&key, &["events", "tail", "--json", "--actor", actor]));
+    assert_eq!(by("gw-1"), [8, 9, 10, 12]);
+    assert_eq!(by("ops@acme"), [11], "the actor the log's BY column names");
+    assert!(by("nobody").is_empty());
+
+    let shown = ok(&lost, &["events", "show", "5"]);
+    let at = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("recorded at"))
+        .unwrap()
+        .trim();
+    assert!(is_millisecond_utc(at), "{shown}");
+    let help = ok(&lost, &["events", "diff", "--help"]);
+    assert!(help.contains("--to <POSITION|TIME>"), "{help}");
 }
