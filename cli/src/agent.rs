@@ -246,7 +246,12 @@ async fn run_agent(mut a: RunArgs) -> anyhow::Result<Outcome> {
         None => None,
     };
     let task = tokio::spawn(agent.run(rx));
+    // Ready on start, not on the first connection: the agent redials for
+    // ever and its engines serve meanwhile, so a control plane that is
+    // down must not fail (and restart) the unit.
+    crate::notify::notify(crate::notify::READY);
     crate::sim::shutdown().await;
+    crate::notify::notify(crate::notify::STOPPING);
     let _ = tx.send(true);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), task).await;
     Ok(Outcome::Ok)

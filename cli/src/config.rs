@@ -48,6 +48,9 @@ pub(crate) struct FileConfig {
     pub models: Vec<Model>,
     /// Mutual TLS on the agent listener (`llmgw ctl cert` makes the files).
     pub tls: Option<TlsSection>,
+    /// How long requests in flight get to finish on SIGTERM (as
+    /// `--shutdown-grace`).
+    pub shutdown_grace: Option<String>,
 }
 
 /// API keys, pricing and the usage batcher.

@@ -13,6 +13,7 @@ mod gateway_settings;
 mod keys;
 mod lease;
 mod logging;
+mod notify;
 mod output;
 mod serve;
 mod server;

@@ -59,7 +59,13 @@ pub(crate) struct Plan {
     /// Usage recorded (always with auth: budgets are spent by it).
     pub usage: Option<UsageSettings>,
     pub web: WebPlan,
+    /// How long requests and streams in flight get to finish once a stop
+    /// begins; then they are cut.
+    pub shutdown_grace: Duration,
 }
+
+/// `shutdown_grace` when none is configured.
+pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// The pages and the accounts behind them.
 #[derive(Debug, Clone, Default)]
@@ -115,8 +121,11 @@ async fn follow(log: &llmgw_eventstore::AnyStore, name: &str) -> anyhow::Result<
     })
 }
 
-/// Serves until SIGINT/SIGTERM or `stop`, then steps down as leader and
-/// flushes the usage it holds.
+/// Serves until SIGINT/SIGTERM or `stop`, then stops gracefully: the
+/// listeners stop accepting, the leader steps down, requests and streams
+/// in flight get `shutdown_grace` to finish, and the usage held is
+/// flushed. Under systemd (`Type=notify`) it reports READY=1 once every
+/// listener is bound and STOPPING=1 when the stop begins.
 pub(crate) async fn run(
     plan: Plan,
     on_bound: impl FnOnce(Bound) + Send,
@@ -289,26 +298,40 @@ pub(crate) async fn run(
     let mut leading = None;
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (drain_tx, mut drain_rx) = watch::channel(false);
+    let grace = plan.shutdown_grace;
     let mut serve = Box::pin(llmgw_gateway::serve_with(
         gw,
-        plan.listen.client,
-        plan.listen.admin,
-        plan.listen.metrics,
+        llmgw_gateway::Listen {
+            client: plan.listen.client,
+            admin: plan.listen.admin,
+            metrics: plan.listen.metrics,
+        },
         extra,
+        llmgw_gateway::Stop {
+            signal: Box::pin(async move {
+                let _ = drain_rx.wait_for(|d| *d).await;
+            }),
+            grace,
+        },
         move |l| {
             let _ = tx.send(l);
         },
     ));
+    let mut served = false;
     let mut client = None;
     let mut admin = None;
     let mut on_bound = Some(on_bound);
     loop {
         tokio::select! {
-            r = &mut serve => { r?; break; }
+            r = &mut serve => { r?; served = true; break; }
             r = &mut grpc => { r?; break; }
             Some(l) = rx.recv() => {
                 match l {
-                    Listener::Client(a) => { client = Some(a); say(format!("client listening on {a}")); }
+                    Listener::Client(a) => {
+                        client = Some(a);
+                        say(format!("client listening on {a}"));
+                    }
                     Listener::Admin(a) => {
                         admin = Some(a);
                         say(format!("admin listening on {a}"));
@@ -324,6 +347,8 @@ pub(crate) async fn run(
                 if let (Some(c), Some(a)) = (client, admin)
                     && let Some(f) = on_bound.take()
                 {
+                    // Every listener is bound by now: the gateway reports
+                    // its own only once all of them are.
                     tracing::info!(
                         version = env!("CARGO_PKG_VERSION"),
                         client = %c,
@@ -331,6 +356,7 @@ pub(crate) async fn run(
                         agent = agent_addr.map(tracing::field::display),
                         "serving"
                     );
+                    crate::notify::notify(crate::notify::READY);
                     f(Bound { client: c, admin: a, agent: agent_addr });
                 }
             }
@@ -338,15 +364,33 @@ pub(crate) async fn run(
             _ = stop.wait_for(|s| *s) => break,
         }
     }
+    crate::notify::notify(crate::notify::STOPPING);
+    say(format!(
+        "stopping: no new connections; requests in flight get up to {}",
+        seconds(grace)
+    ));
+    // No new connections from here; those in flight run on.
+    let _ = drain_tx.send(true);
     let _ = shutdown_tx.send(true);
     // Stepping down lets a standby take over at once instead of after the ttl.
     if let Some(leading) = leading {
         let _ = tokio::time::timeout(Duration::from_secs(5), leading).await;
     }
+    // Agents' streams never end by themselves: they are closed now, and
+    // the agents dial the next server.
+    drop(grpc);
+    // The gateway cuts what is left at the grace; the margin only guards
+    // against a connection that ignores that.
+    if !served {
+        match tokio::time::timeout(grace + Duration::from_secs(5), &mut serve).await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "serving ended with an error while stopping"),
+            Ok(Ok(())) => {}
+            Err(_) => tracing::warn!("connections still open after the grace period: closed"),
+        }
+    }
     // The usage queue's sender lives in the gateway: once every holder of
     // it is gone, the batcher flushes what it holds and ends.
     drop(serve);
-    drop(grpc);
     if let Some(r) = routes {
         r.abort();
         let _ = r.await;
@@ -361,6 +405,11 @@ pub(crate) async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
     }
     Ok(Outcome::Ok)
+}
+
+/// `30s`, `1.5s`.
+fn seconds(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }
 
 type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
@@ -416,5 +465,6 @@ pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> 
         auth: false,
         usage: None,
         web,
+        shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
     }
 }

@@ -42,6 +42,11 @@ pub(crate) struct ServerArgs {
     /// (batched, off the request path; a full queue drops and counts).
     #[arg(long, env = "LLMGW_RECORD_USAGE")]
     record_usage: bool,
+    /// On SIGTERM or SIGINT, how long requests and streams in flight get
+    /// to finish before they are cut (default 30s); new connections are
+    /// refused at once.
+    #[arg(long, env = "LLMGW_SHUTDOWN_GRACE", value_name = "DURATION")]
+    shutdown_grace: Option<String>,
 }
 
 fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, ConfigError> {
@@ -145,6 +150,10 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         .store
         .clone()
         .unwrap_or_else(|| default_store.to_owned());
+    let shutdown_grace = match a.shutdown_grace.as_ref().or(file.shutdown_grace.as_ref()) {
+        Some(v) => config::duration("shutdown_grace", v)?,
+        None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
+    };
     Ok(crate::serve::Plan {
         store,
         listen: crate::serve::Listen {
@@ -167,6 +176,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         auth,
         usage: record_usage.then_some(usage),
         web,
+        shutdown_grace,
     })
 }
 

@@ -165,10 +165,16 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
             return Ok(Outcome::Ok);
         }
     }
-    // Engines first (the agent stops them), then the server steps down.
+    // The server has seen the signal too: it refuses new connections and
+    // lets requests in flight finish (up to its grace period); only then
+    // does the agent stop the engine that serves them.
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(
+        crate::serve::DEFAULT_SHUTDOWN_GRACE + Duration::from_secs(10),
+        server,
+    )
+    .await;
     let _ = agent_stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     Ok(Outcome::Ok)
 }

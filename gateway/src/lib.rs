@@ -24,6 +24,7 @@ mod metrics;
 mod proxy;
 mod routes;
 pub mod scrape;
+mod shutdown;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -232,8 +233,16 @@ pub async fn serve(
     metrics: Option<SocketAddr>,
     on_bound: impl FnMut(Listener),
 ) -> Result<(), ServeError> {
-    let extra = Extra::default();
-    serve_with(gw, client, admin, metrics, extra, on_bound).await
+    let listen = Listen {
+        client,
+        admin,
+        metrics,
+    };
+    let stop = Stop {
+        signal: Box::pin(std::future::pending()),
+        grace: Duration::ZERO,
+    };
+    serve_with(gw, listen, Extra::default(), stop, on_bound).await
 }
 
 /// Routes served beside the gateway's own.
@@ -245,23 +254,50 @@ pub struct Extra {
     pub admin: Router,
 }
 
-/// As [`serve`], with more routes on the client and admin listeners.
+/// Where the listeners bind.
+#[derive(Debug, Clone)]
+pub struct Listen {
+    /// The OpenAI API and the pages.
+    pub client: SocketAddr,
+    pub admin: SocketAddr,
+    /// Metrics only, when set.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// How serving ends: at `signal` every listener stops accepting and idle
+/// connections close; requests and streams in flight get `grace` to
+/// finish, then they are cut.
+pub struct Stop {
+    pub signal: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    pub grace: Duration,
+}
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stop").field("grace", &self.grace).finish()
+    }
+}
+
+/// As [`serve`], with more routes on the client and admin listeners, and a
+/// graceful stop: returns once `stop.signal` has come and every
+/// connection has closed (at most `stop.grace` later).
 pub async fn serve_with(
     gw: Arc<Gateway>,
-    client: SocketAddr,
-    admin: SocketAddr,
-    metrics: Option<SocketAddr>,
+    listen: Listen,
     extra: Extra,
+    stop: Stop,
     mut on_bound: impl FnMut(Listener),
 ) -> Result<(), ServeError> {
+    use std::future::{Future, IntoFuture};
+    use tokio::sync::watch;
     let bind = |addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr, source })
     };
-    let client_l = bind(client).await?;
-    let admin_l = bind(admin).await?;
-    let metrics_l = match metrics {
+    let client_l = bind(listen.client).await?;
+    let admin_l = bind(listen.admin).await?;
+    let metrics_l = match listen.metrics {
         Some(m) => Some(bind(m).await?),
         None => None,
     };
@@ -272,22 +308,61 @@ pub async fn serve_with(
     }
     let scraper = tokio::spawn(scrape::run(gw.clone(), gw.config.scrape_interval));
     let _stop_scraper = AbortOnDrop(scraper);
-    let client_srv = axum::serve(client_l, client_app(gw.clone()).merge(extra.client));
-    let admin_srv = axum::serve(admin_l, admin_app(gw.clone()).merge(extra.admin));
-    match metrics_l {
-        Some(m) => {
-            let metrics_srv = axum::serve(m, metrics_app(gw));
-            tokio::try_join!(
-                client_srv.into_future(),
-                admin_srv.into_future(),
-                metrics_srv.into_future()
-            )?;
+
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (cut_tx, cut_rx) = watch::channel(false);
+    let draining = || {
+        let mut rx = drain_rx.clone();
+        async move {
+            let _ = rx.wait_for(|d| *d).await;
         }
-        None => {
-            tokio::try_join!(client_srv.into_future(), admin_srv.into_future())?;
-        }
+    };
+    let cut = axum::middleware::from_fn_with_state(shutdown::Cut(cut_rx), shutdown::cut_at_grace);
+    type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+    let client_app = client_app(gw.clone())
+        .merge(extra.client)
+        .layer(cut.clone());
+    let client_srv: Serving = Box::pin(
+        axum::serve(client_l, client_app)
+            .with_graceful_shutdown(draining())
+            .into_future(),
+    );
+    let admin_app = admin_app(gw.clone()).merge(extra.admin).layer(cut.clone());
+    let admin_srv: Serving = Box::pin(
+        axum::serve(admin_l, admin_app)
+            .with_graceful_shutdown(draining())
+            .into_future(),
+    );
+    let metrics_srv: Serving = match metrics_l {
+        Some(m) => Box::pin(
+            axum::serve(m, metrics_app(gw).layer(cut))
+                .with_graceful_shutdown(draining())
+                .into_future(),
+        ),
+        None => Box::pin(async { Ok(()) }),
+    };
+    let servers = async {
+        tokio::try_join!(client_srv, admin_srv, metrics_srv)?;
+        Ok::<(), ServeError>(())
+    };
+    let grace = stop.grace;
+    let stopping = async move {
+        stop.signal.await;
+        let _ = drain_tx.send(true);
+        tokio::time::sleep(grace).await;
+        tracing::warn!(
+            grace_s = grace.as_secs_f64(),
+            "the shutdown grace period is over: requests still in flight are cut"
+        );
+        let _ = cut_tx.send(true);
+        // Holds both senders until every connection has closed: a dropped
+        // sender would read as "never" to the connections still open.
+        std::future::pending::<std::convert::Infallible>().await
+    };
+    tokio::select! {
+        r = servers => r,
+        never = stopping => match never {},
     }
-    Ok(())
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -1,0 +1,313 @@
+//! The deploy kit as an operator meets it: the systemd units, what the
+//! server and agent tell systemd, and a stop that lets streams finish.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Child, tiny_engine, until};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The `Key=value` lines of a unit file for one key.
+fn directive<'a>(unit: &'a str, key: &str) -> Vec<&'a str> {
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .collect()
+}
+
+/// `systemd-analyze verify` wants ExecStart's binary to exist, so the
+/// units are checked as copies whose ExecStart names the binary these
+/// tests built; everything else is verified as shipped. verify exits 0 on
+/// an unknown key or a bad value (it ignores them, as systemd would), so
+/// anything it prints is a failure.
+#[test]
+fn the_systemd_units_pass_systemd_analyze_verify() {
+    let analyze = Command::new("systemd-analyze").arg("--version").output();
+    assert!(
+        analyze.is_ok_and(|o| o.status.success()),
+        "systemd-analyze is needed: apt-get install systemd (scripts/test does this)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut copies = Vec::new();
+    for name in ["llmgw-server.service", "llmgw-agent.service"] {
+        let unit = std::fs::read_to_string(repo().join("deploy/systemd").join(name)).unwrap();
+        assert_eq!(
+            directive(&unit, "ExecStart")
+                .iter()
+                .filter(|l| l.starts_with("/usr/local/bin/llmgw "))
+                .count(),
+            1,
+            "{name} starts /usr/local/bin/llmgw"
+        );
+        let copy = dir.path().join(name);
+        std::fs::write(
+            &copy,
+            unit.replace(
+                "/usr/local/bin/llmgw ",
+                &format!("{} ", env!("CARGO_BIN_EXE_llmgw")),
+            ),
+        )
+        .unwrap();
+        copies.push(copy);
+    }
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&copies)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify: {said}"
+    );
+
+    let server =
+        std::fs::read_to_string(repo().join("deploy/systemd/llmgw-server.service")).unwrap();
+    for (key, want) in [
+        ("Type", "notify"),
+        ("User", "llmgw"),
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("StateDirectory", "llmgw"),
+        ("ConfigurationDirectory", "llmgw"),
+        ("EnvironmentFile", "-/etc/llmgw/server.env"),
+        ("Restart", "on-failure"),
+    ] {
+        assert_eq!(directive(&server, key), [want], "server: {key}");
+    }
+    // The stop timeout outlasts the default grace and the flush after it.
+    let stop = directive(&server, "TimeoutStopSec")[0];
+    let stop_s: u64 = stop.trim_end_matches('s').parse().unwrap();
+    assert!(stop_s >= 30 + 15, "TimeoutStopSec={stop}");
+
+    let agent = std::fs::read_to_string(repo().join("deploy/systemd/llmgw-agent.service")).unwrap();
+    for (key, want) in [
+        ("Type", "notify"),
+        ("User", "root"),
+        ("KillMode", "process"),
+    ] {
+        assert_eq!(directive(&agent, key), [want], "agent: {key}");
+    }
+}
+
+/// A socket standing in for systemd's: what the service sends arrives as
+/// lines on the returned channel.
+fn notify_socket(dir: &Path) -> (PathBuf, std::sync::mpsc::Receiver<String>) {
+    let path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = sock.recv(&mut buf) {
+            for line in String::from_utf8_lossy(&buf[..n]).lines() {
+                if tx.send(line.to_owned()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (path, rx)
+}
+
+fn next_notification(rx: &std::sync::mpsc::Receiver<String>) -> String {
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("a notification")
+}
+
+fn terminate(child: &Child) {
+    let pid = child.process.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+#[tokio::test]
+async fn the_server_and_the_agent_tell_systemd_when_ready_and_when_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, notes) = notify_socket(dir.path());
+    let engine = tiny_engine();
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let mut server = Child::spawn_env(
+        &[
+            "server",
+            "--endpoint",
+            &endpoint,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        &[("NOTIFY_SOCKET", socket.display().to_string())],
+    );
+    assert_eq!(next_notification(&notes), "READY=1");
+    // Ready means serving: every listener answers.
+    let client = server.addr_after("client listening on ");
+    let metrics = server.addr_after("metrics listening on ");
+    for addr in [&client, &metrics] {
+        tokio::net::TcpStream::connect(addr).await.unwrap();
+    }
+    terminate(&server);
+    assert_eq!(next_notification(&notes), "STOPPING=1");
+    assert!(server.process.wait().unwrap().success());
+
+    // The agent is ready once it runs, whether or not a control plane
+    // answers yet (none does here).
+    let work = dir.path().join("agent");
+    let mut agent = Child::spawn_env(
+        &[
+            "agent",
+            "run",
+            "--server",
+            "http://127.0.0.1:1",
+            "--node-id",
+            "n1",
+            "--skip-gpus",
+            "--work-dir",
+            work.to_str().unwrap(),
+            "--cache-dir",
+            dir.path().join("weights").to_str().unwrap(),
+        ],
+        &[("NOTIFY_SOCKET", socket.display().to_string())],
+    );
+    assert_eq!(next_notification(&notes), "READY=1");
+    terminate(&agent);
+    assert_eq!(next_notification(&notes), "STOPPING=1");
+    assert!(agent.process.wait().unwrap().success());
+}
+
+/// A sim engine that takes a tenth of a second per token, so a stream is
+/// still running when the server is told to stop.
+fn slow_engine() -> Child {
+    Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "slow",
+        "--ttft-ms",
+        "1",
+        "--tps",
+        "10",
+    ])
+}
+
+fn gateway_to(engine: &Child, extra: &[&str]) -> (Child, String) {
+    let endpoint = format!("e1=http://{}=slow", engine.addr_after("listening on "));
+    let mut args = vec![
+        "server",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let server = Child::spawn(&args);
+    let client = server.addr_after("client listening on ");
+    (server, client)
+}
+
+/// Starts a stream of `tokens` and returns it once its first bytes are in.
+async fn stream_started(client: &str, tokens: u32) -> (reqwest::Response, String) {
+    let mut resp = reqwest::Client::new()
+        .post(format!("http://{client}/v1/chat/completions"))
+        .json(
+            &json!({"model": "slow", "stream": true, "max_tokens": tokens,
+                      "messages": [{"role": "user", "content": "tell me a story"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().expect("a first chunk");
+    (resp, String::from_utf8_lossy(&first).into_owned())
+}
+
+/// Everything else the stream sends, and whether it ended cleanly.
+async fn rest_of(mut resp: reqwest::Response, mut text: String) -> (String, bool) {
+    loop {
+        match resp.chunk().await {
+            Ok(Some(bytes)) => text.push_str(&String::from_utf8_lossy(&bytes)),
+            Ok(None) => return (text, true),
+            Err(_) => return (text, false),
+        }
+    }
+}
+
+async fn refuses_connections(addr: &str) {
+    until("the client listener to refuse connections", || async {
+        match tokio::net::TcpStream::connect(addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
+    let engine = slow_engine();
+    let (mut server, client) = gateway_to(&engine, &[]);
+    // Thirty tokens at ten a second: three seconds of stream.
+    let (resp, first) = stream_started(&client, 30).await;
+    terminate(&server);
+    Child::expect(&server.stdout, "stopping: no new connections");
+    refuses_connections(&client).await;
+    let (text, clean) = rest_of(resp, first).await;
+    assert!(clean, "the stream ended early: {text}");
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    let content: usize = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .count();
+    assert_eq!(content, 30, "every token arrived: {text}");
+    assert!(server.process.wait().unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
+    let engine = slow_engine();
+    let (mut server, client) = gateway_to(&engine, &["--shutdown-grace", "500ms"]);
+    // Six hundred tokens would take a minute; the grace is half a second.
+    let (resp, first) = stream_started(&client, 600).await;
+    terminate(&server);
+    Child::expect(&server.stdout, "requests in flight get up to 0.5s");
+    let (text, clean) = rest_of(resp, first).await;
+    assert!(
+        !clean && !text.contains("[DONE]"),
+        "the stream must break, not look complete: {text}"
+    );
+    Child::expect(&server.stderr, "the shutdown grace period is over");
+    assert!(
+        server.process.wait().unwrap().success(),
+        "a stop that had to cut is still a clean stop"
+    );
+}
