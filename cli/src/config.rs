@@ -48,6 +48,8 @@ pub(crate) struct FileConfig {
     pub models: Vec<Model>,
     /// Mutual TLS on the agent listener (`llmgw ctl cert` makes the files).
     pub tls: Option<TlsSection>,
+    /// HTTPS on the client listener.
+    pub client_tls: Option<ClientTlsSection>,
     /// How long requests in flight get to finish on SIGTERM (as
     /// `--shutdown-grace`).
     pub shutdown_grace: Option<String>,
@@ -155,6 +157,15 @@ pub(crate) struct AdmissionSection {
 pub(crate) struct TlsSection {
     /// The authority agents' certificates must be signed by.
     pub ca: std::path::PathBuf,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+/// HTTPS on the client listener: a server certificate (its chain may
+/// follow it in the file) and its key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClientTlsSection {
     pub cert: std::path::PathBuf,
     pub key: std::path::PathBuf,
 }

@@ -29,6 +29,8 @@ pub(crate) struct Bound {
 #[derive(Debug, Clone)]
 pub(crate) struct Listen {
     pub client: SocketAddr,
+    /// HTTPS on the client listener; None is plain HTTP.
+    pub client_tls: Option<llmgw_gateway::ServerTls>,
     pub admin: SocketAddr,
     pub metrics: Option<SocketAddr>,
     pub agent: SocketAddr,
@@ -304,6 +306,7 @@ pub(crate) async fn run(
         gw,
         llmgw_gateway::Listen {
             client: plan.listen.client,
+            client_tls: plan.listen.client_tls.clone(),
             admin: plan.listen.admin,
             metrics: plan.listen.metrics,
         },
@@ -331,6 +334,9 @@ pub(crate) async fn run(
                     Listener::Client(a) => {
                         client = Some(a);
                         say(format!("client listening on {a}"));
+                        if plan.listen.client_tls.is_some() {
+                            tracing::info!(addr = %a, "the client listener speaks HTTPS only");
+                        }
                     }
                     Listener::Admin(a) => {
                         admin = Some(a);

@@ -62,6 +62,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         .as_ref()
         .map(config::TlsSection::read)
         .transpose()?;
+    let client_tls = file.client_tls.as_ref().map(client_tls).transpose()?;
     let endpoints: Vec<EndpointSpec> = if a.endpoints.is_empty() {
         file.endpoints
             .iter()
@@ -161,6 +162,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
                 .listen
                 .or(addr("listen", file.listen)?)
                 .unwrap_or_else(|| ([0, 0, 0, 0], 8080).into()),
+            client_tls,
             admin: a
                 .admin_listen
                 .or(addr("admin_listen", file.admin_listen)?)
@@ -177,6 +179,27 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         usage: record_usage.then_some(usage),
         web,
         shutdown_grace,
+    })
+}
+
+/// The client listener's certificate and key, read and checked to fit
+/// together before anything binds.
+fn client_tls(s: &config::ClientTlsSection) -> Result<llmgw_gateway::ServerTls, ConfigError> {
+    let read = |what: &str, p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| {
+            ConfigError(format!(
+                "client_tls.{what}: cannot read {}: {e}",
+                p.display()
+            ))
+        })
+    };
+    let (cert, key) = (read("cert", &s.cert)?, read("key", &s.key)?);
+    llmgw_gateway::ServerTls::from_pem(&cert, &key).map_err(|e| {
+        ConfigError(format!(
+            "client_tls ({} and {}): {e}",
+            s.cert.display(),
+            s.key.display()
+        ))
     })
 }
 
@@ -233,9 +256,11 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
             signup_open: auth && a.signup_open.unwrap_or(true),
             contact: text(&l.contact),
             notice: text(&l.notice),
-            secure_cookies: base_url
-                .as_deref()
-                .is_some_and(|u| u.starts_with("https://")),
+            // Served over HTTPS here or behind a proxy that terminates it.
+            secure_cookies: file.client_tls.is_some()
+                || base_url
+                    .as_deref()
+                    .is_some_and(|u| u.starts_with("https://")),
             base_url,
             place: Default::default(),
         },

@@ -61,6 +61,7 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     };
     let listen = crate::serve::Listen {
         client: a.listen,
+        client_tls: None,
         admin: a.admin_listen,
         metrics: None,
         agent: ([127, 0, 0, 1], 0).into(),

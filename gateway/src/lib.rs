@@ -25,6 +25,7 @@ mod proxy;
 mod routes;
 pub mod scrape;
 mod shutdown;
+mod tls;
 pub mod usage;
 
 use std::net::SocketAddr;
@@ -39,6 +40,7 @@ pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
 pub use metrics::Metrics;
 pub use proxy::chat_as;
+pub use tls::{ServerTls, TlsError};
 
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -235,6 +237,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let listen = Listen {
         client,
+        client_tls: None,
         admin,
         metrics,
     };
@@ -259,6 +262,8 @@ pub struct Extra {
 pub struct Listen {
     /// The OpenAI API and the pages.
     pub client: SocketAddr,
+    /// HTTPS on the client listener when set.
+    pub client_tls: Option<ServerTls>,
     pub admin: SocketAddr,
     /// Metrics only, when set.
     pub metrics: Option<SocketAddr>,
@@ -322,11 +327,18 @@ pub async fn serve_with(
     let client_app = client_app(gw.clone())
         .merge(extra.client)
         .layer(cut.clone());
-    let client_srv: Serving = Box::pin(
-        axum::serve(client_l, client_app)
-            .with_graceful_shutdown(draining())
-            .into_future(),
-    );
+    let client_srv: Serving = match &listen.client_tls {
+        Some(tls) => Box::pin(
+            axum::serve(tls::TlsListener::new(client_l, tls)?, client_app)
+                .with_graceful_shutdown(draining())
+                .into_future(),
+        ),
+        None => Box::pin(
+            axum::serve(client_l, client_app)
+                .with_graceful_shutdown(draining())
+                .into_future(),
+        ),
+    };
     let admin_app = admin_app(gw.clone()).merge(extra.admin).layer(cut.clone());
     let admin_srv: Serving = Box::pin(
         axum::serve(admin_l, admin_app)

@@ -311,3 +311,129 @@ async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
         "a stop that had to cut is still a clean stop"
     );
 }
+
+/// An authority and a server certificate for 127.0.0.1, as `llmgw ctl
+/// cert` makes them.
+fn authority(dir: &Path) {
+    let d = dir.to_str().unwrap();
+    for args in [
+        vec!["ctl", "cert", "init-ca", "--dir", d],
+        vec![
+            "ctl",
+            "cert",
+            "issue-server",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--dir",
+            d,
+        ],
+        vec![
+            "ctl",
+            "cert",
+            "issue-server",
+            "other",
+            "--host",
+            "127.0.0.1",
+            "--dir",
+            d,
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_listener_serves_https_with_a_certificate_from_ctl_cert() {
+    let dir = tempfile::tempdir().unwrap();
+    authority(dir.path());
+    let engine = tiny_engine();
+    let engine_addr = engine.addr_after("listening on ");
+    let config = |cert: &str, key: &str| {
+        let f = dir.path().join(format!("{cert}-{key}.yaml"));
+        std::fs::write(
+            &f,
+            format!(
+                "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nendpoints: [\"e1=http://{engine_addr}=tiny\"]\n\
+                 client_tls:\n  cert: {}\n  key: {}\n",
+                dir.path().join(cert).display(),
+                dir.path().join(key).display()
+            ),
+        )
+        .unwrap();
+        f
+    };
+    let server = Child::spawn(&[
+        "server",
+        "--config",
+        config("server.pem", "server-key.pem").to_str().unwrap(),
+    ]);
+    let addr = server.addr_after("client listening on ");
+    let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .no_proxy()
+        .build()
+        .unwrap();
+    let health = https
+        .get(format!("https://{addr}/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.text().await.unwrap(), "ok");
+    let reply: serde_json::Value = https
+        .post(format!("https://{addr}/v1/chat/completions"))
+        .json(&json!({"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "the quick ");
+    // Plain HTTP gets no answer, and neither does a client that does not
+    // trust the authority.
+    let plain = reqwest::Client::new()
+        .get(format!("http://{addr}/health"))
+        .send()
+        .await;
+    assert!(plain.is_err(), "{plain:?}");
+    let untrusting = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("https://{addr}/health"))
+        .send()
+        .await;
+    assert!(untrusting.is_err(), "{untrusting:?}");
+
+    // Files that are missing, or do not fit together, stop the start.
+    for (cert, key, says) in [
+        (
+            "server.pem",
+            "absent-key.pem",
+            "client_tls.key: cannot read",
+        ),
+        ("server.pem", "other-key.pem", "do not fit together"),
+        (
+            "server-key.pem",
+            "server-key.pem",
+            "holds no PEM certificate",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["server", "--config", config(cert, key).to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{says}: {err}");
+        // One line says why (log lines may come before it).
+        let why: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+        assert!(why.len() == 1 && why[0].contains(says), "{says}: {err}");
+    }
+}

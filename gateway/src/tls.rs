@@ -1,0 +1,129 @@
+//! HTTPS on the client listener (rustls, the ring provider as everywhere
+//! else in llmgw), so that API keys and session cookies need not cross the
+//! network in clear text.
+//!
+//! Handshakes run beside the accept loop, each bounded in time, so a
+//! client that connects and says nothing holds up no one else.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::server::TlsStream;
+
+/// How long a client gets to finish its handshake.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// A certificate and its key, checked to fit together.
+#[derive(Debug, Clone)]
+pub struct ServerTls(Arc<rustls::ServerConfig>);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("the certificate file holds no PEM certificate")]
+    NoCertificate,
+    #[error("the key file holds no PEM private key")]
+    NoKey,
+    #[error("the certificate and the key do not fit together: {0}")]
+    Mismatch(rustls::Error),
+}
+
+impl ServerTls {
+    /// From PEM text: the certificate (its chain may follow it) and the
+    /// private key (PKCS#8, PKCS#1 or SEC1).
+    pub fn from_pem(cert: &[u8], key: &[u8]) -> Result<Self, TlsError> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<_, _>>()
+            .map_err(|_| TlsError::NoCertificate)?;
+        if chain.is_empty() {
+            return Err(TlsError::NoCertificate);
+        }
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| TlsError::NoKey)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Mismatch)?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(TlsError::Mismatch)?;
+        // The gateway speaks HTTP/1.1 (SSE streams included).
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(ServerTls(Arc::new(config)))
+    }
+}
+
+/// A TCP listener whose connections arrive after their TLS handshake.
+/// Dropping it (as a graceful stop does) stops accepting at once.
+pub(crate) struct TlsListener {
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl TlsListener {
+    pub(crate) fn new(tcp: TcpListener, tls: &ServerTls) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
+        let (tx, ready) = mpsc::channel(64);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of file descriptors and the like: the same
+                        // pause axum's own listener takes.
+                        tracing::warn!(error = %e, "accepting a connection");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "a TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "a TLS handshake took too long"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener {
+            ready,
+            local,
+            accepting,
+        })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        // Closes the TCP listener: new connections are refused.
+        self.accepting.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accepting task holds a sender for as long as it runs,
+            // and it runs until this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
