@@ -102,7 +102,9 @@ fn load_ca(dir: &Path) -> anyhow::Result<Issuer<'static, KeyPair>> {
     Issuer::from_ca_cert_pem(&cert, key).context("ca.pem is not a certificate authority")
 }
 
-fn issue(
+/// Issues a certificate signed by the authority in `dir`; `llmgw server
+/// init` issues the server's through here too.
+pub(crate) fn issue(
     dir: &Path,
     out: Option<&Path>,
     name: &str,
@@ -165,29 +167,49 @@ fn general_name(n: &x509_parser::extensions::GeneralName) -> String {
     }
 }
 
+/// Creates the authority (ca.pem, ca-key.pem) in `dir`; refuses if either
+/// file exists.
+pub(crate) fn init_ca(dir: &Path, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+    std::fs::create_dir_all(dir)?;
+    let (c, k) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+    if c.exists() || k.exists() {
+        bail!(
+            "{} already holds an authority; it is never overwritten",
+            dir.display()
+        );
+    }
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    valid_for_days(&mut params, 3650);
+    let key = KeyPair::generate()?;
+    let cert = params.self_signed(&key)?;
+    write_new(&k, &key.serialize_pem(), true)?;
+    write_new(&c, &cert.pem(), false)?;
+    Ok((c, k))
+}
+
+/// The DNS names and IP addresses a PEM certificate is valid for.
+pub(crate) fn names_in(pem: &[u8]) -> anyhow::Result<Vec<String>> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem)
+        .map_err(|e| anyhow::anyhow!("not a PEM certificate: {e}"))?;
+    let cert = pem
+        .parse_x509()
+        .map_err(|e| anyhow::anyhow!("no readable certificate: {e}"))?;
+    Ok(match cert.subject_alternative_name() {
+        Ok(Some(san)) => san.value.general_names.iter().map(general_name).collect(),
+        _ => Vec::new(),
+    })
+}
+
 pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
     let mut out = std::io::stdout().lock();
     match cmd {
         CertCommand::InitCa { dir, name } => {
-            std::fs::create_dir_all(&dir)?;
-            let (c, k) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
-            if c.exists() || k.exists() {
-                bail!(
-                    "{} already holds an authority; it is never overwritten",
-                    dir.display()
-                );
-            }
-            let mut params = CertificateParams::default();
-            let mut dn = DistinguishedName::new();
-            dn.push(DnType::CommonName, &name);
-            params.distinguished_name = dn;
-            params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-            params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-            valid_for_days(&mut params, 3650);
-            let key = KeyPair::generate()?;
-            let cert = params.self_signed(&key)?;
-            write_new(&k, &key.serialize_pem(), true)?;
-            write_new(&c, &cert.pem(), false)?;
+            let (c, k) = init_ca(&dir, &name)?;
             writeln!(
                 out,
                 "authority {name:?}: {} and {} (keep the key offline)",

@@ -10,6 +10,7 @@ mod config;
 mod ctl;
 mod events;
 mod gateway_settings;
+mod init;
 mod keys;
 mod lease;
 mod logging;

@@ -9,7 +9,16 @@ use llmgw_gateway::EndpointSpec;
 /// Every setting is a flag, an `LLMGW_…` variable and a key of the
 /// configuration file alike; a flag or variable wins over the file.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct ServerArgs {
+    #[command(subcommand)]
+    command: Option<ServerCommand>,
+    /// Check the configuration (the file, the variables, the flags and
+    /// every file they name) and exit: 0 when a start would get as far as
+    /// binding, 2 with the reason otherwise. Nothing binds, nothing is
+    /// written.
+    #[arg(long)]
+    check: bool,
     /// A YAML file (TOML if it ends in .toml) with any of the settings
     /// below (keys as the flags, with `_` for `-`), plus `store`,
     /// `control:` and the `models:` catalog; `LLMGW_A__B` sets `a.b`.
@@ -47,6 +56,15 @@ pub(crate) struct ServerArgs {
     /// refused at once.
     #[arg(long, env = "LLMGW_SHUTDOWN_GRACE", value_name = "DURATION")]
     shutdown_grace: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ServerCommand {
+    /// Make this machine ready for llmgw-server.service: directories, a
+    /// certificate authority, a server certificate, server.yaml,
+    /// server.env, the default project and an admin (whose password is
+    /// printed once). Each step is skipped when already done.
+    Init(crate::init::InitArgs),
 }
 
 fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, ConfigError> {
@@ -365,8 +383,22 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not HOST:PORT or :PORT"))
 }
 
-pub(crate) async fn run(store: &str, a: ServerArgs) -> anyhow::Result<Outcome> {
+pub(crate) async fn run(store: &str, mut a: ServerArgs) -> anyhow::Result<Outcome> {
+    if let Some(ServerCommand::Init(init)) = a.command.take() {
+        return crate::init::run(store, init).await;
+    }
+    let check = a.check;
     let plan = settings(a, store)?;
+    if check {
+        let mode = match (&plan.control, plan.auth) {
+            (Some(_), true) => "control plane, keys required",
+            (Some(_), false) => "control plane, no keys",
+            (None, true) => "router only, keys required",
+            (None, false) => "router only, no keys",
+        };
+        println!("configuration ok: {mode}");
+        return Ok(Outcome::Ok);
+    }
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     crate::serve::run(plan, |_| {}, stop).await
 }

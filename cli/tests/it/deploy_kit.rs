@@ -312,6 +312,182 @@ async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
     );
 }
 
+/// Every file directly in `dir`, by name, with its bytes.
+fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn cert_names(pem: &Path) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["ctl", "cert", "inspect", "--json", pem.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    doc["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Signs in on the pages' form, as a browser would, and returns the
+/// cookies it holds afterwards.
+async fn sign_in(base: &str, email: &str, password: &str) -> String {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let cookies = |r: &reqwest::Response| -> Vec<String> {
+        r.headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|c| c.to_str().ok()?.split(';').next().map(str::to_owned))
+            .collect()
+    };
+    let form = http.get(format!("{base}/login")).send().await.unwrap();
+    let jar = cookies(&form).join("; ");
+    let body = form.text().await.unwrap();
+    let at = body.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+    let csrf = &body[at..at + body[at..].find('"').unwrap()];
+    let signed = http
+        .post(format!("{base}/login"))
+        .header("cookie", &jar)
+        .form(&[("email", email), ("password", password), ("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signed.status(), 303, "{}", signed.text().await.unwrap());
+    assert_eq!(signed.headers()["location"], "/profile");
+    cookies(&signed).join("; ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
+    let root = tempfile::tempdir().unwrap();
+    let (etc, state) = (root.path().join("etc"), root.path().join("state"));
+    let init = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_CONFIG")
+            .current_dir(root.path())
+            .args(["server", "init", "--admin", "ada@example.org", "--dir"])
+            .arg(&etc)
+            .arg("--state-dir")
+            .arg(&state)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "init: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = init(&[]);
+    let password = first
+        .lines()
+        .find_map(|l| l.strip_prefix("admin password (shown only now): "))
+        .unwrap_or_else(|| panic!("no password printed: {first}"))
+        .to_owned();
+    for step in [
+        "created  authority",
+        "created  server certificate",
+        "server.yaml",
+        "created  project default",
+        "promoted to admin",
+    ] {
+        assert!(first.contains(step), "{step}: {first}");
+    }
+    let made = files(&etc);
+    for name in [
+        "ca.pem",
+        "ca-key.pem",
+        "server.pem",
+        "server-key.pem",
+        "server.yaml",
+        "server.env",
+    ] {
+        assert!(made.contains_key(name), "{name}: {:?}", made.keys());
+    }
+    let names = cert_names(&etc.join("server.pem"));
+    assert!(
+        names.iter().any(|n| n == "127.0.0.1") && names.iter().any(|n| n == "localhost"),
+        "{names:?}"
+    );
+
+    // Again: every step says it was done before, and no file changes.
+    let second = init(&[]);
+    assert!(
+        !second.contains("password") || second.contains("no password is printed"),
+        "{second}"
+    );
+    assert!(
+        second
+            .lines()
+            .all(|l| !l.starts_with("created") && !l.starts_with("reissued")),
+        "{second}"
+    );
+    assert_eq!(files(&etc), made, "a second init changes no file");
+
+    // A new name reissues the server's certificate under the same authority.
+    let third = init(&["--host", "extra.example"]);
+    assert!(third.contains("reissued server certificate"), "{third}");
+    let now = files(&etc);
+    for kept in ["ca.pem", "ca-key.pem", "server.yaml", "server.env"] {
+        assert_eq!(now[kept], made[kept], "{kept} is kept");
+    }
+    assert_ne!(now["server.pem"], made["server.pem"]);
+    let names = cert_names(&etc.join("server.pem"));
+    assert!(
+        names.iter().any(|n| n == "extra.example") && names.iter().any(|n| n == "127.0.0.1"),
+        "{names:?}"
+    );
+
+    // The service starts on what init wrote (the unit reads server.env),
+    // and the admin signs in with the printed password.
+    let env = std::fs::read_to_string(etc.join("server.env")).unwrap();
+    let store = env
+        .lines()
+        .find_map(|l| l.strip_prefix("LLMGW_STORE="))
+        .unwrap()
+        .to_owned();
+    let server = Child::spawn_env(
+        &[
+            "server",
+            "--config",
+            etc.join("server.yaml").to_str().unwrap(),
+        ],
+        &[
+            ("LLMGW_STORE", store),
+            ("LLMGW_LISTEN", "127.0.0.1:0".into()),
+            ("LLMGW_ADMIN_LISTEN", "127.0.0.1:0".into()),
+            ("LLMGW_AGENT_LISTEN", "127.0.0.1:0".into()),
+        ],
+    );
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let session = sign_in(&base, "ada@example.org", &password).await;
+    let admin_page = reqwest::Client::new()
+        .get(format!("{base}/admin"))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(admin_page.status(), 200, "the admin sees the admin pages");
+}
+
 /// An authority and a server certificate for 127.0.0.1, as `llmgw ctl
 /// cert` makes them.
 fn authority(dir: &Path) {
@@ -436,4 +612,136 @@ async fn the_client_listener_serves_https_with_a_certificate_from_ctl_cert() {
         let why: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
         assert!(why.len() == 1 && why[0].contains(says), "{says}: {err}");
     }
+}
+
+/// The HA example's files, with the certificate paths moved to `dir`
+/// (where `authority` made them).
+fn ha_config(name: &str, dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("deploy/examples/ha").join(name)).unwrap();
+    let copy = dir.join(name);
+    std::fs::write(
+        &copy,
+        text.replace("/etc/llmgw/", &format!("{}/", dir.display())),
+    )
+    .unwrap();
+    copy
+}
+
+/// `listen:` of an example server file.
+fn listen_of(config: &Path) -> String {
+    let text = std::fs::read_to_string(config).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("listen: "))
+        .unwrap()
+        .trim_matches('"')
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ha_example_runs_two_servers_on_one_postgresql() {
+    let dir = tempfile::tempdir().unwrap();
+    authority(dir.path());
+    let (store, _db) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Postgres).await;
+    let configs = [
+        ha_config("server-a.yaml", dir.path()),
+        ha_config("server-b.yaml", dir.path()),
+    ];
+    for config in &configs {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["server", "--check", "--config", config.to_str().unwrap()])
+            .env("LLMGW_STORE", &store)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout)
+                    .contains("configuration ok: control plane, keys required"),
+            "{config:?}: {out:?}"
+        );
+    }
+
+    // The load balancer and keepalived probe /ready on the servers'
+    // client listeners, as the files set them.
+    let listens: Vec<String> = configs.iter().map(|c| listen_of(c)).collect();
+    assert_ne!(listens[0], listens[1]);
+    let haproxy = std::fs::read_to_string(repo().join("deploy/examples/ha/haproxy.cfg")).unwrap();
+    assert!(haproxy.contains("option httpchk GET /ready"), "{haproxy}");
+    for l in &listens {
+        assert!(
+            haproxy
+                .lines()
+                .any(|s| s.trim().starts_with("server ") && s.contains(&format!(" {l} check"))),
+            "haproxy checks {l}"
+        );
+    }
+    let keepalived =
+        std::fs::read_to_string(repo().join("deploy/examples/ha/keepalived.conf")).unwrap();
+    assert!(
+        keepalived.contains(&format!("http://{}/ready", listens[0])),
+        "{keepalived}"
+    );
+
+    // Both start on the one database (their addresses moved to this
+    // machine): one leads, the other stands by and forwards an operator's
+    // write to the leader through the advertised admin address.
+    let mut servers = Vec::new();
+    for config in &configs {
+        let admin = format!("127.0.0.1:{}", super::cluster::free_port());
+        let server = Child::spawn_env(
+            &["server", "--config", config.to_str().unwrap()],
+            &[
+                ("LLMGW_STORE", store.clone()),
+                ("LLMGW_LISTEN", "127.0.0.1:0".into()),
+                ("LLMGW_ADMIN_LISTEN", admin.clone()),
+                ("LLMGW_METRICS_LISTEN", "127.0.0.1:0".into()),
+                ("LLMGW_AGENT_LISTEN", "127.0.0.1:0".into()),
+                ("LLMGW_CONTROL__ADVERTISE_ADMIN", format!("http://{admin}")),
+            ],
+        );
+        server.addr_after("admin listening on ");
+        servers.push((server, format!("http://{admin}")));
+    }
+    let leader = |admin: String| async move {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["ctl", "leader", "--json", "--admin", &admin])
+            .output()
+            .ok()?;
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        Some(doc)
+    };
+    let roles = until("one server to lead and the other to stand by", || async {
+        let a = leader(servers[0].1.clone()).await?;
+        let b = leader(servers[1].1.clone()).await?;
+        (a["held"] == true && a["is_leader"] != b["is_leader"]).then_some((a, b))
+    })
+    .await;
+    let instances = [roles.0["instance"].clone(), roles.1["instance"].clone()];
+    assert_eq!(instances, [json!("cp-a"), json!("cp-b")]);
+    let standby = if roles.0["is_leader"] == true {
+        &servers[1].1
+    } else {
+        &servers[0].1
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .args([
+            "keys",
+            "--admin",
+            standby,
+            "--as",
+            "ops",
+            "init",
+            "--org",
+            "o",
+            "--team",
+            "t",
+            "--project",
+            "p",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("project p is ready"),
+        "{out:?}"
+    );
 }
