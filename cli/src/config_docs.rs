@@ -165,7 +165,10 @@ struct One<'a> {
 impl<'de> MapAccess<'de> for One<'_> {
     type Error = Stop;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, Stop> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Stop> {
         match self.key.take() {
             Some(k) => seed.deserialize(k.into_deserializer()).map(Some),
             None => Ok(None),
@@ -259,7 +262,9 @@ fn differences(what: &str, program: &BTreeSet<String>, page: &BTreeSet<String>) 
         out.push(format!("{what} {k} is not in docs/configuration.md"));
     }
     for k in page.difference(program) {
-        out.push(format!("docs/configuration.md names {what} {k}, which does not exist"));
+        out.push(format!(
+            "docs/configuration.md names {what} {k}, which does not exist"
+        ));
     }
     out
 }
@@ -321,7 +326,9 @@ fn check_flags(cmd: &clap::Command, heading: &str) -> Vec<String> {
             .map(|e| e.to_string_lossy().into_owned())
             .unwrap_or_default();
         if *var != env {
-            wrong.push(format!("{flag}: the page says variable {var:?}, the program {env:?}"));
+            wrong.push(format!(
+                "{flag}: the page says variable {var:?}, the program {env:?}"
+            ));
         }
         let defaults: Vec<String> = arg
             .get_default_values()
@@ -332,7 +339,9 @@ fn check_flags(cmd: &clap::Command, heading: &str) -> Vec<String> {
             && !switch
             && d != default
         {
-            wrong.push(format!("{flag}: the page says default {default:?}, the program {d:?}"));
+            wrong.push(format!(
+                "{flag}: the page says default {default:?}, the program {d:?}"
+            ));
         }
     }
     let page: BTreeSet<String> = page.into_keys().collect();

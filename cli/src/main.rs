@@ -19,6 +19,7 @@ mod output;
 mod serve;
 mod server;
 mod server_metrics;
+mod shell;
 mod sim;
 mod store;
 mod up;
@@ -26,7 +27,7 @@ mod users;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// llmgw: LLMs on your own machines behind one OpenAI-compatible endpoint.
 #[derive(Debug, Parser)]
@@ -34,7 +35,8 @@ use clap::{Parser, Subcommand};
 struct Cli {
     /// Where the event log lives: postgres://…, sqlite://PATH, a file path,
     /// or @FILE to read the address from FILE (keeps passwords off the
-    /// command line).
+    /// command line). For events, store, lease, keys, users and server;
+    /// refused by the commands that do not read the log.
     #[arg(long, global = true, env = "LLMGW_STORE", default_value = "llmgw.db")]
     store: String,
 
@@ -81,6 +83,25 @@ enum Command {
     Up(up::UpArgs),
     /// An OpenAI-compatible simulated engine, for tests and demos.
     SimEngine(sim::SimArgs),
+    /// Print a shell completion script.
+    Completions(shell::CompletionsArgs),
+    /// Write man pages for every command.
+    Man(shell::ManArgs),
+}
+
+/// The commands that never read the log at `--store`: given on their
+/// command line, it would be silently ignored, so it is refused.
+fn ignores_store(c: &Command) -> Option<&'static str> {
+    match c {
+        Command::Ctl(_) => Some("ctl talks to a server's admin API: use --admin"),
+        Command::Agent(_) => {
+            Some("the agent never reads the log: it talks to the server (--server)")
+        }
+        Command::Up(_) => Some("up keeps its own log in --data-dir"),
+        Command::SimEngine(_) => Some("the simulated engine keeps no log"),
+        Command::Completions(_) | Command::Man(_) => Some("it reads no log"),
+        _ => None,
+    }
 }
 
 /// What a command reports besides success: a check that ran and found a
@@ -117,7 +138,17 @@ fn logging_setup(cli: &Cli) -> logging::Setup {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if matches.value_source("store") == Some(clap::parser::ValueSource::CommandLine)
+        && let Some(why) = ignores_store(&cli.command)
+    {
+        eprintln!("error: --store does not apply here: {why}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -145,6 +176,8 @@ fn main() -> ExitCode {
             Command::Keys(cmd) => keys::run(&cli.store, cmd).await,
             Command::Users(cmd) => users::run(&cli.store, cmd).await,
             Command::Up(args) => up::run(args).await,
+            Command::Completions(a) => shell::completions(Cli::command(), a),
+            Command::Man(a) => shell::man(Cli::command(), a),
         }
     });
     drop(logs);

@@ -21,6 +21,7 @@ mod events_io;
 mod logs;
 mod metrics;
 mod node_agent;
+mod shell;
 mod tenancy;
 mod web;
 

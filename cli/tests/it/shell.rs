@@ -1,0 +1,94 @@
+//! Completions, man pages and the global `--store` as a user meets them.
+
+use std::process::Command;
+
+fn llmgw(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .args(args)
+        .output()
+        .expect("run llmgw")
+}
+
+/// Sourced into a real bash, the script registers a completion for
+/// `llmgw` that offers the subcommands.
+#[test]
+fn bash_completion_registers_and_offers_the_commands() {
+    let out = llmgw(&["completions", "bash"]);
+    assert!(out.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("llmgw.bash");
+    std::fs::write(&script, &out.stdout).unwrap();
+    let probe = format!(
+        "source {}; complete -p llmgw; COMP_WORDS=(llmgw ct); COMP_CWORD=1; COMP_LINE='llmgw ct'; COMP_POINT=8; _llmgw llmgw ct llmgw; echo \"${{COMPREPLY[@]}}\"",
+        script.display()
+    );
+    let bash = Command::new("bash").args(["-c", &probe]).output().unwrap();
+    let said = String::from_utf8_lossy(&bash.stdout);
+    assert!(
+        said.contains("-F _llmgw llmgw") && said.trim_end().lines().last() == Some("ctl"),
+        "{said}{}",
+        String::from_utf8_lossy(&bash.stderr)
+    );
+    for shell in ["zsh", "fish"] {
+        let out = llmgw(&["completions", shell]);
+        assert!(out.status.success() && !out.stdout.is_empty(), "{shell}");
+    }
+    let bad = llmgw(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+/// One page per command, each naming its options as --help does.
+#[test]
+fn man_pages_cover_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = llmgw(&["man", "--dir", dir.path().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = |name: &str| {
+        std::fs::read_to_string(dir.path().join(format!("{name}.1")))
+            .unwrap_or_else(|e| panic!("{name}.1: {e}"))
+    };
+    assert!(page("llmgw").contains(".TH LLMGW 1"));
+    assert!(page("llmgw-server").contains("admin\\-listen"));
+    let status = page("llmgw-ctl-status");
+    assert!(
+        status.contains(".TH LLMGW-CTL-STATUS 1") && status.contains("Models serving"),
+        "{status}"
+    );
+    assert!(page("llmgw-agent-run").contains("metrics\\-listen"));
+    let top = llmgw(&["man"]);
+    assert!(String::from_utf8_lossy(&top.stdout).contains(".TH llmgw 1"));
+}
+
+/// A command that never reads the log refuses `--store` instead of
+/// ignoring it; the variable (ambient, for the commands that do) is fine.
+#[test]
+fn store_is_refused_where_it_would_be_ignored() {
+    let out = llmgw(&[
+        "--store",
+        "x.db",
+        "ctl",
+        "--admin",
+        "http://127.0.0.1:1",
+        "status",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--store does not apply here") && err.contains("--admin"),
+        "{err}"
+    );
+    let out = llmgw(&["sim-engine", "--store", "x.db", "--help"]);
+    assert!(out.status.success(), "help still shows");
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env("LLMGW_STORE", "x.db")
+        .args(["ctl", "--admin", "http://127.0.0.1:1", "status"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("--store"), "{err}");
+}
