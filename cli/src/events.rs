@@ -453,56 +453,18 @@ async fn export(
         bail!("positions start at 1");
     }
     let mut sink: Box<dyn Write> = match &output {
-        Some(path) => Box::new(BufWriter::new(
+        Some(path) => Box::new(BufWriter::with_capacity(
+            1 << 20,
             std::fs::File::create(path)
                 .with_context(|| format!("cannot create {}", path.display()))?,
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let to = match to {
-        Some(t) => t,
-        None => store.head().await?.0,
-    };
-    let mut after = from - 1;
-    let mut written = 0u64;
-    while after < to {
-        let page = store.read_all_raw(after, DEFAULT_PAGE).await?;
-        if page.is_empty() {
-            break;
-        }
-        for e in page.iter().take_while(|e| e.position <= to) {
-            if written == 0 && e.position > 1 {
-                // Where the range joins the log: the hash before it.
-                json_line(&mut sink, &first_line(store, e).await?)?;
-            } else {
-                json_line(&mut sink, e)?;
-            }
-            written += 1;
-        }
-        after = page.last().map_or(to, |e| e.position);
-    }
-    sink.flush()?;
+    let done = llmgw_eventstore::export(store, from, to, &mut sink).await?;
     if let Some(path) = output {
-        eprintln!("exported {written} events to {}", path.display());
+        eprintln!("exported {} events to {}", done.events, path.display());
     }
     Ok(Outcome::Ok)
-}
-
-/// The first event of a range that starts after position 1, with the
-/// hash of the event before it as `prev_hash`.
-async fn first_line(store: &AnyStore, e: &RecordedEvent) -> anyhow::Result<serde_json::Value> {
-    let prev = store
-        .hash_at(e.position - 1)
-        .await?
-        .with_context(|| format!("no event at position {} to link to", e.position - 1))?;
-    let mut value = serde_json::to_value(e)?;
-    if let serde_json::Value::Object(m) = &mut value {
-        m.insert(
-            "prev_hash".into(),
-            llmgw_eventstore::hash::to_hex(&prev).into(),
-        );
-    }
-    Ok(value)
 }
 
 async fn stats(store: &AnyStore, json: bool) -> anyhow::Result<Outcome> {

@@ -59,6 +59,10 @@ pub enum StoreError {
     #[error("import refused: {0}")]
     ImportRefused(String),
 
+    /// Writing an export failed (a full disk, a closed pipe).
+    #[error("writing the export")]
+    Export(#[source] std::io::Error),
+
     #[error("event {event_id} was already appended, but not in this batch")]
     DuplicateEventId { event_id: uuid::Uuid },
 
