@@ -120,7 +120,8 @@ pub(crate) enum Outcome {
 fn logging_setup(cli: &Cli) -> logging::Setup {
     use tracing_subscriber::filter::LevelFilter;
     let (default_level, service, ring) = match &cli.command {
-        Command::Server(_) | Command::Up(_) => (LevelFilter::INFO, Some("llmgw-server"), None),
+        Command::Server(a) if a.serves() => (LevelFilter::INFO, Some("llmgw-server"), None),
+        Command::Up(_) => (LevelFilter::INFO, Some("llmgw-server"), None),
         Command::Agent(agent::AgentCommand::Run(_)) => {
             let ring = llmgw_agent::supervisor::LogTail::new(agent_log::LINES);
             let _ = agent::AGENT_LOG.set(ring.clone());

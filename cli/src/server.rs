@@ -58,6 +58,14 @@ pub(crate) struct ServerArgs {
     shutdown_grace: Option<String>,
 }
 
+impl ServerArgs {
+    /// Whether this runs the server (rather than `init` or `--check`, which
+    /// are one-shot and log like the other commands).
+    pub(crate) fn serves(&self) -> bool {
+        self.command.is_none() && !self.check
+    }
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub(crate) enum ServerCommand {
     /// Make this machine ready for llmgw-server.service: directories, a

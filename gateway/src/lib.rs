@@ -188,8 +188,6 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(info::ready))
         .with_state(gw)
-        // Outermost: every answer, a refusal included, has its request id.
-        .layer(axum::middleware::from_fn(access::layer))
 }
 
 /// The admin routes (loopback by default): health and metrics for now.
@@ -326,7 +324,10 @@ pub async fn serve_with(
     type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
     let client_app = client_app(gw.clone())
         .merge(extra.client)
-        .layer(cut.clone());
+        .layer(cut.clone())
+        // Outermost, over the pages too: every answer of the client
+        // listener, a refusal or a 404 included, has its request id.
+        .layer(axum::middleware::from_fn(access::layer));
     let client_srv: Serving = match &listen.client_tls {
         Some(tls) => Box::pin(
             axum::serve(tls::TlsListener::new(client_l, tls)?, client_app)

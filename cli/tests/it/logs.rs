@@ -210,6 +210,11 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     // And /health, every few seconds from a balancer, writes nothing.
     let health = reqwest::get(format!("{base}/health")).await.unwrap();
     assert!(health.headers().contains_key("x-request-id"));
+    // The pages and an unknown path answer with an id too.
+    for path in ["/", "/no-such-page"] {
+        let r = reqwest::get(format!("{base}{path}")).await.unwrap();
+        assert!(r.headers().contains_key("x-request-id"), "{path}");
+    }
     let (id, _, _) = send(&base, Some("last-1"), &chat(false)).await;
     let next = json_line(&server, "\"request_id\"");
     assert_eq!(next["fields"]["request_id"], json!(id), "{next}");
