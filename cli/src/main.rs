@@ -198,6 +198,9 @@ fn main() -> ExitCode {
 }
 
 #[cfg(test)]
+mod docs_commands;
+
+#[cfg(test)]
 mod tests {
     use clap::CommandFactory;
 
