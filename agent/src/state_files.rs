@@ -167,6 +167,37 @@ pub fn remove(dir: &Path, shard_id: &str) {
     }
 }
 
+/// Deletes the logs of shards that have no state file (their engines are
+/// gone) and were last written before `before`, so a node that has run
+/// many shards does not keep every engine's log for ever. A live shard's
+/// log is never touched: its state file is beside it. Returns the shard
+/// ids whose logs went.
+pub fn prune_logs(dir: &Path, before: std::time::SystemTime) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut pruned = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(shard_id) = name
+            .strip_prefix("shard-")
+            .and_then(|n| n.strip_suffix(".log"))
+        else {
+            continue;
+        };
+        let live = path(dir, shard_id).is_ok_and(|p| p.exists());
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t < before);
+        if !live && old && std::fs::remove_file(entry.path()).is_ok() {
+            pruned.push(shard_id.to_owned());
+        }
+    }
+    pruned.sort();
+    pruned
+}
+
 /// argv of a live process, from `/proc/<pid>/cmdline`.
 pub fn cmdline_of(pid: u32) -> Option<Vec<String>> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -227,4 +258,37 @@ pub fn scan(dir: &Path) -> Vec<Found> {
         found.push(Found::Adopt(Box::new(r)));
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    fn aged(path: &std::path::Path, age: Duration) {
+        std::fs::write(path, "x").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(SystemTime::now() - age)
+            .unwrap();
+    }
+
+    /// Only an old log with no state file beside it goes: a live shard's
+    /// log stays however old, and so does a recent one.
+    #[test]
+    fn prune_keeps_live_and_recent_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = Duration::from_secs(86_400);
+        aged(&dir.path().join("shard-gone.log"), 9 * day);
+        aged(&dir.path().join("shard-live.log"), 9 * day);
+        aged(&dir.path().join("shard-live.json"), 9 * day);
+        aged(&dir.path().join("shard-fresh.log"), Duration::ZERO);
+        aged(&dir.path().join("notes.log"), 9 * day);
+        let pruned = super::prune_logs(dir.path(), SystemTime::now() - 7 * day);
+        assert_eq!(pruned, vec!["gone".to_owned()]);
+        for kept in ["shard-live.log", "shard-fresh.log", "notes.log"] {
+            assert!(dir.path().join(kept).exists(), "{kept}");
+        }
+    }
 }

@@ -113,6 +113,10 @@ pub(crate) struct RunArgs {
     /// Seconds between looks at installed engines and GPU health.
     #[arg(long, default_value_t = 60.0)]
     recheck_s: f64,
+    /// Hours the logs of stopped shards are kept in --work-dir (0: for
+    /// ever); a live shard's log is never removed.
+    #[arg(long, env = "LLMGW_AGENT_LOG_RETENTION_H", default_value_t = 168.0)]
+    engine_log_retention_h: f64,
     /// Serve the agent's own metrics at `/metrics` here (`HOST:PORT`, or
     /// `:PORT` for every interface): whether its stream is up, reconnects,
     /// shards by state. Off unless given.
@@ -193,6 +197,13 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     c.reconnect_base = c.reconnect_base.min(c.reconnect_max);
     c.stop_timeout = seconds("stop-timeout-s", a.stop_timeout_s)?;
     c.recheck = seconds("recheck-s", a.recheck_s)?;
+    c.log_retention = match a.engine_log_retention_h {
+        0.0 => None,
+        h if h.is_finite() && h > 0.0 => Some(std::time::Duration::from_secs_f64(h * 3600.0)),
+        _ => anyhow::bail!(
+            "--engine-log-retention-h must be 0 (for ever) or a positive number of hours"
+        ),
+    };
     c.discovery = Options {
         nvidia_smi: a.nvidia_smi,
         skip_gpus: a.skip_gpus,

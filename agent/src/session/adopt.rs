@@ -21,6 +21,7 @@ impl Agent {
             self.config.work_dir = None;
             return;
         }
+        self.prune_logs();
         for found in state_files::scan(&dir) {
             match found {
                 state_files::Found::Adopt(r) => {

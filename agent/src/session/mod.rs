@@ -65,7 +65,13 @@ pub struct SessionConfig {
     /// Stop every engine when the agent stops (for `llmgw up`, where the
     /// agent and its engines are one trial); a node agent leaves them.
     pub stop_engines_on_exit: bool,
+    /// How long the logs of stopped shards are kept in `work_dir`; None
+    /// keeps them for ever.
+    pub log_retention: Option<Duration>,
 }
+
+/// A week: long enough to read why an engine stopped after a weekend.
+pub const DEFAULT_LOG_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl SessionConfig {
     pub fn new(servers: Vec<String>, node_id: String) -> Self {
@@ -84,6 +90,7 @@ impl SessionConfig {
             log_lines: 200,
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
+            log_retention: Some(DEFAULT_LOG_RETENTION),
             agent_log: None,
             engine_bind: None,
             work_dir: None,

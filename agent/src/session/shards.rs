@@ -567,5 +567,22 @@ impl Agent {
         if let Some(dir) = &self.config.work_dir {
             state_files::remove(dir, shard_id);
         }
+        self.prune_logs();
+    }
+
+    /// Old logs of shards long stopped leave the work directory (at start
+    /// and whenever a shard is forgotten: the times the set of logs grows
+    /// or ages without a process behind it).
+    pub(super) fn prune_logs(&self) {
+        let (Some(dir), Some(keep)) = (&self.config.work_dir, self.config.log_retention) else {
+            return;
+        };
+        let Some(before) = std::time::SystemTime::now().checked_sub(keep) else {
+            return;
+        };
+        let gone = state_files::prune_logs(dir, before);
+        if !gone.is_empty() {
+            tracing::info!(shards = ?gone, "removed the logs of shards stopped longer than the retention");
+        }
     }
 }

@@ -515,3 +515,41 @@ time.sleep(600)
         "our own stopping engine was taken for another program: {all}"
     );
 }
+
+/// The logs of shards stopped longer than the retention leave the work
+/// directory when the agent starts; a recent one stays and `ctl logs`
+/// still offers it.
+#[tokio::test]
+async fn old_engine_logs_of_stopped_shards_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let old = work.join("shard-s-old.log");
+    std::fs::write(&old, "an engine that stopped long ago\n").unwrap();
+    let ten_days = std::time::Duration::from_secs(10 * 24 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - ten_days)
+        .unwrap();
+    std::fs::write(work.join("shard-s-recent.log"), "stopped an hour ago\n").unwrap();
+    let port = free_port();
+    let server = server(dir.path(), port, "  enabled: true\n", "  []\n");
+    let _agent = agent(
+        port,
+        "pruner",
+        dir.path(),
+        &["--skip-gpus", "--engine-log-retention-h", "72"],
+    );
+    let listed = until("the node's logs are listed", || async {
+        let (ok, out, _) = ctl(&server.admin, &["logs", "pruner"]);
+        ok.then_some(out)
+    })
+    .await;
+    assert!(
+        listed.contains("s-recent") && !listed.contains("s-old"),
+        "{listed}"
+    );
+    assert!(!old.exists(), "the old log is gone from the work directory");
+}
