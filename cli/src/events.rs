@@ -8,9 +8,11 @@ use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventFilter, EventStore, Recorded
 use crate::Outcome;
 use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
 
+mod file;
 mod filter;
 mod history;
 mod import;
+mod verify_file;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum EventsCommand {
@@ -48,14 +50,29 @@ pub(crate) enum EventsCommand {
         json: bool,
     },
     /// Recompute the hash chain and report the first position that does not
-    /// match. Exits 1 when it finds one.
+    /// match. Exits 1 when it finds one. With --file, check an export
+    /// instead: on its own (consistent in itself, and with its trailer),
+    /// against the store it came from, or against anchors held from it.
     Verify {
         /// First position to check.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, conflicts_with = "file")]
         from: u64,
         /// Last position to check (default: the head).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "file")]
         to: Option<u64>,
+        /// An export to check instead of the store (`-` for standard
+        /// input); --store is not read.
+        #[arg(long, value_name = "X.jsonl")]
+        file: Option<PathBuf>,
+        /// The store the export should be part of (an address as for
+        /// --store): its events must be the file's, hash for hash.
+        #[arg(long, value_name = "STORE", requires = "file")]
+        against: Option<String>,
+        /// A hash the file must have at a position, held from the source
+        /// (`events stats` prints the chain head as HASH@POSITION). May be
+        /// given more than once.
+        #[arg(long, value_name = "HASH@POSITION", requires = "file")]
+        anchor: Vec<file::Anchor>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -99,7 +116,7 @@ pub(crate) enum EventsCommand {
         /// an edit whose later hashes were recomputed, and a file cut short
         /// before the position. May be given more than once.
         #[arg(long, value_name = "HASH@POSITION")]
-        anchor: Vec<import::Anchor>,
+        anchor: Vec<file::Anchor>,
     },
     /// A view as it stood at a position or time.
     Replay {
@@ -170,6 +187,16 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
     {
         return import_into(address, &input, from_anchor, &anchor).await;
     }
+    if let EventsCommand::Verify {
+        file: Some(file),
+        against,
+        anchor,
+        json,
+        ..
+    } = &cmd
+    {
+        return verify_file::run(file, against.as_deref(), anchor, *json).await;
+    }
     let store = crate::store::open(address).await?;
     match cmd {
         EventsCommand::Tail {
@@ -184,7 +211,7 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
             tail(&store, follow, from, limit, json, &filter).await
         }
         EventsCommand::Show { position, json } => show(&store, position, json).await,
-        EventsCommand::Verify { from, to, json } => verify(&store, from, to, json).await,
+        EventsCommand::Verify { from, to, json, .. } => verify(&store, from, to, json).await,
         EventsCommand::Export { from, to, output } => export(&store, from, to, output).await,
         EventsCommand::Import {
             input,
@@ -227,7 +254,7 @@ async fn import_into(
     address: &str,
     input: &std::path::Path,
     from_anchor: bool,
-    anchors: &[import::Anchor],
+    anchors: &[file::Anchor],
 ) -> anyhow::Result<Outcome> {
     let created = import::new_sqlite_file(address);
     let result = async {
@@ -460,17 +487,50 @@ async fn export(
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let done = llmgw_eventstore::export(store, from, to, &mut sink).await?;
+    let (head, head_hash) = store.head().await?;
+    let done = llmgw_eventstore::export(store, from, Some(to.unwrap_or(head)), &mut sink).await?;
+    let (base, _) = store.base().await?;
+    let log_start = store.hash_at(base + 1).await?.map(|hash| {
+        file::Anchor {
+            position: base + 1,
+            hash,
+        }
+        .to_string()
+    });
+    let (first, last) = done.positions.unwrap_or((0, 0));
+    let trailer = llmgw_eventstore::Trailer {
+        format: 1,
+        host: host(),
+        log_start,
+        from: first,
+        to: last,
+        events: done.events,
+        last_hash: done.last_hash,
+        head,
+        head_hash: (head > 0).then_some(head_hash),
+        exported_at: chrono::Utc::now(),
+    };
+    llmgw_eventstore::write_trailer(&mut sink, &trailer)?;
     if let Some(path) = output {
         eprintln!("exported {} events to {}", done.events, path.display());
     }
     Ok(Outcome::Ok)
 }
 
+/// This machine's name, for the export's trailer.
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
 async fn stats(store: &AnyStore, json: bool) -> anyhow::Result<Outcome> {
     let stats = store.stats().await?;
     let (head, head_hash) = store.head().await?;
-    let anchor = import::Anchor {
+    let anchor = file::Anchor {
         position: head,
         hash: head_hash,
     };

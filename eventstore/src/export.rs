@@ -5,9 +5,91 @@
 
 use std::io::Write;
 
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{DEFAULT_PAGE, EventStore, RecordedEvent, Result, StoreError, hash};
+
+/// The last line of an export, `{"trailer": {…}}`: where it came from and
+/// what it holds, so that a file cut short, or one whose end was altered,
+/// no longer matches it, and an auditor can compare it with the source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trailer {
+    /// The trailer's own format version.
+    pub format: u32,
+    /// The machine that wrote the export.
+    pub host: String,
+    /// The source log's first event as `HASH@POSITION`: which log this is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_start: Option<String>,
+    /// The positions the file holds and how many events.
+    pub from: u64,
+    pub to: u64,
+    pub events: u64,
+    /// The hash of the file's last event.
+    #[serde(with = "hex_opt", default, skip_serializing_if = "Option::is_none")]
+    pub last_hash: Option<[u8; 32]>,
+    /// The source's head and chain head when the export was written.
+    pub head: u64,
+    #[serde(with = "hex_opt", default, skip_serializing_if = "Option::is_none")]
+    pub head_hash: Option<[u8; 32]>,
+    pub exported_at: DateTime<Utc>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TrailerLine {
+    trailer: Trailer,
+}
+
+/// One line of an export file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExportLine {
+    Event(Box<RecordedEvent>),
+    Trailer(Trailer),
+}
+
+/// Reads one line of an export: an event, or the trailer.
+pub fn parse_line(text: &str) -> std::result::Result<ExportLine, serde_json::Error> {
+    if text.trim_start().starts_with("{\"trailer\"") {
+        let line: TrailerLine = serde_json::from_str(text)?;
+        return Ok(ExportLine::Trailer(line.trailer));
+    }
+    serde_json::from_str(text).map(|e| ExportLine::Event(Box::new(e)))
+}
+
+/// Writes the trailer as the export's last line.
+pub fn write_trailer(sink: &mut impl Write, trailer: &Trailer) -> Result<()> {
+    let mut line = serde_json::to_vec(&TrailerLine {
+        trailer: trailer.clone(),
+    })
+    .map_err(|e| StoreError::Export(e.into()))?;
+    line.push(b'\n');
+    sink.write_all(&line).map_err(StoreError::Export)?;
+    sink.flush().map_err(StoreError::Export)
+}
+
+mod hex_opt {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(crate) fn serialize<S: Serializer>(v: &Option<[u8; 32]>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(h) => s.serialize_str(&crate::hash::to_hex(h)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<[u8; 32]>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => crate::hash::from_hex(&text)
+                .map(Some)
+                .ok_or_else(|| D::Error::custom("expected 64 hex digits")),
+            None => Ok(None),
+        }
+    }
+}
 
 /// What an export wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]

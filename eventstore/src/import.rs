@@ -189,6 +189,28 @@ impl ChainCheck {
         Ok(())
     }
 
+    /// Checks the export's trailer against the events before it: a file
+    /// cut short, or altered at its end, no longer matches its trailer.
+    pub fn check_trailer(&self, t: &crate::Trailer) -> std::result::Result<(), String> {
+        let (from, to, count) = match (self.first, self.last) {
+            (Some(f), Some((l, _))) => (f, l, l - f + 1),
+            _ => (0, 0, 0),
+        };
+        if (t.from, t.to, t.events) != (from, to, count) && !(t.events == 0 && count == 0) {
+            return Err(format!(
+                "the trailer says the export holds {} events, {}..={}, but the file holds {count} before it ({from}..={to}): lines were cut or added",
+                t.events, t.from, t.to
+            ));
+        }
+        if t.last_hash != self.last.map(|(_, h)| h) {
+            return Err(
+                "the trailer names another hash for the last event: the file's end was altered"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// The first and last position checked.
     pub fn range(&self) -> Option<(u64, u64)> {
         Some((self.first?, self.last?.0))
@@ -614,6 +636,48 @@ mod tests {
             c.finish()
                 .unwrap_err()
                 .contains("ends at position 4, before the anchor at 6")
+        );
+    }
+
+    #[test]
+    fn the_trailer_must_match_the_events_before_it() {
+        let events = log(6);
+        let trailer = |to: u64, last: &RecordedEvent| crate::Trailer {
+            format: 1,
+            host: "h".into(),
+            log_start: None,
+            from: 1,
+            to,
+            events: to,
+            last_hash: Some(last.hash),
+            head: 6,
+            head_hash: Some(events[5].hash),
+            exported_at: DateTime::UNIX_EPOCH,
+        };
+        let mut c = ChainCheck::new(None, &[]);
+        events.iter().for_each(|e| c.push(e).unwrap());
+        assert_eq!(c.check_trailer(&trailer(6, &events[5])), Ok(()));
+        let mut cut = ChainCheck::new(None, &[]);
+        events[..4].iter().for_each(|e| cut.push(e).unwrap());
+        let err = cut.check_trailer(&trailer(6, &events[5])).unwrap_err();
+        assert!(
+            err.contains("holds 6 events, 1..=6, but the file holds 4"),
+            "{err}"
+        );
+        let mut other = trailer(6, &events[5]);
+        other.last_hash = Some(events[4].hash);
+        assert!(
+            c.check_trailer(&other)
+                .unwrap_err()
+                .contains("end was altered")
+        );
+        // Written and read back as the export's last line.
+        let mut line = Vec::new();
+        crate::write_trailer(&mut line, &trailer(6, &events[5])).unwrap();
+        let text = String::from_utf8(line).unwrap();
+        assert_eq!(
+            crate::parse_line(&text).unwrap(),
+            crate::ExportLine::Trailer(trailer(6, &events[5]))
         );
     }
 }

@@ -51,7 +51,7 @@ pub use address::StoreAddress;
 pub use browse::EventFilter;
 pub use chain_watch::ChainWatch;
 pub use error::{Result, StoreError};
-pub use export::{Exported, export};
+pub use export::{ExportLine, Exported, Trailer, export, parse_line, write_trailer};
 pub use import::{ChainCheck, ImportOptions, Imported};
 pub use postgres::PgStore;
 pub use reader::PageReader;

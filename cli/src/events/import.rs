@@ -6,105 +6,24 @@
 //! stream and checks each line's place in the chain as it goes, so that a
 //! refusal names the line, not only the position.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use llmgw_eventstore::{
-    AnyStore, ChainCheck, EventStore, ImportOptions, RecordedEvent, StoreAddress, StoreError, hash,
+    AnyStore, EventStore, ImportOptions, RecordedEvent, StoreAddress, StoreError,
 };
-use serde::Deserialize;
 
+use super::file::{Anchor, ExportFile};
 use crate::Outcome;
 
 const TTL: Duration = Duration::from_secs(60);
 
-/// `HASH@POSITION`: the hash a log has at a position, as an auditor holds
-/// it from the source.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Anchor {
-    pub(crate) position: u64,
-    pub(crate) hash: [u8; 32],
-}
-
-impl std::str::FromStr for Anchor {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not HASH@POSITION (64 hex digits, then @ and a position)");
-        let (h, p) = s.split_once('@').ok_or_else(bad)?;
-        Ok(Anchor {
-            position: p.trim().parse().ok().filter(|p| *p > 0).ok_or_else(bad)?,
-            hash: hash::from_hex(&h.trim().to_ascii_lowercase()).ok_or_else(bad)?,
-        })
-    }
-}
-
-impl std::fmt::Display for Anchor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", hash::to_hex(&self.hash), self.position)
-    }
-}
-
-/// What an export's first line may say besides the event.
-#[derive(Debug, Deserialize)]
-struct FirstLine {
-    #[serde(default)]
-    prev_hash: Option<String>,
-}
-
-/// The export's lines as events, each checked against the one before.
+/// The export's events for the store, each already checked here; a
+/// refusal ends the import.
 struct Lines {
-    reader: Box<dyn BufRead + Send>,
-    line: usize,
-    check: ChainCheck,
+    file: ExportFile,
     pending: Option<RecordedEvent>,
     done: bool,
-}
-
-impl Lines {
-    /// The next event, or the reason the file cannot be imported.
-    fn next_event(&mut self) -> Result<Option<RecordedEvent>, StoreError> {
-        let refused = StoreError::ImportRefused;
-        let mut text = String::new();
-        loop {
-            text.clear();
-            self.line += 1;
-            let n = self
-                .reader
-                .read_line(&mut text)
-                .map_err(|e| refused(format!("line {}: cannot read: {e}", self.line)))?;
-            if n == 0 {
-                return self
-                    .check
-                    .finish()
-                    .map(|()| None)
-                    .map_err(|r| refused(format!("at the end of the file: {r}")));
-            }
-            if !text.trim().is_empty() {
-                break;
-            }
-        }
-        let event: RecordedEvent = serde_json::from_str(&text).map_err(|e| {
-            let cut = if e.is_eof() {
-                " (the file was cut short?)"
-            } else {
-                ""
-            };
-            refused(format!(
-                "line {}: not an exported event{cut}: {e}",
-                self.line
-            ))
-        })?;
-        self.check.push(&event).map_err(|r| {
-            refused(format!(
-                "line {} (position {}): {r}",
-                self.line, event.position
-            ))
-        })?;
-        Ok(Some(event))
-    }
 }
 
 impl Iterator for Lines {
@@ -117,30 +36,18 @@ impl Iterator for Lines {
         if let Some(first) = self.pending.take() {
             return Some(Ok(first));
         }
-        match self.next_event() {
+        match self.file.next_event() {
             Ok(Some(e)) => Some(Ok(e)),
             Ok(None) => {
                 self.done = true;
                 None
             }
-            Err(e) => {
+            Err(reason) => {
                 self.done = true;
-                Some(Err(e))
+                Some(Err(StoreError::ImportRefused(reason)))
             }
         }
     }
-}
-
-fn open(input: &Path) -> anyhow::Result<Box<dyn BufRead + Send>> {
-    let reader: Box<dyn Read + Send> = if input.as_os_str() == "-" {
-        Box::new(std::io::stdin())
-    } else {
-        Box::new(
-            std::fs::File::open(input)
-                .with_context(|| format!("cannot open {}", input.display()))?,
-        )
-    };
-    Ok(Box::new(BufReader::with_capacity(1 << 20, reader)))
 }
 
 /// A SQLite file the import is about to create: removed again if the
@@ -158,43 +65,22 @@ pub(super) async fn run(
     from_anchor: bool,
     anchors: &[Anchor],
 ) -> anyhow::Result<Outcome> {
-    let anchors: Vec<(u64, [u8; 32])> = anchors.iter().map(|a| (a.position, a.hash)).collect();
-    // The first line may name the hash before it: read it before the rest.
-    let mut lines = Lines {
-        reader: open(input)?,
-        line: 0,
-        check: ChainCheck::default(),
-        pending: None,
+    // The first event says where the file joins (its predecessor's hash):
+    // read it before taking the lease.
+    let mut file = ExportFile::open(input, anchors)?;
+    let first = file
+        .next_event()
+        .map_err(|r| anyhow::Error::new(StoreError::ImportRefused(r)))?;
+    let Some(first) = first else {
+        println!("nothing to import");
+        return Ok(Outcome::Ok);
+    };
+    let prev_hash = file.prev_hash;
+    let lines = Lines {
+        file,
+        pending: Some(first),
         done: false,
     };
-    let mut first_text = String::new();
-    let prev_hash =
-        loop {
-            first_text.clear();
-            lines.line += 1;
-            if lines.reader.read_line(&mut first_text)? == 0 {
-                println!("nothing to import");
-                return Ok(Outcome::Ok);
-            }
-            if first_text.trim().is_empty() {
-                continue;
-            }
-            let said: FirstLine = serde_json::from_str(&first_text)
-                .with_context(|| format!("line {}: not an exported event", lines.line))?;
-            break match said.prev_hash {
-                Some(h) => Some(hash::from_hex(&h).with_context(|| {
-                    format!("line {}: prev_hash is not 64 hex digits", lines.line)
-                })?),
-                None => None,
-            };
-        };
-    lines.check = ChainCheck::new(prev_hash, &anchors);
-    let first: RecordedEvent = serde_json::from_str(&first_text)
-        .with_context(|| format!("line {}: not an exported event", lines.line))?;
-    if let Err(r) = lines.check.push(&first) {
-        bail!("line {} (position {}): {r}", lines.line, first.position);
-    }
-    lines.pending = Some(first);
 
     let holder = format!("import-{}", std::process::id());
     let lease = store
@@ -208,7 +94,7 @@ pub(super) async fn run(
     let options = ImportOptions {
         prev_hash,
         from_anchor,
-        anchors,
+        anchors: anchors.iter().map(|a| (a.position, a.hash)).collect(),
     };
     let result = store.import(&lease.token, &options, lines).await;
     // The import ends the lease itself when the events carry a newer epoch.

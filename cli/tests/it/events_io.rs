@@ -17,6 +17,7 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    verify_file_proves_an_export_against_its_store_or_an_anchor,
     an_imported_copy_exports_the_same_bytes_and_travels_in_time_alike,
     a_range_joins_only_the_log_it_came_from,
     files_that_are_not_faithful_exports_are_refused_and_change_nothing,
@@ -40,10 +41,37 @@ async fn incident(b: Backend, name: &str) -> (String, Scratch) {
     (address, scratch)
 }
 
-fn export(address: &str, args: &[&str]) -> String {
+/// The export, trailer and all.
+fn export_whole(address: &str, args: &[&str]) -> String {
     let mut all = vec!["events", "export"];
     all.extend_from_slice(args);
     ok(address, &all)
+}
+
+/// The export's events: every line but the trailer, which says when and
+/// where it was written.
+fn export(address: &str, args: &[&str]) -> String {
+    let whole = export_whole(address, args);
+    let (events, trailer) = split_trailer(&whole);
+    assert!(
+        trailer.is_some(),
+        "an export ends with its trailer: {whole}"
+    );
+    events
+}
+
+fn split_trailer(text: &str) -> (String, Option<Value>) {
+    let mut events = String::new();
+    let mut trailer = None;
+    for line in text.lines() {
+        if line.starts_with("{\"trailer\"") {
+            trailer = Some(serde_json::from_str(line).unwrap());
+        } else {
+            events.push_str(line);
+            events.push('\n');
+        }
+    }
+    (events, trailer)
 }
 
 /// The chain head, as `events stats` prints it: HASH@POSITION.
@@ -95,7 +123,7 @@ async fn an_imported_copy_exports_the_same_bytes_and_travels_in_time_alike(b: Ba
         );
 
         let dir = tempfile::tempdir().unwrap();
-        let file = write(&dir, "export.jsonl", &export(&source, &[]));
+        let file = write(&dir, "export.jsonl", &export_whole(&source, &[]));
         for target in [b, other(b)] {
             let (copy, _s2) = Scratch::new(target).await;
             let said = ok(&copy, &["events", "import", &file]);
@@ -136,7 +164,7 @@ async fn a_range_joins_only_the_log_it_came_from(b: Backend) {
     let name = "two-node-shard-failure";
     let (source, _s1) = incident(b, name).await;
     let dir = tempfile::tempdir().unwrap();
-    let head = write(&dir, "head.jsonl", &export(&source, &["--to", "6"]));
+    let head = write(&dir, "head.jsonl", &export_whole(&source, &["--to", "6"]));
     let tail_text = export(&source, &["--from", "7"]);
     let first: Value = serde_json::from_str(tail_text.lines().next().unwrap()).unwrap();
     let sixth = &json_lines(&export(&source, &["--from", "6", "--to", "6"]))[0];
@@ -189,7 +217,7 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
     let dir = tempfile::tempdir().unwrap();
     // A copy holding the first half, and an address where no store is yet.
     let (copy, _s2) = Scratch::new(b).await;
-    let half = write(&dir, "half.jsonl", &export(&source, &["--to", "7"]));
+    let half = write(&dir, "half.jsonl", &export_whole(&source, &["--to", "7"]));
     ok(&copy, &["events", "import", &half]);
     let before = export(&copy, &[]);
     let nowhere = dir.path().join("never.db");
@@ -199,6 +227,13 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
     let rechained = write(&dir, "rechained.jsonl", &rechained_edit(&whole, 3));
     let cut_mid_line = write(&dir, "cut.jsonl", &whole[..whole.len() - 40]);
     let cut_at_line = write(&dir, "short.jsonl", &(lines[..10].join("\n") + "\n"));
+    // Cut, but with the trailer put back: the trailer no longer fits.
+    let trailer = split_trailer(&export_whole(&source, &[])).1.unwrap();
+    let cut_under_trailer = write(
+        &dir,
+        "cut-under-trailer.jsonl",
+        &(lines[..10].join("\n") + "\n" + &trailer.to_string() + "\n"),
+    );
     let mut holed = lines.clone();
     holed.remove(4);
     let gap = write(&dir, "gap.jsonl", &(holed.join("\n") + "\n"));
@@ -233,6 +268,12 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
             nowhere,
             anchored(&cut_at_line),
             "the file ends at position 10, before the anchor at 14",
+        ),
+        (
+            "cut at a line, under its trailer",
+            nowhere,
+            vec!["events".into(), "import".into(), cut_under_trailer],
+            "the trailer says the export holds 14 events, 1..=14, but the file holds 10",
         ),
         (
             "a gap",
@@ -359,4 +400,106 @@ async fn a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor
     assert!(is_millisecond_utc(at), "{shown}");
     let help = ok(&lost, &["events", "diff", "--help"]);
     assert!(help.contains("--to <POSITION|TIME>"), "{help}");
+}
+
+fn verify_file(args: &[&str]) -> (Option<i32>, String) {
+    let mut all = vec!["events", "verify"];
+    all.extend_from_slice(args);
+    // --store is not read with --file: an address that is not a store.
+    let out = llmgw("/nonexistent/not-a-store.db", &all);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+async fn verify_file_proves_an_export_against_its_store_or_an_anchor(b: Backend) {
+    let name = "two-node-shard-failure";
+    let (source, _s1) = incident(b, name).await;
+    let (other_log, _s2) = incident(b, "node-lost-while-loading").await;
+    let dir = tempfile::tempdir().unwrap();
+    let whole_text = export_whole(&source, &[]);
+    let trailer = split_trailer(&whole_text).1.unwrap();
+    let t = &trailer["trailer"];
+    let head = chain_head(&source);
+    assert_eq!(
+        (t["from"].as_u64(), t["to"].as_u64(), t["events"].as_u64()),
+        (Some(1), Some(16), Some(16))
+    );
+    assert_eq!(
+        format!("{}@{}", t["head_hash"].as_str().unwrap(), t["head"]),
+        head
+    );
+    assert!(t["host"].as_str().is_some_and(|h| !h.is_empty()));
+    let first = &json_lines(&whole_text)[0];
+    assert_eq!(
+        t["log_start"],
+        format!("{}@1", first["hash"].as_str().unwrap())
+    );
+    assert!(chrono::DateTime::parse_from_rfc3339(t["exported_at"].as_str().unwrap()).is_ok());
+    let whole = write(&dir, "whole.jsonl", &whole_text);
+
+    // On its own: consistent, and it says what that does not prove.
+    let (code, said) = verify_file(&["--file", &whole]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("ok: 16 events in 1..=16 chain correctly")
+            && said.contains("the source's head was 16")
+            && said.contains("not proven"),
+        "{said}"
+    );
+    // Against its store, or an anchor held from it: proven.
+    let (code, said) = verify_file(&["--file", &whole, "--against", &source]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("positions 1..=16 are the store's"), "{said}");
+    let (code, said) = verify_file(&["--file", &whole, "--anchor", &head]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("matches") && !said.contains("not proven"),
+        "{said}"
+    );
+
+    // A rechained edit passes on its own, and nowhere else.
+    let forged = write(
+        &dir,
+        "forged.jsonl",
+        &rechained_edit(&export(&source, &[]), 5),
+    );
+    let (code, said) = verify_file(&["--file", &forged]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("not proven") && said.contains("no trailer"),
+        "{said}"
+    );
+    let (code, said) = verify_file(&["--file", &forged, "--against", &source]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("TAMPERED: position 16 differs from the store's"),
+        "{said}"
+    );
+    let (code, said) = verify_file(&["--file", &forged, "--anchor", &head]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("not the anchor's"), "{said}");
+    // Another log's file, and a range joined to the wrong log.
+    let theirs = write(&dir, "theirs.jsonl", &export_whole(&other_log, &[]));
+    let (code, said) = verify_file(&["--file", &theirs, "--against", &source]);
+    assert_eq!(code, Some(1), "{said}");
+    let range = write(
+        &dir,
+        "range.jsonl",
+        &export_whole(&source, &["--from", "9", "--to", "12"]),
+    );
+    let (code, said) = verify_file(&["--file", &range, "--against", &source]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("positions 9..=12 are the store's"), "{said}");
+    let (code, said) = verify_file(&["--file", &range, "--against", &other_log]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("TAMPERED: position 12 differs"), "{said}");
+
+    let report = &json_lines(&verify_file(&["--file", &whole, "--json"]).1)[0];
+    assert_eq!(
+        (report["ok"].as_bool(), report["to"].as_u64()),
+        (Some(true), Some(16))
+    );
+    let (code, said) = verify_file(&["--against", &source]);
+    assert_eq!(code, Some(2), "--against needs --file: {said}");
 }

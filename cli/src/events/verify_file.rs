@@ -1,0 +1,182 @@
+//! `llmgw events verify --file X.jsonl [--against STORE | --anchor
+//! HASH@POSITION]`: whether an export is a faithful part of a log.
+//!
+//! On its own a file can only show that it is consistent in itself (each
+//! hash over its content and the hash before it, and its trailer over its
+//! end): an edit whose later hashes were recomputed passes that. Proof
+//! needs something the editor could not change: the source store itself
+//! (`--against`), or an anchor held from it (`--anchor`).
+
+use std::io::Write;
+use std::path::Path;
+
+use llmgw_eventstore::{AnyStore, EventStore, StoreAddress, hash};
+use serde_json::json;
+
+use super::file::{Anchor, ExportFile};
+use super::filter::when;
+use crate::Outcome;
+use crate::output::json_line;
+
+fn short(h: &[u8; 32]) -> String {
+    hash::to_hex(&h[..6])
+}
+
+/// Whether the store holds the file's events exactly: what was proven, or
+/// why not.
+async fn compare(store: &AnyStore, file: &ExportFile) -> anyhow::Result<Result<String, String>> {
+    let (Some((a, b)), Some((_, last_hash)), Some(first)) =
+        (file.check.range(), file.check.head(), file.first.as_ref())
+    else {
+        return Ok(Err("the file holds no events to compare".into()));
+    };
+    let (head, _) = store.head().await?;
+    if b > head {
+        return Ok(Err(format!(
+            "the store's log ends at {head}, before the file's last position {b}: it cannot vouch for the rest"
+        )));
+    }
+    match store.hash_at(b).await? {
+        None => {
+            return Ok(Err(format!(
+                "the store holds no event at {b}: its log begins later"
+            )));
+        }
+        Some(h) if h != last_hash => {
+            return Ok(Err(format!(
+                "position {b} differs from the store's (hash {} there, {} in the file): the file was altered, or comes from another log",
+                short(&h),
+                short(&last_hash)
+            )));
+        }
+        Some(_) => {}
+    }
+    // Equal hashes at the end prove every later link; the first event's own
+    // content is proven by its link to the store's event before it.
+    if a > 1 {
+        match store.hash_at(a - 1).await? {
+            Some(prev) if hash::chain(&prev, first) == first.hash => {}
+            Some(_) => {
+                return Ok(Err(format!(
+                    "position {a} does not follow the store's event at {}: the file's first event was altered",
+                    a - 1
+                )));
+            }
+            None => {
+                return Ok(Err(format!(
+                    "the store holds no event at {}, where the file joins",
+                    a - 1
+                )));
+            }
+        }
+    }
+    if let Some(t) = &file.trailer
+        && t.head <= head
+        && t.head > 0
+        && store.hash_at(t.head).await? != t.head_hash
+    {
+        return Ok(Err(format!(
+            "the trailer names a head at {} that the store does not have: the trailer was altered, or comes from another log",
+            t.head
+        )));
+    }
+    Ok(Ok(format!(
+        "positions {a}..={b} are the store's, event for event (hash {} at {b})",
+        short(&last_hash)
+    )))
+}
+
+pub(super) async fn run(
+    input: &Path,
+    against: Option<&str>,
+    anchors: &[Anchor],
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    let mut file = ExportFile::open(input, anchors)?;
+    let mut problem = loop {
+        match file.next_event() {
+            Ok(Some(_)) => {}
+            Ok(None) => break None,
+            Err(r) => break Some(r),
+        }
+    };
+    let mut proven = None;
+    if problem.is_none()
+        && let Some(address) = against
+    {
+        let store = crate::store::open(address).await?;
+        match compare(&store, &file).await? {
+            Ok(p) => proven = Some(p),
+            Err(p) => problem = Some(p),
+        }
+    }
+    let range = file.check.range();
+    let mut out = std::io::stdout().lock();
+    if json {
+        json_line(
+            &mut out,
+            &json!({
+                "ok": problem.is_none(),
+                "problem": problem,
+                "from": range.map(|r| r.0),
+                "to": range.map(|r| r.1),
+                "first_linked": file.check.first_linked(),
+                "trailer": file.trailer,
+                "anchors": anchors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "against": proven,
+            }),
+        )?;
+    } else if let Some(p) = &problem {
+        writeln!(out, "TAMPERED: {p}")?;
+    } else {
+        match range {
+            Some((a, b)) => {
+                let link = if file.check.first_linked() {
+                    String::new()
+                } else {
+                    format!(" (the link into {a} is not checked: the file names no hash before it)")
+                };
+                writeln!(
+                    out,
+                    "ok: {} events in {a}..={b} chain correctly{link}",
+                    b - a + 1
+                )?;
+            }
+            None => writeln!(out, "ok: the file holds no events")?,
+        }
+        match &file.trailer {
+            Some(t) => writeln!(
+                out,
+                "trailer: written on {} at {}; the source's head was {}{}",
+                t.host,
+                when(t.exported_at),
+                t.head,
+                t.head_hash
+                    .map_or(String::new(), |h| format!(" (hash {})", short(&h)))
+            )?,
+            None => writeln!(
+                out,
+                "no trailer: a file cut at a line boundary cannot be told from a whole one"
+            )?,
+        }
+        for a in anchors {
+            writeln!(out, "anchor {a}: matches")?;
+        }
+        if let (Some(p), Some(address)) = (&proven, against) {
+            let shown = StoreAddress::parse(address).map_or(address.to_owned(), |a| a.redacted());
+            writeln!(out, "against {shown}: {p}")?;
+        }
+        if anchors.is_empty() && against.is_none() {
+            writeln!(
+                out,
+                "not proven: nothing outside the file anchors it, so an edit with its later hashes recomputed would pass; give --against STORE or --anchor HASH@POSITION"
+            )?;
+        }
+    }
+    out.flush()?;
+    Ok(if problem.is_none() {
+        Outcome::Ok
+    } else {
+        Outcome::Failed
+    })
+}
