@@ -28,7 +28,8 @@ pub(crate) struct ServerArgs {
     #[arg(long, env = "LLMGW_AGENT_LISTEN", value_parser = listen_addr)]
     agent_listen: Option<SocketAddr>,
     /// A static endpoint, `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`;
-    /// repeat for several.
+    /// repeat for several. A hosted service's API key: `;key_env=VAR` or
+    /// `;key_file=PATH` (never the key itself).
     #[arg(long = "endpoint", env = "LLMGW_ENDPOINTS", value_delimiter = ' ')]
     endpoints: Vec<EndpointSpec>,
     /// The client (OpenAI API) listener; `:8080` (the default) means every interface.

@@ -55,6 +55,10 @@ pub(crate) struct SimArgs {
     /// How long a worker keeps dialling rank 0, in seconds.
     #[arg(long, default_value_t = 300)]
     join_timeout_s: u64,
+    /// Refuse /v1/* without this bearer token, as a hosted service does
+    /// (from the variable, so that it stays off the command line).
+    #[arg(long = "api-key", env = "LLMGW_SIM_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
@@ -80,6 +84,7 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
         kv_blocks: a.kv_blocks,
         block_bytes: a.block_bytes,
         default_max_tokens: a.max_tokens,
+        api_key: a.api_key,
     };
     let serve = llmgw_sim::run(config, a.listen, cluster, |bound| {
         let mut out = std::io::stdout().lock();

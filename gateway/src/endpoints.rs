@@ -24,13 +24,54 @@ pub struct EndpointSpec {
     /// The node a placed replica runs on (for its metrics' labels); None
     /// for a configured endpoint.
     pub node: Option<String>,
+    /// The credential a hosted upstream wants, sent as a bearer token.
+    pub api_key: Option<UpstreamKey>,
+}
+
+/// An upstream's API key: read from a variable or a file (never the
+/// command line, where `ps` shows it), sent as a bearer token, and never
+/// printed, not even by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamKey(String);
+
+impl UpstreamKey {
+    pub fn new(key: String) -> Self {
+        UpstreamKey(key)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for UpstreamKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UpstreamKey(…)")
+    }
+}
+
+/// The key named by `key_env=VAR` or `key_file=PATH`.
+fn upstream_key(s: &str, k: &str, v: &str) -> Result<UpstreamKey, String> {
+    let key = match k {
+        "key_env" => {
+            std::env::var(v).map_err(|_| format!("{s:?}: key_env names {v}, which is not set"))?
+        }
+        _ => std::fs::read_to_string(v).map_err(|e| format!("{s:?}: key_file {v}: {e}"))?,
+    };
+    let key = key.trim();
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{s:?}: the key in {k} {v} is empty or not one printable word"
+        ));
+    }
+    Ok(UpstreamKey(key.to_owned()))
 }
 
 impl std::str::FromStr for EndpointSpec {
     type Err = String;
 
-    /// `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`,
-    /// as `llmgw server --endpoint` takes it.
+    /// `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]
+    /// [;key_env=VAR|;key_file=PATH]`, as `llmgw server --endpoint` takes it.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut options = s.split(';');
         let main = options.next().unwrap_or_default();
@@ -64,6 +105,7 @@ impl std::str::FromStr for EndpointSpec {
             priority: 0,
             engine: EngineKind::default(),
             node: None,
+            api_key: None,
         };
         for opt in options.filter(|o| !o.is_empty()) {
             let (k, v) = opt
@@ -83,9 +125,20 @@ impl std::str::FromStr for EndpointSpec {
                 }
                 "priority" => spec.priority = num(v)? as i32,
                 "pool" => spec.pool = v.to_owned(),
+                "key_env" | "key_file" => {
+                    if spec.api_key.is_some() {
+                        return Err(format!("{s:?}: give one of key_env and key_file"));
+                    }
+                    spec.api_key = Some(upstream_key(s, k, v)?);
+                }
+                "key" | "api_key" => {
+                    return Err(format!(
+                        "{id}: an upstream key is never given on the command line or in the file: use key_env=VARIABLE or key_file=PATH"
+                    ));
+                }
                 other => {
                     return Err(format!(
-                        "{s:?}: unknown option {other:?} (engine, weight, priority, pool)"
+                        "{s:?}: unknown option {other:?} (engine, weight, priority, pool, key_env, key_file)"
                     ));
                 }
             }
@@ -369,6 +422,7 @@ mod tests {
             priority,
             engine: EngineKind::default(),
             node: None,
+            api_key: None,
         }
     }
 

@@ -35,7 +35,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
-pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight};
+pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight, UpstreamKey};
 pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
 pub use metrics::Metrics;

@@ -172,6 +172,7 @@ impl Gateway {
                 priority: e.priority,
                 engine: engine_kind(e.engine),
                 node: view.node_of(&e.replica_id).map(str::to_owned),
+                api_key: None,
             }))
             .collect();
         self.endpoints.update(specs);

@@ -119,13 +119,11 @@ pub async fn scrape_once(gw: &Arc<Gateway>) {
 
 async fn scrape(gw: &Arc<Gateway>, e: &Arc<Endpoint>) {
     let url = format!("{}/metrics", e.spec.url);
-    let page = match gw
-        .client
-        .get(&url)
-        .timeout(Duration::from_secs(1))
-        .send()
-        .await
-    {
+    let mut request = gw.client.get(&url).timeout(Duration::from_secs(1));
+    if let Some(key) = &e.spec.api_key {
+        request = request.bearer_auth(key.expose());
+    }
+    let page = match request.send().await {
         Ok(r) if r.status().is_success() => r.text().await.ok(),
         _ => None,
     };

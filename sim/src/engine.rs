@@ -51,14 +51,50 @@ impl SimState {
 
 /// The engine's routes.
 pub fn app(state: Arc<SimState>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { "ok" }))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_key,
+        ));
+    api.route("/health", get(|| async { "ok" }))
         .route("/metrics", get(crate::metrics::page))
         .with_state(state)
+}
+
+/// With a key configured, `/v1/*` wants it as a bearer token (compared in
+/// constant time); a missing or wrong one is a 401 in the OpenAI envelope.
+async fn require_key(
+    axum::extract::State(state): axum::extract::State<Arc<SimState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some(want) = &state.config.api_key else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let same = given.len() == want.len()
+        && given
+            .bytes()
+            .zip(want.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0;
+    if same {
+        return next.run(request).await;
+    }
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        axum::Json(serde_json::json!({"error": {"message": "invalid api key", "type": "invalid_request_error", "code": "invalid_api_key"}})),
+    )
+        .into_response()
 }
 
 /// The engine's one error type, rendered in the OpenAI envelope.

@@ -76,6 +76,9 @@ pub struct SimConfig {
     pub block_bytes: usize,
     /// Completion length when a request names none.
     pub default_max_tokens: u32,
+    /// Refuse `/v1/*` without `Authorization: Bearer <key>`, as a hosted
+    /// service (or llama-server's `--api-key`) does.
+    pub api_key: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -91,6 +94,7 @@ impl Default for SimConfig {
             kv_blocks: 4096,
             block_bytes: 64,
             default_max_tokens: 16,
+            api_key: None,
         }
     }
 }

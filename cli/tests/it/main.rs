@@ -23,6 +23,7 @@ mod metrics;
 mod node_agent;
 mod shell;
 mod tenancy;
+mod upstream;
 mod web;
 
 /// Waits until `check` says yes, for up to 30 s. Another process's state

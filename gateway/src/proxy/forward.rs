@@ -95,14 +95,15 @@ async fn attempt(
             continue;
         };
         gw.metrics.decision(decision);
-        let sent = gw
+        let mut upstream_request = gw
             .client
             .post(format!("{}{path}", endpoint.spec.url))
             .header(header::CONTENT_TYPE, "application/json")
-            .header(crate::access::REQUEST_ID, request_id.0.clone())
-            .body(body.clone())
-            .send()
-            .await;
+            .header(crate::access::REQUEST_ID, request_id.0.clone());
+        if let Some(key) = &endpoint.spec.api_key {
+            upstream_request = upstream_request.bearer_auth(key.expose());
+        }
+        let sent = upstream_request.body(body.clone()).send().await;
         let upstream = match sent {
             Ok(r) if r.status().is_server_error() => {
                 endpoint.record(false);
