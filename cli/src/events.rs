@@ -61,7 +61,8 @@ pub(crate) enum EventsCommand {
         #[arg(long, conflicts_with = "file")]
         to: Option<u64>,
         /// An export to check instead of the store (`-` for standard
-        /// input); --store is not read.
+        /// input); --store is refused with it (name the store with
+        /// --against).
         #[arg(long, value_name = "X.jsonl")]
         file: Option<PathBuf>,
         /// The store the export should be part of (an address as for

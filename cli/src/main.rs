@@ -100,6 +100,9 @@ fn ignores_store(c: &Command) -> Option<&'static str> {
         Command::Up(_) => Some("up keeps its own log in --data-dir"),
         Command::SimEngine(_) => Some("the simulated engine keeps no log"),
         Command::Completions(_) | Command::Man(_) => Some("it reads no log"),
+        Command::Events(events::EventsCommand::Verify { file: Some(_), .. }) => {
+            Some("verify --file checks the export; name its store with --against")
+        }
         _ => None,
     }
 }

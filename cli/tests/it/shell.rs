@@ -82,6 +82,10 @@ fn store_is_refused_where_it_would_be_ignored() {
         err.contains("--store does not apply here") && err.contains("--admin"),
         "{err}"
     );
+    let out = llmgw(&["--store", "x.db", "events", "verify", "--file", "x.jsonl"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--against"), "{err}");
     let out = llmgw(&["sim-engine", "--store", "x.db", "--help"]);
     assert!(out.status.success(), "help still shows");
     let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
