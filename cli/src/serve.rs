@@ -14,6 +14,7 @@ use llmgw_gateway::{Gateway, GatewayConfig, Listener};
 use llmgw_projections::Projections;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 
 use crate::Outcome;
 
@@ -431,31 +432,50 @@ async fn agent_listener(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for agents: {e}", listen.agent))?;
     let addr = agent_l.local_addr()?;
-    let mut builder = tonic::transport::Server::builder();
-    match &listen.agent_tls {
+    let service = llmgw_api::AgentServiceServer::new(AgentSvc(cp));
+    let stopped = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    let server: Serving = match &listen.agent_tls {
         Some(t) => {
-            use tonic::transport::{Certificate, Identity, ServerTlsConfig};
-            let tls = ServerTlsConfig::new()
-                .identity(Identity::from_pem(&t.cert, &t.key))
-                .client_ca_root(Certificate::from_pem(&t.ca));
-            builder = builder.tls_config(tls).map_err(|e| {
-                anyhow::anyhow!("the agent listener's TLS files do not fit together: {e}")
-            })?;
-            tracing::info!("agent streams require client certificates (mutual TLS)");
+            // The handshakes are ours, not tonic's, so that a refused one
+            // is logged with the peer and the reason (tonic drops them
+            // silently); the streams keep their certificates for the
+            // node-id check.
+            let tls = llmgw_gateway::ServerTls::with_client_ca(
+                t.cert.as_bytes(),
+                t.key.as_bytes(),
+                t.ca.as_bytes(),
+            )
+            .map_err(|e| anyhow::anyhow!("the agent listener's TLS files: {e}"))?;
+            let (ready, accepting) = llmgw_gateway::handshakes(agent_l, &tls, true);
+            let incoming = tokio_stream::wrappers::ReceiverStream::new(ready)
+                .map(|(stream, _)| Ok::<_, std::io::Error>(stream));
+            tracing::info!(%addr, "agent listener: mutual TLS, client certificates required");
+            let server = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stopped);
+            Box::pin(async move {
+                let served = server.await;
+                accepting.abort();
+                Ok(served?)
+            })
         }
-        None => tracing::warn!(
-            "agent streams are plaintext: for a trusted network only (see `llmgw ctl cert` and the tls: section)"
-        ),
-    }
-    let server = builder
-        .add_service(llmgw_api::AgentServiceServer::new(AgentSvc(cp)))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(agent_l),
-            async move {
-                let _ = shutdown.wait_for(|s| *s).await;
-            },
-        );
-    Ok((addr, Box::pin(async move { Ok(server.await?) })))
+        None => {
+            tracing::warn!(
+                %addr,
+                "agent listener: plaintext, for a trusted network only (see `llmgw ctl cert` and the tls: section)"
+            );
+            let server = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(agent_l),
+                    stopped,
+                );
+            Box::pin(async move { Ok(server.await?) })
+        }
+    };
+    Ok((addr, server))
 }
 
 /// The plan `llmgw up` runs: the control plane on the embedded store, no

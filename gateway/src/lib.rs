@@ -40,7 +40,7 @@ pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
 pub use metrics::Metrics;
 pub use proxy::chat_as;
-pub use tls::{ServerTls, TlsError};
+pub use tls::{ServerTls, TlsError, handshakes};
 
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {

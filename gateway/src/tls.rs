@@ -29,6 +29,8 @@ pub enum TlsError {
     NoCertificate,
     #[error("the key file holds no PEM private key")]
     NoKey,
+    #[error("the authority file holds no PEM certificate")]
+    NoAuthority,
     #[error("the certificate and the key do not fit together: {0}")]
     Mismatch(rustls::Error),
 }
@@ -57,6 +59,115 @@ impl ServerTls {
     }
 }
 
+impl ServerTls {
+    /// Mutual TLS for the agent listener: clients must present a
+    /// certificate from `ca`; HTTP/2 (gRPC) only.
+    pub fn with_client_ca(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsError> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<_, _>>()
+            .map_err(|_| TlsError::NoCertificate)?;
+        if chain.is_empty() {
+            return Err(TlsError::NoCertificate);
+        }
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| TlsError::NoKey)?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(ca) {
+            let c = c.map_err(|_| TlsError::NoAuthority)?;
+            roots.add(c).map_err(TlsError::Mismatch)?;
+        }
+        if roots.is_empty() {
+            return Err(TlsError::NoAuthority);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Mismatch(rustls::Error::General(e.to_string())))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Mismatch)?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .map_err(TlsError::Mismatch)?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(ServerTls(Arc::new(config)))
+    }
+}
+
+/// What a failed handshake means, for the person reading the log.
+fn why(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let hint = if text.contains("InvalidContentType") || text.contains("corrupt message") {
+        "the peer spoke plaintext to a TLS listener (an http:// server address?)"
+    } else if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+        "its certificate is signed by an authority this server does not trust (tls.ca)"
+    } else if text.contains("no certificates") || text.contains("NoCertificatesPresented") {
+        "it presented no client certificate (--tls-cert and --tls-key)"
+    } else if text.contains("Expired") || text.contains("NotValidYet") {
+        "its certificate is outside its validity period"
+    } else if text.contains("alert") {
+        "the peer refused this server's certificate"
+    } else {
+        ""
+    };
+    if hint.is_empty() {
+        text
+    } else {
+        format!("{hint}: {text}")
+    }
+}
+
+/// Accepts connections on `tcp` and completes their handshakes beside the
+/// accept loop; finished ones arrive on the receiver. Failures are logged
+/// with the peer's address and the reason at warn when `loud` (agents,
+/// whose failures an operator must see), else at debug (any client on the
+/// internet may send garbage). Aborting the handle closes the listener.
+pub fn handshakes(
+    tcp: TcpListener,
+    tls: &ServerTls,
+    loud: bool,
+) -> (
+    mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
+    let (tx, ready) = mpsc::channel(64);
+    let accepting = tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match tcp.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: the same
+                    // pause axum's own listener takes.
+                    tracing::warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send((tls, peer)).await;
+                    }
+                    Ok(Err(e)) if loud => {
+                        tracing::warn!(%peer, reason = %why(&e), "a TLS handshake failed");
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, reason = %why(&e), "a TLS handshake failed")
+                    }
+                    Err(_) if loud => tracing::warn!(%peer, "a TLS handshake took over 10 s"),
+                    Err(_) => tracing::debug!(%peer, "a TLS handshake took too long"),
+                }
+            });
+        }
+    });
+    (ready, accepting)
+}
+
 /// A TCP listener whose connections arrive after their TLS handshake.
 /// Dropping it (as a graceful stop does) stops accepting at once.
 pub(crate) struct TlsListener {
@@ -68,33 +179,7 @@ pub(crate) struct TlsListener {
 impl TlsListener {
     pub(crate) fn new(tcp: TcpListener, tls: &ServerTls) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
-        let (tx, ready) = mpsc::channel(64);
-        let accepting = tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors and the like: the same
-                        // pause axum's own listener takes.
-                        tracing::warn!(error = %e, "accepting a connection");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "a TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "a TLS handshake took too long"),
-                    }
-                });
-            }
-        });
+        let (ready, accepting) = handshakes(tcp, tls, false);
         Ok(TlsListener {
             ready,
             local,

@@ -12,6 +12,7 @@ mod adopt;
 mod inventory;
 mod recheck;
 mod shards;
+mod why;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -318,7 +319,7 @@ impl Agent {
         let channel = endpoint
             .connect()
             .await
-            .map_err(|e| SessionError(format!("cannot connect: {e}")))?;
+            .map_err(|e| SessionError(format!("cannot connect: {}", why::explain(&e))))?;
         let mut client = AgentServiceClient::new(channel);
         let (tx, rx) = mpsc::channel::<AgentMessage>(256);
         let send = |tx: &mpsc::Sender<AgentMessage>, msg| {
@@ -328,7 +329,12 @@ impl Agent {
         let mut inbound = client
             .connect(ReceiverStream::new(rx))
             .await
-            .map_err(|s| SessionError(format!("refused: {}", s.message())))?
+            .map_err(|s| {
+                SessionError(format!(
+                    "refused: {}",
+                    why::refused(&s, self.config.tls.is_some())
+                ))
+            })?
             .into_inner();
         tracing::info!(server, node = %self.config.node_id, "connected to the control plane");
         self.stats.stream_up();

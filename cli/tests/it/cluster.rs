@@ -1108,7 +1108,17 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
     drop(impostor);
     // A certificate from another authority does not get a stream at all.
     let stranger = agent("a", "127.0.8.4", &pki, &rogue, "a", &url);
-    Child::expect(&stranger.stderr, "no session with the control plane");
+    let said = Child::expect(&stranger.stderr, "no session with the control plane");
+    assert!(
+        said.contains("may have refused this node's certificate"),
+        "{said}"
+    );
+    // The server says why, with the peer's address.
+    let logged = Child::expect(&server.child.stderr, "a TLS handshake failed");
+    assert!(
+        logged.contains("authority this server does not trust") && logged.contains("127.0.0.1"),
+        "{logged}"
+    );
     drop(stranger);
     let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
     assert!(

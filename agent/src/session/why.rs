@@ -1,0 +1,102 @@
+//! Why a stream to the control plane could not be had, in words an
+//! operator can act on: which side refused, and what to check. Transport
+//! errors arrive as a chain (tonic → hyper → io → rustls) whose outer
+//! links say only "transport error".
+
+use std::error::Error;
+
+/// Every message of the chain, outermost first.
+fn chain(e: &(dyn Error + 'static)) -> String {
+    chain_from(e.to_string(), e.source())
+}
+
+fn chain_from(first: String, mut at: Option<&(dyn Error + 'static)>) -> String {
+    let mut parts = vec![first];
+    while let Some(s) = at {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        at = s.source();
+    }
+    parts.join(": ")
+}
+
+/// What the chain means, when a TLS or protocol failure explains it.
+fn meaning(text: &str) -> Option<&'static str> {
+    let has = |needle: &str| text.contains(needle);
+    if has("UnknownIssuer") || has("BadSignature") {
+        Some(
+            "this agent does not trust the server's certificate: it is signed by another authority than --tls-ca",
+        )
+    } else if has("NotValidForName") || has("not valid for name") {
+        Some(
+            "the server's certificate does not name the address dialled: issue it with --host for that address",
+        )
+    } else if has("UnknownCA") || has("BadCertificate") || has("CertificateRequired") {
+        Some(
+            "the server refused this node's certificate: it must be signed by the server's authority (llmgw ctl cert issue-client)",
+        )
+    } else if has("Expired") || has("NotValidYet") {
+        Some("a certificate is outside its validity period")
+    } else if has("InvalidContentType") || has("corrupt message") || has("wrong version number") {
+        Some(
+            "the server does not speak TLS at this address: dial it with http://, or give the server a tls: section",
+        )
+    } else if has("frame with invalid size") || has("invalid HTTP version") {
+        Some("plaintext to a TLS listener: dial https:// with --tls-ca, --tls-cert and --tls-key")
+    } else {
+        None
+    }
+}
+
+/// A failed connect: the meaning first, then the chain.
+pub(super) fn explain(e: &(dyn Error + 'static)) -> String {
+    with_meaning(chain(e), false)
+}
+
+/// A stream refused without a standby's answer: over TLS 1.3 a server
+/// that rejects this node's certificate closes the connection right after
+/// the handshake, and the client sees only that.
+pub(super) fn refused(s: &tonic::Status, tls: bool) -> String {
+    with_meaning(chain_from(s.message().to_owned(), s.source()), tls)
+}
+
+fn with_meaning(text: String, tls: bool) -> String {
+    let closed = tls && (text.contains("connection closed") || text.contains("broken pipe"));
+    match meaning(&text) {
+        Some(m) => format!("{m} ({text})"),
+        None if closed => format!(
+            "the server closed the connection as the stream began: it may have refused this node's certificate (the server's log says why) ({text})"
+        ),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tls_failures_say_which_side_refused() {
+        let cases = [
+            (
+                "invalid peer certificate: UnknownIssuer",
+                "does not trust the server's",
+            ),
+            (
+                "received fatal alert: UnknownCA",
+                "refused this node's certificate",
+            ),
+            (
+                "received corrupt message of type InvalidContentType",
+                "does not speak TLS",
+            ),
+        ];
+        for (text, says) in cases {
+            let e = std::io::Error::other(text);
+            let said = super::explain(&e);
+            assert!(said.contains(says) && said.contains(text), "{said}");
+        }
+        let plain = std::io::Error::other("connection refused");
+        assert_eq!(super::explain(&plain), "connection refused");
+    }
+}
