@@ -220,6 +220,9 @@ pub(crate) struct ControlSection {
     /// The admin URL other servers forward operators' commands to while
     /// this one leads (default: http:// and admin_listen).
     pub advertise_admin: Option<String>,
+    /// The agent URL standbys name to agents while this one leads (default:
+    /// http(s):// and agent_listen).
+    pub advertise_agent: Option<String>,
 }
 
 impl ControlSection {
@@ -238,6 +241,7 @@ impl ControlSection {
             port_range,
             mgmt_interface,
             advertise_admin,
+            advertise_agent,
         } = self;
         [
             instance,
@@ -250,6 +254,7 @@ impl ControlSection {
             drain_grace,
             mgmt_interface,
             advertise_admin,
+            advertise_agent,
         ]
         .iter()
         .any(|v| v.is_some())

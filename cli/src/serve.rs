@@ -237,6 +237,10 @@ pub(crate) async fn run(
         .control
         .as_ref()
         .and_then(|c| c.advertise_admin.clone());
+    let advertise_agent = plan
+        .control
+        .as_ref()
+        .and_then(|c| c.advertise_agent.clone());
     if let (Some(control), Some(log), Some(v), Some(people)) = (plan.control, &log, &views, &people)
     {
         let plane = ControlPlane::new(log.clone(), v.views.clone(), v.position.clone(), control);
@@ -250,6 +254,10 @@ pub(crate) async fn run(
             agent_listener(&plan.listen, plane.clone(), shutdown_rx.clone()).await?;
         agent_addr = Some(addr);
         grpc = server;
+        // Standbys name this to agents while this server leads.
+        plane.advertise_agent(
+            advertise_agent.unwrap_or_else(|| agent_url(addr, plan.listen.agent_tls.is_some())),
+        );
         // A standby sends operators' writes on to the leader.
         admin_routes = llmgw_control::admin::router(plane.clone())
             .merge(llmgw_control::tenancy_api::router(
@@ -412,6 +420,20 @@ pub(crate) async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
     }
     Ok(Outcome::Ok)
+}
+
+/// The agent listener as agents dial it: on every interface, by the host's
+/// name.
+fn agent_url(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    if addr.ip().is_unspecified() {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        let host = Some(host.trim())
+            .filter(|h| !h.is_empty())
+            .unwrap_or("localhost");
+        return format!("{scheme}://{host}:{}", addr.port());
+    }
+    format!("{scheme}://{addr}")
 }
 
 /// `30s`, `1.5s`.

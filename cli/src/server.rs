@@ -355,6 +355,14 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         }
         out.advertise_admin = Some(url.trim_end_matches('/').to_owned());
     }
+    if let Some(url) = &c.advertise_agent {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ConfigError(format!(
+                "control.advertise_agent: {url:?} is not an http:// or https:// URL"
+            )));
+        }
+        out.advertise_agent = Some(url.trim_end_matches('/').to_owned());
+    }
     out.instance = c
         .instance
         .clone()

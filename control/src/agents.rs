@@ -3,12 +3,19 @@
 //! Registration and inventory changes become commands (and events only when
 //! something changed); heartbeats only move a clock in memory. Commands to
 //! a node ride its stream, so only the leader accepts streams.
+//!
+//! A standby refuses a stream with whom to dial and when to ask again
+//! (`llmgw_api::refusal`): the leader's instance and agent address, and the
+//! time its lease runs out. A standby whose lease is about to be free holds
+//! the stream open for a moment instead, and takes it the instant it leads,
+//! so that agents are back as soon as a new leader is in office.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use llmgw_api::v1::{self, agent_message, control_message};
 use llmgw_api::{AgentMessage, ControlMessage};
@@ -154,6 +161,101 @@ impl Registry {
     }
 }
 
+/// How long before the lease is free a standby starts holding agents'
+/// streams open rather than refusing them (at most half the ttl: a leader
+/// that renews keeps more than that, so a live leader's agents are never
+/// held), and how long after it is free it goes on holding them while it
+/// takes office.
+const HOLD: Duration = Duration::from_secs(2);
+/// How old a look at the lease may be when an agent knocks.
+const OFFICE_MAX_AGE: Duration = Duration::from_millis(100);
+/// How often a held stream looks at the lease again.
+const HOLD_RECHECK: Duration = Duration::from_millis(100);
+
+impl ControlPlane {
+    /// Lets an agent's stream in when this server leads. A standby whose
+    /// lease is about to be free (or is free) holds it open until it takes
+    /// office, for a few seconds at most; otherwise, and when that wait
+    /// runs out, it refuses, saying whom to dial and when to ask again.
+    async fn admit(&self) -> Result<(), Status> {
+        let mut leadership = self.leadership();
+        let mut deadline: Option<Instant> = None;
+        loop {
+            if self.is_leader() {
+                return Ok(());
+            }
+            let office = self
+                .office(OFFICE_MAX_AGE)
+                .await
+                .map_err(|e| to_status(e.into()))?;
+            let now = Instant::now();
+            let until_free = office.until_free();
+            let taking_office = office.holder.as_deref() == Some(self.config.instance.as_str());
+            let about_to_free = HOLD.min(self.config.lease_ttl / 2);
+            let deadline = *deadline.get_or_insert(now + until_free.min(about_to_free) + HOLD);
+            if now >= deadline || (!taking_office && until_free > about_to_free) {
+                return Err(self.refusal(&office));
+            }
+            if until_free.is_zero() && !taking_office {
+                self.nudge.notify_one();
+            }
+            let wake = (now + until_free.max(HOLD_RECHECK)).min(deadline);
+            tokio::select! {
+                _ = leadership.changed() => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    /// A standby's refusal: UNAVAILABLE, naming the leader and its agent
+    /// address where known, and when this server may lead.
+    fn refusal(&self, office: &crate::forward::Office) -> Status {
+        use llmgw_api::refusal;
+        let until_free = office.until_free();
+        let leader = office
+            .holder
+            .as_deref()
+            .filter(|h| *h != self.config.instance);
+        let retry_after = match leader {
+            Some(_) => until_free,
+            // Free, or this server is taking office: soon.
+            None => self.config.lease_poll,
+        };
+        let secs = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+        let message = match (leader, &office.agent) {
+            (Some(l), Some(at)) => format!(
+                "this server ({}) is a standby; the leader is {l} at {at} (its lease runs out in {}): dial the leader",
+                self.config.instance,
+                secs(until_free)
+            ),
+            (Some(l), None) => format!(
+                "this server ({}) is a standby; the leader is {l} (its lease runs out in {}): dial the leader",
+                self.config.instance,
+                secs(until_free)
+            ),
+            (None, _) => format!(
+                "this server ({}) is a standby and no leader is in office yet: try again in {}",
+                self.config.instance,
+                secs(retry_after)
+            ),
+        };
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert(
+            refusal::RETRY_AFTER_MS,
+            tonic::metadata::MetadataValue::from(retry_after.as_millis() as u64),
+        );
+        if let Some(l) = leader.and_then(|l| l.parse().ok()) {
+            metadata.insert(refusal::LEADER, l);
+        }
+        if leader.is_some()
+            && let Some(at) = office.agent.as_deref().and_then(|a| a.parse().ok())
+        {
+            metadata.insert(refusal::LEADER_AGENT, at);
+        }
+        Status::with_metadata(tonic::Code::Unavailable, message, metadata)
+    }
+}
+
 /// The tonic service over a control plane.
 #[derive(Debug, Clone)]
 pub struct AgentSvc(pub Arc<ControlPlane>);
@@ -178,7 +280,7 @@ impl llmgw_api::AgentService for AgentSvc {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Outbound>, Status> {
         let cp = self.0.clone();
-        cp.leader_token().await.map_err(to_status)?;
+        cp.admit().await?;
         // With mutual TLS, the certificate names the node.
         let certified = match request.peer_certs() {
             Some(certs) => Some(common_name(&certs).ok_or_else(|| {

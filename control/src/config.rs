@@ -31,6 +31,10 @@ pub struct ControlConfig {
     /// The admin address standbys forward commands to while this server
     /// leads (default: `http://` and the admin listener's address).
     pub advertise_admin: Option<String>,
+    /// The agent address standbys name to agents while this server leads
+    /// (default: the agent listener's address, the host's name when it
+    /// listens on every interface).
+    pub advertise_agent: Option<String>,
 }
 
 impl Default for ControlConfig {
@@ -38,6 +42,7 @@ impl Default for ControlConfig {
         ControlConfig {
             instance: format!("llmgw-{}", std::process::id()),
             advertise_admin: None,
+            advertise_agent: None,
             lease_ttl: Duration::from_secs(10),
             lease_poll: Duration::from_millis(500),
             interval: Duration::from_secs(5),

@@ -1,7 +1,9 @@
 //! A standby's admin API forwards writes to the leader, so an operator may
 //! talk to any server: the caller gets the leader's answer, unchanged. The
 //! leader's admin address is what it recorded on taking office
-//! (`LeadershipAcquired.admin`), read from the log's `leadership` stream.
+//! (`LeadershipAcquired.admin`), read from the log's `leadership` stream;
+//! its agent address (`LeadershipAcquired.agent`) is what a standby names
+//! when it refuses an agent.
 
 use std::sync::Arc;
 
@@ -21,50 +23,112 @@ use crate::admin::AdminError;
 /// The largest command body forwarded (a model file is the largest).
 const BODY_LIMIT: usize = 4 * 1024 * 1024;
 
-/// What this server knows of leaders' admin addresses.
+/// What this server knows of leaders' addresses.
 #[derive(Debug, Default)]
 pub(crate) struct Leaders {
     /// The `leadership` stream's version read so far.
     version: u64,
-    /// Epoch → the admin address its leader recorded.
-    admin: std::collections::BTreeMap<u64, String>,
+    /// Epoch → the addresses its leader recorded.
+    addresses: std::collections::BTreeMap<u64, Addresses>,
+    /// The last look at the lease, reused for a moment by agents' streams.
+    last: Option<Office>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Addresses {
+    admin: Option<String>,
+    agent: Option<String>,
+}
+
+/// Who holds the lease, until when, and where it answers, as read at one
+/// moment.
+#[derive(Debug, Clone)]
+pub(crate) struct Office {
+    /// The holder while the lease is held; None once it ran out or was
+    /// released.
+    pub(crate) holder: Option<String>,
+    /// When the lease runs out (by this server's clock); None when free.
+    pub(crate) until: Option<tokio::time::Instant>,
+    /// The holder's admin and agent addresses, if it recorded them.
+    pub(crate) admin: Option<String>,
+    pub(crate) agent: Option<String>,
+    read: tokio::time::Instant,
+}
+
+impl Office {
+    /// How long until the lease may be taken: zero when it is free.
+    pub(crate) fn until_free(&self) -> std::time::Duration {
+        match (&self.holder, self.until) {
+            (Some(_), Some(t)) => t.saturating_duration_since(tokio::time::Instant::now()),
+            _ => std::time::Duration::ZERO,
+        }
+    }
 }
 
 impl ControlPlane {
     /// The admin address of the server that leads now, if it recorded one.
     pub(crate) async fn leader_admin(&self) -> Result<Option<(String, String)>, AdminError> {
-        let info = self
-            .store
-            .lease_info()
+        let office = self
+            .office(std::time::Duration::ZERO)
             .await
             .map_err(crate::ControlError::from)?;
-        let Some(holder) = info.holder.filter(|_| info.held) else {
-            return Ok(None);
-        };
+        Ok(office.holder.zip(office.admin))
+    }
+
+    /// Who leads now, read again when the last look is older than
+    /// `max_age` (so that a fleet of agents knocking at once costs the
+    /// store a few reads, not one each).
+    pub(crate) async fn office(
+        &self,
+        max_age: std::time::Duration,
+    ) -> Result<Office, llmgw_eventstore::StoreError> {
         let mut leaders = self.leaders.lock().await;
+        if let Some(last) = &leaders.last
+            && last.read.elapsed() <= max_age
+        {
+            return Ok(last.clone());
+        }
+        let info = self.store.lease_info().await?;
+        let read = tokio::time::Instant::now();
         loop {
             let page = self
                 .store
                 .read_stream("leadership", leaders.version, 500)
-                .await
-                .map_err(crate::ControlError::from)?;
+                .await?;
             let Some(last) = page.last() else { break };
             leaders.version = last.stream_version;
             for r in &page {
                 if let Ok(Event::Leadership(LeadershipEvent::LeadershipAcquired {
                     epoch,
-                    admin: Some(admin),
+                    admin,
+                    agent,
                     ..
                 })) = Event::decode(&r.event_type, r.schema_version, &r.payload)
                 {
-                    leaders.admin.insert(epoch, admin);
+                    leaders.addresses.insert(epoch, Addresses { admin, agent });
                 }
             }
         }
-        Ok(leaders
-            .admin
+        let holder = info.holder.filter(|_| info.held);
+        // The store's clock says when; this server counts down on its own.
+        let until = info.expires_at.filter(|_| holder.is_some()).map(|at| {
+            let left = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+            read + left
+        });
+        let addresses = leaders
+            .addresses
             .get(&info.epoch)
-            .map(|url| (holder, url.clone())))
+            .cloned()
+            .unwrap_or_default();
+        let office = Office {
+            holder,
+            until,
+            admin: addresses.admin,
+            agent: addresses.agent,
+            read,
+        };
+        leaders.last = Some(office.clone());
+        Ok(office)
     }
 }
 

@@ -73,6 +73,10 @@ async fn reach(mut at: watch::Receiver<u64>, position: u64) {
     let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
 }
 
+/// The least time between two attempts at the lease, however often agents
+/// nudge.
+const NUDGE_GAP: Duration = Duration::from_millis(50);
+
 /// How often a standby records demand for one model.
 const DEMAND_EVERY_MS: i64 = 5_000;
 
@@ -105,6 +109,12 @@ pub struct ControlPlane {
     /// Where this server's admin API answers others, recorded on taking
     /// office so that standbys can forward commands here.
     admin_url: Mutex<Option<String>>,
+    /// Where this server takes agent streams, recorded on taking office so
+    /// that a standby's refusal can send agents here.
+    agent_url: Mutex<Option<String>>,
+    /// Wakes the lease loop for an attempt now (an agent came to a standby
+    /// whose lease has run out), instead of at its next poll.
+    nudge: Notify,
     /// Leaders' admin addresses, read from the log (for forwarding).
     leaders: tokio::sync::Mutex<forward::Leaders>,
     http: reqwest::Client,
@@ -138,6 +148,8 @@ impl ControlPlane {
             started: Instant::now(),
             passes: watch::channel(0).0,
             admin_url: Mutex::new(None),
+            agent_url: Mutex::new(None),
+            nudge: Notify::new(),
             leaders: tokio::sync::Mutex::new(forward::Leaders::default()),
             http: reqwest::Client::builder()
                 .no_proxy()
@@ -153,6 +165,13 @@ impl ControlPlane {
     /// leads; set it before [`ControlPlane::run`].
     pub fn advertise_admin(&self, url: String) {
         *self.admin_url.lock().unwrap_or_else(|p| p.into_inner()) = Some(url);
+    }
+
+    /// Where agents reach this server's agent listener (`http://…` or
+    /// `https://…`), named to agents by standbys while this one leads; set
+    /// it before [`ControlPlane::run`].
+    pub fn advertise_agent(&self, url: String) {
+        *self.agent_url.lock().unwrap_or_else(|p| p.into_inner()) = Some(url);
     }
 
     /// The views this control plane reads (and the admin API answers from).
@@ -300,7 +319,6 @@ impl ControlPlane {
             return;
         };
         self.lease.send_replace(None);
-        self.agents.drop_all();
         let released = llmgw_domain::event::LeadershipEvent::LeadershipReleased {
             holder: token.holder.clone(),
             epoch: token.epoch,
@@ -322,6 +340,10 @@ impl ControlPlane {
                 tracing::warn!(error = %e, "could not release the lease; it expires on its own")
             }
         }
+        // Only now are the agents' streams closed: an agent that dials a
+        // standby next finds the lease free, and that standby takes it at
+        // once instead of telling it to wait for the ttl.
+        self.agents.drop_all();
     }
 
     async fn lead(self: Arc<Self>) {
@@ -329,9 +351,13 @@ impl ControlPlane {
         loop {
             let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
                 Ok(l) => l,
-                Err(StoreError::LeaseHeld { epoch, .. }) => {
-                    self.epoch_seen.fetch_max(epoch, Ordering::Relaxed);
-                    tokio::time::sleep(self.config.lease_poll).await;
+                Err(StoreError::LeaseHeld { holder, epoch, .. }) => {
+                    if self.epoch_seen.fetch_max(epoch, Ordering::Relaxed) < epoch
+                        && holder != self.config.instance
+                    {
+                        tracing::info!(leader = %holder, epoch, "standing by: another server leads");
+                    }
+                    self.wait_for_lease().await;
                     continue;
                 }
                 Err(e) => {
@@ -348,7 +374,7 @@ impl ControlPlane {
                 tokio::time::sleep(self.config.lease_poll).await;
                 continue;
             }
-            tracing::info!(instance = %self.config.instance, epoch = token.epoch, "leading");
+            tracing::info!(instance = %self.config.instance, epoch = token.epoch, "leading (epoch {})", token.epoch);
             // Renew well inside the ttl; stop acting the moment one fails.
             loop {
                 tokio::time::sleep(ttl / 3).await;
@@ -361,6 +387,20 @@ impl ControlPlane {
                     break;
                 }
             }
+        }
+    }
+
+    /// Until the next attempt at the lease: its poll, or sooner when an
+    /// agent at the door finds the lease run out (never more often than
+    /// every [`NUDGE_GAP`], however many agents knock).
+    async fn wait_for_lease(&self) {
+        let poll = self.config.lease_poll;
+        tokio::select! {
+            _ = tokio::time::sleep(poll) => {}
+            _ = async {
+                tokio::time::sleep(NUDGE_GAP.min(poll)).await;
+                self.nudge.notified().await;
+            } => {}
         }
     }
 
@@ -381,6 +421,11 @@ impl ControlPlane {
             epoch: token.epoch,
             admin: self
                 .admin_url
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            agent: self
+                .agent_url
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),

@@ -26,6 +26,10 @@ pub enum LeadershipEvent {
         /// forward operators' commands to it (absent in older logs).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         admin: Option<String>,
+        /// Where the new leader takes agent streams, so that a standby can
+        /// name it when it refuses one (absent in older logs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<String>,
     },
     LeadershipReleased {
         holder: String,

@@ -207,6 +207,7 @@ impl Recorder {
             holder: holder.into(),
             epoch: lease.token.epoch,
             admin: None,
+            agent: None,
         });
         let (w, origin) = self.leading()?;
         self.decider.record(&w, &origin, e).await?;

@@ -156,6 +156,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             holder: "ctl-a".into(),
             epoch: 3,
             admin: None,
+            agent: None,
         }),
         Event::Leadership(LeadershipEvent::LeadershipReleased {
             holder: "ctl-a".into(),
