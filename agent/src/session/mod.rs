@@ -3,8 +3,12 @@
 //! Register (the whole inventory and the running shards) on every stream,
 //! heartbeats with changed-only sections, shard status as it changes; starts
 //! and stops from the control plane carried out by the supervisor. The
-//! stream is redialled forever with jittered backoff, through every
-//! configured server in turn (a standby refuses and the next is tried).
+//! stream is redialled forever through every configured server: a server
+//! that cannot be reached is tried again after a jittered backoff of its
+//! own; a standby's refusal says whom to dial (the leader, tried at once)
+//! and when to ask it again (when the lease runs out, asked at least every
+//! second), and never grows a backoff; a stream that ends sends the agent
+//! to the other servers at once.
 //! Engines outlive both the stream and the agent: a stop signal ends the
 //! agent and leaves them serving.
 
@@ -174,6 +178,164 @@ fn wire_state(s: State) -> i32 {
     }) as i32
 }
 
+/// A standby that will not lead for a while is asked again this often.
+const STANDBY_POLL: Duration = Duration::from_secs(1);
+/// One server is never dialled more often than this.
+const MIN_GAP: Duration = Duration::from_millis(100);
+
+/// One configured server, as the dialling loop sees it.
+#[derive(Debug)]
+struct Dial {
+    url: String,
+    /// Attempts in a row that got no stream and no standby's answer (the
+    /// server could not be reached, or refused for another reason), or
+    /// streams that ended soon after they began.
+    failures: u32,
+    /// Not dialled again before this.
+    not_before: Instant,
+    tried: Option<Instant>,
+}
+
+/// How one attempt at a session ended.
+#[derive(Debug)]
+enum Ended {
+    /// The stream was up for this long; then the control plane closed it
+    /// (None) or it broke.
+    Served(Duration, Option<String>),
+    /// A standby refused, saying whom and when.
+    Refused(Refusal),
+    /// No stream.
+    Failed(String),
+}
+
+/// A standby's refusal, as the metadata of its status says
+/// (`llmgw_api::refusal`).
+#[derive(Debug)]
+struct Refusal {
+    retry_after: Duration,
+    leader: Option<String>,
+    leader_agent: Option<String>,
+    message: String,
+}
+
+impl Refusal {
+    /// A standby's refusal, or None for any other status.
+    fn from_status(s: &tonic::Status) -> Option<Refusal> {
+        use llmgw_api::refusal;
+        if s.code() != tonic::Code::Unavailable {
+            return None;
+        }
+        let md = s.metadata();
+        let text = |k: &str| {
+            md.get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .filter(|v| !v.is_empty())
+        };
+        let ms: u64 = text(refusal::RETRY_AFTER_MS)?.parse().ok()?;
+        Some(Refusal {
+            retry_after: Duration::from_millis(ms),
+            leader: text(refusal::LEADER),
+            leader_agent: text(refusal::LEADER_AGENT),
+            message: s.message().to_owned(),
+        })
+    }
+
+    /// When to ask this standby again: when it said, but at least every
+    /// [`STANDBY_POLL`] (a leader may step down before its lease runs
+    /// out), jittered so that a fleet does not knock in step.
+    fn wait(&self) -> Duration {
+        if self.retry_after > STANDBY_POLL {
+            STANDBY_POLL.mul_f64(jitter())
+        } else {
+            self.retry_after.max(MIN_GAP)
+        }
+    }
+}
+
+/// Whether a leader's advertised agent address is this configured server.
+fn same_server(url: &str, advertised: &str) -> bool {
+    let norm = |u: &str| u.trim().trim_end_matches('/').to_ascii_lowercase();
+    norm(url) == norm(advertised)
+}
+
+/// The wait after `failures` attempts in a row that found nobody.
+fn backoff(base: Duration, max: Duration, failures: u32) -> Duration {
+    let doubled = base.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    doubled.min(max).mul_f64(jitter())
+}
+
+/// The server to dial next: the one whose time comes first, and among
+/// those due the first in turn after the last one dialled.
+fn next_dial(dials: &[Dial], turn: usize) -> usize {
+    let n = dials.len().max(1);
+    let now = Instant::now();
+    (0..dials.len())
+        .min_by_key(|&i| (dials[i].not_before.max(now), (i + n - turn % n) % n))
+        .unwrap_or(0)
+}
+
+/// When each server is dialled next, after an attempt at `dials[i]`.
+fn replan(dials: &mut [Dial], i: usize, ended: Ended, base: Duration, max: Duration) {
+    let now = Instant::now();
+    let server = dials[i].url.clone();
+    match ended {
+        Ended::Served(lasted, why) => {
+            match why {
+                None => tracing::info!(server = %server, "the control plane closed the stream"),
+                Some(e) => tracing::warn!(server = %server, error = %e, "the stream broke"),
+            }
+            // The leader is gone or stepped down: the others are asked
+            // at once (one of them is about to lead). A stream that
+            // lasted resets this server's backoff; one that ended at
+            // once counts as a failure.
+            for d in dials.iter_mut() {
+                d.not_before = d.not_before.min(now);
+            }
+            let d = &mut dials[i];
+            d.failures = if lasted > max { 0 } else { d.failures + 1 };
+            d.not_before = now + backoff(base, max, d.failures.max(1));
+        }
+        Ended::Refused(r) => {
+            let wait = r.wait();
+            let leader = dials.iter().position(|d| {
+                r.leader_agent
+                    .as_deref()
+                    .is_some_and(|a| same_server(&d.url, a))
+            });
+            tracing::info!(
+                server = %server,
+                leader = r.leader.as_deref().unwrap_or("none"),
+                leader_agent = r.leader_agent.as_deref().unwrap_or("unknown"),
+                retry_after_ms = r.retry_after.as_millis() as u64,
+                retry_in_ms = wait.as_millis() as u64,
+                "a standby refused the stream: {}", r.message
+            );
+            // A standby answered: no backoff against it.
+            dials[i].failures = 0;
+            dials[i].not_before = now + wait;
+            // The leader it names is dialled next, unless it is a server
+            // this agent cannot reach (its own backoff stands).
+            if let Some(j) = leader.filter(|&j| j != i && dials[j].failures == 0) {
+                let d = &mut dials[j];
+                d.not_before = d.tried.map_or(now, |t| (t + MIN_GAP).max(now));
+            }
+        }
+        Ended::Failed(e) => {
+            let d = &mut dials[i];
+            d.failures += 1;
+            let wait = backoff(base, max, d.failures);
+            d.not_before = now + wait;
+            tracing::warn!(
+                server = %server,
+                error = %e,
+                retry_in_ms = wait.as_millis() as u64,
+                "no session with the control plane"
+            );
+        }
+    }
+}
+
 /// A random factor in [0.5, 1.0), so that a fleet does not redial in step.
 fn jitter() -> f64 {
     let nanos = std::time::SystemTime::now()
@@ -260,84 +422,75 @@ impl Agent {
     }
 
     async fn serve(&mut self, mut shutdown: watch::Receiver<bool>) {
-        let mut delay = self.config.reconnect_base;
-        let mut next = 0usize;
+        let start = Instant::now();
+        let mut dials: Vec<Dial> = (self.config.servers.iter())
+            .map(|url| Dial {
+                url: url.clone(),
+                failures: 0,
+                not_before: start,
+                tried: None,
+            })
+            .collect();
+        if dials.is_empty() {
+            let _ = shutdown.wait_for(|s| *s).await;
+            return;
+        }
+        let mut turn = 0usize;
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            let server = self.config.servers[next % self.config.servers.len().max(1)].clone();
-            next += 1;
-            let began = Instant::now();
+            let i = next_dial(&dials, turn);
+            turn = i + 1;
+            tokio::select! {
+                _ = tokio::time::sleep_until(dials[i].not_before) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            let server = dials[i].url.clone();
+            dials[i].tried = Some(Instant::now());
             self.publish_shards();
             // One span per session: every line the session logs names the
             // server and this node.
             let span =
                 tracing::info_span!("agent_session", server = %server, node = %self.config.node_id);
-            tokio::select! {
-                r = tracing::Instrument::instrument(self.session(&server), span) => match r {
-                    Ok(()) => tracing::info!(server = %server, "the control plane closed the stream"),
-                    Err(e) => tracing::warn!(server = %server, error = %e, "no session with the control plane"),
-                },
+            let ended = tokio::select! {
+                r = tracing::Instrument::instrument(self.session(&server), span) => r,
                 _ = shutdown.wait_for(|s| *s) => return,
-            }
+            };
             self.stats.stream_down();
             self.publish_shards();
-            // A session that lasted resets the backoff.
-            if began.elapsed() > self.config.reconnect_max {
-                delay = self.config.reconnect_base;
-            }
-            let wait = delay.mul_f64(jitter());
-            delay = (delay * 2).min(self.config.reconnect_max);
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
-            }
+            let (base, max) = (self.config.reconnect_base, self.config.reconnect_max);
+            replan(&mut dials, i, ended, base, max);
         }
     }
 
-    async fn session(&mut self, server: &str) -> Result<(), SessionError> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
-            .map_err(|e| SessionError(format!("{server} is not a URL: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
-        if let Some((ca, cert, key)) = &self.config.tls {
-            if !server.starts_with("https://") {
-                return Err(SessionError(format!(
-                    "{server}: this agent holds certificates and dials only https://"
-                )));
-            }
-            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-            endpoint = endpoint
-                .tls_config(
-                    ClientTlsConfig::new()
-                        .ca_certificate(Certificate::from_pem(ca))
-                        .identity(Identity::from_pem(cert, key)),
-                )
-                .map_err(|e| SessionError(format!("the TLS files do not fit together: {e}")))?;
-        }
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| SessionError(format!("cannot connect: {}", why::explain(&e))))?;
+    /// One stream: dial, register, then serve it until it ends.
+    async fn session(&mut self, server: &str) -> Ended {
+        let channel = match self.dial(server).await {
+            Ok(c) => c,
+            Err(SessionError(e)) => return Ended::Failed(e),
+        };
         let mut client = AgentServiceClient::new(channel);
         let (tx, rx) = mpsc::channel::<AgentMessage>(256);
         let send = |tx: &mpsc::Sender<AgentMessage>, msg| {
             let _ = tx.try_send(AgentMessage { msg: Some(msg) });
         };
         send(&tx, agent_message::Msg::Register(self.register().await));
-        let mut inbound = client
-            .connect(ReceiverStream::new(rx))
-            .await
-            .map_err(|s| {
-                SessionError(format!(
-                    "refused: {}",
-                    why::refused(&s, self.config.tls.is_some())
-                ))
-            })?
-            .into_inner();
+        let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => {
+                return match Refusal::from_status(&s) {
+                    Some(r) => Ended::Refused(r),
+                    None => Ended::Failed(format!(
+                        "refused: {}",
+                        why::refused(&s, self.config.tls.is_some())
+                    )),
+                };
+            }
+        };
         tracing::info!(server, node = %self.config.node_id, "connected to the control plane");
         self.stats.stream_up();
+        let up = Instant::now();
         let mut beat = tokio::time::interval(self.config.heartbeat);
         beat.tick().await;
         loop {
@@ -362,8 +515,10 @@ impl Agent {
                     }
                 }
                 msg = inbound.message() => {
-                    let Some(msg) = msg.map_err(|s| SessionError(format!("stream: {}", s.message())))? else {
-                        return Ok(());
+                    let msg = match msg {
+                        Ok(Some(m)) => m,
+                        Ok(None) => return Ended::Served(up.elapsed(), None),
+                        Err(s) => return Ended::Served(up.elapsed(), Some(format!("stream: {}", s.message()))),
                     };
                     if let Some(control_message::Msg::Logs(req)) = msg.msg {
                         send(&tx, agent_message::Msg::Logs(self.logs(&req)));
@@ -375,6 +530,35 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+impl Agent {
+    /// A channel to `server` (mutual TLS when the agent holds certificates).
+    async fn dial(&self, server: &str) -> Result<tonic::transport::Channel, SessionError> {
+        let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+            .map_err(|e| SessionError(format!("{server} is not a URL: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        if let Some((ca, cert, key)) = &self.config.tls {
+            if !server.starts_with("https://") {
+                return Err(SessionError(format!(
+                    "{server}: this agent holds certificates and dials only https://"
+                )));
+            }
+            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+            endpoint = endpoint
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(Certificate::from_pem(ca))
+                        .identity(Identity::from_pem(cert, key)),
+                )
+                .map_err(|e| SessionError(format!("the TLS files do not fit together: {e}")))?;
+        }
+        endpoint
+            .connect()
+            .await
+            .map_err(|e| SessionError(format!("cannot connect: {}", why::explain(&e))))
     }
 }
 
@@ -413,4 +597,136 @@ pub fn server_urls(servers: &[String], tls: bool) -> Result<Vec<String>, Session
         ));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dials(urls: &[&str]) -> Vec<Dial> {
+        let now = Instant::now();
+        urls.iter()
+            .map(|u| Dial {
+                url: (*u).to_owned(),
+                failures: 0,
+                not_before: now,
+                tried: Some(now - Duration::from_secs(1)),
+            })
+            .collect()
+    }
+
+    fn refusal(retry_after_ms: u64, leader_agent: Option<&str>) -> Ended {
+        Ended::Refused(Refusal {
+            retry_after: Duration::from_millis(retry_after_ms),
+            leader: leader_agent.map(|_| "a".to_owned()),
+            leader_agent: leader_agent.map(str::to_owned),
+            message: "standby".into(),
+        })
+    }
+
+    const BASE: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(30);
+    const A: &str = "http://10.0.0.1:7443";
+    const B: &str = "http://10.0.0.2:7443";
+
+    fn wait(d: &Dial) -> Duration {
+        d.not_before.saturating_duration_since(Instant::now())
+    }
+
+    #[test]
+    fn a_standby_that_refuses_is_asked_again_within_a_second_and_never_backed_off() {
+        let mut d = dials(&[A, B]);
+        for _ in 0..10 {
+            replan(&mut d, 1, refusal(8_000, None), BASE, MAX);
+            assert_eq!(d[1].failures, 0);
+            assert!(wait(&d[1]) <= STANDBY_POLL, "{:?}", wait(&d[1]));
+        }
+        // When the lease runs out sooner, then.
+        replan(&mut d, 1, refusal(300, None), BASE, MAX);
+        let w = wait(&d[1]);
+        assert!(
+            w <= Duration::from_millis(300) && w > Duration::from_millis(200),
+            "{w:?}"
+        );
+        // Never in a tight loop.
+        replan(&mut d, 1, refusal(0, None), BASE, MAX);
+        assert!(wait(&d[1]) > MIN_GAP / 2);
+    }
+
+    #[test]
+    fn a_server_that_cannot_be_reached_backs_off_alone() {
+        let mut d = dials(&[A, B]);
+        let mut last = Duration::ZERO;
+        for n in 1..=4 {
+            replan(&mut d, 0, Ended::Failed("cannot connect".into()), BASE, MAX);
+            assert_eq!(d[0].failures, n);
+            let w = wait(&d[0]);
+            assert!(w >= BASE.saturating_mul(1 << (n - 1)) / 2, "{n}: {w:?}");
+            assert!(w > last / 2);
+            last = w;
+            // The standby's next attempt is not pushed out by it.
+            replan(&mut d, 1, refusal(8_000, Some(A)), BASE, MAX);
+            assert!(wait(&d[1]) <= STANDBY_POLL);
+            // Nor is the dead leader it names dialled again before its time.
+            assert!(wait(&d[0]) > Duration::ZERO);
+        }
+        assert_eq!(next_dial(&d, 0), 1, "the standby comes first");
+    }
+
+    #[test]
+    fn the_leader_a_standby_names_is_dialled_next() {
+        let mut d = dials(&[A, B]);
+        replan(
+            &mut d,
+            1,
+            refusal(9_000, Some("HTTP://10.0.0.1:7443/")),
+            BASE,
+            MAX,
+        );
+        assert_eq!(next_dial(&d, 0), 0);
+        assert_eq!(next_dial(&d, 2), 0);
+        assert!(wait(&d[0]).is_zero());
+    }
+
+    #[test]
+    fn a_stream_that_ends_sends_the_agent_to_the_others_at_once() {
+        let mut d = dials(&[A, B]);
+        replan(&mut d, 1, Ended::Failed("cannot connect".into()), BASE, MAX);
+        replan(&mut d, 1, Ended::Failed("cannot connect".into()), BASE, MAX);
+        assert!(wait(&d[1]) > Duration::ZERO);
+        replan(
+            &mut d,
+            0,
+            Ended::Served(Duration::from_secs(3600), Some("broke".into())),
+            BASE,
+            MAX,
+        );
+        assert!(wait(&d[1]).is_zero(), "the other server is tried at once");
+        assert_eq!(d[0].failures, 0, "a stream that lasted resets its backoff");
+        assert!(wait(&d[0]) <= BASE);
+        assert_eq!(next_dial(&d, 1), 1);
+        // A stream that ends at once, again and again, backs off.
+        for _ in 0..5 {
+            replan(&mut d, 0, Ended::Served(Duration::ZERO, None), BASE, MAX);
+        }
+        assert!(wait(&d[0]) >= Duration::from_secs(8));
+    }
+
+    #[test]
+    fn a_refusal_is_read_from_the_status_metadata_only() {
+        use llmgw_api::refusal;
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert(refusal::RETRY_AFTER_MS, "7250".parse().unwrap());
+        md.insert(refusal::LEADER, "cp-a".parse().unwrap());
+        md.insert(refusal::LEADER_AGENT, A.parse().unwrap());
+        let s = tonic::Status::with_metadata(tonic::Code::Unavailable, "standby", md.clone());
+        let r = Refusal::from_status(&s).unwrap();
+        assert_eq!(r.retry_after, Duration::from_millis(7250));
+        assert_eq!(r.leader.as_deref(), Some("cp-a"));
+        assert_eq!(r.leader_agent.as_deref(), Some(A));
+        // Another code, or no retry-after: not a standby's refusal.
+        let other = tonic::Status::with_metadata(tonic::Code::PermissionDenied, "no", md);
+        assert!(Refusal::from_status(&other).is_none());
+        assert!(Refusal::from_status(&tonic::Status::unavailable("standby")).is_none());
+    }
 }
