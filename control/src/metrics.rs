@@ -147,8 +147,12 @@ pub fn cluster_figures(view: &ClusterView) -> ClusterFigures {
         let state = node_state(n);
         out.nodes.insert(n.id.clone(), (state, state == "ready"));
     }
+    // Stopped replicas are history the log keeps for ever: counted, they
+    // would only grow.
     for r in view.replicas.replicas.values() {
-        *out.replicas.entry(replica_state(r.status)).or_insert(0) += 1;
+        if r.status != ReplicaStatus::Stopped {
+            *out.replicas.entry(replica_state(r.status)).or_insert(0) += 1;
+        }
         if r.is_live() {
             let ready = out
                 .replicas_ready
@@ -527,7 +531,8 @@ mod tests {
         );
         assert_eq!(
             f.replicas.into_iter().collect::<Vec<_>>(),
-            vec![("failed", 1), ("ready", 1), ("starting", 1), ("stopped", 1)]
+            vec![("failed", 1), ("ready", 1), ("starting", 1)],
+            "stopped replicas are not counted"
         );
     }
 
