@@ -18,6 +18,7 @@ mod cluster;
 mod deploy_kit;
 mod deploy_rules;
 mod events_io;
+mod failover;
 mod logs;
 mod metrics;
 mod node_agent;
