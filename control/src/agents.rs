@@ -167,7 +167,8 @@ impl Registry {
 /// held), and how long after it is free it goes on holding them while it
 /// takes office.
 const HOLD: Duration = Duration::from_secs(2);
-/// How old a look at the lease may be when an agent knocks.
+/// How old a look at the lease may be when an agent knocks (a refusal is
+/// read afresh).
 const OFFICE_MAX_AGE: Duration = Duration::from_millis(100);
 /// How often a held stream looks at the lease again.
 const HOLD_RECHECK: Duration = Duration::from_millis(100);
@@ -180,22 +181,30 @@ impl ControlPlane {
     async fn admit(&self) -> Result<(), Status> {
         let mut leadership = self.leadership();
         let mut deadline: Option<Instant> = None;
+        let arrived = Instant::now();
+        let mut since = arrived.checked_sub(OFFICE_MAX_AGE).unwrap_or(arrived);
         loop {
             if self.is_leader() {
                 return Ok(());
             }
-            let office = self
-                .office(OFFICE_MAX_AGE)
-                .await
-                .map_err(|e| to_status(e.into()))?;
+            let office = self.office(since).await.map_err(|e| to_status(e.into()))?;
             let now = Instant::now();
             let until_free = office.until_free();
             let taking_office = office.holder.as_deref() == Some(self.config.instance.as_str());
             let about_to_free = HOLD.min(self.config.lease_ttl / 2);
             let deadline = *deadline.get_or_insert(now + until_free.min(about_to_free) + HOLD);
             if now >= deadline || (!taking_office && until_free > about_to_free) {
+                // Never refused on a look older than the knock: the
+                // leader may have stepped down just before it.
+                if since < arrived {
+                    since = arrived;
+                    continue;
+                }
                 return Err(self.refusal(&office));
             }
+            since = Instant::now()
+                .checked_sub(OFFICE_MAX_AGE)
+                .unwrap_or(arrived);
             if until_free.is_zero() && !taking_office {
                 self.nudge.notify_one();
             }

@@ -52,6 +52,7 @@ pub(crate) struct Office {
     /// The holder's admin and agent addresses, if it recorded them.
     pub(crate) admin: Option<String>,
     pub(crate) agent: Option<String>,
+    /// When the read began: it saw everything committed before then.
     read: tokio::time::Instant,
 }
 
@@ -69,27 +70,27 @@ impl ControlPlane {
     /// The admin address of the server that leads now, if it recorded one.
     pub(crate) async fn leader_admin(&self) -> Result<Option<(String, String)>, AdminError> {
         let office = self
-            .office(std::time::Duration::ZERO)
+            .office(tokio::time::Instant::now())
             .await
             .map_err(crate::ControlError::from)?;
         Ok(office.holder.zip(office.admin))
     }
 
-    /// Who leads now, read again when the last look is older than
-    /// `max_age` (so that a fleet of agents knocking at once costs the
-    /// store a few reads, not one each).
+    /// Who leads now, as read at `since` or later: callers that arrive
+    /// together share one read (a fleet of agents knocking at once costs
+    /// the store a few reads, not one each).
     pub(crate) async fn office(
         &self,
-        max_age: std::time::Duration,
+        since: tokio::time::Instant,
     ) -> Result<Office, llmgw_eventstore::StoreError> {
         let mut leaders = self.leaders.lock().await;
         if let Some(last) = &leaders.last
-            && last.read.elapsed() <= max_age
+            && last.read >= since
         {
             return Ok(last.clone());
         }
-        let info = self.store.lease_info().await?;
         let read = tokio::time::Instant::now();
+        let info = self.store.lease_info().await?;
         loop {
             let page = self
                 .store
@@ -113,7 +114,7 @@ impl ControlPlane {
         // The store's clock says when; this server counts down on its own.
         let until = info.expires_at.filter(|_| holder.is_some()).map(|at| {
             let left = (at - chrono::Utc::now()).to_std().unwrap_or_default();
-            read + left
+            tokio::time::Instant::now() + left
         });
         let addresses = leaders
             .addresses
