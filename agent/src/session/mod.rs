@@ -8,7 +8,9 @@
 //! own; a standby's refusal says whom to dial (the leader, tried at once)
 //! and when to ask it again (when the lease runs out, asked at least every
 //! second), and never grows a backoff; a stream that ends sends the agent
-//! to the other servers at once.
+//! to the other servers at once. Attempts at different servers run side
+//! by side, so one that hangs (a frozen leader, a machine gone: HTTP/2
+//! pings find a dead stream within seconds) holds up none of the others.
 //! Engines outlive both the stream and the agent: a stop signal ends the
 //! agent and leaves them serving.
 
@@ -180,6 +182,10 @@ fn wire_state(s: State) -> i32 {
 
 /// A standby that will not lead for a while is asked again this often.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
+/// A ping on the stream when nothing was heard for this long…
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// …and the stream is given up when the ping is not answered in this.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 /// One server is never dialled more often than this.
 const MIN_GAP: Duration = Duration::from_millis(100);
 
@@ -263,16 +269,6 @@ fn same_server(url: &str, advertised: &str) -> bool {
 fn backoff(base: Duration, max: Duration, failures: u32) -> Duration {
     let doubled = base.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
     doubled.min(max).mul_f64(jitter())
-}
-
-/// The server to dial next: the one whose time comes first, and among
-/// those due the first in turn after the last one dialled.
-fn next_dial(dials: &[Dial], turn: usize) -> usize {
-    let n = dials.len().max(1);
-    let now = Instant::now();
-    (0..dials.len())
-        .min_by_key(|&i| (dials[i].not_before.max(now), (i + n - turn % n) % n))
-        .unwrap_or(0)
 }
 
 /// When each server is dialled next, after an attempt at `dials[i]`.
@@ -431,62 +427,96 @@ impl Agent {
                 tried: None,
             })
             .collect();
-        if dials.is_empty() {
-            let _ = shutdown.wait_for(|s| *s).await;
-            return;
-        }
-        let mut turn = 0usize;
+        // Attempts run side by side, each until it has a stream or an
+        // answer: a server that hangs (a frozen process, a machine gone)
+        // holds up none of the others.
+        let mut attempts: tokio::task::JoinSet<Result<Opened, Ended>> = tokio::task::JoinSet::new();
+        // Which server each attempt dials; one attempt per server at most
+        // (two streams of one node would replace each other).
+        let mut in_flight: BTreeMap<tokio::task::Id, usize> = BTreeMap::new();
+        let (base, max) = (self.config.reconnect_base, self.config.reconnect_max);
         loop {
             if *shutdown.borrow() {
                 return;
             }
-            let i = next_dial(&dials, turn);
-            turn = i + 1;
-            tokio::select! {
-                _ = tokio::time::sleep_until(dials[i].not_before) => {}
-                _ = shutdown.wait_for(|s| *s) => return,
+            let now = Instant::now();
+            let due: Vec<usize> = (0..dials.len())
+                .filter(|i| !in_flight.values().any(|j| j == i) && dials[*i].not_before <= now)
+                .collect();
+            if !due.is_empty() {
+                self.publish_shards();
+                let register = self.register().await;
+                for i in due {
+                    dials[i].tried = Some(Instant::now());
+                    let (url, tls, register) = (
+                        dials[i].url.clone(),
+                        self.config.tls.clone(),
+                        register.clone(),
+                    );
+                    let span = tracing::info_span!("agent_session", server = %url, node = %self.config.node_id);
+                    let task = attempts.spawn(tracing::Instrument::instrument(
+                        open(url, tls, register),
+                        span,
+                    ));
+                    in_flight.insert(task.id(), i);
+                }
             }
-            let server = dials[i].url.clone();
-            dials[i].tried = Some(Instant::now());
-            self.publish_shards();
-            // One span per session: every line the session logs names the
-            // server and this node.
-            let span =
-                tracing::info_span!("agent_session", server = %server, node = %self.config.node_id);
-            let ended = tokio::select! {
-                r = tracing::Instrument::instrument(self.session(&server), span) => r,
+            let next = (0..dials.len())
+                .filter(|i| !in_flight.values().any(|j| j == i))
+                .map(|i| dials[i].not_before)
+                .min();
+            let (i, result) = tokio::select! {
+                Some(done) = attempts.join_next_with_id() => match done {
+                    Ok((id, r)) => match in_flight.remove(&id) {
+                        Some(i) => (i, r),
+                        None => continue,
+                    },
+                    Err(e) => {
+                        tracing::error!(error = %e, "a dialling task failed");
+                        if let Some(i) = in_flight.remove(&e.id()) {
+                            dials[i].not_before = Instant::now() + base;
+                        }
+                        continue;
+                    }
+                },
+                _ = tokio::time::sleep_until(next.unwrap_or(now + max)) => continue,
                 _ = shutdown.wait_for(|s| *s) => return,
             };
-            self.stats.stream_down();
-            self.publish_shards();
-            let (base, max) = (self.config.reconnect_base, self.config.reconnect_max);
+            let ended = match result {
+                Err(ended) => ended,
+                Ok(opened) => {
+                    // Only one server leads: the other attempts are moot
+                    // (dropping the set ends them, finished or not).
+                    attempts = tokio::task::JoinSet::new();
+                    in_flight.clear();
+                    let span = tracing::info_span!("agent_session", server = %dials[i].url, node = %self.config.node_id);
+                    let url = dials[i].url.clone();
+                    let ended = tokio::select! {
+                        e = tracing::Instrument::instrument(self.session(&url, opened), span) => e,
+                        _ = shutdown.wait_for(|s| *s) => return,
+                    };
+                    self.stats.stream_down();
+                    self.publish_shards();
+                    ended
+                }
+            };
             replan(&mut dials, i, ended, base, max);
         }
     }
 
-    /// One stream: dial, register, then serve it until it ends.
-    async fn session(&mut self, server: &str) -> Ended {
-        let channel = match self.dial(server).await {
-            Ok(c) => c,
-            Err(SessionError(e)) => return Ended::Failed(e),
-        };
-        let mut client = AgentServiceClient::new(channel);
-        let (tx, rx) = mpsc::channel::<AgentMessage>(256);
+    /// Serves a stream that is up until it ends.
+    async fn session(&mut self, server: &str, opened: Opened) -> Ended {
+        let Opened {
+            tx,
+            mut inbound,
+            register,
+        } = opened;
+        // Heartbeats send what changed since the registration that was
+        // accepted (a later one may have been built for another attempt).
+        self.sent_weights = register.weights;
+        self.sent_engines = register.engine_versions.into_iter().collect();
         let send = |tx: &mpsc::Sender<AgentMessage>, msg| {
             let _ = tx.try_send(AgentMessage { msg: Some(msg) });
-        };
-        send(&tx, agent_message::Msg::Register(self.register().await));
-        let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
-            Ok(r) => r.into_inner(),
-            Err(s) => {
-                return match Refusal::from_status(&s) {
-                    Some(r) => Ended::Refused(r),
-                    None => Ended::Failed(format!(
-                        "refused: {}",
-                        why::refused(&s, self.config.tls.is_some())
-                    )),
-                };
-            }
         };
         tracing::info!(server, node = %self.config.node_id, "connected to the control plane");
         self.stats.stream_up();
@@ -533,33 +563,76 @@ impl Agent {
     }
 }
 
-impl Agent {
-    /// A channel to `server` (mutual TLS when the agent holds certificates).
-    async fn dial(&self, server: &str) -> Result<tonic::transport::Channel, SessionError> {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
-            .map_err(|e| SessionError(format!("{server} is not a URL: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
-        if let Some((ca, cert, key)) = &self.config.tls {
-            if !server.starts_with("https://") {
-                return Err(SessionError(format!(
-                    "{server}: this agent holds certificates and dials only https://"
-                )));
-            }
-            use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-            endpoint = endpoint
-                .tls_config(
-                    ClientTlsConfig::new()
-                        .ca_certificate(Certificate::from_pem(ca))
-                        .identity(Identity::from_pem(cert, key)),
-                )
-                .map_err(|e| SessionError(format!("the TLS files do not fit together: {e}")))?;
-        }
-        endpoint
-            .connect()
-            .await
-            .map_err(|e| SessionError(format!("cannot connect: {}", why::explain(&e))))
+/// A stream that is up, and the registration it was opened with.
+#[derive(Debug)]
+struct Opened {
+    tx: mpsc::Sender<AgentMessage>,
+    inbound: tonic::Streaming<v1::ControlMessage>,
+    register: v1::Register,
+}
+
+/// Dials `server` and asks for a stream, registering with `register`:
+/// the stream, or how the attempt ended (a standby's refusal, or none).
+async fn open(
+    server: String,
+    tls: Option<(String, String, String)>,
+    register: v1::Register,
+) -> Result<Opened, Ended> {
+    let channel = dial(&server, tls.as_ref())
+        .await
+        .map_err(|SessionError(e)| Ended::Failed(e))?;
+    let mut client = AgentServiceClient::new(channel);
+    let (tx, rx) = mpsc::channel::<AgentMessage>(256);
+    let _ = tx.try_send(AgentMessage {
+        msg: Some(agent_message::Msg::Register(register.clone())),
+    });
+    match client.connect(ReceiverStream::new(rx)).await {
+        Ok(r) => Ok(Opened {
+            tx,
+            inbound: r.into_inner(),
+            register,
+        }),
+        Err(s) => Err(match Refusal::from_status(&s) {
+            Some(r) => Ended::Refused(r),
+            None => Ended::Failed(format!("refused: {}", why::refused(&s, tls.is_some()))),
+        }),
     }
+}
+
+/// A channel to `server` (mutual TLS when the agent holds certificates).
+async fn dial(
+    server: &str,
+    tls: Option<&(String, String, String)>,
+) -> Result<tonic::transport::Channel, SessionError> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+        .map_err(|e| SessionError(format!("{server} is not a URL: {e}")))?
+        .connect_timeout(Duration::from_secs(5))
+        // A leader whose machine died or hangs closes nothing: pings
+        // find it gone within seconds (before its lease runs out), so
+        // the agent is at a standby's door when the standby takes
+        // office.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .tcp_nodelay(true);
+    if let Some((ca, cert, key)) = tls {
+        if !server.starts_with("https://") {
+            return Err(SessionError(format!(
+                "{server}: this agent holds certificates and dials only https://"
+            )));
+        }
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        endpoint = endpoint
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(ca))
+                    .identity(Identity::from_pem(cert, key)),
+            )
+            .map_err(|e| SessionError(format!("the TLS files do not fit together: {e}")))?;
+    }
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| SessionError(format!("cannot connect: {}", why::explain(&e))))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -670,7 +743,7 @@ mod tests {
             // Nor is the dead leader it names dialled again before its time.
             assert!(wait(&d[0]) > Duration::ZERO);
         }
-        assert_eq!(next_dial(&d, 0), 1, "the standby comes first");
+        assert!(d[1].not_before < d[0].not_before, "the standby comes first");
     }
 
     #[test]
@@ -683,9 +756,8 @@ mod tests {
             BASE,
             MAX,
         );
-        assert_eq!(next_dial(&d, 0), 0);
-        assert_eq!(next_dial(&d, 2), 0);
-        assert!(wait(&d[0]).is_zero());
+        assert!(wait(&d[0]).is_zero(), "the leader is dialled at once");
+        assert!(wait(&d[1]) > Duration::ZERO);
     }
 
     #[test]
@@ -704,7 +776,7 @@ mod tests {
         assert!(wait(&d[1]).is_zero(), "the other server is tried at once");
         assert_eq!(d[0].failures, 0, "a stream that lasted resets its backoff");
         assert!(wait(&d[0]) <= BASE);
-        assert_eq!(next_dial(&d, 1), 1);
+        assert!(d[1].not_before < d[0].not_before);
         // A stream that ends at once, again and again, backs off.
         for _ in 0..5 {
             replan(&mut d, 0, Ended::Served(Duration::ZERO, None), BASE, MAX);

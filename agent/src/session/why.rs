@@ -33,7 +33,13 @@ fn meaning(text: &str) -> Option<&'static str> {
         Some(
             "the server's certificate does not name the address dialled: issue it with --host for that address",
         )
-    } else if has("UnknownCA") || has("BadCertificate") || has("CertificateRequired") {
+    } else if has("UnknownCA")
+        || has("BadCertificate")
+        || has("CertificateRequired")
+        // What rustls answers to a certificate from another authority
+        // of the same name: its signature does not verify.
+        || has("alert: DecryptError")
+    {
         Some(
             "the server refused this node's certificate: it must be signed by the server's authority (llmgw ctl cert issue-client)",
         )
@@ -84,6 +90,10 @@ mod tests {
             ),
             (
                 "received fatal alert: UnknownCA",
+                "refused this node's certificate",
+            ),
+            (
+                "received fatal alert: DecryptError",
                 "refused this node's certificate",
             ),
             (

@@ -1109,10 +1109,9 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
     // A certificate from another authority does not get a stream at all.
     let stranger = agent("a", "127.0.8.4", &pki, &rogue, "a", &url);
     let said = Child::expect(&stranger.stderr, "no session with the control plane");
-    assert!(
-        said.contains("may have refused this node's certificate"),
-        "{said}"
-    );
+    // Whether the agent reads the server's alert or only the closed
+    // connection after it is a race of the two ends.
+    assert!(said.contains("refused this node's certificate"), "{said}");
     // The server says why, with the peer's address.
     let logged = Child::expect(&server.child.stderr, "a TLS handshake failed");
     assert!(
