@@ -256,12 +256,15 @@ async fn run_agent(mut a: RunArgs) -> anyhow::Result<Outcome> {
         Some(addr) => Some(serve_metrics(addr, agent.stats()).await?),
         None => None,
     };
+    // Listening for a stop before saying ready: a stop that follows
+    // READY=1 at once is still a clean one.
+    let stopped = crate::sim::shutdown();
     let task = tokio::spawn(agent.run(rx));
     // Ready on start, not on the first connection: the agent redials for
     // ever and its engines serve meanwhile, so a control plane that is
     // down must not fail (and restart) the unit.
     crate::notify::notify(crate::notify::READY);
-    crate::sim::shutdown().await;
+    stopped.await;
     crate::notify::notify(crate::notify::STOPPING);
     let _ = tx.send(true);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), task).await;

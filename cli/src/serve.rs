@@ -331,6 +331,8 @@ pub(crate) async fn run(
         },
     ));
     let mut served = false;
+    // Once, before READY=1: a signal is never lost between iterations.
+    let mut signalled = std::pin::pin!(crate::sim::shutdown());
     let mut client = None;
     let mut admin = None;
     let mut on_bound = Some(on_bound);
@@ -375,7 +377,7 @@ pub(crate) async fn run(
                     f(Bound { client: c, admin: a, agent: agent_addr });
                 }
             }
-            _ = crate::sim::shutdown() => break,
+            _ = &mut signalled => break,
             _ = stop.wait_for(|s| *s) => break,
         }
     }

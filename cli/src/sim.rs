@@ -101,25 +101,35 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
-/// SIGINT or SIGTERM.
-pub(crate) async fn shutdown() {
+/// SIGINT or SIGTERM. The handlers are installed when this is called, not
+/// when the future is first polled: a daemon calls it before it tells
+/// systemd (or a test) that it is ready, so a signal sent right after
+/// READY=1 is never met by the default action, and a loop that polls it
+/// again and again never leaves a gap where a signal is lost.
+pub(crate) fn shutdown() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            match (term, int) {
+                (Some(mut term), Some(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
