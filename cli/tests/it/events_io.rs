@@ -405,8 +405,13 @@ async fn a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor
 fn verify_file(args: &[&str]) -> (Option<i32>, String) {
     let mut all = vec!["events", "verify"];
     all.extend_from_slice(args);
-    // --store is not read with --file: an address that is not a store.
-    let out = llmgw("/nonexistent/not-a-store.db", &all);
+    // --store is refused with --file (the store is named by --against),
+    // so none is given.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .args(&all)
+        .output()
+        .expect("run llmgw");
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.code(), text)
