@@ -2,9 +2,11 @@
 //! needed to build llmgw.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/llmgw/v1/agent.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let descriptors = protox::compile([proto], ["proto"])?;
+    let protos = ["proto/llmgw/v1/agent.proto", "proto/llmgw/v1/join.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let descriptors = protox::compile(protos, ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -13,6 +13,7 @@
 pub mod discovery;
 pub mod engines;
 pub mod fetch;
+pub mod join;
 pub mod metrics;
 pub mod session;
 pub mod state_files;

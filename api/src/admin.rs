@@ -309,3 +309,29 @@ pub struct KeyRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used: Option<String>,
 }
+
+/// `POST /api/v1/join-tokens`: a single-use token for one node to join.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinTokenRequest {
+    /// How long it may be used, in milliseconds.
+    pub ttl_ms: u64,
+    /// The node it may join as; none lets the node name itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// A join token, answered once: only its hash is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinToken {
+    /// `llmgw-join-<secret>.<pin>`, for `llmgw agent run --join`.
+    pub token: String,
+    /// Its id, as the log and the server's log name it.
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// Where agents dial the leader (its advertised agent address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_url: Option<String>,
+}

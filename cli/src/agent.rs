@@ -88,6 +88,13 @@ pub(crate) struct RunArgs {
         default_value = "/var/lib/llmgw-agent"
     )]
     work_dir: PathBuf,
+    /// Join the cluster with a token from `llmgw ctl node token`: the
+    /// agent makes its key, gets its certificate signed by the leader and
+    /// keeps both in --work-dir (identity/), then dials with mutual TLS,
+    /// on restarts too (the same token again is not sent; a new one joins
+    /// again).
+    #[arg(long, env = "LLMGW_JOIN_TOKEN", hide_env_values = true)]
+    join: Option<String>,
     /// Mutual TLS with the control plane: the authority's certificate.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
     tls_ca: Option<PathBuf>,
@@ -169,7 +176,16 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         Some(n) => n,
         None => llmgw_agent::discovery::host::hostname(),
     };
-    let servers = llmgw_agent::session::server_urls(&a.servers, a.tls_ca.is_some())?;
+    if a.join.is_some() && a.tls_ca.is_some() {
+        anyhow::bail!(
+            "--join (or LLMGW_JOIN_TOKEN) and --tls-ca/--tls-cert/--tls-key are two ways to the same certificate: give one"
+        );
+    }
+    // A token, or certificates from an earlier join: mutual TLS, whose
+    // files run_agent fills in once it has them.
+    let joined = a.tls_ca.is_none()
+        && (a.join.is_some() || llmgw_agent::join::stored(&a.work_dir)?.is_some());
+    let servers = llmgw_agent::session::server_urls(&a.servers, a.tls_ca.is_some() || joined)?;
     let tls = match (&a.tls_ca, &a.tls_cert, &a.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
             let read = |p: &PathBuf| {
@@ -178,9 +194,10 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
             };
             Some((read(ca)?, read(cert)?, read(key)?))
         }
+        _ if joined => None,
         _ => {
             tracing::warn!(
-                "the stream to the control plane is plaintext: for a trusted network only"
+                "the stream to the control plane is plaintext: for a trusted network only (see `llmgw ctl node token` and --join)"
             );
             None
         }
@@ -246,24 +263,80 @@ pub(crate) fn engines(a: &EngineArgs) -> llmgw_agent::engines::Registry {
     )
 }
 
+/// The certificates to dial with when the agent joins (or joined) with a
+/// token: the stored ones when this token (or none) was used before, else
+/// a new join. None when stopped while joining.
+async fn identity(
+    token: Option<&str>,
+    config: &llmgw_agent::session::SessionConfig,
+    work_dir: &std::path::Path,
+    stopped: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> anyhow::Result<Option<llmgw_agent::join::Identity>> {
+    use llmgw_agent::join;
+    let node = &config.node_id;
+    let stored = join::stored(work_dir)?;
+    let identity = match (token, stored) {
+        (Some(t), Some(s)) if s.token_hash == join::token_hash(t) => {
+            tracing::info!(dir = %join::identity_dir(work_dir).display(), "joined earlier with this token: using the stored certificate");
+            s
+        }
+        (None, Some(s)) => s,
+        (Some(t), _) => {
+            tracing::info!(node = %node, "joining the cluster with a token");
+            tokio::select! {
+                r = join::join(&config.servers, node, t, work_dir) => r?,
+                _ = stopped => return Ok(None),
+            }
+        }
+        (None, None) => anyhow::bail!("no certificates to dial with: join with --join TOKEN"),
+    };
+    match join::node_of(&identity.cert) {
+        Some(n) if &n == node => Ok(Some(identity)),
+        other => anyhow::bail!(
+            "the certificate in {} names node {}, not {node}: run with --node-id {}, or join again with a token for {node}",
+            join::identity_dir(work_dir).display(),
+            other.as_deref().unwrap_or("(none)"),
+            other.as_deref().unwrap_or("ID"),
+        ),
+    }
+}
+
 async fn run_agent(mut a: RunArgs) -> anyhow::Result<Outcome> {
     let metrics_listen = a.metrics_listen.take();
+    // An empty LLMGW_JOIN_TOKEN (an env file's blank line) is no token.
+    a.join = a.join.take().filter(|t| !t.trim().is_empty());
+    let token = a.join.clone();
+    let work_dir = a.work_dir.clone();
+    let own_tls = a.tls_ca.is_some();
     let registry = engines(&a.engines);
-    let config = session_config(a)?;
+    let mut config = session_config(a)?;
+    // Listening for a stop before saying ready: a stop that follows
+    // READY=1 at once is still a clean one.
+    let mut stopped = Box::pin(crate::sim::shutdown());
+    let mut ready = false;
+    if !own_tls && (token.is_some() || llmgw_agent::join::stored(&work_dir)?.is_some()) {
+        // Ready before joining, as before connecting: a control plane
+        // that is down must not fail the unit.
+        crate::notify::notify(crate::notify::READY);
+        ready = true;
+        match identity(token.as_deref(), &config, &work_dir, &mut stopped).await? {
+            Some(id) => config.tls = Some((id.ca, id.cert, id.key)),
+            None => return Ok(Outcome::Ok),
+        }
+    }
     let (tx, rx) = tokio::sync::watch::channel(false);
     let agent = llmgw_agent::session::Agent::new(config, registry);
     let _metrics = match metrics_listen {
         Some(addr) => Some(serve_metrics(addr, agent.stats()).await?),
         None => None,
     };
-    // Listening for a stop before saying ready: a stop that follows
-    // READY=1 at once is still a clean one.
-    let stopped = crate::sim::shutdown();
     let task = tokio::spawn(agent.run(rx));
     // Ready on start, not on the first connection: the agent redials for
     // ever and its engines serve meanwhile, so a control plane that is
     // down must not fail (and restart) the unit.
-    crate::notify::notify(crate::notify::READY);
+    if !ready {
+        crate::notify::notify(crate::notify::READY);
+    }
     stopped.await;
     crate::notify::notify(crate::notify::STOPPING);
     let _ = tx.send(true);

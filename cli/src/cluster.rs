@@ -77,6 +77,29 @@ pub(crate) enum ClusterCommand {
     /// Add or update a model from a YAML or JSON file.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Join a node with a token, or remove one.
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum NodeCommand {
+    /// Print a single-use join token (on standard output alone; what to
+    /// do with it goes to standard error). Needs the leader's tls.ca_key.
+    Token {
+        /// How long it may be used: `30m`, `1h`, `2d` (at most 7 days).
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// The node id it may join as (default: any id the node gives).
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Remove NODE: its replicas are rebuilt elsewhere and its
+    /// certificates are refused until it joins again with a new token.
+    Remove {
+        /// The node's id.
+        node: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -458,6 +481,41 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                 .await?;
             changed(&mut out, json, c)?;
         }
+        ClusterCommand::Node(NodeCommand::Token { ttl, node }) => {
+            let ttl = crate::config::duration("--ttl", &ttl)?;
+            let t: api::JoinToken = a
+                .answer(a.http.post(format!("{}/api/v1/join-tokens", a.base)).json(
+                    &api::JoinTokenRequest {
+                        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+                        node,
+                    },
+                ))
+                .await?;
+            if json {
+                json_line(&mut out, &t)?;
+            } else {
+                writeln!(out, "{}", t.token)?;
+                let server = t.agent_url.as_deref().unwrap_or("https://SERVER:7443");
+                let node = t
+                    .node
+                    .as_ref()
+                    .map_or(String::new(), |n| format!(" --node-id {n}"));
+                eprintln!(
+                    "join token {} for {}, single use, until {}; on the node:\n  llmgw agent run --server {server}{node} --join TOKEN",
+                    t.id,
+                    t.node
+                        .as_deref()
+                        .map_or("any node id".to_owned(), |n| format!("node {n}")),
+                    t.expires_at
+                );
+            }
+        }
+        ClusterCommand::Node(NodeCommand::Remove { node }) => changed(
+            &mut out,
+            json,
+            a.post(&format!("/api/v1/nodes/{}/remove", q(&node)))
+                .await?,
+        )?,
         ClusterCommand::Model(ModelCommand::Remove { name }) => {
             let c: api::Changed = a
                 .answer(

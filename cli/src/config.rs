@@ -159,6 +159,9 @@ pub(crate) struct TlsSection {
     pub ca: std::path::PathBuf,
     pub cert: std::path::PathBuf,
     pub key: std::path::PathBuf,
+    /// The authority's private key: with it the leader signs the
+    /// certificates of nodes that join with a token.
+    pub ca_key: Option<std::path::PathBuf>,
 }
 
 /// HTTPS on the client listener: a server certificate (its chain may
@@ -177,6 +180,22 @@ pub(crate) struct TlsPems {
     pub ca: String,
     pub cert: String,
     pub key: String,
+    /// Nodes may join with a token: certificates are signed with this key.
+    pub ca_key: Option<String>,
+}
+
+impl TlsPems {
+    /// What the leader signs joining nodes' certificates with, when
+    /// `tls.ca_key` is given.
+    pub(crate) fn authority(
+        &self,
+    ) -> Option<Result<llmgw_control::authority::Authority, ConfigError>> {
+        let key = self.ca_key.as_deref()?;
+        Some(
+            llmgw_control::authority::Authority::from_pem(&self.ca, key, &self.cert)
+                .map_err(|e| ConfigError(e.to_string())),
+        )
+    }
 }
 
 impl TlsSection {
@@ -193,11 +212,21 @@ impl TlsSection {
             }
             Ok(text)
         };
-        Ok(TlsPems {
+        let pems = TlsPems {
             ca: read("ca", &self.ca)?,
             cert: read("cert", &self.cert)?,
             key: read("key", &self.key)?,
-        })
+            ca_key: self
+                .ca_key
+                .as_deref()
+                .map(|p| read("ca_key", p))
+                .transpose()?,
+        };
+        // Joining is honoured whole or refused at start: the key must be
+        // the authority's, and the server's certificate signed by it (the
+        // one authority joined nodes trust).
+        pems.authority().transpose()?;
+        Ok(pems)
     }
 }
 

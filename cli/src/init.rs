@@ -305,13 +305,17 @@ fn server_yaml(dir: &Path) -> String {
          control:\n  enabled: true\n\
          auth:\n  enabled: true\n\
          # Agents connect with mutual TLS: give each node a certificate with\n\
-         # `llmgw ctl cert issue-client NODE --dir {dir}`.\n\
-         tls:\n  ca: {ca}\n  cert: {cert}\n  key: {key}\n\
+         # `llmgw ctl cert issue-client NODE --dir {dir}`, or let nodes join\n\
+         # with a token (`llmgw ctl node token`): uncomment ca_key, and let\n\
+         # the server read the authority's key (chgrp llmgw {ca_key};\n\
+         # chmod 0640 {ca_key}).\n\
+         tls:\n  ca: {ca}\n  cert: {cert}\n  key: {key}\n  # ca_key: {ca_key}\n\
          # HTTPS for clients and the pages, with the same certificate (clients\n\
          # then trust {ca}):\n\
          # client_tls:\n#   cert: {cert}\n#   key: {key}\n",
         dir = dir.display(),
         ca = at("ca.pem"),
+        ca_key = at("ca-key.pem"),
         cert = at("server.pem"),
         key = at("server-key.pem"),
     )

@@ -250,6 +250,9 @@ pub(crate) async fn run(
                 plane.demand(m)
             })));
         }
+        if let Some(authority) = plan.listen.agent_tls.as_ref().and_then(|t| t.authority()) {
+            plane.sign_with(authority?);
+        }
         let (addr, server) =
             agent_listener(&plan.listen, plane.clone(), shutdown_rx.clone()).await?;
         agent_addr = Some(addr);
@@ -456,7 +459,7 @@ async fn agent_listener(
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for agents: {e}", listen.agent))?;
     let addr = agent_l.local_addr()?;
-    let service = llmgw_api::AgentServiceServer::new(AgentSvc(cp));
+    let service = llmgw_api::AgentServiceServer::new(AgentSvc(cp.clone()));
     let stopped = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
@@ -466,18 +469,27 @@ async fn agent_listener(
             // is logged with the peer and the reason (tonic drops them
             // silently); the streams keep their certificates for the
             // node-id check.
-            let tls = llmgw_gateway::ServerTls::with_client_ca(
-                t.cert.as_bytes(),
-                t.key.as_bytes(),
-                t.ca.as_bytes(),
-            )
+            let (cert, key, ca) = (t.cert.as_bytes(), t.key.as_bytes(), t.ca.as_bytes());
+            let joinable = t.ca_key.is_some();
+            let tls = if joinable {
+                llmgw_gateway::ServerTls::joinable(cert, key, ca)
+            } else {
+                llmgw_gateway::ServerTls::with_client_ca(cert, key, ca)
+            }
             .map_err(|e| anyhow::anyhow!("the agent listener's TLS files: {e}"))?;
             let (ready, accepting) = llmgw_gateway::handshakes(agent_l, &tls, true);
             let incoming = tokio_stream::wrappers::ReceiverStream::new(ready)
                 .map(|(stream, _)| Ok::<_, std::io::Error>(stream));
-            tracing::info!(%addr, "agent listener: mutual TLS, client certificates required");
+            if joinable {
+                tracing::info!(%addr, "agent listener: mutual TLS; nodes may join with a token (tls.ca_key), and a stream needs a client certificate");
+            } else {
+                tracing::info!(%addr, "agent listener: mutual TLS, client certificates required");
+            }
             let server = tonic::transport::Server::builder()
                 .add_service(service)
+                .add_service(llmgw_api::JoinServiceServer::new(llmgw_control::JoinSvc(
+                    cp.clone(),
+                )))
                 .serve_with_incoming_shutdown(incoming, stopped);
             Box::pin(async move {
                 let served = server.await;

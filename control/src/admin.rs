@@ -28,6 +28,11 @@ pub fn router(cp: Arc<ControlPlane>) -> Router {
         .route("/api/v1/nodes/{node}/uncordon", post(uncordon))
         .route("/api/v1/nodes/{node}/drain", post(drain))
         .route(
+            "/api/v1/nodes/{node}/remove",
+            post(crate::join::remove_node),
+        )
+        .route("/api/v1/join-tokens", post(crate::join::issue_token))
+        .route(
             "/api/v1/models",
             get(models).post(add_model).delete(remove_model),
         )

@@ -117,6 +117,11 @@ impl Registry {
         lock(&self.last_seen).get(node).copied()
     }
 
+    /// Ends a node's stream (it was removed); true when it had one.
+    pub(crate) fn disconnect(&self, node: &str) -> bool {
+        lock(&self.sessions).remove(node).is_some()
+    }
+
     pub(crate) fn connected(&self, node: &str) -> bool {
         lock(&self.sessions).contains_key(node)
     }
@@ -178,7 +183,7 @@ impl ControlPlane {
     /// lease is about to be free (or is free) holds it open until it takes
     /// office, for a few seconds at most; otherwise, and when that wait
     /// runs out, it refuses, saying whom to dial and when to ask again.
-    async fn admit(&self) -> Result<(), Status> {
+    pub(crate) async fn admit(&self) -> Result<(), Status> {
         let mut leadership = self.leadership();
         let mut deadline: Option<Instant> = None;
         let arrived = Instant::now();
@@ -290,12 +295,30 @@ impl llmgw_api::AgentService for AgentSvc {
     ) -> Result<Response<Outbound>, Status> {
         let cp = self.0.clone();
         cp.admit().await?;
-        // With mutual TLS, the certificate names the node.
+        // With mutual TLS, the certificate names the node. A listener that
+        // lets nodes join takes connections without one (a joining node has
+        // none yet), so a stream asks for it here.
+        let tls = request
+            .extensions()
+            .get::<tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>>()
+            .is_some();
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
         let certified = match request.peer_certs() {
-            Some(certs) => Some(common_name(&certs).ok_or_else(|| {
-                Status::unauthenticated("the client certificate names no node (no common name)")
-            })?),
-            None => None,
+            Some(certs) if !certs.is_empty() => {
+                let cn = common_name(&certs).ok_or_else(|| {
+                    Status::unauthenticated("the client certificate names no node (no common name)")
+                })?;
+                Some((cn, crate::authority::fingerprint(certs[0].as_ref())))
+            }
+            _ if tls => {
+                tracing::warn!(%peer, "refused a stream without a client certificate");
+                return Err(Status::unauthenticated(
+                    "this server requires a client certificate: join the node with a token (`llmgw ctl node token`, then `llmgw agent run --join TOKEN`) or give --tls-ca, --tls-cert and --tls-key",
+                ));
+            }
+            _ => None,
         };
         let mut inbound = request.into_inner();
         let first = inbound
@@ -308,7 +331,20 @@ impl llmgw_api::AgentService for AgentSvc {
             ));
         };
         let node = reg.node_id.clone();
-        if let Some(cn) = certified
+        if let Some((cn, fingerprint)) = &certified {
+            let denied = cp
+                .views
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .cluster
+                .joining
+                .refusal(cn, fingerprint);
+            if let Some(why) = denied {
+                tracing::warn!(%peer, node = %cn, reason = %why, "refused a removed node's certificate");
+                return Err(Status::permission_denied(why));
+            }
+        }
+        if let Some((cn, _)) = certified
             && cn != node
         {
             tracing::warn!(claimed = %node, certificate = %cn, "refused a stream whose node id is not its certificate's");

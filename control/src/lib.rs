@@ -12,10 +12,12 @@
 
 pub mod admin;
 mod agents;
+pub mod authority;
 mod config;
 mod convert;
 mod door;
 mod forward;
+mod join;
 pub mod metrics;
 mod people_api;
 mod reconciler;
@@ -37,6 +39,7 @@ pub use agents::AgentSvc;
 pub use config::ControlConfig;
 pub use door::Door;
 pub use forward::forward_writes;
+pub use join::JoinSvc;
 
 /// Why a control-plane operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +126,9 @@ pub struct ControlPlane {
     telemetry: metrics::Telemetry,
     /// The epoch of the lease held, or last seen held by another.
     epoch_seen: AtomicU64,
+    /// What joining nodes' certificates are signed with (`tls.ca_key`);
+    /// unset, nodes cannot join with a token.
+    authority: std::sync::OnceLock<authority::Authority>,
 }
 
 impl ControlPlane {
@@ -158,6 +164,7 @@ impl ControlPlane {
                 .unwrap_or_default(),
             telemetry: metrics::Telemetry::default(),
             epoch_seen: AtomicU64::new(0),
+            authority: std::sync::OnceLock::new(),
         })
     }
 
@@ -172,6 +179,13 @@ impl ControlPlane {
     /// it before [`ControlPlane::run`].
     pub fn advertise_agent(&self, url: String) {
         *self.agent_url.lock().unwrap_or_else(|p| p.into_inner()) = Some(url);
+    }
+
+    /// Lets nodes join with a token: their certificates are signed with
+    /// this authority. Set it before [`ControlPlane::run`]; a second call
+    /// changes nothing.
+    pub fn sign_with(&self, authority: authority::Authority) {
+        let _ = self.authority.set(authority);
     }
 
     /// The views this control plane reads (and the admin API answers from).

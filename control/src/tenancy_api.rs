@@ -121,7 +121,7 @@ async fn create_project(
     change(&door, &headers, vec![Command::Tenancy(c)], &done).await
 }
 
-fn random_hex(n: usize) -> String {
+pub(crate) fn random_hex(n: usize) -> String {
     let mut s = String::new();
     while s.len() < n {
         s.push_str(&uuid::Uuid::new_v4().simple().to_string());

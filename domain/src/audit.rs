@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Command;
 use crate::catalog::CatalogCommand;
+use crate::join::JoinCommand;
 use crate::nodes::NodeCommand;
 use crate::replicas::ReplicaCommand;
 use crate::tenancy::{Scope, TenancyCommand};
@@ -58,6 +59,13 @@ impl Command {
             },
             Command::Node(c) => format!("node-{}", node_id(c)),
             Command::Replica(c) => format!("replica-{}", replica_id(c)),
+            Command::Join(c) => match c {
+                JoinCommand::IssueToken { token_hash, .. }
+                | JoinCommand::Redeem { token_hash, .. } => {
+                    format!("jointoken-{}", crate::join::token_id(token_hash))
+                }
+                JoinCommand::RemoveNode { node_id } => format!("node-{node_id}"),
+            },
             Command::Tenancy(c) => match c {
                 T::CreateOrg { org_id, .. } => scoped(Scope::Org, org_id),
                 T::CreateTeam { team_id, .. } => scoped(Scope::Team, team_id),
@@ -116,6 +124,28 @@ impl Command {
                 };
                 format!("{verb} {}", replica_id(c))
             }
+            Command::Join(c) => match c {
+                JoinCommand::IssueToken {
+                    token_hash,
+                    node_id,
+                    ..
+                } => match node_id {
+                    Some(n) => format!(
+                        "IssueToken {} for node {n}",
+                        crate::join::token_id(token_hash)
+                    ),
+                    None => format!("IssueToken {}", crate::join::token_id(token_hash)),
+                },
+                JoinCommand::Redeem {
+                    token_hash,
+                    node_id,
+                    ..
+                } => format!(
+                    "Redeem {} as node {node_id}",
+                    crate::join::token_id(token_hash)
+                ),
+                JoinCommand::RemoveNode { node_id } => format!("RemoveNode {node_id}"),
+            },
             Command::Tenancy(c) => match c {
                 T::CreateOrg { org_id, .. } => format!("CreateOrg {org_id}"),
                 T::CreateTeam {

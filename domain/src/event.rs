@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::audit::AuditEvent;
 use crate::catalog::CatalogEvent;
 use crate::demand::DemandEvent;
+use crate::join::JoinEvent;
 use crate::nodes::NodeEvent;
 use crate::replicas::ReplicaEvent;
 use crate::tenancy::{Scope, TenancyEvent};
@@ -48,6 +49,7 @@ pub enum Event {
     Leadership(LeadershipEvent),
     Demand(DemandEvent),
     Audit(AuditEvent),
+    Join(JoinEvent),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +62,7 @@ enum Area {
     Leadership,
     Demand,
     Audit,
+    Join,
 }
 
 /// Every type name with its area and current schema version.
@@ -76,6 +79,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("NodeUncordoned", Area::Node, 1),
     ("NodeDrainRequested", Area::Node, 1),
     ("NodeDrained", Area::Node, 1),
+    ("NodeRemoved", Area::Node, 1),
     ("ReplicaPlaced", Area::Replica, 1),
     ("ReplicaAdopted", Area::Replica, 1),
     ("ShardStateChanged", Area::Replica, 1),
@@ -103,6 +107,8 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("LeadershipReleased", Area::Leadership, 1),
     ("ModelDemanded", Area::Demand, 1),
     ("CommandRefused", Area::Audit, 1),
+    ("JoinTokenIssued", Area::Join, 1),
+    ("NodeJoined", Area::Join, 1),
 ];
 
 /// Why a stored event could not be turned back into an [`Event`].
@@ -147,6 +153,7 @@ impl Event {
             Event::Leadership(e) => serde_json::to_value(e),
             Event::Demand(e) => serde_json::to_value(e),
             Event::Audit(e) => serde_json::to_value(e),
+            Event::Join(e) => serde_json::to_value(e),
         }
         .expect("events serialise");
         let Value::Object(mut map) = tagged else {
@@ -194,6 +201,7 @@ impl Event {
             Area::Leadership => Event::Leadership(serde_json::from_value(tagged).map_err(err)?),
             Area::Demand => Event::Demand(serde_json::from_value(tagged).map_err(err)?),
             Area::Audit => Event::Audit(serde_json::from_value(tagged).map_err(err)?),
+            Area::Join => Event::Join(serde_json::from_value(tagged).map_err(err)?),
         })
     }
 
@@ -238,6 +246,7 @@ impl Event {
             Event::Leadership(_) => "leadership".to_owned(),
             Event::Demand(DemandEvent::ModelDemanded { model }) => format!("demand-{model}"),
             Event::Audit(e) => e.stream_id(),
+            Event::Join(e) => e.stream_id(),
         }
     }
 }

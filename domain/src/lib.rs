@@ -20,6 +20,7 @@ pub mod audit;
 pub mod catalog;
 pub mod demand;
 pub mod event;
+pub mod join;
 pub mod nodes;
 pub mod placement;
 pub mod reconcile;
@@ -84,13 +85,18 @@ pub struct State {
     pub nodes: nodes::Nodes,
     pub replicas: replicas::Replicas,
     pub tenancy: tenancy::Tenancy,
+    pub joining: join::Joining,
 }
 
 impl State {
     pub fn evolve(&mut self, event: &Event) {
         match event {
             Event::Catalog(e) => self.catalog.evolve(e),
-            Event::Node(e) => self.nodes.evolve(e),
+            Event::Node(e) => {
+                self.nodes.evolve(e);
+                self.joining.evolve_node(e);
+            }
+            Event::Join(e) => self.joining.evolve(e),
             Event::Replica(e) => self.replicas.evolve(e),
             Event::Tenancy(e) => self.tenancy.evolve(e),
             Event::Usage(_) | Event::Leadership(_) | Event::Demand(_) | Event::Audit(_) => {}
@@ -105,6 +111,7 @@ pub enum Command {
     Node(nodes::NodeCommand),
     Replica(replicas::ReplicaCommand),
     Tenancy(tenancy::TenancyCommand),
+    Join(join::JoinCommand),
 }
 
 impl State {
@@ -129,6 +136,7 @@ impl State {
                 .into_iter()
                 .map(Event::Tenancy)
                 .collect(),
+            Command::Join(c) => self.joining.decide(&self.nodes, c)?,
         })
     }
 }

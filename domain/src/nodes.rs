@@ -165,6 +165,14 @@ pub enum NodeEvent {
     NodeDrained {
         node_id: String,
     },
+    /// An operator removed the node: it leaves the cluster (its replicas
+    /// are rebuilt elsewhere) and its certificates are refused; the
+    /// fingerprints are those it got by joining (`crate::join`).
+    NodeRemoved {
+        node_id: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        certificates: Vec<String>,
+    },
 }
 
 impl NodeEvent {
@@ -178,7 +186,8 @@ impl NodeEvent {
             | NodeEvent::NodeCordoned { node_id, .. }
             | NodeEvent::NodeUncordoned { node_id, .. }
             | NodeEvent::NodeDrainRequested { node_id, .. }
-            | NodeEvent::NodeDrained { node_id } => node_id,
+            | NodeEvent::NodeDrained { node_id }
+            | NodeEvent::NodeRemoved { node_id, .. } => node_id,
         }
     }
 }
@@ -314,11 +323,15 @@ impl Nodes {
             );
             return;
         }
+        if let E::NodeRemoved { node_id, .. } = event {
+            self.nodes.remove(node_id);
+            return;
+        }
         let Some(node) = self.nodes.get_mut(event.node_id()) else {
             return;
         };
         match event {
-            E::NodeRegistered { .. } => {}
+            E::NodeRegistered { .. } | E::NodeRemoved { .. } => {}
             E::NodeInventoryChanged { inventory, .. } => node.inventory = inventory.clone(),
             E::NodeUnreachable { .. } => node.reachability = Reachability::Unreachable,
             E::NodeLost { .. } => node.reachability = Reachability::Lost,

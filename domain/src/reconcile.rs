@@ -110,15 +110,19 @@ pub fn backoff(failures: u32, base_ms: Millis, max_ms: Millis, unit: f64) -> Mil
     ((raw as f64 * factor) as Millis).min(max_ms)
 }
 
-fn on_lost_node<'a>(state: &'a State, r: &Replica) -> Option<&'a str> {
-    r.placement.shards.iter().find_map(|s| {
-        state
-            .nodes
-            .nodes
-            .get(&s.node_id)
-            .filter(|n| n.reachability == Reachability::Lost)
-            .map(|n| n.id.as_str())
-    })
+/// Why a replica's node is gone: lost, or removed by an operator (no
+/// longer in the log's nodes at all).
+fn on_lost_node(state: &State, r: &Replica) -> Option<String> {
+    r.placement
+        .shards
+        .iter()
+        .find_map(|s| match state.nodes.nodes.get(&s.node_id) {
+            None => Some(format!("node {} was removed", s.node_id)),
+            Some(n) if n.reachability == Reachability::Lost => {
+                Some(format!("node {} is lost", n.id))
+            }
+            Some(_) => None,
+        })
 }
 
 fn on_draining_node(state: &State, r: &Replica) -> Option<String> {
@@ -182,10 +186,10 @@ pub fn plan(
                 }
             }
             ReplicaStatus::Starting | ReplicaStatus::Ready => {
-                if let Some(node) = on_lost_node(state, r) {
+                if let Some(reason) = on_lost_node(state, r) {
                     plan.actions.push(Action::Fail {
                         replica_id: id.clone(),
-                        reason: format!("node {node} is lost"),
+                        reason,
                     });
                     touched.insert(id.clone());
                 }

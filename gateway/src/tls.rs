@@ -63,7 +63,22 @@ impl ServerTls {
     /// Mutual TLS for the agent listener: clients must present a
     /// certificate from `ca`; HTTP/2 (gRPC) only.
     pub fn with_client_ca(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsError> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+        Self::agents(cert, key, ca, false)
+    }
+
+    /// Mutual TLS for an agent listener that nodes may also join through:
+    /// a connection without a client certificate is let in (a joining node
+    /// has none yet; the agent service refuses it a stream), one with a
+    /// certificate not from `ca` is still refused here; and the
+    /// authority (the first certificate of `ca`) follows the server's own
+    /// in the chain it presents, so that a joining node can check it
+    /// against the pin its token carries.
+    pub fn joinable(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsError> {
+        Self::agents(cert, key, ca, true)
+    }
+
+    fn agents(cert: &[u8], key: &[u8], ca: &[u8], joinable: bool) -> Result<Self, TlsError> {
+        let mut chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
             .collect::<Result<_, _>>()
             .map_err(|_| TlsError::NoCertificate)?;
         if chain.is_empty() {
@@ -78,13 +93,28 @@ impl ServerTls {
         if roots.is_empty() {
             return Err(TlsError::NoAuthority);
         }
+        if joinable {
+            let authority = CertificateDer::pem_slice_iter(ca)
+                .next()
+                .and_then(Result::ok)
+                .ok_or(TlsError::NoAuthority)?;
+            if !chain.contains(&authority) {
+                chain.push(authority);
+            }
+        }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        let builder = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
             provider.clone(),
-        )
-        .build()
-        .map_err(|e| TlsError::Mismatch(rustls::Error::General(e.to_string())))?;
+        );
+        let builder = if joinable {
+            builder.allow_unauthenticated()
+        } else {
+            builder
+        };
+        let verifier = builder
+            .build()
+            .map_err(|e| TlsError::Mismatch(rustls::Error::General(e.to_string())))?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(TlsError::Mismatch)?

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Catalog;
+use llmgw_domain::join::Joining;
 use llmgw_domain::nodes::Nodes;
 use llmgw_domain::replicas::Replicas;
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,10 @@ pub struct ClusterView {
     pub allocations: BTreeMap<String, BTreeMap<u32, String>>,
     /// Fabric → the nodes attached to it.
     pub fabrics: BTreeMap<String, BTreeSet<String>>,
+    /// Join tokens, the certificates nodes got by joining, and the deny
+    /// list of removed nodes' certificates, checked when a stream opens.
+    #[serde(default, skip_serializing_if = "Joining::is_empty")]
+    pub joining: Joining,
 }
 
 impl ClusterView {
@@ -68,8 +73,10 @@ impl View for ClusterView {
             Event::Catalog(e) => self.catalog.evolve(e),
             Event::Node(e) => {
                 self.nodes.evolve(e);
+                self.joining.evolve_node(e);
                 self.refabric(e.node_id());
             }
+            Event::Join(e) => self.joining.evolve(e),
             Event::Replica(e) => {
                 self.replicas.evolve(e);
                 self.reallocate(e.replica_id());

@@ -202,7 +202,16 @@ impl View for RouterView {
                     &inventory.mgmt_addr
                 };
                 self.node_addrs.insert(node_id.clone(), addr.clone());
+                // A removed node that joins again starts afresh.
+                if matches!(event, Event::Node(NodeEvent::NodeRegistered { .. })) {
+                    self.lost_nodes.remove(node_id);
+                }
                 true
+            }
+            // Its replicas are rebuilt elsewhere; until they stop, none is
+            // routed to.
+            Event::Node(NodeEvent::NodeRemoved { node_id, .. }) => {
+                self.lost_nodes.insert(node_id.clone())
             }
             Event::Node(NodeEvent::NodeLost { node_id }) => self.lost_nodes.insert(node_id.clone()),
             Event::Node(NodeEvent::NodeRecovered { node_id }) => self.lost_nodes.remove(node_id),

@@ -136,7 +136,7 @@ control:
 }
 
 pub(crate) struct ServerProc {
-    child: Child,
+    pub(crate) child: Child,
     pub(crate) base: String,
     pub(crate) admin: String,
 }

@@ -3,6 +3,7 @@ use std::collections::BTreeSet;
 use llmgw_domain::Event;
 use llmgw_domain::catalog::{CatalogEvent, Model};
 use llmgw_domain::event::LeadershipEvent;
+use llmgw_domain::join::JoinEvent;
 use llmgw_domain::nodes::NodeEvent;
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::tenancy::{Limits, Scope, TenancyEvent};
@@ -170,6 +171,21 @@ pub(crate) fn every_event() -> Vec<Event> {
             command: "RevokeKey key-1".into(),
             target: "key-key-1".into(),
             reason: "no key key-1".into(),
+        }),
+        Event::Node(NodeEvent::NodeRemoved {
+            node_id: node(),
+            certificates: vec!["ab".repeat(32)],
+        }),
+        Event::Join(JoinEvent::JoinTokenIssued {
+            token_id: "abababababab".into(),
+            token_hash: "ab".repeat(32),
+            node_id: Some(node()),
+            expires_at: 1_700_000_000_000,
+        }),
+        Event::Join(JoinEvent::NodeJoined {
+            token_id: "abababababab".into(),
+            node_id: node(),
+            certificate: "cd".repeat(32),
         }),
     ]
 }

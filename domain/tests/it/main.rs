@@ -3,6 +3,7 @@
 mod audit;
 mod catalog;
 mod events;
+mod join;
 mod nodes;
 mod placement;
 mod properties;

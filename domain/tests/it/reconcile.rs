@@ -183,6 +183,33 @@ fn a_lost_node_fails_its_replica_which_is_stopped_and_rebuilt_elsewhere() {
 }
 
 #[test]
+fn a_removed_nodes_replica_is_failed_and_rebuilt_elsewhere() {
+    let mut s = cluster(1, 1, &["a", "b"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    let first = s.replicas.replicas.values().next().expect("one").clone();
+    let node = first.placement.shards[0].node_id.clone();
+    s.evolve(&Event::Node(NodeEvent::NodeRemoved {
+        node_id: node.clone(),
+        certificates: vec![],
+    }));
+    let actions = settle(&mut s, &mut rt);
+    assert!(
+        matches!(&actions[0], Action::Fail { reason, .. } if reason == &format!("node {node} was removed")),
+        "{actions:?}"
+    );
+    let rebuilt: Vec<_> = s
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| r.is_live())
+        .collect();
+    assert_eq!(rebuilt.len(), 1);
+    assert_ne!(rebuilt[0].placement.shards[0].node_id, node);
+}
+
+#[test]
 fn a_node_drain_is_rolling_the_replacement_serves_first() {
     let mut s = cluster(1, 1, &["a", "b"]);
     let mut rt = Runtime::default();

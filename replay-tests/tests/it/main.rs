@@ -188,6 +188,9 @@ fn the_version_1_log_still_decodes() {
         "UserErased",
         "KeyClaimOffered",
         "KeyClaimed",
+        "NodeRemoved",
+        "JoinTokenIssued",
+        "NodeJoined",
     ];
     let v1: BTreeSet<String> = Event::types()
         .filter(|(t, v)| *v == 1 && !BORN_AFTER_FREEZE.contains(t))
