@@ -75,13 +75,11 @@ pub fn stored(work_dir: &Path) -> Result<Option<Identity>, JoinError> {
     let dir = identity_dir(work_dir);
     let read = |name: &str| std::fs::read_to_string(dir.join(name));
     match read("node.pem") {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(JoinError::Local(format!(
-                "cannot read {}: {e}",
-                dir.join("node.pem").display()
-            )));
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(JoinError::Local(format!(
+            "cannot read {}: {e}",
+            dir.join("node.pem").display()
+        ))),
         Ok(cert) => {
             let dir = &dir;
             let missing = |name: &'static str| {
