@@ -8,12 +8,22 @@
 //! When it is unreachable the test fails with a message saying how to get
 //! one; it is never skipped.
 //!
+//! `PrivatePostgres` is a PostgreSQL server of a test's own (for restarting
+//! it under load), started with the installed server binaries.
+//!
+//! `relay` is a TCP relay between a program and its database that a test
+//! can pause, cut and restore, or make lose one answer.
+//!
 //! `webdriver` drives a real headless Chromium (`Browser::start`) for tests
 //! of the pages; without Chromium and ChromeDriver installed it fails with a
 //! message saying how to install them.
 
+pub mod private_pg;
+pub mod relay;
 pub mod webdriver;
 
+pub use private_pg::PrivatePostgres;
+pub use relay::{Link, Relay};
 pub use webdriver::{Browser, Element, WebDriverError};
 
 use sqlx::{Connection, Executor};

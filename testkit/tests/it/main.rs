@@ -11,6 +11,8 @@ use axum::response::{Html, IntoResponse};
 use axum::routing::{get, post};
 use llmgw_testkit::{Browser, WebDriverError};
 
+mod relay;
+
 /// Generous: the machine may be busy; a pass never waits this long.
 const WAIT: Duration = Duration::from_secs(10);
 
