@@ -263,6 +263,12 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
         removed.payload["certificates"],
         json!([joined.payload["certificate"]])
     );
+    // Its replica no longer counts: it is failed, to be rebuilt elsewhere.
+    until("the removed node's replica stopped", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        rows.as_array().unwrap().is_empty().then_some(())
+    })
+    .await;
     drop(a);
 
     // A new token brings it back with a new certificate; the old one
@@ -272,7 +278,11 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
     args.extend(["--join", &again]);
     let a = Child::spawn(&args);
     Child::expect(&a.stderr, "joined the cluster");
-    Child::expect(&a.stderr, "connected to the control plane");
+    until("a replica served by the node that joined again", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (ready_replicas(&rows).len() == 1).then_some(())
+    })
+    .await;
     let o = |f: &str| old_cert.join(f).to_str().unwrap().to_owned();
     let (ca, crt, key) = (o("ca.pem"), o("node.pem"), o("node-key.pem"));
     let stale_work = dir.path().join("work-stale");
@@ -348,4 +358,45 @@ fn pki_other(dir: &Path) -> String {
     let p = dir.to_str().unwrap().to_owned();
     ok(&["ctl", "cert", "init-ca", "--dir", &p]);
     p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_a_standby_and_a_join_at_a_standby_reach_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(&dir.path().join("pki"));
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let config = |name: &str, port: u16| {
+        let path = server_yaml(dir.path(), name, &store, port, 1);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!(
+            "tls:\n  ca: {pki}/ca.pem\n  cert: {pki}/cp.pem\n  key: {pki}/cp-key.pem\n  ca_key: {pki}/ca-key.pem\n"
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let leader = start_server(&config("lead", free_port()));
+    until("the first server leads", || async {
+        (get(format!("{}/api/v1/leader", leader.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let standby_port = free_port();
+    let standby = start_server(&config("stand", standby_port));
+    // Asked of the standby, the token is the leader's decision.
+    let (t, _) = token(&standby.admin, &["--node", "a"]);
+    let issued = events(&store).await;
+    let issued = issued
+        .iter()
+        .find(|e| e.event_type == "JoinTokenIssued")
+        .unwrap();
+    assert_eq!(issued.metadata["writer"], "lead", "{}", issued.metadata);
+    // An agent that knows only the standby joins through the leader it
+    // names.
+    let work = dir.path().join("work-a");
+    let standby_url = format!("https://127.0.0.1:{standby_port}");
+    let mut args = agent_args(&standby_url, "a", "127.0.31.5", work.to_str().unwrap());
+    args.extend(["--join", &t]);
+    let a = Child::spawn(&args);
+    Child::expect(&a.stderr, "joined the cluster");
+    assert!(work.join("identity/node.pem").exists());
+    drop(a);
 }
