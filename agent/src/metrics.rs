@@ -27,6 +27,8 @@ pub struct AgentStats {
     /// The status of every shard the agent supervises, read at scrape
     /// time, so a state is never stale however long the stream is down.
     shards: Mutex<Vec<watch::Receiver<Status>>>,
+    /// Commands refused because they came from a deposed leader.
+    refused: AtomicU64,
 }
 
 impl AgentStats {
@@ -48,6 +50,15 @@ impl AgentStats {
             *by_state.entry(s.borrow().state.to_string()).or_insert(0) += 1;
         }
         by_state
+    }
+
+    /// Commands refused so far because their sender was deposed.
+    pub fn refused_commands(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn refused(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn stream_up(&self) {
@@ -99,6 +110,11 @@ pub fn render(stats: &AgentStats) -> String {
         "Streams to a control plane opened after the first (each means the previous was lost)",
         ConstCounter::new(stats.reconnects()),
     );
+    registry.register(
+        "agent_commands_refused",
+        "Commands not carried out because they came from a leader under a lower lease epoch than the agent has seen (a deposed leader)",
+        ConstCounter::new(stats.refused_commands()),
+    );
     let shards = Family::<StateLabels, Gauge>::default();
     for (state, n) in stats.shards() {
         shards.get_or_create(&StateLabels { state }).set(n as i64);
@@ -144,6 +160,7 @@ mod tests {
         stats.stream_up();
         stats.stream_down();
         stats.stream_up();
+        stats.refused();
         stats.supervising(vec![
             status(State::Ready),
             status(State::Ready),
@@ -153,6 +170,7 @@ mod tests {
         for line in [
             "llmgw_agent_connected 1",
             "llmgw_agent_reconnects_total 1",
+            "llmgw_agent_commands_refused_total 1",
             "llmgw_agent_shards{state=\"ready\"} 2",
             "llmgw_agent_shards{state=\"loading\"} 1",
         ] {
@@ -162,6 +180,7 @@ mod tests {
             "build_info",
             "agent_connected",
             "agent_reconnects",
+            "agent_commands_refused",
             "agent_shards",
         ] {
             assert!(page.contains(&format!("# HELP llmgw_{help} ")), "{page}");

@@ -18,6 +18,9 @@ pub mod refusal {
     /// Where the leader takes agent streams, as it advertised on taking
     /// office (`http://…` or `https://…`).
     pub const LEADER_AGENT: &str = "llmgw-leader-agent";
+    /// The lease's epoch as the standby read it: a leader under a lower
+    /// one is deposed, and the agent obeys it no more.
+    pub const EPOCH: &str = "llmgw-epoch";
 }
 
 /// The agent protocol, generated from `proto/llmgw/v1/agent.proto`.

@@ -28,6 +28,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use llmgw_eventstore::LeaseToken;
+
 use crate::{ControlError, ControlPlane, convert};
 
 /// What a registration asks for: commands to decide, groups of shards to
@@ -63,6 +65,10 @@ fn report(rs: &v1::RunningShard, state: ShardState) -> Command {
 #[derive(Debug)]
 struct Session {
     generation: u64,
+    /// The lease epoch the stream was let in under: on every message, so
+    /// that the agent can tell a deposed sender. Sessions never outlive
+    /// it (losing the lease drops them all).
+    epoch: u64,
     tx: mpsc::Sender<Result<ControlMessage, Status>>,
 }
 
@@ -162,7 +168,11 @@ impl Registry {
         let Some(s) = sessions.get(node) else {
             return false;
         };
-        s.tx.try_send(Ok(ControlMessage { msg: Some(msg) })).is_ok()
+        s.tx.try_send(Ok(ControlMessage {
+            msg: Some(msg),
+            epoch: s.epoch,
+        }))
+        .is_ok()
     }
 }
 
@@ -183,14 +193,14 @@ impl ControlPlane {
     /// lease is about to be free (or is free) holds it open until it takes
     /// office, for a few seconds at most; otherwise, and when that wait
     /// runs out, it refuses, saying whom to dial and when to ask again.
-    pub(crate) async fn admit(&self) -> Result<(), Status> {
+    pub(crate) async fn admit(&self) -> Result<LeaseToken, Status> {
         let mut leadership = self.leadership();
         let mut deadline: Option<Instant> = None;
         let arrived = Instant::now();
         let mut since = arrived.checked_sub(OFFICE_MAX_AGE).unwrap_or(arrived);
         loop {
-            if self.is_leader() {
-                return Ok(());
+            if let Some(token) = self.lease.borrow().clone() {
+                return Ok(token);
             }
             let office = self.office(since).await.map_err(|e| to_status(e.into()))?;
             let now = Instant::now();
@@ -266,6 +276,12 @@ impl ControlPlane {
         {
             metadata.insert(refusal::LEADER_AGENT, at);
         }
+        if office.epoch > 0 {
+            metadata.insert(
+                refusal::EPOCH,
+                tonic::metadata::MetadataValue::from(office.epoch),
+            );
+        }
         Status::with_metadata(tonic::Code::Unavailable, message, metadata)
     }
 }
@@ -294,7 +310,7 @@ impl llmgw_api::AgentService for AgentSvc {
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Outbound>, Status> {
         let cp = self.0.clone();
-        cp.admit().await?;
+        let token = cp.admit().await?;
         // With mutual TLS, the certificate names the node. A listener that
         // lets nodes join takes connections without one (a joining node has
         // none yet), so a stream asks for it here.
@@ -355,6 +371,17 @@ impl llmgw_api::AgentService for AgentSvc {
         // The session's span: what the server does for this node, from its
         // registration to the stream's end, carries the node's name.
         let span = tracing::info_span!("agent_session", node = %node);
+        // An agent that has seen a higher epoch may know that this server
+        // is deposed: the store decides.
+        let lowered = if reg.epoch_seen > token.epoch {
+            cp.confirm_lease(&token, &node, reg.epoch_seen)
+                .instrument(span.clone())
+                .await
+                .map_err(to_status)?;
+            true
+        } else {
+            false
+        };
         cp.register(&reg)
             .instrument(span.clone())
             .await
@@ -366,9 +393,26 @@ impl llmgw_api::AgentService for AgentSvc {
                 message_id: "register".into(),
                 ok: true,
                 error: String::new(),
+                epoch_lowered: lowered,
             })),
+            epoch: token.epoch,
         }));
-        lock(&cp.agents.sessions).insert(node.clone(), Session { generation, tx });
+        {
+            let mut sessions = lock(&cp.agents.sessions);
+            // Leadership lost while this stream was let in: the drop of
+            // every stream may have come before this one was added.
+            if cp.lease.borrow().as_ref() != Some(&token) {
+                return Err(to_status(ControlError::Standby { leader: None }));
+            }
+            sessions.insert(
+                node.clone(),
+                Session {
+                    generation,
+                    epoch: token.epoch,
+                    tx,
+                },
+            );
+        }
         span.in_scope(|| {
             tracing::info!(node = %node, shards = reg.running_shards.len(), "agent connected");
         });
@@ -400,6 +444,10 @@ async fn read_stream(
             Some(agent_message::Msg::Shard(st)) => cp.shard_status(&node, st).await,
             Some(agent_message::Msg::Register(_)) => {
                 tracing::warn!(node = %node, "a second Register on one stream is ignored");
+                Ok(())
+            }
+            Some(agent_message::Msg::Refused(r)) => {
+                cp.refused(&node, r).await;
                 Ok(())
             }
             Some(agent_message::Msg::Logs(reply)) => {

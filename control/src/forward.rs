@@ -52,6 +52,9 @@ pub(crate) struct Office {
     /// The holder's admin and agent addresses, if it recorded them.
     pub(crate) admin: Option<String>,
     pub(crate) agent: Option<String>,
+    /// The lease's epoch, held or not: a leader under a lower one is
+    /// deposed.
+    pub(crate) epoch: u64,
     /// When the read began: it saw everything committed before then.
     read: tokio::time::Instant,
 }
@@ -126,6 +129,7 @@ impl ControlPlane {
             until,
             admin: addresses.admin,
             agent: addresses.agent,
+            epoch: info.epoch,
             read,
         };
         leaders.last = Some(office.clone());

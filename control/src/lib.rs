@@ -16,6 +16,7 @@ pub mod authority;
 mod config;
 mod convert;
 mod door;
+mod fence;
 mod forward;
 mod join;
 pub mod metrics;

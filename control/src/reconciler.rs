@@ -208,6 +208,18 @@ impl ControlPlane {
                 reason,
                 failed,
             } => {
+                // Decided (and fenced by the store) before any agent is
+                // told: a deposed leader's stop goes no further than its
+                // refused append.
+                tracing::info!(replica = %replica_id, %reason, "stopping");
+                self.execute(
+                    &self.own(),
+                    vec![Command::Replica(ReplicaCommand::Stop {
+                        replica_id: replica_id.clone(),
+                        reason,
+                    })],
+                )
+                .await?;
                 if let Some(r) = state.replicas.replicas.get(&replica_id) {
                     for s in &r.placement.shards {
                         self.agents.send(
@@ -232,15 +244,6 @@ impl ControlPlane {
                         m.rt.not_before.insert(r.placement.model.clone(), at);
                     }
                 }
-                tracing::info!(replica = %replica_id, %reason, "stopping");
-                self.execute(
-                    &self.own(),
-                    vec![Command::Replica(ReplicaCommand::Stop {
-                        replica_id: replica_id.clone(),
-                        reason,
-                    })],
-                )
-                .await?;
                 self.memory().rt.drain_since.remove(&replica_id);
             }
             Action::Drain { replica_id } => {

@@ -59,7 +59,8 @@ pub enum Action {
     Place(Placement),
     /// A shard's node is lost: the replica cannot serve.
     Fail { replica_id: String, reason: String },
-    /// Stop every shard, then append `ReplicaStopped`.
+    /// Append `ReplicaStopped`, then stop every shard (the append is
+    /// fenced: a deposed leader's stop goes no further).
     Stop {
         replica_id: String,
         reason: String,

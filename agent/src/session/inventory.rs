@@ -122,6 +122,7 @@ impl Agent {
                 nvidia_driver: inv.host.nvidia_driver.clone(),
             }),
             engines_probed: true,
+            epoch_seen: self.epochs.highest(),
         }
     }
 

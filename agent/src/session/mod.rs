@@ -11,10 +11,13 @@
 //! to the other servers at once. Attempts at different servers run side
 //! by side, so one that hangs (a frozen leader, a machine gone: HTTP/2
 //! pings find a dead stream within seconds) holds up none of the others.
+//! Only the current leader is obeyed: a message from a lower lease epoch
+//! than the highest seen (`epoch.rs`) is refused and the stream left.
 //! Engines outlive both the stream and the agent: a stop signal ends the
 //! agent and leaves them serving.
 
 mod adopt;
+mod epoch;
 mod inventory;
 mod recheck;
 mod shards;
@@ -163,6 +166,9 @@ pub struct Agent {
     registered_figures: Vec<v1::GpuFigures>,
     /// What the agent's metrics page shows.
     stats: Arc<crate::metrics::AgentStats>,
+    /// The highest lease epoch seen: no command from a lower one is
+    /// carried out.
+    epochs: epoch::Epochs,
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
@@ -186,6 +192,9 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 /// …and the stream is given up when the ping is not answered in this.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a refusal is given to reach a deposed leader before the agent
+/// leaves its stream.
+const REFUSAL_FLUSH: Duration = Duration::from_secs(1);
 /// One server is never dialled more often than this.
 const MIN_GAP: Duration = Duration::from_millis(100);
 
@@ -221,6 +230,8 @@ struct Refusal {
     retry_after: Duration,
     leader: Option<String>,
     leader_agent: Option<String>,
+    /// The lease's epoch as the standby read it (0 when it did not say).
+    epoch: u64,
     message: String,
 }
 
@@ -243,6 +254,9 @@ impl Refusal {
             retry_after: Duration::from_millis(ms),
             leader: text(refusal::LEADER),
             leader_agent: text(refusal::LEADER_AGENT),
+            epoch: text(refusal::EPOCH)
+                .and_then(|e| e.parse().ok())
+                .unwrap_or(0),
             message: s.message().to_owned(),
         })
     }
@@ -346,6 +360,7 @@ impl Agent {
         let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
         let (stopped_tx, stopped_rx) = mpsc::unbounded_channel();
         let fetcher = crate::fetch::Fetcher::new(config.cache_dir.clone());
+        let epochs = epoch::Epochs::load(config.work_dir.as_deref());
         Agent {
             config,
             engines: Arc::new(engines),
@@ -374,6 +389,7 @@ impl Agent {
             gpus: Vec::new(),
             registered_figures: Vec::new(),
             stats: Arc::default(),
+            epochs,
         }
     }
 
@@ -500,6 +516,11 @@ impl Agent {
                     ended
                 }
             };
+            if let Ended::Refused(r) = &ended {
+                // A standby names the lease's epoch: any leader under a
+                // lower one is deposed.
+                self.epochs.saw(r.epoch);
+            }
             replan(&mut dials, i, ended, base, max);
         }
     }
@@ -523,6 +544,7 @@ impl Agent {
         let up = Instant::now();
         let mut beat = tokio::time::interval(self.config.heartbeat);
         beat.tick().await;
+        let mut first = true;
         loop {
             self.publish_shards();
             tokio::select! {
@@ -550,6 +572,18 @@ impl Agent {
                         Ok(None) => return Ended::Served(up.elapsed(), None),
                         Err(s) => return Ended::Served(up.elapsed(), Some(format!("stream: {}", s.message()))),
                     };
+                    if first {
+                        first = false;
+                        if let Some(control_message::Msg::Ack(a)) = &msg.msg
+                            && a.epoch_lowered
+                        {
+                            self.epochs.lowered(msg.epoch);
+                        }
+                    }
+                    if let epoch::Verdict::Refuse { highest } = self.epochs.judge(msg.epoch) {
+                        return self.refuse(server, &tx, msg, highest, &mut inbound, up).await;
+                    }
+                    self.epochs.saw(msg.epoch);
                     if let Some(control_message::Msg::Logs(req)) = msg.msg {
                         send(&tx, agent_message::Msg::Logs(self.logs(&req)));
                         continue;
@@ -560,6 +594,58 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+impl Agent {
+    /// A message from a deposed leader: not carried out, said to the
+    /// sender (which steps down once its store confirms it) and logged;
+    /// then the stream is left, for the leader. The refusal is given a
+    /// moment to reach the sender, and whatever else comes meanwhile is
+    /// refused too.
+    async fn refuse(
+        &mut self,
+        server: &str,
+        tx: &mpsc::Sender<AgentMessage>,
+        msg: v1::ControlMessage,
+        highest: u64,
+        inbound: &mut tonic::Streaming<v1::ControlMessage>,
+        up: Instant,
+    ) -> Ended {
+        let mut msg = Some(msg);
+        let flush = tokio::time::sleep(REFUSAL_FLUSH);
+        tokio::pin!(flush);
+        while let Some(m) = msg.take() {
+            let (command, shard_id) = epoch::describe(m.msg.as_ref());
+            tracing::warn!(
+                server,
+                command,
+                shard = %shard_id,
+                epoch = m.epoch,
+                highest,
+                "refused a command from a deposed leader (epoch {} < {highest})",
+                m.epoch
+            );
+            self.stats.refused();
+            let _ = tx.try_send(AgentMessage {
+                msg: Some(agent_message::Msg::Refused(v1::CommandRefused {
+                    command: command.into(),
+                    shard_id,
+                    epoch: m.epoch,
+                    highest,
+                })),
+            });
+            msg = tokio::select! {
+                next = inbound.message() => next.ok().flatten(),
+                _ = &mut flush => None,
+            };
+        }
+        Ended::Served(
+            up.elapsed(),
+            Some(format!(
+                "the server is deposed: its epoch is lower than {highest}"
+            )),
+        )
     }
 }
 
@@ -693,6 +779,7 @@ mod tests {
             retry_after: Duration::from_millis(retry_after_ms),
             leader: leader_agent.map(|_| "a".to_owned()),
             leader_agent: leader_agent.map(str::to_owned),
+            epoch: 0,
             message: "standby".into(),
         })
     }

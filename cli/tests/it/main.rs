@@ -19,6 +19,7 @@ mod deploy_kit;
 mod deploy_rules;
 mod events_io;
 mod failover;
+mod fence;
 mod join;
 mod logs;
 mod metrics;

@@ -280,6 +280,20 @@ impl Agent {
             .expect("a message body")
     }
 
+    /// The next message whole, with the epoch it carries.
+    pub async fn next_whole(&mut self) -> ControlMessage {
+        tokio::time::timeout(Duration::from_secs(10), self.inbound.message())
+            .await
+            .expect("a message within 10 s")
+            .expect("the stream is healthy")
+            .expect("the stream is open")
+    }
+
+    /// Says `msg` on the stream.
+    pub async fn say(&self, msg: agent_message::Msg) {
+        self.tx.send(AgentMessage { msg: Some(msg) }).await.unwrap();
+    }
+
     /// The next message, or None once the server closed the stream.
     pub async fn try_next(&mut self) -> Option<control_message::Msg> {
         match self.inbound.message().await {

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+mod fence;
 mod harness;
 
 use harness::{Agent, Server, eventually, fast, register, running, sim_model, types};
