@@ -69,7 +69,9 @@ impl Command {
             Command::Tenancy(c) => match c {
                 T::CreateOrg { org_id, .. } => scoped(Scope::Org, org_id),
                 T::CreateTeam { team_id, .. } => scoped(Scope::Team, team_id),
-                T::CreateProject { project_id, .. } => scoped(Scope::Project, project_id),
+                T::CreateProject { project_id, .. }
+                | T::SetThreads { project_id, .. }
+                | T::SetMemory { project_id, .. } => scoped(Scope::Project, project_id),
                 T::SetLimits {
                     scope, scope_id, ..
                 } => scoped(*scope, scope_id),
@@ -177,6 +179,25 @@ impl Command {
                 T::Erase { user_id, .. } => format!("Erase {user_id}"),
                 T::OfferClaim { key_id, .. } => format!("OfferClaim {key_id}"),
                 T::Claim { key_id } => format!("Claim {key_id}"),
+                T::SetThreads {
+                    project_id,
+                    setting,
+                    ..
+                } => match setting {
+                    Some(s) => format!(
+                        "SetThreads {project_id} on (capture {}, {} h)",
+                        s.capture, s.retain_hours
+                    ),
+                    None => format!("SetThreads {project_id} off"),
+                },
+                T::SetMemory {
+                    project_id,
+                    setting,
+                    ..
+                } => match setting {
+                    Some(s) => format!("SetMemory {project_id} on ({} h)", s.retain_hours),
+                    None => format!("SetMemory {project_id} off"),
+                },
             },
         }
     }

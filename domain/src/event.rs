@@ -102,6 +102,8 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("UserErased", Area::Tenancy, 1),
     ("KeyClaimOffered", Area::Tenancy, 1),
     ("KeyClaimed", Area::Tenancy, 1),
+    ("ThreadsSet", Area::Tenancy, 1),
+    ("MemorySet", Area::Tenancy, 1),
     ("UsageRecorded", Area::Usage, 1),
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
@@ -221,7 +223,9 @@ impl Event {
             Event::Tenancy(e) => match e {
                 T::OrgCreated { org_id, .. } => format!("org-{org_id}"),
                 T::TeamCreated { team_id, .. } => format!("team-{team_id}"),
-                T::ProjectCreated { project_id, .. } => format!("project-{project_id}"),
+                T::ProjectCreated { project_id, .. }
+                | T::ThreadsSet { project_id, .. }
+                | T::MemorySet { project_id, .. } => format!("project-{project_id}"),
                 T::LimitsSet {
                     scope, scope_id, ..
                 } => match scope {

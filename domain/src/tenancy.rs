@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::Rejection;
+use crate::conversations::{MemorySetting, ThreadsSetting, check_retention};
 
 /// Where a limit is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -342,6 +343,18 @@ pub enum TenancyCommand {
     Claim {
         key_id: String,
     },
+    /// Threads kept for a project (None: no more; the sweep deletes them).
+    SetThreads {
+        project_id: String,
+        setting: Option<ThreadsSetting>,
+        by: String,
+    },
+    /// Memory notes kept for a project (None: no more).
+    SetMemory {
+        project_id: String,
+        setting: Option<MemorySetting>,
+        by: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -406,6 +419,16 @@ pub enum TenancyEvent {
     KeyClaimed {
         key_id: String,
     },
+    ThreadsSet {
+        project_id: String,
+        setting: Option<ThreadsSetting>,
+        by: String,
+    },
+    MemorySet {
+        project_id: String,
+        setting: Option<MemorySetting>,
+        by: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -425,6 +448,12 @@ pub struct Tenancy {
     /// Limits per scope and id (nested so that it serialises as JSON).
     pub limits: BTreeMap<Scope, BTreeMap<String, Limits>>,
     pub users: BTreeMap<String, User>,
+    /// Projects that keep threads; absent means off.
+    #[serde(default)]
+    pub threads: BTreeMap<String, ThreadsSetting>,
+    /// Projects that keep memory notes; absent means off.
+    #[serde(default)]
+    pub memory: BTreeMap<String, MemorySetting>,
 }
 
 fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
@@ -718,7 +747,51 @@ impl Tenancy {
                 None => return Err(Rejection::not_found(format!("no key {key_id}"))),
                 Some(_) => vec![E::KeyClaimed { key_id }],
             },
+            C::SetThreads {
+                project_id,
+                setting,
+                by,
+            } => {
+                self.project(&project_id)?;
+                if let Some(s) = &setting {
+                    check_retention(s.retain_hours)?;
+                }
+                if self.threads.get(&project_id) == setting.as_ref() {
+                    vec![]
+                } else {
+                    vec![E::ThreadsSet {
+                        project_id,
+                        setting,
+                        by,
+                    }]
+                }
+            }
+            C::SetMemory {
+                project_id,
+                setting,
+                by,
+            } => {
+                self.project(&project_id)?;
+                if let Some(s) = &setting {
+                    check_retention(s.retain_hours)?;
+                }
+                if self.memory.get(&project_id) == setting.as_ref() {
+                    vec![]
+                } else {
+                    vec![E::MemorySet {
+                        project_id,
+                        setting,
+                        by,
+                    }]
+                }
+            }
         })
+    }
+
+    fn project(&self, project_id: &str) -> Result<&Named, Rejection> {
+        self.projects
+            .get(project_id)
+            .ok_or_else(|| Rejection::not_found(format!("no project {project_id}")))
     }
 
     fn user(&self, user_id: &str) -> Result<&User, Rejection> {
@@ -830,6 +903,30 @@ impl Tenancy {
                     u.admin = false;
                 }
             }
+            E::ThreadsSet {
+                project_id,
+                setting,
+                ..
+            } => match setting {
+                Some(s) => {
+                    self.threads.insert(project_id.clone(), *s);
+                }
+                None => {
+                    self.threads.remove(project_id);
+                }
+            },
+            E::MemorySet {
+                project_id,
+                setting,
+                ..
+            } => match setting {
+                Some(s) => {
+                    self.memory.insert(project_id.clone(), *s);
+                }
+                None => {
+                    self.memory.remove(project_id);
+                }
+            },
             E::PasswordChanged { .. }
             | E::PasswordReset { .. }
             | E::KeyClaimOffered { .. }

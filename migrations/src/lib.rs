@@ -42,6 +42,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "log_base",
         sql: include_str!("../postgres/0004_log_base.sql"),
     },
+    Migration {
+        version: 5,
+        name: "conversations",
+        sql: include_str!("../postgres/0005_conversations.sql"),
+    },
 ];
 
 /// Migrations for SQLite, oldest first.
@@ -65,6 +70,11 @@ pub const SQLITE: &[Migration] = &[
         version: 4,
         name: "log_base",
         sql: include_str!("../sqlite/0004_log_base.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "conversations",
+        sql: include_str!("../sqlite/0005_conversations.sql"),
     },
 ];
 

@@ -187,6 +187,19 @@ pub(crate) fn every_event() -> Vec<Event> {
             node_id: node(),
             certificate: "cd".repeat(32),
         }),
+        Event::Tenancy(TenancyEvent::ThreadsSet {
+            project_id: "p".into(),
+            setting: Some(llmgw_domain::conversations::ThreadsSetting {
+                capture: true,
+                retain_hours: 24,
+            }),
+            by: "ops".into(),
+        }),
+        Event::Tenancy(TenancyEvent::MemorySet {
+            project_id: "p".into(),
+            setting: None,
+            by: "ops".into(),
+        }),
     ]
 }
 

@@ -2,6 +2,7 @@
 
 mod audit;
 mod catalog;
+mod conversations;
 mod events;
 mod join;
 mod nodes;

@@ -191,6 +191,8 @@ fn the_version_1_log_still_decodes() {
         "NodeRemoved",
         "JoinTokenIssued",
         "NodeJoined",
+        "ThreadsSet",
+        "MemorySet",
     ];
     let v1: BTreeSet<String> = Event::types()
         .filter(|(t, v)| *v == 1 && !BORN_AFTER_FREEZE.contains(t))

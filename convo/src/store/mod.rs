@@ -1,0 +1,132 @@
+//! The conversation tables, written once per backend (`pg.rs`,
+//! `sqlite.rs`) with plain binds, on the event store's pools (SQLite's
+//! single writer connection, so writes here queue behind the log's).
+
+mod pg;
+mod sqlite;
+
+use llmgw_eventstore::AnyStore;
+use sqlx::{PgPool, SqlitePool};
+
+use crate::{ConvoError, Note, Owner, Put, Result, Search};
+
+#[derive(Debug, Clone)]
+pub(crate) enum Db {
+    Pg(PgPool),
+    Lite(SqlitePool),
+}
+
+pub(crate) fn db_err(e: sqlx::Error) -> ConvoError {
+    ConvoError::Store(e.to_string())
+}
+
+/// A stored row's tags back into a list.
+pub(crate) fn tags_of(json: &str) -> Result<Vec<String>> {
+    serde_json::from_str(json).map_err(|e| ConvoError::Store(format!("a note's tags: {e}")))
+}
+
+pub(crate) type NoteRow = (String, String, String, i64, i64);
+
+pub(crate) fn note_of((key, text, tags, created_at, updated_at): NoteRow) -> Result<Note> {
+    Ok(Note {
+        key,
+        text,
+        tags: tags_of(&tags)?,
+        created_at,
+        updated_at,
+    })
+}
+
+macro_rules! each {
+    ($self:ident, $f:ident($($arg:expr),*)) => {
+        match $self {
+            Db::Pg(pool) => pg::$f(pool, $($arg),*).await,
+            Db::Lite(pool) => sqlite::$f(pool, $($arg),*).await,
+        }
+    };
+}
+
+impl Db {
+    pub(crate) fn new(store: &AnyStore) -> Self {
+        match store {
+            AnyStore::Postgres(s) => Db::Pg(s.pool().clone()),
+            AnyStore::Sqlite(s) => Db::Lite(s.pool().clone()),
+        }
+    }
+
+    pub(crate) async fn put_note(
+        &self,
+        owner: &Owner,
+        key: &str,
+        text: &str,
+        tags: &str,
+        now: i64,
+    ) -> Result<Put> {
+        each!(self, put_note(owner, key, text, tags, now))
+    }
+
+    pub(crate) async fn note(&self, owner: &Owner, key: &str) -> Result<Option<Note>> {
+        each!(self, note(owner, key))
+    }
+
+    pub(crate) async fn delete_note(&self, owner: &Owner, key: &str) -> Result<bool> {
+        each!(self, delete_note(owner, key))
+    }
+
+    pub(crate) async fn search(
+        &self,
+        owner: &Owner,
+        search: &Search,
+        limit: i64,
+    ) -> Result<Vec<Note>> {
+        each!(self, search(owner, search, limit))
+    }
+
+    pub(crate) async fn history(
+        &self,
+        project: &str,
+        thread: &str,
+    ) -> Result<Vec<serde_json::Value>> {
+        each!(self, history(project, thread))
+    }
+
+    pub(crate) async fn append(
+        &self,
+        project: &str,
+        thread: &str,
+        messages: &[String],
+        now: i64,
+    ) -> Result<()> {
+        each!(self, append(project, thread, messages, now))
+    }
+
+    pub(crate) async fn delete_thread(&self, project: &str, thread: &str) -> Result<bool> {
+        each!(self, delete_thread(project, thread))
+    }
+
+    pub(crate) async fn projects_with_threads(&self) -> Result<Vec<String>> {
+        each!(self, projects_with_threads())
+    }
+
+    pub(crate) async fn projects_with_notes(&self) -> Result<Vec<String>> {
+        each!(self, projects_with_notes())
+    }
+
+    /// Deletes the project's threads last written before `before`.
+    pub(crate) async fn sweep_threads(&self, project: &str, before: i64) -> Result<u64> {
+        each!(self, sweep_threads(project, before))
+    }
+
+    pub(crate) async fn sweep_notes(&self, project: &str, before: i64) -> Result<u64> {
+        each!(self, sweep_notes(project, before))
+    }
+}
+
+/// The turns of stored messages, parsed.
+pub(crate) fn messages_of(rows: Vec<String>) -> Result<Vec<serde_json::Value>> {
+    rows.iter()
+        .map(|m| {
+            serde_json::from_str(m).map_err(|e| ConvoError::Store(format!("a stored turn: {e}")))
+        })
+        .collect()
+}

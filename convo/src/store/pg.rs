@@ -1,0 +1,226 @@
+//! The conversation tables on PostgreSQL.
+
+use sqlx::PgPool;
+
+use super::{NoteRow, db_err, messages_of, note_of};
+use crate::{ConvoError, Note, Owner, Put, Result, Search};
+
+pub(super) async fn put_note(
+    pool: &PgPool,
+    owner: &Owner,
+    key: &str,
+    text: &str,
+    tags: &str,
+    now: i64,
+) -> Result<Put> {
+    let mut tx = pool.begin().await.map_err(db_err)?;
+    // One writer per agent at a time, so two new notes cannot both pass
+    // the count at 999. ('/' is in neither a project id nor an agent name.)
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
+        .bind(&owner.project)
+        .bind(&owner.agent)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    let exists: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM convo_notes WHERE project_id = $1 AND agent = $2 AND key = $3",
+    )
+    .bind(&owner.project)
+    .bind(&owner.agent)
+    .bind(key)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db_err)?;
+    if exists.is_none() {
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM convo_notes WHERE project_id = $1 AND agent = $2",
+        )
+        .bind(&owner.project)
+        .bind(&owner.agent)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_err)?;
+        if count as u64 >= crate::limits::MAX_NOTES_PER_AGENT {
+            return Err(ConvoError::TooManyNotes {
+                agent: owner.agent.clone(),
+            });
+        }
+    }
+    sqlx::query(
+        "INSERT INTO convo_notes (project_id, agent, key, body, tags, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5::jsonb, $6, $6)
+         ON CONFLICT (project_id, agent, key)
+         DO UPDATE SET body = EXCLUDED.body, tags = EXCLUDED.tags, updated_at = EXCLUDED.updated_at",
+    )
+    .bind(&owner.project)
+    .bind(&owner.agent)
+    .bind(key)
+    .bind(text)
+    .bind(tags)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(db_err)?;
+    tx.commit().await.map_err(db_err)?;
+    Ok(if exists.is_some() {
+        Put::Replaced
+    } else {
+        Put::Created
+    })
+}
+
+const NOTE_COLUMNS: &str = "key, body, tags::text, created_at, updated_at";
+
+pub(super) async fn note(pool: &PgPool, owner: &Owner, key: &str) -> Result<Option<Note>> {
+    let row: Option<NoteRow> = sqlx::query_as(&format!(
+        "SELECT {NOTE_COLUMNS} FROM convo_notes
+          WHERE project_id = $1 AND agent = $2 AND key = $3"
+    ))
+    .bind(&owner.project)
+    .bind(&owner.agent)
+    .bind(key)
+    .fetch_optional(pool)
+    .await
+    .map_err(db_err)?;
+    row.map(note_of).transpose()
+}
+
+pub(super) async fn delete_note(pool: &PgPool, owner: &Owner, key: &str) -> Result<bool> {
+    let done =
+        sqlx::query("DELETE FROM convo_notes WHERE project_id = $1 AND agent = $2 AND key = $3")
+            .bind(&owner.project)
+            .bind(&owner.agent)
+            .bind(key)
+            .execute(pool)
+            .await
+            .map_err(db_err)?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(super) async fn search(
+    pool: &PgPool,
+    owner: &Owner,
+    search: &Search,
+    limit: i64,
+) -> Result<Vec<Note>> {
+    let (filter, arg) = match search {
+        // The words are letters and digits only (limits::query_words), so
+        // joining them with & is a well-formed tsquery.
+        Search::Words(words) => ("search @@ to_tsquery('simple', $3)", words.join(" & ")),
+        Search::Tag(tag) => ("tags ? $3", tag.clone()),
+    };
+    let rows: Vec<NoteRow> = sqlx::query_as(&format!(
+        "SELECT {NOTE_COLUMNS} FROM convo_notes
+          WHERE project_id = $1 AND agent = $2 AND {filter}
+          ORDER BY updated_at DESC, key
+          LIMIT $4"
+    ))
+    .bind(&owner.project)
+    .bind(&owner.agent)
+    .bind(arg)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    rows.into_iter().map(note_of).collect()
+}
+
+pub(super) async fn history(
+    pool: &PgPool,
+    project: &str,
+    thread: &str,
+) -> Result<Vec<serde_json::Value>> {
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT message FROM convo_turns WHERE project_id = $1 AND thread_id = $2 ORDER BY seq",
+    )
+    .bind(project)
+    .bind(thread)
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    messages_of(rows)
+}
+
+pub(super) async fn append(
+    pool: &PgPool,
+    project: &str,
+    thread: &str,
+    messages: &[String],
+    now: i64,
+) -> Result<()> {
+    let mut tx = pool.begin().await.map_err(db_err)?;
+    // The row lock orders appends to one thread: their turns never interleave.
+    let first: i64 = sqlx::query_scalar(
+        "INSERT INTO convo_threads (project_id, thread_id, created_at, updated_at, next_seq)
+         VALUES ($1, $2, $3, $3, $4)
+         ON CONFLICT (project_id, thread_id)
+         DO UPDATE SET updated_at = EXCLUDED.updated_at,
+                       next_seq = convo_threads.next_seq + EXCLUDED.next_seq
+         RETURNING next_seq - $4",
+    )
+    .bind(project)
+    .bind(thread)
+    .bind(now)
+    .bind(messages.len() as i64)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db_err)?;
+    for (i, m) in messages.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO convo_turns (project_id, thread_id, seq, message) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(project)
+        .bind(thread)
+        .bind(first + i as i64)
+        .bind(m)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    tx.commit().await.map_err(db_err)
+}
+
+pub(super) async fn delete_thread(pool: &PgPool, project: &str, thread: &str) -> Result<bool> {
+    // The turns go with the thread (ON DELETE CASCADE).
+    let done = sqlx::query("DELETE FROM convo_threads WHERE project_id = $1 AND thread_id = $2")
+        .bind(project)
+        .bind(thread)
+        .execute(pool)
+        .await
+        .map_err(db_err)?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(super) async fn projects_with_threads(pool: &PgPool) -> Result<Vec<String>> {
+    sqlx::query_scalar("SELECT DISTINCT project_id FROM convo_threads")
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)
+}
+
+pub(super) async fn projects_with_notes(pool: &PgPool) -> Result<Vec<String>> {
+    sqlx::query_scalar("SELECT DISTINCT project_id FROM convo_notes")
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)
+}
+
+pub(super) async fn sweep_threads(pool: &PgPool, project: &str, before: i64) -> Result<u64> {
+    let done = sqlx::query("DELETE FROM convo_threads WHERE project_id = $1 AND updated_at < $2")
+        .bind(project)
+        .bind(before)
+        .execute(pool)
+        .await
+        .map_err(db_err)?;
+    Ok(done.rows_affected())
+}
+
+pub(super) async fn sweep_notes(pool: &PgPool, project: &str, before: i64) -> Result<u64> {
+    let done = sqlx::query("DELETE FROM convo_notes WHERE project_id = $1 AND updated_at < $2")
+        .bind(project)
+        .bind(before)
+        .execute(pool)
+        .await
+        .map_err(db_err)?;
+    Ok(done.rows_affected())
+}
