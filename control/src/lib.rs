@@ -34,7 +34,6 @@ use llmgw_domain::{Command, Rejection};
 use llmgw_eventstore::{AnyStore, EventStore, LeaseToken, StoreError, Writer};
 use llmgw_projections::Projections;
 use tokio::sync::{Notify, watch};
-use tokio::time::Instant;
 
 pub use agents::AgentSvc;
 pub use config::ControlConfig;
@@ -84,13 +83,12 @@ const NUDGE_GAP: Duration = Duration::from_millis(50);
 /// How often a standby records demand for one model.
 const DEMAND_EVERY_MS: i64 = 5_000;
 
-/// What the control plane keeps in memory between reconciler passes: lost
-/// on restart by design (backoff restarts from the base, drains restart
-/// their grace period).
+/// What the control plane keeps in memory between reconciler passes. The
+/// backoff and drain clocks are not among it: they are read from the log
+/// (`llmgw_domain::clocks`) on every pass, so a new leader continues them.
 #[derive(Debug, Default)]
 struct Memory {
     rt: llmgw_domain::reconcile::Runtime,
-    failures: BTreeMap<String, u32>,
     /// Model → the last reason it could not be placed, logged on change.
     unplaced: BTreeMap<String, String>,
 }
@@ -106,7 +104,6 @@ pub struct ControlPlane {
     agents: agents::Registry,
     memory: Mutex<Memory>,
     wake: Notify,
-    started: Instant,
     /// Reconciler passes completed as leader: what "the reconciler has
     /// looked since" can be waited on.
     passes: watch::Sender<u64>,
@@ -152,7 +149,6 @@ impl ControlPlane {
             agents: agents::Registry::default(),
             memory: Mutex::new(Memory::default()),
             wake: Notify::new(),
-            started: Instant::now(),
             passes: watch::channel(0).0,
             admin_url: Mutex::new(None),
             agent_url: Mutex::new(None),
@@ -217,8 +213,10 @@ impl ControlPlane {
         Origin::new(Actor::Leader(self.config.instance.clone()))
     }
 
+    /// Wall-clock milliseconds: the clocks read from the log are the
+    /// times it recorded, and another server continues them.
     fn now_ms(&self) -> i64 {
-        self.started.elapsed().as_millis() as i64
+        chrono::Utc::now().timestamp_millis()
     }
 
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
@@ -426,10 +424,6 @@ impl ControlPlane {
         let state = self.decider.state().await?;
         self.agents.reset_clocks(state.nodes.nodes.keys());
         self.telemetry.clear();
-        {
-            let mut m = self.memory();
-            m.rt.drain_since.clear();
-        }
         let writer = Writer::Leader(token.clone());
         let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {
             holder: token.holder.clone(),

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use llmgw_api::v1::{self, control_message};
 use llmgw_domain::Command;
+use llmgw_domain::clocks::Clocks;
 use llmgw_domain::nodes::{NodeCommand, Reachability};
 use llmgw_domain::reconcile::{self, Action, Settings};
-use llmgw_domain::replicas::{ReplicaCommand, ReplicaStatus};
+use llmgw_domain::replicas::ReplicaCommand;
 
 use crate::ControlPlane;
 
@@ -88,10 +89,6 @@ fn replica_id() -> String {
     format!("r-{}", uuid::Uuid::now_v7().simple())
 }
 
-fn unit_random() -> f64 {
-    (uuid::Uuid::new_v4().as_u128() & 0xFFFF_FFFF) as f64 / (u32::MAX as f64 + 1.0)
-}
-
 impl ControlPlane {
     pub(crate) fn settings(&self) -> Settings {
         Settings {
@@ -112,10 +109,10 @@ impl ControlPlane {
         // is something to carry out, which a settled cluster never has.
         let (plan, state) = self
             .decider
-            .read(|state| {
-                let rt = self.runtime(state, now);
+            .read_with_clocks(|state, clocks| {
+                let rt = self.runtime(clocks, now);
                 let plan = reconcile::plan(state, &rt, &self.settings(), |_| replica_id());
-                let copy = (!plan.actions.is_empty()).then(|| state.clone());
+                let copy = (!plan.actions.is_empty()).then(|| (state.clone(), clocks.clone()));
                 (plan, copy)
             })
             .await?;
@@ -130,35 +127,28 @@ impl ControlPlane {
             }
         }
         tracing::Span::current().record("actions", plan.actions.len());
-        let Some(state) = state else {
+        let Some((state, clocks)) = state else {
             return Ok(());
         };
         for action in plan.actions {
-            if let Err(e) = self.carry_out(&state, action).await {
+            if let Err(e) = self.carry_out(&state, &clocks, action).await {
                 tracing::warn!(error = %e, "a reconciler action failed");
             }
         }
         Ok(())
     }
 
-    /// The in-memory facts of this pass: drain clocks started, failure
-    /// counts of models now serving forgotten.
-    fn runtime(&self, state: &llmgw_domain::State, now: i64) -> reconcile::Runtime {
+    /// This pass's facts: the clocks read from the log (drains begun,
+    /// backoffs after failures) and, from memory, on-demand requests and
+    /// the processes agents hold.
+    fn runtime(&self, clocks: &Clocks, now: i64) -> reconcile::Runtime {
         let mut m = self.memory();
         m.rt.now = now;
-        for n in state.nodes.nodes.values().filter(|n| n.draining) {
-            m.rt.drain_since.entry(n.id.clone()).or_insert(now);
-        }
-        for r in state.replicas.replicas.values() {
-            if r.status == ReplicaStatus::Draining {
-                m.rt.drain_since
-                    .entry(r.placement.replica_id.clone())
-                    .or_insert(now);
-            }
-            if r.status == ReplicaStatus::Ready {
-                m.failures.remove(&r.placement.model);
-            }
-        }
+        m.rt.drain_since = clocks.drain_since.clone();
+        m.rt.not_before = clocks.backoffs(
+            self.config.base_backoff.as_millis() as i64,
+            self.config.max_backoff.as_millis() as i64,
+        );
         m.rt.held = self.agents.held();
         m.rt.clone()
     }
@@ -166,6 +156,7 @@ impl ControlPlane {
     async fn carry_out(
         &self,
         state: &llmgw_domain::State,
+        clocks: &Clocks,
         action: Action,
     ) -> Result<(), crate::ControlError> {
         match action {
@@ -229,22 +220,17 @@ impl ControlPlane {
                             }),
                         );
                     }
-                    if failed {
-                        let mut m = self.memory();
-                        let n = m.failures.entry(r.placement.model.clone()).or_insert(0);
-                        *n += 1;
-                        let delay = reconcile::backoff(
-                            *n,
+                    let model = &r.placement.model;
+                    if failed && let Some((n, _)) = clocks.failures.get(model) {
+                        let until = clocks.not_before(
+                            model,
                             self.config.base_backoff.as_millis() as i64,
                             self.config.max_backoff.as_millis() as i64,
-                            unit_random(),
                         );
-                        let at = self.now_ms() + delay;
-                        tracing::info!(model = %r.placement.model, failures = *n, delay_ms = delay, "backing off before rebuilding");
-                        m.rt.not_before.insert(r.placement.model.clone(), at);
+                        let delay = until.map_or(0, |t| (t - self.now_ms()).max(0));
+                        tracing::info!(%model, failures = *n, delay_ms = delay, "backing off before rebuilding");
                     }
                 }
-                self.memory().rt.drain_since.remove(&replica_id);
             }
             Action::Drain { replica_id } => {
                 tracing::info!(replica = %replica_id, "draining");
@@ -265,8 +251,6 @@ impl ControlPlane {
                         );
                     }
                 }
-                let now = self.now_ms();
-                self.memory().rt.drain_since.insert(replica_id, now);
             }
             Action::FinishNodeDrain { node_id } => {
                 tracing::info!(node = %node_id, "drain finished; the node stays cordoned");
@@ -277,7 +261,6 @@ impl ControlPlane {
                     })],
                 )
                 .await?;
-                self.memory().rt.drain_since.remove(&node_id);
             }
         }
         Ok(())

@@ -21,6 +21,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use llmgw_domain::audit::AuditEvent;
+use llmgw_domain::clocks::Clocks;
 use llmgw_domain::{Command, Event, State};
 use llmgw_eventstore::{
     AnyStore, Appended, EventStore, ExpectedVersion, NewEvent, StoreError, StreamAppend, Writer,
@@ -60,6 +61,8 @@ struct Inner {
     own: BTreeSet<u64>,
     /// The state holds a decision that did not land: rebuild before use.
     dirty: bool,
+    /// The reconciler's clocks, as of `position`.
+    clocks: Clocks,
     /// On-demand models another server's gateway was asked for, recently.
     demanded: Vec<String>,
 }
@@ -119,7 +122,15 @@ impl Decider {
             for r in &page {
                 // In log order, so the last version read is the stream's.
                 inner.versions.insert(r.stream_id.clone(), r.stream_version);
+                let clocked = Clocks::cares(&r.event_type);
+                let at = r.recorded_at.timestamp_millis();
                 if inner.own.remove(&r.position) {
+                    // Applied when decided; its time is known only now.
+                    if clocked
+                        && let Ok(e) = Event::decode(&r.event_type, r.schema_version, &r.payload)
+                    {
+                        inner.clocks.observe(&inner.state, &e, at);
+                    }
                     continue;
                 }
                 match Event::decode(&r.event_type, r.schema_version, &r.payload) {
@@ -133,7 +144,12 @@ impl Decider {
                             inner.demanded.push(model);
                         }
                     }
-                    Ok(e) => inner.state.evolve(&e),
+                    Ok(e) => {
+                        inner.state.evolve(&e);
+                        if clocked {
+                            inner.clocks.observe(&inner.state, &e, at);
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(position = r.position, error = %e, "skipping an event this build cannot read")
                     }
@@ -157,6 +173,18 @@ impl Decider {
         let mut inner = self.inner.lock().await;
         self.catch_up(&mut inner).await?;
         Ok(f(&inner.state))
+    }
+
+    /// Reads the decision state and the reconciler's clocks (when drains
+    /// began, failures in a row: times the log recorded) as of the log's
+    /// head.
+    pub async fn read_with_clocks<R>(
+        &self,
+        f: impl FnOnce(&State, &Clocks) -> R,
+    ) -> Result<R, StoreError> {
+        let mut inner = self.inner.lock().await;
+        self.catch_up(&mut inner).await?;
+        Ok(f(&inner.state, &inner.clocks))
     }
 
     /// Appends observed facts (usage, demand, refusals): no decision, no
@@ -246,6 +274,14 @@ impl Decider {
                     }
                     if appended.first_position == inner.position + 1 {
                         inner.position = appended.last_position;
+                        // Not read back: the clocks take them now (the log
+                        // recorded them a moment ago; another server reads
+                        // that time).
+                        let at = chrono::Utc::now().timestamp_millis();
+                        let Inner { state, clocks, .. } = &mut *inner;
+                        for e in &events {
+                            clocks.observe(state, e, at);
+                        }
                     } else {
                         inner
                             .own

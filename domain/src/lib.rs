@@ -18,6 +18,7 @@
 
 pub mod audit;
 pub mod catalog;
+pub mod clocks;
 pub mod conversations;
 pub mod demand;
 pub mod event;

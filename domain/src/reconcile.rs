@@ -1,8 +1,8 @@
 //! The reconciler's decision: desired against actual, as a list of actions.
 //!
-//! Pure and idempotent: it reads the state the log built plus the few facts
-//! the control plane keeps in memory (backoff, on-demand requests, drain
-//! clocks) and returns what to do. Running it twice on the same input gives
+//! Pure and idempotent: it reads the state the log built plus a few facts
+//! (backoff and drain clocks read from the log, on-demand requests kept in
+//! memory) and returns what to do. Running it twice on the same input gives
 //! the same plan; carrying out a plan changes the log, so the next pass sees
 //! the result. At most one placement per model per pass, because the next
 //! placement must see the GPUs the previous one took.
@@ -39,15 +39,17 @@ impl Default for Settings {
     }
 }
 
-/// What the control plane keeps in memory between passes.
+/// The facts of a pass beyond the state: the clocks read from the log
+/// (`crate::clocks`) and what the control plane keeps in memory.
 #[derive(Debug, Clone, Default)]
 pub struct Runtime {
+    /// Wall-clock milliseconds, comparable with the times the log recorded.
     pub now: Millis,
     /// Model → no placement before this time (after failures).
     pub not_before: BTreeMap<String, Millis>,
     /// On-demand model → when it was last asked for.
     pub demand: BTreeMap<String, Millis>,
-    /// Replica or node id → when its drain was first seen.
+    /// Replica or node id → when its drain began.
     pub drain_since: BTreeMap<String, Millis>,
     /// Processes agents report that the log no longer counts as live.
     pub held: Vec<Held>,

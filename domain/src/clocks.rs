@@ -1,0 +1,229 @@
+//! The reconciler's clocks, read from the log: when each drain began, and
+//! each model's failures in a row and when the last one happened. They are
+//! derived from events and the times the log recorded them, so every
+//! server that reads the log derives the same clocks, and a new leader
+//! continues its predecessor's backoffs and drain grace periods instead of
+//! restarting them.
+
+use std::collections::BTreeMap;
+
+use crate::event::Event;
+use crate::nodes::NodeEvent;
+use crate::reconcile::backoff;
+use crate::replicas::ReplicaEvent;
+use crate::{Millis, State};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Clocks {
+    /// Replica or node id → when its drain began.
+    pub drain_since: BTreeMap<String, Millis>,
+    /// Model → its replicas' failures since it last had one ready, and
+    /// when the last failure was recorded.
+    pub failures: BTreeMap<String, (u32, Millis)>,
+}
+
+impl Clocks {
+    /// Whether events of this type move a clock: the others need not even
+    /// be decoded for it.
+    pub fn cares(event_type: &str) -> bool {
+        matches!(
+            event_type,
+            "ReplicaDraining"
+                | "ReplicaStopped"
+                | "ReplicaFailed"
+                | "ReplicaReady"
+                | "NodeDrainRequested"
+                | "NodeDrained"
+                | "NodeUncordoned"
+                | "NodeRemoved"
+        )
+    }
+
+    /// Notes `event`, which the log recorded at `at`. `state` knows the
+    /// replica's model (replicas are never forgotten, so the state before
+    /// or after the event will do).
+    pub fn observe(&mut self, state: &State, event: &Event, at: Millis) {
+        let model = |id: &str| {
+            state
+                .replicas
+                .replicas
+                .get(id)
+                .map(|r| r.placement.model.clone())
+        };
+        match event {
+            Event::Replica(ReplicaEvent::ReplicaDraining { replica_id }) => {
+                self.drain_since.entry(replica_id.clone()).or_insert(at);
+            }
+            Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
+                self.drain_since.remove(replica_id);
+            }
+            Event::Replica(ReplicaEvent::ReplicaFailed { replica_id, .. }) => {
+                if let Some(m) = model(replica_id) {
+                    let n = self.failures.get(&m).map_or(0, |(n, _)| *n);
+                    self.failures.insert(m, (n + 1, at));
+                }
+            }
+            Event::Replica(ReplicaEvent::ReplicaReady { replica_id }) => {
+                if let Some(m) = model(replica_id) {
+                    self.failures.remove(&m);
+                }
+            }
+            Event::Node(NodeEvent::NodeDrainRequested { node_id, .. }) => {
+                self.drain_since.entry(node_id.clone()).or_insert(at);
+            }
+            Event::Node(
+                NodeEvent::NodeDrained { node_id }
+                | NodeEvent::NodeUncordoned { node_id, .. }
+                | NodeEvent::NodeRemoved { node_id, .. },
+            ) => {
+                self.drain_since.remove(node_id);
+            }
+            _ => {}
+        }
+    }
+
+    /// When `model` may be placed again: its last failure plus the backoff
+    /// for that many failures in a row (jittered by the model and the
+    /// count, so that every server computes the same time and models that
+    /// fail together do not retry together). None when it has not failed
+    /// since it last served.
+    pub fn not_before(&self, model: &str, base_ms: Millis, max_ms: Millis) -> Option<Millis> {
+        let (n, at) = self.failures.get(model)?;
+        Some(at.saturating_add(backoff(*n, base_ms, max_ms, unit(model, *n))))
+    }
+
+    /// Every model's backoff as [`Clocks::not_before`] gives it.
+    pub fn backoffs(&self, base_ms: Millis, max_ms: Millis) -> BTreeMap<String, Millis> {
+        self.failures
+            .keys()
+            .filter_map(|m| Some((m.clone(), self.not_before(m, base_ms, max_ms)?)))
+            .collect()
+    }
+}
+
+/// A number in [0, 1) that depends only on `model` and `failures`
+/// (FNV-1a), standing in for a random draw every server must agree on.
+fn unit(model: &str, failures: u32) -> f64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in model.bytes().chain(failures.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replicas::{Placement, ShardPlacement};
+
+    fn placed(state: &mut State, id: &str, model: &str) {
+        let p = Placement {
+            replica_id: id.into(),
+            model: model.into(),
+            profile: "sim".into(),
+            profile_fp: String::new(),
+            pool: "cpu".into(),
+            fabric: None,
+            shards: vec![ShardPlacement {
+                shard_id: format!("{id}-0"),
+                rank: 0,
+                node_id: "n1".into(),
+                gpu_indices: vec![],
+                hcas: vec![],
+                port: 20000,
+                memory_mb: 0,
+            }],
+            why: String::new(),
+        };
+        state
+            .replicas
+            .evolve(&ReplicaEvent::ReplicaPlaced(p.clone()));
+    }
+
+    fn failed(id: &str) -> Event {
+        Event::Replica(ReplicaEvent::ReplicaFailed {
+            replica_id: id.into(),
+            reason: "exited".into(),
+        })
+    }
+
+    #[test]
+    fn failures_in_a_row_back_off_from_the_last_and_a_ready_replica_forgives() {
+        let mut state = State::default();
+        let mut c = Clocks::default();
+        for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+            placed(&mut state, id, "chat");
+            c.observe(&state, &failed(id), 1_000 * (i as Millis + 1));
+        }
+        assert_eq!(c.failures["chat"], (3, 3_000));
+        let t = c.not_before("chat", 100, 10_000).unwrap();
+        // 100 · 2² = 400 ms, jittered into [320, 480).
+        assert!((3_320..3_480).contains(&t), "{t}");
+        assert_eq!(
+            c.not_before("chat", 100, 10_000),
+            Some(t),
+            "the same every time"
+        );
+        // Another server reading the same log computes the same time.
+        let mut again = Clocks::default();
+        for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
+            again.observe(&state, &failed(id), 1_000 * (i as Millis + 1));
+        }
+        assert_eq!(again.not_before("chat", 100, 10_000), Some(t));
+        placed(&mut state, "r4", "chat");
+        c.observe(
+            &state,
+            &Event::Replica(ReplicaEvent::ReplicaReady {
+                replica_id: "r4".into(),
+            }),
+            5_000,
+        );
+        assert_eq!(c.not_before("chat", 100, 10_000), None);
+        assert!(c.backoffs(100, 10_000).is_empty());
+    }
+
+    #[test]
+    fn a_drain_runs_from_its_first_record_until_it_ends() {
+        let state = State::default();
+        let mut c = Clocks::default();
+        let drain = Event::Replica(ReplicaEvent::ReplicaDraining {
+            replica_id: "r1".into(),
+        });
+        c.observe(&state, &drain, 1_000);
+        c.observe(&state, &drain, 2_000);
+        assert_eq!(c.drain_since["r1"], 1_000);
+        c.observe(
+            &state,
+            &Event::Replica(ReplicaEvent::ReplicaStopped {
+                replica_id: "r1".into(),
+                reason: "drained".into(),
+            }),
+            3_000,
+        );
+        assert!(!c.drain_since.contains_key("r1"));
+        let node = Event::Node(NodeEvent::NodeDrainRequested {
+            node_id: "n1".into(),
+            by: "op".into(),
+        });
+        c.observe(&state, &node, 4_000);
+        c.observe(
+            &state,
+            &Event::Node(NodeEvent::NodeDrained {
+                node_id: "n1".into(),
+            }),
+            5_000,
+        );
+        assert!(c.drain_since.is_empty());
+        c.observe(&state, &node, 6_000);
+        assert_eq!(c.drain_since["n1"], 6_000, "a new drain, a new clock");
+    }
+
+    #[test]
+    fn the_jitter_differs_between_models() {
+        let a: Vec<u64> = (1..20).map(|n| (unit("a", n) * 1e6) as u64).collect();
+        let b: Vec<u64> = (1..20).map(|n| (unit("b", n) * 1e6) as u64).collect();
+        assert_ne!(a, b);
+        assert!((1..1000).all(|n| (0.0..1.0).contains(&unit("chat", n))));
+    }
+}
