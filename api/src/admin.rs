@@ -335,3 +335,27 @@ pub struct JoinToken {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_url: Option<String>,
 }
+
+/// `PUT /api/v1/projects/{id}/threads`: whether the project keeps threads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetThreads {
+    /// Off: no more writes; the next sweep deletes what is left.
+    #[serde(default)]
+    pub off: bool,
+    /// Keep the model's replies too (capped).
+    #[serde(default)]
+    pub capture: bool,
+    /// Hours since a thread's last write; required unless `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_hours: Option<u32>,
+}
+
+/// `PUT /api/v1/projects/{id}/memory`: whether the project keeps notes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetMemory {
+    #[serde(default)]
+    pub off: bool,
+    /// Hours since a note's last write; required unless `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_hours: Option<u32>,
+}

@@ -53,6 +53,11 @@ pub(crate) struct FileConfig {
     /// How long requests in flight get to finish on SIGTERM (as
     /// `--shutdown-grace`).
     pub shutdown_grace: Option<String>,
+    /// Threads' trimming and capture, and the conversation sweep.
+    #[serde(default)]
+    pub conversations: crate::convo_settings::ConversationsSection,
+    /// Without keys: one shared pool of threads.
+    pub threads: Option<crate::convo_settings::ThreadsSection>,
 }
 
 /// API keys, pricing and the usage batcher.

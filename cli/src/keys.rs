@@ -116,7 +116,38 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// Keep threads for a project: clients send only their new turn and
+    /// the gateway prepends the history (`x-llmgw-thread`).
+    Threads {
+        #[arg(long)]
+        project: String,
+        /// Keep the model's replies too (capped); otherwise only what
+        /// clients send.
+        #[arg(long, conflicts_with = "off")]
+        capture: bool,
+        /// Hours a thread is kept after its last write.
+        #[arg(long, default_value_t = DEFAULT_THREAD_HOURS, conflicts_with = "off")]
+        retain_hours: u32,
+        /// Keep no more threads; the next sweep deletes them.
+        #[arg(long)]
+        off: bool,
+    },
+    /// Keep memory notes for a project (`/v1/memory`, `/mcp`).
+    Memory {
+        #[arg(long)]
+        project: String,
+        /// Hours a note is kept after its last write (mandatory).
+        #[arg(long, required_unless_present = "off", conflicts_with = "off")]
+        retain_hours: Option<u32>,
+        /// Keep no more notes; the next sweep deletes them.
+        #[arg(long)]
+        off: bool,
+    },
 }
+
+/// A week: long enough for a working conversation, short enough that
+/// forgotten ones do not pile up.
+const DEFAULT_THREAD_HOURS: u32 = 168;
 
 pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> {
     let api = Api::connect(store, &args.to).await?;
@@ -244,6 +275,31 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             let changed: api::Changed = api
                 .call(&origin, Method::PUT, "/api/v1/limits", Some(&body))
                 .await?;
+            writeln!(out, "{}", changed.message)?;
+        }
+        KeysCommand::Threads {
+            project,
+            capture,
+            retain_hours,
+            off,
+        } => {
+            let body = api::SetThreads {
+                off,
+                capture,
+                retain_hours: Some(retain_hours),
+            };
+            let path = format!("/api/v1/projects/{project}/threads");
+            let changed: api::Changed = api.call(&origin, Method::PUT, &path, Some(&body)).await?;
+            writeln!(out, "{}", changed.message)?;
+        }
+        KeysCommand::Memory {
+            project,
+            retain_hours,
+            off,
+        } => {
+            let body = api::SetMemory { off, retain_hours };
+            let path = format!("/api/v1/projects/{project}/memory");
+            let changed: api::Changed = api.call(&origin, Method::PUT, &path, Some(&body)).await?;
             writeln!(out, "{}", changed.message)?;
         }
     }

@@ -7,6 +7,7 @@ mod agent_log;
 mod cert;
 mod cluster;
 mod config;
+mod convo_settings;
 mod ctl;
 mod events;
 mod gateway_settings;

@@ -65,6 +65,8 @@ pub(crate) struct Plan {
     /// How long requests and streams in flight get to finish once a stop
     /// begins; then they are cut.
     pub shutdown_grace: Duration,
+    /// Threads and memory notes.
+    pub convo: crate::convo_settings::ConvoPlan,
 }
 
 /// `shutdown_grace` when none is configured.
@@ -122,6 +124,33 @@ async fn follow(log: &llmgw_eventstore::AnyStore, name: &str) -> anyhow::Result<
         position,
         follower,
     })
+}
+
+/// Threads and notes in their tables (the log's store, or the no-key
+/// pool's own), and the sweep that deletes what outlived its retention.
+async fn keep_conversations(
+    c: &crate::convo_settings::ConvoPlan,
+    server_store: &str,
+    log: Option<&llmgw_eventstore::AnyStore>,
+    gw: &Arc<Gateway>,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    if !c.enabled {
+        return Ok(None);
+    }
+    let store = match (&c.store, log) {
+        (None, Some(log)) => log.clone(),
+        (address, _) => {
+            let address =
+                llmgw_eventstore::StoreAddress::parse(address.as_deref().unwrap_or(server_store))?;
+            llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
+                .await?
+        }
+    };
+    gw.keep_conversations(llmgw_convo::Convo::new(&store), c.settings.clone());
+    Ok(Some(tokio::spawn(llmgw_gateway::sweep_conversations(
+        gw.clone(),
+        c.sweep,
+    ))))
 }
 
 /// Serves until SIGINT/SIGTERM or `stop`, then stops gracefully: the
@@ -210,6 +239,7 @@ pub(crate) async fn run(
         })
     });
 
+    let convo_sweeper = keep_conversations(&plan.convo, &plan.store, log.as_ref(), &gw).await?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     // The erasable tables beside the log: claim links (any mode with a
     // log), accounts and sessions (with auth).
@@ -418,7 +448,7 @@ pub(crate) async fn run(
     if let Some(v) = views {
         v.follower.abort();
     }
-    if let Some(s) = sweeper {
+    for s in [sweeper, convo_sweeper].into_iter().flatten() {
         s.abort();
     }
     if let Some(b) = batcher {
@@ -528,5 +558,6 @@ pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> 
         usage: None,
         web,
         shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        convo: Default::default(),
     }
 }

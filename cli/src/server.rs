@@ -206,6 +206,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         usage: record_usage.then_some(usage),
         web,
         shutdown_grace,
+        convo: crate::convo_settings::convo_plan(&file.conversations, file.threads.as_ref(), auth)?,
     })
 }
 

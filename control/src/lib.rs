@@ -15,6 +15,7 @@ mod agents;
 pub mod authority;
 mod config;
 mod convert;
+mod convo_api;
 mod door;
 mod fence;
 mod forward;

@@ -42,6 +42,7 @@ pub fn router(door: Door, people: Arc<People>) -> Router {
         .route("/api/v1/keys/{key}/revoke", post(revoke_key))
         .route("/api/v1/limits", put(set_limits))
         .merge(crate::people_api::routes())
+        .merge(crate::convo_api::routes())
         .with_state(TenancyState { door, people })
 }
 

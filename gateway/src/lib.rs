@@ -16,6 +16,7 @@ pub mod admission;
 pub mod affinity;
 pub mod auth;
 pub mod breaker;
+mod convo;
 mod endpoints;
 mod error;
 mod info;
@@ -35,6 +36,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
+pub use convo::{ConvoSettings, sweep_every as sweep_conversations};
 pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight, UpstreamKey};
 pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
@@ -108,6 +110,8 @@ pub struct Gateway {
     /// When this gateway started (seconds since the epoch): the `created`
     /// of a model no catalog dates, such as a configured endpoint's.
     pub(crate) started_s: i64,
+    /// Threads and memory notes, when this gateway keeps them.
+    pub(crate) convo: std::sync::OnceLock<Arc<convo::Keeper>>,
 }
 
 /// Called with the canonical name of an on-demand model a request asked for.
@@ -159,6 +163,7 @@ impl Gateway {
             started_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64),
+            convo: std::sync::OnceLock::new(),
         }))
     }
 
@@ -185,6 +190,11 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/v1/models", get(info::models))
         .route("/v1/models/{id}", get(info::model))
         .route("/me", get(info::me))
+        .route(
+            "/v1/threads/{id}",
+            axum::routing::delete(convo::delete_thread),
+        )
+        .merge(convo::memory_routes())
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(info::ready))
         .with_state(gw)

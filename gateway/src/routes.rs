@@ -32,6 +32,8 @@ pub(crate) struct Routes {
     descriptions: HashMap<String, String>,
     /// When the catalog added each model, in seconds since the epoch.
     created: HashMap<String, i64>,
+    /// The catalog's context length of a model, where it gives one.
+    contexts: HashMap<String, u32>,
 }
 
 impl Routes {
@@ -76,6 +78,11 @@ impl Routes {
                 .filter(|m| m.added_ms > 0)
                 .map(|m| (m.name.clone(), m.added_ms / 1000))
                 .collect(),
+            contexts: view
+                .models
+                .values()
+                .filter_map(|m| Some((m.name.clone(), m.context_length?)))
+                .collect(),
             fallbacks,
             aliases,
         }
@@ -104,6 +111,11 @@ impl Routes {
 
     pub(crate) fn price(&self, model: &str) -> Option<Price> {
         self.prices.get(model).copied()
+    }
+
+    /// The catalog's context length of `model` (canonical), in tokens.
+    pub(crate) fn context(&self, model: &str) -> Option<u32> {
+        self.contexts.get(model).copied()
     }
 
     /// When the catalog added `model` (seconds since the epoch).

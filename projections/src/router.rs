@@ -28,6 +28,9 @@ pub struct RouterModel {
     /// `created`. An update keeps it; removing and adding again resets it.
     #[serde(default)]
     pub added_ms: i64,
+    /// The catalog's context length in tokens (threads are trimmed to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u32>,
 }
 
 /// A ready replica's rank 0, where requests go.
@@ -116,6 +119,7 @@ impl RouterView {
                     .map(|p| (p.name.clone(), p.fingerprint()))
                     .collect(),
                 added_ms,
+                context_length: m.context_length,
             },
         );
     }

@@ -74,11 +74,22 @@ async fn route(
     if let Some(k) = &caller.key {
         access.key(&k.key_id);
     }
+    let thread = crate::convo::thread_header(request.headers())?;
     let limit = gw.config.body_limit;
     let body = axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| ApiError::too_large(limit))?;
-    serve_body(gw, path, caller, body, access).await
+    let Some(thread) = thread else {
+        return serve_body(gw, path, caller, body, access).await;
+    };
+    if path != "/v1/chat/completions" {
+        return Err(
+            ApiError::bad_request("x-llmgw-thread names a chat completion's thread").into(),
+        );
+    }
+    let turn = crate::convo::Turn::open(gw, caller.key.as_ref(), thread, body).await?;
+    let body = turn.body.clone();
+    Ok(turn.close(serve_body(gw, path, caller, body, access).await?))
 }
 
 /// A chat completion on a signed-in person's behalf (the chat page): no

@@ -1,0 +1,585 @@
+//! Threads and memory notes through the shipped binary (issue 16): real
+//! servers on SQLite and PostgreSQL, keys on, the switches thrown with
+//! `llmgw keys`, and plain HTTP clients. The sim engine reports its prompt
+//! tokens as ceil(bytes / 4) of "role: content\n" per message, so a test
+//! can tell exactly which history a model was sent.
+
+use std::process::Command;
+
+use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+use llmgw_testkit::{Backend, Scratch};
+use serde_json::{Value, json};
+
+use super::tenancy::{Mode, config, engine, keys, keys_ok, start};
+use super::until;
+
+/// The sim engine's prompt tokens for these (role, content) lines.
+fn sim_tokens(lines: &[(&str, &str)]) -> u64 {
+    let bytes: usize = lines.iter().map(|(r, c)| r.len() + 2 + c.len() + 1).sum();
+    bytes.div_ceil(4) as u64
+}
+
+fn key_for(store: &str, admin: &str, project: &str) -> String {
+    let out = keys_ok(
+        store,
+        admin,
+        &[
+            "create",
+            "--project",
+            project,
+            "--name",
+            &format!("{project}-agent"),
+        ],
+    );
+    out.trim().to_owned()
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    async fn chat(&self, key: &str, thread: &str, body: Value) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .bearer_auth(key)
+            .header("x-llmgw-thread", thread)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A whole (not streamed) turn: the reply's text and the prompt tokens
+    /// the engine counted, and how many turns were trimmed.
+    async fn turn(
+        &self,
+        key: &str,
+        thread: &str,
+        model: &str,
+        messages: Value,
+    ) -> (String, u64, String) {
+        let r = self
+            .chat(
+                key,
+                thread,
+                json!({"model": model, "max_tokens": 4, "messages": messages}),
+            )
+            .await;
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let trimmed = r.headers()["x-llmgw-thread-trimmed"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let v: Value = r.json().await.unwrap();
+        (
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            v["usage"]["prompt_tokens"].as_u64().unwrap(),
+            trimmed,
+        )
+    }
+
+    async fn memory(
+        &self,
+        key: &str,
+        agent: Option<&str>,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut r = self
+            .http
+            .request(method, format!("{}/v1/memory{path}", self.base))
+            .bearer_auth(key);
+        if let Some(a) = agent {
+            r = r.header("x-llmgw-agent", a);
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let r = r.send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+}
+
+fn message(v: &Value) -> &str {
+    v["error"]["message"].as_str().unwrap_or("")
+}
+
+/// Starts a router-only server with keys on, two projects and their keys.
+async fn setup(
+    backend: Backend,
+    dir: &std::path::Path,
+) -> (
+    String,
+    Scratch,
+    super::Child,
+    super::tenancy::Server,
+    String,
+    String,
+) {
+    let (store, scratch) = Scratch::new(backend).await;
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth: {enabled: true, flush_interval: 50ms}\n\
+                 conversations: {default_context: 320, sweep_interval: 100ms}\n";
+    let server = start(&config(dir, "convo", &store, &e, Mode::RouterOnly, extra));
+    for p in ["p", "q"] {
+        keys_ok(
+            &store,
+            &server.admin,
+            &["init", "--org", "o", "--team", "t", "--project", p],
+        );
+    }
+    let kp = key_for(&store, &server.admin, "p");
+    let kq = key_for(&store, &server.admin, "q");
+    (store, scratch, engine, server, kp, kq)
+}
+
+async fn threads_story(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch, _engine, server, kp, kq) = setup(backend, dir.path()).await;
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let hello = json!([{"role": "user", "content": "hello"}]);
+
+    // Off by default: refused with how to turn it on, never served bare.
+    let r = c
+        .chat(&kp, "t1", json!({"model": "paid", "messages": hello}))
+        .await;
+    assert_eq!(r.status(), 403);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        message(&v).contains("llmgw keys threads --project p"),
+        "{v}"
+    );
+
+    let said = keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--capture"],
+    );
+    assert!(said.contains("project p keeps threads for 168 h"), "{said}");
+    keys_ok(&store, &server.admin, &["threads", "--project", "q"]);
+
+    // Turn 1 on `paid`: a system message and the first question.
+    let sys = ("system", "be brief");
+    let u1 = "1".repeat(300);
+    let (a1, tokens, trimmed) = c
+        .turn(
+            &kp,
+            "t1",
+            "paid",
+            json!([{"role": "system", "content": sys.1}, {"role": "user", "content": u1}]),
+        )
+        .await;
+    assert_eq!(
+        (tokens, trimmed.as_str()),
+        (sim_tokens(&[sys, ("user", &u1)]), "0")
+    );
+
+    // Turn 2 on another model, streamed: the client sends only its turn.
+    let u2 = "2".repeat(300);
+    let r = c
+        .chat(
+            &kp,
+            "t1",
+            json!({"model": "free", "max_tokens": 4, "stream": true,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": u2}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let mut a2 = String::new();
+    let mut tokens = 0;
+    for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            a2.push_str(t);
+        }
+        if let Some(n) = v["usage"]["prompt_tokens"].as_u64() {
+            tokens = n;
+        }
+    }
+    assert_eq!(
+        tokens,
+        sim_tokens(&[sys, ("user", &u1), ("assistant", &a1), ("user", &u2)]),
+        "the second model got the whole history, the first model's reply included"
+    );
+
+    // Turn 3 no longer fits 320 tokens: the oldest turn goes, the system
+    // message and the new turn stay.
+    let u3 = "3".repeat(300);
+    let (_, tokens, trimmed) = c
+        .turn(&kp, "t1", "paid", json!([{"role": "user", "content": u3}]))
+        .await;
+    assert_eq!(trimmed, "1");
+    assert_eq!(
+        tokens,
+        sim_tokens(&[
+            sys,
+            ("assistant", &a1),
+            ("user", &u2),
+            ("assistant", &a2),
+            ("user", &u3)
+        ])
+    );
+
+    // Project q's thread of the same id is its own (and q keeps no replies).
+    let (_, tokens, _) = c.turn(&kq, "t1", "free", hello.clone()).await;
+    assert_eq!(tokens, sim_tokens(&[("user", "hello")]));
+    let (_, tokens, _) = c.turn(&kq, "t1", "free", hello.clone()).await;
+    assert_eq!(tokens, sim_tokens(&[("user", "hello"), ("user", "hello")]));
+
+    // Deleting: another project's id answers like a missing one.
+    let delete = |key: &str, id: &str| {
+        c.http
+            .delete(format!("{}/v1/threads/{id}", c.base))
+            .bearer_auth(key)
+            .send()
+    };
+    assert_eq!(delete(&kp, "nope").await.unwrap().status(), 404);
+    assert_eq!(delete(&kp, "t1").await.unwrap().status(), 204);
+    assert_eq!(delete(&kp, "t1").await.unwrap().status(), 404);
+    let (_, tokens, _) = c.turn(&kp, "t1", "paid", hello.clone()).await;
+    assert_eq!(
+        tokens,
+        sim_tokens(&[("user", "hello")]),
+        "a deleted thread starts afresh"
+    );
+    let (_, tokens, _) = c.turn(&kq, "t1", "free", hello.clone()).await;
+    assert_eq!(
+        tokens,
+        sim_tokens(&[("user", "hello"); 3]),
+        "q's thread is untouched"
+    );
+
+    // Switched off: refused again, and the next sweep deletes p's threads.
+    keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--off"],
+    );
+    let r = c
+        .chat(&kp, "t1", json!({"model": "paid", "messages": hello}))
+        .await;
+    assert_eq!(r.status(), 403);
+    let log = AnyStore::open(
+        &StoreAddress::parse(&store).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    let tables = llmgw_convo::Convo::new(&log);
+    until("the sweep to delete project p's threads", || async {
+        tables
+            .history("p", "t1")
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(tables.history("q", "t1").await.unwrap().len(), 3);
+
+    // The log holds the switches and who threw them, never the text.
+    let events = super::ok(
+        &store,
+        &["events", "tail", "--json", "--from", "1", "--limit", "1000"],
+    );
+    assert!(
+        events.contains("ThreadsSet") && events.contains("alice"),
+        "{events}"
+    );
+    assert!(!events.contains(&u1), "conversation text is not in the log");
+}
+
+async fn memory_story(backend: Backend) {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch, _engine, server, kp, kq) = setup(backend, dir.path()).await;
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let note = |text: &str, tags: &[&str]| Some(json!({"text": text, "tags": tags}));
+
+    let (status, v) = c
+        .memory(&kp, None, Method::PUT, "/plan", note("x", &[]))
+        .await;
+    assert_eq!(status, 403);
+    assert!(
+        message(&v).contains("llmgw keys memory --project p --retain-hours"),
+        "{v}"
+    );
+    let out = keys(&store, &server.admin, &["memory", "--project", "p"]);
+    assert!(!out.status.success(), "a retention is mandatory");
+    keys_ok(
+        &store,
+        &server.admin,
+        &["memory", "--project", "p", "--retain-hours", "24"],
+    );
+    keys_ok(
+        &store,
+        &server.admin,
+        &["memory", "--project", "q", "--retain-hours", "24"],
+    );
+
+    let (status, v) = c
+        .memory(
+            &kp,
+            None,
+            Method::PUT,
+            "/deploy-plan",
+            note("Roll the GPU nodes one rack at a time", &["ops"]),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["tags"], json!(["ops"]));
+    let (status, _) = c
+        .memory(
+            &kp,
+            None,
+            Method::PUT,
+            "/lunch",
+            note("Curry on Thursdays", &["food"]),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let (status, v) = c
+        .memory(
+            &kp,
+            None,
+            Method::PUT,
+            "/lunch",
+            note("Curry on Fridays now", &["food"]),
+        )
+        .await;
+    assert_eq!(
+        (status, v["text"].as_str()),
+        (200, Some("Curry on Fridays now"))
+    );
+
+    let keys_of = |v: &Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, v) = c.memory(&kp, None, Method::GET, "?q=gpu+NODES", None).await;
+    assert_eq!(keys_of(&v), ["deploy-plan"]);
+    let (_, v) = c.memory(&kp, None, Method::GET, "?q=thursdays", None).await;
+    assert_eq!(
+        keys_of(&v),
+        [] as [&str; 0],
+        "the replaced text is not found"
+    );
+    let (_, v) = c.memory(&kp, None, Method::GET, "?tag=food", None).await;
+    assert_eq!(keys_of(&v), ["lunch"]);
+    let (status, v) = c.memory(&kp, None, Method::GET, "/deploy-plan", None).await;
+    assert_eq!(
+        (status, v["text"].as_str()),
+        (200, Some("Roll the GPU nodes one rack at a time"))
+    );
+
+    // Scope: another agent, or another project, sees nothing, exactly as
+    // for a key that does not exist.
+    let (missing_status, missing) = c
+        .memory(&kp, None, Method::GET, "/no-such-note", None)
+        .await;
+    assert_eq!(missing_status, 404);
+    for (key, agent) in [(&kp, Some("planner")), (&kq, None)] {
+        let (status, v) = c
+            .memory(key, agent, Method::GET, "/deploy-plan", None)
+            .await;
+        assert_eq!(status, 404);
+        assert_eq!(
+            message(&v).replace("deploy-plan", "no-such-note"),
+            message(&missing)
+        );
+        let (_, v) = c.memory(key, agent, Method::GET, "?q=gpu", None).await;
+        assert_eq!(keys_of(&v), [] as [&str; 0]);
+        let (status, _) = c
+            .memory(key, agent, Method::DELETE, "/deploy-plan", None)
+            .await;
+        assert_eq!(status, 404);
+    }
+    let (status, _) = c
+        .memory(
+            &kp,
+            Some("planner"),
+            Method::PUT,
+            "/deploy-plan",
+            note("mine", &[]),
+        )
+        .await;
+    assert_eq!(status, 201, "the same key is another agent's own note");
+
+    // Every limit has its own refusal.
+    let long_key = format!("/{}", "k".repeat(201));
+    let too_many: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
+    let too_many: Vec<&str> = too_many.iter().map(String::as_str).collect();
+    let big = "x".repeat(16 * 1024 + 1);
+    for (path, body, says) in [
+        (long_key.as_str(), note("x", &[]), "at most 200 bytes"),
+        ("/big", note(&big, &[]), "at most 16 KiB"),
+        ("/tags", note("x", &too_many), "at most 16 tags"),
+        ("/tag", note("x", &["Ops"]), "a-z, 0-9, _ and -"),
+    ] {
+        let (status, v) = c.memory(&kp, None, Method::PUT, path, body).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        assert!(message(&v).contains(says), "{path}: {v}");
+    }
+    let (status, v) = c
+        .memory(&kp, Some("bad agent!"), Method::GET, "/x", None)
+        .await;
+    assert_eq!(status, 400);
+    assert!(message(&v).contains("agent"), "{v}");
+    for i in 0..998 {
+        let (status, _) = c
+            .memory(&kp, None, Method::PUT, &format!("/n{i}"), note("x", &[]))
+            .await;
+        assert_eq!(status, 201);
+    }
+    let (status, v) = c
+        .memory(&kp, None, Method::PUT, "/n-more", note("x", &[]))
+        .await;
+    assert_eq!(status, 409);
+    assert!(message(&v).contains("1000 notes"), "{v}");
+
+    let (status, _) = c.memory(&kp, None, Method::DELETE, "/lunch", None).await;
+    assert_eq!(status, 204);
+    let (status, _) = c.memory(&kp, None, Method::GET, "/lunch", None).await;
+    assert_eq!(status, 404);
+
+    // Switched off: writes refused, and the sweep deletes what is left.
+    keys_ok(
+        &store,
+        &server.admin,
+        &["memory", "--project", "p", "--off"],
+    );
+    let (status, _) = c
+        .memory(&kp, None, Method::PUT, "/late", note("x", &[]))
+        .await;
+    assert_eq!(status, 403);
+    let log = AnyStore::open(
+        &StoreAddress::parse(&store).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    let tables = llmgw_convo::Convo::new(&log);
+    let owner = llmgw_convo::Owner {
+        project: "p".into(),
+        agent: "default".into(),
+    };
+    until("the sweep to delete project p's notes", || async {
+        tables
+            .note(&owner, "deploy-plan")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+macro_rules! on_both {
+    ($($name:ident: $body:expr;)*) => {
+        $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { $body.await } )*
+    };
+}
+
+on_both! {
+    threads_on_sqlite: threads_story(Backend::Sqlite);
+    threads_on_postgres: threads_story(Backend::Postgres);
+    memory_on_sqlite: memory_story(Backend::Sqlite);
+    memory_on_postgres: memory_story(Backend::Postgres);
+}
+
+/// Without keys: no conversations unless a `threads:` block makes one
+/// shared pool; the block is refused at start when keys are on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_keys_one_shared_pool_or_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let store = dir.path().join("open.db").display().to_string();
+    let hello = json!([{"role": "user", "content": "hello"}]);
+    let ask = |base: String| {
+        let hello = hello.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/chat/completions"))
+                .header("x-llmgw-thread", "shared")
+                .json(&json!({"model": "paid", "max_tokens": 4, "messages": hello}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+
+    let bare = start(&config(
+        dir.path(),
+        "bare",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        "",
+    ));
+    let r = ask(bare.base.clone()).await;
+    assert_eq!(r.status(), 403);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(message(&v), "this gateway keeps no conversations");
+    drop(bare);
+
+    let pool = start(&config(
+        dir.path(),
+        "pool",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        "threads: {retain_hours: 2, capture: true}\n",
+    ));
+    let r = ask(pool.base.clone()).await;
+    assert_eq!(r.status(), 200);
+    let a1 = r.json::<Value>().await.unwrap()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = ask(pool.base.clone()).await;
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        sim_tokens(&[("user", "hello"), ("assistant", &a1), ("user", "hello")])
+    );
+
+    let path = config(
+        dir.path(),
+        "both",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        "auth: true\nthreads: {retain_hours: 2}\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--config", &path])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("llmgw keys threads --project P"), "{err}");
+}

@@ -1,0 +1,181 @@
+//! `/v1/memory`: an agent's notes, owned by the key's project and by
+//! `x-llmgw-agent` (default `default`). `PUT /v1/memory/{key}` with
+//! `{"text", "tags"}` writes one (201 made, 200 replaced); `GET` and
+//! `DELETE` read and remove it; `GET /v1/memory?q=words` or `?tag=t`
+//! searches, newest write first. Another project's or agent's note
+//! answers exactly like a missing one.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use llmgw_convo::{Note, Put, Search};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{convo_error, keeper, memory_of};
+use crate::{ApiError, Gateway};
+
+pub(crate) fn routes() -> Router<Arc<Gateway>> {
+    Router::new()
+        .route("/v1/memory", get(search))
+        .route("/v1/memory/{key}", get(read).put(write).delete(forget))
+}
+
+/// Searches return at most this many notes unless `limit` says fewer.
+const MAX_RESULTS: u32 = 100;
+
+fn note_json(n: &Note) -> Value {
+    let at = |us: i64| {
+        chrono::DateTime::from_timestamp_micros(us)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+    };
+    json!({
+        "object": "memory.note",
+        "key": n.key,
+        "text": n.text,
+        "tags": n.tags,
+        "created_at": at(n.created_at),
+        "updated_at": at(n.updated_at),
+    })
+}
+
+fn missing(key: &str) -> ApiError {
+    ApiError::not_found(format!("no note {key:?}"))
+}
+
+fn answer(r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Debug, Deserialize)]
+struct NoteBody {
+    text: String,
+    #[serde(default)]
+    tags: Vec<String>,
+}
+
+async fn write(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+    body: Bytes,
+) -> Response {
+    answer(
+        async {
+            let caller = crate::proxy::identify(&gw, &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let note: NoteBody = serde_json::from_slice(&body).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "a note is {{\"text\": \"…\", \"tags\": [\"…\"]}}: {e}"
+                ))
+            })?;
+            let store = &keeper(&gw)?.store;
+            let put = store
+                .put_note(&owner, &key, &note.text, &note.tags, chrono::Utc::now())
+                .await
+                .map_err(convo_error)?;
+            let stored = store
+                .note(&owner, &key)
+                .await
+                .map_err(convo_error)?
+                .ok_or_else(|| missing(&key))?;
+            let status = match put {
+                Put::Created => StatusCode::CREATED,
+                Put::Replaced => StatusCode::OK,
+            };
+            Ok((status, Json(note_json(&stored))).into_response())
+        }
+        .await,
+    )
+}
+
+async fn read(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
+    answer(
+        async {
+            let caller = crate::proxy::identify(&gw, &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let note = keeper(&gw)?
+                .store
+                .note(&owner, &key)
+                .await
+                .map_err(convo_error)?
+                .ok_or_else(|| missing(&key))?;
+            Ok(Json(note_json(&note)).into_response())
+        }
+        .await,
+    )
+}
+
+async fn forget(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Response {
+    answer(
+        async {
+            let caller = crate::proxy::identify(&gw, &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            if keeper(&gw)?
+                .store
+                .delete_note(&owner, &key)
+                .await
+                .map_err(convo_error)?
+            {
+                Ok(StatusCode::NO_CONTENT.into_response())
+            } else {
+                Err(missing(&key))
+            }
+        }
+        .await,
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct SearchQuery {
+    q: Option<String>,
+    tag: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn search(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(q): Query<SearchQuery>,
+) -> Response {
+    answer(
+        async {
+            let caller = crate::proxy::identify(&gw, &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let how = match (q.q, q.tag) {
+                (Some(words), None) => {
+                    Search::Words(llmgw_convo::limits::query_words(&words).map_err(convo_error)?)
+                }
+                (None, Some(tag)) => Search::Tag(tag),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "search with one of ?q=words or ?tag=name",
+                    ));
+                }
+            };
+            let limit = q.limit.unwrap_or(20).clamp(1, MAX_RESULTS);
+            let notes = keeper(&gw)?
+                .store
+                .search(&owner, &how, limit)
+                .await
+                .map_err(convo_error)?;
+            let data: Vec<Value> = notes.iter().map(note_json).collect();
+            Ok(Json(json!({"object": "list", "data": data})).into_response())
+        }
+        .await,
+    )
+}

@@ -1,0 +1,338 @@
+//! Threads: a chat completion with `x-llmgw-thread: ID` carries only the
+//! client's new turn. [`open_turn`] prepends the thread's history, trimmed to
+//! the model's context (oldest turns first, never a system message or the
+//! new turn); [`Turn::close`] says how many turns were dropped
+//! (`x-llmgw-thread-trimmed`) and, once the answer has been sent whole,
+//! keeps the new turn and, when the project captures, the reply (capped).
+//! A failed answer keeps nothing, so a retry does not repeat the turn.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use llmgw_projections::KeyEntry;
+use serde_json::{Value, json};
+
+use super::{Keeper, convo_error, keeper, threads_of};
+use crate::{ApiError, Gateway};
+
+const THREAD_HEADER: &str = "x-llmgw-thread";
+const TRIMMED_HEADER: &str = "x-llmgw-thread-trimmed";
+
+/// The thread a request names, checked; None when it names none.
+pub(crate) fn thread_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(THREAD_HEADER) else {
+        return Ok(None);
+    };
+    let id = v.to_str().unwrap_or("?").trim().to_owned();
+    llmgw_convo::limits::check_name("thread", &id).map_err(convo_error)?;
+    Ok(Some(id))
+}
+
+/// A request's turn in a thread, between sending and keeping.
+#[derive(Debug)]
+pub(crate) struct Turn {
+    keeper: Arc<Keeper>,
+    project: String,
+    thread: String,
+    /// What is kept once the answer completes.
+    keep: Vec<Value>,
+    capture: bool,
+    trimmed: usize,
+    /// The body to send: the history, then the new turn.
+    pub(crate) body: Bytes,
+}
+
+/// The tokens a message may take, never fewer than it does: its whole JSON
+/// at the gateway's estimate of about three bytes a token, plus a few for
+/// the chat template's framing.
+fn cost(m: &Value) -> u64 {
+    crate::limits::estimate_tokens(m.to_string().len(), None) + 4
+}
+
+fn is_system(m: &Value) -> bool {
+    matches!(
+        m.get("role").and_then(Value::as_str),
+        Some("system" | "developer")
+    )
+}
+
+/// The history to send within `budget` tokens (with `new`), and how many
+/// turns were dropped: the oldest first, never a system message. When even
+/// that is not enough, everything droppable is dropped and the rest sent.
+pub(crate) fn trim(history: Vec<Value>, new: &[Value], budget: u64) -> (Vec<Value>, usize) {
+    let mut total: u64 = history.iter().chain(new).map(cost).sum();
+    let mut dropped = 0;
+    let mut kept = Vec::with_capacity(history.len());
+    for m in history {
+        if total > budget && !is_system(&m) {
+            total -= cost(&m);
+            dropped += 1;
+        } else {
+            kept.push(m);
+        }
+    }
+    (kept, dropped)
+}
+
+/// Reads the thread, trims it to the model's context and builds the body.
+pub(crate) async fn open_turn(
+    gw: &Gateway,
+    key: Option<&KeyEntry>,
+    thread: String,
+    body: Bytes,
+) -> Result<Turn, ApiError> {
+    let (project, setting) = threads_of(gw, key)?;
+    let keeper = keeper(gw)?;
+    let mut request: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let new: Vec<Value> = match request.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m.clone(),
+        _ => {
+            return Err(ApiError::bad_request(
+                "a thread's request carries its new turn in `messages`",
+            ));
+        }
+    };
+    let context = {
+        let routes = gw.routes.load();
+        let asked = request.get("model").and_then(Value::as_str).unwrap_or("");
+        let canonical = routes.canonical(asked).to_owned();
+        // Any of the models may serve it: fit the smallest.
+        std::iter::once(&canonical)
+            .chain(routes.fallbacks(&canonical))
+            .filter_map(|m| routes.context(m))
+            .min()
+            .unwrap_or(keeper.settings.default_context)
+    };
+    let reserve = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|f| request.get(*f).and_then(Value::as_u64))
+        .unwrap_or(0);
+    let history = keeper
+        .store
+        .history(&project, &thread)
+        .await
+        .map_err(convo_error)?;
+    // A system message the client sends each turn is kept once.
+    let keep: Vec<Value> = new
+        .iter()
+        .filter(|m| !(is_system(m) && history.contains(m)))
+        .cloned()
+        .collect();
+    let (mut messages, trimmed) = trim(history, &new, u64::from(context).saturating_sub(reserve));
+    messages.extend(new);
+    if let Some(obj) = request.as_object_mut() {
+        obj.insert("messages".into(), Value::Array(messages));
+    }
+    let body = serde_json::to_vec(&request)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(Turn {
+        keeper,
+        project,
+        thread,
+        keep,
+        capture: setting.capture,
+        trimmed,
+        body,
+    })
+}
+
+/// The reply's text, scanned from the answer as it passes, capped.
+#[derive(Debug, Default)]
+struct Reply {
+    stream: bool,
+    /// A streamed answer's unfinished line; a whole answer's bytes.
+    pending: Vec<u8>,
+    text: String,
+    cap: usize,
+    /// A whole answer larger than this is not parsed (its text is lost).
+    raw_cap: usize,
+    overflow: bool,
+}
+
+impl Reply {
+    fn push_text(&mut self, t: &str) {
+        let room = self.cap.saturating_sub(self.text.len());
+        let mut end = t.len().min(room);
+        while !t.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.text.push_str(&t[..end]);
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        if self.overflow {
+            return;
+        }
+        self.pending.extend_from_slice(chunk);
+        if !self.stream {
+            self.overflow = self.pending.len() > self.raw_cap;
+            return;
+        }
+        while let Some(nl) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
+            if let Ok(v) = serde_json::from_str::<Value>(data.trim())
+                && let Some(t) = v["choices"][0]["delta"]["content"].as_str()
+            {
+                self.push_text(t);
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Option<String> {
+        if !self.stream && !self.overflow {
+            let v: Value = serde_json::from_slice(&self.pending).ok()?;
+            let t = v["choices"][0]["message"]["content"].as_str()?.to_owned();
+            self.push_text(&t);
+        }
+        (!self.text.is_empty()).then(|| std::mem::take(&mut self.text))
+    }
+}
+
+impl Turn {
+    /// See [`open_turn`].
+    pub(crate) async fn open(
+        gw: &Gateway,
+        key: Option<&KeyEntry>,
+        thread: String,
+        body: Bytes,
+    ) -> Result<Turn, ApiError> {
+        open_turn(gw, key, thread, body).await
+    }
+
+    /// The answer with the trimmed count; the turn (and the reply) kept
+    /// once the whole answer has been sent, before the body ends, so the
+    /// client's next turn finds it.
+    pub(crate) fn close(self, mut response: Response) -> Response {
+        response
+            .headers_mut()
+            .insert(TRIMMED_HEADER, HeaderValue::from(self.trimmed));
+        if !response.status().is_success() {
+            return response;
+        }
+        let stream = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let cap = self.keeper.settings.capture_max_bytes;
+        let reply = Arc::new(Mutex::new(Reply {
+            stream,
+            cap,
+            raw_cap: cap.saturating_mul(8).saturating_add(64 * 1024),
+            ..Reply::default()
+        }));
+        let (parts, body) = response.into_parts();
+        let scanning = {
+            let reply = reply.clone();
+            let capture = self.capture;
+            body.into_data_stream().map(move |chunk| {
+                if let (true, Ok(bytes)) = (capture, &chunk) {
+                    reply.lock().unwrap_or_else(|p| p.into_inner()).feed(bytes);
+                }
+                chunk
+            })
+        };
+        let keep = futures_util::stream::once(async move {
+            let mut messages = self.keep;
+            if self.capture {
+                let text = reply.lock().unwrap_or_else(|p| p.into_inner()).finish();
+                if let Some(text) = text {
+                    messages.push(json!({"role": "assistant", "content": text}));
+                }
+            }
+            if let Err(e) = self
+                .keeper
+                .store
+                .append(&self.project, &self.thread, &messages, chrono::Utc::now())
+                .await
+            {
+                tracing::warn!(error = %e, thread = %self.thread, "keeping a thread's turn");
+            }
+            None::<Result<Bytes, axum::Error>>
+        })
+        .filter_map(std::future::ready);
+        Response::from_parts(parts, Body::from_stream(scanning.chain(keep)))
+    }
+}
+
+/// `DELETE /v1/threads/{id}`: 204, or 404 for a thread this caller's
+/// project does not have (another project's reads the same).
+pub(crate) async fn delete(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(thread): Path<String>,
+) -> Response {
+    let gone = async {
+        let caller = crate::proxy::identify(&gw, &headers)?;
+        let (project, _) = threads_of(&gw, caller.key.as_ref())?;
+        keeper(&gw)?
+            .store
+            .delete_thread(&project, &thread)
+            .await
+            .map_err(convo_error)
+    };
+    match gone.await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => ApiError::not_found(format!("no thread {thread:?}")).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trimming_drops_the_oldest_turns_never_a_system_message_or_the_new_turn() {
+        let sys = json!({"role": "system", "content": "be brief"});
+        let turns: Vec<Value> = (0..6)
+            .map(|i| json!({"role": "user", "content": format!("turn {i} {}", "x".repeat(60))}))
+            .collect();
+        let mut history = vec![sys.clone()];
+        history.extend(turns.clone());
+        let new = [json!({"role": "user", "content": "now"})];
+        let all: u64 = history.iter().chain(&new).map(cost).sum();
+        // Room for everything: nothing dropped.
+        let (kept, dropped) = trim(history.clone(), &new, all);
+        assert_eq!((kept.len(), dropped), (7, 0));
+        // Room for all but two turns: the two oldest go, the system stays.
+        let (kept, dropped) = trim(history.clone(), &new, all - 2 * cost(&turns[0]));
+        assert_eq!(dropped, 2);
+        assert_eq!(kept[0], sys);
+        assert_eq!(kept[1], turns[2]);
+        // No room at all: every turn goes, the system message stays.
+        let (kept, dropped) = trim(history, &new, 0);
+        assert_eq!((kept, dropped), (vec![sys], 6));
+    }
+
+    #[test]
+    fn a_reply_is_read_from_a_stream_or_a_whole_answer_and_capped() {
+        let mut r = Reply {
+            stream: true,
+            cap: 8,
+            raw_cap: 1 << 20,
+            ..Reply::default()
+        };
+        r.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"hel\"}}]}\n\ndata: {\"choi");
+        r.feed(b"ces\":[{\"delta\":{\"content\":\"lo w\xc3\xb6rld\"}}]}\n\ndata: [DONE]\n\n");
+        // Capped at 8 bytes, on a character boundary.
+        assert_eq!(r.finish().as_deref(), Some("hello w"));
+        let mut r = Reply {
+            cap: 100,
+            raw_cap: 1 << 20,
+            ..Reply::default()
+        };
+        r.feed(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#);
+        assert_eq!(r.finish().as_deref(), Some("hi"));
+    }
+}
