@@ -119,6 +119,7 @@ pub(crate) enum KeysCommand {
     /// Keep threads for a project: clients send only their new turn and
     /// the gateway prepends the history (`x-llmgw-thread`).
     Threads {
+        /// The project whose threads are kept.
         #[arg(long)]
         project: String,
         /// Keep the model's replies too (capped); otherwise only what
@@ -134,6 +135,7 @@ pub(crate) enum KeysCommand {
     },
     /// Keep memory notes for a project (`/v1/memory`, `/mcp`).
     Memory {
+        /// The project whose notes are kept.
         #[arg(long)]
         project: String,
         /// Hours a note is kept after its last write (mandatory).
