@@ -24,7 +24,7 @@ use super::cluster::{EngineSweeper, free_port, get, ready_replicas, until};
 /// `STANDBY_POLL`).
 const STANDBY_POLL_MS: u64 = 1_000;
 
-fn server_yaml(dir: &Path, name: &str, store: &str, agent_port: u16) -> String {
+pub(crate) fn server_yaml(dir: &Path, name: &str, store: &str, agent_port: u16) -> String {
     let path = dir.join(format!("{name}.yaml"));
     // The control plane's timings are the defaults: lease_ttl 10s and the
     // rest. Only the engine ports are moved out of other tests' way.
@@ -52,12 +52,12 @@ models:
     path.display().to_string()
 }
 
-struct Server {
-    child: Child,
-    admin: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) admin: String,
 }
 
-fn start_server(config: &str) -> Server {
+pub(crate) fn start_server(config: &str) -> Server {
     let child = Child::spawn_env(
         &["server", "--config", config],
         &[("LLMGW_LOG_FORMAT", "json".into())],
@@ -69,7 +69,7 @@ fn start_server(config: &str) -> Server {
 }
 
 /// An agent with every default timing (heartbeat 5 s, backoff up to 30 s).
-fn start_agent(servers: &str, node: &str, ip: &str, work: &Path) -> Child {
+pub(crate) fn start_agent(servers: &str, node: &str, ip: &str, work: &Path) -> Child {
     Child::spawn_env(
         &[
             "agent",
@@ -91,26 +91,26 @@ fn start_agent(servers: &str, node: &str, ip: &str, work: &Path) -> Child {
 }
 
 /// The JSON log lines a process has written so far.
-fn log_lines(rx: &std::sync::mpsc::Receiver<String>, into: &mut Vec<Value>) {
+pub(crate) fn log_lines(rx: &std::sync::mpsc::Receiver<String>, into: &mut Vec<Value>) {
     into.extend(
         rx.try_iter()
             .filter_map(|l| serde_json::from_str::<Value>(&l).ok()),
     );
 }
 
-fn message(line: &Value) -> &str {
+pub(crate) fn message(line: &Value) -> &str {
     line["fields"]["message"].as_str().unwrap_or("")
 }
 
-fn at(line: &Value) -> chrono::DateTime<chrono::Utc> {
+pub(crate) fn at(line: &Value) -> chrono::DateTime<chrono::Utc> {
     line["timestamp"].as_str().unwrap().parse().unwrap()
 }
 
-fn field<'a>(line: &'a Value, name: &str) -> &'a str {
+pub(crate) fn field<'a>(line: &'a Value, name: &str) -> &'a str {
     line["fields"][name].as_str().unwrap_or("")
 }
 
-async fn is_leader(admin: &str) -> bool {
+pub(crate) async fn is_leader(admin: &str) -> bool {
     match reqwest::get(format!("{admin}/api/v1/leader")).await {
         Ok(r) => r
             .json::<Value>()
@@ -120,7 +120,7 @@ async fn is_leader(admin: &str) -> bool {
     }
 }
 
-async fn connected_nodes(admin: &str) -> Vec<String> {
+pub(crate) async fn connected_nodes(admin: &str) -> Vec<String> {
     let nodes = get(format!("{admin}/api/v1/nodes")).await;
     nodes
         .as_array()

@@ -25,6 +25,7 @@ mod join;
 mod logs;
 mod metrics;
 mod node_agent;
+mod partition;
 mod shell;
 mod tenancy;
 mod upstream;
