@@ -104,6 +104,9 @@ pub(crate) struct LandingSection {
 pub(crate) struct RouterSection {
     /// Other endpoints tried after a failure before the first byte.
     pub retries: Option<u32>,
+    /// Continuations of a stream on other replicas after its engine broke
+    /// mid-answer (0: none).
+    pub migration_limit: Option<u32>,
     /// The request header that pins a conversation to one endpoint.
     pub session_header: Option<String>,
     /// The largest request body, in bytes.

@@ -47,6 +47,9 @@ pub(crate) fn gateway_config(
     if let Some(n) = router.retries {
         g.retries = n;
     }
+    if let Some(n) = router.migration_limit {
+        g.migration_limit = n;
+    }
     if let Some(h) = &router.session_header {
         let valid = !h.is_empty()
             && h.bytes()

@@ -52,8 +52,12 @@ pub struct GatewayConfig {
     /// The header that names a conversation for session affinity
     /// (lowercase; the body's `user` when absent).
     pub session_header: String,
-    /// Other endpoints tried after a failure, before the first byte only.
+    /// Other endpoints tried after a failure before the first byte (and
+    /// after a plain answer broke off mid-body).
     pub retries: u32,
+    /// Continuations of one streamed answer on other replicas after its
+    /// engine broke mid-answer; 0 ends such a stream with an error event.
+    pub migration_limit: u32,
     pub breaker: BreakerConfig,
     pub connect_timeout: Duration,
     /// How often engine metrics are scraped; figures older than three
@@ -77,6 +81,7 @@ impl Default for GatewayConfig {
             body_limit: 8 * 1024 * 1024,
             session_header: "x-session-id".into(),
             retries: 2,
+            migration_limit: 3,
             breaker: BreakerConfig::default(),
             connect_timeout: Duration::from_secs(2),
             scrape_interval: Duration::from_secs(2),

@@ -50,6 +50,12 @@ struct ModelLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabels {
+    model: String,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     version: &'static str,
 }
@@ -72,6 +78,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     tokens: Family<DirectionLabels, Counter>,
     ttft: Family<ModelLabels, Histogram, fn() -> Histogram>,
+    migrations: Family<MigrationLabels, Counter>,
     registry: Mutex<Registry>,
 }
 
@@ -85,6 +92,7 @@ impl Metrics {
             decisions: Family::default(),
             tokens: Family::default(),
             ttft: Family::new_with_constructor(ttft_histogram),
+            migrations: Family::default(),
             registry: Mutex::new(Registry::with_prefix("llmgw")),
         };
         {
@@ -124,6 +132,11 @@ impl Metrics {
                 "ttft_seconds",
                 "Time to the first content chunk of streamed answers, by the model that served",
                 m.ttft.clone(),
+            );
+            r.register(
+                "migrations",
+                "Answers whose engine broke mid-answer, by the model that served and what became of them: resumed (another replica continued the stream), failed (a continuation attempt was refused or unreachable), exhausted (the limit was reached or no replica was left: the client got an error event), unresumable (the answer could not be continued), retried (a plain answer sent again from the start)",
+                m.migrations.clone(),
             );
             r.register_collector(Box::new(Live(gw)));
         }
@@ -180,6 +193,16 @@ impl Metrics {
                 model: model.to_owned(),
             })
             .observe(seconds);
+    }
+
+    /// `model` is the model that served; `outcome` one of the documented.
+    pub(crate) fn migration(&self, model: &str, outcome: &'static str) {
+        self.migrations
+            .get_or_create(&MigrationLabels {
+                model: model.to_owned(),
+                outcome,
+            })
+            .inc();
     }
 
     pub(crate) fn request(&self, model: &str, status: u16) {

@@ -1,6 +1,6 @@
 //! Usage capture off the request path. Streaming requests ask the engine
 //! for usage even when the client did not, and the extra chunk is taken out
-//! before it reaches the client. Each finished request becomes one record
+//! before it reaches the client (`proxy/splice.rs`). Each finished request becomes one record
 //! in a bounded queue; a full queue drops the record and counts it, never
 //! blocking a request. A batcher appends the records to the event log when
 //! the gateway has one.
@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::body::Bytes;
 use llmgw_decider::{Actor, Decider, Origin};
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Price;
@@ -121,125 +120,11 @@ pub async fn run_batcher(
     }
 }
 
-/// Scans an SSE stream chunk by chunk: passes events through as soon as
-/// they are complete, notes usage, and drops the usage-only event when the
-/// gateway asked for it on the client's behalf.
-#[derive(Debug, Default)]
-pub(crate) struct SseScanner {
-    partial: Vec<u8>,
-    strip_usage: bool,
-    pub(crate) tokens: Option<Tokens>,
-    pub(crate) saw_content: bool,
-    /// Events that carried text: engines stream about one token each, so
-    /// this stands for the completion while no usage has been reported.
-    pub(crate) content_events: u64,
-}
-
-impl SseScanner {
-    pub(crate) fn new(strip_usage: bool) -> Self {
-        SseScanner {
-            strip_usage,
-            ..Self::default()
-        }
-    }
-
-    /// The bytes to forward for this chunk (possibly none yet).
-    pub(crate) fn feed(&mut self, chunk: &[u8]) -> Bytes {
-        let mut buf = std::mem::take(&mut self.partial);
-        buf.extend_from_slice(chunk);
-        let mut out = Vec::with_capacity(buf.len());
-        let mut start = 0;
-        while let Some(end) = find(&buf[start..], b"\n\n") {
-            let event = &buf[start..start + end + 2];
-            if self.keep(event) {
-                out.extend_from_slice(event);
-            }
-            start += end + 2;
-        }
-        buf.drain(..start);
-        self.partial = buf;
-        Bytes::from(out)
-    }
-
-    /// Whatever is left when the upstream ends (a last event without its
-    /// blank line).
-    pub(crate) fn finish(&mut self) -> Bytes {
-        Bytes::from(std::mem::take(&mut self.partial))
-    }
-
-    fn keep(&mut self, event: &[u8]) -> bool {
-        let Some(data) = event.strip_prefix(b"data: ") else {
-            return true;
-        };
-        let data = data.trim_ascii_end();
-        if data == b"[DONE]" {
-            return true;
-        }
-        let Ok(v) = serde_json::from_slice::<Value>(data) else {
-            return true;
-        };
-        if let Some(t) = Tokens::from_usage(&v) {
-            self.tokens = Some(t);
-            let usage_only = v["choices"].as_array().is_some_and(|c| c.is_empty());
-            if usage_only && self.strip_usage {
-                return false;
-            }
-        }
-        if v["choices"][0]["delta"]["content"]
-            .as_str()
-            .is_some_and(|c| !c.is_empty())
-            || v["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|c| !c.is_empty())
-        {
-            self.saw_content = true;
-            self.content_events += 1;
-        }
-        true
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
 #[cfg(test)]
 mod tests {
     use llmgw_domain::tenancy::Band;
 
     use super::*;
-
-    #[test]
-    fn events_split_across_chunks_pass_whole_and_the_injected_usage_chunk_is_dropped() {
-        let mut s = SseScanner::new(true);
-        let mut out = Vec::new();
-        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n";
-        for piece in stream.as_bytes().chunks(5) {
-            out.extend_from_slice(&s.feed(piece));
-        }
-        out.extend_from_slice(&s.finish());
-        let text = String::from_utf8(out).unwrap();
-        assert_eq!(
-            text,
-            "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
-        );
-        assert_eq!(
-            s.tokens,
-            Some(Tokens {
-                prompt: 7,
-                completion: 2
-            })
-        );
-        assert!(s.saw_content);
-    }
-
-    #[test]
-    fn a_client_that_asked_for_usage_keeps_it() {
-        let mut s = SseScanner::new(false);
-        let chunk =
-            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n";
-        assert_eq!(&s.feed(chunk.as_bytes())[..], chunk.as_bytes());
-    }
 
     #[tokio::test]
     async fn a_full_queue_drops_and_counts_rather_than_waits() {

@@ -15,6 +15,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::SimConfig;
 use crate::cache::PrefixCache;
+use crate::text::{Generator, Prompt};
 
 /// Counters and gauges the metrics page reads.
 #[derive(Debug, Default)]
@@ -144,17 +145,14 @@ fn unknown_model(model: &str) -> ApiError {
 /// What the engine needs from a completion request.
 struct Ask {
     model: String,
-    prompt: String,
+    prompt: Prompt,
     stream: bool,
     include_usage: bool,
-    max_tokens: u32,
+    /// New tokens at most, when the request says.
+    max_tokens: Option<u32>,
 }
 
-fn parse(
-    state: &SimState,
-    body: &Bytes,
-    prompt_of: fn(&Value) -> Option<String>,
-) -> Result<Ask, ApiError> {
+fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
     let model = v["model"]
@@ -164,13 +162,18 @@ fn parse(
     if !state.config.models.contains(&model) {
         return Err(unknown_model(&model));
     }
-    let prompt =
-        prompt_of(&v).ok_or_else(|| bad_request("missing or malformed `messages` or `prompt`"))?;
+    let prompt = match kind {
+        // llama-server continues a last assistant message by itself (its
+        // assistant prefill); vLLM and SGLang are asked to.
+        Kind::Chat => crate::text::chat(&v, state.config.vocabulary == crate::Vocabulary::Llamacpp),
+        Kind::Text => crate::text::completion(&v),
+    }
+    .map_err(bad_request)?;
     let max_tokens = v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
         .and_then(Value::as_u64)
-        .map_or(state.config.default_max_tokens, |n| n.min(1_000_000) as u32);
+        .map(|n| n.min(1_000_000) as u32);
     Ok(Ask {
         model,
         prompt,
@@ -182,41 +185,20 @@ fn parse(
     })
 }
 
-fn chat_prompt(v: &Value) -> Option<String> {
-    let messages = v["messages"].as_array()?;
-    let mut prompt = String::new();
-    for m in messages {
-        prompt.push_str(m["role"].as_str()?);
-        prompt.push_str(": ");
-        match &m["content"] {
-            Value::String(s) => prompt.push_str(s),
-            // Content parts: the text parts count.
-            Value::Array(parts) => parts
-                .iter()
-                .filter_map(|p| p["text"].as_str())
-                .for_each(|t| prompt.push_str(t)),
-            _ => return None,
+impl Ask {
+    /// The tokens to generate and why the answer ends there: the limit
+    /// asked for (`length`), else the answer's natural end (`stop`), which
+    /// for a chat counts an assistant message being continued, so an
+    /// answer cut and continued is as long as the uninterrupted one.
+    fn length(&self, default: u32) -> (u32, &'static str) {
+        match self.max_tokens {
+            Some(n) => (n, "length"),
+            None => {
+                let continued = u32::try_from(self.prompt.continued).unwrap_or(u32::MAX);
+                (default.saturating_sub(continued), "stop")
+            }
         }
-        prompt.push('\n');
     }
-    Some(prompt)
-}
-
-fn completion_prompt(v: &Value) -> Option<String> {
-    match &v["prompt"] {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(items) => items
-            .iter()
-            .map(|i| i.as_str())
-            .collect::<Option<Vec<_>>>()
-            .map(|p| p.join("\n")),
-        _ => None,
-    }
-}
-
-/// Roughly four bytes a token, as for English text.
-fn tokens_of(bytes: usize) -> u64 {
-    bytes.div_ceil(4).max(1) as u64
 }
 
 /// A request holding a slot and its share of the KV cache.
@@ -241,7 +223,7 @@ impl Drop for Running {
 
 /// Waits for a slot (or refuses when the queue is full), then looks the
 /// prompt up in the prefix cache to price its prefill.
-async fn admit(state: &Arc<SimState>, prompt: &str) -> Result<Running, ApiError> {
+async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiError> {
     let c = &state.counters;
     if c.waiting.load(Ordering::Relaxed) >= state.config.queue {
         return Err(error(
@@ -267,14 +249,14 @@ async fn admit(state: &Arc<SimState>, prompt: &str) -> Result<Running, ApiError>
     })?;
     c.running.fetch_add(1, Ordering::Relaxed);
     c.requests.fetch_add(1, Ordering::Relaxed);
-    let lookup = state.cache.lock().await.admit(prompt.as_bytes());
+    let lookup = state.cache.lock().await.admit(prompt.context.as_bytes());
     c.kv_blocks_in_use
         .fetch_add(lookup.blocks, Ordering::Relaxed);
     c.prefix_queries
         .fetch_add(lookup.blocks as u64, Ordering::Relaxed);
     c.prefix_hits
         .fetch_add(lookup.hits as u64, Ordering::Relaxed);
-    let prompt_tokens = tokens_of(prompt.len());
+    let prompt_tokens = prompt.tokens;
     let cached_tokens = ((lookup.hits * state.config.block_bytes) as u64 / 4).min(prompt_tokens);
     c.prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
     c.cached_prompt_tokens
@@ -292,20 +274,6 @@ async fn admit(state: &Arc<SimState>, prompt: &str) -> Result<Running, ApiError>
     })
 }
 
-fn token(i: u32) -> String {
-    const WORDS: [&str; 8] = [
-        "the",
-        "quick",
-        "model",
-        "answers",
-        "in",
-        "simulated",
-        "tokens",
-        "today",
-    ];
-    format!("{} ", WORDS[i as usize % WORDS.len()])
-}
-
 fn usage(run: &Running, completion: u32) -> Value {
     json!({
         "prompt_tokens": run.prompt_tokens,
@@ -316,7 +284,7 @@ fn usage(run: &Running, completion: u32) -> Value {
 }
 
 async fn chat(State(state): State<Arc<SimState>>, headers: HeaderMap, body: Bytes) -> Response {
-    generate(state, &headers, body, chat_prompt, Kind::Chat).await
+    generate(state, &headers, body, Kind::Chat).await
 }
 
 async fn completions(
@@ -324,7 +292,7 @@ async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    generate(state, &headers, body, completion_prompt, Kind::Text).await
+    generate(state, &headers, body, Kind::Text).await
 }
 
 /// One line a request, as a real engine's access log: with the id the
@@ -340,14 +308,8 @@ enum Kind {
     Text,
 }
 
-async fn generate(
-    state: Arc<SimState>,
-    headers: &HeaderMap,
-    body: Bytes,
-    prompt_of: fn(&Value) -> Option<String>,
-    kind: Kind,
-) -> Response {
-    let ask = match parse(&state, &body, prompt_of) {
+async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: Kind) -> Response {
+    let ask = match parse(&state, &body, kind) {
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
@@ -361,32 +323,37 @@ async fn generate(
         "cmpl-sim-{}",
         state.counters.requests.load(Ordering::Relaxed)
     );
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let (object, chunk_object) = match kind {
         Kind::Chat => ("chat.completion", "chat.completion.chunk"),
         Kind::Text => ("text_completion", "text_completion"),
     };
+    let (max, finish) = ask.length(state.config.default_max_tokens);
+    let mut words = Generator::new(&ask.prompt.context);
     if !ask.stream {
-        tokio::time::sleep(run.prefill + per_token * ask.max_tokens).await;
-        let text: String = (0..ask.max_tokens).map(token).collect();
+        tokio::time::sleep(run.prefill + per_token * max).await;
+        let text: String = (0..max).map(|_| words.next_token()).collect();
         state
             .counters
             .generation_tokens
-            .fetch_add(u64::from(ask.max_tokens), Ordering::Relaxed);
+            .fetch_add(u64::from(max), Ordering::Relaxed);
         let choice = match kind {
             Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"})
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
             }
-            Kind::Text => json!({"index": 0, "text": text, "finish_reason": "length"}),
+            Kind::Text => json!({"index": 0, "text": text, "finish_reason": finish}),
         };
         let body = json!({
-            "id": id, "object": object, "created": 0, "model": ask.model,
-            "choices": [choice], "usage": usage(&run, ask.max_tokens),
+            "id": id, "object": object, "created": created, "model": ask.model,
+            "choices": [choice], "usage": usage(&run, max),
         });
         return axum::Json(body).into_response();
     }
 
     // Streaming: one SSE event per token, produced as it is generated.
-    let delta = move |text: Option<String>, finish: Option<&str>| match kind {
+    let delta = move |text: Option<&str>, finish: Option<&str>| match kind {
         Kind::Chat => {
             let d = match text {
                 Some(t) => json!({"content": t}),
@@ -399,15 +366,15 @@ async fn generate(
         }
     };
     let frame = move |choices: Value, usage: Option<Value>| {
-        let mut chunk = json!({"id": id, "object": chunk_object, "created": 0, "model": ask.model, "choices": choices});
+        let mut chunk = json!({"id": id, "object": chunk_object, "created": created, "model": ask.model, "choices": choices});
         if let Some(u) = usage {
             chunk["usage"] = u;
         }
         Bytes::from(format!("data: {chunk}\n\n"))
     };
-    let (max, include_usage) = (ask.max_tokens, ask.include_usage);
+    let include_usage = ask.include_usage;
     // Steps: 0 = role (after prefill), 1..=max tokens, then finish, usage, done.
-    let stream = futures_util::stream::unfold((run, 0u32), move |(run, step)| {
+    let stream = futures_util::stream::unfold((run, 0u32, words), move |(run, step, mut words)| {
         let (delta, frame) = (delta, frame.clone());
         async move {
             let out = if step == 0 {
@@ -415,7 +382,10 @@ async fn generate(
                 match kind {
                     Kind::Chat => frame(json!([delta(None, None)]), None),
                     Kind::Text => {
-                        return Some((Ok::<_, std::convert::Infallible>(Bytes::new()), (run, 1)));
+                        return Some((
+                            Ok::<_, std::convert::Infallible>(Bytes::new()),
+                            (run, 1, words),
+                        ));
                     }
                 }
             } else if step <= max {
@@ -424,9 +394,9 @@ async fn generate(
                     .counters
                     .generation_tokens
                     .fetch_add(1, Ordering::Relaxed);
-                frame(json!([delta(Some(token(step - 1)), None)]), None)
+                frame(json!([delta(Some(words.next_token()), None)]), None)
             } else if step == max + 1 {
-                frame(json!([delta(Some(String::new()), Some("length"))]), None)
+                frame(json!([delta(Some(""), Some(finish))]), None)
             } else if step == max + 2 && include_usage {
                 frame(json!([]), Some(usage(&run, max)))
             } else if step <= max + 3 {
@@ -439,7 +409,7 @@ async fn generate(
             } else {
                 step + 1
             };
-            Some((Ok(out), (run, next)))
+            Some((Ok(out), (run, next, words)))
         }
     });
     Response::builder()
@@ -477,7 +447,7 @@ async fn embeddings(
             "`input` must be a string or a non-empty list of strings",
         ));
     }
-    let tokens: u64 = inputs.iter().map(|i| tokens_of(i.len())).sum();
+    let tokens: u64 = inputs.iter().map(|i| crate::text::tokens_of(i.len())).sum();
     let data: Vec<Value> = inputs
         .iter()
         .enumerate()

@@ -5,7 +5,8 @@
 //! (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 //! `/v1/models`, `/health`, `/metrics`), its timing model (a time to first
 //! token shortened by prefix-cache hits, a decode rate, concurrency slots and
-//! a bounded waiting queue), its metrics in the vocabulary of the engine it
+//! a bounded waiting queue), its deterministic text (an interrupted answer
+//! continues exactly), its metrics in the vocabulary of the engine it
 //! imitates, and multi-node rendezvous. What must not: anything the gateway
 //! or the agent would depend on; they talk to it over HTTP like a real engine.
 
@@ -13,6 +14,7 @@ mod cache;
 mod cluster;
 mod engine;
 mod metrics;
+mod text;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -24,6 +24,7 @@ mod fence;
 mod join;
 mod logs;
 mod metrics;
+mod migration;
 mod node_agent;
 mod partition;
 mod shell;

@@ -1,21 +1,23 @@
 //! Stage three: the plan's models in order, the endpoints of each. A
 //! failure before the first byte is retried on another endpoint (and
-//! counted by its breaker); after it, the stream ends with an error (a
-//! retry could duplicate output). A model with no capacity at all passes
-//! the request to the next model of the plan; one whose endpoints failed
-//! ends it.
+//! counted by its breaker), and so is a plain answer that breaks off
+//! mid-body (the client has nothing of it yet); a stream that breaks after
+//! its first byte is continued on another replica ([`super::relay`]). A
+//! model with no capacity at all passes the request to the next model of
+//! the plan; one whose endpoints failed ends it.
 
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use futures_util::StreamExt;
 
 use super::account::{Finish, Ticket};
+use super::relay::{Resume, relay};
 use super::request::{ClientRequest, with_model};
 use super::resolve::Plan;
-use crate::{ApiError, Gateway};
+use super::splice::{Form, Splice};
+use crate::{ApiError, Endpoint, Gateway};
 
 pub(crate) const SERVED_MODEL: &str = "x-llmgw-served-model";
 
@@ -95,15 +97,9 @@ async fn attempt(
             continue;
         };
         gw.metrics.decision(decision);
-        let mut upstream_request = gw
-            .client
-            .post(format!("{}{path}", endpoint.spec.url))
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(crate::access::REQUEST_ID, request_id.0.clone());
-        if let Some(key) = &endpoint.spec.api_key {
-            upstream_request = upstream_request.bearer_auth(key.expose());
-        }
-        let sent = upstream_request.body(body.clone()).send().await;
+        let sent = upstream_request(gw, &endpoint, path, &request_id.0, body.clone())
+            .send()
+            .await;
         let upstream = match sent {
             Ok(r) if r.status().is_server_error() => {
                 endpoint.record(false);
@@ -134,13 +130,23 @@ async fn attempt(
                 return Err(last_error);
             };
             let finish = Finish::new(t, model.to_owned(), status.as_u16());
-            Body::from_stream(relay(
-                upstream,
-                flight,
-                finish,
-                request.strip_usage,
-                request.prompt_estimate,
-            ))
+            let form = if path.ends_with("/chat/completions") {
+                Form::Chat
+            } else {
+                Form::Text
+            };
+            // Only an answer can be continued; an error's body is relayed.
+            let resume = status.is_success().then(|| Resume {
+                gw: gw.clone(),
+                path: path.to_owned(),
+                body: body.clone(),
+                model: model.to_owned(),
+                request_id: request_id.0.clone(),
+                tried: vec![endpoint.spec.id.clone()],
+                sent: 0,
+            });
+            let splice = Splice::new(form, request.strip_usage, request.prompt_estimate);
+            Body::from_stream(relay(upstream, flight, finish, splice, form, resume))
         } else {
             // A plain answer is one JSON document: read it, note its usage.
             // Nothing has reached the client yet, so a break here is retried.
@@ -148,6 +154,8 @@ async fn attempt(
                 Ok(b) => b,
                 Err(e) => {
                     endpoint.record(false);
+                    gw.metrics.migration(model, "retried");
+                    tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
                     last_error = Some(format!("endpoint {} broke off: {e}", endpoint.spec.id));
                     continue;
                 }
@@ -177,65 +185,23 @@ async fn attempt(
     Err(last_error)
 }
 
-/// The streamed answer, event by event. It owns the in-flight count and
-/// the account: both end when the stream ends or the client goes away
-/// (which also drops the upstream request).
-fn relay(
-    upstream: reqwest::Response,
-    flight: crate::InFlight,
-    finish: Finish,
-    strip_usage: bool,
-    prompt_estimate: u64,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
-    struct State<S> {
-        upstream: S,
-        flight: crate::InFlight,
-        finish: Finish,
-        scanner: crate::usage::SseScanner,
-        done: bool,
+/// A request to `endpoint`, with the client's request id (the engine logs
+/// it, so one grep follows a request) and the upstream's key if it has one.
+pub(super) fn upstream_request(
+    gw: &Gateway,
+    endpoint: &Endpoint,
+    path: &str,
+    request_id: &HeaderValue,
+    body: Bytes,
+) -> reqwest::RequestBuilder {
+    let mut r = gw
+        .client
+        .post(format!("{}{path}", endpoint.spec.url))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(crate::access::REQUEST_ID, request_id.clone())
+        .body(body);
+    if let Some(key) = &endpoint.spec.api_key {
+        r = r.bearer_auth(key.expose());
     }
-    let state = State {
-        upstream: Box::pin(upstream.bytes_stream()),
-        flight,
-        finish,
-        scanner: crate::usage::SseScanner::new(strip_usage),
-        done: false,
-    };
-    futures_util::stream::unfold(state, move |mut st| async move {
-        if st.done {
-            return None;
-        }
-        loop {
-            match st.upstream.next().await {
-                Some(Ok(chunk)) => {
-                    let out = st.scanner.feed(&chunk);
-                    if st.scanner.saw_content && st.finish.first_content.is_none() {
-                        st.finish.first_content = Some(st.finish.started().elapsed());
-                    }
-                    // Until the engine reports usage (its last event), what
-                    // was streamed counts: a client that leaves early pays
-                    // for the prompt and the tokens it was sent.
-                    st.finish.tokens = st.scanner.tokens.or(Some(crate::usage::Tokens {
-                        prompt: prompt_estimate,
-                        completion: st.scanner.content_events,
-                    }));
-                    if !out.is_empty() {
-                        return Some((Ok(out), st));
-                    }
-                }
-                Some(Err(e)) => {
-                    st.flight.endpoint().record(false);
-                    st.finish.end = Some(crate::access::StreamEnd::UpstreamError);
-                    st.done = true;
-                    return Some((Err(std::io::Error::other(e)), st));
-                }
-                None => {
-                    st.done = true;
-                    st.finish.end = Some(crate::access::StreamEnd::Complete);
-                    let rest = st.scanner.finish();
-                    return Some((Ok(rest), st));
-                }
-            }
-        }
-    })
+    r
 }

@@ -9,7 +9,8 @@
 //! 5. [`resolve::wait_on_demand`]: an on-demand model is started and
 //!    waited for, bounded;
 //! 6. [`forward::forward`]: endpoints, retries, breakers, the answer
-//!    streamed back;
+//!    streamed back ([`relay`]), continued on another replica when its
+//!    engine breaks mid-answer ([`continuation`], [`splice`]);
 //! 7. [`account`]: when the answer ends, usage, metrics and the rates'
 //!    settlement.
 //!
@@ -17,9 +18,12 @@
 
 mod account;
 mod admit;
+mod continuation;
 mod forward;
+mod relay;
 mod request;
 mod resolve;
+mod splice;
 
 use std::sync::Arc;
 

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
 
+mod migration;
 mod support;
 mod tenancy;
 
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use llmgw_gateway::{EndpointSpec, GatewayConfig};
 use serde_json::{Value, json};
-use support::{Relay, dead_url, gateway, metric, sim, spec};
+use support::{dead_url, gateway, metric, sim, spec};
 
 fn chat(model: &str, stream: bool, max_tokens: u32) -> Value {
     json!({"model": model, "stream": stream, "max_tokens": max_tokens,
@@ -44,7 +45,9 @@ async fn chunks_stream_through_as_the_engine_produces_them() {
     let mut text = String::new();
     while let Some(chunk) = body.next().await {
         text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-        if first_token.is_none() && text.contains("\"content\":\"the \"") {
+        // A token's event, not the role's (whose content is empty).
+        let tokens = text.matches("\"content\":\"").count();
+        if first_token.is_none() && tokens > text.matches("\"content\":\"\"").count() {
             first_token = Some(start.elapsed());
         }
     }
@@ -275,52 +278,6 @@ async fn nothing_routable_means_not_ready() {
         .await
         .unwrap();
     assert_eq!(models["data"], json!([]));
-}
-
-#[tokio::test]
-async fn an_engine_killed_mid_stream_ends_that_stream_and_the_next_request_goes_elsewhere() {
-    let slow = llmgw_sim::SimConfig {
-        tokens_per_s: 10,
-        ..support::sim_config()
-    };
-    let (a, b) = (sim(slow.clone()).await, sim(slow).await);
-    let relay = Relay::start(a).await;
-    let gw = gateway(vec![spec("a", &relay.addr, &["m"]), spec("b", &b, &["m"])]).await;
-    let client = reqwest::Client::new();
-    let resp = client
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", true, 50))
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let first = body.next().await.unwrap().unwrap();
-    assert!(std::str::from_utf8(&first).unwrap().starts_with("data: "));
-    relay.kill();
-    let mut ended_badly = false;
-    let mut text = String::new();
-    while let Some(chunk) = body.next().await {
-        match chunk {
-            Ok(c) => text.push_str(std::str::from_utf8(&c).unwrap()),
-            Err(_) => ended_badly = true,
-        }
-    }
-    assert!(
-        ended_badly || !text.contains("[DONE]"),
-        "the stream must not look complete: {text}"
-    );
-    let before = metric(&b, "vllm:prefix_cache_queries_total").await;
-    let next = client
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", false, 1))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(next.status(), 200);
-    assert!(
-        metric(&b, "vllm:prefix_cache_queries_total").await > before,
-        "served by b"
-    );
 }
 
 #[tokio::test]

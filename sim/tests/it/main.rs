@@ -97,7 +97,9 @@ async fn tokens_stream_at_the_simulated_pace_with_usage_last() {
         .iter()
         .map(|c| c["choices"][0]["delta"]["content"].as_str().unwrap())
         .collect();
-    assert_eq!(text, "the quick model ");
+    // Three tokens of four bytes each (a word and a space).
+    assert_eq!(text.len(), 12, "{text}");
+    assert!(text.split_inclusive(' ').all(|w| w.len() == 4), "{text}");
     assert_eq!(parsed[4]["choices"][0]["finish_reason"], "length");
     assert_eq!(parsed[5]["choices"], json!([]));
     assert_eq!(parsed[5]["usage"]["completion_tokens"], 3);
@@ -134,7 +136,13 @@ async fn without_include_usage_there_is_no_usage_chunk_and_a_plain_reply_has_usa
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(reply["choices"][0]["message"]["content"], "the quick ");
+    assert_eq!(
+        reply["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .len(),
+        8
+    );
     assert_eq!(
         reply["usage"]["total_tokens"],
         reply["usage"]["prompt_tokens"].as_u64().unwrap() + 2
@@ -153,10 +161,99 @@ async fn without_include_usage_there_is_no_usage_chunk_and_a_plain_reply_has_usa
         (
             status,
             text["object"].as_str(),
-            text["choices"][0]["text"].as_str()
+            text["choices"][0]["text"].as_str().map(str::len)
         ),
-        (StatusCode::OK, Some("text_completion"), Some("the "))
+        (StatusCode::OK, Some("text_completion"), Some(4))
     );
+}
+
+/// The text of a chat answer, streamed or not.
+async fn answer(app: &axum::Router, body: Value) -> (String, Value) {
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let resp = app
+        .clone()
+        .oneshot(post("/v1/chat/completions", body))
+        .await
+        .unwrap();
+    if !stream {
+        let (status, v) = json_of(resp).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        return (text, v["usage"].clone());
+    }
+    let evs = events(resp, Instant::now()).await;
+    let parsed: Vec<Value> = evs
+        .iter()
+        .filter(|(_, e)| e != "[DONE]")
+        .map(|(_, e)| serde_json::from_str(e).unwrap())
+        .collect();
+    let text = parsed
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let usage = parsed
+        .iter()
+        .find_map(|c| c.get("usage"))
+        .cloned()
+        .unwrap_or_default();
+    (text, usage)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_cut_and_continued_from_its_text_is_the_uninterrupted_one() {
+    let (app, _) = engine(config());
+    let (whole, usage) = answer(&app, chat(true, 12, "tell me")).await;
+    let (plain, _) = answer(&app, chat(false, 12, "tell me")).await;
+    assert_eq!(plain, whole, "the same context, the same answer");
+    let (other, _) = answer(&app, chat(false, 12, "tell you")).await;
+    assert_ne!(other, whole, "another prompt, another answer");
+
+    // Cut after five tokens; continued as vLLM is asked to.
+    let mut rest = chat(true, 7, "tell me");
+    rest["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": &whole[..20]}));
+    rest["continue_final_message"] = json!(true);
+    rest["add_generation_prompt"] = json!(false);
+    let (tail, tail_usage) = answer(&app, rest.clone()).await;
+    assert_eq!(format!("{}{tail}", &whole[..20]), whole);
+    // The text sent is five tokens of the continuation's prompt.
+    assert_eq!(
+        tail_usage["prompt_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + 5
+    );
+
+    // Without a limit the answer ends where it would have: the text
+    // already there counts toward its natural length (16 tokens).
+    let mut natural = chat(false, 0, "tell me");
+    natural.as_object_mut().unwrap().remove("max_tokens");
+    let (full, _) = answer(&app, natural.clone()).await;
+    assert_eq!(full.len(), 64);
+    natural["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": &full[..20]}));
+    natural["continue_final_message"] = json!(true);
+    natural["add_generation_prompt"] = json!(false);
+    let (tail, _) = answer(&app, natural).await;
+    assert_eq!(format!("{}{tail}", &full[..20]), full);
+
+    // vLLM's rule: asking to continue needs the generation prompt off.
+    rest.as_object_mut()
+        .unwrap()
+        .remove("add_generation_prompt");
+    let (status, err) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", rest))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
 }
 
 #[tokio::test(start_paused = true)]

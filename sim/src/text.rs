@@ -1,0 +1,220 @@
+//! What the simulated model "says": a deterministic, autoregressive
+//! stand-in for a language model. The next token is a function of the
+//! whole context so far (the rendered prompt, then every token generated),
+//! like a real model's at temperature 0. So a request that carries an
+//! interrupted answer as its context (a chat's final assistant message
+//! with `continue_final_message`, or a completion's prompt plus the text
+//! generated) goes on with exactly the tokens the uninterrupted answer
+//! would have had: the property a gateway's request migration is tested
+//! against.
+//!
+//! Every token is four bytes, the same as the prompt's token estimate
+//! (four bytes a token), so an interrupted answer put back into the prompt
+//! counts as exactly the tokens it was generated as.
+
+use serde_json::Value;
+
+const WORDS: [&str; 16] = [
+    "the ", "old ", "fox ", "ran ", "far ", "and ", "sat ", "low ", "sun ", "sky ", "was ", "red ",
+    "one ", "day ", "new ", "map ",
+];
+
+/// FNV-1a over the context, fed as it grows.
+#[derive(Debug, Clone)]
+pub(crate) struct Generator(u64);
+
+impl Generator {
+    pub(crate) fn new(context: &str) -> Self {
+        let mut g = Generator(0xcbf2_9ce4_8422_2325);
+        g.feed(context.as_bytes());
+        g
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// The next token, which then becomes part of the context.
+    pub(crate) fn next_token(&mut self) -> &'static str {
+        // The high bits of an FNV hash mix better than its low ones.
+        let word = WORDS[((self.0 >> 40) ^ (self.0 >> 13)) as usize % WORDS.len()];
+        self.feed(word.as_bytes());
+        word
+    }
+}
+
+/// Tokens in a text: roughly four bytes a token, as for English.
+pub(crate) fn tokens_of(bytes: usize) -> u64 {
+    bytes.div_ceil(4).max(1) as u64
+}
+
+/// A prompt as the engine sees it.
+#[derive(Debug)]
+pub(crate) struct Prompt {
+    /// The context generation continues from (and the prefix cache's key).
+    pub(crate) context: String,
+    pub(crate) tokens: u64,
+    /// Tokens of an assistant answer being continued: they count toward
+    /// the answer's natural length.
+    pub(crate) continued: u64,
+}
+
+fn text_of(content: &Value) -> Option<String> {
+    match content {
+        Value::String(s) => Some(s.clone()),
+        // Content parts: the text parts count.
+        Value::Array(parts) => Some(parts.iter().filter_map(|p| p["text"].as_str()).collect()),
+        _ => None,
+    }
+}
+
+/// A chat rendered as `role: content` lines, then `assistant: ` to prompt
+/// the answer (vLLM's `add_generation_prompt`, on unless turned off). With
+/// `continue_final_message` the last message must be the assistant's, and
+/// it is left open for the answer to go on from, exactly where the
+/// original answer was; as in vLLM, the two options exclude each other.
+/// `prefill` continues a last assistant message without being asked, as
+/// llama.cpp's server does.
+pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, String> {
+    let messages = v["messages"]
+        .as_array()
+        .ok_or("missing or malformed `messages`")?;
+    let assistant_last = messages.last().is_some_and(|m| m["role"] == "assistant");
+    let asked = v["continue_final_message"].as_bool().unwrap_or(false);
+    let prefilled = prefill && assistant_last;
+    let continues = asked || prefilled;
+    let generation_prompt = !prefilled && v["add_generation_prompt"].as_bool().unwrap_or(true);
+    if asked && generation_prompt {
+        return Err(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into(),
+        );
+    }
+    let (closed, open) = match messages.split_last() {
+        Some((last, rest)) if continues => {
+            if last["role"] != "assistant" {
+                return Err("`continue_final_message` needs an assistant message last".into());
+            }
+            (
+                rest,
+                Some(text_of(&last["content"]).ok_or("malformed `content`")?),
+            )
+        }
+        _ => (&messages[..], None),
+    };
+    let mut rendered = String::new();
+    for m in closed {
+        rendered.push_str(m["role"].as_str().ok_or("a message without a `role`")?);
+        rendered.push_str(": ");
+        rendered.push_str(&text_of(&m["content"]).ok_or("malformed `content`")?);
+        rendered.push('\n');
+    }
+    let tokens = tokens_of(rendered.len());
+    let continued = open.as_ref().map_or(0, |t| t.len().div_ceil(4) as u64);
+    if generation_prompt || open.is_some() {
+        rendered.push_str("assistant: ");
+    }
+    rendered.push_str(open.as_deref().unwrap_or_default());
+    Ok(Prompt {
+        context: rendered,
+        tokens: tokens + continued,
+        continued,
+    })
+}
+
+/// A completion's prompt: a string, or strings joined by newlines.
+pub(crate) fn completion(v: &Value) -> Result<Prompt, String> {
+    let context = match &v["prompt"] {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str())
+            .collect::<Option<Vec<_>>>()
+            .map(|p| p.join("\n"))
+            .ok_or("malformed `prompt`")?,
+        _ => return Err("missing or malformed `prompt`".into()),
+    };
+    Ok(Prompt {
+        tokens: tokens_of(context.len()),
+        context,
+        continued: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn answer(mut g: Generator, n: usize) -> String {
+        (0..n).map(|_| g.next_token()).collect()
+    }
+
+    #[test]
+    fn a_continued_answer_goes_on_exactly_where_it_was_cut() {
+        let ask = json!({"messages": [{"role": "user", "content": "tell me"}]});
+        let p = chat(&ask, false).unwrap();
+        let whole = answer(Generator::new(&p.context), 12);
+        assert_eq!(whole.len(), 48);
+        let cut = &whole[..20];
+        let again = json!({"messages": [{"role": "user", "content": "tell me"},
+            {"role": "assistant", "content": cut}],
+            "continue_final_message": true, "add_generation_prompt": false});
+        let q = chat(&again, false).unwrap();
+        assert_eq!((q.tokens, q.continued), (p.tokens + 5, 5));
+        assert_eq!(
+            format!("{cut}{}", answer(Generator::new(&q.context), 7)),
+            whole
+        );
+
+        let text = completion(&json!({"prompt": "once upon"})).unwrap();
+        let whole = answer(Generator::new(&text.context), 6);
+        let later = completion(&json!({"prompt": format!("once upon{}", &whole[..8])})).unwrap();
+        assert_eq!(later.tokens, text.tokens + 2);
+        assert_eq!(
+            format!(
+                "{}{}",
+                &whole[..8],
+                answer(Generator::new(&later.context), 4)
+            ),
+            whole
+        );
+        // Another prompt, another answer.
+        let other = chat(
+            &json!({"messages": [{"role": "user", "content": "tell you"}]}),
+            false,
+        )
+        .unwrap();
+        assert_ne!(
+            answer(Generator::new(&other.context), 12),
+            answer(Generator::new(&p.context), 12)
+        );
+    }
+
+    #[test]
+    fn continuing_needs_an_assistant_message_last_and_no_generation_prompt() {
+        let user_last = json!({"messages": [{"role": "user", "content": "x"}],
+            "continue_final_message": true, "add_generation_prompt": false});
+        assert!(chat(&user_last, false).is_err());
+        let both = json!({"messages": [{"role": "assistant", "content": "x"}],
+            "continue_final_message": true});
+        assert!(chat(&both, false).unwrap_err().contains("Cannot set both"));
+        // llama.cpp's way: a last assistant message is continued unasked.
+        let prefilled = json!({"messages": [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": "the "}]});
+        let asked = json!({"messages": [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": "the "}],
+            "continue_final_message": true, "add_generation_prompt": false});
+        assert_eq!(
+            chat(&prefilled, true).unwrap().context,
+            chat(&asked, false).unwrap().context
+        );
+        assert_ne!(
+            chat(&prefilled, false).unwrap().context,
+            chat(&asked, false).unwrap().context
+        );
+    }
+}
