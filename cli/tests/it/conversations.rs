@@ -10,7 +10,7 @@ use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
-use super::tenancy::{Mode, config, engine, keys, keys_ok, start};
+use super::tenancy::{Mode, config, engine, keys, keys_ok, leads, start};
 use super::until;
 
 /// The sim engine's prompt tokens for these (role, content) lines.
@@ -582,4 +582,101 @@ async fn without_keys_one_shared_pool_or_none() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("llmgw keys threads --project P"), "{err}");
+}
+
+/// With the control plane: the switch goes through the leader, and the
+/// catalog's context_length (not the configured default) bounds a thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_control_plane_the_catalog_context_bounds_a_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let text = format!(
+        r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:0"
+store: "{store}"
+endpoints: ["e1=http://{e}=paid"]
+auth: {{enabled: true, flush_interval: 50ms}}
+conversations: {{default_context: 100000}}
+control:
+  instance: cp-convo
+  interval: 200ms
+models:
+  - name: paid
+    context_length: 320
+    scaling: {{min: 0, max: 1}}
+    profiles: [{{name: sim, engine: sim}}]
+"#
+    );
+    let path = dir.path().join("cp.yaml");
+    std::fs::write(&path, text).unwrap();
+    let server = start(&path.display().to_string());
+    leads(&server.admin).await;
+    keys_ok(
+        &store,
+        &server.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let kp = key_for(&store, &server.admin, "p");
+    keys_ok(
+        &store,
+        &server.admin,
+        &[
+            "threads",
+            "--project",
+            "p",
+            "--capture",
+            "--retain-hours",
+            "1",
+        ],
+    );
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let sys = ("system", "be brief");
+    let (u1, u2, u3) = ("1".repeat(300), "2".repeat(300), "3".repeat(300));
+    let (a1, _, _) = c
+        .turn(
+            &kp,
+            "t",
+            "paid",
+            json!([{"role": "system", "content": sys.1}, {"role": "user", "content": u1}]),
+        )
+        .await;
+    let (a2, _, trimmed) = c
+        .turn(&kp, "t", "paid", json!([{"role": "user", "content": u2}]))
+        .await;
+    assert_eq!(trimmed, "0");
+    let (_, tokens, trimmed) = c
+        .turn(&kp, "t", "paid", json!([{"role": "user", "content": u3}]))
+        .await;
+    assert_eq!(
+        trimmed, "1",
+        "320 tokens from the catalog, not the default's 100000"
+    );
+    assert_eq!(
+        tokens,
+        sim_tokens(&[
+            sys,
+            ("assistant", &a1),
+            ("user", &u2),
+            ("assistant", &a2),
+            ("user", &u3)
+        ])
+    );
+    let events = super::ok(
+        &store,
+        &["events", "tail", "--json", "--from", "1", "--limit", "1000"],
+    );
+    let switch = events
+        .lines()
+        .find(|l| l.contains("ThreadsSet"))
+        .expect("the switch is in the log");
+    assert!(
+        switch.contains("alice") && switch.contains("cp-convo"),
+        "decided by the leader for alice: {switch}"
+    );
 }
