@@ -17,6 +17,7 @@ mod config;
 mod convert;
 mod convo_api;
 mod door;
+mod drain_watch;
 mod fence;
 mod forward;
 mod join;
@@ -128,6 +129,8 @@ pub struct ControlPlane {
     /// What joining nodes' certificates are signed with (`tls.ca_key`);
     /// unset, nodes cannot join with a token.
     authority: std::sync::OnceLock<authority::Authority>,
+    /// A replica is draining: the reconciler passes more often.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl ControlPlane {
@@ -163,6 +166,7 @@ impl ControlPlane {
             telemetry: metrics::Telemetry::default(),
             epoch_seen: AtomicU64::new(0),
             authority: std::sync::OnceLock::new(),
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

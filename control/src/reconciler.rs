@@ -8,15 +8,15 @@ use llmgw_domain::Command;
 use llmgw_domain::clocks::Clocks;
 use llmgw_domain::nodes::{NodeCommand, Reachability};
 use llmgw_domain::reconcile::{self, Action, Settings};
-use llmgw_domain::replicas::ReplicaCommand;
+use llmgw_domain::replicas::{ReplicaCommand, ReplicaStatus};
 
-use crate::ControlPlane;
+use crate::{ControlPlane, drain_watch};
 
 /// Passes every `interval`, and sooner when an append wakes it.
 pub(crate) async fn run(cp: Arc<ControlPlane>) {
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(cp.config.interval) => {}
+            _ = tokio::time::sleep(cp.next_pass_in()) => {}
             _ = cp.wake.notified() => {
                 // A burst of appends (a fleet registering) makes one pass.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
@@ -33,6 +33,21 @@ pub(crate) async fn run(cp: Arc<ControlPlane>) {
         cp.passes.send_modify(|n| *n += 1);
     }
 }
+
+impl ControlPlane {
+    /// The reconciler's interval, shortened while a replica drains.
+    fn next_pass_in(&self) -> std::time::Duration {
+        let draining = self.draining.load(std::sync::atomic::Ordering::Relaxed);
+        if draining {
+            self.config.interval.min(DRAINING_PASS)
+        } else {
+            self.config.interval
+        }
+    }
+}
+
+/// How often passes come while a replica drains.
+const DRAINING_PASS: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Marks nodes unreachable, then lost, when their heartbeats stop.
 pub(crate) async fn liveness(cp: Arc<ControlPlane>) {
@@ -105,6 +120,7 @@ impl ControlPlane {
         for model in self.decider.take_demanded().await {
             self.memory().rt.demand.insert(model, now);
         }
+        self.watch_drains(now).await?;
         // Planned under a read of the state; it is copied only when there
         // is something to carry out, which a settled cluster never has.
         let (plan, state) = self
@@ -135,6 +151,34 @@ impl ControlPlane {
                 tracing::warn!(error = %e, "a reconciler action failed");
             }
         }
+        Ok(())
+    }
+
+    /// Asks the engines of replicas draining for longer than the settle
+    /// time whether anything is left on them; those that say no stop in
+    /// this pass. While anything drains, passes come often, so that an
+    /// idle engine is stopped within a fraction of a second.
+    async fn watch_drains(&self, now: i64) -> Result<(), crate::ControlError> {
+        let settle = drain_watch::SETTLE_MS.min(self.config.drain_grace.as_millis() as i64);
+        let (targets, draining) = self
+            .decider
+            .read_with_clocks(|state, clocks| {
+                let draining = state
+                    .replicas
+                    .replicas
+                    .values()
+                    .any(|r| r.status == ReplicaStatus::Draining);
+                let targets = drain_watch::targets(state, &clocks.drain_since, now, settle);
+                (targets, draining)
+            })
+            .await?;
+        self.draining
+            .store(draining, std::sync::atomic::Ordering::Relaxed);
+        let idle = drain_watch::idle(&self.http, targets).await;
+        for id in &idle {
+            tracing::info!(replica = %id, "draining replica is idle; stopping it before its grace runs out");
+        }
+        self.memory().rt.idle = idle;
         Ok(())
     }
 

@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod clocks;
 pub mod conversations;
 pub mod demand;
+pub mod engine_load;
 pub mod event;
 pub mod join;
 pub mod nodes;

@@ -51,6 +51,10 @@ pub struct Runtime {
     pub demand: BTreeMap<String, Millis>,
     /// Replica or node id → when its drain began.
     pub drain_since: BTreeMap<String, Millis>,
+    /// Draining replicas whose engines were seen with nothing running or
+    /// waiting since their drain began: they stop without waiting out the
+    /// grace.
+    pub idle: BTreeSet<String>,
     /// Processes agents report that the log no longer counts as live.
     pub held: Vec<Held>,
 }
@@ -179,10 +183,17 @@ pub fn plan(
             }
             ReplicaStatus::Draining => {
                 let since = rt.drain_since.get(id).copied().unwrap_or(rt.now);
-                if rt.now - since >= settings.drain_grace_ms {
+                let reason = if rt.idle.contains(id) {
+                    Some("drained; nothing was left running on it")
+                } else if rt.now - since >= settings.drain_grace_ms {
+                    Some("drained; its grace ran out")
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
                     plan.actions.push(Action::Stop {
                         replica_id: id.clone(),
-                        reason: "drained".into(),
+                        reason: reason.into(),
                         failed: false,
                     });
                     touched.insert(id.clone());

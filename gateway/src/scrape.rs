@@ -37,38 +37,19 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
-/// The names an engine publishes running, waiting and KV usage under.
-#[derive(Debug, Clone, Copy)]
-pub struct Vocabulary {
-    pub running: &'static str,
-    pub waiting: &'static str,
-    pub kv_usage: Option<&'static str>,
-}
+pub use llmgw_domain::engine_load::Vocabulary;
+use llmgw_domain::engine_load::value;
 
 impl EngineKind {
     pub fn vocabulary(self) -> Vocabulary {
+        use llmgw_domain::catalog::Engine;
         match self {
-            EngineKind::Vllm => Vocabulary {
-                running: "vllm:num_requests_running",
-                waiting: "vllm:num_requests_waiting",
-                kv_usage: Some("vllm:kv_cache_usage_perc"),
-            },
-            EngineKind::Sglang => Vocabulary {
-                running: "sglang:num_running_reqs",
-                waiting: "sglang:num_queue_reqs",
-                kv_usage: Some("sglang:token_usage"),
-            },
-            EngineKind::Llamacpp => Vocabulary {
-                running: "llamacpp:requests_processing",
-                waiting: "llamacpp:requests_deferred",
-                kv_usage: None,
-            },
-            EngineKind::Sim => Vocabulary {
-                running: "llmgw_sim_running",
-                waiting: "llmgw_sim_waiting",
-                kv_usage: Some("llmgw_sim_kv_cache_usage"),
-            },
+            EngineKind::Vllm => Engine::Vllm,
+            EngineKind::Sglang => Engine::Sglang,
+            EngineKind::Llamacpp => Engine::Llamacpp,
+            EngineKind::Sim => Engine::Sim,
         }
+        .vocabulary()
     }
 }
 
@@ -79,23 +60,6 @@ pub struct Load {
     pub waiting: f64,
     pub kv_usage: Option<f64>,
     pub at: Instant,
-}
-
-/// Sums every series of `name` in a Prometheus text page, or None when the
-/// page has no such series.
-fn value(page: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in page.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
-        *found.get_or_insert(0.0) += v;
-    }
-    found
 }
 
 /// The load in a page, or why it is unusable.

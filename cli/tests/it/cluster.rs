@@ -81,7 +81,7 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-fn model_yaml(min: u32) -> String {
+pub(crate) fn model_yaml(min: u32) -> String {
     format!(
         r#"name: chat
 scaling: {{min: {min}, max: {min}}}
@@ -149,7 +149,7 @@ pub(crate) fn start_server(config: &str) -> ServerProc {
     ServerProc { child, base, admin }
 }
 
-fn start_agent(servers: &str, node: &str, ip: &str) -> Child {
+pub(crate) fn start_agent(servers: &str, node: &str, ip: &str) -> Child {
     let work = std::env::temp_dir().join(format!("llmgw-agent-{ip}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     start_agent_in(servers, node, ip, &work)

@@ -18,6 +18,7 @@ mod cluster;
 mod conversations;
 mod deploy_kit;
 mod deploy_rules;
+mod drain;
 mod events_io;
 mod failover;
 mod fence;

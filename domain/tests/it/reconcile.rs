@@ -284,12 +284,22 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
             .is_empty(),
         "in-flight work gets its grace"
     );
+    // An engine seen idle stops at once, without waiting out the grace.
+    let mut idle = rt.clone();
+    idle.idle.insert("r1".into());
+    let p = plan(&s, &idle, &Settings::default(), |_| "r3".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Stop { failed: false, reason, .. }] if reason.contains("nothing was left running")),
+        "{:?}",
+        p.actions
+    );
     rt.now += Settings::default().drain_grace_ms;
     let p = plan(&s, &rt, &Settings::default(), |_| "r3".into());
-    assert!(matches!(
-        &p.actions[..],
-        [Action::Stop { failed: false, .. }]
-    ));
+    assert!(
+        matches!(&p.actions[..], [Action::Stop { failed: false, reason, .. }] if reason.contains("grace ran out")),
+        "{:?}",
+        p.actions
+    );
 }
 
 #[test]
