@@ -77,6 +77,30 @@ impl AgentService for Peer {
     }
 }
 
+/// A standby that refuses every stream, naming lease epoch 9.
+#[derive(Clone)]
+struct Standby;
+
+#[tonic::async_trait]
+impl AgentService for Standby {
+    type ConnectStream = ReceiverStream<Result<ControlMessage, Status>>;
+
+    async fn connect(
+        &self,
+        _: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        use llmgw_api::refusal;
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert(refusal::RETRY_AFTER_MS, 500.into());
+        md.insert(refusal::EPOCH, 9.into());
+        Err(Status::with_metadata(
+            tonic::Code::Unavailable,
+            "a standby",
+            md,
+        ))
+    }
+}
+
 /// A scripted control peer on a port of its own: the streams agents open
 /// arrive on the receiver.
 async fn peer() -> (String, mpsc::UnboundedReceiver<Conn>) {
@@ -254,4 +278,22 @@ async fn an_agent_refuses_a_deposed_leaders_commands_and_remembers_the_epoch_acr
         .collect();
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0]["fields"]["command"], "logs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standbys_refusal_names_the_lease_epoch_and_the_agent_writes_it_down() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentServiceServer::new(Standby))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("n1");
+    let _node = agent(&url, &work);
+    super::until("the agent writes down the standby's epoch", || async {
+        (epoch_file(&work) == "9").then_some(())
+    })
+    .await;
 }

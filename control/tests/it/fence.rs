@@ -132,3 +132,21 @@ async fn a_deposed_leader_told_by_an_agent_that_refused_its_command_stops_acting
         "a deposed leader keeps no agent's stream"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standbys_refusal_names_the_lease_epoch() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let leader = Server::start(&addr, fast("a", vec![])).await;
+    leader.wait_leader().await;
+    let standby = Server::start(&addr, fast("b", vec![])).await;
+    let refused = Agent::connect(standby.agent_addr, register("n1"))
+        .await
+        .err()
+        .expect("a standby refuses");
+    let named = refused
+        .metadata()
+        .get(llmgw_api::refusal::EPOCH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    assert_eq!(named, Some(epoch(&leader)), "{refused:?}");
+}
