@@ -571,7 +571,7 @@ async fn the_client_listener_serves_https_with_a_certificate_from_ctl_cert() {
         .json()
         .await
         .unwrap();
-    assert_eq!(reply["choices"][0]["message"]["content"], "the quick ");
+    assert_eq!(reply["choices"][0]["message"]["content"], "fox was ");
     // Plain HTTP gets no answer, and neither does a client that does not
     // trust the authority.
     let plain = reqwest::Client::new()

@@ -176,7 +176,12 @@ async fn agents_follow_the_new_leader(stop: Stop, net: &str) {
             .then_some(())
     })
     .await;
-    let before = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
+    // The standby's views follow the log a moment behind the leader's.
+    let before = until("the standby sees both replicas ready", || async {
+        let rows = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
+        (ready_replicas(&rows).len() == 2).then_some(rows)
+    })
+    .await;
     let mut logs: Vec<Vec<Value>> = vec![Vec::new(); agents.len()];
     let refused = |l: &Value| message(l).starts_with("a standby refused the stream");
     // The standby's refusal names the leader and its agent address, and

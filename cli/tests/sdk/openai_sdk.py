@@ -16,7 +16,10 @@ def main() -> None:
     reply = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=3
     )
-    assert reply.choices[0].message.content == "the quick model ", reply
+    # The sim's text is deterministic in its context: three words now, and
+    # the same three first when four are asked for.
+    first = reply.choices[0].message.content
+    assert len(first.split()) == 3, reply
     assert reply.usage.completion_tokens == 3, reply.usage
 
     pieces, usage = [], None
@@ -32,7 +35,8 @@ def main() -> None:
             pieces.append(chunk.choices[0].delta.content)
         if chunk.usage:
             usage = chunk.usage
-    assert "".join(pieces) == "the quick model answers ", pieces
+    streamed = "".join(pieces)
+    assert streamed.startswith(first) and len(streamed.split()) == 4, pieces
     assert usage is not None and usage.completion_tokens == 4, usage
 
     # Without include_usage the SDK sees no usage chunk (the gateway asked
@@ -44,7 +48,7 @@ def main() -> None:
     assert all(c.usage is None for c in chunks), chunks[-1]
 
     text = client.completions.create(model=model, prompt="once upon", max_tokens=1)
-    assert text.choices[0].text == "the ", text
+    assert len(text.choices[0].text.split()) == 1, text
 
     emb = client.embeddings.create(model=model, input=["a", "b"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 16, emb
