@@ -332,9 +332,13 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
     };
     let (max, finish) = ask.length(state.config.default_max_tokens);
     let mut words = Generator::new(&ask.prompt.context);
+    let echo = ask.prompt.echo.clone();
     if !ask.stream {
         tokio::time::sleep(run.prefill + per_token * max).await;
-        let text: String = (0..max).map(|_| words.next_token()).collect();
+        let text: String = echo
+            .into_iter()
+            .chain((0..max).map(|_| words.next_token().to_owned()))
+            .collect();
         state
             .counters
             .generation_tokens
@@ -374,7 +378,9 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
     };
     let include_usage = ask.include_usage;
     // Steps: 0 = role (after prefill), 1..=max tokens, then finish, usage, done.
-    let stream = futures_util::stream::unfold((run, 0u32, words), move |(run, step, mut words)| {
+    // The echo, if any, comes with the first token.
+    let state = (run, 0u32, (words, echo));
+    let stream = futures_util::stream::unfold(state, move |(run, step, (mut words, mut echo))| {
         let (delta, frame) = (delta, frame.clone());
         async move {
             let out = if step == 0 {
@@ -384,7 +390,7 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
                     Kind::Text => {
                         return Some((
                             Ok::<_, std::convert::Infallible>(Bytes::new()),
-                            (run, 1, words),
+                            (run, 1, (words, echo)),
                         ));
                     }
                 }
@@ -394,7 +400,12 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
                     .counters
                     .generation_tokens
                     .fetch_add(1, Ordering::Relaxed);
-                frame(json!([delta(Some(words.next_token()), None)]), None)
+                let token = words.next_token();
+                let text = match echo.take() {
+                    Some(e) => format!("{e}{token}"),
+                    None => token.to_owned(),
+                };
+                frame(json!([delta(Some(&text), None)]), None)
             } else if step == max + 1 {
                 frame(json!([delta(Some(""), Some(finish))]), None)
             } else if step == max + 2 && include_usage {
@@ -409,7 +420,7 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
             } else {
                 step + 1
             };
-            Some((Ok(out), (run, next, words)))
+            Some((Ok(out), (run, next, (words, echo))))
         }
     });
     Response::builder()

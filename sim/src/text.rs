@@ -60,6 +60,10 @@ pub(crate) struct Prompt {
     /// Tokens of an assistant answer being continued: they count toward
     /// the answer's natural length.
     pub(crate) continued: u64,
+    /// Text the answer repeats before its new tokens: llama.cpp's server
+    /// answers a prefilled assistant message with that message's text
+    /// first, then what it generated (seen on llama-server b11434).
+    pub(crate) echo: Option<String>,
 }
 
 fn text_of(content: &Value) -> Option<String> {
@@ -121,6 +125,7 @@ pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, String> {
         context: rendered,
         tokens: tokens + continued,
         continued,
+        echo: open.filter(|_| prefilled),
     })
 }
 
@@ -140,6 +145,7 @@ pub(crate) fn completion(v: &Value) -> Result<Prompt, String> {
         tokens: tokens_of(context.len()),
         context,
         continued: 0,
+        echo: None,
     })
 }
 
@@ -208,10 +214,14 @@ mod tests {
         let asked = json!({"messages": [{"role": "user", "content": "x"},
             {"role": "assistant", "content": "the "}],
             "continue_final_message": true, "add_generation_prompt": false});
+        let p = chat(&prefilled, true).unwrap();
+        assert_eq!(p.context, chat(&asked, false).unwrap().context);
         assert_eq!(
-            chat(&prefilled, true).unwrap().context,
-            chat(&asked, false).unwrap().context
+            p.echo.as_deref(),
+            Some("the "),
+            "answered after its own text"
         );
+        assert_eq!(chat(&asked, false).unwrap().echo, None);
         assert_ne!(
             chat(&prefilled, false).unwrap().context,
             chat(&asked, false).unwrap().context

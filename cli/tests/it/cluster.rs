@@ -1256,7 +1256,7 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
 
 /// llama.cpp's server and a tiny model, built once into a cache by
 /// `scripts/real-engine` (minutes the first time, then instant).
-fn real_engine() -> (std::path::PathBuf, std::path::PathBuf) {
+pub(crate) fn real_engine() -> (std::path::PathBuf, std::path::PathBuf) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/real-engine");
     let out = std::process::Command::new(script).output().unwrap();
     assert!(

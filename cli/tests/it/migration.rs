@@ -23,6 +23,16 @@ fn engine() -> (Child, String) {
 
 /// A router-only server in front of `engines` (ids e0, e1, …).
 fn server(engines: &[(Child, String)], env: &[(&str, String)]) -> (Child, String, String) {
+    let addrs: Vec<&str> = engines.iter().map(|(_, a)| a.as_str()).collect();
+    server_for(&addrs, "chat", "vllm", env)
+}
+
+fn server_for(
+    addrs: &[&str],
+    model: &str,
+    engine: &str,
+    env: &[(&str, String)],
+) -> (Child, String, String) {
     let mut args = vec![
         "server".to_owned(),
         "--listen".into(),
@@ -30,9 +40,9 @@ fn server(engines: &[(Child, String)], env: &[(&str, String)]) -> (Child, String
         "--admin-listen".into(),
         "127.0.0.1:0".into(),
     ];
-    for (i, (_, addr)) in engines.iter().enumerate() {
+    for (i, addr) in addrs.iter().enumerate() {
         args.push("--endpoint".into());
-        args.push(format!("e{i}=http://{addr}=chat;engine=vllm"));
+        args.push(format!("e{i}=http://{addr}={model};engine={engine}"));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let s = Child::spawn_env(&args, env);
@@ -114,7 +124,11 @@ async fn serving(engines: &[(Child, String)], killed: &[usize]) -> usize {
 }
 
 fn migrations(page: &str, outcome: &str) -> u64 {
-    let series = format!("llmgw_migrations_total{{model=\"chat\",outcome=\"{outcome}\"}} ");
+    migrations_of(page, "chat", outcome)
+}
+
+fn migrations_of(page: &str, model: &str, outcome: &str) -> u64 {
+    let series = format!("llmgw_migrations_total{{model=\"{model}\",outcome=\"{outcome}\"}} ");
     page.lines()
         .find_map(|l| l.strip_prefix(&series))
         .map_or(0, |v| v.parse().unwrap())
@@ -208,4 +222,111 @@ async fn past_the_migration_limit_the_client_gets_an_error_event_not_a_cut_body(
         page.contains("# HELP llmgw_migrations"),
         "documented on the page"
     );
+}
+
+/// A real llama-server, killed when dropped.
+struct Llama(std::process::Child, String);
+
+impl Drop for Llama {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn llama(bin: &std::path::Path, model: &std::path::Path) -> Llama {
+    let port = super::cluster::free_port();
+    let child = std::process::Command::new(bin)
+        .args([
+            "-m",
+            model.to_str().unwrap(),
+            "--alias",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+        ])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--ctx-size",
+            "512",
+            "--metrics",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    super::until("llama-server is up", || async {
+        let r = reqwest::get(format!("http://{addr}/health")).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    Llama(child, addr)
+}
+
+/// llama.cpp's own form through the binary, against the real engine: its
+/// server continues a last assistant message (and repeats it first, which
+/// the gateway takes out). Greedy decoding of the tiny model makes the
+/// uninterrupted answer known; the answer is cut within its first tokens,
+/// where the text sent re-tokenizes as it was generated (checked for this
+/// model and prompt, on another server, at every cut point up to 39).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_llama_server_killed_mid_stream_is_continued_by_another_exactly() {
+    let (bin, model) = super::cluster::real_engine();
+    let mut engines = vec![llama(&bin, &model).await, llama(&bin, &model).await];
+    let addrs: Vec<&str> = engines.iter().map(|l| l.1.as_str()).collect();
+    let (_server, base, admin) = server_for(&addrs, "tiny", "llamacpp", &[]);
+    let ask = json!({"model": "tiny", "stream": true, "max_tokens": 200, "temperature": 0,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let post = |url: String| {
+        let ask = ask.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&ask)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            Box::pin(r.bytes_stream()) as Body
+        }
+    };
+    let mut whole = Vec::new();
+    rest(
+        post(format!("http://{}/v1/chat/completions", engines[1].1)).await,
+        &mut whole,
+    )
+    .await;
+    let want = text(&events(&whole));
+
+    let mut body = post(format!("{base}/v1/chat/completions")).await;
+    let mut raw = Vec::new();
+    while text(&events(&raw)).is_empty() {
+        raw.extend_from_slice(&body.next().await.expect("more of the answer").unwrap());
+    }
+    // The tiny model outruns any poll: both engines are frozen at once,
+    // then the one the gateway is streaming from is killed.
+    let signal = |sig: &str, l: &Llama| {
+        std::process::Command::new("kill")
+            .args([sig, &l.0.id().to_string()])
+            .status()
+            .unwrap();
+    };
+    for l in &engines {
+        signal("-STOP", l);
+    }
+    let page_now = page(&admin).await;
+    let victim = (0..2)
+        .find(|i| page_now.contains(&format!("llmgw_endpoint_in_flight{{endpoint=\"e{i}\"}} 1")))
+        .expect("an endpoint in flight");
+    engines[victim].0.kill().unwrap();
+    signal("-CONT", &engines[1 - victim]);
+    rest(body, &mut raw).await;
+    let got = events(&raw);
+    assert!(got.iter().all(|e| e.get("error").is_none()), "{got:?}");
+    assert_eq!(text(&got), want, "not a token lost or repeated");
+    assert!(got.iter().all(|e| e["id"] == got[0]["id"]), "{got:?}");
+    assert_eq!(migrations_of(&page(&admin).await, "tiny", "resumed"), 1);
+    drop(engines);
 }

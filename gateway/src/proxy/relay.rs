@@ -194,7 +194,11 @@ pub(crate) fn relay(
             }
             match resume.next(&st.splice, st.form).await {
                 Ok((upstream, flight)) => {
-                    st.splice.continue_elsewhere();
+                    // llama.cpp's server repeats a prefilled assistant
+                    // message before its new text.
+                    let echoes = st.form == Form::Chat
+                        && flight.endpoint().spec.engine == crate::scrape::EngineKind::Llamacpp;
+                    st.splice.continue_elsewhere(echoes);
                     st.upstream = upstream;
                     st.flight = flight;
                 }

@@ -46,6 +46,10 @@ pub(crate) struct Splice {
     pub(crate) sent_tokens: u64,
     /// `sent_tokens` when the current engine took over (0: the first).
     base: u64,
+    /// The text a continuing engine is expected to repeat before its new
+    /// tokens (llama.cpp's server answers a prefilled assistant message
+    /// with the message first), until its first text shows whether it did.
+    echo: Option<String>,
     continued: bool,
     role_sent: bool,
     /// A finish reason reached the client: the answer is whole.
@@ -72,6 +76,7 @@ impl Splice {
             text: String::new(),
             sent_tokens: 0,
             base: 0,
+            echo: None,
             continued: false,
             role_sent: false,
             finished: false,
@@ -108,10 +113,12 @@ impl Splice {
 
     /// Another engine takes over from here: a half-received event of the
     /// broken one is dropped (the continuation produces it again).
-    pub(crate) fn continue_elsewhere(&mut self) {
+    /// `echoes`: the engine may repeat the text sent so far first.
+    pub(crate) fn continue_elsewhere(&mut self, echoes: bool) {
         self.partial.clear();
         self.base = self.sent_tokens;
         self.continued = true;
+        self.echo = (echoes && !self.text.is_empty()).then(|| self.text.clone());
     }
 
     /// Whether a stream that ended here ended before its answer: it had
@@ -204,8 +211,10 @@ impl Splice {
             return Some(Cow::Borrowed(raw));
         }
         let mut changed = self.identity(&mut v);
-        if self.choices(&v) == Verdict::Drop {
-            return None;
+        match self.choices(&mut v) {
+            Verdict::Drop => return None,
+            Verdict::Changed => changed = true,
+            Verdict::Keep => {}
         }
         if let Some(t) = Tokens::from_usage(&v) {
             let whole = Tokens {
@@ -258,10 +267,11 @@ impl Splice {
     }
 
     /// Reads the choices: text sent, the finish, what rules a continuation
-    /// out.
-    fn choices(&mut self, v: &Value) -> Verdict {
+    /// out; takes a continuing engine's repeat of the text sent out.
+    fn choices(&mut self, v: &mut Value) -> Verdict {
+        let verdict = self.unecho(v);
         let Some(choices) = v["choices"].as_array() else {
-            return Verdict::Keep;
+            return verdict;
         };
         if choices.len() > 1
             || choices
@@ -271,7 +281,7 @@ impl Splice {
             self.unresumable = Some("an answer with several choices cannot be continued");
         }
         let Some(c) = choices.first() else {
-            return Verdict::Keep;
+            return verdict;
         };
         let text = match self.form {
             Form::Chat => {
@@ -286,7 +296,12 @@ impl Splice {
                     self.unresumable = Some("an answer with reasoning cannot be continued");
                 }
                 let content = d["content"].as_str().unwrap_or_default();
-                if d.get("role").is_some() && content.is_empty() && c["finish_reason"].is_null() {
+                let nothing = content.is_empty() && c["finish_reason"].is_null();
+                if verdict == Verdict::Changed && nothing {
+                    // Only the repeat was in it.
+                    return Verdict::Drop;
+                }
+                if d.get("role").is_some() && nothing {
                     // The client has its role event already.
                     if self.role_sent {
                         return Verdict::Drop;
@@ -305,13 +320,39 @@ impl Splice {
         if !c["finish_reason"].is_null() {
             self.finished = true;
         }
-        Verdict::Keep
+        verdict
+    }
+
+    /// A continuing engine's first text starts with the text already sent
+    /// when it repeats it: that part goes. Any other first text means it
+    /// does not repeat, and nothing is taken.
+    fn unecho(&mut self, v: &mut Value) -> Verdict {
+        let Some(echo) = &self.echo else {
+            return Verdict::Keep;
+        };
+        let Some(content) = v["choices"][0]["delta"]["content"].as_str() else {
+            return Verdict::Keep;
+        };
+        if content.is_empty() {
+            return Verdict::Keep;
+        }
+        let rest = content.strip_prefix(echo.as_str()).map(str::to_owned);
+        self.echo = None;
+        match rest {
+            Some(rest) => {
+                v["choices"][0]["delta"]["content"] = Value::String(rest);
+                Verdict::Changed
+            }
+            None => Verdict::Keep,
+        }
     }
 }
 
 #[derive(Debug, PartialEq, Eq)]
 enum Verdict {
     Keep,
+    /// Kept, with its text changed.
+    Changed,
     Drop,
 }
 

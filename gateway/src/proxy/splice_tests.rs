@@ -91,7 +91,7 @@ fn a_continuation_reads_as_the_first_answer_with_one_usage_for_the_whole() {
         },
         "the estimate until an engine reports"
     );
-    s.continue_elsewhere();
+    s.continue_elsewhere(false);
     // The continuation's prompt held the 2 tokens sent.
     let second = format!(
         "{}{}{}{}data: [DONE]\n\n",
@@ -146,7 +146,7 @@ fn completions_text_is_kept_and_their_identity_replaced_too() {
     };
     let mut s = Splice::new(Form::Text, true, 0);
     s.feed(text("a", "once ").as_bytes());
-    s.continue_elsewhere();
+    s.continue_elsewhere(false);
     let out = s.feed(text("b", "more ").as_bytes());
     assert_eq!(events(&out)[0]["id"], "a");
     assert_eq!(s.text, "once more ");
@@ -193,4 +193,49 @@ fn an_answer_cut_at_its_length_is_closed_as_an_engine_would_have() {
     )
     .unwrap();
     assert_eq!(v["error"]["message"], "no replica left");
+}
+
+#[test]
+fn a_continuing_engine_that_repeats_the_text_sent_has_the_repeat_taken_out() {
+    let mut s = Splice::new(Form::Chat, true, 0);
+    s.feed(
+        format!(
+            "{}{}",
+            role("a", 1),
+            chunk("a", 1, "Once upon", Value::Null)
+        )
+        .as_bytes(),
+    );
+    s.continue_elsewhere(true);
+    // llama.cpp's way: the prefilled text first, with the first new token.
+    let out = s.feed(
+        format!(
+            "{}{}{}",
+            role("b", 2),
+            chunk("b", 2, "Once upon a", Value::Null),
+            chunk("b", 2, " time", Value::Null)
+        )
+        .as_bytes(),
+    );
+    let evs = events(&out);
+    assert_eq!(evs.len(), 2, "{evs:?}");
+    assert_eq!(evs[0]["choices"][0]["delta"]["content"], " a");
+    assert_eq!(s.text, "Once upon a time");
+    assert_eq!(s.sent_tokens, 3);
+
+    // An engine that does not repeat: its text is left alone.
+    let mut s = Splice::new(Form::Chat, true, 0);
+    s.feed(chunk("a", 1, "Once upon", Value::Null).as_bytes());
+    s.continue_elsewhere(true);
+    let out = s.feed(chunk("b", 2, " a", Value::Null).as_bytes());
+    assert_eq!(events(&out)[0]["choices"][0]["delta"]["content"], " a");
+    // A first event that is only the repeat goes.
+    let mut s = Splice::new(Form::Chat, true, 0);
+    s.feed(chunk("a", 1, "Once", Value::Null).as_bytes());
+    s.continue_elsewhere(true);
+    assert!(
+        s.feed(chunk("b", 2, "Once", Value::Null).as_bytes())
+            .is_empty()
+    );
+    assert_eq!(s.text, "Once");
 }
