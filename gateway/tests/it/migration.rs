@@ -183,12 +183,16 @@ async fn a_chat_whose_engine_dies_goes_on_elsewhere_as_the_same_exact_answer() {
     );
     let relay = Relay::start(a).await;
     // "a" sorts first, so the answer starts there.
-    let gw = gateway(
-        vec![
-            endpoint("a", &relay.addr, "vllm"),
-            endpoint("b", &b, "vllm"),
-        ],
-        3,
+    let (queue, mut records) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = support::gateway_recording(
+        GatewayConfig {
+            endpoints: vec![
+                endpoint("a", &relay.addr, "vllm"),
+                endpoint("b", &b, "vllm"),
+            ],
+            ..GatewayConfig::default()
+        },
+        Some(queue),
     )
     .await;
     let want = uninterrupted(&b, "/v1/chat/completions", &chat(30)).await;
@@ -222,6 +226,17 @@ async fn a_chat_whose_engine_dies_goes_on_elsewhere_as_the_same_exact_answer() {
         page.contains("llmgw_tokens_total{direction=\"completion\"} 30"),
         "counted once: {page}"
     );
+    // One usage record for the request: the original prompt, every token.
+    let record = records.recv().await.expect("a usage record");
+    assert_eq!(
+        (record.prompt_tokens, record.completion_tokens),
+        (
+            expected["prompt_tokens"].as_u64().unwrap(),
+            expected["completion_tokens"].as_u64().unwrap()
+        ),
+        "{record:?}"
+    );
+    assert!(records.try_recv().is_err(), "only one record");
 }
 
 #[tokio::test]
