@@ -86,8 +86,40 @@ pub enum StoreError {
     #[error("stored row at position {position} is unreadable: {reason}")]
     Corrupt { position: u64, reason: String },
 
-    #[error("database error")]
-    Database(#[from] sqlx::Error),
+    /// The store could not write for want of room: a full disk, a file
+    /// that reached its size limit (SQLite), a full tablespace
+    /// (PostgreSQL). The transaction was rolled back: nothing was written
+    /// and nothing is damaged.
+    #[error(
+        "the store has no room to write ({detail}); nothing was written: free space on its disk"
+    )]
+    Full {
+        detail: String,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        let full = match &e {
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                // SQLITE_FULL; SQLITE_IOERR_WRITE, which is what a write
+                // refused whole with EFBIG (a file-size limit) or ENOSPC
+                // mid-page becomes; PostgreSQL's disk_full.
+                Some("13" | "778" | "53100") => Some(db.message().to_owned()),
+                _ => None,
+            },
+            _ => None,
+        };
+        match full {
+            Some(detail) => StoreError::Full { detail, source: e },
+            None => StoreError::Database(e),
+        }
+    }
 }
 
 impl StoreError {
@@ -97,12 +129,30 @@ impl StoreError {
         match self {
             StoreError::Database(e) => match e {
                 sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-                sqlx::Error::Database(db) => matches!(
-                    db.code().as_deref(),
-                    // lock_not_available, serialization_failure, deadlock,
-                    // admin_shutdown, SQLITE_BUSY, SQLITE_LOCKED
-                    Some("55P03" | "40001" | "40P01" | "57P01" | "5" | "6" | "517")
-                ),
+                sqlx::Error::Database(db) => {
+                    let code = db.code();
+                    let code = code.as_deref().unwrap_or("");
+                    // Connection exceptions (08…): the server went away.
+                    code.starts_with("08")
+                        || matches!(
+                            code,
+                            // lock_not_available, serialization_failure,
+                            // deadlock, admin_shutdown, crash_shutdown,
+                            // cannot_connect_now (a server starting or
+                            // stopping), too_many_connections, SQLITE_BUSY,
+                            // SQLITE_LOCKED, SQLITE_BUSY_SNAPSHOT
+                            "55P03"
+                                | "40001"
+                                | "40P01"
+                                | "57P01"
+                                | "57P02"
+                                | "57P03"
+                                | "53300"
+                                | "5"
+                                | "6"
+                                | "517"
+                        )
+                }
                 _ => false,
             },
             StoreError::Connect { .. } => true,

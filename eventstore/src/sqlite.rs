@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::Row;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
+use sqlx::{Connection, Row};
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -105,6 +105,19 @@ impl SqliteStore {
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .test_before_acquire(false)
+            // A COMMIT that fails for want of room (a full disk) leaves a
+            // transaction SQLite has already rolled back, whose ROLLBACK
+            // then fails, and sqlx goes on counting it as open: every later
+            // BEGIN would be refused. Such a connection is closed (SQLite
+            // rolls back whatever is left) and the next write opens a
+            // fresh one. The ping first lets a rollback queued by a dropped
+            // transaction finish.
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    conn.ping().await?;
+                    Ok(!conn.is_in_transaction())
+                })
+            })
             .connect_with(connect.clone())
             .await
             .map_err(connect_err)?;
