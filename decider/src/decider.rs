@@ -27,6 +27,7 @@ use llmgw_eventstore::{
     AnyStore, Appended, EventStore, ExpectedVersion, NewEvent, StoreError, StreamAppend, Writer,
 };
 use tokio::sync::Mutex;
+use uuid::Uuid;
 
 use crate::{Actor, DecideError, Origin};
 
@@ -202,6 +203,29 @@ impl Decider {
         self.append(&writer, &batch).await
     }
 
+    /// Appends observed facts under ids the caller chose and keeps: a
+    /// retry of an append whose outcome was unknown (the connection broke
+    /// around its commit) lands nothing twice, since the store answers a
+    /// batch it already holds with the first append's positions
+    /// (`Appended::deduplicated`). Retry with the same ids, origin and
+    /// order.
+    pub async fn observe_once(
+        &self,
+        origin: &Origin,
+        events: &[(Uuid, Event)],
+    ) -> Result<Appended, StoreError> {
+        let writer = Writer::Observer {
+            instance: self.instance.clone(),
+        };
+        let batch = group_ids(
+            events.iter().map(|(id, e)| (*id, e)),
+            origin,
+            &self.instance,
+            |_| ExpectedVersion::Any,
+        );
+        self.append(&writer, &batch).await
+    }
+
     /// Appends a fact about this server rather than a decision over the
     /// state (leadership acquired or released), under `writer`'s fence.
     pub async fn record(
@@ -368,11 +392,28 @@ fn group(
     instance: &str,
     expected: impl Fn(&str) -> ExpectedVersion,
 ) -> Vec<StreamAppend> {
+    group_ids(
+        events.iter().map(|e| (Uuid::now_v7(), e)),
+        origin,
+        instance,
+        expected,
+    )
+}
+
+/// [`group`] with each event's id given.
+fn group_ids<'e>(
+    events: impl Iterator<Item = (Uuid, &'e Event)>,
+    origin: &Origin,
+    instance: &str,
+    expected: impl Fn(&str) -> ExpectedVersion,
+) -> Vec<StreamAppend> {
     let metadata = origin.metadata(instance);
     let mut batch: Vec<StreamAppend> = Vec::new();
-    for e in events {
+    for (id, e) in events {
         let (t, v, payload) = e.encode();
-        let event = NewEvent::new(t, v, payload).with_metadata(metadata.clone());
+        let event = NewEvent::new(t, v, payload)
+            .with_id(id)
+            .with_metadata(metadata.clone());
         let stream = e.stream_id();
         match batch.iter_mut().rev().find(|s| s.stream_id == stream) {
             Some(s) => s.events.push(event),

@@ -87,10 +87,7 @@ struct Tenancy {
     _dir: tempfile::TempDir,
 }
 
-async fn tenancy() -> (
-    Tenancy,
-    tokio::sync::mpsc::Receiver<llmgw_domain::usage::FinishedRequest>,
-) {
+async fn tenancy() -> (Tenancy, llmgw_gateway::usage::UsageReceiver) {
     use llmgw_domain::Command;
     use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
     let dir = tempfile::tempdir().unwrap();

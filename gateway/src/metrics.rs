@@ -17,7 +17,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -257,8 +257,14 @@ impl Collector for Live {
             put(
                 &mut enc,
                 "usage_dropped",
-                "Usage records dropped because the queue was full",
+                "Usage records dropped because the queue was full or the log refused them",
                 &ConstCounter::new(q.dropped()),
+            )?;
+            put(
+                &mut enc,
+                "usage_pending",
+                "Usage records not yet in the log: queued, or held while the log cannot be reached",
+                &ConstGauge::new(q.pending() as i64),
             )?;
         }
         let breaker_open = Family::<EndpointLabels, Gauge>::default();

@@ -3,7 +3,7 @@
 //! before it reaches the client (`proxy/splice.rs`). Each finished request becomes one record
 //! in a bounded queue; a full queue drops the record and counts it, never
 //! blocking a request. A batcher appends the records to the event log when
-//! the gateway has one.
+//! the gateway has one, and holds them while the log cannot be reached.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,9 +13,10 @@ use llmgw_decider::{Actor, Decider, Origin};
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Price;
 use llmgw_domain::usage::{FinishedRequest, record};
-use llmgw_eventstore::AnyStore;
+use llmgw_eventstore::{AnyStore, StoreError};
 use serde_json::Value;
 use tokio::sync::mpsc;
+use uuid::Uuid;
 
 /// Tokens as the engine reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,87 +38,227 @@ impl Tokens {
     }
 }
 
+/// What the queue and the batcher count together.
+#[derive(Debug, Default)]
+pub struct UsageCounts {
+    /// Records lost: the queue was full, or the log refused them for good.
+    dropped: AtomicU64,
+    /// Records taken off the queue and not yet in the log (the batch being
+    /// appended, retried while the log cannot be reached).
+    held: AtomicU64,
+}
+
+impl UsageCounts {
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    fn drop_records(&self, n: u64, why: &str) {
+        let before = self.dropped.fetch_add(n, Ordering::Relaxed);
+        // The first loss and then every thousandth: a full queue under load
+        // would otherwise write a line per request.
+        if before == 0 || (before / 1000) != (before + n) / 1000 {
+            tracing::warn!(dropped = before + n, "usage records dropped: {why}");
+        }
+    }
+}
+
 /// Where finished requests go.
 #[derive(Debug)]
 pub struct UsageQueue {
     tx: mpsc::Sender<FinishedRequest>,
-    dropped: AtomicU64,
+    counts: Arc<UsageCounts>,
+}
+
+/// The batcher's end of the queue.
+#[derive(Debug)]
+pub struct UsageReceiver {
+    rx: mpsc::Receiver<FinishedRequest>,
+    counts: Arc<UsageCounts>,
+}
+
+impl UsageReceiver {
+    pub async fn recv(&mut self) -> Option<FinishedRequest> {
+        self.rx.recv().await
+    }
+
+    /// The counts, readable after the receiver has gone to the batcher.
+    pub fn counts(&self) -> Arc<UsageCounts> {
+        self.counts.clone()
+    }
 }
 
 impl UsageQueue {
-    pub fn new(capacity: usize) -> (Arc<Self>, mpsc::Receiver<FinishedRequest>) {
+    /// A queue of `capacity` records: with the batch the batcher holds, the
+    /// most usage a gateway keeps while the log cannot be reached.
+    pub fn new(capacity: usize) -> (Arc<Self>, UsageReceiver) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
+        let counts = Arc::new(UsageCounts::default());
         (
             Arc::new(UsageQueue {
                 tx,
-                dropped: AtomicU64::new(0),
+                counts: counts.clone(),
             }),
-            rx,
+            UsageReceiver { rx, counts },
         )
     }
 
     /// Never waits: a full queue loses the record and counts it.
     pub fn record(&self, r: FinishedRequest) {
         if self.tx.try_send(r).is_err() {
-            let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if n == 1 || n.is_multiple_of(1000) {
-                tracing::warn!(dropped = n, "usage queue full; records dropped");
-            }
+            self.counts.drop_records(1, "the usage queue is full");
         }
     }
 
+    /// Records lost: the queue was full, or the log refused them for good.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.counts.dropped()
+    }
+
+    /// Records not yet in the log: queued, or in the batch being appended.
+    pub fn pending(&self) -> u64 {
+        let queued = self.tx.max_capacity() - self.tx.capacity();
+        queued as u64 + self.counts.held()
     }
 }
+
+/// The first wait before appending a batch again, doubled up to
+/// [`RETRY_MAX`]: short enough that usage lands soon after the log is back.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// Appends queued usage to the log every `interval` or `batch` records,
 /// through the decider's observer path (usage is a fact any gateway saw,
 /// not a leader's decision; each batch is one command of this gateway).
-/// Runs until the queue's senders are gone, then flushes what is left.
+/// A batch that cannot be appended is tried again, with the same event
+/// ids, until it lands: while it waits, new records wait in the queue
+/// (and are dropped, counted, once it is full). Runs until the queue's
+/// senders are gone, then flushes what is left.
 pub async fn run_batcher(
     store: AnyStore,
     instance: String,
-    mut rx: mpsc::Receiver<FinishedRequest>,
+    mut rx: UsageReceiver,
     batch: usize,
     interval: Duration,
     price_of: impl Fn(&str) -> Price,
 ) {
     let decider = Decider::new(store, instance.clone());
+    let counts = rx.counts();
     let mut pending: Vec<FinishedRequest> = Vec::new();
     let mut tick = tokio::time::interval(interval);
+    // Ticks missed while a batch waited for the log are not made up in a
+    // burst of tiny appends.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // A full batch goes at once; anything else waits for the tick, so
         // a steady trickle becomes one append per interval, not one per
         // moment the queue happens to be empty.
         let (flush, closed) = tokio::select! {
             r = rx.recv() => match r {
-                Some(r) => { pending.push(r); (pending.len() >= batch, false) }
+                Some(r) => {
+                    pending.push(r);
+                    // What queued up meanwhile (a backlog after an outage)
+                    // goes in full batches.
+                    while pending.len() < batch {
+                        match rx.rx.try_recv() {
+                            Ok(r) => pending.push(r),
+                            Err(_) => break,
+                        }
+                    }
+                    (pending.len() >= batch, false)
+                }
                 None => (true, true),
             },
             _ = tick.tick() => (true, false),
         };
         if flush && !pending.is_empty() {
-            let events: Vec<Event> = pending
+            // Ids are given once, here: every try of this batch carries
+            // them, so a try whose commit was unknown is not appended twice.
+            let events: Vec<(Uuid, Event)> = pending
                 .drain(..)
                 .filter_map(|r| {
                     let price = price_of(&r.model_served);
                     record(r, price).ok()
                 })
-                .map(Event::Usage)
+                .map(|e| (Uuid::now_v7(), Event::Usage(e)))
                 .collect();
-            let n = events.len();
             let origin = Origin::new(Actor::Gateway(instance.clone()));
-            if n > 0
-                && let Err(e) = decider.observe(&origin, events).await
-            {
-                tracing::error!(error = %e, records = n, "appending usage failed; records lost");
-            }
+            deliver(&decider, &origin, &events, &counts).await;
         }
         if closed {
             return;
         }
     }
+}
+
+/// Appends one batch, trying again until it lands or the log refuses it
+/// for good.
+async fn deliver(
+    decider: &Decider,
+    origin: &Origin,
+    events: &[(Uuid, Event)],
+    counts: &UsageCounts,
+) {
+    if events.is_empty() {
+        return;
+    }
+    let n = events.len() as u64;
+    counts.held.fetch_add(n, Ordering::Relaxed);
+    let mut wait = RETRY_FIRST;
+    let mut failing_since: Option<tokio::time::Instant> = None;
+    let mut reported = tokio::time::Instant::now();
+    loop {
+        match decider.observe_once(origin, events).await {
+            Ok(appended) => {
+                if appended.deduplicated {
+                    tracing::info!(
+                        records = n,
+                        "a usage batch was already in the log (an earlier try committed without an answer); not appended again"
+                    );
+                }
+                if let Some(since) = failing_since {
+                    tracing::info!(
+                        records = n,
+                        after_s = since.elapsed().as_secs_f64(),
+                        "usage appended again; the log is back"
+                    );
+                }
+                break;
+            }
+            Err(e @ (StoreError::Invalid(_) | StoreError::DuplicateEventId { .. })) => {
+                if events.len() > 1 {
+                    // One bad record must not take the others with it.
+                    counts.held.fetch_sub(n, Ordering::Relaxed);
+                    for one in events {
+                        Box::pin(deliver(decider, origin, std::slice::from_ref(one), counts)).await;
+                    }
+                    return;
+                }
+                tracing::error!(error = %e, "the log refused a usage record; it is lost");
+                counts.drop_records(1, "refused by the log");
+                break;
+            }
+            Err(e) => {
+                let now = tokio::time::Instant::now();
+                if failing_since.is_none() || now - reported >= Duration::from_secs(60) {
+                    tracing::warn!(
+                        error = %e,
+                        records = n,
+                        "cannot append usage; holding it and trying again"
+                    );
+                    reported = now;
+                }
+                failing_since.get_or_insert(now);
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RETRY_MAX);
+            }
+        }
+    }
+    counts.held.fetch_sub(n, Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -478,6 +478,76 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
     }
 }
 
+/// The connection breaks around a usage append's commit: the append took
+/// effect but the batcher never heard. It tries again with the same event
+/// ids, the store recognises the batch, and every record is in the log
+/// once.
+#[tokio::test]
+async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
+    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
+    let db = llmgw_testkit::TestDb::create().await;
+    let direct = AnyStore::open(
+        &StoreAddress::parse(&db.url).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let relay = llmgw_testkit::Relay::to_postgres(&db.url).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&relay.url(&db.url)).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    relay.lose_reply(b"UsageRecorded", b"COMMIT");
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(64);
+    tokio::spawn(llmgw_gateway::usage::run_batcher(
+        store,
+        "gw-test".into(),
+        rx,
+        500,
+        Duration::from_millis(50),
+        |_: &str| llmgw_domain::catalog::Price {
+            prompt_per_1k: 1000,
+            completion_per_1k: 1000,
+        },
+    ));
+    let records = 10;
+    for i in 0..records {
+        queue.record(llmgw_domain::usage::FinishedRequest {
+            request_id: format!("r{i}"),
+            key_id: "k".into(),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: 3,
+            completion_tokens: 5,
+            status: 200,
+            latency_ms: 10,
+            ttft_ms: Some(2),
+            band: llmgw_domain::tenancy::Band::Gold,
+            at: 0,
+        });
+    }
+    // Batches go one after another: once every record is in, the retry
+    // of the first has been answered.
+    let mut sub = direct.subscribe(0);
+    let mut ids = Vec::new();
+    let mut unique = std::collections::HashSet::new();
+    while unique.len() < records {
+        let e = tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .expect("every record reaches the log")
+            .unwrap();
+        let id = e.payload["request_id"].as_str().unwrap().to_owned();
+        unique.insert(id.clone());
+        ids.push(id);
+    }
+    assert_eq!(relay.replies_lost(), 1, "a commit's answer was lost");
+    assert_eq!(ids.len(), records, "a record was appended twice: {ids:?}");
+    assert_eq!(queue.dropped(), 0);
+}
+
 #[tokio::test]
 async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around() {
     // Engine a is busy with work the gateway did not send (another gateway's).
