@@ -82,6 +82,9 @@ async fn reach(mut at: watch::Receiver<u64>, position: u64) {
 /// nudge.
 const NUDGE_GAP: Duration = Duration::from_millis(50);
 
+/// The wait before asking again for a renewal that failed on the way.
+const RENEW_RETRY: Duration = Duration::from_millis(200);
+
 /// How often a standby records demand for one model.
 const DEMAND_EVERY_MS: i64 = 5_000;
 
@@ -367,6 +370,7 @@ impl ControlPlane {
     async fn lead(self: Arc<Self>) {
         let ttl = self.config.lease_ttl;
         loop {
+            let asked = tokio::time::Instant::now();
             let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
                 Ok(l) => l,
                 Err(StoreError::LeaseHeld { holder, epoch, .. }) => {
@@ -393,16 +397,51 @@ impl ControlPlane {
                 continue;
             }
             tracing::info!(instance = %self.config.instance, epoch = token.epoch, "leading (epoch {})", token.epoch);
-            // Renew well inside the ttl; stop acting the moment one fails.
-            loop {
+            // Renew well inside the ttl. A renewal the store refuses ends
+            // the office at once; one that fails on the way (a lost
+            // connection) is tried again, but only until the lease would
+            // run out by this server's clock, counted from when the last
+            // granted renewal was asked: a store that does not answer (a
+            // partition, a hung server) cannot keep a leader acting on a
+            // lease the database has already let go.
+            let mut runs_out = asked + ttl;
+            'office: loop {
                 tokio::time::sleep(ttl / 3).await;
-                if self.lease.borrow().as_ref() != Some(&token) {
-                    break;
-                }
-                if let Err(e) = self.store.renew_lease(&token, ttl).await {
-                    tracing::error!(error = %e, "lost the lease; no longer leading");
-                    self.lose_leadership(&token);
-                    break;
+                let mut failed = false;
+                loop {
+                    if self.lease.borrow().as_ref() != Some(&token) {
+                        break 'office;
+                    }
+                    let at = tokio::time::Instant::now();
+                    let renewed =
+                        tokio::time::timeout_at(runs_out, self.store.renew_lease(&token, ttl))
+                            .await;
+                    match renewed {
+                        Ok(Ok(_)) => {
+                            runs_out = at + ttl;
+                            break;
+                        }
+                        Ok(Err(e)) if e.is_transient() && at + RENEW_RETRY < runs_out => {
+                            if !failed {
+                                tracing::warn!(error = %e, "renewing the lease failed; trying again while it lasts");
+                                failed = true;
+                            }
+                            tokio::time::sleep(RENEW_RETRY).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::error!(error = %e, "lost the lease; no longer leading");
+                            self.lose_leadership(&token);
+                            break 'office;
+                        }
+                        Err(_) => {
+                            tracing::error!(
+                                epoch = token.epoch,
+                                "the store did not renew the lease before it ran out; no longer leading"
+                            );
+                            self.lose_leadership(&token);
+                            break 'office;
+                        }
+                    }
                 }
             }
         }
