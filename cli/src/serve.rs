@@ -115,8 +115,15 @@ async fn follow(log: &llmgw_eventstore::AnyStore, name: &str) -> anyhow::Result<
     let views = runner.views();
     let position = runner.watch_position();
     let follower = tokio::spawn(async move {
-        if let Err(e) = runner.follow().await {
-            tracing::error!(error = %e, "the views stopped following the event log");
+        // The views serve from memory whatever the store does: a failure
+        // the subscription could not ride out (a store that answers
+        // nonsense while it restarts) only pauses them, and they read on
+        // from where they were.
+        loop {
+            if let Err(e) = runner.follow().await {
+                tracing::error!(error = %e, "the views stopped following the event log; following again in a second");
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
     Ok(Views {
@@ -163,6 +170,7 @@ pub(crate) async fn run(
     on_bound: impl FnOnce(Bound) + Send,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Outcome> {
+    survive_file_size_limit();
     if !plan.listen.admin.ip().is_loopback() {
         tracing::warn!(addr = %plan.listen.admin, "the admin listener is not on loopback");
     }
@@ -187,9 +195,11 @@ pub(crate) async fn run(
     };
     let default_price = plan.gateway.default_price;
     let mut batcher = None;
+    let mut usage_counts = None;
     let usage = match (&log, &views, plan.usage) {
         (Some(log), Some(v), Some(u)) => {
             let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(u.buffer);
+            usage_counts = Some(rx.counts());
             // Priced off the request path, from the catalog the views hold:
             // the model that served is what is charged.
             let prices = v.views.clone();
@@ -451,10 +461,34 @@ pub(crate) async fn run(
     for s in [sweeper, convo_sweeper].into_iter().flatten() {
         s.abort();
     }
-    if let Some(b) = batcher {
-        let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
+    if let Some(b) = batcher
+        && tokio::time::timeout(Duration::from_secs(5), b)
+            .await
+            .is_err()
+        && let Some(counts) = usage_counts
+    {
+        tracing::error!(
+            records = counts.held(),
+            "stopping with usage the log could not take; those records are lost"
+        );
     }
     Ok(Outcome::Ok)
+}
+
+/// Under a file-size limit (`ulimit -f`, `LimitFSIZE=`) the kernel answers
+/// a write past it with SIGXFSZ, whose default action kills the process:
+/// with a handler installed the write fails with EFBIG instead, the store
+/// says it has no room, and the server keeps serving. The handler stays
+/// for the life of the process.
+fn survive_file_size_limit() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let xfsz = rustix::process::Signal::XFSZ.as_raw();
+        if let Err(e) = signal(SignalKind::from_raw(xfsz)) {
+            tracing::warn!(error = %e, "cannot catch SIGXFSZ: a file-size limit would kill the server");
+        }
+    }
 }
 
 /// The agent listener as agents dial it: on every interface, by the host's

@@ -10,7 +10,7 @@ use crate::Projections;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
-    #[error("reading the event log")]
+    #[error("reading the event log: {0}")]
     Store(#[from] StoreError),
 }
 
@@ -147,9 +147,13 @@ impl<S: EventStore> Runner<S> {
             let event = sub.next().await?;
             let mut batch = vec![event];
             while batch.len() < DEFAULT_PAGE {
-                match sub.next_now().await? {
-                    Some(e) => batch.push(e),
-                    None => break,
+                match sub.next_now().await {
+                    Ok(Some(e)) => batch.push(e),
+                    Ok(None) => break,
+                    // The store went away mid-batch: apply what was read;
+                    // `next` waits for it, with backoff.
+                    Err(e) if e.is_transient() => break,
+                    Err(e) => return Err(e.into()),
                 }
             }
             self.apply_all(&batch);
@@ -157,7 +161,14 @@ impl<S: EventStore> Runner<S> {
             if caught_up {
                 self.lag.store(0, Ordering::Relaxed);
             }
-            self.maybe_snapshot(caught_up).await?;
+            // A snapshot only shortens the next start: one that cannot be
+            // written (the store unreachable, its disk full) must not stop
+            // the views, which serve from memory.
+            if let Err(e) = self.maybe_snapshot(caught_up).await {
+                tracing::warn!(name = %self.name, error = %e, "could not save the views' snapshot; trying again later");
+                self.snapshot_at = tokio::time::Instant::now();
+                self.since_snapshot = 0;
+            }
         }
     }
 
