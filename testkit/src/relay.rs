@@ -7,7 +7,7 @@
 //!   sees only silence (its queries hang) until [`Relay::restore`], when
 //!   everything held is delivered, as TCP does once a partition heals.
 //! - [`Relay::cut`]: the server gone (restarted, or a firewall that
-//!   rejects): every connection is closed and new ones are closed at once,
+//!   rejects): every connection is closed and new ones are reset at once,
 //!   until [`Relay::restore`].
 //! - [`Relay::lose_reply`]: on the next connection whose client sends bytes
 //!   containing one needle (say an event type) and then bytes containing
@@ -109,7 +109,7 @@ impl Relay {
         self.link.send_replace(Link::Paused);
     }
 
-    /// Every connection is closed and new ones are closed at once, until
+    /// Every connection is closed and new ones are reset at once, until
     /// [`Relay::restore`].
     pub fn cut(&self) {
         self.link.send_replace(Link::Cut);
@@ -188,6 +188,9 @@ async fn relay(
     trap: Arc<Mutex<Trap>>,
 ) -> std::io::Result<()> {
     if !open(&mut link).await {
+        // Reset, as a port nobody listens on answers: the client reads
+        // ECONNRESET, never a conversation that ends early.
+        let _ = client.set_zero_linger();
         return Ok(());
     }
     // Every PostgreSQL client's first message is at least 8 bytes: an

@@ -196,9 +196,9 @@ pub(crate) fn ready_replicas(rows: &Value) -> Vec<Value> {
 /// Every answer must be whole and the same each time for a client (the
 /// sim engine is deterministic): `[DONE]`, no error event, one id, the
 /// text of the client's first answer; anything else is a failure.
-struct Clients {
+pub(crate) struct Clients {
     stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
+    pub(crate) done: Arc<AtomicU64>,
     tasks: Vec<tokio::task::JoinHandle<Vec<String>>>,
 }
 
@@ -226,7 +226,7 @@ fn one_answer(raw: &str) -> Result<String, String> {
 }
 
 impl Clients {
-    fn start(base: &str) -> Clients {
+    pub(crate) fn start(base: &str) -> Clients {
         Clients::streaming(base, 8)
     }
 
@@ -276,7 +276,7 @@ impl Clients {
         Clients { stop, done, tasks }
     }
 
-    async fn wait_for_more(&self, n: u64) {
+    pub(crate) async fn wait_for_more(&self, n: u64) {
         let target = self.done.load(Ordering::Relaxed) + n;
         until("clients to make progress", || async {
             (self.done.load(Ordering::Relaxed) >= target).then_some(())
@@ -284,7 +284,7 @@ impl Clients {
         .await;
     }
 
-    async fn finish(self) -> (u64, Vec<String>) {
+    pub(crate) async fn finish(self) -> (u64, Vec<String>) {
         self.stop.store(true, Ordering::Relaxed);
         let mut failures = Vec::new();
         for t in self.tasks {
@@ -489,7 +489,7 @@ async fn a_restarted_server_adopts_running_engines_and_keeps_serving() {
 
 /// Two servers on one log: the first started leads before the second
 /// (its standby) starts. Each is `(instance name, agent port)`.
-async fn leader_and_standby(
+pub(crate) async fn leader_and_standby(
     dir: &std::path::Path,
     store: &str,
     (a, pa): (&str, u16),

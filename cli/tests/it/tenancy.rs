@@ -144,7 +144,7 @@ async fn status_becomes(base: &str, key: Option<&str>, model: &str, want: u16) {
     .await;
 }
 
-fn new_key(store: &str, admin: &str, name: &str) -> (String, String) {
+pub(super) fn new_key(store: &str, admin: &str, name: &str) -> (String, String) {
     let out = keys(store, admin, &["create", "--project", "p", "--name", name]);
     assert!(
         out.status.success(),
