@@ -41,6 +41,9 @@ pub(crate) struct FileConfig {
     pub admission: AdmissionSection,
     #[serde(default)]
     pub landing: LandingSection,
+    /// Caps and timeouts of the listeners' connections.
+    #[serde(default)]
+    pub connections: ConnectionsSection,
     #[serde(default)]
     pub control: ControlSection,
     /// The catalog: these models win over the store's.
@@ -143,6 +146,26 @@ pub(crate) struct PrefixSection {
     pub ttl: Option<String>,
     /// Entries kept at most (prefix blocks and sessions each).
     pub max_nodes: Option<usize>,
+}
+
+/// The listeners' connections: how long one may idle or take to send a
+/// body, and how many each listener holds at once.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConnectionsSection {
+    pub idle_timeout: Option<String>,
+    pub body_timeout: Option<String>,
+    pub max: Option<MaxConnectionsSection>,
+}
+
+/// Open connections at most, per listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MaxConnectionsSection {
+    pub client: Option<usize>,
+    pub admin: Option<usize>,
+    pub metrics: Option<usize>,
+    pub agent: Option<usize>,
 }
 
 /// Priority bands.

@@ -4,7 +4,7 @@
 
 use llmgw_gateway::GatewayConfig;
 
-use crate::config::{AdmissionSection, ConfigError, RouterSection, duration};
+use crate::config::{AdmissionSection, ConfigError, ConnectionsSection, RouterSection, duration};
 
 fn ratio(key: &str, v: f64) -> Result<f64, ConfigError> {
     if (0.0..=1.0).contains(&v) {
@@ -129,4 +129,30 @@ pub(crate) fn gateway_config(
         ad.max_waiting = nonzero("admission.max_waiting", n)?;
     }
     Ok(g)
+}
+
+/// The listeners' caps and timeouts: defaults, then the section.
+pub(crate) fn connection_limits(
+    c: &ConnectionsSection,
+) -> Result<llmgw_gateway::ConnectionLimits, ConfigError> {
+    let mut l = llmgw_gateway::ConnectionLimits::default();
+    if let Some(v) = &c.idle_timeout {
+        l.idle_timeout = interval("connections.idle_timeout", v)?;
+    }
+    if let Some(v) = &c.body_timeout {
+        l.body_timeout = interval("connections.body_timeout", v)?;
+    }
+    if let Some(m) = &c.max {
+        for (v, key, at) in [
+            (m.client, "connections.max.client", &mut l.max_client),
+            (m.admin, "connections.max.admin", &mut l.max_admin),
+            (m.metrics, "connections.max.metrics", &mut l.max_metrics),
+            (m.agent, "connections.max.agent", &mut l.max_agent),
+        ] {
+            if let Some(n) = v {
+                *at = nonzero(key, n)?;
+            }
+        }
+    }
+    Ok(l)
 }

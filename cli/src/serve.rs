@@ -37,6 +37,8 @@ pub(crate) struct Listen {
     pub agent: SocketAddr,
     /// Mutual TLS on the agent listener; None is plaintext.
     pub agent_tls: Option<crate::config::TlsPems>,
+    /// Caps and timeouts of every listener, the agent listener's included.
+    pub connections: llmgw_gateway::ConnectionLimits,
 }
 
 /// How usage records leave the request path.
@@ -293,8 +295,13 @@ pub(crate) async fn run(
         if let Some(authority) = plan.listen.agent_tls.as_ref().and_then(|t| t.authority()) {
             plane.sign_with(authority?);
         }
-        let (addr, server) =
-            agent_listener(&plan.listen, plane.clone(), shutdown_rx.clone()).await?;
+        let (addr, server) = agent_listener(
+            &plan.listen,
+            plane.clone(),
+            gw.connections.clone(),
+            shutdown_rx.clone(),
+        )
+        .await?;
         agent_addr = Some(addr);
         grpc = server;
         // Standbys name this to agents while this server leads.
@@ -361,6 +368,7 @@ pub(crate) async fn run(
             client_tls: plan.listen.client_tls.clone(),
             admin: plan.listen.admin,
             metrics: plan.listen.metrics,
+            connections: plan.listen.connections,
         },
         extra,
         llmgw_gateway::Stop {
@@ -513,16 +521,28 @@ fn seconds(d: Duration) -> String {
 type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
 
 /// Binds the agent listener (mutual TLS when configured) and returns its
-/// address and the server, which stops when `shutdown` turns true.
+/// address and the server, which stops when `shutdown` turns true. Its
+/// connections are capped (`connections.max.agent`) and closed when an
+/// agent sends nothing for `connections.idle_timeout` (agents ping every
+/// few seconds, so only a dead or silent peer is).
 async fn agent_listener(
     listen: &Listen,
     cp: Arc<ControlPlane>,
+    stats: Arc<llmgw_gateway::ConnectionStats>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<(SocketAddr, Serving)> {
     let agent_l = tokio::net::TcpListener::bind(listen.agent)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {} for agents: {e}", listen.agent))?;
     let addr = agent_l.local_addr()?;
+    let limits = listen.connections;
+    let agent_l = llmgw_gateway::Acceptor::new(
+        agent_l,
+        llmgw_gateway::Which::Agent,
+        limits.max_agent,
+        Some(limits.idle_timeout),
+        stats,
+    );
     let service = llmgw_api::AgentServiceServer::new(AgentSvc(cp.clone()));
     let stopped = async move {
         let _ = shutdown.wait_for(|s| *s).await;
@@ -566,12 +586,13 @@ async fn agent_listener(
                 %addr,
                 "agent listener: plaintext, for a trusted network only (see `llmgw ctl cert` and the tls: section)"
             );
+            let incoming = futures_util::stream::unfold(agent_l, |l| async move {
+                let (conn, _) = l.accept().await;
+                Some((Ok::<_, std::io::Error>(conn), l))
+            });
             let server = tonic::transport::Server::builder()
                 .add_service(service)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(agent_l),
-                    stopped,
-                );
+                .serve_with_incoming_shutdown(incoming, stopped);
             Box::pin(async move { Ok(server.await?) })
         }
     };

@@ -121,6 +121,13 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
                 file.router.on_demand_wait.is_some(),
                 "router.on_demand_wait",
             ),
+            (
+                file.connections
+                    .max
+                    .as_ref()
+                    .is_some_and(|m| m.agent.is_some()),
+                "connections.max.agent",
+            ),
         ];
         if let Some((_, what)) = needs_control.iter().find(|(set, _)| *set) {
             return Err(ConfigError(format!(
@@ -170,6 +177,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
         web.settings.place.port_range = c.port_range;
     }
     let mut gateway = crate::gateway_settings::gateway_config(&file.router, &file.admission)?;
+    let connections = crate::gateway_settings::connection_limits(&file.connections)?;
     gateway.endpoints = endpoints;
     gateway.fallbacks = file.fallbacks.clone();
     gateway.fallbacks.extend(a.fallbacks);
@@ -199,6 +207,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
                 .or(addr("metrics_listen", file.metrics_listen)?),
             agent: agent_listen.unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
             agent_tls,
+            connections,
         },
         gateway,
         control,

@@ -161,6 +161,18 @@ impl Registry {
             .insert((node.to_owned(), port), Instant::now() + FOREIGN_PORT_TTL);
     }
 
+    /// Ends the stream `generation` of `node` with `status`, which the
+    /// agent reads as the reason; a newer stream of the node is left alone.
+    fn refuse(&self, node: &str, generation: u64, status: Status) {
+        let mut sessions = lock(&self.sessions);
+        if let Some(s) = sessions.get(node)
+            && s.generation == generation
+        {
+            let _ = s.tx.try_send(Err(status));
+            sessions.remove(node);
+        }
+    }
+
     /// Queues a message to a node; false when it has no stream (it gets the
     /// message again when it re-registers, where that matters).
     pub(crate) fn send(&self, node: &str, msg: control_message::Msg) -> bool {
@@ -286,6 +298,18 @@ impl ControlPlane {
     }
 }
 
+/// A message that could not be decoded: tonic says INTERNAL, which reads
+/// as this server's fault; it is the sender's.
+fn unreadable(s: Status) -> Status {
+    if s.code() == tonic::Code::Internal {
+        return Status::invalid_argument(format!(
+            "a message on this stream is not an AgentMessage: {}",
+            s.message()
+        ));
+    }
+    s
+}
+
 /// The tonic service over a control plane.
 #[derive(Debug, Clone)]
 pub struct AgentSvc(pub Arc<ControlPlane>);
@@ -337,9 +361,18 @@ impl llmgw_api::AgentService for AgentSvc {
             _ => None,
         };
         let mut inbound = request.into_inner();
-        let first = inbound
-            .message()
-            .await?
+        // A stream that never says who it is would hold a task and a
+        // connection for ever.
+        let within = cp.config.register_within;
+        let first = tokio::time::timeout(within, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "no Register within {} s of opening the stream",
+                    within.as_secs_f64()
+                ))
+            })?
+            .map_err(unreadable)?
             .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))?;
         let Some(agent_message::Msg::Register(reg)) = first.msg else {
             return Err(Status::invalid_argument(
@@ -360,6 +393,10 @@ impl llmgw_api::AgentService for AgentSvc {
                 return Err(Status::permission_denied(why));
             }
         }
+        crate::wire::register(&reg).map_err(|why| {
+            tracing::warn!(node = %node, reason = %why, "refused a registration");
+            Status::invalid_argument(format!("the registration of node {node:?}: {why}"))
+        })?;
         if let Some((cn, _)) = certified
             && cn != node
         {
@@ -434,13 +471,32 @@ async fn read_stream(
         let msg = match inbound.message().await {
             Ok(Some(m)) => m,
             Ok(None) => break,
+            Err(e) if e.code() == tonic::Code::Internal => {
+                // Bytes that are no AgentMessage: the agent is told why
+                // its stream ends.
+                let status = unreadable(e);
+                tracing::warn!(node = %node, reason = %status.message(), "ended an agent's stream");
+                cp.agents.refuse(&node, generation, status);
+                break;
+            }
             Err(e) => {
                 tracing::info!(node = %node, error = %e, "agent stream broke");
                 break;
             }
         };
         let result = match msg.msg {
-            Some(agent_message::Msg::Heartbeat(hb)) => cp.heartbeat(&node, hb).await,
+            Some(agent_message::Msg::Heartbeat(hb)) => {
+                if let Err(why) = crate::wire::heartbeat(&hb) {
+                    tracing::warn!(node = %node, reason = %why, "ended an agent's stream");
+                    cp.agents.refuse(
+                        &node,
+                        generation,
+                        Status::invalid_argument(format!("a heartbeat of node {node:?}: {why}")),
+                    );
+                    break;
+                }
+                cp.heartbeat(&node, hb).await
+            }
             Some(agent_message::Msg::Shard(st)) => cp.shard_status(&node, st).await,
             Some(agent_message::Msg::Register(_)) => {
                 tracing::warn!(node = %node, "a second Register on one stream is ignored");
@@ -815,11 +871,12 @@ impl ControlPlane {
             self.agents.port_taken(node, port);
         }
         let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
+        let error = crate::wire::clip(&st.error, crate::wire::MAX_ERROR);
         let command = Command::Replica(ReplicaCommand::ReportShard {
             replica_id: st.replica_id.clone(),
             shard_id: st.shard_id.clone(),
             state,
-            error: (!st.error.is_empty()).then(|| st.error.clone()),
+            error: (!error.is_empty()).then_some(error),
             exit_code: (state == ShardState::Failed).then_some(st.exit_code),
             log_tail: tail,
         });

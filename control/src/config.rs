@@ -35,6 +35,10 @@ pub struct ControlConfig {
     /// (default: the agent listener's address, the host's name when it
     /// listens on every interface).
     pub advertise_agent: Option<String>,
+    /// How long a new agent stream may take to send its Register before
+    /// it is refused (a stream that never says who it is would otherwise
+    /// hold a task and a connection for ever).
+    pub register_within: Duration,
 }
 
 impl Default for ControlConfig {
@@ -54,6 +58,7 @@ impl Default for ControlConfig {
             port_range: (20000, 20999),
             mgmt_interface: "eth0".into(),
             models: Vec::new(),
+            register_within: Duration::from_secs(30),
         }
     }
 }

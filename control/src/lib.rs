@@ -25,6 +25,7 @@ pub mod metrics;
 mod people_api;
 mod reconciler;
 pub mod tenancy_api;
+mod wire;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -209,12 +209,14 @@ impl Nodes {
         };
         Ok(match command {
             C::Register { node_id, inventory } => {
+                // Control characters too: an id is printed to terminals
+                // and logs, where an escape sequence would act.
                 if node_id.is_empty()
                     || node_id.len() > 128
-                    || node_id.chars().any(char::is_whitespace)
+                    || node_id.chars().any(|c| c.is_whitespace() || c.is_control())
                 {
                     return Err(Rejection::invalid(
-                        "a node id must be 1 to 128 characters without spaces",
+                        "a node id must be 1 to 128 characters without spaces or control characters",
                     ));
                 }
                 check_inventory(&inventory)?;

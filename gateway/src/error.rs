@@ -43,6 +43,25 @@ impl ApiError {
         )
     }
 
+    /// The body did not arrive whole within `connections.body_timeout`.
+    pub fn body_timeout(after: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {} s",
+                after.as_secs_f64()
+            ),
+        )
+    }
+
+    /// The body broke off (the client went away, or sent a broken chunked
+    /// encoding).
+    pub fn unreadable_body() -> Self {
+        Self::bad_request("the request body could not be read to its end")
+    }
+
     pub fn upstream(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::BAD_GATEWAY,

@@ -21,6 +21,7 @@ mod endpoints;
 mod error;
 mod info;
 pub mod limits;
+mod listen;
 mod metrics;
 mod proxy;
 mod routes;
@@ -40,6 +41,8 @@ pub use convo::{ConvoSettings, sweep_every as sweep_conversations};
 pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight, UpstreamKey};
 pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
+pub use listen::ConnectionLimits;
+pub use listen::conn::{Acceptor, Conn, ConnectionStats, Which};
 pub use metrics::Metrics;
 pub use proxy::chat_as;
 pub use tls::{ServerTls, TlsError, handshakes};
@@ -117,6 +120,9 @@ pub struct Gateway {
     pub(crate) started_s: i64,
     /// Threads and memory notes, when this gateway keeps them.
     pub(crate) convo: std::sync::OnceLock<Arc<convo::Keeper>>,
+    /// Open connections and caps of this process's listeners (the agent
+    /// listener's too), for the metrics page.
+    pub connections: Arc<ConnectionStats>,
 }
 
 /// Called with the canonical name of an on-demand model a request asked for.
@@ -147,6 +153,9 @@ impl Gateway {
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
+            // Engines are reached directly: an HTTP_PROXY set for the
+            // machine's way out (weights, packages) must not catch them.
+            .no_proxy()
             .build()?;
         Ok(Arc::new_cyclic(|me| Gateway {
             endpoints: Endpoints::new(
@@ -169,6 +178,7 @@ impl Gateway {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64),
             convo: std::sync::OnceLock::new(),
+            connections: Arc::default(),
         }))
     }
 
@@ -253,6 +263,7 @@ pub async fn serve(
         client_tls: None,
         admin,
         metrics,
+        connections: ConnectionLimits::default(),
     };
     let stop = Stop {
         signal: Box::pin(std::future::pending()),
@@ -280,6 +291,8 @@ pub struct Listen {
     pub admin: SocketAddr,
     /// Metrics only, when set.
     pub metrics: Option<SocketAddr>,
+    /// Caps and timeouts of every listener.
+    pub connections: ConnectionLimits,
 }
 
 /// How serving ends: at `signal` every listener stops accepting and idle
@@ -306,17 +319,22 @@ pub async fn serve_with(
     stop: Stop,
     mut on_bound: impl FnMut(Listener),
 ) -> Result<(), ServeError> {
-    use std::future::{Future, IntoFuture};
+    use std::future::Future;
     use tokio::sync::watch;
-    let bind = |addr: SocketAddr| async move {
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr, source })
+    let limits = listen.connections;
+    let bind = |addr: SocketAddr, which: Which| {
+        let stats = gw.connections.clone();
+        async move {
+            let tcp = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })?;
+            Ok::<_, ServeError>(Acceptor::new(tcp, which, limits.max(which), None, stats))
+        }
     };
-    let client_l = bind(listen.client).await?;
-    let admin_l = bind(listen.admin).await?;
+    let client_l = bind(listen.client, Which::Client).await?;
+    let admin_l = bind(listen.admin, Which::Admin).await?;
     let metrics_l = match listen.metrics {
-        Some(m) => Some(bind(m).await?),
+        Some(m) => Some(bind(m, Which::Metrics).await?),
         None => None,
     };
     on_bound(Listener::Client(client_l.local_addr()?));
@@ -336,37 +354,56 @@ pub async fn serve_with(
         }
     };
     let cut = axum::middleware::from_fn_with_state(shutdown::Cut(cut_rx), shutdown::cut_at_grace);
+    let body_deadline = axum::middleware::from_fn_with_state(
+        listen::body::BodyDeadline(limits.body_timeout),
+        listen::body::deadline,
+    );
+    let idle = limits.idle_timeout;
     type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+    let serving = |f: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>| -> Serving {
+        Box::pin(async move {
+            f.await;
+            Ok(())
+        })
+    };
     let client_app = client_app(gw.clone())
         .merge(extra.client)
         .layer(cut.clone())
+        .layer(body_deadline.clone())
         // Outermost, over the pages too: every answer of the client
         // listener, a refusal or a 404 included, has its request id.
         .layer(axum::middleware::from_fn(access::layer));
     let client_srv: Serving = match &listen.client_tls {
-        Some(tls) => Box::pin(
-            axum::serve(tls::TlsListener::new(client_l, tls)?, client_app)
-                .with_graceful_shutdown(draining())
-                .into_future(),
-        ),
-        None => Box::pin(
-            axum::serve(client_l, client_app)
-                .with_graceful_shutdown(draining())
-                .into_future(),
-        ),
+        Some(tls) => serving(Box::pin(listen::serve_http(
+            tls::TlsListener::new(client_l, tls)?,
+            client_app,
+            idle,
+            draining(),
+        ))),
+        None => serving(Box::pin(listen::serve_http(
+            client_l,
+            client_app,
+            idle,
+            draining(),
+        ))),
     };
-    let admin_app = admin_app(gw.clone()).merge(extra.admin).layer(cut.clone());
-    let admin_srv: Serving = Box::pin(
-        axum::serve(admin_l, admin_app)
-            .with_graceful_shutdown(draining())
-            .into_future(),
-    );
+    let admin_app = admin_app(gw.clone())
+        .merge(extra.admin)
+        .layer(cut.clone())
+        .layer(body_deadline);
+    let admin_srv: Serving = serving(Box::pin(listen::serve_http(
+        admin_l,
+        admin_app,
+        idle,
+        draining(),
+    )));
     let metrics_srv: Serving = match metrics_l {
-        Some(m) => Box::pin(
-            axum::serve(m, metrics_app(gw).layer(cut))
-                .with_graceful_shutdown(draining())
-                .into_future(),
-        ),
+        Some(m) => serving(Box::pin(listen::serve_http(
+            m,
+            metrics_app(gw).layer(cut),
+            idle,
+            draining(),
+        ))),
         None => Box::pin(async { Ok(()) }),
     };
     let servers = async {

@@ -38,7 +38,7 @@ impl Window {
                 break;
             }
             self.tokens.pop_front();
-            self.token_sum -= n;
+            self.token_sum = self.token_sum.saturating_sub(n);
         }
     }
 
@@ -66,7 +66,7 @@ impl Window {
         let mut left = self.token_sum;
         let mut wait = MINUTE;
         for &(t, n) in &self.tokens {
-            left -= n;
+            left = left.saturating_sub(n);
             wait = until(t);
             if left == 0 || left.saturating_add(estimate) <= u64::from(tpm) {
                 break;
@@ -160,7 +160,7 @@ impl RateLimits {
             }
             if level.tpm.is_some() {
                 w.tokens.push_back((now, estimate));
-                w.token_sum += estimate;
+                w.token_sum = w.token_sum.saturating_add(estimate);
                 charge.levels.push((level.scope, level.scope_id.clone()));
             }
         }
@@ -182,7 +182,7 @@ impl RateLimits {
             if actual > charge.tokens {
                 let more = actual - charge.tokens;
                 w.tokens.push_back((now, more));
-                w.token_sum += more;
+                w.token_sum = w.token_sum.saturating_add(more);
                 continue;
             }
             let mut back = charge.tokens - actual;
@@ -193,7 +193,7 @@ impl RateLimits {
                 if *t == at {
                     let take = back.min(*n);
                     *n -= take;
-                    w.token_sum -= take;
+                    w.token_sum = w.token_sum.saturating_sub(take);
                     back -= take;
                 }
             }
@@ -218,7 +218,9 @@ fn window<'a>(
 /// token (an overestimate for most text, on purpose) plus the completion
 /// it allows itself.
 pub fn estimate_tokens(prompt_bytes: usize, max_completion: Option<u64>) -> u64 {
-    (prompt_bytes as u64).div_ceil(3) + max_completion.unwrap_or(0)
+    (prompt_bytes as u64)
+        .div_ceil(3)
+        .saturating_add(max_completion.unwrap_or(0))
 }
 
 /// The first budget that a request priced `price`, of about `prompt` and

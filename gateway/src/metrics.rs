@@ -56,6 +56,11 @@ struct MigrationLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabels {
     version: &'static str,
 }
@@ -267,6 +272,40 @@ impl Collector for Live {
                 &ConstGauge::new(q.pending() as i64),
             )?;
         }
+        let open = Family::<ListenerLabels, Gauge>::default();
+        let max = Family::<ListenerLabels, Gauge>::default();
+        let full = Family::<ListenerLabels, Counter>::default();
+        for which in crate::Which::ALL {
+            let l = gw.connections.of(which);
+            // Only the listeners this process bound.
+            if l.max() == 0 {
+                continue;
+            }
+            let labels = ListenerLabels {
+                listener: which.name(),
+            };
+            open.get_or_create(&labels).set(l.open() as i64);
+            max.get_or_create(&labels).set(l.max() as i64);
+            full.get_or_create(&labels).inc_by(l.full());
+        }
+        put(
+            &mut enc,
+            "connections",
+            "Connections open on each listener",
+            &open,
+        )?;
+        put(
+            &mut enc,
+            "connections_max",
+            "The cap on each listener's open connections (connections.max.*)",
+            &max,
+        )?;
+        put(
+            &mut enc,
+            "connections_full",
+            "Times a listener was at its cap, so that a new connection waited",
+            &full,
+        )?;
         let breaker_open = Family::<EndpointLabels, Gauge>::default();
         let in_flight = Family::<EndpointLabels, Gauge>::default();
         let stale = Family::<EndpointLabels, Gauge>::default();

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use crate::listen::conn::{Acceptor, Conn};
 use tokio::sync::mpsc;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -149,34 +149,25 @@ fn why(e: &std::io::Error) -> String {
     }
 }
 
-/// Accepts connections on `tcp` and completes their handshakes beside the
-/// accept loop; finished ones arrive on the receiver. Failures are logged
-/// with the peer's address and the reason at warn when `loud` (agents,
-/// whose failures an operator must see), else at debug (any client on the
-/// internet may send garbage). Aborting the handle closes the listener.
+/// Accepts connections from `tcp` (within its cap) and completes their
+/// handshakes beside the accept loop; finished ones arrive on the
+/// receiver. Failures are logged with the peer's address and the reason at
+/// warn when `loud` (agents, whose failures an operator must see), else at
+/// debug (any client on the internet may send garbage). Aborting the
+/// handle closes the listener.
 pub fn handshakes(
-    tcp: TcpListener,
+    tcp: Acceptor,
     tls: &ServerTls,
     loud: bool,
 ) -> (
-    mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    mpsc::Receiver<(TlsStream<Conn>, SocketAddr)>,
     tokio::task::JoinHandle<()>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
     let (tx, ready) = mpsc::channel(64);
     let accepting = tokio::spawn(async move {
         loop {
-            let (stream, peer) = match tcp.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of file descriptors and the like: the same
-                    // pause axum's own listener takes.
-                    tracing::warn!(error = %e, "accepting a connection");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
+            let (stream, peer) = tcp.accept().await;
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
@@ -201,13 +192,13 @@ pub fn handshakes(
 /// A TCP listener whose connections arrive after their TLS handshake.
 /// Dropping it (as a graceful stop does) stops accepting at once.
 pub(crate) struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: mpsc::Receiver<(TlsStream<Conn>, SocketAddr)>,
     local: SocketAddr,
     accepting: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
-    pub(crate) fn new(tcp: TcpListener, tls: &ServerTls) -> std::io::Result<Self> {
+    pub(crate) fn new(tcp: Acceptor, tls: &ServerTls) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
         let (ready, accepting) = handshakes(tcp, tls, false);
         Ok(TlsListener {
@@ -226,7 +217,7 @@ impl Drop for TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Conn>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

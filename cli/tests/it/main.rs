@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 mod browser;
 mod cluster;
+mod connections;
 mod conversations;
 mod deploy_kit;
 mod deploy_rules;

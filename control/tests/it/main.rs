@@ -6,6 +6,7 @@
 mod clocks;
 mod fence;
 mod harness;
+mod hostile;
 
 use harness::{Agent, Server, eventually, fast, register, running, sim_model, types};
 use llmgw_api::v1::control_message::Msg;

@@ -82,7 +82,7 @@ async fn route(
     let limit = gw.config.body_limit;
     let body = axum::body::to_bytes(request.into_body(), limit)
         .await
-        .map_err(|_| ApiError::too_large(limit))?;
+        .map_err(|e| crate::listen::body::body_refusal(&e, limit))?;
     let Some(thread) = thread else {
         return serve_body(gw, path, caller, body, access).await;
     };

@@ -120,8 +120,11 @@ impl ClientRequest {
     }
 
     /// Tokens charged against tpm at admission.
+    /// Saturating: a client may ask for u64::MAX tokens (the engine
+    /// refuses it; the estimate must not overflow first).
     pub(crate) fn token_estimate(&self) -> u64 {
-        self.prompt_estimate + self.max_completion.unwrap_or(0)
+        self.prompt_estimate
+            .saturating_add(self.max_completion.unwrap_or(0))
     }
 }
 

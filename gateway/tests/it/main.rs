@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
 
+mod connections;
+mod hostile;
 mod migration;
 mod support;
 mod tenancy;

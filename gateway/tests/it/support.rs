@@ -84,22 +84,47 @@ pub(crate) async fn gateway_recording(
 
 /// Serves a gateway on loopback ports.
 pub(crate) async fn serve(gw: Arc<Gateway>) -> Running {
+    serve_limited(gw, llmgw_gateway::ConnectionLimits::default()).await
+}
+
+/// Serves a gateway on loopback ports with these caps and timeouts.
+pub(crate) async fn serve_limited(
+    gw: Arc<Gateway>,
+    connections: llmgw_gateway::ConnectionLimits,
+) -> Running {
     let (tx, rx) = oneshot::channel();
     let mut found = (None, None);
     let mut tx = Some(tx);
-    let any = "127.0.0.1:0".parse().unwrap();
-    tokio::spawn(llmgw_gateway::serve(gw.clone(), any, any, None, move |l| {
-        match l {
-            Listener::Client(a) => found.0 = Some(a),
-            Listener::Admin(a) => found.1 = Some(a),
-            Listener::Metrics(_) => {}
-        }
-        if let (Some(c), Some(a)) = found
-            && let Some(tx) = tx.take()
-        {
-            let _ = tx.send((c, a));
-        }
-    }));
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let listen = llmgw_gateway::Listen {
+        client: any,
+        client_tls: None,
+        admin: any,
+        metrics: None,
+        connections,
+    };
+    let stop = llmgw_gateway::Stop {
+        signal: Box::pin(std::future::pending()),
+        grace: std::time::Duration::ZERO,
+    };
+    tokio::spawn(llmgw_gateway::serve_with(
+        gw.clone(),
+        listen,
+        llmgw_gateway::Extra::default(),
+        stop,
+        move |l| {
+            match l {
+                Listener::Client(a) => found.0 = Some(a),
+                Listener::Admin(a) => found.1 = Some(a),
+                Listener::Metrics(_) => {}
+            }
+            if let (Some(c), Some(a)) = found
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send((c, a));
+            }
+        },
+    ));
     let (client, admin) = rx.await.unwrap();
     Running {
         base: format!("http://{client}"),

@@ -15,7 +15,7 @@ use crate::support::{self, sim, spec};
 
 /// A store with an org `o`, team `t` and project `p`, and the views
 /// following it.
-struct Tenants {
+pub(crate) struct Tenants {
     store: AnyStore,
     writer: Writer,
     decider: llmgw_decider::Decider,
@@ -33,7 +33,7 @@ impl Drop for Tenants {
 }
 
 impl Tenants {
-    async fn new() -> Self {
+    pub(crate) async fn new() -> Self {
         let (address, scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
         let store = AnyStore::open(
             &StoreAddress::parse(&address).unwrap(),
@@ -102,7 +102,7 @@ impl Tenants {
     }
 
     /// Issues key `id` in `project`; returns its secret.
-    async fn key(&mut self, id: &str, project: &str) -> String {
+    pub(crate) async fn key(&mut self, id: &str, project: &str) -> String {
         let secret = format!("llmgw-sk-{id}-0123456789");
         self.run(T::IssueKey(Key {
             key_id: id.into(),
@@ -119,7 +119,7 @@ impl Tenants {
         secret
     }
 
-    async fn limit(&mut self, scope: Scope, id: &str, limits: Limits) {
+    pub(crate) async fn limit(&mut self, scope: Scope, id: &str, limits: Limits) {
         self.run(T::SetLimits {
             scope,
             scope_id: id.into(),
@@ -164,7 +164,7 @@ impl Tenants {
             .unwrap();
     }
 
-    fn directory(&self) -> KeyDirectory {
+    pub(crate) fn directory(&self) -> KeyDirectory {
         KeyDirectory(self.views.clone())
     }
 }
