@@ -283,6 +283,26 @@ pub(crate) struct ControlSection {
     /// The agent URL standbys name to agents while this one leads (default:
     /// http(s):// and agent_listen).
     pub advertise_agent: Option<String>,
+    /// The server's Ed25519 private key (PEM): signs the anchors the
+    /// sinks get.
+    pub signing_key: Option<std::path::PathBuf>,
+    /// Periodic anchors of the log's chain head.
+    pub anchors: Option<AnchorSection>,
+}
+
+/// `control.anchors`: an `AnchorRecorded` event every `every_events`
+/// events or `every` (whichever comes first), each also handed to `file`
+/// and/or `command`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AnchorSection {
+    pub every_events: Option<u64>,
+    pub every: Option<String>,
+    /// A file each anchor is appended to, one JSON line each.
+    pub file: Option<std::path::PathBuf>,
+    /// A command run (`sh -c`) for each anchor, the line on its stdin and
+    /// `LLMGW_ANCHOR=HASH@POSITION` in its environment.
+    pub command: Option<String>,
 }
 
 impl ControlSection {
@@ -302,6 +322,8 @@ impl ControlSection {
             mgmt_interface,
             advertise_admin,
             advertise_agent,
+            signing_key,
+            anchors,
         } = self;
         [
             instance,
@@ -319,6 +341,8 @@ impl ControlSection {
         .iter()
         .any(|v| v.is_some())
             || port_range.is_some()
+            || signing_key.is_some()
+            || anchors.is_some()
     }
 }
 

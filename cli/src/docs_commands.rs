@@ -20,6 +20,10 @@ const PAGES: &[(&str, &str)] = &[
         include_str!("../../docs/event-store.md"),
     ),
     ("deploy/README.md", include_str!("../../deploy/README.md")),
+    (
+        "replay-tests/fixtures/README.md",
+        include_str!("../../replay-tests/fixtures/README.md"),
+    ),
 ];
 
 /// The `llmgw` command lines of a page's ```sh blocks, continuation lines

@@ -8,6 +8,7 @@ use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventFilter, EventStore, Recorded
 use crate::Outcome;
 use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
 
+mod capture;
 mod file;
 mod filter;
 mod history;
@@ -74,6 +75,12 @@ pub(crate) enum EventsCommand {
         /// given more than once.
         #[arg(long, value_name = "HASH@POSITION", requires = "file")]
         anchor: Vec<file::Anchor>,
+        /// The server's public key (64 hex digits, or a file with them or a
+        /// PEM public key): the trailer must be signed by it. Without it a
+        /// signature is checked against the key it names, which proves
+        /// nothing about who signed.
+        #[arg(long, value_name = "KEY", requires = "file")]
+        public_key: Option<file::KeyArg>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -92,6 +99,11 @@ pub(crate) enum EventsCommand {
         /// File to write (default: standard output).
         #[arg(long, short)]
         output: Option<PathBuf>,
+        /// Sign the trailer with this Ed25519 private key (a PEM file, as
+        /// `server init` or `openssl genpkey -algorithm ed25519` writes):
+        /// the server's `signing_key`, so that a forger needs the key too.
+        #[arg(long, value_name = "PATH", env = "LLMGW_SIGNING_KEY")]
+        sign_key: Option<PathBuf>,
     },
     /// Copy the events of an export (JSON lines) into this store exactly as
     /// they were: positions, times, epochs and hashes, so the copy's chain
@@ -118,6 +130,10 @@ pub(crate) enum EventsCommand {
         /// before the position. May be given more than once.
         #[arg(long, value_name = "HASH@POSITION")]
         anchor: Vec<file::Anchor>,
+        /// The source server's public key: the file's trailer must be
+        /// signed by it (64 hex digits, or a file with them or a PEM key).
+        #[arg(long, value_name = "KEY")]
+        public_key: Option<file::KeyArg>,
     },
     /// A view as it stood at a position or time.
     Replay {
@@ -170,6 +186,28 @@ pub(crate) enum EventsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Turn an incident into a replay test: writes
+    /// replay-tests/fixtures/NAME.jsonl (the range, exactly as stored,
+    /// with a header holding the control plane's timings and a trailer),
+    /// a test that replays it (tests/it/captured/NAME.rs) and its first
+    /// snapshot, the incident's story. Run it at the root of a checkout.
+    Capture {
+        /// The fixture's name: lowercase words and dashes
+        /// (node-lost-on-gpu-b).
+        name: String,
+        /// The first position, or a time (the first event at or after it).
+        #[arg(long, value_name = "POSITION|TIME")]
+        from: history::Point,
+        /// The last position, or a time (the last event at or before it).
+        #[arg(long, value_name = "POSITION|TIME")]
+        to: history::Point,
+        /// The replay-tests crate to write into.
+        #[arg(long, value_name = "DIR", default_value = "replay-tests")]
+        dir: PathBuf,
+        /// Sign the fixture's trailer with this Ed25519 private key (PEM).
+        #[arg(long, value_name = "PATH", env = "LLMGW_SIGNING_KEY")]
+        sign_key: Option<PathBuf>,
+    },
     /// Event count, head position, the chain head as HASH@POSITION (an
     /// anchor for `events import --anchor`), and counts per event type.
     Stats {
@@ -184,19 +222,23 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
         input,
         from_anchor,
         anchor,
+        public_key,
     } = cmd
     {
-        return import_into(address, &input, from_anchor, &anchor).await;
+        let key = public_key.map(|k| k.0);
+        return import_into(address, &input, from_anchor, &anchor, key).await;
     }
     if let EventsCommand::Verify {
         file: Some(file),
         against,
         anchor,
+        public_key,
         json,
         ..
     } = &cmd
     {
-        return verify_file::run(file, against.as_deref(), anchor, *json).await;
+        let key = public_key.map(|k| k.0);
+        return verify_file::run(file, against.as_deref(), anchor, key, *json).await;
     }
     let store = crate::store::open(address).await?;
     match cmd {
@@ -213,13 +255,30 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
         }
         EventsCommand::Show { position, json } => show(&store, position, json).await,
         EventsCommand::Verify { from, to, json, .. } => verify(&store, from, to, json).await,
-        EventsCommand::Export { from, to, output } => export(&store, from, to, output).await,
-        EventsCommand::Import {
-            input,
-            from_anchor,
-            anchor,
-        } => import::run(&store, &input, from_anchor, &anchor).await,
+        EventsCommand::Export {
+            from,
+            to,
+            output,
+            sign_key,
+        } => export(&store, from, to, output, sign_key).await,
+        EventsCommand::Import { .. } => unreachable!("handled above"),
         EventsCommand::Stats { json } => stats(&store, json).await,
+        EventsCommand::Capture {
+            name,
+            from,
+            to,
+            dir,
+            sign_key,
+        } => {
+            let args = capture::Args {
+                name,
+                from,
+                to,
+                dir,
+                sign_key,
+            };
+            capture::run(&store, args).await
+        }
         EventsCommand::Replay { until, view, json } => {
             history::replay(&store, until, &view, json).await
         }
@@ -256,11 +315,12 @@ async fn import_into(
     input: &std::path::Path,
     from_anchor: bool,
     anchors: &[file::Anchor],
+    key: Option<llmgw_eventstore::signing::PublicKey>,
 ) -> anyhow::Result<Outcome> {
     let created = import::new_sqlite_file(address);
     let result = async {
         let store = crate::store::open_migrating(address).await?;
-        import::run(&store, input, from_anchor, anchors).await
+        import::run(&store, input, from_anchor, anchors, key).await
     }
     .await;
     if result.is_err()
@@ -422,6 +482,54 @@ async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Out
     Ok(Outcome::Ok)
 }
 
+/// How `events verify` reports the last anchor the log records.
+pub(crate) fn log_anchor_line(a: &file::LogAnchor) -> String {
+    let how = if a.checked {
+        "matches the chain"
+    } else {
+        "not checked here: that position is not in what was verified"
+    };
+    format!(
+        "last anchor: {} (recorded at position {}, {}): {how}; compare it with the anchor sink's copy",
+        a.anchor,
+        a.event,
+        filter::when(a.recorded_at)
+    )
+}
+
+/// The last anchor the log recorded up to `to`, checked against the
+/// store's hash at the position it names: `Err` when they differ.
+async fn last_log_anchor(
+    store: &AnyStore,
+    to: u64,
+) -> anyhow::Result<Option<Result<file::LogAnchor, String>>> {
+    let filter = EventFilter {
+        streams: vec!["anchors".into()],
+        ..EventFilter::default()
+    };
+    let found = store.read_backward_raw(&filter, 0..to + 1, 1).await?;
+    let Some(e) = found.first() else {
+        return Ok(None);
+    };
+    let Some(anchor) = file::recorded_anchor(e) else {
+        return Ok(None);
+    };
+    let stored = store.hash_at(anchor.position).await?;
+    Ok(Some(match stored {
+        Some(h) if h != anchor.hash => Err(format!(
+            "the anchor recorded at position {} names {anchor}, but the log's hash there is {}: the log before it was rewritten",
+            e.position,
+            llmgw_eventstore::hash::to_hex(&h[..6])
+        )),
+        stored => Ok(file::LogAnchor {
+            anchor,
+            event: e.position,
+            recorded_at: e.recorded_at,
+            checked: stored.is_some(),
+        }),
+    }))
+}
+
 async fn verify(
     store: &AnyStore,
     from: u64,
@@ -429,9 +537,35 @@ async fn verify(
     json: bool,
 ) -> anyhow::Result<Outcome> {
     let report = store.verify(from, to).await?;
+    let anchor = if report.is_ok() {
+        last_log_anchor(store, report.to).await?
+    } else {
+        None
+    };
     let mut out = std::io::stdout().lock();
+    if let Some(Err(why)) = &anchor {
+        if json {
+            let mut value = serde_json::to_value(&report)?;
+            value["anchor_problem"] = why.clone().into();
+            json_line(&mut out, &value)?;
+        } else {
+            writeln!(out, "TAMPERED: {why}")?;
+        }
+        out.flush()?;
+        return Ok(Outcome::Failed);
+    }
+    let anchor = anchor.and_then(Result::ok);
     if json {
-        json_line(&mut out, &report)?;
+        let mut value = serde_json::to_value(&report)?;
+        if let Some(a) = &anchor {
+            value["last_anchor"] = serde_json::json!({
+                "anchor": a.anchor.to_string(),
+                "event": a.event,
+                "recorded_at": filter::when(a.recorded_at),
+                "checked": a.checked,
+            });
+        }
+        json_line(&mut out, &value)?;
     } else if report.checked == 0 && report.first_mismatch.is_none() {
         writeln!(out, "nothing to verify in {}..={}", report.from, report.to)?;
     } else if let Some(p) = report.first_mismatch {
@@ -462,6 +596,9 @@ async fn verify(
             "ok: {} events in {}..={} verified{trusted}",
             report.checked, report.from, report.to
         )?;
+        if let Some(a) = &anchor {
+            writeln!(out, "{}", log_anchor_line(a))?;
+        }
     }
     out.flush()?;
     Ok(if report.is_ok() {
@@ -476,10 +613,15 @@ async fn export(
     from: u64,
     to: Option<u64>,
     output: Option<PathBuf>,
+    sign_key: Option<PathBuf>,
 ) -> anyhow::Result<Outcome> {
     if from == 0 {
         bail!("positions start at 1");
     }
+    // Read before anything is written: a bad key leaves no half file.
+    let key = sign_key
+        .map(|p| llmgw_eventstore::signing::SigningKey::read(&p))
+        .transpose()?;
     let mut sink: Box<dyn Write> = match &output {
         Some(path) => Box::new(BufWriter::with_capacity(
             1 << 20,
@@ -488,8 +630,27 @@ async fn export(
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let (head, head_hash) = store.head().await?;
+    let (head, _) = store.head().await?;
     let done = llmgw_eventstore::export(store, from, Some(to.unwrap_or(head)), &mut sink).await?;
+    let mut trailer = trailer(store, &done, head).await?;
+    if let Some(key) = &key {
+        trailer.sign(key);
+    }
+    llmgw_eventstore::write_trailer(&mut sink, &trailer)?;
+    if let Some(path) = output {
+        eprintln!("exported {} events to {}", done.events, path.display());
+    }
+    Ok(Outcome::Ok)
+}
+
+/// The trailer of an export that wrote `done` from a log whose head was
+/// `head` when it began.
+pub(crate) async fn trailer(
+    store: &AnyStore,
+    done: &llmgw_eventstore::Exported,
+    head: u64,
+) -> anyhow::Result<llmgw_eventstore::Trailer> {
+    let head_hash = store.hash_at(head).await?.filter(|_| head > 0);
     let (base, _) = store.base().await?;
     let log_start = store.hash_at(base + 1).await?.map(|hash| {
         file::Anchor {
@@ -499,7 +660,7 @@ async fn export(
         .to_string()
     });
     let (first, last) = done.positions.unwrap_or((0, 0));
-    let trailer = llmgw_eventstore::Trailer {
+    Ok(llmgw_eventstore::Trailer {
         format: 1,
         host: host(),
         log_start,
@@ -508,14 +669,11 @@ async fn export(
         events: done.events,
         last_hash: done.last_hash,
         head,
-        head_hash: (head > 0).then_some(head_hash),
+        head_hash,
         exported_at: chrono::Utc::now(),
-    };
-    llmgw_eventstore::write_trailer(&mut sink, &trailer)?;
-    if let Some(path) = output {
-        eprintln!("exported {} events to {}", done.events, path.display());
-    }
-    Ok(Outcome::Ok)
+        header_hash: None,
+        signature: None,
+    })
 }
 
 /// This machine's name, for the export's trailer.

@@ -378,7 +378,82 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         .clone()
         .unwrap_or_else(crate::serve::default_instance);
     out.models = file.models.clone();
+    out.anchors = anchor_config(c)?;
     Ok(Some(out))
+}
+
+/// `control.anchors` and `control.signing_key`, checked whole: a sink with
+/// no cadence, or a key with nothing to sign, would be ignored, so each is
+/// refused.
+fn anchor_config(
+    c: &config::ControlSection,
+) -> Result<llmgw_control::anchor::AnchorConfig, ConfigError> {
+    let mut out = llmgw_control::anchor::AnchorConfig::default();
+    if let Some(path) = &c.signing_key {
+        let key = llmgw_eventstore::signing::SigningKey::read(path)
+            .map_err(|e| ConfigError(format!("control.signing_key: {e}")))?;
+        out.key = Some(std::sync::Arc::new(key));
+    }
+    let Some(a) = &c.anchors else {
+        if out.key.is_some() {
+            return Err(ConfigError(
+                "control.signing_key signs the anchors, and control.anchors is not set: add control.anchors (every_events or every, and a file or command), or remove the key".into(),
+            ));
+        }
+        return Ok(out);
+    };
+    if let Some(n) = a.every_events {
+        if n == 0 {
+            return Err(ConfigError(
+                "control.anchors.every_events must be at least 1".into(),
+            ));
+        }
+        out.every_events = Some(n);
+    }
+    if let Some(t) = &a.every {
+        let t = config::duration("control.anchors.every", t)?;
+        if t < std::time::Duration::from_secs(1) {
+            return Err(ConfigError(
+                "control.anchors.every must be at least 1s".into(),
+            ));
+        }
+        out.every = Some(t);
+    }
+    if !out.enabled() {
+        return Err(ConfigError(
+            "control.anchors needs every_events or every (or both): when to record an anchor"
+                .into(),
+        ));
+    }
+    if let Some(path) = &a.file {
+        // Checked without writing (--check writes nothing): an existing
+        // file must be a file, a new one needs its directory.
+        let ok = if path.exists() {
+            path.is_file()
+        } else {
+            path.parent()
+                .is_some_and(|d| d.as_os_str().is_empty() || d.is_dir())
+        };
+        if !ok {
+            return Err(ConfigError(format!(
+                "control.anchors.file: {} is not a file in an existing directory",
+                path.display()
+            )));
+        }
+        out.file = Some(path.clone());
+    }
+    if let Some(cmd) = &a.command {
+        if cmd.trim().is_empty() {
+            return Err(ConfigError("control.anchors.command is empty".into()));
+        }
+        out.command = Some(cmd.clone());
+    }
+    if out.key.is_some() && out.file.is_none() && out.command.is_none() {
+        return Err(ConfigError(
+            "control.signing_key signs what the anchor sinks get, and there is none: add control.anchors.file or .command".into(),
+        ));
+    }
+    Ok(out)
 }
 
 fn fallback(s: &str) -> Result<(String, Vec<String>), String> {

@@ -39,6 +39,26 @@ pub struct ControlConfig {
     /// it is refused (a stream that never says who it is would otherwise
     /// hold a task and a connection for ever).
     pub register_within: Duration,
+    /// Periodic anchors of the chain head, and their sinks.
+    pub anchors: crate::anchor::AnchorConfig,
+}
+
+impl ControlConfig {
+    /// The timings as the log records them when this server takes office.
+    pub fn settings(&self) -> llmgw_domain::event::ControlSettings {
+        let ms = |d: Duration| d.as_millis() as u64;
+        llmgw_domain::event::ControlSettings {
+            lease_ttl_ms: ms(self.lease_ttl),
+            reconcile_interval_ms: ms(self.interval),
+            unreachable_after_ms: ms(self.unreachable_after),
+            lost_after_ms: ms(self.lost_after),
+            base_backoff_ms: ms(self.base_backoff),
+            max_backoff_ms: ms(self.max_backoff),
+            drain_grace_ms: ms(self.drain_grace),
+            anchor_every_events: self.anchors.every_events,
+            anchor_every_ms: self.anchors.every.map(ms),
+        }
+    }
 }
 
 impl Default for ControlConfig {
@@ -59,6 +79,7 @@ impl Default for ControlConfig {
             mgmt_interface: "eth0".into(),
             models: Vec::new(),
             register_within: Duration::from_secs(30),
+            anchors: crate::anchor::AnchorConfig::default(),
         }
     }
 }

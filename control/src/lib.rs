@@ -12,6 +12,7 @@
 
 pub mod admin;
 mod agents;
+pub mod anchor;
 pub mod authority;
 mod config;
 mod convert;
@@ -135,6 +136,8 @@ pub struct ControlPlane {
     authority: std::sync::OnceLock<authority::Authority>,
     /// A replica is draining: the reconciler passes more often.
     draining: std::sync::atomic::AtomicBool,
+    /// Anchors recorded and sinks that failed, for the metrics page.
+    pub anchor_stats: anchor::AnchorStats,
 }
 
 impl ControlPlane {
@@ -171,6 +174,7 @@ impl ControlPlane {
             epoch_seen: AtomicU64::new(0),
             authority: std::sync::OnceLock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
+            anchor_stats: anchor::AnchorStats::default(),
         })
     }
 
@@ -327,12 +331,14 @@ impl ControlPlane {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let reconciler = tokio::spawn(reconciler::run(self.clone()));
         let liveness = tokio::spawn(reconciler::liveness(self.clone()));
+        let anchors = tokio::spawn(anchor::run(self.clone()));
         tokio::select! {
             _ = self.clone().lead() => {}
             _ = shutdown.wait_for(|s| *s) => {}
         }
         reconciler.abort();
         liveness.abort();
+        anchors.abort();
         self.step_down().await;
     }
 
@@ -483,6 +489,7 @@ impl ControlPlane {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            settings: Some(self.config.settings()),
         };
         let origin = self.own();
         self.decider

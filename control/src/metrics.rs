@@ -238,6 +238,18 @@ impl Collector for ControlMetrics {
             "The epoch of the append lease this server holds or last saw",
             &ConstGauge::new(cp.lease_epoch() as i64),
         )?;
+        put(
+            &mut enc,
+            "anchors_recorded",
+            "Anchors of the chain head this server recorded while leading",
+            &ConstCounter::new(cp.anchor_stats.recorded.load(Ordering::Relaxed)),
+        )?;
+        put(
+            &mut enc,
+            "anchor_sink_failures",
+            "Anchors the configured sink (file or command) did not take",
+            &ConstCounter::new(cp.anchor_stats.sink_failures.load(Ordering::Relaxed)),
+        )?;
         let figures = {
             let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
             cluster_figures(&views.cluster)

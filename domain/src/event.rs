@@ -31,11 +31,44 @@ pub enum LeadershipEvent {
         /// name it when it refuses one (absent in older logs).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         agent: Option<String>,
+        /// The timings the new leader decides with, so that an incident's
+        /// timeline can be read against them (absent in older logs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        settings: Option<ControlSettings>,
     },
     LeadershipReleased {
         holder: String,
         epoch: u64,
     },
+    /// The leader's periodic anchor: the log's chain head when it was
+    /// taken, `hash` (64 hex digits) at `position`, also written to the
+    /// operator's external sink where one is configured. In the log it
+    /// tells an auditor which anchors the sink should hold.
+    AnchorRecorded {
+        position: u64,
+        hash: String,
+    },
+}
+
+/// The control plane's timings as a leader runs with them (milliseconds),
+/// recorded when it takes office.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlSettings {
+    pub lease_ttl_ms: u64,
+    pub reconcile_interval_ms: u64,
+    /// No heartbeat for this long: no new placement on the node.
+    pub unreachable_after_ms: u64,
+    /// No heartbeat for this long: the node's work is rebuilt elsewhere.
+    pub lost_after_ms: u64,
+    pub base_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    pub drain_grace_ms: u64,
+    /// Anchors every this many events, and at least this often (absent:
+    /// no anchors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_every_events: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor_every_ms: Option<u64>,
 }
 
 /// Any event of the log.
@@ -107,6 +140,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("UsageRecorded", Area::Usage, 1),
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
+    ("AnchorRecorded", Area::Leadership, 1),
     ("ModelDemanded", Area::Demand, 1),
     ("CommandRefused", Area::Audit, 1),
     ("JoinTokenIssued", Area::Join, 1),
@@ -247,6 +281,7 @@ impl Event {
                 | T::UserErased { user_id, .. } => format!("user-{user_id}"),
             },
             Event::Usage(UsageEvent::UsageRecorded(u)) => format!("usage-{}", u.key_id),
+            Event::Leadership(LeadershipEvent::AnchorRecorded { .. }) => "anchors".to_owned(),
             Event::Leadership(_) => "leadership".to_owned(),
             Event::Demand(DemandEvent::ModelDemanded { model }) => format!("demand-{model}"),
             Event::Audit(e) => e.stream_id(),

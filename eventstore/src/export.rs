@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::signing::{Checked, PublicKey, Signature, SigningKey};
 use crate::{DEFAULT_PAGE, EventStore, RecordedEvent, Result, StoreError, hash};
 
 /// The last line of an export, `{"trailer": {…}}`: where it came from and
@@ -35,6 +36,59 @@ pub struct Trailer {
     #[serde(with = "hex_opt", default, skip_serializing_if = "Option::is_none")]
     pub head_hash: Option<[u8; 32]>,
     pub exported_at: DateTime<Utc>,
+    /// The hash of the file's header line (`{"header": …}`, which
+    /// `events capture` writes first), so that the header cannot be
+    /// swapped or dropped unnoticed.
+    #[serde(with = "hex_opt", default, skip_serializing_if = "Option::is_none")]
+    pub header_hash: Option<[u8; 32]>,
+    /// The server's signature over everything above, when it has a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+/// What a trailer's signature is over: "llmgw export trailer", then the
+/// trailer without its signature as canonical JSON.
+const TRAILER_CONTEXT: &str = "export trailer";
+
+impl Trailer {
+    fn unsigned_value(&self) -> Value {
+        let mut value = serde_json::to_value(self).expect("a trailer serialises");
+        if let Value::Object(m) = &mut value {
+            m.remove("signature");
+        }
+        value
+    }
+
+    /// Signs the trailer with `key` (replacing any signature).
+    pub fn sign(&mut self, key: &SigningKey) {
+        self.signature = Some(Signature::over(
+            key,
+            TRAILER_CONTEXT,
+            &self.unsigned_value(),
+        ));
+    }
+
+    /// Checks the signature, if there is one: `Ok(None)` when the trailer
+    /// is not signed. With `trusted`, the signer must be that key.
+    pub fn check_signature(
+        &self,
+        trusted: Option<&PublicKey>,
+    ) -> std::result::Result<Option<Checked>, String> {
+        match &self.signature {
+            None => Ok(None),
+            Some(s) => s
+                .check(TRAILER_CONTEXT, &self.unsigned_value(), trusted)
+                .map(Some),
+        }
+    }
+}
+
+/// The hash of a header line's value, as a trailer names it.
+pub fn header_hash(header: &Value) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut bytes = Vec::new();
+    hash::write_canonical(header, &mut bytes);
+    Sha256::digest(&bytes).into()
 }
 
 #[derive(Serialize, Deserialize)]
@@ -42,20 +96,43 @@ struct TrailerLine {
     trailer: Trailer,
 }
 
+#[derive(Serialize, Deserialize)]
+struct HeaderLine {
+    header: Value,
+}
+
 /// One line of an export file.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExportLine {
+    /// A capture's first line: what it is and how to replay it (opaque
+    /// to the store, covered by the trailer's `header_hash`).
+    Header(Value),
     Event(Box<RecordedEvent>),
-    Trailer(Trailer),
+    Trailer(Box<Trailer>),
 }
 
-/// Reads one line of an export: an event, or the trailer.
+/// Reads one line of an export: an event, the trailer, or a header.
 pub fn parse_line(text: &str) -> std::result::Result<ExportLine, serde_json::Error> {
-    if text.trim_start().starts_with("{\"trailer\"") {
+    let start = text.trim_start();
+    if start.starts_with("{\"trailer\"") {
         let line: TrailerLine = serde_json::from_str(text)?;
-        return Ok(ExportLine::Trailer(line.trailer));
+        return Ok(ExportLine::Trailer(Box::new(line.trailer)));
+    }
+    if start.starts_with("{\"header\"") {
+        let line: HeaderLine = serde_json::from_str(text)?;
+        return Ok(ExportLine::Header(line.header));
     }
     serde_json::from_str(text).map(|e| ExportLine::Event(Box::new(e)))
+}
+
+/// Writes a header as a capture's first line.
+pub fn write_header(sink: &mut impl Write, header: &Value) -> Result<()> {
+    let mut line = serde_json::to_vec(&HeaderLine {
+        header: header.clone(),
+    })
+    .map_err(|e| StoreError::Export(e.into()))?;
+    line.push(b'\n');
+    sink.write_all(&line).map_err(StoreError::Export)
 }
 
 /// Writes the trailer as the export's last line.

@@ -72,6 +72,8 @@ pub struct ChainCheck {
     /// Whether the first event's own hash was checked (against genesis or
     /// the stated predecessor).
     first_linked: bool,
+    /// The hash of the file's header line, if it has one.
+    header: Option<[u8; 32]>,
 }
 
 impl ChainCheck {
@@ -82,6 +84,26 @@ impl ChainCheck {
             anchors: anchors.iter().copied().collect(),
             ..Self::default()
         }
+    }
+
+    /// The hash before the first event, as the first line names it: only
+    /// before any event is checked.
+    pub fn set_predecessor(&mut self, prev_hash: Option<[u8; 32]>) {
+        if self.first.is_none() {
+            self.start = prev_hash;
+        }
+    }
+
+    /// A capture's header line: before the first event, at most once.
+    pub fn header(&mut self, value: &serde_json::Value) -> std::result::Result<(), String> {
+        if self.first.is_some() {
+            return Err("a header after the first event: a header is the file's first line".into());
+        }
+        if self.header.is_some() {
+            return Err("a second header".into());
+        }
+        self.header = Some(crate::header_hash(value));
+        Ok(())
     }
 
     /// Checks the next event of the file; the reason when it does not fit.
@@ -208,7 +230,16 @@ impl ChainCheck {
                     .into(),
             );
         }
-        Ok(())
+        match (t.header_hash, self.header) {
+            (None, Some(_)) => Err(
+                "the file has a header that its trailer does not name: it was added after the export".into(),
+            ),
+            (Some(_), None) => Err("the trailer names a header the file lacks: it was removed".into()),
+            (Some(a), Some(b)) if a != b => Err(
+                "the header is not the one the trailer names: it was altered after the export".into(),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// The first and last position checked.
@@ -653,6 +684,8 @@ mod tests {
             head: 6,
             head_hash: Some(events[5].hash),
             exported_at: DateTime::UNIX_EPOCH,
+            header_hash: None,
+            signature: None,
         };
         let mut c = ChainCheck::new(None, &[]);
         events.iter().for_each(|e| c.push(e).unwrap());
@@ -677,7 +710,57 @@ mod tests {
         let text = String::from_utf8(line).unwrap();
         assert_eq!(
             crate::parse_line(&text).unwrap(),
-            crate::ExportLine::Trailer(trailer(6, &events[5]))
+            crate::ExportLine::Trailer(Box::new(trailer(6, &events[5])))
         );
+    }
+
+    #[test]
+    fn a_signed_trailer_checks_and_any_change_to_it_or_its_header_is_named() {
+        use crate::signing::{Checked, SigningKey, generate};
+        let events = log(3);
+        let header = json!({"capture": "x"});
+        let key = SigningKey::parse(&generate().unwrap()).unwrap();
+        let mut t = crate::Trailer {
+            format: 1,
+            host: "h".into(),
+            log_start: None,
+            from: 1,
+            to: 3,
+            events: 3,
+            last_hash: Some(events[2].hash),
+            head: 3,
+            head_hash: Some(events[2].hash),
+            exported_at: DateTime::UNIX_EPOCH,
+            header_hash: Some(crate::header_hash(&header)),
+            signature: None,
+        };
+        assert_eq!(t.check_signature(None), Ok(None));
+        t.sign(&key);
+        let public = key.public();
+        assert_eq!(
+            t.check_signature(Some(&public)),
+            Ok(Some(Checked::Proven(public)))
+        );
+        let mut moved = t.clone();
+        moved.head = 2;
+        assert!(
+            moved
+                .check_signature(None)
+                .unwrap_err()
+                .starts_with("bad signature")
+        );
+        // The header must be there, and be the one the trailer names.
+        let mut c = ChainCheck::new(None, &[]);
+        c.header(&header).unwrap();
+        events.iter().for_each(|e| c.push(e).unwrap());
+        assert_eq!(c.check_trailer(&t), Ok(()));
+        assert!(c.header(&header).is_err(), "a header after the events");
+        let mut bare = ChainCheck::new(None, &[]);
+        events.iter().for_each(|e| bare.push(e).unwrap());
+        assert!(bare.check_trailer(&t).unwrap_err().contains("removed"));
+        let mut other = ChainCheck::new(None, &[]);
+        other.header(&json!({"capture": "y"})).unwrap();
+        events.iter().for_each(|e| other.push(e).unwrap());
+        assert!(other.check_trailer(&t).unwrap_err().contains("altered"));
     }
 }

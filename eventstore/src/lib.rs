@@ -34,6 +34,7 @@ mod import;
 mod migrate;
 mod postgres;
 mod reader;
+pub mod signing;
 mod sqlite;
 mod subscribe;
 mod types;
@@ -51,7 +52,9 @@ pub use address::StoreAddress;
 pub use browse::EventFilter;
 pub use chain_watch::ChainWatch;
 pub use error::{Result, StoreError};
-pub use export::{ExportLine, Exported, Trailer, export, parse_line, write_trailer};
+pub use export::{
+    ExportLine, Exported, Trailer, export, header_hash, parse_line, write_header, write_trailer,
+};
 pub use import::{ChainCheck, ImportOptions, Imported};
 pub use postgres::PgStore;
 pub use reader::PageReader;

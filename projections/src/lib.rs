@@ -14,6 +14,7 @@ mod lag;
 mod replay;
 mod router;
 mod runner;
+pub mod story;
 mod tenancy;
 mod usage;
 

@@ -208,6 +208,7 @@ impl Recorder {
             epoch: lease.token.epoch,
             admin: None,
             agent: None,
+            settings: None,
         });
         let (w, origin) = self.leading()?;
         self.decider.record(&w, &origin, e).await?;

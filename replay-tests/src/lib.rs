@@ -6,11 +6,19 @@
 //! into a real SQLite store), and the replay tests. What must not:
 //! production code.
 //!
-//! A fixture is a log as `llmgw events export` writes it, so a real
-//! incident becomes a test by exporting, trimming to the interesting range
-//! and committing it (see `fixtures/README.md`).
+//! A fixture is a log as `llmgw events export` writes it. A real incident
+//! becomes a test with `llmgw events capture` (see `fixtures/README.md`),
+//! which writes the fixture with a header, a test that replays it through
+//! [`timeline::Timeline`], and the story of it as the test's first snapshot.
 
 pub mod incidents;
+pub mod timeline;
+
+/// `fixtures/README.md`, whose Rust example runs as a doctest, so the guide
+/// cannot drift from the helpers it teaches.
+#[doc = include_str!("../fixtures/README.md")]
+#[cfg(doctest)]
+pub struct FixturesReadme;
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +49,7 @@ pub fn read_log(path: &Path) -> anyhow::Result<Vec<RecordedEvent>> {
             ExportLine::Trailer(t) => check
                 .check_trailer(&t)
                 .map_err(|r| anyhow!("{}: {r}", at()))?,
+            ExportLine::Header(h) => check.header(&h).map_err(|r| anyhow!("{}: {r}", at()))?,
             ExportLine::Event(e) => {
                 check.push(&e).map_err(|r| anyhow!("{}: {r}", at()))?;
                 events.push(*e);

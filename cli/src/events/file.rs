@@ -6,6 +6,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 use anyhow::Context;
+use llmgw_eventstore::signing::{Checked, PublicKey};
 use llmgw_eventstore::{ChainCheck, ExportLine, RecordedEvent, Trailer, hash, parse_line};
 use serde::Deserialize;
 
@@ -36,6 +37,26 @@ impl std::fmt::Display for Anchor {
     }
 }
 
+/// `--public-key`: 64 hex digits, or a file holding them or a PEM public
+/// key (`openssl pkey -pubout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyArg(pub(crate) PublicKey);
+
+impl std::str::FromStr for KeyArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(k) = PublicKey::parse(s) {
+            return Ok(KeyArg(k));
+        }
+        let text = std::fs::read_to_string(s)
+            .map_err(|e| format!("{s:?} is neither 64 hex digits nor a readable file: {e}"))?;
+        PublicKey::parse(&text)
+            .map(KeyArg)
+            .map_err(|e| format!("{s}: {e}"))
+    }
+}
+
 /// What an export's first line may say besides the event.
 #[derive(Debug, Deserialize)]
 struct FirstLine {
@@ -52,11 +73,51 @@ pub(crate) struct ExportFile {
     pub(crate) prev_hash: Option<[u8; 32]>,
     pub(crate) first: Option<RecordedEvent>,
     pub(crate) trailer: Option<Trailer>,
-    anchors: Vec<(u64, [u8; 32])>,
+    /// The capture header, if the file begins with one.
+    pub(crate) header: Option<serde_json::Value>,
+    /// What the trailer's signature check found (`None`: not signed).
+    pub(crate) signature: Option<Checked>,
+    /// The key the signature must be by (`--public-key`).
+    trusted: Option<PublicKey>,
+    /// The hashes of the last events read, for the anchors the log records
+    /// (an anchor names a position just before its own).
+    recent: std::collections::VecDeque<(u64, [u8; 32])>,
+    /// The last `AnchorRecorded` read, and whether its hash was checked.
+    pub(crate) last_anchor: Option<LogAnchor>,
+}
+
+/// An anchor the log recorded (`AnchorRecorded`), as a check found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LogAnchor {
+    pub(crate) anchor: Anchor,
+    /// The position of the event that recorded it, and when.
+    pub(crate) event: u64,
+    pub(crate) recorded_at: chrono::DateTime<chrono::Utc>,
+    /// False when the anchored position was not there to compare with.
+    pub(crate) checked: bool,
+}
+
+/// How many recent hashes a file check keeps for the log's anchors.
+const RECENT: usize = 4096;
+
+/// The anchor an `AnchorRecorded` event names, if `e` is one.
+pub(crate) fn recorded_anchor(e: &RecordedEvent) -> Option<Anchor> {
+    if e.event_type != "AnchorRecorded" {
+        return None;
+    }
+    Some(Anchor {
+        position: e.payload["position"].as_u64()?,
+        hash: hash::from_hex(e.payload["hash"].as_str()?)?,
+    })
 }
 
 impl ExportFile {
-    pub(crate) fn open(input: &Path, anchors: &[Anchor]) -> anyhow::Result<Self> {
+    /// `trusted`: the public key the trailer must be signed with.
+    pub(crate) fn open(
+        input: &Path,
+        anchors: &[Anchor],
+        trusted: Option<PublicKey>,
+    ) -> anyhow::Result<Self> {
         let reader: Box<dyn Read + Send> = if input.as_os_str() == "-" {
             Box::new(std::io::stdin())
         } else {
@@ -68,11 +129,21 @@ impl ExportFile {
         Ok(ExportFile {
             reader: Box::new(BufReader::with_capacity(1 << 20, reader)),
             line: 0,
-            check: ChainCheck::default(),
+            check: ChainCheck::new(
+                None,
+                &anchors
+                    .iter()
+                    .map(|a| (a.position, a.hash))
+                    .collect::<Vec<_>>(),
+            ),
             prev_hash: None,
             first: None,
             trailer: None,
-            anchors: anchors.iter().map(|a| (a.position, a.hash)).collect(),
+            header: None,
+            signature: None,
+            trusted,
+            recent: std::collections::VecDeque::with_capacity(RECENT),
+            last_anchor: None,
         })
     }
 
@@ -88,11 +159,16 @@ impl ExportFile {
                 .read_line(&mut text)
                 .map_err(|e| format!("line {}: cannot read: {e}", self.line))?;
             if n == 0 {
-                return self
-                    .check
+                self.check
                     .finish()
-                    .map(|()| None)
-                    .map_err(|r| format!("at the end of the file: {r}"));
+                    .map_err(|r| format!("at the end of the file: {r}"))?;
+                if let (Some(key), None) = (&self.trusted, &self.signature) {
+                    return Err(format!(
+                        "at the end of the file: it is not signed (no signed trailer), and --public-key asks for a signature by {}",
+                        key.short()
+                    ));
+                }
+                return Ok(None);
             }
             if text.trim().is_empty() {
                 continue;
@@ -113,7 +189,17 @@ impl ExportFile {
                     self.check
                         .check_trailer(&t)
                         .map_err(|r| format!("line {} (the trailer): {r}", self.line))?;
-                    self.trailer = Some(t);
+                    self.signature = t
+                        .check_signature(self.trusted.as_ref())
+                        .map_err(|r| format!("line {} (the trailer): {r}", self.line))?;
+                    self.trailer = Some(*t);
+                    continue;
+                }
+                ExportLine::Header(h) => {
+                    self.check
+                        .header(&h)
+                        .map_err(|r| format!("line {}: {r}", self.line))?;
+                    self.header = Some(h);
                     continue;
                 }
                 ExportLine::Event(_) if self.trailer.is_some() => {
@@ -130,8 +216,42 @@ impl ExportFile {
             self.check
                 .push(&event)
                 .map_err(|r| format!("line {} (position {}): {r}", self.line, event.position))?;
+            self.anchored(&event)
+                .map_err(|r| format!("line {} (position {}): {r}", self.line, event.position))?;
             return Ok(Some(event));
         }
+    }
+
+    /// Keeps the event's hash; checks the anchor it records, if it is one.
+    fn anchored(&mut self, e: &RecordedEvent) -> Result<(), String> {
+        if let Some(a) = recorded_anchor(e) {
+            let found = self
+                .recent
+                .iter()
+                .rev()
+                .find(|(p, _)| *p == a.position)
+                .map(|(_, h)| *h);
+            if let Some(h) = found
+                && h != a.hash
+            {
+                return Err(format!(
+                    "the anchor recorded here names {a}, but the file's hash at {} is {}: the log before it was rewritten",
+                    a.position,
+                    hash::to_hex(&h[..6])
+                ));
+            }
+            self.last_anchor = Some(LogAnchor {
+                anchor: a,
+                event: e.position,
+                recorded_at: e.recorded_at,
+                checked: found.is_some(),
+            });
+        }
+        if self.recent.len() == RECENT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((e.position, e.hash));
+        Ok(())
     }
 
     /// The first event: the predecessor hash its line names starts the
@@ -146,7 +266,7 @@ impl ExportFile {
             ),
             None => None,
         };
-        self.check = ChainCheck::new(self.prev_hash, &self.anchors);
+        self.check.set_predecessor(self.prev_hash);
         self.first = Some(event.clone());
         Ok(())
     }

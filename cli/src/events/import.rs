@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use llmgw_eventstore::signing::PublicKey;
 use llmgw_eventstore::{
     AnyStore, EventStore, ImportOptions, RecordedEvent, StoreAddress, StoreError,
 };
@@ -64,10 +65,11 @@ pub(super) async fn run(
     input: &Path,
     from_anchor: bool,
     anchors: &[Anchor],
+    key: Option<PublicKey>,
 ) -> anyhow::Result<Outcome> {
     // The first event says where the file joins (its predecessor's hash):
     // read it before taking the lease.
-    let mut file = ExportFile::open(input, anchors)?;
+    let mut file = ExportFile::open(input, anchors, key)?;
     let first = file
         .next_event()
         .map_err(|r| anyhow::Error::new(StoreError::ImportRefused(r)))?;

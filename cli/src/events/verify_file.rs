@@ -5,11 +5,13 @@
 //! hash over its content and the hash before it, and its trailer over its
 //! end): an edit whose later hashes were recomputed passes that. Proof
 //! needs something the editor could not change: the source store itself
-//! (`--against`), or an anchor held from it (`--anchor`).
+//! (`--against`), an anchor held from it (`--anchor`), or the server's
+//! signature over the trailer checked with its public key (`--public-key`).
 
 use std::io::Write;
 use std::path::Path;
 
+use llmgw_eventstore::signing::{Checked, PublicKey};
 use llmgw_eventstore::{AnyStore, EventStore, StoreAddress, hash};
 use serde_json::json;
 
@@ -90,9 +92,10 @@ pub(super) async fn run(
     input: &Path,
     against: Option<&str>,
     anchors: &[Anchor],
+    key: Option<PublicKey>,
     json: bool,
 ) -> anyhow::Result<Outcome> {
-    let mut file = ExportFile::open(input, anchors)?;
+    let mut file = ExportFile::open(input, anchors, key)?;
     let mut problem = loop {
         match file.next_event() {
             Ok(Some(_)) => {}
@@ -123,7 +126,17 @@ pub(super) async fn run(
                 "first_linked": file.check.first_linked(),
                 "trailer": file.trailer,
                 "anchors": anchors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                "signature": file.signature.as_ref().map(|c| match c {
+                    Checked::Proven(k) => json!({"key": k.to_string(), "proven": true}),
+                    Checked::SelfConsistent(k) => json!({"key": k.to_string(), "proven": false}),
+                }),
                 "against": proven,
+                "last_anchor": file.last_anchor.as_ref().map(|a| json!({
+                    "anchor": a.anchor.to_string(),
+                    "event": a.event,
+                    "recorded_at": when(a.recorded_at),
+                    "checked": a.checked,
+                })),
             }),
         )?;
     } else if let Some(p) = &problem {
@@ -159,17 +172,37 @@ pub(super) async fn run(
                 "no trailer: a file cut at a line boundary cannot be told from a whole one"
             )?,
         }
+        match &file.signature {
+            Some(Checked::Proven(k)) => writeln!(
+                out,
+                "signature: good, by the key given ({}): the server that holds it wrote this export",
+                k.short()
+            )?,
+            Some(Checked::SelfConsistent(k)) => writeln!(
+                out,
+                "signature: good by the key the trailer names ({}); give --public-key with the server's key to prove who signed",
+                k.short()
+            )?,
+            None if file.trailer.is_some() => {
+                writeln!(out, "signature: none (the exporter had no signing key)")?
+            }
+            None => {}
+        }
         for a in anchors {
             writeln!(out, "anchor {a}: matches")?;
+        }
+        if let Some(a) = &file.last_anchor {
+            writeln!(out, "{}", super::log_anchor_line(a))?;
         }
         if let (Some(p), Some(address)) = (&proven, against) {
             let shown = StoreAddress::parse(address).map_or(address.to_owned(), |a| a.redacted());
             writeln!(out, "against {shown}: {p}")?;
         }
-        if anchors.is_empty() && against.is_none() {
+        let signed = matches!(file.signature, Some(Checked::Proven(_)));
+        if anchors.is_empty() && against.is_none() && !signed {
             writeln!(
                 out,
-                "not proven: nothing outside the file anchors it, so an edit with its later hashes recomputed would pass; give --against STORE or --anchor HASH@POSITION"
+                "not proven: nothing outside the file anchors it, so an edit with its later hashes recomputed would pass; give --against STORE, --anchor HASH@POSITION or --public-key KEY"
             )?;
         }
     }

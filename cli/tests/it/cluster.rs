@@ -433,6 +433,8 @@ async fn a_killed_node_loses_no_stream_and_its_replica_is_rebuilt_on_a_survivor(
         lost_after.as_secs_f64(),
         rebuilt_after.as_secs_f64(),
     );
+    // The incident, captured from this log, is a replay test as written.
+    super::capture::a_live_node_loss_becomes_a_passing_test(&store, &victim);
     drop(agents);
     drop(server);
     drop(sweep);

@@ -80,6 +80,14 @@ fn chain_head(address: &str) -> String {
     stats["chain_head"].as_str().unwrap().to_owned()
 }
 
+/// A new Ed25519 key in `dir`: its file and its public half (hex).
+fn signing_key(dir: &tempfile::TempDir, name: &str) -> (String, String) {
+    use llmgw_eventstore::signing::{SigningKey, generate};
+    let pem = generate().unwrap();
+    let public = SigningKey::parse(&pem).unwrap().public().to_string();
+    (write(dir, name, &pem), public)
+}
+
 fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
     let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
@@ -238,6 +246,25 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
     holed.remove(4);
     let gap = write(&dir, "gap.jsonl", &(holed.join("\n") + "\n"));
     let foreign = write(&dir, "foreign.jsonl", &export(&other_log, &["--from", "8"]));
+    // Signed by the source's key, then its trailer altered; and a file
+    // signed by someone else's key.
+    let (key, public) = signing_key(&dir, "source.key");
+    let (other_key, _) = signing_key(&dir, "other.key");
+    let signed = export_whole(&source, &["--sign-key", &key]);
+    let resigned = signed.replace("\"head\":14", "\"head\":15");
+    assert_ne!(signed, resigned);
+    let bad_signature = write(&dir, "bad-signature.jsonl", &resigned);
+    let someone_else = write(
+        &dir,
+        "someone-else.jsonl",
+        &export_whole(&source, &["--sign-key", &other_key]),
+    );
+    let with_key = |file: &str| -> Vec<String> {
+        ["events", "import", "--public-key", &public, file]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
     let anchored = |file: &str| -> Vec<String> {
         ["events", "import", "--anchor", &anchor, file]
             .iter()
@@ -287,6 +314,30 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
             vec!["events".into(), "import".into(), foreign],
             "position 8: does not follow this store's head at 7",
         ),
+        (
+            "a bad signature",
+            copy.as_str(),
+            vec!["events".into(), "import".into(), bad_signature.clone()],
+            "(the trailer): bad signature: key",
+        ),
+        (
+            "a bad signature, with the source's key",
+            nowhere,
+            with_key(&bad_signature),
+            "bad signature",
+        ),
+        (
+            "signed by another key",
+            nowhere,
+            with_key(&someone_else),
+            "not by the key given",
+        ),
+        (
+            "not signed, and the key asks for a signature",
+            nowhere,
+            with_key(&write(&dir, "unsigned.jsonl", &export_whole(&source, &[]))),
+            "it is not signed",
+        ),
     ];
     for (what, store, args, says) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -315,6 +366,13 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
         said.contains("positions 8..=14; 7 were already present"),
         "{said}"
     );
+    // The source's signed export is taken on its key.
+    let (fresh, _s4) = Scratch::new(b).await;
+    let signed = write(&dir, "signed.jsonl", &signed);
+    let args = with_key(&signed);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&fresh, &args);
+    assert_eq!(chain_head(&fresh), anchor);
 }
 
 fn positions(text: &str) -> Vec<u64> {
@@ -499,6 +557,44 @@ async fn verify_file_proves_an_export_against_its_store_or_an_anchor(b: Backend)
     let (code, said) = verify_file(&["--file", &range, "--against", &other_log]);
     assert_eq!(code, Some(1), "{said}");
     assert!(said.contains("TAMPERED: position 12 differs"), "{said}");
+
+    // Signed with the server's key: the public key proves it, on its own.
+    let (key, public) = signing_key(&dir, "server.key");
+    let signed = write(
+        &dir,
+        "signed.jsonl",
+        &export_whole(&source, &["--sign-key", &key]),
+    );
+    let (code, said) = verify_file(&["--file", &signed, "--public-key", &public]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "signature: good, by the key given ({})",
+            &public[..16]
+        )) && !said.contains("not proven"),
+        "{said}"
+    );
+    let (code, said) = verify_file(&["--file", &signed]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("give --public-key") && said.contains("not proven"),
+        "{said}"
+    );
+    let forged_signed = write(
+        &dir,
+        "forged-signed.jsonl",
+        &std::fs::read_to_string(&signed)
+            .unwrap()
+            .replace("\"head\":16", "\"head\":17"),
+    );
+    let (code, said) = verify_file(&["--file", &forged_signed, "--public-key", &public]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("TAMPERED") && said.contains("bad signature"),
+        "{said}"
+    );
+    let (code, said) = verify_file(&["--file", &whole, "--public-key", &public]);
+    assert_eq!(code, Some(1), "an unsigned file, a key asked for: {said}");
 
     let report = &json_lines(&verify_file(&["--file", &whole, "--json"]).1)[0];
     assert_eq!(

@@ -13,7 +13,9 @@ use llmgw_eventstore::{
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
+mod anchors;
 mod browser;
+mod capture;
 mod cluster;
 mod connections;
 mod conversations;
@@ -1646,6 +1648,10 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         assert!(table.contains(m), "{table}");
     }
 
+    let anchors_file = dir.path().join("anchors.jsonl").display().to_string();
+    let key_file = dir.path().join("signing.key");
+    std::fs::write(&key_file, llmgw_eventstore::signing::generate().unwrap()).unwrap();
+    let key_file = key_file.display().to_string();
     let run = |text: &str, env: &[(&str, &str)]| {
         let f = dir.path().join("s.yaml");
         std::fs::write(&f, text).unwrap();
@@ -1686,6 +1692,36 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             format!("{good}\nlisten_typo: 1\n"),
             vec![],
             "unknown field `listen_typo`",
+        ),
+        // Anchors: a sink with no cadence, a zero cadence, a sink nowhere,
+        // and a key that is missing or has nothing to sign.
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__ANCHORS__FILE", anchors_file.as_str())],
+            "control.anchors needs every_events or every",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__ANCHORS__EVERY_EVENTS", "0")],
+            "every_events must be at least 1",
+        ),
+        (
+            good.clone(),
+            vec![
+                ("LLMGW_CONTROL__ANCHORS__EVERY", "10m"),
+                ("LLMGW_CONTROL__ANCHORS__FILE", "/no/such/dir/anchors.jsonl"),
+            ],
+            "not a file in an existing directory",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__SIGNING_KEY", "/no/such/key.pem")],
+            "control.signing_key: cannot read",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__SIGNING_KEY", key_file.as_str())],
+            "control.signing_key signs the anchors",
         ),
     ];
     for (text, env, says) in cases {

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+mod anchors;
 mod clocks;
 mod fence;
 mod harness;

@@ -158,10 +158,19 @@ pub(crate) fn every_event() -> Vec<Event> {
             epoch: 3,
             admin: None,
             agent: None,
+            settings: Some(llmgw_domain::event::ControlSettings {
+                lost_after_ms: 60_000,
+                anchor_every_events: Some(1000),
+                ..Default::default()
+            }),
         }),
         Event::Leadership(LeadershipEvent::LeadershipReleased {
             holder: "ctl-a".into(),
             epoch: 3,
+        }),
+        Event::Leadership(LeadershipEvent::AnchorRecorded {
+            position: 41,
+            hash: "ab".repeat(32),
         }),
         Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
             model: "llama".into(),
@@ -274,4 +283,5 @@ fn streams_group_events_by_the_thing_they_are_about() {
     assert_eq!(streams[32], "key-k");
     assert_eq!(streams[34], "usage-k");
     assert_eq!(streams[35], "leadership");
+    assert_eq!(streams[37], "anchors");
 }

@@ -3,6 +3,9 @@
 
 #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
 
+mod captured;
+mod coverage;
+
 use std::collections::BTreeSet;
 
 use llmgw_domain::Event;
@@ -193,6 +196,7 @@ fn the_version_1_log_still_decodes() {
         "NodeJoined",
         "ThreadsSet",
         "MemorySet",
+        "AnchorRecorded",
     ];
     let v1: BTreeSet<String> = Event::types()
         .filter(|(t, v)| *v == 1 && !BORN_AFTER_FREEZE.contains(t))
