@@ -179,7 +179,9 @@ impl Timeline {
     /// short name).
     pub fn is_about(&self, e: &RecordedEvent, thing: &str) -> bool {
         let id = self.id(thing);
-        e.stream_id == id || e.stream_id.ends_with(&format!("-{id}")) || names(&e.payload, id)
+        e.stream_id == id
+            || e.stream_id.split_once('-').is_some_and(|(_, rest)| rest == id)
+            || names(&e.payload, id)
     }
 
     /// Every event of `event_type` about `thing`.
