@@ -180,7 +180,9 @@ impl Timeline {
     pub fn is_about(&self, e: &RecordedEvent, thing: &str) -> bool {
         let id = self.id(thing);
         e.stream_id == id
-            || e.stream_id.split_once('-').is_some_and(|(_, rest)| rest == id)
+            || e.stream_id
+                .split_once('-')
+                .is_some_and(|(_, rest)| rest == id)
             || names(&e.payload, id)
     }
 
