@@ -86,6 +86,11 @@ impl UsageReceiver {
         self.rx.recv().await
     }
 
+    /// A record already waiting, if any.
+    pub fn try_recv(&mut self) -> Option<FinishedRequest> {
+        self.rx.try_recv().ok()
+    }
+
     /// The counts, readable after the receiver has gone to the batcher.
     pub fn counts(&self) -> Arc<UsageCounts> {
         self.counts.clone()
