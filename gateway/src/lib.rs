@@ -210,6 +210,7 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
             axum::routing::delete(convo::delete_thread),
         )
         .merge(convo::memory_routes())
+        .merge(convo::mcp_routes())
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(info::ready))
         .with_state(gw)

@@ -57,6 +57,7 @@ pub fn app(state: Arc<SimState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_key,
@@ -428,6 +429,31 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// vLLM's `/tokenize`: a chat (`messages`, with `add_generation_prompt`,
+/// on unless turned off) or a text (`prompt`), counted exactly as this
+/// engine counts its prompts, so that a gateway that trims to the count
+/// sends what fits. The ids are positions: nothing reads them.
+async fn tokenize(State(state): State<Arc<SimState>>, body: Bytes) -> Result<Response, ApiError> {
+    let v: Value =
+        serde_json::from_slice(&body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
+    if let Some(model) = v["model"].as_str()
+        && !state.config.models.iter().any(|m| m == model)
+    {
+        return Err(unknown_model(model));
+    }
+    let prompt = if v.get("messages").is_some() {
+        crate::text::chat(&v, false)
+    } else {
+        crate::text::completion(&v)
+    }
+    .map_err(bad_request)?;
+    Ok(axum::Json(json!({
+        "count": prompt.tokens,
+        "tokens": (0..prompt.tokens).collect::<Vec<u64>>(),
+    }))
+    .into_response())
 }
 
 async fn embeddings(

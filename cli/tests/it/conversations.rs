@@ -128,7 +128,7 @@ async fn setup(
     let engine = engine();
     let e = engine.addr_after("listening on ");
     let extra = "auth: {enabled: true, flush_interval: 50ms}\n\
-                 conversations: {default_context: 320, sweep_interval: 100ms}\n";
+                 conversations: {default_context: 220, sweep_interval: 100ms}\n";
     let server = start(&config(dir, "convo", &store, &e, Mode::RouterOnly, extra));
     for p in ["p", "q"] {
         keys_ok(
@@ -218,8 +218,11 @@ async fn threads_story(backend: Backend) {
         "the second model got the whole history, the first model's reply included"
     );
 
-    // Turn 3 no longer fits 320 tokens: the oldest turn goes, the system
-    // message and the new turn stay.
+    // Turn 3 no longer fits 220 tokens: the oldest turn goes, the system
+    // message and the new turn stay. The engine counted (the sim answers
+    // vLLM's /tokenize): turn 2, 165 tokens, was sent whole, where the
+    // gateway's estimate (three bytes a token of the JSON) would have
+    // trimmed it.
     let u3 = "3".repeat(300);
     let (_, tokens, trimmed) = c
         .turn(&kp, "t1", "paid", json!([{"role": "user", "content": u3}]))
@@ -508,6 +511,120 @@ on_both! {
     threads_on_postgres: threads_story(Backend::Postgres);
     memory_on_sqlite: memory_story(Backend::Sqlite);
     memory_on_postgres: memory_story(Backend::Postgres);
+    mcp_on_sqlite: mcp_story(Backend::Sqlite);
+    mcp_on_postgres: mcp_story(Backend::Postgres);
+}
+
+/// The notes as MCP tools, driven by the official MCP Python SDK
+/// (`scripts/test` installs it): the same notes as /v1/memory, the key
+/// checked before anything is read, and no event stream offered.
+async fn mcp_story(backend: Backend) {
+    use reqwest::Method;
+    let probe = Command::new("python3").args(["-c", "import mcp"]).output();
+    assert!(
+        probe.as_ref().is_ok_and(|o| o.status.success()),
+        "the MCP Python SDK is needed: python3 -m pip install mcp==1.30.0 (scripts/test does this)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch, _engine, server, kp, kq) = setup(backend, dir.path()).await;
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "0"}}});
+    let r = c
+        .http
+        .post(format!("{}/mcp", c.base))
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no key, no MCP");
+    let r = c
+        .http
+        .get(format!("{}/mcp", c.base))
+        .bearer_auth(&kp)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405, "no server-sent event stream");
+    let r = c
+        .http
+        .post(format!("{}/mcp", c.base))
+        .bearer_auth(&kp)
+        .header("origin", "http://evil.example")
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a foreign origin is refused");
+
+    keys_ok(
+        &store,
+        &server.admin,
+        &["memory", "--project", "p", "--retain-hours", "24"],
+    );
+    let (status, _) = c
+        .memory(
+            &kp,
+            None,
+            Method::PUT,
+            "/from-rest",
+            Some(json!({"text": "Written through the REST API"})),
+        )
+        .await;
+    assert_eq!(status, 201);
+
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/mcp_client.py");
+    let (base, key) = (c.base.clone(), kp.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .arg(base)
+            .arg(key)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (status, v) = c.memory(&kp, None, Method::GET, "/from-mcp", None).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["text"], "Written through MCP");
+    assert_eq!(v["tags"], json!(["mcp"]));
+    let (status, _) = c.memory(&kp, None, Method::GET, "/rack-plan", None).await;
+    assert_eq!(status, 404, "forgotten through MCP");
+
+    // A project without notes: the tool says so, as a result the model reads.
+    let v: Value = c
+        .http
+        .post(format!("{}/mcp", c.base))
+        .bearer_auth(&kq)
+        .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "recall", "arguments": {"key": "from-mcp"}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["id"], 7);
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert!(
+        v["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("llmgw keys memory --project q"),
+        "{v}"
+    );
 }
 
 /// Without keys: no conversations unless a `threads:` block makes one
@@ -605,7 +722,7 @@ control:
   interval: 200ms
 models:
   - name: paid
-    context_length: 320
+    context_length: 220
     scaling: {{min: 0, max: 1}}
     profiles: [{{name: sim, engine: sim}}]
 "#
@@ -655,7 +772,7 @@ models:
         .await;
     assert_eq!(
         trimmed, "1",
-        "320 tokens from the catalog, not the default's 100000"
+        "220 tokens from the catalog, not the default's 100000"
     );
     assert_eq!(
         tokens,
@@ -679,4 +796,129 @@ models:
         switch.contains("alice") && switch.contains("cp-convo"),
         "decided by the leader for alice: {switch}"
     );
+}
+
+/// Two servers on one PostgreSQL: the switches thrown at the standby are
+/// decided by the leader, and a thread or a note written through one
+/// server is read through the other (the tables are the store's, not a
+/// server's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_share_threads_and_notes_and_the_standby_forwards_the_switches() {
+    use super::tenancy::new_key;
+    use reqwest::Method;
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth: {enabled: true, flush_interval: 50ms}\n\
+                 conversations: {default_context: 100000}\n";
+    let a = start(&config(
+        dir.path(),
+        "cp-a",
+        &store,
+        &e,
+        Mode::Control,
+        extra,
+    ));
+    leads(&a.admin).await;
+    let b = start(&config(
+        dir.path(),
+        "cp-b",
+        &store,
+        &e,
+        Mode::Control,
+        extra,
+    ));
+    keys_ok(
+        &store,
+        &b.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let (kp, _) = new_key(&store, &b.admin, "agent");
+    keys_ok(
+        &store,
+        &b.admin,
+        &["threads", "--project", "p", "--capture"],
+    );
+    keys_ok(
+        &store,
+        &b.admin,
+        &["memory", "--project", "p", "--retain-hours", "24"],
+    );
+    let (ca, cb) = (
+        Client {
+            http: reqwest::Client::new(),
+            base: a.base.clone(),
+        },
+        Client {
+            http: reqwest::Client::new(),
+            base: b.base.clone(),
+        },
+    );
+    // Each server's views follow the log: both see the switch in time.
+    for c in [&ca, &cb] {
+        until("the server to see the switch", || async {
+            let r = c.memory(&kp, None, Method::GET, "/none", None).await;
+            (r.0 == 404).then_some(())
+        })
+        .await;
+    }
+
+    let sys = ("system", "be brief");
+    let u1 = "tell me about racks";
+    let (a1, _, _) = ca
+        .turn(
+            &kp,
+            "shared",
+            "free",
+            json!([{"role": "system", "content": sys.1}, {"role": "user", "content": u1}]),
+        )
+        .await;
+    let (_, tokens, _) = cb
+        .turn(
+            &kp,
+            "shared",
+            "free",
+            json!([{"role": "user", "content": "and?"}]),
+        )
+        .await;
+    assert_eq!(
+        tokens,
+        sim_tokens(&[sys, ("user", u1), ("assistant", &a1), ("user", "and?")]),
+        "the standby's gateway sent the history the leader's kept"
+    );
+
+    let (status, _) = cb
+        .memory(
+            &kp,
+            Some("ops"),
+            Method::PUT,
+            "/racks",
+            Some(json!({"text": "one rack at a time", "tags": ["ops"]})),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let (status, v) = ca
+        .memory(&kp, Some("ops"), Method::GET, "/racks", None)
+        .await;
+    assert_eq!(
+        (status, v["text"].as_str()),
+        (200, Some("one rack at a time"))
+    );
+
+    let events = super::ok(
+        &store,
+        &["events", "tail", "--json", "--from", "1", "--limit", "1000"],
+    );
+    for kind in ["ThreadsSet", "MemorySet"] {
+        let switch = super::json_lines(&events)
+            .into_iter()
+            .find(|e| e["event_type"] == kind)
+            .unwrap_or_else(|| panic!("{kind} is in the log"));
+        assert_eq!(
+            switch["metadata"]["writer"], "cp-a",
+            "the leader decided it: {switch}"
+        );
+        assert_eq!(switch["metadata"]["actor"], "alice");
+    }
 }

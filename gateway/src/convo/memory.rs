@@ -30,7 +30,7 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
 /// Searches return at most this many notes unless `limit` says fewer.
 const MAX_RESULTS: u32 = 100;
 
-fn note_json(n: &Note) -> Value {
+pub(super) fn note_json(n: &Note) -> Value {
     let at = |us: i64| {
         chrono::DateTime::from_timestamp_micros(us)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))

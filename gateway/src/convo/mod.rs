@@ -8,8 +8,10 @@
 //! A request that names a thread reads its history from the store: the
 //! one place a request waits on the database, and only when it asked to.
 
+mod mcp;
 mod memory;
 mod threads;
+mod tokenize;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +22,7 @@ use llmgw_domain::conversations::{MemorySetting, ThreadsSetting};
 
 use crate::{ApiError, Gateway};
 
+pub(crate) use mcp::routes as mcp_routes;
 pub(crate) use memory::routes as memory_routes;
 pub(crate) use threads::{Turn, delete as delete_thread, thread_header};
 

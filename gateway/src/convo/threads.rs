@@ -53,7 +53,7 @@ fn cost(m: &Value) -> u64 {
     crate::limits::estimate_tokens(m.to_string().len(), None) + 4
 }
 
-fn is_system(m: &Value) -> bool {
+pub(super) fn is_system(m: &Value) -> bool {
     matches!(
         m.get("role").and_then(Value::as_str),
         Some("system" | "developer")
@@ -97,16 +97,17 @@ pub(crate) async fn open_turn(
             ));
         }
     };
-    let context = {
+    let (canonical, context) = {
         let routes = gw.routes.load();
         let asked = request.get("model").and_then(Value::as_str).unwrap_or("");
         let canonical = routes.canonical(asked).to_owned();
         // Any of the models may serve it: fit the smallest.
-        std::iter::once(&canonical)
+        let context = std::iter::once(&canonical)
             .chain(routes.fallbacks(&canonical))
             .filter_map(|m| routes.context(m))
             .min()
-            .unwrap_or(keeper.settings.default_context)
+            .unwrap_or(keeper.settings.default_context);
+        (canonical, context)
     };
     let reserve = ["max_completion_tokens", "max_tokens"]
         .iter()
@@ -123,7 +124,18 @@ pub(crate) async fn open_turn(
         .filter(|m| !(is_system(m) && history.contains(m)))
         .cloned()
         .collect();
-    let (mut messages, trimmed) = trim(history, &new, u64::from(context).saturating_sub(reserve));
+    let budget = u64::from(context).saturating_sub(reserve);
+    // The asked model's engine counts when it can (a fallback's tokenizer
+    // may differ, but its context is within the budget too); else the
+    // estimate, which never undercounts.
+    let counted = match super::tokenize::Tokenizer::for_model(gw, &canonical) {
+        Some(t) => super::tokenize::trim_counted(&history, &new, budget, &t).await,
+        None => None,
+    };
+    let (mut messages, trimmed) = match counted {
+        Some(done) => done,
+        None => trim(history, &new, budget),
+    };
     messages.extend(new);
     if let Some(obj) = request.as_object_mut() {
         obj.insert("messages".into(), Value::Array(messages));
