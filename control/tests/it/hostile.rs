@@ -18,7 +18,7 @@ use prost::bytes::{Buf, BufMut};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
-use crate::harness::{Agent, Server, fast, register, sim_model, types};
+use crate::harness::{Agent, Server, eventually, fast, register, sim_model, types};
 
 /// Messages as bytes, whatever they hold.
 #[derive(Debug, Clone, Copy, Default)]
@@ -444,11 +444,22 @@ async fn still_serving(s: &Server) {
         agent.next().await,
         control_message::Msg::Ack(a) if a.ok
     ));
-    let nodes = s.get("/api/v1/nodes").await;
-    assert!(
-        nodes.as_array().unwrap().iter().any(|n| n["id"] == "after"),
-        "{nodes}"
-    );
+    // The Ack follows the append; the admin API reads the views, which
+    // follow the log a moment later.
+    eventually(
+        s,
+        "the node registered after the storm to be listed",
+        || async {
+            let nodes = s.get("/api/v1/nodes").await;
+            nodes
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["id"] == "after")
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 #[test]
