@@ -39,122 +39,156 @@ pub(crate) enum AgentCommand {
     Run(Box<RunArgs>),
 }
 
-#[derive(Debug, clap::Args)]
+/// Every setting is a flag, an `LLMGW_AGENT_…` variable and a key of
+/// `--config` alike (the key as the flag, `_` for `-`; lists plural): a
+/// flag or variable wins over the file, the file over the default.
+#[derive(Debug, Default, clap::Args, serde::Serialize)]
 pub(crate) struct RunArgs {
+    /// A YAML file (TOML if it ends in .toml) with any of the settings
+    /// below as keys: `servers: [..]`, `labels: {k: v}`, `fabrics: {name:
+    /// [hca, ..]}`, `model_dirs: [..]`, the rest as the flags. Unknown keys
+    /// are refused.
+    #[arg(long, env = "LLMGW_AGENT_CONFIG")]
+    #[serde(skip)]
+    pub(crate) config: Option<PathBuf>,
+    /// Print the settings the agent would run with (the file, the
+    /// variables and the flags resolved) as JSON and exit; nothing
+    /// connects. Exit 2 with the reason when they are wrong.
+    #[arg(long)]
+    #[serde(skip)]
+    pub(crate) check: bool,
     /// A control plane's agent endpoint, `http://host:7443`; repeat for
     /// several (a standby refuses and the next is tried).
-    #[arg(
-        long = "server",
-        env = "LLMGW_AGENT_SERVERS",
-        value_delimiter = ',',
-        required = true
-    )]
-    servers: Vec<String>,
+    #[arg(long = "server", env = "LLMGW_AGENT_SERVERS", value_delimiter = ',')]
+    pub(crate) servers: Vec<String>,
     /// This node's id (default: the hostname).
-    #[arg(long, env = "LLMGW_NODE_ID")]
-    node_id: Option<String>,
-    /// The address engines are reached on (never a fabric address).
-    #[arg(long, env = "LLMGW_MGMT_ADDR", default_value = "127.0.0.1")]
-    mgmt_addr: String,
-    /// Seconds between heartbeats (fractions allowed).
-    #[arg(long, default_value_t = 5.0)]
-    heartbeat_s: f64,
-    /// The longest wait between reconnection attempts, in seconds.
-    #[arg(long, default_value_t = 30.0)]
-    reconnect_max_s: f64,
+    #[arg(long, env = "LLMGW_AGENT_NODE_ID")]
+    pub(crate) node_id: Option<String>,
+    /// The address engines are reached on, never a fabric address
+    /// (default: this host's address on the route to the first server).
+    #[arg(long, env = "LLMGW_AGENT_MGMT_ADDR")]
+    pub(crate) mgmt_addr: Option<String>,
+    /// Seconds between heartbeats, fractions allowed (default 5).
+    #[arg(long, env = "LLMGW_AGENT_HEARTBEAT_S")]
+    pub(crate) heartbeat_s: Option<f64>,
+    /// The longest wait between reconnection attempts, in seconds
+    /// (default 30).
+    #[arg(long, env = "LLMGW_AGENT_RECONNECT_MAX_S")]
+    pub(crate) reconnect_max_s: Option<f64>,
     /// A label for node selectors, `key=value`; repeat.
-    #[arg(long = "label", value_parser = label)]
-    labels: Vec<(String, String)>,
+    #[arg(long = "label", env = "LLMGW_AGENT_LABELS", value_delimiter = ',', value_parser = label)]
+    #[serde(serialize_with = "as_map")]
+    pub(crate) labels: Vec<(String, String)>,
     /// A directory of model weights; repeat for several.
-    #[arg(long = "model-dir")]
-    model_dirs: Vec<PathBuf>,
-    /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat.
-    #[arg(long = "fabric", value_parser = fabric)]
-    fabrics: Vec<(String, Vec<String>)>,
-    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
-    #[arg(long)]
-    nvidia_smi: Option<PathBuf>,
-    /// Report no GPUs, whatever is installed (a CPU node).
-    #[arg(long)]
-    skip_gpus: bool,
-    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
-    #[arg(long)]
-    no_nvml: bool,
-    /// Where shard state files and engine logs are kept, so that a
-    /// restarted agent adopts the engines it left running.
     #[arg(
-        long,
-        env = "LLMGW_AGENT_WORK_DIR",
-        default_value = "/var/lib/llmgw-agent"
+        long = "model-dir",
+        env = "LLMGW_AGENT_MODEL_DIRS",
+        value_delimiter = ','
     )]
-    work_dir: PathBuf,
+    pub(crate) model_dirs: Vec<PathBuf>,
+    /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat (in
+    /// the variable, separated by spaces).
+    #[arg(long = "fabric", env = "LLMGW_AGENT_FABRICS", value_delimiter = ' ', value_parser = fabric)]
+    #[serde(serialize_with = "as_map")]
+    pub(crate) fabrics: Vec<(String, Vec<String>)>,
+    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
+    #[arg(long, env = "LLMGW_AGENT_NVIDIA_SMI")]
+    pub(crate) nvidia_smi: Option<PathBuf>,
+    /// Report no GPUs, whatever is installed (a CPU node).
+    #[arg(long, env = "LLMGW_AGENT_SKIP_GPUS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) skip_gpus: Option<bool>,
+    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
+    #[arg(long, env = "LLMGW_AGENT_NO_NVML", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) no_nvml: Option<bool>,
+    /// Where shard state files and engine logs are kept, so that a
+    /// restarted agent adopts the engines it left running (default
+    /// /var/lib/llmgw-agent).
+    #[arg(long, env = "LLMGW_AGENT_WORK_DIR")]
+    pub(crate) work_dir: Option<PathBuf>,
     /// Join the cluster with a token from `llmgw ctl node token`: the
     /// agent makes its key, gets its certificate signed by the leader and
     /// keeps both in --work-dir (identity/), then dials with mutual TLS,
     /// on restarts too (the same token again is not sent; a new one joins
     /// again).
-    #[arg(long, env = "LLMGW_JOIN_TOKEN", hide_env_values = true)]
-    join: Option<String>,
+    #[arg(long, env = "LLMGW_AGENT_JOIN", hide_env_values = true)]
+    #[serde(serialize_with = "secret")]
+    pub(crate) join: Option<String>,
     /// Mutual TLS with the control plane: the authority's certificate.
-    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
-    tls_ca: Option<PathBuf>,
+    #[arg(long, env = "LLMGW_AGENT_TLS_CA")]
+    pub(crate) tls_ca: Option<PathBuf>,
     /// This node's certificate (`llmgw ctl cert issue-client NODE`).
-    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
-    tls_cert: Option<PathBuf>,
+    #[arg(long, env = "LLMGW_AGENT_TLS_CERT")]
+    pub(crate) tls_cert: Option<PathBuf>,
     /// This node's private key, which stays on the node.
-    #[arg(long, requires_all = ["tls_ca", "tls_cert"])]
-    tls_key: Option<PathBuf>,
-    /// Where fetched weights are kept (and looked for).
-    #[arg(
-        long,
-        env = "LLMGW_AGENT_CACHE_DIR",
-        default_value = "/var/lib/llmgw-weights"
-    )]
-    cache_dir: PathBuf,
+    #[arg(long, env = "LLMGW_AGENT_TLS_KEY")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// Where fetched weights are kept and looked for (default
+    /// /var/lib/llmgw-weights).
+    #[arg(long, env = "LLMGW_AGENT_CACHE_DIR")]
+    pub(crate) cache_dir: Option<PathBuf>,
     /// The address engines listen on (default: every interface).
-    #[arg(long)]
-    engine_bind: Option<String>,
-    /// How long an engine gets to stop before SIGKILL, in seconds.
-    #[arg(long, default_value_t = 30.0)]
-    stop_timeout_s: f64,
-    /// Seconds between looks at installed engines and GPU health.
-    #[arg(long, default_value_t = 60.0)]
-    recheck_s: f64,
+    #[arg(long, env = "LLMGW_AGENT_ENGINE_BIND")]
+    pub(crate) engine_bind: Option<String>,
+    /// How long an engine gets to stop before SIGKILL, in seconds
+    /// (default 30).
+    #[arg(long, env = "LLMGW_AGENT_STOP_TIMEOUT_S")]
+    pub(crate) stop_timeout_s: Option<f64>,
+    /// Seconds between looks at installed engines and GPU health
+    /// (default 60).
+    #[arg(long, env = "LLMGW_AGENT_RECHECK_S")]
+    pub(crate) recheck_s: Option<f64>,
     /// Hours the logs of stopped shards are kept in --work-dir (0: for
-    /// ever); a live shard's log is never removed.
-    #[arg(long, env = "LLMGW_AGENT_LOG_RETENTION_H", default_value_t = 168.0)]
-    engine_log_retention_h: f64,
+    /// ever; default 168); a live shard's log is never removed.
+    #[arg(long, env = "LLMGW_AGENT_LOG_RETENTION_H")]
+    pub(crate) engine_log_retention_h: Option<f64>,
     /// Serve the agent's own metrics at `/metrics` here (`HOST:PORT`, or
     /// `:PORT` for every interface): whether its stream is up, reconnects,
     /// shards by state. Off unless given.
     #[arg(long, env = "LLMGW_AGENT_METRICS_LISTEN", value_parser = crate::server::listen_addr)]
-    metrics_listen: Option<std::net::SocketAddr>,
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
-    engines: EngineArgs,
+    #[serde(flatten)]
+    pub(crate) engines: EngineArgs,
 }
 
 /// Where each engine is on this node and how it is launched.
-#[derive(Debug, Default, clap::Args)]
+#[derive(Debug, Default, clap::Args, serde::Serialize)]
 pub(crate) struct EngineArgs {
     /// The `vllm` executable (default: `vllm` on PATH).
     #[arg(long, env = "LLMGW_AGENT_VLLM_BIN")]
-    vllm_bin: Option<PathBuf>,
+    pub(crate) vllm_bin: Option<PathBuf>,
     /// How a multi-node vLLM replica starts: a Ray cluster, or vLLM's own
-    /// multiprocessing on every rank.
-    #[arg(long, env = "LLMGW_AGENT_VLLM_LAUNCH_MODE", default_value = "ray", value_parser = ["ray", "mp"])]
-    vllm_launch_mode: String,
+    /// multiprocessing on every rank (default ray).
+    #[arg(long, env = "LLMGW_AGENT_VLLM_LAUNCH_MODE", value_parser = ["ray", "mp"])]
+    pub(crate) vllm_launch_mode: Option<String>,
     /// The `ray` executable for Ray launches (default: `ray` on PATH).
     #[arg(long, env = "LLMGW_AGENT_RAY_BIN")]
-    ray_bin: Option<PathBuf>,
+    pub(crate) ray_bin: Option<PathBuf>,
     /// The Python that has SGLang installed (default: `python3`).
     #[arg(long, env = "LLMGW_AGENT_SGLANG_PYTHON")]
-    sglang_python: Option<PathBuf>,
-    /// The `llama-server` executable (default: `llama-server` on PATH).
+    pub(crate) sglang_python: Option<PathBuf>,
+    /// The `llama-server` executable (default: `llama-server` on PATH,
+    /// else under /opt/llama.cpp).
     #[arg(long, env = "LLMGW_AGENT_LLAMACPP_BIN")]
-    llamacpp_bin: Option<PathBuf>,
-    /// llama-server's concurrent slots (0: 4).
-    #[arg(long, env = "LLMGW_AGENT_LLAMACPP_PARALLEL", default_value_t = 0)]
-    llamacpp_parallel: u32,
+    pub(crate) llamacpp_bin: Option<PathBuf>,
+    /// llama-server's concurrent slots (0, the default: 4).
+    #[arg(long, env = "LLMGW_AGENT_LLAMACPP_PARALLEL")]
+    pub(crate) llamacpp_parallel: Option<u32>,
+}
+
+/// Pairs as the map they are in the file.
+fn as_map<S: serde::Serializer, V: serde::Serialize>(
+    pairs: &[(String, V)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
+fn secret<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(_) => s.serialize_str("(set)"),
+        None => s.serialize_none(),
+    }
 }
 
 fn label(s: &str) -> Result<(String, String), String> {
@@ -176,15 +210,19 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         Some(n) => n,
         None => llmgw_agent::discovery::host::hostname(),
     };
+    let work_dir = a.work_dir.unwrap_or_else(|| "/var/lib/llmgw-agent".into());
+    let cache_dir = a
+        .cache_dir
+        .unwrap_or_else(|| "/var/lib/llmgw-weights".into());
     if a.join.is_some() && a.tls_ca.is_some() {
         anyhow::bail!(
-            "--join (or LLMGW_JOIN_TOKEN) and --tls-ca/--tls-cert/--tls-key are two ways to the same certificate: give one"
+            "--join (or LLMGW_AGENT_JOIN) and --tls-ca/--tls-cert/--tls-key are two ways to the same certificate: give one"
         );
     }
     // A token, or certificates from an earlier join: mutual TLS, whose
     // files run_agent fills in once it has them.
-    let joined = a.tls_ca.is_none()
-        && (a.join.is_some() || llmgw_agent::join::stored(&a.work_dir)?.is_some());
+    let joined =
+        a.tls_ca.is_none() && (a.join.is_some() || llmgw_agent::join::stored(&work_dir)?.is_some());
     let servers = llmgw_agent::session::server_urls(&a.servers, a.tls_ca.is_some() || joined)?;
     let tls = match (&a.tls_ca, &a.tls_cert, &a.tls_key) {
         (Some(ca), Some(cert), Some(key)) => {
@@ -204,17 +242,17 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     };
     let mut c = llmgw_agent::session::SessionConfig::new(servers, node_id);
     c.agent_log = AGENT_LOG.get().cloned();
-    c.mgmt_addr = a.mgmt_addr;
+    c.mgmt_addr = a.mgmt_addr.unwrap_or_else(|| "127.0.0.1".into());
     c.engine_bind = a.engine_bind;
-    c.work_dir = Some(a.work_dir);
+    c.work_dir = Some(work_dir);
     c.tls = tls;
     c.labels = a.labels.into_iter().collect();
-    c.heartbeat = seconds("heartbeat-s", a.heartbeat_s)?;
-    c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s)?;
+    c.heartbeat = seconds("heartbeat-s", a.heartbeat_s.unwrap_or(5.0))?;
+    c.reconnect_max = seconds("reconnect-max-s", a.reconnect_max_s.unwrap_or(30.0))?;
     c.reconnect_base = c.reconnect_base.min(c.reconnect_max);
-    c.stop_timeout = seconds("stop-timeout-s", a.stop_timeout_s)?;
-    c.recheck = seconds("recheck-s", a.recheck_s)?;
-    c.log_retention = match a.engine_log_retention_h {
+    c.stop_timeout = seconds("stop-timeout-s", a.stop_timeout_s.unwrap_or(30.0))?;
+    c.recheck = seconds("recheck-s", a.recheck_s.unwrap_or(60.0))?;
+    c.log_retention = match a.engine_log_retention_h.unwrap_or(168.0) {
         0.0 => None,
         h if h.is_finite() && h > 0.0 => Some(std::time::Duration::from_secs_f64(h * 3600.0)),
         _ => anyhow::bail!(
@@ -223,21 +261,21 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
     };
     c.discovery = Options {
         nvidia_smi: a.nvidia_smi,
-        skip_gpus: a.skip_gpus,
-        prefer_nvml: !a.no_nvml,
+        skip_gpus: a.skip_gpus.unwrap_or(false),
+        prefer_nvml: !a.no_nvml.unwrap_or(false),
         model_dirs: a.model_dirs,
         fabrics: a.fabrics.into_iter().collect(),
         ..Options::default()
     };
     // The cache is where weights appear, so it is scanned like a model
     // directory; it is created now, or fetching is off (said loudly).
-    match std::fs::create_dir_all(&a.cache_dir) {
+    match std::fs::create_dir_all(&cache_dir) {
         Ok(()) => {
-            c.discovery.model_dirs.push(a.cache_dir.clone());
-            c.cache_dir = Some(a.cache_dir);
+            c.discovery.model_dirs.push(cache_dir.clone());
+            c.cache_dir = Some(cache_dir);
         }
         Err(e) => {
-            tracing::error!(dir = %a.cache_dir.display(), error = %e, "no weights cache: remote sources cannot be fetched")
+            tracing::error!(dir = %cache_dir.display(), error = %e, "no weights cache: remote sources cannot be fetched")
         }
     }
     Ok(c)
@@ -252,13 +290,13 @@ pub(crate) fn engines(a: &EngineArgs) -> llmgw_agent::engines::Registry {
     Registry::new(
         Vllm {
             bin: a.vllm_bin.clone(),
-            launch_mode: a.vllm_launch_mode.as_str().into(),
+            launch_mode: a.vllm_launch_mode.as_deref().unwrap_or("ray").into(),
             ray_bin: a.ray_bin.clone(),
         },
         Sglang {
             python: a.sglang_python.clone(),
         },
-        LlamaCpp::new(a.llamacpp_bin.clone(), a.llamacpp_parallel),
+        LlamaCpp::new(a.llamacpp_bin.clone(), a.llamacpp_parallel.unwrap_or(0)),
         Sim::default(),
     )
 }
@@ -301,12 +339,19 @@ async fn identity(
     }
 }
 
-async fn run_agent(mut a: RunArgs) -> anyhow::Result<Outcome> {
-    let metrics_listen = a.metrics_listen.take();
-    // An empty LLMGW_JOIN_TOKEN (an env file's blank line) is no token.
+async fn run_agent(a: RunArgs) -> anyhow::Result<Outcome> {
+    let check = a.check;
+    let mut a = crate::agent_config::resolve(a)?;
+    // An empty LLMGW_AGENT_JOIN (an env file's blank line) is no token.
     a.join = a.join.take().filter(|t| !t.trim().is_empty());
+    if check {
+        let mut out = std::io::stdout().lock();
+        json_line(&mut out, &a)?;
+        return Ok(Outcome::Ok);
+    }
+    let metrics_listen = a.metrics_listen.take();
     let token = a.join.clone();
-    let work_dir = a.work_dir.clone();
+    let work_dir = a.work_dir.clone().unwrap_or_default();
     let own_tls = a.tls_ca.is_some();
     let registry = engines(&a.engines);
     let mut config = session_config(a)?;

@@ -3,6 +3,7 @@
 
 mod admin_client;
 mod agent;
+mod agent_config;
 mod agent_log;
 mod cert;
 mod cluster;

@@ -135,3 +135,48 @@ pub fn hostname() -> String {
         .to_string_lossy()
         .into_owned()
 }
+
+/// This host's address on the route to `server` (a URL or `host:port`):
+/// what the control plane and other nodes reach this node at, unless the
+/// control plane itself is on loopback. Connecting a UDP socket sends
+/// nothing; it only asks the kernel which source address it would use.
+/// None when the name does not resolve or there is no route.
+pub fn route_addr(server: &str) -> Option<std::net::IpAddr> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let rest = server.split_once("://").map_or(server, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    // A bare host has no port; any port will do for a route lookup.
+    let targets = authority
+        .to_socket_addrs()
+        .or_else(|_| format!("{authority}:9").to_socket_addrs())
+        .ok()?;
+    targets.into_iter().find_map(|target| {
+        let any: std::net::SocketAddr = if target.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let socket = UdpSocket::bind(any).ok()?;
+        socket.connect(target).ok()?;
+        Some(socket.local_addr().ok()?.ip())
+    })
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::route_addr;
+
+    #[test]
+    fn a_control_plane_on_loopback_is_reached_from_loopback() {
+        for s in [
+            "http://127.0.0.1:7443",
+            "https://localhost:7443/",
+            "127.0.0.1:7443",
+            "http://[::1]:7443",
+        ] {
+            let ip = route_addr(s).unwrap_or_else(|| panic!("{s}: no route"));
+            assert!(ip.is_loopback(), "{s}: {ip}");
+        }
+        assert_eq!(route_addr("http://no-such-host.invalid:7443"), None);
+    }
+}

@@ -36,8 +36,30 @@ impl LlamaCpp {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
             .or_else(|| self.bin.clone())
-            .unwrap_or_else(|| "llama-server".into())
+            .unwrap_or_else(|| default_binary(Path::new(OPT_DIR)))
     }
+}
+
+/// Where llama.cpp's own release archives and `cmake --install` builds
+/// are commonly put by hand, outside PATH.
+pub const OPT_DIR: &str = "/opt/llama.cpp";
+
+/// `llama-server` on PATH, else under `opt` (at its top, in `bin/` or in
+/// `build/bin/`, the three layouts llama.cpp's archives and builds leave),
+/// else the bare name (which the probe then reports as absent).
+pub fn default_binary(opt: &Path) -> PathBuf {
+    let bare = Path::new("llama-server");
+    super::probe::find_executable(bare)
+        .or_else(|| binary_under(opt))
+        .unwrap_or_else(|| bare.to_path_buf())
+}
+
+/// An executable `llama-server` in one of the layouts under `opt`.
+pub fn binary_under(opt: &Path) -> Option<PathBuf> {
+    ["llama-server", "bin/llama-server", "build/bin/llama-server"]
+        .iter()
+        .map(|rel| opt.join(rel))
+        .find(|c| super::probe::find_executable(c).is_some())
 }
 
 /// The model file for a path: the path itself unless it is a directory, in

@@ -3,7 +3,7 @@
 //! does), so every argument and variable is testable as data.
 
 pub mod check;
-mod llamacpp;
+pub mod llamacpp;
 pub mod probe;
 mod sglang;
 mod sim;

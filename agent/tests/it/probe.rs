@@ -215,3 +215,21 @@ async fn a_stop_is_not_held_up_by_the_first_probe() {
         .expect("the agent stopped while its probe hung")
         .unwrap();
 }
+
+/// Without a configured binary, llama-server is also found under
+/// /opt/llama.cpp in any of the layouts llama.cpp's release archives and
+/// builds leave there; a non-executable file does not count.
+#[test]
+fn llama_server_is_found_in_the_layouts_under_opt() {
+    use llmgw_agent::engines::llamacpp::binary_under;
+    for rel in ["llama-server", "bin/llama-server", "build/bin/llama-server"] {
+        let opt = tempfile::tempdir().unwrap();
+        let path = opt.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        executable(path.parent().unwrap(), "llama-server", "exit 0\n");
+        assert_eq!(binary_under(opt.path()), Some(path), "{rel}");
+    }
+    let opt = tempfile::tempdir().unwrap();
+    std::fs::write(opt.path().join("llama-server"), "not a program").unwrap();
+    assert_eq!(binary_under(opt.path()), None);
+}

@@ -13,6 +13,7 @@ use llmgw_eventstore::{
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
+mod agent_config;
 mod anchors;
 mod browser;
 mod capture;

@@ -1,0 +1,245 @@
+//! `llmgw agent run --config agent.yaml`: every flag of `agent run` as a
+//! key (`_` for `-`; repeatable flags plural, as lists or maps), checked
+//! whole before the agent dials. Precedence: a flag or its `LLMGW_AGENT_…`
+//! variable, then the file, then the default; a list given as a flag
+//! replaces the file's.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::agent::RunArgs;
+use crate::config::ConfigError;
+
+/// The file's shape. Unknown keys are refused, so that a typo is an error
+/// rather than a setting silently not applied.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentFile {
+    /// One address, or a list tried in order.
+    pub servers: Option<OneOrMany>,
+    pub node_id: Option<String>,
+    pub mgmt_addr: Option<String>,
+    pub heartbeat_s: Option<f64>,
+    pub reconnect_max_s: Option<f64>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub model_dirs: Vec<PathBuf>,
+    /// A fabric's name and its adapters.
+    #[serde(default)]
+    pub fabrics: BTreeMap<String, Vec<String>>,
+    pub nvidia_smi: Option<PathBuf>,
+    pub skip_gpus: Option<bool>,
+    pub no_nvml: Option<bool>,
+    pub work_dir: Option<PathBuf>,
+    pub join: Option<String>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub engine_bind: Option<String>,
+    pub stop_timeout_s: Option<f64>,
+    pub recheck_s: Option<f64>,
+    pub engine_log_retention_h: Option<f64>,
+    pub metrics_listen: Option<String>,
+    pub vllm_bin: Option<PathBuf>,
+    pub vllm_launch_mode: Option<String>,
+    pub ray_bin: Option<PathBuf>,
+    pub sglang_python: Option<PathBuf>,
+    pub llamacpp_bin: Option<PathBuf>,
+    pub llamacpp_parallel: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Reads and checks the file: YAML, or TOML for a `.toml` name.
+pub(crate) fn load(path: &Path) -> Result<AgentFile, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+    let invalid = |e: &dyn std::fmt::Display| {
+        ConfigError(format!(
+            "{} is not a valid agent configuration: {e}",
+            path.display()
+        ))
+    };
+    if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str(&text).map_err(|e| invalid(&e))
+    } else if text.trim().is_empty() {
+        Ok(AgentFile::default())
+    } else {
+        serde_norway::from_str(&text).map_err(|e| invalid(&e))
+    }
+}
+
+/// The variables agents were configured with before every variable was
+/// `LLMGW_AGENT_…`; still read when the new one is not set.
+const OLDER_NAMES: [&str; 3] = ["LLMGW_NODE_ID", "LLMGW_MGMT_ADDR", "LLMGW_JOIN_TOKEN"];
+
+/// Lays the older variables, the file and the defaults under what the
+/// flags and variables gave, and checks the result; `mgmt_addr` defaults
+/// to this host's address on the route to the first server.
+pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
+    let older = |i: usize| std::env::var(OLDER_NAMES[i]).ok().filter(|v| !v.is_empty());
+    a.node_id = a.node_id.or_else(|| older(0));
+    a.mgmt_addr = a.mgmt_addr.or_else(|| older(1));
+    a.join = a.join.or_else(|| older(2));
+    if let Some(path) = a.config.clone() {
+        merge(&mut a, load(&path)?)?;
+    }
+    if a.servers.is_empty() {
+        return Err(ConfigError(
+            "no control plane to dial: give --server (LLMGW_AGENT_SERVERS) or servers: in --config"
+                .into(),
+        ));
+    }
+    let tls = [
+        a.tls_ca.is_some(),
+        a.tls_cert.is_some(),
+        a.tls_key.is_some(),
+    ];
+    if tls.contains(&true) && tls.contains(&false) {
+        return Err(ConfigError(
+            "tls_ca, tls_cert and tls_key go together: give all three or none".into(),
+        ));
+    }
+    a.heartbeat_s.get_or_insert(5.0);
+    a.reconnect_max_s.get_or_insert(30.0);
+    a.skip_gpus.get_or_insert(false);
+    a.no_nvml.get_or_insert(false);
+    a.work_dir
+        .get_or_insert_with(|| "/var/lib/llmgw-agent".into());
+    a.cache_dir
+        .get_or_insert_with(|| "/var/lib/llmgw-weights".into());
+    a.stop_timeout_s.get_or_insert(30.0);
+    a.recheck_s.get_or_insert(60.0);
+    a.engine_log_retention_h.get_or_insert(168.0);
+    a.engines
+        .vllm_launch_mode
+        .get_or_insert_with(|| "ray".into());
+    a.engines.llamacpp_parallel.get_or_insert(0);
+    if a.mgmt_addr.is_none() {
+        // Engines and other nodes reach this node where the control plane
+        // does; loopback only when the control plane is on this host.
+        let first = &a.servers[0];
+        a.mgmt_addr = Some(match llmgw_agent::discovery::host::route_addr(first) {
+            Some(ip) => ip.to_string(),
+            None => {
+                tracing::warn!(server = %first, "no route to the control plane to take this node's address from; engines are reached at 127.0.0.1 (set --mgmt-addr)");
+                "127.0.0.1".into()
+            }
+        });
+    }
+    Ok(a)
+}
+
+fn merge(a: &mut RunArgs, f: AgentFile) -> Result<(), ConfigError> {
+    fn or<T>(flag: &mut Option<T>, file: Option<T>) {
+        if flag.is_none() {
+            *flag = file;
+        }
+    }
+    if a.servers.is_empty() {
+        a.servers = match f.servers {
+            Some(OneOrMany::One(s)) => vec![s],
+            Some(OneOrMany::Many(v)) => v,
+            None => Vec::new(),
+        };
+    }
+    if a.labels.is_empty() {
+        a.labels = f.labels.into_iter().collect();
+    }
+    if a.model_dirs.is_empty() {
+        a.model_dirs = f.model_dirs;
+    }
+    if a.fabrics.is_empty() {
+        a.fabrics = f.fabrics.into_iter().collect();
+    }
+    if let Some((name, _)) = a.fabrics.iter().find(|(n, h)| n.is_empty() || h.is_empty()) {
+        return Err(ConfigError(format!(
+            "fabrics: {name:?} needs a name and at least one adapter"
+        )));
+    }
+    if let Some(mode) = &f.vllm_launch_mode
+        && !["ray", "mp"].contains(&mode.as_str())
+    {
+        return Err(ConfigError(format!(
+            "vllm_launch_mode: {mode:?} is neither ray nor mp"
+        )));
+    }
+    let metrics = f
+        .metrics_listen
+        .as_deref()
+        .map(crate::server::listen_addr)
+        .transpose()
+        .map_err(|e| ConfigError(format!("metrics_listen: {e}")))?;
+    or(&mut a.node_id, f.node_id);
+    or(&mut a.mgmt_addr, f.mgmt_addr);
+    or(&mut a.heartbeat_s, f.heartbeat_s);
+    or(&mut a.reconnect_max_s, f.reconnect_max_s);
+    or(&mut a.nvidia_smi, f.nvidia_smi);
+    or(&mut a.skip_gpus, f.skip_gpus);
+    or(&mut a.no_nvml, f.no_nvml);
+    or(&mut a.work_dir, f.work_dir);
+    or(&mut a.join, f.join);
+    or(&mut a.tls_ca, f.tls_ca);
+    or(&mut a.tls_cert, f.tls_cert);
+    or(&mut a.tls_key, f.tls_key);
+    or(&mut a.cache_dir, f.cache_dir);
+    or(&mut a.engine_bind, f.engine_bind);
+    or(&mut a.stop_timeout_s, f.stop_timeout_s);
+    or(&mut a.recheck_s, f.recheck_s);
+    or(&mut a.engine_log_retention_h, f.engine_log_retention_h);
+    or(&mut a.metrics_listen, metrics);
+    let e = &mut a.engines;
+    or(&mut e.vllm_bin, f.vllm_bin);
+    or(&mut e.vllm_launch_mode, f.vllm_launch_mode);
+    or(&mut e.ray_bin, f.ray_bin);
+    or(&mut e.sglang_python, f.sglang_python);
+    or(&mut e.llamacpp_bin, f.llamacpp_bin);
+    or(&mut e.llamacpp_parallel, f.llamacpp_parallel);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag of `agent run` is a key of the file and has an
+    /// `LLMGW_AGENT_…` variable: a flag added without either fails here.
+    #[test]
+    fn every_flag_is_a_key_and_a_variable() {
+        let cli = crate::Cli::command();
+        let run = cli
+            .find_subcommand("agent")
+            .and_then(|a| a.find_subcommand("run"))
+            .expect("agent run");
+        let mut missing = Vec::new();
+        for arg in run.get_arguments() {
+            let id = arg.get_id().as_str();
+            if ["help", "config", "check"].contains(&id) {
+                continue;
+            }
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            if !env
+                .as_deref()
+                .is_some_and(|e| e.starts_with("LLMGW_AGENT_"))
+            {
+                missing.push(format!("--{id}: no LLMGW_AGENT_ variable ({env:?})"));
+            }
+            // A null value is refused by a list, never as an unknown key.
+            if let Err(e) = serde_norway::from_str::<super::AgentFile>(&format!("{id}: ~"))
+                && e.to_string().contains("unknown field")
+            {
+                missing.push(format!("--{id}: not a key of the file ({e})"));
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+}

@@ -1,0 +1,228 @@
+//! `llmgw agent run --config agent.yaml`: the agent's settings from a
+//! file, under its flags and `LLMGW_AGENT_…` variables, and the address
+//! other nodes reach it at taken from the route to the control plane.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::Child;
+use super::cluster::{StateFileSweeper, ctl, free_port, get, ready_replicas, start_server, until};
+
+/// `llmgw agent run --check` with only `env` as its environment (and
+/// PATH): the exit status, the resolved settings (or null) and stderr.
+fn check(args: &[&str], env: &[(&str, &str)]) -> (i32, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .args(["agent", "run", "--check"])
+        .args(args)
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// This machine's address on its default route, as the kernel would pick
+/// it for `target`; None on a machine with loopback only.
+fn route_to(target: &str) -> Option<String> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect(target).ok()?;
+    Some(s.local_addr().ok()?.ip().to_string())
+}
+
+/// A flag wins over its variable's absence and the file; a variable wins
+/// over the file; the file over the default; every other setting keeps its
+/// default; lists come from the file unless a flag gives them.
+#[test]
+fn flags_and_variables_win_over_the_file_and_the_file_over_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.yaml");
+    std::fs::write(
+        &file,
+        "servers: [\"http://127.0.0.1:7443\", \"http://127.0.0.2:7443\"]\nnode_id: from-file\nheartbeat_s: 2\nreconnect_max_s: 9\nlabels: {zone: a, rack: \"7\"}\nmodel_dirs: [/models/a]\nfabrics: {ib-a: [mlx5_0, mlx5_1]}\nskip_gpus: true\nllamacpp_bin: /opt/llama.cpp/bin/llama-server\nvllm_launch_mode: mp\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let (code, s, err) = check(
+        &[
+            "--config",
+            path,
+            "--node-id",
+            "from-flag",
+            "--model-dir",
+            "/models/b",
+        ],
+        &[
+            ("LLMGW_AGENT_HEARTBEAT_S", "0.5"),
+            ("LLMGW_AGENT_SKIP_GPUS", "false"),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["node_id"], "from-flag", "{s}");
+    assert_eq!(s["heartbeat_s"], 0.5, "{s}");
+    assert_eq!(s["skip_gpus"], false, "{s}");
+    assert_eq!(s["reconnect_max_s"], 9.0, "{s}");
+    assert_eq!(
+        s["servers"],
+        serde_json::json!(["http://127.0.0.1:7443", "http://127.0.0.2:7443"])
+    );
+    assert_eq!(s["model_dirs"], serde_json::json!(["/models/b"]));
+    assert_eq!(s["labels"], serde_json::json!({"rack": "7", "zone": "a"}));
+    assert_eq!(
+        s["fabrics"],
+        serde_json::json!({"ib-a": ["mlx5_0", "mlx5_1"]})
+    );
+    assert_eq!(s["llamacpp_bin"], "/opt/llama.cpp/bin/llama-server");
+    assert_eq!(s["vllm_launch_mode"], "mp");
+    // Defaults where nothing said otherwise.
+    assert_eq!(s["work_dir"], "/var/lib/llmgw-agent");
+    assert_eq!(s["stop_timeout_s"], 30.0);
+    // The control plane is on loopback: so is the node, for it.
+    assert_eq!(s["mgmt_addr"], "127.0.0.1", "{s}");
+
+    // The variables agents used before still count, under the new ones.
+    let (code, s, err) = check(
+        &["--config", path],
+        &[("LLMGW_NODE_ID", "older"), ("LLMGW_MGMT_ADDR", "10.9.9.9")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        (&s["node_id"], &s["mgmt_addr"]),
+        (&"older".into(), &"10.9.9.9".into())
+    );
+}
+
+/// Without `mgmt_addr`, the node's address is its own on the route to
+/// the control plane, not 127.0.0.1 (unless the machine has no route).
+#[test]
+fn the_management_address_defaults_to_the_route_to_the_control_plane() {
+    // A documentation address (TEST-NET-2): reached by the default route,
+    // and UDP "connecting" to it sends nothing.
+    let server = "198.51.100.7:7443";
+    let (code, s, err) = check(&["--server", server], &[]);
+    assert_eq!(code, 0, "{err}");
+    match route_to(server) {
+        Some(ip) => {
+            assert_eq!(s["mgmt_addr"], ip.as_str(), "{s}");
+            assert_ne!(ip, "127.0.0.1");
+        }
+        None => assert_eq!(s["mgmt_addr"], "127.0.0.1", "{s}"),
+    }
+}
+
+/// A typo is refused (exit 2, naming the key), and so is a setting of the
+/// wrong type, before anything dials.
+#[test]
+fn an_unknown_or_wrong_key_is_refused_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = |name: &str, text: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        check(&["--config", f.to_str().unwrap()], &[])
+    };
+    let (code, _, err) = bad("typo.yaml", "servers: [\"127.0.0.1:7443\"]\nheartbeat: 5\n");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown field `heartbeat`"), "{err}");
+    let (code, _, err) = bad(
+        "type.yaml",
+        "servers: [\"127.0.0.1:7443\"]\nheartbeat_s: often\n",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("heartbeat_s"), "{err}");
+    let (code, _, err) = bad("none.yaml", "node_id: n\n");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no control plane"), "{err}");
+    let (code, _, err) = bad(
+        "agent.toml",
+        "servers = [\"127.0.0.1:7443\"]\nnode_id = \"t\"\n",
+    );
+    assert_eq!(code, 0, "{err}");
+}
+
+/// An agent given only `--config` joins a real server as the file says:
+/// its id, its labels (a node selector places the model on it), and the
+/// address it was reached at, its own on the route to the server, which
+/// the gateway uses to reach the engine it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_configured_by_its_file_alone_joins_and_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    // The server on every interface, so the agent can dial the host's own
+    // address when it has one.
+    let host = route_to("198.51.100.7:9").unwrap_or_else(|| "127.0.0.1".into());
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nagent_listen: \"0.0.0.0:{port}\"\nstore: \"{store}\"\ncontrol:\n  interval: 200ms\n  port_range: [31400, 31499]\nmodels:\n  - name: chat\n    scaling: {{min: 1, max: 1}}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {{zone: west}}\n"
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    let work = dir.path().join("work");
+    let _sweep = StateFileSweeper(work.clone());
+    let agent_yaml = dir.path().join("agent.yaml");
+    write_agent_yaml(&agent_yaml, &host, port, &work, &dir.path().join("cache"));
+    let _agent = Child::spawn(&["agent", "run", "--config", agent_yaml.to_str().unwrap()]);
+    let node = until("the node from the file", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        nodes
+            .as_array()?
+            .iter()
+            .find(|n| n["id"] == "filed")
+            .cloned()
+    })
+    .await;
+    assert_eq!(node["addr"], host.as_str(), "{node}");
+    until("a ready replica on the labelled node", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (ready_replicas(&rows).len() == 1).then_some(())
+    })
+    .await;
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&serde_json::json!({"model": "chat", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    let (ok, out, err) = ctl(&server.admin, &["nodes"]);
+    assert!(ok && out.contains("filed"), "{out}{err}");
+}
+
+fn write_agent_yaml(path: &Path, host: &str, port: u16, work: &Path, cache: &Path) {
+    std::fs::write(
+        path,
+        format!(
+            "servers: \"http://{host}:{port}\"\nnode_id: filed\nlabels: {{zone: west}}\nheartbeat_s: 0.2\nreconnect_max_s: 0.5\nskip_gpus: true\nwork_dir: {}\ncache_dir: {}\n",
+            work.display(),
+            cache.display()
+        ),
+    )
+    .unwrap();
+}
+
+/// The shipped example is accepted as it stands, with what it says.
+#[test]
+fn the_example_agent_file_is_accepted() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/agent.yaml");
+    let (code, s, err) = check(&["--config", example.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(s["node_id"], "gpu-01");
+    assert_eq!(s["fabrics"]["ib-a"][1], "mlx5_1");
+}
