@@ -31,6 +31,31 @@ pub struct NodeRow {
     /// Seconds since the last heartbeat this server saw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_s: Option<f64>,
+    /// The node's cards by class: how many and how much memory each.
+    #[serde(default)]
+    pub gpu_classes: Vec<GpuClassRow>,
+}
+
+/// Cards of one class on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuClassRow {
+    pub class: String,
+    pub count: u32,
+    /// The smallest card's, as its driver reports it.
+    pub memory_mb: u64,
+}
+
+/// A catalog profile's shape: what `ctl plan` compares its split with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileShape {
+    pub name: String,
+    pub engine: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_class: Option<String>,
+    pub tp: u32,
+    pub pp: u32,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +72,12 @@ pub struct ModelRow {
     /// replica is stopped at once, so this is where the reason stays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<String>,
+    /// Where its weights come from (a path, a hub id, a URL).
+    #[serde(default)]
+    pub source: String,
+    /// Its profiles' shapes, in catalog order.
+    #[serde(default)]
+    pub shapes: Vec<ProfileShape>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -117,12 +117,19 @@ pub(crate) enum ModelCommand {
 }
 
 /// Talks to one admin listener.
-struct Admin {
+pub(crate) struct Admin {
     base: String,
     http: reqwest::Client,
 }
 
 impl Admin {
+    pub(crate) fn new(base: &str) -> Admin {
+        Admin {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::new(),
+        }
+    }
+
     async fn answer<T: DeserializeOwned>(&self, r: reqwest::RequestBuilder) -> anyhow::Result<T> {
         let resp = r.send().await.with_context(|| {
             format!(
@@ -145,7 +152,7 @@ impl Admin {
             .with_context(|| format!("{} answered something unexpected", self.base))
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         self.answer(self.http.get(format!("{}{path}", self.base)))
             .await
     }
@@ -173,10 +180,7 @@ fn yes(b: bool, word: &str) -> String {
 }
 
 pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow::Result<Outcome> {
-    let a = Admin {
-        base: admin.trim_end_matches('/').to_owned(),
-        http: reqwest::Client::new(),
-    };
+    let a = Admin::new(admin);
     let mut out = std::io::stdout().lock();
     match cmd {
         ClusterCommand::Nodes => {

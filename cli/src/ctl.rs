@@ -30,6 +30,11 @@ pub(crate) struct CtlArgs {
 pub(crate) enum CtlCommand {
     #[command(flatten)]
     Cluster(crate::cluster::ClusterCommand),
+    /// Whether MODEL fits each GPU class of the fleet: its weights (from
+    /// config.json and the safetensors index of a local copy), the
+    /// smallest TP (then PP) split that leaves room for the KV cache, and
+    /// the catalog profile that matches. Exits 1 when no class holds it.
+    Plan(crate::plan::PlanArgs),
     /// A private certificate authority for the agent stream.
     #[command(subcommand)]
     Cert(crate::cert::CertCommand),
@@ -73,6 +78,7 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
     let (engine, bin, help_output) = match args.command {
         CtlCommand::Cluster(c) => return crate::cluster::run(&args.admin, args.json, c).await,
         CtlCommand::Cert(c) => return crate::cert::run(c, args.json),
+        CtlCommand::Plan(p) => return crate::plan::run(&args.admin, args.json, p).await,
         CtlCommand::EngineCheck {
             engine,
             bin,

@@ -18,6 +18,7 @@ mod lease;
 mod logging;
 mod notify;
 mod output;
+mod plan;
 mod serve;
 mod server;
 mod server_metrics;

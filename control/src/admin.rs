@@ -140,6 +140,7 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
                     .last_seen(&n.id)
                     .filter(|_| cp.is_leader())
                     .map(|t| t.elapsed().as_secs_f64()),
+                gpu_classes: gpu_classes(&n.inventory.gpus),
             }
         })
         .collect();
@@ -185,10 +186,42 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
                         .map(|(_, e)| e)
                     })
                     .flatten(),
+                source: m.source.clone(),
+                shapes: m
+                    .profiles
+                    .iter()
+                    .map(|p| api::ProfileShape {
+                        name: p.name.clone(),
+                        engine: p.engine.name().into(),
+                        gpu_class: p.gpu_class.clone(),
+                        tp: p.tp,
+                        pp: p.pp,
+                        nodes: p.nodes,
+                        gpus_per_node: p.gpus_per_node,
+                    })
+                    .collect(),
             }
         })
         .collect();
     Ok(Json(rows))
+}
+
+/// A node's cards grouped by class, each class with its smallest card.
+fn gpu_classes(gpus: &[llmgw_domain::nodes::Gpu]) -> Vec<api::GpuClassRow> {
+    let mut by_class: std::collections::BTreeMap<&str, (u32, u64)> = Default::default();
+    for g in gpus {
+        let e = by_class.entry(g.class.as_str()).or_insert((0, u64::MAX));
+        e.0 += 1;
+        e.1 = e.1.min(g.memory_mb);
+    }
+    by_class
+        .into_iter()
+        .map(|(class, (count, memory_mb))| api::GpuClassRow {
+            class: class.into(),
+            count,
+            memory_mb,
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize)]

@@ -28,6 +28,7 @@ pub mod nodes;
 pub mod placement;
 pub mod reconcile;
 pub mod replicas;
+pub mod sizing;
 pub mod tenancy;
 pub mod usage;
 

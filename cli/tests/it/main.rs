@@ -34,6 +34,7 @@ mod migration;
 mod node_agent;
 mod outage;
 mod partition;
+mod plan;
 mod shell;
 mod tenancy;
 mod upstream;
