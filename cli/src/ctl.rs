@@ -35,6 +35,11 @@ pub(crate) enum CtlCommand {
     /// smallest TP (then PP) split that leaves room for the KV cache, and
     /// the catalog profile that matches. Exits 1 when no class holds it.
     Plan(crate::plan::PlanArgs),
+    /// Send MODEL a tool-calling request through the gateway, plain and
+    /// streamed, and say whether `tool_calls` came back, or the call as
+    /// `<tool_call>` text (the engine's tool parser is off or wrong), or an
+    /// answer that ignored the tool. Exits 1 unless both called it.
+    ToolCheck(crate::tool_check::ToolCheckArgs),
     /// A private certificate authority for the agent stream.
     #[command(subcommand)]
     Cert(crate::cert::CertCommand),
@@ -79,6 +84,7 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
         CtlCommand::Cluster(c) => return crate::cluster::run(&args.admin, args.json, c).await,
         CtlCommand::Cert(c) => return crate::cert::run(c, args.json),
         CtlCommand::Plan(p) => return crate::plan::run(&args.admin, args.json, p).await,
+        CtlCommand::ToolCheck(t) => return crate::tool_check::run(args.json, t).await,
         CtlCommand::EngineCheck {
             engine,
             bin,

@@ -25,6 +25,7 @@ mod server_metrics;
 mod shell;
 mod sim;
 mod store;
+mod tool_check;
 mod up;
 mod users;
 

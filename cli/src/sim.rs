@@ -59,6 +59,13 @@ pub(crate) struct SimArgs {
     /// (from the variable, so that it stays off the command line).
     #[arg(long = "api-key", env = "LLMGW_SIM_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// How a chat request offering tools is answered: `native` (a
+    /// `tool_calls` message calling the first tool, as an engine with its
+    /// tool parser on), `text` (the call written as `<tool_call>` text in
+    /// the content, as a model with no parser to lift it), `ignore` (a
+    /// plain answer).
+    #[arg(long, default_value = "native")]
+    tools: llmgw_sim::ToolCalls,
 }
 
 pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
@@ -85,6 +92,7 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
         block_bytes: a.block_bytes,
         default_max_tokens: a.max_tokens,
         api_key: a.api_key,
+        tools: a.tools,
     };
     let serve = llmgw_sim::run(config, a.listen, cluster, |bound| {
         let mut out = std::io::stdout().lock();

@@ -11,6 +11,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
+
+use crate::ToolCalls;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::SimConfig;
@@ -151,6 +153,9 @@ struct Ask {
     include_usage: bool,
     /// New tokens at most, when the request says.
     max_tokens: Option<u32>,
+    /// The first tool a chat request offers (unless `tool_choice` is
+    /// `none`): the one a tool-calling answer calls.
+    tool: Option<String>,
 }
 
 fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
@@ -175,9 +180,18 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         .or_else(|| v.get("max_tokens"))
         .and_then(Value::as_u64)
         .map(|n| n.min(1_000_000) as u32);
+    let tool = match kind {
+        Kind::Chat if v["tool_choice"] != "none" => v["tools"]
+            .as_array()
+            .and_then(|t| t.first())
+            .and_then(|t| t["function"]["name"].as_str())
+            .map(str::to_owned),
+        _ => None,
+    };
     Ok(Ask {
         model,
         prompt,
+        tool,
         stream: v["stream"].as_bool().unwrap_or(false),
         include_usage: v["stream_options"]["include_usage"]
             .as_bool()
@@ -331,6 +345,11 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
         Kind::Chat => ("chat.completion", "chat.completion.chunk"),
         Kind::Text => ("text_completion", "text_completion"),
     };
+    if let Some(name) = ask.tool.clone()
+        && state.config.tools != ToolCalls::Ignore
+    {
+        return tool_answer(state.config.tools, &name, &ask, run, &id, created).await;
+    }
     let (max, finish) = ask.length(state.config.default_max_tokens);
     let mut words = Generator::new(&ask.prompt.context);
     let echo = ask.prompt.echo.clone();
@@ -524,4 +543,79 @@ async fn models(State(state): State<Arc<SimState>>) -> Response {
         .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "llmgw-sim"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// A chat answer that calls `name` with no arguments, after the prefill:
+/// as `tool_calls` (finish reason `tool_calls`), or as the `<tool_call>`
+/// text a model writes when no parser lifts it out (finish reason `stop`).
+/// Streamed, it comes whole in one delta.
+async fn tool_answer(
+    mode: ToolCalls,
+    name: &str,
+    ask: &Ask,
+    run: Running,
+    id: &str,
+    created: u64,
+) -> Response {
+    tokio::time::sleep(run.prefill).await;
+    let call = json!({"id": format!("call-{id}"), "type": "function",
+                      "function": {"name": name, "arguments": "{}"}});
+    let text = format!(
+        "<tool_call>\n{}\n</tool_call>",
+        json!({"name": name, "arguments": {}})
+    );
+    // About what the call's JSON takes in tokens.
+    let completion = 12;
+    run.state
+        .counters
+        .generation_tokens
+        .fetch_add(u64::from(completion), Ordering::Relaxed);
+    let (message, finish) = match mode {
+        ToolCalls::Native => (
+            json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+            "tool_calls",
+        ),
+        ToolCalls::Text | ToolCalls::Ignore => {
+            (json!({"role": "assistant", "content": text}), "stop")
+        }
+    };
+    if !ask.stream {
+        return axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": ask.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage(&run, completion),
+        }))
+        .into_response();
+    }
+    let mut delta = message;
+    if let Some(calls) = delta["tool_calls"].as_array_mut() {
+        for (i, c) in calls.iter_mut().enumerate() {
+            c["index"] = json!(i);
+        }
+    }
+    let frame = |choices: Value, usage: Option<Value>| {
+        let mut chunk = json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                               "model": ask.model, "choices": choices});
+        if let Some(u) = usage {
+            chunk["usage"] = u;
+        }
+        format!("data: {chunk}\n\n")
+    };
+    let mut body = frame(
+        json!([{"index": 0, "delta": delta, "finish_reason": null}]),
+        None,
+    );
+    body.push_str(&frame(
+        json!([{"index": 0, "delta": {}, "finish_reason": finish}]),
+        None,
+    ));
+    if ask.include_usage {
+        body.push_str(&frame(json!([]), Some(usage(&run, completion))));
+    }
+    body.push_str("data: [DONE]\n\n");
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }

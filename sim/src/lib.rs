@@ -81,6 +81,33 @@ pub struct SimConfig {
     /// Refuse `/v1/*` without `Authorization: Bearer <key>`, as a hosted
     /// service (or llama-server's `--api-key`) does.
     pub api_key: Option<String>,
+    /// How a chat request that offers tools is answered.
+    pub tools: ToolCalls,
+}
+
+/// How the engine answers a chat request that offers tools: as an engine
+/// whose tool parser is on (`tool_calls`), as one serving a model that
+/// writes its call as text with no parser to lift it (`<tool_call>` in the
+/// content), or as a model that ignores the tools.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ToolCalls {
+    #[default]
+    Native,
+    Text,
+    Ignore,
+}
+
+impl std::str::FromStr for ToolCalls {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "native" => Ok(ToolCalls::Native),
+            "text" => Ok(ToolCalls::Text),
+            "ignore" => Ok(ToolCalls::Ignore),
+            other => Err(format!("{other:?}: use native, text or ignore")),
+        }
+    }
 }
 
 impl Default for SimConfig {
@@ -97,6 +124,7 @@ impl Default for SimConfig {
             block_bytes: 64,
             default_max_tokens: 16,
             api_key: None,
+            tools: ToolCalls::Native,
         }
     }
 }

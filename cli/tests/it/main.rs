@@ -37,6 +37,7 @@ mod partition;
 mod plan;
 mod shell;
 mod tenancy;
+mod tool_check;
 mod upstream;
 mod web;
 

@@ -568,3 +568,94 @@ async fn metrics_use_the_vocabulary_of_the_engine_imitated() {
         );
     }
 }
+
+/// A chat offering tools is answered by the engine's `--tools` mode: a
+/// `tool_calls` message (plain and streamed), the call as `<tool_call>`
+/// text, or a plain answer; `tool_choice: none` is a plain answer always.
+#[tokio::test(start_paused = true)]
+async fn tools_are_called_as_the_mode_says() {
+    let with_tools = |stream: bool, choice: &str| {
+        let mut body = chat(stream, 4, "weather in Paris?");
+        body["tools"] = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+        body["tool_choice"] = json!(choice);
+        body
+    };
+    let (app, _) = engine(config());
+    let (_, v) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", with_tools(false, "auto")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["arguments"],
+        "{}"
+    );
+    assert_eq!(choice["message"]["content"], Value::Null);
+
+    let resp = app
+        .clone()
+        .oneshot(post("/v1/chat/completions", with_tools(true, "auto")))
+        .await
+        .unwrap();
+    let evs = events(resp, Instant::now()).await;
+    let first: Value = serde_json::from_str(&evs[0].1).unwrap();
+    let call = &first["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(
+        (call["index"].as_u64(), call["function"]["name"].as_str()),
+        (Some(0), Some("get_weather"))
+    );
+    let finish: Value = serde_json::from_str(&evs[1].1).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(evs.last().unwrap().1, "[DONE]");
+
+    let (_, v) = json_of(
+        app.oneshot(post("/v1/chat/completions", with_tools(false, "none")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+
+    let (text, _) = engine(SimConfig {
+        tools: llmgw_sim::ToolCalls::Text,
+        ..config()
+    });
+    let (_, v) = json_of(
+        text.oneshot(post("/v1/chat/completions", with_tools(false, "auto")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        content.starts_with("<tool_call>\n{") && content.contains("\"get_weather\""),
+        "{content}"
+    );
+    assert_eq!(v["choices"][0]["message"]["tool_calls"], Value::Null);
+
+    let (deaf, _) = engine(SimConfig {
+        tools: llmgw_sim::ToolCalls::Ignore,
+        ..config()
+    });
+    let (_, v) = json_of(
+        deaf.oneshot(post("/v1/chat/completions", with_tools(false, "auto")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(
+        !v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("<tool_call>")
+    );
+}
