@@ -26,6 +26,13 @@ pub(crate) enum ClusterCommand {
         /// Stopped replicas too.
         #[arg(long)]
         all: bool,
+        /// Keep watching: print the table again (after a time line; with
+        /// --json, one line) each time it changes, until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between looks with --watch.
+        #[arg(long, default_value_t = 1.0, requires = "watch")]
+        interval_s: f64,
     },
     /// Where a replica of MODEL would go now, and why every node would or
     /// would not take it.
@@ -73,6 +80,13 @@ pub(crate) enum ClusterCommand {
         /// How many of the last lines.
         #[arg(long, default_value_t = 200)]
         lines: u32,
+        /// Keep printing new lines as they are written, until interrupted
+        /// (needs --source).
+        #[arg(long, short = 'f', requires = "source")]
+        follow: bool,
+        /// Seconds between looks with --follow.
+        #[arg(long, default_value_t = 1.0, requires = "follow")]
+        interval_s: f64,
     },
     /// Add or update a model from a YAML or JSON file.
     #[command(subcommand)]
@@ -262,60 +276,25 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                 }
             }
         }
-        ClusterCommand::Replicas { model, all } => {
+        ClusterCommand::Replicas {
+            model,
+            all,
+            watch,
+            interval_s,
+        } => {
             let mut path = format!("/api/v1/replicas?all={all}");
             if let Some(m) = model {
                 path.push_str(&format!("&model={}", q(&m)));
+            }
+            if watch {
+                drop(out);
+                return watch_replicas(&a, &path, json, interval(interval_s)?).await;
             }
             let rows: Vec<api::ReplicaRow> = a.get(&path).await?;
             if json {
                 json_line(&mut out, &rows)?;
             } else {
-                let mut t = Table::new(vec![
-                    "REPLICA", "MODEL", "PROFILE", "STATUS", "SHARDS", "NOTE",
-                ]);
-                for r in rows {
-                    let shards = r
-                        .shards
-                        .iter()
-                        .map(|s| {
-                            let gpus = if s.gpus.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" gpu{:?}", s.gpus)
-                            };
-                            let fetch = s.fetch.map_or(String::new(), |f| {
-                                let mb = |b: u64| b as f64 / 1e6;
-                                if f.bytes_total > 0 {
-                                    format!(
-                                        " fetching {:.1}/{:.1} MB ({}%)",
-                                        mb(f.bytes_done),
-                                        mb(f.bytes_total),
-                                        f.bytes_done * 100 / f.bytes_total
-                                    )
-                                } else {
-                                    format!(" fetching {:.1} MB", mb(f.bytes_done))
-                                }
-                            });
-                            format!("{}@{}:{}{gpus} {}{fetch}", s.rank, s.node, s.port, s.state)
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; ");
-                    let note = [
-                        yes(r.adopted, "adopted"),
-                        yes(r.outdated, "profile edited: being replaced"),
-                        r.shards
-                            .iter()
-                            .find_map(|s| s.error.clone())
-                            .unwrap_or_default(),
-                    ]
-                    .into_iter()
-                    .filter(|f| !f.is_empty())
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                    t.row(vec![r.id, r.model, r.profile, r.status, shards, note]);
-                }
-                t.print(&mut out)?;
+                replicas_table(rows).print(&mut out)?;
             }
         }
         ClusterCommand::ExplainPlacement { model } => {
@@ -442,10 +421,16 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
             node,
             source,
             lines,
+            follow,
+            interval_s,
         } => {
             let mut path = format!("/api/v1/logs?node={}&lines={lines}", q(&node));
             if let Some(s) = &source {
                 path.push_str(&format!("&source={}", q(s)));
+            }
+            if follow {
+                drop(out);
+                return follow_logs(&a, &path, interval(interval_s)?).await;
             }
             let l: api::Logs = a.get(&path).await?;
             if json {
@@ -534,6 +519,142 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
 }
 
 /// Ready, starting and waiting for a place, against what the catalog wants.
+/// The replicas as a table.
+fn replicas_table(rows: Vec<api::ReplicaRow>) -> Table {
+    let mut t = Table::new(vec![
+        "REPLICA", "MODEL", "PROFILE", "STATUS", "SHARDS", "NOTE",
+    ]);
+    for r in rows {
+        let shards = r
+            .shards
+            .iter()
+            .map(|s| {
+                let gpus = if s.gpus.is_empty() {
+                    String::new()
+                } else {
+                    format!(" gpu{:?}", s.gpus)
+                };
+                let fetch = s.fetch.map_or(String::new(), |f| {
+                    let mb = |b: u64| b as f64 / 1e6;
+                    if f.bytes_total > 0 {
+                        format!(
+                            " fetching {:.1}/{:.1} MB ({}%)",
+                            mb(f.bytes_done),
+                            mb(f.bytes_total),
+                            f.bytes_done * 100 / f.bytes_total
+                        )
+                    } else {
+                        format!(" fetching {:.1} MB", mb(f.bytes_done))
+                    }
+                });
+                format!("{}@{}:{}{gpus} {}{fetch}", s.rank, s.node, s.port, s.state)
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let note = [
+            yes(r.adopted, "adopted"),
+            yes(r.outdated, "profile edited: being replaced"),
+            r.shards
+                .iter()
+                .find_map(|s| s.error.clone())
+                .unwrap_or_default(),
+        ]
+        .into_iter()
+        .filter(|f| !f.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ");
+        t.row(vec![r.id, r.model, r.profile, r.status, shards, note]);
+    }
+    t
+}
+
+fn interval(s: f64) -> anyhow::Result<std::time::Duration> {
+    if !(s.is_finite() && (0.05..=3600.0).contains(&s)) {
+        bail!("--interval-s must be between 0.05 and 3600");
+    }
+    Ok(std::time::Duration::from_secs_f64(s))
+}
+
+/// Prints the replicas each time they change, each table after a line
+/// with the time; a failed look is said on stderr and the watch goes on
+/// (a server restarting is something to watch, not the end of it).
+async fn watch_replicas(
+    a: &Admin,
+    path: &str,
+    json: bool,
+    every: std::time::Duration,
+) -> anyhow::Result<Outcome> {
+    let mut last = String::new();
+    loop {
+        match a.get::<Vec<api::ReplicaRow>>(path).await {
+            Ok(rows) => {
+                let text = if json {
+                    let mut b = Vec::new();
+                    json_line(&mut b, &rows)?;
+                    String::from_utf8(b)?
+                } else {
+                    let mut b = Vec::new();
+                    replicas_table(rows).print(&mut b)?;
+                    format!(
+                        "-- {}\n{}",
+                        chrono::Utc::now().format("%H:%M:%S"),
+                        String::from_utf8(b)?
+                    )
+                };
+                // The time line changes every look; the table decides.
+                let table = text.split_once('\n').map_or(text.as_str(), |(_, t)| t);
+                let seen = last.split_once('\n').map_or(last.as_str(), |(_, t)| t);
+                if json && text != last || !json && table != seen {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(text.as_bytes())?;
+                    out.flush()?;
+                    last = text;
+                }
+            }
+            Err(e) => eprintln!("warning: {e:#}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// The lines of `now` (a log's last lines) that `prev` (its last lines
+/// a moment ago) did not have: after the longest end of `prev` that
+/// `now` starts with. All of `now` when they share nothing (more was
+/// written between looks than a look returns).
+pub(crate) fn new_lines<'a>(prev: &[String], now: &'a [String]) -> &'a [String] {
+    let most = prev.len().min(now.len());
+    let shared = (0..=most)
+        .rev()
+        .find(|&k| prev[prev.len() - k..] == now[..k])
+        .unwrap_or(0);
+    &now[shared..]
+}
+
+/// Prints a log's last lines, then the lines written since, every look.
+async fn follow_logs(a: &Admin, path: &str, every: std::time::Duration) -> anyhow::Result<Outcome> {
+    let mut prev: Vec<String> = Vec::new();
+    let mut first = true;
+    loop {
+        match a.get::<api::Logs>(path).await {
+            Ok(l) => {
+                let fresh = new_lines(&prev, &l.lines);
+                let mut out = std::io::stdout().lock();
+                for line in fresh {
+                    writeln!(out, "{line}")?;
+                }
+                out.flush()?;
+                prev = l.lines;
+                first = false;
+            }
+            // The first look's failure (no such node or log) is the
+            // answer; later ones may pass (a node reconnecting).
+            Err(e) if first => return Err(e),
+            Err(e) => eprintln!("warning: {e:#}"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
 fn replica_summary(s: &api::Status) -> String {
     let starting = s.replicas.saturating_sub(s.replicas_ready);
     let waiting = s.replicas_wanted.saturating_sub(s.replicas);
@@ -554,5 +675,32 @@ fn changed(out: &mut impl Write, json: bool, c: api::Changed) -> anyhow::Result<
     } else {
         writeln!(out, "{}", c.message)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_lines;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|l| (*l).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_followed_log_prints_each_line_once() {
+        // Two lines written between looks of three.
+        assert_eq!(
+            new_lines(&v(&["a", "b", "c"]), &v(&["c", "d", "e"])),
+            v(&["d", "e"])
+        );
+        // Nothing written: nothing printed.
+        assert!(new_lines(&v(&["a", "b", "c"]), &v(&["a", "b", "c"])).is_empty());
+        // A short log growing.
+        assert_eq!(new_lines(&v(&["a"]), &v(&["a", "b"])), v(&["b"]));
+        // Repeated lines are new when there are more of them.
+        assert_eq!(new_lines(&v(&["x", "x"]), &v(&["x", "x", "x"])), v(&["x"]));
+        // More written than a look returns: all of it.
+        assert_eq!(new_lines(&v(&["a", "b"]), &v(&["y", "z"])), v(&["y", "z"]));
+        assert_eq!(new_lines(&[], &v(&["a"])), v(&["a"]));
     }
 }

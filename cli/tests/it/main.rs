@@ -27,6 +27,7 @@ mod drills;
 mod events_io;
 mod failover;
 mod fence;
+mod follow;
 mod join;
 mod logs;
 mod metrics;
