@@ -112,9 +112,11 @@ impl Decider {
             *inner = Inner::default();
         }
         loop {
+            // Payloads as text, decoded straight into events: a leader
+            // taking office reads the whole log here.
             let page = self
                 .store
-                .read_all(inner.position, llmgw_eventstore::DEFAULT_PAGE)
+                .read_all_text(inner.position, llmgw_eventstore::DEFAULT_PAGE)
                 .await?;
             let Some(last) = page.last() else {
                 return Ok(());
@@ -134,7 +136,7 @@ impl Decider {
                     }
                     continue;
                 }
-                match Event::decode(&r.event_type, r.schema_version, &r.payload) {
+                match Event::decode_json(&r.event_type, r.schema_version, &r.payload) {
                     Ok(Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
                         model,
                     })) => {

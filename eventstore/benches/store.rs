@@ -6,6 +6,12 @@
 //! Baseline: the same rows inserted into a plain table with no control row,
 //! no version checks and no hash chain, one transaction per batch, measured
 //! in the same run; `ratio` is our append's throughput over that baseline.
+//!
+//! Group commit: with several writers, concurrent appends are written
+//! together in one transaction. The `alone` figure is the same writers
+//! taking turns (a mutex around each append, so every append is its own
+//! transaction, as before group commit), measured in the same run; `x alone`
+//! is the grouped throughput over it.
 
 #![allow(
     clippy::unwrap_used,
@@ -58,11 +64,19 @@ impl Figures {
     }
 }
 
-async fn appends(store: &AnyStore, writer: &Writer, size: usize, writers: usize) -> Figures {
+/// `alone`: the writers take turns, one append (one transaction) at a time.
+async fn appends(
+    store: &AnyStore,
+    writer: &Writer,
+    size: usize,
+    writers: usize,
+    alone: bool,
+) -> Figures {
     let start = Instant::now();
+    let turns = std::sync::Arc::new(tokio::sync::Mutex::new(()));
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
-            let (store, writer) = (store.clone(), writer.clone());
+            let (store, writer, turns) = (store.clone(), writer.clone(), turns.clone());
             tokio::spawn(async move {
                 let stream = format!("usage-w{w}");
                 let mut latencies = Vec::new();
@@ -70,7 +84,13 @@ async fn appends(store: &AnyStore, writer: &Writer, size: usize, writers: usize)
                 while start.elapsed() < BUDGET {
                     let b = batch(&stream, size);
                     let t = Instant::now();
+                    let turn = if alone {
+                        Some(turns.lock().await)
+                    } else {
+                        None
+                    };
                     store.append(&writer, &b).await.unwrap();
+                    drop(turn);
                     latencies.push(t.elapsed());
                     events += size as u64;
                 }
@@ -179,15 +199,26 @@ async fn run(backend: Backend) {
         let base = baseline(&store, size).await;
         for writers in WRITERS {
             settle(&store).await;
-            let mut f = appends(&store, &writer, size, writers).await;
+            let mut f = appends(&store, &writer, size, writers, false).await;
             let ratio = if writers == 1 {
                 format!("{:.2}", f.rate() / base)
             } else {
                 "-".into()
             };
+            let grouping = if writers > 1 {
+                settle(&store).await;
+                let alone = appends(&store, &writer, size, writers, true).await;
+                format!(
+                    "  alone {:>7.0} events/s  {:.2}x alone",
+                    alone.rate(),
+                    f.rate() / alone.rate()
+                )
+            } else {
+                String::new()
+            };
             println!(
                 "{name:<8} batch {size:>4}  writers {writers}  {:>7.0} events/s  \
-                 p50 {:>7.2} ms  p99 {:>7.2} ms  baseline {:>7.0} events/s  ratio {ratio}",
+                 p50 {:>7.2} ms  p99 {:>7.2} ms  baseline {:>7.0} events/s  ratio {ratio}{grouping}",
                 f.rate(),
                 f.percentile(0.50),
                 f.percentile(0.99),

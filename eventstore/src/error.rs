@@ -101,6 +101,12 @@ pub enum StoreError {
 
     #[error("database error: {0}")]
     Database(sqlx::Error),
+
+    /// The task writing the append's group ended before it answered (a
+    /// runtime shutting down): whether the append was written is unknown,
+    /// and a retry with the same event ids is safe.
+    #[error("the append was interrupted before it was answered")]
+    Interrupted,
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -155,7 +161,7 @@ impl StoreError {
                 }
                 _ => false,
             },
-            StoreError::Connect { .. } => true,
+            StoreError::Connect { .. } | StoreError::Interrupted => true,
             _ => false,
         }
     }

@@ -29,6 +29,7 @@ mod browse;
 mod chain_watch;
 mod error;
 mod export;
+mod group;
 pub mod hash;
 mod import;
 mod migrate;
@@ -57,11 +58,12 @@ pub use export::{
 };
 pub use import::{ChainCheck, ImportOptions, Imported};
 pub use postgres::PgStore;
-pub use reader::PageReader;
+pub use reader::{DecodingReader, PageReader};
 pub use sqlite::SqliteStore;
 pub use subscribe::{Subscription, Wakeups};
 pub use types::{
-    Appended, Checkpoint, ExpectedVersion, Lease, LeaseInfo, LeaseToken, NewEvent, RecordedEvent,
+    Appended, Checkpoint, EventText, ExpectedVersion, Lease, LeaseInfo, LeaseToken, NewEvent,
+    RecordedEvent,
     Snapshot, Stats, StreamAppend, VerifyReport, Writer,
 };
 pub use upcast::{UpcastFn, Upcasters};
@@ -94,6 +96,14 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         after: u64,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
+
+    /// Events after `after` with their payloads as JSON text and without
+    /// metadata or hash, as stored: the cheap read for replaying.
+    fn read_all_text_raw(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<EventText>>> + Send;
 
     fn read_stream_raw(
         &self,
@@ -210,6 +220,19 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         async move {
             self.upcasters()
                 .upcast_all(self.read_all_raw(after, limit).await?)
+        }
+    }
+
+    /// [`EventStore::read_all_text_raw`], upcast: a payload is parsed only
+    /// when its type has a newer schema version to reach.
+    fn read_all_text(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<EventText>>> + Send {
+        async move {
+            self.upcasters()
+                .upcast_all_text(self.read_all_text_raw(after, limit).await?)
         }
     }
 
@@ -370,6 +393,12 @@ pub trait EventStore: Clone + Send + Sync + 'static {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppendPoint {
+    /// An append has joined the queue for the next group (called on the
+    /// appending task).
+    Queued,
+    /// A group of this many appends is about to be written in one
+    /// transaction.
+    Writing { appends: usize },
     /// The writer has a connection but has not yet checked its fence.
     BeforeFence,
     /// The fence check passed and the control row is locked.
@@ -492,6 +521,9 @@ impl EventStore for AnyStore {
     }
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
         delegate!(self, s => s.read_all_raw(after, limit).await)
+    }
+    async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
+        delegate!(self, s => s.read_all_text_raw(after, limit).await)
     }
     async fn read_stream_raw(
         &self,

@@ -11,11 +11,12 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow}
 use sqlx::{Connection, Row};
 use uuid::Uuid;
 
-use crate::append::{self, Existing, Head};
+use crate::append::{self, Existing, Locked, Prepared};
+use crate::group::{self, GroupWriter, Queue};
 use crate::browse::{self, Arg, Dialect};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText, ImportOptions,
     Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
     Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64,
     ttl_millis,
@@ -32,6 +33,7 @@ pub struct PgStore {
     upcasters: Arc<Upcasters>,
     poll_interval: Duration,
     hook: Option<Arc<dyn AppendHook>>,
+    queue: Arc<Queue>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -82,6 +84,7 @@ impl PgStore {
             upcasters: Arc::new(options.upcasters),
             poll_interval: options.poll_interval,
             hook: options.append_hook,
+            queue: Arc::default(),
         };
         match options.schema {
             Schema::Migrate => {
@@ -121,17 +124,6 @@ impl PgStore {
         if let Some(h) = &self.hook {
             h.at(point).await;
         }
-    }
-
-    async fn existing(&self, ids: &[Uuid]) -> Result<Vec<Existing>> {
-        let rows = sqlx::query(
-            "SELECT event_id, position, stream_id, stream_version FROM es_events
-             WHERE event_id = ANY($1)",
-        )
-        .bind(ids)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(existing_row).collect()
     }
 }
 
@@ -219,15 +211,6 @@ async fn import_chunk(
     Ok(())
 }
 
-fn existing_row(r: &PgRow) -> Result<Existing> {
-    Ok(Existing {
-        event_id: r.try_get(0)?,
-        position: r.try_get::<i64, _>(1)? as u64,
-        stream_id: r.try_get(2)?,
-        stream_version: r.try_get::<i64, _>(3)? as u64,
-    })
-}
-
 const SELECT_EVENT: &str = "SELECT position, stream_id, stream_version, event_id, event_type,
     schema_version, payload::text, metadata::text, epoch, recorded_at, hash FROM es_events";
 
@@ -264,6 +247,149 @@ fn lease_row(r: &PgRow, holder: &str) -> Result<Lease> {
         expires_at: r.try_get(1)?,
         head_at_grant: r.try_get::<i64, _>(2)? as u64,
     })
+}
+
+impl GroupWriter for PgStore {
+    fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    async fn hook_at(&self, point: AppendPoint) {
+        self.hook(point).await
+    }
+
+    async fn write_group(&self, group: &[Prepared]) -> Result<Vec<Result<Appended>>> {
+        let mut tx = self.pool.begin().await?;
+        self.hook(AppendPoint::BeforeFence).await;
+        // Lock the control row and read the lease with it: each request's
+        // fence is checked against this row while the lock is held, so a
+        // takeover either committed before (and the row shows it) or waits
+        // for this transaction to end.
+        let row = sqlx::query(
+            "SELECT last_position, last_hash, epoch, holder,
+                    lease_expires_at > clock_timestamp(), clock_timestamp()
+               FROM es_control WHERE id = 1 FOR UPDATE",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let lock = Locked {
+            position: row.try_get::<i64, _>(0)? as u64,
+            hash: hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+            epoch: row.try_get::<i64, _>(2)? as u64,
+            holder: row.try_get(3)?,
+            live: row.try_get(4)?,
+            now: append::micros(row.try_get::<DateTime<Utc>, _>(5)?),
+        };
+        if group.iter().any(|p| lock.admits(&p.writer)) {
+            self.hook(AppendPoint::AfterFence).await;
+        }
+
+        let event_ids: Vec<Uuid> = group.iter().flat_map(|p| p.event_ids.iter().copied()).collect();
+        let stream_ids: Vec<&str> = group
+            .iter()
+            .flat_map(|p| p.stream_ids.iter().map(String::as_str))
+            .collect();
+        let rows = sqlx::query(
+            "SELECT 0, event_id::text, position, stream_id, stream_version FROM es_events
+              WHERE event_id = ANY($1)
+             UNION ALL
+             SELECT 1, NULL, 0, stream_id, version FROM es_streams WHERE stream_id = ANY($2)",
+        )
+        .bind(&event_ids)
+        .bind(&stream_ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut existing = Vec::new();
+        let mut versions = HashMap::new();
+        for r in &rows {
+            let stream_id: String = r.try_get(3)?;
+            let n = r.try_get::<i64, _>(4)? as u64;
+            if r.try_get::<i32, _>(0)? == 0 {
+                let id: String = r.try_get(1)?;
+                let position = r.try_get::<i64, _>(2)? as u64;
+                existing.push(Existing {
+                    event_id: id.parse().map_err(|_| StoreError::Corrupt {
+                        position,
+                        reason: "bad event id".into(),
+                    })?,
+                    position,
+                    stream_id,
+                    stream_version: n,
+                });
+            } else {
+                versions.insert(stream_id, n);
+            }
+        }
+        let planned = append::plan_group(group, &lock, &existing, &versions);
+        if planned.rows.is_empty() {
+            tx.rollback().await?;
+            return Ok(planned.outcomes);
+        }
+
+        let n = planned.rows.len();
+        let mut positions = Vec::with_capacity(n);
+        let mut streams = Vec::with_capacity(n);
+        let mut stream_versions = Vec::with_capacity(n);
+        let mut ids = Vec::with_capacity(n);
+        let mut types = Vec::with_capacity(n);
+        let mut schema_versions = Vec::with_capacity(n);
+        let mut payloads = Vec::with_capacity(n);
+        let mut metadata = Vec::with_capacity(n);
+        let mut hashes = Vec::with_capacity(n);
+        for r in &planned.rows {
+            positions.push(r.position as i64);
+            streams.push(r.stream_id);
+            stream_versions.push(r.stream_version as i64);
+            ids.push(r.event.event_id);
+            types.push(r.event.event_type.as_str());
+            schema_versions.push(r.event.schema_version as i32);
+            payloads.push(r.event.payload.as_str());
+            metadata.push(r.event.metadata.as_str());
+            hashes.push(r.hash.as_slice());
+        }
+        let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
+            .stream_versions
+            .iter()
+            .map(|(s, v)| (*s, *v as i64))
+            .unzip();
+        sqlx::query(
+            "WITH ev AS (
+                INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+                    schema_version, payload, metadata, epoch, recorded_at, hash)
+                SELECT p, s, v, i, t, sv, pl::jsonb, md::jsonb, $10, $11, h
+                FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[],
+                            $6::int[], $7::text[], $8::text[], $9::bytea[])
+                     AS u(p, s, v, i, t, sv, pl, md, h)
+             ), st AS (
+                INSERT INTO es_streams (stream_id, version)
+                SELECT * FROM unnest($12::text[], $13::bigint[])
+                ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version
+             ), ctl AS (
+                UPDATE es_control SET last_position = $14, last_hash = $15 WHERE id = 1
+             )
+             SELECT pg_notify($16, $14::text)",
+        )
+        .bind(&positions)
+        .bind(&streams)
+        .bind(&stream_versions)
+        .bind(&ids)
+        .bind(&types)
+        .bind(&schema_versions)
+        .bind(&payloads)
+        .bind(&metadata)
+        .bind(&hashes)
+        .bind(lock.epoch as i64)
+        .bind(lock.now)
+        .bind(&touched)
+        .bind(&touched_versions)
+        .bind(planned.head as i64)
+        .bind(planned.head_hash.as_slice())
+        .bind(CHANNEL)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(planned.outcomes)
+    }
 }
 
 impl EventStore for PgStore {
@@ -319,154 +445,33 @@ impl EventStore for PgStore {
     }
 
     async fn append(&self, writer: &Writer, batch: &[StreamAppend]) -> Result<Appended> {
-        let prepared = append::prepare(writer, batch)?;
-        let mut tx = self.pool.begin().await?;
-        self.hook(AppendPoint::BeforeFence).await;
-        // Lock the control row. For a leader the fence is part of the same
-        // statement: if a takeover committed while we waited for the lock,
-        // the re-checked row no longer matches and nothing is returned.
-        let head_row = match writer {
-            Writer::Leader(token) => {
-                sqlx::query(
-                    "SELECT last_position, last_hash, epoch, clock_timestamp() FROM es_control
-                     WHERE id = 1 AND epoch = $1 AND holder = $2
-                       AND lease_expires_at > clock_timestamp()
-                     FOR UPDATE",
-                )
-                .bind(to_i64(token.epoch, "epoch")?)
-                .bind(&token.holder)
-                .fetch_optional(&mut *tx)
-                .await?
-            }
-            Writer::Observer { .. } => {
-                sqlx::query(
-                    "SELECT last_position, last_hash, epoch, clock_timestamp() FROM es_control
-                     WHERE id = 1 FOR UPDATE",
-                )
-                .fetch_optional(&mut *tx)
-                .await?
-            }
-        };
-        let Some(head_row) = head_row else {
-            tx.rollback().await?;
-            // A retry of an append that committed before we lost the lease
-            // still gets its original positions.
-            if let Some(done) =
-                append::resolve_retry(&prepared, &self.existing(&prepared.event_ids).await?)?
-            {
-                return Ok(done);
-            }
-            return Err(self.lease_info().await?.fenced());
-        };
-        self.hook(AppendPoint::AfterFence).await;
-        let head = Head {
-            position: head_row.try_get::<i64, _>(0)? as u64,
-            hash: hash::to_array(head_row.try_get::<&[u8], _>(1)?, 0)?,
-            epoch: head_row.try_get::<i64, _>(2)? as u64,
-            now: append::micros(head_row.try_get::<DateTime<Utc>, _>(3)?),
-        };
+        group::append(self, writer, batch).await
+    }
 
+    async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
         let rows = sqlx::query(
-            "SELECT 0, event_id::text, position, stream_id, stream_version FROM es_events
-              WHERE event_id = ANY($1)
-             UNION ALL
-             SELECT 1, NULL, 0, stream_id, version FROM es_streams WHERE stream_id = ANY($2)",
+            "SELECT position, stream_id, stream_version, event_id, event_type, schema_version,
+                    recorded_at, payload::text
+               FROM es_events WHERE position > $1 ORDER BY position LIMIT $2",
         )
-        .bind(&prepared.event_ids)
-        .bind(&prepared.stream_ids)
-        .fetch_all(&mut *tx)
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
         .await?;
-        let mut existing = Vec::new();
-        let mut versions = HashMap::new();
-        for r in &rows {
-            let stream_id: String = r.try_get(3)?;
-            let n = r.try_get::<i64, _>(4)? as u64;
-            if r.try_get::<i32, _>(0)? == 0 {
-                let id: String = r.try_get(1)?;
-                let position = r.try_get::<i64, _>(2)? as u64;
-                existing.push(Existing {
-                    event_id: id.parse().map_err(|_| StoreError::Corrupt {
-                        position,
-                        reason: "bad event id".into(),
-                    })?,
-                    position,
-                    stream_id,
-                    stream_version: n,
-                });
-            } else {
-                versions.insert(stream_id, n);
-            }
-        }
-        if let Some(done) = append::resolve_retry(&prepared, &existing)? {
-            tx.rollback().await?;
-            return Ok(done);
-        }
-        let planned = append::plan(&prepared, writer, head, &versions)?;
-
-        let n = planned.rows.len();
-        let mut positions = Vec::with_capacity(n);
-        let mut streams = Vec::with_capacity(n);
-        let mut stream_versions = Vec::with_capacity(n);
-        let mut ids = Vec::with_capacity(n);
-        let mut types = Vec::with_capacity(n);
-        let mut schema_versions = Vec::with_capacity(n);
-        let mut payloads = Vec::with_capacity(n);
-        let mut metadata = Vec::with_capacity(n);
-        let mut hashes = Vec::with_capacity(n);
-        for r in &planned.rows {
-            positions.push(r.position as i64);
-            streams.push(r.stream_id);
-            stream_versions.push(r.stream_version as i64);
-            ids.push(r.event.event_id);
-            types.push(r.event.event_type.as_str());
-            schema_versions.push(r.event.schema_version as i32);
-            payloads.push(r.payload.as_str());
-            metadata.push(r.metadata.as_str());
-            hashes.push(r.hash.as_slice());
-        }
-        let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
-            .appended
-            .stream_versions
-            .iter()
-            .map(|(s, v)| (s.as_str(), *v as i64))
-            .unzip();
-        sqlx::query(
-            "WITH ev AS (
-                INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
-                    schema_version, payload, metadata, epoch, recorded_at, hash)
-                SELECT p, s, v, i, t, sv, pl::jsonb, md::jsonb, $10, $11, h
-                FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[],
-                            $6::int[], $7::text[], $8::text[], $9::bytea[])
-                     AS u(p, s, v, i, t, sv, pl, md, h)
-             ), st AS (
-                INSERT INTO es_streams (stream_id, version)
-                SELECT * FROM unnest($12::text[], $13::bigint[])
-                ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version
-             ), ctl AS (
-                UPDATE es_control SET last_position = $14, last_hash = $15 WHERE id = 1
-             )
-             SELECT pg_notify($16, $14::text)",
-        )
-        .bind(&positions)
-        .bind(&streams)
-        .bind(&stream_versions)
-        .bind(&ids)
-        .bind(&types)
-        .bind(&schema_versions)
-        .bind(&payloads)
-        .bind(&metadata)
-        .bind(&hashes)
-        .bind(head.epoch as i64)
-        .bind(head.now)
-        .bind(&touched)
-        .bind(&touched_versions)
-        .bind(planned.head as i64)
-        .bind(planned.head_hash.as_slice())
-        .bind(CHANNEL)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(planned.appended)
+        rows.iter()
+            .map(|r| {
+                Ok(EventText {
+                    position: r.try_get::<i64, _>(0)? as u64,
+                    stream_id: r.try_get(1)?,
+                    stream_version: r.try_get::<i64, _>(2)? as u64,
+                    event_id: r.try_get(3)?,
+                    event_type: r.try_get(4)?,
+                    schema_version: r.try_get::<i32, _>(5)? as u32,
+                    recorded_at: r.try_get(6)?,
+                    payload: r.try_get(7)?,
+                })
+            })
+            .collect()
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {

@@ -21,11 +21,12 @@ use sqlx::{Connection, Row};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::append::{self, Existing, Head};
+use crate::append::{self, Existing, Locked, Prepared};
+use crate::group::{self, GroupWriter, Queue};
 use crate::browse::{self, Arg, Dialect};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText, ImportOptions,
     Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
     Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64,
     ttl_millis,
@@ -40,6 +41,7 @@ pub struct SqliteStore {
     poll_interval: Duration,
     hook: Option<Arc<dyn AppendHook>>,
     appended: Arc<watch::Sender<u64>>,
+    queue: Arc<Queue>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -135,6 +137,7 @@ impl SqliteStore {
             poll_interval: options.poll_interval,
             hook: options.append_hook,
             appended: signal_for(path),
+            queue: Arc::default(),
         };
         match options.schema {
             Schema::Migrate => {
@@ -149,6 +152,11 @@ impl SqliteStore {
     /// The writer pool, for tests and tools that inspect the tables directly.
     pub fn pool(&self) -> &SqlitePool {
         &self.writer
+    }
+
+    /// The readers' pool, for tools that read the tables directly.
+    pub fn read_pool(&self) -> &SqlitePool {
+        &self.reader
     }
 
     async fn check_schema(&self) -> Result<()> {
@@ -174,31 +182,6 @@ impl SqliteStore {
         if let Some(h) = &self.hook {
             h.at(point).await;
         }
-    }
-
-    async fn existing<'e, E>(&self, conn: E, ids: &[Uuid]) -> Result<Vec<Existing>>
-    where
-        E: sqlx::Executor<'e, Database = sqlx::Sqlite>,
-    {
-        let ids: Vec<String> = ids.iter().map(|id| id.hyphenated().to_string()).collect();
-        let rows = sqlx::query(
-            "SELECT event_id, position, stream_id, stream_version FROM es_events
-              WHERE event_id IN (SELECT value FROM json_each(?1))",
-        )
-        .bind(serde_json::to_string(&ids).expect("strings serialise"))
-        .fetch_all(conn)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                let position = r.try_get::<i64, _>(1)? as u64;
-                Ok(Existing {
-                    event_id: parse_uuid(r.try_get(0)?, position)?,
-                    position,
-                    stream_id: r.try_get(2)?,
-                    stream_version: r.try_get::<i64, _>(3)? as u64,
-                })
-            })
-            .collect()
     }
 }
 
@@ -322,6 +305,139 @@ fn lease_row(r: &SqliteRow, holder: &str) -> Result<Lease> {
     })
 }
 
+impl GroupWriter for SqliteStore {
+    fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    async fn hook_at(&self, point: AppendPoint) {
+        self.hook(point).await
+    }
+
+    async fn write_group(&self, group: &[Prepared]) -> Result<Vec<Result<Appended>>> {
+        // BEGIN IMMEDIATE is the lock: the fences are checked right after it.
+        self.hook(AppendPoint::BeforeFence).await;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let now = now_micros();
+        let (position, last_hash, epoch, holder, expires): (i64, Vec<u8>, i64, Option<String>, i64) =
+            sqlx::query_as(
+                "SELECT last_position, last_hash, epoch, holder, lease_expires_at
+                   FROM es_control WHERE id = 1",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+        let lock = Locked {
+            position: position as u64,
+            hash: hash::to_array(&last_hash, 0)?,
+            epoch: epoch as u64,
+            holder,
+            live: expires > now,
+            now: from_micros(now),
+        };
+        if group.iter().any(|p| lock.admits(&p.writer)) {
+            self.hook(AppendPoint::AfterFence).await;
+        }
+        let event_ids: Vec<String> = group
+            .iter()
+            .flat_map(|p| p.event_ids.iter().map(|id| id.hyphenated().to_string()))
+            .collect();
+        let stream_ids: Vec<&str> = group
+            .iter()
+            .flat_map(|p| p.stream_ids.iter().map(String::as_str))
+            .collect();
+        let rows = sqlx::query(
+            "SELECT 0, event_id, position, stream_id, stream_version FROM es_events
+              WHERE event_id IN (SELECT value FROM json_each(?1))
+             UNION ALL
+             SELECT 1, NULL, 0, stream_id, version FROM es_streams
+              WHERE stream_id IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(serde_json::to_string(&event_ids).expect("strings serialise"))
+        .bind(serde_json::to_string(&stream_ids).expect("strings serialise"))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut existing = Vec::new();
+        let mut versions = HashMap::new();
+        for r in &rows {
+            let stream_id: String = r.try_get(3)?;
+            let n = r.try_get::<i64, _>(4)? as u64;
+            if r.try_get::<i64, _>(0)? == 0 {
+                let position = r.try_get::<i64, _>(2)? as u64;
+                existing.push(Existing {
+                    event_id: parse_uuid(r.try_get(1)?, position)?,
+                    position,
+                    stream_id,
+                    stream_version: n,
+                });
+            } else {
+                versions.insert(stream_id, n);
+            }
+        }
+        let planned = append::plan_group(group, &lock, &existing, &versions);
+        if planned.rows.is_empty() {
+            tx.rollback().await?;
+            return Ok(planned.outcomes);
+        }
+
+        // One statement for all rows: the batch travels as one JSON array,
+        // which SQLite takes apart faster than it binds thousands of
+        // parameters.
+        let mut rows = String::with_capacity(planned.rows.len() * 256);
+        rows.push('[');
+        for (i, r) in planned.rows.iter().enumerate() {
+            if i > 0 {
+                rows.push(',');
+            }
+            let cells = (
+                r.position,
+                r.stream_id,
+                r.stream_version,
+                r.event.event_id,
+                &r.event.event_type,
+                r.event.schema_version,
+                &r.event.payload,
+                &r.event.metadata,
+                hash::to_hex(&r.hash),
+            );
+            rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
+        }
+        rows.push(']');
+        sqlx::query(
+            "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+                 schema_version, payload, metadata, epoch, recorded_at, hash)
+             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
+                    value ->> 5, value ->> 6, value ->> 7, ?2, ?3, unhex(value ->> 8)
+               FROM json_each(?1)",
+        )
+        .bind(rows)
+        .bind(lock.epoch as i64)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let streams: Vec<Value> = planned
+            .stream_versions
+            .iter()
+            .map(|(s, v)| Value::Array(vec![(*s).into(), (*v).into()]))
+            .collect();
+        sqlx::query(
+            "INSERT INTO es_streams (stream_id, version)
+             SELECT value ->> 0, value ->> 1 FROM json_each(?1) WHERE true
+             ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version",
+        )
+        .bind(Value::Array(streams).to_string())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE es_control SET last_position = ?1, last_hash = ?2 WHERE id = 1")
+            .bind(planned.head as i64)
+            .bind(planned.head_hash.as_slice())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.appended.send_replace(planned.head);
+        Ok(planned.outcomes)
+    }
+}
+
 impl EventStore for SqliteStore {
     fn address(&self) -> &StoreAddress {
         &self.address
@@ -371,116 +487,34 @@ impl EventStore for SqliteStore {
     }
 
     async fn append(&self, writer: &Writer, batch: &[StreamAppend]) -> Result<Appended> {
-        let prepared = append::prepare(writer, batch)?;
-        // BEGIN IMMEDIATE is the lock: the fence is checked right after it.
-        self.hook(AppendPoint::BeforeFence).await;
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_micros();
-        let head_row = match writer {
-            Writer::Leader(token) => {
-                sqlx::query(
-                    "SELECT last_position, last_hash, epoch FROM es_control
-                      WHERE id = 1 AND epoch = ?1 AND holder = ?2 AND lease_expires_at > ?3",
-                )
-                .bind(to_i64(token.epoch, "epoch")?)
-                .bind(&token.holder)
-                .bind(now)
-                .fetch_optional(&mut *tx)
-                .await?
-            }
-            Writer::Observer { .. } => {
-                sqlx::query("SELECT last_position, last_hash, epoch FROM es_control WHERE id = 1")
-                    .fetch_optional(&mut *tx)
-                    .await?
-            }
-        };
-        let existing = self.existing(&mut *tx, &prepared.event_ids).await?;
-        let Some(head_row) = head_row else {
-            tx.rollback().await?;
-            if let Some(done) = append::resolve_retry(&prepared, &existing)? {
-                return Ok(done);
-            }
-            return Err(self.lease_info().await?.fenced());
-        };
-        self.hook(AppendPoint::AfterFence).await;
-        if let Some(done) = append::resolve_retry(&prepared, &existing)? {
-            tx.rollback().await?;
-            return Ok(done);
-        }
-        let head = Head {
-            position: head_row.try_get::<i64, _>(0)? as u64,
-            hash: hash::to_array(head_row.try_get::<&[u8], _>(1)?, 0)?,
-            epoch: head_row.try_get::<i64, _>(2)? as u64,
-            now: from_micros(now),
-        };
-        let versions: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT stream_id, version FROM es_streams
-              WHERE stream_id IN (SELECT value FROM json_each(?1))",
-        )
-        .bind(serde_json::to_string(&prepared.stream_ids).expect("strings serialise"))
-        .fetch_all(&mut *tx)
-        .await?;
-        let versions: HashMap<String, u64> =
-            versions.into_iter().map(|(s, v)| (s, v as u64)).collect();
-        let planned = append::plan(&prepared, writer, head, &versions)?;
+        group::append(self, writer, batch).await
+    }
 
-        // One statement for all rows: the batch travels as one JSON array,
-        // which SQLite takes apart faster than it binds thousands of
-        // parameters.
-        let mut rows = String::with_capacity(planned.rows.len() * 256);
-        rows.push('[');
-        for (i, r) in planned.rows.iter().enumerate() {
-            if i > 0 {
-                rows.push(',');
-            }
-            let cells = (
-                r.position,
-                r.stream_id,
-                r.stream_version,
-                r.event.event_id,
-                &r.event.event_type,
-                r.event.schema_version,
-                &r.payload,
-                &r.metadata,
-                hash::to_hex(&r.hash),
-            );
-            rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
-        }
-        rows.push(']');
-        sqlx::query(
-            "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
-                 schema_version, payload, metadata, epoch, recorded_at, hash)
-             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
-                    value ->> 5, value ->> 6, value ->> 7, ?2, ?3, unhex(value ->> 8)
-               FROM json_each(?1)",
+    async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
+        let rows = sqlx::query(
+            "SELECT position, stream_id, stream_version, event_id, event_type, schema_version,
+                    recorded_at, payload
+               FROM es_events WHERE position > ?1 ORDER BY position LIMIT ?2",
         )
-        .bind(rows)
-        .bind(head.epoch as i64)
-        .bind(now)
-        .execute(&mut *tx)
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.reader)
         .await?;
-        let streams: Vec<Value> = planned
-            .appended
-            .stream_versions
-            .iter()
-            .map(|(s, v)| Value::Array(vec![s.clone().into(), (*v).into()]))
-            .collect();
-        sqlx::query(
-            "INSERT INTO es_streams (stream_id, version)
-             SELECT value ->> 0, value ->> 1 FROM json_each(?1) WHERE true
-             ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version",
-        )
-        .bind(Value::Array(streams).to_string())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE es_control SET last_position = ?1, last_hash = ?2 WHERE id = 1")
-            .bind(planned.head as i64)
-            .bind(planned.head_hash.as_slice())
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        self.appended.send_replace(planned.head);
-        Ok(planned.appended)
+        rows.iter()
+            .map(|r| {
+                let position = r.try_get::<i64, _>(0)? as u64;
+                Ok(EventText {
+                    position,
+                    stream_id: r.try_get(1)?,
+                    stream_version: r.try_get::<i64, _>(2)? as u64,
+                    event_id: parse_uuid(r.try_get(3)?, position)?,
+                    event_type: r.try_get(4)?,
+                    schema_version: r.try_get::<i64, _>(5)? as u32,
+                    recorded_at: from_micros(r.try_get(6)?),
+                    payload: r.try_get(7)?,
+                })
+            })
+            .collect()
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {

@@ -176,6 +176,26 @@ pub struct RecordedEvent {
     pub hash: [u8; 32],
 }
 
+/// An event as a reader of the payload needs it (replaying views, catching
+/// up a decision state): its place, identity, type and time, and the payload
+/// as the stored JSON text, not yet parsed, so that the reader can decode it
+/// straight into its own types. No metadata, epoch or hash: reading and
+/// parsing those is most of the cost of a [`RecordedEvent`] that replay never
+/// looks at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventText {
+    pub position: u64,
+    pub stream_id: String,
+    pub stream_version: u64,
+    pub event_id: Uuid,
+    pub event_type: String,
+    pub schema_version: u32,
+    pub recorded_at: DateTime<Utc>,
+    /// JSON text (PostgreSQL's rendering of the `jsonb`, or SQLite's stored
+    /// canonical text): the same value, not necessarily the same bytes.
+    pub payload: String,
+}
+
 /// What an append did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {

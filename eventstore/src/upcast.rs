@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::{RecordedEvent, StoreError};
+use crate::{EventText, RecordedEvent, StoreError};
 
 /// Turns one event type's payload from schema version `n` into `n + 1`.
 pub type UpcastFn = fn(Value) -> Result<Value, String>;
@@ -54,25 +54,61 @@ impl Upcasters {
         let Some(&target) = self.current.get(&event.event_type) else {
             return Ok(event);
         };
-        while event.schema_version < target {
-            let from = event.schema_version;
+        if event.schema_version < target {
+            event.payload = self.steps_to(
+                &event.event_type,
+                event.schema_version,
+                target,
+                std::mem::take(&mut event.payload),
+            )?;
+            event.schema_version = target;
+        }
+        Ok(event)
+    }
+
+    /// The same for an event read as text: the payload is parsed (and
+    /// written back as text) only when a step applies.
+    pub fn upcast_text(&self, mut event: EventText) -> Result<EventText, StoreError> {
+        let Some(&target) = self.current.get(&event.event_type) else {
+            return Ok(event);
+        };
+        if event.schema_version < target {
+            let payload: Value =
+                serde_json::from_str(&event.payload).map_err(|e| StoreError::Corrupt {
+                    position: event.position,
+                    reason: e.to_string(),
+                })?;
+            let payload = self.steps_to(&event.event_type, event.schema_version, target, payload)?;
+            event.payload = payload.to_string();
+            event.schema_version = target;
+        }
+        Ok(event)
+    }
+
+    fn steps_to(
+        &self,
+        event_type: &str,
+        mut from: u32,
+        target: u32,
+        mut payload: Value,
+    ) -> Result<Value, StoreError> {
+        while from < target {
             let step = self
                 .steps
-                .get(&(event.event_type.clone(), from))
+                .get(&(event_type.to_owned(), from))
                 .ok_or_else(|| StoreError::MissingUpcaster {
-                    event_type: event.event_type.clone(),
+                    event_type: event_type.to_owned(),
                     from,
                     to: target,
                 })?;
-            event.payload =
-                step(std::mem::take(&mut event.payload)).map_err(|reason| StoreError::Upcast {
-                    event_type: event.event_type.clone(),
-                    from,
-                    reason,
-                })?;
-            event.schema_version = from + 1;
+            payload = step(payload).map_err(|reason| StoreError::Upcast {
+                event_type: event_type.to_owned(),
+                from,
+                reason,
+            })?;
+            from += 1;
         }
-        Ok(event)
+        Ok(payload)
     }
 
     pub fn upcast_all(&self, events: Vec<RecordedEvent>) -> Result<Vec<RecordedEvent>, StoreError> {
@@ -80,6 +116,13 @@ impl Upcasters {
             return Ok(events);
         }
         events.into_iter().map(|e| self.upcast(e)).collect()
+    }
+
+    pub fn upcast_all_text(&self, events: Vec<EventText>) -> Result<Vec<EventText>, StoreError> {
+        if self.is_empty() {
+            return Ok(events);
+        }
+        events.into_iter().map(|e| self.upcast_text(e)).collect()
     }
 }
 

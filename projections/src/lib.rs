@@ -19,7 +19,7 @@ mod tenancy;
 mod usage;
 
 use llmgw_domain::Event;
-use llmgw_eventstore::{Checkpoint, RecordedEvent};
+use llmgw_eventstore::{Checkpoint, EventText, RecordedEvent};
 use serde::{Deserialize, Serialize};
 
 pub use cluster::ClusterView;
@@ -79,6 +79,46 @@ pub fn decode(recorded: &RecordedEvent) -> Option<(Stamp, Event)> {
     }
 }
 
+/// A stored event decoded for the views: what [`Projections::apply_decoded`]
+/// takes. Made by [`decode_text`] straight from the payload's JSON text, in
+/// the task that reads the page (see [`REPLAY_PAGE`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub checkpoint: Checkpoint,
+    pub stamp: Stamp,
+    pub recorded_at: chrono::DateTime<chrono::Utc>,
+    /// None for a type this build cannot read: skipped and counted.
+    pub event: Option<Event>,
+}
+
+/// How many events a replay reads at a time: large pages keep the
+/// database's per-query cost small next to the rows.
+pub const REPLAY_PAGE: usize = 5000;
+
+/// The event read as text, decoded into its typed form without a
+/// `serde_json::Value` on the way.
+pub fn decode_text(e: EventText) -> Decoded {
+    let event = match Event::decode_json(&e.event_type, e.schema_version, &e.payload) {
+        Ok(event) => Some(event),
+        Err(error) => {
+            tracing::warn!(position = e.position, %error, "skipping an event this build cannot read");
+            None
+        }
+    };
+    Decoded {
+        checkpoint: Checkpoint {
+            position: e.position,
+            event_id: Some(e.event_id),
+        },
+        stamp: Stamp {
+            position: e.position,
+            recorded_at_ms: e.recorded_at.timestamp_millis(),
+        },
+        recorded_at: e.recorded_at,
+        event,
+    }
+}
+
 /// The names `--view` accepts.
 pub const VIEW_NAMES: [&str; 4] = [
     RouterView::NAME,
@@ -117,6 +157,21 @@ impl Projections {
             None => self.skipped += 1,
         }
         self.checkpoint = Checkpoint::after(recorded);
+    }
+
+    /// Applies one event decoded by [`decode_text`].
+    pub fn apply_decoded(&mut self, decoded: &Decoded) {
+        match &decoded.event {
+            Some(event) => {
+                let stamp = decoded.stamp;
+                self.router.apply_event(stamp, event);
+                self.cluster.apply_event(stamp, event);
+                self.tenancy.apply_event(stamp, event);
+                self.usage.apply_event(stamp, event);
+            }
+            None => self.skipped += 1,
+        }
+        self.checkpoint = decoded.checkpoint.clone();
     }
 
     /// One view as JSON, by its operator-facing name.

@@ -4,9 +4,9 @@
 //! whose checkpoint is not past the point.
 
 use chrono::{DateTime, Utc};
-use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventStore, StoreError};
+use llmgw_eventstore::{AnyStore, DecodingReader, EventStore, StoreError};
 
-use crate::Projections;
+use crate::{Projections, REPLAY_PAGE, decode_text};
 
 /// The last position recorded at or before `t` (0 when nothing was):
 /// "as it stood at `t`" includes everything recorded up to it.
@@ -29,19 +29,20 @@ pub async fn replay_to(
     stop: u64,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
     let mut recorded_at = None;
+    let mut reader = DecodingReader::new(
+        store.clone(),
+        views.checkpoint.position,
+        REPLAY_PAGE,
+        decode_text,
+    );
     while views.checkpoint.position < stop {
-        let page = store
-            .read_all(views.checkpoint.position, DEFAULT_PAGE)
-            .await?;
+        let page = reader.next_page().await?;
         if page.is_empty() {
             break;
         }
-        for e in page.iter().take_while(|e| e.position <= stop) {
-            views.apply(e);
-            recorded_at = Some(e.recorded_at);
-        }
-        if page.last().is_some_and(|e| e.position >= stop) {
-            break;
+        for d in page.iter().take_while(|d| d.stamp.position <= stop) {
+            views.apply_decoded(d);
+            recorded_at = Some(d.recorded_at);
         }
     }
     Ok(recorded_at)

@@ -107,18 +107,34 @@ impl<S: EventStore> Runner<S> {
         self.views.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies everything up to the current head, page by page, with the
-    /// next page read while the current one is applied.
+    /// Applies everything up to the current head, in large pages read and
+    /// decoded while the previous one is applied.
     pub async fn catch_up(&mut self) -> Result<(), RunnerError> {
-        let mut reader =
-            llmgw_eventstore::PageReader::new(self.store.clone(), self.position(), DEFAULT_PAGE);
+        let mut reader = llmgw_eventstore::DecodingReader::new(
+            self.store.clone(),
+            self.position(),
+            crate::REPLAY_PAGE,
+            crate::decode_text,
+        );
         loop {
             let page = reader.next_page().await?;
             if page.is_empty() {
                 self.lag.store(0, Ordering::Relaxed);
                 return Ok(());
             }
-            self.apply_all(&page);
+            // The views' lock is taken per thousand events, so that readers
+            // (routing, the admin API) never wait for a whole large page.
+            for chunk in page.chunks(DEFAULT_PAGE) {
+                let position = {
+                    let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+                    for d in chunk {
+                        views.apply_decoded(d);
+                    }
+                    views.checkpoint.position
+                };
+                self.position.send_replace(position);
+            }
+            self.since_snapshot += page.len() as u64;
             let (head, _) = self.store.head().await?;
             self.lag
                 .store(head.saturating_sub(self.position()), Ordering::Relaxed);

@@ -226,6 +226,12 @@ fn every_event_type_round_trips_under_its_stable_name() {
         let back =
             Event::decode(&kind, version, &payload).unwrap_or_else(|err| panic!("{kind}: {err}"));
         assert_eq!(&back, e);
+        // Straight from the stored text too, as replay reads it, whatever
+        // the spacing and key order the database gave it.
+        let text = serde_json::to_string_pretty(&payload).unwrap();
+        let from_text =
+            Event::decode_json(&kind, version, &text).unwrap_or_else(|err| panic!("{kind}: {err}"));
+        assert_eq!(&from_text, e);
         seen.insert(kind);
     }
     let known: BTreeSet<String> = Event::types().map(|(t, _)| t.to_owned()).collect();
@@ -268,6 +274,32 @@ fn unknown_types_old_versions_and_bad_payloads_are_errors() {
         bad.to_string()
             .starts_with("NodeLost: missing field `node_id`"),
         "{bad}"
+    );
+    // From text: the same refusals, and text that is not one JSON value.
+    assert_eq!(
+        Event::decode_json("NodeExploded", 1, "{}"),
+        Err(DecodeError::UnknownType("NodeExploded".into()))
+    );
+    let bad = Event::decode_json("NodeLost", 1, r#"{"node": "n"}"#).unwrap_err();
+    assert!(
+        bad.to_string()
+            .starts_with("NodeLost: missing field `node_id`"),
+        "{bad}"
+    );
+    for text in [r#"{"node_id": "n"} {}"#, r#"{"node_id": "n""#, ""] {
+        assert!(
+            matches!(
+                Event::decode_json("NodeLost", 1, text),
+                Err(DecodeError::Payload { .. })
+            ),
+            "{text:?} is refused"
+        );
+    }
+    assert_eq!(
+        Event::decode_json("NodeLost", 1, r#" {"node_id": "n"} "#),
+        Ok(Event::Node(NodeEvent::NodeLost {
+            node_id: "n".into()
+        }))
     );
 }
 

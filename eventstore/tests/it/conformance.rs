@@ -25,6 +25,7 @@ both_backends!(
     migrations_are_idempotent_and_required,
     snapshots_are_saved_and_replaced,
     a_page_reader_reads_everything_in_order_with_read_ahead,
+    a_decoding_reader_reads_every_payload_as_text_in_order,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -600,6 +601,14 @@ async fn old_schema_versions_are_upcast_on_read(b: Backend) {
     assert_eq!(read[0].schema_version, 2);
     assert_eq!(read[0].payload, json!({"name": "a", "labels": {}}));
     assert_eq!(read[1].payload["labels"]["zone"], json!("z1"));
+    // Read as text, the same: upcast, and the current one as written.
+    let text = t.store.read_all_text(0, 10).await.unwrap();
+    assert_eq!(text[0].schema_version, 2);
+    let payload = |e: &llmgw_eventstore::EventText| -> Value {
+        serde_json::from_str(&e.payload).unwrap()
+    };
+    assert_eq!(payload(&text[0]), json!({"name": "a", "labels": {}}));
+    assert_eq!(payload(&text[1]), read[1].payload);
     // What was written stays as written, and the chain still verifies.
     let raw = t.store.read_all_raw(0, 10).await.unwrap();
     assert_eq!(
@@ -711,4 +720,45 @@ async fn a_page_reader_reads_everything_in_order_with_read_ahead(b: Backend) {
             .collect::<Vec<_>>(),
         vec![26]
     );
+}
+
+async fn a_decoding_reader_reads_every_payload_as_text_in_order(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    let events: Vec<NewEvent> = (0..25).map(|i| event("E", i)).collect();
+    t.store
+        .append(
+            &w,
+            &[
+                stream("s", ExpectedVersion::Any, events),
+                stream("r", ExpectedVersion::Any, vec![event("F", 25)]),
+            ],
+        )
+        .await
+        .unwrap();
+    let stored = t.store.read_all(3, 100).await.unwrap();
+    // Each event as the decoder sees it: its place and its parsed payload.
+    fn decode(e: llmgw_eventstore::EventText) -> (u64, String, u64, uuid::Uuid, Value) {
+        let payload = serde_json::from_str(&e.payload).unwrap();
+        (e.position, e.stream_id, e.stream_version, e.event_id, payload)
+    }
+    let mut reader = llmgw_eventstore::DecodingReader::new(t.store.clone(), 3, 10, decode);
+    let mut read = Vec::new();
+    loop {
+        let page = reader.next_page().await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 10);
+        read.extend(page);
+    }
+    let expected: Vec<_> = stored
+        .into_iter()
+        .map(|e| (e.position, e.stream_id, e.stream_version, e.event_id, e.payload))
+        .collect();
+    assert_eq!(read, expected);
+    assert_eq!(read.last().map(|e| (e.0, e.1.as_str())), Some((26, "r")));
+    let text = t.store.read_all_text(25, 1).await.unwrap();
+    assert_eq!(text[0].event_type, "F");
+    assert_eq!(text[0].schema_version, 1);
 }

@@ -8,6 +8,7 @@ mod support;
 mod browse;
 mod conformance;
 mod fencing;
+mod group_commit;
 mod import;
 mod properties;
 mod subscriptions;
