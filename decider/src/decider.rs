@@ -130,7 +130,8 @@ impl Decider {
                 if inner.own.remove(&r.position) {
                     // Applied when decided; its time is known only now.
                     if clocked
-                        && let Ok(e) = Event::decode(&r.event_type, r.schema_version, &r.payload)
+                        && let Ok(e) =
+                            Event::decode_json(&r.event_type, r.schema_version, &r.payload)
                     {
                         inner.clocks.observe(&inner.state, &e, at);
                     }

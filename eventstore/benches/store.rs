@@ -253,8 +253,14 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // LLMGW_BENCH_BACKEND=postgres or sqlite runs one backend only.
+    let only = std::env::var("LLMGW_BENCH_BACKEND").ok();
     rt.block_on(async {
-        run(Backend::Postgres).await;
-        run(Backend::Sqlite).await;
+        for backend in [Backend::Postgres, Backend::Sqlite] {
+            let name = format!("{backend:?}").to_lowercase();
+            if only.as_ref().is_none_or(|o| *o == name) {
+                run(backend).await;
+            }
+        }
     });
 }

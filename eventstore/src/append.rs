@@ -274,8 +274,7 @@ pub(crate) fn plan_group<'a>(
 ) -> Planned<'a> {
     let mut known: HashMap<Uuid, Existing> =
         existing.iter().map(|e| (e.event_id, e.clone())).collect();
-    let mut versions: HashMap<&str, u64> =
-        versions.iter().map(|(s, v)| (s.as_str(), *v)).collect();
+    let mut versions: HashMap<&str, u64> = versions.iter().map(|(s, v)| (s.as_str(), *v)).collect();
     let mut touched: Vec<&'a str> = Vec::new();
     let mut touched_set: HashSet<&'a str> = HashSet::new();
     let mut rows = Vec::new();

@@ -152,10 +152,12 @@ async fn write<W: GroupWriter>(store: &W, group: &[Prepared]) -> Vec<Result<Appe
             tracing::debug!(error = %e, requests = group.len(), "group append failed; writing each alone");
             let mut outcomes = Vec::with_capacity(group.len());
             for request in group {
-                outcomes.push(match store.write_group(std::slice::from_ref(request)).await {
-                    Ok(mut one) => one.pop().unwrap_or(Err(StoreError::Interrupted)),
-                    Err(e) => Err(e),
-                });
+                outcomes.push(
+                    match store.write_group(std::slice::from_ref(request)).await {
+                        Ok(mut one) => one.pop().unwrap_or(Err(StoreError::Interrupted)),
+                        Err(e) => Err(e),
+                    },
+                );
             }
             outcomes
         }
@@ -178,5 +180,46 @@ impl Drop for Running<'_> {
         let mut state = self.queue.lock();
         state.running = false;
         state.pending.clear();
+    }
+}
+
+/// How long a kept writer connection is trusted without the pool's check.
+const KEEP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The connection a backend keeps for writing groups between one and the
+/// next: taking one from the pool and giving it back each costs a round trip
+/// (the pool checks a connection as it hands it out and as it takes it
+/// back), which is as much as a small append's own work.
+#[derive(Debug)]
+pub(crate) struct Parked<DB: sqlx::Database> {
+    slot: Mutex<Option<(sqlx::pool::PoolConnection<DB>, std::time::Instant)>>,
+}
+
+impl<DB: sqlx::Database> Default for Parked<DB> {
+    fn default() -> Self {
+        Parked {
+            slot: Mutex::new(None),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> Parked<DB> {
+    /// The kept connection if it was used recently (true), else one from
+    /// the pool (false).
+    pub(crate) async fn take(
+        &self,
+        pool: &sqlx::Pool<DB>,
+    ) -> Result<(sqlx::pool::PoolConnection<DB>, bool)> {
+        let kept = self.slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match kept {
+            Some((conn, at)) if at.elapsed() < KEEP => Ok((conn, true)),
+            // Old: back to the pool, which checks it before the next use.
+            _ => Ok((pool.acquire().await?, false)),
+        }
+    }
+
+    pub(crate) fn park(&self, conn: sqlx::pool::PoolConnection<DB>) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((conn, std::time::Instant::now()));
     }
 }

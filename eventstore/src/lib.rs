@@ -33,6 +33,7 @@ mod group;
 pub mod hash;
 mod import;
 mod migrate;
+mod page_text;
 mod postgres;
 mod reader;
 pub mod signing;
@@ -63,8 +64,7 @@ pub use sqlite::SqliteStore;
 pub use subscribe::{Subscription, Wakeups};
 pub use types::{
     Appended, Checkpoint, EventText, ExpectedVersion, Lease, LeaseInfo, LeaseToken, NewEvent,
-    RecordedEvent,
-    Snapshot, Stats, StreamAppend, VerifyReport, Writer,
+    RecordedEvent, Snapshot, Stats, StreamAppend, VerifyReport, Writer,
 };
 pub use upcast::{UpcastFn, Upcasters};
 

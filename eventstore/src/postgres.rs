@@ -7,19 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection, Row};
 use uuid::Uuid;
 
 use crate::append::{self, Existing, Locked, Prepared};
-use crate::group::{self, GroupWriter, Queue};
 use crate::browse::{self, Arg, Dialect};
+use crate::group::{self, GroupWriter, Parked, Queue};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText, ImportOptions,
-    Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
-    Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64,
-    ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText,
+    ImportOptions, Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result,
+    Schema, Snapshot, Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer,
+    hash, to_i64, ttl_millis,
 };
 
 const CHANNEL: &str = "es_appended";
@@ -34,6 +34,7 @@ pub struct PgStore {
     poll_interval: Duration,
     hook: Option<Arc<dyn AppendHook>>,
     queue: Arc<Queue>,
+    writer: Arc<Parked<sqlx::Postgres>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -85,6 +86,7 @@ impl PgStore {
             poll_interval: options.poll_interval,
             hook: options.append_hook,
             queue: Arc::default(),
+            writer: Arc::default(),
         };
         match options.schema {
             Schema::Migrate => {
@@ -249,6 +251,34 @@ fn lease_row(r: &PgRow, holder: &str) -> Result<Lease> {
     })
 }
 
+impl PgStore {
+    async fn read_all_text_rows(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
+        let rows = sqlx::query(
+            "SELECT position, stream_id, stream_version, event_id, event_type, schema_version,
+                    recorded_at, payload::text
+               FROM es_events WHERE position > $1 ORDER BY position LIMIT $2",
+        )
+        .bind(to_i64(after, "position")?)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(EventText {
+                    position: r.try_get::<i64, _>(0)? as u64,
+                    stream_id: r.try_get(1)?,
+                    stream_version: r.try_get::<i64, _>(2)? as u64,
+                    event_id: r.try_get(3)?,
+                    event_type: r.try_get(4)?,
+                    schema_version: r.try_get::<i32, _>(5)? as u32,
+                    recorded_at: r.try_get(6)?,
+                    payload: r.try_get(7)?,
+                })
+            })
+            .collect()
+    }
+}
+
 impl GroupWriter for PgStore {
     fn queue(&self) -> &Queue {
         &self.queue
@@ -259,137 +289,195 @@ impl GroupWriter for PgStore {
     }
 
     async fn write_group(&self, group: &[Prepared]) -> Result<Vec<Result<Appended>>> {
-        let mut tx = self.pool.begin().await?;
-        self.hook(AppendPoint::BeforeFence).await;
-        // Lock the control row and read the lease with it: each request's
-        // fence is checked against this row while the lock is held, so a
-        // takeover either committed before (and the row shows it) or waits
-        // for this transaction to end.
-        let row = sqlx::query(
-            "SELECT last_position, last_hash, epoch, holder,
-                    lease_expires_at > clock_timestamp(), clock_timestamp()
-               FROM es_control WHERE id = 1 FOR UPDATE",
-        )
-        .fetch_one(&mut *tx)
-        .await?;
-        let lock = Locked {
-            position: row.try_get::<i64, _>(0)? as u64,
-            hash: hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
-            epoch: row.try_get::<i64, _>(2)? as u64,
-            holder: row.try_get(3)?,
-            live: row.try_get(4)?,
-            now: append::micros(row.try_get::<DateTime<Utc>, _>(5)?),
-        };
-        if group.iter().any(|p| lock.admits(&p.writer)) {
-            self.hook(AppendPoint::AfterFence).await;
+        let (mut conn, parked) = self.writer.take(&self.pool).await?;
+        let mut result = write_group_on(self, &mut conn, group).await;
+        if parked && matches!(&result, Err(StoreError::Database(sqlx::Error::Io(_)))) {
+            // The kept connection died while it waited (a restart, a cut
+            // link): the pool would have noticed on acquire, so ask it.
+            conn.close_on_drop();
+            conn = self.pool.acquire().await?;
+            result = write_group_on(self, &mut conn, group).await;
         }
+        match &result {
+            // Kept only where the pool has others for everything else.
+            Ok(_) if self.pool.options().get_max_connections() > 1 => self.writer.park(conn),
+            Ok(_) => {}
+            // In whatever state it was left: not back into the pool.
+            Err(_) => conn.close_on_drop(),
+        }
+        result
+    }
+}
 
-        let event_ids: Vec<Uuid> = group.iter().flat_map(|p| p.event_ids.iter().copied()).collect();
-        let stream_ids: Vec<&str> = group
-            .iter()
-            .flat_map(|p| p.stream_ids.iter().map(String::as_str))
-            .collect();
-        let rows = sqlx::query(
-            "SELECT 0, event_id::text, position, stream_id, stream_version FROM es_events
-              WHERE event_id = ANY($1)
-             UNION ALL
-             SELECT 1, NULL, 0, stream_id, version FROM es_streams WHERE stream_id = ANY($2)",
+/// One group's transaction on `conn`.
+async fn write_group_on(
+    store: &PgStore,
+    conn: &mut PgConnection,
+    group: &[Prepared],
+) -> Result<Vec<Result<Appended>>> {
+    let mut tx = conn.begin().await?;
+    store.hook(AppendPoint::BeforeFence).await;
+    let event_ids: Vec<Uuid> = group
+        .iter()
+        .flat_map(|p| p.event_ids.iter().copied())
+        .collect();
+    let stream_ids: Vec<&str> = group
+        .iter()
+        .flat_map(|p| p.stream_ids.iter().map(String::as_str))
+        .collect();
+    // Lock the control row and read the lease with it: each request's
+    // fence is checked against this row while the lock is held, so a
+    // takeover either committed before (and the row shows it) or waits for
+    // this transaction to end. The lookups of the group's event ids and
+    // streams ride in the same statement, but read its snapshot, taken
+    // before the lock was granted: `seen` (the head in that snapshot) says
+    // whether another writer committed in between, and only then are they
+    // read again.
+    let row = sqlx::query(
+        "SELECT c.last_position, c.last_hash, c.epoch, c.holder, c.live, c.now,
+                (SELECT last_position FROM es_control WHERE id = 1),
+                (SELECT json_agg(json_build_array(event_id, position, stream_id, stream_version))
+                   FROM es_events WHERE event_id = ANY($1))::text,
+                (SELECT json_agg(json_build_array(stream_id, version))
+                   FROM es_streams WHERE stream_id = ANY($2))::text
+           FROM (SELECT last_position, last_hash, epoch, holder,
+                        lease_expires_at > clock_timestamp() AS live, clock_timestamp() AS now
+                   FROM es_control WHERE id = 1 FOR UPDATE) AS c",
+    )
+    .bind(&event_ids)
+    .bind(&stream_ids)
+    .fetch_one(&mut *tx)
+    .await?;
+    let lock = Locked {
+        position: row.try_get::<i64, _>(0)? as u64,
+        hash: hash::to_array(row.try_get::<&[u8], _>(1)?, 0)?,
+        epoch: row.try_get::<i64, _>(2)? as u64,
+        holder: row.try_get(3)?,
+        live: row.try_get(4)?,
+        now: append::micros(row.try_get::<DateTime<Utc>, _>(5)?),
+    };
+    if group.iter().any(|p| lock.admits(&p.writer)) {
+        store.hook(AppendPoint::AfterFence).await;
+    }
+    let (existing, versions) = if row.try_get::<i64, _>(6)? as u64 == lock.position {
+        found(
+            lock.position,
+            row.try_get::<Option<String>, _>(7)?,
+            row.try_get::<Option<String>, _>(8)?,
+        )?
+    } else {
+        let row = sqlx::query(
+            "SELECT (SELECT json_agg(json_build_array(event_id, position, stream_id, stream_version))
+                       FROM es_events WHERE event_id = ANY($1))::text,
+                    (SELECT json_agg(json_build_array(stream_id, version))
+                       FROM es_streams WHERE stream_id = ANY($2))::text",
         )
         .bind(&event_ids)
         .bind(&stream_ids)
-        .fetch_all(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
-        let mut existing = Vec::new();
-        let mut versions = HashMap::new();
-        for r in &rows {
-            let stream_id: String = r.try_get(3)?;
-            let n = r.try_get::<i64, _>(4)? as u64;
-            if r.try_get::<i32, _>(0)? == 0 {
-                let id: String = r.try_get(1)?;
-                let position = r.try_get::<i64, _>(2)? as u64;
-                existing.push(Existing {
-                    event_id: id.parse().map_err(|_| StoreError::Corrupt {
-                        position,
-                        reason: "bad event id".into(),
-                    })?,
-                    position,
-                    stream_id,
-                    stream_version: n,
-                });
-            } else {
-                versions.insert(stream_id, n);
-            }
-        }
-        let planned = append::plan_group(group, &lock, &existing, &versions);
-        if planned.rows.is_empty() {
-            tx.rollback().await?;
-            return Ok(planned.outcomes);
-        }
-
-        let n = planned.rows.len();
-        let mut positions = Vec::with_capacity(n);
-        let mut streams = Vec::with_capacity(n);
-        let mut stream_versions = Vec::with_capacity(n);
-        let mut ids = Vec::with_capacity(n);
-        let mut types = Vec::with_capacity(n);
-        let mut schema_versions = Vec::with_capacity(n);
-        let mut payloads = Vec::with_capacity(n);
-        let mut metadata = Vec::with_capacity(n);
-        let mut hashes = Vec::with_capacity(n);
-        for r in &planned.rows {
-            positions.push(r.position as i64);
-            streams.push(r.stream_id);
-            stream_versions.push(r.stream_version as i64);
-            ids.push(r.event.event_id);
-            types.push(r.event.event_type.as_str());
-            schema_versions.push(r.event.schema_version as i32);
-            payloads.push(r.event.payload.as_str());
-            metadata.push(r.event.metadata.as_str());
-            hashes.push(r.hash.as_slice());
-        }
-        let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
-            .stream_versions
-            .iter()
-            .map(|(s, v)| (*s, *v as i64))
-            .unzip();
-        sqlx::query(
-            "WITH ev AS (
-                INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
-                    schema_version, payload, metadata, epoch, recorded_at, hash)
-                SELECT p, s, v, i, t, sv, pl::jsonb, md::jsonb, $10, $11, h
-                FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[],
-                            $6::int[], $7::text[], $8::text[], $9::bytea[])
-                     AS u(p, s, v, i, t, sv, pl, md, h)
-             ), st AS (
-                INSERT INTO es_streams (stream_id, version)
-                SELECT * FROM unnest($12::text[], $13::bigint[])
-                ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version
-             ), ctl AS (
-                UPDATE es_control SET last_position = $14, last_hash = $15 WHERE id = 1
-             )
-             SELECT pg_notify($16, $14::text)",
-        )
-        .bind(&positions)
-        .bind(&streams)
-        .bind(&stream_versions)
-        .bind(&ids)
-        .bind(&types)
-        .bind(&schema_versions)
-        .bind(&payloads)
-        .bind(&metadata)
-        .bind(&hashes)
-        .bind(lock.epoch as i64)
-        .bind(lock.now)
-        .bind(&touched)
-        .bind(&touched_versions)
-        .bind(planned.head as i64)
-        .bind(planned.head_hash.as_slice())
-        .bind(CHANNEL)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(planned.outcomes)
+        found(lock.position, row.try_get(0)?, row.try_get(1)?)?
+    };
+    let planned = append::plan_group(group, &lock, &existing, &versions);
+    if planned.rows.is_empty() {
+        tx.rollback().await?;
+        return Ok(planned.outcomes);
     }
+
+    let n = planned.rows.len();
+    let mut positions = Vec::with_capacity(n);
+    let mut streams = Vec::with_capacity(n);
+    let mut stream_versions = Vec::with_capacity(n);
+    let mut ids = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    let mut schema_versions = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut metadata = Vec::with_capacity(n);
+    let mut hashes = Vec::with_capacity(n);
+    for r in &planned.rows {
+        positions.push(r.position as i64);
+        streams.push(r.stream_id);
+        stream_versions.push(r.stream_version as i64);
+        ids.push(r.event.event_id);
+        types.push(r.event.event_type.as_str());
+        schema_versions.push(r.event.schema_version as i32);
+        payloads.push(r.event.payload.as_str());
+        metadata.push(r.event.metadata.as_str());
+        hashes.push(r.hash.as_slice());
+    }
+    let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
+        .stream_versions
+        .iter()
+        .map(|(s, v)| (*s, *v as i64))
+        .unzip();
+    sqlx::query(
+        "WITH ev AS (
+            INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+                schema_version, payload, metadata, epoch, recorded_at, hash)
+            SELECT p, s, v, i, t, sv, pl::jsonb, md::jsonb, $10, $11, h
+            FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::uuid[], $5::text[],
+                        $6::int[], $7::text[], $8::text[], $9::bytea[])
+                 AS u(p, s, v, i, t, sv, pl, md, h)
+         ), st AS (
+            INSERT INTO es_streams (stream_id, version)
+            SELECT * FROM unnest($12::text[], $13::bigint[])
+            ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version
+         ), ctl AS (
+            UPDATE es_control SET last_position = $14, last_hash = $15 WHERE id = 1
+         )
+         SELECT pg_notify($16, $14::text)",
+    )
+    .bind(&positions)
+    .bind(&streams)
+    .bind(&stream_versions)
+    .bind(&ids)
+    .bind(&types)
+    .bind(&schema_versions)
+    .bind(&payloads)
+    .bind(&metadata)
+    .bind(&hashes)
+    .bind(lock.epoch as i64)
+    .bind(lock.now)
+    .bind(&touched)
+    .bind(&touched_versions)
+    .bind(planned.head as i64)
+    .bind(planned.head_hash.as_slice())
+    .bind(CHANNEL)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(planned.outcomes)
+}
+
+/// The group's events already in the log and its streams' versions, from
+/// the lookup's JSON (`None`: nothing found).
+fn found(
+    position: u64,
+    events: Option<String>,
+    streams: Option<String>,
+) -> Result<(Vec<Existing>, HashMap<String, u64>)> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt {
+        position,
+        reason: format!("append lookup: {e}"),
+    };
+    let events: Vec<(Uuid, u64, String, u64)> = match events {
+        Some(text) => serde_json::from_str(&text).map_err(corrupt)?,
+        None => Vec::new(),
+    };
+    let streams: Vec<(String, u64)> = match streams {
+        Some(text) => serde_json::from_str(&text).map_err(corrupt)?,
+        None => Vec::new(),
+    };
+    let existing = events
+        .into_iter()
+        .map(|(event_id, position, stream_id, stream_version)| Existing {
+            event_id,
+            position,
+            stream_id,
+            stream_version,
+        })
+        .collect();
+    Ok((existing, streams.into_iter().collect()))
 }
 
 impl EventStore for PgStore {
@@ -449,29 +537,27 @@ impl EventStore for PgStore {
     }
 
     async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
-        let rows = sqlx::query(
-            "SELECT position, stream_id, stream_version, event_id, event_type, schema_version,
-                    recorded_at, payload::text
-               FROM es_events WHERE position > $1 ORDER BY position LIMIT $2",
+        if std::env::var("TMP_PGROWS").is_ok() {
+            return self.read_all_text_rows(after, limit).await;
+        }
+        let page: Option<String> = sqlx::query_scalar(
+            "SELECT string_agg(concat_ws(' ', position, stream_version, schema_version,
+                                         (extract(epoch FROM recorded_at) * 1000000)::bigint,
+                                         event_id, octet_length(event_type),
+                                         octet_length(stream_id), octet_length(p), '')
+                               || event_type || stream_id || p, '')
+               FROM (SELECT position, stream_version, schema_version, recorded_at, event_id,
+                            event_type, stream_id, payload::text AS p
+                       FROM es_events WHERE position > $1 ORDER BY position LIMIT $2) AS page",
         )
         .bind(to_i64(after, "position")?)
         .bind(limit as i64)
-        .fetch_all(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(EventText {
-                    position: r.try_get::<i64, _>(0)? as u64,
-                    stream_id: r.try_get(1)?,
-                    stream_version: r.try_get::<i64, _>(2)? as u64,
-                    event_id: r.try_get(3)?,
-                    event_type: r.try_get(4)?,
-                    schema_version: r.try_get::<i32, _>(5)? as u32,
-                    recorded_at: r.try_get(6)?,
-                    payload: r.try_get(7)?,
-                })
-            })
-            .collect()
+        match page {
+            Some(page) => crate::page_text::parse(&page, after),
+            None => Ok(Vec::new()),
+        }
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {

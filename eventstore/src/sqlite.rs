@@ -22,14 +22,15 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::append::{self, Existing, Locked, Prepared};
-use crate::group::{self, GroupWriter, Queue};
 use crate::browse::{self, Arg, Dialect};
+use crate::group::{self, GroupWriter, Queue};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
+use crate::page_text;
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText, ImportOptions,
-    Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
-    Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer, hash, to_i64,
-    ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText,
+    ImportOptions, Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result,
+    Schema, Snapshot, Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer,
+    hash, to_i64, ttl_millis,
 };
 
 #[derive(Clone)]
@@ -319,24 +320,6 @@ impl GroupWriter for SqliteStore {
         self.hook(AppendPoint::BeforeFence).await;
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let now = now_micros();
-        let (position, last_hash, epoch, holder, expires): (i64, Vec<u8>, i64, Option<String>, i64) =
-            sqlx::query_as(
-                "SELECT last_position, last_hash, epoch, holder, lease_expires_at
-                   FROM es_control WHERE id = 1",
-            )
-            .fetch_one(&mut *tx)
-            .await?;
-        let lock = Locked {
-            position: position as u64,
-            hash: hash::to_array(&last_hash, 0)?,
-            epoch: epoch as u64,
-            holder,
-            live: expires > now,
-            now: from_micros(now),
-        };
-        if group.iter().any(|p| lock.admits(&p.writer)) {
-            self.hook(AppendPoint::AfterFence).await;
-        }
         let event_ids: Vec<String> = group
             .iter()
             .flat_map(|p| p.event_ids.iter().map(|id| id.hyphenated().to_string()))
@@ -345,33 +328,58 @@ impl GroupWriter for SqliteStore {
             .iter()
             .flat_map(|p| p.stream_ids.iter().map(String::as_str))
             .collect();
+        // The control row (kind 2), the group's event ids already in the log
+        // (0) and its streams' versions (1), in one statement: each is a
+        // trip to the driver's thread.
         let rows = sqlx::query(
-            "SELECT 0, event_id, position, stream_id, stream_version FROM es_events
+            "SELECT 2, holder, last_position, NULL, epoch, last_hash, lease_expires_at
+               FROM es_control WHERE id = 1
+             UNION ALL
+             SELECT 0, event_id, position, stream_id, stream_version, NULL, NULL FROM es_events
               WHERE event_id IN (SELECT value FROM json_each(?1))
              UNION ALL
-             SELECT 1, NULL, 0, stream_id, version FROM es_streams
+             SELECT 1, NULL, 0, stream_id, version, NULL, NULL FROM es_streams
               WHERE stream_id IN (SELECT value FROM json_each(?2))",
         )
         .bind(serde_json::to_string(&event_ids).expect("strings serialise"))
         .bind(serde_json::to_string(&stream_ids).expect("strings serialise"))
         .fetch_all(&mut *tx)
         .await?;
+        let mut lock = None;
         let mut existing = Vec::new();
         let mut versions = HashMap::new();
         for r in &rows {
-            let stream_id: String = r.try_get(3)?;
-            let n = r.try_get::<i64, _>(4)? as u64;
-            if r.try_get::<i64, _>(0)? == 0 {
-                let position = r.try_get::<i64, _>(2)? as u64;
-                existing.push(Existing {
-                    event_id: parse_uuid(r.try_get(1)?, position)?,
-                    position,
-                    stream_id,
-                    stream_version: n,
-                });
-            } else {
-                versions.insert(stream_id, n);
+            match r.try_get::<i64, _>(0)? {
+                2 => {
+                    lock = Some(Locked {
+                        position: r.try_get::<i64, _>(2)? as u64,
+                        hash: hash::to_array(r.try_get::<&[u8], _>(5)?, 0)?,
+                        epoch: r.try_get::<i64, _>(4)? as u64,
+                        holder: r.try_get(1)?,
+                        live: r.try_get::<i64, _>(6)? > now,
+                        now: from_micros(now),
+                    })
+                }
+                0 => {
+                    let position = r.try_get::<i64, _>(2)? as u64;
+                    existing.push(Existing {
+                        event_id: parse_uuid(r.try_get(1)?, position)?,
+                        position,
+                        stream_id: r.try_get(3)?,
+                        stream_version: r.try_get::<i64, _>(4)? as u64,
+                    });
+                }
+                _ => {
+                    versions.insert(r.try_get(3)?, r.try_get::<i64, _>(4)? as u64);
+                }
             }
+        }
+        let lock = lock.ok_or_else(|| StoreError::Corrupt {
+            position: 0,
+            reason: "the control row is missing".into(),
+        })?;
+        if group.iter().any(|p| lock.admits(&p.writer)) {
+            self.hook(AppendPoint::AfterFence).await;
         }
         let planned = append::plan_group(group, &lock, &existing, &versions);
         if planned.rows.is_empty() {
@@ -402,36 +410,33 @@ impl GroupWriter for SqliteStore {
             rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
         }
         rows.push(']');
-        sqlx::query(
-            "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
-                 schema_version, payload, metadata, epoch, recorded_at, hash)
-             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
-                    value ->> 5, value ->> 6, value ->> 7, ?2, ?3, unhex(value ->> 8)
-               FROM json_each(?1)",
-        )
-        .bind(rows)
-        .bind(lock.epoch as i64)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
         let streams: Vec<Value> = planned
             .stream_versions
             .iter()
             .map(|(s, v)| Value::Array(vec![(*s).into(), (*v).into()]))
             .collect();
+        // The rows, the streams' versions and the head in one trip. The
+        // parameters are plain `?`, taken in order across the statements:
+        // the driver binds numbered ones wrongly when a statement skips some.
         sqlx::query(
-            "INSERT INTO es_streams (stream_id, version)
-             SELECT value ->> 0, value ->> 1 FROM json_each(?1) WHERE true
-             ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version",
+            "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+                 schema_version, payload, metadata, epoch, recorded_at, hash)
+             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
+                    value ->> 5, value ->> 6, value ->> 7, ?, ?, unhex(value ->> 8)
+               FROM json_each(?);
+             INSERT INTO es_streams (stream_id, version)
+             SELECT value ->> 0, value ->> 1 FROM json_each(?) WHERE true
+             ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version;
+             UPDATE es_control SET last_position = ?, last_hash = ? WHERE id = 1",
         )
+        .bind(lock.epoch as i64)
+        .bind(now)
+        .bind(rows)
         .bind(Value::Array(streams).to_string())
+        .bind(planned.head as i64)
+        .bind(planned.head_hash.as_slice())
         .execute(&mut *tx)
         .await?;
-        sqlx::query("UPDATE es_control SET last_position = ?1, last_hash = ?2 WHERE id = 1")
-            .bind(planned.head as i64)
-            .bind(planned.head_hash.as_slice())
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
         self.appended.send_replace(planned.head);
         Ok(planned.outcomes)
@@ -491,30 +496,26 @@ impl EventStore for SqliteStore {
     }
 
     async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
-        let rows = sqlx::query(
-            "SELECT position, stream_id, stream_version, event_id, event_type, schema_version,
-                    recorded_at, payload
-               FROM es_events WHERE position > ?1 ORDER BY position LIMIT ?2",
+        // The whole page as one text value built by SQLite: the driver
+        // copies every column of every row into its own allocation and hands
+        // rows over one at a time, which costs more than reading them; one
+        // value per page is one copy. See `page_text` for its format.
+        let page: Option<String> = sqlx::query_scalar(
+            "SELECT group_concat(
+                        printf('%d %d %d %d %s %d %d %d ', position, stream_version,
+                               schema_version, recorded_at, event_id, octet_length(event_type),
+                               octet_length(stream_id), octet_length(payload))
+                        || event_type || stream_id || payload, '')
+               FROM (SELECT * FROM es_events WHERE position > ?1 ORDER BY position LIMIT ?2)",
         )
         .bind(to_i64(after, "position")?)
         .bind(limit as i64)
-        .fetch_all(&self.reader)
+        .fetch_one(&self.reader)
         .await?;
-        rows.iter()
-            .map(|r| {
-                let position = r.try_get::<i64, _>(0)? as u64;
-                Ok(EventText {
-                    position,
-                    stream_id: r.try_get(1)?,
-                    stream_version: r.try_get::<i64, _>(2)? as u64,
-                    event_id: parse_uuid(r.try_get(3)?, position)?,
-                    event_type: r.try_get(4)?,
-                    schema_version: r.try_get::<i64, _>(5)? as u32,
-                    recorded_at: from_micros(r.try_get(6)?),
-                    payload: r.try_get(7)?,
-                })
-            })
-            .collect()
+        match page {
+            Some(page) => page_text::parse(&page, after),
+            None => Ok(Vec::new()),
+        }
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {

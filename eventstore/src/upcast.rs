@@ -78,7 +78,8 @@ impl Upcasters {
                     position: event.position,
                     reason: e.to_string(),
                 })?;
-            let payload = self.steps_to(&event.event_type, event.schema_version, target, payload)?;
+            let payload =
+                self.steps_to(&event.event_type, event.schema_version, target, payload)?;
             event.payload = payload.to_string();
             event.schema_version = target;
         }

@@ -300,30 +300,44 @@ impl UsageView {
     }
 
     fn record(&mut self, u: &UsageRecorded) {
-        let team = self.team_of_project.get(&u.project_id).cloned();
-        let org = team.as_ref().and_then(|t| self.org_of_team.get(t)).cloned();
-        let person = self.person_of_key(&u.key_id).map(str::to_owned);
+        // Replay applies this once per request ever served: keys are looked
+        // up by reference and copied only the first time they are seen.
+        let hour = u.at.div_euclid(HOUR_MS) * HOUR_MS;
+        if hour > self.newest_hour {
+            self.newest_hour = hour;
+            self.prune();
+        }
+        let day = u.at.div_euclid(DAY_MS) * DAY_MS;
+        // A record older than the window (a late batch) counts in the
+        // totals but not in buckets that are already gone.
+        let keep_hour = hour >= self.first_hour();
+        let keep_day = day >= self.first_day();
+
+        let team = self.team_of_project.get(&u.project_id).map(String::as_str);
+        let org = team
+            .and_then(|t| self.org_of_team.get(t))
+            .map(String::as_str);
+        let person = u
+            .key_id
+            .strip_prefix(SESSION_KEY_PREFIX)
+            .or_else(|| self.owner_of_key.get(&u.key_id).map(String::as_str))
+            .filter(|p| !p.is_empty());
         let owners = [
-            (Scope::Key, Some(u.key_id.clone())),
-            (Scope::Project, Some(u.project_id.clone())),
-            (Scope::Team, team.clone()),
-            (Scope::Org, org.clone()),
+            (Scope::Key, Some(u.key_id.as_str())),
+            (Scope::Project, Some(u.project_id.as_str())),
+            (Scope::Team, team),
+            (Scope::Org, org),
         ];
         for (scope, id) in owners {
             let Some(id) = id.filter(|id| !id.is_empty()) else {
                 continue;
             };
-            self.spend
-                .entry(scope)
-                .or_default()
-                .entry(id)
-                .or_default()
-                .add(u);
+            slot(self.spend.entry(scope).or_default(), id).add(u);
         }
-        if let Some(p) = &person {
-            self.people.entry(p.clone()).or_default().add(u);
+        if let Some(p) = person {
+            slot(&mut self.people, p).add(u);
         }
-        let m = self.models.entry(u.model_served.clone()).or_default();
+        let m = slot(&mut self.models, &u.model_served);
         m.requests += 1;
         if u.status >= 400 {
             m.errors += 1;
@@ -338,28 +352,21 @@ impl UsageView {
             m.ttft_count += 1;
         }
 
-        let hour = u.at.div_euclid(HOUR_MS) * HOUR_MS;
-        if hour > self.newest_hour {
-            self.newest_hour = hour;
-            self.prune();
+        if !(keep_hour || keep_day) {
+            return;
         }
         let bucket = Bucket::of(u);
-        let day = u.at.div_euclid(DAY_MS) * DAY_MS;
-        // A record older than the window (a late batch) counts in the
-        // totals above but not in buckets that are already gone.
-        let keep_hour = hour >= self.first_hour();
-        let keep_day = day >= self.first_day();
         let groups = [
-            (GroupBy::Project, Some(u.project_id.clone())),
+            (GroupBy::Project, Some(u.project_id.as_str())),
             (GroupBy::Team, team),
             (GroupBy::Org, org),
             (GroupBy::Person, person),
         ];
         for (by, id) in groups {
-            let Some(id) = id.filter(|id| !id.is_empty() && (keep_hour || keep_day)) else {
+            let Some(id) = id.filter(|id| !id.is_empty()) else {
                 continue;
             };
-            let s = self.series.entry(by).or_default().entry(id).or_default();
+            let s = slot(self.series.entry(by).or_default(), id);
             if keep_hour {
                 s.hourly.entry(hour).or_default().merge(&bucket);
             }
@@ -411,6 +418,14 @@ impl View for UsageView {
             _ => {}
         }
     }
+}
+
+/// The entry for `key`, made (with the key copied) only when it is new.
+fn slot<'a, V: Default>(map: &'a mut BTreeMap<String, V>, key: &str) -> &'a mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("present: inserted above")
 }
 
 #[cfg(test)]

@@ -604,9 +604,8 @@ async fn old_schema_versions_are_upcast_on_read(b: Backend) {
     // Read as text, the same: upcast, and the current one as written.
     let text = t.store.read_all_text(0, 10).await.unwrap();
     assert_eq!(text[0].schema_version, 2);
-    let payload = |e: &llmgw_eventstore::EventText| -> Value {
-        serde_json::from_str(&e.payload).unwrap()
-    };
+    let payload =
+        |e: &llmgw_eventstore::EventText| -> Value { serde_json::from_str(&e.payload).unwrap() };
     assert_eq!(payload(&text[0]), json!({"name": "a", "labels": {}}));
     assert_eq!(payload(&text[1]), read[1].payload);
     // What was written stays as written, and the chain still verifies.
@@ -740,7 +739,13 @@ async fn a_decoding_reader_reads_every_payload_as_text_in_order(b: Backend) {
     // Each event as the decoder sees it: its place and its parsed payload.
     fn decode(e: llmgw_eventstore::EventText) -> (u64, String, u64, uuid::Uuid, Value) {
         let payload = serde_json::from_str(&e.payload).unwrap();
-        (e.position, e.stream_id, e.stream_version, e.event_id, payload)
+        (
+            e.position,
+            e.stream_id,
+            e.stream_version,
+            e.event_id,
+            payload,
+        )
     }
     let mut reader = llmgw_eventstore::DecodingReader::new(t.store.clone(), 3, 10, decode);
     let mut read = Vec::new();
@@ -754,7 +759,15 @@ async fn a_decoding_reader_reads_every_payload_as_text_in_order(b: Backend) {
     }
     let expected: Vec<_> = stored
         .into_iter()
-        .map(|e| (e.position, e.stream_id, e.stream_version, e.event_id, e.payload))
+        .map(|e| {
+            (
+                e.position,
+                e.stream_id,
+                e.stream_version,
+                e.event_id,
+                e.payload,
+            )
+        })
         .collect();
     assert_eq!(read, expected);
     assert_eq!(read.last().map(|e| (e.0, e.1.as_str())), Some((26, "r")));

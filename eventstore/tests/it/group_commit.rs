@@ -184,7 +184,11 @@ async fn a_group_answers_each_append_with_its_own_result(b: Backend) {
     for task in tasks {
         answers.push(task.await.unwrap());
     }
-    assert_eq!(gate.groups(), vec![1, 5], "the five queued appends made one group");
+    assert_eq!(
+        gate.groups(),
+        vec![1, 5],
+        "the five queued appends made one group"
+    );
     match &answers[0] {
         Err(StoreError::VersionConflict {
             stream,
@@ -209,7 +213,10 @@ async fn a_group_answers_each_append_with_its_own_result(b: Backend) {
 
     let events = all_events(&t.store).await;
     assert_eq!(events.len(), 3, "only the accepted appends were written");
-    assert_eq!(events[1].recorded_at, events[2].recorded_at, "one transaction");
+    assert_eq!(
+        events[1].recorded_at, events[2].recorded_at,
+        "one transaction"
+    );
     assert!(t.store.verify(1, None).await.unwrap().is_ok());
 }
 
@@ -238,7 +245,11 @@ async fn a_deposed_leaders_appends_in_a_group_are_all_refused(b: Backend) {
         tasks.push(spawn_append(
             &t.store,
             &deposed,
-            vec![stream(&format!("s{i}"), ExpectedVersion::Any, vec![event("E", i)])],
+            vec![stream(
+                &format!("s{i}"),
+                ExpectedVersion::Any,
+                vec![event("E", i)],
+            )],
         ));
         gate.wait_queued(i as usize + 1).await;
     }
