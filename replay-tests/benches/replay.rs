@@ -212,16 +212,6 @@ async fn run(backend: Backend) {
     );
 
     let clock = Clock::start(&server).await;
-    for _ in 0..std::env::var("TMP_TEXT").map_or(0, |v| v.parse().unwrap()) {
-        let mut after = 0;
-        while after < head {
-            let page = store
-                .read_all_text(after, llmgw_projections::REPLAY_PAGE)
-                .await
-                .unwrap();
-            after = page.last().unwrap().position;
-        }
-    }
     let mut after = 0;
     while after < head {
         let page = store
