@@ -21,7 +21,8 @@ use llmgw_api::v1::{self, agent_message, control_message};
 use llmgw_api::{AgentMessage, ControlMessage};
 use llmgw_domain::Command;
 use llmgw_domain::nodes::NodeCommand;
-use llmgw_domain::replicas::{ReplicaCommand, ReplicaStatus, ShardState};
+use llmgw_domain::registration::{self, StopReason};
+use llmgw_domain::replicas::{ReplicaCommand, ShardState};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -32,14 +33,6 @@ use llmgw_eventstore::LeaseToken;
 
 use crate::{ControlError, ControlPlane, convert};
 
-/// What a registration asks for: commands to decide, groups of shards to
-/// adopt as replicas, and processes that hold resources until they stop.
-type Registration = (
-    Vec<Command>,
-    Vec<Vec<(String, v1::RunningShard)>>,
-    Vec<llmgw_domain::placement::Held>,
-);
-
 /// The common name of the first (leaf) certificate.
 fn common_name(certs: &[tonic::transport::CertificateDer<'static>]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?.as_ref()).ok()?;
@@ -48,18 +41,6 @@ fn common_name(certs: &[tonic::transport::CertificateDer<'static>]) -> Option<St
         .next()
         .and_then(|cn| cn.as_str().ok())
         .map(str::to_owned)
-}
-
-/// A reported shard's state as a command.
-fn report(rs: &v1::RunningShard, state: ShardState) -> Command {
-    Command::Replica(ReplicaCommand::ReportShard {
-        replica_id: rs.replica_id.clone(),
-        shard_id: rs.shard_id.clone(),
-        state,
-        error: None,
-        exit_code: None,
-        log_tail: None,
-    })
 }
 
 #[derive(Debug)]
@@ -86,8 +67,8 @@ pub(crate) struct Registry {
     /// left alone.
     foreign_ports: Mutex<BTreeMap<(String, u16), Instant>>,
     /// Shards of multi-node replicas awaiting their other ranks' reports
-    /// before adoption: replica id → (node, shard).
-    adopting: Mutex<BTreeMap<String, Vec<(String, v1::RunningShard)>>>,
+    /// before adoption.
+    adopting: Mutex<registration::Adopting>,
     /// Downloads shards wait on: shard id → (bytes done, bytes total).
     /// Telemetry, so memory and not the log.
     fetches: Mutex<BTreeMap<String, (u64, u64)>>,
@@ -579,26 +560,45 @@ impl ControlPlane {
     }
 
     /// Adopts, reports or stops the shards the agent says it runs, and
-    /// re-sends starts the agent never got.
+    /// re-sends starts the agent never got (`llmgw_domain::registration`).
     async fn after_register(&self, node: &str, reg: &v1::Register) {
-        // Decided under a read of the state (no copy of it per
+        let running: Vec<_> = reg
+            .running_shards
+            .iter()
+            .map(convert::running_shard)
+            .collect();
+        // Planned under a read of the state (no copy of it per
         // registration: a fleet registering at once would make that
-        // quadratic); carried out after.
+        // quadratic) and under the lock of the groups awaiting adoption
+        // (registrations of one replica's nodes may run at once); carried
+        // out after both are released.
         let planned = self
             .decider
-            .read(|state| self.plan_registration(state, node, reg))
+            .read(|state| {
+                let mut adopting = lock(&self.agents.adopting);
+                let mut plan =
+                    registration::plan(state, node, &running, std::mem::take(&mut *adopting));
+                *adopting = std::mem::take(&mut plan.adopting);
+                plan
+            })
             .await;
-        let (mut commands, adoptions, mut held) = match planned {
+        let plan = match planned {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the state after a registration");
                 return;
             }
         };
-        for group in adoptions {
-            let Some(p) = convert::adopted_placement(&group) else {
-                continue;
-            };
+        let mut held = Vec::new();
+        for stop in plan.stops {
+            self.stop_shard(stop, &mut held);
+        }
+        for start in &plan.starts {
+            self.send_start(start);
+        }
+        let mut commands = plan.commands;
+        for adoption in plan.adoptions {
+            let p = &adoption.placement;
             match self
                 .execute(
                     &self.own(),
@@ -608,16 +608,12 @@ impl ControlPlane {
             {
                 Ok(_) => {
                     tracing::info!(replica = %p.replica_id, model = %p.model, "adopted a running replica");
-                    for (_, s) in &group {
-                        if let Some(st) = convert::state_from_wire(s.state) {
-                            commands.push(report(s, st));
-                        }
-                    }
+                    commands.extend(adoption.reports());
                 }
                 Err(e) => {
                     tracing::warn!(replica = %p.replica_id, error = %e, "cannot adopt; stopping its shards");
-                    for (n, s) in &group {
-                        self.stop_shard(n, s, &mut held);
+                    for stop in adoption.stops() {
+                        self.stop_shard(stop, &mut held);
                     }
                 }
             }
@@ -630,143 +626,36 @@ impl ControlPlane {
         }
     }
 
-    /// What a registration asks for: reports of known shards, adoptions of
-    /// unknown ones, stops of those the log stopped or the catalog lost,
-    /// and starts the agent missed.
-    fn plan_registration(
-        &self,
-        state: &llmgw_domain::State,
-        node: &str,
-        reg: &v1::Register,
-    ) -> Registration {
-        let mut held = Vec::new();
-        let mut commands = Vec::new();
-        let mut adoptions = Vec::new();
-        let mut running = std::collections::BTreeSet::new();
-        for rs in &reg.running_shards {
-            running.insert(rs.shard_id.clone());
-            match state.replicas.replicas.get(&rs.replica_id) {
-                Some(r) if r.is_live() && r.shards.contains_key(&rs.shard_id) => {
-                    if let Some(s) = convert::state_from_wire(rs.state) {
-                        commands.push(report(rs, s));
-                    }
-                }
-                // The log stopped this replica: its process must go.
-                Some(_) => self.stop_shard(node, rs, &mut held),
-                None => {
-                    let in_catalog = state
-                        .catalog
-                        .models
-                        .get(&rs.model)
-                        .is_some_and(|m| m.profiles.iter().any(|p| p.name == rs.profile));
-                    if !in_catalog {
-                        tracing::info!(node, shard = %rs.shard_id, model = %rs.model, "stopping a shard whose model or profile left the catalog");
-                        self.stop_shard(node, rs, &mut held);
-                        continue;
-                    }
-                    let mut adopting = lock(&self.agents.adopting);
-                    let g = adopting.entry(rs.replica_id.clone()).or_default();
-                    g.retain(|(n, s)| !(n == node && s.shard_id == rs.shard_id));
-                    g.push((node.to_owned(), rs.clone()));
-                    if g.len() as i32 >= rs.nnodes.max(1)
-                        && let Some(group) = adopting.remove(&rs.replica_id)
-                    {
-                        adoptions.push(group);
-                    }
-                }
-            }
+    /// Tells a node to stop a shard; what its process holds is kept in
+    /// `held` until the node registers again.
+    fn stop_shard(&self, stop: registration::Stop, held: &mut Vec<llmgw_domain::placement::Held>) {
+        if stop.why == StopReason::LeftCatalog {
+            tracing::info!(node = %stop.node_id, shard = %stop.shard_id, replica = %stop.held.replica_id, "stopping a shard whose model or profile left the catalog");
         }
-        // Shards the log places here that the agent does not run: a pending
-        // one is started (again: starts are idempotent), one that had got
-        // further has died with its agent.
-        for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
-            for shard in r.shards.values() {
-                if shard.placement.node_id != node || running.contains(&shard.placement.shard_id) {
-                    continue;
-                }
-                match (r.status, shard.state) {
-                    (ReplicaStatus::Starting, ShardState::Pending) => {
-                        self.start_shard(state, &r.placement, &shard.placement);
-                    }
-                    (ReplicaStatus::Starting | ReplicaStatus::Ready, _) => {
-                        commands.push(Command::Replica(ReplicaCommand::ReportShard {
-                            replica_id: r.placement.replica_id.clone(),
-                            shard_id: shard.placement.shard_id.clone(),
-                            state: ShardState::Failed,
-                            error: Some(
-                                "not running on its node after the agent reconnected".into(),
-                            ),
-                            exit_code: None,
-                            log_tail: None,
-                        }));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        (commands, adoptions, held)
-    }
-
-    fn stop_shard(
-        &self,
-        node: &str,
-        rs: &v1::RunningShard,
-        held: &mut Vec<llmgw_domain::placement::Held>,
-    ) {
         self.agents.send(
-            node,
+            &stop.node_id,
             control_message::Msg::Stop(v1::StopShard {
-                shard_id: rs.shard_id.clone(),
+                shard_id: stop.shard_id,
             }),
         );
-        held.push(llmgw_domain::placement::Held {
-            node_id: node.to_owned(),
-            replica_id: rs.replica_id.clone(),
-            port: u16::try_from(rs.http_port).unwrap_or(0),
-            gpus: rs
-                .gpu_indices
-                .iter()
-                .filter_map(|g| u32::try_from(*g).ok())
-                .collect(),
-        });
+        held.push(stop.held);
     }
 
+    /// Starts a shard of a placement on its node; false when its model or
+    /// profile left the catalog or the node has no stream.
     pub(crate) fn start_shard(
         &self,
         state: &llmgw_domain::State,
         placement: &llmgw_domain::replicas::Placement,
         shard: &llmgw_domain::replicas::ShardPlacement,
     ) -> bool {
-        let Some(model) = state.catalog.models.get(&placement.model) else {
-            return false;
-        };
-        let Some(profile) = model.profiles.iter().find(|p| p.name == placement.profile) else {
-            return false;
-        };
-        let leader_node = placement
-            .shards
-            .iter()
-            .find(|s| s.rank == 0)
-            .and_then(|s| state.nodes.nodes.get(&s.node_id));
-        let leader_addr = leader_node
-            .map(|n| {
-                if n.inventory.mgmt_addr.is_empty() {
-                    n.inventory.hostname.clone()
-                } else {
-                    n.inventory.mgmt_addr.clone()
-                }
-            })
-            .unwrap_or_default();
-        let msg = convert::start_shard(
-            placement,
-            shard,
-            model,
-            profile,
-            &leader_addr,
-            &self.config.mgmt_interface,
-        );
+        registration::start(state, placement, shard).is_some_and(|s| self.send_start(&s))
+    }
+
+    fn send_start(&self, start: &registration::Start) -> bool {
+        let msg = convert::start_shard(start, &self.config.mgmt_interface);
         self.agents
-            .send(&shard.node_id, control_message::Msg::Start(msg))
+            .send(&start.shard.node_id, control_message::Msg::Start(msg))
     }
 
     /// The hot path of a fleet: one per node every few seconds. It reads

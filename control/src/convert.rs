@@ -1,9 +1,9 @@
 //! Between the agent protocol and the domain's types.
 
 use llmgw_api::v1;
-use llmgw_domain::catalog::{Model, Profile};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory};
-use llmgw_domain::replicas::{Placement, ShardPlacement, ShardState};
+use llmgw_domain::registration::{RunningShard, Start};
+use llmgw_domain::replicas::ShardState;
 
 /// What the scheduler keeps of a registration. Telemetry (used memory,
 /// temperatures) stays out: it would make every heartbeat an event.
@@ -85,14 +85,14 @@ pub(crate) fn rendezvous_port(http_port: u16) -> u16 {
     http_port.saturating_add(1000)
 }
 
-pub(crate) fn start_shard(
-    placement: &Placement,
-    shard: &ShardPlacement,
-    model: &Model,
-    profile: &Profile,
-    leader_addr: &str,
-    mgmt_interface: &str,
-) -> v1::StartShard {
+pub(crate) fn start_shard(start: &Start, mgmt_interface: &str) -> v1::StartShard {
+    let Start {
+        placement,
+        shard,
+        model,
+        profile,
+        leader_addr,
+    } = start;
     let rank0_port = placement
         .shards
         .iter()
@@ -138,34 +138,27 @@ pub(crate) fn start_shard(
     }
 }
 
-/// A replica rebuilt from what agents report running, for adoption.
-pub(crate) fn adopted_placement(shards: &[(String, v1::RunningShard)]) -> Option<Placement> {
-    let (_, first) = shards.first()?;
-    let mut out: Vec<ShardPlacement> = shards
-        .iter()
-        .map(|(node, s)| ShardPlacement {
-            shard_id: s.shard_id.clone(),
-            rank: u32::try_from(s.rank).unwrap_or(0),
-            node_id: node.clone(),
-            gpu_indices: s
-                .gpu_indices
-                .iter()
-                .filter_map(|g| u32::try_from(*g).ok())
-                .collect(),
-            hcas: s.hcas.clone(),
-            port: u16::try_from(s.http_port).unwrap_or(0),
-            memory_mb: 0,
-        })
-        .collect();
-    out.sort_by_key(|s| s.rank);
-    Some(Placement {
-        replica_id: first.replica_id.clone(),
-        model: first.model.clone(),
-        profile: first.profile.clone(),
-        profile_fp: first.profile_fp.clone(),
-        pool: first.pool.clone(),
-        fabric: (!first.fabric.is_empty()).then(|| first.fabric.clone()),
-        shards: out,
-        why: "adopted: reported running by its agents".into(),
-    })
+/// A running shard as the agent reports it, in the domain's terms: numbers
+/// out of range become 0 (and GPU indices are dropped), as they always
+/// have for adoption and the ports a stopping process holds.
+pub(crate) fn running_shard(s: &v1::RunningShard) -> RunningShard {
+    RunningShard {
+        replica_id: s.replica_id.clone(),
+        shard_id: s.shard_id.clone(),
+        rank: u32::try_from(s.rank).unwrap_or(0),
+        nnodes: u32::try_from(s.nnodes).unwrap_or(0).max(1),
+        gpu_indices: s
+            .gpu_indices
+            .iter()
+            .filter_map(|g| u32::try_from(*g).ok())
+            .collect(),
+        hcas: s.hcas.clone(),
+        port: u16::try_from(s.http_port).unwrap_or(0),
+        state: state_from_wire(s.state),
+        model: s.model.clone(),
+        profile: s.profile.clone(),
+        profile_fp: s.profile_fp.clone(),
+        pool: s.pool.clone(),
+        fabric: s.fabric.clone(),
+    }
 }

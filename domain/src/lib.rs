@@ -27,6 +27,7 @@ pub mod join;
 pub mod nodes;
 pub mod placement;
 pub mod reconcile;
+pub mod registration;
 pub mod replicas;
 pub mod sizing;
 pub mod tenancy;

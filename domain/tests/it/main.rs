@@ -9,6 +9,7 @@ mod nodes;
 mod placement;
 mod properties;
 mod reconcile;
+mod registration;
 mod replicas;
 mod tenancy;
 mod usage;
