@@ -665,66 +665,13 @@ impl ControlPlane {
     async fn heartbeat(&self, node: &str, hb: v1::Heartbeat) -> Result<(), ControlError> {
         self.agents.seen(node);
         self.telemetry.heartbeat(node, &hb);
+        // What it changes is `llmgw_domain::heartbeat`'s decision.
         let commands = {
             let views = self.views.read().unwrap_or_else(|p| p.into_inner());
             let Some(current) = views.cluster.nodes.nodes.get(node) else {
                 return Ok(());
             };
-            let mut commands = Vec::new();
-            if current.reachability != llmgw_domain::nodes::Reachability::Ready {
-                commands.push(Command::Node(NodeCommand::Heartbeat {
-                    node_id: node.to_owned(),
-                }));
-            }
-            let cur = &current.inventory;
-            let memory = (hb.memory_total_mb > 0).then_some(hb.memory_total_mb as u64);
-            let disk = (!hb.storage.is_empty()).then(|| {
-                let own: Vec<&v1::Storage> = hb.storage.iter().filter(|s| !s.shared).collect();
-                convert::disk_free_gb(&own)
-            });
-            let weights = hb.weights_changed.then(|| {
-                hb.weights
-                    .iter()
-                    .map(|w| w.path.clone())
-                    .collect::<Vec<_>>()
-            });
-            let engines = hb
-                .engines_changed
-                .then(|| hb.engine_versions.into_iter().collect::<BTreeMap<_, _>>());
-            // A card's problems as the node sees them now: ECC errors that
-            // appeared, another process on a card, or such a process gone.
-            let mut gpus = cur.gpus.clone();
-            if hb.gpus_changed {
-                for g in &mut gpus {
-                    let seen = hb
-                        .gpus
-                        .iter()
-                        .find(|h| i64::from(h.index) == i64::from(g.index));
-                    g.problems = match seen {
-                        Some(h) => h.problems.clone(),
-                        // Registered, but gone from the node's own look.
-                        None => vec!["not seen by the node's last look at its GPUs".into()],
-                    };
-                }
-            }
-            let changed = memory.is_some_and(|m| m != cur.memory_total_mb)
-                || disk.is_some_and(|d| d != cur.disk_free_gb)
-                || weights.as_ref().is_some_and(|w| *w != cur.weights)
-                || engines.as_ref().is_some_and(|e| *e != cur.engines)
-                || gpus != cur.gpus;
-            if changed {
-                let mut inv = cur.clone();
-                inv.gpus = gpus;
-                inv.memory_total_mb = memory.unwrap_or(inv.memory_total_mb);
-                inv.disk_free_gb = disk.unwrap_or(inv.disk_free_gb);
-                inv.weights = weights.unwrap_or(inv.weights);
-                inv.engines = engines.unwrap_or(inv.engines);
-                commands.push(Command::Node(NodeCommand::ReportInventory {
-                    node_id: node.to_owned(),
-                    inventory: inv,
-                }));
-            }
-            commands
+            llmgw_domain::heartbeat::plan(current, &convert::heartbeat(hb))
         };
         if !commands.is_empty() {
             self.execute(&self.own(), commands).await?;

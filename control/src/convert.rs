@@ -1,6 +1,7 @@
 //! Between the agent protocol and the domain's types.
 
 use llmgw_api::v1;
+use llmgw_domain::heartbeat::{GpuLook, Heartbeat};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory};
 use llmgw_domain::registration::{RunningShard, Start};
 use llmgw_domain::replicas::ShardState;
@@ -27,6 +28,34 @@ pub(crate) fn inventory(r: &v1::Register) -> Inventory {
         disk_free_gb: disk_free_gb(&own),
         engines: r.engine_versions.clone().into_iter().collect(),
         weights: r.weights.iter().map(|w| w.path.clone()).collect(),
+    }
+}
+
+/// What a heartbeat says of the inventory, in the domain's terms: the
+/// facts an agent sends only on a change are `None` without one.
+pub(crate) fn heartbeat(hb: v1::Heartbeat) -> Heartbeat {
+    let own: Vec<&v1::Storage> = hb.storage.iter().filter(|s| !s.shared).collect();
+    Heartbeat {
+        memory_total_mb: u64::try_from(hb.memory_total_mb).ok().filter(|m| *m > 0),
+        disk_free_gb: (!hb.storage.is_empty()).then(|| disk_free_gb(&own)),
+        weights: hb
+            .weights_changed
+            .then(|| hb.weights.iter().map(|w| w.path.clone()).collect()),
+        engines: hb
+            .engines_changed
+            .then(|| hb.engine_versions.clone().into_iter().collect()),
+        // A negative index names no card the node registered.
+        gpus: hb.gpus_changed.then(|| {
+            hb.gpus
+                .iter()
+                .filter_map(|g| {
+                    Some(GpuLook {
+                        index: u32::try_from(g.index).ok()?,
+                        problems: g.problems.clone(),
+                    })
+                })
+                .collect()
+        }),
     }
 }
 

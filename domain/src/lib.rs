@@ -23,6 +23,7 @@ pub mod conversations;
 pub mod demand;
 pub mod engine_load;
 pub mod event;
+pub mod heartbeat;
 pub mod join;
 pub mod nodes;
 pub mod placement;

@@ -4,6 +4,7 @@ mod audit;
 mod catalog;
 mod conversations;
 mod events;
+mod heartbeat;
 mod join;
 mod nodes;
 mod placement;
