@@ -98,6 +98,8 @@ struct Memory {
     rt: llmgw_domain::reconcile::Runtime,
     /// Model → the last reason it could not be placed, logged on change.
     unplaced: BTreeMap<String, String>,
+    /// Model → until when the last pass held it back after failures.
+    backing_off: BTreeMap<String, Option<i64>>,
 }
 
 #[derive(Debug)]

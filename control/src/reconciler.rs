@@ -1,6 +1,7 @@
 //! The reconciler's loop and the node clocks: the leader's side effects of
 //! the pure plan in `llmgw_domain::reconcile`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use llmgw_api::v1::{self, control_message};
@@ -128,7 +129,7 @@ impl ControlPlane {
             .read_with_clocks(|state, clocks| {
                 let rt = self.runtime(clocks, now);
                 let plan = reconcile::plan(state, &rt, &self.settings(), |_| replica_id());
-                let copy = (!plan.actions.is_empty()).then(|| (state.clone(), clocks.clone()));
+                let copy = (!plan.actions.is_empty()).then(|| state.clone());
                 (plan, copy)
             })
             .await?;
@@ -141,13 +142,27 @@ impl ControlPlane {
                     m.unplaced.insert(e.model.clone(), summary);
                 }
             }
+            // The plan's backoffs, logged when one begins or moves on.
+            let backing_off: BTreeMap<String, Option<i64>> = plan
+                .backing_off
+                .iter()
+                .map(|b| (b.model.clone(), b.until))
+                .collect();
+            for (model, until) in &backing_off {
+                if m.backing_off.get(model) != Some(until)
+                    && let Some(t) = until
+                {
+                    tracing::info!(%model, delay_ms = (t - now).max(0), "backing off before rebuilding");
+                }
+            }
+            m.backing_off = backing_off;
         }
         tracing::Span::current().record("actions", plan.actions.len());
-        let Some((state, clocks)) = state else {
+        let Some(state) = state else {
             return Ok(());
         };
         for action in plan.actions {
-            if let Err(e) = self.carry_out(&state, &clocks, action).await {
+            if let Err(e) = self.carry_out(&state, action).await {
                 tracing::warn!(error = %e, "a reconciler action failed");
             }
         }
@@ -200,7 +215,6 @@ impl ControlPlane {
     async fn carry_out(
         &self,
         state: &llmgw_domain::State,
-        clocks: &Clocks,
         action: Action,
     ) -> Result<(), crate::ControlError> {
         match action {
@@ -239,9 +253,7 @@ impl ControlPlane {
                 .await?;
             }
             Action::Stop {
-                replica_id,
-                reason,
-                failed,
+                replica_id, reason, ..
             } => {
                 // Decided (and fenced by the store) before any agent is
                 // told: a deposed leader's stop goes no further than its
@@ -263,16 +275,6 @@ impl ControlPlane {
                                 shard_id: s.shard_id.clone(),
                             }),
                         );
-                    }
-                    let model = &r.placement.model;
-                    if failed && let Some((n, _)) = clocks.failures.get(model) {
-                        let until = clocks.not_before(
-                            model,
-                            self.config.base_backoff.as_millis() as i64,
-                            self.config.max_backoff.as_millis() as i64,
-                        );
-                        let delay = until.map_or(0, |t| (t - self.now_ms()).max(0));
-                        tracing::info!(%model, failures = *n, delay_ms = delay, "backing off before rebuilding");
                     }
                 }
             }

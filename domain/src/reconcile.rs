@@ -84,6 +84,18 @@ pub struct Plan {
     pub actions: Vec<Action>,
     /// Models that want a replica and fit nowhere, with why.
     pub unplaced: Vec<Explanation>,
+    /// Models that want a replica and are held back after failures.
+    pub backing_off: Vec<Backoff>,
+}
+
+/// A model not placed in this pass because its replicas failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backoff {
+    pub model: String,
+    /// No placement before this time; `None` when a replica failed in this
+    /// very pass and the log has not recorded its failure's time yet (the
+    /// next pass knows).
+    pub until: Option<Millis>,
 }
 
 /// How many replicas a model should have now.
@@ -240,7 +252,16 @@ pub fn plan(
             .partition(|r| on_draining_node(state, r).is_some() || !current_fp(r));
         let backing_off = failing.contains(&model.name)
             || rt.not_before.get(&model.name).is_some_and(|t| *t > rt.now);
-        if (keep.len() as u32) < want && !backing_off {
+        if (keep.len() as u32) < want && backing_off {
+            plan.backing_off.push(Backoff {
+                model: model.name.clone(),
+                until: rt
+                    .not_before
+                    .get(&model.name)
+                    .copied()
+                    .filter(|t| *t > rt.now),
+            });
+        } else if (keep.len() as u32) < want {
             let id = new_id(model);
             let explanation = placement::place(
                 model,

@@ -2,7 +2,7 @@
 
 use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
 use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
-use llmgw_domain::reconcile::{Action, Runtime, Settings, backoff, desired, plan};
+use llmgw_domain::reconcile::{Action, Backoff, Runtime, Settings, backoff, desired, plan};
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::{Event, State};
 
@@ -311,14 +311,49 @@ fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter() {
     assert_eq!(backoff(30, base, max, 0.5), 600_000);
     assert_eq!(backoff(1, base, max, 0.0), 8_000);
     assert!(backoff(1, base, max, 0.999) < 12_000);
-    // A model backing off is not placed.
+    // A model backing off is not placed, and the plan says until when.
     let s = cluster(1, 1, &["a"]);
     let mut rt = Runtime::default();
     rt.not_before.insert("chat".into(), 5);
+    let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
+    assert!(p.actions.is_empty());
+    assert_eq!(
+        p.backing_off,
+        vec![Backoff {
+            model: "chat".into(),
+            until: Some(5)
+        }]
+    );
+    // Once the time has come, it is placed and no longer held back.
+    rt.now = 5;
+    let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
+    assert!(matches!(&p.actions[..], [Action::Place(_)]));
+    assert!(p.backing_off.is_empty());
+}
+
+#[test]
+fn a_failed_replica_holds_its_model_back_in_the_pass_that_stops_it() {
+    let mut s = cluster(1, 1, &["a"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    let id = s.replicas.replicas.keys().next().expect("one").clone();
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaFailed {
+        replica_id: id.clone(),
+        reason: "exited".into(),
+    }));
+    let p = plan(&s, &rt, &Settings::default(), |_| "r2".into());
     assert!(
-        plan(&s, &rt, &Settings::default(), |_| "r".into())
-            .actions
-            .is_empty()
+        matches!(&p.actions[..], [Action::Stop { replica_id, failed: true, .. }] if *replica_id == id),
+        "{:?}",
+        p.actions
+    );
+    // The failure's time is not in the clocks yet: held back, until unknown.
+    assert_eq!(
+        p.backing_off,
+        vec![Backoff {
+            model: "chat".into(),
+            until: None
+        }]
     );
 }
 
