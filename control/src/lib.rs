@@ -22,6 +22,7 @@ mod drain_watch;
 mod fence;
 mod forward;
 mod join;
+mod leadership;
 pub mod metrics;
 mod people_api;
 mod reconciler;
@@ -29,7 +30,7 @@ pub mod tenancy_api;
 mod wire;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -79,13 +80,6 @@ impl From<DecideError> for ControlError {
 async fn reach(mut at: watch::Receiver<u64>, position: u64) {
     let _ = tokio::time::timeout(Duration::from_secs(5), at.wait_for(|p| *p >= position)).await;
 }
-
-/// The least time between two attempts at the lease, however often agents
-/// nudge.
-const NUDGE_GAP: Duration = Duration::from_millis(50);
-
-/// The wait before asking again for a renewal that failed on the way.
-const RENEW_RETRY: Duration = Duration::from_millis(200);
 
 /// How often a standby records demand for one model.
 const DEMAND_EVERY_MS: i64 = 5_000;
@@ -312,22 +306,6 @@ impl ControlPlane {
         reach(self.views_at.clone(), position).await;
     }
 
-    fn lose_leadership(&self, token: &LeaseToken) {
-        let was = self.lease.send_if_modified(|t| {
-            if t.as_ref() == Some(token) {
-                *t = None;
-                true
-            } else {
-                false
-            }
-        });
-        if was {
-            // Commands ride the agents' streams: dropping them sends the
-            // agents on to the new leader.
-            self.agents.drop_all();
-        }
-    }
-
     /// Leads while it can, until `shutdown` turns true; then steps down so
     /// that a standby need not wait out the ttl.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
@@ -342,167 +320,5 @@ impl ControlPlane {
         liveness.abort();
         anchors.abort();
         self.step_down().await;
-    }
-
-    async fn step_down(&self) {
-        let Some(token) = self.lease.borrow().clone() else {
-            return;
-        };
-        self.lease.send_replace(None);
-        let released = llmgw_domain::event::LeadershipEvent::LeadershipReleased {
-            holder: token.holder.clone(),
-            epoch: token.epoch,
-        };
-        if let Err(e) = self
-            .decider
-            .record(
-                &Writer::Leader(token.clone()),
-                &self.own(),
-                llmgw_domain::Event::Leadership(released),
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "could not record stepping down");
-        }
-        match self.store.release_lease(&token).await {
-            Ok(_) => tracing::info!(epoch = token.epoch, "stepped down; the lease is free"),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not release the lease; it expires on its own")
-            }
-        }
-        // Only now are the agents' streams closed: an agent that dials a
-        // standby next finds the lease free, and that standby takes it at
-        // once instead of telling it to wait for the ttl.
-        self.agents.drop_all();
-    }
-
-    async fn lead(self: Arc<Self>) {
-        let ttl = self.config.lease_ttl;
-        loop {
-            let asked = tokio::time::Instant::now();
-            let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
-                Ok(l) => l,
-                Err(StoreError::LeaseHeld { holder, epoch, .. }) => {
-                    if self.epoch_seen.fetch_max(epoch, Ordering::Relaxed) < epoch
-                        && holder != self.config.instance
-                    {
-                        tracing::info!(leader = %holder, epoch, "standing by: another server leads");
-                    }
-                    self.wait_for_lease().await;
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot reach the store for the lease");
-                    tokio::time::sleep(self.config.lease_poll).await;
-                    continue;
-                }
-            };
-            let token = lease.token.clone();
-            self.epoch_seen.fetch_max(token.epoch, Ordering::Relaxed);
-            if let Err(e) = self.take_office(&token).await {
-                tracing::error!(error = %e, "could not take office; releasing the lease");
-                let _ = self.store.release_lease(&token).await;
-                tokio::time::sleep(self.config.lease_poll).await;
-                continue;
-            }
-            tracing::info!(instance = %self.config.instance, epoch = token.epoch, "leading (epoch {})", token.epoch);
-            // Renew well inside the ttl. A renewal the store refuses ends
-            // the office at once; one that fails on the way (a lost
-            // connection) is tried again, but only until the lease would
-            // run out by this server's clock, counted from when the last
-            // granted renewal was asked: a store that does not answer (a
-            // partition, a hung server) cannot keep a leader acting on a
-            // lease the database has already let go.
-            let mut runs_out = asked + ttl;
-            'office: loop {
-                tokio::time::sleep(ttl / 3).await;
-                let mut failed = false;
-                loop {
-                    if self.lease.borrow().as_ref() != Some(&token) {
-                        break 'office;
-                    }
-                    let at = tokio::time::Instant::now();
-                    let renewed =
-                        tokio::time::timeout_at(runs_out, self.store.renew_lease(&token, ttl))
-                            .await;
-                    match renewed {
-                        Ok(Ok(_)) => {
-                            runs_out = at + ttl;
-                            break;
-                        }
-                        Ok(Err(e)) if e.is_transient() && at + RENEW_RETRY < runs_out => {
-                            if !failed {
-                                tracing::warn!(error = %e, "renewing the lease failed; trying again while it lasts");
-                                failed = true;
-                            }
-                            tokio::time::sleep(RENEW_RETRY).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::error!(error = %e, "lost the lease; no longer leading");
-                            self.lose_leadership(&token);
-                            break 'office;
-                        }
-                        Err(_) => {
-                            tracing::error!(
-                                epoch = token.epoch,
-                                "the store did not renew the lease before it ran out; no longer leading"
-                            );
-                            self.lose_leadership(&token);
-                            break 'office;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Until the next attempt at the lease: its poll, or sooner when an
-    /// agent at the door finds the lease run out (never more often than
-    /// every [`NUDGE_GAP`], however many agents knock).
-    async fn wait_for_lease(&self) {
-        let poll = self.config.lease_poll;
-        tokio::select! {
-            _ = tokio::time::sleep(poll) => {}
-            _ = async {
-                tokio::time::sleep(NUDGE_GAP.min(poll)).await;
-                self.nudge.notified().await;
-            } => {}
-        }
-    }
-
-    /// A new leader catches up the whole log before its first decision,
-    /// gives every known node a fresh heartbeat clock, and applies the
-    /// configuration's models (the file wins over the store).
-    async fn take_office(&self, token: &LeaseToken) -> Result<(), ControlError> {
-        let state = self.decider.state().await?;
-        self.agents.reset_clocks(state.nodes.nodes.keys());
-        self.telemetry.clear();
-        let writer = Writer::Leader(token.clone());
-        let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {
-            holder: token.holder.clone(),
-            epoch: token.epoch,
-            admin: self
-                .admin_url
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-            agent: self
-                .agent_url
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-            settings: Some(self.config.settings()),
-        };
-        let origin = self.own();
-        self.decider
-            .record(&writer, &origin, llmgw_domain::Event::Leadership(acquired))
-            .await?;
-        let apply = llmgw_domain::catalog::CatalogCommand::ApplyModels(self.config.models.clone());
-        self.decider
-            .execute(&writer, &origin, vec![Command::Catalog(apply)])
-            .await?;
-        self.lease.send_replace(Some(token.clone()));
-        self.wake.notify_one();
-        Ok(())
     }
 }
