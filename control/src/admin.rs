@@ -136,7 +136,7 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
                 replicas,
                 connected: cp.agents.connected(&n.id),
                 last_heartbeat_s: cp
-                    .agents
+                    .observed
                     .last_seen(&n.id)
                     .filter(|_| cp.is_leader())
                     .map(|t| t.elapsed().as_secs_f64()),
@@ -242,51 +242,51 @@ async fn replicas(
             .resolve(m)
             .map_or_else(|| m.to_owned(), |m| m.name.clone())
     });
-    let rows =
-        c.replicas
-            .replicas
-            .values()
-            .filter(|r| q.all || r.is_live())
-            .filter(|r| wanted.as_ref().is_none_or(|m| &r.placement.model == m))
-            .map(|r| {
-                let current = c
-                    .catalog
-                    .models
-                    .get(&r.placement.model)
-                    .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile))
-                    .map(|p| p.fingerprint());
-                let mut shards: Vec<api::ShardRow> =
-                    r.shards
-                        .values()
-                        .map(|s| api::ShardRow {
-                            shard_id: s.placement.shard_id.clone(),
-                            rank: s.placement.rank,
-                            node: s.placement.node_id.clone(),
-                            gpus: s.placement.gpu_indices.clone(),
-                            port: s.placement.port,
-                            state: lower::<ShardState>(&shown_state(r.status, s.state)),
-                            error: s.error.clone(),
-                            fetch: cp.agents.fetch_of(&s.placement.shard_id).map(|(d, t)| {
-                                api::Fetch {
-                                    bytes_done: d,
-                                    bytes_total: t,
-                                }
-                            }),
-                        })
-                        .collect();
-                shards.sort_by_key(|s| s.rank);
-                api::ReplicaRow {
-                    id: r.placement.replica_id.clone(),
-                    model: r.placement.model.clone(),
-                    profile: r.placement.profile.clone(),
-                    status: lower(&r.status),
-                    adopted: r.adopted,
-                    outdated: current.is_some_and(|fp| fp != r.placement.profile_fp),
-                    fabric: r.placement.fabric.clone(),
-                    shards,
-                }
-            })
-            .collect();
+    let rows = c
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| q.all || r.is_live())
+        .filter(|r| wanted.as_ref().is_none_or(|m| &r.placement.model == m))
+        .map(|r| {
+            let current = c
+                .catalog
+                .models
+                .get(&r.placement.model)
+                .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile))
+                .map(|p| p.fingerprint());
+            let mut shards: Vec<api::ShardRow> =
+                r.shards
+                    .values()
+                    .map(|s| api::ShardRow {
+                        shard_id: s.placement.shard_id.clone(),
+                        rank: s.placement.rank,
+                        node: s.placement.node_id.clone(),
+                        gpus: s.placement.gpu_indices.clone(),
+                        port: s.placement.port,
+                        state: lower::<ShardState>(&shown_state(r.status, s.state)),
+                        error: s.error.clone(),
+                        fetch: cp.observed.fetch_of(&s.placement.shard_id).map(|(d, t)| {
+                            api::Fetch {
+                                bytes_done: d,
+                                bytes_total: t,
+                            }
+                        }),
+                    })
+                    .collect();
+            shards.sort_by_key(|s| s.rank);
+            api::ReplicaRow {
+                id: r.placement.replica_id.clone(),
+                model: r.placement.model.clone(),
+                profile: r.placement.profile.clone(),
+                status: lower(&r.status),
+                adopted: r.adopted,
+                outdated: current.is_some_and(|fp| fp != r.placement.profile_fp),
+                fabric: r.placement.fabric.clone(),
+                shards,
+            }
+        })
+        .collect();
     Ok(Json(rows))
 }
 
@@ -323,7 +323,7 @@ async fn explain(
         model,
         &c.nodes,
         &c.replicas,
-        &cp.agents.held(),
+        &cp.observed.held(),
         "explain",
         llmgw_domain::placement::PlaceOptions {
             port_range: cp.config.port_range,

@@ -1,8 +1,12 @@
 //! The agent service: one stream per node, opened by the agent.
 //!
 //! Registration and inventory changes become commands (and events only when
-//! something changed); heartbeats only move a clock in memory. Commands to
-//! a node ride its stream, so only the leader accepts streams.
+//! something changed); heartbeats only move a clock in memory. What a
+//! registration or a heartbeat means is the domain's plan
+//! (`llmgw_domain::registration`, `llmgw_domain::heartbeat`); this module
+//! converts from the wire, carries the plan out and keeps what agents
+//! report in `crate::observed`. Commands to a node ride its stream, so only
+//! the leader accepts streams.
 //!
 //! A standby refuses a stream with whom to dial and when to ask again
 //! (`llmgw_api::refusal`): the leader's instance and agent address, and the
@@ -10,7 +14,7 @@
 //! the stream open for a moment instead, and takes it the instant it leads,
 //! so that agents are back as soon as a new leader is in office.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -53,25 +57,11 @@ struct Session {
     tx: mpsc::Sender<Result<ControlMessage, Status>>,
 }
 
-/// How long a port another program holds is left alone on its node.
-const FOREIGN_PORT_TTL: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Streams and heartbeat clocks, in memory only.
+/// The agents' streams, in memory only (what they report is in
+/// `crate::observed`).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     sessions: Mutex<HashMap<String, Session>>,
-    last_seen: Mutex<HashMap<String, Instant>>,
-    /// Processes agents reported that the log does not count as live.
-    held: Mutex<BTreeMap<String, Vec<llmgw_domain::placement::Held>>>,
-    /// Ports another program holds, by (node, port), until when they are
-    /// left alone.
-    foreign_ports: Mutex<BTreeMap<(String, u16), Instant>>,
-    /// Shards of multi-node replicas awaiting their other ranks' reports
-    /// before adoption.
-    adopting: Mutex<registration::Adopting>,
-    /// Downloads shards wait on: shard id → (bytes done, bytes total).
-    /// Telemetry, so memory and not the log.
-    fetches: Mutex<BTreeMap<String, (u64, u64)>>,
     /// LogsRequests awaiting their reply, by request id.
     logs: Mutex<HashMap<String, tokio::sync::oneshot::Sender<v1::LogsReply>>>,
     generation: AtomicU64,
@@ -84,24 +74,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Registry {
     pub(crate) fn drop_all(&self) {
         lock(&self.sessions).clear();
-        lock(&self.adopting).clear();
-    }
-
-    pub(crate) fn reset_clocks<'a>(&self, nodes: impl Iterator<Item = &'a String>) {
-        let now = Instant::now();
-        let mut seen = lock(&self.last_seen);
-        seen.clear();
-        for n in nodes {
-            seen.insert(n.clone(), now);
-        }
-    }
-
-    pub(crate) fn seen(&self, node: &str) {
-        lock(&self.last_seen).insert(node.to_owned(), Instant::now());
-    }
-
-    pub(crate) fn last_seen(&self, node: &str) -> Option<Instant> {
-        lock(&self.last_seen).get(node).copied()
     }
 
     /// Ends a node's stream (it was removed); true when it had one.
@@ -111,35 +83,6 @@ impl Registry {
 
     pub(crate) fn connected(&self, node: &str) -> bool {
         lock(&self.sessions).contains_key(node)
-    }
-
-    pub(crate) fn fetch_of(&self, shard_id: &str) -> Option<(u64, u64)> {
-        lock(&self.fetches).get(shard_id).copied()
-    }
-
-    pub(crate) fn held(&self) -> Vec<llmgw_domain::placement::Held> {
-        let mut held: Vec<_> = lock(&self.held).values().flatten().cloned().collect();
-        let now = Instant::now();
-        let mut foreign = lock(&self.foreign_ports);
-        foreign.retain(|_, until| *until > now);
-        held.extend(
-            foreign
-                .keys()
-                .map(|(node, port)| llmgw_domain::placement::Held {
-                    node_id: node.clone(),
-                    replica_id: "(another program)".into(),
-                    port: *port,
-                    gpus: Vec::new(),
-                }),
-        );
-        held
-    }
-
-    /// A port another program holds on a node: placement leaves it alone
-    /// for a while (it may be freed; it is tried again after that).
-    fn port_taken(&self, node: &str, port: u16) {
-        lock(&self.foreign_ports)
-            .insert((node.to_owned(), port), Instant::now() + FOREIGN_PORT_TTL);
     }
 
     /// Ends the stream `generation` of `node` with `status`, which the
@@ -554,7 +497,7 @@ impl ControlPlane {
             })],
         )
         .await?;
-        self.agents.seen(&reg.node_id);
+        self.observed.seen(&reg.node_id);
         self.telemetry.registered(reg);
         Ok(())
     }
@@ -575,11 +518,11 @@ impl ControlPlane {
         let planned = self
             .decider
             .read(|state| {
-                let mut adopting = lock(&self.agents.adopting);
-                let mut plan =
-                    registration::plan(state, node, &running, std::mem::take(&mut *adopting));
-                *adopting = std::mem::take(&mut plan.adopting);
-                plan
+                self.observed.adopting(|gathered| {
+                    let mut plan = registration::plan(state, node, &running, gathered);
+                    let left = std::mem::take(&mut plan.adopting);
+                    (plan, left)
+                })
             })
             .await;
         let plan = match planned {
@@ -618,7 +561,7 @@ impl ControlPlane {
                 }
             }
         }
-        lock(&self.agents.held).insert(node.to_owned(), held);
+        self.observed.set_held(node, held);
         for c in commands {
             if let Err(e) = self.execute(&self.own(), vec![c]).await {
                 tracing::warn!(node, error = %e, "could not record a reported shard");
@@ -663,7 +606,7 @@ impl ControlPlane {
     /// must be revived or its inventory changed; the decider re-checks
     /// against the log, so a view a moment behind costs at most a no-op.
     async fn heartbeat(&self, node: &str, hb: v1::Heartbeat) -> Result<(), ControlError> {
-        self.agents.seen(node);
+        self.observed.seen(node);
         self.telemetry.heartbeat(node, &hb);
         // What it changes is `llmgw_domain::heartbeat`'s decision.
         let commands = {
@@ -687,24 +630,16 @@ impl ControlPlane {
             tracing::warn!(node, claimed = %st.node_id, "a shard status claims another node; ignored");
             return Ok(());
         }
-        {
-            let mut fetches = lock(&self.agents.fetches);
-            match &st.fetch {
-                Some(f) if state == ShardState::Pending => {
-                    fetches.insert(
-                        st.shard_id.clone(),
-                        (f.bytes_done.max(0) as u64, f.bytes_total.max(0) as u64),
-                    );
-                }
-                _ => {
-                    fetches.remove(&st.shard_id);
-                }
-            }
-        }
+        let progress = st
+            .fetch
+            .as_ref()
+            .filter(|_| state == ShardState::Pending)
+            .map(|f| (f.bytes_done.max(0) as u64, f.bytes_total.max(0) as u64));
+        self.observed.fetching(&st.shard_id, progress);
         if let Ok(port) = u16::try_from(st.port_taken)
             && port > 0
         {
-            self.agents.port_taken(node, port);
+            self.observed.port_taken(node, port);
         }
         let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
         let error = crate::wire::clip(&st.error, crate::wire::MAX_ERROR);

@@ -39,6 +39,7 @@ impl ControlPlane {
             // Commands ride the agents' streams: dropping them sends the
             // agents on to the new leader.
             self.agents.drop_all();
+            self.observed.forget_adoptions();
         }
     }
 
@@ -72,6 +73,7 @@ impl ControlPlane {
         // standby next finds the lease free, and that standby takes it at
         // once instead of telling it to wait for the ttl.
         self.agents.drop_all();
+        self.observed.forget_adoptions();
     }
 
     pub(crate) async fn lead(self: Arc<Self>) {
@@ -173,7 +175,7 @@ impl ControlPlane {
     /// configuration's models (the file wins over the store).
     async fn take_office(&self, token: &LeaseToken) -> Result<(), ControlError> {
         let state = self.decider.state().await?;
-        self.agents.reset_clocks(state.nodes.nodes.keys());
+        self.observed.reset_clocks(state.nodes.nodes.keys());
         self.telemetry.clear();
         let writer = Writer::Leader(token.clone());
         let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {

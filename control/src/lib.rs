@@ -24,6 +24,7 @@ mod forward;
 mod join;
 mod leadership;
 pub mod metrics;
+mod observed;
 mod people_api;
 mod reconciler;
 pub mod tenancy_api;
@@ -105,6 +106,8 @@ pub struct ControlPlane {
     views_at: watch::Receiver<u64>,
     lease: watch::Sender<Option<LeaseToken>>,
     agents: agents::Registry,
+    /// What agents report that the log does not keep.
+    observed: observed::Observed,
     memory: Mutex<Memory>,
     wake: Notify,
     /// Reconciler passes completed as leader: what "the reconciler has
@@ -154,6 +157,7 @@ impl ControlPlane {
             views_at,
             lease,
             agents: agents::Registry::default(),
+            observed: observed::Observed::default(),
             memory: Mutex::new(Memory::default()),
             wake: Notify::new(),
             passes: watch::channel(0).0,

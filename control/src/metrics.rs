@@ -300,7 +300,7 @@ impl ControlMetrics {
         let cp = &self.0;
         let seen = Family::<NodeLabels, FloatGauge>::default();
         for node in nodes {
-            if let Some(at) = cp.agents.last_seen(node) {
+            if let Some(at) = cp.observed.last_seen(node) {
                 seen.get_or_create(&NodeLabels { node: node.clone() })
                     .set(at.elapsed().as_secs_f64());
             }

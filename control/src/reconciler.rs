@@ -78,8 +78,8 @@ fn due_marks(cp: &ControlPlane) -> Vec<Command> {
     let mut commands = Vec::new();
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     for node in views.cluster.nodes.nodes.values() {
-        let Some(seen) = cp.agents.last_seen(&node.id) else {
-            cp.agents.seen(&node.id);
+        let Some(seen) = cp.observed.last_seen(&node.id) else {
+            cp.observed.seen(&node.id);
             continue;
         };
         let age = seen.elapsed();
@@ -208,7 +208,7 @@ impl ControlPlane {
             self.config.base_backoff.as_millis() as i64,
             self.config.max_backoff.as_millis() as i64,
         );
-        m.rt.held = self.agents.held();
+        m.rt.held = self.observed.held();
         m.rt.clone()
     }
 

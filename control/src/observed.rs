@@ -1,0 +1,129 @@
+//! What the leader has observed of its agents and the log does not keep:
+//! when each node was last heard from, processes that hold GPUs and ports
+//! the log no longer counts as live, ports other programs hold, shards
+//! gathered for adoption, and downloads in progress.
+//!
+//! Memory, not the log: a new leader starts from a fresh look (every known
+//! node's clock reset when it takes office, the rest re-reported as agents
+//! register). The decisions these feed are the domain's (placement leaves
+//! held resources alone; registration adopts from the gathered groups);
+//! this module only keeps the facts, under one lock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use llmgw_domain::placement::Held;
+use llmgw_domain::registration::Adopting;
+use tokio::time::Instant;
+
+/// How long a port another program holds is left alone on its node.
+const FOREIGN_PORT_TTL: Duration = Duration::from_secs(600);
+
+/// The observed state, one lock over plain maps: each use is a short
+/// read or write, none waits on anything while holding it.
+#[derive(Debug, Default)]
+pub(crate) struct Observed(Mutex<Inner>);
+
+#[derive(Debug, Default)]
+struct Inner {
+    last_seen: HashMap<String, Instant>,
+    /// Processes agents reported that the log does not count as live, by
+    /// node (replaced at each registration of the node).
+    held: BTreeMap<String, Vec<Held>>,
+    /// Ports another program holds, by (node, port), until when they are
+    /// left alone.
+    foreign_ports: BTreeMap<(String, u16), Instant>,
+    /// Shards of multi-node replicas awaiting their other ranks' reports
+    /// before adoption.
+    adopting: Adopting,
+    /// Downloads shards wait on: shard id → (bytes done, bytes total).
+    fetches: BTreeMap<String, (u64, u64)>,
+}
+
+impl Observed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new office: every known node was heard from just now (so none is
+    /// marked unreachable before it has had time to reconnect).
+    pub(crate) fn reset_clocks<'a>(&self, nodes: impl Iterator<Item = &'a String>) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.last_seen.clear();
+        for n in nodes {
+            inner.last_seen.insert(n.clone(), now);
+        }
+    }
+
+    pub(crate) fn seen(&self, node: &str) {
+        self.lock()
+            .last_seen
+            .insert(node.to_owned(), Instant::now());
+    }
+
+    pub(crate) fn last_seen(&self, node: &str) -> Option<Instant> {
+        self.lock().last_seen.get(node).copied()
+    }
+
+    /// What a node's processes hold that the log does not count, as of its
+    /// last registration.
+    pub(crate) fn set_held(&self, node: &str, held: Vec<Held>) {
+        self.lock().held.insert(node.to_owned(), held);
+    }
+
+    /// Everything placement must leave alone beyond the log's replicas:
+    /// processes being stopped, and ports other programs hold (until they
+    /// have been left alone for a while: they may be freed).
+    pub(crate) fn held(&self) -> Vec<Held> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.foreign_ports.retain(|_, until| *until > now);
+        let mut held: Vec<_> = inner.held.values().flatten().cloned().collect();
+        held.extend(inner.foreign_ports.keys().map(|(node, port)| Held {
+            node_id: node.clone(),
+            replica_id: "(another program)".into(),
+            port: *port,
+            gpus: Vec::new(),
+        }));
+        held
+    }
+
+    /// A port another program holds on a node.
+    pub(crate) fn port_taken(&self, node: &str, port: u16) {
+        self.lock()
+            .foreign_ports
+            .insert((node.to_owned(), port), Instant::now() + FOREIGN_PORT_TTL);
+    }
+
+    /// Runs `f` on the groups awaiting adoption, which it replaces with
+    /// what `f` returns beside its result; registrations of one replica's
+    /// nodes may run at once, so the groups are taken and put back under
+    /// the lock.
+    pub(crate) fn adopting<R>(&self, f: impl FnOnce(Adopting) -> (R, Adopting)) -> R {
+        let mut inner = self.lock();
+        let (out, left) = f(std::mem::take(&mut inner.adopting));
+        inner.adopting = left;
+        out
+    }
+
+    /// Out of office: groups gathered under it are forgotten (the agents
+    /// report them again to the next leader).
+    pub(crate) fn forget_adoptions(&self) {
+        self.lock().adopting.clear();
+    }
+
+    /// A shard's download: its progress while pending, nothing after.
+    pub(crate) fn fetching(&self, shard_id: &str, progress: Option<(u64, u64)>) {
+        let mut inner = self.lock();
+        match progress {
+            Some(p) => inner.fetches.insert(shard_id.to_owned(), p),
+            None => inner.fetches.remove(shard_id),
+        };
+    }
+
+    pub(crate) fn fetch_of(&self, shard_id: &str) -> Option<(u64, u64)> {
+        self.lock().fetches.get(shard_id).copied()
+    }
+}
