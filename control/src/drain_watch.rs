@@ -29,7 +29,7 @@ pub(crate) struct Target {
 /// The draining replicas whose drains are older than the settle time.
 pub(crate) fn targets(
     state: &State,
-    drain_since: &std::collections::BTreeMap<String, i64>,
+    drain_since: &std::collections::BTreeMap<llmgw_domain::ids::ReplicaId, i64>,
     now: i64,
     settle: i64,
 ) -> Vec<Target> {
@@ -40,7 +40,7 @@ pub(crate) fn targets(
         .filter(|r| r.status == ReplicaStatus::Draining)
         .filter(|r| {
             drain_since
-                .get(&r.placement.replica_id)
+                .get(r.placement.replica_id.as_str())
                 .is_some_and(|since| now - since >= settle)
         })
         .filter_map(|r| {

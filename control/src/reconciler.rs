@@ -183,7 +183,8 @@ impl ControlPlane {
                     .replicas
                     .values()
                     .any(|r| r.status == ReplicaStatus::Draining);
-                let targets = drain_watch::targets(state, &clocks.drain_since, now, settle);
+                let targets =
+                    drain_watch::targets(state, &clocks.drain_since.replicas, now, settle);
                 (targets, draining)
             })
             .await?;

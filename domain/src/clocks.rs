@@ -8,15 +8,30 @@
 use std::collections::BTreeMap;
 
 use crate::event::Event;
+use crate::ids::{NodeId, ReplicaId};
 use crate::nodes::NodeEvent;
 use crate::reconcile::backoff;
 use crate::replicas::ReplicaEvent;
 use crate::{Millis, State};
 
+/// When each drain began: a replica's and a node's apart, since a node's
+/// name and a replica's id are different things even where they are the
+/// same string.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drains {
+    pub replicas: BTreeMap<ReplicaId, Millis>,
+    pub nodes: BTreeMap<NodeId, Millis>,
+}
+
+impl Drains {
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty() && self.nodes.is_empty()
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Clocks {
-    /// Replica or node id → when its drain began.
-    pub drain_since: BTreeMap<String, Millis>,
+    pub drain_since: Drains,
     /// Model → its replicas' failures since it last had one ready, and
     /// when the last failure was recorded.
     pub failures: BTreeMap<String, (u32, Millis)>,
@@ -52,10 +67,13 @@ impl Clocks {
         };
         match event {
             Event::Replica(ReplicaEvent::ReplicaDraining { replica_id }) => {
-                self.drain_since.entry(replica_id.clone()).or_insert(at);
+                self.drain_since
+                    .replicas
+                    .entry(replica_id.into())
+                    .or_insert(at);
             }
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
-                self.drain_since.remove(replica_id);
+                self.drain_since.replicas.remove(replica_id.as_str());
             }
             Event::Replica(ReplicaEvent::ReplicaFailed { replica_id, .. }) => {
                 if let Some(m) = model(replica_id) {
@@ -69,14 +87,14 @@ impl Clocks {
                 }
             }
             Event::Node(NodeEvent::NodeDrainRequested { node_id, .. }) => {
-                self.drain_since.entry(node_id.clone()).or_insert(at);
+                self.drain_since.nodes.entry(node_id.into()).or_insert(at);
             }
             Event::Node(
                 NodeEvent::NodeDrained { node_id }
                 | NodeEvent::NodeUncordoned { node_id, .. }
                 | NodeEvent::NodeRemoved { node_id, .. },
             ) => {
-                self.drain_since.remove(node_id);
+                self.drain_since.nodes.remove(node_id.as_str());
             }
             _ => {}
         }
@@ -192,7 +210,7 @@ mod tests {
         });
         c.observe(&state, &drain, 1_000);
         c.observe(&state, &drain, 2_000);
-        assert_eq!(c.drain_since["r1"], 1_000);
+        assert_eq!(c.drain_since.replicas["r1"], 1_000);
         c.observe(
             &state,
             &Event::Replica(ReplicaEvent::ReplicaStopped {
@@ -201,7 +219,7 @@ mod tests {
             }),
             3_000,
         );
-        assert!(!c.drain_since.contains_key("r1"));
+        assert!(!c.drain_since.replicas.contains_key("r1"));
         let node = Event::Node(NodeEvent::NodeDrainRequested {
             node_id: "n1".into(),
             by: "op".into(),
@@ -216,7 +234,11 @@ mod tests {
         );
         assert!(c.drain_since.is_empty());
         c.observe(&state, &node, 6_000);
-        assert_eq!(c.drain_since["n1"], 6_000, "a new drain, a new clock");
+        assert_eq!(c.drain_since.nodes["n1"], 6_000, "a new drain, a new clock");
+        assert!(
+            c.drain_since.replicas.is_empty(),
+            "a node's drain is no replica's"
+        );
     }
 
     #[test]

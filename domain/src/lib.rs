@@ -24,6 +24,7 @@ pub mod demand;
 pub mod engine_load;
 pub mod event;
 pub mod heartbeat;
+pub mod ids;
 pub mod join;
 pub mod nodes;
 pub mod placement;

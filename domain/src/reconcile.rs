@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::Millis;
 use crate::State;
 use crate::catalog::Model;
+use crate::clocks::Drains;
 use crate::nodes::Reachability;
 use crate::placement::{self, Explanation, Held, PlaceOptions};
 use crate::replicas::{Placement, Replica, ReplicaStatus};
@@ -49,8 +50,8 @@ pub struct Runtime {
     pub not_before: BTreeMap<String, Millis>,
     /// On-demand model → when it was last asked for.
     pub demand: BTreeMap<String, Millis>,
-    /// Replica or node id → when its drain began.
-    pub drain_since: BTreeMap<String, Millis>,
+    /// When each replica's and each node's drain began.
+    pub drain_since: Drains,
     /// Draining replicas whose engines were seen with nothing running or
     /// waiting since their drain began: they stop without waiting out the
     /// grace.
@@ -194,7 +195,12 @@ pub fn plan(
                 touched.insert(id.clone());
             }
             ReplicaStatus::Draining => {
-                let since = rt.drain_since.get(id).copied().unwrap_or(rt.now);
+                let since = rt
+                    .drain_since
+                    .replicas
+                    .get(id.as_str())
+                    .copied()
+                    .unwrap_or(rt.now);
                 let reason = if rt.idle.contains(id) {
                     Some("drained; nothing was left running on it")
                 } else if rt.now - since >= settings.drain_grace_ms {
@@ -286,9 +292,14 @@ pub fn plan(
         if let Some(first) = moving.first() {
             // Rolling: the replacement serves before the original stops,
             // unless the grace period ran out.
-            let key = on_draining_node(state, first)
-                .unwrap_or_else(|| first.placement.replica_id.clone());
-            let since = rt.drain_since.get(&key).copied().unwrap_or(rt.now);
+            let since = match on_draining_node(state, first) {
+                Some(node) => rt.drain_since.nodes.get(node.as_str()),
+                None => rt
+                    .drain_since
+                    .replicas
+                    .get(first.placement.replica_id.as_str()),
+            };
+            let since = since.copied().unwrap_or(rt.now);
             if ready_keep >= want || rt.now - since >= settings.drain_grace_ms {
                 plan.actions.push(Action::Drain {
                     replica_id: first.placement.replica_id.clone(),

@@ -67,7 +67,7 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
                     reason: reason.clone(),
                 }],
                 Action::Drain { replica_id } => {
-                    rt.drain_since.insert(replica_id.clone(), rt.now);
+                    rt.drain_since.replicas.insert(replica_id.into(), rt.now);
                     vec![ReplicaEvent::ReplicaDraining {
                         replica_id: replica_id.clone(),
                     }]
@@ -228,7 +228,7 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
         node_id: node.clone(),
         by: "ops".into(),
     }));
-    rt.drain_since.insert(node.clone(), rt.now);
+    rt.drain_since.nodes.insert(node.as_str().into(), rt.now);
     let p = plan(&s, &rt, &Settings::default(), |_| "r900".into());
     assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
     assert!(matches!(&p.actions[0], Action::Place(pl) if pl.shards[0].node_id != node));
@@ -277,7 +277,7 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
     s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
         replica_id: "r1".into(),
     }));
-    rt.drain_since.insert("r1".into(), rt.now);
+    rt.drain_since.replicas.insert("r1".into(), rt.now);
     assert!(
         plan(&s, &rt, &Settings::default(), |_| "r3".into())
             .actions
