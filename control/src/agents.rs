@@ -24,6 +24,7 @@ use std::time::Duration;
 use llmgw_api::v1::{self, agent_message, control_message};
 use llmgw_api::{AgentMessage, ControlMessage};
 use llmgw_domain::Command;
+use llmgw_domain::ids::NodeId;
 use llmgw_domain::nodes::NodeCommand;
 use llmgw_domain::registration::{self, StopReason};
 use llmgw_domain::replicas::{ReplicaCommand, ShardState};
@@ -505,6 +506,7 @@ impl ControlPlane {
     /// Adopts, reports or stops the shards the agent says it runs, and
     /// re-sends starts the agent never got (`llmgw_domain::registration`).
     async fn after_register(&self, node: &str, reg: &v1::Register) {
+        let node_id = NodeId::from(node);
         let running: Vec<_> = reg
             .running_shards
             .iter()
@@ -519,7 +521,7 @@ impl ControlPlane {
             .decider
             .read(|state| {
                 self.observed.adopting(|gathered| {
-                    let mut plan = registration::plan(state, node, &running, gathered);
+                    let mut plan = registration::plan(state, &node_id, &running, gathered);
                     let left = std::mem::take(&mut plan.adopting);
                     (plan, left)
                 })
@@ -578,7 +580,7 @@ impl ControlPlane {
         self.agents.send(
             &stop.node_id,
             control_message::Msg::Stop(v1::StopShard {
-                shard_id: stop.shard_id,
+                shard_id: stop.shard_id.into_string(),
             }),
         );
         held.push(stop.held);

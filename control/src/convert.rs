@@ -172,8 +172,8 @@ pub(crate) fn start_shard(start: &Start, mgmt_interface: &str) -> v1::StartShard
 /// have for adoption and the ports a stopping process holds.
 pub(crate) fn running_shard(s: &v1::RunningShard) -> RunningShard {
     RunningShard {
-        replica_id: s.replica_id.clone(),
-        shard_id: s.shard_id.clone(),
+        replica_id: s.replica_id.as_str().into(),
+        shard_id: s.shard_id.as_str().into(),
         rank: u32::try_from(s.rank).unwrap_or(0),
         nnodes: u32::try_from(s.nnodes).unwrap_or(0).max(1),
         gpu_indices: s

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::catalog::{Model, Profile};
+use crate::ids::{NodeId, ReplicaId, ShardId};
 use crate::placement::Held;
 use crate::replicas::{Placement, ReplicaCommand, ReplicaStatus, ShardPlacement, ShardState};
 use crate::{Command, State};
@@ -26,8 +27,8 @@ use crate::{Command, State};
 /// converts it from the wire).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunningShard {
-    pub replica_id: String,
-    pub shard_id: String,
+    pub replica_id: ReplicaId,
+    pub shard_id: ShardId,
     pub rank: u32,
     /// How many nodes its replica spans (at least 1).
     pub nnodes: u32,
@@ -47,7 +48,7 @@ pub struct RunningShard {
 /// Shards of replicas the log does not know, gathered across
 /// registrations until every rank has been reported: replica id → (node,
 /// shard), in the order they arrived.
-pub type Adopting = BTreeMap<String, Vec<(String, RunningShard)>>;
+pub type Adopting = BTreeMap<ReplicaId, Vec<(NodeId, RunningShard)>>;
 
 /// Why a running shard must stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +64,8 @@ pub enum StopReason {
 /// A running shard to stop, and what its process holds until it has.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stop {
-    pub node_id: String,
-    pub shard_id: String,
+    pub node_id: NodeId,
+    pub shard_id: ShardId,
     pub why: StopReason,
     /// Its GPUs and port, which placement leaves alone meanwhile.
     pub held: Held,
@@ -88,7 +89,7 @@ pub struct Start {
 pub struct Adoption {
     pub placement: Placement,
     /// Every rank, with its node, as reported.
-    pub shards: Vec<(String, RunningShard)>,
+    pub shards: Vec<(NodeId, RunningShard)>,
 }
 
 /// What a registration asks for, in the order it is carried out:
@@ -112,13 +113,18 @@ pub const NOT_RUNNING: &str = "not running on its node after the agent reconnect
 
 /// The plan for `node`'s registration with `running`, given the groups
 /// gathered from earlier registrations.
-pub fn plan(state: &State, node: &str, running: &[RunningShard], mut adopting: Adopting) -> Plan {
+pub fn plan(
+    state: &State,
+    node: &NodeId,
+    running: &[RunningShard],
+    mut adopting: Adopting,
+) -> Plan {
     let mut plan = Plan::default();
     let mut seen = BTreeSet::new();
     for rs in running {
         seen.insert(rs.shard_id.as_str());
-        match state.replicas.replicas.get(&rs.replica_id) {
-            Some(r) if r.is_live() && r.shards.contains_key(&rs.shard_id) => {
+        match state.replicas.replicas.get(rs.replica_id.as_str()) {
+            Some(r) if r.is_live() && r.shards.contains_key(rs.shard_id.as_str()) => {
                 if let Some(s) = rs.state {
                     plan.commands.push(report(rs, s));
                 }
@@ -131,7 +137,7 @@ pub fn plan(state: &State, node: &str, running: &[RunningShard], mut adopting: A
                 let group = adopting.entry(rs.replica_id.clone()).or_default();
                 // A node that registers again replaces its earlier report.
                 group.retain(|(n, s)| !(n == node && s.shard_id == rs.shard_id));
-                group.push((node.to_owned(), rs.clone()));
+                group.push((node.clone(), rs.clone()));
                 if group.len() >= rs.nnodes.max(1) as usize
                     && let Some(shards) = adopting.remove(&rs.replica_id)
                     && let Some(placement) = adopted_placement(&shards)
@@ -143,7 +149,8 @@ pub fn plan(state: &State, node: &str, running: &[RunningShard], mut adopting: A
     }
     for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
         for shard in r.shards.values() {
-            if shard.placement.node_id != node || seen.contains(shard.placement.shard_id.as_str()) {
+            if *node != *shard.placement.node_id || seen.contains(shard.placement.shard_id.as_str())
+            {
                 continue;
             }
             match (r.status, shard.state) {
@@ -219,14 +226,14 @@ pub fn start(state: &State, placement: &Placement, shard: &ShardPlacement) -> Op
 }
 
 /// A replica rebuilt from the ranks its agents report, rank 0 first.
-pub fn adopted_placement(shards: &[(String, RunningShard)]) -> Option<Placement> {
+pub fn adopted_placement(shards: &[(NodeId, RunningShard)]) -> Option<Placement> {
     let (_, first) = shards.first()?;
     let mut out: Vec<ShardPlacement> = shards
         .iter()
         .map(|(node, s)| ShardPlacement {
-            shard_id: s.shard_id.clone(),
+            shard_id: s.shard_id.to_string(),
             rank: s.rank,
-            node_id: node.clone(),
+            node_id: node.to_string(),
             gpu_indices: s.gpu_indices.clone(),
             hcas: s.hcas.clone(),
             port: s.port,
@@ -235,7 +242,7 @@ pub fn adopted_placement(shards: &[(String, RunningShard)]) -> Option<Placement>
         .collect();
     out.sort_by_key(|s| s.rank);
     Some(Placement {
-        replica_id: first.replica_id.clone(),
+        replica_id: first.replica_id.to_string(),
         model: first.model.clone(),
         profile: first.profile.clone(),
         profile_fp: first.profile_fp.clone(),
@@ -256,8 +263,8 @@ fn in_catalog(state: &State, rs: &RunningShard) -> bool {
 
 fn report(rs: &RunningShard, state: ShardState) -> Command {
     Command::Replica(ReplicaCommand::ReportShard {
-        replica_id: rs.replica_id.clone(),
-        shard_id: rs.shard_id.clone(),
+        replica_id: rs.replica_id.to_string(),
+        shard_id: rs.shard_id.to_string(),
         state,
         error: None,
         exit_code: None,
@@ -265,14 +272,14 @@ fn report(rs: &RunningShard, state: ShardState) -> Command {
     })
 }
 
-fn stop(node: &str, rs: &RunningShard, why: StopReason) -> Stop {
+fn stop(node: &NodeId, rs: &RunningShard, why: StopReason) -> Stop {
     Stop {
-        node_id: node.to_owned(),
+        node_id: node.clone(),
         shard_id: rs.shard_id.clone(),
         why,
         held: Held {
-            node_id: node.to_owned(),
-            replica_id: rs.replica_id.clone(),
+            node_id: node.to_string(),
+            replica_id: rs.replica_id.to_string(),
             port: rs.port,
             gpus: rs.gpu_indices.clone(),
         },

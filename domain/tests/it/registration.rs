@@ -70,7 +70,7 @@ fn shard_state(state: &mut State, replica: &str, shard: &str, to: ShardState) {
 fn running(replica: &str, rank: u32, nnodes: u32) -> RunningShard {
     RunningShard {
         replica_id: replica.into(),
-        shard_id: format!("{replica}-{rank}"),
+        shard_id: format!("{replica}-{rank}").into(),
         rank,
         nnodes,
         gpu_indices: vec![rank, rank + 4],
@@ -103,12 +103,12 @@ fn a_known_live_shard_is_reported_in_the_state_its_agent_gives() {
     let mut unknown_state = running("r1", 0, 1);
     unknown_state.state = None;
 
-    let p = plan(&s, "n1", &[running("r1", 0, 1)], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[running("r1", 0, 1)], Adopting::new());
     assert_eq!(p.commands, vec![report("r1", "r1-0", ShardState::Ready)]);
     assert!(p.stops.is_empty() && p.starts.is_empty() && p.adoptions.is_empty());
 
     // A state this server cannot read is not reported, nor stopped.
-    let p = plan(&s, "n1", &[unknown_state], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[unknown_state], Adopting::new());
     assert_eq!(p, Default::default());
 }
 
@@ -121,7 +121,7 @@ fn a_shard_of_a_replica_the_log_stopped_is_stopped_and_its_resources_held() {
         reason: "scaled down".into(),
     }));
 
-    let p = plan(&s, "n1", &[running("r1", 0, 1)], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[running("r1", 0, 1)], Adopting::new());
     assert!(p.commands.is_empty());
     assert_eq!(p.stops.len(), 1);
     let stop = &p.stops[0];
@@ -147,7 +147,7 @@ fn a_live_replica_stops_a_shard_it_does_not_count() {
     let mut stray = running("r1", 0, 1);
     stray.shard_id = "r1-old".into();
 
-    let p = plan(&s, "n1", &[stray], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[stray], Adopting::new());
     assert_eq!(p.stops.len(), 1);
     assert_eq!(p.stops[0].why, StopReason::ReplicaStopped);
 }
@@ -160,7 +160,12 @@ fn an_unknown_shard_whose_model_or_profile_left_the_catalog_is_stopped() {
     let mut gone_profile = running("r2", 0, 1);
     gone_profile.profile = "old-profile".into();
 
-    let p = plan(&s, "n1", &[gone_model, gone_profile], Adopting::new());
+    let p = plan(
+        &s,
+        &"n1".into(),
+        &[gone_model, gone_profile],
+        Adopting::new(),
+    );
     let stopped: Vec<_> = p
         .stops
         .iter()
@@ -179,7 +184,7 @@ fn an_unknown_shard_whose_model_or_profile_left_the_catalog_is_stopped() {
 #[test]
 fn an_unknown_single_node_shard_is_adopted_at_once() {
     let s = cluster();
-    let p = plan(&s, "n1", &[running("r9", 0, 1)], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[running("r9", 0, 1)], Adopting::new());
     assert_eq!(p.adoptions.len(), 1);
     let a = &p.adoptions[0];
     assert_eq!(a.placement.replica_id, "r9");
@@ -196,13 +201,13 @@ fn an_unknown_single_node_shard_is_adopted_at_once() {
 fn a_multi_node_replica_is_adopted_when_its_last_rank_registers() {
     let s = cluster();
     // Rank 1's node registers first, twice (a reconnect): one report kept.
-    let first = plan(&s, "n2", &[running("r9", 1, 2)], Adopting::new());
+    let first = plan(&s, &"n2".into(), &[running("r9", 1, 2)], Adopting::new());
     assert!(first.adoptions.is_empty());
-    let again = plan(&s, "n2", &[running("r9", 1, 2)], first.adopting);
+    let again = plan(&s, &"n2".into(), &[running("r9", 1, 2)], first.adopting);
     assert!(again.adoptions.is_empty());
     assert_eq!(again.adopting["r9"].len(), 1);
 
-    let last = plan(&s, "n1", &[running("r9", 0, 2)], again.adopting);
+    let last = plan(&s, &"n1".into(), &[running("r9", 0, 2)], again.adopting);
     assert!(
         last.adopting.is_empty(),
         "a complete group is no longer kept"
@@ -221,7 +226,7 @@ fn a_multi_node_replica_is_adopted_when_its_last_rank_registers() {
     let stops: Vec<_> = a
         .stops()
         .iter()
-        .map(|s| (s.node_id.clone(), s.why))
+        .map(|s| (s.node_id.to_string(), s.why))
         .collect();
     assert_eq!(
         stops,
@@ -237,7 +242,7 @@ fn a_pending_shard_the_agent_does_not_run_is_started_again() {
     let mut s = cluster();
     let p = placed(&mut s, "r1", &["n2", "n1"]);
 
-    let plan_n1 = plan(&s, "n1", &[], Adopting::new());
+    let plan_n1 = plan(&s, &"n1".into(), &[], Adopting::new());
     assert_eq!(plan_n1.starts.len(), 1);
     let start = &plan_n1.starts[0];
     assert_eq!(start.shard, p.shards[1]);
@@ -247,7 +252,7 @@ fn a_pending_shard_the_agent_does_not_run_is_started_again() {
     assert_eq!(start.leader_addr, "n2.example");
     assert!(plan_n1.commands.is_empty());
 
-    let plan_n2 = plan(&s, "n2", &[], Adopting::new());
+    let plan_n2 = plan(&s, &"n2".into(), &[], Adopting::new());
     assert_eq!(plan_n2.starts[0].shard, p.shards[0]);
     assert_eq!(plan_n2.starts[0].leader_addr, "n2.example");
 
@@ -255,7 +260,11 @@ fn a_pending_shard_the_agent_does_not_run_is_started_again() {
     s.evolve(&Event::Catalog(CatalogEvent::ModelRemoved {
         name: "chat".into(),
     }));
-    assert!(plan(&s, "n1", &[], Adopting::new()).starts.is_empty());
+    assert!(
+        plan(&s, &"n1".into(), &[], Adopting::new())
+            .starts
+            .is_empty()
+    );
 }
 
 #[test]
@@ -277,7 +286,7 @@ fn a_shard_that_had_got_further_and_is_not_running_has_failed() {
         reason: "scaled down".into(),
     }));
 
-    let p = plan(&s, "n1", &[], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[], Adopting::new());
     let failed = |r: &str| {
         Command::Replica(ReplicaCommand::ReportShard {
             replica_id: r.into(),
@@ -301,7 +310,7 @@ fn reports_come_before_failures_and_leave_groups_of_other_replicas_alone() {
     let mut gathered = Adopting::new();
     gathered.insert("r7".into(), vec![("n2".into(), running("r7", 1, 2))]);
 
-    let p = plan(&s, "n1", &[running("r1", 0, 1)], gathered.clone());
+    let p = plan(&s, &"n1".into(), &[running("r1", 0, 1)], gathered.clone());
     assert_eq!(p.commands.len(), 2);
     assert_eq!(p.commands[0], report("r1", "r1-0", ShardState::Ready));
     assert!(matches!(
