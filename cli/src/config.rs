@@ -275,6 +275,10 @@ pub(crate) struct ControlSection {
     pub base_backoff: Option<String>,
     pub max_backoff: Option<String>,
     pub drain_grace: Option<String>,
+    /// Eviction guards: how young a replica is never evicted for an
+    /// on-demand model, and how recently asked for.
+    pub min_lifetime: Option<String>,
+    pub evict_idle: Option<String>,
     pub port_range: Option<[u16; 2]>,
     pub mgmt_interface: Option<String>,
     /// The admin URL other servers forward operators' commands to while
@@ -318,6 +322,8 @@ impl ControlSection {
             base_backoff,
             max_backoff,
             drain_grace,
+            min_lifetime,
+            evict_idle,
             port_range,
             mgmt_interface,
             advertise_admin,
@@ -334,6 +340,8 @@ impl ControlSection {
             base_backoff,
             max_backoff,
             drain_grace,
+            min_lifetime,
+            evict_idle,
             mgmt_interface,
             advertise_admin,
             advertise_agent,

@@ -331,6 +331,8 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     set("base_backoff", &c.base_backoff, &mut out.base_backoff)?;
     set("max_backoff", &c.max_backoff, &mut out.max_backoff)?;
     set("drain_grace", &c.drain_grace, &mut out.drain_grace)?;
+    set("min_lifetime", &c.min_lifetime, &mut out.min_lifetime)?;
+    set("evict_idle", &c.evict_idle, &mut out.evict_idle)?;
     if out.lost_after <= out.unreachable_after {
         return Err(ConfigError(format!(
             "control.lost_after ({:?}) must be longer than control.unreachable_after ({:?})",

@@ -22,6 +22,11 @@ pub struct ControlConfig {
     pub base_backoff: Duration,
     pub max_backoff: Duration,
     pub drain_grace: Duration,
+    /// A replica younger than this is never evicted to make room for an
+    /// on-demand model.
+    pub min_lifetime: Duration,
+    /// Nor one whose model was asked for less than this long ago.
+    pub evict_idle: Duration,
     /// Engine ports, inclusive.
     pub port_range: (u16, u16),
     /// The interface engines bootstrap NCCL over.
@@ -75,6 +80,8 @@ impl Default for ControlConfig {
             base_backoff: Duration::from_secs(10),
             max_backoff: Duration::from_secs(600),
             drain_grace: Duration::from_secs(30),
+            min_lifetime: Duration::from_secs(300),
+            evict_idle: Duration::from_secs(60),
             port_range: (20000, 20999),
             mgmt_interface: "eth0".into(),
             models: Vec::new(),

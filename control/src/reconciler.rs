@@ -112,6 +112,8 @@ impl ControlPlane {
                 port_range: self.config.port_range,
             },
             drain_grace_ms: self.config.drain_grace.as_millis() as i64,
+            min_lifetime_ms: self.config.min_lifetime.as_millis() as i64,
+            evict_idle_ms: self.config.evict_idle.as_millis() as i64,
             ..Settings::default()
         }
     }
@@ -205,6 +207,7 @@ impl ControlPlane {
         let mut m = self.memory();
         m.rt.now = now;
         m.rt.drain_since = clocks.drain_since.clone();
+        m.rt.placed_at = clocks.placed_at.clone();
         m.rt.not_before = clocks.backoffs(
             self.config.base_backoff.as_millis() as i64,
             self.config.max_backoff.as_millis() as i64,
@@ -279,25 +282,21 @@ impl ControlPlane {
                     }
                 }
             }
+            Action::Evict {
+                replica_id,
+                for_model,
+            } => {
+                tracing::info!(replica = %replica_id, model = %for_model, "evicting an idle replica to make room");
+                // Its model is wanted again only when asked again: else the
+                // room would go back to it, or it would evict in its turn.
+                if let Some(r) = state.replicas.replicas.get(&replica_id) {
+                    self.memory().rt.demand.remove(&r.placement.model);
+                }
+                self.drain(state, replica_id).await?;
+            }
             Action::Drain { replica_id } => {
                 tracing::info!(replica = %replica_id, "draining");
-                self.execute(
-                    &self.own(),
-                    vec![Command::Replica(ReplicaCommand::Drain {
-                        replica_id: replica_id.clone(),
-                    })],
-                )
-                .await?;
-                if let Some(r) = state.replicas.replicas.get(&replica_id) {
-                    for s in &r.placement.shards {
-                        self.agents.send(
-                            &s.node_id,
-                            control_message::Msg::Drain(v1::DrainShard {
-                                shard_id: s.shard_id.clone(),
-                            }),
-                        );
-                    }
-                }
+                self.drain(state, replica_id).await?;
             }
             Action::FinishNodeDrain { node_id } => {
                 tracing::info!(node = %node_id, "drain finished; the node stays cordoned");
@@ -308,6 +307,33 @@ impl ControlPlane {
                     })],
                 )
                 .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a replica out of routing and tells its agents to let in-flight
+    /// work finish.
+    async fn drain(
+        &self,
+        state: &llmgw_domain::State,
+        replica_id: String,
+    ) -> Result<(), crate::ControlError> {
+        self.execute(
+            &self.own(),
+            vec![Command::Replica(ReplicaCommand::Drain {
+                replica_id: replica_id.clone(),
+            })],
+        )
+        .await?;
+        if let Some(r) = state.replicas.replicas.get(&replica_id) {
+            for s in &r.placement.shards {
+                self.agents.send(
+                    &s.node_id,
+                    control_message::Msg::Drain(v1::DrainShard {
+                        shard_id: s.shard_id.clone(),
+                    }),
+                );
             }
         }
         Ok(())

@@ -35,6 +35,9 @@ pub struct Clocks {
     /// Model → its replicas' failures since it last had one ready, and
     /// when the last failure was recorded.
     pub failures: BTreeMap<String, (u32, Millis)>,
+    /// Live replica → when it was placed (adopted ones are not here: their
+    /// age is unknown, and unknown is never old enough to evict).
+    pub placed_at: BTreeMap<ReplicaId, Millis>,
 }
 
 impl Clocks {
@@ -43,7 +46,8 @@ impl Clocks {
     pub fn cares(event_type: &str) -> bool {
         matches!(
             event_type,
-            "ReplicaDraining"
+            "ReplicaPlaced"
+                | "ReplicaDraining"
                 | "ReplicaStopped"
                 | "ReplicaFailed"
                 | "ReplicaReady"
@@ -72,8 +76,12 @@ impl Clocks {
                     .entry(replica_id.into())
                     .or_insert(at);
             }
+            Event::Replica(ReplicaEvent::ReplicaPlaced(p)) => {
+                self.placed_at.insert(p.replica_id.as_str().into(), at);
+            }
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
                 self.drain_since.replicas.remove(replica_id.as_str());
+                self.placed_at.remove(replica_id.as_str());
             }
             Event::Replica(ReplicaEvent::ReplicaFailed { replica_id, .. }) => {
                 if let Some(m) = model(replica_id) {

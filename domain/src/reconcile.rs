@@ -15,6 +15,7 @@ use crate::Millis;
 use crate::State;
 use crate::catalog::Model;
 use crate::clocks::Drains;
+use crate::ids::ReplicaId;
 use crate::nodes::Reachability;
 use crate::placement::{self, Explanation, Held, PlaceOptions};
 use crate::replicas::{Placement, Replica, ReplicaStatus};
@@ -28,6 +29,11 @@ pub struct Settings {
     /// Idle time after which an on-demand model without `idle_timeout_s` is
     /// stopped.
     pub default_idle_ms: Millis,
+    /// Eviction guards: a replica younger than this is never evicted to
+    /// make room for an on-demand model...
+    pub min_lifetime_ms: Millis,
+    /// ...nor one whose model was asked for less than this long ago.
+    pub evict_idle_ms: Millis,
 }
 
 impl Default for Settings {
@@ -36,6 +42,8 @@ impl Default for Settings {
             place: PlaceOptions::default(),
             drain_grace_ms: 30_000,
             default_idle_ms: 15 * 60_000,
+            min_lifetime_ms: 5 * 60_000,
+            evict_idle_ms: 60_000,
         }
     }
 }
@@ -58,6 +66,8 @@ pub struct Runtime {
     pub idle: BTreeSet<String>,
     /// Processes agents report that the log no longer counts as live.
     pub held: Vec<Held>,
+    /// Live replica → when it was placed, read from the log.
+    pub placed_at: BTreeMap<ReplicaId, Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +88,15 @@ pub enum Action {
     Drain { replica_id: String },
     /// A draining node has nothing live left on it.
     FinishNodeDrain { node_id: String },
+    /// Take an idle replica out of routing to make room for an on-demand
+    /// model that fits nowhere else: drained like any other (it stops as
+    /// soon as its engine is idle), after which `for_model` is placed. The
+    /// executor forgets the victim's model's demand, so that it is wanted
+    /// again only when asked again.
+    Evict {
+        replica_id: String,
+        for_model: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -156,6 +175,76 @@ fn on_draining_node(state: &State, r: &Replica) -> Option<String> {
     })
 }
 
+/// The replica to evict so that `model`, asked for now, can be placed: one
+/// whose removal lets the placement succeed and that passes every guard
+/// (each is a way to lose work quietly): `model` itself is on demand and
+/// wanted because it was asked for; the victim is ready, of another on-demand model, on one
+/// node, was placed (not adopted: its age would be unknown) at least
+/// `min_lifetime_ms` ago, has been asked for since it was placed (unknown
+/// use is not idle) but not for `evict_idle_ms`. The longest idle goes
+/// first. None while any replica drains: one eviction at a time, so that
+/// a second victim is not taken while the first one's GPUs are freed.
+fn evictable(
+    state: &State,
+    replicas: &crate::replicas::Replicas,
+    rt: &Runtime,
+    settings: &Settings,
+    model: &Model,
+    new_id: &str,
+) -> Option<String> {
+    // Wanted because it was asked for (not for its minimum): the request
+    // may still be waiting, however long ago it was made.
+    if !model.on_demand() || !rt.demand.contains_key(&model.name) {
+        return None;
+    }
+    if replicas
+        .replicas
+        .values()
+        .any(|r| r.status == ReplicaStatus::Draining)
+    {
+        return None;
+    }
+    let mut candidates: Vec<(Millis, &Replica)> = replicas
+        .replicas
+        .values()
+        .filter(|r| r.status == ReplicaStatus::Ready && r.placement.model != model.name)
+        .filter(|r| {
+            state
+                .catalog
+                .models
+                .get(&r.placement.model)
+                .is_some_and(Model::on_demand)
+        })
+        .filter(|r| {
+            let first = r.placement.shards.first().map(|s| &s.node_id);
+            r.placement.shards.iter().all(|s| Some(&s.node_id) == first)
+        })
+        .filter_map(|r| {
+            let placed = *rt.placed_at.get(r.placement.replica_id.as_str())?;
+            let used = *rt.demand.get(&r.placement.model)?;
+            (rt.now - placed >= settings.min_lifetime_ms
+                && used >= placed
+                && rt.now - used >= settings.evict_idle_ms)
+                .then_some((used, r))
+        })
+        .collect();
+    candidates.sort_by_key(|(used, r)| (*used, r.placement.replica_id.clone()));
+    candidates.into_iter().find_map(|(_, victim)| {
+        let mut without = replicas.clone();
+        without.replicas.remove(&victim.placement.replica_id);
+        placement::place(
+            model,
+            &state.nodes,
+            &without,
+            &rt.held,
+            new_id,
+            settings.place,
+        )
+        .chosen
+        .map(|_| victim.placement.replica_id.clone())
+    })
+}
+
 /// One pass. `new_id` names a replica if one is placed.
 pub fn plan(
     state: &State,
@@ -230,6 +319,9 @@ pub fn plan(
         }
     }
 
+    // Replicas as this pass leaves them: a placement takes resources the
+    // next model's placement must see.
+    let mut placed_now: Option<crate::replicas::Replicas> = None;
     for model in state.catalog.models.values() {
         let want = desired(model, rt, settings);
         let live: Vec<&Replica> = state
@@ -269,17 +361,25 @@ pub fn plan(
             });
         } else if (keep.len() as u32) < want {
             let id = new_id(model);
-            let explanation = placement::place(
-                model,
-                &state.nodes,
-                &state.replicas,
-                &rt.held,
-                &id,
-                settings.place,
-            );
+            let replicas = placed_now.as_ref().unwrap_or(&state.replicas);
+            let explanation =
+                placement::place(model, &state.nodes, replicas, &rt.held, &id, settings.place);
             match explanation.chosen {
-                Some(p) => plan.actions.push(Action::Place(p)),
-                None => plan.unplaced.push(explanation),
+                Some(p) => {
+                    placed_now
+                        .get_or_insert_with(|| state.replicas.clone())
+                        .evolve(&crate::replicas::ReplicaEvent::ReplicaPlaced(p.clone()));
+                    plan.actions.push(Action::Place(p));
+                }
+                None => {
+                    if let Some(victim) = evictable(state, replicas, rt, settings, model, &id) {
+                        plan.actions.push(Action::Evict {
+                            replica_id: victim,
+                            for_model: model.name.clone(),
+                        });
+                    }
+                    plan.unplaced.push(explanation);
+                }
             }
         }
         if draining_any {

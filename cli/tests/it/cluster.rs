@@ -670,6 +670,106 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     assert_eq!(r.status(), 404);
 }
 
+/// Issue 17 §4: a second on-demand model on a full node evicts the idle
+/// one and serves. Each model's profile takes 60% of the node's memory, so
+/// only one fits; the guards are shortened (min_lifetime 2s, evict_idle
+/// 1s) and the domain's tests cover each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_on_demand_replica_makes_room_for_another_model_asked_for() {
+    let sweep = EngineSweeper("127.0.51.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = dir.path().join("evict.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+agent_listen: "127.0.0.1:{port}"
+store: "{store}"
+control:
+  instance: evict
+  interval: 200ms
+  min_lifetime: 2s
+  evict_idle: 1s
+  port_range: [30900, 30949]
+  enabled: true
+models: []
+"#
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.51.2");
+    let memory = until("the node", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        nodes[0]["memory_total_mb"].as_u64().filter(|m| *m > 0)
+    })
+    .await;
+    for name in ["first", "second"] {
+        let model = dir.path().join(format!("{name}.json"));
+        std::fs::write(
+            &model,
+            json!({"name": name, "scaling": {"min": 0, "max": 1, "idle_timeout_s": 600},
+                   "profiles": [{"name": "sim", "engine": "sim", "memory_mb": memory * 6 / 10}]})
+            .to_string(),
+        )
+        .unwrap();
+        let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+        assert!(ok, "{err}");
+    }
+    let ask = |model: &'static str| {
+        let base = server.base.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&json!({"model": model, "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(ask("first").await, 200, "first started for its request");
+    assert_eq!(ask("first").await, 200, "and used once it serves");
+    // The node is full: second waits for first to be evicted (once it is
+    // past its minimum lifetime and idle), then serves.
+    assert_eq!(ask("second").await, 200, "second served after the eviction");
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    let status = |model: &str| {
+        all.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["model"] == model)
+            .map(|r| r["status"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(status("first"), ["stopped"], "{all}");
+    assert_eq!(status("second"), ["ready"], "{all}");
+    assert_eq!(sweep.engines().len(), 1, "one engine on the node");
+    let log = super::ok(&store, &["events", "tail", "--json", "--limit", "200"]);
+    let stopped = super::json_lines(&log)
+        .into_iter()
+        .find(|e| e["event_type"] == "ReplicaStopped")
+        .expect("first was stopped");
+    assert!(
+        stopped["payload"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("drained")),
+        "{stopped}"
+    );
+    let said = Child::expect(
+        &server.child.stderr,
+        "evicting an idle replica to make room",
+    );
+    assert!(
+        said.contains("second"),
+        "it names the model made room for: {said}"
+    );
+}
+
 pub(crate) fn ctl(admin: &str, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .arg("ctl")

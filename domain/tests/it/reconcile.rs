@@ -66,7 +66,7 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
                     replica_id: replica_id.clone(),
                     reason: reason.clone(),
                 }],
-                Action::Drain { replica_id } => {
+                Action::Drain { replica_id } | Action::Evict { replica_id, .. } => {
                     rt.drain_since.replicas.insert(replica_id.into(), rt.now);
                     vec![ReplicaEvent::ReplicaDraining {
                         replica_id: replica_id.clone(),
@@ -368,5 +368,145 @@ fn replicas_whose_model_left_the_catalog_are_stopped() {
     let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
     assert!(
         matches!(&p.actions[..], [Action::Stop { reason, failed: false, .. }] if reason.contains("left the catalog"))
+    );
+}
+
+/// Two on-demand models that each need most of the one node's memory:
+/// `old` placed at 0 and ready, `new` not placed.
+fn full_node() -> State {
+    let mut s = State::default();
+    for name in ["old", "new"] {
+        let mut m = Model::named(name);
+        m.scaling = Scaling {
+            min: 0,
+            max: 1,
+            idle_timeout_s: Some(3600),
+        };
+        let mut p = Profile::cpu("sim", Engine::Sim);
+        p.memory_mb = 10_000;
+        m.profiles = vec![p];
+        s.evolve(&Event::Catalog(CatalogEvent::ModelAdded { model: m }));
+    }
+    s.evolve(&Event::Node(NodeEvent::NodeRegistered {
+        node_id: "a".into(),
+        inventory: Inventory {
+            hostname: "a".into(),
+            memory_total_mb: 16_000,
+            engines: [("sim".to_string(), "1".to_string())].into(),
+            ..Inventory::default()
+        },
+    }));
+    let mut rt = Runtime::default();
+    rt.demand.insert("old".into(), 0);
+    let p = plan(&s, &rt, &Settings::default(), |_| "r-old".into());
+    let [Action::Place(pl)] = &p.actions[..] else {
+        panic!("{:?}", p.actions)
+    };
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
+    ready_all(&mut s);
+    s
+}
+
+/// `old` placed at 0, last asked for at `used`; `new` asked for at `now`.
+fn asked(now: i64, used: i64) -> Runtime {
+    let mut rt = Runtime {
+        now,
+        ..Runtime::default()
+    };
+    rt.placed_at.insert("r-old".into(), 0);
+    rt.demand.insert("old".into(), used);
+    rt.demand.insert("new".into(), now);
+    rt
+}
+
+fn evictions(s: &State, rt: &Runtime, settings: &Settings) -> Vec<Action> {
+    plan(s, rt, settings, |_| "r-new".into())
+        .actions
+        .into_iter()
+        .filter(|a| matches!(a, Action::Evict { .. }))
+        .collect()
+}
+
+#[test]
+fn an_idle_on_demand_replica_is_evicted_for_one_asked_for_which_then_serves() {
+    let mut s = full_node();
+    let settings = Settings::default();
+    let ten_minutes = 10 * 60_000;
+    let mut rt = asked(ten_minutes, 1_000);
+    let p = plan(&s, &rt, &settings, |_| "r-new".into());
+    assert_eq!(
+        p.actions,
+        vec![Action::Evict {
+            replica_id: "r-old".into(),
+            for_model: "new".into()
+        }]
+    );
+    assert_eq!(p.unplaced.len(), 1, "new fits nowhere until old is gone");
+    // The control plane forgets old's demand as it evicts it (it is wanted
+    // again when asked again). Drained like any other; while it drains
+    // nothing else is evicted.
+    rt.demand.remove("old");
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
+        replica_id: "r-old".into(),
+    }));
+    rt.drain_since.replicas.insert("r-old".into(), rt.now);
+    assert!(evictions(&s, &rt, &settings).is_empty());
+    rt.idle.insert("r-old".into());
+    let p = plan(&s, &rt, &settings, |_| "r-new".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Stop { replica_id, .. }] if replica_id == "r-old"),
+        "{:?}",
+        p.actions
+    );
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaStopped {
+        replica_id: "r-old".into(),
+        reason: "drained".into(),
+    }));
+    let p = plan(&s, &rt, &settings, |_| "r-new".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Place(pl)] if pl.model == "new"),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_busy_fresh_unused_adopted_or_always_on_replica_is_never_evicted() {
+    let settings = Settings::default();
+    let s = full_node();
+    let ten_minutes = 10 * 60_000;
+    // Busy: asked for 10 s ago.
+    assert!(evictions(&s, &asked(ten_minutes, ten_minutes - 10_000), &settings).is_empty());
+    // Fresh: placed 2 minutes ago, idle for one.
+    assert!(evictions(&s, &asked(2 * 60_000, 60_000), &settings).is_empty());
+    // Never asked for since it was placed: unknown use is not idle.
+    let mut rt = asked(ten_minutes, 0);
+    rt.placed_at.insert("r-old".into(), 500);
+    assert!(evictions(&s, &rt, &settings).is_empty());
+    let mut rt = asked(ten_minutes, 1_000);
+    rt.demand.remove("old");
+    assert!(evictions(&s, &rt, &settings).is_empty());
+    // Adopted (or placed before the log this server read): no age known.
+    let mut rt = asked(ten_minutes, 1_000);
+    rt.placed_at.clear();
+    assert!(evictions(&s, &rt, &settings).is_empty());
+    // Its model is always on (min 1).
+    let mut always = s.clone();
+    let mut m = always.catalog.models["old"].clone();
+    m.scaling.min = 1;
+    always.evolve(&Event::Catalog(CatalogEvent::ModelUpdated { model: m }));
+    assert!(evictions(&always, &asked(ten_minutes, 1_000), &settings).is_empty());
+    // A request that has waited a while still counts: it is waiting.
+    let mut rt = asked(ten_minutes, 1_000);
+    rt.demand.insert("new".into(), ten_minutes - 30_000);
+    assert_eq!(evictions(&s, &rt, &settings).len(), 1);
+    // The model asked for must have been asked for, not wanted for its min.
+    let mut rt = asked(ten_minutes, 1_000);
+    rt.demand.remove("new");
+    assert!(evictions(&s, &rt, &settings).is_empty());
+    // The guards hold, and it goes.
+    assert_eq!(
+        evictions(&s, &asked(ten_minutes, 1_000), &settings).len(),
+        1
     );
 }
