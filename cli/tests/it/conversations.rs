@@ -577,24 +577,7 @@ async fn mcp_story(backend: Backend) {
         .await;
     assert_eq!(status, 201);
 
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/mcp_client.py");
-    let (base, key) = (c.base.clone(), kp.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .arg(script)
-            .arg(base)
-            .arg(key)
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    super::sdk_script("mcp_client.py", vec![c.base.clone(), kp.clone()]).await;
 
     let (status, v) = c.memory(&kp, None, Method::GET, "/from-mcp", None).await;
     assert_eq!(status, 200, "{v}");

@@ -947,12 +947,19 @@ async fn the_official_openai_sdk_works_through_the_gateway() {
         "127.0.0.1:0",
     ]);
     let base = format!("http://{}", server.addr_after("client listening on "));
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/openai_sdk.py");
+    sdk_script("openai_sdk.py", vec![base, "tiny".into()]).await;
+}
+
+/// Runs `cli/tests/sdk/<script>` with `args` and asserts that it passed,
+/// showing what it printed when not.
+pub(crate) async fn sdk_script(script: &str, args: Vec<String>) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(script);
     let out = tokio::task::spawn_blocking(move || {
         Command::new("python3")
             .arg(script)
-            .arg(&base)
-            .arg("tiny")
+            .args(args)
             .output()
             .unwrap()
     })
