@@ -40,6 +40,11 @@ pub(crate) enum CtlCommand {
     /// `<tool_call>` text (the engine's tool parser is off or wrong), or an
     /// answer that ignored the tool. Exits 1 unless both called it.
     ToolCheck(crate::tool_check::ToolCheckArgs),
+    /// Load MODEL through the gateway with streamed requests at
+    /// concurrency 1, 2, 4 … until the TTFT or inter-token p99 breaks the
+    /// SLO (or a request fails), and report the last level that held: the
+    /// weight to give the profile. Exits 1 when even concurrency 1 breaks it.
+    Bench(crate::bench::BenchArgs),
     /// A private certificate authority for the agent stream.
     #[command(subcommand)]
     Cert(crate::cert::CertCommand),
@@ -85,6 +90,7 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
         CtlCommand::Cert(c) => return crate::cert::run(c, args.json),
         CtlCommand::Plan(p) => return crate::plan::run(&args.admin, args.json, p).await,
         CtlCommand::ToolCheck(t) => return crate::tool_check::run(args.json, t).await,
+        CtlCommand::Bench(b) => return crate::bench::run(args.json, b).await,
         CtlCommand::EngineCheck {
             engine,
             bin,

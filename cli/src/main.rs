@@ -5,6 +5,7 @@ mod admin_client;
 mod agent;
 mod agent_config;
 mod agent_log;
+mod bench;
 mod cert;
 mod cluster;
 mod config;

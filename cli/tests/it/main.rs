@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 mod agent_config;
 mod anchors;
+mod bench;
 mod browser;
 mod capture;
 mod cluster;
