@@ -601,7 +601,7 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
     let head = cp.store.head().await.map_err(ControlError::from)?.0;
     let rt = {
         let mut rt = cp.memory().rt.clone();
-        rt.now = cp.now_ms();
+        rt.now = cp.now();
         rt
     };
     let settings = cp.settings();

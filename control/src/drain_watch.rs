@@ -29,8 +29,11 @@ pub(crate) struct Target {
 /// The draining replicas whose drains are older than the settle time.
 pub(crate) fn targets(
     state: &State,
-    drain_since: &std::collections::BTreeMap<llmgw_domain::ids::ReplicaId, i64>,
-    now: i64,
+    drain_since: &std::collections::BTreeMap<
+        llmgw_domain::ids::ReplicaId,
+        llmgw_domain::UnixMillis,
+    >,
+    now: llmgw_domain::UnixMillis,
     settle: i64,
 ) -> Vec<Target> {
     state
@@ -41,7 +44,7 @@ pub(crate) fn targets(
         .filter(|r| {
             drain_since
                 .get(r.placement.replica_id.as_str())
-                .is_some_and(|since| now - since >= settle)
+                .is_some_and(|since| now - *since >= settle)
         })
         .filter_map(|r| {
             let p = &r.placement;

@@ -35,10 +35,6 @@ use tonic::{Request, Response, Status};
 use crate::admin::{AdminError, Result};
 use crate::{ControlError, ControlPlane};
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
 fn sha256_hex(s: &str) -> String {
     sha2::Sha256::digest(s.as_bytes())
         .iter()
@@ -46,8 +42,8 @@ fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-fn rfc3339(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
+fn rfc3339(at: llmgw_domain::UnixMillis) -> String {
+    chrono::DateTime::from_timestamp_millis(at.0)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         .unwrap_or_default()
 }
@@ -66,9 +62,9 @@ pub(crate) async fn issue_token(
     };
     let secret = crate::tenancy_api::random_hex(48);
     let token_hash = sha256_hex(&secret);
-    let now = now_ms();
+    let now = llmgw_domain::UnixMillis::now();
     let ttl_ms = i64::try_from(req.ttl_ms).unwrap_or(i64::MAX);
-    let expires_at = now.saturating_add(ttl_ms);
+    let expires_at = now + ttl_ms;
     let decided = cp
         .execute(
             &origin,
@@ -173,7 +169,7 @@ impl llmgw_api::JoinService for JoinSvc {
             )));
         }
         let token_hash = sha256_hex(secret);
-        let now = now_ms();
+        let now = llmgw_domain::UnixMillis::now();
         // The views first: a token that cannot be used costs no signature.
         {
             let views = cp.views.read().unwrap_or_else(|p| p.into_inner());

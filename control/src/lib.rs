@@ -94,7 +94,7 @@ struct Memory {
     /// Model → the last reason it could not be placed, logged on change.
     unplaced: BTreeMap<String, String>,
     /// Model → until when the last pass held it back after failures.
-    backing_off: BTreeMap<String, Option<i64>>,
+    backing_off: BTreeMap<String, Option<llmgw_domain::UnixMillis>>,
 }
 
 #[derive(Debug)]
@@ -228,8 +228,8 @@ impl ControlPlane {
 
     /// Wall-clock milliseconds: the clocks read from the log are the
     /// times it recorded, and another server continues them.
-    fn now_ms(&self) -> i64 {
-        chrono::Utc::now().timestamp_millis()
+    fn now(&self) -> llmgw_domain::UnixMillis {
+        llmgw_domain::UnixMillis::now()
     }
 
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
@@ -240,7 +240,7 @@ impl ControlPlane {
     /// A standby records the request in the log (at most every few seconds
     /// per model), so that the leader sees it too.
     pub fn demand(self: &Arc<Self>, model: &str) {
-        let now = self.now_ms();
+        let now = self.now();
         let previous = self.memory().rt.demand.insert(model.to_owned(), now);
         if self.is_leader() {
             self.wake.notify_one();

@@ -119,7 +119,7 @@ impl ControlPlane {
     }
 
     pub(crate) async fn pass(&self) -> Result<(), crate::ControlError> {
-        let now = self.now_ms();
+        let now = self.now();
         for model in self.decider.take_demanded().await {
             self.memory().rt.demand.insert(model, now);
         }
@@ -145,7 +145,7 @@ impl ControlPlane {
                 }
             }
             // The plan's backoffs, logged when one begins or moves on.
-            let backing_off: BTreeMap<String, Option<i64>> = plan
+            let backing_off: BTreeMap<String, Option<llmgw_domain::UnixMillis>> = plan
                 .backing_off
                 .iter()
                 .map(|b| (b.model.clone(), b.until))
@@ -154,7 +154,7 @@ impl ControlPlane {
                 if m.backing_off.get(model) != Some(until)
                     && let Some(t) = until
                 {
-                    tracing::info!(%model, delay_ms = (t - now).max(0), "backing off before rebuilding");
+                    tracing::info!(%model, delay_ms = (*t - now).max(0), "backing off before rebuilding");
                 }
             }
             m.backing_off = backing_off;
@@ -175,7 +175,7 @@ impl ControlPlane {
     /// time whether anything is left on them; those that say no stop in
     /// this pass. While anything drains, passes come often, so that an
     /// idle engine is stopped within a fraction of a second.
-    async fn watch_drains(&self, now: i64) -> Result<(), crate::ControlError> {
+    async fn watch_drains(&self, now: llmgw_domain::UnixMillis) -> Result<(), crate::ControlError> {
         let settle = drain_watch::SETTLE_MS.min(self.config.drain_grace.as_millis() as i64);
         let (targets, draining) = self
             .decider
@@ -203,7 +203,7 @@ impl ControlPlane {
     /// This pass's facts: the clocks read from the log (drains begun,
     /// backoffs after failures) and, from memory, on-demand requests and
     /// the processes agents hold.
-    fn runtime(&self, clocks: &Clocks, now: i64) -> reconcile::Runtime {
+    fn runtime(&self, clocks: &Clocks, now: llmgw_domain::UnixMillis) -> reconcile::Runtime {
         let mut m = self.memory();
         m.rt.now = now;
         m.rt.drain_since = clocks.drain_since.clone();

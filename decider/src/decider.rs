@@ -126,7 +126,7 @@ impl Decider {
                 // In log order, so the last version read is the stream's.
                 inner.versions.insert(r.stream_id.clone(), r.stream_version);
                 let clocked = Clocks::cares(&r.event_type);
-                let at = r.recorded_at.timestamp_millis();
+                let at = llmgw_domain::UnixMillis(r.recorded_at.timestamp_millis());
                 if inner.own.remove(&r.position) {
                     // Applied when decided; its time is known only now.
                     if clocked
@@ -304,7 +304,7 @@ impl Decider {
                         // Not read back: the clocks take them now (the log
                         // recorded them a moment ago; another server reads
                         // that time).
-                        let at = chrono::Utc::now().timestamp_millis();
+                        let at = llmgw_domain::UnixMillis::now();
                         let Inner { state, clocks, .. } = &mut *inner;
                         for e in &events {
                             clocks.observe(state, e, at);

@@ -12,15 +12,15 @@ use crate::ids::{NodeId, ReplicaId};
 use crate::nodes::NodeEvent;
 use crate::reconcile::backoff;
 use crate::replicas::ReplicaEvent;
-use crate::{Millis, State};
+use crate::{Millis, State, UnixMillis};
 
 /// When each drain began: a replica's and a node's apart, since a node's
 /// name and a replica's id are different things even where they are the
 /// same string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Drains {
-    pub replicas: BTreeMap<ReplicaId, Millis>,
-    pub nodes: BTreeMap<NodeId, Millis>,
+    pub replicas: BTreeMap<ReplicaId, UnixMillis>,
+    pub nodes: BTreeMap<NodeId, UnixMillis>,
 }
 
 impl Drains {
@@ -34,10 +34,10 @@ pub struct Clocks {
     pub drain_since: Drains,
     /// Model → its replicas' failures since it last had one ready, and
     /// when the last failure was recorded.
-    pub failures: BTreeMap<String, (u32, Millis)>,
+    pub failures: BTreeMap<String, (u32, UnixMillis)>,
     /// Live replica → when it was placed (adopted ones are not here: their
     /// age is unknown, and unknown is never old enough to evict).
-    pub placed_at: BTreeMap<ReplicaId, Millis>,
+    pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
 }
 
 impl Clocks {
@@ -61,7 +61,7 @@ impl Clocks {
     /// Notes `event`, which the log recorded at `at`. `state` knows the
     /// replica's model (replicas are never forgotten, so the state before
     /// or after the event will do).
-    pub fn observe(&mut self, state: &State, event: &Event, at: Millis) {
+    pub fn observe(&mut self, state: &State, event: &Event, at: UnixMillis) {
         let model = |id: &str| {
             state
                 .replicas
@@ -113,13 +113,13 @@ impl Clocks {
     /// count, so that every server computes the same time and models that
     /// fail together do not retry together). None when it has not failed
     /// since it last served.
-    pub fn not_before(&self, model: &str, base_ms: Millis, max_ms: Millis) -> Option<Millis> {
+    pub fn not_before(&self, model: &str, base_ms: Millis, max_ms: Millis) -> Option<UnixMillis> {
         let (n, at) = self.failures.get(model)?;
-        Some(at.saturating_add(backoff(*n, base_ms, max_ms, unit(model, *n))))
+        Some(*at + backoff(*n, base_ms, max_ms, unit(model, *n)))
     }
 
     /// Every model's backoff as [`Clocks::not_before`] gives it.
-    pub fn backoffs(&self, base_ms: Millis, max_ms: Millis) -> BTreeMap<String, Millis> {
+    pub fn backoffs(&self, base_ms: Millis, max_ms: Millis) -> BTreeMap<String, UnixMillis> {
         self.failures
             .keys()
             .filter_map(|m| Some((m.clone(), self.not_before(m, base_ms, max_ms)?)))
@@ -180,12 +180,12 @@ mod tests {
         let mut c = Clocks::default();
         for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
             placed(&mut state, id, "chat");
-            c.observe(&state, &failed(id), 1_000 * (i as Millis + 1));
+            c.observe(&state, &failed(id), UnixMillis(1_000 * (i as Millis + 1)));
         }
-        assert_eq!(c.failures["chat"], (3, 3_000));
+        assert_eq!(c.failures["chat"], (3, UnixMillis(3_000)));
         let t = c.not_before("chat", 100, 10_000).unwrap();
         // 100 · 2² = 400 ms, jittered into [320, 480).
-        assert!((3_320..3_480).contains(&t), "{t}");
+        assert!((3_320..3_480).contains(&t.0), "{t}");
         assert_eq!(
             c.not_before("chat", 100, 10_000),
             Some(t),
@@ -194,7 +194,7 @@ mod tests {
         // Another server reading the same log computes the same time.
         let mut again = Clocks::default();
         for (i, id) in ["r1", "r2", "r3"].iter().enumerate() {
-            again.observe(&state, &failed(id), 1_000 * (i as Millis + 1));
+            again.observe(&state, &failed(id), UnixMillis(1_000 * (i as Millis + 1)));
         }
         assert_eq!(again.not_before("chat", 100, 10_000), Some(t));
         placed(&mut state, "r4", "chat");
@@ -203,7 +203,7 @@ mod tests {
             &Event::Replica(ReplicaEvent::ReplicaReady {
                 replica_id: "r4".into(),
             }),
-            5_000,
+            UnixMillis(5_000),
         );
         assert_eq!(c.not_before("chat", 100, 10_000), None);
         assert!(c.backoffs(100, 10_000).is_empty());
@@ -216,33 +216,37 @@ mod tests {
         let drain = Event::Replica(ReplicaEvent::ReplicaDraining {
             replica_id: "r1".into(),
         });
-        c.observe(&state, &drain, 1_000);
-        c.observe(&state, &drain, 2_000);
-        assert_eq!(c.drain_since.replicas["r1"], 1_000);
+        c.observe(&state, &drain, UnixMillis(1_000));
+        c.observe(&state, &drain, UnixMillis(2_000));
+        assert_eq!(c.drain_since.replicas["r1"], UnixMillis(1_000));
         c.observe(
             &state,
             &Event::Replica(ReplicaEvent::ReplicaStopped {
                 replica_id: "r1".into(),
                 reason: "drained".into(),
             }),
-            3_000,
+            UnixMillis(3_000),
         );
         assert!(!c.drain_since.replicas.contains_key("r1"));
         let node = Event::Node(NodeEvent::NodeDrainRequested {
             node_id: "n1".into(),
             by: "op".into(),
         });
-        c.observe(&state, &node, 4_000);
+        c.observe(&state, &node, UnixMillis(4_000));
         c.observe(
             &state,
             &Event::Node(NodeEvent::NodeDrained {
                 node_id: "n1".into(),
             }),
-            5_000,
+            UnixMillis(5_000),
         );
         assert!(c.drain_since.is_empty());
-        c.observe(&state, &node, 6_000);
-        assert_eq!(c.drain_since.nodes["n1"], 6_000, "a new drain, a new clock");
+        c.observe(&state, &node, UnixMillis(6_000));
+        assert_eq!(
+            c.drain_since.nodes["n1"],
+            UnixMillis(6_000),
+            "a new drain, a new clock"
+        );
         assert!(
             c.drain_since.replicas.is_empty(),
             "a node's drain is no replica's"

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::nodes::{NodeEvent, Nodes};
-use crate::{Event, Millis, Rejection};
+use crate::{Event, Millis, Rejection, UnixMillis};
 
 /// The longest a token may stay valid: a token is a credential lying
 /// about, and joining is something an operator does now.
@@ -33,7 +33,7 @@ pub struct Token {
     /// The node it may join as; None lets the node name itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
-    pub expires_at: Millis,
+    pub expires_at: UnixMillis,
     /// The node that used it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_by: Option<String>,
@@ -63,15 +63,15 @@ pub enum JoinCommand {
     IssueToken {
         token_hash: String,
         node_id: Option<String>,
-        expires_at: Millis,
-        now: Millis,
+        expires_at: UnixMillis,
+        now: UnixMillis,
     },
     /// A node presents a token and gets `certificate` (its fingerprint).
     Redeem {
         token_hash: String,
         node_id: String,
         certificate: String,
-        now: Millis,
+        now: UnixMillis,
     },
     /// The node leaves the cluster and its certificates are refused.
     RemoveNode { node_id: String },
@@ -85,7 +85,7 @@ pub enum JoinEvent {
         token_hash: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         node_id: Option<String>,
-        expires_at: Millis,
+        expires_at: UnixMillis,
     },
     /// The token was used: single use, so this is its last event.
     NodeJoined {
@@ -150,7 +150,12 @@ impl Joining {
 
     /// Why a token cannot be used now by `node_id`, or None when it can.
     /// An unknown hash gets the one answer any guess gets.
-    pub fn check(&self, token_hash: &str, node_id: &str, now: Millis) -> Result<&Token, Rejection> {
+    pub fn check(
+        &self,
+        token_hash: &str,
+        node_id: &str,
+        now: UnixMillis,
+    ) -> Result<&Token, Rejection> {
         let Some(t) = self.token(token_hash) else {
             return Err(Rejection::not_found(
                 "not a valid join token: issue one with `llmgw ctl node token`",

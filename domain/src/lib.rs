@@ -33,6 +33,7 @@ pub mod registration;
 pub mod replicas;
 pub mod sizing;
 pub mod tenancy;
+pub mod time;
 pub mod usage;
 
 pub use event::{DecodeError, Event};
@@ -81,8 +82,10 @@ impl Rejection {
     }
 }
 
-/// Milliseconds since the Unix epoch, passed in by the caller.
+/// A span of milliseconds. Points in time are [`time::UnixMillis`].
 pub type Millis = i64;
+
+pub use time::UnixMillis;
 
 /// The decision state of every area, as the log built it. Projections keep
 /// their own read models; this is what `decide` reads.

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Millis;
 use crate::State;
 use crate::catalog::Model;
 use crate::clocks::Drains;
@@ -19,6 +18,7 @@ use crate::ids::ReplicaId;
 use crate::nodes::Reachability;
 use crate::placement::{self, Explanation, Held, PlaceOptions};
 use crate::replicas::{Placement, Replica, ReplicaStatus};
+use crate::{Millis, UnixMillis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -53,11 +53,11 @@ impl Default for Settings {
 #[derive(Debug, Clone, Default)]
 pub struct Runtime {
     /// Wall-clock milliseconds, comparable with the times the log recorded.
-    pub now: Millis,
+    pub now: UnixMillis,
     /// Model → no placement before this time (after failures).
-    pub not_before: BTreeMap<String, Millis>,
+    pub not_before: BTreeMap<String, UnixMillis>,
     /// On-demand model → when it was last asked for.
-    pub demand: BTreeMap<String, Millis>,
+    pub demand: BTreeMap<String, UnixMillis>,
     /// When each replica's and each node's drain began.
     pub drain_since: Drains,
     /// Draining replicas whose engines were seen with nothing running or
@@ -67,7 +67,7 @@ pub struct Runtime {
     /// Processes agents report that the log no longer counts as live.
     pub held: Vec<Held>,
     /// Live replica → when it was placed, read from the log.
-    pub placed_at: BTreeMap<ReplicaId, Millis>,
+    pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,7 +115,7 @@ pub struct Backoff {
     /// No placement before this time; `None` when a replica failed in this
     /// very pass and the log has not recorded its failure's time yet (the
     /// next pass knows).
-    pub until: Option<Millis>,
+    pub until: Option<UnixMillis>,
 }
 
 /// How many replicas a model should have now.
@@ -130,7 +130,7 @@ pub fn desired(model: &Model, rt: &Runtime, settings: &Settings) -> u32 {
     let asked = rt
         .demand
         .get(&model.name)
-        .is_some_and(|at| rt.now - at < idle);
+        .is_some_and(|at| rt.now - *at < idle);
     model
         .scaling
         .min
@@ -204,7 +204,7 @@ fn evictable(
     {
         return None;
     }
-    let mut candidates: Vec<(Millis, &Replica)> = replicas
+    let mut candidates: Vec<(UnixMillis, &Replica)> = replicas
         .replicas
         .values()
         .filter(|r| r.status == ReplicaStatus::Ready && r.placement.model != model.name)

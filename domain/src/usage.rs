@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::Price;
 use crate::tenancy::Band;
-use crate::{Millis, Rejection};
+use crate::{Millis, Rejection, UnixMillis};
 
 impl Price {
     pub const ZERO: Price = Price {
@@ -49,7 +49,7 @@ pub struct UsageRecorded {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<u32>,
     pub band: Band,
-    pub at: Millis,
+    pub at: UnixMillis,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ pub struct FinishedRequest {
     pub latency_ms: u32,
     pub ttft_ms: Option<u32>,
     pub band: Band,
-    pub at: Millis,
+    pub at: UnixMillis,
 }
 
 /// Prices a finished request with the price of the model that served it.

@@ -405,7 +405,7 @@ async fn append_cost(store: &llmgw_eventstore::AnyStore) -> f64 {
                 latency_ms: 1,
                 ttft_ms: None,
                 band: llmgw_domain::tenancy::Band::Gold,
-                at: 0,
+                at: llmgw_domain::UnixMillis(0),
             };
             let priced = llmgw_domain::usage::record(request, llmgw_domain::catalog::Price::ZERO);
             llmgw_domain::Event::Usage(priced.unwrap())

@@ -287,7 +287,7 @@ mod tests {
             latency_ms: 1,
             ttft_ms: None,
             band: Band::Gold,
-            at: 0,
+            at: llmgw_domain::UnixMillis(0),
         };
         q.record(r());
         q.record(r());

@@ -99,11 +99,11 @@ impl Spend {
 
     fn add(&mut self, u: &UsageRecorded) {
         let tokens = u.prompt_tokens.saturating_add(u.completion_tokens);
-        self.day.add(Period::Day, u.at, u.cost_micros, tokens);
-        self.month.add(Period::Month, u.at, u.cost_micros, tokens);
+        self.day.add(Period::Day, u.at.0, u.cost_micros, tokens);
+        self.month.add(Period::Month, u.at.0, u.cost_micros, tokens);
         self.total_micros = self.total_micros.saturating_add(u.cost_micros);
         self.total_tokens = self.total_tokens.saturating_add(tokens);
-        self.last_at = self.last_at.max(u.at);
+        self.last_at = self.last_at.max(u.at.0);
         self.requests += 1;
         if u.status >= 400 {
             self.errors += 1;
@@ -302,12 +302,12 @@ impl UsageView {
     fn record(&mut self, u: &UsageRecorded) {
         // Replay applies this once per request ever served: keys are looked
         // up by reference and copied only the first time they are seen.
-        let hour = u.at.div_euclid(HOUR_MS) * HOUR_MS;
+        let hour = u.at.0.div_euclid(HOUR_MS) * HOUR_MS;
         if hour > self.newest_hour {
             self.newest_hour = hour;
             self.prune();
         }
-        let day = u.at.div_euclid(DAY_MS) * DAY_MS;
+        let day = u.at.0.div_euclid(DAY_MS) * DAY_MS;
         // A record older than the window (a late batch) counts in the
         // totals but not in buckets that are already gone.
         let keep_hour = hour >= self.first_hour();
@@ -491,7 +491,7 @@ mod tests {
             latency_ms,
             ttft_ms: None,
             band: Band::Gold,
-            at,
+            at: llmgw_domain::UnixMillis(at),
         };
         view.apply_event(stamp(), &Event::Usage(UsageEvent::UsageRecorded(u)));
     }

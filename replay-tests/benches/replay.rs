@@ -122,7 +122,7 @@ fn generated(i: u64) -> Event {
         latency_ms: (200 + i % 2000) as u32,
         ttft_ms: Some((20 + i % 200) as u32),
         band: Band::Silver,
-        at: 1_796_029_200_000 + (i as i64) * 1000,
+        at: llmgw_domain::UnixMillis(1_796_029_200_000 + (i as i64) * 1000),
     }))
 }
 

@@ -386,7 +386,7 @@ fn request(id: &str, hour: i64) -> FinishedRequest {
         latency_ms: 850,
         ttft_ms: Some(90),
         band: Band::Gold,
-        at: T0 + hour * HOUR,
+        at: llmgw_domain::UnixMillis(T0 + hour * HOUR),
     }
 }
 

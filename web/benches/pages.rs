@@ -396,7 +396,7 @@ fn generated(i: u64) -> (Event, Value) {
             latency_ms: (200 + i % 2000) as u32,
             ttft_ms: Some((20 + i % 200) as u32),
             band: Band::Silver,
-            at: usage_epoch() + (i as i64) * 1000,
+            at: llmgw_domain::UnixMillis(usage_epoch() + (i as i64) * 1000),
         })),
         gateway(),
     )

@@ -151,7 +151,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             latency_ms: 100,
             ttft_ms: None,
             band: Band::Gold,
-            at: 1,
+            at: llmgw_domain::UnixMillis(1),
         })),
         Event::Leadership(LeadershipEvent::LeadershipAcquired {
             holder: "ctl-a".into(),
@@ -189,7 +189,7 @@ pub(crate) fn every_event() -> Vec<Event> {
             token_id: "abababababab".into(),
             token_hash: "ab".repeat(32),
             node_id: Some(node()),
-            expires_at: 1_700_000_000_000,
+            expires_at: llmgw_domain::UnixMillis(1_700_000_000_000),
         }),
         Event::Join(JoinEvent::NodeJoined {
             token_id: "abababababab".into(),

@@ -2,7 +2,7 @@
 
 use llmgw_domain::join::{JoinCommand as C, JoinEvent, MAX_TTL_MS};
 use llmgw_domain::nodes::NodeEvent;
-use llmgw_domain::{Command, Event, RejectionCode, State};
+use llmgw_domain::{Command, Event, RejectionCode, State, UnixMillis};
 
 fn hash(n: u8) -> String {
     format!("{n:02x}").repeat(32)
@@ -22,8 +22,8 @@ fn issue(state: &mut State, n: u8, node: Option<&str>, now: i64, ttl: i64) {
         C::IssueToken {
             token_hash: hash(n),
             node_id: node.map(str::to_owned),
-            expires_at: now + ttl,
-            now,
+            expires_at: UnixMillis(now + ttl),
+            now: UnixMillis(now),
         },
     )
     .expect("issued");
@@ -42,7 +42,7 @@ fn redeem(
             token_hash: hash(n),
             node_id: node.into(),
             certificate: hash(cert),
-            now,
+            now: UnixMillis(now),
         },
     )
 }
@@ -100,8 +100,8 @@ fn a_token_lasts_a_while_and_at_most_a_week() {
             C::IssueToken {
                 token_hash: hash(1),
                 node_id: None,
-                expires_at: 1_000 + ttl,
-                now: 1_000,
+                expires_at: UnixMillis(1_000 + ttl),
+                now: UnixMillis(1_000),
             },
         )
         .unwrap_err();
@@ -112,8 +112,8 @@ fn a_token_lasts_a_while_and_at_most_a_week() {
         C::IssueToken {
             token_hash: "the secret itself".into(),
             node_id: None,
-            expires_at: 2,
-            now: 1,
+            expires_at: UnixMillis(2),
+            now: UnixMillis(1),
         },
     );
     assert!(bad_hash.is_err(), "only a hash is ever recorded");

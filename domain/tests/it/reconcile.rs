@@ -4,7 +4,7 @@ use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
 use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
 use llmgw_domain::reconcile::{Action, Backoff, Runtime, Settings, backoff, desired, plan};
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
-use llmgw_domain::{Event, State};
+use llmgw_domain::{Event, State, UnixMillis};
 
 fn sim_model(min: u32, max: u32) -> Model {
     let mut m = Model::named("chat");
@@ -259,14 +259,14 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
         desired(&s.catalog.models["chat"], &rt, &Settings::default()),
         0
     );
-    rt.demand.insert("chat".into(), 0);
+    rt.demand.insert("chat".into(), UnixMillis(0));
     let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
     assert!(matches!(&p.actions[..], [Action::Place(_)]));
     if let Action::Place(pl) = &p.actions[0] {
         s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
     }
     ready_all(&mut s);
-    rt.now = 61_000; // past the 60 s idle timeout
+    rt.now = UnixMillis(61_000); // past the 60 s idle timeout
     let p = plan(&s, &rt, &Settings::default(), |_| "r2".into());
     assert_eq!(
         p.actions,
@@ -314,18 +314,18 @@ fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter() {
     // A model backing off is not placed, and the plan says until when.
     let s = cluster(1, 1, &["a"]);
     let mut rt = Runtime::default();
-    rt.not_before.insert("chat".into(), 5);
+    rt.not_before.insert("chat".into(), UnixMillis(5));
     let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
     assert!(p.actions.is_empty());
     assert_eq!(
         p.backing_off,
         vec![Backoff {
             model: "chat".into(),
-            until: Some(5)
+            until: Some(UnixMillis(5))
         }]
     );
     // Once the time has come, it is placed and no longer held back.
-    rt.now = 5;
+    rt.now = UnixMillis(5);
     let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
     assert!(matches!(&p.actions[..], [Action::Place(_)]));
     assert!(p.backing_off.is_empty());
@@ -397,7 +397,7 @@ fn full_node() -> State {
         },
     }));
     let mut rt = Runtime::default();
-    rt.demand.insert("old".into(), 0);
+    rt.demand.insert("old".into(), UnixMillis(0));
     let p = plan(&s, &rt, &Settings::default(), |_| "r-old".into());
     let [Action::Place(pl)] = &p.actions[..] else {
         panic!("{:?}", p.actions)
@@ -410,12 +410,12 @@ fn full_node() -> State {
 /// `old` placed at 0, last asked for at `used`; `new` asked for at `now`.
 fn asked(now: i64, used: i64) -> Runtime {
     let mut rt = Runtime {
-        now,
+        now: UnixMillis(now),
         ..Runtime::default()
     };
-    rt.placed_at.insert("r-old".into(), 0);
-    rt.demand.insert("old".into(), used);
-    rt.demand.insert("new".into(), now);
+    rt.placed_at.insert("r-old".into(), UnixMillis(0));
+    rt.demand.insert("old".into(), UnixMillis(used));
+    rt.demand.insert("new".into(), UnixMillis(now));
     rt
 }
 
@@ -481,7 +481,7 @@ fn a_busy_fresh_unused_adopted_or_always_on_replica_is_never_evicted() {
     assert!(evictions(&s, &asked(2 * 60_000, 60_000), &settings).is_empty());
     // Never asked for since it was placed: unknown use is not idle.
     let mut rt = asked(ten_minutes, 0);
-    rt.placed_at.insert("r-old".into(), 500);
+    rt.placed_at.insert("r-old".into(), UnixMillis(500));
     assert!(evictions(&s, &rt, &settings).is_empty());
     let mut rt = asked(ten_minutes, 1_000);
     rt.demand.remove("old");
@@ -498,7 +498,8 @@ fn a_busy_fresh_unused_adopted_or_always_on_replica_is_never_evicted() {
     assert!(evictions(&always, &asked(ten_minutes, 1_000), &settings).is_empty());
     // A request that has waited a while still counts: it is waiting.
     let mut rt = asked(ten_minutes, 1_000);
-    rt.demand.insert("new".into(), ten_minutes - 30_000);
+    rt.demand
+        .insert("new".into(), UnixMillis(ten_minutes - 30_000));
     assert_eq!(evictions(&s, &rt, &settings).len(), 1);
     // The model asked for must have been asked for, not wanted for its min.
     let mut rt = asked(ten_minutes, 1_000);

@@ -54,7 +54,7 @@ fn a_request_is_priced_by_the_model_that_served_it() {
         latency_ms: 900,
         ttft_ms: Some(120),
         band: Band::Gold,
-        at: 1_700_000_000_000,
+        at: llmgw_domain::UnixMillis(1_700_000_000_000),
     };
     let UsageEvent::UsageRecorded(u) = record(r.clone(), served).unwrap();
     assert_eq!(u.cost_micros, 15 + 3);

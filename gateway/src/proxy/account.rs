@@ -130,7 +130,7 @@ impl Drop for Finish {
             latency_ms: millis(t.started.elapsed()),
             ttft_ms: self.first_content.map(millis),
             band: t.band,
-            at: super::resolve::now_ms(),
+            at: llmgw_domain::UnixMillis::now(),
         });
     }
 }

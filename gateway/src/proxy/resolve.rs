@@ -103,10 +103,10 @@ fn budget_refusal(b: &BudgetLevel, spent: Option<u64>) -> ApiError {
     }
 }
 
+/// The wall clock in milliseconds, for the views' budget periods (their
+/// figures are plain numbers).
 pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    llmgw_domain::UnixMillis::now().0
 }
 
 /// Tells the control plane the model is wanted and, while nothing serves

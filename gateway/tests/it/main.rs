@@ -528,7 +528,7 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
             latency_ms: 10,
             ttft_ms: Some(2),
             band: llmgw_domain::tenancy::Band::Gold,
-            at: 0,
+            at: llmgw_domain::UnixMillis(0),
         });
     }
     // Batches go one after another: once every record is in, the retry

@@ -148,7 +148,7 @@ impl Tenants {
                 latency_ms: 10,
                 ttft_ms: None,
                 band: Band::Bronze,
-                at: now,
+                at: llmgw_domain::UnixMillis(now),
             }),
         )])
         .await;

@@ -141,7 +141,7 @@ pub(crate) fn usage(round: u32, i: u64) -> Event {
                 latency_ms: 50 + i as u32,
                 ttft_ms: Some(10),
                 band: Band::Gold,
-                at: 1_780_000_000_000 + i as i64 * 3_600_000,
+                at: llmgw_domain::UnixMillis(1_780_000_000_000 + i as i64 * 3_600_000),
             },
             llmgw_domain::catalog::Price {
                 prompt_per_1k: 1000,

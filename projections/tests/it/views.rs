@@ -181,7 +181,7 @@ fn usage_spend_rolls_over_with_the_period_and_reaches_team_and_org() {
     let day = 86_400_000;
     let at = |e: Event, ms: i64| match e {
         Event::Usage(llmgw_domain::usage::UsageEvent::UsageRecorded(mut u)) => {
-            u.at = ms;
+            u.at = llmgw_domain::UnixMillis(ms);
             Event::Usage(llmgw_domain::usage::UsageEvent::UsageRecorded(u))
         }
         other => other,

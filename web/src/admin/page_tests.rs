@@ -146,7 +146,7 @@ fn used(key_id: &str, micros: u64, at: i64, status: u16) -> Event {
         latency_ms: 400,
         ttft_ms: Some(50),
         band: Band::Gold,
-        at,
+        at: llmgw_domain::UnixMillis(at),
     }))
 }
 
