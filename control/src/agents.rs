@@ -245,6 +245,12 @@ fn to_status(e: ControlError) -> Status {
     match e {
         ControlError::Standby { .. } | ControlError::Lease(_) => Status::unavailable(e.to_string()),
         ControlError::Rejected(r) => Status::invalid_argument(r.reason),
+        // What the agent sent cannot be stored as it is (a NUL in a name,
+        // say): its message is at fault, not the store, and retrying the
+        // same message would fail the same way.
+        ControlError::Store(e @ llmgw_eventstore::StoreError::Invalid(_)) => {
+            Status::invalid_argument(format!("the event store refuses it: {e}"))
+        }
         ControlError::Store(e) => Status::unavailable(format!("the event store: {e}")),
         ControlError::Conflict { .. } => Status::aborted(e.to_string()),
     }

@@ -599,6 +599,17 @@ async fn a_registration_with_values_no_node_has_is_refused_with_its_reason() {
             },
             "GPU index -3 is below 0",
         ),
+        (
+            v1::Register {
+                fabrics: vec![v1::FabricAttachment {
+                    fabric: "ib0".into(),
+                    hcas: vec!["mlx5_0\0".into()],
+                    rate_gbps: 400,
+                }],
+                ..register("n1")
+            },
+            "the event store refuses it",
+        ),
         (register("\u{1b}[2Jn1"), "control characters"),
         (register("../../n1 x"), "without spaces"),
     ];
