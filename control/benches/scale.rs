@@ -15,7 +15,9 @@
 //! control plane (no agents) is measured first, in the same run, as the
 //! baseline. Placement is timed on generated clusters of 1,000 and 10,000
 //! nodes (the same shape, a fifth of their GPUs taken), the smaller one
-//! being the baseline for the ratio.
+//! being the baseline for the ratio, both as the reconciler places (quiet:
+//! the choice alone) and as `llmgw ctl model explain` does (every node's
+//! verdict spelled out). `--placement` runs only the placement part.
 
 #![allow(
     clippy::unwrap_used,
@@ -33,7 +35,7 @@ use llmgw_api::{AgentMessage, AgentServiceClient, AgentServiceServer};
 use llmgw_control::{AgentSvc, ControlConfig, ControlPlane};
 use llmgw_domain::catalog::{Engine, Model, Profile};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, Node, Nodes, Reachability};
-use llmgw_domain::placement::{PlaceOptions, place};
+use llmgw_domain::placement::{PlaceOptions, place, place_quiet};
 use llmgw_domain::replicas::{Placement, ReplicaEvent, Replicas, ShardPlacement};
 use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 
@@ -340,20 +342,20 @@ fn model(name: &str, tp: u32, nodes: u32) -> Model {
     m
 }
 
-fn time_placement(nodes: &Nodes, replicas: &Replicas, m: &Model) -> Duration {
+/// The median of 15 placements; `explain` as `ctl model explain` asks,
+/// else quiet as the reconciler places.
+fn time_placement(nodes: &Nodes, replicas: &Replicas, m: &Model, explain: bool) -> Duration {
     let mut times: Vec<Duration> = (0..15)
         .map(|i| {
+            let id = format!("probe-{i}");
             let t = Instant::now();
-            let e = place(
-                m,
-                nodes,
-                replicas,
-                &[],
-                &format!("probe-{i}"),
-                PlaceOptions::default(),
-            );
+            let chosen = if explain {
+                place(m, nodes, replicas, &[], &id, PlaceOptions::default()).chosen
+            } else {
+                place_quiet(m, nodes, replicas, &[], &id, PlaceOptions::default())
+            };
             let took = t.elapsed();
-            assert!(e.chosen.is_some(), "the probe fits");
+            assert!(chosen.is_some(), "the probe fits");
             took
         })
         .collect();
@@ -368,14 +370,17 @@ fn placement() {
         ("tp8, one node", model("big", 8, 1)),
         ("tp16, two nodes on one fabric", model("huge", 16, 2)),
     ] {
-        let base = time_placement(&small_nodes, &small_replicas, &m);
-        let t = time_placement(&big_nodes, &big_replicas, &m);
-        println!(
-            "placement {label:<30} 10,000 nodes {:>8.2} ms   1,000 nodes (baseline) {:>7.2} ms   ratio {:.1}",
-            t.as_secs_f64() * 1e3,
-            base.as_secs_f64() * 1e3,
-            t.as_secs_f64() / base.as_secs_f64()
-        );
+        for explain in [false, true] {
+            let base = time_placement(&small_nodes, &small_replicas, &m, explain);
+            let t = time_placement(&big_nodes, &big_replicas, &m, explain);
+            let how = if explain { "explained" } else { "quiet" };
+            println!(
+                "placement {label:<30} {how:<9} 10,000 nodes {:>8.2} ms   1,000 nodes (baseline) {:>7.2} ms   ratio {:.1}",
+                t.as_secs_f64() * 1e3,
+                base.as_secs_f64() * 1e3,
+                t.as_secs_f64() / base.as_secs_f64()
+            );
+        }
     }
 }
 
@@ -401,6 +406,9 @@ fn main() {
         return;
     }
     placement();
+    if args.iter().any(|a| a == "--placement") {
+        return;
+    }
     // Each level in a fresh process, so that one level's memory is not
     // the next one's.
     for n in [0, 500, 1000, 2000] {

@@ -74,8 +74,9 @@ impl Explanation {
 
 /// What is already handed out on one node.
 #[derive(Debug, Default)]
-struct Used {
-    gpus: BTreeMap<u32, String>,
+struct Used<'a> {
+    /// Each taken GPU and the replica holding it (named in explanations).
+    gpus: BTreeMap<u32, &'a str>,
     ports: BTreeSet<u16>,
     memory_mb: u64,
     shards: usize,
@@ -91,12 +92,12 @@ pub struct Held {
     pub gpus: Vec<u32>,
 }
 
-fn usage<'a>(replicas: &'a Replicas, held: &'a [Held]) -> BTreeMap<&'a str, Used> {
-    let mut used: BTreeMap<&str, Used> = BTreeMap::new();
+fn usage<'a>(replicas: &'a Replicas, held: &'a [Held]) -> BTreeMap<&'a str, Used<'a>> {
+    let mut used: BTreeMap<&str, Used<'a>> = BTreeMap::new();
     for h in held {
         let u = used.entry(h.node_id.as_str()).or_default();
         for g in &h.gpus {
-            u.gpus.insert(*g, h.replica_id.clone());
+            u.gpus.insert(*g, h.replica_id.as_str());
         }
         u.ports.insert(h.port);
     }
@@ -104,7 +105,7 @@ fn usage<'a>(replicas: &'a Replicas, held: &'a [Held]) -> BTreeMap<&'a str, Used
         for s in &r.placement.shards {
             let u = used.entry(s.node_id.as_str()).or_default();
             for g in &s.gpu_indices {
-                u.gpus.insert(*g, r.placement.replica_id.clone());
+                u.gpus.insert(*g, r.placement.replica_id.as_str());
             }
             u.ports.insert(s.port);
             u.memory_mb += s.memory_mb;
@@ -180,27 +181,64 @@ pub fn unwanted_cached(weights: &[String], catalog: &crate::catalog::Catalog) ->
 /// itself, a file of the same name in a model directory, or the agent's
 /// cached copy.
 pub fn holds_weights(node: &Node, source: &str) -> bool {
-    if source.is_empty() {
-        return false;
+    Weights::of(source).held_by(node)
+}
+
+/// A model's weights under the names a node's inventory may list them by,
+/// worked out once per placement rather than once per node (the cache name
+/// is a SHA-256).
+struct Weights<'a> {
+    source: &'a str,
+    base: &'a str,
+    cached: String,
+}
+
+impl<'a> Weights<'a> {
+    fn of(source: &'a str) -> Self {
+        let base = source
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or("");
+        let cached = if source.is_empty() {
+            String::new()
+        } else {
+            cache_name(source)
+        };
+        Weights {
+            source,
+            base,
+            cached,
+        }
     }
-    let base = source
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or("");
-    let cached = cache_name(source);
-    node.inventory.weights.iter().any(|w| {
-        let name = w.trim_end_matches('/').rsplit('/').next();
-        w == source || (!base.is_empty() && name == Some(base)) || name == Some(cached.as_str())
-    })
+
+    fn held_by(&self, node: &Node) -> bool {
+        if self.source.is_empty() {
+            return false;
+        }
+        node.inventory.weights.iter().any(|w| {
+            let name = w.trim_end_matches('/').rsplit('/').next();
+            w == self.source
+                || (!self.base.is_empty() && name == Some(self.base))
+                || name == Some(self.cached.as_str())
+        })
+    }
+}
+
+/// A refusal's reason, spelled out only when the caller will show it: the
+/// reconciler places quietly and asks for the reasons only when nothing
+/// fits, so 10,000 nodes cost no 10,000 strings.
+fn why(explain: bool, reason: impl FnOnce() -> String) -> String {
+    if explain { reason() } else { String::new() }
 }
 
 fn check_node<'a>(
     node: &'a Node,
-    model: &Model,
+    weights: &Weights<'_>,
     profile: &Profile,
-    used: Option<&Used>,
+    used: Option<&Used<'_>>,
     options: PlaceOptions,
+    explain: bool,
 ) -> Result<Fit<'a>, String> {
     match node.reachability {
         Reachability::Ready => {}
@@ -216,26 +254,36 @@ fn check_node<'a>(
     for (k, v) in &profile.node_selector {
         match node.inventory.labels.get(k) {
             Some(have) if have == v => {}
-            Some(have) => return Err(format!("label {k}={have}, the profile wants {k}={v}")),
-            None => return Err(format!("no label {k}, the profile wants {k}={v}")),
+            Some(have) => {
+                return Err(why(explain, || {
+                    format!("label {k}={have}, the profile wants {k}={v}")
+                }));
+            }
+            None => {
+                return Err(why(explain, || {
+                    format!("no label {k}, the profile wants {k}={v}")
+                }));
+            }
         }
     }
     let engine = profile.engine.name();
     if !node.inventory.engines.contains_key(engine) {
-        return Err(format!(
-            "engine {engine} is not installed or not seen to run"
-        ));
+        return Err(why(explain, || {
+            format!("engine {engine} is not installed or not seen to run")
+        }));
     }
-    let holds = holds_weights(node, &model.source);
+    let holds = weights.held_by(node);
     if let Some(free) = node.inventory.disk_free_gb
         && profile.min_disk_gb > 0
         && !holds
         && free < u64::from(profile.min_disk_gb)
     {
-        return Err(format!(
-            "needs {} GB of disk for the weights, has {free} GB free and does not hold them",
-            profile.min_disk_gb
-        ));
+        return Err(why(explain, || {
+            format!(
+                "needs {} GB of disk for the weights, has {free} GB free and does not hold them",
+                profile.min_disk_gb
+            )
+        }));
     }
     let empty = Used::default();
     let used = used.unwrap_or(&empty);
@@ -248,10 +296,12 @@ fn check_node<'a>(
                     .memory_total_mb
                     .saturating_sub(used.memory_mb);
                 if free < profile.memory_mb {
-                    return Err(format!(
-                        "needs {} MB of RAM, {free} MB of {} MB are free",
-                        profile.memory_mb, node.inventory.memory_total_mb
-                    ));
+                    return Err(why(explain, || {
+                        format!(
+                            "needs {} MB of RAM, {free} MB of {} MB are free",
+                            profile.memory_mb, node.inventory.memory_total_mb
+                        )
+                    }));
                 }
                 memory_free_mb = Some(free);
             }
@@ -265,6 +315,9 @@ fn check_node<'a>(
                 .filter(|g| &g.class == class)
                 .collect();
             if of_class.is_empty() {
+                if !explain {
+                    return Err(String::new());
+                }
                 let classes: BTreeSet<&str> = node
                     .inventory
                     .gpus
@@ -284,9 +337,13 @@ fn check_node<'a>(
             let mut free = Vec::new();
             for g in &of_class {
                 if let Some(r) = used.gpus.get(&g.index) {
-                    notes.push(format!("GPU {} held by {r}", g.index));
+                    if explain {
+                        notes.push(format!("GPU {} held by {r}", g.index));
+                    }
                 } else if !g.problems.is_empty() {
-                    notes.push(format!("GPU {}: {}", g.index, g.problems.join(", ")));
+                    if explain {
+                        notes.push(format!("GPU {}: {}", g.index, g.problems.join(", ")));
+                    }
                 } else {
                     free.push(g.index);
                 }
@@ -294,14 +351,20 @@ fn check_node<'a>(
             free.sort_unstable();
             let want = profile.gpus_per_node as usize;
             if free.len() < want {
-                let mut why = format!("needs {want} free {class} GPUs, has {}", free.len());
-                if !notes.is_empty() {
-                    why.push_str(&format!(" ({})", notes.join("; ")));
+                if !explain {
+                    return Err(String::new());
                 }
-                return Err(why);
+                let mut reason = format!("needs {want} free {class} GPUs, has {}", free.len());
+                if !notes.is_empty() {
+                    reason.push_str(&format!(" ({})", notes.join("; ")));
+                }
+                return Err(reason);
             }
-            let take = choose_gpus(node, &free, want)
-                .ok_or_else(|| format!("no {want} free {class} GPUs within one NVLink domain"))?;
+            let take = choose_gpus(node, &free, want).ok_or_else(|| {
+                why(explain, || {
+                    format!("no {want} free {class} GPUs within one NVLink domain")
+                })
+            })?;
             (free, take)
         }
     };
@@ -361,7 +424,8 @@ fn choose_gpus(node: &Node, free: &[u32], want: usize) -> Option<Vec<u32>> {
         .map(|members| members[..want].to_vec())
 }
 
-/// Places one replica of `model`, or explains why it fits nowhere.
+/// Places one replica of `model`, or explains why it fits nowhere, with
+/// every node's verdict for every profile tried (what `explain` shows).
 ///
 /// `replica_id` names the replica; shard ids are `{replica_id}-{rank}`.
 pub fn place(
@@ -372,7 +436,36 @@ pub fn place(
     replica_id: &str,
     options: PlaceOptions,
 ) -> Explanation {
+    decide(model, nodes, replicas, held, replica_id, options, true)
+}
+
+/// The placement [`place`] would choose, without the per-node verdicts:
+/// what the reconciler needs on every pass. When it is `None`, [`place`]
+/// says why.
+pub fn place_quiet(
+    model: &Model,
+    nodes: &Nodes,
+    replicas: &Replicas,
+    held: &[Held],
+    replica_id: &str,
+    options: PlaceOptions,
+) -> Option<Placement> {
+    decide(model, nodes, replicas, held, replica_id, options, false).chosen
+}
+
+/// With `explain` false the profiles carry no candidates and the refusals
+/// no reasons; the choice is the same either way.
+fn decide(
+    model: &Model,
+    nodes: &Nodes,
+    replicas: &Replicas,
+    held: &[Held],
+    replica_id: &str,
+    options: PlaceOptions,
+    explain: bool,
+) -> Explanation {
     let used = usage(replicas, held);
+    let weights = Weights::of(&model.source);
     let mut order: Vec<&Profile> = model.profiles.iter().collect();
     // Highest priority first; the catalog's order breaks ties.
     order.sort_by_key(|p| std::cmp::Reverse(p.priority));
@@ -385,20 +478,34 @@ pub fn place(
         let mut candidates = Vec::new();
         let mut fits = Vec::new();
         for node in nodes.nodes.values() {
-            match check_node(node, model, profile, used.get(node.id.as_str()), options) {
+            let verdict = check_node(
+                node,
+                &weights,
+                profile,
+                used.get(node.id.as_str()),
+                options,
+                explain,
+            );
+            match verdict {
                 Ok(fit) => {
-                    candidates.push(Candidate {
-                        node: node.id.clone(),
-                        fits: true,
-                        reason: offer(&fit),
-                    });
+                    if explain {
+                        candidates.push(Candidate {
+                            node: node.id.clone(),
+                            fits: true,
+                            reason: offer(&fit),
+                        });
+                    }
                     fits.push(fit);
                 }
-                Err(reason) => candidates.push(Candidate {
-                    node: node.id.clone(),
-                    fits: false,
-                    reason,
-                }),
+                Err(reason) => {
+                    if explain {
+                        candidates.push(Candidate {
+                            node: node.id.clone(),
+                            fits: false,
+                            reason,
+                        });
+                    }
+                }
             }
         }
         let outcome = if profile.nodes <= 1 {
@@ -472,21 +579,24 @@ fn shard(
 fn single_node(
     model: &Model,
     profile: &Profile,
-    mut fits: Vec<Fit<'_>>,
+    fits: Vec<Fit<'_>>,
     replica_id: &str,
 ) -> Result<Placement, String> {
-    if fits.is_empty() {
-        return Err("no node fits".into());
-    }
     // Weights on disk first (a fetch costs minutes), then: GPU replicas
     // bin-pack onto the fullest node that fits, keeping whole nodes free for
     // big replicas; CPU replicas spread onto the least loaded node.
-    if profile.is_cpu() {
-        fits.sort_by_key(|f| (!f.holds_weights, f.shards, f.node.id.clone()));
+    // Only the best is used: a minimum, not a sort, and keys that borrow
+    // the node id rather than clone it.
+    let best = if profile.is_cpu() {
+        fits.iter()
+            .min_by_key(|f| (!f.holds_weights, f.shards, f.node.id.as_str()))
     } else {
-        fits.sort_by_key(|f| (!f.holds_weights, f.free_gpus.len(), f.node.id.clone()));
-    }
-    let best = &fits[0];
+        fits.iter()
+            .min_by_key(|f| (!f.holds_weights, f.free_gpus.len(), f.node.id.as_str()))
+    };
+    let Some(best) = best else {
+        return Err("no node fits".into());
+    };
     let why = format!(
         "on {} ({}){}",
         best.node.id,
@@ -546,7 +656,7 @@ fn multi_node(
             (
                 !f.holds_weights,
                 std::cmp::Reverse(f.free_gpus.len()),
-                f.node.id.clone(),
+                f.node.id.as_str(),
             )
         });
         members.truncate(want);

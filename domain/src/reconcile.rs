@@ -232,7 +232,7 @@ fn evictable(
     candidates.into_iter().find_map(|(_, victim)| {
         let mut without = replicas.clone();
         without.replicas.remove(&victim.placement.replica_id);
-        placement::place(
+        placement::place_quiet(
             model,
             &state.nodes,
             &without,
@@ -240,7 +240,6 @@ fn evictable(
             new_id,
             settings.place,
         )
-        .chosen
         .map(|_| victim.placement.replica_id.clone())
     })
 }
@@ -362,9 +361,17 @@ pub fn plan(
         } else if (keep.len() as u32) < want {
             let id = new_id(model);
             let replicas = placed_now.as_ref().unwrap_or(&state.replicas);
-            let explanation =
-                placement::place(model, &state.nodes, replicas, &rt.held, &id, settings.place);
-            match explanation.chosen {
+            // Quiet: the per-node verdicts on a big fleet cost more than the
+            // choice, and are wanted only when nothing fits.
+            let placed = placement::place_quiet(
+                model,
+                &state.nodes,
+                replicas,
+                &rt.held,
+                &id,
+                settings.place,
+            );
+            match placed {
                 Some(p) => {
                     placed_now
                         .get_or_insert_with(|| state.replicas.clone())
@@ -378,7 +385,14 @@ pub fn plan(
                             for_model: model.name.clone(),
                         });
                     }
-                    plan.unplaced.push(explanation);
+                    plan.unplaced.push(placement::place(
+                        model,
+                        &state.nodes,
+                        replicas,
+                        &rt.held,
+                        &id,
+                        settings.place,
+                    ));
                 }
             }
         }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_domain::catalog::{Engine, Model, Profile};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, Node, Nodes, Reachability};
-use llmgw_domain::placement::{Explanation, PlaceOptions, place};
+use llmgw_domain::placement::{Explanation, PlaceOptions, place, place_quiet};
 use llmgw_domain::replicas::{ReplicaEvent, Replicas};
 use proptest::prelude::*;
 
@@ -430,6 +430,9 @@ proptest! {
             let m = model(ps.clone());
             for k in 0..3 {
                 let e = place(&m, &c.nodes, &replicas, &[], &format!("r{i}-{k}"), PlaceOptions::default());
+                // The reconciler places quietly; it must choose as explain does.
+                let quiet = place_quiet(&m, &c.nodes, &replicas, &[], &format!("r{i}-{k}"), PlaceOptions::default());
+                prop_assert_eq!(&quiet, &e.chosen, "the quiet placement chose otherwise");
                 let Some(p) = e.chosen.clone() else { break };
                 let profile = m.profiles.iter().find(|x| x.name == p.profile).expect("its profile");
                 let class = profile.gpu_class.clone().expect("GPU profiles");
