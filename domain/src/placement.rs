@@ -477,15 +477,24 @@ fn decide(
     for profile in order {
         let mut candidates = Vec::new();
         let mut fits = Vec::new();
-        for node in nodes.nodes.values() {
-            let verdict = check_node(
-                node,
-                &weights,
-                profile,
-                used.get(node.id.as_str()),
-                options,
-                explain,
-            );
+        // Both maps are sorted by node id: walk them side by side rather
+        // than search the usage once per node (at 10,000 nodes the searches
+        // cost as much as the checks).
+        let mut used_in_order = used.iter().peekable();
+        for (key, node) in &nodes.nodes {
+            let node_used = if *key == node.id {
+                while used_in_order
+                    .next_if(|(id, _)| **id < key.as_str())
+                    .is_some()
+                {}
+                used_in_order
+                    .peek()
+                    .filter(|(id, _)| **id == key.as_str())
+                    .map(|(_, u)| *u)
+            } else {
+                used.get(node.id.as_str())
+            };
+            let verdict = check_node(node, &weights, profile, node_used, options, explain);
             match verdict {
                 Ok(fit) => {
                     if explain {
