@@ -65,15 +65,22 @@ async fn every_few_events_the_leader_anchors_the_head_in_the_log_and_in_its_sign
         a.keep_alive();
         agents.push(a);
     }
-    let anchors = eventually(&s, "an anchor in the log and the file", || async {
+    // Both sinks: the command runs on its own, a moment after the file
+    // is written (its .env line is its last write).
+    let env_file = format!("{}.env", from_command.display());
+    let anchors = eventually(&s, "an anchor in the log and both sinks", || async {
         let lines = std::fs::read_to_string(&file).unwrap_or_default();
+        let by_command = std::fs::read_to_string(&env_file).unwrap_or_default();
         let events = s.events().await;
         let anchors: Vec<_> = events
             .iter()
             .filter(|e| e.event_type == "AnchorRecorded")
             .cloned()
             .collect();
-        (!anchors.is_empty() && lines.lines().count() >= anchors.len()).then_some(anchors)
+        (!anchors.is_empty()
+            && lines.lines().count() >= anchors.len()
+            && by_command.lines().count() >= anchors.len())
+        .then_some(anchors)
     })
     .await;
     let first = &anchors[0];
@@ -118,7 +125,7 @@ async fn every_few_events_the_leader_anchors_the_head_in_the_log_and_in_its_sign
             .map(|l| serde_json::from_str::<Value>(l).unwrap()),
         Some(line.clone())
     );
-    let env = std::fs::read_to_string(format!("{}.env", from_command.display())).unwrap();
+    let env = std::fs::read_to_string(&env_file).unwrap();
     assert_eq!(env.lines().next(), Some(format!("{h}@{position}").as_str()));
     assert_eq!(s.cp.anchor_stats.sink_failures.load(Ordering::Relaxed), 0);
 
