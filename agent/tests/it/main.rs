@@ -150,41 +150,52 @@ fn gpu_classes_are_name_and_reported_memory() {
 #[test]
 fn nvidia_smi_runs_as_a_command_and_a_missing_one_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
-    let stub = dir.path().join("nvidia-smi");
-    std::fs::write(&stub, format!("#!/bin/sh\ncat <<'EOF'\n{SMI_SAMPLE}EOF\n")).unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&stub)
-        .status()
-        .unwrap();
+    let stub = executable(
+        dir.path(),
+        "nvidia-smi",
+        &format!("cat <<'EOF'\n{SMI_SAMPLE}EOF\n"),
+    );
     assert_eq!(smi::discover(Some(&stub)).unwrap().len(), 2);
     let err = smi::discover(Some(&dir.path().join("absent"))).unwrap_err();
     assert!(err.to_string().starts_with("running "), "{err}");
-    let failing = dir.path().join("failing");
-    std::fs::write(
-        &failing,
-        "#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n",
-    )
-    .unwrap();
-    std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(&failing)
-        .status()
-        .unwrap();
+    let failing = executable(
+        dir.path(),
+        "failing",
+        "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n",
+    );
     let err = smi::discover(Some(&failing)).unwrap_err();
     assert!(err.to_string().contains("NVIDIA-SMI has failed"), "{err}");
 }
 
 /// A shell script at `dir/name`, executable.
+///
+/// Written by a `sh` child and renamed into place: a process running the
+/// old one never meets a file half written, and no file descriptor open
+/// for writing ever exists in this process. (Tests run in threads: one
+/// that forks while another holds the script open for writing gives the
+/// child a copy of that descriptor until it execs, and running the script
+/// meanwhile fails with ETXTBSY, "Text file busy".)
 pub(crate) fn executable(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    // Written aside and renamed: a process running the old one never
-    // meets a file half written (or open for writing).
+    use std::io::Write;
     let path = dir.join(name);
     let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, format!("#!/bin/sh\n{body}")).unwrap();
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
+    let mut sh = std::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"cat > "$1" && chmod 755 "$1" && mv "$1" "$2""#,
+            "sh",
+        ])
+        .arg(&tmp)
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    sh.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("#!/bin/sh\n{body}").as_bytes())
+        .unwrap();
+    assert!(sh.wait().unwrap().success(), "writing {}", path.display());
     path
 }
 
