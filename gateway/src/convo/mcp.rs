@@ -21,10 +21,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use llmgw_convo::{Owner, Put, Search};
+use llmgw_convo::{Owner, Put};
 use serde_json::{Value, json};
 
-use super::memory::note_json;
+use super::memory::{MAX_RESULTS, note_json, search_by};
 use super::{convo_error, keeper, memory_of};
 use crate::{ApiError, Gateway};
 
@@ -34,9 +34,6 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
 
 /// The protocol versions this server speaks, newest first.
 const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
-
-/// A search answers at most this many notes.
-const MAX_RESULTS: u32 = 100;
 
 /// No server-initiated stream and no session to end.
 async fn no_stream() -> Response {
@@ -265,29 +262,24 @@ async fn remember(gw: &Gateway, owner: &Owner, args: &Value) -> Result<(String, 
 
 async fn recall(gw: &Gateway, owner: &Owner, args: &Value) -> Result<(String, Value), ApiError> {
     let store = &keeper(gw)?.store;
-    let search = match (
+    let (key, words, tag) = (
         text_arg(args, "key")?,
         text_arg(args, "query")?,
         text_arg(args, "tag")?,
-    ) {
-        (Some(key), None, None) => {
-            let note = store
-                .note(owner, key)
-                .await
-                .map_err(convo_error)?
-                .ok_or_else(|| ApiError::not_found(format!("no note {key:?}")))?;
-            return Ok((note.text.clone(), json!({"notes": [note_json(&note)]})));
+    );
+    const USAGE: &str = "recall takes one of key, query or tag";
+    if let Some(key) = key {
+        if words.is_some() || tag.is_some() {
+            return Err(ApiError::bad_request(USAGE));
         }
-        (None, Some(words), None) => {
-            Search::Words(llmgw_convo::limits::query_words(words).map_err(convo_error)?)
-        }
-        (None, None, Some(tag)) => Search::Tag(tag.to_owned()),
-        _ => {
-            return Err(ApiError::bad_request(
-                "recall takes one of key, query or tag",
-            ));
-        }
-    };
+        let note = store
+            .note(owner, key)
+            .await
+            .map_err(convo_error)?
+            .ok_or_else(|| ApiError::not_found(format!("no note {key:?}")))?;
+        return Ok((note.text.clone(), json!({"notes": [note_json(&note)]})));
+    }
+    let search = search_by(words, tag, USAGE)?;
     let limit = match args.get("limit") {
         None | Some(Value::Null) => 20,
         Some(l) => l

@@ -28,7 +28,23 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
 }
 
 /// Searches return at most this many notes unless `limit` says fewer.
-const MAX_RESULTS: u32 = 100;
+pub(super) const MAX_RESULTS: u32 = 100;
+
+/// A search by words or by a tag (exactly one), as `?q=`/`?tag=` and the
+/// MCP tool `recall` take it; `usage` is the refusal otherwise.
+pub(super) fn search_by(
+    words: Option<&str>,
+    tag: Option<&str>,
+    usage: &str,
+) -> Result<Search, ApiError> {
+    match (words, tag) {
+        (Some(words), None) => Ok(Search::Words(
+            llmgw_convo::limits::query_words(words).map_err(convo_error)?,
+        )),
+        (None, Some(tag)) => Ok(Search::Tag(tag.to_owned())),
+        _ => Err(ApiError::bad_request(usage.to_owned())),
+    }
+}
 
 pub(super) fn note_json(n: &Note) -> Value {
     let at = |us: i64| {
@@ -156,17 +172,11 @@ async fn search(
         async {
             let caller = crate::proxy::identify(&gw, &headers)?;
             let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
-            let how = match (q.q, q.tag) {
-                (Some(words), None) => {
-                    Search::Words(llmgw_convo::limits::query_words(&words).map_err(convo_error)?)
-                }
-                (None, Some(tag)) => Search::Tag(tag),
-                _ => {
-                    return Err(ApiError::bad_request(
-                        "search with one of ?q=words or ?tag=name",
-                    ));
-                }
-            };
+            let how = search_by(
+                q.q.as_deref(),
+                q.tag.as_deref(),
+                "search with one of ?q=words or ?tag=name",
+            )?;
             let limit = q.limit.unwrap_or(20).clamp(1, MAX_RESULTS);
             let notes = keeper(&gw)?
                 .store
