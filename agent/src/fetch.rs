@@ -1,9 +1,9 @@
 //! Model weights: where a source's files are, fetching them into the
 //! agent's cache, and removing cache files nobody wants.
 //!
-//! A source is a path (used where it is, never copied), a URL or `hf:` file
-//! (fetched into the cache), or anything else: a model id the engine
-//! resolves itself. Fetches are single-flight per source, go to a `.part`
+//! A source is a path (used where it is, never copied), a URL, `hf:` file
+//! or `mirror:` file (fetched into the cache; see [`mirror`]), or anything
+//! else: a model id the engine resolves itself. Fetches are single-flight per source, go to a `.part`
 //! name and are renamed only when complete (and verified, when a checksum
 //! is given), so an interrupted download is resumed with `Range` and never
 //! looks like weights. The cache name is a hash of the source, so two
@@ -19,6 +19,9 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
+
+pub mod mirror;
+pub use mirror::Expect;
 
 /// How far a download has got; `bytes_total` is 0 when unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,9 +56,7 @@ pub enum FetchError {
     BadSource { src: String, why: String },
     #[error("fetching {src}: {why}")]
     Fetch { src: String, why: String },
-    #[error(
-        "{src}: the checksum is {found}, not the {wanted} the catalog gives; the download was discarded"
-    )]
+    #[error("{src}: the checksum is {found}, not {wanted}; the download was discarded")]
     Checksum {
         src: String,
         wanted: String,
@@ -68,6 +69,8 @@ pub enum FetchError {
 pub enum Source {
     Path(PathBuf),
     Remote(String),
+    /// `mirror:<model>/<version>/<file>`: fetched from the fleet's mirror.
+    Mirror(String),
     /// Left to the engine (`Qwen/Qwen2.5-7B-Instruct`).
     ModelId(String),
 }
@@ -75,6 +78,9 @@ pub enum Source {
 pub fn classify(source: &str) -> Result<Source, FetchError> {
     if source.is_empty() {
         return Err(FetchError::NoSource);
+    }
+    if source.starts_with("mirror:") {
+        return Ok(Source::Mirror(source.to_owned()));
     }
     if ["hf:", "http://", "https://"]
         .iter()
@@ -148,7 +154,7 @@ pub fn partial(path: &Path) -> bool {
 pub fn orphans(have: &[PathBuf], wanted: &[String]) -> Vec<PathBuf> {
     let keep: std::collections::BTreeSet<PathBuf> = wanted
         .iter()
-        .filter(|w| matches!(classify(w), Ok(Source::Remote(_))))
+        .filter(|w| matches!(classify(w), Ok(Source::Remote(_) | Source::Mirror(_))))
         .filter_map(|w| {
             cache_path_for(Path::new(""), w)
                 .file_name()
@@ -244,13 +250,24 @@ impl Fetcher {
     /// when they are remote and not yet cached. `checksum` is
     /// `sha256:<hex>`.
     pub async fn ensure(&self, source: &str, checksum: Option<&str>) -> Result<String, FetchError> {
+        self.ensure_from(source, checksum, None).await
+    }
+
+    /// As [`Fetcher::ensure`], with the mirror's byte path for `mirror:`
+    /// sources (the control plane's `mirror.url`).
+    pub async fn ensure_from(
+        &self,
+        source: &str,
+        checksum: Option<&str>,
+        mirror: Option<&str>,
+    ) -> Result<String, FetchError> {
         match classify(source)? {
             Source::ModelId(id) => Ok(id),
             Source::Path(p) => match std::fs::metadata(&p) {
                 Ok(_) => Ok(source.to_owned()),
                 Err(_) => Err(FetchError::NotLocal(source.to_owned())),
             },
-            Source::Remote(_) => {
+            Source::Remote(_) | Source::Mirror(_) => {
                 let dir = self
                     .cache_dir
                     .clone()
@@ -269,7 +286,22 @@ impl Fetcher {
                         if target.exists() {
                             return Ok(target.clone());
                         }
-                        self.download(source, &target, checksum)
+                        let (url, expect) = match classify(source)? {
+                            Source::Mirror(_) => {
+                                mirror::locate(&self.client, mirror, source, checksum).await?
+                            }
+                            _ => (
+                                resolve_url(source)?,
+                                Expect {
+                                    size: None,
+                                    sha256: checksum.map(|c| {
+                                        c.strip_prefix("sha256:").unwrap_or(c).to_lowercase()
+                                    }),
+                                    from: "the catalog",
+                                },
+                            ),
+                        };
+                        self.download(source, &url, &target, &expect)
                             .await
                             .map(|()| target.clone())
                     })
@@ -287,14 +319,14 @@ impl Fetcher {
     async fn download(
         &self,
         source: &str,
+        url: &str,
         target: &Path,
-        checksum: Option<&str>,
+        expect: &Expect,
     ) -> Result<(), FetchError> {
         let err = |why: String| FetchError::Fetch {
             src: source.to_owned(),
             why,
         };
-        let url = resolve_url(source)?;
         if let Some(dir) = target.parent() {
             tokio::fs::create_dir_all(dir)
                 .await
@@ -302,7 +334,7 @@ impl Fetcher {
         }
         let part = PathBuf::from(format!("{}.part", target.display()));
         let mut existing = tokio::fs::metadata(&part).await.map_or(0, |m| m.len());
-        let mut request = self.client.get(&url);
+        let mut request = self.client.get(url);
         if existing > 0 {
             request = request.header(reqwest::header::RANGE, format!("bytes={existing}-"));
         }
@@ -313,7 +345,7 @@ impl Fetcher {
             existing = 0;
             resp = self
                 .client
-                .get(&url)
+                .get(url)
                 .send()
                 .await
                 .map_err(|e| err(e.to_string()))?;
@@ -385,16 +417,26 @@ impl Fetcher {
             )));
         }
         report(done);
-        if let Some(want) = checksum {
+        if let Some(size) = expect.size
+            && size != done
+        {
+            // Longer than it should be, or a part that was no prefix of
+            // this file: start again next time rather than resume.
+            let _ = tokio::fs::remove_file(&part).await;
+            return Err(err(format!(
+                "{done} bytes arrived where {} says {size}; the download was discarded",
+                expect.from
+            )));
+        }
+        if let Some(want_hex) = &expect.sha256 {
             let found = sha256_file(&part)
                 .await
                 .map_err(|e| err(format!("reading {}: {e}", part.display())))?;
-            let want_hex = want.strip_prefix("sha256:").unwrap_or(want).to_lowercase();
-            if found != want_hex {
+            if found != *want_hex {
                 let _ = tokio::fs::remove_file(&part).await;
                 return Err(FetchError::Checksum {
                     src: source.to_owned(),
-                    wanted: format!("sha256:{want_hex}"),
+                    wanted: format!("sha256:{want_hex} ({})", expect.from),
                     found: format!("sha256:{found}"),
                 });
             }

@@ -61,6 +61,30 @@ pub(crate) struct FileConfig {
     pub conversations: crate::convo_settings::ConversationsSection,
     /// Without keys: one shared pool of threads.
     pub threads: Option<crate::convo_settings::ThreadsSection>,
+    /// The fleet's model mirror (`llmgw mirror serve`).
+    pub mirror: Option<MirrorSection>,
+}
+
+/// Where `mirror:<model>/<version>/<file>` sources are fetched from.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MirrorSection {
+    /// The mirror's byte path as nodes reach it (its `--base`).
+    pub url: String,
+}
+
+/// The mirror's byte path, checked: an http(s) URL, no trailing `/`.
+pub(crate) fn mirror_url(m: Option<&MirrorSection>) -> Result<Option<String>, ConfigError> {
+    let Some(m) = m else { return Ok(None) };
+    match reqwest::Url::parse(&m.url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.query().is_none() => {
+            Ok(Some(m.url.trim_end_matches('/').to_owned()))
+        }
+        _ => Err(ConfigError(format!(
+            "mirror.url: {:?} is not an http:// or https:// URL (the mirror's --base)",
+            m.url
+        ))),
+    }
 }
 
 /// API keys, pricing and the usage batcher.

@@ -13,6 +13,7 @@ const PAGES: &[(&str, &str)] = &[
         include_str!("../../docs/operations.md"),
     ),
     ("docs/cluster.md", include_str!("../../docs/cluster.md")),
+    ("docs/mirror.md", include_str!("../../docs/mirror.md")),
     ("docs/tenancy.md", include_str!("../../docs/tenancy.md")),
     ("docs/people.md", include_str!("../../docs/people.md")),
     (

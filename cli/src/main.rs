@@ -17,6 +17,7 @@ mod init;
 mod keys;
 mod lease;
 mod logging;
+mod mirror;
 mod notify;
 mod output;
 mod plan;
@@ -92,6 +93,10 @@ enum Command {
     Completions(shell::CompletionsArgs),
     /// Write man pages for every command.
     Man(shell::ManArgs),
+    /// A model mirror: serve a directory of model files to the fleet, and
+    /// fill, audit and prune it.
+    #[command(subcommand)]
+    Mirror(mirror::MirrorCommand),
 }
 
 /// The commands that never read the log at `--store`: given on their
@@ -104,6 +109,7 @@ fn ignores_store(c: &Command) -> Option<&'static str> {
         }
         Command::Up(_) => Some("up keeps its own log in --data-dir"),
         Command::SimEngine(_) => Some("the simulated engine keeps no log"),
+        Command::Mirror(_) => Some("the mirror keeps no log: it serves --dir"),
         Command::Completions(_) | Command::Man(_) => Some("it reads no log"),
         Command::Events(events::EventsCommand::Verify { file: Some(_), .. }) => {
             Some("verify --file checks the export; name its store with --against")
@@ -136,6 +142,7 @@ fn logging_setup(cli: &Cli) -> logging::Setup {
             (LevelFilter::INFO, Some("llmgw-agent"), Some(ring))
         }
         Command::SimEngine(_) => (LevelFilter::INFO, None, None),
+        Command::Mirror(mirror::MirrorCommand::Serve(_)) => (LevelFilter::INFO, None, None),
         _ => (LevelFilter::WARN, None, None),
     };
     logging::Setup {
@@ -185,6 +192,7 @@ fn main() -> ExitCode {
             Command::Keys(cmd) => keys::run(&cli.store, cmd).await,
             Command::Users(cmd) => users::run(&cli.store, cmd).await,
             Command::Up(args) => up::run(args).await,
+            Command::Mirror(cmd) => mirror::run(cmd).await,
             Command::Completions(a) => shell::completions(Cli::command(), a),
             Command::Man(a) => shell::man(Cli::command(), a),
         }

@@ -116,6 +116,8 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
             (agent_listen.is_some(), "agent_listen"),
             (agent_tls.is_some(), "tls"),
             (file.control.is_set(), "control.*"),
+            // Only agents fetch from it, and only the control plane has agents.
+            (file.mirror.is_some(), "mirror"),
             // Only the control plane starts models on demand.
             (
                 file.router.on_demand_wait.is_some(),
@@ -381,6 +383,7 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         .unwrap_or_else(crate::serve::default_instance);
     out.models = file.models.clone();
     out.anchors = anchor_config(c)?;
+    out.mirror_url = crate::config::mirror_url(file.mirror.as_ref())?;
     Ok(Some(out))
 }
 

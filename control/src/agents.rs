@@ -604,7 +604,8 @@ impl ControlPlane {
     }
 
     fn send_start(&self, start: &registration::Start) -> bool {
-        let msg = convert::start_shard(start, &self.config.mgmt_interface);
+        let mut msg = convert::start_shard(start, &self.config.mgmt_interface);
+        msg.mirror_url = self.config.mirror_url.clone().unwrap_or_default();
         self.agents
             .send(&start.shard.node_id, control_message::Msg::Start(msg))
     }

@@ -46,6 +46,9 @@ pub struct ControlConfig {
     pub register_within: Duration,
     /// Periodic anchors of the chain head, and their sinks.
     pub anchors: crate::anchor::AnchorConfig,
+    /// The fleet's mirror (its byte path): agents fetch `mirror:` sources
+    /// from it.
+    pub mirror_url: Option<String>,
 }
 
 impl ControlConfig {
@@ -87,6 +90,7 @@ impl Default for ControlConfig {
             models: Vec::new(),
             register_within: Duration::from_secs(30),
             anchors: crate::anchor::AnchorConfig::default(),
+            mirror_url: None,
         }
     }
 }

@@ -164,6 +164,8 @@ pub(crate) fn start_shard(start: &Start, mgmt_interface: &str) -> v1::StartShard
         model: model.name.clone(),
         source: model.source.clone(),
         checksum: model.checksum.clone().unwrap_or_default(),
+        // A setting of the server, not of the model: the sender adds it.
+        mirror_url: String::new(),
     }
 }
 

@@ -289,7 +289,7 @@ impl Agent {
         }
         let remote = matches!(
             crate::fetch::classify(&start.source),
-            Ok(crate::fetch::Source::Remote(_))
+            Ok(crate::fetch::Source::Remote(_) | crate::fetch::Source::Mirror(_))
         );
         if !remote {
             return self.launch(start, None);
@@ -299,6 +299,7 @@ impl Agent {
         let fetcher = self.fetcher.clone();
         let source = start.source.clone();
         let checksum = (!start.checksum.is_empty()).then(|| start.checksum.clone());
+        let mirror = (!start.mirror_url.is_empty()).then(|| start.mirror_url.clone());
         let done = self.fetched_tx.clone();
         let id = shard_id.clone();
         let progress = self.progress.clone();
@@ -312,7 +313,9 @@ impl Agent {
                     .insert(id2.clone(), p);
                 let _ = changes.send(id2.clone());
             });
-            let result = fetcher.ensure(&source, checksum.as_deref()).await;
+            let result = fetcher
+                .ensure_from(&source, checksum.as_deref(), mirror.as_deref())
+                .await;
             let _ = done.send((id, result));
             drop(status_tx);
         });

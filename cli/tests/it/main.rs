@@ -33,6 +33,7 @@ mod join;
 mod logs;
 mod metrics;
 mod migration;
+mod mirror;
 mod node_agent;
 mod outage;
 mod partition;

@@ -1,0 +1,229 @@
+//! `mirror add`, `unused` and `remove`, run on the mirror's host against
+//! its directory. `unused` and `remove` ask the control plane's catalog:
+//! a file is in use when a model's source is `mirror:<m>/<v>/<file>` or
+//! the byte path's URL of it (`--base`), and an unreachable control plane
+//! is never taken for an empty catalog.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::fetch::{Progress, fetch_version, locked_elsewhere};
+use super::store::{MANIFEST, Manifest, Store, check_segments};
+use crate::Outcome;
+use crate::output::Table;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct AddArgs {
+    /// The mirror's directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The model's name in the mirror.
+    #[arg(long)]
+    model: String,
+    /// The version (a date, a revision): pinned, never overwritten.
+    #[arg(long = "version", id = "model_version")]
+    version: String,
+    /// The file(s) to fetch: http(s) URLs or hf:org/repo[@revision]/file.
+    #[arg(required = true)]
+    sources: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct CatalogArgs {
+    /// The control plane's admin API, whose catalog says what is in use.
+    #[arg(long, env = "LLMGW_ADMIN", default_value = "http://127.0.0.1:9090")]
+    admin: String,
+    /// The byte path's address as catalog entries name it (as `serve
+    /// --base`), so that URL sources count as well as mirror: ones.
+    #[arg(long)]
+    base: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct UnusedArgs {
+    /// The mirror's directory.
+    #[arg(long)]
+    dir: PathBuf,
+    #[command(flatten)]
+    catalog: CatalogArgs,
+    /// One JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RemoveArgs {
+    /// The mirror's directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The model.
+    #[arg(long)]
+    model: String,
+    /// The version.
+    #[arg(long = "version", id = "model_version")]
+    version: String,
+    /// The file.
+    #[arg(long)]
+    file: String,
+    #[command(flatten)]
+    catalog: CatalogArgs,
+    /// Delete without asking the control plane whether it is in use.
+    #[arg(long)]
+    force: bool,
+}
+
+pub(crate) async fn add(a: AddArgs) -> anyhow::Result<Outcome> {
+    check_segments(&[a.model.as_str(), a.version.as_str()]).map_err(anyhow::Error::msg)?;
+    let store = Store::new(a.dir.clone());
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let http = reqwest::Client::new();
+    let progress = Arc::new(Progress::default());
+    let manifest = fetch_version(&store, &http, &a.model, &a.version, &a.sources, &progress)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let mut out = std::io::stdout().lock();
+    for f in &manifest.files {
+        writeln!(
+            out,
+            "{}  {}/{}/{}",
+            f.sha256.as_deref().unwrap_or("-"),
+            a.model,
+            a.version,
+            f.name
+        )?;
+    }
+    if !manifest.upstream_verified {
+        writeln!(
+            out,
+            "the upstream publishes no sha256 for this: compare the sums above with what it says"
+        )?;
+    }
+    for f in &manifest.files {
+        writeln!(out, "source: mirror:{}/{}/{}", a.model, a.version, f.name)?;
+    }
+    Ok(Outcome::Ok)
+}
+
+/// Every source in the control plane's catalog; an error when it cannot
+/// be read (then nothing can be called unused).
+async fn catalog_sources(c: &CatalogArgs) -> anyhow::Result<Vec<String>> {
+    let url = format!("{}/api/v1/models", c.admin.trim_end_matches('/'));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .no_proxy()
+        .build()?;
+    let resp = http.get(&url).send().await.with_context(|| {
+        format!(
+            "cannot reach the control plane at {} to read the catalog, so nothing can be called unused",
+            c.admin
+        )
+    })?;
+    if !resp.status().is_success() {
+        bail!(
+            "the control plane at {} answered {} for the catalog (router-only?), so nothing can be called unused",
+            c.admin,
+            resp.status()
+        );
+    }
+    let rows: Vec<serde_json::Value> = resp.json().await.context("reading the catalog")?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r["source"].as_str().map(str::to_owned))
+        .filter(|s| !s.is_empty())
+        .collect())
+}
+
+fn in_use(sources: &[String], base: Option<&str>, m: &str, v: &str, f: &str) -> bool {
+    let tail = format!("{m}/{v}/{f}");
+    sources.iter().any(|s| {
+        s.strip_prefix("mirror:") == Some(tail.as_str())
+            || base.is_some_and(|b| *s == format!("{}/{tail}", b.trim_end_matches('/')))
+    })
+}
+
+pub(crate) async fn unused(a: UnusedArgs) -> anyhow::Result<Outcome> {
+    let sources = catalog_sources(&a.catalog).await?;
+    let store = Store::new(a.dir.clone());
+    let mut rows = Vec::new();
+    for e in store.list(&|_, _| None) {
+        if e.state != "present" {
+            continue;
+        }
+        for f in &e.files {
+            if !in_use(
+                &sources,
+                a.catalog.base.as_deref(),
+                &e.model,
+                &e.version,
+                &f.name,
+            ) {
+                rows.push(serde_json::json!({
+                    "model": e.model, "version": e.version, "file": f.name, "size": f.size,
+                }));
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer_pretty(&mut out, &rows)?;
+        writeln!(out)?;
+    } else {
+        let mut t = Table::new(vec!["MODEL", "VERSION", "FILE", "BYTES"]);
+        for r in &rows {
+            t.row(vec![
+                r["model"].as_str().unwrap_or_default().to_owned(),
+                r["version"].as_str().unwrap_or_default().to_owned(),
+                r["file"].as_str().unwrap_or_default().to_owned(),
+                r["size"].to_string(),
+            ]);
+        }
+        t.print(&mut out)?;
+    }
+    Ok(Outcome::Ok)
+}
+
+pub(crate) async fn remove(a: RemoveArgs) -> anyhow::Result<Outcome> {
+    let (m, v, f) = (&a.model, &a.version, &a.file);
+    check_segments(&[m.as_str(), v.as_str(), f.as_str()]).map_err(anyhow::Error::msg)?;
+    let store = Store::new(a.dir.clone());
+    let Some((path, _)) = store.held_file(m, v, f) else {
+        bail!("the mirror holds no {m}/{v}/{f}");
+    };
+    if locked_elsewhere(&store.lock_path(m, v)) {
+        bail!("{m}/{v} is being fetched; remove it once the fetch has ended");
+    }
+    if !a.force {
+        let sources = catalog_sources(&a.catalog)
+            .await
+            .context("(--force removes it without asking)")?;
+        if in_use(&sources, a.catalog.base.as_deref(), m, v, f) {
+            bail!(
+                "{m}/{v}/{f} is in use by the catalog: retire the entry first, let the fleet settle, then remove (or --force)"
+            );
+        }
+    }
+    std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    // The manifest forgets it; a version left with no file goes whole.
+    let dir = store.version_dir(m, v);
+    if store.held(m, v).is_some_and(|files| files.is_empty()) {
+        store
+            .remove_version(m, v)
+            .with_context(|| format!("removing {}", dir.display()))?;
+    } else if let Some(mut mf) = store.manifest(m, v) {
+        mf.files.retain(|e| e.name != *f);
+        write_manifest(&dir, &mf)?;
+    }
+    println!("removed {m}/{v}/{f}");
+    Ok(Outcome::Ok)
+}
+
+fn write_manifest(dir: &std::path::Path, mf: &Manifest) -> anyhow::Result<()> {
+    let tmp = dir.join(format!("{MANIFEST}.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(mf)?)?;
+    std::fs::rename(&tmp, dir.join(MANIFEST))?;
+    Ok(())
+}
