@@ -411,6 +411,24 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
             return bad(format!("checksum {c:?} must be sha256: and 64 hex digits"));
         }
     }
+    if let Some(rest) = m.source.strip_prefix("mirror:") {
+        // As the mirror names its files; anything else could never be
+        // fetched, and a node would be the first to say so.
+        let name = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 128
+                && s.as_bytes()[0].is_ascii_alphanumeric()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        if parts.len() != 3 || !parts.iter().all(|p| name(p)) {
+            return bad(format!(
+                "source {:?}: a mirror source is mirror:<model>/<version>/<file>, each of letters, digits and . _ -, starting with a letter or digit",
+                m.source
+            ));
+        }
+    }
     if m.scaling.min > m.scaling.max {
         return bad(format!(
             "scaling min {} exceeds max {}",

@@ -345,3 +345,31 @@ fn remove_weights_deletes_only_generated_names_inside_the_cache() {
     assert!(none[0].1.contains("no cache directory"));
     assert!(escape.exists());
 }
+
+#[tokio::test]
+async fn a_mirror_source_needs_the_mirror_and_names_model_version_and_file() {
+    let cache = tempfile::tempdir().unwrap();
+    let f = Fetcher::new(Some(cache.path().to_owned()));
+    assert_eq!(
+        classify("mirror:qwen/2026-03/q4.gguf").unwrap(),
+        Source::Mirror("mirror:qwen/2026-03/q4.gguf".into())
+    );
+    let e = f
+        .ensure_from("mirror:qwen/2026-03/q4.gguf", None, None)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("names no mirror"), "{e}");
+    for bad in ["mirror:qwen/q4.gguf", "mirror:qwen/../x/q4.gguf"] {
+        let e = f
+            .ensure_from(bad, None, Some("http://127.0.0.1:1"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, FetchError::BadSource { .. }), "{bad}: {e}");
+    }
+    assert!(files(cache.path()).is_empty(), "nothing was fetched");
+    // A cached mirror file is kept while the catalog names it.
+    let src = "mirror:qwen/2026-03/q4.gguf".to_owned();
+    let have = vec![cache_path_for(cache.path(), &src)];
+    assert!(orphans(&have, std::slice::from_ref(&src)).is_empty());
+    assert_eq!(orphans(&have, &[]), have);
+}

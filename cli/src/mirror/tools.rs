@@ -82,9 +82,24 @@ pub(crate) async fn add(a: AddArgs) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let http = reqwest::Client::new();
     let progress = Arc::new(Progress::default());
-    let manifest = fetch_version(&store, &http, &a.model, &a.version, &a.sources, &progress)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let fetch = fetch_version(&store, &http, &a.model, &a.version, &a.sources, &progress);
+    tokio::pin!(fetch);
+    // A large file takes a while: say how far it has got now and then.
+    let mut every = tokio::time::interval(Duration::from_secs(10));
+    every.tick().await;
+    let manifest = loop {
+        tokio::select! {
+            r = &mut fetch => break r.map_err(anyhow::Error::msg)?,
+            _ = every.tick() => {
+                let done = progress.done.load(std::sync::atomic::Ordering::Relaxed);
+                let total = progress.total.load(std::sync::atomic::Ordering::Relaxed);
+                match (done * 100).checked_div(total) {
+                    Some(pct) => eprintln!("{done} of {total} bytes ({pct}%)"),
+                    None => eprintln!("{done} bytes"),
+                }
+            }
+        }
+    };
     let mut out = std::io::stdout().lock();
     for f in &manifest.files {
         writeln!(

@@ -35,7 +35,11 @@ fn the_systemd_units_pass_systemd_analyze_verify() {
     );
     let dir = tempfile::tempdir().unwrap();
     let mut copies = Vec::new();
-    for name in ["llmgw-server.service", "llmgw-agent.service"] {
+    for name in [
+        "llmgw-server.service",
+        "llmgw-agent.service",
+        "llmgw-mirror.service",
+    ] {
         let unit = std::fs::read_to_string(repo().join("deploy/systemd").join(name)).unwrap();
         assert_eq!(
             directive(&unit, "ExecStart")

@@ -487,6 +487,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "router.on_demand_wait needs the control plane",
         ),
         (
+            "mirror: {url: \"http://models.internal:8081\"}\n",
+            "mirror needs the control plane",
+        ),
+        (
             "router: {prefix: {match_ratio: 2}}\n",
             "router.prefix.match_ratio",
         ),

@@ -123,6 +123,29 @@ fn fallbacks_resolve_and_form_no_cycle() {
 }
 
 #[test]
+fn a_mirror_source_names_a_model_a_version_and_a_file() {
+    let c = Catalog::default();
+    for bad in [
+        "mirror:qwen/2026-03",
+        "mirror:qwen/2026-03/a/b.gguf",
+        "mirror:qwen/../q4.gguf",
+        "mirror:qwen//q4.gguf",
+        "mirror:.hidden/v/f",
+    ] {
+        let mut m = model("m");
+        m.source = bad.into();
+        let why = reason(&c, CatalogCommand::AddModel(m));
+        assert!(
+            why.contains("mirror:<model>/<version>/<file>"),
+            "{bad}: {why}"
+        );
+    }
+    let mut m = model("m");
+    m.source = "mirror:qwen2.5-14b/2026-03/q4_k_m.gguf".into();
+    assert_eq!(c.decide(CatalogCommand::AddModel(m)).unwrap().len(), 1);
+}
+
+#[test]
 fn scaling_and_sizes_must_be_sane() {
     let c = Catalog::default();
     let mut m = model("m");
