@@ -34,6 +34,7 @@ use llmgw_api::v1::{self, agent_message};
 use llmgw_api::{AgentMessage, AgentServiceClient, AgentServiceServer};
 use llmgw_control::{AgentSvc, ControlConfig, ControlPlane};
 use llmgw_domain::catalog::{Engine, Model, Profile};
+use llmgw_domain::ids::ReplicaId;
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, Node, Nodes, Reachability};
 use llmgw_domain::placement::{PlaceOptions, place, place_quiet};
 use llmgw_domain::replicas::{Placement, ReplicaEvent, Replicas, ShardPlacement};
@@ -253,9 +254,9 @@ fn cluster(n: usize) -> (Nodes, Replicas) {
         let id = format!("node-{i:05}");
         let class = classes[i % 3];
         nodes.insert(
-            id.clone(),
+            id.clone().into(),
             Node {
-                id: id.clone(),
+                id: id.clone().into(),
                 inventory: Inventory {
                     hostname: id.clone(),
                     gpus: (0..8)
@@ -299,14 +300,14 @@ fn cluster(n: usize) -> (Nodes, Replicas) {
             _ => continue,
         };
         replicas.evolve(&ReplicaEvent::ReplicaPlaced(Placement {
-            replica_id: format!("r{i:06}"),
+            replica_id: format!("r{i:06}").into(),
             model: "filler".into(),
             profile: "p".into(),
             profile_fp: String::new(),
             pool: "h100-80g".into(),
             fabric: None,
             shards: vec![ShardPlacement {
-                shard_id: format!("r{i:06}-0"),
+                shard_id: format!("r{i:06}-0").into(),
                 rank: 0,
                 node_id: id.clone(),
                 gpu_indices: gpus,
@@ -347,7 +348,7 @@ fn model(name: &str, tp: u32, nodes: u32) -> Model {
 fn time_placement(nodes: &Nodes, replicas: &Replicas, m: &Model, explain: bool) -> Duration {
     let mut times: Vec<Duration> = (0..15)
         .map(|i| {
-            let id = format!("probe-{i}");
+            let id = ReplicaId::from(format!("probe-{i}"));
             let t = Instant::now();
             let chosen = if explain {
                 place(m, nodes, replicas, &[], &id, PlaceOptions::default()).chosen

@@ -13,6 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use llmgw_api::admin as api;
 use llmgw_domain::catalog::{CatalogCommand, Model};
+use llmgw_domain::ids::NodeId;
 use llmgw_domain::nodes::{NodeCommand, Reachability};
 use llmgw_domain::replicas::{ReplicaStatus, ShardState};
 use llmgw_domain::{Command, RejectionCode};
@@ -116,7 +117,7 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
                 .filter(|g| g.problems.is_empty())
                 .count();
             api::NodeRow {
-                id: n.id.clone(),
+                id: n.id.to_string(),
                 hostname: n.inventory.hostname.clone(),
                 addr: n.inventory.mgmt_addr.clone(),
                 state: reachability(n.reachability).into(),
@@ -259,9 +260,9 @@ async fn replicas(
                 r.shards
                     .values()
                     .map(|s| api::ShardRow {
-                        shard_id: s.placement.shard_id.clone(),
+                        shard_id: s.placement.shard_id.to_string(),
                         rank: s.placement.rank,
-                        node: s.placement.node_id.clone(),
+                        node: s.placement.node_id.to_string(),
                         gpus: s.placement.gpu_indices.clone(),
                         port: s.placement.port,
                         state: lower::<ShardState>(&shown_state(r.status, s.state)),
@@ -276,7 +277,7 @@ async fn replicas(
                     .collect();
             shards.sort_by_key(|s| s.rank);
             api::ReplicaRow {
-                id: r.placement.replica_id.clone(),
+                id: r.placement.replica_id.to_string(),
                 model: r.placement.model.clone(),
                 profile: r.placement.profile.clone(),
                 status: lower(&r.status),
@@ -324,7 +325,7 @@ async fn explain(
         &c.nodes,
         &c.replicas,
         &cp.observed.held(),
-        "explain",
+        &"explain".into(),
         llmgw_domain::placement::PlaceOptions {
             port_range: cp.config.port_range,
         },
@@ -343,7 +344,7 @@ async fn explain(
                     .candidates
                     .iter()
                     .map(|c| api::Candidate {
-                        node: c.node.clone(),
+                        node: c.node.to_string(),
                         fits: c.fits,
                         reason: c.reason.clone(),
                     })
@@ -386,7 +387,7 @@ async fn cordon(
         &cp,
         &origin,
         vec![Command::Node(NodeCommand::Cordon {
-            node_id: node,
+            node_id: node.into(),
             by: origin.actor.name().to_owned(),
             reason: "operator".into(),
         })],
@@ -406,7 +407,7 @@ async fn uncordon(
         &cp,
         &origin,
         vec![Command::Node(NodeCommand::Uncordon {
-            node_id: node,
+            node_id: node.into(),
             by: origin.actor.name().to_owned(),
         })],
         &done,
@@ -425,7 +426,7 @@ async fn drain(
         &cp,
         &origin,
         vec![Command::Node(NodeCommand::Drain {
-            node_id: node,
+            node_id: node.into(),
             by: origin.actor.name().to_owned(),
         })],
         &done,
@@ -512,7 +513,7 @@ async fn remove_model(
 }
 
 /// Per node, the cached weights no model in the catalog names any more.
-fn unwanted(cp: &ControlPlane) -> std::collections::BTreeMap<String, Vec<String>> {
+fn unwanted(cp: &ControlPlane) -> std::collections::BTreeMap<NodeId, Vec<String>> {
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     let c = &views.cluster;
     c.nodes
@@ -530,7 +531,7 @@ fn unwanted(cp: &ControlPlane) -> std::collections::BTreeMap<String, Vec<String>
 
 async fn weights(
     State(cp): State<Arc<ControlPlane>>,
-) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+) -> Result<std::collections::BTreeMap<NodeId, Vec<String>>> {
     Ok(Json(unwanted(&cp)))
 }
 
@@ -538,7 +539,7 @@ async fn weights(
 /// every path again and deletes only files its cache generated.
 async fn collect_weights(
     State(cp): State<Arc<ControlPlane>>,
-) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+) -> Result<std::collections::BTreeMap<NodeId, Vec<String>>> {
     cp.leader_token().await?;
     let mut asked = std::collections::BTreeMap::new();
     for (node, paths) in unwanted(&cp) {
@@ -557,7 +558,7 @@ async fn collect_weights(
 
 #[derive(Debug, Deserialize)]
 struct LogsQuery {
-    node: String,
+    node: NodeId,
     #[serde(default)]
     source: String,
     #[serde(default)]
@@ -573,7 +574,7 @@ async fn logs(
         return Err(AdminError(StatusCode::NOT_FOUND, reply.error));
     }
     Ok(Json(api::Logs {
-        node: q.node,
+        node: q.node.into_string(),
         source: q.source,
         lines: reply.lines,
         sources: reply.sources,

@@ -24,7 +24,7 @@ use std::time::Duration;
 use llmgw_api::v1::{self, agent_message, control_message};
 use llmgw_api::{AgentMessage, ControlMessage};
 use llmgw_domain::Command;
-use llmgw_domain::ids::NodeId;
+use llmgw_domain::ids::{NodeId, ReplicaId, ShardId};
 use llmgw_domain::nodes::NodeCommand;
 use llmgw_domain::registration::{self, StopReason};
 use llmgw_domain::replicas::{ReplicaCommand, ShardState};
@@ -62,7 +62,7 @@ struct Session {
 /// `crate::observed`).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    sessions: Mutex<HashMap<String, Session>>,
+    sessions: Mutex<HashMap<NodeId, Session>>,
     /// LogsRequests awaiting their reply, by request id.
     logs: Mutex<HashMap<String, tokio::sync::oneshot::Sender<v1::LogsReply>>>,
     generation: AtomicU64,
@@ -78,17 +78,17 @@ impl Registry {
     }
 
     /// Ends a node's stream (it was removed); true when it had one.
-    pub(crate) fn disconnect(&self, node: &str) -> bool {
+    pub(crate) fn disconnect(&self, node: &NodeId) -> bool {
         lock(&self.sessions).remove(node).is_some()
     }
 
-    pub(crate) fn connected(&self, node: &str) -> bool {
+    pub(crate) fn connected(&self, node: &NodeId) -> bool {
         lock(&self.sessions).contains_key(node)
     }
 
     /// Ends the stream `generation` of `node` with `status`, which the
     /// agent reads as the reason; a newer stream of the node is left alone.
-    fn refuse(&self, node: &str, generation: u64, status: Status) {
+    fn refuse(&self, node: &NodeId, generation: u64, status: Status) {
         let mut sessions = lock(&self.sessions);
         if let Some(s) = sessions.get(node)
             && s.generation == generation
@@ -100,7 +100,7 @@ impl Registry {
 
     /// Queues a message to a node; false when it has no stream (it gets the
     /// message again when it re-registers, where that matters).
-    pub(crate) fn send(&self, node: &str, msg: control_message::Msg) -> bool {
+    pub(crate) fn send(&self, node: &NodeId, msg: control_message::Msg) -> bool {
         let sessions = lock(&self.sessions);
         let Some(s) = sessions.get(node) else {
             return false;
@@ -310,7 +310,7 @@ impl llmgw_api::AgentService for AgentSvc {
                 "the first message on a stream must be Register",
             ));
         };
-        let node = reg.node_id.clone();
+        let node = NodeId::from(reg.node_id.as_str());
         if let Some((cn, fingerprint)) = &certified {
             let denied = cp
                 .views
@@ -329,7 +329,7 @@ impl llmgw_api::AgentService for AgentSvc {
             Status::invalid_argument(format!("the registration of node {node:?}: {why}"))
         })?;
         if let Some((cn, _)) = certified
-            && cn != node
+            && node != cn.as_str()
         {
             tracing::warn!(claimed = %node, certificate = %cn, "refused a stream whose node id is not its certificate's");
             return Err(Status::permission_denied(format!(
@@ -350,7 +350,7 @@ impl llmgw_api::AgentService for AgentSvc {
         } else {
             false
         };
-        cp.register(&reg)
+        cp.register(&node, &reg)
             .instrument(span.clone())
             .await
             .map_err(to_status)?;
@@ -394,7 +394,7 @@ impl llmgw_api::AgentService for AgentSvc {
 
 async fn read_stream(
     cp: Arc<ControlPlane>,
-    node: String,
+    node: NodeId,
     generation: u64,
     mut inbound: Streaming<AgentMessage>,
 ) {
@@ -463,7 +463,7 @@ impl ControlPlane {
     /// The tail of one of a node's logs, asked over its stream.
     pub(crate) async fn node_logs(
         &self,
-        node: &str,
+        node: &NodeId,
         source: &str,
         lines: i32,
     ) -> Result<v1::LogsReply, ControlError> {
@@ -495,24 +495,23 @@ impl ControlPlane {
         })
     }
 
-    async fn register(&self, reg: &v1::Register) -> Result<(), ControlError> {
+    async fn register(&self, node: &NodeId, reg: &v1::Register) -> Result<(), ControlError> {
         self.execute(
             &self.own(),
             vec![Command::Node(NodeCommand::Register {
-                node_id: reg.node_id.clone(),
+                node_id: node.clone(),
                 inventory: convert::inventory(reg),
             })],
         )
         .await?;
-        self.observed.seen(&reg.node_id);
+        self.observed.seen(node);
         self.telemetry.registered(reg);
         Ok(())
     }
 
     /// Adopts, reports or stops the shards the agent says it runs, and
     /// re-sends starts the agent never got (`llmgw_domain::registration`).
-    async fn after_register(&self, node: &str, reg: &v1::Register) {
-        let node_id = NodeId::from(node);
+    async fn after_register(&self, node: &NodeId, reg: &v1::Register) {
         let running: Vec<_> = reg
             .running_shards
             .iter()
@@ -527,7 +526,7 @@ impl ControlPlane {
             .decider
             .read(|state| {
                 self.observed.adopting(|gathered| {
-                    let mut plan = registration::plan(state, &node_id, &running, gathered);
+                    let mut plan = registration::plan(state, node, &running, gathered);
                     let left = std::mem::take(&mut plan.adopting);
                     (plan, left)
                 })
@@ -572,7 +571,7 @@ impl ControlPlane {
         self.observed.set_held(node, held);
         for c in commands {
             if let Err(e) = self.execute(&self.own(), vec![c]).await {
-                tracing::warn!(node, error = %e, "could not record a reported shard");
+                tracing::warn!(%node, error = %e, "could not record a reported shard");
             }
         }
     }
@@ -592,18 +591,9 @@ impl ControlPlane {
         held.push(stop.held);
     }
 
-    /// Starts a shard of a placement on its node; false when its model or
-    /// profile left the catalog or the node has no stream.
-    pub(crate) fn start_shard(
-        &self,
-        state: &llmgw_domain::State,
-        placement: &llmgw_domain::replicas::Placement,
-        shard: &llmgw_domain::replicas::ShardPlacement,
-    ) -> bool {
-        registration::start(state, placement, shard).is_some_and(|s| self.send_start(&s))
-    }
-
-    fn send_start(&self, start: &registration::Start) -> bool {
+    /// Sends a start to its shard's node; false when the node has no
+    /// stream (it gets the start again when it registers).
+    pub(crate) fn send_start(&self, start: &registration::Start) -> bool {
         let mut msg = convert::start_shard(start, &self.config.mgmt_interface);
         msg.mirror_url = self.config.mirror_url.clone().unwrap_or_default();
         self.agents
@@ -614,7 +604,7 @@ impl ControlPlane {
     /// the views under a read lock and touches the log only when the node
     /// must be revived or its inventory changed; the decider re-checks
     /// against the log, so a view a moment behind costs at most a no-op.
-    async fn heartbeat(&self, node: &str, hb: v1::Heartbeat) -> Result<(), ControlError> {
+    async fn heartbeat(&self, node: &NodeId, hb: v1::Heartbeat) -> Result<(), ControlError> {
         self.observed.seen(node);
         self.telemetry.heartbeat(node, &hb);
         // What it changes is `llmgw_domain::heartbeat`'s decision.
@@ -631,12 +621,12 @@ impl ControlPlane {
         Ok(())
     }
 
-    async fn shard_status(&self, node: &str, st: v1::ShardStatus) -> Result<(), ControlError> {
+    async fn shard_status(&self, node: &NodeId, st: v1::ShardStatus) -> Result<(), ControlError> {
         let Some(state) = convert::state_from_wire(st.state) else {
             return Ok(());
         };
-        if st.node_id != node && !st.node_id.is_empty() {
-            tracing::warn!(node, claimed = %st.node_id, "a shard status claims another node; ignored");
+        if *node != st.node_id && !st.node_id.is_empty() {
+            tracing::warn!(%node, claimed = %st.node_id, "a shard status claims another node; ignored");
             return Ok(());
         }
         let progress = st
@@ -644,7 +634,8 @@ impl ControlPlane {
             .as_ref()
             .filter(|_| state == ShardState::Pending)
             .map(|f| (f.bytes_done.max(0) as u64, f.bytes_total.max(0) as u64));
-        self.observed.fetching(&st.shard_id, progress);
+        let shard_id = ShardId::from(st.shard_id.as_str());
+        self.observed.fetching(&shard_id, progress);
         if let Ok(port) = u16::try_from(st.port_taken)
             && port > 0
         {
@@ -653,8 +644,8 @@ impl ControlPlane {
         let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
         let error = crate::wire::clip(&st.error, crate::wire::MAX_ERROR);
         let command = Command::Replica(ReplicaCommand::ReportShard {
-            replica_id: st.replica_id.clone(),
-            shard_id: st.shard_id.clone(),
+            replica_id: ReplicaId::from(st.replica_id.as_str()),
+            shard_id,
             state,
             error: (!error.is_empty()).then_some(error),
             exit_code: (state == ShardState::Failed).then_some(st.exit_code),
@@ -665,7 +656,7 @@ impl ControlPlane {
             // A report about a replica the log does not know (or no longer
             // tracks) is stale, not an error worth a warning.
             Err(ControlError::Rejected(r)) if r.code == llmgw_domain::RejectionCode::NotFound => {
-                tracing::debug!(node, replica = %st.replica_id, "status for an unknown replica");
+                tracing::debug!(%node, replica = %st.replica_id, "status for an unknown replica");
                 Ok(())
             }
             Err(e) => Err(e),

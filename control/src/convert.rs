@@ -128,8 +128,8 @@ pub(crate) fn start_shard(start: &Start, mgmt_interface: &str) -> v1::StartShard
         .find(|s| s.rank == 0)
         .map_or(shard.port, |s| s.port);
     v1::StartShard {
-        replica_id: placement.replica_id.clone(),
-        shard_id: shard.shard_id.clone(),
+        replica_id: placement.replica_id.to_string(),
+        shard_id: shard.shard_id.to_string(),
         rank: shard.rank as i32,
         nnodes: placement.shards.len() as i32,
         leader_addr: leader_addr.to_owned(),

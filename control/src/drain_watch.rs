@@ -11,6 +11,7 @@ use std::time::Duration;
 use llmgw_domain::State;
 use llmgw_domain::catalog::Engine;
 use llmgw_domain::engine_load;
+use llmgw_domain::ids::ReplicaId;
 use llmgw_domain::replicas::ReplicaStatus;
 
 /// How long after a drain begins its engine is first asked: the time every
@@ -21,7 +22,7 @@ pub(crate) const SETTLE_MS: i64 = 1_000;
 /// A draining replica's engine to ask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Target {
-    pub replica_id: String,
+    pub replica_id: ReplicaId,
     pub engine: Engine,
     pub url: String,
 }
@@ -29,10 +30,7 @@ pub(crate) struct Target {
 /// The draining replicas whose drains are older than the settle time.
 pub(crate) fn targets(
     state: &State,
-    drain_since: &std::collections::BTreeMap<
-        llmgw_domain::ids::ReplicaId,
-        llmgw_domain::UnixMillis,
-    >,
+    drain_since: &std::collections::BTreeMap<ReplicaId, llmgw_domain::UnixMillis>,
     now: llmgw_domain::UnixMillis,
     settle: i64,
 ) -> Vec<Target> {
@@ -43,7 +41,7 @@ pub(crate) fn targets(
         .filter(|r| r.status == ReplicaStatus::Draining)
         .filter(|r| {
             drain_since
-                .get(r.placement.replica_id.as_str())
+                .get(&r.placement.replica_id)
                 .is_some_and(|since| now - *since >= settle)
         })
         .filter_map(|r| {
@@ -74,7 +72,7 @@ pub(crate) fn targets(
 }
 
 /// The targets whose engines answered with nothing running or waiting.
-pub(crate) async fn idle(http: &reqwest::Client, targets: Vec<Target>) -> BTreeSet<String> {
+pub(crate) async fn idle(http: &reqwest::Client, targets: Vec<Target>) -> BTreeSet<ReplicaId> {
     let mut asks = tokio::task::JoinSet::new();
     for t in targets {
         asks.spawn(ask(http.clone(), t));
@@ -88,7 +86,7 @@ pub(crate) async fn idle(http: &reqwest::Client, targets: Vec<Target>) -> BTreeS
     idle
 }
 
-async fn ask(http: reqwest::Client, t: Target) -> Option<String> {
+async fn ask(http: reqwest::Client, t: Target) -> Option<ReplicaId> {
     let page = http
         .get(&t.url)
         .timeout(Duration::from_secs(1))

@@ -27,6 +27,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use llmgw_api::admin as api;
 use llmgw_api::v1::{JoinReply, JoinRequest};
+use llmgw_domain::ids::NodeId;
 use llmgw_domain::join::{JoinCommand, token_id};
 use llmgw_domain::{Command, Rejection, RejectionCode};
 use sha2::Digest;
@@ -70,7 +71,7 @@ pub(crate) async fn issue_token(
             &origin,
             vec![Command::Join(JoinCommand::IssueToken {
                 token_hash: token_hash.clone(),
-                node_id: req.node.clone(),
+                node_id: req.node.as_deref().map(NodeId::from),
                 expires_at,
                 now,
             })],
@@ -95,7 +96,7 @@ pub(crate) async fn issue_token(
 pub(crate) async fn remove_node(
     State(cp): State<Arc<ControlPlane>>,
     headers: axum::http::HeaderMap,
-    Path(node): Path<String>,
+    Path(node): Path<NodeId>,
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
     let decided = cp
@@ -187,7 +188,7 @@ impl llmgw_api::JoinService for JoinSvc {
                 &cp.own(),
                 vec![Command::Join(JoinCommand::Redeem {
                     token_hash: token_hash.clone(),
-                    node_id: node_id.clone(),
+                    node_id: NodeId::from(node_id.as_str()),
                     certificate: fingerprint.clone(),
                     now,
                 })],

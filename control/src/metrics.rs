@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use llmgw_api::v1;
+use llmgw_domain::ids::NodeId;
 use llmgw_domain::nodes::{Node, Reachability};
 use llmgw_domain::replicas::ReplicaStatus;
 use llmgw_eventstore::ChainWatch;
@@ -44,7 +45,7 @@ pub(crate) struct NodeFigures {
 
 /// What agents report that is telemetry, not state: by node.
 #[derive(Debug, Default)]
-pub(crate) struct Telemetry(Mutex<BTreeMap<String, NodeFigures>>);
+pub(crate) struct Telemetry(Mutex<BTreeMap<NodeId, NodeFigures>>);
 
 fn disk(storage: &[v1::Storage]) -> Option<(u64, u64)> {
     let own: Vec<&v1::Storage> = storage.iter().filter(|s| !s.shared).collect();
@@ -73,14 +74,14 @@ fn registered_figures(reg: &v1::Register) -> Vec<v1::GpuFigures> {
 }
 
 impl Telemetry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, NodeFigures>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, NodeFigures>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A registration's figures replace whatever the node said before.
     pub(crate) fn registered(&self, reg: &v1::Register) {
         self.lock().insert(
-            reg.node_id.clone(),
+            NodeId::from(reg.node_id.as_str()),
             NodeFigures {
                 disk: disk(&reg.storage),
                 gpus: registered_figures(reg),
@@ -90,9 +91,9 @@ impl Telemetry {
 
     /// A heartbeat's figures (storage is in every heartbeat); an empty GPU
     /// list keeps the last known (an agent of an older build sends none).
-    pub(crate) fn heartbeat(&self, node: &str, hb: &v1::Heartbeat) {
+    pub(crate) fn heartbeat(&self, node: &NodeId, hb: &v1::Heartbeat) {
         let mut all = self.lock();
-        let figures = all.entry(node.to_owned()).or_default();
+        let figures = all.entry(node.clone()).or_default();
         figures.disk = disk(&hb.storage);
         if !hb.gpu_figures.is_empty() {
             figures.gpus = hb.gpu_figures.clone();
@@ -103,7 +104,7 @@ impl Telemetry {
         self.lock().clear();
     }
 
-    fn snapshot(&self) -> BTreeMap<String, NodeFigures> {
+    fn snapshot(&self) -> BTreeMap<NodeId, NodeFigures> {
         self.lock().clone()
     }
 }
@@ -134,7 +135,7 @@ fn replica_state(s: ReplicaStatus) -> &'static str {
 #[derive(Debug, Default, PartialEq)]
 pub struct ClusterFigures {
     /// Node → (state, up).
-    pub nodes: BTreeMap<String, (&'static str, bool)>,
+    pub nodes: BTreeMap<NodeId, (&'static str, bool)>,
     /// Ready replicas of every model with a replica placed (not stopped).
     pub replicas_ready: BTreeMap<String, u64>,
     /// Replicas by state.
@@ -257,7 +258,7 @@ impl Collector for ControlMetrics {
         let up = Family::<NodeStateLabels, Gauge>::default();
         for (node, (state, ready)) in &figures.nodes {
             up.get_or_create(&NodeStateLabels {
-                node: node.clone(),
+                node: node.to_string(),
                 state,
             })
             .set(i64::from(*ready));
@@ -295,14 +296,16 @@ impl ControlMetrics {
     fn encode_telemetry<'a>(
         &self,
         enc: &mut DescriptorEncoder,
-        nodes: impl Iterator<Item = &'a String>,
+        nodes: impl Iterator<Item = &'a NodeId>,
     ) -> Result<(), std::fmt::Error> {
         let cp = &self.0;
         let seen = Family::<NodeLabels, FloatGauge>::default();
         for node in nodes {
             if let Some(at) = cp.observed.last_seen(node) {
-                seen.get_or_create(&NodeLabels { node: node.clone() })
-                    .set(at.elapsed().as_secs_f64());
+                seen.get_or_create(&NodeLabels {
+                    node: node.to_string(),
+                })
+                .set(at.elapsed().as_secs_f64());
             }
         }
         put(
@@ -322,13 +325,15 @@ impl ControlMetrics {
         const MIB: i64 = 1024 * 1024;
         for (node, f) in telemetry {
             if let Some((f, t)) = f.disk {
-                let n = NodeLabels { node: node.clone() };
+                let n = NodeLabels {
+                    node: node.to_string(),
+                };
                 free.get_or_create(&n).set(f as i64);
                 total.get_or_create(&n).set(t as i64);
             }
             for g in f.gpus {
                 let l = GpuLabels {
-                    node: node.clone(),
+                    node: node.to_string(),
                     gpu: g.index.to_string(),
                 };
                 used.get_or_create(&l)
@@ -573,7 +578,7 @@ mod tests {
         assert_eq!(a.disk, Some((10, 100)));
         assert_eq!(a.gpus[0].memory_used_mb, 5);
         t.heartbeat(
-            "a",
+            &"a".into(),
             &v1::Heartbeat {
                 storage: vec![storage(7, 100, false)],
                 ..v1::Heartbeat::default()
@@ -583,7 +588,7 @@ mod tests {
         assert_eq!(a.disk, Some((7, 100)));
         assert_eq!(a.gpus[0].temperature_c, 40, "kept");
         t.heartbeat(
-            "a",
+            &"a".into(),
             &v1::Heartbeat {
                 gpu_figures: vec![v1::GpuFigures {
                     index: 0,

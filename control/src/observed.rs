@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use llmgw_domain::ids::{NodeId, ShardId};
 use llmgw_domain::placement::Held;
 use llmgw_domain::registration::Adopting;
 use tokio::time::Instant;
@@ -27,18 +28,18 @@ pub(crate) struct Observed(Mutex<Inner>);
 
 #[derive(Debug, Default)]
 struct Inner {
-    last_seen: HashMap<String, Instant>,
+    last_seen: HashMap<NodeId, Instant>,
     /// Processes agents reported that the log does not count as live, by
     /// node (replaced at each registration of the node).
-    held: BTreeMap<String, Vec<Held>>,
+    held: BTreeMap<NodeId, Vec<Held>>,
     /// Ports another program holds, by (node, port), until when they are
     /// left alone.
-    foreign_ports: BTreeMap<(String, u16), Instant>,
+    foreign_ports: BTreeMap<(NodeId, u16), Instant>,
     /// Shards of multi-node replicas awaiting their other ranks' reports
     /// before adoption.
     adopting: Adopting,
     /// Downloads shards wait on: shard id → (bytes done, bytes total).
-    fetches: BTreeMap<String, (u64, u64)>,
+    fetches: BTreeMap<ShardId, (u64, u64)>,
 }
 
 impl Observed {
@@ -48,7 +49,7 @@ impl Observed {
 
     /// A new office: every known node was heard from just now (so none is
     /// marked unreachable before it has had time to reconnect).
-    pub(crate) fn reset_clocks<'a>(&self, nodes: impl Iterator<Item = &'a String>) {
+    pub(crate) fn reset_clocks<'a>(&self, nodes: impl Iterator<Item = &'a NodeId>) {
         let now = Instant::now();
         let mut inner = self.lock();
         inner.last_seen.clear();
@@ -57,20 +58,18 @@ impl Observed {
         }
     }
 
-    pub(crate) fn seen(&self, node: &str) {
-        self.lock()
-            .last_seen
-            .insert(node.to_owned(), Instant::now());
+    pub(crate) fn seen(&self, node: &NodeId) {
+        self.lock().last_seen.insert(node.clone(), Instant::now());
     }
 
-    pub(crate) fn last_seen(&self, node: &str) -> Option<Instant> {
+    pub(crate) fn last_seen(&self, node: &NodeId) -> Option<Instant> {
         self.lock().last_seen.get(node).copied()
     }
 
     /// What a node's processes hold that the log does not count, as of its
     /// last registration.
-    pub(crate) fn set_held(&self, node: &str, held: Vec<Held>) {
-        self.lock().held.insert(node.to_owned(), held);
+    pub(crate) fn set_held(&self, node: &NodeId, held: Vec<Held>) {
+        self.lock().held.insert(node.clone(), held);
     }
 
     /// Everything placement must leave alone beyond the log's replicas:
@@ -91,10 +90,10 @@ impl Observed {
     }
 
     /// A port another program holds on a node.
-    pub(crate) fn port_taken(&self, node: &str, port: u16) {
+    pub(crate) fn port_taken(&self, node: &NodeId, port: u16) {
         self.lock()
             .foreign_ports
-            .insert((node.to_owned(), port), Instant::now() + FOREIGN_PORT_TTL);
+            .insert((node.clone(), port), Instant::now() + FOREIGN_PORT_TTL);
     }
 
     /// Runs `f` on the groups awaiting adoption, which it replaces with
@@ -115,10 +114,10 @@ impl Observed {
     }
 
     /// A shard's download: its progress while pending, nothing after.
-    pub(crate) fn fetching(&self, shard_id: &str, progress: Option<(u64, u64)>) {
+    pub(crate) fn fetching(&self, shard_id: &ShardId, progress: Option<(u64, u64)>) {
         let mut inner = self.lock();
         match progress {
-            Some(p) => inner.fetches.insert(shard_id.to_owned(), p),
+            Some(p) => inner.fetches.insert(shard_id.clone(), p),
             None => inner.fetches.remove(shard_id),
         };
     }

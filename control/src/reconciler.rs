@@ -7,8 +7,9 @@ use std::sync::Arc;
 use llmgw_api::v1::{self, control_message};
 use llmgw_domain::Command;
 use llmgw_domain::clocks::Clocks;
+use llmgw_domain::ids::ReplicaId;
 use llmgw_domain::nodes::{NodeCommand, Reachability};
-use llmgw_domain::reconcile::{self, Action, Settings};
+use llmgw_domain::reconcile::{self, Action, Settings, ShardOnNode};
 use llmgw_domain::replicas::{ReplicaCommand, ReplicaStatus};
 
 use crate::{ControlPlane, drain_watch};
@@ -98,11 +99,11 @@ fn due_marks(cp: &ControlPlane) -> Vec<Command> {
     commands
 }
 
-fn replica_id() -> String {
+fn replica_id() -> ReplicaId {
     // Time-ordered, so that "newest" is the largest id. Whole: within one
     // millisecond a v7 id differs only in its later digits, and one pass
     // places replicas of several models in less.
-    format!("r-{}", uuid::Uuid::now_v7().simple())
+    ReplicaId::from(format!("r-{}", uuid::Uuid::now_v7().simple()))
 }
 
 impl ControlPlane {
@@ -124,15 +125,13 @@ impl ControlPlane {
             self.memory().rt.demand.insert(model, now);
         }
         self.watch_drains(now).await?;
-        // Planned under a read of the state; it is copied only when there
-        // is something to carry out, which a settled cluster never has.
-        let (plan, state) = self
+        // Planned under a read of the state; the plan carries everything
+        // its messages need, so nothing of the state is copied out.
+        let plan = self
             .decider
             .read_with_clocks(|state, clocks| {
                 let rt = self.runtime(clocks, now);
-                let plan = reconcile::plan(state, &rt, &self.settings(), |_| replica_id());
-                let copy = (!plan.actions.is_empty()).then(|| state.clone());
-                (plan, copy)
+                reconcile::plan(state, &rt, &self.settings(), |_| replica_id())
             })
             .await?;
         {
@@ -160,11 +159,8 @@ impl ControlPlane {
             m.backing_off = backing_off;
         }
         tracing::Span::current().record("actions", plan.actions.len());
-        let Some(state) = state else {
-            return Ok(());
-        };
         for action in plan.actions {
-            if let Err(e) = self.carry_out(&state, action).await {
+            if let Err(e) = self.carry_out(action).await {
                 tracing::warn!(error = %e, "a reconciler action failed");
             }
         }
@@ -216,32 +212,24 @@ impl ControlPlane {
         m.rt.clone()
     }
 
-    async fn carry_out(
-        &self,
-        state: &llmgw_domain::State,
-        action: Action,
-    ) -> Result<(), crate::ControlError> {
+    /// Appends what `action` decides, then sends the messages it names:
+    /// nothing here reads the state.
+    async fn carry_out(&self, action: Action) -> Result<(), crate::ControlError> {
         match action {
-            Action::Place(p) => {
+            Action::Place {
+                placement: p,
+                starts,
+            } => {
                 tracing::info!(replica = %p.replica_id, model = %p.model, profile = %p.profile, why = %p.why, "placing");
                 self.memory().unplaced.remove(&p.model);
                 self.execute(
                     &self.own(),
-                    vec![Command::Replica(ReplicaCommand::Place(p.clone()))],
+                    vec![Command::Replica(ReplicaCommand::Place(p))],
                 )
                 .await?;
-                // Rank 0 first: it holds the rendezvous the others join.
-                let mut shards = p.shards.clone();
-                shards.sort_by_key(|s| s.rank);
-                let mut state = state.clone();
-                state
-                    .replicas
-                    .evolve(&llmgw_domain::replicas::ReplicaEvent::ReplicaPlaced(
-                        p.clone(),
-                    ));
-                for s in &shards {
-                    if !self.start_shard(&state, &p, s) {
-                        tracing::info!(node = %s.node_id, shard = %s.shard_id, "node not connected; it gets the start when it registers");
+                for start in &starts {
+                    if !self.send_start(start) {
+                        tracing::info!(node = %start.shard.node_id, shard = %start.shard.shard_id, "node not connected; it gets the start when it registers");
                     }
                 }
             }
@@ -257,7 +245,10 @@ impl ControlPlane {
                 .await?;
             }
             Action::Stop {
-                replica_id, reason, ..
+                replica_id,
+                reason,
+                shards,
+                ..
             } => {
                 // Decided (and fenced by the store) before any agent is
                 // told: a deposed leader's stop goes no further than its
@@ -266,45 +257,41 @@ impl ControlPlane {
                 self.execute(
                     &self.own(),
                     vec![Command::Replica(ReplicaCommand::Stop {
-                        replica_id: replica_id.clone(),
+                        replica_id,
                         reason,
                     })],
                 )
                 .await?;
-                if let Some(r) = state.replicas.replicas.get(&replica_id) {
-                    for s in &r.placement.shards {
-                        self.agents.send(
-                            &s.node_id,
-                            control_message::Msg::Stop(v1::StopShard {
-                                shard_id: s.shard_id.clone(),
-                            }),
-                        );
-                    }
+                for s in shards {
+                    self.agents.send(
+                        &s.node_id,
+                        control_message::Msg::Stop(v1::StopShard {
+                            shard_id: s.shard_id.into_string(),
+                        }),
+                    );
                 }
             }
             Action::Evict {
                 replica_id,
+                model,
                 for_model,
+                shards,
             } => {
                 tracing::info!(replica = %replica_id, model = %for_model, "evicting an idle replica to make room");
                 // Its model is wanted again only when asked again: else the
                 // room would go back to it, or it would evict in its turn.
-                if let Some(r) = state.replicas.replicas.get(&replica_id) {
-                    self.memory().rt.demand.remove(&r.placement.model);
-                }
-                self.drain(state, replica_id).await?;
+                self.memory().rt.demand.remove(&model);
+                self.drain(replica_id, shards).await?;
             }
-            Action::Drain { replica_id } => {
+            Action::Drain { replica_id, shards } => {
                 tracing::info!(replica = %replica_id, "draining");
-                self.drain(state, replica_id).await?;
+                self.drain(replica_id, shards).await?;
             }
             Action::FinishNodeDrain { node_id } => {
                 tracing::info!(node = %node_id, "drain finished; the node stays cordoned");
                 self.execute(
                     &self.own(),
-                    vec![Command::Node(NodeCommand::FinishDrain {
-                        node_id: node_id.clone(),
-                    })],
+                    vec![Command::Node(NodeCommand::FinishDrain { node_id })],
                 )
                 .await?;
             }
@@ -316,25 +303,21 @@ impl ControlPlane {
     /// work finish.
     async fn drain(
         &self,
-        state: &llmgw_domain::State,
-        replica_id: String,
+        replica_id: ReplicaId,
+        shards: Vec<ShardOnNode>,
     ) -> Result<(), crate::ControlError> {
         self.execute(
             &self.own(),
-            vec![Command::Replica(ReplicaCommand::Drain {
-                replica_id: replica_id.clone(),
-            })],
+            vec![Command::Replica(ReplicaCommand::Drain { replica_id })],
         )
         .await?;
-        if let Some(r) = state.replicas.replicas.get(&replica_id) {
-            for s in &r.placement.shards {
-                self.agents.send(
-                    &s.node_id,
-                    control_message::Msg::Drain(v1::DrainShard {
-                        shard_id: s.shard_id.clone(),
-                    }),
-                );
-            }
+        for s in shards {
+            self.agents.send(
+                &s.node_id,
+                control_message::Msg::Drain(v1::DrainShard {
+                    shard_id: s.shard_id.into_string(),
+                }),
+            );
         }
         Ok(())
     }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Command;
 use crate::catalog::CatalogCommand;
+use crate::ids::{NodeId, ReplicaId};
 use crate::join::JoinCommand;
 use crate::nodes::NodeCommand;
 use crate::replicas::ReplicaCommand;
@@ -203,7 +204,7 @@ impl Command {
     }
 }
 
-fn node_id(c: &NodeCommand) -> &str {
+fn node_id(c: &NodeCommand) -> &NodeId {
     match c {
         NodeCommand::Register { node_id, .. }
         | NodeCommand::ReportInventory { node_id, .. }
@@ -217,7 +218,7 @@ fn node_id(c: &NodeCommand) -> &str {
     }
 }
 
-fn replica_id(c: &ReplicaCommand) -> &str {
+fn replica_id(c: &ReplicaCommand) -> &ReplicaId {
     match c {
         ReplicaCommand::Place(p) | ReplicaCommand::Adopt(p) => &p.replica_id,
         ReplicaCommand::ReportShard { replica_id, .. }

@@ -73,11 +73,11 @@ impl Clocks {
             Event::Replica(ReplicaEvent::ReplicaDraining { replica_id }) => {
                 self.drain_since
                     .replicas
-                    .entry(replica_id.into())
+                    .entry(replica_id.clone())
                     .or_insert(at);
             }
             Event::Replica(ReplicaEvent::ReplicaPlaced(p)) => {
-                self.placed_at.insert(p.replica_id.as_str().into(), at);
+                self.placed_at.insert(p.replica_id.clone(), at);
             }
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
                 self.drain_since.replicas.remove(replica_id.as_str());
@@ -95,7 +95,7 @@ impl Clocks {
                 }
             }
             Event::Node(NodeEvent::NodeDrainRequested { node_id, .. }) => {
-                self.drain_since.nodes.entry(node_id.into()).or_insert(at);
+                self.drain_since.nodes.entry(node_id.clone()).or_insert(at);
             }
             Event::Node(
                 NodeEvent::NodeDrained { node_id }
@@ -152,7 +152,7 @@ mod tests {
             pool: "cpu".into(),
             fabric: None,
             shards: vec![ShardPlacement {
-                shard_id: format!("{id}-0"),
+                shard_id: format!("{id}-0").into(),
                 rank: 0,
                 node_id: "n1".into(),
                 gpu_indices: vec![],

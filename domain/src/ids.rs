@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 macro_rules! id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(transparent)]
         pub struct $name(String);
 
@@ -69,9 +69,22 @@ macro_rules! id {
             }
         }
 
+        // As the string: messages quote an id as they quoted its string.
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
             }
         }
 
@@ -118,5 +131,6 @@ mod tests {
         assert_eq!(map.get("r-1"), Some(&7));
         assert_eq!(id, "r-1");
         assert_eq!(id.to_string(), "r-1");
+        assert_eq!(format!("{id:?}"), "\"r-1\"", "quoted as its string was");
     }
 }

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::NodeId;
 use crate::nodes::{NodeEvent, Nodes};
 use crate::{Event, Millis, Rejection, UnixMillis};
 
@@ -32,11 +33,11 @@ pub struct Token {
     pub id: String,
     /// The node it may join as; None lets the node name itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_id: Option<String>,
+    pub node_id: Option<NodeId>,
     pub expires_at: UnixMillis,
     /// The node that used it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub used_by: Option<String>,
+    pub used_by: Option<NodeId>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,34 +48,34 @@ pub struct Joining {
     /// Node → the fingerprints (hex SHA-256 of the DER) of the
     /// certificates it got by joining.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub certificates: BTreeMap<String, Vec<String>>,
+    pub certificates: BTreeMap<NodeId, Vec<String>>,
     /// Nodes removed and not joined since: every certificate naming one
     /// is refused.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub removed: BTreeSet<String>,
+    pub removed: BTreeSet<NodeId>,
     /// Fingerprint → the node it was issued to, for certificates of nodes
     /// that were removed: refused for ever, a later join included.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub revoked: BTreeMap<String, String>,
+    pub revoked: BTreeMap<String, NodeId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JoinCommand {
     IssueToken {
         token_hash: String,
-        node_id: Option<String>,
+        node_id: Option<NodeId>,
         expires_at: UnixMillis,
         now: UnixMillis,
     },
     /// A node presents a token and gets `certificate` (its fingerprint).
     Redeem {
         token_hash: String,
-        node_id: String,
+        node_id: NodeId,
         certificate: String,
         now: UnixMillis,
     },
     /// The node leaves the cluster and its certificates are refused.
-    RemoveNode { node_id: String },
+    RemoveNode { node_id: NodeId },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,13 +85,13 @@ pub enum JoinEvent {
         token_id: String,
         token_hash: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        node_id: Option<String>,
+        node_id: Option<NodeId>,
         expires_at: UnixMillis,
     },
     /// The token was used: single use, so this is its last event.
     NodeJoined {
         token_id: String,
-        node_id: String,
+        node_id: NodeId,
         /// The fingerprint of the certificate the node got.
         certificate: String,
     },

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::Rejection;
+use crate::ids::NodeId;
 
 /// One GPU as the agent saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,7 +75,7 @@ pub enum Reachability {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
-    pub id: String,
+    pub id: NodeId,
     pub inventory: Inventory,
     pub reachability: Reachability,
     pub cordoned: bool,
@@ -92,40 +93,40 @@ impl Node {
 pub enum NodeCommand {
     /// A (re-)registration carrying the full inventory.
     Register {
-        node_id: String,
+        node_id: NodeId,
         inventory: Inventory,
     },
     /// The inventory as re-read while running.
     ReportInventory {
-        node_id: String,
+        node_id: NodeId,
         inventory: Inventory,
     },
     /// A heartbeat arrived: revives an unreachable or lost node.
     Heartbeat {
-        node_id: String,
+        node_id: NodeId,
     },
     MarkUnreachable {
-        node_id: String,
+        node_id: NodeId,
     },
     MarkLost {
-        node_id: String,
+        node_id: NodeId,
     },
     Cordon {
-        node_id: String,
+        node_id: NodeId,
         by: String,
         reason: String,
     },
     Uncordon {
-        node_id: String,
+        node_id: NodeId,
         by: String,
     },
     Drain {
-        node_id: String,
+        node_id: NodeId,
         by: String,
     },
     /// Nothing live is left on a draining node: it stays cordoned.
     FinishDrain {
-        node_id: String,
+        node_id: NodeId,
     },
 }
 
@@ -133,50 +134,50 @@ pub enum NodeCommand {
 #[serde(tag = "type", content = "data")]
 pub enum NodeEvent {
     NodeRegistered {
-        node_id: String,
+        node_id: NodeId,
         inventory: Inventory,
     },
     NodeInventoryChanged {
-        node_id: String,
+        node_id: NodeId,
         inventory: Inventory,
     },
     NodeUnreachable {
-        node_id: String,
+        node_id: NodeId,
     },
     NodeLost {
-        node_id: String,
+        node_id: NodeId,
     },
     NodeRecovered {
-        node_id: String,
+        node_id: NodeId,
     },
     NodeCordoned {
-        node_id: String,
+        node_id: NodeId,
         by: String,
         reason: String,
     },
     NodeUncordoned {
-        node_id: String,
+        node_id: NodeId,
         by: String,
     },
     NodeDrainRequested {
-        node_id: String,
+        node_id: NodeId,
         by: String,
     },
     NodeDrained {
-        node_id: String,
+        node_id: NodeId,
     },
     /// An operator removed the node: it leaves the cluster (its replicas
     /// are rebuilt elsewhere) and its certificates are refused; the
     /// fingerprints are those it got by joining (`crate::join`).
     NodeRemoved {
-        node_id: String,
+        node_id: NodeId,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         certificates: Vec<String>,
     },
 }
 
 impl NodeEvent {
-    pub fn node_id(&self) -> &str {
+    pub fn node_id(&self) -> &NodeId {
         match self {
             NodeEvent::NodeRegistered { node_id, .. }
             | NodeEvent::NodeInventoryChanged { node_id, .. }
@@ -195,7 +196,7 @@ impl NodeEvent {
 /// Every node the log knows of.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Nodes {
-    pub nodes: BTreeMap<String, Node>,
+    pub nodes: BTreeMap<NodeId, Node>,
 }
 
 impl Nodes {

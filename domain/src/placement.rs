@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Model, Profile};
+use crate::ids::{NodeId, ReplicaId, ShardId};
 use crate::nodes::{Node, Nodes, Reachability};
 use crate::replicas::{Placement, Replicas, ShardPlacement};
 
@@ -30,7 +31,7 @@ impl Default for PlaceOptions {
 /// One node's verdict for one profile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
-    pub node: String,
+    pub node: NodeId,
     pub fits: bool,
     /// Why it was refused, or what it offers when it fits.
     pub reason: String,
@@ -86,8 +87,8 @@ struct Used<'a> {
 /// stop not yet carried out): its GPUs and port stay taken until it is gone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
-    pub node_id: String,
-    pub replica_id: String,
+    pub node_id: NodeId,
+    pub replica_id: ReplicaId,
     pub port: u16,
     pub gpus: Vec<u32>,
 }
@@ -433,7 +434,7 @@ pub fn place(
     nodes: &Nodes,
     replicas: &Replicas,
     held: &[Held],
-    replica_id: &str,
+    replica_id: &ReplicaId,
     options: PlaceOptions,
 ) -> Explanation {
     decide(model, nodes, replicas, held, replica_id, options, true)
@@ -447,7 +448,7 @@ pub fn place_quiet(
     nodes: &Nodes,
     replicas: &Replicas,
     held: &[Held],
-    replica_id: &str,
+    replica_id: &ReplicaId,
     options: PlaceOptions,
 ) -> Option<Placement> {
     decide(model, nodes, replicas, held, replica_id, options, false).chosen
@@ -460,7 +461,7 @@ fn decide(
     nodes: &Nodes,
     replicas: &Replicas,
     held: &[Held],
-    replica_id: &str,
+    replica_id: &ReplicaId,
     options: PlaceOptions,
     explain: bool,
 ) -> Explanation {
@@ -564,14 +565,14 @@ fn offer(fit: &Fit<'_>) -> String {
 }
 
 fn shard(
-    replica_id: &str,
+    replica_id: &ReplicaId,
     rank: u32,
     fit: &Fit<'_>,
     hcas: Vec<String>,
     profile: &Profile,
 ) -> ShardPlacement {
     ShardPlacement {
-        shard_id: format!("{replica_id}-{rank}"),
+        shard_id: ShardId::from(format!("{replica_id}-{rank}")),
         rank,
         node_id: fit.node.id.clone(),
         gpu_indices: fit.take.clone(),
@@ -589,7 +590,7 @@ fn single_node(
     model: &Model,
     profile: &Profile,
     fits: Vec<Fit<'_>>,
-    replica_id: &str,
+    replica_id: &ReplicaId,
 ) -> Result<Placement, String> {
     // Weights on disk first (a fetch costs minutes), then: GPU replicas
     // bin-pack onto the fullest node that fits, keeping whole nodes free for
@@ -621,7 +622,7 @@ fn single_node(
         }
     );
     Ok(Placement {
-        replica_id: replica_id.to_owned(),
+        replica_id: replica_id.clone(),
         model: model.name.clone(),
         profile: profile.name.clone(),
         profile_fp: profile.fingerprint(),
@@ -636,7 +637,7 @@ fn multi_node(
     model: &Model,
     profile: &Profile,
     fits: Vec<Fit<'_>>,
-    replica_id: &str,
+    replica_id: &ReplicaId,
     candidates: &mut [Candidate],
 ) -> Result<Placement, String> {
     let want = profile.nodes as usize;
@@ -700,7 +701,7 @@ fn multi_node(
         .collect();
     let names: Vec<&str> = members.iter().map(|f| f.node.id.as_str()).collect();
     Ok(Placement {
-        replica_id: replica_id.to_owned(),
+        replica_id: replica_id.clone(),
         model: model.name.clone(),
         profile: profile.name.clone(),
         profile_fp: profile.fingerprint(),

@@ -9,15 +9,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
 use crate::State;
 use crate::catalog::Model;
 use crate::clocks::Drains;
-use crate::ids::ReplicaId;
+use crate::ids::{NodeId, ReplicaId, ShardId};
 use crate::nodes::Reachability;
 use crate::placement::{self, Explanation, Held, PlaceOptions};
-use crate::replicas::{Placement, Replica, ReplicaStatus};
+use crate::registration::{self, Start};
+use crate::replicas::{Placement, Replica, ReplicaStatus, ShardPlacement};
 use crate::{Millis, UnixMillis};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,40 +62,88 @@ pub struct Runtime {
     /// Draining replicas whose engines were seen with nothing running or
     /// waiting since their drain began: they stop without waiting out the
     /// grace.
-    pub idle: BTreeSet<String>,
+    pub idle: BTreeSet<ReplicaId>,
     /// Processes agents report that the log no longer counts as live.
     pub held: Vec<Held>,
     /// Live replica → when it was placed, read from the log.
     pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What one action's messages to agents need, decided with the plan so
+/// that the executor sends what it is told and reads no state of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Append `ReplicaPlaced`, then start the shards, rank 0 first.
-    Place(Placement),
+    /// Append `ReplicaPlaced`, then send `starts`, one per shard, rank 0
+    /// first (it holds the rendezvous the others join).
+    Place {
+        placement: Placement,
+        starts: Vec<Start>,
+    },
     /// A shard's node is lost: the replica cannot serve.
-    Fail { replica_id: String, reason: String },
+    Fail {
+        replica_id: ReplicaId,
+        reason: String,
+    },
     /// Append `ReplicaStopped`, then stop every shard (the append is
     /// fenced: a deposed leader's stop goes no further).
     Stop {
-        replica_id: String,
+        replica_id: ReplicaId,
         reason: String,
         /// Whether this stop follows a failure (the model backs off).
         failed: bool,
+        /// Where the stops go.
+        shards: Vec<ShardOnNode>,
     },
-    /// Take the replica out of routing and let in-flight work finish.
-    Drain { replica_id: String },
+    /// Take the replica out of routing and let in-flight work finish:
+    /// append `ReplicaDraining`, then tell each shard's node.
+    Drain {
+        replica_id: ReplicaId,
+        shards: Vec<ShardOnNode>,
+    },
     /// A draining node has nothing live left on it.
-    FinishNodeDrain { node_id: String },
+    FinishNodeDrain { node_id: NodeId },
     /// Take an idle replica out of routing to make room for an on-demand
     /// model that fits nowhere else: drained like any other (it stops as
     /// soon as its engine is idle), after which `for_model` is placed. The
-    /// executor forgets the victim's model's demand, so that it is wanted
-    /// again only when asked again.
+    /// executor forgets the demand for `model` (the victim's), so that it
+    /// is wanted again only when asked again.
     Evict {
-        replica_id: String,
+        replica_id: ReplicaId,
+        model: String,
         for_model: String,
+        shards: Vec<ShardOnNode>,
     },
+}
+
+/// One shard of a replica and the node it runs on: where a stop or a
+/// drain is sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardOnNode {
+    pub node_id: NodeId,
+    pub shard_id: ShardId,
+}
+
+/// The shards of `placement`, in its order, with their nodes.
+pub fn shards_of(placement: &Placement) -> Vec<ShardOnNode> {
+    placement
+        .shards
+        .iter()
+        .map(|s| ShardOnNode {
+            node_id: s.node_id.clone(),
+            shard_id: s.shard_id.clone(),
+        })
+        .collect()
+}
+
+/// The starts of a new placement's shards, rank 0 first; empty when its
+/// model or profile is not in `state`'s catalog.
+pub fn starts_of(state: &State, placement: &Placement) -> Vec<Start> {
+    let mut shards: Vec<&ShardPlacement> = placement.shards.iter().collect();
+    shards.sort_by_key(|s| s.rank);
+    shards
+        .into_iter()
+        .filter_map(|s| registration::start(state, placement, s))
+        .collect()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -164,7 +211,7 @@ fn on_lost_node(state: &State, r: &Replica) -> Option<String> {
         })
 }
 
-fn on_draining_node(state: &State, r: &Replica) -> Option<String> {
+fn on_draining_node(state: &State, r: &Replica) -> Option<NodeId> {
     r.placement.shards.iter().find_map(|s| {
         state
             .nodes
@@ -184,14 +231,14 @@ fn on_draining_node(state: &State, r: &Replica) -> Option<String> {
 /// use is not idle) but not for `evict_idle_ms`. The longest idle goes
 /// first. None while any replica drains: one eviction at a time, so that
 /// a second victim is not taken while the first one's GPUs are freed.
-fn evictable(
+fn evictable<'a>(
     state: &State,
-    replicas: &crate::replicas::Replicas,
+    replicas: &'a crate::replicas::Replicas,
     rt: &Runtime,
     settings: &Settings,
     model: &Model,
-    new_id: &str,
-) -> Option<String> {
+    new_id: &ReplicaId,
+) -> Option<&'a Replica> {
     // Wanted because it was asked for (not for its minimum): the request
     // may still be waiting, however long ago it was made.
     if !model.on_demand() || !rt.demand.contains_key(&model.name) {
@@ -240,7 +287,7 @@ fn evictable(
             new_id,
             settings.place,
         )
-        .map(|_| victim.placement.replica_id.clone())
+        .map(|_| victim)
     })
 }
 
@@ -249,10 +296,10 @@ pub fn plan(
     state: &State,
     rt: &Runtime,
     settings: &Settings,
-    mut new_id: impl FnMut(&Model) -> String,
+    mut new_id: impl FnMut(&Model) -> ReplicaId,
 ) -> Plan {
     let mut plan = Plan::default();
-    let mut touched: BTreeSet<String> = BTreeSet::new();
+    let mut touched: BTreeSet<ReplicaId> = BTreeSet::new();
     // A model whose replica failed waits out its backoff before a rebuild,
     // starting with this pass.
     let mut failing: BTreeSet<String> = BTreeSet::new();
@@ -268,6 +315,7 @@ pub fn plan(
                 replica_id: id.clone(),
                 reason: "its model or profile left the catalog".into(),
                 failed: false,
+                shards: shards_of(&r.placement),
             });
             touched.insert(id.clone());
             continue;
@@ -279,6 +327,7 @@ pub fn plan(
                     replica_id: id.clone(),
                     reason: "failed; it is rebuilt".into(),
                     failed: true,
+                    shards: shards_of(&r.placement),
                 });
                 touched.insert(id.clone());
             }
@@ -301,6 +350,7 @@ pub fn plan(
                         replica_id: id.clone(),
                         reason: reason.into(),
                         failed: false,
+                        shards: shards_of(&r.placement),
                     });
                     touched.insert(id.clone());
                 }
@@ -376,13 +426,18 @@ pub fn plan(
                     placed_now
                         .get_or_insert_with(|| state.replicas.clone())
                         .evolve(&crate::replicas::ReplicaEvent::ReplicaPlaced(p.clone()));
-                    plan.actions.push(Action::Place(p));
+                    plan.actions.push(Action::Place {
+                        starts: starts_of(state, &p),
+                        placement: p,
+                    });
                 }
                 None => {
                     if let Some(victim) = evictable(state, replicas, rt, settings, model, &id) {
                         plan.actions.push(Action::Evict {
-                            replica_id: victim,
+                            replica_id: victim.placement.replica_id.clone(),
+                            model: victim.placement.model.clone(),
                             for_model: model.name.clone(),
+                            shards: shards_of(&victim.placement),
                         });
                     }
                     plan.unplaced.push(placement::place(
@@ -417,6 +472,7 @@ pub fn plan(
             if ready_keep >= want || rt.now - since >= settings.drain_grace_ms {
                 plan.actions.push(Action::Drain {
                     replica_id: first.placement.replica_id.clone(),
+                    shards: shards_of(&first.placement),
                 });
             }
         } else if keep.len() as u32 > want {
@@ -430,6 +486,7 @@ pub fn plan(
             if let Some(v) = victim {
                 plan.actions.push(Action::Drain {
                     replica_id: v.placement.replica_id.clone(),
+                    shards: shards_of(&v.placement),
                 });
             }
         }

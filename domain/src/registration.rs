@@ -73,7 +73,7 @@ pub struct Stop {
 
 /// Everything a start message is built from: the replica, the shard, what
 /// it runs and where rank 0 listens.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Start {
     pub placement: Placement,
     pub shard: ShardPlacement,
@@ -123,8 +123,8 @@ pub fn plan(
     let mut seen = BTreeSet::new();
     for rs in running {
         seen.insert(rs.shard_id.as_str());
-        match state.replicas.replicas.get(rs.replica_id.as_str()) {
-            Some(r) if r.is_live() && r.shards.contains_key(rs.shard_id.as_str()) => {
+        match state.replicas.replicas.get(&rs.replica_id) {
+            Some(r) if r.is_live() && r.shards.contains_key(&rs.shard_id) => {
                 if let Some(s) = rs.state {
                     plan.commands.push(report(rs, s));
                 }
@@ -149,7 +149,7 @@ pub fn plan(
     }
     for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
         for shard in r.shards.values() {
-            if *node != *shard.placement.node_id || seen.contains(shard.placement.shard_id.as_str())
+            if *node != shard.placement.node_id || seen.contains(shard.placement.shard_id.as_str())
             {
                 continue;
             }
@@ -231,9 +231,9 @@ pub fn adopted_placement(shards: &[(NodeId, RunningShard)]) -> Option<Placement>
     let mut out: Vec<ShardPlacement> = shards
         .iter()
         .map(|(node, s)| ShardPlacement {
-            shard_id: s.shard_id.to_string(),
+            shard_id: s.shard_id.clone(),
             rank: s.rank,
-            node_id: node.to_string(),
+            node_id: node.clone(),
             gpu_indices: s.gpu_indices.clone(),
             hcas: s.hcas.clone(),
             port: s.port,
@@ -242,7 +242,7 @@ pub fn adopted_placement(shards: &[(NodeId, RunningShard)]) -> Option<Placement>
         .collect();
     out.sort_by_key(|s| s.rank);
     Some(Placement {
-        replica_id: first.replica_id.to_string(),
+        replica_id: first.replica_id.clone(),
         model: first.model.clone(),
         profile: first.profile.clone(),
         profile_fp: first.profile_fp.clone(),
@@ -263,8 +263,8 @@ fn in_catalog(state: &State, rs: &RunningShard) -> bool {
 
 fn report(rs: &RunningShard, state: ShardState) -> Command {
     Command::Replica(ReplicaCommand::ReportShard {
-        replica_id: rs.replica_id.to_string(),
-        shard_id: rs.shard_id.to_string(),
+        replica_id: rs.replica_id.clone(),
+        shard_id: rs.shard_id.clone(),
         state,
         error: None,
         exit_code: None,
@@ -278,8 +278,8 @@ fn stop(node: &NodeId, rs: &RunningShard, why: StopReason) -> Stop {
         shard_id: rs.shard_id.clone(),
         why,
         held: Held {
-            node_id: node.to_string(),
-            replica_id: rs.replica_id.to_string(),
+            node_id: node.clone(),
+            replica_id: rs.replica_id.clone(),
             port: rs.port,
             gpus: rs.gpu_indices.clone(),
         },

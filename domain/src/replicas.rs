@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::Rejection;
+use crate::ids::{NodeId, ReplicaId, ShardId};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -25,9 +26,9 @@ pub enum ShardState {
 /// Where one rank of a replica runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardPlacement {
-    pub shard_id: String,
+    pub shard_id: ShardId,
     pub rank: u32,
-    pub node_id: String,
+    pub node_id: NodeId,
     #[serde(default)]
     pub gpu_indices: Vec<u32>,
     #[serde(default)]
@@ -45,7 +46,7 @@ fn is_zero(v: &u64) -> bool {
 /// A placement decision, with the reason it was made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
-    pub replica_id: String,
+    pub replica_id: ReplicaId,
     pub model: String,
     pub profile: String,
     pub profile_fp: String,
@@ -79,7 +80,7 @@ pub struct Shard {
 pub struct Replica {
     pub placement: Placement,
     pub status: ReplicaStatus,
-    pub shards: BTreeMap<String, Shard>,
+    pub shards: BTreeMap<ShardId, Shard>,
     /// Adopted after a control-plane restart rather than placed by it.
     pub adopted: bool,
 }
@@ -97,8 +98,8 @@ pub enum ReplicaCommand {
     /// Shards an agent reports running after a control-plane restart.
     Adopt(Placement),
     ReportShard {
-        replica_id: String,
-        shard_id: String,
+        replica_id: ReplicaId,
+        shard_id: ShardId,
         state: ShardState,
         error: Option<String>,
         exit_code: Option<i32>,
@@ -106,14 +107,14 @@ pub enum ReplicaCommand {
     },
     /// The replica cannot serve (a shard's node is lost).
     Fail {
-        replica_id: String,
+        replica_id: ReplicaId,
         reason: String,
     },
     Drain {
-        replica_id: String,
+        replica_id: ReplicaId,
     },
     Stop {
-        replica_id: String,
+        replica_id: ReplicaId,
         reason: String,
     },
 }
@@ -124,8 +125,8 @@ pub enum ReplicaEvent {
     ReplicaPlaced(Placement),
     ReplicaAdopted(Placement),
     ShardStateChanged {
-        replica_id: String,
-        shard_id: String,
+        replica_id: ReplicaId,
+        shard_id: ShardId,
         state: ShardState,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
@@ -135,23 +136,23 @@ pub enum ReplicaEvent {
         log_tail: Option<String>,
     },
     ReplicaReady {
-        replica_id: String,
+        replica_id: ReplicaId,
     },
     ReplicaFailed {
-        replica_id: String,
+        replica_id: ReplicaId,
         reason: String,
     },
     ReplicaDraining {
-        replica_id: String,
+        replica_id: ReplicaId,
     },
     ReplicaStopped {
-        replica_id: String,
+        replica_id: ReplicaId,
         reason: String,
     },
 }
 
 impl ReplicaEvent {
-    pub fn replica_id(&self) -> &str {
+    pub fn replica_id(&self) -> &ReplicaId {
         match self {
             ReplicaEvent::ReplicaPlaced(p) | ReplicaEvent::ReplicaAdopted(p) => &p.replica_id,
             ReplicaEvent::ShardStateChanged { replica_id, .. }
@@ -165,7 +166,7 @@ impl ReplicaEvent {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Replicas {
-    pub replicas: BTreeMap<String, Replica>,
+    pub replicas: BTreeMap<ReplicaId, Replica>,
 }
 
 /// The longest log tail kept in an event: enough to see why a process died.

@@ -176,14 +176,14 @@ impl Gateway {
             .iter()
             .cloned()
             .chain(view.endpoints.values().map(|e| EndpointSpec {
-                id: e.replica_id.clone(),
+                id: e.replica_id.to_string(),
                 url: e.url.clone(),
                 models: vec![e.model.clone()],
                 pool: e.pool.clone(),
                 weight: e.weight.max(1),
                 priority: e.priority,
                 engine: engine_kind(e.engine),
-                node: view.node_of(&e.replica_id).map(str::to_owned),
+                node: view.node_of(&e.replica_id).map(ToString::to_string),
                 api_key: None,
             }))
             .collect();

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Catalog;
+use llmgw_domain::ids::{NodeId, ReplicaId};
 use llmgw_domain::join::Joining;
 use llmgw_domain::nodes::Nodes;
 use llmgw_domain::replicas::Replicas;
@@ -19,9 +20,9 @@ pub struct ClusterView {
     pub nodes: Nodes,
     pub replicas: Replicas,
     /// Node → GPU index → the live replica holding it.
-    pub allocations: BTreeMap<String, BTreeMap<u32, String>>,
+    pub allocations: BTreeMap<NodeId, BTreeMap<u32, ReplicaId>>,
     /// Fabric → the nodes attached to it.
-    pub fabrics: BTreeMap<String, BTreeSet<String>>,
+    pub fabrics: BTreeMap<String, BTreeSet<NodeId>>,
     /// Join tokens, the certificates nodes got by joining, and the deny
     /// list of removed nodes' certificates, checked when a stream opens.
     #[serde(default, skip_serializing_if = "Joining::is_empty")]
@@ -29,7 +30,7 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
-    fn reallocate(&mut self, replica_id: &str) {
+    fn reallocate(&mut self, replica_id: &ReplicaId) {
         for gpus in self.allocations.values_mut() {
             gpus.retain(|_, r| r != replica_id);
         }
@@ -42,14 +43,14 @@ impl ClusterView {
             for s in &r.placement.shards {
                 let gpus = self.allocations.entry(s.node_id.clone()).or_default();
                 for g in &s.gpu_indices {
-                    gpus.insert(*g, replica_id.to_owned());
+                    gpus.insert(*g, replica_id.clone());
                 }
             }
         }
         self.allocations.retain(|_, gpus| !gpus.is_empty());
     }
 
-    fn refabric(&mut self, node_id: &str) {
+    fn refabric(&mut self, node_id: &NodeId) {
         for members in self.fabrics.values_mut() {
             members.remove(node_id);
         }
@@ -58,7 +59,7 @@ impl ClusterView {
                 self.fabrics
                     .entry(f.fabric.clone())
                     .or_default()
-                    .insert(node_id.to_owned());
+                    .insert(node_id.clone());
             }
         }
         self.fabrics.retain(|_, m| !m.is_empty());

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use llmgw_domain::Event;
 use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Price};
+use llmgw_domain::ids::{NodeId, ReplicaId};
 use llmgw_domain::nodes::NodeEvent;
 use llmgw_domain::replicas::{Placement, ReplicaEvent};
 use serde::{Deserialize, Serialize};
@@ -36,7 +37,7 @@ pub struct RouterModel {
 /// A ready replica's rank 0, where requests go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Endpoint {
-    pub replica_id: String,
+    pub replica_id: ReplicaId,
     pub model: String,
     pub url: String,
     pub pool: String,
@@ -54,14 +55,14 @@ pub struct Endpoint {
 pub struct RouterView {
     pub models: BTreeMap<String, RouterModel>,
     pub aliases: BTreeMap<String, String>,
-    pub endpoints: BTreeMap<String, Endpoint>,
+    pub endpoints: BTreeMap<ReplicaId, Endpoint>,
     /// What endpoints are derived from.
-    placements: BTreeMap<String, Placement>,
+    placements: BTreeMap<ReplicaId, Placement>,
     /// Model → profile → what an endpoint of it carries.
     profiles: BTreeMap<String, BTreeMap<String, ProfileFacts>>,
-    node_addrs: BTreeMap<String, String>,
-    lost_nodes: std::collections::BTreeSet<String>,
-    ready: std::collections::BTreeSet<String>,
+    node_addrs: BTreeMap<NodeId, String>,
+    lost_nodes: std::collections::BTreeSet<NodeId>,
+    ready: std::collections::BTreeSet<ReplicaId>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,12 +127,9 @@ impl RouterView {
 
     /// The node a placed replica's rank 0 runs on (where its endpoint
     /// answers), for labelling the endpoint's metrics.
-    pub fn node_of(&self, replica_id: &str) -> Option<&str> {
+    pub fn node_of(&self, replica_id: &str) -> Option<&NodeId> {
         let p = self.placements.get(replica_id)?;
-        p.shards
-            .iter()
-            .find(|s| s.rank == 0)
-            .map(|s| s.node_id.as_str())
+        p.shards.iter().find(|s| s.rank == 0).map(|s| &s.node_id)
     }
 
     fn remove_model(&mut self, name: &str) {
@@ -161,7 +159,7 @@ impl RouterView {
                 .node_addrs
                 .get(&rank0.node_id)
                 .cloned()
-                .unwrap_or_else(|| rank0.node_id.clone());
+                .unwrap_or_else(|| rank0.node_id.to_string());
             let facts = self.profiles.get(&p.model).and_then(|m| m.get(&p.profile));
             endpoints.insert(
                 id.clone(),

@@ -59,7 +59,7 @@ fn setup_events() -> Vec<Event> {
     }
     for n in 0..50 {
         out.push(Event::Node(NodeEvent::NodeRegistered {
-            node_id: format!("n{n}"),
+            node_id: format!("n{n}").into(),
             inventory: Inventory {
                 hostname: format!("n{n}"),
                 ..Inventory::default()
@@ -103,9 +103,13 @@ fn generated(i: u64) -> Event {
         // Churn: nodes going unreachable and coming back.
         let node_id = format!("n{}", i / 500 % 50);
         return if (i / 500).is_multiple_of(2) {
-            Event::Node(NodeEvent::NodeUnreachable { node_id })
+            Event::Node(NodeEvent::NodeUnreachable {
+                node_id: node_id.into(),
+            })
         } else {
-            Event::Node(NodeEvent::NodeRecovered { node_id })
+            Event::Node(NodeEvent::NodeRecovered {
+                node_id: node_id.into(),
+            })
         };
     }
     let k = i % KEYS;

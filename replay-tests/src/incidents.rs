@@ -345,7 +345,7 @@ fn place(id: &str, model_name: &str, shards: &[(&str, Vec<u32>)], state: &State)
             .iter()
             .enumerate()
             .map(|(rank, (node, gpus))| ShardPlacement {
-                shard_id: format!("{id}-{rank}"),
+                shard_id: format!("{id}-{rank}").into(),
                 rank: rank as u32,
                 node_id: (*node).into(),
                 gpu_indices: gpus.clone(),
@@ -365,7 +365,7 @@ fn place(id: &str, model_name: &str, shards: &[(&str, Vec<u32>)], state: &State)
 fn shard(replica: &str, rank: u32, state: ShardState, error: Option<&str>) -> Command {
     Command::Replica(ReplicaCommand::ReportShard {
         replica_id: replica.into(),
-        shard_id: format!("{replica}-{rank}"),
+        shard_id: format!("{replica}-{rank}").into(),
         state,
         error: error.map(Into::into),
         exit_code: error.map(|_| 1),

@@ -232,16 +232,16 @@ fn gpu(index: u32) -> Gpu {
 fn placement(r: u64) -> Placement {
     let node = format!("n{}", r % NODES);
     Placement {
-        replica_id: format!("r-{r:04}"),
+        replica_id: format!("r-{r:04}").into(),
         model: format!("model-{}", r % MODELS),
         profile: "p".into(),
         profile_fp: "fp".into(),
         pool: "default".into(),
         fabric: None,
         shards: vec![ShardPlacement {
-            shard_id: format!("r-{r:04}-0"),
+            shard_id: format!("r-{r:04}-0").into(),
             rank: 0,
-            node_id: node,
+            node_id: node.into(),
             gpu_indices: vec![0],
             hcas: Vec::new(),
             port: 8000,
@@ -275,7 +275,7 @@ fn setup_events() -> Vec<(Event, Value)> {
     for n in 0..NODES {
         out.push((
             Event::Node(NodeEvent::NodeRegistered {
-                node_id: format!("n{n}"),
+                node_id: format!("n{n}").into(),
                 inventory: Inventory {
                     hostname: format!("n{n}"),
                     gpus: (0..8).map(gpu).collect(),
@@ -360,9 +360,13 @@ fn generated(i: u64) -> (Event, Value) {
         // Churn: nodes going unreachable and coming back.
         let node_id = format!("n{}", i / 500 % NODES);
         let e = if (i / 500).is_multiple_of(2) {
-            NodeEvent::NodeUnreachable { node_id }
+            NodeEvent::NodeUnreachable {
+                node_id: node_id.into(),
+            }
         } else {
-            NodeEvent::NodeRecovered { node_id }
+            NodeEvent::NodeRecovered {
+                node_id: node_id.into(),
+            }
         };
         return (Event::Node(e), leader());
     }
@@ -370,8 +374,8 @@ fn generated(i: u64) -> (Event, Value) {
         let r = i / 500 % REPLICAS;
         return (
             Event::Replica(ReplicaEvent::ShardStateChanged {
-                replica_id: format!("r-{r:04}"),
-                shard_id: format!("r-{r:04}-0"),
+                replica_id: format!("r-{r:04}").into(),
+                shard_id: format!("r-{r:04}-0").into(),
                 state: ShardState::Ready,
                 error: None,
                 exit_code: None,

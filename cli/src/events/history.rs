@@ -107,7 +107,7 @@ fn render(out: &mut impl Write, view: &str, p: &Projections) -> anyhow::Result<(
             for n in p.cluster.nodes.nodes.values() {
                 let allocated = p.cluster.allocations.get(&n.id).map_or(0, |a| a.len());
                 t.row(vec![
-                    n.id.clone(),
+                    n.id.to_string(),
                     format!("{:?}", n.reachability).to_lowercase(),
                     n.inventory.gpus.len().to_string(),
                     allocated.to_string(),
@@ -127,7 +127,7 @@ fn render(out: &mut impl Write, view: &str, p: &Projections) -> anyhow::Result<(
                     .map(|s| format!("{}:{:?}", s.placement.node_id, s.state).to_lowercase())
                     .collect();
                 t.row(vec![
-                    r.placement.replica_id.clone(),
+                    r.placement.replica_id.to_string(),
                     r.placement.model.clone(),
                     format!("{:?}", r.status).to_lowercase(),
                     shards.join(" "),

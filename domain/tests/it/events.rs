@@ -28,30 +28,38 @@ pub(crate) fn every_event() -> Vec<Event> {
             name: "llama".into(),
         }),
         Event::Node(NodeEvent::NodeRegistered {
-            node_id: node(),
+            node_id: node().into(),
             inventory: crate::nodes::inventory(2),
         }),
         Event::Node(NodeEvent::NodeInventoryChanged {
-            node_id: node(),
+            node_id: node().into(),
             inventory: crate::nodes::inventory(4),
         }),
-        Event::Node(NodeEvent::NodeUnreachable { node_id: node() }),
-        Event::Node(NodeEvent::NodeLost { node_id: node() }),
-        Event::Node(NodeEvent::NodeRecovered { node_id: node() }),
+        Event::Node(NodeEvent::NodeUnreachable {
+            node_id: node().into(),
+        }),
+        Event::Node(NodeEvent::NodeLost {
+            node_id: node().into(),
+        }),
+        Event::Node(NodeEvent::NodeRecovered {
+            node_id: node().into(),
+        }),
         Event::Node(NodeEvent::NodeCordoned {
-            node_id: node(),
+            node_id: node().into(),
             by: "ops".into(),
             reason: "fan".into(),
         }),
         Event::Node(NodeEvent::NodeUncordoned {
-            node_id: node(),
+            node_id: node().into(),
             by: "ops".into(),
         }),
         Event::Node(NodeEvent::NodeDrainRequested {
-            node_id: node(),
+            node_id: node().into(),
             by: "ops".into(),
         }),
-        Event::Node(NodeEvent::NodeDrained { node_id: node() }),
+        Event::Node(NodeEvent::NodeDrained {
+            node_id: node().into(),
+        }),
         Event::Replica(ReplicaEvent::ReplicaPlaced(crate::replicas::placement(
             "r1",
             &[("a", vec![0], 20000)],
@@ -61,21 +69,25 @@ pub(crate) fn every_event() -> Vec<Event> {
             &[("b", vec![0], 20000)],
         ))),
         Event::Replica(ReplicaEvent::ShardStateChanged {
-            replica_id: rid(),
+            replica_id: rid().into(),
             shard_id: "r1-0".into(),
             state: ShardState::Failed,
             error: Some("oom".into()),
             exit_code: Some(137),
             log_tail: Some("killed".into()),
         }),
-        Event::Replica(ReplicaEvent::ReplicaReady { replica_id: rid() }),
+        Event::Replica(ReplicaEvent::ReplicaReady {
+            replica_id: rid().into(),
+        }),
         Event::Replica(ReplicaEvent::ReplicaFailed {
-            replica_id: rid(),
+            replica_id: rid().into(),
             reason: "shard failed".into(),
         }),
-        Event::Replica(ReplicaEvent::ReplicaDraining { replica_id: rid() }),
+        Event::Replica(ReplicaEvent::ReplicaDraining {
+            replica_id: rid().into(),
+        }),
         Event::Replica(ReplicaEvent::ReplicaStopped {
-            replica_id: rid(),
+            replica_id: rid().into(),
             reason: "scale down".into(),
         }),
         Event::Tenancy(TenancyEvent::OrgCreated {
@@ -182,18 +194,18 @@ pub(crate) fn every_event() -> Vec<Event> {
             reason: "no key key-1".into(),
         }),
         Event::Node(NodeEvent::NodeRemoved {
-            node_id: node(),
+            node_id: node().into(),
             certificates: vec!["ab".repeat(32)],
         }),
         Event::Join(JoinEvent::JoinTokenIssued {
             token_id: "abababababab".into(),
             token_hash: "ab".repeat(32),
-            node_id: Some(node()),
+            node_id: Some(node().into()),
             expires_at: llmgw_domain::UnixMillis(1_700_000_000_000),
         }),
         Event::Join(JoinEvent::NodeJoined {
             token_id: "abababababab".into(),
-            node_id: node(),
+            node_id: node().into(),
             certificate: "cd".repeat(32),
         }),
         Event::Tenancy(TenancyEvent::ThreadsSet {

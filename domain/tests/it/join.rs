@@ -21,7 +21,7 @@ fn issue(state: &mut State, n: u8, node: Option<&str>, now: i64, ttl: i64) {
         state,
         C::IssueToken {
             token_hash: hash(n),
-            node_id: node.map(str::to_owned),
+            node_id: node.map(Into::into),
             expires_at: UnixMillis(now + ttl),
             now: UnixMillis(now),
         },

@@ -37,7 +37,7 @@ fn a_cordon_survives_re_registration_and_heartbeats() {
         run(
             &mut n,
             C::Register {
-                node_id: id(),
+                node_id: id().into(),
                 inventory: inventory(8)
             }
         )
@@ -47,24 +47,42 @@ fn a_cordon_survives_re_registration_and_heartbeats() {
     run(
         &mut n,
         C::Cordon {
-            node_id: id(),
+            node_id: id().into(),
             by: "ops".into(),
             reason: "bad fan".into(),
         },
     );
-    run(&mut n, C::MarkUnreachable { node_id: id() });
-    assert!(!n.nodes[&id()].schedulable());
+    run(
+        &mut n,
+        C::MarkUnreachable {
+            node_id: id().into(),
+        },
+    );
+    assert!(!n.nodes[id().as_str()].schedulable());
     // The agent comes back: registration and heartbeat revive it, cordon stays.
     let back = run(
         &mut n,
         C::Register {
-            node_id: id(),
+            node_id: id().into(),
             inventory: inventory(8),
         },
     );
-    assert_eq!(back, vec![E::NodeRecovered { node_id: id() }]);
-    assert_eq!(run(&mut n, C::Heartbeat { node_id: id() }), vec![]);
-    let node = &n.nodes[&id()];
+    assert_eq!(
+        back,
+        vec![E::NodeRecovered {
+            node_id: id().into()
+        }]
+    );
+    assert_eq!(
+        run(
+            &mut n,
+            C::Heartbeat {
+                node_id: id().into()
+            }
+        ),
+        vec![]
+    );
+    let node = &n.nodes[id().as_str()];
     assert_eq!(
         (node.reachability, node.cordoned),
         (Reachability::Ready, true)
@@ -73,14 +91,14 @@ fn a_cordon_survives_re_registration_and_heartbeats() {
         run(
             &mut n,
             C::Uncordon {
-                node_id: id(),
+                node_id: id().into(),
                 by: "ops".into()
             }
         )
         .len(),
         1
     );
-    assert!(n.nodes[&id()].schedulable());
+    assert!(n.nodes[id().as_str()].schedulable());
 }
 
 #[test]
@@ -90,7 +108,7 @@ fn only_real_changes_become_events() {
     run(
         &mut n,
         C::Register {
-            node_id: id(),
+            node_id: id().into(),
             inventory: inventory(2),
         },
     );
@@ -98,7 +116,7 @@ fn only_real_changes_become_events() {
         run(
             &mut n,
             C::Register {
-                node_id: id(),
+                node_id: id().into(),
                 inventory: inventory(2)
             }
         ),
@@ -108,7 +126,7 @@ fn only_real_changes_become_events() {
         run(
             &mut n,
             C::ReportInventory {
-                node_id: id(),
+                node_id: id().into(),
                 inventory: inventory(2)
             }
         ),
@@ -117,7 +135,7 @@ fn only_real_changes_become_events() {
     let changed = run(
         &mut n,
         C::ReportInventory {
-            node_id: id(),
+            node_id: id().into(),
             inventory: inventory(4),
         },
     );
@@ -126,7 +144,7 @@ fn only_real_changes_become_events() {
         run(
             &mut n,
             C::Cordon {
-                node_id: id(),
+                node_id: id().into(),
                 by: "a".into(),
                 reason: String::new()
             }
@@ -138,7 +156,7 @@ fn only_real_changes_become_events() {
         run(
             &mut n,
             C::Cordon {
-                node_id: id(),
+                node_id: id().into(),
                 by: "a".into(),
                 reason: String::new()
             }
@@ -146,10 +164,25 @@ fn only_real_changes_become_events() {
         vec![]
     );
     assert_eq!(
-        run(&mut n, C::MarkLost { node_id: id() }),
-        vec![E::NodeLost { node_id: id() }]
+        run(
+            &mut n,
+            C::MarkLost {
+                node_id: id().into()
+            }
+        ),
+        vec![E::NodeLost {
+            node_id: id().into()
+        }]
     );
-    assert_eq!(run(&mut n, C::MarkUnreachable { node_id: id() }), vec![]);
+    assert_eq!(
+        run(
+            &mut n,
+            C::MarkUnreachable {
+                node_id: id().into()
+            }
+        ),
+        vec![]
+    );
 }
 
 #[test]
@@ -159,14 +192,14 @@ fn drain_cordons_and_cannot_be_undone_by_uncordon() {
     run(
         &mut n,
         C::Register {
-            node_id: id(),
+            node_id: id().into(),
             inventory: inventory(2),
         },
     );
     let events = run(
         &mut n,
         C::Drain {
-            node_id: id(),
+            node_id: id().into(),
             by: "ops".into(),
         },
     );
@@ -176,7 +209,7 @@ fn drain_cordons_and_cannot_be_undone_by_uncordon() {
     ));
     let r = n
         .decide(C::Uncordon {
-            node_id: id(),
+            node_id: id().into(),
             by: "ops".into(),
         })
         .unwrap_err();

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_domain::catalog::{Engine, Model, Profile};
+use llmgw_domain::ids::ReplicaId;
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, Node, Nodes, Reachability};
 use llmgw_domain::placement::{Explanation, PlaceOptions, place, place_quiet};
 use llmgw_domain::replicas::{ReplicaEvent, Replicas};
@@ -113,7 +114,7 @@ fn the_highest_priority_profile_that_fits_wins_and_explain_says_why_others_did_n
         &n,
         &Replicas::default(),
         &[],
-        "r1",
+        &ReplicaId::from("r1"),
         PlaceOptions::default(),
     );
     assert_eq!(e.profiles[0].profile, "tp8", "tried first for its priority");
@@ -159,7 +160,7 @@ fn every_per_node_constraint_has_its_reason() {
         &n,
         &Replicas::default(),
         &[],
-        "r1",
+        &ReplicaId::from("r1"),
         PlaceOptions::default(),
     );
     assert_eq!(reason(&e, "cordoned"), "cordoned");
@@ -179,7 +180,7 @@ fn every_per_node_constraint_has_its_reason() {
         &n,
         &Replicas::default(),
         &[],
-        "r1",
+        &ReplicaId::from("r1"),
         PlaceOptions::default(),
     );
     assert!(
@@ -195,7 +196,7 @@ fn every_per_node_constraint_has_its_reason() {
         &n,
         &Replicas::default(),
         &[],
-        "r1",
+        &ReplicaId::from("r1"),
         PlaceOptions::default(),
     );
     assert_eq!(
@@ -218,7 +219,7 @@ fn weights_on_disk_excuse_the_disk_rule_and_are_preferred() {
         &nodes(vec![other, holder]),
         &Replicas::default(),
         &[],
-        "r1",
+        &ReplicaId::from("r1"),
         PlaceOptions::default(),
     );
     let chosen = e.chosen.expect("placed");
@@ -236,7 +237,14 @@ fn single_node_replicas_bin_pack_and_never_share_a_gpu_or_port() {
     let mut r = Replicas::default();
     let mut seen = Vec::new();
     for i in 0..6 {
-        let e = place(&m, &n, &r, &[], &format!("r{i}"), PlaceOptions::default());
+        let e = place(
+            &m,
+            &n,
+            &r,
+            &[],
+            &format!("r{i}").into(),
+            PlaceOptions::default(),
+        );
         let s = e.chosen.clone().expect("fits").shards[0].clone();
         seen.push((s.node_id.clone(), s.gpu_indices.clone(), s.port));
         placed(&mut r, &e);
@@ -247,7 +255,14 @@ fn single_node_replicas_bin_pack_and_never_share_a_gpu_or_port() {
     assert_eq!(seen[2].0, "a");
     assert_eq!(seen[1].1, vec![2, 3]);
     assert_eq!(seen[1].2, 20001, "a second port on the same node");
-    let e = place(&m, &n, &r, &[], "r9", PlaceOptions::default());
+    let e = place(
+        &m,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r9"),
+        PlaceOptions::default(),
+    );
     assert!(e.chosen.is_none(), "12 GPUs hold 6 tp2 replicas");
     assert!(reason(&e, "a").contains("held by r"), "{}", reason(&e, "a"));
 }
@@ -271,7 +286,7 @@ fn a_multi_node_replica_stays_on_one_fabric_and_takes_only_its_adapters() {
         &n,
         &Replicas::default(),
         &[],
-        "r1",
+        &ReplicaId::from("r1"),
         PlaceOptions::default(),
     );
     let p = e.chosen.clone().expect("two nodes on ib-y");
@@ -304,14 +319,28 @@ fn cpu_replicas_spread_and_respect_memory() {
     let m = model(vec![p]);
     let n = nodes(vec![small, big, node("big2", vec![], &[])]);
     let mut r = Replicas::default();
-    let e = place(&m, &n, &r, &[], "r1", PlaceOptions::default());
+    let e = place(
+        &m,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r1"),
+        PlaceOptions::default(),
+    );
     assert!(
         reason(&e, "small").contains("needs 16000 MB of RAM"),
         "{}",
         reason(&e, "small")
     );
     placed(&mut r, &e);
-    let e2 = place(&m, &n, &r, &[], "r2", PlaceOptions::default());
+    let e2 = place(
+        &m,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r2"),
+        PlaceOptions::default(),
+    );
     let (a, b) = (
         e.chosen.expect("1").shards[0].node_id.clone(),
         e2.chosen.expect("2").shards[0].node_id.clone(),
@@ -330,10 +359,24 @@ fn a_tp_group_stays_inside_one_nvlink_domain() {
     let n = nodes(vec![node("a", gpus, &[])]);
     let mut r = Replicas::default();
     let m2 = model(vec![profile("tp2", Some("h100-80g"), 2, 1)]);
-    let first = place(&m2, &n, &r, &[], "r1", PlaceOptions::default());
+    let first = place(
+        &m2,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r1"),
+        PlaceOptions::default(),
+    );
     placed(&mut r, &first);
     let m4 = model(vec![profile("tp4", Some("h100-80g"), 4, 1)]);
-    let e = place(&m4, &n, &r, &[], "r2", PlaceOptions::default());
+    let e = place(
+        &m4,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r2"),
+        PlaceOptions::default(),
+    );
     assert_eq!(
         e.chosen.expect("fits").shards[0].gpu_indices,
         vec![4, 5, 6, 7]
@@ -429,9 +472,9 @@ proptest! {
         for (i, ps) in models.iter().enumerate() {
             let m = model(ps.clone());
             for k in 0..3 {
-                let e = place(&m, &c.nodes, &replicas, &[], &format!("r{i}-{k}"), PlaceOptions::default());
+                let e = place(&m, &c.nodes, &replicas, &[], &format!("r{i}-{k}").into(), PlaceOptions::default());
                 // The reconciler places quietly; it must choose as explain does.
-                let quiet = place_quiet(&m, &c.nodes, &replicas, &[], &format!("r{i}-{k}"), PlaceOptions::default());
+                let quiet = place_quiet(&m, &c.nodes, &replicas, &[], &format!("r{i}-{k}").into(), PlaceOptions::default());
                 prop_assert_eq!(&quiet, &e.chosen, "the quiet placement chose otherwise");
                 let Some(p) = e.chosen.clone() else { break };
                 let profile = m.profiles.iter().find(|x| x.name == p.profile).expect("its profile");

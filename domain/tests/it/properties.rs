@@ -61,23 +61,29 @@ fn node() -> impl Strategy<Value = Command> {
     let id = || name("n", 3);
     prop_oneof![
         (id(), 1u32..4).prop_map(|(node_id, g)| Command::Node(NodeCommand::Register {
-            node_id,
+            node_id: node_id.into(),
             inventory: crate::nodes::inventory(g)
         })),
-        id().prop_map(|node_id| Command::Node(NodeCommand::Heartbeat { node_id })),
-        id().prop_map(|node_id| Command::Node(NodeCommand::MarkUnreachable { node_id })),
-        id().prop_map(|node_id| Command::Node(NodeCommand::MarkLost { node_id })),
+        id().prop_map(|node_id| Command::Node(NodeCommand::Heartbeat {
+            node_id: node_id.into()
+        })),
+        id().prop_map(|node_id| Command::Node(NodeCommand::MarkUnreachable {
+            node_id: node_id.into()
+        })),
+        id().prop_map(|node_id| Command::Node(NodeCommand::MarkLost {
+            node_id: node_id.into()
+        })),
         id().prop_map(|node_id| Command::Node(NodeCommand::Cordon {
-            node_id,
+            node_id: node_id.into(),
             by: "ops".into(),
             reason: String::new()
         })),
         id().prop_map(|node_id| Command::Node(NodeCommand::Uncordon {
-            node_id,
+            node_id: node_id.into(),
             by: "ops".into()
         })),
         id().prop_map(|node_id| Command::Node(NodeCommand::Drain {
-            node_id,
+            node_id: node_id.into(),
             by: "ops".into()
         })),
     ]
@@ -107,17 +113,19 @@ fn replica() -> impl Strategy<Value = Command> {
             }),
         (name("r", 4), state, any::<bool>()).prop_map(|(id, state, err)| Command::Replica(
             ReplicaCommand::ReportShard {
-                shard_id: format!("{id}-0"),
-                replica_id: id,
+                shard_id: format!("{id}-0").into(),
+                replica_id: id.into(),
                 state,
                 error: err.then(|| "boom".to_string()),
                 exit_code: None,
                 log_tail: None,
             }
         )),
-        name("r", 4).prop_map(|replica_id| Command::Replica(ReplicaCommand::Drain { replica_id })),
+        name("r", 4).prop_map(|replica_id| Command::Replica(ReplicaCommand::Drain {
+            replica_id: replica_id.into()
+        })),
         name("r", 4).prop_map(|replica_id| Command::Replica(ReplicaCommand::Stop {
-            replica_id,
+            replica_id: replica_id.into(),
             reason: "test".into()
         })),
     ]

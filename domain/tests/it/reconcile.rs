@@ -1,8 +1,11 @@
 //! The reconciler's plan: what a pass does for a given cluster.
 
 use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
-use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
-use llmgw_domain::reconcile::{Action, Backoff, Runtime, Settings, backoff, desired, plan};
+use llmgw_domain::ids::{ReplicaId, ShardId};
+use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, NodeEvent};
+use llmgw_domain::reconcile::{
+    Action, Backoff, Runtime, Settings, ShardOnNode, backoff, desired, plan,
+};
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::{Event, State, UnixMillis};
 
@@ -48,14 +51,16 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
     for _ in 0..20 {
         let p = plan(state, rt, &Settings::default(), |_| {
             let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            format!("r{n:05}")
+            format!("r{n:05}").into()
         });
         if p.actions.is_empty() {
             break;
         }
         for a in &p.actions {
             let events = match a {
-                Action::Place(p) => vec![ReplicaEvent::ReplicaPlaced(p.clone())],
+                Action::Place { placement, .. } => {
+                    vec![ReplicaEvent::ReplicaPlaced(placement.clone())]
+                }
                 Action::Fail { replica_id, reason } => vec![ReplicaEvent::ReplicaFailed {
                     replica_id: replica_id.clone(),
                     reason: reason.clone(),
@@ -66,8 +71,8 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
                     replica_id: replica_id.clone(),
                     reason: reason.clone(),
                 }],
-                Action::Drain { replica_id } | Action::Evict { replica_id, .. } => {
-                    rt.drain_since.replicas.insert(replica_id.into(), rt.now);
+                Action::Drain { replica_id, .. } | Action::Evict { replica_id, .. } => {
+                    rt.drain_since.replicas.insert(replica_id.clone(), rt.now);
                     vec![ReplicaEvent::ReplicaDraining {
                         replica_id: replica_id.clone(),
                     }]
@@ -90,7 +95,7 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
 }
 
 fn ready_all(state: &mut State) {
-    let ids: Vec<(String, String)> = state
+    let ids: Vec<(ReplicaId, ShardId)> = state
         .replicas
         .replicas
         .values()
@@ -228,11 +233,13 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
         node_id: node.clone(),
         by: "ops".into(),
     }));
-    rt.drain_since.nodes.insert(node.as_str().into(), rt.now);
+    rt.drain_since.nodes.insert(node.clone(), rt.now);
     let p = plan(&s, &rt, &Settings::default(), |_| "r900".into());
     assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
-    assert!(matches!(&p.actions[0], Action::Place(pl) if pl.shards[0].node_id != node));
-    if let Action::Place(pl) = &p.actions[0] {
+    assert!(
+        matches!(&p.actions[0], Action::Place { placement, .. } if placement.shards[0].node_id != node)
+    );
+    if let Action::Place { placement: pl, .. } = &p.actions[0] {
         s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
     }
     // Not ready yet: the original keeps serving.
@@ -243,7 +250,11 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
     assert_eq!(
         p.actions,
         vec![Action::Drain {
-            replica_id: original.clone()
+            replica_id: original.clone(),
+            shards: vec![ShardOnNode {
+                node_id: node.clone(),
+                shard_id: format!("{original}-0").into(),
+            }],
         }]
     );
     let actions = settle(&mut s, &mut rt);
@@ -261,8 +272,8 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
     );
     rt.demand.insert("chat".into(), UnixMillis(0));
     let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
-    assert!(matches!(&p.actions[..], [Action::Place(_)]));
-    if let Action::Place(pl) = &p.actions[0] {
+    assert!(matches!(&p.actions[..], [Action::Place { .. }]));
+    if let Action::Place { placement: pl, .. } = &p.actions[0] {
         s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
     }
     ready_all(&mut s);
@@ -271,7 +282,11 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
     assert_eq!(
         p.actions,
         vec![Action::Drain {
-            replica_id: "r1".into()
+            replica_id: "r1".into(),
+            shards: vec![ShardOnNode {
+                node_id: "a".into(),
+                shard_id: "r1-0".into(),
+            }],
         }]
     );
     s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
@@ -327,7 +342,7 @@ fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter() {
     // Once the time has come, it is placed and no longer held back.
     rt.now = UnixMillis(5);
     let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
-    assert!(matches!(&p.actions[..], [Action::Place(_)]));
+    assert!(matches!(&p.actions[..], [Action::Place { .. }]));
     assert!(p.backing_off.is_empty());
 }
 
@@ -399,7 +414,7 @@ fn full_node() -> State {
     let mut rt = Runtime::default();
     rt.demand.insert("old".into(), UnixMillis(0));
     let p = plan(&s, &rt, &Settings::default(), |_| "r-old".into());
-    let [Action::Place(pl)] = &p.actions[..] else {
+    let [Action::Place { placement: pl, .. }] = &p.actions[..] else {
         panic!("{:?}", p.actions)
     };
     s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
@@ -438,7 +453,12 @@ fn an_idle_on_demand_replica_is_evicted_for_one_asked_for_which_then_serves() {
         p.actions,
         vec![Action::Evict {
             replica_id: "r-old".into(),
-            for_model: "new".into()
+            model: "old".into(),
+            for_model: "new".into(),
+            shards: vec![ShardOnNode {
+                node_id: "a".into(),
+                shard_id: "r-old-0".into(),
+            }],
         }]
     );
     assert_eq!(p.unplaced.len(), 1, "new fits nowhere until old is gone");
@@ -464,7 +484,7 @@ fn an_idle_on_demand_replica_is_evicted_for_one_asked_for_which_then_serves() {
     }));
     let p = plan(&s, &rt, &settings, |_| "r-new".into());
     assert!(
-        matches!(&p.actions[..], [Action::Place(pl)] if pl.model == "new"),
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.model == "new"),
         "{:?}",
         p.actions
     );
@@ -509,5 +529,122 @@ fn a_busy_fresh_unused_adopted_or_always_on_replica_is_never_evicted() {
     assert_eq!(
         evictions(&s, &asked(ten_minutes, 1_000), &settings).len(),
         1
+    );
+}
+
+/// Two nodes on one fabric and a model whose profile spans both.
+fn two_node_cluster() -> State {
+    let mut s = State::default();
+    let mut m = Model::named("big");
+    m.scaling.min = 1;
+    let mut p = Profile::cpu("tp2", Engine::Vllm);
+    p.gpu_class = Some("h100-80g".into());
+    p.tp = 2;
+    p.nodes = 2;
+    p.gpus_per_node = 1;
+    m.profiles = vec![p];
+    s.evolve(&Event::Catalog(CatalogEvent::ModelAdded { model: m }));
+    for (id, addr) in [("n1", "10.0.0.1"), ("n2", "10.0.0.2")] {
+        s.evolve(&Event::Node(NodeEvent::NodeRegistered {
+            node_id: id.into(),
+            inventory: Inventory {
+                hostname: format!("{id}.example"),
+                mgmt_addr: addr.into(),
+                gpus: vec![Gpu {
+                    index: 0,
+                    uuid: format!("GPU-{id}"),
+                    class: "h100-80g".into(),
+                    memory_mb: 81_559,
+                    nvlink_peers: vec![],
+                    problems: vec![],
+                }],
+                fabrics: vec![FabricAttachment {
+                    fabric: "ib".into(),
+                    hcas: vec!["mlx5_0".into()],
+                    rate_gbps: 200,
+                }],
+                memory_total_mb: 64_000,
+                disk_free_gb: Some(500),
+                engines: [("vllm".to_string(), "0.11.0".to_string())].into(),
+                ..Inventory::default()
+            },
+        }));
+    }
+    s
+}
+
+#[test]
+fn a_placement_carries_its_starts_rank_0_first_with_where_rank_0_listens() {
+    let s = two_node_cluster();
+    let p = plan(&s, &Runtime::default(), &Settings::default(), |_| {
+        "r1".into()
+    });
+    let [Action::Place { placement, starts }] = &p.actions[..] else {
+        panic!("{:?}", p.actions)
+    };
+    assert_eq!(placement.shards.len(), 2);
+    let ranks: Vec<u32> = starts.iter().map(|st| st.shard.rank).collect();
+    assert_eq!(ranks, vec![0, 1], "rank 0 holds the rendezvous");
+    let rank0 = &placement.shards.iter().find(|sh| sh.rank == 0).unwrap();
+    let rank0_addr = if rank0.node_id == "n1" {
+        "10.0.0.1"
+    } else {
+        "10.0.0.2"
+    };
+    for st in starts {
+        assert_eq!(&st.placement, placement);
+        assert_eq!(st.model.name, "big");
+        assert_eq!(st.profile.name, "tp2");
+        assert_eq!(st.leader_addr, rank0_addr, "every rank dials rank 0");
+        assert!(placement.shards.contains(&st.shard));
+    }
+}
+
+#[test]
+fn a_stop_and_a_drain_name_every_shard_with_its_node() {
+    let mut s = two_node_cluster();
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    let r = s.replicas.replicas.values().next().unwrap().clone();
+    let id = r.placement.replica_id.clone();
+    let expected: Vec<ShardOnNode> = r
+        .placement
+        .shards
+        .iter()
+        .map(|sh| ShardOnNode {
+            node_id: sh.node_id.clone(),
+            shard_id: sh.shard_id.clone(),
+        })
+        .collect();
+    assert_eq!(expected.len(), 2);
+    assert_ne!(expected[0].node_id, expected[1].node_id);
+    // Scaled to nothing: drained, on both nodes.
+    let mut none = s.clone();
+    let mut m = none.catalog.models["big"].clone();
+    m.scaling.min = 0;
+    none.evolve(&Event::Catalog(CatalogEvent::ModelUpdated { model: m }));
+    let p = plan(&none, &rt, &Settings::default(), |_| "r2".into());
+    assert_eq!(
+        p.actions,
+        vec![Action::Drain {
+            replica_id: id.clone(),
+            shards: expected.clone(),
+        }]
+    );
+    // Failed: stopped, on both nodes.
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaFailed {
+        replica_id: id.clone(),
+        reason: "exited".into(),
+    }));
+    let p = plan(&s, &rt, &Settings::default(), |_| "r2".into());
+    assert_eq!(
+        p.actions,
+        vec![Action::Stop {
+            replica_id: id,
+            reason: "failed; it is rebuilt".into(),
+            failed: true,
+            shards: expected,
+        }]
     );
 }

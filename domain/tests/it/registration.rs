@@ -41,7 +41,7 @@ fn placed(state: &mut State, id: &str, nodes: &[&str]) -> Placement {
             .iter()
             .enumerate()
             .map(|(rank, node)| ShardPlacement {
-                shard_id: format!("{id}-{rank}"),
+                shard_id: format!("{id}-{rank}").into(),
                 rank: rank as u32,
                 node_id: (*node).into(),
                 gpu_indices: vec![],
@@ -290,7 +290,7 @@ fn a_shard_that_had_got_further_and_is_not_running_has_failed() {
     let failed = |r: &str| {
         Command::Replica(ReplicaCommand::ReportShard {
             replica_id: r.into(),
-            shard_id: format!("{r}-0"),
+            shard_id: format!("{r}-0").into(),
             state: ShardState::Failed,
             error: Some(NOT_RUNNING.into()),
             exit_code: None,

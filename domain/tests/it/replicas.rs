@@ -15,7 +15,7 @@ pub(crate) fn placement(id: &str, nodes: &[(&str, Vec<u32>, u16)]) -> Placement 
             .iter()
             .enumerate()
             .map(|(rank, (node, gpus, port))| ShardPlacement {
-                shard_id: format!("{id}-{rank}"),
+                shard_id: format!("{id}-{rank}").into(),
                 rank: rank as u32,
                 node_id: (*node).into(),
                 gpu_indices: gpus.clone(),

@@ -901,7 +901,7 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
         pool: "cpu".into(),
         fabric: None,
         shards: vec![ShardPlacement {
-            shard_id: format!("{id}-0"),
+            shard_id: format!("{id}-0").into(),
             rank: 0,
             node_id: "n1".into(),
             gpu_indices: vec![],

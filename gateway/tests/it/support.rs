@@ -332,14 +332,14 @@ pub(crate) fn router_view(
     for (i, (model, addr)) in serving.iter().enumerate() {
         let id = format!("r{i}");
         apply(Event::Replica(ReplicaEvent::ReplicaPlaced(Placement {
-            replica_id: id.clone(),
+            replica_id: id.clone().into(),
             model: (*model).into(),
             profile: "sim".into(),
             profile_fp: fp.clone(),
             pool: "cpu".into(),
             fabric: None,
             shards: vec![ShardPlacement {
-                shard_id: format!("{id}-0"),
+                shard_id: format!("{id}-0").into(),
                 rank: 0,
                 node_id: "n1".into(),
                 gpu_indices: vec![],
@@ -350,7 +350,7 @@ pub(crate) fn router_view(
             why: "test".into(),
         })));
         apply(Event::Replica(ReplicaEvent::ReplicaReady {
-            replica_id: id,
+            replica_id: id.into(),
         }));
     }
     view

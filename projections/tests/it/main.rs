@@ -59,20 +59,20 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
     vec![
         Command::Catalog(CatalogCommand::AddModel(model.clone())),
         Command::Node(NodeCommand::Register {
-            node_id: node.clone(),
+            node_id: node.clone().into(),
             inventory,
         }),
         Command::Replica(ReplicaCommand::Place(Placement {
-            replica_id: replica.clone(),
+            replica_id: replica.clone().into(),
             model: model.name.clone(),
             profile: "h100x1".into(),
             profile_fp: fp,
             pool: "h100-80g".into(),
             fabric: None,
             shards: vec![ShardPlacement {
-                shard_id: format!("{replica}-0"),
+                shard_id: format!("{replica}-0").into(),
                 rank: 0,
-                node_id: node.clone(),
+                node_id: node.clone().into(),
                 gpu_indices: vec![0],
                 hcas: vec![],
                 port: 20000,
@@ -81,8 +81,8 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
             why: "test".into(),
         })),
         Command::Replica(ReplicaCommand::ReportShard {
-            replica_id: replica.clone(),
-            shard_id: format!("{replica}-0"),
+            replica_id: replica.clone().into(),
+            shard_id: format!("{replica}-0").into(),
             state: ShardState::Ready,
             error: None,
             exit_code: None,

@@ -135,7 +135,7 @@ pub(crate) fn nodes(c: &ClusterView, api: &[ApiNode]) -> Vec<NodeRow> {
         .map(|n| {
             let held = c.allocations.get(&n.id);
             NodeRow {
-                id: n.id.clone(),
+                id: n.id.to_string(),
                 hostname: n.inventory.hostname.clone(),
                 state: state_name(n.reachability),
                 ready: n.reachability == Reachability::Ready,
@@ -161,7 +161,7 @@ pub(crate) fn nodes(c: &ClusterView, api: &[ApiNode]) -> Vec<NodeRow> {
                         memory: fmt::gib(g.memory_mb),
                         holder: held
                             .and_then(|h| h.get(&g.index))
-                            .cloned()
+                            .map(ToString::to_string)
                             .unwrap_or_default(),
                         problems: g.problems.join("; "),
                     })
@@ -182,7 +182,7 @@ pub(crate) fn replicas(c: &ClusterView) -> Vec<ReplicaRow> {
             let mut shards: Vec<_> = r.shards.values().collect();
             shards.sort_by_key(|s| s.placement.rank);
             ReplicaRow {
-                id: r.placement.replica_id.clone(),
+                id: r.placement.replica_id.to_string(),
                 model: r.placement.model.clone(),
                 profile: r.placement.profile.clone(),
                 state: replica_state(r.status),
@@ -282,7 +282,7 @@ pub(crate) fn explanations(c: &ClusterView, place: PlaceOptions) -> Vec<Why> {
             } else {
                 return None;
             };
-            let e = placement::place(m, &c.nodes, &c.replicas, &[], "explain", place);
+            let e = placement::place(m, &c.nodes, &c.replicas, &[], &"explain".into(), place);
             Some(Why {
                 model: m.name.clone(),
                 headline,
@@ -299,7 +299,7 @@ pub(crate) fn explanations(c: &ClusterView, place: PlaceOptions) -> Vec<Why> {
                             .candidates
                             .into_iter()
                             .map(|c| CandidateRow {
-                                node: c.node,
+                                node: c.node.into_string(),
                                 fits: c.fits,
                                 reason: c.reason,
                             })

@@ -34,7 +34,7 @@ fn placement(replica: &str, node: &str, model: &str) -> Placement {
         pool: "default".into(),
         fabric: None,
         shards: vec![ShardPlacement {
-            shard_id: format!("{replica}-0"),
+            shard_id: format!("{replica}-0").into(),
             rank: 0,
             node_id: node.into(),
             gpu_indices: vec![0],
