@@ -18,6 +18,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::store::{FileEntry, Manifest, Store, check_segments};
 
+/// The sources an incoming directory's files come from.
+const SOURCES: &str = ".llmgw-sources.json";
+
 /// How far a fetch has got, shared with whoever lists it.
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
@@ -194,9 +197,25 @@ async fn fetch_locked(
         ));
     }
     let incoming = store.incoming_dir(m, v);
+    // What an earlier try left is resumed only if it came from the same
+    // sources: bytes of another file under the same name would be
+    // continued into a corrupt one.
+    let said = incoming.join(SOURCES);
+    let earlier: Option<Vec<String>> = tokio::fs::read(&said)
+        .await
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if earlier.as_deref() != Some(sources) && incoming.exists() {
+        tokio::fs::remove_dir_all(&incoming)
+            .await
+            .map_err(|e| format!("clearing {}: {e}", incoming.display()))?;
+    }
     tokio::fs::create_dir_all(&incoming)
         .await
         .map_err(|e| format!("creating {}: {e}", incoming.display()))?;
+    tokio::fs::write(&said, serde_json::to_vec(sources).unwrap_or_default())
+        .await
+        .map_err(|e| format!("writing {}: {e}", said.display()))?;
     let mut plan = Vec::new();
     for s in sources {
         let url = resolve(s)?;
@@ -242,6 +261,7 @@ async fn fetch_locked(
         fetched_at: super::store::now(),
         upstream_verified: all_published,
     };
+    let _ = tokio::fs::remove_file(&said).await;
     let text = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
     tokio::fs::write(incoming.join(super::store::MANIFEST), text)
         .await

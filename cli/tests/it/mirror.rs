@@ -39,7 +39,11 @@ struct Upstream {
     published: Arc<Mutex<HashMap<String, Value>>>,
     gate: Arc<tokio::sync::watch::Sender<bool>>,
     gated: Arc<Mutex<Vec<String>>>,
+    /// Paths whose next answer stops halfway through the body.
+    cut_once: Arc<Mutex<Vec<String>>>,
     hits: Arc<Mutex<HashMap<String, usize>>>,
+    /// Each request's path and Range header, in order.
+    asked: Arc<Mutex<Vec<String>>>,
     base: String,
 }
 
@@ -52,7 +56,9 @@ impl Upstream {
             published: Arc::default(),
             gate: Arc::new(tokio::sync::watch::channel(false).0),
             gated: Arc::default(),
+            cut_once: Arc::default(),
             hits: Arc::default(),
+            asked: Arc::default(),
             base,
         };
         let me = up.clone();
@@ -88,6 +94,20 @@ impl Upstream {
         self.gated.lock().unwrap().push(path);
     }
 
+    fn cut_once(&self, url: &str) {
+        let path = url.trim_start_matches(&self.base).to_owned();
+        self.cut_once.lock().unwrap().push(path);
+    }
+
+    fn asked(&self, url: &str) -> Vec<String> {
+        let path = url.trim_start_matches(&self.base);
+        let asked = self.asked.lock().unwrap();
+        asked
+            .iter()
+            .filter_map(|a| a.strip_prefix(path).map(|r| r.trim().to_owned()))
+            .collect()
+    }
+
     fn open(&self) {
         self.gate.send_replace(true);
     }
@@ -113,6 +133,18 @@ impl Upstream {
             .unwrap_or_default()
             .to_owned();
         *self.hits.lock().unwrap().entry(path.clone()).or_default() += 1;
+        let from = head
+            .lines()
+            .find_map(|l| {
+                l.to_lowercase()
+                    .strip_prefix("range: bytes=")
+                    .map(str::to_owned)
+            })
+            .and_then(|r| r.trim().trim_end_matches('-').parse::<usize>().ok());
+        self.asked.lock().unwrap().push(format!(
+            "{path} {}",
+            from.map(|f| format!("bytes={f}-")).unwrap_or_default()
+        ));
         let send = |status: &str, body: &[u8]| {
             format!(
                 "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -131,7 +163,30 @@ impl Upstream {
             let _ = sock.write_all(send("404 Not Found", b"").as_bytes()).await;
             return;
         };
+        if let Some(f) = from.filter(|f| *f < body.len()) {
+            let rest = &body[f..];
+            let head = format!(
+                "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {f}-{}/{}\r\nConnection: close\r\n\r\n",
+                rest.len(),
+                body.len() - 1,
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(rest).await;
+            let _ = sock.shutdown().await;
+            return;
+        }
         let _ = sock.write_all(send("200 OK", &body).as_bytes()).await;
+        let cut = {
+            let mut once = self.cut_once.lock().unwrap();
+            let at = once.iter().position(|p| *p == path);
+            at.map(|i| once.remove(i)).is_some()
+        };
+        if cut {
+            let _ = sock.write_all(&body[..body.len() / 2]).await;
+            let _ = sock.shutdown().await;
+            return;
+        }
         if self.gated.lock().unwrap().contains(&path) {
             let half = body.len() / 2;
             let _ = sock.write_all(&body[..half]).await;
@@ -470,6 +525,69 @@ async fn a_failed_fetch_keeps_its_reason_until_fetched_again() {
     })
     .await;
     assert!(held.get("reason").is_none(), "{held}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_fetch_resumes_when_asked_again_and_another_source_starts_over() {
+    let up = Upstream::start().await;
+    let body = pattern(128 * 1024, 9);
+    let source = up.hf("big.gguf", &body, Some(&sha(&body)));
+    up.cut_once(&source);
+    let dir = tempfile::tempdir().unwrap();
+    let mirror = start_mirror(dir.path(), &[]);
+    let models = format!("{}/v1/models", mirror.api);
+    let ask = json!({"source": source, "model": "m", "version": "v1"});
+    let wait = |state: &'static str| {
+        let api = mirror.api.clone();
+        async move {
+            until(state, || async {
+                let (_, s) = self::state(&api, "m", "v1").await;
+                (s["state"] == state).then_some(s)
+            })
+            .await
+        }
+    };
+    assert_eq!(post(&models, ask.clone()).await.0, 202);
+    let failed = wait("failed").await;
+    let kept = failed["bytes_done"].as_u64().unwrap();
+    assert!(kept > 0 && kept < body.len() as u64, "{failed}");
+    assert_eq!(post(&models, ask.clone()).await.0, 202);
+    let held = wait("present").await;
+    assert_eq!(held["files"][0]["sha256"], sha(&body));
+    assert_eq!(
+        up.asked(&source),
+        vec![String::new(), format!("bytes={kept}-")]
+    );
+
+    // The partial file of one source is never continued from another.
+    let other = pattern(128 * 1024, 10);
+    let (a, b) = (
+        up.hf("same.gguf", &body, Some(&sha(&body))),
+        format!("{}/org/repo/resolve/rev2/same.gguf", up.base),
+    );
+    up.files
+        .lock()
+        .unwrap()
+        .insert("/org/repo/resolve/rev2/same.gguf".into(), other.clone());
+    up.cut_once(&a);
+    let ask = |src: &str| json!({"source": src, "model": "n", "version": "v1"});
+    assert_eq!(post(&models, ask(&a)).await.0, 202);
+    until("the cut fetch fails", || async {
+        let (_, s) = state(&mirror.api, "n", "v1").await;
+        (s["state"] == "failed").then_some(())
+    })
+    .await;
+    assert_eq!(post(&models, ask(&b)).await.0, 202);
+    until("the other source is held", || async {
+        let (_, s) = state(&mirror.api, "n", "v1").await;
+        (s["state"] == "present").then_some(())
+    })
+    .await;
+    assert_eq!(up.asked(&b), vec![String::new()], "from the start");
+    assert_eq!(
+        std::fs::read(dir.path().join("n/v1/same.gguf")).unwrap(),
+        other
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
