@@ -1,7 +1,8 @@
 //! `llmgw ctl plan M`: whether a model fits each GPU class of the fleet,
 //! the smallest tensor- (then pipeline-) parallel split that does, and the
 //! catalog profile that matches it. The weights' shape comes from a local
-//! copy's `config.json` and `model.safetensors.index.json` (never from the
+//! copy's `config.json` and `model.safetensors.index.json`, or the same
+//! files of the mirror's version for a `mirror:` source (never from the
 //! internet); the classes from the nodes the control plane knows; the
 //! arithmetic from `llmgw_domain::sizing`.
 
@@ -27,6 +28,11 @@ pub(crate) struct PlanArgs {
     /// exact parameter count, model.safetensors.index.json.
     #[arg(long)]
     path: Option<PathBuf>,
+    /// The model mirror's byte path (its `serve --base`): a catalog source
+    /// mirror:<model>/<version>/<file> is read from that version's
+    /// config.json and index there.
+    #[arg(long, env = "LLMGW_MIRROR")]
+    mirror: Option<String>,
     /// The format the engine holds the weights in: bf16, fp16, fp8, int8,
     /// int4 (default: the checkpoint's).
     #[arg(long)]
@@ -61,11 +67,28 @@ fn fleet(nodes: &[api::NodeRow]) -> Vec<GpuClass> {
     by.into_values().collect()
 }
 
+/// Where the model's config.json and index are read.
+#[derive(Debug)]
+enum Origin {
+    Dir(PathBuf),
+    /// A version's URL on the mirror's byte path.
+    Mirror(String),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Dir(d) => write!(f, "{}", d.display()),
+            Origin::Mirror(u) => f.write_str(u),
+        }
+    }
+}
+
 /// The directory to read: --path, else the catalog's source when it is a
-/// path on this machine.
-fn model_dir(args: &PlanArgs, row: Option<&api::ModelRow>) -> anyhow::Result<PathBuf> {
+/// path on this machine or a file the mirror holds.
+fn model_dir(args: &PlanArgs, row: Option<&api::ModelRow>) -> anyhow::Result<Origin> {
     if let Some(p) = &args.path {
-        return Ok(p.clone());
+        return Ok(Origin::Dir(p.clone()));
     }
     let Some(row) = row else {
         bail!(
@@ -73,35 +96,76 @@ fn model_dir(args: &PlanArgs, row: Option<&api::ModelRow>) -> anyhow::Result<Pat
             args.model
         );
     };
+    if let Some(rest) = row.source.strip_prefix("mirror:") {
+        let Some((version, _file)) = rest.rsplit_once('/') else {
+            bail!("{}'s source {:?} names no file", row.name, row.source);
+        };
+        let Some(base) = &args.mirror else {
+            bail!(
+                "{}'s source {} is on the mirror: give --mirror URL (the mirror's --base)",
+                row.name,
+                row.source
+            );
+        };
+        return Ok(Origin::Mirror(format!(
+            "{}/{version}",
+            base.trim_end_matches('/')
+        )));
+    }
     let source = row.source.strip_prefix("file://").unwrap_or(&row.source);
     if source.starts_with('/') && Path::new(source).exists() {
-        return Ok(source.into());
+        return Ok(Origin::Dir(source.into()));
     }
     bail!(
-        "{}'s source {:?} is not a path on this machine: give --path DIR (a directory with its config.json); plan reads nothing from the internet",
+        "{}'s source {:?} is not a path on this machine (nor a mirror: file): give --path DIR (a directory with its config.json); plan reads nothing from the internet",
         row.name,
         row.source
     )
 }
 
-fn read_shape(dir: &Path) -> anyhow::Result<ModelShape> {
-    let read = |name: &str| -> anyhow::Result<Option<Value>> {
-        let p = dir.join(name);
-        match std::fs::read_to_string(&p) {
-            Ok(t) => Ok(Some(
-                serde_json::from_str(&t).with_context(|| format!("{} is not JSON", p.display()))?,
-            )),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("cannot read {}", p.display())),
+/// One JSON file of the model; None when it is not there.
+async fn read_json(origin: &Origin, name: &str) -> anyhow::Result<Option<Value>> {
+    let text = match origin {
+        Origin::Dir(dir) => {
+            let p = dir.join(name);
+            match std::fs::read_to_string(&p) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(e).with_context(|| format!("cannot read {}", p.display())),
+            }
+        }
+        Origin::Mirror(version) => {
+            let url = format!("{version}/{name}");
+            let resp = reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(30))
+                .no_proxy()
+                .build()?
+                .get(&url)
+                .send()
+                .await
+                .with_context(|| format!("cannot reach the mirror at {url}"))?;
+            if resp.status() == reqwest::StatusCode::NOT_FOUND {
+                return Ok(None);
+            }
+            if !resp.status().is_success() {
+                bail!("{url} answered {}", resp.status());
+            }
+            resp.text()
+                .await
+                .with_context(|| format!("reading {url}"))?
         }
     };
-    let config = read("config.json")?.with_context(|| {
-        format!(
-            "{} has no config.json (a GGUF file's shape is not read by plan)",
-            dir.display()
-        )
+    Ok(Some(
+        serde_json::from_str(&text).with_context(|| format!("{origin}/{name} is not JSON"))?,
+    ))
+}
+
+async fn read_shape(origin: &Origin) -> anyhow::Result<ModelShape> {
+    let config = read_json(origin, "config.json").await?.with_context(|| {
+        format!("{origin} has no config.json (a GGUF file's shape is not read by plan)")
     })?;
-    let index_bytes = read("model.safetensors.index.json")?
+    let index_bytes = read_json(origin, "model.safetensors.index.json")
+        .await?
         .and_then(|i| i.pointer("/metadata/total_size").and_then(Value::as_u64));
     Ok(ModelShape::from_config(&config, index_bytes)?)
 }
@@ -146,7 +210,7 @@ pub(crate) async fn run(admin: &str, json_out: bool, args: PlanArgs) -> anyhow::
         .iter()
         .find(|m| m.name == args.model || m.aliases.contains(&args.model));
     let dir = model_dir(&args, row)?;
-    let shape = read_shape(&dir)?;
+    let shape = read_shape(&dir).await?;
     let dtype = match &args.dtype {
         Some(d) => Dtype::parse(d)
             .with_context(|| format!("--dtype {d:?}: use bf16, fp16, fp8, int8 or int4"))?,
@@ -188,7 +252,7 @@ pub(crate) async fn run(admin: &str, json_out: bool, args: PlanArgs) -> anyhow::
         json_line(
             &mut out,
             &json!({
-                "model": args.model, "path": dir, "params": shape.params, "params_exact": shape.params_exact,
+                  "model": args.model, "path": dir.to_string(), "params": shape.params, "params_exact": shape.params_exact,
                 "dtype": dtype.name(), "weights_bytes": weights, "kv_bytes_per_token": kv_token,
                 "kv_tokens": room.kv_tokens, "utilization": room.utilization, "classes": classes,
             }),

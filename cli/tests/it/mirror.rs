@@ -201,14 +201,14 @@ impl Upstream {
     }
 }
 
-struct Mirror {
-    _child: Child,
+pub(crate) struct Mirror {
+    pub(crate) _child: Child,
     /// The byte path (also its --base).
-    bytes: String,
-    api: String,
+    pub(crate) bytes: String,
+    pub(crate) api: String,
 }
 
-fn start_mirror(dir: &std::path::Path, extra: &[&str]) -> Mirror {
+pub(crate) fn start_mirror(dir: &std::path::Path, extra: &[&str]) -> Mirror {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let listen = format!("127.0.0.1:{port}");

@@ -200,3 +200,39 @@ async fn plan_sizes_a_model_against_the_fleets_gpu_classes_and_the_catalog() {
         "{plan}"
     );
 }
+
+/// A catalog source on the mirror: plan reads the version's config.json
+/// and index from the mirror's byte path (--mirror), and says what to give
+/// when it is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_reads_a_mirrored_models_shape_from_the_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    let version = models.join("llama-8b").join("2026-03");
+    write_model(&version, 4096, 14336, 32, 32, 16_060_522_496);
+    std::fs::write(version.join("model-00001-of-00002.safetensors"), b"w").unwrap();
+    let mirror = super::mirror::start_mirror(&models, &[]);
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nagent_listen: \"127.0.0.1:{}\"\nstore: \"{store}\"\nmirror:\n  url: {}\nmodels:\n  - name: small\n    source: mirror:llama-8b/2026-03/model-00001-of-00002.safetensors\n    scaling: {{min: 0, max: 1}}\n",
+            free_port(),
+            mirror.bytes
+        ),
+    )
+    .unwrap();
+    let server = start_server(config.to_str().unwrap());
+    until("the catalog", || async {
+        let models = get(format!("{}/api/v1/models", server.admin)).await;
+        (models.as_array()?.len() == 1).then_some(())
+    })
+    .await;
+    let (_, plan, err) = plan_json(&server.admin, &["small", "--mirror", &mirror.bytes]);
+    assert_eq!(plan["params"], 8_030_261_248u64, "{plan} {err}");
+    assert_eq!(plan["params_exact"], true);
+    assert_eq!(plan["path"], format!("{}/llama-8b/2026-03", mirror.bytes));
+    let (ok, _, err) = ctl(&server.admin, &["plan", "small"]);
+    assert!(!ok && err.contains("--mirror"), "{err}");
+}
