@@ -179,6 +179,12 @@ async fn add(State(mirror): State<Arc<Mirror>>, body: axum::extract::Json<AddBod
     let mut names = Vec::new();
     for s in &sources {
         match resolve(s).and_then(|u| file_name(&u)) {
+            Ok(n) if names.contains(&n) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("two sources are both named {n}"),
+                );
+            }
             Ok(n) => names.push(n),
             Err(e) => return refuse(StatusCode::BAD_REQUEST, e),
         }

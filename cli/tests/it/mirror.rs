@@ -443,6 +443,16 @@ async fn a_second_request_for_a_version_joins_the_fetch_under_way() {
     )
     .await;
     assert_eq!(rival, 409, "{why}");
+    // Requests that could never be fetched are refused at once.
+    for bad in [
+        json!({"sources": [&source, &source], "model": "x", "version": "v1"}),
+        json!({"source": "ftp://example/x.gguf", "model": "x", "version": "v1"}),
+        json!({"source": &source, "model": "../x", "version": "v1"}),
+        json!({"source": "hf:org/repo", "model": "x", "version": "v1"}),
+    ] {
+        let (status, why) = post(&models, bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {why}");
+    }
     up.open();
     until("the version is held", || async {
         let (_, s) = state(&mirror.api, "emb", "v1").await;
