@@ -15,6 +15,7 @@ pub mod engines;
 pub mod fetch;
 pub mod join;
 pub mod metrics;
+pub mod provision;
 pub mod session;
 pub mod state_files;
 pub mod supervisor;

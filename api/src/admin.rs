@@ -34,6 +34,24 @@ pub struct NodeRow {
     /// The node's cards by class: how many and how much memory each.
     #[serde(default)]
     pub gpu_classes: Vec<GpuClassRow>,
+    /// The engines the node was asked to install (`engines:`), as it last
+    /// reported them; only the leader knows (empty on a standby).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub provision: Vec<ProvisionRow>,
+}
+
+/// One engine a node was asked to install.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProvisionRow {
+    pub engine: String,
+    pub version: String,
+    /// `cpu`, `cuda-12.8`.
+    pub variant: String,
+    /// installing | ready | failed | unsupported
+    pub state: String,
+    /// Progress, the reason for a failure, or the version the binary
+    /// printed.
+    pub detail: String,
 }
 
 /// Cards of one class on one node.

@@ -146,6 +146,17 @@ pub(crate) struct RunArgs {
     /// shards by state. Off unless given.
     #[arg(long, env = "LLMGW_AGENT_METRICS_LISTEN", value_parser = crate::server::listen_addr)]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+    /// Where engines the control plane asks for (`engines:` in the
+    /// server's file) are installed, as `<engine>/<version>-<variant>/`
+    /// (default /opt/llmgw/engines).
+    #[arg(long, env = "LLMGW_AGENT_ENGINES_DIR")]
+    pub(crate) engines_dir: Option<PathBuf>,
+    /// Install the OS packages a provisioned engine needs (libgomp) with
+    /// the node's package manager, waiting for its lock at most 10
+    /// minutes (default true); false leaves them to the operator, and a
+    /// missing library then fails the engine with its name.
+    #[arg(long, env = "LLMGW_AGENT_OS_PACKAGES", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) os_packages: Option<bool>,
     #[command(flatten)]
     #[serde(flatten)]
     pub(crate) engines: EngineArgs,
@@ -259,6 +270,10 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
             "--engine-log-retention-h must be 0 (for ever) or a positive number of hours"
         ),
     };
+    c.provision.root = a
+        .engines_dir
+        .unwrap_or_else(|| llmgw_agent::provision::DEFAULT_ROOT.into());
+    c.provision.system.install_packages = a.os_packages.unwrap_or(true);
     c.discovery = Options {
         nvidia_smi: a.nvidia_smi,
         skip_gpus: a.skip_gpus.unwrap_or(false),

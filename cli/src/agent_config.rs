@@ -44,6 +44,8 @@ pub(crate) struct AgentFile {
     pub recheck_s: Option<f64>,
     pub engine_log_retention_h: Option<f64>,
     pub metrics_listen: Option<String>,
+    pub engines_dir: Option<PathBuf>,
+    pub os_packages: Option<bool>,
     pub vllm_bin: Option<PathBuf>,
     pub vllm_launch_mode: Option<String>,
     pub ray_bin: Option<PathBuf>,
@@ -120,6 +122,9 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     a.stop_timeout_s.get_or_insert(30.0);
     a.recheck_s.get_or_insert(60.0);
     a.engine_log_retention_h.get_or_insert(168.0);
+    a.engines_dir
+        .get_or_insert_with(|| llmgw_agent::provision::DEFAULT_ROOT.into());
+    a.os_packages.get_or_insert(true);
     a.engines
         .vllm_launch_mode
         .get_or_insert_with(|| "ray".into());
@@ -197,6 +202,8 @@ fn merge(a: &mut RunArgs, f: AgentFile) -> Result<(), ConfigError> {
     or(&mut a.recheck_s, f.recheck_s);
     or(&mut a.engine_log_retention_h, f.engine_log_retention_h);
     or(&mut a.metrics_listen, metrics);
+    or(&mut a.engines_dir, f.engines_dir);
+    or(&mut a.os_packages, f.os_packages);
     let e = &mut a.engines;
     or(&mut e.vllm_bin, f.vllm_bin);
     or(&mut e.vllm_launch_mode, f.vllm_launch_mode);

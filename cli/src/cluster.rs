@@ -211,9 +211,25 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                     "FABRICS",
                     "REPLICAS",
                     "HEARTBEAT",
+                    "PROVISIONED",
                     "FLAGS",
                 ]);
+                // Why an engine is not ready, under the table: a reason
+                // is a sentence, too long for a column.
+                let mut notes = Vec::new();
                 for n in rows {
+                    for p in n.provision.iter().filter(|p| p.state != "ready") {
+                        notes.push(format!(
+                            "{}: {} {} {}: {}",
+                            n.id, p.engine, p.version, p.state, p.detail
+                        ));
+                    }
+                    let provisioned = n
+                        .provision
+                        .iter()
+                        .map(|p| format!("{} {} {}", p.engine, p.version, p.state))
+                        .collect::<Vec<_>>()
+                        .join(",");
                     let flags = [yes(n.cordoned, "cordoned"), yes(n.draining, "draining")]
                         .into_iter()
                         .filter(|f| !f.is_empty())
@@ -233,10 +249,14 @@ pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow:
                         n.replicas.to_string(),
                         n.last_heartbeat_s
                             .map_or("-".into(), |s| format!("{s:.1}s ago")),
+                        provisioned,
                         flags,
                     ]);
                 }
                 t.print(&mut out)?;
+                for note in notes {
+                    writeln!(out, "{note}")?;
+                }
             }
         }
         ClusterCommand::Models => {

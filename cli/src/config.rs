@@ -49,6 +49,9 @@ pub(crate) struct FileConfig {
     /// The catalog: these models win over the store's.
     #[serde(default)]
     pub models: Vec<Model>,
+    /// Engines every node installs itself (llama.cpp).
+    #[serde(default)]
+    pub engines: crate::engines_config::EnginesSection,
     /// Mutual TLS on the agent listener (`llmgw ctl cert` makes the files).
     pub tls: Option<TlsSection>,
     /// HTTPS on the client listener.

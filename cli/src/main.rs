@@ -11,6 +11,7 @@ mod cluster;
 mod config;
 mod convo_settings;
 mod ctl;
+mod engines_config;
 mod events;
 mod gateway_settings;
 mod init;

@@ -118,6 +118,8 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
             (file.control.is_set(), "control.*"),
             // Only agents fetch from it, and only the control plane has agents.
             (file.mirror.is_some(), "mirror"),
+            // Only the leader tells agents what to install.
+            (file.engines.is_set(), "engines"),
             // Only the control plane starts models on demand.
             (
                 file.router.on_demand_wait.is_some(),
@@ -384,6 +386,7 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     out.models = file.models.clone();
     out.anchors = anchor_config(c)?;
     out.mirror_url = crate::config::mirror_url(file.mirror.as_ref())?;
+    out.engines = crate::engines_config::wants(&file.engines)?;
     Ok(Some(out))
 }
 

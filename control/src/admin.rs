@@ -142,6 +142,11 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
                     .filter(|_| cp.is_leader())
                     .map(|t| t.elapsed().as_secs_f64()),
                 gpu_classes: gpu_classes(&n.inventory.gpus),
+                provision: if cp.is_leader() {
+                    cp.observed.provision_of(&n.id)
+                } else {
+                    Vec::new()
+                },
             }
         })
         .collect();

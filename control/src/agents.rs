@@ -384,6 +384,14 @@ impl llmgw_api::AgentService for AgentSvc {
         span.in_scope(|| {
             tracing::info!(node = %node, shards = reg.running_shards.len(), "agent connected");
         });
+        // The engines this node should have: every stream is told (the
+        // configuration may have changed while it was away).
+        cp.agents.send(
+            &node,
+            control_message::Msg::Provision(v1::Provision {
+                engines: cp.config.engines.clone(),
+            }),
+        );
         cp.after_register(&node, &reg)
             .instrument(span.clone())
             .await;
@@ -607,6 +615,10 @@ impl ControlPlane {
     async fn heartbeat(&self, node: &NodeId, hb: v1::Heartbeat) -> Result<(), ControlError> {
         self.observed.seen(node);
         self.telemetry.heartbeat(node, &hb);
+        if hb.provision_changed {
+            self.observed
+                .set_provision(node, convert::provision(&hb.provision));
+        }
         // What it changes is `llmgw_domain::heartbeat`'s decision.
         let commands = {
             let views = self.views.read().unwrap_or_else(|p| p.into_inner());

@@ -49,6 +49,10 @@ pub struct ControlConfig {
     /// The fleet's mirror (its byte path): agents fetch `mirror:` sources
     /// from it.
     pub mirror_url: Option<String>,
+    /// The engines every node should install (`engines:`), sent to each
+    /// agent when its stream opens. Configuration, not events: what the
+    /// agents report of them is observed state.
+    pub engines: Vec<llmgw_api::v1::EngineWant>,
 }
 
 impl ControlConfig {
@@ -91,6 +95,7 @@ impl Default for ControlConfig {
             register_within: Duration::from_secs(30),
             anchors: crate::anchor::AnchorConfig::default(),
             mirror_url: None,
+            engines: Vec::new(),
         }
     }
 }

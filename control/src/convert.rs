@@ -193,3 +193,18 @@ pub(crate) fn running_shard(s: &v1::RunningShard) -> RunningShard {
         fabric: s.fabric.clone(),
     }
 }
+
+/// A node's provisioning report, its texts clipped (a detail is an
+/// error message from the node).
+pub(crate) fn provision(p: &[v1::ProvisionStatus]) -> Vec<llmgw_api::admin::ProvisionRow> {
+    use crate::wire::{MAX_ERROR, clip};
+    p.iter()
+        .map(|s| llmgw_api::admin::ProvisionRow {
+            engine: clip(&s.engine, 64),
+            version: clip(&s.version, 64),
+            variant: clip(&s.variant, 64),
+            state: clip(&s.state, 16),
+            detail: clip(&s.detail, MAX_ERROR),
+        })
+        .collect()
+}

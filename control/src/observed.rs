@@ -1,7 +1,8 @@
 //! What the leader has observed of its agents and the log does not keep:
 //! when each node was last heard from, processes that hold GPUs and ports
 //! the log no longer counts as live, ports other programs hold, shards
-//! gathered for adoption, and downloads in progress.
+//! gathered for adoption, downloads in progress, and where each node's
+//! provisioned engines stand.
 //!
 //! Memory, not the log: a new leader starts from a fresh look (every known
 //! node's clock reset when it takes office, the rest re-reported as agents
@@ -13,6 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use llmgw_api::admin::ProvisionRow;
 use llmgw_domain::ids::{NodeId, ShardId};
 use llmgw_domain::placement::Held;
 use llmgw_domain::registration::Adopting;
@@ -40,6 +42,9 @@ struct Inner {
     adopting: Adopting,
     /// Downloads shards wait on: shard id → (bytes done, bytes total).
     fetches: BTreeMap<ShardId, (u64, u64)>,
+    /// The engines each node was asked to install, as it last reported
+    /// them (heartbeats carry them when they change).
+    provision: BTreeMap<NodeId, Vec<ProvisionRow>>,
 }
 
 impl Observed {
@@ -124,5 +129,14 @@ impl Observed {
 
     pub(crate) fn fetch_of(&self, shard_id: &str) -> Option<(u64, u64)> {
         self.lock().fetches.get(shard_id).copied()
+    }
+
+    /// Where a node's provisioned engines stand, as it reported.
+    pub(crate) fn set_provision(&self, node: &NodeId, rows: Vec<ProvisionRow>) {
+        self.lock().provision.insert(node.clone(), rows);
+    }
+
+    pub(crate) fn provision_of(&self, node: &str) -> Vec<ProvisionRow> {
+        self.lock().provision.get(node).cloned().unwrap_or_default()
     }
 }

@@ -13,7 +13,8 @@ pub struct LlamaCpp {
     pub bin: Option<PathBuf>,
     /// Concurrent slots; 0 means 4 (llama.cpp's own default of 1 serialises).
     pub parallel: u32,
-    installed: RwLock<Option<PathBuf>>,
+    /// A provisioned build and its version.
+    installed: RwLock<Option<(PathBuf, String)>>,
 }
 
 impl LlamaCpp {
@@ -25,17 +26,19 @@ impl LlamaCpp {
         }
     }
 
-    /// A binary the provisioner installed; it wins over the configured one.
-    pub fn use_installed(&self, path: PathBuf) {
-        *self.installed.write().unwrap_or_else(|p| p.into_inner()) = Some(path);
-    }
-
-    fn binary(&self) -> PathBuf {
+    fn installed(&self) -> Option<(PathBuf, String)> {
         self.installed
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-            .or_else(|| self.bin.clone())
+    }
+
+    /// The configured binary, else the provisioned build, else one found
+    /// on PATH or under /opt/llama.cpp.
+    fn binary(&self) -> PathBuf {
+        self.bin
+            .clone()
+            .or_else(|| self.installed().map(|(bin, _)| bin))
             .unwrap_or_else(|| default_binary(Path::new(OPT_DIR)))
     }
 }
@@ -113,7 +116,21 @@ impl Engine for LlamaCpp {
     }
 
     fn probe(&self) -> Option<Probe> {
-        Some(Probe::Binary(self.binary()))
+        Some(match (&self.bin, self.installed()) {
+            // Named by the operator: looked up, never run.
+            (Some(bin), _) => Probe::Binary(bin.clone()),
+            (None, Some((_, version))) => Probe::Seen(version),
+            // Merely found: it counts once it runs.
+            (None, None) => Probe::Run {
+                program: default_binary(Path::new(OPT_DIR)),
+                args: strings(&["--version"]),
+            },
+        })
+    }
+
+    fn use_installed(&self, installed: Option<(PathBuf, String)>) -> bool {
+        *self.installed.write().unwrap_or_else(|p| p.into_inner()) = installed;
+        true
     }
 
     fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {

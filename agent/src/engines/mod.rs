@@ -134,6 +134,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     fn probe(&self) -> Option<Probe> {
         None
     }
+    /// A build the provisioner installed and saw run, `(binary,
+    /// version)`, or None when it no longer is; false for an engine the
+    /// agent does not install.
+    fn use_installed(&self, _installed: Option<(PathBuf, String)>) -> bool {
+        false
+    }
 }
 
 /// The variables every engine gets.
@@ -292,6 +298,14 @@ impl Registry {
 
     pub fn names(&self) -> Vec<&'static str> {
         self.engines.keys().copied().collect()
+    }
+
+    /// Hands a provisioned build to its engine; false for an unknown
+    /// engine or one that takes none.
+    pub fn use_installed(&self, name: &str, installed: Option<(PathBuf, String)>) -> bool {
+        self.engines
+            .get(name)
+            .is_some_and(|e| e.use_installed(installed))
     }
 
     pub fn get(&self, name: &str) -> Result<&dyn Engine, EngineError> {

@@ -2,9 +2,14 @@
 //! means the node can run the engine (placement reads the key set);
 //! `unknown` means present with no readable version.
 //!
-//! Binaries are looked up, never executed: an engine's "binary" is often a
-//! wrapper script, and running it at agent start could start a server.
-//! Only SGLang is asked, by importing the module in its Python.
+//! An engine counts only when it was seen to run, or the agent's
+//! configuration names it. A configured binary is looked up, never
+//! executed: it is often a wrapper script, and running it at agent start
+//! could start a server. One merely found (on PATH, under /opt/llama.cpp)
+//! must answer a bounded `--version`, so that a broken or foreign file
+//! there is not taken for an engine; a provisioned build was seen to run
+//! by the provisioner. SGLang is asked by importing the module in its
+//! Python.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +29,8 @@ pub enum Probe {
     Binary(PathBuf),
     /// Present when this command succeeds; its output holds the version.
     Run { program: PathBuf, args: Vec<String> },
+    /// Installed and seen to run by the provisioner, at this version.
+    Seen(String),
 }
 
 /// An executable file at `p`, or on PATH for a bare name.
@@ -82,6 +89,7 @@ pub enum Found {
 /// What `probe` finds of its engine within `timeout`.
 pub async fn look(probe: &Probe, timeout: Duration) -> Found {
     match probe {
+        Probe::Seen(version) => Found::Version(version.clone()),
         Probe::Binary(bin) => match find_executable(bin) {
             Some(_) => Found::Version(UNKNOWN.to_owned()),
             None => Found::Absent,

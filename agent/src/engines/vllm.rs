@@ -45,9 +45,15 @@ impl Engine for Vllm {
     }
 
     fn probe(&self) -> Option<Probe> {
-        Some(Probe::Binary(
-            self.bin.clone().unwrap_or_else(|| "vllm".into()),
-        ))
+        // Configured: named by the operator, never run. Found on PATH:
+        // it must run.
+        Some(match &self.bin {
+            Some(bin) => Probe::Binary(bin.clone()),
+            None => Probe::Run {
+                program: "vllm".into(),
+                args: strings(&["--version"]),
+            },
+        })
     }
 
     fn commands(&self, s: &ShardSpec) -> Result<Vec<Command>, EngineError> {

@@ -47,6 +47,7 @@ impl Agent {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
         let health = self.registered_health(&inv.gpus);
+        self.host = inv.host.clone();
         self.registered_figures = super::recheck::wire_figures(&inv.gpus);
         self.gpus = inv
             .gpus
@@ -215,6 +216,10 @@ impl Agent {
             hb.gpus_changed = true;
             hb.gpus = health;
         }
+        if let Some(p) = self.changed_provision() {
+            hb.provision_changed = true;
+            hb.provision = p;
+        }
         hb.gpu_figures = self.gpu_figures();
         hb
     }
@@ -223,6 +228,15 @@ impl Agent {
     /// what the latest probe found.
     pub(super) fn installed_engines(&self) -> BTreeMap<String, String> {
         let mut out = self.rechecked.borrow().engines.clone();
+        // A provisioned build counts as soon as it is ready, not at the
+        // next probe.
+        for name in self.engines.names() {
+            if let Some(crate::engines::Probe::Seen(v)) =
+                self.engines.get(name).ok().and_then(|e| e.probe())
+            {
+                out.insert(name.to_owned(), v);
+            }
+        }
         out.extend(self.config.engines_installed.clone());
         out
     }

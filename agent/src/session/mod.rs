@@ -19,6 +19,7 @@
 mod adopt;
 mod epoch;
 mod inventory;
+mod provision;
 mod recheck;
 mod shards;
 mod why;
@@ -36,6 +37,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::discovery::Options;
 use crate::engines::Registry;
 use crate::supervisor::{self, State};
+pub use provision::ProvisionSettings;
 
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -78,6 +80,8 @@ pub struct SessionConfig {
     /// How long the logs of stopped shards are kept in `work_dir`; None
     /// keeps them for ever.
     pub log_retention: Option<Duration>,
+    /// Where engines the control plane asks for are installed, and how.
+    pub provision: ProvisionSettings,
 }
 
 /// A week: long enough to read why an engine stopped after a weekend.
@@ -101,6 +105,7 @@ impl SessionConfig {
             engines_installed: [("sim".to_string(), env!("CARGO_PKG_VERSION").to_string())].into(),
             stop_engines_on_exit: false,
             log_retention: Some(DEFAULT_LOG_RETENTION),
+            provision: ProvisionSettings::default(),
             agent_log: None,
             engine_bind: None,
             work_dir: None,
@@ -169,6 +174,13 @@ pub struct Agent {
     /// The highest lease epoch seen: no command from a lower one is
     /// carried out.
     epochs: epoch::Epochs,
+    /// The host as the last registration read it (which build suits it).
+    host: crate::discovery::host::Host,
+    /// Installs what the control plane wants; started by the first
+    /// `Provision` that asks for anything.
+    provisioner: Option<crate::provision::Provisioner>,
+    /// The provisioning statuses this stream last sent.
+    sent_provision: Vec<v1::ProvisionStatus>,
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
@@ -390,6 +402,9 @@ impl Agent {
             registered_figures: Vec::new(),
             stats: Arc::default(),
             epochs,
+            host: Default::default(),
+            provisioner: None,
+            sent_provision: Vec::new(),
         }
     }
 
@@ -536,6 +551,8 @@ impl Agent {
         // accepted (a later one may have been built for another attempt).
         self.sent_weights = register.weights;
         self.sent_engines = register.engine_versions.into_iter().collect();
+        // A registration carries no provisioning: the first heartbeat does.
+        self.sent_provision = Vec::new();
         let send = |tx: &mpsc::Sender<AgentMessage>, msg| {
             let _ = tx.try_send(AgentMessage { msg: Some(msg) });
         };
@@ -586,6 +603,10 @@ impl Agent {
                     self.epochs.saw(msg.epoch);
                     if let Some(control_message::Msg::Logs(req)) = msg.msg {
                         send(&tx, agent_message::Msg::Logs(self.logs(&req)));
+                        continue;
+                    }
+                    if let Some(control_message::Msg::Provision(p)) = msg.msg {
+                        self.provision(p);
                         continue;
                     }
                     for reply in self.handle(msg.msg).await {

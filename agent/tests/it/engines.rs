@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use llmgw_agent::engines::{
-    Engine, GpuInfo, LaunchMode, LlamaCpp, Profile, Registry, Sglang, ShardSpec, Sim, Vllm,
+    Engine, GpuInfo, LaunchMode, LlamaCpp, Probe, Profile, Registry, Sglang, ShardSpec, Sim, Vllm,
 };
 
 fn single_node() -> ShardSpec {
@@ -403,10 +403,25 @@ fn llama_server_gets_metrics_the_model_template_and_real_concurrency() {
     let cmd = &configured.commands(&llama_spec(&[])).unwrap()[0];
     assert_eq!(cmd.path, Path::new("/opt/llama.cpp/bin/llama-server"));
     assert!(joined(&cmd.args).contains("--parallel 2"));
-    configured.use_installed("/var/lib/llmgw/engines/llama-b1/llama-server".into());
+    // A provisioned build serves where no binary is configured; the
+    // operator's explicit choice stands over it.
+    let built = Path::new("/opt/llmgw/engines/llamacpp/b1-cpu/llama-b1/llama-server");
+    assert!(configured.use_installed(Some((built.into(), "b1".into()))));
     assert_eq!(
         configured.commands(&llama_spec(&[])).unwrap()[0].path,
-        Path::new("/var/lib/llmgw/engines/llama-b1/llama-server")
+        Path::new("/opt/llama.cpp/bin/llama-server")
+    );
+    let provisioned = LlamaCpp::new(None, 0);
+    provisioned.use_installed(Some((built.into(), "b1".into())));
+    assert_eq!(
+        provisioned.commands(&llama_spec(&[])).unwrap()[0].path,
+        built
+    );
+    assert_eq!(provisioned.probe(), Some(Probe::Seen("b1".into())));
+    provisioned.use_installed(None);
+    assert_ne!(
+        provisioned.commands(&llama_spec(&[])).unwrap()[0].path,
+        built
     );
     assert!(l.serves_http(&llama_spec(&[])));
 }

@@ -17,6 +17,7 @@ mod discovery_table;
 mod engines;
 mod fetch;
 mod probe;
+mod provision;
 mod supervisor;
 mod supervisor_table;
 

@@ -233,3 +233,28 @@ fn llama_server_is_found_in_the_layouts_under_opt() {
     std::fs::write(opt.path().join("llama-server"), "not a program").unwrap();
     assert_eq!(binary_under(opt.path()), None);
 }
+
+#[tokio::test]
+async fn a_binary_merely_found_counts_only_once_it_runs() {
+    use llmgw_agent::engines::Engine;
+    // Nothing configured: the binary on PATH is asked, bounded.
+    for probe in [LlamaCpp::new(None, 0).probe(), Vllm::default().probe()] {
+        match probe {
+            Some(Probe::Run { args, .. }) => assert_eq!(args, ["--version"]),
+            other => panic!("{other:?}"),
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |program| Probe::Run {
+        program,
+        args: vec!["--version".into()],
+    };
+    let broken = executable(
+        dir.path(),
+        "llama-server",
+        "echo 'error while loading shared libraries' >&2\nexit 127\n",
+    );
+    assert_eq!(look(&run(broken), T).await, Found::Absent);
+    let works = executable(dir.path(), "vllm", "echo 0.6.3\n");
+    assert_eq!(look(&run(works), T).await, Found::Version("0.6.3".into()));
+}
