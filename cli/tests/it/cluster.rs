@@ -1021,7 +1021,7 @@ async fn a_restarted_agent_adopts_its_engines_and_never_starts_a_second_copy() {
 }
 
 /// Serves `body` to every GET, over HTTP/1.1, from a thread.
-fn file_server(body: Vec<u8>) -> String {
+pub(crate) fn file_server(body: Vec<u8>) -> String {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();

@@ -38,6 +38,7 @@ mod node_agent;
 mod outage;
 mod partition;
 mod plan;
+mod provision;
 mod shell;
 mod tenancy;
 mod tool_check;
