@@ -212,6 +212,9 @@ pub struct Agent {
     tx: mpsc::Sender<AgentMessage>,
     inbound: tonic::Streaming<ControlMessage>,
     beats: Option<tokio::task::JoinHandle<()>>,
+    /// The `Provision`s the server sent (every stream gets one), set
+    /// aside so that the other messages are read in turn.
+    pub provisions: Vec<v1::Provision>,
 }
 
 impl Agent {
@@ -235,6 +238,7 @@ impl Agent {
             tx,
             inbound,
             beats: None,
+            provisions: Vec::new(),
         })
     }
 
@@ -271,22 +275,39 @@ impl Agent {
     }
 
     pub async fn next(&mut self) -> control_message::Msg {
-        tokio::time::timeout(Duration::from_secs(10), self.inbound.message())
-            .await
-            .expect("a message within 10 s")
-            .expect("the stream is healthy")
-            .expect("the stream is open")
-            .msg
-            .expect("a message body")
+        self.next_whole().await.msg.expect("a message body")
     }
 
-    /// The next message whole, with the epoch it carries.
+    /// The next message whole, with the epoch it carries (a `Provision`
+    /// is set aside in `provisions`).
     pub async fn next_whole(&mut self) -> ControlMessage {
-        tokio::time::timeout(Duration::from_secs(10), self.inbound.message())
-            .await
-            .expect("a message within 10 s")
-            .expect("the stream is healthy")
-            .expect("the stream is open")
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(10), self.inbound.message())
+                .await
+                .expect("a message within 10 s")
+                .expect("the stream is healthy")
+                .expect("the stream is open");
+            match m.msg {
+                Some(control_message::Msg::Provision(p)) => self.provisions.push(p),
+                _ => return m,
+            }
+        }
+    }
+
+    /// The first `Provision` of the stream (read on until it comes).
+    pub async fn provision(&mut self) -> v1::Provision {
+        while self.provisions.is_empty() {
+            let m = self
+                .inbound
+                .message()
+                .await
+                .expect("the stream is healthy")
+                .expect("the stream is open");
+            if let Some(control_message::Msg::Provision(p)) = m.msg {
+                self.provisions.push(p);
+            }
+        }
+        self.provisions[0].clone()
     }
 
     /// Says `msg` on the stream.
@@ -297,6 +318,13 @@ impl Agent {
     /// The next message, or None once the server closed the stream.
     pub async fn try_next(&mut self) -> Option<control_message::Msg> {
         match self.inbound.message().await {
+            Ok(Some(ControlMessage {
+                msg: Some(control_message::Msg::Provision(p)),
+                ..
+            })) => {
+                self.provisions.push(p);
+                Box::pin(self.try_next()).await
+            }
             Ok(Some(m)) => m.msg,
             Ok(None) | Err(_) => None,
         }

@@ -8,6 +8,7 @@ mod clocks;
 mod fence;
 mod harness;
 mod hostile;
+mod provision;
 
 use harness::{Agent, Server, eventually, fast, register, running, sim_model, types};
 use llmgw_api::v1::control_message::Msg;
