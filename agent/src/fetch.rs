@@ -3,10 +3,11 @@
 //!
 //! A source is a path (used where it is, never copied), a URL, `hf:` file
 //! or `mirror:` file (fetched into the cache; see [`mirror`]), or anything
-//! else: a model id the engine resolves itself. Fetches are single-flight per source, go to a `.part`
-//! name and are renamed only when complete (and verified, when a checksum
-//! is given), so an interrupted download is resumed with `Range` and never
-//! looks like weights. The cache name is a hash of the source, so two
+//! else: a model id the engine resolves itself. Fetches are single-flight
+//! per source, go to a `.part` name and are renamed only when complete
+//! (and verified, when a checksum or the mirror's manifest gives one), so
+//! an interrupted download is resumed with `Range` and never looks like
+//! weights. The cache name is a hash of the source, so two
 //! sources with one file name do not collide, and only such generated names
 //! are ever deleted.
 
