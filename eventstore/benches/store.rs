@@ -29,6 +29,14 @@ use serde_json::json;
 use sqlx::Executor;
 
 const BATCHES: [usize; 4] = [1, 10, 100, 1000];
+
+/// `LLMGW_BENCH_BATCHES=1,10` measures only those batch sizes.
+fn batches() -> Vec<usize> {
+    std::env::var("LLMGW_BENCH_BATCHES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|b| b.trim().parse().ok()).collect())
+        .unwrap_or_else(|| BATCHES.to_vec())
+}
 const WRITERS: [usize; 2] = [1, 4];
 /// Each configuration runs for about this long.
 const BUDGET: Duration = Duration::from_millis(1500);
@@ -194,12 +202,16 @@ async fn run(backend: Backend) {
         .unwrap();
     let writer = Writer::Leader(lease.token);
     let name = format!("{backend:?}").to_lowercase();
-    for size in BATCHES {
+    for size in batches() {
         settle(&store).await;
         let base = baseline(&store, size).await;
         for writers in WRITERS {
             settle(&store).await;
+            let before = store.group_stats();
             let mut f = appends(&store, &writer, size, writers, false).await;
+            let after = store.group_stats();
+            let per_group = (after.appends - before.appends) as f64
+                / (after.groups - before.groups).max(1) as f64;
             let ratio = if writers == 1 {
                 format!("{:.2}", f.rate() / base)
             } else {
@@ -218,7 +230,8 @@ async fn run(backend: Backend) {
             };
             println!(
                 "{name:<8} batch {size:>4}  writers {writers}  {:>7.0} events/s  \
-                 p50 {:>7.2} ms  p99 {:>7.2} ms  baseline {:>7.0} events/s  ratio {ratio}{grouping}",
+                 p50 {:>7.2} ms  p99 {:>7.2} ms  {per_group:.1} appends/group  \
+                 baseline {:>7.0} events/s  ratio {ratio}{grouping}",
                 f.rate(),
                 f.percentile(0.50),
                 f.percentile(0.99),
@@ -243,9 +256,19 @@ async fn run(backend: Backend) {
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{name:<8} read {read} events in {secs:.2} s: {:.0} events/s",
-        read as f64 / secs
+        "{name:<8} read {read} events in {secs:.2} s: {:.0} events/s; load average {}",
+        read as f64 / secs,
+        load_average()
     );
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_owned()
 }
 
 fn main() {

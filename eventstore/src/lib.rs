@@ -57,6 +57,7 @@ pub use error::{Result, StoreError};
 pub use export::{
     ExportLine, Exported, Trailer, export, header_hash, parse_line, write_header, write_trailer,
 };
+pub use group::GroupStats;
 pub use import::{ChainCheck, ImportOptions, Imported};
 pub use postgres::PgStore;
 pub use reader::{DecodingReader, PageReader};
@@ -474,6 +475,14 @@ impl AnyStore {
             StoreAddress::Postgres(_) => AnyStore::Postgres(PgStore::open(address, options).await?),
             StoreAddress::Sqlite(_) => AnyStore::Sqlite(SqliteStore::open(address, options).await?),
         })
+    }
+
+    /// The groups this store (and its clones) has written so far.
+    pub fn group_stats(&self) -> GroupStats {
+        match self {
+            AnyStore::Postgres(s) => s.group_stats(),
+            AnyStore::Sqlite(s) => s.group_stats(),
+        }
     }
 }
 

@@ -98,6 +98,11 @@ impl PgStore {
         Ok(store)
     }
 
+    /// The groups this store (and its clones) has written so far.
+    pub fn group_stats(&self) -> crate::GroupStats {
+        self.queue.stats()
+    }
+
     /// The pool, for tests and tools that inspect the tables directly.
     pub fn pool(&self) -> &PgPool {
         &self.pool

@@ -150,6 +150,11 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// The groups this store (and its clones) has written so far.
+    pub fn group_stats(&self) -> crate::GroupStats {
+        self.queue.stats()
+    }
+
     /// The writer pool, for tests and tools that inspect the tables directly.
     pub fn pool(&self) -> &SqlitePool {
         &self.writer

@@ -189,6 +189,14 @@ async fn a_group_answers_each_append_with_its_own_result(b: Backend) {
         vec![1, 5],
         "the five queued appends made one group"
     );
+    assert_eq!(
+        t.store.group_stats(),
+        llmgw_eventstore::GroupStats {
+            groups: 2,
+            appends: 6
+        },
+        "the store counts the groups it wrote and the appends they held"
+    );
     match &answers[0] {
         Err(StoreError::VersionConflict {
             stream,
