@@ -27,6 +27,7 @@ mod address;
 mod append;
 mod browse;
 mod chain_watch;
+mod copy_binary;
 mod error;
 mod export;
 mod group;

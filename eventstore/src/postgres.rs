@@ -245,6 +245,25 @@ fn event_row(r: &PgRow) -> Result<RecordedEvent> {
     })
 }
 
+/// A connection reading a COPY: if the read stops half way (an error, or
+/// the reader dropped), the rest of the data is still on its way, so the
+/// connection is closed rather than handed back to the pool in that state.
+struct Copying(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>);
+
+impl Copying {
+    fn done(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Copying {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            conn.close_on_drop();
+        }
+    }
+}
+
 fn lease_row(r: &PgRow, holder: &str) -> Result<Lease> {
     Ok(Lease {
         token: LeaseToken {
@@ -514,27 +533,21 @@ impl EventStore for PgStore {
     }
 
     async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
-        // The whole page as one text value (see `page_text`): one value to
-        // decode instead of eight columns of thousands of rows, which the
-        // driver hands over one allocation at a time.
-        let page: Option<String> = sqlx::query_scalar(
-            "SELECT string_agg(concat_ws(' ', position, stream_version, schema_version,
-                                         (extract(epoch FROM recorded_at) * 1000000)::bigint,
-                                         event_id, octet_length(event_type),
-                                         octet_length(stream_id), octet_length(p), '')
-                               || event_type || stream_id || p, '')
-               FROM (SELECT position, stream_version, schema_version, recorded_at, event_id,
-                            event_type, stream_id, payload::text AS p
-                       FROM es_events WHERE position > $1 ORDER BY position LIMIT $2) AS page",
-        )
-        .bind(to_i64(after, "position")?)
-        .bind(limit as i64)
-        .fetch_one(&self.pool)
-        .await?;
-        match page {
-            Some(page) => crate::page_text::parse(&page, after),
-            None => Ok(Vec::new()),
+        use futures_util::TryStreamExt;
+        // The page as binary COPY (see `copy_binary`), taken apart while the
+        // server is still sending it.
+        let statement = crate::copy_binary::statement(to_i64(after, "position")?, limit);
+        let mut parser = crate::copy_binary::Parser::new(after, limit);
+        let mut copying = Copying(Some(self.pool.acquire().await?));
+        {
+            let conn = copying.0.as_deref_mut().ok_or(StoreError::Interrupted)?;
+            let mut data = conn.copy_out_raw(&statement).await?;
+            while let Some(chunk) = data.try_next().await? {
+                parser.feed(&chunk)?;
+            }
         }
+        copying.done();
+        parser.finish()
     }
 
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {

@@ -13,3 +13,4 @@ mod import;
 mod properties;
 mod subscriptions;
 mod tamper;
+mod text_reads;
