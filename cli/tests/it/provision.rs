@@ -189,6 +189,17 @@ async fn an_archive_that_does_not_match_its_checksum_is_refused_with_the_reason_
         "{table}"
     );
     assert!(!dir.path().join("engines/llamacpp/b2-cpu").exists());
+    // The admin pages say it too, on the node's row.
+    let page = reqwest::get(format!("{}/admin", server.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("llamacpp b2 failed") && page.contains("does not match the checksum"),
+        "{page}"
+    );
 }
 
 #[test]

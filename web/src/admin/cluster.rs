@@ -39,6 +39,16 @@ pub(crate) struct NodeRow {
     pub last_seen: String,
     pub memory: String,
     pub gpus: Vec<GpuRow>,
+    /// Engines the node was asked to install, from the leader's streams.
+    pub provision: Vec<ProvisionBadge>,
+}
+
+/// One provisioned engine: `llamacpp b1 ready`, and why when not.
+#[derive(Debug, Clone)]
+pub(crate) struct ProvisionBadge {
+    pub label: String,
+    pub ok: bool,
+    pub detail: String,
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +139,10 @@ pub(crate) fn nodes(c: &ClusterView, api: &[ApiNode]) -> Vec<NodeRow> {
         .iter()
         .map(|n| (n.id.as_str(), n.last_heartbeat_s))
         .collect();
+    let provision: BTreeMap<&str, &[llmgw_api::admin::ProvisionRow]> = api
+        .iter()
+        .map(|n| (n.id.as_str(), n.provision.as_slice()))
+        .collect();
     c.nodes
         .nodes
         .values()
@@ -164,6 +178,21 @@ pub(crate) fn nodes(c: &ClusterView, api: &[ApiNode]) -> Vec<NodeRow> {
                             .map(ToString::to_string)
                             .unwrap_or_default(),
                         problems: g.problems.join("; "),
+                    })
+                    .collect(),
+                provision: provision
+                    .get(n.id.as_str())
+                    .copied()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|p| ProvisionBadge {
+                        label: format!("{} {} {}", p.engine, p.version, p.state),
+                        ok: p.state == "ready",
+                        detail: if p.state == "ready" {
+                            String::new()
+                        } else {
+                            p.detail.clone()
+                        },
                     })
                     .collect(),
             }
