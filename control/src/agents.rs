@@ -281,7 +281,10 @@ impl llmgw_api::AgentService for AgentSvc {
                 let cn = common_name(&certs).ok_or_else(|| {
                     Status::unauthenticated("the client certificate names no node (no common name)")
                 })?;
-                Some((cn, crate::authority::fingerprint(certs[0].as_ref())))
+                Some((
+                    NodeId::from(cn),
+                    crate::authority::fingerprint(certs[0].as_ref()),
+                ))
             }
             _ if tls => {
                 tracing::warn!(%peer, "refused a stream without a client certificate");
@@ -329,7 +332,7 @@ impl llmgw_api::AgentService for AgentSvc {
             Status::invalid_argument(format!("the registration of node {node:?}: {why}"))
         })?;
         if let Some((cn, _)) = certified
-            && node != cn.as_str()
+            && node != cn
         {
             tracing::warn!(claimed = %node, certificate = %cn, "refused a stream whose node id is not its certificate's");
             return Err(Status::permission_denied(format!(

@@ -9,6 +9,7 @@
 //! the agent is told to follow this epoch.
 
 use llmgw_api::v1;
+use llmgw_domain::ids::NodeId;
 use llmgw_eventstore::{EventStore, LeaseToken};
 
 use crate::{ControlError, ControlPlane};
@@ -19,7 +20,7 @@ impl ControlPlane {
     pub(crate) async fn confirm_lease(
         &self,
         token: &LeaseToken,
-        node: &str,
+        node: &NodeId,
         seen: u64,
     ) -> Result<(), ControlError> {
         let ttl = self.config.lease_ttl;
@@ -27,7 +28,7 @@ impl ControlPlane {
         match renewed {
             Ok(Ok(lease)) if lease.token == *token => {
                 tracing::warn!(
-                    node,
+                    %node,
                     seen,
                     epoch = token.epoch,
                     "node {node} has seen lease epoch {seen}, yet the store renews this leader's epoch {}: the store went back to an older copy (a restore), or the node served another store; it is told to follow this epoch",
@@ -44,7 +45,7 @@ impl ControlPlane {
                     Err(_) => format!("the store did not answer within {ttl:?}"),
                 };
                 tracing::error!(
-                    node,
+                    %node,
                     seen,
                     epoch = token.epoch,
                     error = %why,
@@ -58,9 +59,9 @@ impl ControlPlane {
     }
 
     /// An agent refused a command of ours: it has seen a higher epoch.
-    pub(crate) async fn refused(&self, node: &str, r: v1::CommandRefused) {
+    pub(crate) async fn refused(&self, node: &NodeId, r: v1::CommandRefused) {
         tracing::warn!(
-            node,
+            %node,
             command = %r.command,
             shard = %r.shard_id,
             epoch = r.epoch,

@@ -155,6 +155,8 @@ impl llmgw_api::JoinService for JoinSvc {
             node_id,
             csr_pem,
         } = request.into_inner();
+        // Typed here, at the edge: the domain names nodes by NodeId.
+        let node_id = NodeId::from(node_id);
         let refuse = |status: Status| {
             tracing::warn!(%peer, node = %node_id, reason = %status.message(), "refused a node's join");
             status
@@ -188,7 +190,7 @@ impl llmgw_api::JoinService for JoinSvc {
                 &cp.own(),
                 vec![Command::Join(JoinCommand::Redeem {
                     token_hash: token_hash.clone(),
-                    node_id: NodeId::from(node_id.as_str()),
+                    node_id: node_id.clone(),
                     certificate: fingerprint.clone(),
                     now,
                 })],

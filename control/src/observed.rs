@@ -127,7 +127,7 @@ impl Observed {
         };
     }
 
-    pub(crate) fn fetch_of(&self, shard_id: &str) -> Option<(u64, u64)> {
+    pub(crate) fn fetch_of(&self, shard_id: &ShardId) -> Option<(u64, u64)> {
         self.lock().fetches.get(shard_id).copied()
     }
 

@@ -154,7 +154,7 @@ impl Joining {
     pub fn check(
         &self,
         token_hash: &str,
-        node_id: &str,
+        node_id: &NodeId,
         now: UnixMillis,
     ) -> Result<&Token, Rejection> {
         let Some(t) = self.token(token_hash) else {
@@ -175,7 +175,7 @@ impl Joining {
                 span(now - t.expires_at)
             )));
         }
-        if let Some(n) = t.node_id.as_deref().filter(|n| *n != node_id) {
+        if let Some(n) = t.node_id.as_ref().filter(|n| *n != node_id) {
             return Err(Rejection::invalid(format!(
                 "join token {} is for node {n}, not {node_id}: run the agent with --node-id {n}, or issue a token for {node_id}",
                 t.id
@@ -186,7 +186,7 @@ impl Joining {
 
     /// Why a stream from `node_id` presenting the certificate with this
     /// fingerprint is refused, or None.
-    pub fn refusal(&self, node_id: &str, fingerprint: &str) -> Option<String> {
+    pub fn refusal(&self, node_id: &NodeId, fingerprint: &str) -> Option<String> {
         if let Some(n) = self.revoked.get(fingerprint) {
             return Some(format!(
                 "this certificate was revoked when node {n} was removed from the cluster: join again with a new token (`llmgw ctl node token --node {n}`, then `llmgw agent run --join TOKEN`)"

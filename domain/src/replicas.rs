@@ -365,7 +365,7 @@ impl Replicas {
         }
     }
 
-    fn set(&mut self, replica_id: &str, status: ReplicaStatus) {
+    fn set(&mut self, replica_id: &ReplicaId, status: ReplicaStatus) {
         if let Some(r) = self.replicas.get_mut(replica_id) {
             r.status = status;
         }

@@ -127,7 +127,7 @@ impl RouterView {
 
     /// The node a placed replica's rank 0 runs on (where its endpoint
     /// answers), for labelling the endpoint's metrics.
-    pub fn node_of(&self, replica_id: &str) -> Option<&NodeId> {
+    pub fn node_of(&self, replica_id: &ReplicaId) -> Option<&NodeId> {
         let p = self.placements.get(replica_id)?;
         p.shards.iter().find(|s| s.rank == 0).map(|s| &s.node_id)
     }

@@ -125,7 +125,7 @@ fn a_removed_node_is_refused_until_it_joins_again_and_its_old_certificate_for_ev
     let mut s = State::default();
     issue(&mut s, 1, Some("a"), 0, 60_000);
     redeem(&mut s, 1, "a", 100, 0).unwrap();
-    assert_eq!(s.joining.refusal("a", &hash(100)), None);
+    assert_eq!(s.joining.refusal(&"a".into(), &hash(100)), None);
     let removed = run(
         &mut s,
         C::RemoveNode {
@@ -141,12 +141,12 @@ fn a_removed_node_is_refused_until_it_joins_again_and_its_old_certificate_for_ev
         })]
     );
     assert_eq!(removed[0].stream_id(), "node-a");
-    let why = s.joining.refusal("a", &hash(100)).expect("refused");
+    let why = s.joining.refusal(&"a".into(), &hash(100)).expect("refused");
     assert!(why.contains("revoked when node a was removed"), "{why}");
     // Any certificate naming it (one issued by hand too).
-    let why = s.joining.refusal("a", &hash(7)).expect("refused");
+    let why = s.joining.refusal(&"a".into(), &hash(7)).expect("refused");
     assert!(why.contains("node a was removed from the cluster"), "{why}");
-    assert_eq!(s.joining.refusal("b", &hash(7)), None);
+    assert_eq!(s.joining.refusal(&"b".into(), &hash(7)), None);
     // Removing it again changes nothing; an unknown node is not found.
     assert!(
         run(
@@ -169,8 +169,8 @@ fn a_removed_node_is_refused_until_it_joins_again_and_its_old_certificate_for_ev
     // A new token brings it back; the old certificate stays refused.
     issue(&mut s, 2, Some("a"), 0, 60_000);
     redeem(&mut s, 2, "a", 101, 0).unwrap();
-    assert_eq!(s.joining.refusal("a", &hash(101)), None);
-    assert!(s.joining.refusal("a", &hash(100)).is_some());
+    assert_eq!(s.joining.refusal(&"a".into(), &hash(101)), None);
+    assert!(s.joining.refusal(&"a".into(), &hash(100)).is_some());
 }
 
 #[test]
