@@ -136,7 +136,7 @@ impl Observed {
         self.lock().provision.insert(node.clone(), rows);
     }
 
-    pub(crate) fn provision_of(&self, node: &str) -> Vec<ProvisionRow> {
+    pub(crate) fn provision_of(&self, node: &NodeId) -> Vec<ProvisionRow> {
         self.lock().provision.get(node).cloned().unwrap_or_default()
     }
 }

@@ -77,7 +77,7 @@ impl Explanation {
 #[derive(Debug, Default)]
 struct Used<'a> {
     /// Each taken GPU and the replica holding it (named in explanations).
-    gpus: BTreeMap<u32, &'a str>,
+    gpus: BTreeMap<u32, &'a ReplicaId>,
     ports: BTreeSet<u16>,
     memory_mb: u64,
     shards: usize,
@@ -93,20 +93,20 @@ pub struct Held {
     pub gpus: Vec<u32>,
 }
 
-fn usage<'a>(replicas: &'a Replicas, held: &'a [Held]) -> BTreeMap<&'a str, Used<'a>> {
-    let mut used: BTreeMap<&str, Used<'a>> = BTreeMap::new();
+fn usage<'a>(replicas: &'a Replicas, held: &'a [Held]) -> BTreeMap<&'a NodeId, Used<'a>> {
+    let mut used: BTreeMap<&NodeId, Used<'a>> = BTreeMap::new();
     for h in held {
-        let u = used.entry(h.node_id.as_str()).or_default();
+        let u = used.entry(&h.node_id).or_default();
         for g in &h.gpus {
-            u.gpus.insert(*g, h.replica_id.as_str());
+            u.gpus.insert(*g, &h.replica_id);
         }
         u.ports.insert(h.port);
     }
     for r in replicas.replicas.values().filter(|r| r.is_live()) {
         for s in &r.placement.shards {
-            let u = used.entry(s.node_id.as_str()).or_default();
+            let u = used.entry(&s.node_id).or_default();
             for g in &s.gpu_indices {
-                u.gpus.insert(*g, r.placement.replica_id.as_str());
+                u.gpus.insert(*g, &r.placement.replica_id);
             }
             u.ports.insert(s.port);
             u.memory_mb += s.memory_mb;
@@ -484,16 +484,13 @@ fn decide(
         let mut used_in_order = used.iter().peekable();
         for (key, node) in &nodes.nodes {
             let node_used = if *key == node.id {
-                while used_in_order
-                    .next_if(|(id, _)| **id < key.as_str())
-                    .is_some()
-                {}
+                while used_in_order.next_if(|(id, _)| **id < key).is_some() {}
                 used_in_order
                     .peek()
-                    .filter(|(id, _)| **id == key.as_str())
+                    .filter(|(id, _)| **id == key)
                     .map(|(_, u)| *u)
             } else {
-                used.get(node.id.as_str())
+                used.get(&node.id)
             };
             let verdict = check_node(node, &weights, profile, node_used, options, explain);
             match verdict {
