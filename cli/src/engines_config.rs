@@ -23,8 +23,9 @@ pub(crate) struct EnginesSection {
 pub(crate) struct EngineSection {
     /// The release tag (`b6000`).
     pub version: Option<String>,
-    /// `github` (the default), or an http(s) URL template with `{asset}`
-    /// (and `{version}`, `{variant}`, `{arch}` where wanted).
+    /// `github` (the default), an http(s) URL template with `{asset}`
+    /// (and `{version}`, `{variant}`, `{arch}` where wanted), or
+    /// `mirror:<name>`: the archives in the mirror's `<name>/<version>/`.
     pub source: Option<String>,
     /// Archive file name → SHA-256 hex. Required with a URL template for
     /// every archive a node may fetch; with GitHub, they replace the
@@ -40,16 +41,27 @@ impl EnginesSection {
 }
 
 /// What the leader asks every node to install, or why the section is
-/// wrong.
-pub(crate) fn wants(s: &EnginesSection) -> Result<Vec<EngineWant>, ConfigError> {
+/// wrong; `mirror` is `mirror.url`, which `mirror:` sources need.
+pub(crate) fn wants(
+    s: &EnginesSection,
+    mirror: Option<&str>,
+) -> Result<Vec<EngineWant>, ConfigError> {
     let mut out = Vec::new();
     if let Some(e) = &s.llamacpp {
-        out.push(want("llamacpp", e)?);
+        out.push(want("llamacpp", e, mirror)?);
     }
     Ok(out)
 }
 
-fn want(engine: &str, e: &EngineSection) -> Result<EngineWant, ConfigError> {
+/// A mirror's name: letters, digits and `. _ -`, starting with a letter
+/// or digit (the mirror's own rule).
+fn mirror_name(n: &str) -> bool {
+    n.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn want(engine: &str, e: &EngineSection, mirror: Option<&str>) -> Result<EngineWant, ConfigError> {
     let key = |k: &str| format!("engines.{engine}.{k}");
     let err = |m: String| Err(ConfigError(m));
     let Some(version) = e.version.clone() else {
@@ -64,7 +76,26 @@ fn want(engine: &str, e: &EngineSection) -> Result<EngineWant, ConfigError> {
             key("version")
         ));
     }
-    let src = e.source.clone().unwrap_or_default();
+    let mut src = e.source.clone().unwrap_or_default();
+    let mut manifest = String::new();
+    if let Some(name) = src.trim().strip_prefix("mirror:") {
+        if !mirror_name(name) {
+            return err(format!(
+                "{}: {src:?}: a mirror source is mirror:<name>, a name of letters, digits and . _ - (the archives are in <name>/<version>/ on the mirror)",
+                key("source")
+            ));
+        }
+        let Some(base) = mirror else {
+            return err(format!(
+                "{}: {src} needs mirror.url: where the mirror's byte path is",
+                key("source")
+            ));
+        };
+        // The agents are given the byte path as a template and the
+        // version's manifest for the checksums.
+        manifest = format!("{base}/{name}/{version}");
+        src = format!("{base}/{name}/{{version}}/{{asset}}");
+    }
     let origin =
         source::origin(&src).map_err(|m| ConfigError(format!("{}: {m}", key("source"))))?;
     for (asset, hex) in &e.sha256 {
@@ -81,7 +112,7 @@ fn want(engine: &str, e: &EngineSection) -> Result<EngineWant, ConfigError> {
             ));
         }
     }
-    if matches!(origin, source::Origin::Template(_)) && e.sha256.is_empty() {
+    if matches!(origin, source::Origin::Template(_)) && e.sha256.is_empty() && manifest.is_empty() {
         return err(format!(
             "{} is required with a URL template: the SHA-256 of each archive by file name (llama-{version}-bin-ubuntu-x64.tar.gz …); a node refuses an archive it cannot check",
             key("sha256")
@@ -92,6 +123,7 @@ fn want(engine: &str, e: &EngineSection) -> Result<EngineWant, ConfigError> {
         version,
         source: src,
         sha256: e.sha256.clone().into_iter().collect(),
+        manifest,
     })
 }
 
@@ -116,19 +148,35 @@ mod tests {
     fn bad_engine_settings_are_refused_with_the_key() {
         let hex = "ab".repeat(32);
         let t = "https://files.example/{version}/{asset}";
-        let ok = wants(&section(
-            Some("b1"),
-            Some(t),
-            &[("llama-b1-bin-ubuntu-x64.tar.gz", &hex)],
-        ))
+        let ok = wants(
+            &section(
+                Some("b1"),
+                Some(t),
+                &[("llama-b1-bin-ubuntu-x64.tar.gz", &hex)],
+            ),
+            None,
+        )
         .unwrap();
         assert_eq!(
             (ok[0].engine.as_str(), ok[0].version.as_str()),
             ("llamacpp", "b1")
         );
         assert_eq!(
-            wants(&section(Some("b1"), None, &[])).unwrap()[0].source,
+            wants(&section(Some("b1"), None, &[]), None).unwrap()[0].source,
             ""
+        );
+        // From the mirror: its byte path and the version's manifest.
+        let m = wants(
+            &section(Some("b1"), Some("mirror:llama.cpp"), &[]),
+            Some("http://models.internal:8081"),
+        )
+        .unwrap();
+        assert_eq!(
+            (m[0].source.as_str(), m[0].manifest.as_str()),
+            (
+                "http://models.internal:8081/llama.cpp/{version}/{asset}",
+                "http://models.internal:8081/llama.cpp/b1"
+            )
         );
         for (s, why) in [
             (
@@ -140,7 +188,14 @@ mod tests {
                 section(Some("b1"), Some("https://x/{nope}/{asset}"), &[]),
                 "engines.llamacpp.source",
             ),
-            (section(Some("b1"), Some("mirror:llama"), &[]), "mirror"),
+            (
+                section(Some("b1"), Some("mirror:llama"), &[]),
+                "needs mirror.url",
+            ),
+            (
+                section(Some("b1"), Some("mirror:a/b"), &[]),
+                "mirror:<name>",
+            ),
             (
                 section(Some("b1"), Some(t), &[]),
                 "engines.llamacpp.sha256 is required",
@@ -150,9 +205,9 @@ mod tests {
                 "not a SHA-256",
             ),
         ] {
-            let e = wants(&s).unwrap_err().0;
+            let e = wants(&s, None).unwrap_err().0;
             assert!(e.contains(why), "{why}: {e}");
         }
-        assert!(wants(&EnginesSection::default()).unwrap().is_empty());
+        assert!(wants(&EnginesSection::default(), None).unwrap().is_empty());
     }
 }

@@ -386,7 +386,7 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     out.models = file.models.clone();
     out.anchors = anchor_config(c)?;
     out.mirror_url = crate::config::mirror_url(file.mirror.as_ref())?;
-    out.engines = crate::engines_config::wants(&file.engines)?;
+    out.engines = crate::engines_config::wants(&file.engines, out.mirror_url.as_deref())?;
     Ok(Some(out))
 }
 

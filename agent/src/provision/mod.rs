@@ -52,8 +52,11 @@ pub struct Want {
     /// (`source::origin`).
     pub source: String,
     /// Archive file name → SHA-256 hex; with a template, the only
-    /// checksums there are.
+    /// checksums there are (beside a manifest's), and they win.
     pub sha256: BTreeMap<String, String>,
+    /// An llmgw mirror's manifest of the version: the checksums of
+    /// archives the mirror holds (`source::manifest_checksums`).
+    pub manifest: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +257,16 @@ impl Installer {
         self.packages(build, st).await?;
         let origin = source::origin(&w.source)?;
         let mut sums = match origin {
+            _ if !w.manifest.is_empty() => {
+                self.progress(
+                    st,
+                    format!(
+                        "asking the mirror for the checksums of {} {}",
+                        w.engine, w.version
+                    ),
+                );
+                source::manifest_checksums(&self.http, &w.manifest).await?
+            }
             source::Origin::GitHub if w.sha256.is_empty() => {
                 self.progress(
                     st,

@@ -1,7 +1,9 @@
 //! Where an engine's archives and their checksums come from: the
 //! publisher's GitHub releases (checksums from GitHub's API), or an
 //! `http(s)://` URL template (an operator's own copy, checksums given with
-//! it). `mirror:` is the place for the fleet's mirror, not served yet.
+//! it), which is also how the server hands on a `mirror:<name>` source:
+//! the mirror's byte path as the template, and its manifest for the
+//! checksums.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,10 +33,10 @@ pub fn origin(source: &str) -> Result<Origin, String> {
         return Ok(Origin::GitHub);
     }
     if s.starts_with("mirror:") {
-        // The hook for the fleet's mirror: its layout is
-        // <model>/<version>/<file>, and engines have no place in it yet.
+        // The server turns mirror:<name> into the mirror's URL template
+        // and manifest before an agent sees it.
         return Err(format!(
-            "{s}: engine archives cannot come from the weights mirror yet; give an http(s) URL template or github"
+            "{s}: a mirror: source is resolved by the server (mirror.url); an agent takes a URL template or github"
         ));
     }
     if !(s.starts_with("http://") || s.starts_with("https://")) {
@@ -133,6 +135,42 @@ pub async fn github_checksums(
             let hex = a.digest?.strip_prefix("sha256:")?.to_owned();
             valid_sha256(&hex).then(|| (a.name, hex.to_ascii_lowercase()))
         })
+        .collect())
+}
+
+/// The SHA-256 of each file an llmgw mirror's manifest lists
+/// (`{"files": [{"name", "size", "sha256"}]}`).
+pub async fn manifest_checksums(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<BTreeMap<String, String>, String> {
+    #[derive(serde::Deserialize)]
+    struct Manifest {
+        files: Vec<File>,
+    }
+    #[derive(serde::Deserialize)]
+    struct File {
+        name: String,
+        sha256: String,
+    }
+    let resp = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("reaching the mirror for {url}: {e}"))?;
+    match resp.status().as_u16() {
+        200 => {}
+        404 => return Err(format!("the mirror holds no such version ({url})")),
+        s => return Err(format!("the mirror answered {s} for {url}")),
+    }
+    let m: Manifest = resp
+        .json()
+        .await
+        .map_err(|e| format!("{url}: not a mirror's manifest: {e}"))?;
+    Ok(m.files
+        .into_iter()
+        .filter(|f| valid_sha256(&f.sha256))
+        .map(|f| (f.name, f.sha256.to_ascii_lowercase()))
         .collect())
 }
 

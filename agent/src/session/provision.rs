@@ -58,6 +58,7 @@ impl Agent {
                 version: w.version,
                 source: w.source,
                 sha256: w.sha256.into_iter().collect(),
+                manifest: w.manifest,
             })
             .collect();
         if self.provisioner.is_none() {

@@ -237,6 +237,7 @@ fn want(base: &str, version: &str, sum: &str) -> Want {
         version: version.into(),
         source: format!("{base}/{{version}}/{{asset}}"),
         sha256: BTreeMap::from([(asset(version), sum.to_owned())]),
+        manifest: String::new(),
     }
 }
 
@@ -715,4 +716,55 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
     .await
     .expect("taken back");
     assert_eq!(handed.lock().unwrap()[1], None);
+}
+
+#[tokio::test]
+async fn a_mirrors_manifest_gives_the_checksums_and_a_missing_one_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeSystem::new(dir.path(), 0);
+    let script = b"#!/bin/sh\necho 'version: 11 (mirror)'\n".to_vec();
+    let archive = tar_gz(&[Entry::File("llama-b11/llama-server", script, 0o755)]);
+    let files = Files::default();
+    files.put(&format!("/llama.cpp/b11/{}", asset("b11")), archive.clone());
+    let manifest = |sum: &str| {
+        serde_json::json!({"files": [{"name": asset("b11"), "size": archive.len(), "sha256": sum}]})
+            .to_string()
+            .into_bytes()
+    };
+    files.put("/llama.cpp/b11", manifest(&sha256(&archive)));
+    let base = files.serve().await;
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let inst = installer(&dir.path().join("engines"), fake.system(), &heard);
+    let from_mirror = |version: &str| Want {
+        engine: "llamacpp".into(),
+        version: version.into(),
+        source: format!("{base}/llama.cpp/{{version}}/{{asset}}"),
+        manifest: format!("{base}/llama.cpp/{version}"),
+        ..Want::default()
+    };
+    let st = inst.converge(&[from_mirror("b11")]).await.remove(0);
+    assert_eq!(st.state, State::Ready, "{st:?}");
+    assert!(
+        heard
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.detail == "asking the mirror for the checksums of llamacpp b11")
+    );
+    let st = inst.converge(&[from_mirror("b12")]).await.remove(0);
+    assert_eq!(st.state, State::Failed);
+    assert!(
+        st.detail.contains("the mirror holds no such version"),
+        "{}",
+        st.detail
+    );
+    // A manifest that disagrees with the bytes: refused.
+    std::fs::remove_dir_all(dir.path().join("engines/llamacpp/b11-cpu")).unwrap();
+    files.put("/llama.cpp/b11", manifest(&"1".repeat(64)));
+    let st = inst.converge(&[from_mirror("b11")]).await.remove(0);
+    assert!(
+        st.detail.contains("does not match the checksum"),
+        "{}",
+        st.detail
+    );
 }

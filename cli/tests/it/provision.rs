@@ -120,7 +120,7 @@ async fn an_engine_named_in_the_servers_file_is_installed_on_the_node_and_serves
         model.display()
     );
     let server = start_server(&server_file(dir.path(), port, &engines, &models));
-    let _agent = agent(dir.path(), port, "127.0.61.2");
+    let _agent = agent(dir.path(), port, "127.0.71.2");
     let (ok, table, err) = until("ctl nodes says llamacpp b1 is ready", || async {
         let out = ctl(&server.admin, &["nodes"]);
         out.1.contains("llamacpp b1 ready").then_some(out)
@@ -176,7 +176,7 @@ async fn an_archive_that_does_not_match_its_checksum_is_refused_with_the_reason_
         "0".repeat(64)
     );
     let server = start_server(&server_file(dir.path(), port, &engines, "models: []\n"));
-    let _agent = agent(dir.path(), port, "127.0.61.3");
+    let _agent = agent(dir.path(), port, "127.0.71.3");
     let table = until("ctl nodes says why", || async {
         let (_, out, _) = ctl(&server.admin, &["nodes"]);
         out.contains("llamacpp b2 failed").then_some(out)
@@ -200,6 +200,46 @@ async fn an_archive_that_does_not_match_its_checksum_is_refused_with_the_reason_
         page.contains("llamacpp b2 failed") && page.contains("does not match the checksum"),
         "{page}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_on_the_fleets_mirror_is_installed_and_checked_against_its_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (asset, bytes) = archive(dir.path(), "b3");
+    let upstream = file_server(bytes.clone());
+    let models = dir.path().join("models");
+    let added = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["mirror", "add", "--dir", models.to_str().unwrap()])
+        .args(["--model", "llama.cpp", "--version", "b3"])
+        .arg(format!("{upstream}/{asset}"))
+        .output()
+        .unwrap();
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let mirror = super::mirror::start_mirror(&models, &[]);
+    let port = free_port();
+    // No checksum in the file: the mirror's manifest has it.
+    let engines = format!(
+        "mirror:\n  url: {}\nengines:\n  llamacpp:\n    version: b3\n    source: \"mirror:llama.cpp\"\n",
+        mirror.bytes
+    );
+    let server = start_server(&server_file(dir.path(), port, &engines, "models: []\n"));
+    let _agent = agent(dir.path(), port, "127.0.71.4");
+    until("ctl nodes says llamacpp b3 is ready", || async {
+        let (_, out, _) = ctl(&server.admin, &["nodes"]);
+        out.contains("llamacpp b3 ready").then_some(())
+    })
+    .await;
+    let marker = std::fs::read_to_string(
+        dir.path()
+            .join("engines/llamacpp/b3-cpu")
+            .join(llmgw_agent::provision::MARKER),
+    )
+    .unwrap();
+    assert!(marker.contains(&hex(&bytes)), "{marker}");
 }
 
 #[test]
@@ -237,6 +277,10 @@ fn engine_settings_the_server_cannot_honour_are_refused_at_start() {
         (
             "control: {enabled: true}\nengines: {vllm: {version: \"0.6\"}}\n",
             "unknown field `vllm`",
+        ),
+        (
+            "control: {enabled: true}\nengines: {llamacpp: {version: b1, source: \"mirror:llama.cpp\"}}\n",
+            "needs mirror.url",
         ),
     ] {
         let (code, err) = check(&format!("{store}{body}"));

@@ -17,6 +17,7 @@ async fn every_stream_is_told_the_engines_and_their_reports_show_on_the_node() {
         engine: "llamacpp".into(),
         version: "b1".into(),
         source: "https://files.example/{asset}".into(),
+        manifest: String::new(),
         sha256: [(
             "llama-b1-bin-ubuntu-x64.tar.gz".to_string(),
             "ab".repeat(32),
