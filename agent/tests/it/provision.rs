@@ -768,3 +768,46 @@ async fn a_mirrors_manifest_gives_the_checksums_and_a_missing_one_says_so() {
         st.detail
     );
 }
+
+/// The loop's clock, on paused time (these passes touch no process, file
+/// or socket): a failure is tried again after a minute, a settled engine
+/// looked at again after ten.
+#[tokio::test(start_paused = true)]
+async fn a_failure_is_tried_again_after_a_minute_and_anything_else_after_ten() {
+    use tokio::time::Instant;
+    let dir = tempfile::tempdir().unwrap();
+    // No OS family: no package to look for.
+    let bare = Host {
+        arch: "amd64".into(),
+        ..Host::default()
+    };
+    let p = Provisioner::spawn(
+        Installer::new(dir.path().into(), bare),
+        Schedule::default(),
+        Arc::new(|_: &str, _| {}),
+    );
+    let mut watch = p.watch();
+    let settled = |state: State| move |s: &Vec<Status>| s.first().is_some_and(|s| s.state == state);
+    let unreadable = Want {
+        engine: "llamacpp".into(),
+        version: "b1".into(),
+        source: "ftp://files.example/{asset}".into(),
+        ..Want::default()
+    };
+    p.want(vec![unreadable]);
+    watch.wait_for(settled(State::Failed)).await.unwrap();
+    let failed = Instant::now();
+    // The next pass begins (and says so) a minute later.
+    watch.changed().await.unwrap();
+    assert_eq!(failed.elapsed(), Duration::from_secs(60));
+    let vllm = Want {
+        engine: "vllm".into(),
+        version: "0.29.0".into(),
+        ..Want::default()
+    };
+    p.want(vec![vllm]);
+    watch.wait_for(settled(State::Unsupported)).await.unwrap();
+    let settled_at = Instant::now();
+    watch.changed().await.unwrap();
+    assert_eq!(settled_at.elapsed(), Duration::from_secs(600));
+}
