@@ -516,6 +516,9 @@ impl ControlPlane {
         )
         .await?;
         self.observed.seen(node);
+        // A new stream: the agent reports its engines afresh (its first
+        // heartbeat), so what an earlier stream said is not kept.
+        self.observed.set_provision(node, Vec::new());
         self.telemetry.registered(reg);
         Ok(())
     }

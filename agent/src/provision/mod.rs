@@ -44,7 +44,7 @@ pub const GITHUB_DOWNLOAD: &str = "https://github.com";
 const LLAMACPP_REPO: &str = "ggml-org/llama.cpp";
 
 /// An engine the control plane wants on the node.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Want {
     pub engine: String,
     pub version: String,
@@ -56,7 +56,29 @@ pub struct Want {
     pub sha256: BTreeMap<String, String>,
     /// An llmgw mirror's manifest of the version: the checksums of
     /// archives the mirror holds (`source::manifest_checksums`).
+    #[serde(default)]
     pub manifest: String,
+}
+
+/// What the control plane last asked for, kept in the agent's work
+/// directory, so that a restarted agent checks its installed builds
+/// before it registers (and registers with them) rather than after.
+pub const WANTS_FILE: &str = "provision.json";
+
+/// Writes `wants` to `dir/provision.json` (whole, by a rename).
+pub fn save_wants(dir: &Path, wants: &[Want]) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{WANTS_FILE}.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(wants)?)?;
+    std::fs::rename(&tmp, dir.join(WANTS_FILE))
+}
+
+/// What `save_wants` wrote; nothing when there is no file or it cannot
+/// be read (the control plane says it again on the next stream).
+pub fn load_wants(dir: &Path) -> Vec<Want> {
+    std::fs::read(dir.join(WANTS_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

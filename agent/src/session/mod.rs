@@ -424,6 +424,14 @@ impl Agent {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.adopt_orphans().await;
         self.publish_shards();
+        // Builds installed before a restart are checked first, so that
+        // the registration (and the first probe) has them.
+        if tokio::select! {
+            _ = self.resume_provisioning() => false,
+            _ = shutdown.wait_for(|s| *s) => true,
+        } {
+            return;
+        }
         // The first probe (an SGLang import can take seconds) must not
         // hold up a stop signal.
         let stopped = tokio::select! {

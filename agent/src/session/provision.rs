@@ -3,6 +3,7 @@
 //! when it changed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use llmgw_api::v1;
 
@@ -46,7 +47,66 @@ pub(super) fn wire(statuses: &[Status]) -> Vec<v1::ProvisionStatus> {
         .collect()
 }
 
+/// How long a restarted agent waits for its installed builds to be
+/// checked before it registers (a build still to be fetched is not
+/// waited for).
+const RESUME_WAIT: Duration = Duration::from_secs(30);
+
 impl Agent {
+    /// A restarted agent: what the control plane last asked for is
+    /// checked now, so that the registration carries the builds that run
+    /// (and a start right after it finds them).
+    pub(super) async fn resume_provisioning(&mut self) {
+        let Some(dir) = self.config.work_dir.clone() else {
+            return;
+        };
+        let wants = crate::provision::load_wants(&dir);
+        if wants.is_empty() {
+            return;
+        }
+        let root = self.config.discovery.root.clone();
+        self.host = tokio::task::spawn_blocking(move || crate::discovery::host::discover(&root))
+            .await
+            .unwrap_or_default();
+        let n = wants.len();
+        self.start_provisioner();
+        let Some(p) = &self.provisioner else { return };
+        let mut watch = p.watch();
+        p.want(wants);
+        let checked = watch.wait_for(|s| {
+            s.len() == n
+                && s.iter()
+                    .all(|s| s.state != crate::provision::State::Installing)
+        });
+        if tokio::time::timeout(RESUME_WAIT, checked).await.is_err() {
+            tracing::info!("registering while engines are still being installed");
+        }
+    }
+
+    fn start_provisioner(&mut self) {
+        if self.provisioner.is_some() {
+            return;
+        }
+        let s = self.config.provision.clone();
+        let mut installer = Installer::new(s.root, self.host.clone());
+        installer.system = s.system;
+        installer.github_api = s.github_api;
+        installer.github_download = s.github_download;
+        let engines = self.engines.clone();
+        let on_ready = Arc::new(
+            move |engine: &str, built: Option<(std::path::PathBuf, String)>| {
+                match &built {
+                    Some((bin, version)) => {
+                        tracing::info!(engine, version = %version, binary = %bin.display(), "a provisioned engine is ready")
+                    }
+                    None => tracing::warn!(engine, "a provisioned engine is no longer ready"),
+                }
+                engines.use_installed(engine, built);
+            },
+        );
+        self.provisioner = Some(Provisioner::spawn(installer, s.schedule, on_ready));
+    }
+
     /// The whole list of what is wanted; the loop starts with the first
     /// list that asks for anything.
     pub(super) fn provision(&mut self, p: v1::Provision) {
@@ -61,28 +121,17 @@ impl Agent {
                 manifest: w.manifest,
             })
             .collect();
+        if let Some(dir) = &self.config.work_dir
+            && (!wants.is_empty() || dir.join(crate::provision::WANTS_FILE).exists())
+            && let Err(e) = crate::provision::save_wants(dir, &wants)
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot keep the wanted engines for a restart");
+        }
         if self.provisioner.is_none() {
             if wants.is_empty() {
                 return;
             }
-            let s = self.config.provision.clone();
-            let mut installer = Installer::new(s.root, self.host.clone());
-            installer.system = s.system;
-            installer.github_api = s.github_api;
-            installer.github_download = s.github_download;
-            let engines = self.engines.clone();
-            let on_ready = Arc::new(
-                move |engine: &str, built: Option<(std::path::PathBuf, String)>| {
-                    match &built {
-                        Some((bin, version)) => {
-                            tracing::info!(engine, version = %version, binary = %bin.display(), "a provisioned engine is ready")
-                        }
-                        None => tracing::warn!(engine, "a provisioned engine is no longer ready"),
-                    }
-                    engines.use_installed(engine, built);
-                },
-            );
-            self.provisioner = Some(Provisioner::spawn(installer, s.schedule, on_ready));
+            self.start_provisioner();
         }
         tracing::info!(engines = ?wants.iter().map(|w| format!("{} {}", w.engine, w.version)).collect::<Vec<_>>(), "the control plane wants these engines");
         if let Some(p) = &self.provisioner {

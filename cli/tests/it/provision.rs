@@ -120,7 +120,7 @@ async fn an_engine_named_in_the_servers_file_is_installed_on_the_node_and_serves
         model.display()
     );
     let server = start_server(&server_file(dir.path(), port, &engines, &models));
-    let _agent = agent(dir.path(), port, "127.0.71.2");
+    let first = agent(dir.path(), port, "127.0.71.2");
     let (ok, table, err) = until("ctl nodes says llamacpp b1 is ready", || async {
         let out = ctl(&server.admin, &["nodes"]);
         out.1.contains("llamacpp b1 ready").then_some(out)
@@ -163,6 +163,52 @@ async fn an_engine_named_in_the_servers_file_is_installed_on_the_node_and_serves
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["object"], "chat.completion");
+
+    // A restarted agent checks the build it has before it registers, so
+    // its registration already carries llamacpp: the node's inventory
+    // does not change (no event), and it is ready again.
+    let inventory_changes = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args([
+                "events",
+                "tail",
+                "--type",
+                "NodeInventoryChanged",
+                "--store",
+            ])
+            .arg(format!(
+                "sqlite://{}",
+                dir.path().join("llmgw.db").display()
+            ))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("NodeInventoryChanged"))
+            .count()
+    };
+    let before = inventory_changes();
+    drop(first);
+    let saved = std::fs::read_to_string(dir.path().join("work/provision.json")).unwrap();
+    assert!(saved.contains("\"b1\""), "{saved}");
+    let _again = agent(dir.path(), port, "127.0.71.2");
+    until("ready again after the restart", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes[0]["connected"] == true && nodes[0]["provision"][0]["state"] == "ready")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        inventory_changes(),
+        before,
+        "the restart changed the inventory"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
