@@ -22,17 +22,36 @@ pub struct Runner<S> {
     views: Arc<RwLock<Projections>>,
     lag: Arc<AtomicU64>,
     position: tokio::sync::watch::Sender<u64>,
-    /// Events between snapshots.
-    snapshot_every: u64,
+    floor: SnapshotFloor,
     since_snapshot: u64,
-    /// When the last snapshot was saved (or the runner started).
+    /// When the last snapshot was taken (or the runner started).
     snapshot_at: tokio::time::Instant,
+    /// The snapshot being written, if any: one at a time.
+    writing: Option<tokio::task::JoinHandle<()>>,
+    /// The position of the snapshot this runner started from (0: none).
+    started_from: u64,
 }
 
-/// A runner that has caught up snapshots at most this often: under a
-/// steady trickle (usage) it is caught up after every batch, and a snapshot
-/// of every view per batch would cost more than the batch itself.
-const SNAPSHOT_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+/// When the views are snapshotted: once `events` have been applied since
+/// the last snapshot, or once `interval` has passed since it with at least
+/// one event applied, never merely because the views caught up (under a
+/// trickle of usage they catch up after every batch). A snapshot only
+/// shortens the next start, which replays at most about `events` plus an
+/// `interval`'s worth of the log (a few thousand events: milliseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotFloor {
+    pub events: u64,
+    pub interval: std::time::Duration,
+}
+
+impl Default for SnapshotFloor {
+    fn default() -> Self {
+        SnapshotFloor {
+            events: 10_000,
+            interval: std::time::Duration::from_secs(300),
+        }
+    }
+}
 
 impl<S: EventStore> Runner<S> {
     /// Loads the snapshot named `name` if it matches this build and the log,
@@ -45,6 +64,7 @@ impl<S: EventStore> Runner<S> {
                 None => tracing::info!(name, "snapshot does not match; rebuilding from the start"),
             }
         }
+        let started_from = projections.checkpoint.position;
         let position = tokio::sync::watch::Sender::new(projections.checkpoint.position);
         let mut runner = Runner {
             store,
@@ -52,11 +72,22 @@ impl<S: EventStore> Runner<S> {
             views: Arc::new(RwLock::new(projections)),
             lag: Arc::new(AtomicU64::new(0)),
             position,
-            snapshot_every: 10_000,
+            floor: SnapshotFloor::default(),
             since_snapshot: 0,
             snapshot_at: tokio::time::Instant::now(),
+            writing: None,
+            started_from,
         };
         runner.catch_up().await?;
+        // A long catch-up's snapshot is written before the views are
+        // handed out (a short-lived command would otherwise drop it).
+        runner.snapshot_written().await;
+        tracing::debug!(
+            name,
+            from_snapshot = started_from,
+            position = runner.position(),
+            "views started"
+        );
         Ok(runner)
     }
 
@@ -74,9 +105,24 @@ impl<S: EventStore> Runner<S> {
         Ok(serde_json::from_value(snap.state.clone()).ok())
     }
 
+    /// Snapshots every `events` events (and on the default time floor).
     pub fn snapshot_every(mut self, events: u64) -> Self {
-        self.snapshot_every = events.max(1);
+        self.floor.events = events.max(1);
         self
+    }
+
+    pub fn snapshot_floor(mut self, floor: SnapshotFloor) -> Self {
+        self.floor = SnapshotFloor {
+            events: floor.events.max(1),
+            ..floor
+        };
+        self
+    }
+
+    /// The position of the snapshot the views started from (0: they were
+    /// built from the start of the log).
+    pub fn started_from(&self) -> u64 {
+        self.started_from
     }
 
     /// The views, shared with readers (the gateway, the admin API).
@@ -138,7 +184,7 @@ impl<S: EventStore> Runner<S> {
             let (head, _) = self.store.head().await?;
             self.lag
                 .store(head.saturating_sub(self.position()), Ordering::Relaxed);
-            self.maybe_snapshot(false).await?;
+            self.maybe_snapshot();
         }
     }
 
@@ -154,9 +200,8 @@ impl<S: EventStore> Runner<S> {
         self.position.send_replace(position);
     }
 
-    /// Follows the log forever; drop the future to stop. A snapshot is saved
-    /// every `snapshot_every` events, and when the views catch up if the
-    /// last one is older than [`SNAPSHOT_IDLE`].
+    /// Follows the log forever; drop the future to stop. Snapshots are
+    /// taken on the [`SnapshotFloor`], written beside the following.
     pub async fn follow(&mut self) -> Result<(), RunnerError> {
         let mut sub = self.store.subscribe(self.position());
         loop {
@@ -173,48 +218,69 @@ impl<S: EventStore> Runner<S> {
                 }
             }
             self.apply_all(&batch);
-            let caught_up = sub.is_caught_up();
-            if caught_up {
+            if sub.is_caught_up() {
                 self.lag.store(0, Ordering::Relaxed);
             }
-            // A snapshot only shortens the next start: one that cannot be
-            // written (the store unreachable, its disk full) must not stop
-            // the views, which serve from memory.
-            if let Err(e) = self.maybe_snapshot(caught_up).await {
-                tracing::warn!(name = %self.name, error = %e, "could not save the views' snapshot; trying again later");
-                self.snapshot_at = tokio::time::Instant::now();
-                self.since_snapshot = 0;
+            self.maybe_snapshot();
+        }
+    }
+
+    /// Takes a snapshot when the floor is reached and none is being
+    /// written. The views are copied under their read lock (a clone, not
+    /// the serialisation) and written by a task of its own, so that neither
+    /// the readers nor the following wait for the encoding or the store. A
+    /// snapshot that cannot be written (the store unreachable, its disk
+    /// full) is logged and tried again at the next floor: the views serve
+    /// from memory and must not stop for it.
+    fn maybe_snapshot(&mut self) {
+        let due = self.since_snapshot >= self.floor.events
+            || (self.since_snapshot > 0 && self.snapshot_at.elapsed() >= self.floor.interval);
+        if !due || self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
+        }
+        let views = self.read().clone();
+        let (store, name) = (self.store.clone(), self.name.clone());
+        self.since_snapshot = 0;
+        self.snapshot_at = tokio::time::Instant::now();
+        self.writing = Some(tokio::spawn(async move {
+            if let Err(e) = write_snapshot(&store, &name, views).await {
+                tracing::warn!(name = %name, error = %e, "could not save the views' snapshot; trying again later");
             }
+        }));
+    }
+
+    /// Waits for the snapshot being written, if any (a stop, a test).
+    pub async fn snapshot_written(&mut self) {
+        if let Some(w) = self.writing.take() {
+            let _ = w.await;
         }
     }
 
-    async fn maybe_snapshot(&mut self, caught_up: bool) -> Result<(), RunnerError> {
-        let due = self.since_snapshot >= self.snapshot_every
-            || (caught_up
-                && self.since_snapshot > 0
-                && self.snapshot_at.elapsed() >= SNAPSHOT_IDLE);
-        if !due {
-            return Ok(());
-        }
-        self.save_snapshot().await
-    }
-
-    /// Writes the current views as the named snapshot.
+    /// Writes the current views as the named snapshot, now.
     pub async fn save_snapshot(&mut self) -> Result<(), RunnerError> {
-        let snapshot = {
-            let views = self.read();
-            Snapshot {
-                checkpoint: views.checkpoint.clone(),
-                state_version: Projections::STATE_VERSION,
-                state: serde_json::to_value(&*views).expect("views serialise"),
-            }
-        };
-        self.store.save_snapshot(&self.name, &snapshot).await?;
-        self.store
-            .save_checkpoint(&self.name, &snapshot.checkpoint)
-            .await?;
+        self.snapshot_written().await;
+        let views = self.read().clone();
+        write_snapshot(&self.store, &self.name, views).await?;
         self.since_snapshot = 0;
         self.snapshot_at = tokio::time::Instant::now();
         Ok(())
     }
+}
+
+async fn write_snapshot<S: EventStore>(
+    store: &S,
+    name: &str,
+    views: Projections,
+) -> Result<(), RunnerError> {
+    // Encoding a large usage view takes a while: off the async workers.
+    let snapshot = tokio::task::spawn_blocking(move || Snapshot {
+        checkpoint: views.checkpoint.clone(),
+        state_version: Projections::STATE_VERSION,
+        state: serde_json::to_value(&views).expect("views serialise"),
+    })
+    .await
+    .expect("encoding the views does not panic");
+    store.save_snapshot(name, &snapshot).await?;
+    store.save_checkpoint(name, &snapshot.checkpoint).await?;
+    Ok(())
 }

@@ -222,6 +222,7 @@ macro_rules! both_backends {
 both_backends!(
     views_followed_live_equal_views_rebuilt_from_zero,
     a_restart_resumes_from_a_matching_snapshot_only,
+    snapshots_are_taken_on_a_floor_of_events_or_time_not_on_every_catch_up,
     the_sampled_lag_counts_unapplied_events_and_is_zero_when_caught_up,
 );
 
@@ -303,6 +304,57 @@ async fn a_restart_resumes_from_a_matching_snapshot_only(b: Backend) {
         let got = rebuilt_runner.views().read().unwrap().clone();
         assert_eq!(got, rebuilt);
     }
+}
+
+/// Ten events caught up write no snapshot; crossing the floor of events
+/// does, as does the time floor once passed; a restart starts from the
+/// last one.
+async fn snapshots_are_taken_on_a_floor_of_events_or_time_not_on_every_catch_up(b: Backend) {
+    let (store, w, _scratch) = fresh(b).await;
+    let mut state = State::default();
+    let usage_of = |round: u32, n: u64| (0..n).map(|i| usage(round, i)).collect::<Vec<_>>();
+    append_story(&store, &w, &mut state, vec![], usage_of(1, 10)).await;
+    let floor = llmgw_projections::SnapshotFloor {
+        events: 50,
+        interval: Duration::from_secs(3600),
+    };
+    let mut runner = Runner::start(store.clone(), "views")
+        .await
+        .unwrap()
+        .snapshot_floor(floor);
+    assert_eq!(runner.started_from(), 0);
+    append_story(&store, &w, &mut state, vec![], usage_of(2, 10)).await;
+    runner.catch_up().await.unwrap();
+    runner.snapshot_written().await;
+    assert_eq!(runner.position(), 20);
+    assert!(
+        store.load_snapshot("views").await.unwrap().is_none(),
+        "20 events, under the floor of 50: no snapshot"
+    );
+
+    append_story(&store, &w, &mut state, vec![], usage_of(3, 40)).await;
+    runner.catch_up().await.unwrap();
+    runner.snapshot_written().await;
+    let snap = store.load_snapshot("views").await.unwrap().expect("a snapshot");
+    assert_eq!(snap.checkpoint.position, 60, "taken once 60 events were in");
+
+    // The time floor: past it, the next event caught up is snapshotted.
+    let mut runner = runner.snapshot_floor(llmgw_projections::SnapshotFloor {
+        events: 1_000_000,
+        interval: Duration::ZERO,
+    });
+    append_story(&store, &w, &mut state, vec![], usage_of(4, 1)).await;
+    runner.catch_up().await.unwrap();
+    runner.snapshot_written().await;
+    let snap = store.load_snapshot("views").await.unwrap().unwrap();
+    assert_eq!(snap.checkpoint.position, 61);
+
+    // A restart starts from it and replays only the tail.
+    append_story(&store, &w, &mut state, vec![], usage_of(5, 3)).await;
+    let restarted = Runner::start(store.clone(), "views").await.unwrap();
+    assert_eq!((restarted.started_from(), restarted.position()), (61, 64));
+    let got = restarted.views().read().unwrap().clone();
+    assert_eq!(got, replay_from_zero(&store).await);
 }
 
 /// The lag is read from the store, not from the runner: views at position 1
