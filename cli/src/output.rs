@@ -62,8 +62,38 @@ pub(crate) fn event_cells(e: &RecordedEvent) -> Vec<String> {
         e.recorded_at.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
         format!("{}@{}", e.stream_id, e.stream_version),
         format!("{} v{}", e.event_type, e.schema_version),
-        shorten(&e.payload.to_string(), 80),
+        shorten(&payload_summary(e), 80),
     ]
+}
+
+/// The payload on one line; a usage batch as its row count and totals
+/// (its rows are hundreds of records: `events show` or `--json` lists them).
+pub(crate) fn payload_summary(e: &RecordedEvent) -> String {
+    if e.event_type == "UsageBatchRecorded"
+        && let Some(rows) = e.payload.get("rows").and_then(serde_json::Value::as_array)
+    {
+        let sum = |k: &str| -> u64 {
+            rows.iter()
+                .filter_map(|r| r.get(k).and_then(serde_json::Value::as_u64))
+                .sum()
+        };
+        let keys: std::collections::BTreeSet<&str> = rows
+            .iter()
+            .filter_map(|r| r.get("key_id").and_then(serde_json::Value::as_str))
+            .collect();
+        let errors = rows
+            .iter()
+            .filter(|r| r.get("status").and_then(serde_json::Value::as_u64) >= Some(400))
+            .count();
+        return format!(
+            "{} rows, {} keys, {} tokens, {} micros, {errors} errors",
+            rows.len(),
+            keys.len(),
+            sum("prompt_tokens") + sum("completion_tokens"),
+            sum("cost_micros"),
+        );
+    }
+    e.payload.to_string()
 }
 
 /// One line per event, for `tail --follow` where no table can be aligned.

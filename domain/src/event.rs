@@ -71,6 +71,10 @@ pub struct ControlSettings {
     pub anchor_every_ms: Option<u64>,
 }
 
+/// The stream of a gateway's usage batches is this and its writer name
+/// (a key's single-row records of older logs are `usage-<key>`).
+pub const USAGE_BATCHES_PREFIX: &str = "usage-batches-";
+
 /// Any event of the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -138,6 +142,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("ThreadsSet", Area::Tenancy, 1),
     ("MemorySet", Area::Tenancy, 1),
     ("UsageRecorded", Area::Usage, 1),
+    ("UsageBatchRecorded", Area::Usage, 1),
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
     ("AnchorRecorded", Area::Leadership, 1),
@@ -287,6 +292,9 @@ impl Event {
                 | T::UserErased { user_id, .. } => format!("user-{user_id}"),
             },
             Event::Usage(UsageEvent::UsageRecorded(u)) => format!("usage-{}", u.key_id),
+            Event::Usage(UsageEvent::UsageBatchRecorded(b)) => {
+                format!("{USAGE_BATCHES_PREFIX}{}", b.gateway)
+            }
             Event::Leadership(LeadershipEvent::AnchorRecorded { .. }) => "anchors".to_owned(),
             Event::Leadership(_) => "leadership".to_owned(),
             Event::Demand(DemandEvent::ModelDemanded { model }) => format!("demand-{model}"),

@@ -52,10 +52,37 @@ pub struct UsageRecorded {
     pub at: UnixMillis,
 }
 
+/// The requests one gateway finished since its last flush, appended as
+/// one event: a busy gateway writes one event per flush, not one per
+/// request, and the log's per-event cost (ids, hash, positions, indexes) is
+/// paid once for all its rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageBatchRecorded {
+    /// The gateway that served the requests (its writer name); the batch's
+    /// stream is `usage-batches-<gateway>`.
+    pub gateway: String,
+    pub rows: Vec<UsageRecorded>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "data")]
 pub enum UsageEvent {
+    /// One request per event: how usage was written before batches. No
+    /// longer appended, still read (as a batch of one, [`UsageEvent::rows`])
+    /// so that older logs replay to the same views.
     UsageRecorded(UsageRecorded),
+    UsageBatchRecorded(UsageBatchRecorded),
+}
+
+impl UsageEvent {
+    /// The requests the event records, whichever its shape: what every
+    /// reader of usage goes through.
+    pub fn rows(&self) -> &[UsageRecorded] {
+        match self {
+            UsageEvent::UsageRecorded(u) => std::slice::from_ref(u),
+            UsageEvent::UsageBatchRecorded(b) => &b.rows,
+        }
+    }
 }
 
 /// A request the gateway finished, before pricing.
@@ -75,8 +102,41 @@ pub struct FinishedRequest {
     pub at: UnixMillis,
 }
 
-/// Prices a finished request with the price of the model that served it.
+/// Prices a flush's requests, each with the price of the model that served
+/// it, into one batch; a request that cannot be recorded is left out and
+/// returned with its reason. `None` when no row is left.
+pub fn record_batch(
+    gateway: &str,
+    requests: impl IntoIterator<Item = FinishedRequest>,
+    price_of: impl Fn(&str) -> Price,
+) -> (Option<UsageEvent>, Vec<Rejection>) {
+    let mut rows = Vec::new();
+    let mut refused = Vec::new();
+    for r in requests {
+        let price = price_of(&r.model_served);
+        match row(r, price) {
+            Ok(u) => rows.push(u),
+            Err(e) => refused.push(e),
+        }
+    }
+    let batch = (!rows.is_empty()).then(|| {
+        UsageEvent::UsageBatchRecorded(UsageBatchRecorded {
+            gateway: gateway.to_owned(),
+            rows,
+        })
+    });
+    (batch, refused)
+}
+
+/// A finished request as a single-row event, the shape older logs hold
+/// (gateways append [`record_batch`]; fixtures that stand for older logs
+/// use this).
 pub fn record(request: FinishedRequest, served_price: Price) -> Result<UsageEvent, Rejection> {
+    row(request, served_price).map(UsageEvent::UsageRecorded)
+}
+
+/// Prices a finished request with the price of the model that served it.
+pub fn row(request: FinishedRequest, served_price: Price) -> Result<UsageRecorded, Rejection> {
     if request.request_id.is_empty() {
         return Err(Rejection::invalid("a usage record needs a request id"));
     }
@@ -86,7 +146,7 @@ pub fn record(request: FinishedRequest, served_price: Price) -> Result<UsageEven
             request.status
         )));
     }
-    Ok(UsageEvent::UsageRecorded(UsageRecorded {
+    Ok(UsageRecorded {
         cost_micros: served_price.cost(request.prompt_tokens, request.completion_tokens),
         request_id: request.request_id,
         key_id: request.key_id,
@@ -100,7 +160,7 @@ pub fn record(request: FinishedRequest, served_price: Price) -> Result<UsageEven
         ttft_ms: request.ttft_ms,
         band: request.band,
         at: request.at,
-    }))
+    })
 }
 
 /// The start of the budget period containing `at` (UTC): midnight for a

@@ -359,9 +359,10 @@ fn main() {
             on / off
         );
         // The usage path: what reaching the log costs per request.
-        let recorded = settled(&t.store).await - before;
+        let events = settled(&t.store).await - before;
+        let recorded = usage_rows(&t.store, before).await;
         println!(
-            "usage path: {recorded} requests became UsageRecorded events ({} dropped); appending them costs {:.1} µs per record (batches of 500, SQLite)",
+            "usage path: {recorded} requests recorded as usage rows in {events} events ({} dropped); appending them costs {:.1} µs per record (one UsageBatchRecorded of 500 rows an append, SQLite)",
             t.queue.dropped(),
             append_cost(&t.store).await
         );
@@ -372,6 +373,24 @@ fn main() {
 async fn head(store: &llmgw_eventstore::AnyStore) -> u64 {
     use llmgw_eventstore::EventStore;
     store.head().await.unwrap().0
+}
+
+/// The usage rows of the events after `after`.
+async fn usage_rows(store: &llmgw_eventstore::AnyStore, mut after: u64) -> u64 {
+    use llmgw_eventstore::EventStore;
+    let mut rows = 0;
+    loop {
+        let page = store.read_all(after, 1000).await.unwrap();
+        let Some(last) = page.last() else {
+            return rows;
+        };
+        after = last.position;
+        rows += page
+            .iter()
+            .filter_map(|e| e.payload.get("rows").and_then(|r| r.as_array()))
+            .map(|r| r.len() as u64)
+            .sum::<u64>();
+    }
 }
 
 /// The log's head once the batcher has stopped appending.
@@ -388,34 +407,34 @@ async fn settled(store: &llmgw_eventstore::AnyStore) -> u64 {
 }
 
 /// Microseconds per usage record appended through the decider's observer
-/// path, in the batcher's batch size.
+/// path, in the batcher's batch size (one `UsageBatchRecorded` per batch).
 async fn append_cost(store: &llmgw_eventstore::AnyStore) -> f64 {
     let n = 5000;
-    let records: Vec<llmgw_domain::Event> = (0..n)
-        .map(|i| {
-            let request = llmgw_domain::usage::FinishedRequest {
-                request_id: format!("bench-{i}"),
-                key_id: "k".into(),
-                project_id: "p".into(),
-                model_asked: "m".into(),
-                model_served: "m".into(),
-                prompt_tokens: 12,
-                completion_tokens: 3,
-                status: 200,
-                latency_ms: 1,
-                ttft_ms: None,
-                band: llmgw_domain::tenancy::Band::Gold,
-                at: llmgw_domain::UnixMillis(0),
-            };
-            let priced = llmgw_domain::usage::record(request, llmgw_domain::catalog::Price::ZERO);
-            llmgw_domain::Event::Usage(priced.unwrap())
+    let requests: Vec<llmgw_domain::usage::FinishedRequest> = (0..n)
+        .map(|i| llmgw_domain::usage::FinishedRequest {
+            request_id: format!("bench-{i}"),
+            key_id: "k".into(),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: 12,
+            completion_tokens: 3,
+            status: 200,
+            latency_ms: 1,
+            ttft_ms: None,
+            band: llmgw_domain::tenancy::Band::Gold,
+            at: llmgw_domain::UnixMillis(0),
         })
         .collect();
     let decider = llmgw_decider::Decider::new(store.clone(), "bench".into());
     let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Gateway("bench".into()));
     let timed = Instant::now();
-    for chunk in records.chunks(500) {
-        decider.observe(&origin, chunk.to_vec()).await.unwrap();
+    for chunk in requests.chunks(500) {
+        let (batch, _) = llmgw_domain::usage::record_batch("bench", chunk.to_vec(), |_: &str| {
+            llmgw_domain::catalog::Price::ZERO
+        });
+        let batch = llmgw_domain::Event::Usage(batch.expect("rows"));
+        decider.observe(&origin, vec![batch]).await.unwrap();
     }
     timed.elapsed().as_secs_f64() * 1e6 / n as f64
 }

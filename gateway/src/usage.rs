@@ -1,7 +1,7 @@
 //! Usage capture off the request path. Streaming requests ask the engine
 //! for usage even when the client did not, and the extra chunk is taken out
 //! before it reaches the client (`proxy/splice.rs`). Each finished request becomes one record
-//! in a bounded queue; a full queue drops the record and counts it, never
+//! in a bounded queue (a row of the next flush's one event); a full queue drops the record and counts it, never
 //! blocking a request. A batcher appends the records to the event log when
 //! the gateway has one, and holds them while the log cannot be reached.
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 use llmgw_decider::{Actor, Decider, Origin};
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Price;
-use llmgw_domain::usage::{FinishedRequest, record};
+use llmgw_domain::usage::{FinishedRequest, UsageBatchRecorded, UsageEvent, record_batch};
 use llmgw_eventstore::{AnyStore, StoreError};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -136,11 +136,11 @@ impl UsageQueue {
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// Appends queued usage to the log every `interval` or `batch` records,
-/// through the decider's observer path (usage is a fact any gateway saw,
+/// Appends queued usage to the log every `interval` or `batch` records, one
+/// `UsageBatchRecorded` event per flush, through the decider's observer path (usage is a fact any gateway saw,
 /// not a leader's decision; each batch is one command of this gateway).
 /// A batch that cannot be appended is tried again, with the same event
-/// ids, until it lands: while it waits, new records wait in the queue
+/// id, until it lands: while it waits, new records wait in the queue
 /// (and are dropped, counted, once it is full). Runs until the queue's
 /// senders are gone, then flushes what is left.
 pub async fn run_batcher(
@@ -181,18 +181,25 @@ pub async fn run_batcher(
             _ = tick.tick() => (true, false),
         };
         if flush && !pending.is_empty() {
-            // Ids are given once, here: every try of this batch carries
-            // them, so a try whose commit was unknown is not appended twice.
-            let events: Vec<(Uuid, Event)> = pending
-                .drain(..)
-                .filter_map(|r| {
-                    let price = price_of(&r.model_served);
-                    record(r, price).ok()
-                })
-                .map(|e| (Uuid::now_v7(), Event::Usage(e)))
-                .collect();
-            let origin = Origin::new(Actor::Gateway(instance.clone()));
-            deliver(&decider, &origin, &events, &counts).await;
+            // One event per flush, its id given once, here: every try of
+            // this batch carries it, so a try whose commit was unknown is
+            // not appended twice.
+            let (batch, refused) = record_batch(&instance, pending.drain(..), &price_of);
+            if !refused.is_empty() {
+                tracing::error!(reason = %refused[0], "usage records that cannot be recorded; they are lost");
+                counts.drop_records(refused.len() as u64, "not a usage record");
+            }
+            if let Some(batch) = batch {
+                let origin = Origin::new(Actor::Gateway(instance.clone()));
+                deliver(
+                    &decider,
+                    &origin,
+                    &instance,
+                    (Uuid::now_v7(), batch),
+                    &counts,
+                )
+                .await;
+            }
         }
         if closed {
             return;
@@ -205,19 +212,18 @@ pub async fn run_batcher(
 async fn deliver(
     decider: &Decider,
     origin: &Origin,
-    events: &[(Uuid, Event)],
+    gateway: &str,
+    (id, batch): (Uuid, UsageEvent),
     counts: &UsageCounts,
 ) {
-    if events.is_empty() {
-        return;
-    }
-    let n = events.len() as u64;
+    let n = batch.rows().len() as u64;
     counts.held.fetch_add(n, Ordering::Relaxed);
+    let events = [(id, Event::Usage(batch))];
     let mut wait = RETRY_FIRST;
     let mut failing_since: Option<tokio::time::Instant> = None;
     let mut reported = tokio::time::Instant::now();
     loop {
-        match decider.observe_once(origin, events).await {
+        match decider.observe_once(origin, &events).await {
             Ok(appended) => {
                 if appended.deduplicated {
                     tracing::info!(
@@ -235,11 +241,31 @@ async fn deliver(
                 break;
             }
             Err(e @ (StoreError::Invalid(_) | StoreError::DuplicateEventId { .. })) => {
-                if events.len() > 1 {
-                    // One bad record must not take the others with it.
+                let [(_, Event::Usage(batch))] = events else {
+                    unreachable!("one usage event")
+                };
+                if n > 1 {
+                    // One bad record must not take the others with it: each
+                    // row goes again as a batch of its own. New ids are safe
+                    // here, the refused append wrote nothing.
                     counts.held.fetch_sub(n, Ordering::Relaxed);
-                    for one in events {
-                        Box::pin(deliver(decider, origin, std::slice::from_ref(one), counts)).await;
+                    let rows = match batch {
+                        UsageEvent::UsageBatchRecorded(b) => b.rows,
+                        UsageEvent::UsageRecorded(u) => vec![u],
+                    };
+                    for row in rows {
+                        let one = UsageEvent::UsageBatchRecorded(UsageBatchRecorded {
+                            gateway: gateway.to_owned(),
+                            rows: vec![row],
+                        });
+                        Box::pin(deliver(
+                            decider,
+                            origin,
+                            gateway,
+                            (Uuid::now_v7(), one),
+                            counts,
+                        ))
+                        .await;
                     }
                     return;
                 }

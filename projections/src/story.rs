@@ -48,7 +48,12 @@ pub const BLANK: &str = "…";
 
 /// Event types that are not points of interest on their own (their
 /// effects show at the next point).
-const BACKGROUND: &[&str] = &["UsageRecorded", "ModelDemanded", "AnchorRecorded"];
+const BACKGROUND: &[&str] = &[
+    "UsageRecorded",
+    "UsageBatchRecorded",
+    "ModelDemanded",
+    "AnchorRecorded",
+];
 
 /// A captured fixture's header (its first line, `{"header": …}`): what it
 /// is, the control plane's timings while it was recorded, and the views

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use llmgw_domain::Event;
 use llmgw_domain::tenancy::{Period, Scope, TenancyEvent};
-use llmgw_domain::usage::{UsageEvent, UsageRecorded, period_start};
+use llmgw_domain::usage::{UsageRecorded, period_start};
 use serde::{Deserialize, Serialize};
 
 use crate::{Stamp, View};
@@ -414,7 +414,8 @@ impl View for UsageView {
                     self.owner_of_key.insert(k.key_id.clone(), owner.clone());
                 }
             }
-            Event::Usage(UsageEvent::UsageRecorded(u)) => self.record(u),
+            // A batch and an older single-row record count alike, row by row.
+            Event::Usage(e) => e.rows().iter().for_each(|u| self.record(u)),
             _ => {}
         }
     }
@@ -431,6 +432,7 @@ fn slot<'a, V: Default>(map: &'a mut BTreeMap<String, V>, key: &str) -> &'a mut 
 #[cfg(test)]
 mod tests {
     use llmgw_domain::tenancy::{Band, Key};
+    use llmgw_domain::usage::UsageEvent;
 
     use super::*;
 
@@ -494,6 +496,46 @@ mod tests {
             at: llmgw_domain::UnixMillis(at),
         };
         view.apply_event(stamp(), &Event::Usage(UsageEvent::UsageRecorded(u)));
+    }
+
+    /// The same requests recorded one event each (older logs) or as one
+    /// batch count alike in every total, bucket and model.
+    #[test]
+    fn a_batch_counts_as_its_rows_one_by_one() {
+        let mut singles = UsageView::default();
+        tree(&mut singles);
+        let mut batched = singles.clone();
+        let rows: Vec<UsageRecorded> = (0..50)
+            .map(|i| UsageRecorded {
+                request_id: format!("r{i}"),
+                key_id: ["ops", "mine", "session:ada"][i % 3].into(),
+                project_id: "p".into(),
+                model_asked: "m".into(),
+                model_served: ["m", "n"][i % 2].into(),
+                prompt_tokens: i as u64,
+                completion_tokens: 2 * i as u64,
+                cost_micros: 7 * i as u64,
+                status: if i % 7 == 0 { 502 } else { 200 },
+                latency_ms: i as u32,
+                ttft_ms: (i % 2 == 0).then_some(i as u32),
+                band: Band::Gold,
+                at: llmgw_domain::UnixMillis(T0 + i as i64 * HOUR_MS / 4),
+            })
+            .collect();
+        for u in &rows {
+            singles.apply_event(stamp(), &Event::Usage(UsageEvent::UsageRecorded(u.clone())));
+        }
+        batched.apply_event(
+            stamp(),
+            &Event::Usage(UsageEvent::UsageBatchRecorded(
+                llmgw_domain::usage::UsageBatchRecorded {
+                    gateway: "gateway-a".into(),
+                    rows,
+                },
+            )),
+        );
+        assert_eq!(batched, singles);
+        assert_eq!(batched.spend_of(Scope::Org, "o").requests, 50);
     }
 
     #[test]

@@ -384,6 +384,8 @@ fn timeline_row(e: &RecordedEvent) -> Vec<String> {
             Some(error) => format!("{} {}: {error}", field("shard_id"), field("state")),
             None => format!("{} {}", field("shard_id"), field("state")),
         }
+    } else if e.event_type == "UsageBatchRecorded" {
+        crate::output::payload_summary(e)
     } else {
         let mut details = e.payload.clone();
         if let Value::Object(m) = &mut details {

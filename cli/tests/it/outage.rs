@@ -150,11 +150,17 @@ pub(super) async fn usage_rows(store: &AnyStore) -> Vec<String> {
             return ids;
         };
         after = last.position;
-        ids.extend(
-            page.iter()
-                .filter(|e| e.event_type == "UsageRecorded")
-                .map(|e| e.payload["request_id"].as_str().unwrap().to_owned()),
-        );
+        for e in &page {
+            let rows = match e.event_type.as_str() {
+                "UsageBatchRecorded" => e.payload["rows"].as_array().unwrap().clone(),
+                "UsageRecorded" => vec![e.payload.clone()],
+                _ => continue,
+            };
+            ids.extend(
+                rows.iter()
+                    .map(|u| u["request_id"].as_str().unwrap().to_owned()),
+            );
+        }
     }
 }
 
@@ -267,7 +273,7 @@ async fn postgres_goes_away_under_load(fault: Fault) {
     // A usage append commits, but its answer never arrives: the batcher
     // tries again with the same event ids, and the store answers with the
     // first append's positions.
-    relay.lose_reply(b"UsageRecorded", b"COMMIT");
+    relay.lose_reply(b"UsageBatchRecorded", b"COMMIT");
     server_log
         .until_more("a usage batch was already in the log", 0)
         .await;

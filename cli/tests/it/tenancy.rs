@@ -260,12 +260,10 @@ async fn auth_on(mode: Mode, backend: Backend) {
             .ok()?;
         let me: Value = r.json().await.ok()?;
         let log = super::ok(&store, &["events", "tail", "--limit", "1000", "--json"]);
-        let cost: u64 = super::json_lines(&log)
+        let cost: u64 = super::usage_rows_of(&super::json_lines(&log))
             .iter()
-            .filter(|e| {
-                e["event_type"] == "UsageRecorded" && e["payload"]["key_id"] == budgeted_id.as_str()
-            })
-            .filter_map(|e| e["payload"]["cost_micros"].as_u64())
+            .filter(|u| u["key_id"] == budgeted_id.as_str())
+            .filter_map(|u| u["cost_micros"].as_u64())
             .sum();
         (cost > 0 && me.to_string().contains(&format!("\"spent_micros\":{cost}"))).then_some(())
     })
@@ -321,7 +319,7 @@ async fn auth_off(mode: Mode, backend: Backend) {
     assert_eq!(r.status(), 404);
     until("the usage record", || async {
         let log = super::ok(&store, &["events", "stats", "--json"]);
-        log.contains("UsageRecorded").then_some(())
+        log.contains("UsageBatchRecorded").then_some(())
     })
     .await;
     drop(server);

@@ -332,13 +332,13 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let session = format!("session:{id}");
     let usage = until("the chat's usage in the log", || async {
         let log = super::ok(&store, &["events", "tail", "--limit", "200", "--json"]);
-        super::json_lines(&log).into_iter().find(|e| {
-            e["event_type"] == "UsageRecorded" && e["payload"]["key_id"] == session.as_str()
-        })
+        super::usage_rows_of(&super::json_lines(&log))
+            .into_iter()
+            .find(|u| u["key_id"] == session.as_str())
     })
     .await;
-    assert_eq!(usage["payload"]["project_id"], "p", "{usage}");
-    assert_eq!(usage["payload"]["completion_tokens"], 512, "{usage}");
+    assert_eq!(usage["project_id"], "p", "{usage}");
+    assert_eq!(usage["completion_tokens"], 512, "{usage}");
 
     // The admin pages are not there for a person who is not an admin.
     assert_eq!(ayse.get("/admin").await.status, StatusCode::NOT_FOUND);

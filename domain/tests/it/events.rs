@@ -7,7 +7,7 @@ use llmgw_domain::join::JoinEvent;
 use llmgw_domain::nodes::NodeEvent;
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::tenancy::{Limits, Scope, TenancyEvent};
-use llmgw_domain::usage::{UsageEvent, UsageRecorded};
+use llmgw_domain::usage::{UsageBatchRecorded, UsageEvent, UsageRecorded};
 use llmgw_domain::{DecodeError, tenancy::Band};
 use serde_json::json;
 
@@ -164,6 +164,24 @@ pub(crate) fn every_event() -> Vec<Event> {
             ttft_ms: None,
             band: Band::Gold,
             at: llmgw_domain::UnixMillis(1),
+        })),
+        Event::Usage(UsageEvent::UsageBatchRecorded(UsageBatchRecorded {
+            gateway: "gateway-a".into(),
+            rows: vec![UsageRecorded {
+                request_id: "req-2".into(),
+                key_id: "k".into(),
+                project_id: "p".into(),
+                model_asked: "llama".into(),
+                model_served: "llama".into(),
+                prompt_tokens: 10,
+                completion_tokens: 20,
+                cost_micros: 3,
+                status: 200,
+                latency_ms: 100,
+                ttft_ms: Some(12),
+                band: Band::Gold,
+                at: llmgw_domain::UnixMillis(2),
+            }],
         })),
         Event::Leadership(LeadershipEvent::LeadershipAcquired {
             holder: "ctl-a".into(),
@@ -326,6 +344,7 @@ fn streams_group_events_by_the_thing_they_are_about() {
     assert_eq!(streams[30], "user-usr-1");
     assert_eq!(streams[32], "key-k");
     assert_eq!(streams[34], "usage-k");
-    assert_eq!(streams[35], "leadership");
-    assert_eq!(streams[37], "anchors");
+    assert_eq!(streams[35], "usage-batches-gateway-a");
+    assert_eq!(streams[36], "leadership");
+    assert_eq!(streams[38], "anchors");
 }

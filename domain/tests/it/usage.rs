@@ -1,6 +1,6 @@
 use llmgw_domain::catalog::Price;
 use llmgw_domain::tenancy::{Band, Period};
-use llmgw_domain::usage::{FinishedRequest, UsageEvent, period_start, record};
+use llmgw_domain::usage::{FinishedRequest, UsageEvent, period_start, record_batch, row};
 
 #[test]
 fn prices_round_each_side_up() {
@@ -56,10 +56,46 @@ fn a_request_is_priced_by_the_model_that_served_it() {
         band: Band::Gold,
         at: llmgw_domain::UnixMillis(1_700_000_000_000),
     };
-    let UsageEvent::UsageRecorded(u) = record(r.clone(), served).unwrap();
+    let u = row(r.clone(), served).unwrap();
     assert_eq!(u.cost_micros, 15 + 3);
-    let bad = record(FinishedRequest { status: 42, ..r }, served).unwrap_err();
+    let bad = row(
+        FinishedRequest {
+            status: 42,
+            ..r.clone()
+        },
+        served,
+    )
+    .unwrap_err();
     assert!(bad.reason.contains("42 is not an HTTP status"));
+
+    // A flush is one batch of its rows, each priced by its own model; a
+    // request that cannot be recorded is left out, with its reason.
+    let price_of = |m: &str| if m == "llama-8b" { served } else { Price::ZERO };
+    let requests = [
+        r.clone(),
+        FinishedRequest {
+            request_id: "req-2".into(),
+            model_served: "free".into(),
+            ..r.clone()
+        },
+        FinishedRequest {
+            status: 42,
+            ..r.clone()
+        },
+    ];
+    let (batch, refused) = record_batch("gateway-a", requests, price_of);
+    let batch = batch.expect("two rows");
+    let UsageEvent::UsageBatchRecorded(b) = &batch else {
+        panic!("a batch: {batch:?}")
+    };
+    assert_eq!(b.gateway, "gateway-a");
+    let costs: Vec<u64> = batch.rows().iter().map(|u| u.cost_micros).collect();
+    assert_eq!(costs, [18, 0]);
+    assert_eq!(refused.len(), 1);
+    let (none, _) = record_batch("gateway-a", [], price_of);
+    assert_eq!(none, None);
+    // An older single-row event reads as a batch of one.
+    assert_eq!(UsageEvent::UsageRecorded(u.clone()).rows(), [u]);
 }
 
 #[test]

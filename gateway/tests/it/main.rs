@@ -460,9 +460,10 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(e.event_type, "UsageRecorded");
+        assert_eq!(e.event_type, "UsageBatchRecorded");
+        assert_eq!(e.stream_id, "usage-batches-gw-test");
         assert_eq!(e.metadata["writer"], "gw-test", "appended as an observer");
-        usage.push(e.payload);
+        usage.extend(e.payload["rows"].as_array().unwrap().iter().cloned());
     }
     for u in &usage {
         assert_eq!(
@@ -482,8 +483,8 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
 
 /// The connection breaks around a usage append's commit: the append took
 /// effect but the batcher never heard. It tries again with the same event
-/// ids, the store recognises the batch, and every record is in the log
-/// once.
+/// id (one per flush's batch), the store recognises the batch, and every
+/// record is in the log once.
 #[tokio::test]
 async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
     use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
@@ -501,7 +502,7 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
     )
     .await
     .unwrap();
-    relay.lose_reply(b"UsageRecorded", b"COMMIT");
+    relay.lose_reply(b"UsageBatchRecorded", b"COMMIT");
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(64);
     tokio::spawn(llmgw_gateway::usage::run_batcher(
         store,
@@ -541,13 +542,85 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
             .await
             .expect("every record reaches the log")
             .unwrap();
-        let id = e.payload["request_id"].as_str().unwrap().to_owned();
-        unique.insert(id.clone());
-        ids.push(id);
+        for u in e.payload["rows"].as_array().unwrap() {
+            let id = u["request_id"].as_str().unwrap().to_owned();
+            unique.insert(id.clone());
+            ids.push(id);
+        }
     }
     assert_eq!(relay.replies_lost(), 1, "a commit's answer was lost");
     assert_eq!(ids.len(), records, "a record was appended twice: {ids:?}");
     assert_eq!(queue.dropped(), 0);
+}
+
+/// A thousand and two hundred requests in a batcher of 500 are three
+/// events, one per flush, and the views read from them hold the same
+/// totals as the requests.
+#[tokio::test]
+async fn usage_is_one_event_per_flush_carrying_its_rows() {
+    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
+    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let requests = 1200u64;
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(requests as usize);
+    for i in 0..requests {
+        queue.record(llmgw_domain::usage::FinishedRequest {
+            request_id: format!("r{i}"),
+            key_id: format!("k{}", i % 3),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: i,
+            completion_tokens: 2,
+            status: 200,
+            latency_ms: 10,
+            ttft_ms: None,
+            band: llmgw_domain::tenancy::Band::Gold,
+            at: llmgw_domain::UnixMillis(1_780_000_000_000),
+        });
+    }
+    // Everything is queued before the batcher starts and the interval is
+    // an hour: only full batches go, and the rest when the queue closes.
+    let batcher = tokio::spawn(llmgw_gateway::usage::run_batcher(
+        store.clone(),
+        "gw-test".into(),
+        rx,
+        500,
+        Duration::from_secs(3600),
+        |_: &str| llmgw_domain::catalog::Price {
+            prompt_per_1k: 1000,
+            completion_per_1k: 1000,
+        },
+    ));
+    drop(queue);
+    batcher.await.unwrap();
+    let events = store.read_all(0, 100).await.unwrap();
+    let sizes: Vec<usize> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e.event_type, "UsageBatchRecorded");
+            e.payload["rows"].as_array().unwrap().len()
+        })
+        .collect();
+    assert_eq!(sizes, [500, 500, 200]);
+    let mut views = llmgw_projections::Projections::default();
+    for e in &events {
+        views.apply(e);
+    }
+    let usage = views
+        .usage
+        .spend_of(llmgw_domain::tenancy::Scope::Project, "p");
+    let tokens: u64 = (0..requests).map(|i| i + 2).sum();
+    assert_eq!(
+        (usage.requests, usage.total_tokens, usage.total_micros),
+        (requests, tokens, tokens),
+        "one micro-unit a token at 1000 per 1k"
+    );
 }
 
 #[tokio::test]

@@ -335,7 +335,11 @@ async fn snapshots_are_taken_on_a_floor_of_events_or_time_not_on_every_catch_up(
     append_story(&store, &w, &mut state, vec![], usage_of(3, 40)).await;
     runner.catch_up().await.unwrap();
     runner.snapshot_written().await;
-    let snap = store.load_snapshot("views").await.unwrap().expect("a snapshot");
+    let snap = store
+        .load_snapshot("views")
+        .await
+        .unwrap()
+        .expect("a snapshot");
     assert_eq!(snap.checkpoint.position, 60, "taken once 60 events were in");
 
     // The time floor: past it, the next event caught up is snapshotted.

@@ -197,6 +197,7 @@ fn the_version_1_log_still_decodes() {
         "ThreadsSet",
         "MemorySet",
         "AnchorRecorded",
+        "UsageBatchRecorded",
     ];
     let v1: BTreeSet<String> = Event::types()
         .filter(|(t, v)| *v == 1 && !BORN_AFTER_FREEZE.contains(t))

@@ -46,7 +46,14 @@ const SUMMARY: usize = 72;
 impl Row {
     pub(crate) fn of(e: &RecordedEvent) -> Row {
         let (actor, actor_kind) = llmgw_decider::actor_of(e);
-        let summary = shorten(&e.payload.to_string(), SUMMARY);
+        // A usage batch's payload is hundreds of rows: its count says more
+        // than its first characters.
+        let summary = match e.payload.get("rows").and_then(Value::as_array) {
+            Some(rows) if e.event_type == "UsageBatchRecorded" => {
+                format!("{} usage rows", rows.len())
+            }
+            _ => shorten(&e.payload.to_string(), SUMMARY),
+        };
         let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
         Row {
             position: e.position,
@@ -106,6 +113,16 @@ mod tests {
             "hash": "0".repeat(64),
         }))
         .expect("an event")
+    }
+
+    #[test]
+    fn a_usage_batch_is_summed_up_by_its_row_count() {
+        let mut e = recorded(
+            json!({"gateway": "gateway-a", "rows": [{"request_id": "r1"}, {"request_id": "r2"}]}),
+            json!({}),
+        );
+        e.event_type = "UsageBatchRecorded".into();
+        assert_eq!(Row::of(&e).summary, "2 usage rows");
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //! its refusals (`audit-<stream>`); the page adds the streams of what hangs
 //! off the thing, found in the server's views: a node's replicas, a model's
 //! replicas and the demand for it, a person's own keys. A key's usage
-//! records (`usage-<key>`, one per request) are left out: they would bury
-//! the decisions; the page links to them as a stream filter instead.
+//! records of older logs (`usage-<key>`, one per request) are left out:
+//! they would bury the decisions; the page links to them as a stream filter
+//! instead. Usage is now one batch per gateway flush
+//! (`usage-batches-<gateway>`), many keys' rows together, so it belongs to
+//! no one thing.
 
 use std::collections::BTreeSet;
 
@@ -52,6 +55,10 @@ impl Thing {
 
     /// The thing a stream belongs to, for linking a row to its history.
     pub(crate) fn of_stream(stream: &str) -> Option<Thing> {
+        // A gateway's usage batches hold many keys' rows: no one thing.
+        if stream.starts_with(llmgw_domain::event::USAGE_BATCHES_PREFIX) {
+            return None;
+        }
         let stream = stream.strip_prefix("audit-").unwrap_or(stream);
         let (kind, id) = stream.split_once('-')?;
         let id = id.to_owned();
@@ -160,6 +167,10 @@ mod tests {
             Some(Thing::Model("llama-3".into()))
         );
         assert_eq!(Thing::of_stream("leadership"), None);
+        // An older log's usage of one key is the key's; a gateway's batches
+        // are no one thing's.
+        assert_eq!(Thing::of_stream("usage-k1"), Some(Thing::Key("k1".into())));
+        assert_eq!(Thing::of_stream("usage-batches-gateway-cp-1"), None);
         assert_eq!(
             Thing::Key("k1".into()).streams(&Projections::default()),
             vec!["audit-key-k1".to_owned(), "key-k1".to_owned()]

@@ -1,0 +1,143 @@
+//! Bytes the log stores per request served, usage recorded one event per
+//! request (the shape of older logs) against one event per flush carrying
+//! its rows, on SQLite and PostgreSQL.
+//!
+//! Run: `cargo bench -p llmgw-replay-tests --bench usage_bytes`
+//! (`LLMGW_BENCH_REQUESTS=20000` by default).
+//!
+//! Each shape is appended to a fresh store through the decider's observer
+//! path, as a gateway appends it (metadata, ids, hash chain, indexes and
+//! all); what it cost is the store's size after, less its size empty:
+//! SQLite's pages (`page_count · page_size`, the WAL included), PostgreSQL's
+//! `pg_database_size`. Rows are as a gateway writes them: a request id,
+//! 200 keys, 20 projects and models, tokens, latency, a time to first token.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark program; a failure should stop it loudly"
+)]
+
+use llmgw_decider::{Actor, Decider, Origin};
+use llmgw_domain::Event;
+use llmgw_domain::catalog::Price;
+use llmgw_domain::tenancy::Band;
+use llmgw_domain::usage::{FinishedRequest, record, record_batch};
+use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+use llmgw_testkit::{Backend, Scratch};
+
+fn requests() -> u64 {
+    std::env::var("LLMGW_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+fn request(i: u64) -> FinishedRequest {
+    FinishedRequest {
+        request_id: format!("req-{}-{i}", 4_000_000 + i % 7),
+        key_id: format!("key-{:08x}", i % 200 * 2_654_435_761 % (1 << 32)),
+        project_id: format!("project-{}", i % 20),
+        model_asked: format!("llama-3.1-{}b-instruct", 8 + i % 20),
+        model_served: format!("llama-3.1-{}b-instruct", 8 + i % 20),
+        prompt_tokens: 200 + i % 1800,
+        completion_tokens: 50 + i % 450,
+        status: if i % 50 == 0 { 502 } else { 200 },
+        latency_ms: 300 + (i % 4000) as u32,
+        ttft_ms: Some(40 + (i % 300) as u32),
+        band: Band::Gold,
+        at: llmgw_domain::UnixMillis(1_780_000_000_000 + i as i64 * 850),
+    }
+}
+
+fn price(_: &str) -> Price {
+    Price {
+        prompt_per_1k: 150,
+        completion_per_1k: 600,
+    }
+}
+
+/// What one shape appends: the events of `n` requests.
+fn events(rows_per_event: Option<u64>, n: u64) -> Vec<Vec<Event>> {
+    match rows_per_event {
+        // The old batcher: one event per request, 500 to an append.
+        None => (0..n)
+            .map(|i| Event::Usage(record(request(i), price("m")).unwrap()))
+            .collect::<Vec<_>>()
+            .chunks(500)
+            .map(<[Event]>::to_vec)
+            .collect(),
+        Some(rows) => (0..n)
+            .step_by(rows as usize)
+            .map(|start| {
+                let (batch, _) = record_batch(
+                    "gateway-cp-1",
+                    (start..(start + rows).min(n)).map(request),
+                    price,
+                );
+                vec![Event::Usage(batch.unwrap())]
+            })
+            .collect(),
+    }
+}
+
+async fn size(address: &str, backend: Backend) -> i64 {
+    use sqlx::Connection;
+    match backend {
+        Backend::Postgres => {
+            let mut c = sqlx::PgConnection::connect(address).await.unwrap();
+            sqlx::query_scalar("SELECT pg_database_size(current_database())")
+                .fetch_one(&mut c)
+                .await
+                .unwrap()
+        }
+        Backend::Sqlite => {
+            let mut c = sqlx::SqliteConnection::connect(&format!("sqlite://{address}"))
+                .await
+                .unwrap();
+            sqlx::query_scalar(
+                "SELECT (SELECT page_count FROM pragma_page_count()) * (SELECT page_size FROM pragma_page_size())",
+            )
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+        }
+    }
+}
+
+async fn bytes_per_request(backend: Backend, rows_per_event: Option<u64>, n: u64) -> (f64, u64) {
+    let (address, _scratch) = Scratch::new(backend).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let empty = size(&address, backend).await;
+    let decider = Decider::new(store.clone(), "gateway-cp-1".into());
+    let origin = Origin::new(Actor::Gateway("gateway-cp-1".into()));
+    let appends = events(rows_per_event, n);
+    let count = appends.iter().map(Vec::len).sum::<usize>() as u64;
+    for events in appends {
+        decider.observe(&origin, events).await.unwrap();
+    }
+    drop(decider);
+    drop(store);
+    let full = size(&address, backend).await;
+    ((full - empty) as f64 / n as f64, count)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = requests();
+    println!("{n} requests; bytes stored per request (the store's growth / requests)");
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        for shape in [None, Some(1), Some(10), Some(100), Some(500)] {
+            let (bytes, events) = bytes_per_request(backend, shape, n).await;
+            let what = match shape {
+                None => "one UsageRecorded per request (before)".to_owned(),
+                Some(r) => format!("UsageBatchRecorded, {r} rows an event"),
+            };
+            println!("{backend:?}\t{what:<40}\t{events:>6} events\t{bytes:>7.0} B/request");
+        }
+    }
+}
