@@ -41,7 +41,7 @@ fn request(i: u64) -> FinishedRequest {
         model_served: format!("llama-3.1-{}b-instruct", 8 + i % 20),
         prompt_tokens: 200 + i % 1800,
         completion_tokens: 50 + i % 450,
-        status: if i % 50 == 0 { 502 } else { 200 },
+        status: if i.is_multiple_of(50) { 502 } else { 200 },
         latency_ms: 300 + (i % 4000) as u32,
         ttft_ms: Some(40 + (i % 300) as u32),
         band: Band::Gold,
