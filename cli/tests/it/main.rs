@@ -947,6 +947,23 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
     let rows = usage_rows_of(&events);
     assert_eq!(rows.len(), 2, "{events:?}");
     assert!(rows.iter().all(|u| u["completion_tokens"] == 3), "{rows:?}");
+    // People read a batch as one line with its row count and totals.
+    let table = ok(store, &["events", "tail"]);
+    assert!(
+        table.contains("UsageBatchRecorded v1") && table.contains(" rows, "),
+        "{table}"
+    );
+
+    // Batches travel like any event: exported, imported into PostgreSQL,
+    // and the copy's chain verifies and holds the same rows.
+    let file = dir.path().join("export.jsonl");
+    std::fs::write(&file, ok(store, &["events", "export"])).unwrap();
+    let (copy, _scratch) = Scratch::new(Backend::Postgres).await;
+    ok(&copy, &["store", "migrate"]);
+    ok(&copy, &["events", "import", file.to_str().unwrap()]);
+    ok(&copy, &["events", "verify"]);
+    let copied = json_lines(&ok(&copy, &["events", "tail", "--json"]));
+    assert_eq!(usage_rows_of(&copied), rows);
 }
 
 /// The official OpenAI Python SDK, streaming and not, through the gateway.
