@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The rpc is named Connect, which would clash with the client's
         // generated `connect` constructor: clients are built from a Channel.
         .build_transport(false)
+        // Small per-stream buffers: a server holds one stream per node
+        // (`src/codec.rs`).
+        .codec_path("crate::codec::SmallBuffers")
         .compile_fds(descriptors)?;
     Ok(())
 }

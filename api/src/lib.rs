@@ -5,6 +5,7 @@
 //! nothing else of the server's.
 
 pub mod admin;
+pub mod codec;
 
 /// How a standby refuses an agent's stream: gRPC `UNAVAILABLE` with these
 /// metadata keys, so that the agent knows whom to dial and when to ask

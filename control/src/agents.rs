@@ -55,8 +55,14 @@ struct Session {
     /// that the agent can tell a deposed sender. Sessions never outlive
     /// it (losing the lease drops them all).
     epoch: u64,
-    tx: mpsc::Sender<Result<ControlMessage, Status>>,
+    tx: mpsc::Sender<Outgoing>,
 }
+
+/// A message queued to an agent, boxed: a channel allocates its first
+/// block of 32 slots when made, and an unboxed slot (the largest message,
+/// a shard's start, beside a `Status`) made that block kilobytes for each
+/// of thousands of idle streams.
+type Outgoing = Box<Result<ControlMessage, Status>>;
 
 /// The agents' streams, in memory only (what they report is in
 /// `crate::observed`).
@@ -93,7 +99,7 @@ impl Registry {
         if let Some(s) = sessions.get(node)
             && s.generation == generation
         {
-            let _ = s.tx.try_send(Err(status));
+            let _ = s.tx.try_send(Box::new(Err(status)));
             sessions.remove(node);
         }
     }
@@ -105,10 +111,10 @@ impl Registry {
         let Some(s) = sessions.get(node) else {
             return false;
         };
-        s.tx.try_send(Ok(ControlMessage {
+        s.tx.try_send(Box::new(Ok(ControlMessage {
             msg: Some(msg),
             epoch: s.epoch,
-        }))
+        })))
         .is_ok()
     }
 }
@@ -357,9 +363,9 @@ impl llmgw_api::AgentService for AgentSvc {
             .instrument(span.clone())
             .await
             .map_err(to_status)?;
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel::<Outgoing>(256);
         let generation = cp.agents.generation.fetch_add(1, Ordering::Relaxed);
-        let _ = tx.try_send(Ok(ControlMessage {
+        let _ = tx.try_send(Box::new(Ok(ControlMessage {
             msg: Some(control_message::Msg::Ack(v1::Ack {
                 message_id: "register".into(),
                 ok: true,
@@ -367,7 +373,7 @@ impl llmgw_api::AgentService for AgentSvc {
                 epoch_lowered: lowered,
             })),
             epoch: token.epoch,
-        }));
+        })));
         {
             let mut sessions = lock(&cp.agents.sessions);
             // Leadership lost while this stream was let in: the drop of
@@ -399,7 +405,10 @@ impl llmgw_api::AgentService for AgentSvc {
             .instrument(span.clone())
             .await;
         tokio::spawn(read_stream(cp, node, generation, inbound).instrument(span));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
+            ReceiverStream::new(rx),
+            |m| *m,
+        ))))
     }
 }
 
@@ -439,13 +448,17 @@ async fn read_stream(
                 }
                 cp.heartbeat(&node, hb).await
             }
-            Some(agent_message::Msg::Shard(st)) => cp.shard_status(&node, st).await,
+            // Boxed (and the heartbeat's rare append): the task that reads
+            // a stream lives as long as the agent, and a future that
+            // appends (through the decider and the store) inline would
+            // make every such task as large as that path.
+            Some(agent_message::Msg::Shard(st)) => Box::pin(cp.shard_status(&node, st)).await,
             Some(agent_message::Msg::Register(_)) => {
                 tracing::warn!(node = %node, "a second Register on one stream is ignored");
                 Ok(())
             }
             Some(agent_message::Msg::Refused(r)) => {
-                cp.refused(&node, r).await;
+                Box::pin(cp.refused(&node, r)).await;
                 Ok(())
             }
             Some(agent_message::Msg::Logs(reply)) => {
@@ -634,7 +647,8 @@ impl ControlPlane {
             llmgw_domain::heartbeat::plan(current, &convert::heartbeat(hb))
         };
         if !commands.is_empty() {
-            self.execute(&self.own(), commands).await?;
+            // Boxed: see `read_stream`.
+            Box::pin(self.execute(&self.own(), commands)).await?;
         }
         Ok(())
     }
