@@ -9,7 +9,6 @@ mod browse;
 mod conformance;
 mod fencing;
 mod group_commit;
-mod head_known;
 mod import;
 mod properties;
 mod subscriptions;
