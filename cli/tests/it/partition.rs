@@ -77,7 +77,14 @@ async fn drill_d_a_partitioned_leader_commands_no_agent_after_the_standby_takes_
             .then_some(())
     })
     .await;
-    let before = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
+    // The standby's view follows the log a moment behind the leader's: read
+    // it once it too shows both replicas ready, or `before` could hold a
+    // replica still loading that `after` shows ready.
+    let before = until("the standby's view shows both replicas ready", || async {
+        let rows = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
+        (ready_replicas(&rows).len() == 2).then_some(rows)
+    })
+    .await;
     let engines = || {
         let mut e = sweep.engines();
         e.sort();
