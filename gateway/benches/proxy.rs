@@ -4,6 +4,17 @@
 //! Upstream: a constant-response OpenAI-shaped server on loopback (no
 //! generation delay), so every microsecond measured is transport and proxy.
 //! Baseline: the same client going direct to it, in the same run.
+//!
+//! `-- --peers`: first, side by side with SGLang Model Gateway and
+//! vllm-router (installed into a venv, see [`peers`]), llmgw with auth,
+//! limits and usage on; the ratios printed in one table. The peers are
+//! processes of their own, so for that table llmgw is too: this program
+//! run as `--serve UPSTREAM` (its gateways, store, views and batcher), so
+//! that no router shares the client's threads and none gets more of the
+//! machine's scheduler than another.
+//! `-- --profile SECONDS`: only the `--serve` process, saturated with
+//! auth, limits and usage for that long; its pid is printed, for
+//! `perf record -g -p PID`.
 
 #![allow(
     clippy::unwrap_used,
@@ -21,13 +32,23 @@ use futures_util::StreamExt;
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
 use serde_json::json;
 
+#[path = "proxy/peers.rs"]
+mod peers;
+
 /// The benchmark's one key (ignored where auth is off).
 const SECRET: &str = "llmgw-sk-bench-0123456789abcdef";
 
 const REPLY: &str = r#"{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
 
 async fn upstream() -> SocketAddr {
-    let app = Router::new().route(
+    // The peers ask for /health, /server_info and /model_info at start.
+    let info = || async {
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from(r#"{"model_path":"m","is_generation":true}"#))
+            .unwrap()
+    };
+    let app = Router::new().fallback(info).route(
         "/v1/chat/completions",
         post(|body: axum::body::Bytes| async move {
             let streaming = body.windows(13).any(|w| w == b"\"stream\":true");
@@ -264,7 +285,117 @@ async fn saturate(
     (all.len() as f64 / start.elapsed().as_secs_f64(), all)
 }
 
+/// What the command line asks for (cargo passes `--bench` too).
+#[derive(Default)]
+struct Args {
+    peers: bool,
+    profile: Option<u64>,
+    /// The child: serve llmgw in front of this upstream.
+    serve: Option<SocketAddr>,
+}
+
+fn args() -> Args {
+    let mut a = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--peers" => a.peers = true,
+            "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
+            "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
+            _ => {}
+        }
+    }
+    a
+}
+
+/// The `--serve` child: llmgw with auth, limits and usage (a SQLite store,
+/// the views following it, the batcher), and llmgw with all off, in front
+/// of `up`; prints their addresses, one a line, and serves until its
+/// stdin closes (the parent went away).
+fn serve(up: SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (t, rx) = tenancy().await;
+        let keyed = Gateway::with_keys(
+            config(up),
+            Some(t.queue.clone()),
+            Some(llmgw_gateway::auth::KeyDirectory(t.views.clone())),
+        )
+        .unwrap();
+        tokio::spawn(llmgw_gateway::usage::run_batcher(
+            t.store.clone(),
+            "bench".into(),
+            rx,
+            500,
+            Duration::from_millis(200),
+            |_: &str| llmgw_domain::catalog::Price {
+                prompt_per_1k: 1,
+                completion_per_1k: 1,
+            },
+        ));
+        println!("{}", listen(keyed).await);
+        println!("{}", gateway(up).await);
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 64];
+        while tokio::io::AsyncReadExt::read(&mut stdin, &mut buf)
+            .await
+            .is_ok_and(|n| n > 0)
+        {}
+        drop(t);
+    });
+}
+
+/// This program run as `--serve`: llmgw in its own process.
+struct Served {
+    child: std::process::Child,
+    tenanted: String,
+    off: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn served(up: SocketAddr) -> Served {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--serve", &up.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || {
+        format!(
+            "http://{}/v1/chat/completions",
+            lines.next().unwrap().unwrap()
+        )
+    };
+    let (tenanted, off) = (next(), next());
+    Served {
+        child,
+        tenanted,
+        off,
+    }
+}
+
 fn main() {
+    let args = args();
+    if let Some(up) = args.serve {
+        return serve(up);
+    }
+    let venv = peers::venv();
+    if args.peers
+        && let Err(e) = peers::install(&venv)
+    {
+        eprintln!("the peers could not be installed, so they are left out: {e}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -305,6 +436,22 @@ fn main() {
         saturate(&client, &via, 8, 1, false).await;
         saturate(&client, &tenanted, 8, 1, false).await;
         saturate(&client, &unrecorded, 8, 1, false).await;
+
+        if let Some(seconds) = args.profile {
+            let child = served(up);
+            saturate(&client, &child.tenanted, 8, 1, false).await;
+            println!("pid {}: llmgw with auth, limits and usage, 32 clients for {seconds} s", child.child.id());
+            let (rate, mut lat) = saturate(&client, &child.tenanted, 32, seconds, false).await;
+            println!("{rate:.0} req/s, p50 {:.3} ms", pct(&mut lat, 0.5));
+            return;
+        }
+        if args.peers {
+            let running = peers::start(&venv, up, &client, &body(false)).await;
+            let child = served(up);
+            side_by_side(&client, &direct, &child.off, &child.tenanted, &running).await;
+        } else {
+            println!("(`-- --peers` also runs SGLang Model Gateway and vllm-router, installed into {})", venv.display());
+        }
 
         for rate in [1000u64, 5000] {
             let mut d = fixed_rate(&client, &direct, rate, 3).await;
@@ -368,6 +515,70 @@ fn main() {
         );
         drop(batcher);
     });
+}
+
+/// llmgw (all off, and with auth, limits and usage) against the peers and
+/// direct: saturated, interleaved in two rounds, best of each (one run
+/// moves by a third on two shared cores); then 1,000 req/s open loop.
+async fn side_by_side(
+    client: &reqwest::Client,
+    direct: &str,
+    off: &str,
+    tenanted: &str,
+    running: &[peers::Peer],
+) {
+    let mut targets: Vec<(String, &str)> = vec![
+        ("direct".into(), direct),
+        ("llmgw, auth+limits+usage".into(), tenanted),
+        ("llmgw, all off".into(), off),
+    ];
+    println!("load before the side by side: {}", uptime());
+    targets.extend(running.iter().map(|p| (p.name.clone(), p.url.as_str())));
+    for (_, url) in &targets {
+        saturate(client, url, 8, 1, false).await;
+    }
+    // (req/s, p50, p99) saturated, and (p50, p99) at 1,000 req/s.
+    let mut best = vec![(0f64, 0f64, 0f64); targets.len()];
+    for _ in 0..2 {
+        for (i, (_, url)) in targets.iter().enumerate() {
+            let (rate, mut lat) = saturate(client, url, 32, 3, false).await;
+            if rate > best[i].0 {
+                best[i] = (rate, pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+            }
+        }
+    }
+    let mut fixed = Vec::new();
+    for (_, url) in &targets {
+        let mut lat = fixed_rate(client, url, 1000, 3).await;
+        fixed.push((pct(&mut lat, 0.5), pct(&mut lat, 0.99)));
+    }
+    let ours = best[1].0;
+    println!(
+        "side by side: 32 clients saturated, best of two interleaved 3 s runs; 1000 req/s open loop for 3 s (added: over direct)"
+    );
+    println!(
+        "{:<34} {:>8} {:>8} {:>8} {:>14} {:>10} {:>10}",
+        "", "req/s", "p50 ms", "p99 ms", "llmgw(a+l+u)/", "1k added", "1k added"
+    );
+    println!(
+        "{:<34} {:>8} {:>8} {:>8} {:>14} {:>10} {:>10}",
+        "", "", "", "", "this", "p50 ms", "p99 ms"
+    );
+    for (i, (name, _)) in targets.iter().enumerate() {
+        let (rate, p50, p99) = best[i];
+        println!(
+            "{name:<34} {rate:>8.0} {p50:>8.3} {p99:>8.3} {:>14.2} {:>10.3} {:>10.3}",
+            ours / rate,
+            fixed[i].0 - fixed[0].0,
+            fixed[i].1 - fixed[0].1,
+        );
+    }
+}
+
+/// The load average, so that a figure says what it ran beside.
+fn uptime() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map_or_else(|_| "unknown".into(), |l| l.trim().to_owned())
 }
 
 async fn head(store: &llmgw_eventstore::AnyStore) -> u64 {
