@@ -186,8 +186,11 @@ impl RateLimits {
                 continue;
             }
             let mut back = charge.tokens - actual;
-            for (t, n) in w.tokens.iter_mut() {
-                if back == 0 {
+            // From the newest: the admission's entry is near the end of a
+            // window that holds a minute of requests (from the oldest, a
+            // settlement read the whole minute under the lock).
+            for (t, n) in w.tokens.iter_mut().rev() {
+                if back == 0 || *t < at {
                     break;
                 }
                 if *t == at {

@@ -25,9 +25,34 @@ pub struct Tokens {
     pub completion: u64,
 }
 
+/// A plain answer as far as its usage: every other field is skipped
+/// unread, not built into a `Value` (that was most of the cost of noting
+/// a plain answer's usage). Fields stay `Value`s so that a field of an odd
+/// type reads as [`Tokens::from_usage`] reads it.
+#[derive(serde::Deserialize)]
+struct Answer {
+    usage: Option<Value>,
+}
+
 impl Tokens {
+    /// The usage of a plain answer's body: as [`Tokens::from_usage`] on
+    /// the parsed document, without parsing the rest of it.
+    pub(crate) fn from_answer(body: &[u8]) -> Option<Tokens> {
+        // A struct also deserializes from an array; a document that is not
+        // an object has no usage.
+        if body.trim_ascii_start().first() != Some(&b'{') {
+            return None;
+        }
+        let answer: Answer = serde_json::from_slice(body).ok()?;
+        Tokens::from_usage_value(answer.usage.as_ref()?)
+    }
+
     pub(crate) fn from_usage(v: &Value) -> Option<Tokens> {
-        let u = v.get("usage")?;
+        Tokens::from_usage_value(v.get("usage")?)
+    }
+
+    /// The tokens of a `usage` object.
+    fn from_usage_value(u: &Value) -> Option<Tokens> {
         Some(Tokens {
             prompt: u.get("prompt_tokens")?.as_u64()?,
             completion: u
@@ -319,5 +344,38 @@ mod tests {
         q.record(r());
         q.record(r());
         assert_eq!(q.dropped(), 2);
+    }
+
+    #[test]
+    fn a_plain_answer_reads_as_its_parsed_document_does() {
+        let bodies: [&[u8]; 8] = [
+            br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}"#,
+            br#" {"usage":{"prompt_tokens":5}}"#,
+            br#"{"usage":{"prompt_tokens":5,"completion_tokens":"many"}}"#,
+            br#"{"usage":{"prompt_tokens":-1}}"#,
+            br#"{"usage":null}"#,
+            br#"[{"prompt_tokens":1}]"#,
+            br#"{"usage":"#,
+            b"{}",
+        ];
+        for body in bodies {
+            let parsed = serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|v| Tokens::from_usage(&v));
+            assert_eq!(
+                Tokens::from_answer(body),
+                parsed,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let first = Tokens::from_answer(bodies[0]);
+        assert_eq!(
+            first,
+            Some(Tokens {
+                prompt: 12,
+                completion: 3
+            })
+        );
     }
 }

@@ -164,9 +164,7 @@ async fn attempt(
                 return Err(last_error);
             };
             let mut finish = Finish::new(t, model.to_owned(), status.as_u16());
-            finish.tokens = serde_json::from_slice(&bytes)
-                .ok()
-                .and_then(|v| crate::usage::Tokens::from_usage(&v));
+            finish.tokens = crate::usage::Tokens::from_answer(&bytes);
             drop((finish, flight));
             Body::from(bytes)
         };
@@ -194,9 +192,11 @@ pub(super) fn upstream_request(
     request_id: &HeaderValue,
     body: Bytes,
 ) -> reqwest::RequestBuilder {
-    let mut r = gw
-        .client
-        .post(format!("{}{path}", endpoint.spec.url))
+    let r = match endpoint.url(path) {
+        Some(url) => gw.client.post(url),
+        None => gw.client.post(format!("{}{path}", endpoint.spec.url)),
+    };
+    let mut r = r
         .header(header::CONTENT_TYPE, "application/json")
         .header(crate::access::REQUEST_ID, request_id.clone())
         .body(body);
