@@ -66,12 +66,28 @@ type Outgoing = Box<Result<ControlMessage, Status>>;
 
 /// The agents' streams, in memory only (what they report is in
 /// `crate::observed`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Registry {
     sessions: Mutex<HashMap<NodeId, Session>>,
+    /// Registrations in progress at once (see `connect`).
+    registering: tokio::sync::Semaphore,
     /// LogsRequests awaiting their reply, by request id.
     logs: Mutex<HashMap<String, tokio::sync::oneshot::Sender<v1::LogsReply>>>,
     generation: AtomicU64,
+}
+
+/// How many streams register at once; more wait for a turn.
+const REGISTERING: usize = 32;
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            sessions: Mutex::default(),
+            registering: tokio::sync::Semaphore::new(REGISTERING),
+            logs: Mutex::default(),
+            generation: AtomicU64::default(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -348,10 +364,20 @@ impl llmgw_api::AgentService for AgentSvc {
         // The session's span: what the server does for this node, from its
         // registration to the stream's end, carries the node's name.
         let span = tracing::info_span!("agent_session", node = %node);
+        // A fleet arriving at once opens thousands of streams together, and
+        // registrations go through the decider one after another anyway:
+        // the rest wait here, small, rather than each holding the whole
+        // state of a registration (boxed below, built only with a permit).
+        let registering = cp
+            .agents
+            .registering
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("the server is stopping"))?;
         // An agent that has seen a higher epoch may know that this server
         // is deposed: the store decides.
         let lowered = if reg.epoch_seen > token.epoch {
-            cp.confirm_lease(&token, &node, reg.epoch_seen)
+            Box::pin(cp.confirm_lease(&token, &node, reg.epoch_seen))
                 .instrument(span.clone())
                 .await
                 .map_err(to_status)?;
@@ -359,7 +385,7 @@ impl llmgw_api::AgentService for AgentSvc {
         } else {
             false
         };
-        cp.register(&node, &reg)
+        Box::pin(cp.register(&node, &reg))
             .instrument(span.clone())
             .await
             .map_err(to_status)?;
@@ -401,9 +427,10 @@ impl llmgw_api::AgentService for AgentSvc {
                 engines: cp.config.engines.clone(),
             }),
         );
-        cp.after_register(&node, &reg)
+        Box::pin(cp.after_register(&node, &reg))
             .instrument(span.clone())
             .await;
+        drop(registering);
         tokio::spawn(read_stream(cp, node, generation, inbound).instrument(span));
         Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
             ReceiverStream::new(rx),
