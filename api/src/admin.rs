@@ -158,6 +158,21 @@ pub struct Explanation {
     pub profiles: Vec<ProfileVerdict>,
 }
 
+/// An engine build every node is asked to install (server.yaml `engines:`),
+/// as the agents are told it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineRow {
+    pub engine: String,
+    pub version: String,
+    /// Where its archives come from (a URL template once resolved).
+    pub source: String,
+    /// The fleet mirror's manifest of the version when the archives come
+    /// from the mirror (`<mirror>/<model>/<version>`), else empty: what
+    /// `llmgw mirror unused` must count as in use.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub manifest: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Leader {
     /// This server's instance name.

@@ -43,6 +43,7 @@ pub fn router(cp: Arc<ControlPlane>) -> Router {
         .route("/api/v1/leader", get(leader))
         .route("/api/v1/logs", get(logs))
         .route("/api/v1/weights", get(weights))
+        .route("/api/v1/engines", get(engines))
         .route("/api/v1/weights/collect", post(collect_weights))
         .with_state(cp)
 }
@@ -596,6 +597,23 @@ async fn leader_info(cp: &ControlPlane) -> std::result::Result<api::Leader, Admi
         held: info.held,
         expires_at: info.expires_at.map(|t| t.to_rfc3339()),
     })
+}
+
+/// The engine builds the fleet is asked to install: configuration every
+/// server of the cluster holds alike, so a standby answers as well.
+async fn engines(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::EngineRow>> {
+    Ok(Json(
+        cp.config
+            .engines
+            .iter()
+            .map(|w| api::EngineRow {
+                engine: w.engine.clone(),
+                version: w.version.clone(),
+                source: w.source.clone(),
+                manifest: w.manifest.clone(),
+            })
+            .collect(),
+    ))
 }
 
 async fn leader(State(cp): State<Arc<ControlPlane>>) -> Result<api::Leader> {

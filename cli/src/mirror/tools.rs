@@ -1,8 +1,9 @@
 //! `mirror add`, `unused` and `remove`, run on the mirror's host against
 //! its directory. `unused` and `remove` ask the control plane's catalog:
 //! a file is in use when a model's source is `mirror:<m>/<v>/<file>` or
-//! the byte path's URL of it (`--base`), and an unreachable control plane
-//! is never taken for an empty catalog.
+//! the byte path's URL of it (`--base`), or when the fleet's `engines:`
+//! take their archives from its version; an unreachable control plane is
+//! never taken for an empty catalog.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -123,45 +124,77 @@ pub(crate) async fn add(a: AddArgs) -> anyhow::Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
-/// Every source in the control plane's catalog; an error when it cannot
+/// What the control plane uses of a mirror: its catalog's sources, and
+/// the whole versions its engine builds come from (`engines:` with a
+/// `mirror:` source names a version, every archive of which may be
+/// installed on some node).
+struct InUse {
+    sources: Vec<String>,
+    versions: Vec<String>,
+}
+
+/// Reads what is in use from the control plane; an error when it cannot
 /// be read (then nothing can be called unused).
-async fn catalog_sources(c: &CatalogArgs) -> anyhow::Result<Vec<String>> {
-    let url = format!("{}/api/v1/models", c.admin.trim_end_matches('/'));
+async fn in_use_by(c: &CatalogArgs) -> anyhow::Result<InUse> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .no_proxy()
         .build()?;
-    let resp = http.get(&url).send().await.with_context(|| {
-        format!(
-            "cannot reach the control plane at {} to read the catalog, so nothing can be called unused",
-            c.admin
-        )
-    })?;
-    if !resp.status().is_success() {
-        bail!(
-            "the control plane at {} answered {} for the catalog (router-only?), so nothing can be called unused",
-            c.admin,
-            resp.status()
-        );
-    }
-    let rows: Vec<serde_json::Value> = resp.json().await.context("reading the catalog")?;
-    Ok(rows
+    let read = |what: &'static str, path: &'static str| {
+        let url = format!("{}{path}", c.admin.trim_end_matches('/'));
+        let http = http.clone();
+        async move {
+            let resp = http.get(&url).send().await.with_context(|| {
+                format!(
+                    "cannot reach the control plane at {} to read the {what}, so nothing can be called unused",
+                    c.admin
+                )
+            })?;
+            if !resp.status().is_success() {
+                bail!(
+                    "the control plane at {} answered {} for the {what} (router-only?), so nothing can be called unused",
+                    c.admin,
+                    resp.status()
+                );
+            }
+            let rows: Vec<serde_json::Value> = resp
+                .json()
+                .await
+                .with_context(|| format!("reading the {what}"))?;
+            Ok(rows)
+        }
+    };
+    let sources = read("catalog", "/api/v1/models")
+        .await?
         .iter()
         .filter_map(|r| r["source"].as_str().map(str::to_owned))
         .filter(|s| !s.is_empty())
-        .collect())
+        .collect();
+    // A manifest's address ends with the version's <model>/<version>.
+    let versions = read("engines", "/api/v1/engines")
+        .await?
+        .iter()
+        .filter_map(|r| r["manifest"].as_str())
+        .filter_map(|m| {
+            let mut parts = m.trim_end_matches('/').rsplitn(3, '/');
+            let (v, model) = (parts.next()?, parts.next()?);
+            Some(format!("{model}/{v}"))
+        })
+        .collect();
+    Ok(InUse { sources, versions })
 }
 
-fn in_use(sources: &[String], base: Option<&str>, m: &str, v: &str, f: &str) -> bool {
+fn in_use(used: &InUse, base: Option<&str>, m: &str, v: &str, f: &str) -> bool {
     let tail = format!("{m}/{v}/{f}");
-    sources.iter().any(|s| {
-        s.strip_prefix("mirror:") == Some(tail.as_str())
-            || base.is_some_and(|b| *s == format!("{}/{tail}", b.trim_end_matches('/')))
-    })
+    used.versions.iter().any(|mv| *mv == format!("{m}/{v}"))
+        || used.sources.iter().any(|s| {
+            s.strip_prefix("mirror:") == Some(tail.as_str())
+                || base.is_some_and(|b| *s == format!("{}/{tail}", b.trim_end_matches('/')))
+        })
 }
 
 pub(crate) async fn unused(a: UnusedArgs) -> anyhow::Result<Outcome> {
-    let sources = catalog_sources(&a.catalog).await?;
+    let sources = in_use_by(&a.catalog).await?;
     let store = Store::new(a.dir.clone());
     let mut rows = Vec::new();
     for e in store.list(&|_, _| None) {
@@ -212,12 +245,12 @@ pub(crate) async fn remove(a: RemoveArgs) -> anyhow::Result<Outcome> {
         bail!("{m}/{v} is being fetched; remove it once the fetch has ended");
     }
     if !a.force {
-        let sources = catalog_sources(&a.catalog)
+        let sources = in_use_by(&a.catalog)
             .await
             .context("(--force removes it without asking)")?;
         if in_use(&sources, a.catalog.base.as_deref(), m, v, f) {
             bail!(
-                "{m}/{v}/{f} is in use by the catalog: retire the entry first, let the fleet settle, then remove (or --force)"
+                "{m}/{v}/{f} is in use by the catalog or the fleet's engines: retire the entry (or change engines:) first, let the fleet settle, then remove (or --force)"
             );
         }
     }

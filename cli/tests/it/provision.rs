@@ -286,6 +286,37 @@ async fn an_engine_on_the_fleets_mirror_is_installed_and_checked_against_its_man
     )
     .unwrap();
     assert!(marker.contains(&hex(&bytes)), "{marker}");
+
+    // The archive is in use by the fleet's engines though no model names
+    // it: `mirror unused` does not offer it and `mirror remove` refuses it.
+    let mirror_cmd = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .arg("mirror")
+            .args(args)
+            .args(["--dir", models.to_str().unwrap(), "--admin", &server.admin])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = mirror_cmd(&["unused", "--json"]);
+    assert!(ok, "{err}");
+    let unused: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(unused, serde_json::json!([]), "{out}");
+    let (ok, _, err) = mirror_cmd(&[
+        "remove",
+        "--model",
+        "llama.cpp",
+        "--version",
+        "b3",
+        "--file",
+        &asset,
+    ]);
+    assert!(!ok && err.contains("engines"), "{err}");
+    assert!(models.join("llama.cpp/b3").join(&asset).exists());
 }
 
 #[test]
