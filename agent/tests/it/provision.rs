@@ -659,8 +659,8 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
     let base = files.serve().await;
     let heard = Arc::new(Mutex::new(Vec::new()));
     let inst = installer(&dir.path().join("engines"), fake.system(), &heard);
-    let handed: Arc<Mutex<Vec<Option<PathBuf>>>> = Arc::default();
-    let h = handed.clone();
+    // What the engine is handed, in order: awaited, never polled.
+    let (h, mut handed) = tokio::sync::mpsc::unbounded_channel::<Option<PathBuf>>();
     let p = Provisioner::spawn(
         inst,
         Schedule {
@@ -669,7 +669,7 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
         },
         Arc::new(move |engine: &str, built: Option<(PathBuf, String)>| {
             assert_eq!(engine, "llamacpp");
-            h.lock().unwrap().push(built.map(|(b, _)| b));
+            h.send(built.map(|(b, _)| b)).unwrap();
         }),
     );
     p.want(vec![want(&base, "b10", &sha256(&good))]);
@@ -694,28 +694,25 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
     .expect("ready after a retry")
     .unwrap();
     assert_eq!(p.statuses()[0].detail, "llama-server version: 7 (loop)");
-    let handed_now = handed.lock().unwrap().clone();
-    assert_eq!(handed_now.len(), 1);
+    // Handed over before it was reported ready, and only once.
+    let first = handed.try_recv().expect("handed to the engine");
     assert!(
-        handed_now[0]
+        first
             .as_ref()
             .unwrap()
             .ends_with("b10-cpu/llama-b10/llama-server")
     );
+    assert!(handed.try_recv().is_err(), "handed over once");
     // No longer wanted: no longer reported, and taken back from the engine.
     p.want(vec![]);
     tokio::time::timeout(Duration::from_secs(20), watch.wait_for(|s| s.is_empty()))
         .await
         .expect("forgotten")
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), async {
-        while handed.lock().unwrap().len() < 2 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .expect("taken back");
-    assert_eq!(handed.lock().unwrap()[1], None);
+    let taken_back = tokio::time::timeout(Duration::from_secs(20), handed.recv())
+        .await
+        .expect("taken back");
+    assert_eq!(taken_back, Some(None));
 }
 
 #[tokio::test]
