@@ -45,7 +45,7 @@ pub use listen::ConnectionLimits;
 pub use listen::conn::{Acceptor, Conn, ConnectionStats, Which};
 pub use metrics::Metrics;
 pub use proxy::chat_as;
-pub use tls::{ServerTls, TlsError, handshakes};
+pub use tls::{Incoming, ServerTls, TlsError, TlsListener, handshakes};
 
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -376,7 +376,7 @@ pub async fn serve_with(
         .layer(axum::middleware::from_fn(access::layer));
     let client_srv: Serving = match &listen.client_tls {
         Some(tls) => serving(Box::pin(listen::serve_http(
-            tls::TlsListener::new(client_l, tls)?,
+            tls::TlsListener::new(client_l, tls, false)?,
             client_app,
             idle,
             draining(),

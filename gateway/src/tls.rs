@@ -63,7 +63,13 @@ impl ServerTls {
     /// Mutual TLS for the agent listener: clients must present a
     /// certificate from `ca`; HTTP/2 (gRPC) only.
     pub fn with_client_ca(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsError> {
-        Self::agents(cert, key, ca, false)
+        Self::mutual(cert, key, ca, false, b"h2")
+    }
+
+    /// Mutual TLS for an HTTP/1.1 API (the mirror's): clients must present
+    /// a certificate from `ca`.
+    pub fn with_client_ca_http1(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsError> {
+        Self::mutual(cert, key, ca, false, b"http/1.1")
     }
 
     /// Mutual TLS for an agent listener that nodes may also join through:
@@ -74,10 +80,16 @@ impl ServerTls {
     /// in the chain it presents, so that a joining node can check it
     /// against the pin its token carries.
     pub fn joinable(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<Self, TlsError> {
-        Self::agents(cert, key, ca, true)
+        Self::mutual(cert, key, ca, true, b"h2")
     }
 
-    fn agents(cert: &[u8], key: &[u8], ca: &[u8], joinable: bool) -> Result<Self, TlsError> {
+    fn mutual(
+        cert: &[u8],
+        key: &[u8],
+        ca: &[u8],
+        joinable: bool,
+        alpn: &[u8],
+    ) -> Result<Self, TlsError> {
         let mut chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
             .collect::<Result<_, _>>()
             .map_err(|_| TlsError::NoCertificate)?;
@@ -121,7 +133,7 @@ impl ServerTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)
             .map_err(TlsError::Mismatch)?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = vec![alpn.to_vec()];
         Ok(ServerTls(Arc::new(config)))
     }
 }
@@ -149,25 +161,58 @@ fn why(e: &std::io::Error) -> String {
     }
 }
 
+/// Connections whose handshake has finished, with their peers.
+pub type Handshaken<I> = mpsc::Receiver<(TlsStream<<I as Incoming>::Io>, SocketAddr)>;
+
+/// Where connections come from before their handshake: the gateway's
+/// listeners with their caps ([`Acceptor`]), or a plain TCP listener.
+pub trait Incoming: Send + Sync + 'static {
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    fn next(&self) -> impl std::future::Future<Output = (Self::Io, SocketAddr)> + Send;
+    fn local_addr(&self) -> std::io::Result<SocketAddr>;
+}
+
+impl Incoming for Acceptor {
+    type Io = Conn;
+    fn next(&self) -> impl std::future::Future<Output = (Conn, SocketAddr)> + Send {
+        self.accept()
+    }
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Acceptor::local_addr(self)
+    }
+}
+
+impl Incoming for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn next(&self) -> (tokio::net::TcpStream, SocketAddr) {
+        loop {
+            // A peer that gave up before it was accepted.
+            if let Ok(c) = self.accept().await {
+                return c;
+            }
+        }
+    }
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        tokio::net::TcpListener::local_addr(self)
+    }
+}
+
 /// Accepts connections from `tcp` (within its cap) and completes their
 /// handshakes beside the accept loop; finished ones arrive on the
 /// receiver. Failures are logged with the peer's address and the reason at
 /// warn when `loud` (agents, whose failures an operator must see), else at
 /// debug (any client on the internet may send garbage). Aborting the
 /// handle closes the listener.
-pub fn handshakes(
-    tcp: Acceptor,
+pub fn handshakes<I: Incoming>(
+    tcp: I,
     tls: &ServerTls,
     loud: bool,
-) -> (
-    mpsc::Receiver<(TlsStream<Conn>, SocketAddr)>,
-    tokio::task::JoinHandle<()>,
-) {
+) -> (Handshaken<I>, tokio::task::JoinHandle<()>) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
     let (tx, ready) = mpsc::channel(64);
     let accepting = tokio::spawn(async move {
         loop {
-            let (stream, peer) = tcp.accept().await;
+            let (stream, peer) = tcp.next().await;
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
@@ -191,16 +236,17 @@ pub fn handshakes(
 
 /// A TCP listener whose connections arrive after their TLS handshake.
 /// Dropping it (as a graceful stop does) stops accepting at once.
-pub(crate) struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<Conn>, SocketAddr)>,
+pub struct TlsListener<I: Incoming = Acceptor> {
+    ready: Handshaken<I>,
     local: SocketAddr,
     accepting: tokio::task::JoinHandle<()>,
 }
 
-impl TlsListener {
-    pub(crate) fn new(tcp: Acceptor, tls: &ServerTls) -> std::io::Result<Self> {
+impl<I: Incoming> TlsListener<I> {
+    /// `loud` as for [`handshakes`].
+    pub fn new(tcp: I, tls: &ServerTls, loud: bool) -> std::io::Result<Self> {
         let local = tcp.local_addr()?;
-        let (ready, accepting) = handshakes(tcp, tls, false);
+        let (ready, accepting) = handshakes(tcp, tls, loud);
         Ok(TlsListener {
             ready,
             local,
@@ -209,15 +255,23 @@ impl TlsListener {
     }
 }
 
-impl Drop for TlsListener {
+impl<I: Incoming> std::fmt::Debug for TlsListener<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsListener")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl<I: Incoming> Drop for TlsListener<I> {
     fn drop(&mut self) {
         // Closes the TCP listener: new connections are refused.
         self.accepting.abort();
     }
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<Conn>;
+impl<I: Incoming> axum::serve::Listener for TlsListener<I> {
+    type Io = TlsStream<I::Io>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -94,7 +94,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
         base.as_str().trim_end_matches('/').to_owned(),
     ));
     let tls = match (&a.tls_ca, &a.tls_cert, &a.tls_key) {
-        (Some(ca), Some(cert), Some(key)) => Some(tls::server_config(ca, cert, key)?),
+        (Some(ca), Some(cert), Some(key)) => Some(tls::server_tls(ca, cert, key)?),
         _ => None,
     };
     let bytes_l = tokio::net::TcpListener::bind(listen_addr(&a.listen))
@@ -110,8 +110,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
     let bytes_srv = tokio::spawn(async move { axum::serve(bytes_l, bytes_router).await });
     let api_router = api::router(mirror);
     let api_srv = match tls {
-        Some(config) => {
-            let listener = tls::TlsListener::new(api_l, config)?;
+        Some(tls) => {
+            // Handshake failures at warn: the callers are the fleet's own.
+            let listener = llmgw_gateway::TlsListener::new(api_l, &tls, true)?;
             tokio::spawn(async move { axum::serve(listener, api_router).await })
         }
         None => {
