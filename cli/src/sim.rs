@@ -66,6 +66,15 @@ pub(crate) struct SimArgs {
     /// plain answer).
     #[arg(long, default_value = "native")]
     tools: llmgw_sim::ToolCalls,
+    /// Publish the prefix cache's changes as vLLM's KV-cache events on a
+    /// ZeroMQ PUB socket bound here, `tcp://IP:PORT` (port 0 picks one,
+    /// printed on start).
+    #[arg(long = "kv-events", value_parser = llmgw_sim::kv_events::parse_endpoint)]
+    kv_events: Option<SocketAddr>,
+    /// Also answer replay requests for missed event batches on a ROUTER
+    /// socket bound here, `tcp://IP:PORT`.
+    #[arg(long = "kv-events-replay", value_parser = llmgw_sim::kv_events::parse_endpoint, requires = "kv_events")]
+    kv_events_replay: Option<SocketAddr>,
 }
 
 pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
@@ -93,12 +102,19 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
         default_max_tokens: a.max_tokens,
         api_key: a.api_key,
         tools: a.tools,
+        kv_events: a.kv_events.map(|publish| llmgw_sim::KvEventsConfig {
+            publish,
+            replay: a.kv_events_replay,
+            buffer: 10_000,
+        }),
     };
     let serve = llmgw_sim::run(config, a.listen, cluster, |bound| {
         let mut out = std::io::stdout().lock();
         let _ = match bound {
             Bound::Rendezvous(addr) => writeln!(out, "rendezvous on {addr}"),
             Bound::Http(addr) => writeln!(out, "listening on {addr}"),
+            Bound::KvEvents(addr) => writeln!(out, "kv events on tcp://{addr}"),
+            Bound::KvReplay(addr) => writeln!(out, "kv events replay on tcp://{addr}"),
         };
         let _ = out.flush();
     });

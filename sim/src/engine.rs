@@ -17,6 +17,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::SimConfig;
 use crate::cache::PrefixCache;
+use crate::kv_events::{KvEvent, KvPublisher, KvPublisherTask, KvSink};
 use crate::text::{Generator, Prompt};
 
 /// Counters and gauges the metrics page reads.
@@ -39,6 +40,8 @@ pub struct SimState {
     slots: Arc<Semaphore>,
     cache: Mutex<PrefixCache>,
     pub(crate) counters: Counters,
+    /// Where the cache's changes are published, when they are.
+    kv_events: Option<KvSink>,
 }
 
 impl SimState {
@@ -48,7 +51,17 @@ impl SimState {
             cache: Mutex::new(PrefixCache::new(config.kv_blocks, config.block_bytes)),
             counters: Counters::default(),
             config,
+            kv_events: None,
         }
+    }
+
+    /// An engine whose cache's changes `publisher` publishes; run the
+    /// task it returns beside the engine.
+    pub fn with_kv_events(config: SimConfig, publisher: KvPublisher) -> (Self, KvPublisherTask) {
+        let (sink, task) = publisher.start();
+        let mut state = SimState::new(config);
+        state.kv_events = Some(sink);
+        (state, task)
     }
 }
 
@@ -60,6 +73,7 @@ pub fn app(state: Arc<SimState>) -> Router {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/tokenize", post(tokenize))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_key,
@@ -264,7 +278,16 @@ async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiErr
     })?;
     c.running.fetch_add(1, Ordering::Relaxed);
     c.requests.fetch_add(1, Ordering::Relaxed);
-    let lookup = state.cache.lock().await.admit(prompt.context.as_bytes());
+    let lookup = {
+        let mut cache = state.cache.lock().await;
+        let mut events = Vec::new();
+        let lookup = cache.admit(prompt.context.as_bytes(), &mut events);
+        // Sent under the lock, so batches go out in the cache's order.
+        if let Some(sink) = &state.kv_events {
+            sink.send(events);
+        }
+        lookup
+    };
     c.kv_blocks_in_use
         .fetch_add(lookup.blocks, Ordering::Relaxed);
     c.prefix_queries
@@ -448,6 +471,17 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// vLLM's `/reset_prefix_cache`: the cache emptied, announced as
+/// `AllBlocksCleared`.
+async fn reset_prefix_cache(State(state): State<Arc<SimState>>) -> StatusCode {
+    let mut cache = state.cache.lock().await;
+    cache.clear();
+    if let Some(sink) = &state.kv_events {
+        sink.send(vec![KvEvent::Cleared]);
+    }
+    StatusCode::OK
 }
 
 /// vLLM's `/tokenize`: a chat (`messages`, with `add_generation_prompt`,

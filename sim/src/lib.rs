@@ -13,6 +13,7 @@
 mod cache;
 mod cluster;
 mod engine;
+pub mod kv_events;
 mod metrics;
 mod text;
 
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 pub use cluster::{Cluster, ClusterError};
 pub use engine::{SimState, app};
+pub use kv_events::{KvEventsConfig, KvPublisher};
 
 /// An address the engine has bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,10 @@ pub enum Bound {
     Rendezvous(SocketAddr),
     /// The HTTP port: the engine now serves.
     Http(SocketAddr),
+    /// The KV-cache events' PUB socket (before the HTTP port).
+    KvEvents(SocketAddr),
+    /// Their replay socket.
+    KvReplay(SocketAddr),
 }
 
 /// Whose metric names `/metrics` publishes.
@@ -83,6 +89,8 @@ pub struct SimConfig {
     pub api_key: Option<String>,
     /// How a chat request that offers tools is answered.
     pub tools: ToolCalls,
+    /// Publish the prefix cache's changes as vLLM's KV-cache events.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 /// How the engine answers a chat request that offers tools: as an engine
@@ -125,6 +133,7 @@ impl Default for SimConfig {
             default_max_tokens: 16,
             api_key: None,
             tools: ToolCalls::Native,
+            kv_events: None,
         }
     }
 }
@@ -157,6 +166,11 @@ impl SimConfig {
         if self.block_bytes == 0 || self.kv_blocks == 0 {
             return bad("the KV cache needs a positive block size and capacity");
         }
+        if self.kv_events.is_some() && !self.block_bytes.is_multiple_of(4) {
+            return bad(
+                "KV-cache events count whole tokens of four bytes: the block size must be a multiple of 4",
+            );
+        }
         Ok(())
     }
 }
@@ -186,9 +200,25 @@ pub async fn run(
             source,
         })?;
     let addr = listener.local_addr().map_err(SimError::Serve)?;
+    let (state, publishing) = match &config.kv_events {
+        Some(kv) => {
+            let (publisher, at, replay) = KvPublisher::bind(kv).await?;
+            on_event(Bound::KvEvents(at));
+            if let Some(r) = replay {
+                on_event(Bound::KvReplay(r));
+            }
+            let (state, task) = SimState::with_kv_events(config, publisher);
+            (state, Some(task))
+        }
+        None => (SimState::new(config), None),
+    };
     on_event(Bound::Http(addr));
-    let state = Arc::new(SimState::new(config));
-    axum::serve(listener, app(state))
-        .await
-        .map_err(SimError::Serve)
+    let serving = axum::serve(listener, app(Arc::new(state)));
+    match publishing {
+        Some(task) => tokio::select! {
+            r = serving => r.map_err(SimError::Serve),
+            () = task => Ok(()),
+        },
+        None => serving.await.map_err(SimError::Serve),
+    }
 }

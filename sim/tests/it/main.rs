@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
 
+mod kv_events;
+
 use std::sync::Arc;
 use std::time::Duration;
 
