@@ -4,6 +4,12 @@
 //! is overloaded by both measures at once — more than `balance_abs`
 //! requests and more than `balance_rel` times the least-loaded one — since
 //! without the guard the hit rate rises while p99 collapses.
+//!
+//! For an endpoint whose engine publishes KV-cache events, what it holds
+//! is known (`kv_events`): the candidate carries the bytes of the prompt
+//! it holds, and the longest such prefix is preferred (`ExactHit`), the
+//! least loaded among equals. The approximate index guesses only for the
+//! endpoints without live events; the longer match of the two wins.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -48,8 +54,11 @@ impl Default for AffinityConfig {
 pub enum Decision {
     /// The session's endpoint.
     Session,
-    /// The endpoint that holds the prompt's prefix.
+    /// The endpoint that probably holds the prompt's prefix (the
+    /// approximate index).
     PrefixHit,
+    /// The endpoint whose KV-cache events say it holds the longest prefix.
+    ExactHit,
     /// A preferred endpoint was too loaded; the least-loaded one instead.
     LoadBalanceOverride,
     /// Nothing preferred: the least-loaded endpoint.
@@ -61,6 +70,7 @@ impl Decision {
         match self {
             Decision::Session => "session",
             Decision::PrefixHit => "prefix_hit",
+            Decision::ExactHit => "exact_hit",
             Decision::LoadBalanceOverride => "load_balance_override",
             Decision::CacheMissMinLoad => "cache_miss_min_load",
         }
@@ -130,6 +140,9 @@ pub struct Affinity {
 pub struct Candidate<'a> {
     pub id: &'a str,
     pub load: f64,
+    /// Bytes of the rendered prompt the endpoint holds, by its KV-cache
+    /// events; None when it has no live events.
+    pub exact: Option<usize>,
 }
 
 fn hash_of(v: impl Hash) -> u64 {
@@ -161,11 +174,14 @@ impl Affinity {
 
     /// Chooses among `candidates` (non-empty, least loaded first) and
     /// remembers the choice for the session and the prompt's prefix.
+    /// `rendered` is the length of the prompt as the engines' events count
+    /// it (the candidates' `exact`).
     pub fn choose(
         &self,
         model: &str,
         session: Option<&str>,
         prompt: &[u8],
+        rendered: usize,
         candidates: &[Candidate<'_>],
     ) -> (usize, Decision) {
         let least = 0;
@@ -182,14 +198,10 @@ impl Affinity {
                     .get(k)
                     .map(str::to_owned)
             })
-            .map(|id| (id, Decision::Session))
-            .or_else(|| {
-                self.prefix_owner(model, &blocks, prompt.len())
-                    .map(|id| (id, Decision::PrefixHit))
-            });
-        let chosen = match preferred
-            .and_then(|(id, d)| candidates.iter().position(|c| c.id == id).map(|i| (i, d)))
-        {
+            .and_then(|id| candidates.iter().position(|c| c.id == id))
+            .map(|i| (i, Decision::Session))
+            .or_else(|| self.prefix_choice(model, &blocks, prompt.len(), rendered, candidates));
+        let chosen = match preferred {
             Some((i, d)) if !self.overloaded(candidates[i].load, candidates[least].load) => (i, d),
             Some(_) => (least, Decision::LoadBalanceOverride),
             None => (least, Decision::CacheMissMinLoad),
@@ -208,9 +220,59 @@ impl Affinity {
         chosen
     }
 
-    /// The endpoint holding the longest matching prefix, if it is long
-    /// enough by both the absolute and the relative rule.
-    fn prefix_owner(&self, model: &str, blocks: &[u64], prompt_len: usize) -> Option<String> {
+    /// Long enough by both the absolute and the relative rule.
+    fn long_enough(&self, matched: usize, of: usize) -> bool {
+        matched >= self.config.min_match
+            && matched as f64 >= self.config.match_ratio * of.max(1) as f64
+    }
+
+    /// The candidate holding the longest prefix: known from events, or
+    /// guessed for an endpoint without them; None unless long enough.
+    fn prefix_choice(
+        &self,
+        model: &str,
+        blocks: &[u64],
+        prompt_len: usize,
+        rendered: usize,
+        candidates: &[Candidate<'_>],
+    ) -> Option<(usize, Decision)> {
+        // The longest held prefix; among equals the least loaded (first).
+        let exact = candidates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.exact?)))
+            .fold(None, |best: Option<(usize, usize)>, (i, m)| match best {
+                Some((_, b)) if b >= m => best,
+                _ => Some((i, m)),
+            })
+            .filter(|(_, m)| self.long_enough(*m, rendered));
+        let guessed = self
+            .prefix_owner(model, blocks)
+            .and_then(|(id, m)| {
+                let i = candidates
+                    .iter()
+                    .position(|c| c.id == id && c.exact.is_none())?;
+                Some((i, m))
+            })
+            .filter(|(_, m)| self.long_enough(*m, prompt_len));
+        match (exact, guessed) {
+            // Shares of their own prompts, since the two count differently.
+            (Some((i, m)), Some((j, g))) => {
+                if m as f64 / rendered.max(1) as f64 >= g as f64 / prompt_len.max(1) as f64 {
+                    Some((i, Decision::ExactHit))
+                } else {
+                    Some((j, Decision::PrefixHit))
+                }
+            }
+            (Some((i, _)), None) => Some((i, Decision::ExactHit)),
+            (None, Some((j, _))) => Some((j, Decision::PrefixHit)),
+            (None, None) => None,
+        }
+    }
+
+    /// The endpoint holding the longest matching prefix by the approximate
+    /// index, and the bytes matched.
+    fn prefix_owner(&self, model: &str, blocks: &[u64]) -> Option<(String, usize)> {
         let prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
         let mut owner = None;
         let mut matched = 0;
@@ -223,9 +285,7 @@ impl Affinity {
                 None => break,
             }
         }
-        let long_enough = matched >= self.config.min_match
-            && matched as f64 >= self.config.match_ratio * prompt_len.max(1) as f64;
-        owner.filter(|_| long_enough)
+        owner.map(|o| (o, matched))
     }
 
     fn overloaded(&self, preferred: f64, least: f64) -> bool {
@@ -238,7 +298,11 @@ mod tests {
     use super::*;
 
     fn c(id: &str, load: f64) -> Candidate<'_> {
-        Candidate { id, load }
+        Candidate {
+            id,
+            load,
+            exact: None,
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -249,29 +313,35 @@ mod tests {
         let second = format!("{system} user: two, a different question");
         // First sight: least loaded (index 0 is "x").
         assert_eq!(
-            a.choose("m", None, first.as_bytes(), &[c("x", 0.0), c("y", 0.0)]),
+            a.choose("m", None, first.as_bytes(), 0, &[c("x", 0.0), c("y", 0.0)]),
             (0, Decision::CacheMissMinLoad)
         );
         // Now y is least loaded, but x holds the prefix.
         assert_eq!(
-            a.choose("m", None, second.as_bytes(), &[c("y", 0.0), c("x", 3.0)]),
+            a.choose("m", None, second.as_bytes(), 0, &[c("y", 0.0), c("x", 3.0)]),
             (1, Decision::PrefixHit)
         );
         // Only absolute overload: 9 - 7 is not > 8.
         assert_eq!(
-            a.choose("m", None, second.as_bytes(), &[c("y", 7.0), c("x", 9.0)])
+            a.choose("m", None, second.as_bytes(), 0, &[c("y", 7.0), c("x", 9.0)])
                 .1,
             Decision::PrefixHit
         );
         // Both thresholds: 10 - 1 > 8 and 10 > 1.5.
         assert_eq!(
-            a.choose("m", None, second.as_bytes(), &[c("y", 1.0), c("x", 10.0)]),
+            a.choose(
+                "m",
+                None,
+                second.as_bytes(),
+                0,
+                &[c("y", 1.0), c("x", 10.0)]
+            ),
             (0, Decision::LoadBalanceOverride)
         );
         // Entries expire.
         tokio::time::advance(Duration::from_secs(601)).await;
         assert_eq!(
-            a.choose("m", None, second.as_bytes(), &[c("x", 0.0), c("y", 0.0)])
+            a.choose("m", None, second.as_bytes(), 0, &[c("x", 0.0), c("y", 0.0)])
                 .1,
             Decision::CacheMissMinLoad
         );
@@ -281,11 +351,11 @@ mod tests {
     async fn short_or_mostly_new_prompts_do_not_count_as_a_match() {
         let a = Affinity::new(AffinityConfig::default());
         let shared = "p".repeat(128);
-        a.choose("m", None, shared.as_bytes(), &[c("x", 0.0), c("y", 0.0)]);
+        a.choose("m", None, shared.as_bytes(), 0, &[c("x", 0.0), c("y", 0.0)]);
         // 128 bytes match, but of a 1,000-byte prompt: under 30%.
         let long = format!("{shared}{}", "n".repeat(872));
         assert_eq!(
-            a.choose("m", None, long.as_bytes(), &[c("y", 0.0), c("x", 0.0)])
+            a.choose("m", None, long.as_bytes(), 0, &[c("y", 0.0), c("x", 0.0)])
                 .1,
             Decision::CacheMissMinLoad
         );
@@ -295,6 +365,7 @@ mod tests {
                 "other",
                 None,
                 shared.as_bytes(),
+                0,
                 &[c("y", 0.0), c("x", 0.0)]
             )
             .1,
@@ -306,17 +377,91 @@ mod tests {
     async fn a_session_sticks_to_its_endpoint() {
         let a = Affinity::new(AffinityConfig::default());
         assert_eq!(
-            a.choose("m", Some("s1"), b"hi", &[c("x", 0.0), c("y", 0.0)])
+            a.choose("m", Some("s1"), b"hi", 0, &[c("x", 0.0), c("y", 0.0)])
                 .0,
             0
         );
         assert_eq!(
-            a.choose("m", Some("s1"), b"hello", &[c("y", 0.0), c("x", 2.0)]),
+            a.choose("m", Some("s1"), b"hello", 0, &[c("y", 0.0), c("x", 2.0)]),
             (1, Decision::Session)
         );
         assert_eq!(
-            a.choose("m", Some("s2"), b"hello", &[c("y", 0.0), c("x", 2.0)]),
+            a.choose("m", Some("s2"), b"hello", 0, &[c("y", 0.0), c("x", 2.0)]),
             (0, Decision::CacheMissMinLoad)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_events_say_beats_what_was_guessed_for_those_endpoints() {
+        let a = Affinity::new(AffinityConfig::default());
+        let prompt = "p".repeat(640);
+        // The approximate index remembers x for this prompt...
+        a.choose(
+            "m",
+            None,
+            prompt.as_bytes(),
+            700,
+            &[c("x", 0.0), c("y", 0.0)],
+        );
+        let ev = |id, load, held| Candidate {
+            id,
+            load,
+            exact: Some(held),
+        };
+        // ...but both publish events, and only y holds it now.
+        assert_eq!(
+            a.choose(
+                "m",
+                None,
+                prompt.as_bytes(),
+                700,
+                &[ev("x", 0.0, 0), ev("y", 1.0, 640)]
+            ),
+            (1, Decision::ExactHit)
+        );
+        // The longest held prefix wins; among equals the least loaded.
+        assert_eq!(
+            a.choose(
+                "m",
+                None,
+                prompt.as_bytes(),
+                700,
+                &[ev("x", 0.0, 320), ev("y", 1.0, 640), ev("z", 2.0, 640)]
+            ),
+            (1, Decision::ExactHit)
+        );
+        // Too short a share is a miss; the guard still applies.
+        assert_eq!(
+            a.choose(
+                "m",
+                None,
+                prompt.as_bytes(),
+                700,
+                &[ev("x", 0.0, 64), ev("y", 1.0, 64)]
+            )
+            .1,
+            Decision::CacheMissMinLoad
+        );
+        assert_eq!(
+            a.choose(
+                "m",
+                None,
+                prompt.as_bytes(),
+                700,
+                &[ev("x", 1.0, 0), ev("y", 10.0, 640)]
+            ),
+            (0, Decision::LoadBalanceOverride)
+        );
+        // A guess for an endpoint without events still counts beside them.
+        assert_eq!(
+            a.choose(
+                "m",
+                None,
+                prompt.as_bytes(),
+                700,
+                &[ev("y", 0.0, 0), c("x", 1.0)]
+            ),
+            (1, Decision::PrefixHit)
         );
     }
 

@@ -26,6 +26,8 @@ pub struct EndpointSpec {
     pub node: Option<String>,
     /// The credential a hosted upstream wants, sent as a bearer token.
     pub api_key: Option<UpstreamKey>,
+    /// The engine's KV-cache events, when it publishes them.
+    pub kv_events: Option<crate::kv_events::KvEventsSpec>,
 }
 
 /// An upstream's API key: read from a variable or a file (never the
@@ -71,7 +73,8 @@ impl std::str::FromStr for EndpointSpec {
     type Err = String;
 
     /// `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]
-    /// [;key_env=VAR|;key_file=PATH]`, as `llmgw server --endpoint` takes it.
+    /// [;key_env=VAR|;key_file=PATH][;kv_events=tcp://H:P;tokenizer=T
+    /// [;kv_replay=tcp://H:P]]`, as `llmgw server --endpoint` takes it.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut options = s.split(';');
         let main = options.next().unwrap_or_default();
@@ -106,7 +109,9 @@ impl std::str::FromStr for EndpointSpec {
             engine: EngineKind::default(),
             node: None,
             api_key: None,
+            kv_events: None,
         };
+        let (mut kv_events, mut kv_replay, mut tokenizer) = (None, None, None);
         for opt in options.filter(|o| !o.is_empty()) {
             let (k, v) = opt
                 .split_once('=')
@@ -131,6 +136,21 @@ impl std::str::FromStr for EndpointSpec {
                     }
                     spec.api_key = Some(upstream_key(s, k, v)?);
                 }
+                "kv_events" | "kv_replay" => {
+                    crate::kv_events::check_address(v).map_err(|e| format!("{id}: {k}: {e}"))?;
+                    let slot = if k == "kv_events" {
+                        &mut kv_events
+                    } else {
+                        &mut kv_replay
+                    };
+                    *slot = Some(v.to_owned());
+                }
+                "tokenizer" => {
+                    tokenizer = Some(
+                        v.parse::<crate::kv_events::Tokenizer>()
+                            .map_err(|e| format!("{id}: {e}"))?,
+                    )
+                }
                 "key" | "api_key" => {
                     return Err(format!(
                         "{id}: an upstream key is never given on the command line or in the file: use key_env=VARIABLE or key_file=PATH"
@@ -138,11 +158,29 @@ impl std::str::FromStr for EndpointSpec {
                 }
                 other => {
                     return Err(format!(
-                        "{s:?}: unknown option {other:?} (engine, weight, priority, pool, key_env, key_file)"
+                        "{s:?}: unknown option {other:?} (engine, weight, priority, pool, key_env, key_file, kv_events, kv_replay, tokenizer)"
                     ));
                 }
             }
         }
+        spec.kv_events = match (kv_events, kv_replay, tokenizer) {
+            (None, None, None) => None,
+            (Some(publish), replay, Some(tokenizer)) => Some(crate::kv_events::KvEventsSpec {
+                publish,
+                replay,
+                tokenizer,
+            }),
+            (Some(_), _, None) => {
+                return Err(format!(
+                    "{id}: kv_events needs tokenizer=: the gateway keys a request's blocks from the engine's tokens, and ships only the sim engine's tokenizer (tokenizer=sim)"
+                ));
+            }
+            (None, _, _) => {
+                return Err(format!(
+                    "{id}: kv_replay and tokenizer belong to kv_events, which is not set"
+                ));
+            }
+        };
         Ok(spec)
     }
 }
@@ -441,6 +479,7 @@ mod tests {
             engine: EngineKind::default(),
             node: None,
             api_key: None,
+            kv_events: None,
         }
     }
 
@@ -453,6 +492,29 @@ mod tests {
         );
         for bad in ["a=http://x", "=http://x=m", "a=ftp://x=m", "a=http://x="] {
             assert!(bad.parse::<EndpointSpec>().is_err(), "{bad}");
+        }
+        let e: EndpointSpec =
+            "a=http://x=m;kv_events=tcp://x:5557;kv_replay=tcp://x:5558;tokenizer=sim"
+                .parse()
+                .unwrap();
+        assert_eq!(e.kv_events.unwrap().replay.as_deref(), Some("tcp://x:5558"));
+        for (bad, why) in [
+            ("a=http://x=m;kv_events=tcp://x:5557", "needs tokenizer="),
+            (
+                "a=http://x=m;kv_events=tcp://x:5557;tokenizer=llama3",
+                "not supported",
+            ),
+            (
+                "a=http://x=m;kv_events=x:5557;tokenizer=sim",
+                "not tcp://HOST:PORT",
+            ),
+            (
+                "a=http://x=m;kv_replay=tcp://x:5558",
+                "kv_events, which is not set",
+            ),
+        ] {
+            let e = bad.parse::<EndpointSpec>().unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
         }
     }
 

@@ -20,6 +20,7 @@ mod convo;
 mod endpoints;
 mod error;
 mod info;
+pub mod kv_events;
 pub mod limits;
 mod listen;
 mod metrics;
@@ -104,6 +105,8 @@ pub struct Gateway {
     pub metrics: Metrics,
     pub(crate) client: reqwest::Client,
     pub(crate) affinity: affinity::Affinity,
+    /// What engines that publish KV-cache events hold.
+    pub kv_events: kv_events::KvIndex,
     pub(crate) routes: routes::RouteTable,
     /// Keys are required when set.
     pub(crate) keys: Option<auth::KeyDirectory>,
@@ -166,6 +169,7 @@ impl Gateway {
             metrics: Metrics::new(me.clone()),
             client,
             affinity: affinity::Affinity::new(config.affinity.clone()),
+            kv_events: kv_events::KvIndex::default(),
             routes: routes::RouteTable::new(config.fallbacks.clone()),
             keys,
             admission: admission::Admission::new(config.admission.clone()),
@@ -338,6 +342,9 @@ pub async fn serve_with(
         Some(m) => Some(bind(m, Which::Metrics).await?),
         None => None,
     };
+    // Subscribed before the listeners are reported, so that whoever waits
+    // for them finds every subscription's state.
+    gw.kv_events.follow(&gw.endpoints.snapshot());
     on_bound(Listener::Client(client_l.local_addr()?));
     on_bound(Listener::Admin(admin_l.local_addr()?));
     if let Some(m) = &metrics_l {
@@ -345,6 +352,11 @@ pub async fn serve_with(
     }
     let scraper = tokio::spawn(scrape::run(gw.clone(), gw.config.scrape_interval));
     let _stop_scraper = AbortOnDrop(scraper);
+    let kv = tokio::spawn(kv_events::follow(
+        Arc::downgrade(&gw),
+        gw.config.scrape_interval,
+    ));
+    let _stop_kv = (AbortOnDrop(kv), StopKv(gw.clone()));
 
     let (drain_tx, drain_rx) = watch::channel(false);
     let (cut_tx, cut_rx) = watch::channel(false);
@@ -428,6 +440,15 @@ pub async fn serve_with(
     tokio::select! {
         r = servers => r,
         never = stopping => match never {},
+    }
+}
+
+/// Ends the KV-cache event subscriptions when serving ends.
+struct StopKv(Arc<Gateway>);
+
+impl Drop for StopKv {
+    fn drop(&mut self) {
+        self.0.kv_events.stop();
     }
 }
 

@@ -361,6 +361,43 @@ impl Collector for Live {
             "endpoint_kv_cache_usage",
             "The engine's KV-cache usage (0-1), as last scraped",
             &kv,
+        )?;
+        let live = Family::<EndpointLabels, Gauge>::default();
+        let blocks = Family::<EndpointLabels, Gauge>::default();
+        let applied = Family::<EndpointLabels, Gauge>::default();
+        let resets = Family::<EndpointLabels, Counter>::default();
+        for (id, st) in gw.kv_events.states() {
+            let labels = vec![("endpoint", id)];
+            live.get_or_create(&labels).set(i64::from(st.live));
+            blocks.get_or_create(&labels).set(st.blocks as i64);
+            applied
+                .get_or_create(&labels)
+                .set(st.applied.map_or(-1, |s| s as i64));
+            resets.get_or_create(&labels).inc_by(st.resets);
+        }
+        put(
+            &mut enc,
+            "kv_events_live",
+            "1 while the endpoint's KV-cache events are subscribed to and caught up (else the approximate index routes for it)",
+            &live,
+        )?;
+        put(
+            &mut enc,
+            "kv_events_blocks",
+            "Blocks the endpoint's KV-cache events say its engine holds",
+            &blocks,
+        )?;
+        put(
+            &mut enc,
+            "kv_events_last_seq",
+            "The sequence number of the last KV-cache event batch applied (-1: none since the subscription began)",
+            &applied,
+        )?;
+        put(
+            &mut enc,
+            "kv_events_resets",
+            "Times the endpoint's exact index was dropped: the subscription lost, a gap replay could not fill, or the engine restarted",
+            &resets,
         )
     }
 }

@@ -185,6 +185,7 @@ impl Gateway {
                 engine: engine_kind(e.engine),
                 node: view.node_of(&e.replica_id).map(ToString::to_string),
                 api_key: None,
+                kv_events: None,
             }))
             .collect();
         self.endpoints.update(specs);

@@ -30,6 +30,7 @@ mod failover;
 mod fence;
 mod follow;
 mod join;
+mod kv_events;
 mod logs;
 mod metrics;
 mod migration;

@@ -78,19 +78,33 @@ async fn attempt(
     let request_id = ticket
         .as_ref()
         .map_or_else(crate::access::RequestId::new, |t| t.access.id());
+    // The request's tokens, once, if an endpoint publishes KV events.
+    let mut tokens: Option<crate::kv_events::RequestTokens> = None;
     for _ in 0..=gw.config.retries {
         let candidates = gw.endpoints.candidates(model, &tried);
         if candidates.is_empty() {
             break;
+        }
+        if tokens.is_none() && candidates.iter().any(|(e, _)| e.spec.kv_events.is_some()) {
+            tokens = Some(crate::kv_events::RequestTokens::sim(&request.rendered));
         }
         let view: Vec<crate::affinity::Candidate<'_>> = candidates
             .iter()
             .map(|(e, _)| crate::affinity::Candidate {
                 id: &e.spec.id,
                 load: gw.endpoints.load_of(e),
+                exact: tokens
+                    .as_ref()
+                    .and_then(|t| gw.kv_events.held(&e.spec.id, t)),
             })
             .collect();
-        let (i, decision) = gw.affinity.choose(model, session, &request.prompt, &view);
+        let (i, decision) = gw.affinity.choose(
+            model,
+            session,
+            &request.prompt,
+            request.rendered.len(),
+            &view,
+        );
         let endpoint = candidates[i].0.clone();
         tried.push(endpoint.spec.id.clone());
         let Some(flight) = gw.endpoints.take(&endpoint) else {

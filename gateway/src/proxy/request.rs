@@ -29,12 +29,66 @@ struct Head {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
 struct Message {
     #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
     content: Option<Value>,
+}
+
+/// The prompt as the sim engine renders it (its tokenizer is the one the
+/// exact index ships): `role: content` lines, then `assistant: ` unless
+/// the last message is continued; text parts only; a completion's prompt
+/// as given, strings joined by newlines.
+fn render_sim(head: &Head) -> Vec<u8> {
+    let text = |c: &Value| -> Vec<u8> {
+        match c {
+            Value::String(s) => s.as_bytes().to_vec(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .flat_map(|t| t.bytes())
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut out = Vec::new();
+    if let Some(messages) = &head.messages {
+        let continued = head.continue_final_message == Some(true);
+        let (closed, open) = match messages.split_last() {
+            Some((last, rest)) if continued => (rest, Some(last)),
+            _ => (&messages[..], None),
+        };
+        for m in closed {
+            out.extend_from_slice(m.role.as_deref().unwrap_or_default().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend(m.content.as_ref().map(text).unwrap_or_default());
+            out.push(b'\n');
+        }
+        if head.add_generation_prompt.unwrap_or(!continued) || open.is_some() {
+            out.extend_from_slice(b"assistant: ");
+        }
+        if let Some(m) = open {
+            out.extend(m.content.as_ref().map(text).unwrap_or_default());
+        }
+    } else if let Some(p) = &head.prompt {
+        match p {
+            Value::String(s) => out.extend_from_slice(s.as_bytes()),
+            Value::Array(items) => {
+                let items: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+                out.extend_from_slice(items.join("\n").as_bytes());
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Appends the text of a content value: a string, or the text parts of an
@@ -62,6 +116,9 @@ pub(crate) struct ClientRequest {
     pub(crate) user: Option<String>,
     /// The prompt's text, for prefix affinity: message contents in order.
     pub(crate) prompt: Vec<u8>,
+    /// The prompt rendered as the sim engine renders it, for the exact
+    /// index's sim tokenizer.
+    pub(crate) rendered: Vec<u8>,
     /// Prompt tokens, estimated before sending (see
     /// [`crate::limits::estimate_tokens`]).
     pub(crate) prompt_estimate: u64,
@@ -107,7 +164,9 @@ impl ClientRequest {
             push_text(&mut text, i);
             counted += text.len();
         }
+        let rendered = render_sim(&head);
         Ok(ClientRequest {
+            rendered,
             model,
             stream: head.stream,
             user: head.user,

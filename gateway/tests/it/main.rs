@@ -5,6 +5,7 @@
 
 mod connections;
 mod hostile;
+mod kv_events;
 mod migration;
 mod support;
 mod tenancy;
