@@ -1,35 +1,82 @@
-//! Prefix affinity against plain least-loaded routing, with sim engines
-//! whose prefix caches are too small for the working set.
+//! Prefix-aware routing against plain least-loaded routing, with sim
+//! engines whose prefix caches are too small for the working set.
 //!
-//! Run: `cargo bench -p llmgw-gateway --bench affinity`.
-//! Four engines, each caching 200 blocks of 64 bytes (12.8 KB); 16
-//! documents of 2 KB asked about in a fixed pseudo-random order by 8
-//! concurrent clients (32 KB of prefixes: more than one engine holds, less
-//! than four do). A cache miss costs prefill at 2,000 tokens/s. Both
-//! configurations run on fresh engines in the same run.
+//! Run: `cargo bench -p llmgw-gateway --bench affinity` (add `-- --peers`
+//! to run SGLang Model Gateway's `cache_aware` policy too, installed into
+//! a venv as the proxy bench does).
+//!
+//! Four engines, each caching 200 blocks of 64 bytes (12.8 KB); a cache
+//! miss costs prefill at 2,000 tokens/s. Two workloads, 8 concurrent
+//! clients:
+//! - documents: 16 documents of 2 KB asked about in a fixed pseudo-random
+//!   order (32 KB of prefixes: more than one engine holds, less than four
+//!   do);
+//! - chat: a shared 1.5 KB system prompt and 48 users' conversations
+//!   growing by a question and an answer a turn, six turns each, the
+//!   users' turns interleaved (~100 KB of conversations: most are evicted
+//!   before their next turn).
+//!
+//! Each router runs on fresh engines, in the same run: least loaded (no
+//! affinity), the approximate index (where prompts were sent), the exact
+//! index (the engines' KV-cache events), and SGLang's `cache_aware`.
 
 #![allow(
     clippy::unwrap_used,
     reason = "a benchmark program; a failure should stop it loudly"
 )]
 
+#[allow(
+    dead_code,
+    reason = "the proxy bench's peers: only SGLang Model Gateway runs here"
+)]
+#[path = "proxy/peers.rs"]
+mod peers;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use llmgw_gateway::affinity::AffinityConfig;
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
-use llmgw_sim::{Bound, SimConfig};
-use serde_json::json;
+use llmgw_sim::{Bound, KvEventsConfig, SimConfig};
+use serde_json::{Value, json};
 
 const ENGINES: usize = 4;
-const DOCS: u64 = 16;
-const REQUESTS: u64 = 240;
 const CLIENTS: usize = 8;
 
-async fn engine() -> SocketAddr {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    Documents,
+    Chat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Router {
+    LeastLoaded,
+    Approximate,
+    Exact,
+    Sglang,
+}
+
+impl Router {
+    fn name(self) -> &'static str {
+        match self {
+            Router::LeastLoaded => "least loaded",
+            Router::Approximate => "approximate index",
+            Router::Exact => "exact (KV events)",
+            Router::Sglang => "SGLang cache_aware",
+        }
+    }
+}
+
+struct Engine {
+    http: SocketAddr,
+    kv: Option<(SocketAddr, SocketAddr)>,
+}
+
+async fn engine(events: bool) -> Engine {
     let config = SimConfig {
         models: vec!["m".into()],
         ttft: Duration::from_millis(5),
@@ -38,21 +85,36 @@ async fn engine() -> SocketAddr {
         slots: 16,
         kv_blocks: 200,
         block_bytes: 64,
+        kv_events: events.then(|| KvEventsConfig {
+            publish: "127.0.0.1:0".parse().unwrap(),
+            replay: Some("127.0.0.1:0".parse().unwrap()),
+            buffer: 10_000,
+        }),
         ..SimConfig::default()
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let mut tx = Some(tx);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(llmgw_sim::run(
         config,
         "127.0.0.1:0".parse().unwrap(),
         None,
         move |b| {
-            if let (Bound::Http(a), Some(tx)) = (b, tx.take()) {
-                let _ = tx.send(a);
-            }
+            let _ = tx.send(b);
         },
     ));
-    rx.await.unwrap()
+    let (mut publish, mut replay) = (None, None);
+    loop {
+        match rx.recv().await.unwrap() {
+            Bound::KvEvents(a) => publish = Some(a),
+            Bound::KvReplay(a) => replay = Some(a),
+            Bound::Http(http) => {
+                return Engine {
+                    http,
+                    kv: publish.zip(replay),
+                };
+            }
+            Bound::Rendezvous(_) => {}
+        }
+    }
 }
 
 async fn metric(engine: SocketAddr, name: &str) -> f64 {
@@ -69,62 +131,93 @@ async fn metric(engine: SocketAddr, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Prefix-cache hits and queries over every engine.
+async fn cache_counts(engines: &[Engine]) -> (f64, f64) {
+    let (mut hits, mut queries) = (0.0, 0.0);
+    for e in engines {
+        hits += metric(e.http, "vllm:prefix_cache_hits_total").await;
+        queries += metric(e.http, "vllm:prefix_cache_queries_total").await;
+    }
+    (hits, queries)
+}
+
 fn document(d: u64) -> String {
     // 2 KB that differ from the first byte, so documents share no prefix.
     format!("document {d:02}: ") + &format!("lorem ipsum {d} dolor sit amet ").repeat(100)[..2000]
 }
 
-async fn run(affinity: bool) -> (f64, f64, f64) {
-    let mut engines = Vec::new();
-    for _ in 0..ENGINES {
-        engines.push(engine().await);
-    }
-    let endpoints = engines
-        .iter()
-        .enumerate()
-        .map(|(i, a)| format!("e{i}=http://{a}=m").parse().unwrap())
-        .collect();
-    let gw = Gateway::new(
-        GatewayConfig {
-            endpoints,
-            affinity: AffinityConfig {
-                enabled: affinity,
-                ..AffinityConfig::default()
-            },
-            ..GatewayConfig::default()
-        },
-        None,
-    )
-    .unwrap();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let mut tx = Some(tx);
-    let any = "127.0.0.1:0".parse().unwrap();
-    tokio::spawn(llmgw_gateway::serve(gw, any, any, None, move |l| {
-        if let (Listener::Client(a), Some(tx)) = (l, tx.take()) {
-            let _ = tx.send(a);
+const USERS: usize = 48;
+const TURNS: usize = 6;
+
+fn system_prompt() -> String {
+    "You are the support assistant of a hardware shop: answer briefly, cite the manual, never guess prices. "
+        .repeat(16)[..1536]
+        .to_owned()
+}
+
+fn question(u: usize, t: usize) -> String {
+    format!("user {u} turn {t}: ")
+        + &format!("how do I fix the {u}-{t} widget when it rattles? ").repeat(3)
+}
+
+fn answer(u: usize, t: usize) -> String {
+    format!("answer {u}.{t}: ")
+        + &format!("loosen screw {t}, check part {u}, tighten it again and restart. ").repeat(4)
+}
+
+/// The requests of a workload, in the order they are sent.
+fn requests(w: Workload) -> Vec<Value> {
+    match w {
+        Workload::Documents => (0..240u64)
+            .map(|i| {
+                // A fixed pseudo-random document per request.
+                let d = (i.wrapping_mul(2_654_435_761) >> 7) % 16;
+                json!({"model": "m", "stream": true, "max_tokens": 1, "messages": [
+                    {"role": "system", "content": document(d)},
+                    {"role": "user", "content": format!("question {i}")}]})
+            })
+            .collect(),
+        Workload::Chat => {
+            let system = system_prompt();
+            (0..USERS * TURNS)
+                .map(|i| {
+                    // Turn t of every user before turn t+1 of any, the
+                    // users in a shuffled order each round.
+                    let (t, p) = (i / USERS, i % USERS);
+                    let u = (p * 29 + t * 7) % USERS;
+                    let mut messages = vec![json!({"role": "system", "content": system})];
+                    for k in 0..t {
+                        messages.push(json!({"role": "user", "content": question(u, k)}));
+                        messages.push(json!({"role": "assistant", "content": answer(u, k)}));
+                    }
+                    messages.push(json!({"role": "user", "content": question(u, t)}));
+                    // No `user` or session header: routing goes by the prefix.
+                    json!({"model": "m", "stream": true, "max_tokens": 1, "messages": messages})
+                })
+                .collect()
         }
-    }));
-    let url = format!("http://{}/v1/chat/completions", rx.await.unwrap());
-    let next = Arc::new(AtomicU64::new(0));
+    }
+}
+
+/// Sends `bodies` from `CLIENTS` clients; the TTFTs and the seconds taken.
+async fn drive(url: &str, bodies: Arc<Vec<Value>>) -> (Vec<Duration>, f64) {
+    let next = Arc::new(AtomicUsize::new(0));
     let client = reqwest::Client::new();
     let start = Instant::now();
     let workers: Vec<_> = (0..CLIENTS)
         .map(|_| {
-            let (next, client, url) = (next.clone(), client.clone(), url.clone());
+            let (next, client, url, bodies) =
+                (next.clone(), client.clone(), url.to_owned(), bodies.clone());
             tokio::spawn(async move {
                 let mut ttfts = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= REQUESTS {
+                    let Some(body) = bodies.get(i) else {
                         return ttfts;
-                    }
-                    // A fixed pseudo-random document per request.
-                    let d = (i.wrapping_mul(2_654_435_761) >> 7) % DOCS;
-                    let body = json!({"model": "m", "stream": true, "max_tokens": 1, "messages": [
-                        {"role": "system", "content": document(d)},
-                        {"role": "user", "content": format!("question {i}")}]});
+                    };
                     let t = Instant::now();
-                    let resp = client.post(&url).json(&body).send().await.unwrap();
+                    let resp = client.post(&url).json(body).send().await.unwrap();
+                    assert!(resp.status().is_success(), "{}", resp.status());
                     let mut s = resp.bytes_stream();
                     s.next().await;
                     ttfts.push(t.elapsed());
@@ -137,27 +230,139 @@ async fn run(affinity: bool) -> (f64, f64, f64) {
     for w in workers {
         ttfts.extend(w.await.unwrap());
     }
-    let secs = start.elapsed().as_secs_f64();
-    let (mut hits, mut queries) = (0.0, 0.0);
-    for e in &engines {
-        hits += metric(*e, "vllm:prefix_cache_hits_total").await;
-        queries += metric(*e, "vllm:prefix_cache_queries_total").await;
+    (ttfts, start.elapsed().as_secs_f64())
+}
+
+struct Figures {
+    hit: f64,
+    p50: f64,
+    rate: f64,
+}
+
+/// A gateway over `engines`; None for SGLang when it is not installed.
+async fn router_url(r: Router, engines: &[Engine]) -> Option<(String, Option<peers::Peer>)> {
+    if r == Router::Sglang {
+        let workers: Vec<SocketAddr> = engines.iter().map(|e| e.http).collect();
+        let probe = json!({"model": "m", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "ready?"}]})
+        .to_string();
+        let peer = peers::start_policy(
+            &peers::venv(),
+            "sglang-router",
+            &workers,
+            "cache_aware",
+            &reqwest::Client::new(),
+            &probe,
+        )
+        .await?;
+        return Some((peer.url.clone(), Some(peer)));
     }
+    let endpoints = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut spec = format!("e{i}=http://{}=m", e.http);
+            if let (Router::Exact, Some((publish, replay))) = (r, e.kv) {
+                spec +=
+                    &format!(";kv_events=tcp://{publish};kv_replay=tcp://{replay};tokenizer=sim");
+            }
+            spec.parse().unwrap()
+        })
+        .collect();
+    let gw = Gateway::new(
+        GatewayConfig {
+            endpoints,
+            affinity: AffinityConfig {
+                enabled: r != Router::LeastLoaded,
+                ..AffinityConfig::default()
+            },
+            ..GatewayConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut tx = Some(tx);
+    let any = "127.0.0.1:0".parse().unwrap();
+    tokio::spawn(llmgw_gateway::serve(gw.clone(), any, any, None, move |l| {
+        if let (Listener::Client(a), Some(tx)) = (l, tx.take()) {
+            let _ = tx.send(a);
+        }
+    }));
+    let url = format!("http://{}/v1/chat/completions", rx.await.unwrap());
+    if r == Router::Exact {
+        for i in 0..engines.len() {
+            let mut st = gw.kv_events.state(&format!("e{i}")).unwrap();
+            st.wait_for(|s| s.live).await.unwrap();
+        }
+    }
+    Some((url, None))
+}
+
+async fn run(w: Workload, r: Router) -> Option<Figures> {
+    let mut engines = Vec::new();
+    for _ in 0..ENGINES {
+        engines.push(engine(r == Router::Exact).await);
+    }
+    let (url, _peer) = router_url(r, &engines).await?;
+    let (hits0, queries0) = cache_counts(&engines).await;
+    let (mut ttfts, secs) = drive(&url, Arc::new(requests(w))).await;
+    let (hits, queries) = cache_counts(&engines).await;
     ttfts.sort();
-    let p50 = ttfts[ttfts.len() / 2].as_secs_f64() * 1e3;
-    (100.0 * hits / queries.max(1.0), p50, REQUESTS as f64 / secs)
+    Some(Figures {
+        hit: 100.0 * (hits - hits0) / (queries - queries0).max(1.0),
+        p50: ttfts[ttfts.len() / 2].as_secs_f64() * 1e3,
+        rate: ttfts.len() as f64 / secs,
+    })
 }
 
 fn main() {
+    let with_peers = std::env::args().any(|a| a == "--peers");
+    if with_peers && let Err(e) = peers::install(&peers::venv()) {
+        eprintln!("SGLang Model Gateway left out: {e}");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let (base_hit, base_ttft, base_rate) = run(false).await;
-        let (hit, ttft, rate) = run(true).await;
-        println!("least loaded:    prefix-cache hit rate {base_hit:5.1}%   TTFT p50 {base_ttft:6.1} ms   {base_rate:5.1} req/s");
-        println!("prefix affinity: prefix-cache hit rate {hit:5.1}%   TTFT p50 {ttft:6.1} ms   {rate:5.1} req/s");
-        println!("ratio: TTFT p50 {:.2}x of least loaded, throughput {:.2}x", ttft / base_ttft, rate / base_rate);
+        for (w, what) in [
+            (Workload::Documents, "documents: 16 documents of 2 KB, 240 requests"),
+            (Workload::Chat, "chat: a 1.5 KB system prompt, 48 users x 6 turns, 288 requests"),
+        ] {
+            println!("{what}, {CLIENTS} clients, {ENGINES} engines of 200 blocks");
+            let mut routers = vec![Router::LeastLoaded, Router::Approximate, Router::Exact];
+            if with_peers {
+                routers.push(Router::Sglang);
+            }
+            let mut figures = Vec::new();
+            for r in routers {
+                let Some(f) = run(w, r).await else {
+                    println!("  {:<20} not run", r.name());
+                    continue;
+                };
+                println!(
+                    "  {:<20} prefix-cache hit rate {:5.1}%   TTFT p50 {:6.1} ms   {:5.1} req/s",
+                    r.name(),
+                    f.hit,
+                    f.p50,
+                    f.rate
+                );
+                figures.push((r, f));
+            }
+            let get = |r| figures.iter().find(|(x, _)| *x == r).map(|(_, f)| f);
+            let exact = get(Router::Exact).unwrap();
+            for other in [Router::LeastLoaded, Router::Approximate, Router::Sglang] {
+                if let Some(o) = get(other) {
+                    println!(
+                        "  exact vs {:<18} hit rate {:+5.1} points, TTFT p50 {:.2}x, throughput {:.2}x",
+                        other.name(),
+                        exact.hit - o.hit,
+                        exact.p50 / o.p50,
+                        exact.rate / o.rate
+                    );
+                }
+            }
+        }
     });
 }

@@ -99,68 +99,79 @@ pub async fn start(
     probe: &reqwest::Client,
     body: &str,
 ) -> Vec<Peer> {
-    let worker = format!("http://{upstream}");
     let mut peers = Vec::new();
     for package in PACKAGES {
-        let Some(v) = version(venv, package) else {
-            eprintln!("{package} is not installed in {}; left out", venv.display());
-            continue;
-        };
-        let (port, metrics) = (free_port(), free_port());
-        let mut c = match package {
-            "sglang-router" => {
-                let mut c = Command::new(venv.join("bin/python"));
-                c.args(["-m", "sglang_router.launch_router", "--log-level", "warn"]);
-                c
-            }
-            _ => {
-                let mut c = Command::new(venv.join("bin/vllm-router"));
-                c.args(["--log-level", "warning"]);
-                c
-            }
-        };
-        c.args([
-            "--worker-urls",
-            &worker,
-            "--policy",
-            "round_robin",
-            "--host",
-            "127.0.0.1",
-        ])
-        .args(["--port", &port.to_string()])
-        .args(["--prometheus-port", &metrics.to_string()]);
-        let log = std::env::temp_dir().join(format!("llmgw-bench-{package}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        c.stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file);
-        let child = match c.spawn() {
-            Ok(ch) => ch,
-            Err(e) => {
-                eprintln!("{package} could not start: {e}");
-                continue;
-            }
-        };
-        let name = match package {
-            "sglang-router" => format!("SGLang Model Gateway {v}"),
-            _ => format!("vllm-router {v}"),
-        };
-        let mut peer = Peer {
-            name,
-            url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-            child,
-        };
-        if ready(&mut peer, probe, body).await {
-            peers.push(peer);
-        } else {
-            eprintln!(
-                "{} did not come up in 60 s; see {}",
-                peer.name,
-                log.display()
-            );
+        if let Some(p) = start_policy(venv, package, &[upstream], "round_robin", probe, body).await
+        {
+            peers.push(p);
         }
     }
     peers
+}
+
+/// Starts `package` over `workers` with a routing `policy` and waits until
+/// it answers a chat completion; None (said why) when it does not.
+pub async fn start_policy(
+    venv: &Path,
+    package: &str,
+    workers: &[SocketAddr],
+    policy: &str,
+    probe: &reqwest::Client,
+    body: &str,
+) -> Option<Peer> {
+    let Some(v) = version(venv, package) else {
+        eprintln!("{package} is not installed in {}; left out", venv.display());
+        return None;
+    };
+    let (port, metrics) = (free_port(), free_port());
+    let mut c = match package {
+        "sglang-router" => {
+            let mut c = Command::new(venv.join("bin/python"));
+            c.args(["-m", "sglang_router.launch_router", "--log-level", "warn"]);
+            c
+        }
+        _ => {
+            let mut c = Command::new(venv.join("bin/vllm-router"));
+            c.args(["--log-level", "warning"]);
+            c
+        }
+    };
+    c.arg("--worker-urls")
+        .args(workers.iter().map(|w| format!("http://{w}")))
+        .args(["--policy", policy, "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .args(["--prometheus-port", &metrics.to_string()]);
+    let log = std::env::temp_dir().join(format!("llmgw-bench-{package}.log"));
+    let file = std::fs::File::create(&log).unwrap();
+    c.stdin(Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
+    let child = match c.spawn() {
+        Ok(ch) => ch,
+        Err(e) => {
+            eprintln!("{package} could not start: {e}");
+            return None;
+        }
+    };
+    let name = match package {
+        "sglang-router" => format!("SGLang Model Gateway {v}"),
+        _ => format!("vllm-router {v}"),
+    };
+    let mut peer = Peer {
+        name,
+        url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+        child,
+    };
+    if ready(&mut peer, probe, body).await {
+        Some(peer)
+    } else {
+        eprintln!(
+            "{} did not come up in 60 s; see {}",
+            peer.name,
+            log.display()
+        );
+        None
+    }
 }
 
 /// Polls the peer with a chat completion until it answers 200.
