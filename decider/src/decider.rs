@@ -111,33 +111,46 @@ impl Decider {
         if inner.dirty {
             *inner = Inner::default();
         }
+        // Each page's memory is filled again by the next.
+        let mut spare = llmgw_eventstore::TextPage::default();
         loop {
-            // Payloads as text, decoded straight into events: a leader
-            // taking office reads the whole log here.
+            // Payloads as text, decoded straight into events from the page:
+            // a leader taking office reads the whole log here.
             let page = self
                 .store
-                .read_all_text(inner.position, llmgw_eventstore::DEFAULT_PAGE)
+                .read_text_page(
+                    inner.position,
+                    llmgw_eventstore::DEFAULT_PAGE,
+                    std::mem::take(&mut spare),
+                )
                 .await?;
-            let Some(last) = page.last() else {
+            let Some(last) = page.last_position() else {
                 return Ok(());
             };
-            inner.position = last.position;
-            for r in &page {
-                // In log order, so the last version read is the stream's.
-                inner.versions.insert(r.stream_id.clone(), r.stream_version);
-                let clocked = Clocks::cares(&r.event_type);
+            inner.position = last;
+            for r in page.iter() {
+                // In log order, so the last version read is the stream's;
+                // the id is copied only for a stream not seen before.
+                match inner.versions.get_mut(r.stream_id) {
+                    Some(v) => *v = r.stream_version,
+                    None => {
+                        inner
+                            .versions
+                            .insert(r.stream_id.to_owned(), r.stream_version);
+                    }
+                }
+                let clocked = Clocks::cares(r.event_type);
                 let at = llmgw_domain::UnixMillis(r.recorded_at.timestamp_millis());
                 if inner.own.remove(&r.position) {
                     // Applied when decided; its time is known only now.
                     if clocked
-                        && let Ok(e) =
-                            Event::decode_json(&r.event_type, r.schema_version, &r.payload)
+                        && let Ok(e) = Event::decode_json(r.event_type, r.schema_version, r.payload)
                     {
                         inner.clocks.observe(&inner.state, &e, at);
                     }
                     continue;
                 }
-                match Event::decode_json(&r.event_type, r.schema_version, &r.payload) {
+                match Event::decode_json(r.event_type, r.schema_version, r.payload) {
                     Ok(Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
                         model,
                     })) => {
@@ -159,6 +172,7 @@ impl Decider {
                     }
                 }
             }
+            spare = page;
         }
     }
 

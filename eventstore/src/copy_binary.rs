@@ -23,7 +23,8 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::{EventText, Result, StoreError};
+use crate::text_page::{Row, TextPage};
+use crate::{Result, StoreError};
 
 /// The page's query, for events after `after`, at most `limit` of them.
 /// COPY takes no parameters: both are integers, written into the text.
@@ -42,34 +43,37 @@ const FIELDS: i16 = 8;
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// Takes the COPY data apart in whatever pieces it arrives in: complete
-/// rows become events at once, a row cut between two pieces waits for the
-/// rest.
+/// rows become events at once (their texts copied into the page's one
+/// text), a row cut between two pieces waits for the rest.
 #[derive(Debug)]
 pub(crate) struct Parser {
     after: u64,
     buf: Vec<u8>,
     header: bool,
     ended: bool,
-    events: Vec<EventText>,
+    page: TextPage,
 }
 
 impl Parser {
-    pub(crate) fn new(after: u64, limit: usize) -> Parser {
+    /// A parser filling `page` (emptied first; its memory is reused).
+    pub(crate) fn new(after: u64, limit: usize, mut page: TextPage) -> Parser {
+        page.clear();
+        // Room for the texts of `limit` usual events (a few hundred bytes
+        // each): the text grows by doubling past that.
+        let events = limit.min(100_000);
+        page.reserve(events, events * 256);
         Parser {
             after,
             buf: Vec::new(),
             header: false,
             ended: false,
-            events: Vec::with_capacity(limit.min(100_000)),
+            page,
         }
     }
 
     fn corrupt(&self, what: &str) -> StoreError {
         StoreError::Corrupt {
-            position: self
-                .events
-                .last()
-                .map_or(self.after + 1, |e| e.position + 1),
+            position: self.page.last_position().map_or(self.after + 1, |p| p + 1),
             reason: format!("reading a page of events (COPY): {what}"),
         }
     }
@@ -90,16 +94,14 @@ impl Parser {
     }
 
     /// The events, once the data has ended.
-    pub(crate) fn finish(self) -> Result<Vec<EventText>> {
+    pub(crate) fn finish(self) -> Result<TextPage> {
         if !self.ended || !self.buf.is_empty() {
             return Err(self.corrupt("the data is cut short"));
         }
         // ORDER BY position orders the rows; make sure, as the text page does.
-        let mut events = self.events;
-        if !events.is_sorted_by_key(|e| e.position) {
-            events.sort_by_key(|e| e.position);
-        }
-        Ok(events)
+        let mut page = self.page;
+        page.sort();
+        Ok(page)
     }
 
     /// Parses what is complete in `data`; returns the bytes used.
@@ -169,15 +171,13 @@ impl Parser {
                 _ => Err(self.corrupt(what)),
             }
         };
-        let text = |b: &[u8], what: &str| -> Result<String> {
-            String::from_utf8(b.to_vec()).map_err(|_| self.corrupt(what))
-        };
+        let text = |b, what: &str| std::str::from_utf8(b).map_err(|_| self.corrupt(what));
         let position = int(fields[0], "a position")?;
         let stream_version = int(fields[1], "a stream version")?;
         let schema_version = int(fields[2], "a schema version")?;
         let recorded_at = int(fields[3], "a time")?;
         let event_id = Uuid::from_slice(fields[4]).map_err(|_| self.corrupt("an event id"))?;
-        let event = EventText {
+        let row = Row {
             position: position as u64,
             stream_version: stream_version as u64,
             schema_version: schema_version as u32,
@@ -186,11 +186,16 @@ impl Parser {
             )
             .unwrap_or_default(),
             event_id,
-            event_type: text(fields[5], "an event type")?,
-            stream_id: text(fields[6], "a stream id")?,
-            payload: text(fields[7], "a payload")?,
+            event_type: 0..0,
+            stream_id: 0..0,
+            payload: 0..0,
         };
-        self.events.push(event);
+        let (event_type, stream_id, payload) = (
+            text(fields[5], "an event type")?,
+            text(fields[6], "a stream id")?,
+            text(fields[7], "a payload")?,
+        );
+        self.page.push(row, event_type, stream_id, payload);
         Ok(Some(at))
     }
 }
@@ -240,24 +245,38 @@ mod tests {
     fn rows_are_read_whatever_pieces_they_arrive_in() {
         let data = data();
         for piece in [1, 2, 3, 7, 19, data.len()] {
-            let mut p = Parser::new(6, 10);
+            let mut p = Parser::new(6, 10, TextPage::default());
             for chunk in data.chunks(piece) {
                 p.feed(chunk).unwrap();
             }
-            let events = p.finish().unwrap();
+            let page = p.finish().unwrap();
+            let events: Vec<_> = page.iter().collect();
             assert_eq!(events.len(), 2, "pieces of {piece}");
             let e = &events[0];
             assert_eq!(
-                (e.position, e.stream_id.as_str(), e.payload.as_str()),
+                (e.position, e.stream_id, e.payload),
                 (7, "s 1", r#"{"x": "y z"}"#)
             );
             assert_eq!((e.stream_version, e.schema_version), (3, 1));
             assert_eq!(e.recorded_at.timestamp_micros(), 1_700_000_000_000_000);
             assert_eq!(e.event_id, Uuid::from_u128(7));
             assert_eq!(
-                (events[1].event_type.as_str(), events[1].stream_id.as_str()),
+                (events[1].event_type, events[1].stream_id),
                 ("ü\u{1f}", "ß")
             );
+        }
+    }
+
+    #[test]
+    fn a_reused_page_holds_only_the_new_rows() {
+        let data = data();
+        let mut page = TextPage::default();
+        for _ in 0..3 {
+            let mut p = Parser::new(6, 10, page);
+            p.feed(&data).unwrap();
+            page = p.finish().unwrap();
+            let seen: Vec<_> = page.iter().map(|e| (e.position, e.payload)).collect();
+            assert_eq!(seen, [(7, r#"{"x": "y z"}"#), (8, "{}")]);
         }
     }
 
@@ -265,7 +284,7 @@ mod tests {
     fn cut_data_is_corrupt_not_a_panic() {
         let data = data();
         for cut in 0..data.len() {
-            let mut p = Parser::new(6, 10);
+            let mut p = Parser::new(6, 10, TextPage::default());
             let fed = p.feed(&data[..cut]);
             assert!(
                 matches!(
@@ -283,7 +302,7 @@ mod tests {
         // The first row's position field: its length, then its 8 bytes.
         let first = SIGNATURE.len() + 8 + 2;
         data[first..first + 4].copy_from_slice(&(-1i32).to_be_bytes());
-        let mut p = Parser::new(6, 10);
+        let mut p = Parser::new(6, 10, TextPage::default());
         assert!(matches!(
             p.feed(&data),
             Err(StoreError::Corrupt { position: 7, .. })

@@ -40,6 +40,7 @@ mod reader;
 pub mod signing;
 mod sqlite;
 mod subscribe;
+mod text_page;
 mod types;
 mod upcast;
 
@@ -64,6 +65,7 @@ pub use postgres::PgStore;
 pub use reader::{DecodingReader, PageReader};
 pub use sqlite::SqliteStore;
 pub use subscribe::{Subscription, Wakeups};
+pub use text_page::{EventRef, TextPage};
 pub use types::{
     Appended, Checkpoint, EventText, ExpectedVersion, Lease, LeaseInfo, LeaseToken, NewEvent,
     RecordedEvent, Snapshot, Stats, StreamAppend, VerifyReport, Writer,
@@ -100,12 +102,15 @@ pub trait EventStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<RecordedEvent>>> + Send;
 
     /// Events after `after` with their payloads as JSON text and without
-    /// metadata or hash, as stored: the cheap read for replaying.
-    fn read_all_text_raw(
+    /// metadata or hash, as stored, in one [`TextPage`]: the cheap read for
+    /// replaying. `reuse` is a spent page whose memory the backend may fill
+    /// again (`TextPage::default()` when there is none).
+    fn read_text_page_raw(
         &self,
         after: u64,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<EventText>>> + Send;
+        reuse: TextPage,
+    ) -> impl Future<Output = Result<TextPage>> + Send;
 
     fn read_stream_raw(
         &self,
@@ -225,16 +230,30 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         }
     }
 
-    /// [`EventStore::read_all_text_raw`], upcast: a payload is parsed only
+    /// [`EventStore::read_text_page_raw`], upcast: a payload is parsed only
     /// when its type has a newer schema version to reach.
+    fn read_text_page(
+        &self,
+        after: u64,
+        limit: usize,
+        reuse: TextPage,
+    ) -> impl Future<Output = Result<TextPage>> + Send {
+        async move {
+            let mut page = self.read_text_page_raw(after, limit, reuse).await?;
+            self.upcasters().upcast_page(&mut page)?;
+            Ok(page)
+        }
+    }
+
+    /// [`EventStore::read_text_page`], each event with its own texts.
     fn read_all_text(
         &self,
         after: u64,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<EventText>>> + Send {
         async move {
-            self.upcasters()
-                .upcast_all_text(self.read_all_text_raw(after, limit).await?)
+            let page = self.read_text_page(after, limit, TextPage::default());
+            Ok(page.await?.into_events())
         }
     }
 
@@ -532,8 +551,13 @@ impl EventStore for AnyStore {
     async fn read_all_raw(&self, after: u64, limit: usize) -> Result<Vec<RecordedEvent>> {
         delegate!(self, s => s.read_all_raw(after, limit).await)
     }
-    async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
-        delegate!(self, s => s.read_all_text_raw(after, limit).await)
+    async fn read_text_page_raw(
+        &self,
+        after: u64,
+        limit: usize,
+        reuse: TextPage,
+    ) -> Result<TextPage> {
+        delegate!(self, s => s.read_text_page_raw(after, limit, reuse).await)
     }
     async fn read_stream_raw(
         &self,

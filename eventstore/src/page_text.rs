@@ -7,18 +7,21 @@
 //!
 //! with nothing between events. Every text field is preceded by its length
 //! in bytes, so no content, however odd, can be mistaken for a delimiter.
+//! The page's texts stay where they are: the [`TextPage`] is this text with
+//! each event's place in it.
 
 use uuid::Uuid;
 
-use crate::{EventText, Result, StoreError};
+use crate::text_page::{Row, TextPage};
+use crate::{Result, StoreError};
 
 /// The events of one page; `after` is where the page was asked to start,
 /// for naming the place of a malformed one.
-pub(crate) fn parse(page: &str, after: u64) -> Result<Vec<EventText>> {
-    let mut events: Vec<EventText> = Vec::new();
-    let mut rest = page;
+pub(crate) fn parse(page: String, after: u64) -> Result<TextPage> {
+    let mut rows: Vec<Row> = Vec::new();
+    let mut rest = page.as_str();
     while !rest.is_empty() {
-        let at = events.last().map_or(after + 1, |e| e.position + 1);
+        let at = rows.last().map_or(after + 1, |e| e.position + 1);
         let corrupt = |what: &str| StoreError::Corrupt {
             position: at,
             reason: format!("reading a page of events: {what}"),
@@ -39,17 +42,19 @@ pub(crate) fn parse(page: &str, after: u64) -> Result<Vec<EventText>> {
         let type_len = number(word()?)? as usize;
         let stream_len = number(word()?)? as usize;
         let payload_len = number(word()?)? as usize;
-        let mut text = |n: usize| -> Result<String> {
-            let t = rest
-                .get(..n)
+        // Where each text lies in `page`: `get` checks that it is there and
+        // on character boundaries.
+        let mut text = |n: usize| -> Result<std::ops::Range<usize>> {
+            let start = page.len() - rest.len();
+            rest.get(..n)
                 .ok_or_else(|| corrupt("a text is cut short"))?;
             rest = &rest[n..];
-            Ok(t.to_owned())
+            Ok(start..start + n)
         };
         let event_type = text(type_len)?;
         let stream_id = text(stream_len)?;
         let payload = text(payload_len)?;
-        events.push(EventText {
+        rows.push(Row {
             position: position as u64,
             stream_id,
             stream_version: stream_version as u64,
@@ -62,10 +67,9 @@ pub(crate) fn parse(page: &str, after: u64) -> Result<Vec<EventText>> {
     }
     // The query orders the rows it aggregates; SQLite keeps that order, but
     // the SQL standard does not promise it, so make sure.
-    if !events.is_sorted_by_key(|e| e.position) {
-        events.sort_by_key(|e| e.position);
-    }
-    Ok(events)
+    let mut page = TextPage::from_parts(page, rows);
+    page.sort();
+    Ok(page)
 }
 
 #[cfg(test)]
@@ -90,12 +94,10 @@ mod tests {
             record(7, "E", "s 1", r#"{"x": "y z"}"#),
             record(8, odd, "ß", odd)
         );
-        let events = parse(&page, 6).unwrap();
+        let page = parse(page, 6).unwrap();
+        let events: Vec<_> = page.iter().collect();
         assert_eq!(events.len(), 2);
-        assert_eq!(
-            (events[0].position, events[0].stream_id.as_str()),
-            (7, "s 1")
-        );
+        assert_eq!((events[0].position, events[0].stream_id), (7, "s 1"));
         assert_eq!(events[0].payload, r#"{"x": "y z"}"#);
         assert_eq!(events[0].stream_version, 3);
         assert_eq!(
@@ -103,11 +105,7 @@ mod tests {
             1_700_000_000_000_000
         );
         assert_eq!(
-            (
-                events[1].event_type.as_str(),
-                events[1].stream_id.as_str(),
-                events[1].payload.as_str()
-            ),
+            (events[1].event_type, events[1].stream_id, events[1].payload),
             (odd, "ß", odd)
         );
     }
@@ -118,7 +116,10 @@ mod tests {
         for cut in 1..page.len() {
             if let Some(part) = page.get(..cut) {
                 assert!(
-                    matches!(parse(part, 6), Err(StoreError::Corrupt { position: 7, .. })),
+                    matches!(
+                        parse(part.to_owned(), 6),
+                        Err(StoreError::Corrupt { position: 7, .. })
+                    ),
                     "{part:?}"
                 );
             }

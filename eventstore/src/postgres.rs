@@ -16,10 +16,10 @@ use crate::browse::{self, Arg, Dialect};
 use crate::group::{self, GroupWriter, Parked, Queue};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText,
-    ImportOptions, Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result,
-    Schema, Snapshot, Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer,
-    hash, to_i64, ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
+    Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
+    Stats, StoreAddress, StoreError, StreamAppend, TextPage, Upcasters, Wakeups, Writer, hash,
+    to_i64, ttl_millis,
 };
 
 const CHANNEL: &str = "es_appended";
@@ -532,12 +532,17 @@ impl EventStore for PgStore {
         group::append(self, writer, batch).await
     }
 
-    async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
+    async fn read_text_page_raw(
+        &self,
+        after: u64,
+        limit: usize,
+        reuse: TextPage,
+    ) -> Result<TextPage> {
         use futures_util::TryStreamExt;
         // The page as binary COPY (see `copy_binary`), taken apart while the
         // server is still sending it.
         let statement = crate::copy_binary::statement(to_i64(after, "position")?, limit);
-        let mut parser = crate::copy_binary::Parser::new(after, limit);
+        let mut parser = crate::copy_binary::Parser::new(after, limit, reuse);
         let mut copying = Copying(Some(self.pool.acquire().await?));
         {
             let conn = copying.0.as_deref_mut().ok_or(StoreError::Interrupted)?;

@@ -6,7 +6,7 @@
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::{EventStore, EventText, RecordedEvent, Result};
+use crate::{EventRef, EventStore, RecordedEvent, Result, TextPage};
 
 #[derive(Debug)]
 pub struct PageReader<S> {
@@ -64,14 +64,20 @@ impl<S> Drop for PageReader<S> {
 /// position of its last event and whether the page was full.
 type Decoded<T> = (Vec<T>, Option<u64>, bool);
 
-/// Pages of [`EventText`]s, each turned into the caller's values by
-/// `decode`, in a pipeline of two tasks: one reads page n+2 (on PostgreSQL
-/// a COPY, taken apart as it arrives) while the other decodes page n+1 and
-/// the caller applies page n. Replay uses it with large pages. Reading and
+/// [`TextPage`]s, each event turned into the caller's values by `decode`
+/// straight from the page's text, in a pipeline of two tasks: one reads
+/// page n+2 (on PostgreSQL a COPY, taken apart as it arrives) while the
+/// other decodes page n+1 and the caller applies page n. Replay uses it
+/// with large pages. Reading and
 /// decoding each get their own task because on a small machine the database
 /// server, the decoding and the views' work then share the cores instead of
 /// taking turns: when one task both read and decoded, the server sat idle
 /// while a page was decoded.
+///
+/// Memory is reused, not allocated per page: a decoded text page goes back
+/// to the reading task to be filled again, and a page the caller hands back
+/// with [`DecodingReader::recycle`] goes to the decoding task, which drops
+/// its values there (off the caller's task) and fills it again.
 ///
 /// The pipeline reads ahead while pages come back full and stops at the
 /// first short one (the head); the next call after that starts a new one
@@ -82,13 +88,15 @@ pub struct DecodingReader<S, T> {
     store: S,
     after: u64,
     page: usize,
-    decode: fn(EventText) -> T,
+    decode: fn(EventRef<'_>) -> T,
     pipe: Option<Pipe<T>>,
 }
 
 #[derive(Debug)]
 struct Pipe<T> {
     pages: mpsc::Receiver<Result<Decoded<T>>>,
+    /// Pages the caller is done with, to the decoding task.
+    spent: mpsc::Sender<Vec<T>>,
     tasks: [JoinHandle<()>; 2],
 }
 
@@ -103,7 +111,7 @@ impl<T> Drop for Pipe<T> {
 impl<S: EventStore, T: Send + 'static> DecodingReader<S, T> {
     /// Pages of up to `page` events after position `after`, upcast, each
     /// event passed through `decode`.
-    pub fn new(store: S, after: u64, page: usize, decode: fn(EventText) -> T) -> Self {
+    pub fn new(store: S, after: u64, page: usize, decode: fn(EventRef<'_>) -> T) -> Self {
         DecodingReader {
             store,
             after,
@@ -118,15 +126,18 @@ impl<S: EventStore, T: Send + 'static> DecodingReader<S, T> {
             (self.store.clone(), self.after, self.page, self.decode);
         // One page waiting in each channel: with the one being read, the
         // one being decoded and the one being applied, at most five pages
-        // are in memory.
-        let (read_tx, mut read_rx) = mpsc::channel::<Result<Vec<EventText>>>(1);
+        // are in memory, and as many spent ones waiting to be reused.
+        let (read_tx, mut read_rx) = mpsc::channel::<Result<TextPage>>(1);
         let (decoded_tx, pages) = mpsc::channel(1);
+        let (text_back_tx, mut text_back) = mpsc::channel::<TextPage>(2);
+        let (spent, mut spent_rx) = mpsc::channel::<Vec<T>>(2);
         let reading = tokio::spawn(async move {
             loop {
-                let events = store.read_all_text(after, page).await;
+                let reuse = text_back.try_recv().unwrap_or_default();
+                let events = store.read_text_page(after, page, reuse).await;
                 let more = match &events {
                     Ok(events) => {
-                        after = events.last().map_or(after, |e| e.position);
+                        after = events.last_position().unwrap_or(after);
                         events.len() == page
                     }
                     Err(_) => false,
@@ -139,9 +150,15 @@ impl<S: EventStore, T: Send + 'static> DecodingReader<S, T> {
         let decoding = tokio::spawn(async move {
             while let Some(events) = read_rx.recv().await {
                 let decoded = events.map(|events| {
-                    let last = events.last().map(|e| e.position);
+                    let last = events.last_position();
                     let full = events.len() == page;
-                    (events.into_iter().map(decode).collect(), last, full)
+                    // The values of the spent page are dropped here.
+                    let mut out = spent_rx.try_recv().unwrap_or_default();
+                    out.clear();
+                    out.extend(events.iter().map(decode));
+                    // Full or closed: the page is dropped instead.
+                    let _ = text_back_tx.try_send(events);
+                    (out, last, full)
                 });
                 if decoded_tx.send(decoded).await.is_err() {
                     return;
@@ -150,7 +167,18 @@ impl<S: EventStore, T: Send + 'static> DecodingReader<S, T> {
         });
         Pipe {
             pages,
+            spent,
             tasks: [reading, decoding],
+        }
+    }
+
+    /// Hands back a page the caller has applied: the decoding task drops its
+    /// values and fills its memory again. Optional; a page not handed back
+    /// is dropped where it is.
+    pub fn recycle(&mut self, page: Vec<T>) {
+        if let Some(pipe) = &self.pipe {
+            // Full or closed: the page is dropped here instead.
+            let _ = pipe.spent.try_send(page);
         }
     }
 

@@ -27,10 +27,10 @@ use crate::group::{self, GroupWriter, Queue};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
 use crate::page_text;
 use crate::{
-    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, EventText,
-    ImportOptions, Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result,
-    Schema, Snapshot, Stats, StoreAddress, StoreError, StreamAppend, Upcasters, Wakeups, Writer,
-    hash, to_i64, ttl_millis,
+    AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
+    Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
+    Stats, StoreAddress, StoreError, StreamAppend, TextPage, Upcasters, Wakeups, Writer, hash,
+    to_i64, ttl_millis,
 };
 
 #[derive(Clone)]
@@ -500,7 +500,13 @@ impl EventStore for SqliteStore {
         group::append(self, writer, batch).await
     }
 
-    async fn read_all_text_raw(&self, after: u64, limit: usize) -> Result<Vec<EventText>> {
+    async fn read_text_page_raw(
+        &self,
+        after: u64,
+        limit: usize,
+        // The page is the text SQLite hands over: nothing to reuse.
+        _reuse: TextPage,
+    ) -> Result<TextPage> {
         // The whole page as one text value built by SQLite: the driver
         // copies every column of every row into its own allocation and hands
         // rows over one at a time, which costs more than reading them; one
@@ -518,8 +524,8 @@ impl EventStore for SqliteStore {
         .fetch_one(&self.reader)
         .await?;
         match page {
-            Some(page) => page_text::parse(&page, after),
-            None => Ok(Vec::new()),
+            Some(page) => page_text::parse(page, after),
+            None => Ok(TextPage::default()),
         }
     }
 

@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use crate::{EventText, RecordedEvent, StoreError};
+use crate::{RecordedEvent, StoreError, TextPage};
 
 /// Turns one event type's payload from schema version `n` into `n + 1`.
 pub type UpcastFn = fn(Value) -> Result<Value, String>;
@@ -66,24 +66,31 @@ impl Upcasters {
         Ok(event)
     }
 
-    /// The same for an event read as text: the payload is parsed (and
-    /// written back as text) only when a step applies.
-    pub fn upcast_text(&self, mut event: EventText) -> Result<EventText, StoreError> {
-        let Some(&target) = self.current.get(&event.event_type) else {
-            return Ok(event);
-        };
-        if event.schema_version < target {
-            let payload: Value =
-                serde_json::from_str(&event.payload).map_err(|e| StoreError::Corrupt {
-                    position: event.position,
-                    reason: e.to_string(),
-                })?;
-            let payload =
-                self.steps_to(&event.event_type, event.schema_version, target, payload)?;
-            event.payload = payload.to_string();
-            event.schema_version = target;
+    /// The same for a page read as text: a payload is parsed (and its new
+    /// shape written into the page) only when a step applies.
+    pub fn upcast_page(&self, page: &mut TextPage) -> Result<(), StoreError> {
+        if self.is_empty() {
+            return Ok(());
         }
-        Ok(event)
+        for i in 0..page.len() {
+            let Some(e) = page.get(i) else { break };
+            let Some(&target) = self.current.get(e.event_type) else {
+                continue;
+            };
+            if e.schema_version >= target {
+                continue;
+            }
+            let payload: Value =
+                serde_json::from_str(e.payload).map_err(|err| StoreError::Corrupt {
+                    position: e.position,
+                    reason: err.to_string(),
+                })?;
+            let payload = self
+                .steps_to(e.event_type, e.schema_version, target, payload)?
+                .to_string();
+            page.set_payload(i, target, &payload);
+        }
+        Ok(())
     }
 
     fn steps_to(
@@ -117,13 +124,6 @@ impl Upcasters {
             return Ok(events);
         }
         events.into_iter().map(|e| self.upcast(e)).collect()
-    }
-
-    pub fn upcast_all_text(&self, events: Vec<EventText>) -> Result<Vec<EventText>, StoreError> {
-        if self.is_empty() {
-            return Ok(events);
-        }
-        events.into_iter().map(|e| self.upcast_text(e)).collect()
     }
 }
 

@@ -19,7 +19,7 @@ mod tenancy;
 mod usage;
 
 use llmgw_domain::Event;
-use llmgw_eventstore::{Checkpoint, EventText, RecordedEvent};
+use llmgw_eventstore::{Checkpoint, EventRef, RecordedEvent};
 use serde::{Deserialize, Serialize};
 
 pub use cluster::ClusterView;
@@ -95,10 +95,10 @@ pub struct Decoded {
 /// database's per-query cost small next to the rows.
 pub const REPLAY_PAGE: usize = 5000;
 
-/// The event read as text, decoded into its typed form without a
-/// `serde_json::Value` on the way.
-pub fn decode_text(e: EventText) -> Decoded {
-    let event = match Event::decode_json(&e.event_type, e.schema_version, &e.payload) {
+/// The event read as text, decoded into its typed form straight from the
+/// page's text: no `serde_json::Value` and no copy of the texts on the way.
+pub fn decode_text(e: EventRef<'_>) -> Decoded {
+    let event = match Event::decode_json(e.event_type, e.schema_version, e.payload) {
         Ok(event) => Some(event),
         Err(error) => {
             tracing::warn!(position = e.position, %error, "skipping an event this build cannot read");

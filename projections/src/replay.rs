@@ -44,6 +44,7 @@ pub async fn replay_to(
             views.apply_decoded(d);
             recorded_at = Some(d.recorded_at);
         }
+        reader.recycle(page);
     }
     Ok(recorded_at)
 }

@@ -181,6 +181,7 @@ impl<S: EventStore> Runner<S> {
                 self.position.send_replace(position);
             }
             self.since_snapshot += page.len() as u64;
+            reader.recycle(page);
             let (head, _) = self.store.head().await?;
             self.lag
                 .store(head.saturating_sub(self.position()), Ordering::Relaxed);

@@ -14,9 +14,13 @@
 //! - the previous replay path: `read_all` pages of 1000 (payloads parsed
 //!   into `serde_json::Value`, metadata and hashes too) applied with
 //!   `Projections::apply`;
+//! - the text pages alone: `read_text_page` pages of `REPLAY_PAGE`, read
+//!   one after the other, each reusing the last one's memory, nothing
+//!   decoded;
 //! - replay as the runner does it: `DecodingReader` pages of `REPLAY_PAGE`
-//!   payload texts decoded straight into typed events in the reading task,
-//!   applied with `Projections::apply_decoded` while the next page is read.
+//!   `TextPage`s decoded straight into typed events from the page's text
+//!   in a decoding task, applied with `Projections::apply_decoded` while
+//!   the next page is read and decoded, each applied page handed back.
 
 #![allow(
     clippy::unwrap_used,
@@ -217,12 +221,13 @@ async fn run(backend: Backend) {
 
     let clock = Clock::start(&server).await;
     let mut after = 0;
+    let mut page = llmgw_eventstore::TextPage::default();
     while after < head {
-        let page = store
-            .read_all_text(after, llmgw_projections::REPLAY_PAGE)
+        page = store
+            .read_text_page(after, llmgw_projections::REPLAY_PAGE, page)
             .await
             .unwrap();
-        after = page.last().unwrap().position;
+        after = page.last_position().unwrap();
     }
     let text = clock.stop(&server, head).await;
     println!("{name:<8} read as text, no decode {}", text.show());
@@ -250,9 +255,11 @@ async fn run(backend: Backend) {
         llmgw_projections::decode_text,
     );
     while p.checkpoint.position < head {
-        for d in reader.next_page().await.unwrap() {
-            p.apply_decoded(&d);
+        let page = reader.next_page().await.unwrap();
+        for d in &page {
+            p.apply_decoded(d);
         }
+        reader.recycle(page);
     }
     let typed = clock.stop(&server, head).await;
     assert!(p == old, "both paths build the same views");

@@ -738,14 +738,14 @@ async fn a_decoding_reader_reads_every_payload_as_text_in_order(b: Backend) {
     let stored = t.store.read_all(3, 100).await.unwrap();
     // Each event as the decoder sees it: its place and its parsed payload.
     type Seen = (u64, String, u64, uuid::Uuid, String, u32, i64, Value);
-    fn decode(e: llmgw_eventstore::EventText) -> Seen {
-        let payload = serde_json::from_str(&e.payload).unwrap();
+    fn decode(e: llmgw_eventstore::EventRef<'_>) -> Seen {
+        let payload = serde_json::from_str(e.payload).unwrap();
         (
             e.position,
-            e.stream_id,
+            e.stream_id.to_owned(),
             e.stream_version,
             e.event_id,
-            e.event_type,
+            e.event_type.to_owned(),
             e.schema_version,
             e.recorded_at.timestamp_micros(),
             payload,
