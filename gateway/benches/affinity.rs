@@ -240,7 +240,10 @@ struct Figures {
 }
 
 /// A gateway over `engines`; None for SGLang when it is not installed.
-async fn router_url(r: Router, engines: &[Engine]) -> Option<(String, Option<peers::Peer>)> {
+async fn router_url(
+    r: Router,
+    engines: &[Engine],
+) -> Option<(String, Option<peers::Peer>, Option<Arc<Gateway>>)> {
     if r == Router::Sglang {
         let workers: Vec<SocketAddr> = engines.iter().map(|e| e.http).collect();
         let probe = json!({"model": "m", "max_tokens": 1,
@@ -255,7 +258,7 @@ async fn router_url(r: Router, engines: &[Engine]) -> Option<(String, Option<pee
             &probe,
         )
         .await?;
-        return Some((peer.url.clone(), Some(peer)));
+        return Some((peer.url.clone(), Some(peer), None));
     }
     let endpoints = engines
         .iter()
@@ -296,7 +299,7 @@ async fn router_url(r: Router, engines: &[Engine]) -> Option<(String, Option<pee
             st.wait_for(|s| s.live).await.unwrap();
         }
     }
-    Some((url, None))
+    Some((url, None, Some(gw)))
 }
 
 async fn run(w: Workload, r: Router) -> Option<Figures> {
@@ -304,10 +307,23 @@ async fn run(w: Workload, r: Router) -> Option<Figures> {
     for _ in 0..ENGINES {
         engines.push(engine(r == Router::Exact).await);
     }
-    let (url, _peer) = router_url(r, &engines).await?;
+    let (url, _peer, gw) = router_url(r, &engines).await?;
     let (hits0, queries0) = cache_counts(&engines).await;
     let (mut ttfts, secs) = drive(&url, Arc::new(requests(w))).await;
     let (hits, queries) = cache_counts(&engines).await;
+    if r == Router::Exact
+        && let Some(gw) = gw
+    {
+        // Whether the subscriptions held: a reset or an endpoint not live
+        // means the approximate index routed for it part of the run.
+        let states = gw.kv_events.states();
+        let resets: u64 = states.iter().map(|(_, s)| s.resets).sum();
+        let live = states.iter().filter(|(_, s)| s.live).count();
+        println!(
+            "  (KV events: {live} of {} subscriptions live at the end, {resets} resets)",
+            states.len()
+        );
+    }
     ttfts.sort();
     Some(Figures {
         hit: 100.0 * (hits - hits0) / (queries - queries0).max(1.0),
