@@ -54,10 +54,20 @@ fn cpu_seconds() -> f64 {
 }
 
 fn rss_mib() -> f64 {
+    status_mib("VmRSS:")
+}
+
+/// The most the process has held at once (the kernel's high-water mark):
+/// a transient that the allocator gave back is seen here, not in RSS.
+fn peak_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+fn status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     kb / 1024.0
@@ -222,10 +232,11 @@ async fn measure(n: usize) {
     let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
     let rss = rss_mib();
     println!(
-        "agents {n:>5}  heartbeats/s {:>5.0}  control plane CPU {:>5.1}% of a core  RSS {rss:>6.1} MiB (+{:.1} with them)  all registered in {:.1} s",
+        "agents {n:>5}  heartbeats/s {:>5.0}  control plane CPU {:>5.1}% of a core  RSS {rss:>6.1} MiB (+{:.1} with them, peak {:.1})  all registered in {:.1} s",
         n as f64 / HEARTBEAT.as_secs_f64(),
         share * 100.0,
         rss - rss_before,
+        peak_mib(),
         registered.as_secs_f64()
     );
     let _ = child.kill();
