@@ -864,7 +864,7 @@ impl EventStore for PgStore {
         .bind(to_i64(snapshot.checkpoint.position, "position")?)
         .bind(snapshot.checkpoint.event_id)
         .bind(snapshot.state_version as i32)
-        .bind(snapshot.state.to_string())
+        .bind(snapshot.state.as_str())
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -884,10 +884,7 @@ impl EventStore for PgStore {
                     event_id,
                 },
                 state_version: state_version as u32,
-                state: serde_json::from_str(&state).map_err(|e| StoreError::Corrupt {
-                    position: position as u64,
-                    reason: format!("snapshot {name}: {e}"),
-                })?,
+                state,
             })
         })
         .transpose()

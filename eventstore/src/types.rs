@@ -290,9 +290,16 @@ mod hex_bytes {
 
 /// A projection's state as of a checkpoint. `state_version` is the view's
 /// own format version: a snapshot written by another version is ignored.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// `state` is the views as JSON text, serialised straight from them and
+/// decoded straight into them: a snapshot of a large fleet is tens of
+/// megabytes, and a `serde_json::Value` tree of it took several times
+/// that in memory at the moment it was taken. The stored form is the same
+/// JSON either way (PostgreSQL keeps it as `jsonb`, which may reorder keys
+/// and spacing: compare decoded, not as text).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub checkpoint: Checkpoint,
     pub state_version: u32,
-    pub state: Value,
+    pub state: String,
 }
