@@ -212,6 +212,8 @@ async fn run(backend: Backend) {
             let after = store.group_stats();
             let per_group = (after.appends - before.appends) as f64
                 / (after.groups - before.groups).max(1) as f64;
+            let one_statement = 100.0 * (after.one_statement - before.one_statement) as f64
+                / (after.groups - before.groups).max(1) as f64;
             let ratio = if writers == 1 {
                 format!("{:.2}", f.rate() / base)
             } else {
@@ -230,7 +232,8 @@ async fn run(backend: Backend) {
             };
             println!(
                 "{name:<8} batch {size:>4}  writers {writers}  {:>7.0} events/s  \
-                 p50 {:>7.2} ms  p99 {:>7.2} ms  {per_group:.1} appends/group  \
+                 p50 {:>7.2} ms  p99 {:>7.2} ms  {per_group:.1} appends/group \
+                 ({one_statement:.0}% in one statement)  \
                  baseline {:>7.0} events/s  ratio {ratio}{grouping}",
                 f.rate(),
                 f.percentile(0.50),

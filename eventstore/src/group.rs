@@ -51,6 +51,8 @@ pub(crate) struct Queue {
     /// Groups written and the appends in them, for [`GroupStats`].
     groups: AtomicU64,
     appends: AtomicU64,
+    /// Groups a backend wrote in one statement (PostgreSQL's fast path).
+    one_statement: AtomicU64,
 }
 
 /// How many groups a store has written and how many appends they held
@@ -59,6 +61,9 @@ pub(crate) struct Queue {
 pub struct GroupStats {
     pub groups: u64,
     pub appends: u64,
+    /// Of the groups, those written in one statement (the head as the
+    /// store left it; PostgreSQL only).
+    pub one_statement: u64,
 }
 
 #[derive(Debug, Default)]
@@ -79,7 +84,12 @@ impl Queue {
         GroupStats {
             groups: self.groups.load(Ordering::Relaxed),
             appends: self.appends.load(Ordering::Relaxed),
+            one_statement: self.one_statement.load(Ordering::Relaxed),
         }
+    }
+
+    pub(crate) fn wrote_in_one_statement(&self) {
+        self.one_statement.fetch_add(1, Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

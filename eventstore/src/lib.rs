@@ -33,6 +33,7 @@ mod export;
 mod group;
 pub mod hash;
 mod import;
+mod known;
 mod migrate;
 mod page_text;
 mod postgres;

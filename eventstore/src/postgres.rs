@@ -11,16 +11,19 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolO
 use sqlx::{Connection, Row};
 use uuid::Uuid;
 
-use crate::append::{self, Existing, Locked, Prepared};
+use crate::append::{self, Existing, Locked, Planned, Prepared};
 use crate::browse::{self, Arg, Dialect};
 use crate::group::{self, GroupWriter, Parked, Queue};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
+use crate::known::Head;
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
     Imported, Lease, LeaseInfo, LeaseToken, OpenOptions, RecordedEvent, Result, Schema, Snapshot,
     Stats, StoreAddress, StoreError, StreamAppend, TextPage, Upcasters, Wakeups, Writer, hash,
     to_i64, ttl_millis,
 };
+
+mod fast;
 
 const CHANNEL: &str = "es_appended";
 /// Serialises concurrent `migrate` calls across processes.
@@ -35,6 +38,7 @@ pub struct PgStore {
     hook: Option<Arc<dyn AppendHook>>,
     queue: Arc<Queue>,
     writer: Arc<Parked<sqlx::Postgres>>,
+    head: Arc<Head>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -87,6 +91,7 @@ impl PgStore {
             hook: options.append_hook,
             queue: Arc::default(),
             writer: Arc::default(),
+            head: Arc::default(),
         };
         match options.schema {
             Schema::Migrate => {
@@ -305,8 +310,22 @@ impl GroupWriter for PgStore {
     }
 }
 
-/// One group's transaction on `conn`.
+/// One group on `conn`: in one statement if the head is as this store left
+/// it, else in the careful transaction.
 async fn write_group_on(
+    store: &PgStore,
+    conn: &mut PgConnection,
+    group: &[Prepared],
+) -> Result<Vec<Result<Appended>>> {
+    if let Some(outcomes) = fast::write(store, conn, group).await? {
+        return Ok(outcomes);
+    }
+    write_group_locked(store, conn, group).await
+}
+
+/// One group's transaction on `conn`, reading under the control row's lock
+/// everything its plan needs.
+async fn write_group_locked(
     store: &PgStore,
     conn: &mut PgConnection,
     group: &[Prepared],
@@ -377,35 +396,10 @@ async fn write_group_on(
     let planned = append::plan_group(group, &lock, &existing, &versions);
     if planned.rows.is_empty() {
         tx.rollback().await?;
+        store.head.learn_locked(group, &lock, &versions, None);
         return Ok(planned.outcomes);
     }
-
-    let n = planned.rows.len();
-    let mut positions = Vec::with_capacity(n);
-    let mut streams = Vec::with_capacity(n);
-    let mut stream_versions = Vec::with_capacity(n);
-    let mut ids = Vec::with_capacity(n);
-    let mut types = Vec::with_capacity(n);
-    let mut schema_versions = Vec::with_capacity(n);
-    let mut payloads = Vec::with_capacity(n);
-    let mut metadata = Vec::with_capacity(n);
-    let mut hashes = Vec::with_capacity(n);
-    for r in &planned.rows {
-        positions.push(r.position as i64);
-        streams.push(r.stream_id);
-        stream_versions.push(r.stream_version as i64);
-        ids.push(r.event.event_id);
-        types.push(r.event.event_type.as_str());
-        schema_versions.push(r.event.schema_version as i32);
-        payloads.push(r.event.payload.as_str());
-        metadata.push(r.event.metadata.as_str());
-        hashes.push(r.hash.as_slice());
-    }
-    let (touched, touched_versions): (Vec<&str>, Vec<i64>) = planned
-        .stream_versions
-        .iter()
-        .map(|(s, v)| (*s, *v as i64))
-        .unzip();
+    let c = Columns::of(&planned);
     sqlx::query(
         "WITH ev AS (
             INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
@@ -423,26 +417,82 @@ async fn write_group_on(
          )
          SELECT pg_notify($16, $14::text)",
     )
-    .bind(&positions)
-    .bind(&streams)
-    .bind(&stream_versions)
-    .bind(&ids)
-    .bind(&types)
-    .bind(&schema_versions)
-    .bind(&payloads)
-    .bind(&metadata)
-    .bind(&hashes)
+    .bind(&c.positions)
+    .bind(&c.streams)
+    .bind(&c.stream_versions)
+    .bind(&c.ids)
+    .bind(&c.types)
+    .bind(&c.schema_versions)
+    .bind(&c.payloads)
+    .bind(&c.metadata)
+    .bind(&c.hashes)
     .bind(lock.epoch as i64)
     .bind(lock.now)
-    .bind(&touched)
-    .bind(&touched_versions)
+    .bind(&c.touched)
+    .bind(&c.touched_versions)
     .bind(planned.head as i64)
     .bind(planned.head_hash.as_slice())
     .bind(CHANNEL)
     .execute(&mut *tx)
     .await?;
+    drop(c);
+    store.head.forget();
     tx.commit().await?;
+    store
+        .head
+        .learn_locked(group, &lock, &versions, Some(&planned));
     Ok(planned.outcomes)
+}
+
+/// A group's rows and streams as the arrays its insert takes.
+struct Columns<'p> {
+    positions: Vec<i64>,
+    streams: Vec<&'p str>,
+    stream_versions: Vec<i64>,
+    ids: Vec<Uuid>,
+    types: Vec<&'p str>,
+    schema_versions: Vec<i32>,
+    payloads: Vec<&'p str>,
+    metadata: Vec<&'p str>,
+    hashes: Vec<&'p [u8]>,
+    touched: Vec<&'p str>,
+    touched_versions: Vec<i64>,
+}
+
+impl<'p> Columns<'p> {
+    fn of(planned: &'p Planned<'_>) -> Columns<'p> {
+        let n = planned.rows.len();
+        let mut c = Columns {
+            positions: Vec::with_capacity(n),
+            streams: Vec::with_capacity(n),
+            stream_versions: Vec::with_capacity(n),
+            ids: Vec::with_capacity(n),
+            types: Vec::with_capacity(n),
+            schema_versions: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            metadata: Vec::with_capacity(n),
+            hashes: Vec::with_capacity(n),
+            touched: Vec::new(),
+            touched_versions: Vec::new(),
+        };
+        for r in &planned.rows {
+            c.positions.push(r.position as i64);
+            c.streams.push(r.stream_id);
+            c.stream_versions.push(r.stream_version as i64);
+            c.ids.push(r.event.event_id);
+            c.types.push(r.event.event_type.as_str());
+            c.schema_versions.push(r.event.schema_version as i32);
+            c.payloads.push(r.event.payload.as_str());
+            c.metadata.push(r.event.metadata.as_str());
+            c.hashes.push(r.hash.as_slice());
+        }
+        (c.touched, c.touched_versions) = planned
+            .stream_versions
+            .iter()
+            .map(|(s, v)| (*s, *v as i64))
+            .unzip();
+        c
+    }
 }
 
 /// The group's events already in the log and its streams' versions, from

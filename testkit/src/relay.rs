@@ -14,6 +14,12 @@
 //!   another (say `COMMIT`), the second reach the server, its answer is
 //!   read and thrown away, and the connection is closed: the program cannot
 //!   know whether what it sent took effect.
+//! - [`Relay::lose_commit_reply`]: the same for the answer that ends the
+//!   transaction holding a needle, however it ends: an explicit `COMMIT`,
+//!   or a statement run on its own (PostgreSQL commits it implicitly, and
+//!   no `COMMIT` is ever sent). The relay reads the server's answers on
+//!   that connection message by message and loses the first that says the
+//!   session is idle again (ReadyForQuery, status `I`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -32,9 +38,62 @@ pub enum Link {
 
 #[derive(Debug, Default)]
 struct Trap {
-    /// Armed: what a connection sends first, then what it sends next.
-    armed: Option<(Vec<u8>, Vec<u8>)>,
+    armed: Option<Armed>,
     sprung: u64,
+}
+
+#[derive(Debug, Clone)]
+enum Armed {
+    /// What a connection sends first, then what it sends next.
+    Reply { after: Vec<u8>, to: Vec<u8> },
+    /// What a connection sends in the transaction whose end is lost.
+    Commit { after: Vec<u8> },
+}
+
+impl Armed {
+    fn after(&self) -> &[u8] {
+        match self {
+            Armed::Reply { after, .. } | Armed::Commit { after } => after,
+        }
+    }
+}
+
+/// The trap a connection has taken.
+enum Taken {
+    /// Sprung when the client sends bytes containing this.
+    Reply(Vec<u8>),
+    /// Sprung by the server's first ReadyForQuery saying "idle"; its
+    /// answers are held here until a ReadyForQuery.
+    Commit(Vec<u8>),
+}
+
+/// PostgreSQL's ReadyForQuery message type, and its status for "no
+/// transaction open" (the one before it ended, committed or rolled back).
+const READY_FOR_QUERY: u8 = b'Z';
+const IDLE: u8 = b'I';
+
+/// Splits what the server sent after a trapped request: `Some(n)`: the
+/// first `n` bytes end with a ReadyForQuery inside a transaction and go to
+/// the client; `None` with `idle` set: the transaction ended (lose it all);
+/// `None` otherwise: wait for more.
+fn ready(held: &[u8], idle: &mut bool) -> Option<usize> {
+    let mut at = 0;
+    while held.len() >= at + 5 {
+        let len = u32::from_be_bytes([held[at + 1], held[at + 2], held[at + 3], held[at + 4]]);
+        let end = at + 1 + len as usize;
+        if held.len() < end {
+            return None;
+        }
+        if held[at] == READY_FOR_QUERY && end == at + 6 {
+            if held[at + 5] == IDLE {
+                *idle = true;
+                return None;
+            }
+            return Some(end);
+        }
+        at = end;
+    }
+    None
 }
 
 /// A relay on `127.0.0.1:0` to an upstream address; it stops with its value.
@@ -129,8 +188,22 @@ impl Relay {
     /// containing `to` has those delivered, the server's answer swallowed,
     /// and is closed.
     pub fn lose_reply(&self, after: &[u8], to: &[u8]) {
-        self.trap.lock().unwrap_or_else(|p| p.into_inner()).armed =
-            Some((after.to_vec(), to.to_vec()));
+        self.trap.lock().unwrap_or_else(|p| p.into_inner()).armed = Some(Armed::Reply {
+            after: after.to_vec(),
+            to: to.to_vec(),
+        });
+    }
+
+    /// Arms a one-shot trap for a PostgreSQL conversation: the first
+    /// connection whose client sends bytes containing `after` has the
+    /// answer that ends that transaction lost (the transaction done on the
+    /// server, committed or not) and is closed. Unlike
+    /// [`Relay::lose_reply`] with `COMMIT`, it also catches a statement
+    /// that commits on its own.
+    pub fn lose_commit_reply(&self, after: &[u8]) {
+        self.trap.lock().unwrap_or_else(|p| p.into_inner()).armed = Some(Armed::Commit {
+            after: after.to_vec(),
+        });
     }
 
     /// How many times a trap has been sprung.
@@ -208,8 +281,7 @@ async fn relay(
     let mut server = TcpStream::connect(upstream).await?;
     server.write_all(&first).await?;
     let (mut from_client, mut from_server) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
-    // The trap's second needle, once this connection has taken the trap.
-    let mut taken: Option<Vec<u8>> = None;
+    let mut taken: Option<Taken> = None;
     // One task for both directions, so that a sprung trap holds back the
     // server's answer with no race against a second copier.
     loop {
@@ -225,13 +297,17 @@ async fn relay(
                 let bytes = &from_client[..n];
                 if taken.is_none() {
                     let mut t = trap.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some((after, _)) = &t.armed
-                        && (after.is_empty() || contains(bytes, after))
+                    if let Some(armed) = &t.armed
+                        && (armed.after().is_empty() || contains(bytes, armed.after()))
                     {
-                        taken = t.armed.take().map(|(_, to)| to);
+                        taken = t.armed.take().map(|a| match a {
+                            Armed::Reply { to, .. } => Taken::Reply(to),
+                            Armed::Commit { .. } => Taken::Commit(Vec::new()),
+                        });
                     }
                 }
-                let sprung = taken.as_deref().is_some_and(|to| contains(bytes, to));
+                let sprung =
+                    matches!(&taken, Some(Taken::Reply(to)) if contains(bytes, to));
                 if sprung {
                     trap.lock().unwrap_or_else(|p| p.into_inner()).sprung += 1;
                 }
@@ -248,7 +324,23 @@ async fn relay(
                 if n == 0 || !open(&mut link).await {
                     return Ok(());
                 }
-                client.write_all(&from_server[..n]).await?;
+                let Some(Taken::Commit(held)) = &mut taken else {
+                    client.write_all(&from_server[..n]).await?;
+                    continue;
+                };
+                // The client waits for each answer before it asks again,
+                // so what the server sends from here starts at a message.
+                held.extend_from_slice(&from_server[..n]);
+                let mut idle = false;
+                while let Some(end) = ready(held, &mut idle) {
+                    client.write_all(&held[..end]).await?;
+                    held.drain(..end);
+                }
+                if idle {
+                    // The transaction is over on the server: lose it.
+                    trap.lock().unwrap_or_else(|p| p.into_inner()).sprung += 1;
+                    return Ok(());
+                }
             }
             _ = link.changed() => {}
         }

@@ -5,8 +5,9 @@
 //! relay this test owns, which is cut (connections closed, new ones
 //! refused: a server gone) or paused (silence: a partition) and restored,
 //! without touching the shared server. Just before, the relay loses the
-//! answer to one usage append's COMMIT, so one retry meets a commit whose
-//! outcome the server could not know. The gateway must keep serving from
+//! answer that commits one usage append (a `COMMIT`, or the one statement
+//! a group is written in when the store knows the head), so one retry
+//! meets a commit whose outcome the server could not know. The gateway must keep serving from
 //! its views, the usage must wait in the bounded buffer and land after,
 //! exactly once per request served, and the leader must stop leading when
 //! it cannot renew and lead again under a new epoch.
@@ -273,7 +274,7 @@ async fn postgres_goes_away_under_load(fault: Fault) {
     // A usage append commits, but its answer never arrives: the batcher
     // tries again with the same event ids, and the store answers with the
     // first append's positions.
-    relay.lose_reply(b"UsageBatchRecorded", b"COMMIT");
+    relay.lose_commit_reply(b"UsageBatchRecorded");
     server_log
         .until_more("a usage batch was already in the log", 0)
         .await;

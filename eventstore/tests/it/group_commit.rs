@@ -193,7 +193,9 @@ async fn a_group_answers_each_append_with_its_own_result(b: Backend) {
         t.store.group_stats(),
         llmgw_eventstore::GroupStats {
             groups: 2,
-            appends: 6
+            appends: 6,
+            // A hook is installed: every group goes the locked way.
+            one_statement: 0,
         },
         "the store counts the groups it wrote and the appends they held"
     );

@@ -9,6 +9,7 @@ mod browse;
 mod conformance;
 mod fencing;
 mod group_commit;
+mod head_known;
 mod import;
 mod properties;
 mod subscriptions;

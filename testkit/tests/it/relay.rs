@@ -65,3 +65,40 @@ async fn a_lost_answer_to_commit_leaves_the_commit_done() {
         .unwrap();
     assert_eq!(rows, 1, "the commit happened");
 }
+
+/// A statement run on its own commits without a `COMMIT` being sent: the
+/// commit trap loses its answer all the same, and inside a transaction it
+/// lets the statement's answer through and loses the commit's.
+#[tokio::test]
+async fn a_lost_answer_to_a_commit_however_made_leaves_it_done() {
+    let db = TestDb::create().await;
+    let relay = Relay::to_postgres(&db.url).await;
+    let mut direct = PgConnection::connect(&db.url).await.unwrap();
+    direct.execute("CREATE TABLE t (x int)").await.unwrap();
+    let count = |x: i32| format!("SELECT count(*) FROM t WHERE x = {x}");
+
+    let mut conn = PgConnection::connect(&relay.url(&db.url)).await.unwrap();
+    relay.lose_commit_reply(b"7007");
+    assert!(
+        conn.execute("INSERT INTO t VALUES (7007)").await.is_err(),
+        "the client heard the answer"
+    );
+    assert_eq!(relay.replies_lost(), 1);
+    let rows: i64 = sqlx::query_scalar(&count(7007))
+        .fetch_one(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the statement committed");
+
+    let mut conn = PgConnection::connect(&relay.url(&db.url)).await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    relay.lose_commit_reply(b"7008");
+    tx.execute("INSERT INTO t VALUES (7008)").await.unwrap();
+    assert!(tx.commit().await.is_err(), "the client heard the commit");
+    assert_eq!(relay.replies_lost(), 2);
+    let rows: i64 = sqlx::query_scalar(&count(7008))
+        .fetch_one(&mut direct)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the commit happened");
+}
