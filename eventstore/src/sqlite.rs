@@ -321,131 +321,174 @@ impl GroupWriter for SqliteStore {
     }
 
     async fn write_group(&self, group: &[Prepared]) -> Result<Vec<Result<Appended>>> {
-        // BEGIN IMMEDIATE is the lock: the fences are checked right after it.
         self.hook(AppendPoint::BeforeFence).await;
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let now = now_micros();
-        let event_ids: Vec<String> = group
-            .iter()
-            .flat_map(|p| p.event_ids.iter().map(|id| id.hyphenated().to_string()))
-            .collect();
-        let stream_ids: Vec<&str> = group
-            .iter()
-            .flat_map(|p| p.stream_ids.iter().map(String::as_str))
-            .collect();
-        // The control row (kind 2), the group's event ids already in the log
-        // (0) and its streams' versions (1), in one statement: each is a
-        // trip to the driver's thread.
-        let rows = sqlx::query(
-            "SELECT 2, holder, last_position, NULL, epoch, last_hash, lease_expires_at
-               FROM es_control WHERE id = 1
-             UNION ALL
-             SELECT 0, event_id, position, stream_id, stream_version, NULL, NULL FROM es_events
-              WHERE event_id IN (SELECT value FROM json_each(?1))
-             UNION ALL
-             SELECT 1, NULL, 0, stream_id, version, NULL, NULL FROM es_streams
-              WHERE stream_id IN (SELECT value FROM json_each(?2))",
-        )
-        .bind(serde_json::to_string(&event_ids).expect("strings serialise"))
-        .bind(serde_json::to_string(&stream_ids).expect("strings serialise"))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut lock = None;
-        let mut existing = Vec::new();
-        let mut versions = HashMap::new();
-        for r in &rows {
-            match r.try_get::<i64, _>(0)? {
-                2 => {
-                    lock = Some(Locked {
-                        position: r.try_get::<i64, _>(2)? as u64,
-                        hash: hash::to_array(r.try_get::<&[u8], _>(5)?, 0)?,
-                        epoch: r.try_get::<i64, _>(4)? as u64,
-                        holder: r.try_get(1)?,
-                        live: r.try_get::<i64, _>(6)? > now,
-                        now: from_micros(now),
-                    })
-                }
-                0 => {
-                    let position = r.try_get::<i64, _>(2)? as u64;
-                    existing.push(Existing {
-                        event_id: parse_uuid(r.try_get(1)?, position)?,
-                        position,
-                        stream_id: r.try_get(3)?,
-                        stream_version: r.try_get::<i64, _>(4)? as u64,
-                    });
-                }
-                _ => {
-                    versions.insert(r.try_get(3)?, r.try_get::<i64, _>(4)? as u64);
-                }
-            }
-        }
-        let lock = lock.ok_or_else(|| StoreError::Corrupt {
-            position: 0,
-            reason: "the control row is missing".into(),
-        })?;
-        if group.iter().any(|p| lock.admits(&p.writer)) {
-            self.hook(AppendPoint::AfterFence).await;
-        }
-        let planned = append::plan_group(group, &lock, &existing, &versions);
-        if planned.rows.is_empty() {
-            tx.rollback().await?;
-            return Ok(planned.outcomes);
-        }
-
-        // One statement for all rows: the batch travels as one JSON array,
-        // which SQLite takes apart faster than it binds thousands of
-        // parameters.
-        let mut rows = String::with_capacity(planned.rows.len() * 256);
-        rows.push('[');
-        for (i, r) in planned.rows.iter().enumerate() {
-            if i > 0 {
-                rows.push(',');
-            }
-            let cells = (
-                r.position,
-                r.stream_id,
-                r.stream_version,
-                r.event.event_id,
-                &r.event.event_type,
-                r.event.schema_version,
-                &r.event.payload,
-                &r.event.metadata,
-                hash::to_hex(&r.hash),
-            );
-            rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
-        }
-        rows.push(']');
-        let streams: Vec<Value> = planned
-            .stream_versions
-            .iter()
-            .map(|(s, v)| Value::Array(vec![(*s).into(), (*v).into()]))
-            .collect();
-        // The rows, the streams' versions and the head in one trip. The
-        // parameters are plain `?`, taken in order across the statements:
-        // the driver binds numbered ones wrongly when a statement skips some.
-        sqlx::query(
-            "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
-                 schema_version, payload, metadata, epoch, recorded_at, hash)
-             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
-                    value ->> 5, value ->> 6, value ->> 7, ?, ?, unhex(value ->> 8)
-               FROM json_each(?);
-             INSERT INTO es_streams (stream_id, version)
-             SELECT value ->> 0, value ->> 1 FROM json_each(?) WHERE true
-             ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version;
-             UPDATE es_control SET last_position = ?, last_hash = ? WHERE id = 1",
-        )
-        .bind(lock.epoch as i64)
-        .bind(now)
-        .bind(rows)
-        .bind(Value::Array(streams).to_string())
-        .bind(planned.head as i64)
-        .bind(planned.head_hash.as_slice())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        self.appended.send_replace(planned.head);
-        Ok(planned.outcomes)
+        let mut conn = Writing(Some(self.writer.acquire().await?));
+        let outcomes = write_group_on(self, conn.get(), group).await?;
+        conn.done();
+        Ok(outcomes)
     }
+}
+
+/// The writer connection while a group is written on it: the group's
+/// transaction is begun and ended by the statements themselves (sqlx does
+/// not count it as open), so a connection left half way (an error, the
+/// task dropped) is closed, which rolls back whatever is open, rather than
+/// handed back to the pool.
+struct Writing(Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>);
+
+impl Writing {
+    fn get(&mut self) -> &mut sqlx::SqliteConnection {
+        self.0.as_mut().expect("the connection until done")
+    }
+
+    fn done(mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// One group's transaction in two calls to the driver's thread: the lock
+/// with the reads, then the writes with the commit. Each call is a hand-off
+/// to that thread and back, and under load each hand-off waits for the
+/// scheduler: with a call each for BEGIN, the reads, the writes and COMMIT,
+/// those waits, not SQLite's work, were most of a small group's time
+/// besides the flush.
+async fn write_group_on(
+    store: &SqliteStore,
+    conn: &mut sqlx::SqliteConnection,
+    group: &[Prepared],
+) -> Result<Vec<Result<Appended>>> {
+    let event_ids: Vec<String> = group
+        .iter()
+        .flat_map(|p| p.event_ids.iter().map(|id| id.hyphenated().to_string()))
+        .collect();
+    let stream_ids: Vec<&str> = group
+        .iter()
+        .flat_map(|p| p.stream_ids.iter().map(String::as_str))
+        .collect();
+    // BEGIN IMMEDIATE is the lock; then the control row (kind 2), the
+    // group's event ids already in the log (0) and its streams' versions
+    // (1), read under it.
+    let rows = sqlx::query(
+        "BEGIN IMMEDIATE;
+         SELECT 2, holder, last_position, NULL, epoch, last_hash, lease_expires_at
+           FROM es_control WHERE id = 1
+         UNION ALL
+         SELECT 0, event_id, position, stream_id, stream_version, NULL, NULL FROM es_events
+          WHERE event_id IN (SELECT value FROM json_each(?1))
+         UNION ALL
+         SELECT 1, NULL, 0, stream_id, version, NULL, NULL FROM es_streams
+          WHERE stream_id IN (SELECT value FROM json_each(?2))",
+    )
+    .bind(serde_json::to_string(&event_ids).expect("strings serialise"))
+    .bind(serde_json::to_string(&stream_ids).expect("strings serialise"))
+    .fetch_all(&mut *conn)
+    .await?;
+    // Taken with the lock held: the fences are checked against it.
+    let now = now_micros();
+    let mut lock = None;
+    let mut existing = Vec::new();
+    let mut versions = HashMap::new();
+    for r in &rows {
+        match r.try_get::<i64, _>(0)? {
+            2 => {
+                lock = Some(Locked {
+                    position: r.try_get::<i64, _>(2)? as u64,
+                    hash: hash::to_array(r.try_get::<&[u8], _>(5)?, 0)?,
+                    epoch: r.try_get::<i64, _>(4)? as u64,
+                    holder: r.try_get(1)?,
+                    live: r.try_get::<i64, _>(6)? > now,
+                    now: from_micros(now),
+                })
+            }
+            0 => {
+                let position = r.try_get::<i64, _>(2)? as u64;
+                existing.push(Existing {
+                    event_id: parse_uuid(r.try_get(1)?, position)?,
+                    position,
+                    stream_id: r.try_get(3)?,
+                    stream_version: r.try_get::<i64, _>(4)? as u64,
+                });
+            }
+            _ => {
+                versions.insert(r.try_get(3)?, r.try_get::<i64, _>(4)? as u64);
+            }
+        }
+    }
+    let lock = lock.ok_or_else(|| StoreError::Corrupt {
+        position: 0,
+        reason: "the control row is missing".into(),
+    })?;
+    if group.iter().any(|p| lock.admits(&p.writer)) {
+        store.hook(AppendPoint::AfterFence).await;
+    }
+    let planned = append::plan_group(group, &lock, &existing, &versions);
+    if planned.rows.is_empty() {
+        sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+        return Ok(planned.outcomes);
+    }
+
+    // One statement for all rows: the batch travels as one JSON array,
+    // which SQLite takes apart faster than it binds thousands of
+    // parameters.
+    let mut rows = String::with_capacity(planned.rows.len() * 256);
+    rows.push('[');
+    for (i, r) in planned.rows.iter().enumerate() {
+        if i > 0 {
+            rows.push(',');
+        }
+        let cells = (
+            r.position,
+            r.stream_id,
+            r.stream_version,
+            r.event.event_id,
+            &r.event.event_type,
+            r.event.schema_version,
+            &r.event.payload,
+            &r.event.metadata,
+            hash::to_hex(&r.hash),
+        );
+        rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
+    }
+    rows.push(']');
+    let streams: Vec<Value> = planned
+        .stream_versions
+        .iter()
+        .map(|(s, v)| Value::Array(vec![(*s).into(), (*v).into()]))
+        .collect();
+    // The rows, the streams' versions, the head and the commit in one
+    // trip. The parameters are plain `?`, taken in order across the
+    // statements: the driver binds numbered ones wrongly when a statement
+    // skips some.
+    sqlx::query(
+        "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
+             schema_version, payload, metadata, epoch, recorded_at, hash)
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
+                value ->> 5, value ->> 6, value ->> 7, ?, ?, unhex(value ->> 8)
+           FROM json_each(?);
+         INSERT INTO es_streams (stream_id, version)
+         SELECT value ->> 0, value ->> 1 FROM json_each(?) WHERE true
+         ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version;
+         UPDATE es_control SET last_position = ?, last_hash = ? WHERE id = 1;
+         COMMIT",
+    )
+    .bind(lock.epoch as i64)
+    .bind(now)
+    .bind(rows)
+    .bind(Value::Array(streams).to_string())
+    .bind(planned.head as i64)
+    .bind(planned.head_hash.as_slice())
+    .execute(&mut *conn)
+    .await?;
+    store.appended.send_replace(planned.head);
+    Ok(planned.outcomes)
 }
 
 impl EventStore for SqliteStore {
