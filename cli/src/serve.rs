@@ -192,7 +192,7 @@ pub(crate) async fn run(
         None => None,
     };
     let keys = match (&views, plan.auth) {
-        (Some(v), true) => Some(llmgw_gateway::auth::KeyDirectory(v.views.clone())),
+        (Some(v), true) => Some(llmgw_gateway::auth::KeyDirectory::new(v.views.clone())),
         _ => None,
     };
     let default_price = plan.gateway.default_price;

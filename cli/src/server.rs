@@ -145,7 +145,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
     let usage = crate::serve::UsageSettings {
         flush: match &file.auth.flush_interval {
             Some(v) => config::duration("auth.flush_interval", v)?,
-            None => std::time::Duration::from_millis(200),
+            None => std::time::Duration::from_secs(60),
         },
         batch: file.auth.batch_size.unwrap_or(500),
         buffer: file.auth.buffer_size.unwrap_or(8192),

@@ -322,7 +322,7 @@ fn serve(up: SocketAddr) {
         let keyed = Gateway::with_keys(
             config(up),
             Some(t.queue.clone()),
-            Some(llmgw_gateway::auth::KeyDirectory(t.views.clone())),
+            Some(llmgw_gateway::auth::KeyDirectory::new(t.views.clone())),
         )
         .unwrap();
         tokio::spawn(llmgw_gateway::usage::run_batcher(
@@ -407,7 +407,7 @@ fn main() {
         let keyed = Gateway::with_keys(
             config(up),
             Some(t.queue.clone()),
-            Some(llmgw_gateway::auth::KeyDirectory(t.views.clone())),
+            Some(llmgw_gateway::auth::KeyDirectory::new(t.views.clone())),
         )
         .unwrap();
         let batcher = tokio::spawn(llmgw_gateway::usage::run_batcher(
@@ -424,7 +424,7 @@ fn main() {
         let unrecorded = Gateway::with_keys(
             config(up),
             None,
-            Some(llmgw_gateway::auth::KeyDirectory(t.views.clone())),
+            Some(llmgw_gateway::auth::KeyDirectory::new(t.views.clone())),
         )
         .unwrap();
         let unrecorded = format!("http://{}/v1/chat/completions", listen(unrecorded).await);

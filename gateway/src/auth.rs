@@ -4,21 +4,46 @@
 //! same answer, so a caller learns nothing about which keys exist. The key
 //! decides the band, and its composed allowlist which models it can see.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::HeaderMap;
 use llmgw_projections::{KeyEntry, Projections};
 use sha2::{Digest, Sha256};
 
 use crate::ApiError;
+use crate::unflushed::Unflushed;
 
 /// Where keys are looked up: the tenancy view kept by a projection runner.
 #[derive(Debug, Clone)]
-pub struct KeyDirectory(pub Arc<RwLock<Projections>>);
+pub struct KeyDirectory {
+    pub views: Arc<RwLock<Projections>>,
+    cache: Arc<Mutex<Composed>>,
+}
+
+/// Keys as the views composed them (their limits from every level up),
+/// by hash, as of one position of the views: composing a key's limits was
+/// the largest single cost of a request's path. Any event the views apply
+/// empties it, so a change of limits, a revocation or a new alias counts
+/// from the request after it, as it did; only keys that were found are
+/// kept, so unknown keys cannot grow it.
+#[derive(Debug, Default)]
+struct Composed {
+    position: u64,
+    /// By the SHA-256 of the key: a hit needs no hex string.
+    keys: HashMap<[u8; 32], Arc<KeyEntry>>,
+}
 
 impl KeyDirectory {
+    pub fn new(views: Arc<RwLock<Projections>>) -> Self {
+        KeyDirectory {
+            views,
+            cache: Arc::default(),
+        }
+    }
+
     /// The live key presented in `headers`, or the one refusal for all cases.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<KeyEntry, ApiError> {
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<KeyEntry>, ApiError> {
         let presented = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -26,32 +51,58 @@ impl KeyDirectory {
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(ApiError::invalid_key)?;
-        let hash = hex(&Sha256::digest(presented.as_bytes()));
-        let views = self.0.read().unwrap_or_else(|p| p.into_inner());
-        views
-            .tenancy
-            .lookup(&hash)
-            .ok_or_else(ApiError::invalid_key)
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        let position = views.checkpoint.position;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.position != position {
+            cache.keys.clear();
+            cache.position = position;
+        }
+        if let Some(k) = cache.keys.get(&digest) {
+            return Ok(k.clone());
+        }
+        let key = Arc::new(
+            views
+                .tenancy
+                .lookup(&hex(&digest))
+                .ok_or_else(ApiError::invalid_key)?,
+        );
+        cache.keys.insert(digest, key.clone());
+        Ok(key)
     }
 }
 
 impl KeyDirectory {
     /// What each of the key's budgets has spent in its period at `now_ms`,
-    /// in the order of `key.limits.budgets`. Nothing is read when it has
-    /// none.
-    pub fn budget_spend(&self, key: &KeyEntry, now_ms: i64) -> Vec<u64> {
+    /// in the order of `key.limits.budgets`: what the views hold (every
+    /// gateway's flushed usage) and, when given, this gateway's own spend
+    /// not in them yet. Nothing is read when it has none.
+    pub fn budget_spend(
+        &self,
+        key: &KeyEntry,
+        unflushed: Option<&Unflushed>,
+        now_ms: i64,
+    ) -> Vec<u64> {
         if key.limits.budgets.is_empty() {
             return Vec::new();
         }
-        let views = self.0.read().unwrap_or_else(|p| p.into_inner());
+        // One moment for both: under the read lock the views apply no
+        // batch, so the mark and the figures agree.
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        let mark = unflushed
+            .and_then(Unflushed::gateway)
+            .and_then(|g| views.usage.flushed(g));
         key.limits
             .budgets
             .iter()
             .map(|b| {
-                views
+                let held = views
                     .usage
                     .spend_of(b.scope, &b.scope_id)
-                    .in_period(b.period, now_ms)
+                    .in_period(b.period, now_ms);
+                let own = unflushed.map_or(0, |u| u.pending(mark, b, now_ms));
+                held.saturating_add(own)
             })
             .collect()
     }

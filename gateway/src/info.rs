@@ -65,7 +65,7 @@ pub(crate) async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -
         Err(e) => return e.into_response(),
     };
     let routes = gw.routes.load();
-    let data: Vec<Value> = models_for(&gw, &routes, caller.key.as_ref())
+    let data: Vec<Value> = models_for(&gw, &routes, caller.key.as_deref())
         .iter()
         .map(|m| model_object(&gw, &routes, m))
         .collect();
@@ -113,7 +113,8 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         Err(e) => return e.into_response(),
     };
     let now = crate::proxy::now_ms();
-    let spent = directory.budget_spend(&key, now);
+    let unflushed = gw.usage.as_deref().map(|q| q.unflushed());
+    let spent = directory.budget_spend(&key, unflushed, now);
     let spend: Vec<Value> = key
         .limits
         .budgets
@@ -131,7 +132,7 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         })
         .collect();
     let routes = gw.routes.load();
-    let models = models_for(&gw, &routes, Some(&key));
+    let models = models_for(&gw, &routes, Some(&*key));
     axum::Json(json!({
         "key_id": key.key_id,
         "prefix": key.prefix,

@@ -29,6 +29,7 @@ mod routes;
 pub mod scrape;
 mod shutdown;
 mod tls;
+mod unflushed;
 pub mod usage;
 
 use std::net::SocketAddr;

@@ -18,6 +18,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+pub use crate::unflushed::{Spending, Unflushed};
+
 /// Tokens as the engine reported them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tokens {
@@ -92,28 +94,47 @@ impl UsageCounts {
     }
 }
 
+/// A finished request on its way to the log, with what it costs the
+/// budgets over its key (counted by [`Unflushed`] until the views hold it).
+#[derive(Debug)]
+struct Queued {
+    request: FinishedRequest,
+    spending: Option<Spending>,
+}
+
 /// Where finished requests go.
 #[derive(Debug)]
 pub struct UsageQueue {
-    tx: mpsc::Sender<FinishedRequest>,
+    tx: mpsc::Sender<Queued>,
     counts: Arc<UsageCounts>,
+    unflushed: Arc<Unflushed>,
 }
 
 /// The batcher's end of the queue.
 #[derive(Debug)]
 pub struct UsageReceiver {
-    rx: mpsc::Receiver<FinishedRequest>,
+    rx: mpsc::Receiver<Queued>,
     counts: Arc<UsageCounts>,
+    unflushed: Arc<Unflushed>,
 }
 
 impl UsageReceiver {
+    /// The next record, taken out of the way to the log.
     pub async fn recv(&mut self) -> Option<FinishedRequest> {
-        self.rx.recv().await
+        let q = self.rx.recv().await?;
+        if let Some(s) = &q.spending {
+            self.unflushed.unqueued(s);
+        }
+        Some(q.request)
     }
 
     /// A record already waiting, if any.
     pub fn try_recv(&mut self) -> Option<FinishedRequest> {
-        self.rx.try_recv().ok()
+        let q = self.rx.try_recv().ok()?;
+        if let Some(s) = &q.spending {
+            self.unflushed.unqueued(s);
+        }
+        Some(q.request)
     }
 
     /// The counts, readable after the receiver has gone to the batcher.
@@ -128,20 +149,50 @@ impl UsageQueue {
     pub fn new(capacity: usize) -> (Arc<Self>, UsageReceiver) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let counts = Arc::new(UsageCounts::default());
+        let unflushed = Arc::new(Unflushed::default());
         (
             Arc::new(UsageQueue {
                 tx,
                 counts: counts.clone(),
+                unflushed: unflushed.clone(),
             }),
-            UsageReceiver { rx, counts },
+            UsageReceiver {
+                rx,
+                counts,
+                unflushed,
+            },
         )
     }
 
     /// Never waits: a full queue loses the record and counts it.
     pub fn record(&self, r: FinishedRequest) {
-        if self.tx.try_send(r).is_err() {
+        self.record_spending(r, None);
+    }
+
+    /// As [`UsageQueue::record`], and `spending` counts in this gateway's
+    /// budget checks from now until the views hold the record.
+    pub fn record_spending(&self, r: FinishedRequest, spending: Option<Spending>) {
+        // Counted before it is sent: the batcher may take it at once.
+        if let Some(s) = &spending {
+            self.unflushed.queued(s);
+        }
+        if let Err(e) = self.tx.try_send(Queued {
+            request: r,
+            spending,
+        }) {
+            let q = match e {
+                mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
+            };
+            if let Some(s) = &q.spending {
+                self.unflushed.unqueued(s);
+            }
             self.counts.drop_records(1, "the usage queue is full");
         }
+    }
+
+    /// This gateway's spend not yet in the views.
+    pub fn unflushed(&self) -> &Unflushed {
+        &self.unflushed
     }
 
     /// Records lost: the queue was full, or the log refused them for good.
@@ -178,7 +229,9 @@ pub async fn run_batcher(
 ) {
     let decider = Decider::new(store, instance.clone());
     let counts = rx.counts();
-    let mut pending: Vec<FinishedRequest> = Vec::new();
+    let unflushed = rx.unflushed.clone();
+    unflushed.name_batches(&instance);
+    let mut pending: Vec<Queued> = Vec::new();
     let mut tick = tokio::time::interval(interval);
     // Ticks missed while a batch waited for the log are not made up in a
     // burst of tiny appends.
@@ -188,7 +241,7 @@ pub async fn run_batcher(
         // a steady trickle becomes one append per interval, not one per
         // moment the queue happens to be empty.
         let (flush, closed) = tokio::select! {
-            r = rx.recv() => match r {
+            r = rx.rx.recv() => match r {
                 Some(r) => {
                     pending.push(r);
                     // What queued up meanwhile (a backlog after an outage)
@@ -209,21 +262,35 @@ pub async fn run_batcher(
             // One event per flush, its id given once, here: every try of
             // this batch carries it, so a try whose commit was unknown is
             // not appended twice.
-            let (batch, refused) = record_batch(&instance, pending.drain(..), &price_of);
+            let mut spendings = Vec::new();
+            let requests = pending.drain(..).map(|q| {
+                spendings.extend(q.spending);
+                q.request
+            });
+            let (batch, refused) = record_batch(&instance, requests, &price_of);
             if !refused.is_empty() {
                 tracing::error!(reason = %refused[0], "usage records that cannot be recorded; they are lost");
                 counts.drop_records(refused.len() as u64, "not a usage record");
             }
-            if let Some(batch) = batch {
-                let origin = Origin::new(Actor::Gateway(instance.clone()));
-                deliver(
-                    &decider,
-                    &origin,
-                    &instance,
-                    (Uuid::now_v7(), batch),
-                    &counts,
-                )
-                .await;
+            match batch {
+                Some(batch) => {
+                    // Counted as this batch's until the views mark it (a
+                    // refused row's spend too, until then: a moment's
+                    // overcount, never an undercount).
+                    let last = batch.rows().last().map(|u| u.request_id.clone());
+                    let last = last.unwrap_or_default();
+                    unflushed.sent(&last, spendings.iter());
+                    let origin = Origin::new(Actor::Gateway(instance.clone()));
+                    let to = Delivery {
+                        decider: &decider,
+                        origin: &origin,
+                        gateway: &instance,
+                        counts: &counts,
+                        unflushed: &unflushed,
+                    };
+                    deliver(&to, (Uuid::now_v7(), batch), &last).await;
+                }
+                None => spendings.iter().for_each(|s| unflushed.unqueued(s)),
             }
         }
         if closed {
@@ -232,15 +299,25 @@ pub async fn run_batcher(
     }
 }
 
-/// Appends one batch, trying again until it lands or the log refuses it
-/// for good.
-async fn deliver(
-    decider: &Decider,
-    origin: &Origin,
-    gateway: &str,
-    (id, batch): (Uuid, UsageEvent),
-    counts: &UsageCounts,
-) {
+/// Where a batch goes, and what counts it.
+struct Delivery<'a> {
+    decider: &'a Decider,
+    origin: &'a Origin,
+    gateway: &'a str,
+    counts: &'a UsageCounts,
+    unflushed: &'a Unflushed,
+}
+
+/// Appends one batch, whose last row is `last`, trying again until it
+/// lands or the log refuses it for good.
+async fn deliver(to: &Delivery<'_>, (id, batch): (Uuid, UsageEvent), last: &str) {
+    let Delivery {
+        decider,
+        origin,
+        gateway,
+        counts,
+        unflushed,
+    } = *to;
     let n = batch.rows().len() as u64;
     counts.held.fetch_add(n, Ordering::Relaxed);
     let events = [(id, Event::Usage(batch))];
@@ -272,30 +349,27 @@ async fn deliver(
                 if n > 1 {
                     // One bad record must not take the others with it: each
                     // row goes again as a batch of its own. New ids are safe
-                    // here, the refused append wrote nothing.
+                    // here, the refused append wrote nothing. Its spend
+                    // counts again as each row lands in the views.
                     counts.held.fetch_sub(n, Ordering::Relaxed);
+                    unflushed.unsent(last);
                     let rows = match batch {
                         UsageEvent::UsageBatchRecorded(b) => b.rows,
                         UsageEvent::UsageRecorded(u) => vec![u],
                     };
                     for row in rows {
+                        let id = row.request_id.clone();
                         let one = UsageEvent::UsageBatchRecorded(UsageBatchRecorded {
                             gateway: gateway.to_owned(),
                             rows: vec![row],
                         });
-                        Box::pin(deliver(
-                            decider,
-                            origin,
-                            gateway,
-                            (Uuid::now_v7(), one),
-                            counts,
-                        ))
-                        .await;
+                        Box::pin(deliver(to, (Uuid::now_v7(), one), &id)).await;
                     }
                     return;
                 }
                 tracing::error!(error = %e, "the log refused a usage record; it is lost");
                 counts.drop_records(1, "refused by the log");
+                unflushed.unsent(last);
                 break;
             }
             Err(e) => {

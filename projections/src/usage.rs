@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use llmgw_domain::Event;
 use llmgw_domain::tenancy::{Period, Scope, TenancyEvent};
-use llmgw_domain::usage::{UsageRecorded, period_start};
+use llmgw_domain::usage::{UsageEvent, UsageRecorded, period_start};
 use serde::{Deserialize, Serialize};
 
 use crate::{Stamp, View};
@@ -253,9 +253,36 @@ pub struct UsageView {
     /// A person's own keys → that person.
     #[serde(default)]
     owner_of_key: BTreeMap<String, String>,
+    /// Each gateway's newest batch counted here (see [`UsageView::flushed`]).
+    /// Left out of the document while empty, as in logs of single-row
+    /// records. No format change: an older snapshot reads as having none,
+    /// which is true of every gateway started after it was taken.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    flushed: BTreeMap<String, Flushed>,
+}
+
+/// A gateway's newest batch the view has counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flushed {
+    /// The request id of the batch's last row.
+    pub last_request: String,
+    /// The newest row's time (ms): marks of gateways silent for longer
+    /// than the hourly window are forgotten.
+    pub at: i64,
 }
 
 impl UsageView {
+    /// The last request of `gateway`'s newest batch counted here. A
+    /// gateway counts its own spend that is not yet in the view (queued,
+    /// or in a batch on its way to the log) in its budget checks; this is
+    /// how it tells, under the views' lock, which of its batches the view
+    /// already holds, so that none is counted twice, whatever became of
+    /// the append's answer. A gateway's batches land one after another,
+    /// so every batch of its before this one is counted too.
+    pub fn flushed(&self, gateway: &str) -> Option<&str> {
+        self.flushed.get(gateway).map(|f| f.last_request.as_str())
+    }
+
     pub fn spend_of(&self, scope: Scope, id: &str) -> Spend {
         self.spend
             .get(&scope)
@@ -388,6 +415,9 @@ impl UsageView {
             groups.retain(|_, s| !s.is_empty());
         }
         self.series.retain(|_, g| !g.is_empty());
+        // A mark matters only while its gateway has a batch on the way;
+        // one silent for the whole window is from a gateway long gone.
+        self.flushed.retain(|_, f| f.at >= first_hour);
     }
 }
 
@@ -415,7 +445,19 @@ impl View for UsageView {
                 }
             }
             // A batch and an older single-row record count alike, row by row.
-            Event::Usage(e) => e.rows().iter().for_each(|u| self.record(u)),
+            Event::Usage(e) => {
+                e.rows().iter().for_each(|u| self.record(u));
+                if let UsageEvent::UsageBatchRecorded(b) = e
+                    && let Some(last) = b.rows.last()
+                {
+                    let at = b.rows.iter().map(|u| u.at.0).max().unwrap_or(0);
+                    let mark = Flushed {
+                        last_request: last.request_id.clone(),
+                        at,
+                    };
+                    self.flushed.insert(b.gateway.clone(), mark);
+                }
+            }
             _ => {}
         }
     }
@@ -534,8 +576,55 @@ mod tests {
                 },
             )),
         );
+        // The batch also marks its gateway's newest batch counted.
+        assert_eq!(batched.flushed("gateway-a"), Some("r49"));
+        batched.flushed.clear();
         assert_eq!(batched, singles);
         assert_eq!(batched.spend_of(Scope::Org, "o").requests, 50);
+    }
+
+    /// Each gateway sharing the log finds its own newest batch, and a
+    /// gateway silent for longer than the hourly window is forgotten.
+    #[test]
+    fn each_gateway_has_its_own_mark() {
+        let mut v = UsageView::default();
+        tree(&mut v);
+        let batch = |gateway: &str, ids: &[&str], at: i64| {
+            let rows = ids
+                .iter()
+                .map(|id| UsageRecorded {
+                    request_id: (*id).into(),
+                    key_id: "ops".into(),
+                    project_id: "p".into(),
+                    model_asked: "m".into(),
+                    model_served: "m".into(),
+                    prompt_tokens: 1,
+                    completion_tokens: 1,
+                    cost_micros: 1,
+                    status: 200,
+                    latency_ms: 1,
+                    ttft_ms: None,
+                    band: Band::Gold,
+                    at: llmgw_domain::UnixMillis(at),
+                })
+                .collect();
+            Event::Usage(UsageEvent::UsageBatchRecorded(
+                llmgw_domain::usage::UsageBatchRecorded {
+                    gateway: gateway.into(),
+                    rows,
+                },
+            ))
+        };
+        v.apply_event(stamp(), &batch("a", &["a1", "a2"], T0));
+        v.apply_event(stamp(), &batch("b", &["b1"], T0));
+        v.apply_event(stamp(), &batch("a", &["a3"], T0 + 1));
+        assert_eq!(
+            (v.flushed("a"), v.flushed("b"), v.flushed("c")),
+            (Some("a3"), Some("b1"), None)
+        );
+        let later = T0 + HOURLY_KEPT * HOUR_MS;
+        v.apply_event(stamp(), &batch("a", &["a4"], later));
+        assert_eq!((v.flushed("a"), v.flushed("b")), (Some("a4"), None));
     }
 
     #[test]

@@ -325,6 +325,86 @@ async fn auth_off(mode: Mode, backend: Backend) {
     drop(server);
 }
 
+/// The key's `/me`.
+async fn me(base: &str, key: &str) -> Option<Value> {
+    let r = reqwest::Client::new()
+        .get(format!("{base}/me"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .ok()?;
+    r.json().await.ok()
+}
+
+/// What `/me` says the key's first budget has spent.
+async fn spent(base: &str, key: &str) -> Option<u64> {
+    me(base, key).await?["spend"][0]["spent_micros"].as_u64()
+}
+
+/// A flush an hour away does not let a key overshoot its budget at the
+/// server serving it: the server's own spend that is not in the log yet
+/// counts at once, and once its batch is in the log and read back, once.
+async fn own_unflushed_spend_counts(backend: Backend) {
+    let (store, _scratch) = Scratch::new(backend).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth:\n  enabled: true\n  flush_interval: 1h\n  batch_size: 2\n  default_price: {prompt_per_1k: 1000000, completion_per_1k: 1000000}\n";
+    let server = start(&config(dir.path(), "cp-a", &store, &e, Mode::RouterOnly, extra));
+    let (base, admin) = (server.base.as_str(), server.admin.as_str());
+    keys_ok(
+        &store,
+        admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let (budgeted, budgeted_id) = new_key(&store, admin, "budgeted");
+    let budget = [
+        "limits", "--scope", "key", "--id", &budgeted_id, "--budget", "10000", "--period", "day",
+    ];
+    keys_ok(&store, admin, &budget);
+    until("the budget to be read", || spent(base, &budgeted)).await;
+
+    // One short request fits in the budget and a second does not, with
+    // nothing flushed: the batch holds two and the interval is an hour.
+    assert_eq!(chat(base, Some(&budgeted), "paid").await.status(), 200);
+    let refused = chat(base, Some(&budgeted), "paid").await;
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
+    let stats = super::ok(&store, &["events", "stats", "--json"]);
+    assert!(!stats.contains("UsageBatchRecorded"), "nothing flushed: {stats}");
+    let pending = spent(base, &budgeted).await.unwrap();
+    assert!(pending > 0, "its own unflushed spend counts");
+
+    // Another key's request fills the batch, which goes to the log.
+    let (other, other_id) = new_key(&store, admin, "other");
+    status_becomes(base, Some(&other), "paid", 200).await;
+    let logged = until("the batch in the log", || async {
+        let log = super::ok(&store, &["events", "tail", "--limit", "1000", "--json"]);
+        let rows = super::usage_rows_of(&super::json_lines(&log));
+        rows.iter()
+            .find(|u| u["key_id"] == budgeted_id.as_str())
+            .and_then(|u| u["cost_micros"].as_u64())
+    })
+    .await;
+    assert_eq!(logged, pending, "priced alike before and after the flush");
+    // An event after the batch: once the views show it, they hold the batch.
+    keys_ok(
+        &store,
+        admin,
+        &["limits", "--scope", "key", "--id", &other_id, "--rpm", "1000"],
+    );
+    until("the views to pass the batch", || async {
+        let rates = me(base, &other).await?["limits"]["rates"].to_string();
+        rates.contains("\"rpm\":1000").then_some(())
+    })
+    .await;
+    let now = spent(base, &budgeted).await.unwrap();
+    assert_eq!(now, logged, "the flushed batch counts once");
+    assert_eq!(chat(base, Some(&budgeted), "paid").await.status(), 429);
+    drop(server);
+}
+
 macro_rules! cells {
     ($($name:ident => $body:expr),* $(,)?) => {
         $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { $body.await } )*
@@ -338,6 +418,8 @@ cells!(
     control_plane_with_auth_on_postgres => auth_on(Mode::Control, Backend::Postgres),
     router_only_with_auth_off => auth_off(Mode::RouterOnly, Backend::Sqlite),
     control_plane_with_auth_off => auth_off(Mode::Control, Backend::Postgres),
+    own_unflushed_spend_counts_on_sqlite => own_unflushed_spend_counts(Backend::Sqlite),
+    own_unflushed_spend_counts_on_postgres => own_unflushed_spend_counts(Backend::Postgres),
 );
 
 /// Two servers on one PostgreSQL: a key made through the standby lands via

@@ -79,7 +79,7 @@ async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes)
         "initialize" => Ok(initialize(&params)),
         "ping" => Ok(json!({})),
         "tools/list" => Ok(json!({"tools": tools()})),
-        "tools/call" => Ok(call(&gw, caller.key.as_ref(), &headers, &params).await),
+        "tools/call" => Ok(call(&gw, caller.key.as_deref(), &headers, &params).await),
         other => Err((-32601, format!("no method {other:?}"))),
     };
     match result {

@@ -85,7 +85,7 @@ async fn write(
     answer(
         async {
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             let note: NoteBody = serde_json::from_slice(&body).map_err(|e| {
                 ApiError::bad_request(format!(
                     "a note is {{\"text\": \"…\", \"tags\": [\"…\"]}}: {e}"
@@ -119,7 +119,7 @@ async fn read(
     answer(
         async {
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             let note = keeper(&gw)?
                 .store
                 .note(&owner, &key)
@@ -140,7 +140,7 @@ async fn forget(
     answer(
         async {
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             if keeper(&gw)?
                 .store
                 .delete_note(&owner, &key)
@@ -171,7 +171,7 @@ async fn search(
     answer(
         async {
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_ref(), &headers)?;
+            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             let how = search_by(
                 q.q.as_deref(),
                 q.tag.as_deref(),

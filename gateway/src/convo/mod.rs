@@ -69,7 +69,7 @@ impl Gateway {
     pub fn retention(&self) -> Retention {
         let mut keep = Retention::default();
         if let Some(keys) = &self.keys {
-            let views = keys.0.read().unwrap_or_else(|p| p.into_inner());
+            let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
             let t = &views.tenancy.tenancy;
             keep.threads = t
                 .threads
@@ -163,7 +163,7 @@ fn threads_of(
     let keeper = keeper(gw)?;
     match (key, &gw.keys) {
         (Some(k), Some(keys)) => {
-            let views = keys.0.read().unwrap_or_else(|p| p.into_inner());
+            let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
             match views.tenancy.tenancy.threads.get(&k.project_id) {
                 Some(s) => Ok((k.project_id.clone(), *s)),
                 None => Err(refusal(
@@ -205,7 +205,7 @@ fn memory_of(
         ));
     };
     let setting = {
-        let views = keys.0.read().unwrap_or_else(|p| p.into_inner());
+        let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
         views.tenancy.tenancy.memory.get(&k.project_id).copied()
     };
     let Some(setting) = setting else {

@@ -286,7 +286,7 @@ pub(crate) async fn delete(
 ) -> Response {
     let gone = async {
         let caller = crate::proxy::identify(&gw, &headers)?;
-        let (project, _) = threads_of(&gw, caller.key.as_ref())?;
+        let (project, _) = threads_of(&gw, caller.key.as_deref())?;
         keeper(&gw)?
             .store
             .delete_thread(&project, &thread)

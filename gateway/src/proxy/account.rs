@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use llmgw_domain::tenancy::Band;
+use llmgw_projections::KeyEntry;
 
 use crate::Gateway;
 use crate::limits::Charge;
@@ -17,8 +18,8 @@ use crate::usage::Tokens;
 #[derive(Debug)]
 pub(crate) struct Ticket {
     gw: Arc<Gateway>,
-    pub(crate) key_id: String,
-    pub(crate) project_id: String,
+    /// None with authentication off.
+    key: Option<Arc<KeyEntry>>,
     pub(crate) band: Band,
     /// The canonical model the client asked for.
     pub(crate) asked: String,
@@ -33,7 +34,7 @@ pub(crate) struct Ticket {
 impl Ticket {
     pub(crate) fn open(
         gw: Arc<Gateway>,
-        key: Option<&llmgw_projections::KeyEntry>,
+        key: Option<&Arc<KeyEntry>>,
         asked: String,
         admitted: super::admit::Admitted,
         started: tokio::time::Instant,
@@ -41,8 +42,7 @@ impl Ticket {
     ) -> Self {
         Ticket {
             gw,
-            key_id: key.map(|k| k.key_id.clone()).unwrap_or_default(),
-            project_id: key.map(|k| k.project_id.clone()).unwrap_or_default(),
+            key: key.cloned(),
             band: admitted.band,
             asked,
             charge: admitted.charge,
@@ -118,10 +118,23 @@ impl Drop for Finish {
         let Some(q) = &gw.usage else { return };
         let t = &self.ticket;
         let millis = |d: Duration| d.as_millis().min(u128::from(u32::MAX)) as u32;
-        q.record(llmgw_domain::usage::FinishedRequest {
+        let at = llmgw_domain::UnixMillis::now();
+        // What it costs its budgets counts here from now, not from the
+        // flush that takes it to the log.
+        let spending = t
+            .key
+            .as_ref()
+            .filter(|k| !k.limits.budgets.is_empty())
+            .and_then(|k| {
+                let cost = gw.price_of(&self.served).cost(tokens.prompt, tokens.completion);
+                crate::usage::Spending::of(k, cost, at.0)
+            });
+        let request = llmgw_domain::usage::FinishedRequest {
             request_id: request_id(),
-            key_id: t.key_id.clone(),
-            project_id: t.project_id.clone(),
+            key_id: t.key.as_ref().map(|k| k.key_id.clone()).unwrap_or_default(),
+            project_id: (t.key.as_ref())
+                .map(|k| k.project_id.clone())
+                .unwrap_or_default(),
             model_asked: t.asked.clone(),
             model_served: std::mem::take(&mut self.served),
             prompt_tokens: tokens.prompt,
@@ -130,7 +143,8 @@ impl Drop for Finish {
             latency_ms: millis(t.started.elapsed()),
             ttft_ms: self.first_content.map(millis),
             band: t.band,
-            at: llmgw_domain::UnixMillis::now(),
-        });
+            at,
+        };
+        q.record_spending(request, spending);
     }
 }

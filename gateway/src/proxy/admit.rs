@@ -3,6 +3,8 @@
 //! the model is resolved, the request's rates are charged at every level
 //! and it waits, bounded, for its band's turn.
 
+use std::sync::Arc;
+
 use axum::http::HeaderMap;
 use llmgw_domain::tenancy::Band;
 use llmgw_projections::KeyEntry;
@@ -14,7 +16,7 @@ use crate::{ApiError, Gateway};
 #[derive(Debug)]
 pub(crate) struct Caller {
     /// None when authentication is off.
-    pub(crate) key: Option<KeyEntry>,
+    pub(crate) key: Option<Arc<KeyEntry>>,
     band_header: Option<String>,
     /// The session header's value, for session affinity.
     pub(crate) session: Option<String>,
@@ -24,7 +26,7 @@ impl Caller {
     /// A caller with no headers: `key` is whom it stands for.
     pub(crate) fn standing_for(key: Option<KeyEntry>) -> Self {
         Caller {
-            key,
+            key: key.map(Arc::new),
             band_header: None,
             session: None,
         }

@@ -91,7 +91,7 @@ async fn route(
             ApiError::bad_request("x-llmgw-thread names a chat completion's thread").into(),
         );
     }
-    let turn = crate::convo::Turn::open(gw, caller.key.as_ref(), thread, body).await?;
+    let turn = crate::convo::Turn::open(gw, caller.key.as_deref(), thread, body).await?;
     let body = turn.body.clone();
     Ok(turn.close(serve_body(gw, path, caller, body, access).await?))
 }

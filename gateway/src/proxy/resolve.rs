@@ -58,7 +58,10 @@ pub(crate) fn plan(
     }
     let (budgets, spent): (&[BudgetLevel], Vec<u64>) = match (&caller.key, &gw.keys) {
         (Some(k), Some(directory)) if !k.limits.budgets.is_empty() => {
-            (&k.limits.budgets, directory.budget_spend(k, now_ms()))
+            {
+            let unflushed = gw.usage.as_deref().map(|q| q.unflushed());
+            (&k.limits.budgets, directory.budget_spend(k, unflushed, now_ms()))
+        }
         }
         _ => (&[], Vec::new()),
     };

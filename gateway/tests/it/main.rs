@@ -517,8 +517,23 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
         },
     ));
     let records = 10;
+    let budget = llmgw_domain::tenancy::BudgetLevel {
+        scope: llmgw_domain::tenancy::Scope::Key,
+        scope_id: "k".into(),
+        micros: 1_000_000,
+        period: llmgw_domain::tenancy::Period::Day,
+    };
+    let key: llmgw_projections::KeyEntry = serde_json::from_value(serde_json::json!({
+        "key_id": "k", "prefix": "llmgw-ab", "project_id": "p", "team_id": null,
+        "org_id": null, "band": "gold", "routing_profile": null,
+        "limits": {"rpm": null, "tpm": null, "budgets": [budget], "models": {"kind": "all"}},
+    }))
+    .unwrap();
+    let key = std::sync::Arc::new(key);
+    // 8 tokens at one micro-unit a token each.
+    let spending = || llmgw_gateway::usage::Spending::of(&key, 8, 0);
     for i in 0..records {
-        queue.record(llmgw_domain::usage::FinishedRequest {
+        queue.record_spending(llmgw_domain::usage::FinishedRequest {
             request_id: format!("r{i}"),
             key_id: "k".into(),
             project_id: "p".into(),
@@ -531,8 +546,12 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
             ttft_ms: Some(2),
             band: llmgw_domain::tenancy::Band::Gold,
             at: llmgw_domain::UnixMillis(0),
-        });
+        }, spending());
     }
+    // Until the views hold them, the records count in this gateway's
+    // budget checks.
+    let total = 8 * records as u64;
+    assert_eq!(queue.unflushed().pending(None, &budget, 0), total);
     // Batches go one after another: once every record is in, the retry
     // of the first has been answered.
     let mut sub = direct.subscribe(0);
@@ -552,6 +571,18 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
     assert_eq!(relay.replies_lost(), 1, "a commit's answer was lost");
     assert_eq!(ids.len(), records, "a record was appended twice: {ids:?}");
     assert_eq!(queue.dropped(), 0);
+    // Once the views hold the log, the spend counts there and only there.
+    let mut views = llmgw_projections::Projections::default();
+    for e in direct.read_all(0, 1000).await.unwrap() {
+        views.apply(&e);
+    }
+    let held = views
+        .usage
+        .spend_of(budget.scope, "k")
+        .in_period(budget.period, 0);
+    let mark = views.usage.flushed("gw-test");
+    let own = queue.unflushed().pending(mark, &budget, 0);
+    assert_eq!((held, own), (total, 0));
 }
 
 /// A thousand and two hundred requests in a batcher of 500 are three

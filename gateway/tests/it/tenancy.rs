@@ -165,7 +165,7 @@ impl Tenants {
     }
 
     pub(crate) fn directory(&self) -> KeyDirectory {
-        KeyDirectory(self.views.clone())
+        KeyDirectory::new(self.views.clone())
     }
 }
 
