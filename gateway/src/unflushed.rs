@@ -240,7 +240,11 @@ pub(crate) mod tests {
         u.queued(&s(5));
         u.sent("r3", [s(5)].iter());
         u.queued(&s(1));
-        assert_eq!(u.pending(Some("older"), &month, T0), 36, "nothing counted yet");
+        assert_eq!(
+            u.pending(Some("older"), &month, T0),
+            36,
+            "nothing counted yet"
+        );
         assert_eq!(u.pending(Some("r2"), &month, T0), 6);
         assert_eq!(u.pending(Some("r3"), &month, T0), 1);
         // The next day the team's day pool starts afresh; the month's not.

@@ -350,7 +350,14 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     let engine = engine();
     let e = engine.addr_after("listening on ");
     let extra = "auth:\n  enabled: true\n  flush_interval: 1h\n  batch_size: 2\n  default_price: {prompt_per_1k: 1000000, completion_per_1k: 1000000}\n";
-    let server = start(&config(dir.path(), "cp-a", &store, &e, Mode::RouterOnly, extra));
+    let server = start(&config(
+        dir.path(),
+        "cp-a",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        extra,
+    ));
     let (base, admin) = (server.base.as_str(), server.admin.as_str());
     keys_ok(
         &store,
@@ -359,7 +366,15 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     );
     let (budgeted, budgeted_id) = new_key(&store, admin, "budgeted");
     let budget = [
-        "limits", "--scope", "key", "--id", &budgeted_id, "--budget", "10000", "--period", "day",
+        "limits",
+        "--scope",
+        "key",
+        "--id",
+        &budgeted_id,
+        "--budget",
+        "10000",
+        "--period",
+        "day",
     ];
     keys_ok(&store, admin, &budget);
     until("the budget to be read", || spent(base, &budgeted)).await;
@@ -372,7 +387,10 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     let body: Value = refused.json().await.unwrap();
     assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
     let stats = super::ok(&store, &["events", "stats", "--json"]);
-    assert!(!stats.contains("UsageBatchRecorded"), "nothing flushed: {stats}");
+    assert!(
+        !stats.contains("UsageBatchRecorded"),
+        "nothing flushed: {stats}"
+    );
     let pending = spent(base, &budgeted).await.unwrap();
     assert!(pending > 0, "its own unflushed spend counts");
 
@@ -392,7 +410,9 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     keys_ok(
         &store,
         admin,
-        &["limits", "--scope", "key", "--id", &other_id, "--rpm", "1000"],
+        &[
+            "limits", "--scope", "key", "--id", &other_id, "--rpm", "1000",
+        ],
     );
     until("the views to pass the batch", || async {
         let rates = me(base, &other).await?["limits"]["rates"].to_string();

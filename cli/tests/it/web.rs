@@ -171,8 +171,10 @@ async fn api_chat(base: &str, key: &str) -> StatusCode {
 
 const GOOD: &str = "correct horse battery staple";
 
+// Usage flushed often: the test reads the chat's usage in the log.
 const LANDING: &str = r#"auth:
   enabled: true
+  flush_interval: 50ms
 landing:
   contact: "javascript:alert(1)"
   notice: "Be kind to the GPUs"

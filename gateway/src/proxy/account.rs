@@ -126,7 +126,9 @@ impl Drop for Finish {
             .as_ref()
             .filter(|k| !k.limits.budgets.is_empty())
             .and_then(|k| {
-                let cost = gw.price_of(&self.served).cost(tokens.prompt, tokens.completion);
+                let cost = gw
+                    .price_of(&self.served)
+                    .cost(tokens.prompt, tokens.completion);
                 crate::usage::Spending::of(k, cost, at.0)
             });
         let request = llmgw_domain::usage::FinishedRequest {

@@ -58,10 +58,11 @@ pub(crate) fn plan(
     }
     let (budgets, spent): (&[BudgetLevel], Vec<u64>) = match (&caller.key, &gw.keys) {
         (Some(k), Some(directory)) if !k.limits.budgets.is_empty() => {
-            {
             let unflushed = gw.usage.as_deref().map(|q| q.unflushed());
-            (&k.limits.budgets, directory.budget_spend(k, unflushed, now_ms()))
-        }
+            (
+                &k.limits.budgets,
+                directory.budget_spend(k, unflushed, now_ms()),
+            )
         }
         _ => (&[], Vec::new()),
     };

@@ -533,20 +533,23 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
     // 8 tokens at one micro-unit a token each.
     let spending = || llmgw_gateway::usage::Spending::of(&key, 8, 0);
     for i in 0..records {
-        queue.record_spending(llmgw_domain::usage::FinishedRequest {
-            request_id: format!("r{i}"),
-            key_id: "k".into(),
-            project_id: "p".into(),
-            model_asked: "m".into(),
-            model_served: "m".into(),
-            prompt_tokens: 3,
-            completion_tokens: 5,
-            status: 200,
-            latency_ms: 10,
-            ttft_ms: Some(2),
-            band: llmgw_domain::tenancy::Band::Gold,
-            at: llmgw_domain::UnixMillis(0),
-        }, spending());
+        queue.record_spending(
+            llmgw_domain::usage::FinishedRequest {
+                request_id: format!("r{i}"),
+                key_id: "k".into(),
+                project_id: "p".into(),
+                model_asked: "m".into(),
+                model_served: "m".into(),
+                prompt_tokens: 3,
+                completion_tokens: 5,
+                status: 200,
+                latency_ms: 10,
+                ttft_ms: Some(2),
+                band: llmgw_domain::tenancy::Band::Gold,
+                at: llmgw_domain::UnixMillis(0),
+            },
+            spending(),
+        );
     }
     // Until the views hold them, the records count in this gateway's
     // budget checks.
