@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use llmgw_gateway::affinity::AffinityConfig;
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
-use llmgw_sim::{Bound, KvEventsConfig, SimConfig};
+use llmgw_sim::{KvEventsConfig, SimConfig};
 use serde_json::{Value, json};
 
 const ENGINES: usize = 4;
@@ -92,28 +92,10 @@ async fn engine(events: bool) -> Engine {
         }),
         ..SimConfig::default()
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(llmgw_sim::run(
-        config,
-        "127.0.0.1:0".parse().unwrap(),
-        None,
-        move |b| {
-            let _ = tx.send(b);
-        },
-    ));
-    let (mut publish, mut replay) = (None, None);
-    loop {
-        match rx.recv().await.unwrap() {
-            Bound::KvEvents(a) => publish = Some(a),
-            Bound::KvReplay(a) => replay = Some(a),
-            Bound::Http(http) => {
-                return Engine {
-                    http,
-                    kv: publish.zip(replay),
-                };
-            }
-            Bound::Rendezvous(_) => {}
-        }
+    let e = llmgw_sim::spawn(config).await.unwrap();
+    Engine {
+        http: e.http,
+        kv: e.kv_events.zip(e.kv_replay),
     }
 }
 

@@ -395,14 +395,11 @@ mod tests {
     async fn what_events_say_beats_what_was_guessed_for_those_endpoints() {
         let a = Affinity::new(AffinityConfig::default());
         let prompt = "p".repeat(640);
+        // Every request here is this prompt, 700 bytes once rendered.
+        let choose =
+            |candidates: &[Candidate<'_>]| a.choose("m", None, prompt.as_bytes(), 700, candidates);
         // The approximate index remembers x for this prompt...
-        a.choose(
-            "m",
-            None,
-            prompt.as_bytes(),
-            700,
-            &[c("x", 0.0), c("y", 0.0)],
-        );
+        choose(&[c("x", 0.0), c("y", 0.0)]);
         let ev = |id, load, held| Candidate {
             id,
             load,
@@ -410,57 +407,26 @@ mod tests {
         };
         // ...but both publish events, and only y holds it now.
         assert_eq!(
-            a.choose(
-                "m",
-                None,
-                prompt.as_bytes(),
-                700,
-                &[ev("x", 0.0, 0), ev("y", 1.0, 640)]
-            ),
+            choose(&[ev("x", 0.0, 0), ev("y", 1.0, 640)]),
             (1, Decision::ExactHit)
         );
         // The longest held prefix wins; among equals the least loaded.
         assert_eq!(
-            a.choose(
-                "m",
-                None,
-                prompt.as_bytes(),
-                700,
-                &[ev("x", 0.0, 320), ev("y", 1.0, 640), ev("z", 2.0, 640)]
-            ),
+            choose(&[ev("x", 0.0, 320), ev("y", 1.0, 640), ev("z", 2.0, 640)]),
             (1, Decision::ExactHit)
         );
         // Too short a share is a miss; the guard still applies.
         assert_eq!(
-            a.choose(
-                "m",
-                None,
-                prompt.as_bytes(),
-                700,
-                &[ev("x", 0.0, 64), ev("y", 1.0, 64)]
-            )
-            .1,
+            choose(&[ev("x", 0.0, 64), ev("y", 1.0, 64)]).1,
             Decision::CacheMissMinLoad
         );
         assert_eq!(
-            a.choose(
-                "m",
-                None,
-                prompt.as_bytes(),
-                700,
-                &[ev("x", 1.0, 0), ev("y", 10.0, 640)]
-            ),
+            choose(&[ev("x", 1.0, 0), ev("y", 10.0, 640)]),
             (0, Decision::LoadBalanceOverride)
         );
         // A guess for an endpoint without events still counts beside them.
         assert_eq!(
-            a.choose(
-                "m",
-                None,
-                prompt.as_bytes(),
-                700,
-                &[ev("y", 0.0, 0), c("x", 1.0)]
-            ),
+            choose(&[ev("y", 0.0, 0), c("x", 1.0)]),
             (1, Decision::PrefixHit)
         );
     }

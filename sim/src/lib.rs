@@ -152,6 +152,9 @@ pub enum SimError {
     Serve(#[source] std::io::Error),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// [`spawn`]'s engine ended without having served.
+    #[error("the engine stopped before serving")]
+    Stopped,
 }
 
 impl SimConfig {
@@ -220,5 +223,52 @@ pub async fn run(
             () = task => Ok(()),
         },
         None => serving.await.map_err(SimError::Serve),
+    }
+}
+
+/// What an engine started by [`spawn`] has bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spawned {
+    pub http: SocketAddr,
+    /// The KV-cache events' PUB socket, when the config publishes them.
+    pub kv_events: Option<SocketAddr>,
+    /// Their replay socket, when the config has one.
+    pub kv_replay: Option<SocketAddr>,
+}
+
+/// Runs an engine on loopback ports chosen by the system, in a task of its
+/// own that lives as long as the runtime, and returns once it serves: what
+/// tests and benchmarks need, which otherwise each collect [`Bound`]s.
+pub async fn spawn(config: SimConfig) -> Result<Spawned, SimError> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(run(
+        config,
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        move |b| {
+            let _ = tx.send(b);
+        },
+    ));
+    let (mut kv_events, mut kv_replay) = (None, None);
+    while let Some(b) = rx.recv().await {
+        match b {
+            Bound::KvEvents(a) => kv_events = Some(a),
+            Bound::KvReplay(a) => kv_replay = Some(a),
+            Bound::Http(http) => {
+                return Ok(Spawned {
+                    http,
+                    kv_events,
+                    kv_replay,
+                });
+            }
+            Bound::Rendezvous(_) => {}
+        }
+    }
+    // The task ended before serving. Without a cluster `run` returns only
+    // after serving or on an error, so this is its error (or its panic).
+    match task.await {
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => Err(SimError::Stopped),
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use llmgw_eventstore::{EventStore, ExpectedVersion, OpenOptions, StoreError, Writer};
+use llmgw_eventstore::{
+    AnyStore, Appended, EventStore, ExpectedVersion, OpenOptions, StoreError, Writer,
+};
 
 use crate::support::{Backend, TestStore, all_events, both_backends, event, stream};
 
@@ -31,7 +33,7 @@ const LONG: Duration = Duration::from_secs(60);
 /// transaction.)
 #[tokio::test]
 async fn an_append_committed_without_an_answer_is_recognised_when_tried_again() {
-    use llmgw_eventstore::{AnyStore, StoreAddress};
+    use llmgw_eventstore::StoreAddress;
     let db = llmgw_testkit::TestDb::create().await;
     let direct = AnyStore::open(
         &StoreAddress::parse(&db.url).unwrap(),
@@ -112,6 +114,20 @@ async fn an_append_committed_without_an_answer_is_recognised_when_tried_again() 
     assert_eq!((next.first_position, next.deduplicated), (4, false));
 }
 
+/// Event `E` number `n` appended alone to stream `s`: the append these
+/// tests make over and over.
+async fn append_one(
+    store: &AnyStore,
+    w: &Writer,
+    s: &str,
+    expected: ExpectedVersion,
+    n: u64,
+) -> Result<Appended, StoreError> {
+    store
+        .append(w, &[stream(s, expected, vec![event("E", n)])])
+        .await
+}
+
 async fn leader(t: &TestStore, holder: &str, ttl: Duration) -> Writer {
     Writer::Leader(t.store.acquire_lease(holder, ttl).await.unwrap().token)
 }
@@ -121,59 +137,32 @@ async fn another_store_writing_in_between_is_seen(b: Backend) {
     let other = t.another(OpenOptions::default()).await;
     let w = leader(&t, "ctl", LONG).await;
     for n in 0..3 {
-        t.store
-            .append(
-                &w,
-                &[stream("s", ExpectedVersion::Any, vec![event("E", n)])],
-            )
+        append_one(&t.store, &w, "s", ExpectedVersion::Any, n)
             .await
             .unwrap();
     }
     // The other store (same lease, another process) appends to the same
     // stream: the first store's idea of the head and of `s` is now stale.
-    let theirs = other
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Exact(3), vec![event("E", 9)])],
-        )
+    let theirs = append_one(&other, &w, "s", ExpectedVersion::Exact(3), 9)
         .await
         .unwrap();
     assert_eq!((theirs.first_position, theirs.stream_versions[0].1), (4, 4));
-    let err = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Exact(3), vec![event("E", 10)])],
-        )
+    let err = append_one(&t.store, &w, "s", ExpectedVersion::Exact(3), 10)
         .await
         .unwrap_err();
     assert!(
         matches!(err, StoreError::VersionConflict { actual: 4, .. }),
         "{err:?}"
     );
-    let mine = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Exact(4), vec![event("E", 11)])],
-        )
+    let mine = append_one(&t.store, &w, "s", ExpectedVersion::Exact(4), 11)
         .await
         .unwrap();
     assert_eq!((mine.first_position, mine.stream_versions[0].1), (5, 5));
     // And the other way round, on a stream only the first store has used.
-    other
-        .append(
-            &w,
-            &[stream("t", ExpectedVersion::Any, vec![event("E", 12)])],
-        )
+    append_one(&other, &w, "t", ExpectedVersion::Any, 12)
         .await
         .unwrap();
-    let next = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Any, vec![event("E", 13)])],
-        )
+    let next = append_one(&t.store, &w, "s", ExpectedVersion::Any, 13)
         .await
         .unwrap();
     assert_eq!((next.first_position, next.stream_versions[0].1), (7, 6));
@@ -186,11 +175,7 @@ async fn an_expired_lease_is_refused_though_the_head_did_not_move(b: Backend) {
     let short = Duration::from_millis(300);
     let w = leader(&t, "ctl", short).await;
     for n in 0..2 {
-        t.store
-            .append(
-                &w,
-                &[stream("s", ExpectedVersion::Any, vec![event("E", n)])],
-            )
+        append_one(&t.store, &w, "s", ExpectedVersion::Any, n)
             .await
             .unwrap();
     }
@@ -199,33 +184,18 @@ async fn an_expired_lease_is_refused_though_the_head_did_not_move(b: Backend) {
     }
     // Nothing else was written: only the lease tells this append apart
     // from the last one.
-    let err = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Any, vec![event("E", 2)])],
-        )
+    let err = append_one(&t.store, &w, "s", ExpectedVersion::Any, 2)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Fenced { .. }), "{err:?}");
     // A successor, same head: the old token is still refused, the new one
     // is admitted.
     let successor = leader(&t, "ctl-b", LONG).await;
-    let err = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Any, vec![event("E", 3)])],
-        )
+    let err = append_one(&t.store, &w, "s", ExpectedVersion::Any, 3)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Fenced { .. }), "{err:?}");
-    let done = t
-        .store
-        .append(
-            &successor,
-            &[stream("s", ExpectedVersion::Any, vec![event("E", 4)])],
-        )
+    let done = append_one(&t.store, &successor, "s", ExpectedVersion::Any, 4)
         .await
         .unwrap();
     assert_eq!(done.first_position, 3);
@@ -249,12 +219,7 @@ async fn a_retry_is_answered_as_a_retry_not_as_a_conflict(b: Backend) {
         (done.first_position, done.last_position)
     );
     // A real conflict is still one.
-    let err = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Exact(0), vec![event("E", 1)])],
-        )
+    let err = append_one(&t.store, &w, "s", ExpectedVersion::Exact(0), 1)
         .await
         .unwrap_err();
     assert!(
@@ -267,11 +232,7 @@ async fn a_retry_is_answered_as_a_retry_not_as_a_conflict(b: Backend) {
 async fn a_repeated_append_gets_its_original_positions(b: Backend) {
     let t = TestStore::new(b).await;
     let w = leader(&t, "ctl", LONG).await;
-    t.store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Any, vec![event("E", 0)])],
-        )
+    append_one(&t.store, &w, "s", ExpectedVersion::Any, 0)
         .await
         .unwrap();
     let batch = vec![stream(
@@ -287,12 +248,7 @@ async fn a_repeated_append_gets_its_original_positions(b: Backend) {
     assert_eq!((again.first_position, again.last_position), (2, 3));
     assert_eq!(again.stream_versions, vec![("s".to_owned(), 3)]);
     // And the store goes on writing after it.
-    let next = t
-        .store
-        .append(
-            &w,
-            &[stream("s", ExpectedVersion::Exact(3), vec![event("E", 3)])],
-        )
+    let next = append_one(&t.store, &w, "s", ExpectedVersion::Exact(3), 3)
         .await
         .unwrap();
     assert_eq!(next.first_position, 4);
@@ -314,11 +270,7 @@ async fn the_chain_holds_across_both_ways_of_writing(b: Backend) {
             _ => (&t.store, &w),
         };
         let s = format!("s{}", n % 2);
-        store
-            .append(
-                writer,
-                &[stream(&s, ExpectedVersion::Any, vec![event("E", n)])],
-            )
+        append_one(store, writer, &s, ExpectedVersion::Any, n)
             .await
             .unwrap();
     }

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use llmgw_sim::{Bound, KvEventsConfig, SimConfig};
+use llmgw_sim::{KvEventsConfig, SimConfig};
 use rmpv::Value;
 use serde_json::json;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -30,29 +30,11 @@ async fn engine() -> Engine {
         }),
         ..SimConfig::default()
     };
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(llmgw_sim::run(
-        config,
-        "127.0.0.1:0".parse().unwrap(),
-        None,
-        move |b| {
-            let _ = tx.send(b);
-        },
-    ));
-    let (mut publish, mut replay) = (None, None);
-    loop {
-        match rx.recv().await.unwrap() {
-            Bound::KvEvents(a) => publish = Some(a),
-            Bound::KvReplay(a) => replay = Some(a),
-            Bound::Http(http) => {
-                return Engine {
-                    http,
-                    publish: publish.unwrap(),
-                    replay: replay.unwrap(),
-                };
-            }
-            Bound::Rendezvous(_) => {}
-        }
+    let e = llmgw_sim::spawn(config).await.unwrap();
+    Engine {
+        http: e.http,
+        publish: e.kv_events.unwrap(),
+        replay: e.kv_replay.unwrap(),
     }
 }
 
