@@ -431,3 +431,7 @@ fn main() {
         assert!(status.success());
     }
 }
+
+/// The shipped binary's allocator (cli/src/main.rs), so that the figures are its.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

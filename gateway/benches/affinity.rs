@@ -364,3 +364,7 @@ fn main() {
         }
     });
 }
+
+/// The shipped binary's allocator (cli/src/main.rs), so that the figures are its.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

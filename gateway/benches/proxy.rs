@@ -649,3 +649,7 @@ async fn append_cost(store: &llmgw_eventstore::AnyStore) -> f64 {
     }
     timed.elapsed().as_secs_f64() * 1e6 / n as f64
 }
+
+/// The shipped binary's allocator (cli/src/main.rs), so that the figures are its.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
