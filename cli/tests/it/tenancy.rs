@@ -210,22 +210,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
     // A budget: once spent, a priced model falls back to a free one where
     // the catalog has one, else the key gets insufficient_quota. At a
     // micro-unit a token, one short request fits in it and a second does not.
-    let (budgeted, budgeted_id) = new_key(&store, admin, "budgeted");
-    keys_ok(
-        &store,
-        admin,
-        &[
-            "limits",
-            "--scope",
-            "key",
-            "--id",
-            &budgeted_id,
-            "--budget",
-            "10000",
-            "--period",
-            "day",
-        ],
-    );
+    let (budgeted, budgeted_id) = budgeted_key(&store, admin);
     status_becomes(base, Some(&budgeted), "paid", 200).await;
     let answer = until("the budget to be spent", || async {
         let r = chat(base, Some(&budgeted), "paid").await;
@@ -299,6 +284,20 @@ async fn auth_on(mode: Mode, backend: Backend) {
     drop(server);
 }
 
+/// A new key named `budgeted` with a budget of 10,000 micro-units a day:
+/// its secret and id.
+fn budgeted_key(store: &str, admin: &str) -> (String, String) {
+    let (secret, id) = new_key(store, admin, "budgeted");
+    keys_ok(
+        store,
+        admin,
+        &[
+            "limits", "--scope", "key", "--id", &id, "--budget", "10000", "--period", "day",
+        ],
+    );
+    (secret, id)
+}
+
 /// With auth off nothing asks for a key, and usage is still recorded when
 /// asked for.
 async fn auth_off(mode: Mode, backend: Backend) {
@@ -364,19 +363,7 @@ async fn own_unflushed_spend_counts(backend: Backend) {
         admin,
         &["init", "--org", "o", "--team", "t", "--project", "p"],
     );
-    let (budgeted, budgeted_id) = new_key(&store, admin, "budgeted");
-    let budget = [
-        "limits",
-        "--scope",
-        "key",
-        "--id",
-        &budgeted_id,
-        "--budget",
-        "10000",
-        "--period",
-        "day",
-    ];
-    keys_ok(&store, admin, &budget);
+    let (budgeted, budgeted_id) = budgeted_key(&store, admin);
     until("the budget to be read", || spent(base, &budgeted)).await;
 
     // One short request fits in the budget and a second does not, with
