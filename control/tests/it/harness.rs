@@ -28,7 +28,11 @@ pub fn sim_model(name: &str, min: u32) -> Model {
 pub fn fast(instance: &str, models: Vec<Model>) -> ControlConfig {
     ControlConfig {
         instance: instance.into(),
-        lease_ttl: Duration::from_millis(900),
+        // Long enough that a renewal delayed by a loaded machine (the
+        // tests of this binary run side by side on two cores) does not
+        // lose the lease: a lost lease drops every agent's stream, and a
+        // test then fails far from the cause ("the stream is open").
+        lease_ttl: Duration::from_secs(3),
         lease_poll: Duration::from_millis(50),
         interval: Duration::from_millis(100),
         unreachable_after: Duration::from_millis(600),
