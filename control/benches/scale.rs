@@ -398,6 +398,14 @@ fn placement() {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // Silent unless asked: `RUST_LOG=llmgw_projections=debug` shows each
+    // snapshot of the views, its size and how long it held their lock.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

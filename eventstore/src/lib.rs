@@ -206,10 +206,14 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         name: &str,
     ) -> impl Future<Output = Result<Option<Checkpoint>>> + Send;
 
+    /// Takes the snapshot by value: its text is tens of megabytes for a
+    /// large fleet, and a driver that is handed it owned does not copy it
+    /// (SQLite's binding copies borrowed text; PostgreSQL's frees ours as
+    /// soon as it is encoded into the message).
     fn save_snapshot(
         &self,
         name: &str,
-        snapshot: &Snapshot,
+        snapshot: Snapshot,
     ) -> impl Future<Output = Result<()>> + Send;
 
     fn load_snapshot(&self, name: &str) -> impl Future<Output = Result<Option<Snapshot>>> + Send;
@@ -624,7 +628,7 @@ impl EventStore for AnyStore {
     async fn load_checkpoint(&self, name: &str) -> Result<Option<Checkpoint>> {
         delegate!(self, s => s.load_checkpoint(name).await)
     }
-    async fn save_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<()> {
+    async fn save_snapshot(&self, name: &str, snapshot: Snapshot) -> Result<()> {
         delegate!(self, s => s.save_snapshot(name, snapshot).await)
     }
     async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>> {

@@ -901,7 +901,7 @@ impl EventStore for PgStore {
         }))
     }
 
-    async fn save_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<()> {
+    async fn save_snapshot(&self, name: &str, snapshot: Snapshot) -> Result<()> {
         sqlx::query(
             "INSERT INTO es_snapshots (name, position, event_id, state_version, state)
              VALUES ($1, $2, $3, $4, $5::text::jsonb)
@@ -914,7 +914,9 @@ impl EventStore for PgStore {
         .bind(to_i64(snapshot.checkpoint.position, "position")?)
         .bind(snapshot.checkpoint.event_id)
         .bind(snapshot.state_version as i32)
-        .bind(snapshot.state.as_str())
+        // Owned: freed as soon as it is encoded into the message, rather
+        // than kept beside that copy until the statement completes.
+        .bind(snapshot.state)
         .execute(&self.pool)
         .await?;
         Ok(())

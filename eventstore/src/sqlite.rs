@@ -884,7 +884,7 @@ impl EventStore for SqliteStore {
         .transpose()
     }
 
-    async fn save_snapshot(&self, name: &str, snapshot: &Snapshot) -> Result<()> {
+    async fn save_snapshot(&self, name: &str, snapshot: Snapshot) -> Result<()> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
             "INSERT INTO es_snapshots (name, position, event_id, state_version, state, updated_at)
@@ -903,8 +903,9 @@ impl EventStore for SqliteStore {
                 .map(|id| id.hyphenated().to_string()),
         )
         .bind(i64::from(snapshot.state_version))
-        // Borrowed: the text is not copied again before SQLite takes it.
-        .bind(snapshot.state.as_str())
+        // Owned: sqlx hands borrowed text to its worker thread as a copy;
+        // owned, it is moved there (SQLite still copies it once when bound).
+        .bind(snapshot.state)
         .bind(now_micros())
         .execute(&mut *tx)
         .await?;

@@ -678,14 +678,20 @@ async fn snapshots_are_saved_and_replaced(b: Backend) {
             serde_json::from_str::<serde_json::Value>(&s.state).unwrap(),
         )
     };
-    t.store.save_snapshot("router", &first).await.unwrap();
+    t.store
+        .save_snapshot("router", first.clone())
+        .await
+        .unwrap();
     let loaded = t.store.load_snapshot("router").await.unwrap().unwrap();
     assert_eq!(decoded(&loaded), decoded(&first));
     let second = llmgw_eventstore::Snapshot {
         state_version: 2,
         ..first
     };
-    t.store.save_snapshot("router", &second).await.unwrap();
+    t.store
+        .save_snapshot("router", second.clone())
+        .await
+        .unwrap();
     let loaded = t.store.load_snapshot("router").await.unwrap().unwrap();
     assert_eq!(decoded(&loaded), decoded(&second));
 }

@@ -276,7 +276,7 @@ async fn a_restart_resumes_from_a_matching_snapshot_only(b: Backend) {
     let mut state: serde_json::Value = serde_json::from_str(&snap.state).unwrap();
     state["skipped"] = 4242.into();
     snap.state = state.to_string();
-    store.save_snapshot("views", &snap).await.unwrap();
+    store.save_snapshot("views", snap.clone()).await.unwrap();
     let restarted = Runner::start(store.clone(), "views").await.unwrap();
     let got = restarted.views().read().unwrap().clone();
     assert_eq!(got.skipped, 4242);
@@ -306,7 +306,7 @@ async fn a_restart_resumes_from_a_matching_snapshot_only(b: Backend) {
             ..snap.clone()
         },
     ] {
-        store.save_snapshot("views", &bad).await.unwrap();
+        store.save_snapshot("views", bad).await.unwrap();
         let rebuilt_runner = Runner::start(store.clone(), "views").await.unwrap();
         let got = rebuilt_runner.views().read().unwrap().clone();
         assert_eq!(got, rebuilt);
