@@ -33,6 +33,8 @@ use crate::{
     to_i64, ttl_millis,
 };
 
+mod rows;
+
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: SqlitePool,
@@ -435,58 +437,10 @@ async fn write_group_on(
         return Ok(planned.outcomes);
     }
 
-    // One statement for all rows: the batch travels as one JSON array,
-    // which SQLite takes apart faster than it binds thousands of
-    // parameters.
-    let mut rows = String::with_capacity(planned.rows.len() * 256);
-    rows.push('[');
-    for (i, r) in planned.rows.iter().enumerate() {
-        if i > 0 {
-            rows.push(',');
-        }
-        let cells = (
-            r.position,
-            r.stream_id,
-            r.stream_version,
-            r.event.event_id,
-            &r.event.event_type,
-            r.event.schema_version,
-            &r.event.payload,
-            &r.event.metadata,
-            hash::to_hex(&r.hash),
-        );
-        rows.push_str(&serde_json::to_string(&cells).expect("plain values serialise"));
-    }
-    rows.push(']');
-    let streams: Vec<Value> = planned
-        .stream_versions
-        .iter()
-        .map(|(s, v)| Value::Array(vec![(*s).into(), (*v).into()]))
-        .collect();
     // The rows, the streams' versions, the head and the commit in one
-    // trip. The parameters are plain `?`, taken in order across the
-    // statements: the driver binds numbered ones wrongly when a statement
-    // skips some.
-    sqlx::query(
-        "INSERT INTO es_events (position, stream_id, stream_version, event_id, event_type,
-             schema_version, payload, metadata, epoch, recorded_at, hash)
-         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4,
-                value ->> 5, value ->> 6, value ->> 7, ?, ?, unhex(value ->> 8)
-           FROM json_each(?);
-         INSERT INTO es_streams (stream_id, version)
-         SELECT value ->> 0, value ->> 1 FROM json_each(?) WHERE true
-         ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version;
-         UPDATE es_control SET last_position = ?, last_hash = ? WHERE id = 1;
-         COMMIT",
-    )
-    .bind(lock.epoch as i64)
-    .bind(now)
-    .bind(rows)
-    .bind(Value::Array(streams).to_string())
-    .bind(planned.head as i64)
-    .bind(planned.head_hash.as_slice())
-    .execute(&mut *conn)
-    .await?;
+    // trip, every value a parameter, in statements of a few fixed shapes
+    // that stay prepared on the connection.
+    rows::write(conn, &planned, lock.epoch, now).await?;
     store.appended.send_replace(planned.head);
     Ok(planned.outcomes)
 }

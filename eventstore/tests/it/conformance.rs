@@ -26,6 +26,7 @@ both_backends!(
     snapshots_are_saved_and_replaced,
     a_page_reader_reads_everything_in_order_with_read_ahead,
     a_decoding_reader_reads_every_payload_as_text_in_order,
+    a_batch_larger_than_one_statement_is_written_whole,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -795,4 +796,63 @@ async fn a_decoding_reader_reads_every_payload_as_text_in_order(b: Backend) {
     let text = t.store.read_all_text(25, 1).await.unwrap();
     assert_eq!(text[0].event_type, "F");
     assert_eq!(text[0].schema_version, 1);
+}
+
+/// SQLite writes a group in statements of at most 1,024 rows: a batch of
+/// 2,500 events over 1,100 streams (more of either than one statement
+/// takes) still lands whole, dense, in order and with a sound chain.
+async fn a_batch_larger_than_one_statement_is_written_whole(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    t.store
+        .append(
+            &w,
+            &[stream(
+                "first",
+                ExpectedVersion::NoStream,
+                vec![event("A", 0)],
+            )],
+        )
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..1100u64)
+        .map(|s| {
+            let events = (0..if s < 300 { 3 } else { 2 })
+                .map(|i| event("Big", s * 10 + i))
+                .collect();
+            stream(&format!("s-{s:04}"), ExpectedVersion::NoStream, events)
+        })
+        .collect();
+    let done = t.store.append(&w, &batch).await.unwrap();
+    assert_eq!((done.first_position, done.last_position), (2, 2501));
+    assert_eq!(done.stream_versions.len(), 1100);
+    assert_eq!(done.stream_versions[299], ("s-0299".into(), 3));
+    assert_eq!(done.stream_versions[1099], ("s-1099".into(), 2));
+
+    let all = all_events(&t.store).await;
+    assert_eq!(all.len(), 2501);
+    assert!(all.iter().zip(1..).all(|(e, p)| e.position == p));
+    assert_eq!(all[2500].stream_id, "s-1099");
+    assert_eq!(all[2500].payload["n"], json!(10991));
+    assert_eq!(all[2500].payload["note"], json!("ünïcode ✓"));
+    let s = t.store.read_stream("s-1099", 0, 10).await.unwrap();
+    assert_eq!(
+        s.iter().map(|e| e.stream_version).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    // Versions were stored: the next append to a stream follows them.
+    let next = t
+        .store
+        .append(
+            &w,
+            &[stream(
+                "s-0299",
+                ExpectedVersion::Exact(3),
+                vec![event("A", 1)],
+            )],
+        )
+        .await
+        .unwrap();
+    assert_eq!(next.last_position, 2502);
+    assert!(t.store.verify(1, None).await.unwrap().is_ok());
 }
