@@ -199,15 +199,24 @@ struct Live {
 /// The paths proxied to engines, whose URLs each endpoint keeps parsed.
 const PROXIED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
+/// `base` + `path` as a URI if it is plain http without credentials
+/// (reqwest would send those as basic auth; hyper's client would not).
+fn plain_http(base: &str, path: &str) -> Option<axum::http::Uri> {
+    let uri: axum::http::Uri = format!("{base}{path}").parse().ok()?;
+    let plain = uri.scheme() == Some(&axum::http::uri::Scheme::HTTP)
+        && uri.authority().is_some_and(|a| !a.as_str().contains('@'));
+    plain.then_some(uri)
+}
+
 /// An endpoint with its live state.
 #[derive(Debug)]
 pub struct Endpoint {
     pub spec: EndpointSpec,
     live: Arc<Live>,
-    /// The URLs of [`PROXIED`] on this endpoint, parsed on first use:
-    /// parsing one per request (host, IDNA) was ~4% of a saturated
-    /// gateway's time. A new spec is a new `Endpoint`, so never stale.
-    urls: [std::sync::OnceLock<Option<reqwest::Url>>; 3],
+    /// The URIs of [`PROXIED`] on this endpoint, parsed on first use:
+    /// parsing one per request was ~4% of a saturated gateway's time. A
+    /// new spec is a new `Endpoint`, so never stale.
+    urls: [std::sync::OnceLock<Option<axum::http::Uri>>; 3],
 }
 
 impl Endpoint {
@@ -225,13 +234,16 @@ impl Endpoint {
         }
     }
 
-    /// The URL of `path` on this endpoint, if `path` is a proxied one and
-    /// the URL parses (None: the caller parses it and meets the error).
-    pub(crate) fn url(&self, path: &str) -> Option<reqwest::Url> {
-        let i = PROXIED.iter().position(|p| *p == path)?;
-        self.urls[i]
-            .get_or_init(|| reqwest::Url::parse(&format!("{}{path}", self.spec.url)).ok())
-            .clone()
+    /// The URI of `path` on this endpoint if the proxy hop's own client
+    /// sends to it: plain http, no credentials in it (None: reqwest's
+    /// client sends it, or meets the error; see `proxy::upstream`).
+    pub(crate) fn uri(&self, path: &str) -> Option<axum::http::Uri> {
+        match PROXIED.iter().position(|p| *p == path) {
+            Some(i) => self.urls[i]
+                .get_or_init(|| plain_http(&self.spec.url, path))
+                .clone(),
+            None => plain_http(&self.spec.url, path),
+        }
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -564,5 +576,29 @@ mod tests {
         assert_eq!(now.len(), 3);
         drop(held);
         assert_eq!(set.snapshot()[0].in_flight(), 0);
+    }
+
+    #[test]
+    fn only_plain_http_urls_go_to_the_hops_own_client() {
+        let uri = |base: &str| {
+            let mut s = spec("a", 0, 1);
+            s.url = base.into();
+            Endpoint::new(s, &BreakerConfig::default())
+                .uri("/v1/chat/completions")
+                .map(|u| u.to_string())
+        };
+        assert_eq!(
+            uri("http://10.0.0.1:8000").as_deref(),
+            Some("http://10.0.0.1:8000/v1/chat/completions")
+        );
+        assert_eq!(
+            uri("HTTP://engine/base").as_deref(),
+            Some("http://engine/base/v1/chat/completions")
+        );
+        // reqwest's client sends these: TLS, credentials as basic auth,
+        // and what only it parses (or reports).
+        assert_eq!(uri("https://api.example.com"), None);
+        assert_eq!(uri("http://user:pw@engine:8000"), None);
+        assert_eq!(uri("http://engine /x"), None);
     }
 }

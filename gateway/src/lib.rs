@@ -104,7 +104,10 @@ impl Default for GatewayConfig {
 pub struct Gateway {
     pub endpoints: Endpoints,
     pub metrics: Metrics,
+    /// For scraping engines' metrics and asking their tokenizers.
     pub(crate) client: reqwest::Client,
+    /// The proxy hop's (see `proxy::upstream`).
+    pub(crate) upstream: proxy::upstream::Client,
     pub(crate) affinity: affinity::Affinity,
     /// What engines that publish KV-cache events hold.
     pub kv_events: kv_events::KvIndex,
@@ -161,6 +164,7 @@ impl Gateway {
             // machine's way out (weights, packages) must not catch them.
             .no_proxy()
             .build()?;
+        let upstream = proxy::upstream::Client::new(config.connect_timeout)?;
         Ok(Arc::new_cyclic(|me| Gateway {
             endpoints: Endpoints::new(
                 config.endpoints.clone(),
@@ -169,6 +173,7 @@ impl Gateway {
             ),
             metrics: Metrics::new(me.clone()),
             client,
+            upstream,
             affinity: affinity::Affinity::new(config.affinity.clone()),
             kv_events: kv_events::KvIndex::default(),
             routes: routes::RouteTable::new(config.fallbacks.clone()),

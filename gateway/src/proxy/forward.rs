@@ -9,15 +9,16 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::Response;
+use http_body_util::BodyExt;
 
 use super::account::{Finish, Ticket};
 use super::relay::{Resume, relay};
 use super::request::{ClientRequest, with_model};
 use super::resolve::Plan;
 use super::splice::{Form, Splice};
-use crate::{ApiError, Endpoint, Gateway};
+use crate::{ApiError, Gateway};
 
 pub(crate) const SERVED_MODEL: &str = "x-llmgw-served-model";
 
@@ -111,8 +112,9 @@ async fn attempt(
             continue;
         };
         gw.metrics.decision(decision);
-        let sent = upstream_request(gw, &endpoint, path, &request_id.0, body.clone())
-            .send()
+        let sent = gw
+            .upstream
+            .send(&endpoint, path, &request_id.0, body.clone())
             .await;
         let upstream = match sent {
             Ok(r) if r.status().is_server_error() => {
@@ -133,12 +135,8 @@ async fn attempt(
             }
         };
         endpoint.record(true);
-        let status =
-            StatusCode::from_u16(upstream.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-        let content_type = upstream
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .cloned();
+        let status = upstream.status();
+        let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
         let body = if request.stream {
             let Some(t) = ticket.take() else {
                 return Err(last_error);
@@ -164,8 +162,8 @@ async fn attempt(
         } else {
             // A plain answer is one JSON document: read it, note its usage.
             // Nothing has reached the client yet, so a break here is retried.
-            let bytes = match upstream.bytes().await {
-                Ok(b) => b,
+            let bytes = match upstream.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
                 Err(e) => {
                     endpoint.record(false);
                     gw.metrics.migration(model, "retried");
@@ -186,7 +184,7 @@ async fn attempt(
         let mut response = Response::new(body);
         *response.status_mut() = status;
         let headers = response.headers_mut();
-        if let Some(ct) = content_type.and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()) {
+        if let Some(ct) = content_type {
             headers.insert(header::CONTENT_TYPE, ct);
         }
         if let Ok(v) = HeaderValue::from_str(model) {
@@ -195,27 +193,4 @@ async fn attempt(
         return Ok(response);
     }
     Err(last_error)
-}
-
-/// A request to `endpoint`, with the client's request id (the engine logs
-/// it, so one grep follows a request) and the upstream's key if it has one.
-pub(super) fn upstream_request(
-    gw: &Gateway,
-    endpoint: &Endpoint,
-    path: &str,
-    request_id: &HeaderValue,
-    body: Bytes,
-) -> reqwest::RequestBuilder {
-    let r = match endpoint.url(path) {
-        Some(url) => gw.client.post(url),
-        None => gw.client.post(format!("{}{path}", endpoint.spec.url)),
-    };
-    let mut r = r
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(crate::access::REQUEST_ID, request_id.clone())
-        .body(body);
-    if let Some(key) = &endpoint.spec.api_key {
-        r = r.bearer_auth(key.expose());
-    }
-    r
 }

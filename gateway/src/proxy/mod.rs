@@ -24,6 +24,7 @@ mod relay;
 mod request;
 mod resolve;
 mod splice;
+pub(crate) mod upstream;
 
 use std::sync::Arc;
 

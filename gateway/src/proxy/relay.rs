@@ -7,11 +7,11 @@
 //! that, or with no replica left, the client gets an error event, never a
 //! body cut off without a word.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use futures_util::{Stream, StreamExt};
+use http_body_util::BodyExt;
 
 use super::account::Finish;
 use super::continuation::{NoContinuation, continuation};
@@ -19,7 +19,7 @@ use super::splice::{Form, Splice};
 use crate::access::StreamEnd;
 use crate::{Gateway, InFlight};
 
-type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type Upstream = http_body_util::BodyDataStream<super::upstream::Body>;
 
 /// What a continuation needs: the request as the first engine got it,
 /// and who has been tried.
@@ -86,21 +86,17 @@ impl Resume {
                 }
             };
             self.sent += 1;
-            let sent = super::forward::upstream_request(
-                &self.gw,
-                &endpoint,
-                &self.path,
-                &self.request_id,
-                body,
-            )
-            .send()
-            .await;
+            let sent = self
+                .gw
+                .upstream
+                .send(&endpoint, &self.path, &self.request_id, body)
+                .await;
             match sent {
                 Ok(r) if r.status().is_success() => {
                     endpoint.record(true);
                     self.count("resumed");
                     tracing::info!(endpoint = %endpoint.spec.id, sent_tokens = splice.sent_tokens, "answer continued on another replica");
-                    return Ok((Box::pin(r.bytes_stream()), flight));
+                    return Ok((r.into_body().into_data_stream(), flight));
                 }
                 Ok(r) => {
                     // A refusal of the continuation's form is no fault of
@@ -136,7 +132,7 @@ struct State {
 }
 
 pub(crate) fn relay(
-    upstream: reqwest::Response,
+    upstream: axum::http::Response<super::upstream::Body>,
     flight: InFlight,
     finish: Finish,
     splice: Splice,
@@ -144,7 +140,7 @@ pub(crate) fn relay(
     resume: Option<Resume>,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
     let state = State {
-        upstream: Box::pin(upstream.bytes_stream()),
+        upstream: upstream.into_body().into_data_stream(),
         flight,
         finish,
         splice,

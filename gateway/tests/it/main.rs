@@ -9,6 +9,7 @@ mod kv_events;
 mod migration;
 mod support;
 mod tenancy;
+mod upstream;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,188 @@
+//! The proxy hop's HTTP client: the gateway's request to an engine on the
+//! proxied paths, and the answer as an `http::Response`.
+//!
+//! A plain-http endpoint is sent to with hyper-util's pooled client, the
+//! one reqwest wraps, without reqwest's layers around it: its retry layer
+//! and its redirect layer (which re-parsed every answer's URL) were ~11%
+//! of a saturated gateway. llmgw retries by its own rules
+//! ([`super::forward`]), and an engine has no reason to redirect: a 3xx is
+//! relayed to the client as the engine's answer, never followed. The
+//! settings are those reqwest's client had: the connect timeout over
+//! resolution and connection, TCP_NODELAY, TCP keepalive 15 s (3 probes
+//! 15 s apart), idle connections kept 90 s, no proxy, `Accept: */*`.
+//!
+//! Any other URL (https, credentials in the URL, one `http::Uri` refuses)
+//! is sent by reqwest as before, with TLS as this build of reqwest has it,
+//! and redirects not followed either.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, InvalidHeaderValue};
+use axum::http::{HeaderValue, Method, Request, Response, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as Pooled;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::Endpoint;
+
+/// An engine's answer's body, whichever client fetched it.
+pub(crate) type Body = UnsyncBoxBody<Bytes, Error>;
+
+/// reqwest's defaults, which the hop had until it had its own client.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+const KEEPALIVE_RETRIES: u32 = 3;
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// Why an engine's answer did not come (or broke off).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    /// No answer's head: the connection failed, timed out or was lost.
+    #[error("{}", chain(.0))]
+    Send(hyper_util::client::legacy::Error),
+    /// The answer's body broke off.
+    #[error("{}", chain(.0))]
+    Body(hyper::Error),
+    #[error("the endpoint's API key is not a header value: {0}")]
+    Key(InvalidHeaderValue),
+    /// Either, from reqwest's client (see the module's comment).
+    #[error(transparent)]
+    Reqwest(#[from] reqwest::Error),
+}
+
+/// An error and its sources: hyper's own message is only the kind
+/// ("client error (Connect)"), the why is in the sources.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("connecting timed out after {0:?}")]
+struct ConnectTimedOut(Duration);
+
+/// Both clients of the hop.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    plain: Pooled<Timed, Full<Bytes>>,
+    other: reqwest::Client,
+}
+
+impl Client {
+    pub(crate) fn new(connect_timeout: Duration) -> Result<Self, reqwest::Error> {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        http.set_keepalive(Some(KEEPALIVE));
+        http.set_keepalive_interval(Some(KEEPALIVE));
+        http.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
+        let plain = Pooled::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(Timed {
+                http,
+                timeout: connect_timeout,
+            });
+        let other = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true)
+            // Engines are reached directly: an HTTP_PROXY set for the
+            // machine's way out (weights, packages) must not catch them.
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Client { plain, other })
+    }
+
+    /// POSTs `body` to `path` on `endpoint` with the client's request id
+    /// (the engine logs it, so one grep follows a request) and the
+    /// upstream's key if it has one.
+    pub(crate) async fn send(
+        &self,
+        endpoint: &Endpoint,
+        path: &str,
+        request_id: &HeaderValue,
+        body: Bytes,
+    ) -> Result<Response<Body>, Error> {
+        let Some(uri) = endpoint.uri(path) else {
+            let mut r = self
+                .other
+                .post(format!("{}{path}", endpoint.spec.url))
+                .header(CONTENT_TYPE, "application/json")
+                .header(crate::access::REQUEST_ID, request_id.clone())
+                .body(body);
+            if let Some(key) = &endpoint.spec.api_key {
+                r = r.bearer_auth(key.expose());
+            }
+            let answer = Response::from(r.send().await?);
+            return Ok(answer.map(|b| b.map_err(Error::Reqwest).boxed_unsync()));
+        };
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        let headers = request.headers_mut();
+        headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(crate::access::REQUEST_ID, request_id.clone());
+        if let Some(key) = &endpoint.spec.api_key {
+            let mut bearer =
+                HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(Error::Key)?;
+            bearer.set_sensitive(true);
+            headers.insert(AUTHORIZATION, bearer);
+        }
+        let answer = self.plain.request(request).await.map_err(Error::Send)?;
+        Ok(answer.map(|b| b.map_err(Error::Body).boxed_unsync()))
+    }
+}
+
+/// The connector with reqwest's connect timeout: over name resolution and
+/// connecting both (the connector's own bounds only the connecting).
+#[derive(Debug, Clone)]
+struct Timed {
+    http: HttpConnector,
+    timeout: Duration,
+}
+
+type Connecting = Pin<
+    Box<
+        dyn Future<
+                Output = Result<
+                    hyper_util::rt::TokioIo<tokio::net::TcpStream>,
+                    Box<dyn std::error::Error + Send + Sync>,
+                >,
+            > + Send,
+    >,
+>;
+
+impl tower_service::Service<Uri> for Timed {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.http.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.http.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(ConnectTimedOut(timeout).into()),
+            }
+        })
+    }
+}
