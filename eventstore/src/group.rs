@@ -62,7 +62,7 @@ pub struct GroupStats {
     pub groups: u64,
     pub appends: u64,
     /// Of the groups, those written in one statement (the head as the
-    /// store left it; PostgreSQL only).
+    /// store left it; on SQLite, one trip to the driver).
     pub one_statement: u64,
 }
 

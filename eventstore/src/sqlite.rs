@@ -25,6 +25,7 @@ use crate::append::{self, Existing, Locked, Prepared};
 use crate::browse::{self, Arg, Dialect};
 use crate::group::{self, GroupWriter, Queue};
 use crate::import::{CHUNK, Pending, Run, StoreHead};
+use crate::known::Head;
 use crate::page_text;
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
@@ -45,6 +46,8 @@ pub struct SqliteStore {
     hook: Option<Arc<dyn AppendHook>>,
     appended: Arc<watch::Sender<u64>>,
     queue: Arc<Queue>,
+    /// The head as this store's group writer last left it.
+    head: Arc<Head>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -141,6 +144,7 @@ impl SqliteStore {
             hook: options.append_hook,
             appended: signal_for(path),
             queue: Arc::default(),
+            head: Arc::default(),
         };
         match options.schema {
             Schema::Migrate => {
@@ -367,6 +371,9 @@ async fn write_group_on(
     conn: &mut sqlx::SqliteConnection,
     group: &[Prepared],
 ) -> Result<Vec<Result<Appended>>> {
+    if let Some(outcomes) = rows::fast(store, conn, group).await? {
+        return Ok(outcomes);
+    }
     let event_ids: Vec<String> = group
         .iter()
         .flat_map(|p| p.event_ids.iter().map(|id| id.hyphenated().to_string()))
@@ -434,13 +441,19 @@ async fn write_group_on(
     let planned = append::plan_group(group, &lock, &existing, &versions);
     if planned.rows.is_empty() {
         sqlx::query("ROLLBACK").execute(&mut *conn).await?;
+        store.head.learn_locked(group, &lock, &versions, None);
         return Ok(planned.outcomes);
     }
 
     // The rows, the streams' versions, the head and the commit in one
     // trip, every value a parameter, in statements of a few fixed shapes
     // that stay prepared on the connection.
+    // Unknown until the commit is answered.
+    store.head.forget();
     rows::write(conn, &planned, lock.epoch, now).await?;
+    store
+        .head
+        .learn_locked(group, &lock, &versions, Some(&planned));
     store.appended.send_replace(planned.head);
     Ok(planned.outcomes)
 }

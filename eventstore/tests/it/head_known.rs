@@ -1,4 +1,4 @@
-//! A store writes a group in one statement when the log's head is as it
+//! A store writes a group in one statement (on SQLite, one trip) when the log's head is as it
 //! last left it (`known.rs`): what it remembers (the head, the lease, its
 //! streams' versions) must never stand in for the log. Each test lets a
 //! store learn the head, changes the log or the lease behind its back or
@@ -261,15 +261,16 @@ async fn the_chain_holds_across_both_ways_of_writing(b: Backend) {
     let observer = Writer::Observer {
         instance: "router-1".into(),
     };
-    // Interleaved: runs of appends by one store to two streams (the later
-    // ones in one statement), broken by the other store and by an observer.
+    // Interleaved: runs of appends by one store to two streams, three to a
+    // stream in turn (the later ones of a run in one statement), broken by
+    // the other store and by an observer.
     for n in 0..30u64 {
         let (store, writer) = match n % 7 {
             3 => (&other, &w),
             5 => (&t.store, &observer),
             _ => (&t.store, &w),
         };
-        let s = format!("s{}", n % 2);
+        let s = format!("s{}", n / 3 % 2);
         append_one(store, writer, &s, ExpectedVersion::Any, n)
             .await
             .unwrap();
@@ -285,4 +286,9 @@ async fn the_chain_holds_across_both_ways_of_writing(b: Backend) {
         assert_eq!(e.position, i as u64 + 1);
     }
     assert!(t.store.verify(1, None).await.unwrap().is_ok());
+    assert!(
+        t.store.group_stats().one_statement >= 5,
+        "the one-trip way was in use: {:?}",
+        t.store.group_stats()
+    );
 }
