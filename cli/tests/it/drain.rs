@@ -53,6 +53,7 @@ async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
 
     // A stream of about five seconds (the sim makes 100 tokens a second)
     // is running on the original when its node is drained.
+    let started = std::time::Instant::now();
     let mut stream = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
         .json(&json!({"model": "chat", "stream": true, "max_tokens": 500,
@@ -84,11 +85,15 @@ async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
     )
     .await;
     // The stream in flight is not cut: the replica drains while it runs.
+    // The engine cannot have finished its 500 tokens before five seconds;
+    // later, the client (slowed by a status request a chunk) may still be
+    // reading what the engine sent before it went idle and was stopped,
+    // which is allowed: the tokens below show nothing was lost.
     let mut body = String::from_utf8_lossy(&first).into_owned();
     while let Some(chunk) = stream.chunk().await.unwrap() {
         body.push_str(&String::from_utf8_lossy(&chunk));
-        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
-        if !body.contains("[DONE]") {
+        if started.elapsed() < std::time::Duration::from_secs(4) {
+            let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
             assert_eq!(
                 status_of(&rows).as_deref(),
                 Some("draining"),
