@@ -58,12 +58,7 @@ pub(super) async fn fast(
     conn: &mut SqliteConnection,
     group: &[Prepared],
 ) -> Result<Option<Vec<Result<Appended>>>> {
-    // The test seams sit between the lock and the fence check, which this
-    // trip does at once: with a hook every group goes the careful way.
-    if store.hook.is_some() {
-        return Ok(None);
-    }
-    let Some((planned, expect)) = store.head.plan(group) else {
+    let Some((planned, expect)) = store.head.plan(store.hook.is_some(), group) else {
         return Ok(None);
     };
     let at = expect.recorded_at.timestamp_micros();
