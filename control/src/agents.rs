@@ -15,6 +15,7 @@
 //! so that agents are back as soon as a new leader is in office.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -28,9 +29,7 @@ use llmgw_domain::ids::{NodeId, ReplicaId, ShardId};
 use llmgw_domain::nodes::NodeCommand;
 use llmgw_domain::registration::{self, StopReason};
 use llmgw_domain::replicas::{ReplicaCommand, ShardState};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
@@ -55,13 +54,12 @@ struct Session {
     /// that the agent can tell a deposed sender. Sessions never outlive
     /// it (losing the lease drops them all).
     epoch: u64,
-    tx: mpsc::Sender<Outgoing>,
+    tx: crate::outbox::Sender<Outgoing>,
 }
 
-/// A message queued to an agent, boxed: a channel allocates its first
-/// block of 32 slots when made, and an unboxed slot (the largest message,
-/// a shard's start, beside a `Status`) made that block kilobytes for each
-/// of thousands of idle streams.
+/// A message queued to an agent, boxed: a queue keeps the room it grew
+/// to while messages wait, and an unboxed slot (the largest message, a
+/// shard's start, beside a `Status`) is hundreds of bytes.
 type Outgoing = Box<Result<ControlMessage, Status>>;
 
 /// The agents' streams, in memory only (what they report is in
@@ -389,7 +387,7 @@ impl llmgw_api::AgentService for AgentSvc {
             .instrument(span.clone())
             .await
             .map_err(to_status)?;
-        let (tx, rx) = mpsc::channel::<Outgoing>(256);
+        let (tx, rx) = crate::outbox::outbox::<Outgoing>(256);
         let generation = cp.agents.generation.fetch_add(1, Ordering::Relaxed);
         let _ = tx.try_send(Box::new(Ok(ControlMessage {
             msg: Some(control_message::Msg::Ack(v1::Ack {
@@ -433,7 +431,7 @@ impl llmgw_api::AgentService for AgentSvc {
         drop(registering);
         tokio::spawn(read_stream(cp, node, generation, inbound).instrument(span));
         Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
-            ReceiverStream::new(rx),
+            rx,
             |m| *m,
         ))))
     }
@@ -462,42 +460,16 @@ async fn read_stream(
                 break;
             }
         };
-        let result = match msg.msg {
-            Some(agent_message::Msg::Heartbeat(hb)) => {
-                if let Err(why) = crate::wire::heartbeat(&hb) {
-                    tracing::warn!(node = %node, reason = %why, "ended an agent's stream");
-                    cp.agents.refuse(
-                        &node,
-                        generation,
-                        Status::invalid_argument(format!("a heartbeat of node {node:?}: {why}")),
-                    );
-                    break;
-                }
-                cp.heartbeat(&node, hb).await
-            }
-            // Boxed (and the heartbeat's rare append): the task that reads
-            // a stream lives as long as the agent, and a future that
-            // appends (through the decider and the store) inline would
-            // make every such task as large as that path.
-            Some(agent_message::Msg::Shard(st)) => Box::pin(cp.shard_status(&node, st)).await,
-            Some(agent_message::Msg::Register(_)) => {
-                tracing::warn!(node = %node, "a second Register on one stream is ignored");
-                Ok(())
-            }
-            Some(agent_message::Msg::Refused(r)) => {
-                Box::pin(cp.refused(&node, r)).await;
-                Ok(())
-            }
-            Some(agent_message::Msg::Logs(reply)) => {
-                if let Some(waiter) = lock(&cp.agents.logs).remove(&reply.request_id) {
-                    let _ = waiter.send(reply);
-                }
-                Ok(())
-            }
-            None => Ok(()),
-        };
-        if let Err(e) = result {
-            tracing::warn!(node = %node, error = %e, "could not apply an agent's report");
+        // Boxed: this task lives as long as the agent, and waits between
+        // messages far longer than it spends on one; inline, the message
+        // and the work on it (a heartbeat's future) made each of
+        // thousands of idle tasks about 1.8 KiB instead of a few hundred
+        // bytes. One short-lived allocation a message is the price.
+        if Box::pin(handle(&cp, &node, generation, msg))
+            .await
+            .is_break()
+        {
+            break;
         }
     }
     let mut sessions = lock(&cp.agents.sessions);
@@ -508,6 +480,52 @@ async fn read_stream(
         sessions.remove(&node);
         tracing::info!(node = %node, "agent disconnected");
     }
+}
+
+/// One message of an agent's stream; `Break` ends the stream.
+async fn handle(
+    cp: &ControlPlane,
+    node: &NodeId,
+    generation: u64,
+    msg: AgentMessage,
+) -> ControlFlow<()> {
+    let result = match msg.msg {
+        Some(agent_message::Msg::Heartbeat(hb)) => {
+            if let Err(why) = crate::wire::heartbeat(&hb) {
+                tracing::warn!(node = %node, reason = %why, "ended an agent's stream");
+                cp.agents.refuse(
+                    node,
+                    generation,
+                    Status::invalid_argument(format!("a heartbeat of node {node:?}: {why}")),
+                );
+                return ControlFlow::Break(());
+            }
+            cp.heartbeat(node, hb).await
+        }
+        // Boxed (and the heartbeat's rare append): a future that appends
+        // (through the decider and the store) inline would make the
+        // handling of every heartbeat as large as that path.
+        Some(agent_message::Msg::Shard(st)) => Box::pin(cp.shard_status(node, st)).await,
+        Some(agent_message::Msg::Register(_)) => {
+            tracing::warn!(node = %node, "a second Register on one stream is ignored");
+            Ok(())
+        }
+        Some(agent_message::Msg::Refused(r)) => {
+            Box::pin(cp.refused(node, r)).await;
+            Ok(())
+        }
+        Some(agent_message::Msg::Logs(reply)) => {
+            if let Some(waiter) = lock(&cp.agents.logs).remove(&reply.request_id) {
+                let _ = waiter.send(reply);
+            }
+            Ok(())
+        }
+        None => Ok(()),
+    };
+    if let Err(e) = result {
+        tracing::warn!(node = %node, error = %e, "could not apply an agent's report");
+    }
+    ControlFlow::Continue(())
 }
 
 impl ControlPlane {
@@ -674,7 +692,7 @@ impl ControlPlane {
             llmgw_domain::heartbeat::plan(current, &convert::heartbeat(hb))
         };
         if !commands.is_empty() {
-            // Boxed: see `read_stream`.
+            // Boxed: see `handle`.
             Box::pin(self.execute(&self.own(), commands)).await?;
         }
         Ok(())

@@ -25,6 +25,7 @@ mod join;
 mod leadership;
 pub mod metrics;
 mod observed;
+mod outbox;
 mod people_api;
 mod reconciler;
 pub mod tenancy_api;
