@@ -39,6 +39,7 @@ mod page_text;
 mod postgres;
 mod reader;
 pub mod signing;
+mod snapshot_zip;
 mod sqlite;
 mod subscribe;
 mod text_page;

@@ -904,7 +904,7 @@ impl EventStore for PgStore {
     async fn save_snapshot(&self, name: &str, snapshot: Snapshot) -> Result<()> {
         sqlx::query(
             "INSERT INTO es_snapshots (name, position, event_id, state_version, state)
-             VALUES ($1, $2, $3, $4, $5::text::jsonb)
+             VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (name) DO UPDATE
                 SET position = EXCLUDED.position, event_id = EXCLUDED.event_id,
                     state_version = EXCLUDED.state_version, state = EXCLUDED.state,
@@ -914,32 +914,33 @@ impl EventStore for PgStore {
         .bind(to_i64(snapshot.checkpoint.position, "position")?)
         .bind(snapshot.checkpoint.event_id)
         .bind(snapshot.state_version as i32)
-        // Owned: freed as soon as it is encoded into the message, rather
-        // than kept beside that copy until the statement completes.
-        .bind(snapshot.state)
+        .bind(crate::snapshot_zip::pack(snapshot.state).await?)
         .execute(&self.pool)
         .await?;
         Ok(())
     }
 
     async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>> {
-        let row: Option<(i64, Option<Uuid>, i32, String)> = sqlx::query_as(
-            "SELECT position, event_id, state_version, state::text FROM es_snapshots WHERE name = $1",
+        let row: Option<(i64, Option<Uuid>, i32, Vec<u8>)> = sqlx::query_as(
+            "SELECT position, event_id, state_version, state FROM es_snapshots WHERE name = $1",
         )
         .bind(name)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(position, event_id, state_version, state)| {
-            Ok(Snapshot {
-                checkpoint: Checkpoint {
-                    position: position as u64,
-                    event_id,
-                },
-                state_version: state_version as u32,
-                state,
-            })
-        })
-        .transpose()
+        let Some((position, event_id, state_version, packed)) = row else {
+            return Ok(None);
+        };
+        let Some(state) = crate::snapshot_zip::unpack(name, packed).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Snapshot {
+            checkpoint: Checkpoint {
+                position: position as u64,
+                event_id,
+            },
+            state_version: state_version as u32,
+            state,
+        }))
     }
 
     async fn wakeups(&self) -> Result<Wakeups> {

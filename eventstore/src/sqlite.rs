@@ -870,9 +870,7 @@ impl EventStore for SqliteStore {
                 .map(|id| id.hyphenated().to_string()),
         )
         .bind(i64::from(snapshot.state_version))
-        // Owned: sqlx hands borrowed text to its worker thread as a copy;
-        // owned, it is moved there (SQLite still copies it once when bound).
-        .bind(snapshot.state)
+        .bind(crate::snapshot_zip::pack(snapshot.state).await?)
         .bind(now_micros())
         .execute(&mut *tx)
         .await?;
@@ -881,24 +879,27 @@ impl EventStore for SqliteStore {
     }
 
     async fn load_snapshot(&self, name: &str) -> Result<Option<Snapshot>> {
-        let row: Option<(i64, Option<String>, i64, String)> = sqlx::query_as(
+        let row: Option<(i64, Option<String>, i64, Vec<u8>)> = sqlx::query_as(
             "SELECT position, event_id, state_version, state FROM es_snapshots WHERE name = ?1",
         )
         .bind(name)
         .fetch_optional(&self.reader)
         .await?;
-        row.map(|(position, event_id, state_version, state)| {
-            let position = position as u64;
-            Ok(Snapshot {
-                checkpoint: Checkpoint {
-                    position,
-                    event_id: event_id.map(|id| parse_uuid(&id, position)).transpose()?,
-                },
-                state_version: state_version as u32,
-                state,
-            })
-        })
-        .transpose()
+        let Some((position, event_id, state_version, packed)) = row else {
+            return Ok(None);
+        };
+        let Some(state) = crate::snapshot_zip::unpack(name, packed).await? else {
+            return Ok(None);
+        };
+        let position = position as u64;
+        Ok(Some(Snapshot {
+            checkpoint: Checkpoint {
+                position,
+                event_id: event_id.map(|id| parse_uuid(&id, position)).transpose()?,
+            },
+            state_version: state_version as u32,
+            state,
+        }))
     }
 
     async fn wakeups(&self) -> Result<Wakeups> {

@@ -294,9 +294,9 @@ mod hex_bytes {
 /// `state` is the views as JSON text, serialised straight from them and
 /// decoded straight into them: a snapshot of a large fleet is tens of
 /// megabytes, and a `serde_json::Value` tree of it took several times
-/// that in memory at the moment it was taken. The stored form is the same
-/// JSON either way (PostgreSQL keeps it as `jsonb`, which may reorder keys
-/// and spacing: compare decoded, not as text).
+/// that in memory at the moment it was taken. Both stores keep it
+/// zlib-compressed (`snapshot_zip.rs`) and give back the text they were
+/// given; one they cannot decompress is no snapshot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub checkpoint: Checkpoint,

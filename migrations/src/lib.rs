@@ -47,6 +47,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "conversations",
         sql: include_str!("../postgres/0005_conversations.sql"),
     },
+    Migration {
+        version: 6,
+        name: "snapshots_compressed",
+        sql: include_str!("../postgres/0006_snapshots_compressed.sql"),
+    },
 ];
 
 /// Migrations for SQLite, oldest first.
@@ -75,6 +80,11 @@ pub const SQLITE: &[Migration] = &[
         version: 5,
         name: "conversations",
         sql: include_str!("../sqlite/0005_conversations.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "snapshots_compressed",
+        sql: include_str!("../sqlite/0006_snapshots_compressed.sql"),
     },
 ];
 
