@@ -300,9 +300,10 @@ async fn run(w: Workload, r: Router) -> Option<Figures> {
         // means the approximate index routed for it part of the run.
         let states = gw.kv_events.states();
         let resets: u64 = states.iter().map(|(_, s)| s.resets).sum();
+        let unchained: u64 = states.iter().map(|(_, s)| s.unchained).sum();
         let live = states.iter().filter(|(_, s)| s.live).count();
         println!(
-            "  (KV events: {live} of {} subscriptions live at the end, {resets} resets)",
+            "  (KV events: {live} of {} subscriptions live at the end, {resets} resets, {unchained} unchained blocks)",
             states.len()
         );
     }
