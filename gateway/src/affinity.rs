@@ -324,6 +324,28 @@ mod tests {
         }
     }
 
+    /// A candidate with live events, holding `held` bytes of the prompt.
+    fn ev(id: &str, load: f64, held: usize) -> Candidate<'_> {
+        Candidate {
+            exact: Some(held),
+            ..c(id, load)
+        }
+    }
+
+    /// Every request of the events tests: one prompt, 700 bytes once
+    /// rendered.
+    fn one_prompt(a: &Affinity, candidates: &[Candidate<'_>]) -> (usize, Decision) {
+        a.choose("m", None, "p".repeat(640).as_bytes(), 700, candidates)
+    }
+
+    /// A candidate with live events that has announced nothing yet.
+    fn cold(id: &str, load: f64) -> Candidate<'_> {
+        Candidate {
+            cold: true,
+            ..ev(id, load, 0)
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_repeated_prefix_returns_to_its_endpoint_until_the_guard_trips() {
         let a = Affinity::new(AffinityConfig::default());
@@ -413,18 +435,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn what_events_say_beats_what_was_guessed_for_those_endpoints() {
         let a = Affinity::new(AffinityConfig::default());
-        let prompt = "p".repeat(640);
-        // Every request here is this prompt, 700 bytes once rendered.
-        let choose =
-            |candidates: &[Candidate<'_>]| a.choose("m", None, prompt.as_bytes(), 700, candidates);
+        let choose = |candidates: &[Candidate<'_>]| one_prompt(&a, candidates);
         // The approximate index remembers x for this prompt...
         choose(&[c("x", 0.0), c("y", 0.0)]);
-        let ev = |id, load, held| Candidate {
-            id,
-            load,
-            exact: Some(held),
-            cold: false,
-        };
         // ...but both publish events, and only y holds it now.
         assert_eq!(
             choose(&[ev("x", 0.0, 0), ev("y", 1.0, 640)]),
@@ -454,49 +467,31 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cold_endpoint_gets_the_shared_prefix_until_it_announces() {
         let a = Affinity::new(AffinityConfig::default());
-        let prompt = "s".repeat(640);
-        let choose =
-            |candidates: &[Candidate<'_>]| a.choose("m", None, prompt.as_bytes(), 700, candidates);
-        let ev = |id, load, held, cold| Candidate {
-            id,
-            load,
-            exact: Some(held),
-            cold,
-        };
+        let choose = |candidates: &[Candidate<'_>]| one_prompt(&a, candidates);
         // x holds the whole prompt; y is live but silent: y gets it.
         assert_eq!(
-            choose(&[ev("x", 0.0, 700, false), ev("y", 1.0, 0, true)]),
+            choose(&[ev("x", 0.0, 700), cold("y", 1.0)]),
             (1, Decision::ExactCold)
         );
         // Among cold endpoints, the least loaded (first).
         assert_eq!(
-            choose(&[
-                ev("x", 0.0, 700, false),
-                ev("y", 1.0, 0, true),
-                ev("z", 2.0, 0, true)
-            ]),
+            choose(&[ev("x", 0.0, 700), cold("y", 1.0), cold("z", 2.0)]),
             (1, Decision::ExactCold)
         );
         // The guard still applies: 10 - 1 > 8 and 10 > 1.5.
         assert_eq!(
-            choose(&[ev("x", 1.0, 700, false), ev("y", 10.0, 0, true)]),
+            choose(&[ev("x", 1.0, 700), cold("y", 10.0)]),
             (0, Decision::LoadBalanceOverride)
         );
         // Once it announced (or seems mute), the longest prefix again.
         assert_eq!(
-            choose(&[ev("y", 0.0, 0, false), ev("x", 1.0, 700, false)]),
+            choose(&[ev("y", 0.0, 0), ev("x", 1.0, 700)]),
             (1, Decision::ExactHit)
         );
         // A session's endpoint comes first.
         a.choose("m", Some("s"), b"hi", 0, &[c("x", 0.0), c("y", 0.0)]);
         assert_eq!(
-            a.choose(
-                "m",
-                Some("s"),
-                b"hi",
-                0,
-                &[ev("y", 0.0, 0, true), ev("x", 1.0, 0, false)]
-            ),
+            a.choose("m", Some("s"), b"hi", 0, &[cold("y", 0.0), ev("x", 1.0, 0)]),
             (1, Decision::Session)
         );
     }
