@@ -113,14 +113,16 @@ async fn metric(engine: SocketAddr, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Prefix-cache hits and queries over every engine.
-async fn cache_counts(engines: &[Engine]) -> (f64, f64) {
-    let (mut hits, mut queries) = (0.0, 0.0);
+/// Prefix-cache hits and queries over every engine, and the requests
+/// each engine served (one token generated a request).
+async fn cache_counts(engines: &[Engine]) -> (f64, f64, Vec<f64>) {
+    let (mut hits, mut queries, mut served) = (0.0, 0.0, Vec::new());
     for e in engines {
         hits += metric(e.http, "vllm:prefix_cache_hits_total").await;
         queries += metric(e.http, "vllm:prefix_cache_queries_total").await;
+        served.push(metric(e.http, "vllm:generation_tokens_total").await);
     }
-    (hits, queries)
+    (hits, queries, served)
 }
 
 fn document(d: u64) -> String {
@@ -219,6 +221,8 @@ struct Figures {
     hit: f64,
     p50: f64,
     rate: f64,
+    /// Requests each engine served: a router that starves engines shows.
+    spread: String,
 }
 
 /// A gateway over `engines`; None for SGLang when it is not installed.
@@ -290,9 +294,9 @@ async fn run(w: Workload, r: Router) -> Option<Figures> {
         engines.push(engine(r == Router::Exact).await);
     }
     let (url, _peer, gw) = router_url(r, &engines).await?;
-    let (hits0, queries0) = cache_counts(&engines).await;
+    let (hits0, queries0, served0) = cache_counts(&engines).await;
     let (mut ttfts, secs) = drive(&url, Arc::new(requests(w))).await;
-    let (hits, queries) = cache_counts(&engines).await;
+    let (hits, queries, served) = cache_counts(&engines).await;
     if r == Router::Exact
         && let Some(gw) = gw
     {
@@ -300,9 +304,10 @@ async fn run(w: Workload, r: Router) -> Option<Figures> {
         // means the approximate index routed for it part of the run.
         let states = gw.kv_events.states();
         let resets: u64 = states.iter().map(|(_, s)| s.resets).sum();
+        let unchained: u64 = states.iter().map(|(_, s)| s.unchained).sum();
         let live = states.iter().filter(|(_, s)| s.live).count();
         println!(
-            "  (KV events: {live} of {} subscriptions live at the end, {resets} resets)",
+            "  (KV events: {live} of {} subscriptions live at the end, {resets} resets, {unchained} unchained blocks)",
             states.len()
         );
     }
@@ -311,6 +316,12 @@ async fn run(w: Workload, r: Router) -> Option<Figures> {
         hit: 100.0 * (hits - hits0) / (queries - queries0).max(1.0),
         p50: ttfts[ttfts.len() / 2].as_secs_f64() * 1e3,
         rate: ttfts.len() as f64 / secs,
+        spread: served
+            .iter()
+            .zip(&served0)
+            .map(|(n, n0)| format!("{}", n - n0))
+            .collect::<Vec<_>>()
+            .join("/"),
     })
 }
 
@@ -340,11 +351,12 @@ fn main() {
                     continue;
                 };
                 println!(
-                    "  {:<20} prefix-cache hit rate {:5.1}%   TTFT p50 {:6.1} ms   {:5.1} req/s",
+                    "  {:<20} prefix-cache hit rate {:5.1}%   TTFT p50 {:6.1} ms   {:5.1} req/s   per engine {}",
                     r.name(),
                     f.hit,
                     f.p50,
-                    f.rate
+                    f.rate,
+                    f.spread
                 );
                 figures.push((r, f));
             }

@@ -10,6 +10,12 @@
 //! it holds, and the longest such prefix is preferred (`ExactHit`), the
 //! least loaded among equals. The approximate index guesses only for the
 //! endpoints without live events; the longer match of the two wins.
+//!
+//! An endpoint whose events are live but which has announced nothing yet
+//! (`cold`) is preferred before any prefix (`ExactCold`): otherwise the
+//! engines whose first events land within the first few milliseconds hold
+//! the shared prefix (a system prompt) alone, win every comparison after,
+//! and the others never get traffic, so never announce anything either.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -59,6 +65,9 @@ pub enum Decision {
     PrefixHit,
     /// The endpoint whose KV-cache events say it holds the longest prefix.
     ExactHit,
+    /// An endpoint whose KV-cache events are live but which has announced
+    /// nothing yet: it gets traffic so that it gets a prefix to announce.
+    ExactCold,
     /// A preferred endpoint was too loaded; the least-loaded one instead.
     LoadBalanceOverride,
     /// Nothing preferred: the least-loaded endpoint.
@@ -71,6 +80,7 @@ impl Decision {
             Decision::Session => "session",
             Decision::PrefixHit => "prefix_hit",
             Decision::ExactHit => "exact_hit",
+            Decision::ExactCold => "exact_cold",
             Decision::LoadBalanceOverride => "load_balance_override",
             Decision::CacheMissMinLoad => "cache_miss_min_load",
         }
@@ -143,6 +153,9 @@ pub struct Candidate<'a> {
     /// Bytes of the rendered prompt the endpoint holds, by its KV-cache
     /// events; None when it has no live events.
     pub exact: Option<usize>,
+    /// Its events are live but it has announced nothing yet (and has not
+    /// yet been sent so many requests in silence that it seems mute).
+    pub cold: bool,
 }
 
 fn hash_of(v: impl Hash) -> u64 {
@@ -200,6 +213,11 @@ impl Affinity {
             })
             .and_then(|id| candidates.iter().position(|c| c.id == id))
             .map(|i| (i, Decision::Session))
+            // Least loaded first: the least-loaded cold endpoint.
+            .or_else(|| {
+                let i = candidates.iter().position(|c| c.cold)?;
+                Some((i, Decision::ExactCold))
+            })
             .or_else(|| self.prefix_choice(model, &blocks, prompt.len(), rendered, candidates));
         let chosen = match preferred {
             Some((i, d)) if !self.overloaded(candidates[i].load, candidates[least].load) => (i, d),
@@ -302,6 +320,29 @@ mod tests {
             id,
             load,
             exact: None,
+            cold: false,
+        }
+    }
+
+    /// A candidate with live events, holding `held` bytes of the prompt.
+    fn ev(id: &str, load: f64, held: usize) -> Candidate<'_> {
+        Candidate {
+            exact: Some(held),
+            ..c(id, load)
+        }
+    }
+
+    /// Every request of the events tests: one prompt, 700 bytes once
+    /// rendered.
+    fn one_prompt(a: &Affinity, candidates: &[Candidate<'_>]) -> (usize, Decision) {
+        a.choose("m", None, "p".repeat(640).as_bytes(), 700, candidates)
+    }
+
+    /// A candidate with live events that has announced nothing yet.
+    fn cold(id: &str, load: f64) -> Candidate<'_> {
+        Candidate {
+            cold: true,
+            ..ev(id, load, 0)
         }
     }
 
@@ -394,17 +435,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn what_events_say_beats_what_was_guessed_for_those_endpoints() {
         let a = Affinity::new(AffinityConfig::default());
-        let prompt = "p".repeat(640);
-        // Every request here is this prompt, 700 bytes once rendered.
-        let choose =
-            |candidates: &[Candidate<'_>]| a.choose("m", None, prompt.as_bytes(), 700, candidates);
+        let choose = |candidates: &[Candidate<'_>]| one_prompt(&a, candidates);
         // The approximate index remembers x for this prompt...
         choose(&[c("x", 0.0), c("y", 0.0)]);
-        let ev = |id, load, held| Candidate {
-            id,
-            load,
-            exact: Some(held),
-        };
         // ...but both publish events, and only y holds it now.
         assert_eq!(
             choose(&[ev("x", 0.0, 0), ev("y", 1.0, 640)]),
@@ -428,6 +461,38 @@ mod tests {
         assert_eq!(
             choose(&[ev("y", 0.0, 0), c("x", 1.0)]),
             (1, Decision::PrefixHit)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cold_endpoint_gets_the_shared_prefix_until_it_announces() {
+        let a = Affinity::new(AffinityConfig::default());
+        let choose = |candidates: &[Candidate<'_>]| one_prompt(&a, candidates);
+        // x holds the whole prompt; y is live but silent: y gets it.
+        assert_eq!(
+            choose(&[ev("x", 0.0, 700), cold("y", 1.0)]),
+            (1, Decision::ExactCold)
+        );
+        // Among cold endpoints, the least loaded (first).
+        assert_eq!(
+            choose(&[ev("x", 0.0, 700), cold("y", 1.0), cold("z", 2.0)]),
+            (1, Decision::ExactCold)
+        );
+        // The guard still applies: 10 - 1 > 8 and 10 > 1.5.
+        assert_eq!(
+            choose(&[ev("x", 1.0, 700), cold("y", 10.0)]),
+            (0, Decision::LoadBalanceOverride)
+        );
+        // Once it announced (or seems mute), the longest prefix again.
+        assert_eq!(
+            choose(&[ev("y", 0.0, 0), ev("x", 1.0, 700)]),
+            (1, Decision::ExactHit)
+        );
+        // A session's endpoint comes first.
+        a.choose("m", Some("s"), b"hi", 0, &[c("x", 0.0), c("y", 0.0)]);
+        assert_eq!(
+            a.choose("m", Some("s"), b"hi", 0, &[cold("y", 0.0), ev("x", 1.0, 0)]),
+            (1, Decision::Session)
         );
     }
 

@@ -366,6 +366,7 @@ impl Collector for Live {
         let blocks = Family::<EndpointLabels, Gauge>::default();
         let applied = Family::<EndpointLabels, Gauge>::default();
         let resets = Family::<EndpointLabels, Counter>::default();
+        let unchained = Family::<EndpointLabels, Counter>::default();
         for (id, st) in gw.kv_events.states() {
             let labels = vec![("endpoint", id)];
             live.get_or_create(&labels).set(i64::from(st.live));
@@ -374,6 +375,7 @@ impl Collector for Live {
                 .get_or_create(&labels)
                 .set(st.applied.map_or(-1, |s| s as i64));
             resets.get_or_create(&labels).inc_by(st.resets);
+            unchained.get_or_create(&labels).inc_by(st.unchained);
         }
         put(
             &mut enc,
@@ -398,6 +400,12 @@ impl Collector for Live {
             "kv_events_resets",
             "Times the endpoint's exact index was dropped: the subscription lost, a gap replay could not fill, or the engine restarted",
             &resets,
+        )?;
+        put(
+            &mut enc,
+            "kv_events_unchained_blocks",
+            "Stored blocks whose parent the exact index did not know, so could not key: events lost (or stored before the gateway listened)",
+            &unchained,
         )
     }
 }

@@ -81,6 +81,18 @@ async fn the_router_sends_a_prompt_to_the_engine_whose_events_say_it_holds_it() 
         })
         .await;
     }
+    // e0 announces something else first: an engine that has announced
+    // nothing yet would be sent the next request for that alone.
+    cached(
+        &format!("http://{}", engines[0].1),
+        &"e0's own document, ".repeat(10),
+    )
+    .await;
+    until("e0's first batch", || async {
+        (metric(&metrics, "llmgw_kv_events_last_seq{endpoint=\"e0\"}").await == Some(0.0))
+            .then_some(())
+    })
+    .await;
     // e1 gets the prompt behind the router's back; e0, the least loaded by
     // id, is what a router without its events would pick.
     let doc = "a long shared document, ".repeat(25);

@@ -12,7 +12,16 @@
 //! again, the endpoint is not live and the approximate index routes for
 //! it. What an engine stored before the gateway listened is learnt from
 //! replay when the engine still buffers it, else not at all (the index
-//! may miss blocks, never invent them).
+//! may miss blocks, never invent them). A subscriber whose first batch is
+//! not the engine's first (the engine published before the subscription
+//! reached it) asks the replay socket from 0 for what it missed; blocks
+//! whose parent the index never learnt are counted (`unchained`), the
+//! sign of events lost.
+//!
+//! An endpoint live but silent (no batch applied since it was subscribed
+//! to) is `cold`: routing sends it traffic so that it has something to
+//! announce (see `affinity`), up to `COLD_REQUESTS` requests; an engine
+//! still silent after them is taken to publish nothing, with a warning.
 //!
 //! A request's blocks are keyed from its tokens, so the gateway must
 //! tokenize as the engine does: `tokenizer=` names how, and only the sim
@@ -89,6 +98,31 @@ pub struct KvState {
     /// Gaps that dropped the endpoint's entries (a lost subscription, an
     /// unfilled gap, an engine restart).
     pub resets: u64,
+    /// Stored blocks whose parent the index did not know: a chain broken
+    /// by batches lost (or stored before the gateway listened).
+    pub unchained: u64,
+    /// Requests routed to it while it was cold (since its entries were
+    /// last dropped).
+    pub cold_sent: u32,
+}
+
+/// Requests a live endpoint is sent in silence before it is taken to
+/// announce nothing: enough for an engine to publish its first batch
+/// many times over, few enough that a mute one costs little.
+pub const COLD_REQUESTS: u32 = 16;
+
+impl KvState {
+    /// Live, nothing announced yet, and not yet given up on.
+    pub fn cold(&self) -> bool {
+        self.live && self.applied.is_none() && self.cold_sent < COLD_REQUESTS
+    }
+
+    /// Counts a request routed to it while cold; true when that was the
+    /// last one it is preferred for (the moment to warn).
+    fn sent_cold(&mut self) -> bool {
+        self.cold_sent = self.cold_sent.saturating_add(1);
+        self.cold_sent == COLD_REQUESTS
+    }
 }
 
 #[derive(Debug)]
@@ -233,6 +267,21 @@ impl KvIndex {
         // The sim tokenizer: four bytes a token.
         Some(blocks.prefix(&keys) * size * 4)
     }
+
+    /// Whether routing should prefer the endpoint for being cold.
+    pub(crate) fn cold(&self, endpoint: &str) -> bool {
+        self.get(endpoint).is_some_and(|s| s.state.borrow().cold())
+    }
+
+    /// A request was routed to the endpoint for being cold.
+    pub(crate) fn sent_cold(&self, endpoint: &str) {
+        let Some(s) = self.get(endpoint) else { return };
+        let mut mute = false;
+        s.state.send_modify(|st| mute = st.sent_cold());
+        if mute {
+            tracing::warn!(endpoint = %endpoint, requests = COLD_REQUESTS, "kv events are live but the engine announced nothing after this many requests; no longer preferring it as cold (is it publishing its events?)");
+        }
+    }
 }
 
 /// Keeps the subscriptions in step with the endpoint set, checked every
@@ -292,26 +341,22 @@ impl Subscribed {
             st.blocks = 0;
             st.applied = None;
             st.resets += u64::from(counted);
+            st.cold_sent = 0;
         });
     }
 
     fn apply(&self, seq: u64, payload: &[u8]) {
-        let blocks = match wire::decode_batch(payload) {
-            Ok(events) => {
-                let mut b = self.blocks();
-                for e in &events {
-                    b.apply(e);
-                }
-                b.len()
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "kv events batch skipped");
-                self.blocks().len()
-            }
-        };
+        let mut b = self.blocks();
+        match wire::decode_batch(payload) {
+            Ok(events) => events.iter().for_each(|e| b.apply(e)),
+            Err(e) => tracing::debug!(error = %e, "kv events batch skipped"),
+        }
+        let (blocks, unchained) = (b.len(), b.unchained);
+        drop(b);
         self.state.send_modify(|st| {
             st.applied = Some(seq);
             st.blocks = blocks;
+            st.unchained = unchained;
         });
     }
 
@@ -348,28 +393,36 @@ async fn session(s: &Subscribed) -> Result<(), Error> {
             m = sub.recv() => {
                 let m = m.map_err(|e| e.to_string())?;
                 let Some((seq, payload)) = frames(&m) else { continue };
-                match expected {
+                // Where a replay must start: after a gap, or from the
+                // engine's first batch when the first one seen is not it
+                // (the engine published before the subscription reached
+                // it, and the replay at the start found nothing yet).
+                let missed = match expected {
                     // The engine restarted: its cache is new.
-                    Some(e) if seq == 0 && e > 0 => s.reset_keep_live(),
+                    Some(e) if seq == 0 && e > 0 => {
+                        s.reset_keep_live();
+                        None
+                    }
                     // Already applied from a replay.
                     Some(e) if seq < e => continue,
-                    Some(e) if seq > e => {
-                        let filled = match &s.spec.replay {
-                            Some(r) => catch_up(s, r, e).await.ok().flatten(),
-                            None => None,
-                        };
-                        match filled {
-                            Some(next) => {
-                                s.set_live();
-                                expected = Some(next);
-                                if seq < next {
-                                    continue;
-                                }
+                    Some(e) if seq > e => Some(e),
+                    None if seq > 0 => Some(0),
+                    _ => None,
+                };
+                if let Some(from) = missed {
+                    match fill(s, from).await {
+                        Some(next) => {
+                            s.set_live();
+                            expected = Some(next);
+                            if seq < next {
+                                continue;
                             }
-                            None => s.reset_keep_live(),
                         }
+                        // A gap in what was held: it may be wrong now.
+                        None if expected.is_some() => s.reset_keep_live(),
+                        // Nothing held yet: these blocks are unchained.
+                        None => {}
                     }
-                    _ => {}
                 }
                 s.apply(seq, payload);
                 expected = Some(seq + 1);
@@ -392,6 +445,13 @@ fn frames(m: &ZmqMessage) -> Option<(u64, &Bytes)> {
     let seq = m.get(1)?;
     let seq = u64::from_be_bytes(<[u8; 8]>::try_from(&seq[..]).ok()?);
     Some((seq, m.get(2)?))
+}
+
+/// The batches from `from` on, from the replay socket if the engine has
+/// one and it answers: the next sequence number expected.
+async fn fill(s: &Subscribed, from: u64) -> Option<u64> {
+    let replay = s.spec.replay.as_ref()?;
+    catch_up(s, replay, from).await.ok().flatten()
 }
 
 /// Asks the replay socket for the batches from `from` and applies them;
@@ -433,5 +493,52 @@ async fn fetch(replay: &str, from: u64) -> Result<Vec<(u64, Bytes)>, Error> {
             return Ok(out);
         }
         out.push((seq, payload.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_endpoint_is_cold_until_it_announces_or_seems_mute() {
+        let mut st = KvState::default();
+        assert!(!st.cold(), "not live: the approximate index routes for it");
+        st.live = true;
+        assert!(st.cold());
+        // Its first batch, whatever it says, ends it.
+        let announced = KvState {
+            applied: Some(0),
+            ..st
+        };
+        assert!(!announced.cold());
+        // Silent through COLD_REQUESTS requests: one warning, then no
+        // longer preferred.
+        let warnings = (0..COLD_REQUESTS + 3).filter(|_| st.sent_cold()).count();
+        assert_eq!((warnings, st.cold()), (1, false));
+        assert_eq!(st.cold_sent, COLD_REQUESTS + 3);
+    }
+
+    #[test]
+    fn dropping_an_endpoints_entries_makes_it_cold_again() {
+        let s = Subscribed {
+            spec: KvEventsSpec {
+                publish: "tcp://127.0.0.1:1".into(),
+                replay: None,
+                tokenizer: Tokenizer::Sim,
+            },
+            blocks: Mutex::default(),
+            state: watch::Sender::new(KvState::default()),
+            task: Mutex::new(None),
+        };
+        s.set_live();
+        s.state.send_modify(|st| {
+            st.applied = Some(3);
+            st.cold_sent = COLD_REQUESTS;
+        });
+        assert!(!s.state.borrow().cold());
+        // A restarted engine, say: its cache is new and it may be silent.
+        s.reset_keep_live();
+        assert!(s.state.borrow().cold());
     }
 }

@@ -97,6 +97,7 @@ async fn attempt(
                 exact: tokens
                     .as_ref()
                     .and_then(|t| gw.kv_events.held(&e.spec.id, t)),
+                cold: e.spec.kv_events.is_some() && gw.kv_events.cold(&e.spec.id),
             })
             .collect();
         let (i, decision) = gw.affinity.choose(
@@ -112,6 +113,9 @@ async fn attempt(
             continue;
         };
         gw.metrics.decision(decision);
+        if decision == crate::affinity::Decision::ExactCold {
+            gw.kv_events.sent_cold(&endpoint.spec.id);
+        }
         let sent = gw
             .upstream
             .send(&endpoint, path, &request_id.0, body.clone())

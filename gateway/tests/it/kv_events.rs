@@ -9,7 +9,7 @@ use llmgw_gateway::kv_events::KvState;
 use llmgw_sim::{KvEventsConfig, SimConfig};
 use rmpv::Value;
 use serde_json::json;
-use zeromq::{Socket, SocketRecv, SocketSend, XPubSocket, ZmqMessage};
+use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, XPubSocket, ZmqMessage};
 
 use crate::support::{Running, gateway, sim};
 
@@ -79,11 +79,23 @@ async fn applied(gw: &Running, endpoint: &str, seq: u64) -> KvState {
         .unwrap()
 }
 
-fn exact_hits(page: &str) -> usize {
+/// A series' value on a metrics page (0 when absent).
+fn series(page: &str, name: &str) -> u64 {
     page.lines()
-        .find(|l| l.starts_with("llmgw_prefix_decisions_total{decision=\"exact_hit\"}"))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+fn exact_hits(page: &str) -> u64 {
+    series(page, "llmgw_prefix_decisions_total{decision=\"exact_hit\"}")
+}
+
+fn exact_colds(page: &str) -> u64 {
+    series(
+        page,
+        "llmgw_prefix_decisions_total{decision=\"exact_cold\"}",
+    )
 }
 
 #[tokio::test]
@@ -124,6 +136,29 @@ async fn requests_go_where_the_engines_events_say_their_prefix_is() {
     applied(&gw, "a", 2).await;
     assert!(cached(&gw.base, &p).await >= 9 * 16);
     assert_eq!(exact_hits(&gw.admin_page().await), 2);
+}
+
+#[tokio::test]
+async fn an_engine_with_live_events_that_announced_nothing_gets_the_shared_prefix_next() {
+    let (a, b) = (engine().await, engine().await);
+    let gw = gateway(vec![spec("a", &a), spec("b", &b)]).await;
+    for id in ["a", "b"] {
+        let mut st = gw.gateway.kv_events.state(id).unwrap();
+        st.wait_for(|s| s.live).await.unwrap();
+    }
+    let p = "the shared system prompt, ".repeat(25);
+    // Both silent: the least loaded, a (ties go by id).
+    assert_eq!(cached(&gw.base, &p).await, 0);
+    applied(&gw, "a", 0).await;
+    // a holds the prompt, but b has announced nothing yet: were it
+    // passed over, it would never get the prompt, so never announce it.
+    assert_eq!(cached(&gw.base, &p).await, 0, "b's cold cache");
+    assert!(applied(&gw, "b", 0).await.blocks >= 9);
+    let page = gw.admin_page().await;
+    assert_eq!((exact_colds(&page), exact_hits(&page)), (2, 0));
+    // Both hold it now: the longest prefix, the least loaded among equals.
+    assert!(cached(&gw.base, &p).await >= 9 * 16);
+    assert_eq!(exact_hits(&gw.admin_page().await), 1);
 }
 
 fn map(pairs: Vec<(&str, Value)>) -> Value {
@@ -200,9 +235,70 @@ async fn a_gap_in_the_sequence_drops_what_the_endpoint_was_known_to_hold() {
     // no longer known, cannot be keyed either.
     publish(&mut xpub, 3, stored(103, Some(102), &[7, 8])).await;
     let s = *st.wait_for(|s| s.applied == Some(3)).await.unwrap();
-    assert_eq!((s.blocks, s.resets, s.live), (0, 1, true));
+    assert_eq!((s.blocks, s.resets, s.live, s.unchained), (0, 1, true, 1));
+    assert_eq!(
+        series(
+            &gw.admin_page().await,
+            "llmgw_kv_events_unchained_blocks_total{endpoint=\"e\"}"
+        ),
+        1,
+        "the broken chain is counted"
+    );
     // Blocks stored afresh are known again.
     publish(&mut xpub, 4, stored(200, None, &[9, 9])).await;
     let s = *st.wait_for(|s| s.applied == Some(4)).await.unwrap();
     assert_eq!((s.blocks, s.resets), (1, 1));
+}
+
+/// Answers a replay request (`[identity, "", from]`) with `batches` from
+/// `from` on, then the end mark; returns `from`.
+async fn answer_replay(router: &mut RouterSocket, batches: &[(u64, Vec<u8>)]) -> u64 {
+    let req = router.recv().await.unwrap().into_vec();
+    let from = u64::from_be_bytes(<[u8; 8]>::try_from(&req[2][..]).unwrap());
+    let end = (u64::MAX, Vec::new());
+    for (seq, payload) in batches.iter().filter(|(s, _)| *s >= from).chain([&end]) {
+        let m = ZmqMessage::try_from(vec![
+            req[0].clone(),
+            bytes::Bytes::new(),
+            bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
+            bytes::Bytes::from(payload.clone()),
+        ])
+        .unwrap();
+        router.send(m).await.unwrap();
+    }
+    from
+}
+
+#[tokio::test]
+async fn a_subscriber_that_missed_the_first_batch_replays_from_it() {
+    // The test plays an engine with a replay socket, whose batch 0 went
+    // out before the gateway's subscription reached it.
+    let mut xpub = XPubSocket::new();
+    let at = xpub.bind("tcp://127.0.0.1:0").await.unwrap();
+    let mut router = RouterSocket::new();
+    let replay = router.bind("tcp://127.0.0.1:0").await.unwrap();
+    let engine = sim(crate::support::sim_config()).await;
+    let e: EndpointSpec =
+        format!("e=http://{engine}=m;kv_events={at};kv_replay={replay};tokenizer=sim")
+            .parse()
+            .unwrap();
+    let gw = gateway(vec![e]).await;
+    xpub.recv().await.unwrap();
+    // The catch-up at the start: nothing buffered yet.
+    assert_eq!(answer_replay(&mut router, &[]).await, 0);
+    let mut st = gw.gateway.kv_events.state("e").unwrap();
+    st.wait_for(|s| s.live).await.unwrap();
+
+    let batches = [
+        (0, stored(100, None, &[1, 2, 3, 4])),
+        (1, stored(102, Some(101), &[5, 6])),
+    ];
+    publish(&mut xpub, 1, batches[1].1.clone()).await;
+    // Batch 1 first: the gateway asks for what came before, from 0.
+    assert_eq!(answer_replay(&mut router, &batches).await, 0);
+    let s = *st.wait_for(|s| s.applied == Some(1)).await.unwrap();
+    assert_eq!((s.blocks, s.unchained, s.resets), (3, 0, 0), "one chain");
+    publish(&mut xpub, 2, stored(103, Some(102), &[7, 8])).await;
+    let s = *st.wait_for(|s| s.applied == Some(2)).await.unwrap();
+    assert_eq!((s.blocks, s.unchained), (4, 0));
 }
