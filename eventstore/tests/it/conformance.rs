@@ -24,6 +24,7 @@ both_backends!(
     stats_count_events_per_type,
     migrations_are_idempotent_and_required,
     snapshots_are_saved_and_replaced,
+    the_upgrade_to_compressed_snapshots_drops_the_old_ones_and_keeps_the_log,
     a_page_reader_reads_everything_in_order_with_read_ahead,
     a_decoding_reader_reads_every_payload_as_text_in_order,
     a_batch_larger_than_one_statement_is_written_whole,
@@ -687,6 +688,62 @@ async fn snapshots_are_saved_and_replaced(b: Backend) {
         .unwrap();
     let loaded = t.store.load_snapshot("router").await.unwrap().unwrap();
     assert_eq!(loaded, second);
+}
+
+/// A store from before migration 6 (snapshots as JSON text) upgrades: its
+/// snapshot, a cache, is gone, and every event is still there. The old
+/// store is made from a current one by undoing migration 6 by hand.
+async fn the_upgrade_to_compressed_snapshots_drops_the_old_ones_and_keeps_the_log(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = leader(&t.store, "ctl-1").await;
+    let events: Vec<NewEvent> = (0..3).map(|i| event("E", i)).collect();
+    t.store
+        .append(&w, &[stream("s", ExpectedVersion::Any, events)])
+        .await
+        .unwrap();
+    let (migrations, old_snapshot) = match b {
+        Backend::Sqlite => (
+            llmgw_migrations::SQLITE,
+            "INSERT INTO es_snapshots VALUES ('views', 3, NULL, 1, '{\"plain\": 1}', 0)",
+        ),
+        Backend::Postgres => (
+            llmgw_migrations::POSTGRES,
+            "INSERT INTO es_snapshots VALUES ('views', 3, NULL, 1, '{\"plain\": 1}', now())",
+        ),
+    };
+    let old_table = migrations.iter().find(|m| m.name == "snapshots").unwrap();
+    let undo = [
+        "DELETE FROM es_schema_migrations WHERE version = 6",
+        "DROP TABLE es_snapshots",
+        old_table.sql,
+        old_snapshot,
+    ];
+    match &t.address {
+        llmgw_eventstore::StoreAddress::Postgres(url) => {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            for sql in undo {
+                sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }
+        llmgw_eventstore::StoreAddress::Sqlite(path) => {
+            let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+            let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+            for sql in undo {
+                sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+            }
+            pool.close().await;
+        }
+    }
+    let upgraded = t.another(OpenOptions::migrating()).await;
+    assert_eq!(upgraded.migrate().await.unwrap(), Vec::<i64>::new());
+    assert_eq!(upgraded.load_snapshot("views").await.unwrap(), None);
+    let kept: Vec<u64> = all_events(&upgraded)
+        .await
+        .iter()
+        .map(|e| e.position)
+        .collect();
+    assert_eq!(kept, [1, 2, 3]);
 }
 
 async fn a_page_reader_reads_everything_in_order_with_read_ahead(b: Backend) {
