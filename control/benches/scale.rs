@@ -9,7 +9,7 @@
 //! runs the agent service, the views, the reconciler and the liveness
 //! clocks on an embedded SQLite log, as `llmgw server` does. Each agent is
 //! one stream (fifty share a connection, as agents behind one proxy
-//! would), registers eight H100s and heartbeats every 5 s from a random
+//! would; `--measure N --per-connection 1` gives each its own), registers eight H100s and heartbeats every 5 s from a random
 //! phase. CPU is the server process's user + system time over a 15 s window
 //! after every agent has registered, as a share of one core; the idle
 //! control plane (no agents) is measured first, in the same run, as the
@@ -42,6 +42,8 @@ use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 
 const HEARTBEAT: Duration = Duration::from_secs(5);
 const WINDOW: Duration = Duration::from_secs(15);
+/// Streams sharing a connection, unless `--per-connection K` says otherwise
+/// (1: every agent its own connection, as a fleet without a proxy dials).
 const PER_CONNECTION: usize = 50;
 
 fn cpu_seconds() -> f64 {
@@ -107,15 +109,15 @@ fn register(i: usize) -> v1::Register {
 }
 
 /// The child: `n` agents against `addr`, until killed.
-async fn fleet(addr: &str, n: usize) {
+async fn fleet(addr: &str, n: usize, per_connection: usize) {
     let mut tasks = Vec::new();
-    for chunk_start in (0..n).step_by(PER_CONNECTION) {
+    for chunk_start in (0..n).step_by(per_connection) {
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
             .await
             .unwrap();
-        for i in chunk_start..(chunk_start + PER_CONNECTION).min(n) {
+        for i in chunk_start..(chunk_start + per_connection).min(n) {
             let channel = channel.clone();
             tasks.push(tokio::spawn(async move {
                 let mut client = AgentServiceClient::new(channel);
@@ -214,12 +216,17 @@ fn nodes_seen(cp: &ControlPlane) -> usize {
         .len()
 }
 
-async fn measure(n: usize) {
+async fn measure(n: usize, per_connection: usize) {
     let s = server().await;
     let rss_before = rss_mib();
     let started = Instant::now();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--fleet", &s.addr.to_string(), &n.to_string()])
+        .args([
+            "--fleet",
+            &s.addr.to_string(),
+            &n.to_string(),
+            &per_connection.to_string(),
+        ])
         .spawn()
         .unwrap();
     while nodes_seen(&s.cp) < n {
@@ -411,16 +418,24 @@ fn main() {
         .build()
         .unwrap();
     if let Some(i) = args.iter().position(|a| a == "--fleet") {
-        rt.block_on(fleet(&args[i + 1], args[i + 2].parse().unwrap()));
+        rt.block_on(fleet(
+            &args[i + 1],
+            args[i + 2].parse().unwrap(),
+            args[i + 3].parse().unwrap(),
+        ));
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--measure") {
         let n: usize = args[i + 1].parse().unwrap();
+        let per_connection = args
+            .iter()
+            .position(|a| a == "--per-connection")
+            .map_or(PER_CONNECTION, |k| args[k + 1].parse().unwrap());
         rt.block_on(async {
             if n == 0 {
                 idle().await
             } else {
-                measure(n).await
+                measure(n, per_connection).await
             }
         });
         return;
