@@ -430,7 +430,8 @@ fn main() {
         let per_connection = args
             .iter()
             .position(|a| a == "--per-connection")
-            .map_or(PER_CONNECTION, |k| args[k + 1].parse().unwrap());
+            .map_or(PER_CONNECTION, |k| args[k + 1].parse().unwrap())
+            .max(1);
         rt.block_on(async {
             if n == 0 {
                 idle().await

@@ -30,7 +30,9 @@ pub(crate) async fn pack(text: String) -> Result<Vec<u8>> {
 /// such a text: a snapshot is a cache, and one lost is rebuilt from the log.
 pub(crate) async fn unpack(name: &str, bytes: Vec<u8>) -> Result<Option<String>> {
     let unpacked = blocking(move || {
-        let mut text = String::new();
+        // Sized for the usual ratio, so that a fleet's ~9 MiB is not
+        // grown by doubling (old and new buffers alive at each step).
+        let mut text = String::with_capacity(bytes.len().saturating_mul(20));
         ZlibDecoder::new(bytes.as_slice()).read_to_string(&mut text)?;
         Ok(text)
     })
@@ -50,7 +52,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|_| StoreError::Interrupted)?
+        .map_err(|e| StoreError::Invalid(format!("a snapshot's compression task: {e}")))?
         .map_err(|e| StoreError::Invalid(format!("a snapshot's compressed state: {e}")))
 }
 

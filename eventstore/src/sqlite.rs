@@ -852,6 +852,8 @@ impl EventStore for SqliteStore {
     }
 
     async fn save_snapshot(&self, name: &str, snapshot: Snapshot) -> Result<()> {
+        // Before the write lock: appends must not queue behind compression.
+        let packed = crate::snapshot_zip::pack(snapshot.state).await?;
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query(
             "INSERT INTO es_snapshots (name, position, event_id, state_version, state, updated_at)
@@ -870,7 +872,7 @@ impl EventStore for SqliteStore {
                 .map(|id| id.hyphenated().to_string()),
         )
         .bind(i64::from(snapshot.state_version))
-        .bind(crate::snapshot_zip::pack(snapshot.state).await?)
+        .bind(packed)
         .bind(now_micros())
         .execute(&mut *tx)
         .await?;

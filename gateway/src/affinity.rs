@@ -213,9 +213,13 @@ impl Affinity {
             })
             .and_then(|id| candidates.iter().position(|c| c.id == id))
             .map(|i| (i, Decision::Session))
-            // Least loaded first: the least-loaded cold endpoint.
+            // Least loaded first: the least-loaded cold endpoint, if the
+            // load guard lets it take more; an overloaded one is passed
+            // over, so that it cannot stop prefix routing for the model.
             .or_else(|| {
-                let i = candidates.iter().position(|c| c.cold)?;
+                let i = candidates
+                    .iter()
+                    .position(|c| c.cold && !self.overloaded(c.load, candidates[least].load))?;
                 Some((i, Decision::ExactCold))
             })
             .or_else(|| self.prefix_choice(model, &blocks, prompt.len(), rendered, candidates));
@@ -478,10 +482,15 @@ mod tests {
             choose(&[ev("x", 0.0, 700), cold("y", 1.0), cold("z", 2.0)]),
             (1, Decision::ExactCold)
         );
-        // The guard still applies: 10 - 1 > 8 and 10 > 1.5.
+        // An overloaded cold endpoint (10 - 1 > 8 and 10 > 1.5) is passed
+        // over, and the prefix decides.
         assert_eq!(
             choose(&[ev("x", 1.0, 700), cold("y", 10.0)]),
-            (0, Decision::LoadBalanceOverride)
+            (0, Decision::ExactHit)
+        );
+        assert_eq!(
+            choose(&[ev("z", 0.0, 0), ev("x", 2.0, 700), cold("y", 12.0)]),
+            (1, Decision::ExactHit)
         );
         // Once it announced (or seems mute), the longest prefix again.
         assert_eq!(

@@ -279,7 +279,7 @@ impl KvIndex {
         let mut mute = false;
         s.state.send_modify(|st| mute = st.sent_cold());
         if mute {
-            tracing::warn!(endpoint = %endpoint, requests = COLD_REQUESTS, "kv events are live but the engine announced nothing after this many requests; no longer preferring it as cold (is it publishing its events?)");
+            tracing::warn!(endpoint = %endpoint, requests = COLD_REQUESTS, "kv events are live but the engine has announced nothing after this many requests were sent to it; it is no longer preferred as fresh (if it stays silent, check that it publishes its KV events)");
         }
     }
 }
