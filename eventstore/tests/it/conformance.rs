@@ -694,13 +694,7 @@ async fn snapshots_are_saved_and_replaced(b: Backend) {
 /// snapshot, a cache, is gone, and every event is still there. The old
 /// store is made from a current one by undoing migration 6 by hand.
 async fn the_upgrade_to_compressed_snapshots_drops_the_old_ones_and_keeps_the_log(b: Backend) {
-    let t = TestStore::new(b).await;
-    let w = leader(&t.store, "ctl-1").await;
-    let events: Vec<NewEvent> = (0..3).map(|i| event("E", i)).collect();
-    t.store
-        .append(&w, &[stream("s", ExpectedVersion::Any, events)])
-        .await
-        .unwrap();
+    let (t, _) = with_events(b, 3).await;
     let (migrations, old_snapshot) = match b {
         Backend::Sqlite => (
             llmgw_migrations::SQLITE,
@@ -764,14 +758,21 @@ async fn the_upgrade_to_compressed_snapshots_drops_the_old_ones_and_keeps_the_lo
     assert_eq!(kept, [1, 2, 3]);
 }
 
-async fn a_page_reader_reads_everything_in_order_with_read_ahead(b: Backend) {
+/// A store holding `n` events on stream "s", at positions 1 to `n`, and
+/// the writer that appended them.
+async fn with_events(b: Backend, n: u64) -> (TestStore, Writer) {
     let t = TestStore::new(b).await;
     let w = leader(&t.store, "ctl-1").await;
-    let events: Vec<NewEvent> = (0..25).map(|i| event("E", i)).collect();
+    let events: Vec<NewEvent> = (0..n).map(|i| event("E", i)).collect();
     t.store
         .append(&w, &[stream("s", ExpectedVersion::Any, events)])
         .await
         .unwrap();
+    (t, w)
+}
+
+async fn a_page_reader_reads_everything_in_order_with_read_ahead(b: Backend) {
+    let (t, w) = with_events(b, 25).await;
     let mut reader = llmgw_eventstore::PageReader::new(t.store.clone(), 3, 10);
     let mut positions = Vec::new();
     loop {

@@ -537,7 +537,8 @@ mod tests {
             st.cold_sent = COLD_REQUESTS;
         });
         assert!(!s.state.borrow().cold());
-        // A restarted engine, say: its cache is new and it may be silent.
+        // Its entries dropped: until its next batch it is fresh, and the
+        // count of requests sent to it in silence starts again.
         s.reset_keep_live();
         assert!(s.state.borrow().cold());
     }
