@@ -9,7 +9,8 @@
 //! runs the agent service, the views, the reconciler and the liveness
 //! clocks on an embedded SQLite log, as `llmgw server` does. Each agent is
 //! one stream (fifty share a connection, as agents behind one proxy
-//! would; `--measure N --per-connection 1` gives each its own), registers eight H100s and heartbeats every 5 s from a random
+//! would; `--measure N --per-connection 1` gives each its own;
+//! `--exit-holding` leaves without freeing, for a heap profiler), registers eight H100s and heartbeats every 5 s from a random
 //! phase. CPU is the server process's user + system time over a 15 s window
 //! after every agent has registered, as a share of one core; the idle
 //! control plane (no agents) is measured first, in the same run, as the
@@ -227,6 +228,8 @@ async fn measure(n: usize, per_connection: usize) {
             &n.to_string(),
             &per_connection.to_string(),
         ])
+        // A preloaded profiler (heaptrack) follows the server only.
+        .env_remove("LD_PRELOAD")
         .spawn()
         .unwrap();
     while nodes_seen(&s.cp) < n {
@@ -248,6 +251,11 @@ async fn measure(n: usize, per_connection: usize) {
     );
     let _ = child.kill();
     let _ = child.wait();
+    if std::env::args().any(|a| a == "--exit-holding") {
+        // Everything still held: a heap profiler's "leaked" at exit is
+        // the steady state just measured.
+        std::process::exit(0);
+    }
     let _ = s.stop.send(true);
 }
 
@@ -456,6 +464,8 @@ fn main() {
     }
 }
 
-/// The shipped binary's allocator (cli/src/main.rs), so that the figures are its.
+/// The shipped binary's allocator (cli/src/main.rs), so that the figures
+/// are its; the system's with `--features bench-system-alloc`.
+#[cfg(not(feature = "bench-system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
