@@ -16,6 +16,9 @@ use tokio::time::Instant;
 pub const LOCK_WAIT: Duration = Duration::from_secs(600);
 /// How often it is asked again meanwhile.
 pub const LOCK_RETRY: Duration = Duration::from_secs(10);
+/// How long one package manager run may take (an `update` on a slow
+/// mirror, an install of large libraries).
+pub const PACKAGE_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long a `--version` run may take (a cold start on a slow disk).
 pub const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// Any other tool (a query, ldd): long enough for a loaded machine.
@@ -40,6 +43,9 @@ pub struct System {
     pub install_packages: bool,
     pub lock_wait: Duration,
     pub lock_retry: Duration,
+    /// One package manager run's bound, apart from the lock wait: a
+    /// short lock wait must not cut off an install that has the lock.
+    pub package_timeout: Duration,
     pub version_timeout: Duration,
 }
 
@@ -50,6 +56,7 @@ impl Default for System {
             install_packages: true,
             lock_wait: LOCK_WAIT,
             lock_retry: LOCK_RETRY,
+            package_timeout: PACKAGE_TIMEOUT,
             version_timeout: VERSION_TIMEOUT,
         }
     }
@@ -250,7 +257,7 @@ impl System {
         let deadline = Instant::now() + self.lock_wait;
         loop {
             let ran = self
-                .run(env, Path::new(c[0]), &c[1..], self.lock_wait)
+                .run(env, Path::new(c[0]), &c[1..], self.package_timeout)
                 .await;
             let ran = match ran {
                 Ok(r) if r.ok => return Ok(()),
