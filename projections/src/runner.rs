@@ -89,10 +89,13 @@ impl<S: EventStore> Runner<S> {
         // A long catch-up's snapshot is written before the views are
         // handed out (a short-lived command would otherwise drop it).
         runner.snapshot_written().await;
-        tracing::debug!(
+        // At info: how much a start replayed is what an operator asks of a
+        // slow restart.
+        tracing::info!(
             name,
             from_snapshot = started_from,
             position = runner.position(),
+            replayed = runner.position().saturating_sub(started_from),
             "views started"
         );
         Ok(runner)

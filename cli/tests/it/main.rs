@@ -40,6 +40,7 @@ mod outage;
 mod partition;
 mod plan;
 mod provision;
+mod restart;
 mod shell;
 mod tenancy;
 mod tool_check;
