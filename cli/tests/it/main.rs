@@ -114,6 +114,32 @@ fn usage_rows_of(events: &[Value]) -> Vec<Value> {
 
 /// A migrated store with `n` events over two streams.
 async fn seeded(backend: Backend, n: u64) -> (String, Scratch, AnyStore) {
+    store_with(
+        backend,
+        (0..n).map(|i| {
+            let s = if i % 3 == 0 { "node-a" } else { "model-b" };
+            let e = NewEvent::new(
+                if i % 3 == 0 {
+                    "NodeRegistered"
+                } else {
+                    "ModelAdded"
+                },
+                1,
+                json!({"i": i, "gib": 44.99}),
+            )
+            .with_metadata(json!({"actor": "test"}));
+            vec![StreamAppend::new(s, ExpectedVersion::Any, vec![e])]
+        }),
+    )
+    .await
+}
+
+/// A migrated store holding `appends`, each appended in turn under a lease
+/// released afterwards.
+async fn store_with(
+    backend: Backend,
+    appends: impl IntoIterator<Item = Vec<StreamAppend>>,
+) -> (String, Scratch, AnyStore) {
     let (address, scratch) = Scratch::new(backend).await;
     ok(&address, &["store", "migrate"]);
     let store = AnyStore::open(
@@ -127,22 +153,8 @@ async fn seeded(backend: Backend, n: u64) -> (String, Scratch, AnyStore) {
         .await
         .unwrap();
     let w = Writer::Leader(lease.token.clone());
-    for i in 0..n {
-        let s = if i % 3 == 0 { "node-a" } else { "model-b" };
-        let e = NewEvent::new(
-            if i % 3 == 0 {
-                "NodeRegistered"
-            } else {
-                "ModelAdded"
-            },
-            1,
-            json!({"i": i, "gib": 44.99}),
-        )
-        .with_metadata(json!({"actor": "test"}));
-        store
-            .append(&w, &[StreamAppend::new(s, ExpectedVersion::Any, vec![e])])
-            .await
-            .unwrap();
+    for append in appends {
+        store.append(&w, &append).await.unwrap();
     }
     store.release_lease(&lease.token).await.unwrap();
     (address, scratch, store)

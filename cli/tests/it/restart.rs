@@ -3,18 +3,13 @@
 //! snapshot is the log's, so a server of another mode or instance on the
 //! same store takes it too, and a restart leaves no row behind.
 
-use std::time::Duration;
-
 use llmgw_domain::Event;
 use llmgw_domain::event::LeadershipEvent;
-use llmgw_eventstore::{
-    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
-    Writer,
-};
+use llmgw_eventstore::{AnyStore, ExpectedVersion, NewEvent, StreamAppend};
 use llmgw_testkit::{Backend, Scratch};
 
 use super::tenancy::{Mode, config, start};
-use super::{Child, ok};
+use super::{Child, store_with};
 
 /// The events a store holds before the first start: one snapshot floor's
 /// worth (`SnapshotFloor::default().events`), so that the first start's
@@ -36,40 +31,24 @@ both_backends!(a_restart_replays_only_what_came_after_the_snapshot);
 /// A migrated store holding `LOGGED` anchors, appended a thousand at a
 /// time (real events the views read and skip past).
 async fn logged(backend: Backend) -> (String, Scratch, AnyStore) {
-    let (address, scratch) = Scratch::new(backend).await;
-    ok(&address, &["store", "migrate"]);
-    let store = AnyStore::open(
-        &StoreAddress::parse(&address).unwrap(),
-        OpenOptions::default(),
+    store_with(
+        backend,
+        (0..LOGGED / 1000).map(|page| {
+            let events = (0..1000)
+                .map(|i| {
+                    let (kind, version, payload) =
+                        Event::Leadership(LeadershipEvent::AnchorRecorded {
+                            position: page * 1000 + i,
+                            hash: "0".repeat(64),
+                        })
+                        .encode();
+                    NewEvent::new(kind, version, payload)
+                })
+                .collect();
+            vec![StreamAppend::new("anchors", ExpectedVersion::Any, events)]
+        }),
     )
     .await
-    .unwrap();
-    let lease = store
-        .acquire_lease("seed", Duration::from_secs(30))
-        .await
-        .unwrap();
-    let w = Writer::Leader(lease.token.clone());
-    for page in 0..LOGGED / 1000 {
-        let events = (0..1000)
-            .map(|i| {
-                let (kind, version, payload) = Event::Leadership(LeadershipEvent::AnchorRecorded {
-                    position: page * 1000 + i,
-                    hash: "0".repeat(64),
-                })
-                .encode();
-                NewEvent::new(kind, version, payload)
-            })
-            .collect();
-        store
-            .append(
-                &w,
-                &[StreamAppend::new("anchors", ExpectedVersion::Any, events)],
-            )
-            .await
-            .unwrap();
-    }
-    store.release_lease(&lease.token).await.unwrap();
-    (address, scratch, store)
 }
 
 /// The server's "views started" line: from which snapshot position it
