@@ -209,7 +209,11 @@ fn body(stream: bool) -> String {
 }
 
 async fn one(client: &reqwest::Client, url: &str, stream: bool) -> Duration {
-    let t = Instant::now();
+    one_since(client, url, stream, Instant::now()).await
+}
+
+/// A request's time counted from `t`, when it was due.
+async fn one_since(client: &reqwest::Client, url: &str, stream: bool, t: Instant) -> Duration {
     // The key is ignored where auth is off.
     let resp = client
         .post(url)
@@ -243,11 +247,21 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 async fn fixed_rate(client: &reqwest::Client, url: &str, rate: u64, seconds: u64) -> Vec<Duration> {
     let mut tick = tokio::time::interval(Duration::from_nanos(1_000_000_000 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    // A router that falls behind must not run the process out of file
+    // descriptors (four a request in flight: the client's, and the
+    // in-process gateway's three): past this many in flight a request
+    // waits for one to finish, and its wait counts in its time, since
+    // its time runs from when it was due.
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(2000));
     let mut tasks = Vec::new();
     for _ in 0..rate * seconds {
         tick.tick().await;
-        let (c, u) = (client.clone(), url.to_owned());
-        tasks.push(tokio::spawn(async move { one(&c, &u, false).await }));
+        let due = Instant::now();
+        let (c, u, slots) = (client.clone(), url.to_owned(), in_flight.clone());
+        tasks.push(tokio::spawn(async move {
+            let _slot = slots.acquire_owned().await.unwrap();
+            one_since(&c, &u, false, due).await
+        }));
     }
     let mut out = Vec::new();
     for t in tasks {
