@@ -1,4 +1,5 @@
--- See postgres/0006_snapshots_compressed.sql.
+-- See postgres/0006_snapshots_compressed.sql. SQLite cannot change a
+-- column's type, so the table is made again.
 DROP TABLE es_snapshots;
 CREATE TABLE es_snapshots (
     name          TEXT    PRIMARY KEY,

@@ -718,6 +718,11 @@ async fn the_upgrade_to_compressed_snapshots_drops_the_old_ones_and_keeps_the_lo
             for sql in undo {
                 sqlx::raw_sql(sql).execute(&pool).await.unwrap();
             }
+            // An operator's grant on the table, which the upgrade keeps.
+            sqlx::raw_sql("GRANT SELECT ON es_snapshots TO PUBLIC")
+                .execute(&pool)
+                .await
+                .unwrap();
             pool.close().await;
         }
         llmgw_eventstore::StoreAddress::Sqlite(path) => {
@@ -756,6 +761,14 @@ async fn the_upgrade_to_compressed_snapshots_drops_the_old_ones_and_keeps_the_lo
         .map(|e| e.position)
         .collect();
     assert_eq!(kept, [1, 2, 3]);
+    if let AnyStore::Postgres(pg) = &upgraded {
+        let acl: String =
+            sqlx::query_scalar("SELECT relacl::text FROM pg_class WHERE relname = 'es_snapshots'")
+                .fetch_one(pg.pool())
+                .await
+                .unwrap();
+        assert!(acl.contains("=r/"), "PUBLIC's SELECT is kept: {acl}");
+    }
 }
 
 /// A store holding `n` events on stream "s", at positions 1 to `n`, and
