@@ -188,12 +188,7 @@ pub(crate) async fn run(
         None
     };
     let views = match &log {
-        // One name for every server and every start: the views are the
-        // log's alone, and a snapshot is checked against the log before
-        // use. Named by instance (hostname-PID unless `control.instance`
-        // is set), a restarted server never found its last snapshot, and
-        // each start left one more row behind.
-        Some(log) => Some(follow(log, "views").await?),
+        Some(log) => Some(follow(log, llmgw_projections::VIEWS_SNAPSHOT).await?),
         None => None,
     };
     let keys = match (&views, plan.auth) {

@@ -10,8 +10,9 @@
 //! clocks on an embedded SQLite log, as `llmgw server` does. Each agent is
 //! one stream (fifty share a connection, as agents behind one proxy
 //! would; `--measure N --per-connection 1` gives each its own;
-//! `--exit-holding` leaves without freeing, for a heap profiler), registers eight H100s and heartbeats every 5 s from a random
-//! phase. CPU is the server process's user + system time over a 15 s window
+//! `--exit-holding` leaves without freeing, for a heap profiler),
+//! registers eight H100s and heartbeats every 5 s from a random phase.
+//! CPU is the server process's user + system time over a 15 s window
 //! after every agent has registered, as a share of one core; the idle
 //! control plane (no agents) is measured first, in the same run, as the
 //! baseline. Placement is timed on generated clusters of 1,000 and 10,000

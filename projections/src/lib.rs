@@ -26,7 +26,7 @@ pub use cluster::ClusterView;
 pub use lag::{Lag, lag_of};
 pub use replay::{parse_time, position_at, replay_to};
 pub use router::{Endpoint, RouterModel, RouterView};
-pub use runner::{Runner, RunnerError, SnapshotFloor};
+pub use runner::{Runner, RunnerError, SnapshotFloor, VIEWS_SNAPSHOT};
 pub use tenancy::{KeyEntry, TenancyView};
 pub use usage::{
     Bucket, DAILY_KEPT, DAY_MS, GroupBy, HOUR_MS, HOURLY_KEPT, ModelStats, PeriodSpend,

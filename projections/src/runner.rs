@@ -35,6 +35,13 @@ pub struct Runner<S> {
     last_len: usize,
 }
 
+/// The name a server's views are snapshotted under: one for every server
+/// and every start on a store. The views are the log's alone, and a
+/// snapshot is checked against the log before use, so servers sharing a
+/// store may share it; named by instance (hostname-PID by default), a
+/// restarted server never found its last snapshot.
+pub const VIEWS_SNAPSHOT: &str = "views";
+
 /// When the views are snapshotted: once `events` have been applied since
 /// the last snapshot, or once `interval` has passed since it with at least
 /// one event applied, never merely because the views caught up (under a

@@ -6,6 +6,7 @@
 use llmgw_domain::Event;
 use llmgw_domain::event::LeadershipEvent;
 use llmgw_eventstore::{AnyStore, ExpectedVersion, NewEvent, StreamAppend};
+use llmgw_projections::VIEWS_SNAPSHOT;
 use llmgw_testkit::{Backend, Scratch};
 
 use super::tenancy::{Mode, config, start};
@@ -96,7 +97,7 @@ async fn a_restart_replays_only_what_came_after_the_snapshot(b: Backend) {
     ));
     assert_eq!(views_started(&first.child), (0, LOGGED));
     drop(first);
-    assert_eq!(snapshot_names(&store).await, ["views"]);
+    assert_eq!(snapshot_names(&store).await, [VIEWS_SNAPSHOT]);
 
     // Restarted, as a control plane this time: it reads only what the
     // snapshot lacks (nothing, the log has not moved), and its own
@@ -121,5 +122,5 @@ async fn a_restart_replays_only_what_came_after_the_snapshot(b: Backend) {
     ));
     let (from, _) = views_started(&third.child);
     assert_eq!(from, LOGGED, "the third start took the same snapshot");
-    assert_eq!(snapshot_names(&store).await, ["views"]);
+    assert_eq!(snapshot_names(&store).await, [VIEWS_SNAPSHOT]);
 }

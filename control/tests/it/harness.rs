@@ -64,8 +64,9 @@ impl Server {
         )
         .await
         .unwrap();
+        // As `llmgw server` names its views' snapshot.
         let mut runner =
-            llmgw_projections::Runner::start(store.clone(), &format!("views-{}", config.instance))
+            llmgw_projections::Runner::start(store.clone(), llmgw_projections::VIEWS_SNAPSHOT)
                 .await
                 .unwrap();
         let views_at = runner.watch_position();
