@@ -252,3 +252,19 @@ fn memory_our_own_engine_holds_is_not_another_process() {
         "a card the driver cannot read stays out"
     );
 }
+
+/// A real H200's row, as nvidia-smi 580.159.04 printed it on a machine
+/// with one (2026-12-04; `scripts/gpu-check`, docs/hardware.md): the
+/// driver's 143,771 MiB make it `h200-140g`, the class NVML gave it too.
+#[test]
+fn a_real_h200_row_reads_as_its_class() {
+    let gpus = llmgw_agent::discovery::smi::parse(
+        "0, GPU-e5d5e115-203e-795a-bc7e-9386792b2883, NVIDIA H200, 143771, 0, 9.0, 00000000:00:06.0, 580.159.04, 39, 0, 0\n",
+    )
+    .unwrap();
+    let g = &gpus[0];
+    assert_eq!(g.class, "h200-140g");
+    assert_eq!(g.compute_capability, "9.0");
+    assert_eq!(nvml::normalize_bus_id(&g.pci_bus_id), "00:06.0");
+    assert!(g.health.ok(), "{:?}", g.health);
+}
