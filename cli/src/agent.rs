@@ -18,7 +18,7 @@ pub(crate) enum AgentCommand {
         #[arg(long)]
         nvidia_smi: Option<PathBuf>,
         /// Report no GPUs, whatever is installed (a CPU node).
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["nvidia_smi", "no_nvml"])]
         skip_gpus: bool,
         /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
         #[arg(long)]

@@ -129,6 +129,7 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
         .vllm_launch_mode
         .get_or_insert_with(|| "ray".into());
     a.engines.llamacpp_parallel.get_or_insert(0);
+    check(&a)?;
     if a.mgmt_addr.is_none() {
         // Engines and other nodes reach this node where the control plane
         // does; loopback only when the control plane is on this host.
@@ -142,6 +143,49 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
         });
     }
     Ok(a)
+}
+
+/// What the agent would refuse once it starts, refused here, so that
+/// `--check` says so too (and the start exits 2).
+fn check(a: &RunArgs) -> Result<(), ConfigError> {
+    if a.join.as_deref().is_some_and(|t| !t.trim().is_empty()) && a.tls_ca.is_some() {
+        return Err(ConfigError(
+            "--join (or LLMGW_AGENT_JOIN) and --tls-ca/--tls-cert/--tls-key are two ways to the same certificate: give one".into(),
+        ));
+    }
+    let seconds = [
+        ("heartbeat-s", a.heartbeat_s),
+        ("reconnect-max-s", a.reconnect_max_s),
+        ("stop-timeout-s", a.stop_timeout_s),
+        ("recheck-s", a.recheck_s),
+    ];
+    for (name, v) in seconds {
+        if v.is_some_and(|v| !(v.is_finite() && v > 0.0 && v < 86_400.0)) {
+            return Err(ConfigError(format!(
+                "--{name} must be a positive number of seconds, under a day"
+            )));
+        }
+    }
+    if a.engine_log_retention_h
+        .is_some_and(|h| !(h.is_finite() && h >= 0.0))
+    {
+        return Err(ConfigError(
+            "--engine-log-retention-h must be 0 (for ever) or a positive number of hours".into(),
+        ));
+    }
+    // A CPU node asks no one about GPUs: naming how to ask would do nothing.
+    if a.skip_gpus == Some(true) {
+        let set = [
+            (a.nvidia_smi.is_some(), "--nvidia-smi"),
+            (a.no_nvml == Some(true), "--no-nvml"),
+        ];
+        if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
+            return Err(ConfigError(format!(
+                "{what} says how to find GPUs, and --skip-gpus reports none: give one"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn merge(a: &mut RunArgs, f: AgentFile) -> Result<(), ConfigError> {

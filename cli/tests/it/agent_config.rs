@@ -146,6 +146,63 @@ fn an_unknown_or_wrong_key_is_refused_with_its_name() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// What the agent would refuse once started, `--check` refuses too, with
+/// exit 2: a check that passes is a start that does.
+#[test]
+fn check_refuses_what_the_start_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("x.pem");
+    std::fs::write(&pem, "").unwrap();
+    let pem = pem.to_str().unwrap();
+    let server = ["--server", "127.0.0.1:7443"];
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--heartbeat-s", "0"],
+            "--heartbeat-s must be a positive number",
+        ),
+        (&["--recheck-s=-1"], "--recheck-s must be a positive number"),
+        (
+            &["--engine-log-retention-h=-2"],
+            "--engine-log-retention-h must be 0",
+        ),
+        (
+            &[
+                "--join",
+                "tok",
+                "--tls-ca",
+                pem,
+                "--tls-cert",
+                pem,
+                "--tls-key",
+                pem,
+            ],
+            "two ways to the same certificate",
+        ),
+        (
+            &["--skip-gpus", "--nvidia-smi", "/opt/bin/nvidia-smi"],
+            "--nvidia-smi says how to find GPUs, and --skip-gpus reports none",
+        ),
+    ];
+    for (args, says) in cases {
+        let (code, json, err) = check(&[&server[..], args].concat(), &[]);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(json, Value::Null, "{args:?}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let (code, _, err) = check(
+        &server,
+        &[("LLMGW_AGENT_SKIP_GPUS", "1"), ("LLMGW_AGENT_NO_NVML", "1")],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--no-nvml says how to find GPUs"), "{err}");
+    let (code, json, err) = check(
+        &[&server[..], &["--skip-gpus", "--no-nvml=false"]].concat(),
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json["skip_gpus"], true);
+}
+
 /// An agent given only `--config` joins a real server as the file says:
 /// its id, its labels (a node selector places the model on it), and the
 /// address it was reached at, its own on the route to the server, which
