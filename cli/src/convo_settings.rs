@@ -76,6 +76,15 @@ pub(crate) fn convo_plan(
             ));
         }
         (Some(t), false) => {
+            // Without keys capture is the pool's one switch; with keys it is
+            // each project's, so the cap is read whenever one turns it on.
+            if !t.capture && c.capture_max_bytes.is_some() {
+                return Err(ConfigError(
+                    "conversations.capture_max_bytes applies only where replies are captured: \
+                     set threads.capture: true or remove it"
+                        .into(),
+                ));
+            }
             check_retention(t.retain_hours)
                 .map_err(|r| ConfigError(format!("threads.retain_hours: {}", r.reason)))?;
             plan.settings.open_threads = Some(ThreadsSetting {

@@ -78,20 +78,25 @@ fn check(line: &str) -> Option<String> {
     globals.extend(["help".into(), "version".into()]);
     let words = line.split_whitespace().skip(1);
     let mut expects_value = false;
+    // `--auth [BOOL]`: a value only when the next word is not a flag.
+    let mut value_optional = false;
     for w in words {
-        if expects_value {
+        if expects_value && !(value_optional && w.starts_with('-')) {
             expects_value = false;
             continue;
         }
+        expects_value = false;
         if let Some(flag) = w.strip_prefix("--") {
             let name = flag.split('=').next().unwrap_or_default();
             let arg = cmd.get_arguments().find(|a| a.get_long() == Some(name));
             match arg {
                 Some(a) => {
                     expects_value = !flag.contains('=') && a.get_action().takes_values();
+                    value_optional = a.get_num_args().is_some_and(|n| n.min_values() == 0);
                 }
                 None if globals.iter().any(|g| g == name) => {
                     expects_value = !flag.contains('=') && name != "help" && name != "version";
+                    value_optional = false;
                 }
                 None => return Some(format!("`{line}`: no option --{name}")),
             }

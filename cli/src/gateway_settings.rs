@@ -81,6 +81,26 @@ pub(crate) fn gateway_config(
             g.breaker.cool_down = interval("router.breaker.cool_down", v)?;
         }
     }
+    if let Some(p) = &router.prefix
+        && p.enabled == Some(false)
+    {
+        // With prefix routing off the least loaded endpoint is taken and
+        // nothing else is read: its settings would do nothing.
+        let set = [
+            (p.min_match.is_some(), "router.prefix.min_match"),
+            (p.match_ratio.is_some(), "router.prefix.match_ratio"),
+            (p.balance_abs.is_some(), "router.prefix.balance_abs"),
+            (p.balance_rel.is_some(), "router.prefix.balance_rel"),
+            (p.ttl.is_some(), "router.prefix.ttl"),
+            (p.max_nodes.is_some(), "router.prefix.max_nodes"),
+            (router.session_header.is_some(), "router.session_header"),
+        ];
+        if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
+            return Err(ConfigError(format!(
+                "{what} applies only with prefix routing on: remove it or router.prefix.enabled: false"
+            )));
+        }
+    }
     if let Some(p) = &router.prefix {
         let a = &mut g.affinity;
         if let Some(on) = p.enabled {
@@ -108,6 +128,19 @@ pub(crate) fn gateway_config(
     let ad = &mut g.admission;
     if let Some(on) = admission.enabled {
         ad.enabled = on;
+    }
+    // Off, nothing is held: the ceilings still say when a pool is full
+    // (pool_saturation), but the holding bounds would do nothing.
+    if !ad.enabled {
+        let set = [
+            (admission.max_wait.is_some(), "admission.max_wait"),
+            (admission.max_waiting.is_some(), "admission.max_waiting"),
+        ];
+        if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
+            return Err(ConfigError(format!(
+                "{what} applies only with admission on: remove it or admission.enabled: false"
+            )));
+        }
     }
     if let Some(b) = &admission.default_band {
         ad.default_band = llmgw_domain::tenancy::Band::parse(b).ok_or_else(|| {

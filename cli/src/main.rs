@@ -188,13 +188,21 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The server's own file may name a store too: the flag and the
+    // variable win over it, and it over the default.
+    let server_store = server::StoreArg {
+        address: cli.store.clone(),
+        named: matches
+            .value_source("store")
+            .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue),
+    };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Events(cmd) => events::run(&cli.store, cmd).await,
             Command::Store(cmd) => store::run(&cli.store, cmd).await,
             Command::Lease(cmd) => lease::run(&cli.store, cmd).await,
             Command::SimEngine(args) => sim::run(args).await,
-            Command::Server(args) => server::run(&cli.store, args).await,
+            Command::Server(args) => server::run(&server_store, args).await,
             Command::Agent(cmd) => agent::run(cmd).await,
             Command::Ctl(cmd) => ctl::run(cmd).await,
             Command::Keys(cmd) => keys::run(&cli.store, cmd).await,

@@ -53,6 +53,9 @@ pub(crate) struct UsageSettings {
 #[derive(Debug)]
 pub(crate) struct Plan {
     pub store: String,
+    /// The store was named (not the default): every mode opens it, and a
+    /// router without keys or usage takes its catalog.
+    pub store_named: bool,
     pub listen: Listen,
     /// Static endpoints, fallbacks, routing, admission and the default
     /// price.
@@ -177,7 +180,7 @@ pub(crate) async fn run(
         tracing::warn!(addr = %plan.listen.admin, "the admin listener is not on loopback");
     }
     let instance = instance(&plan);
-    let needs_log = plan.control.is_some() || plan.auth || plan.usage.is_some();
+    let needs_log = plan.store_named || plan.control.is_some() || plan.auth || plan.usage.is_some();
     let log = if needs_log {
         let address = llmgw_eventstore::StoreAddress::parse(&plan.store)?;
         Some(
@@ -606,6 +609,7 @@ pub(crate) fn up_plan(store: String, listen: Listen, control: ControlConfig) -> 
     web.settings.place.port_range = control.port_range;
     Plan {
         store,
+        store_named: true,
         listen,
         gateway: GatewayConfig::default(),
         control: Some(control),

@@ -46,12 +46,14 @@ pub(crate) struct ServerArgs {
     fallbacks: Vec<(String, Vec<String>)>,
     /// Require API keys, looked up (by hash) in the tenancy view of the
     /// event log at --store; a key decides the band and the models.
-    #[arg(long, env = "LLMGW_AUTH")]
-    auth: bool,
+    /// `--auth false` (or LLMGW_AUTH=false) turns off what the file turns on.
+    #[arg(long, env = "LLMGW_AUTH", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    auth: Option<bool>,
     /// Append a usage record per request to the event log at --store
     /// (batched, off the request path; a full queue drops and counts).
-    #[arg(long, env = "LLMGW_RECORD_USAGE")]
-    record_usage: bool,
+    /// `false` turns off what the file turns on (keys still record).
+    #[arg(long, env = "LLMGW_RECORD_USAGE", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    record_usage: Option<bool>,
     /// On SIGTERM or SIGINT, how long requests and streams in flight get
     /// to finish before they are cut (default 30s); new connections are
     /// refused at once.
@@ -76,7 +78,15 @@ pub(crate) enum ServerCommand {
     Init(crate::init::InitArgs),
 }
 
-fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, ConfigError> {
+/// `--store` as given: its address (the default when not given) and
+/// whether the command line or LLMGW_STORE named it.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreArg {
+    pub address: String,
+    pub named: bool,
+}
+
+fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, ConfigError> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let file = config::load(a.config.as_deref(), &env)?;
     let addr = |key: &str, v: Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
@@ -139,9 +149,10 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
             )));
         }
     }
-    let auth = a.auth || file.auth.enabled;
+    // A flag or its variable wins over the file, both ways.
+    let auth = a.auth.unwrap_or(file.auth.enabled);
     // Budgets are spent by usage records: with keys on, usage is recorded.
-    let record_usage = auth || a.record_usage || file.record_usage;
+    let record_usage = auth || a.record_usage.unwrap_or(file.record_usage);
     let usage = crate::serve::UsageSettings {
         flush: match &file.auth.flush_interval {
             Some(v) => config::duration("auth.flush_interval", v)?,
@@ -182,20 +193,47 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
     }
     let mut gateway = crate::gateway_settings::gateway_config(&file.router, &file.admission)?;
     let connections = crate::gateway_settings::connection_limits(&file.connections)?;
+    // Only prefix routing reads what an engine's KV-cache events say.
+    if !gateway.affinity.enabled
+        && let Some(e) = endpoints.iter().find(|e| e.kv_events.is_some())
+    {
+        return Err(ConfigError(format!(
+            "endpoint {}: kv_events applies only with prefix routing on (router.prefix.enabled)",
+            e.id
+        )));
+    }
     gateway.endpoints = endpoints;
     gateway.fallbacks = file.fallbacks.clone();
     gateway.fallbacks.extend(a.fallbacks);
     gateway.default_price = file.auth.default_price.unwrap_or_default();
-    let store = file
-        .store
-        .clone()
-        .unwrap_or_else(|| default_store.to_owned());
+    // The flag or the variable wins over the file, the file over the
+    // default. A named store is opened in every mode; the default only by
+    // a mode that needs a log, so a plain router leaves no file behind.
+    let (store_named, store) = match (&file.store, store.named) {
+        (Some(from_file), false) => (true, from_file.clone()),
+        (_, named) => (named, store.address.clone()),
+    };
     let shutdown_grace = match a.shutdown_grace.as_ref().or(file.shutdown_grace.as_ref()) {
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
     };
+    let metrics = a
+        .metrics_listen
+        .or(addr("metrics_listen", file.metrics_listen)?);
+    if metrics.is_none()
+        && file
+            .connections
+            .max
+            .as_ref()
+            .is_some_and(|m| m.metrics.is_some())
+    {
+        return Err(ConfigError(
+            "connections.max.metrics applies only with a metrics listener: set metrics_listen or remove it".into(),
+        ));
+    }
     Ok(crate::serve::Plan {
         store,
+        store_named,
         listen: crate::serve::Listen {
             client: a
                 .listen
@@ -206,9 +244,7 @@ fn settings(a: ServerArgs, default_store: &str) -> Result<crate::serve::Plan, Co
                 .admin_listen
                 .or(addr("admin_listen", file.admin_listen)?)
                 .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into()),
-            metrics: a
-                .metrics_listen
-                .or(addr("metrics_listen", file.metrics_listen)?),
+            metrics,
             agent: agent_listen.unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
             agent_tls,
             connections,
@@ -493,9 +529,9 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?} is not HOST:PORT or :PORT"))
 }
 
-pub(crate) async fn run(store: &str, mut a: ServerArgs) -> anyhow::Result<Outcome> {
+pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<Outcome> {
     if let Some(ServerCommand::Init(init)) = a.command.take() {
-        return crate::init::run(store, init).await;
+        return crate::init::run(&store.address, init).await;
     }
     let check = a.check;
     let plan = settings(a, store)?;

@@ -44,14 +44,20 @@ impl Routes {
         }
     }
 
-    /// The table the router view describes. Fallbacks from the
-    /// configuration stay for models the catalog gives none.
+    /// The table the router view describes. A model's fallbacks in this
+    /// server's configuration win over the catalog's: they are the more
+    /// particular setting, and a setting given is never dropped.
     fn from_view(view: &RouterView, configured: &HashMap<String, Vec<String>>) -> Self {
         let aliases: HashMap<String, String> = view.aliases.clone().into_iter().collect();
         let canonical = |n: &String| aliases.get(n).cloned().unwrap_or_else(|| n.clone());
-        let mut fallbacks = configured.clone();
-        for m in view.models.values().filter(|m| !m.fallbacks.is_empty()) {
-            fallbacks.insert(m.name.clone(), m.fallbacks.iter().map(canonical).collect());
+        let mut fallbacks: HashMap<String, Vec<String>> = view
+            .models
+            .values()
+            .filter(|m| !m.fallbacks.is_empty())
+            .map(|m| (m.name.clone(), m.fallbacks.iter().map(canonical).collect()))
+            .collect();
+        for (model, to) in configured {
+            fallbacks.insert(canonical(model), to.iter().map(canonical).collect());
         }
         Routes {
             catalog: view.models.keys().cloned().collect(),
@@ -249,6 +255,43 @@ mod tests {
             !before.catalogued("big"),
             "a table already taken is never changed"
         );
+    }
+
+    #[test]
+    fn configured_fallbacks_win_over_the_catalogs_and_are_made_canonical() {
+        let mut view = RouterView::default();
+        let mut small = Model::named("small");
+        small.aliases = vec!["small-latest".into()];
+        let mut big = Model::named("big");
+        big.aliases = vec!["big-latest".into()];
+        big.fallbacks = vec!["small".into()];
+        let mut mid = Model::named("mid");
+        mid.fallbacks = vec!["small".into()];
+        for model in [small, big, mid, Model::named("other")] {
+            view.apply_event(
+                Stamp {
+                    position: 0,
+                    recorded_at_ms: 0,
+                },
+                &Event::Catalog(CatalogEvent::ModelAdded { model }),
+            );
+        }
+        let configured = HashMap::from([(
+            "big-latest".to_string(),
+            vec!["other".to_string(), "small-latest".to_string()],
+        )]);
+        let gw = Gateway::new(
+            crate::GatewayConfig {
+                fallbacks: configured,
+                ..crate::GatewayConfig::default()
+            },
+            None,
+        )
+        .unwrap();
+        gw.apply_router_view(&view);
+        let routes = gw.routes.load();
+        assert_eq!(routes.fallbacks("big"), ["other", "small"]);
+        assert_eq!(routes.fallbacks("mid"), ["small"], "the catalog's stay");
     }
 
     #[test]

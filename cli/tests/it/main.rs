@@ -42,6 +42,7 @@ mod plan;
 mod provision;
 mod restart;
 mod shell;
+mod store_setting;
 mod tenancy;
 mod tool_check;
 mod upstream;

@@ -585,6 +585,27 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "models:\n  - name: m\n    profiles: [{name: p, engine: sim, gpu_clas: x}]\n",
             "unknown field `gpu_clas` in models.0.profiles.0",
         ),
+        // Settings under a switch that is off.
+        (
+            "router: {prefix: {enabled: false, ttl: 1h}}\n",
+            "router.prefix.ttl applies only with prefix routing on",
+        ),
+        (
+            "router: {session_header: x-conv, prefix: {enabled: false}}\n",
+            "router.session_header applies only with prefix routing on",
+        ),
+        (
+            "admission: {enabled: false, max_wait: 60s}\n",
+            "admission.max_wait applies only with admission on",
+        ),
+        (
+            "connections: {max: {metrics: 1}}\n",
+            "connections.max.metrics applies only with a metrics listener",
+        ),
+        (
+            "threads: {retain_hours: 24, capture: false}\nconversations: {capture_max_bytes: 10}\n",
+            "conversations.capture_max_bytes applies only where replies are captured",
+        ),
     ];
     for (extra, says) in cases {
         let path = config(
@@ -604,6 +625,108 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
         assert!(err.contains(says), "expected {says:?} for {extra:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
+}
+
+/// `--check` of a router-only file with `extra` under `env` and `args`:
+/// its exit status and what it printed.
+fn check_with(extra: &str, env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("x.db").display());
+    let path = config(
+        dir.path(),
+        "c",
+        &store,
+        "127.0.0.1:9",
+        Mode::RouterOnly,
+        extra,
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_AUTH")
+        .env_remove("LLMGW_RECORD_USAGE")
+        .envs(env.iter().copied())
+        .args(["server", "--config", &path, "--check"])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// A flag or its variable wins over the file in both directions: it can
+/// turn off what the file turns on, and the kv_events an endpoint flag
+/// names are refused when the file turns prefix routing off.
+#[test]
+fn a_flag_or_its_variable_wins_over_the_file_both_ways() {
+    let keyed = "auth: true\n";
+    for (env, args) in [
+        (&[("LLMGW_AUTH", "false")][..], &[][..]),
+        (&[][..], &["--auth=false"][..]),
+    ] {
+        let (code, out) = check_with(keyed, env, args);
+        assert_eq!(code, Some(0), "{out}");
+        assert!(
+            out.contains("router only, no keys"),
+            "{env:?} {args:?}: {out}"
+        );
+    }
+    let (_, out) = check_with("", &[], &["--auth"]);
+    assert!(out.contains("router only, keys required"), "{out}");
+    let (_, out) = check_with("", &[("LLMGW_AUTH", "true")], &[]);
+    assert!(out.contains("router only, keys required"), "{out}");
+
+    // Usage turned off by the variable: the batcher's settings in the file
+    // now apply to nothing, and are refused.
+    let recorded = "record_usage: true\nauth: {flush_interval: 1s}\n";
+    let (code, out) = check_with(recorded, &[], &[]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = check_with(recorded, &[("LLMGW_RECORD_USAGE", "false")], &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("auth.flush_interval applies only when usage is recorded"),
+        "{out}"
+    );
+
+    let (code, out) = check_with(
+        "router: {prefix: {enabled: false}}\n",
+        &[],
+        &[
+            "--endpoint",
+            "e9=http://127.0.0.1:9=m;kv_events=tcp://127.0.0.1:5557;tokenizer=sim",
+        ],
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("endpoint e9: kv_events applies only with prefix routing on"),
+        "{out}"
+    );
+}
+
+/// LLMGW_STORE wins over the file's `store:`, as `--store` does: the
+/// server opens the store the variable names and never the file's.
+#[test]
+fn the_store_variable_wins_over_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from_file, from_env) = (dir.path().join("file.db"), dir.path().join("env.db"));
+    let path = config(
+        dir.path(),
+        "s",
+        &format!("sqlite://{}", from_file.display()),
+        "127.0.0.1:9",
+        Mode::RouterOnly,
+        "",
+    );
+    let server = Child::spawn_env(
+        &["server", "--config", &path],
+        &[("LLMGW_STORE", format!("sqlite://{}", from_env.display()))],
+    );
+    Child::expect(&server.stderr, "views started");
+    drop(server);
+    assert!(from_env.exists(), "the variable's store was not opened");
+    assert!(!from_file.exists(), "the file's store was opened");
 }
 
 /// `keys init` and `events import` give a fresh store its schema, as a
