@@ -745,6 +745,9 @@ impl Tenancy {
             },
             C::Claim { key_id } => match self.keys.get(&key_id) {
                 None => return Err(Rejection::not_found(format!("no key {key_id}"))),
+                Some(k) if k.revoked => {
+                    return Err(Rejection::conflict(format!("key {key_id} is revoked")));
+                }
                 Some(_) => vec![E::KeyClaimed { key_id }],
             },
             C::SetThreads {

@@ -453,6 +453,40 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let mut late = Visit::new(&base);
     assert_eq!(late.get(&path).await.status, StatusCode::NOT_FOUND);
 
+    // A link whose key was revoked after it was made shows nothing.
+    let link = keys_ok(
+        &store,
+        &admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "gone",
+            "--claim",
+            "--base-url",
+            &base,
+        ],
+    );
+    let path = link.trim().strip_prefix(base.as_str()).unwrap().to_owned();
+    let listed: serde_json::Value =
+        serde_json::from_str(&keys_ok(&store, &admin, &["list", "--json"])).unwrap();
+    let gone_id = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "gone")
+        .unwrap()["key_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    keys_ok(&store, &admin, &["revoke", &gone_id]);
+    let mut visitor = Visit::new(&base);
+    let offer = visitor.get(&path).await;
+    let refused = visitor.post(&path, &[("csrf", &offer.csrf())]).await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND, "{}", refused.body);
+    assert!(!refused.body.contains("llmgw-sk-"));
+
     // Suspension closes the sessions; the keys keep working until revoked.
     users(&store, &admin, &["suspend", &id]);
     assert!(!ayse.signed_in().await);

@@ -402,7 +402,7 @@ fn a_person_is_approved_into_a_project_and_an_erased_one_stays_powerless() {
 }
 
 #[test]
-fn a_claim_link_is_offered_only_for_a_live_key() {
+fn a_claim_link_is_offered_and_claimed_only_for_a_live_key() {
     let mut t = tree();
     let offer = |t: &Tenancy, id: &str| {
         t.decide(C::OfferClaim {
@@ -410,6 +410,7 @@ fn a_claim_link_is_offered_only_for_a_live_key() {
             by: "ops".into(),
         })
     };
+    let claim = |t: &Tenancy| t.decide(C::Claim { key_id: "k".into() });
     assert!(
         offer(&t, "nope")
             .unwrap_err()
@@ -417,6 +418,7 @@ fn a_claim_link_is_offered_only_for_a_live_key() {
             .contains("no key nope")
     );
     assert_eq!(offer(&t, "k").unwrap().len(), 1);
+    assert_eq!(claim(&t).unwrap().len(), 1);
     run(
         &mut t,
         C::RevokeKey {
@@ -425,6 +427,7 @@ fn a_claim_link_is_offered_only_for_a_live_key() {
         },
     );
     assert!(offer(&t, "k").unwrap_err().reason.contains("revoked"));
+    assert!(claim(&t).unwrap_err().reason.contains("revoked"));
 }
 
 #[test]

@@ -91,6 +91,19 @@ pub(super) async fn reveal(
             return Err(WebError::Internal(format!("claiming a key: {}", safe(&e))));
         }
     };
+    // A key revoked since the link was made is dead: its secret is not
+    // shown, and the link (wiped by the take above) is used up.
+    let revoked = web
+        .views()
+        .tenancy
+        .tenancy
+        .keys
+        .get(&claimed.key_id)
+        .is_none_or(|k| k.revoked);
+    if revoked {
+        tracing::warn!(key_id = %claimed.key_id, "a claim link for a revoked key was used; nothing shown");
+        return gone(&web, &visitor);
+    }
     let event = Event::Tenancy(TenancyEvent::KeyClaimed {
         key_id: claimed.key_id.clone(),
     });
