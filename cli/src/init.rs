@@ -419,6 +419,20 @@ async fn tenancy_and_admin(store: &str, admin: &str, say: &mut Report) -> anyhow
                     .sign_up(admin, "", &password, chrono::Utc::now())
                     .await?
                     .with_context(|| format!("{admin} signed up meanwhile: run init again"))?;
+                // Without its fact in the log the account could never be
+                // approved, and no command would see it: a refused decision
+                // (a server holding the lease, say) takes the row back out,
+                // before a password that opens nothing is shown.
+                if let Err(refused) = decide(vec![T::SignUp {
+                    user_id: user_id.clone(),
+                }])
+                .await
+                {
+                    if let Err(e) = people.erase(&user_id).await {
+                        tracing::error!(user_id = %user_id, error = %e, "erasing a sign-up the log did not take");
+                    }
+                    return Err(refused.context(format!("{admin} was not made")));
+                }
                 // Printed before anything else can fail: it is never shown again.
                 say.done(format!("admin {admin} ({user_id})"))?;
                 say.line(format!("admin password (shown only now): {password}"))?;

@@ -490,6 +490,49 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
         .await
         .unwrap();
     assert_eq!(admin_page.status(), 200, "the admin sees the admin pages");
+
+    // While the server leads, init cannot decide a new admin's sign-up: it
+    // fails, shows no password, and leaves no half-made person behind, so
+    // that it makes the admin once the server is stopped.
+    let init_bob = || {
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_CONFIG")
+            .current_dir(root.path())
+            .args(["server", "init", "--admin", "bob@example.org", "--dir"])
+            .arg(&etc)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap()
+    };
+    let refused = init_bob();
+    let (out, err) = (
+        String::from_utf8_lossy(&refused.stdout),
+        String::from_utf8_lossy(&refused.stderr),
+    );
+    assert!(!refused.status.success(), "{out}");
+    assert!(err.contains("bob@example.org was not made"), "{err}");
+    assert!(!out.contains("password"), "{out}");
+    // A clean stop gives the lease up.
+    let mut server = server;
+    let pid = server.process.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(server.process.wait().unwrap().success());
+    let made = init_bob();
+    let out = String::from_utf8_lossy(&made.stdout);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    assert!(out.contains("admin password (shown only now): "), "{out}");
 }
 
 /// An authority and a server certificate for 127.0.0.1, as `llmgw ctl
