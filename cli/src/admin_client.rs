@@ -42,6 +42,8 @@ pub(crate) enum Api {
     Local {
         routes: axum::Router,
         admin: String,
+        /// Asked for (`--offline`), rather than fallen back to.
+        offline: bool,
         _follower: tokio::task::JoinHandle<()>,
     },
 }
@@ -71,7 +73,7 @@ async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
     }
 }
 
-async fn local(store: &str, admin: &str) -> anyhow::Result<Api> {
+async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
     let address = llmgw_eventstore::StoreAddress::parse(store)?;
     // A fresh store gets its schema, as a server would give it.
     let log =
@@ -96,6 +98,7 @@ async fn local(store: &str, admin: &str) -> anyhow::Result<Api> {
             Arc::new(llmgw_people::People::new(&log, Default::default())),
         ),
         admin: admin.to_owned(),
+        offline,
         _follower: follower,
     })
 }
@@ -112,7 +115,7 @@ impl Api {
                 http,
             });
         }
-        local(store, &to.admin).await
+        local(store, &to.admin, to.offline).await
     }
 
     pub(crate) async fn call<T: DeserializeOwned>(
@@ -162,9 +165,14 @@ impl Api {
                     "the server at --admin keeps no keys: it runs without auth and record_usage (or is an older llmgw); pass --offline to write to --store instead"
                 );
             }
-            if let Api::Local { admin, .. } = self
+            if let Api::Local { admin, offline, .. } = self
                 && status == 423
             {
+                if *offline {
+                    bail!(
+                        "{why}; --offline writes only while no server holds the lease: leave it out to go through {admin}"
+                    );
+                }
                 bail!(
                     "{why}; no admin API answers at {admin}: pass --admin with a server's admin address (a standby forwards to the leader)"
                 );

@@ -543,6 +543,19 @@ async fn two_concurrent_creates_of_one_name_make_one_key() {
     );
     let list = keys_ok(&store, &server.admin, &["list", "--json"]);
     assert_eq!(list.matches("\"name\":\"twin\"").count(), 1, "{list}");
+    // --offline while the server leads: refused, and the error says why
+    // (the admin API did answer).
+    let forced = keys(
+        &store,
+        &server.admin,
+        &["create", "--offline", "--project", "p", "--name", "forced"],
+    );
+    let err = String::from_utf8_lossy(&forced.stderr);
+    assert!(!forced.status.success());
+    assert!(
+        err.contains("--offline writes only while no server holds the lease"),
+        "{err}"
+    );
 }
 
 /// A setting a mode cannot honour stops the start with one line.
