@@ -54,6 +54,9 @@ struct Session {
     /// that the agent can tell a deposed sender. Sessions never outlive
     /// it (losing the lease drops them all).
     epoch: u64,
+    /// Where the agent said its node is reached: a second agent claiming
+    /// the node from elsewhere is another machine, not a restart.
+    mgmt_addr: String,
     tx: crate::outbox::Sender<Outgoing>,
 }
 
@@ -359,6 +362,26 @@ impl llmgw_api::AgentService for AgentSvc {
                 "this certificate is for node {cn}, not {node}: issue one with `llmgw ctl cert issue-client {node}`"
             )));
         }
+        // Two machines under one node id (a cloned image's hostname, say)
+        // would take the node from each other on every reconnect, each
+        // failing the other's replicas. A restart keeps its address, and
+        // a node that moved is let in once the old stream has gone quiet.
+        let holder = lock(&cp.agents.sessions)
+            .get(&node)
+            .filter(|s| s.mgmt_addr != reg.mgmt_addr)
+            .map(|s| s.mgmt_addr.clone());
+        if let Some(other) = holder
+            && cp
+                .observed
+                .last_seen(&node)
+                .is_some_and(|t| t.elapsed() < cp.config.unreachable_after)
+        {
+            tracing::warn!(node = %node, connected = %other, claimed_by = %reg.mgmt_addr, "refused a second agent for a connected node");
+            return Err(Status::already_exists(format!(
+                "node {node} is connected from {other}; this agent at {} claims the same id: give each machine its own --node-id",
+                reg.mgmt_addr
+            )));
+        }
         // The session's span: what the server does for this node, from its
         // registration to the stream's end, carries the node's name.
         let span = tracing::info_span!("agent_session", node = %node);
@@ -410,6 +433,7 @@ impl llmgw_api::AgentService for AgentSvc {
                 Session {
                     generation,
                     epoch: token.epoch,
+                    mgmt_addr: reg.mgmt_addr.clone(),
                     tx,
                 },
             );

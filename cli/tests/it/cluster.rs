@@ -1594,3 +1594,52 @@ async fn status_counts_replicas_waiting_for_a_place() {
         "{status}"
     );
 }
+
+/// Two machines under one node id (a cloned image's hostname): while the
+/// first heartbeats, the second is refused and told why, and the node
+/// stays the first's; once the first has gone quiet, the second takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_machine_under_a_connected_node_id_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "twins", &store, port, 0));
+    let servers = format!("http://127.0.0.1:{port}");
+    let node_addr = || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        let twin = nodes
+            .as_array()?
+            .iter()
+            .find(|n| n["id"] == "twin")?
+            .clone();
+        (twin["connected"] == true).then(|| twin["addr"].as_str().unwrap_or_default().to_owned())
+    };
+    let first = start_agent(&servers, "twin", "127.0.31.2");
+    until("the first machine's node", || async {
+        node_addr().await.filter(|a| a == "127.0.31.2")
+    })
+    .await;
+    let second = start_agent(&servers, "twin", "127.0.31.3");
+    // Bounded as a whole: two agents taking the node from each other log
+    // without pause, so a wait per line would never end.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let line = second
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the second agent was told why it was refused");
+        if line.contains("claims the same id") {
+            break line;
+        }
+    };
+    assert!(
+        refused.contains("node twin is connected from 127.0.31.2"),
+        "{refused}"
+    );
+    assert_eq!(node_addr().await.as_deref(), Some("127.0.31.2"));
+    drop(first);
+    until("the second machine to take the node", || async {
+        node_addr().await.filter(|a| a == "127.0.31.3")
+    })
+    .await;
+}
