@@ -99,7 +99,7 @@ pub(super) async fn reveal(
         .tenancy
         .keys
         .get(&claimed.key_id)
-        .is_none_or(|k| k.revoked);
+        .is_some_and(|k| k.revoked);
     if revoked {
         tracing::warn!(key_id = %claimed.key_id, "a claim link for a revoked key was used; nothing shown");
         return gone(&web, &visitor);
