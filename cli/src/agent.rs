@@ -210,7 +210,7 @@ fn label(s: &str) -> Result<(String, String), String> {
 }
 
 fn seconds(name: &str, v: f64) -> anyhow::Result<std::time::Duration> {
-    if !(v.is_finite() && v > 0.0 && v < 86_400.0) {
+    if !crate::agent_config::valid_seconds(v) {
         anyhow::bail!("--{name} must be a positive number of seconds");
     }
     Ok(std::time::Duration::from_secs_f64(v))

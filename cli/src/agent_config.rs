@@ -145,6 +145,11 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     Ok(a)
 }
 
+/// A period the agent takes: positive and under a day.
+pub(crate) fn valid_seconds(v: f64) -> bool {
+    v.is_finite() && v > 0.0 && v < 86_400.0
+}
+
 /// What the agent would refuse once it starts, refused here, so that
 /// `--check` says so too (and the start exits 2).
 fn check(a: &RunArgs) -> Result<(), ConfigError> {
@@ -160,7 +165,7 @@ fn check(a: &RunArgs) -> Result<(), ConfigError> {
         ("recheck-s", a.recheck_s),
     ];
     for (name, v) in seconds {
-        if v.is_some_and(|v| !(v.is_finite() && v > 0.0 && v < 86_400.0)) {
+        if v.is_some_and(|v| !valid_seconds(v)) {
             return Err(ConfigError(format!(
                 "--{name} must be a positive number of seconds, under a day"
             )));

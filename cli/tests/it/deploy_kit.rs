@@ -381,18 +381,21 @@ async fn sign_in(base: &str, email: &str, password: &str) -> String {
 async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     let root = tempfile::tempdir().unwrap();
     let (etc, state) = (root.path().join("etc"), root.path().join("state"));
-    let init = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+    let init_as = |admin: &str, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
             .env_remove("LLMGW_STORE")
             .env_remove("LLMGW_CONFIG")
             .current_dir(root.path())
-            .args(["server", "init", "--admin", "ada@example.org", "--dir"])
+            .args(["server", "init", "--admin", admin, "--dir"])
             .arg(&etc)
             .arg("--state-dir")
             .arg(&state)
             .args(extra)
             .output()
-            .unwrap();
+            .unwrap()
+    };
+    let init = |extra: &[&str]| {
+        let out = init_as("ada@example.org", extra);
         assert!(
             out.status.success(),
             "init: {}",
@@ -494,18 +497,7 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     // While the server leads, init cannot decide a new admin's sign-up: it
     // fails, shows no password, and leaves no half-made person behind, so
     // that it makes the admin once the server is stopped.
-    let init_bob = || {
-        Command::new(env!("CARGO_BIN_EXE_llmgw"))
-            .env_remove("LLMGW_STORE")
-            .env_remove("LLMGW_CONFIG")
-            .current_dir(root.path())
-            .args(["server", "init", "--admin", "bob@example.org", "--dir"])
-            .arg(&etc)
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .unwrap()
-    };
+    let init_bob = || init_as("bob@example.org", &[]);
     let refused = init_bob();
     let (out, err) = (
         String::from_utf8_lossy(&refused.stdout),
@@ -516,14 +508,7 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     assert!(!out.contains("password"), "{out}");
     // A clean stop gives the lease up.
     let mut server = server;
-    let pid = server.process.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    terminate(&server);
     assert!(server.process.wait().unwrap().success());
     let made = init_bob();
     let out = String::from_utf8_lossy(&made.stdout);

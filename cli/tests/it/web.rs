@@ -426,22 +426,26 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         .await;
 
     // A one-time claim link reveals a key once.
-    let link = keys_ok(
-        &store,
-        &admin,
-        &[
-            "create",
-            "--project",
-            "p",
-            "--name",
-            "shared",
-            "--claim",
-            "--base-url",
-            &base,
-        ],
-    );
-    let path = link.trim().strip_prefix(base.as_str()).unwrap().to_owned();
-    assert!(path.starts_with("/claim/"), "{link}");
+    let claim_path = |name: &str| {
+        let link = keys_ok(
+            &store,
+            &admin,
+            &[
+                "create",
+                "--project",
+                "p",
+                "--name",
+                name,
+                "--claim",
+                "--base-url",
+                &base,
+            ],
+        );
+        let path = link.trim().strip_prefix(base.as_str()).unwrap().to_owned();
+        assert!(path.starts_with("/claim/"), "{link}");
+        path
+    };
+    let path = claim_path("shared");
     let mut visitor = Visit::new(&base);
     let offer = visitor.get(&path).await;
     assert_eq!(offer.status, StatusCode::OK);
@@ -454,21 +458,7 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     assert_eq!(late.get(&path).await.status, StatusCode::NOT_FOUND);
 
     // A link whose key was revoked after it was made shows nothing.
-    let link = keys_ok(
-        &store,
-        &admin,
-        &[
-            "create",
-            "--project",
-            "p",
-            "--name",
-            "gone",
-            "--claim",
-            "--base-url",
-            &base,
-        ],
-    );
-    let path = link.trim().strip_prefix(base.as_str()).unwrap().to_owned();
+    let path = claim_path("gone");
     let listed: serde_json::Value =
         serde_json::from_str(&keys_ok(&store, &admin, &["list", "--json"])).unwrap();
     let gone_id = listed
