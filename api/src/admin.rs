@@ -423,3 +423,42 @@ pub struct SetMemory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retain_hours: Option<u32>,
 }
+
+/// `GET /api/v1/groups`: one row a level of the tenancy tree, each org
+/// followed by its teams and each team by its projects; `?org=`,
+/// `?team=` or `?project=` keep one group and what lies under it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRow {
+    /// org, team or project.
+    pub scope: String,
+    pub id: String,
+    pub name: String,
+    /// The org of a team, the team of a project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The level's own limits (not composed).
+    pub limits: LevelLimits,
+    /// What the log holds as spent in `spent_period` (the level's budget
+    /// period, or the month without a budget), in micro-units.
+    pub spent_micros: u64,
+    /// day or month.
+    pub spent_period: String,
+    /// Requests counted under the group, ever.
+    pub requests: u64,
+    /// Live keys under the group.
+    pub keys: u64,
+    /// A project's threads setting, when it keeps threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<ThreadsRow>,
+    /// Hours a project's memory notes are kept, when it keeps them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_retain_hours: Option<u32>,
+}
+
+/// A project's threads, as set with `llmgw keys threads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadsRow {
+    /// The model's replies are kept too.
+    pub capture: bool,
+    pub retain_hours: u32,
+}

@@ -177,7 +177,7 @@ impl Admin {
     }
 }
 
-fn q(s: &str) -> String {
+pub(crate) fn q(s: &str) -> String {
     let mut out = String::new();
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {

@@ -85,6 +85,22 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Orgs, teams and projects, each with the limits set on it, its
+    /// spend, its live keys and a project's threads and memory.
+    Groups {
+        /// Only this org and what lies under it.
+        #[arg(long, conflicts_with_all = ["team", "project"])]
+        org: Option<String>,
+        /// Only this team and its projects.
+        #[arg(long, conflicts_with = "project")]
+        team: Option<String>,
+        /// Only this project.
+        #[arg(long)]
+        project: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set limits at one level; the flags given replace what is set there.
     /// rpm and tpm on a team or project count for the whole group.
     Limits {
@@ -243,6 +259,24 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
                 print_keys(&mut out, &rows)?;
             }
         }
+        KeysCommand::Groups {
+            org,
+            team,
+            project,
+            json,
+        } => {
+            let filter = [("org", org), ("team", team), ("project", project)]
+                .into_iter()
+                .find_map(|(k, v)| v.map(|v| format!("?{k}={}", crate::cluster::q(&v))))
+                .unwrap_or_default();
+            let path = format!("/api/v1/groups{filter}");
+            let rows: Vec<api::GroupRow> = api.call(&origin, Method::GET, &path, none).await?;
+            if json {
+                json_line(&mut out, &rows)?;
+            } else {
+                print_groups(&mut out, &rows)?;
+            }
+        }
         KeysCommand::Limits {
             scope,
             id,
@@ -309,6 +343,57 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
     Ok(Outcome::Ok)
 }
 
+fn print_groups(out: &mut impl Write, rows: &[api::GroupRow]) -> anyhow::Result<()> {
+    let mut t = Table::new(vec![
+        "GROUP", "NAME", "KEYS", "RPM", "TPM", "MODELS", "BUDGET", "SPENT", "THREADS", "MEMORY",
+    ]);
+    for g in rows {
+        let depth = match g.scope.as_str() {
+            "org" => 0,
+            "team" => 1,
+            _ => 2,
+        };
+        let mut cells = vec![
+            format!("{}{} {}", "  ".repeat(depth), g.scope, g.id),
+            g.name.clone(),
+            g.keys.to_string(),
+        ];
+        cells.extend(limit_cells(&g.limits));
+        cells.push(format!("{}/{}", g.spent_micros, g.spent_period));
+        cells.push(or_dash(g.threads.map(|t| {
+            let replies = if t.capture { ", replies" } else { "" };
+            format!("{}h{replies}", t.retain_hours)
+        })));
+        cells.push(or_dash(g.memory_retain_hours.map(|h| format!("{h}h"))));
+        t.row(cells);
+    }
+    t.print(out)
+}
+
+fn or_dash(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "-".into())
+}
+
+/// RPM, TPM, MODELS and BUDGET as set on one level.
+fn limit_cells(l: &api::LevelLimits) -> [String; 4] {
+    [
+        or_dash(l.rpm.map(|n| n.to_string())),
+        or_dash(l.tpm.map(|n| n.to_string())),
+        or_dash(l.models.as_ref().map(|m| {
+            if m.is_empty() {
+                "(none)".to_owned()
+            } else {
+                m.join(",")
+            }
+        })),
+        or_dash(
+            l.budget_micros
+                .zip(l.period.as_ref())
+                .map(|(b, p)| format!("{b}/{p}")),
+        ),
+    ]
+}
+
 fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> {
     let mut t = Table::new(vec![
         "KEY",
@@ -323,32 +408,18 @@ fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> 
         "BUDGET",
         "LAST USED",
     ]);
-    let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     for k in rows {
-        let l = &k.limits;
-        t.row(vec![
+        let mut cells = vec![
             k.key_id.clone(),
             k.prefix.clone(),
             k.project.clone(),
             k.name.clone(),
             k.band.clone(),
             k.state.clone(),
-            or_dash(l.rpm.map(|n| n.to_string())),
-            or_dash(l.tpm.map(|n| n.to_string())),
-            or_dash(l.models.as_ref().map(|m| {
-                if m.is_empty() {
-                    "(none)".to_owned()
-                } else {
-                    m.join(",")
-                }
-            })),
-            or_dash(
-                l.budget_micros
-                    .zip(l.period.as_ref())
-                    .map(|(b, p)| format!("{b}/{p}")),
-            ),
-            or_dash(k.last_used.clone()),
-        ]);
+        ];
+        cells.extend(limit_cells(&k.limits));
+        cells.push(or_dash(k.last_used.clone()));
+        t.row(cells);
     }
     t.print(out)
 }

@@ -21,6 +21,7 @@ mod door;
 mod drain_watch;
 mod fence;
 mod forward;
+mod groups_api;
 mod join;
 mod leadership;
 pub mod metrics;

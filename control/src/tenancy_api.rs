@@ -41,6 +41,7 @@ pub fn router(door: Door, people: Arc<People>) -> Router {
         .route("/api/v1/keys", get(list_keys).post(create_key))
         .route("/api/v1/keys/{key}/revoke", post(revoke_key))
         .route("/api/v1/limits", put(set_limits))
+        .route("/api/v1/groups", get(crate::groups_api::list))
         .merge(crate::people_api::routes())
         .merge(crate::convo_api::routes())
         .with_state(TenancyState { door, people })

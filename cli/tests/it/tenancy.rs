@@ -254,6 +254,9 @@ async fn auth_on(mode: Mode, backend: Backend) {
     })
     .await;
 
+    // What was set on each group reads back, with the spend the log holds.
+    groups_read_back(&store, admin).await;
+
     // Who issued, limited and revoked the key is on the record, and so is
     // a refused command.
     keys_ok(
@@ -282,6 +285,70 @@ async fn auth_on(mode: Mode, backend: Backend) {
         );
     }
     drop(server);
+}
+
+/// `keys groups` shows the limits set on a team, a project's threads and
+/// memory, the live keys under each group and the spend the log holds
+/// (every key of the test is in project `p`), and refuses an unknown group.
+async fn groups_read_back(store: &str, admin: &str) {
+    keys_ok(
+        store,
+        admin,
+        &[
+            "limits", "--scope", "team", "--id", "t", "--rpm", "600", "--budget", "7000000",
+            "--period", "day",
+        ],
+    );
+    keys_ok(store, admin, &["threads", "--project", "p", "--capture"]);
+    keys_ok(
+        store,
+        admin,
+        &["memory", "--project", "p", "--retain-hours", "48"],
+    );
+    let live = keys_ok(store, admin, &["list", "--json"]);
+    let live: Vec<Value> = serde_json::from_str(&live).unwrap();
+    let live = live.iter().filter(|k| k["state"] == "active").count();
+    let rows = until("the groups to show the log's spend", || async {
+        let log = super::ok(store, &["events", "tail", "--limit", "1000", "--json"]);
+        let cost: u64 = super::usage_rows_of(&super::json_lines(&log))
+            .iter()
+            .filter_map(|u| u["cost_micros"].as_u64())
+            .sum();
+        let rows: Value =
+            serde_json::from_str(&keys_ok(store, admin, &["groups", "--json"])).ok()?;
+        (cost > 0 && rows[2]["spent_micros"] == cost).then_some(rows)
+    })
+    .await;
+    let at = |i: usize, field: &str| rows[i][field].clone();
+    let shape: Vec<String> = (0..3)
+        .map(|i| format!("{} {}", at(i, "scope"), at(i, "id")))
+        .collect();
+    assert_eq!(shape, [r#""org" "o""#, r#""team" "t""#, r#""project" "p""#]);
+    assert_eq!(rows.as_array().unwrap().len(), 3, "{rows}");
+    assert_eq!(
+        at(1, "limits"),
+        json!({"rpm": 600, "budget_micros": 7000000, "period": "day"})
+    );
+    assert_eq!(at(1, "spent_period"), "day");
+    assert_eq!(
+        at(2, "threads"),
+        json!({"capture": true, "retain_hours": 168})
+    );
+    assert_eq!(at(2, "memory_retain_hours"), 48);
+    for i in 0..3 {
+        assert_eq!(at(i, "keys"), live, "{rows}");
+    }
+    let table = keys_ok(store, admin, &["groups", "--project", "p"]);
+    assert!(
+        table.contains("project p") && table.contains("168h, replies") && table.contains("48h"),
+        "{table}"
+    );
+    let out = keys(store, admin, &["groups", "--team", "nobody"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no team nobody"),
+        "{out:?}"
+    );
 }
 
 /// A new key named `budgeted` with a budget of 10,000 micro-units a day:

@@ -1,0 +1,318 @@
+//! `GET /api/v1/groups`: the tenancy tree read back, each org, team and
+//! project with the limits set on it, its spend, its live keys and a
+//! project's conversation settings. Everything a `keys limits`,
+//! `keys threads` or `keys memory` sets can be read here, from this
+//! server's views.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use llmgw_api::admin as api;
+use llmgw_domain::UnixMillis;
+use llmgw_domain::tenancy::{Named, Period, Scope, Tenancy};
+use llmgw_projections::UsageView;
+use serde::Deserialize;
+
+use crate::admin::{AdminError, Result};
+use crate::door::Door;
+use crate::tenancy_api::level;
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct GroupsQuery {
+    org: Option<String>,
+    team: Option<String>,
+    project: Option<String>,
+}
+
+pub(crate) async fn list(
+    State(door): State<Door>,
+    Query(q): Query<GroupsQuery>,
+) -> Result<Vec<api::GroupRow>> {
+    let root = match (q.org, q.team, q.project) {
+        (None, None, None) => None,
+        (Some(id), None, None) => Some((Scope::Org, id)),
+        (None, Some(id), None) => Some((Scope::Team, id)),
+        (None, None, Some(id)) => Some((Scope::Project, id)),
+        _ => {
+            return Err(AdminError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "name at most one of org, team and project".into(),
+            ));
+        }
+    };
+    let views = door.views();
+    let views = views.read().unwrap_or_else(|p| p.into_inner());
+    let rows = rows(
+        &views.tenancy.tenancy,
+        &views.usage,
+        root.as_ref().map(|(s, id)| (*s, id.as_str())),
+        UnixMillis::now(),
+    )
+    .ok_or_else(|| {
+        let (scope, id) = root.unwrap_or((Scope::Org, String::new()));
+        AdminError(StatusCode::NOT_FOUND, format!("no {} {id}", scope.name()))
+    })?;
+    Ok(Json(rows))
+}
+
+/// The rows under `root` (the whole tree without one), parents first and
+/// siblings by id; None when `root` does not exist.
+pub(crate) fn rows(
+    t: &Tenancy,
+    usage: &UsageView,
+    root: Option<(Scope, &str)>,
+    now: UnixMillis,
+) -> Option<Vec<api::GroupRow>> {
+    let mut live_keys = BTreeMap::new();
+    for k in t.keys.values().filter(|k| !k.revoked) {
+        *live_keys.entry(k.project_id.as_str()).or_default() += 1;
+    }
+    let tree = Tree {
+        t,
+        usage,
+        now,
+        live_keys,
+    };
+    let mut out = Vec::new();
+    match root {
+        None => t.orgs.keys().for_each(|org| tree.org(&mut out, org)),
+        Some((Scope::Org, id)) if t.orgs.contains_key(id) => tree.org(&mut out, id),
+        Some((Scope::Team, id)) if t.teams.contains_key(id) => tree.team(&mut out, id),
+        Some((Scope::Project, id)) if t.projects.contains_key(id) => {
+            out.push(tree.row(Scope::Project, id))
+        }
+        Some(_) => return None,
+    }
+    Some(out)
+}
+
+struct Tree<'a> {
+    t: &'a Tenancy,
+    usage: &'a UsageView,
+    now: UnixMillis,
+    /// Live keys per project.
+    live_keys: BTreeMap<&'a str, u64>,
+}
+
+/// The ids in `map` whose parent is `parent`, by id.
+fn children<'m>(
+    map: &'m BTreeMap<String, Named>,
+    parent: &'m str,
+) -> impl Iterator<Item = &'m String> {
+    map.iter()
+        .filter(move |(_, n)| n.parent.as_deref() == Some(parent))
+        .map(|(id, _)| id)
+}
+
+impl Tree<'_> {
+    fn org(&self, out: &mut Vec<api::GroupRow>, id: &str) {
+        out.push(self.row(Scope::Org, id));
+        for team in children(&self.t.teams, id) {
+            self.team(out, team);
+        }
+    }
+
+    fn team(&self, out: &mut Vec<api::GroupRow>, id: &str) {
+        out.push(self.row(Scope::Team, id));
+        for project in children(&self.t.projects, id) {
+            out.push(self.row(Scope::Project, project));
+        }
+    }
+
+    /// Live keys under a group.
+    fn keys(&self, scope: Scope, id: &str) -> u64 {
+        match scope {
+            Scope::Org => children(&self.t.teams, id)
+                .map(|team| self.keys(Scope::Team, team))
+                .sum(),
+            Scope::Team => children(&self.t.projects, id)
+                .map(|project| self.keys(Scope::Project, project))
+                .sum(),
+            _ => self.live_keys.get(id).copied().unwrap_or(0),
+        }
+    }
+
+    fn row(&self, scope: Scope, id: &str) -> api::GroupRow {
+        let (t, now) = (self.t, self.now);
+        let named = match scope {
+            Scope::Org => t.orgs.get(id),
+            Scope::Team => t.teams.get(id),
+            _ => t.projects.get(id),
+        };
+        let limits = t.limits_at(scope, id);
+        let period = limits.and_then(|l| l.period).unwrap_or(Period::Month);
+        let spend = self.usage.spend_of(scope, id);
+        let keys = self.keys(scope, id);
+        let project = scope == Scope::Project;
+        api::GroupRow {
+            scope: scope.name().to_owned(),
+            id: id.to_owned(),
+            name: named.map(|n| n.name.clone()).unwrap_or_default(),
+            parent: named.and_then(|n| n.parent.clone()),
+            limits: limits.map(level).unwrap_or_default(),
+            spent_micros: spend.in_period(period, now.0),
+            spent_period: period.name().to_owned(),
+            requests: spend.requests,
+            keys,
+            threads: project
+                .then(|| t.threads.get(id))
+                .flatten()
+                .map(|s| api::ThreadsRow {
+                    capture: s.capture,
+                    retain_hours: s.retain_hours,
+                }),
+            memory_retain_hours: project
+                .then(|| t.memory.get(id))
+                .flatten()
+                .map(|s| s.retain_hours),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use llmgw_domain::conversations::ThreadsSetting;
+    use llmgw_domain::tenancy::{Band, Key, Limits, TenancyCommand as C};
+
+    use super::*;
+
+    fn tenancy() -> Tenancy {
+        let mut t = Tenancy::default();
+        let key = |id: &str, project: &str, revoked: bool| Key {
+            key_id: id.into(),
+            project_id: project.into(),
+            name: id.into(),
+            hash: format!("{:064x}", id.as_bytes()[1]),
+            prefix: "llmgw-sk-abc".into(),
+            band: Band::Gold,
+            routing_profile: None,
+            revoked,
+            owner: None,
+        };
+        let limits = Limits {
+            rpm: Some(60),
+            budget_micros: Some(5_000),
+            period: Some(Period::Day),
+            ..Limits::default()
+        };
+        for c in [
+            C::CreateOrg {
+                org_id: "o".into(),
+                name: "Org".into(),
+            },
+            C::CreateOrg {
+                org_id: "lone".into(),
+                name: "lone".into(),
+            },
+            C::CreateTeam {
+                team_id: "t2".into(),
+                org_id: "o".into(),
+                name: "t2".into(),
+            },
+            C::CreateTeam {
+                team_id: "t1".into(),
+                org_id: "o".into(),
+                name: "t1".into(),
+            },
+            C::CreateProject {
+                project_id: "p".into(),
+                team_id: "t1".into(),
+                name: "p".into(),
+            },
+            C::CreateProject {
+                project_id: "q".into(),
+                team_id: "t2".into(),
+                name: "q".into(),
+            },
+            C::IssueKey(key("k1", "p", false)),
+            C::IssueKey(key("k2", "p", false)),
+            C::IssueKey(key("k3", "q", false)),
+            C::SetLimits {
+                scope: Scope::Team,
+                scope_id: "t1".into(),
+                limits,
+            },
+            C::SetThreads {
+                project_id: "p".into(),
+                setting: Some(ThreadsSetting {
+                    capture: true,
+                    retain_hours: 24,
+                }),
+                by: "alice".into(),
+            },
+            C::RevokeKey {
+                key_id: "k3".into(),
+                by: "alice".into(),
+            },
+        ] {
+            for e in t.decide(c).unwrap() {
+                t.evolve(&e);
+            }
+        }
+        t
+    }
+
+    fn ids(rows: &[api::GroupRow]) -> Vec<String> {
+        rows.iter()
+            .map(|r| format!("{} {}", r.scope, r.id))
+            .collect()
+    }
+
+    #[test]
+    fn the_tree_reads_parents_first_with_what_was_set_on_each_level() {
+        let (t, usage) = (tenancy(), UsageView::default());
+        let all = rows(&t, &usage, None, UnixMillis(0)).unwrap();
+        assert_eq!(
+            ids(&all),
+            [
+                "org lone",
+                "org o",
+                "team t1",
+                "project p",
+                "team t2",
+                "project q"
+            ]
+        );
+        let o = &all[1];
+        assert_eq!(
+            (o.name.as_str(), o.keys, o.spent_period.as_str()),
+            ("Org", 2, "month")
+        );
+        let t1 = &all[2];
+        assert_eq!(t1.parent.as_deref(), Some("o"));
+        assert_eq!(
+            (t1.limits.rpm, t1.limits.budget_micros),
+            (Some(60), Some(5_000))
+        );
+        assert_eq!(
+            t1.spent_period, "day",
+            "spend is shown in the budget's period"
+        );
+        let p = &all[3];
+        assert_eq!(
+            p.threads,
+            Some(api::ThreadsRow {
+                capture: true,
+                retain_hours: 24
+            })
+        );
+        assert_eq!(
+            (p.keys, all[5].keys),
+            (2, 0),
+            "a revoked key is not counted"
+        );
+    }
+
+    #[test]
+    fn one_group_shows_what_lies_under_it_and_an_unknown_one_nothing() {
+        let (t, usage) = (tenancy(), UsageView::default());
+        let under = |scope, id| rows(&t, &usage, Some((scope, id)), UnixMillis(0)).map(|r| ids(&r));
+        assert_eq!(under(Scope::Team, "t1").unwrap(), ["team t1", "project p"]);
+        assert_eq!(under(Scope::Project, "q").unwrap(), ["project q"]);
+        assert_eq!(under(Scope::Org, "o").unwrap().len(), 5);
+        assert_eq!(under(Scope::Team, "p"), None, "a project is not a team");
+        assert_eq!(under(Scope::Org, "nobody"), None);
+    }
+}
