@@ -93,10 +93,22 @@ async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
     Ok(Api::Local {
         // Claim links and password resets touch the people tables of the
         // same store.
-        routes: llmgw_control::tenancy_api::router(
-            door,
-            Arc::new(llmgw_people::People::new(&log, Default::default())),
-        ),
+        routes: {
+            let routes = llmgw_control::tenancy_api::router(
+                door,
+                Arc::new(llmgw_people::People::new(&log, Default::default())),
+            );
+            // Without --offline, a command that a leading server's lease
+            // refuses here goes to the admin address that server recorded.
+            if offline {
+                routes
+            } else {
+                routes.layer(axum::middleware::from_fn_with_state(
+                    llmgw_control::ToLeader::new(log.clone(), "cli".to_owned()),
+                    llmgw_control::forward_refused_writes,
+                ))
+            }
+        },
         admin: admin.to_owned(),
         offline,
         _follower: follower,

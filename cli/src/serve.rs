@@ -324,7 +324,8 @@ pub(crate) async fn run(
         say(format!("agent listening on {addr}"));
         cp = Some(plane);
     } else if let (Some(log), Some(v), Some(people)) = (&log, &views, &people) {
-        // No leader to send commands to: each is decided under the lease.
+        // No control plane here: each command is decided under the lease,
+        // or sent on to the leader while a control plane holds it.
         admin_routes = llmgw_control::tenancy_api::router(
             llmgw_control::Door::Lease {
                 store: log.clone(),
@@ -332,7 +333,11 @@ pub(crate) async fn run(
                 views_at: v.position.clone(),
             },
             people.clone(),
-        );
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            llmgw_control::ToLeader::new(log.clone(), instance.clone()),
+            llmgw_control::forward_refused_writes,
+        ));
     }
     let _metrics = crate::server_metrics::install(
         &gw,

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use llmgw_api::admin as api;
 use llmgw_domain::Event;
 use llmgw_domain::event::LeadershipEvent;
-use llmgw_eventstore::EventStore;
+use llmgw_eventstore::{AnyStore, EventStore};
 
 use crate::ControlPlane;
 use crate::admin::AdminError;
@@ -150,16 +150,9 @@ pub async fn forward_writes(
     if read || cp.is_leader() || request.headers().contains_key(api::FORWARDED_HEADER) {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+    let (parts, body) = match buffered(request).await {
         Ok(b) => b,
-        Err(e) => {
-            return AdminError(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the command's body: {e}"),
-            )
-            .into_response();
-        }
+        Err(refused) => return refused,
     };
     let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
     let deadline = tokio::time::Instant::now() + (cp.config.lease_ttl * 2).min(MAX_WAIT);
@@ -171,7 +164,7 @@ pub async fn forward_writes(
         }
         match cp.leader_admin().await {
             Ok(Some((holder, url))) if holder != cp.config.instance => {
-                match forward(&cp, &url, &parts, body.clone()).await {
+                match forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await {
                     Ok(r) => return r,
                     Err(why) => last_error = Some((holder, url, why)),
                 }
@@ -198,13 +191,123 @@ pub async fn forward_writes(
     }
 }
 
+/// The request's head and its whole body, which a forward sends again.
+async fn buffered(
+    request: Request,
+) -> Result<(axum::http::request::Parts, axum::body::Bytes), Response> {
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(b) => Ok((parts, b)),
+        Err(e) => Err(AdminError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the command's body: {e}"),
+        )
+        .into_response()),
+    }
+}
+
+/// Where a server without a control plane sends the writes that a leader's
+/// lease keeps it from deciding.
+#[derive(Debug, Clone)]
+pub struct ToLeader {
+    store: AnyStore,
+    /// This server's name, sent as the forward's mark.
+    instance: String,
+    http: reqwest::Client,
+}
+
+impl ToLeader {
+    pub fn new(store: AnyStore, instance: String) -> Arc<ToLeader> {
+        Arc::new(ToLeader {
+            store,
+            instance,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(std::time::Duration::from_secs(30))
+                .build()
+                .unwrap_or_default(),
+        })
+    }
+
+    /// The holder of the lease and the admin address it recorded on taking
+    /// office, while a server holds it.
+    async fn leader(&self) -> Result<Option<(String, String)>, llmgw_eventstore::StoreError> {
+        let info = self.store.lease_info().await?;
+        let Some(holder) = info.holder.filter(|_| info.held) else {
+            return Ok(None);
+        };
+        let mut from = 0;
+        let mut admin = None;
+        loop {
+            let page = self.store.read_stream("leadership", from, 500).await?;
+            let Some(last) = page.last() else { break };
+            from = last.stream_version;
+            for r in &page {
+                if let Ok(Event::Leadership(LeadershipEvent::LeadershipAcquired {
+                    epoch,
+                    admin: Some(a),
+                    ..
+                })) = Event::decode(&r.event_type, r.schema_version, &r.payload)
+                    && epoch == info.epoch
+                {
+                    admin = Some(a);
+                }
+            }
+        }
+        Ok(admin.map(|a| (holder, a)))
+    }
+}
+
+/// For a server without a control plane (router-only), and the CLI with no
+/// server at `--admin`, on a store that a control plane leads: a write
+/// their door refuses because that server holds the lease (423) is sent
+/// on to the leader's recorded admin address, so that any server will do
+/// for an operator, as with a standby. A write the door decided, or
+/// refused for any other reason, is answered as it is.
+pub async fn forward_refused_writes(
+    State(to): State<Arc<ToLeader>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    if read || request.headers().contains_key(api::FORWARDED_HEADER) {
+        return next.run(request).await;
+    }
+    let (parts, body) = match buffered(request).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    let here = next
+        .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
+        .await;
+    if here.status() != StatusCode::LOCKED {
+        return here;
+    }
+    match to.leader().await {
+        Ok(Some((holder, url))) => match forward(&to.http, &to.instance, &url, &parts, body).await {
+            Ok(r) => r,
+            Err(why) => AdminError(
+                StatusCode::BAD_GATEWAY,
+                format!(
+                    "the leader {holder} does not answer at the admin address it recorded, {url}: {why}; pass --admin with an address where it answers"
+                ),
+            )
+            .into_response(),
+        },
+        // A CLI's moment under the lease, or a leader that recorded no address.
+        Ok(None) => here,
+        Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),
+    }
+}
+
 /// How long a standby waits at most for a leader to forward to.
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 /// How often it looks again while waiting.
 const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 async fn forward(
-    cp: &ControlPlane,
+    http: &reqwest::Client,
+    instance: &str,
     leader: &str,
     parts: &axum::http::request::Parts,
     body: axum::body::Bytes,
@@ -215,10 +318,9 @@ async fn forward(
         .map_or(parts.uri.path(), |p| p.as_str());
     let method =
         reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).map_err(|e| e.to_string())?;
-    let mut out = cp
-        .http
+    let mut out = http
         .request(method, format!("{}{path}", leader.trim_end_matches('/')))
-        .header(api::FORWARDED_HEADER, &cp.config.instance)
+        .header(api::FORWARDED_HEADER, instance)
         .body(body);
     for (name, value) in &parts.headers {
         let keep = [

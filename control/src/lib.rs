@@ -46,7 +46,7 @@ use tokio::sync::{Notify, watch};
 pub use agents::AgentSvc;
 pub use config::ControlConfig;
 pub use door::Door;
-pub use forward::forward_writes;
+pub use forward::{ToLeader, forward_refused_writes, forward_writes};
 pub use join::JoinSvc;
 
 /// Why a control-plane operation did not happen.

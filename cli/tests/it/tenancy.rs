@@ -559,6 +559,66 @@ async fn a_standby_forwards_key_commands_to_the_leader_and_takes_over() {
     status_becomes(&b.base, Some(&later), "free", 200).await;
 }
 
+/// A router-only server on a store that a control plane leads sends the
+/// key commands it cannot decide on to the leader, as a standby does: the
+/// key is the leader's write and works on both servers. The CLI with no
+/// server at `--admin` does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_only_server_sends_key_commands_to_the_leader() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let a = start(&config(
+        dir.path(),
+        "cp-a",
+        &store,
+        &e,
+        Mode::Control,
+        "auth: true\n",
+    ));
+    leads(&a.admin).await;
+    let router = start(&config(
+        dir.path(),
+        "router",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        "auth: true\n",
+    ));
+    keys_ok(
+        &store,
+        &router.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let (secret, _) = new_key(&store, &router.admin, "via-router");
+    status_becomes(&router.base, Some(&secret), "free", 200).await;
+    status_becomes(&a.base, Some(&secret), "free", 200).await;
+    let history = super::ok(&store, &["events", "tail", "--limit", "100", "--json"]);
+    let issued = super::json_lines(&history)
+        .into_iter()
+        .find(|e| e["event_type"] == "KeyIssued")
+        .unwrap();
+    assert_eq!(
+        (&issued["metadata"]["writer"], &issued["metadata"]["actor"]),
+        (&json!("cp-a"), &json!("alice")),
+        "the leader wrote it for alice: {issued}"
+    );
+    // So does the CLI when nothing answers at its --admin: it finds the
+    // leader's admin address in the log.
+    let (secret, _) = new_key(&store, "http://127.0.0.1:1", "via-cli");
+    status_becomes(&a.base, Some(&secret), "free", 200).await;
+    // A refusal is the leader's, answered as it is.
+    let out = keys(
+        &store,
+        &router.admin,
+        &["create", "--project", "nowhere", "--name", "k"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nowhere"), "{err}");
+}
+
 /// Two `keys create` for one name at once: exactly one wins, through a
 /// server and with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
