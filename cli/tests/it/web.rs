@@ -354,6 +354,21 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         assert_eq!(p.status, StatusCode::OK, "{page}: {}", p.body);
     }
     assert!(ayse.get("/admin/usage").await.body.contains("<svg"));
+    // The groups with what is set on them, from the admin API.
+    keys_ok(
+        &store,
+        &admin,
+        &["limits", "--scope", "project", "--id", "p", "--rpm", "1234"],
+    );
+    let dashboard = ayse.get("/admin").await.body;
+    let groups = dashboard
+        .split("id=\"groups\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</table>").next())
+        .unwrap_or_default();
+    for cell in ["depth-0", "depth-1", "depth-2", "1,234 rpm"] {
+        assert!(groups.contains(cell), "{cell} in {groups}");
+    }
     assert!(
         ayse.get("/admin/users")
             .await

@@ -8,12 +8,15 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use super::cluster::{self, ModelRow, NodeRow, ReplicaRow, Why};
+use super::groups::{self, GroupLine};
 use super::spend::{self, UsageRow};
 use super::{Pager, page_number, reader};
 use crate::{Chrome, Viewer, Web, WebError, admin_api, render};
 
 /// Rows a usage table shows at once.
 const PER_PAGE: usize = 50;
+/// Groups the dashboard lists; `llmgw keys groups` lists them all.
+const MAX_GROUPS: usize = 200;
 
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct DashboardQuery {
@@ -37,6 +40,11 @@ struct Dashboard {
     people: Vec<UsageRow>,
     people_pager: Pager,
     model_usage: Vec<UsageRow>,
+    groups: Vec<GroupLine>,
+    /// Groups beyond those shown.
+    groups_more: usize,
+    /// Why the groups could not be read, when they could not.
+    groups_error: String,
 }
 
 pub(crate) async fn page(
@@ -56,6 +64,29 @@ pub(crate) async fn page(
     )
     .await
     .unwrap_or_default();
+    // Without keys or usage the admin API has no tenancy routes (404): no
+    // groups. Any other failure is shown, not taken for "none".
+    let (groups, groups_more, groups_error) =
+        match admin_api::call::<Vec<llmgw_api::admin::GroupRow>>(
+            &web,
+            Method::GET,
+            "/api/v1/groups",
+            reader(&viewer),
+            None::<&()>,
+        )
+        .await
+        {
+            Ok(mut rows) => {
+                let more = rows.len().saturating_sub(MAX_GROUPS);
+                rows.truncate(MAX_GROUPS);
+                (groups::lines(rows), more, String::new())
+            }
+            Err(WebError::NotFound) => (Vec::new(), 0, String::new()),
+            Err(e) => {
+                tracing::warn!(error = %e, "the dashboard could not read the groups");
+                (Vec::new(), 0, e.to_string())
+            }
+        };
     let (key_page, people_page) = (
         page_number(q.page.as_deref()),
         page_number(q.people.as_deref()),
@@ -81,6 +112,9 @@ pub(crate) async fn page(
             people,
             people_pager,
             model_usage: spend::models(&views),
+            groups,
+            groups_more,
+            groups_error,
         }
     };
     render(&page)

@@ -1,5 +1,6 @@
 //! The admin dashboard: the cluster (nodes, GPUs, replicas, models and why
-//! a model is not placed) with usage per key, person and model (`/admin`),
+//! a model is not placed), the tenancy groups with their limits and spend,
+//! and usage per key, person and model (`/admin`),
 //! the people and their approval (`/admin/users`), and usage over time as
 //! charts (`/admin/usage`). The event-log browser is `crate::events`.
 //!
@@ -10,6 +11,7 @@ mod chart;
 mod cluster;
 mod dashboard;
 mod fmt;
+mod groups;
 #[cfg(test)]
 mod page_tests;
 mod spend;

@@ -11,7 +11,7 @@ use axum::extract::Path;
 use axum::http::{HeaderMap, Request, StatusCode, header};
 use axum::routing::post;
 use chrono::Utc;
-use llmgw_api::admin::{ACTOR_HEADER, Changed};
+use llmgw_api::admin::{ACTOR_HEADER, Changed, GroupRow, LevelLimits, ThreadsRow};
 use llmgw_domain::Event;
 use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Price, Profile};
 use llmgw_domain::nodes::{Gpu, Inventory, NodeEvent};
@@ -646,4 +646,100 @@ async fn the_usage_page_shows_an_earlier_range_and_links_to_its_neighbours() {
     let after = (then + chrono::Duration::days(1)).format("%Y-%m-%d");
     assert!(that_day.contains(&format!("range=24h&#38;until={before}\">← earlier")));
     assert!(that_day.contains(&format!("range=24h&#38;until={after}\">later →")));
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_each_groups_limits_spend_and_what_it_keeps() {
+    let row = |scope: &str, id: &str, name: &str| GroupRow {
+        scope: scope.into(),
+        id: id.into(),
+        name: name.into(),
+        parent: None,
+        limits: LevelLimits::default(),
+        spent_micros: 0,
+        spent_period: "month".into(),
+        requests: 0,
+        keys: 3,
+        threads: None,
+        memory_retain_hours: None,
+    };
+    let mut team = row("team", "ml", "<b>ML</b>");
+    team.limits = LevelLimits {
+        rpm: Some(1200),
+        budget_micros: Some(5_000_000),
+        period: Some("day".into()),
+        ..LevelLimits::default()
+    };
+    team.spent_micros = 1_250_000;
+    team.spent_period = "day".into();
+    let mut project = row("project", "chat", "chat");
+    project.limits.models = Some(Vec::new());
+    project.threads = Some(ThreadsRow {
+        capture: true,
+        retain_hours: 24,
+    });
+    project.memory_retain_hours = Some(48);
+    let rows = vec![row("org", "acme", "Acme"), team, project];
+    let admin = Router::new().route(
+        "/api/v1/groups",
+        axum::routing::get(move || {
+            let rows = rows.clone();
+            async move { axum::Json(rows) }
+        }),
+    );
+    let app = crate::admin_routes(web(Projections::default(), None, admin));
+    let (status, body) = get(&app, "/admin").await;
+    assert_eq!(status, StatusCode::OK);
+    let table = body.split("id=\"groups\"").nth(1).expect("the groups");
+    let table = table.split("</table>").next().expect("their table");
+    let lines: Vec<&str> = table.split("<tr>").skip(2).collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(lines[0].contains("depth-0") && lines[0].contains("Acme"));
+    assert!(lines[1].contains("depth-1") && lines[1].contains("1,200 rpm"));
+    assert!(lines[1].contains("5.0000 a day") && lines[1].contains("1.2500 this day"));
+    assert!(
+        lines[1].contains("&#60;b&#62;ML"),
+        "names are escaped: {}",
+        lines[1]
+    );
+    assert!(lines[2].contains("depth-2") && lines[2].contains("none (suspended)"));
+    assert!(
+        lines[2].contains("threads with replies, 24 h; memory, 48 h"),
+        "{}",
+        lines[2]
+    );
+
+    // Without tenancy routes (no keys, no usage) the section says so.
+    let app = crate::admin_routes(web(Projections::default(), None, Router::new()));
+    let (_, body) = get(&app, "/admin").await;
+    assert!(body.contains("No org has been made"));
+
+    // A long tree is cut, and says where the rest is.
+    let many: Vec<GroupRow> = (0..203)
+        .map(|i| row("project", &format!("p-{i:03}"), "p"))
+        .collect();
+    let admin = Router::new().route(
+        "/api/v1/groups",
+        axum::routing::get(move || {
+            let many = many.clone();
+            async move { axum::Json(many) }
+        }),
+    );
+    let app = crate::admin_routes(web(Projections::default(), None, admin));
+    let (_, body) = get(&app, "/admin").await;
+    assert!(body.contains(">p-199<") && !body.contains(">p-200<"));
+    assert!(body.contains("And 3 more groups"));
+
+    // A failure to read them is not "no org".
+    let admin = Router::new().route(
+        "/api/v1/groups",
+        axum::routing::get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "store away") }),
+    );
+    let app = crate::admin_routes(web(Projections::default(), None, admin));
+    let (_, body) = get(&app, "/admin").await;
+    assert!(
+        body.contains("The groups could not be read: store away"),
+        "{body}"
+    );
+    assert!(!body.contains("No org has been made"));
 }
