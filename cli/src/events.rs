@@ -166,6 +166,11 @@ pub(crate) enum EventsCommand {
         /// An API key, by id: its stream (issued, limited, revoked) and refusals.
         #[arg(long, group = "thing")]
         key: Option<String>,
+        /// A person, by user id (`users list` shows it): their stream
+        /// (signed up, approved, suspended, erased), the commands refused
+        /// about them, and the keys they made for themselves.
+        #[arg(long, group = "thing")]
+        user: Option<String>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -293,14 +298,16 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
             node,
             model,
             key,
+            user,
             json,
         } => {
-            let thing = match (stream, node, model, key) {
+            let thing = match (stream, node, model, key, user) {
                 (Some(s), ..) => history::Thing::Stream(s),
                 (_, Some(n), ..) => history::Thing::Node(n),
-                (_, _, Some(m), _) => history::Thing::Model(m),
-                (_, _, _, Some(k)) => history::Thing::Stream(format!("key-{k}")),
-                _ => bail!("say which thing: --stream, --node, --model or --key"),
+                (_, _, Some(m), ..) => history::Thing::Model(m),
+                (_, _, _, Some(k), _) => history::Thing::Stream(format!("key-{k}")),
+                (.., Some(u)) => history::Thing::User(u),
+                _ => bail!("say which thing: --stream, --node, --model, --key or --user"),
             };
             history::log(&store, &thing, json).await
         }

@@ -228,6 +228,8 @@ pub(crate) enum Thing {
     Node(String),
     /// A model, and its replicas.
     Model(String),
+    /// A person (by user id), and the keys they made for themselves.
+    User(String),
 }
 
 /// A replica as placed (or adopted): its model and where its shards ran.
@@ -239,46 +241,55 @@ struct Placed {
     shards: Vec<(String, String)>,
 }
 
-/// Every replica the log ever placed or adopted. The store filters on the
-/// two types; the placements themselves are read from their payloads.
-async fn placements(store: &AnyStore) -> anyhow::Result<Vec<Placed>> {
+/// The payloads of every event of type `kind`, newest first; the store
+/// filters on the type.
+async fn payloads_of(store: &AnyStore, kind: &str) -> anyhow::Result<Vec<Value>> {
     let (head, _) = store.head().await?;
+    let filter = EventFilter {
+        event_type: Some(kind.to_owned()),
+        ..EventFilter::default()
+    };
+    let mut out = Vec::new();
+    let mut below = head + 1;
+    while below > 1 {
+        let page = store
+            .read_backward_raw(&filter, 0..below, DEFAULT_PAGE)
+            .await?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        below = last.position;
+        out.extend(page.into_iter().map(|e| e.payload));
+    }
+    Ok(out)
+}
+
+fn text(v: &Value, k: &str) -> Option<String> {
+    v.get(k).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// Every replica the log ever placed or adopted, read from the payloads.
+async fn placements(store: &AnyStore) -> anyhow::Result<Vec<Placed>> {
     let mut out = Vec::new();
     for kind in ["ReplicaPlaced", "ReplicaAdopted"] {
-        let filter = EventFilter {
-            event_type: Some(kind.to_owned()),
-            ..EventFilter::default()
-        };
-        let mut below = head + 1;
-        while below > 1 {
-            let page = store
-                .read_backward_raw(&filter, 0..below, DEFAULT_PAGE)
-                .await?;
-            let Some(last) = page.last() else {
-                break;
-            };
-            below = last.position;
-            for e in &page {
-                let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-                let shards = e
-                    .payload
-                    .get("shards")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|s| Some((text(s, "shard_id")?, text(s, "node_id")?)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                if let (Some(replica_id), Some(model)) =
-                    (text(&e.payload, "replica_id"), text(&e.payload, "model"))
-                {
-                    out.push(Placed {
-                        replica_id,
-                        model,
-                        shards,
-                    });
-                }
+        for payload in payloads_of(store, kind).await? {
+            let shards = payload
+                .get("shards")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| Some((text(s, "shard_id")?, text(s, "node_id")?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let (Some(replica_id), Some(model)) =
+                (text(&payload, "replica_id"), text(&payload, "model"))
+            {
+                out.push(Placed {
+                    replica_id,
+                    model,
+                    shards,
+                });
             }
         }
     }
@@ -295,6 +306,7 @@ async fn streams_of(
         Thing::Stream(s) => s.clone(),
         Thing::Node(n) => format!("node-{n}"),
         Thing::Model(m) => format!("model-{m}"),
+        Thing::User(u) => format!("user-{u}"),
     };
     let mut streams = vec![(own.clone(), None), (format!("audit-{own}"), None)];
     match thing {
@@ -316,6 +328,15 @@ async fn streams_of(
             for p in placements(store).await? {
                 if p.model == *m {
                     streams.push((format!("replica-{}", p.replica_id), None));
+                }
+            }
+        }
+        Thing::User(u) => {
+            for key in payloads_of(store, "KeyIssued").await? {
+                let mine = key.get("owner").and_then(Value::as_str) == Some(u.as_str());
+                if let Some(id) = text(&key, "key_id").filter(|_| mine) {
+                    streams.push((format!("key-{id}"), None));
+                    streams.push((format!("audit-key-{id}"), None));
                 }
             }
         }
