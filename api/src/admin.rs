@@ -275,6 +275,10 @@ pub struct NewKey {
     /// Seal the secret behind a one-time claim link instead of answering it.
     #[serde(default)]
     pub claim: bool,
+    /// How long the claim link works, in seconds (the server's setting,
+    /// seven days, without one); only with `claim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_ttl_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,6 +292,9 @@ pub struct KeyCreated {
     /// The claim link's token (`<base URL>/claim/<token>`), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_token: Option<String>,
+    /// When the claim link stops working (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_expires_at: Option<String>,
 }
 
 /// One person, for `llmgw users list` and the people page.

@@ -400,11 +400,13 @@ pub(crate) fn duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
         "d" => n * 86_400.0,
         _ => {
             return Err(ConfigError(format!(
-                "{key}: unknown unit {unit:?} in {s:?}; use ms, s, m or h"
+                "{key}: unknown unit {unit:?} in {s:?}; use ms, s, m, h or d"
             )));
         }
     };
-    Ok(Duration::from_secs_f64(secs))
+    // A number too large for a duration is an error, not a panic.
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| ConfigError(format!("{key}: {s:?} is too long a duration")))
 }
 
 /// Parses a file (or nothing), lays the environment over it and checks
@@ -512,3 +514,19 @@ fn check_catalog(models: &[Model]) -> Result<(), String> {
 #[cfg(test)]
 #[path = "config_docs.rs"]
 mod docs;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_their_unit_and_refuse_what_is_no_duration() {
+        let d = |s: &str| duration("k", s).map_err(|e| e.0);
+        assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(d("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("2d"), Ok(Duration::from_secs(2 * 86_400)));
+        assert!(d("99999999999999999999d").unwrap_err().contains("too long"));
+        assert!(d("-5s").unwrap_err().contains("not a duration"));
+        assert!(d("5w").unwrap_err().contains("unknown unit"));
+    }
+}

@@ -70,6 +70,10 @@ pub(crate) enum KeysCommand {
         /// The address people open the link on (the client listener).
         #[arg(long, value_name = "URL")]
         base_url: Option<String>,
+        /// How long the link works (30m, 24h, 7d; 1 minute to 30 days);
+        /// seven days without it.
+        #[arg(long, requires = "claim", value_name = "DURATION")]
+        expires_in: Option<String>,
     },
     /// Revoke a key by its id; it stops working once the views see it.
     Revoke {
@@ -211,9 +215,14 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             band,
             claim,
             base_url,
+            expires_in,
         } => {
             let base = match &base_url {
                 Some(b) => Some(claim_base(b)?),
+                None => None,
+            };
+            let claim_ttl_secs = match &expires_in {
+                Some(d) => Some(crate::config::duration("--expires-in", d)?.as_secs()),
                 None => None,
             };
             let body = api::NewKey {
@@ -222,6 +231,7 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
                 band: Some(band),
                 owner: None,
                 claim,
+                claim_ttl_secs,
             };
             let created: api::KeyCreated = api
                 .call(&origin, Method::POST, "/api/v1/keys", Some(&body))
@@ -229,8 +239,12 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             match (created.secret, created.claim_token, base) {
                 (_, Some(token), Some(base)) => {
                     writeln!(out, "{base}/claim/{token}")?;
+                    let until = created
+                        .claim_expires_at
+                        .map(|t| format!(", until {t}"))
+                        .unwrap_or_default();
                     eprintln!(
-                        "issued {}; the link above reveals the key once",
+                        "issued {}; the link above reveals the key once{until}",
                         created.key_id
                     );
                 }

@@ -149,6 +149,7 @@ async fn create_key(
     Json(k): Json<api::NewKey>,
 ) -> Result<api::KeyCreated> {
     let band = band_of(k.band.as_deref())?;
+    let claim_ttl = claim_ttl(&k)?;
     let secret = format!("llmgw-sk-{}", random_hex(48));
     let hash: String = Sha256::digest(secret.as_bytes())
         .iter()
@@ -177,21 +178,42 @@ async fn create_key(
     let decided = door.execute(&origin, commands).await?;
     // The key works on this server once its views hold it.
     door.views_reach(decided.position).await;
-    let (secret, claim_token) = if k.claim {
-        let token = people
-            .seal_claim(&key_id, &secret, chrono::Utc::now())
+    let (secret, claim) = if k.claim {
+        let (token, ends) = people
+            .seal_claim(&key_id, &secret, chrono::Utc::now(), claim_ttl)
             .await
             .map_err(|e| AdminError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        (None, Some(token))
+        let ends = ends.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        (None, Some((token, ends)))
     } else {
         (Some(secret), None)
     };
+    let (claim_token, claim_expires_at) = claim.unzip();
     Ok(Json(api::KeyCreated {
         key_id,
         prefix,
         secret,
         claim_token,
+        claim_expires_at,
     }))
+}
+
+/// The longest a claim link may be asked to work: a month, so that a
+/// forgotten link does not keep a live key's secret sealed for years.
+const MAX_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
+
+/// The link's own lifetime, checked before anything is decided.
+fn claim_ttl(k: &api::NewKey) -> std::result::Result<Option<std::time::Duration>, AdminError> {
+    match k.claim_ttl_secs {
+        None => Ok(None),
+        Some(_) if !k.claim => Err(bad("a claim link's lifetime needs a claim link")),
+        Some(s) if (60..=MAX_CLAIM_TTL_SECS).contains(&s) => {
+            Ok(Some(std::time::Duration::from_secs(s)))
+        }
+        Some(s) => Err(bad(format!(
+            "a claim link works for 1 minute to 30 days, not {s} s"
+        ))),
+    }
 }
 
 async fn revoke_key(

@@ -51,26 +51,29 @@ fn unseal(token: &str, key_id: &str, sealed: &[u8]) -> Option<String> {
 
 impl People {
     /// Seals `secret` with a fresh link token and keeps only its hash;
-    /// returns the token.
+    /// returns the token and when the link stops working (`ttl` from now,
+    /// or the configured lifetime without one).
     pub async fn seal_claim(
         &self,
         key_id: &str,
         secret: &str,
         now: DateTime<Utc>,
-    ) -> Result<String> {
+        ttl: Option<std::time::Duration>,
+    ) -> Result<(String, DateTime<Utc>)> {
         let now = time::exact(now);
         let token = secret::token()?;
         let sealed = seal(&token, key_id, secret)?;
+        let expires_at = time::plus(now, ttl.unwrap_or(self.config.claim_ttl));
         self.db
             .insert_claim(&NewClaim {
                 token_hash: &secret::token_hash(&token),
                 key_id,
                 sealed: &sealed,
                 created_at: now,
-                expires_at: time::plus(now, self.config.claim_ttl),
+                expires_at,
             })
             .await?;
-        Ok(token)
+        Ok((token, expires_at))
     }
 
     /// Whether the link still works (without using it).

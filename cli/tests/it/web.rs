@@ -298,6 +298,17 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let secret = secret_in(&made.body);
     assert_eq!(api_chat(&base, &secret).await, StatusCode::OK);
     assert!(!ayse.get("/profile").await.body.contains(&secret));
+    // Her history: signed up, approved by alice, and the key she made.
+    let history = super::ok(&store, &["events", "log", "--user", &id]);
+    for (what, by) in [
+        ("UserSignedUp", ""),
+        ("UserApproved", "alice"),
+        ("KeyIssued", ""),
+    ] {
+        let row = history.lines().find(|l| l.contains(what));
+        assert!(row.is_some_and(|r| r.contains(by)), "{what} in {history}");
+    }
+    assert!(history.contains(" key-key-"), "her key's stream: {history}");
 
     // Chat: the session stands for the project; no key in the browser, the
     // form's token is required, and a turn is capped at 512 tokens.
@@ -656,6 +667,55 @@ async fn a_claim_link_needs_an_http_base_url() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--base-url"));
+}
+
+/// `--expires-in` gives one claim link its own lifetime, said when it is
+/// made; a lifetime out of bounds, or without a link, is refused before any
+/// key is made.
+#[tokio::test]
+async fn a_claim_link_lives_as_long_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("c.db").display());
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    keys_ok(
+        &store,
+        &closed,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let create = |name: &str, more: &[&str]| {
+        let mut args = vec!["create", "--project", "p", "--name", name];
+        args.extend_from_slice(more);
+        keys(&store, &closed, &args)
+    };
+    let link = ["--claim", "--base-url", "http://llm.example.com"];
+    let out = create("short", &[&link[..], &["--expires-in", "2h"]].concat());
+    assert!(out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    let until = said
+        .split("until ")
+        .nth(1)
+        .map(str::trim)
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("when the link ends: {said}"));
+    let left = until.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!(
+        (7000..=7200).contains(&left.num_seconds()),
+        "two hours from now: {said}"
+    );
+
+    let out = create("long", &[&link[..], &["--expires-in", "40d"]].concat());
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("1 minute to 30 days"), "{err}");
+    let out = create("bare", &["--expires-in", "2h"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let listed = keys_ok(&store, &closed, &["list", "--json"]);
+    let names: Vec<Value> = serde_json::from_str::<Vec<Value>>(&listed)
+        .unwrap()
+        .into_iter()
+        .map(|k| k["name"].clone())
+        .collect();
+    assert_eq!(names, [json!("short")], "no key for a refused link");
 }
 
 /// Signs up `email` on `visit`'s server; returns the new person's id.

@@ -21,7 +21,11 @@ fn invalid<T: std::fmt::Debug>(r: Result<T, PeopleError>) {
 
 async fn a_claim_link_reveals_the_key_once(b: Backend) {
     let fx = Fx::new(b).await;
-    let token = fx.people.seal_claim("key-1", SECRET, at(0)).await.unwrap();
+    let (token, _) = fx
+        .people
+        .seal_claim("key-1", SECRET, at(0), None)
+        .await
+        .unwrap();
     assert!(fx.people.claim_open(&token, at(1)).await.unwrap());
     // Looking does not use it up.
     assert!(fx.people.claim_open(&token, at(1)).await.unwrap());
@@ -44,7 +48,11 @@ async fn an_expired_link_reveals_nothing(b: Backend) {
         },
     )
     .await;
-    let token = fx.people.seal_claim("key-1", SECRET, at(0)).await.unwrap();
+    let (token, _) = fx
+        .people
+        .seal_claim("key-1", SECRET, at(0), None)
+        .await
+        .unwrap();
     assert!(
         fx.people
             .claim_open(&token, at(24 * 3600 - 1))
@@ -54,13 +62,30 @@ async fn an_expired_link_reveals_nothing(b: Backend) {
     assert!(!fx.people.claim_open(&token, at(24 * 3600)).await.unwrap());
     invalid(fx.people.claim(&token, at(24 * 3600)).await);
     // An earlier clock would have worked: the link itself was fine.
-    let other = fx.people.seal_claim("key-2", SECRET, at(0)).await.unwrap();
+    let (other, _) = fx
+        .people
+        .seal_claim("key-2", SECRET, at(0), None)
+        .await
+        .unwrap();
     fx.people.claim(&other, at(24 * 3600 - 1)).await.unwrap();
+    // A link given its own lifetime keeps to it, and says when it ends.
+    let (short, ends) = fx
+        .people
+        .seal_claim("key-3", SECRET, at(0), Some(hours(1)))
+        .await
+        .unwrap();
+    assert_eq!(ends, at(3600));
+    assert!(fx.people.claim_open(&short, at(3599)).await.unwrap());
+    invalid(fx.people.claim(&short, at(3600)).await);
 }
 
 async fn a_wrong_token_reveals_nothing(b: Backend) {
     let fx = Fx::new(b).await;
-    let token = fx.people.seal_claim("key-1", SECRET, at(0)).await.unwrap();
+    let (token, _) = fx
+        .people
+        .seal_claim("key-1", SECRET, at(0), None)
+        .await
+        .unwrap();
     let mut near = token.clone();
     let last = near.pop().unwrap();
     near.push(if last == 'A' { 'B' } else { 'A' });
@@ -74,7 +99,11 @@ async fn a_wrong_token_reveals_nothing(b: Backend) {
 
 async fn the_claims_table_holds_no_plaintext_secret(b: Backend) {
     let fx = Fx::new(b).await;
-    let token = fx.people.seal_claim("key-1", SECRET, at(0)).await.unwrap();
+    let (token, _) = fx
+        .people
+        .seal_claim("key-1", SECRET, at(0), None)
+        .await
+        .unwrap();
     let sealed: Vec<u8> = match &fx.store {
         llmgw_eventstore::AnyStore::Postgres(s) => {
             sqlx::query_scalar("SELECT sealed FROM key_claims")
@@ -102,7 +131,11 @@ async fn the_claims_table_holds_no_plaintext_secret(b: Backend) {
 async fn two_claims_at_once_reveal_the_key_once(b: Backend) {
     let fx = Fx::new(b).await;
     for round in 0..5 {
-        let token = fx.people.seal_claim("key-1", SECRET, at(0)).await.unwrap();
+        let (token, _) = fx
+            .people
+            .seal_claim("key-1", SECRET, at(0), None)
+            .await
+            .unwrap();
         let (one, two) = tokio::join!(
             fx.people.claim(&token, at(1)),
             fx.people.claim(&token, at(1))

@@ -125,12 +125,12 @@ async fn a_sweep_removes_what_can_no_longer_be_used(b: Backend) {
     let stale = fx.sign_in(AYSE, GOOD, at(0)).await.unwrap();
     let fresh = fx.sign_in(AYSE, GOOD, at(1800)).await.unwrap();
     fx.people
-        .seal_claim("key-1", "sk-one", at(0))
+        .seal_claim("key-1", "sk-one", at(0), None)
         .await
         .unwrap();
-    let live = fx
+    let (live, _) = fx
         .people
-        .seal_claim("key-2", "sk-two", at(1800))
+        .seal_claim("key-2", "sk-two", at(1800), None)
         .await
         .unwrap();
     let swept = fx.people.sweep(at(3600 + 60)).await.unwrap();

@@ -185,6 +185,7 @@ pub(super) async fn create_key(
         band: None,
         owner: Some(person.user_id.clone()),
         claim: false,
+        claim_ttl_secs: None,
     };
     let made: KeyCreated = match admin_api::call(
         &web,

@@ -373,9 +373,9 @@ async fn a_password_change_keeps_this_browser_and_signs_out_the_others() {
 #[tokio::test]
 async fn a_claim_link_shows_its_key_once() {
     let site = Site::open(false, Vec::new()).await;
-    let token = site
+    let (token, _) = site
         .people
-        .seal_claim("key-claimed", "sk-claimed-secret", Utc::now())
+        .seal_claim("key-claimed", "sk-claimed-secret", Utc::now(), None)
         .await
         .expect("seal");
     let mut browser = Browser::default();

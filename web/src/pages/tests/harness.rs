@@ -159,6 +159,7 @@ fn admin_api(asked: Asked) -> Router {
                         prefix: "sk-new".into(),
                         secret: Some("sk-new-0123456789abcdef".into()),
                         claim_token: None,
+                        claim_expires_at: None,
                     })
                 }
             }),
