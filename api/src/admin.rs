@@ -234,6 +234,9 @@ pub const COMMAND_HEADER: &str = "x-llmgw-command-id";
 /// Set on a command a standby forwarded to the leader, so that it is
 /// forwarded at most once.
 pub const FORWARDED_HEADER: &str = "x-llmgw-forwarded-by";
+/// On an answer a server or the CLI got from the leader on an operator's
+/// behalf: the leader's name and admin address, space-separated.
+pub const FORWARDED_TO_HEADER: &str = "x-llmgw-forwarded-to";
 
 /// `POST /api/v1/orgs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

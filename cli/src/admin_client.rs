@@ -1,7 +1,9 @@
 //! Where `llmgw keys` and `llmgw users` send their commands: a running
-//! server's admin API (any server: a standby forwards to the leader), or,
-//! when none answers, the same routes served in this process over the
-//! store, deciding under the append lease. One code path either way.
+//! server's admin API (any server: a standby or a router-only server
+//! forwards to the leader), or, when none answers, the same routes served
+//! in this process over the store: deciding under the append lease while
+//! no server leads, else sending the command on to the admin address the
+//! leader recorded (never with --offline). One code path either way.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +18,9 @@ use serde::de::DeserializeOwned;
 /// Where a command is sent, shared by `keys` and `users`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct AdminArgs {
-    /// A server's admin API; when none answers there, the command is
-    /// decided here, on --store, under the append lease.
+    /// A server's admin API; when none answers there, the command goes to
+    /// the leader's recorded address, or is decided here, on --store,
+    /// under the append lease while no server leads.
     #[arg(
         long,
         global = true,
@@ -163,6 +166,15 @@ impl Api {
                     .header("content-type", "application/json")
                     .body(axum::body::Body::from(body.unwrap_or_default()))?;
                 let resp = routes.clone().oneshot(request).await?;
+                // The command left this machine for the leader: say where.
+                if let Some(to) = resp
+                    .headers()
+                    .get(api::FORWARDED_TO_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                {
+                    let (holder, url) = to.split_once(' ').unwrap_or((to, ""));
+                    eprintln!("sent to the leader {holder} at {url}");
+                }
                 let status = resp.status().as_u16();
                 let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await?;
                 (status, bytes.to_vec())
@@ -186,7 +198,7 @@ impl Api {
                     );
                 }
                 bail!(
-                    "{why}; no admin API answers at {admin}: pass --admin with a server's admin address (a standby forwards to the leader)"
+                    "{why}; no admin API answers at {admin}, and the leader recorded no admin address to send it to: pass --admin with a server's admin address (any server forwards to the leader)"
                 );
             }
             bail!("{why}");

@@ -381,7 +381,7 @@ impl ControlSection {
     }
 }
 
-/// `500ms`, `5s`, `10m`, `1h`, or a bare number of seconds.
+/// `500ms`, `5s`, `10m`, `1h`, `7d`, or a bare number of seconds.
 pub(crate) fn duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
     let s = s.trim();
     let (num, unit) = s
@@ -389,7 +389,7 @@ pub(crate) fn duration(key: &str, s: &str) -> Result<Duration, ConfigError> {
         .map_or((s, "s"), |i| (&s[..i], &s[i..]));
     let n: f64 = num.parse().map_err(|_| {
         ConfigError(format!(
-            "{key}: {s:?} is not a duration like 500ms, 5s, 10m or 1h"
+            "{key}: {s:?} is not a duration like 500ms, 5s, 10m, 1h or 7d"
         ))
     })?;
     let secs = match unit {

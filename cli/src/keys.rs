@@ -239,6 +239,11 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             match (created.secret, created.claim_token, base) {
                 (_, Some(token), Some(base)) => {
                     writeln!(out, "{base}/claim/{token}")?;
+                    if expires_in.is_some() && created.claim_expires_at.is_none() {
+                        eprintln!(
+                            "warning: the server did not say when the link ends: it may predate --expires-in, and keep the link for its own default (seven days)"
+                        );
+                    }
                     let until = created
                         .claim_expires_at
                         .map(|t| format!(", until {t}"))

@@ -1,7 +1,9 @@
 //! Where an operator command goes. With a control plane, the leader
 //! decides it (a standby's admin API forwards the request to the leader,
-//! see `forward.rs`). In router-only mode there is no leader: each command
-//! is decided under the append lease, held for that one decision.
+//! see `forward.rs`). Without one (router-only, or the CLI with no
+//! server), each command is decided under the append lease, held for that
+//! one decision; while a control plane holds the lease, the refusal is
+//! sent on to it (`to_leader.rs`).
 
 use std::sync::{Arc, RwLock};
 

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use llmgw_api::admin as api;
 use llmgw_domain::Event;
 use llmgw_domain::event::LeadershipEvent;
-use llmgw_eventstore::{AnyStore, EventStore};
+use llmgw_eventstore::EventStore;
 
 use crate::ControlPlane;
 use crate::admin::AdminError;
@@ -166,6 +166,11 @@ pub async fn forward_writes(
             Ok(Some((holder, url))) if holder != cp.config.instance => {
                 match forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await {
                     Ok(r) => return r,
+                    // Sent, perhaps decided: never sent again.
+                    Err(why) if why.sent => {
+                        let said = why.say(&holder, &url, "");
+                        return AdminError(StatusCode::BAD_GATEWAY, said).into_response();
+                    }
                     Err(why) => last_error = Some((holder, url, why)),
                 }
             }
@@ -182,7 +187,8 @@ pub async fn forward_writes(
         Some((holder, url, why)) => AdminError(
             StatusCode::BAD_GATEWAY,
             format!(
-                "this server is a standby and the leader {holder} does not answer at {url}: {why}; try again once a new leader is elected"
+                "this server is a standby: {}",
+                why.say(&holder, &url, "try again once a new leader is elected")
             ),
         )
         .into_response(),
@@ -192,7 +198,7 @@ pub async fn forward_writes(
 }
 
 /// The request's head and its whole body, which a forward sends again.
-async fn buffered(
+pub(crate) async fn buffered(
     request: Request,
 ) -> Result<(axum::http::request::Parts, axum::body::Bytes), Response> {
     let (parts, body) = request.into_parts();
@@ -206,118 +212,68 @@ async fn buffered(
     }
 }
 
-/// Where a server without a control plane sends the writes that a leader's
-/// lease keeps it from deciding.
-#[derive(Debug, Clone)]
-pub struct ToLeader {
-    store: AnyStore,
-    /// This server's name, sent as the forward's mark.
-    instance: String,
-    http: reqwest::Client,
-}
-
-impl ToLeader {
-    pub fn new(store: AnyStore, instance: String) -> Arc<ToLeader> {
-        Arc::new(ToLeader {
-            store,
-            instance,
-            http: reqwest::Client::builder()
-                .no_proxy()
-                .timeout(std::time::Duration::from_secs(30))
-                .build()
-                .unwrap_or_default(),
-        })
-    }
-
-    /// The holder of the lease and the admin address it recorded on taking
-    /// office, while a server holds it.
-    async fn leader(&self) -> Result<Option<(String, String)>, llmgw_eventstore::StoreError> {
-        let info = self.store.lease_info().await?;
-        let Some(holder) = info.holder.filter(|_| info.held) else {
-            return Ok(None);
-        };
-        let mut from = 0;
-        let mut admin = None;
-        loop {
-            let page = self.store.read_stream("leadership", from, 500).await?;
-            let Some(last) = page.last() else { break };
-            from = last.stream_version;
-            for r in &page {
-                if let Ok(Event::Leadership(LeadershipEvent::LeadershipAcquired {
-                    epoch,
-                    admin: Some(a),
-                    ..
-                })) = Event::decode(&r.event_type, r.schema_version, &r.payload)
-                    && epoch == info.epoch
-                {
-                    admin = Some(a);
-                }
-            }
-        }
-        Ok(admin.map(|a| (holder, a)))
-    }
-}
-
-/// For a server without a control plane (router-only), and the CLI with no
-/// server at `--admin`, on a store that a control plane leads: a write
-/// their door refuses because that server holds the lease (423) is sent
-/// on to the leader's recorded admin address, so that any server will do
-/// for an operator, as with a standby. A write the door decided, or
-/// refused for any other reason, is answered as it is.
-pub async fn forward_refused_writes(
-    State(to): State<Arc<ToLeader>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let read = matches!(*request.method(), Method::GET | Method::HEAD);
-    if read || request.headers().contains_key(api::FORWARDED_HEADER) {
-        return next.run(request).await;
-    }
-    let (parts, body) = match buffered(request).await {
-        Ok(b) => b,
-        Err(refused) => return refused,
-    };
-    let here = next
-        .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
-        .await;
-    if here.status() != StatusCode::LOCKED {
-        return here;
-    }
-    match to.leader().await {
-        Ok(Some((holder, url))) => match forward(&to.http, &to.instance, &url, &parts, body).await {
-            Ok(r) => r,
-            Err(why) => AdminError(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "the leader {holder} does not answer at the admin address it recorded, {url}: {why}; pass --admin with an address where it answers"
-                ),
-            )
-            .into_response(),
-        },
-        // A CLI's moment under the lease, or a leader that recorded no address.
-        Ok(None) => here,
-        Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),
-    }
-}
-
 /// How long a standby waits at most for a leader to forward to.
 const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 /// How often it looks again while waiting.
 const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
-async fn forward(
+/// Why a forward got no answer to hand back.
+#[derive(Debug)]
+pub(crate) struct Unanswered {
+    /// The request may have reached the leader (it failed after the
+    /// connection was made), so the command may have been decided there.
+    pub(crate) sent: bool,
+    pub(crate) why: String,
+}
+
+impl Unanswered {
+    /// What the operator is told, naming the leader and where it was sought.
+    pub(crate) fn say(&self, holder: &str, url: &str, advice: &str) -> String {
+        if self.sent {
+            format!(
+                "the leader {holder} at {url} did not finish answering ({}): the command may have been decided there; check `llmgw events tail` before sending it again",
+                self.why
+            )
+        } else {
+            format!(
+                "the leader {holder} does not answer at {url}: {}; {advice}",
+                self.why
+            )
+        }
+    }
+}
+
+/// The HTTP client that forwards operators' writes: no proxy (the leader
+/// is on the operators' own network) and a bound on a command's time.
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        // Only a broken TLS backend fails here; the default still works.
+        .unwrap_or_default()
+}
+
+pub(crate) async fn forward(
     http: &reqwest::Client,
     instance: &str,
     leader: &str,
     parts: &axum::http::request::Parts,
     body: axum::body::Bytes,
-) -> Result<Response, String> {
+) -> Result<Response, Unanswered> {
+    let failed = |e: reqwest::Error| Unanswered {
+        sent: !e.is_connect() && !e.is_builder(),
+        why: e.to_string(),
+    };
     let path = parts
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str());
     let method =
-        reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).map_err(|e| e.to_string())?;
+        reqwest::Method::from_bytes(parts.method.as_str().as_bytes()).map_err(|e| Unanswered {
+            sent: false,
+            why: e.to_string(),
+        })?;
     let mut out = http
         .request(method, format!("{}{path}", leader.trim_end_matches('/')))
         .header(api::FORWARDED_HEADER, instance)
@@ -332,10 +288,10 @@ async fn forward(
             out = out.header(name.as_str(), value.as_bytes());
         }
     }
-    let answer = out.send().await.map_err(|e| e.to_string())?;
+    let answer = out.send().await.map_err(failed)?;
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     let content_type = answer.headers().get(reqwest::header::CONTENT_TYPE).cloned();
-    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    let bytes = answer.bytes().await.map_err(failed)?;
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;
     if let Some(ct) =

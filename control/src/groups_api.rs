@@ -65,16 +65,7 @@ pub(crate) fn rows(
     root: Option<(Scope, &str)>,
     now: UnixMillis,
 ) -> Option<Vec<api::GroupRow>> {
-    let mut live_keys = BTreeMap::new();
-    for k in t.keys.values().filter(|k| !k.revoked) {
-        *live_keys.entry(k.project_id.as_str()).or_default() += 1;
-    }
-    let tree = Tree {
-        t,
-        usage,
-        now,
-        live_keys,
-    };
+    let tree = Tree::new(t, usage, now);
     let mut out = Vec::new();
     match root {
         None => t.orgs.keys().for_each(|org| tree.org(&mut out, org)),
@@ -88,49 +79,77 @@ pub(crate) fn rows(
     Some(out)
 }
 
+/// One level's groups under each parent (by id, as the level's map is
+/// ordered), and each group's parent.
+type Index<'a> = (BTreeMap<&'a str, Vec<&'a str>>, BTreeMap<&'a str, &'a str>);
+
+fn index(level: &BTreeMap<String, Named>) -> Index<'_> {
+    let (mut under, mut parent_of) = (BTreeMap::<&str, Vec<&str>>::new(), BTreeMap::new());
+    for (id, n) in level {
+        if let Some(parent) = n.parent.as_deref() {
+            under.entry(parent).or_default().push(id.as_str());
+            parent_of.insert(id.as_str(), parent);
+        }
+    }
+    (under, parent_of)
+}
+
+/// The tree indexed once, so that a read costs one pass over the groups
+/// and keys however they are spread (it runs under the views' read lock).
 struct Tree<'a> {
     t: &'a Tenancy,
     usage: &'a UsageView,
     now: UnixMillis,
-    /// Live keys per project.
-    live_keys: BTreeMap<&'a str, u64>,
+    /// Org → its teams, by id.
+    teams_of: BTreeMap<&'a str, Vec<&'a str>>,
+    /// Team → its projects, by id.
+    projects_of: BTreeMap<&'a str, Vec<&'a str>>,
+    /// Live keys under each group, by its id (ids are unique per level;
+    /// the level is part of the key).
+    live_keys: BTreeMap<(Scope, &'a str), u64>,
 }
 
-/// The ids in `map` whose parent is `parent`, by id.
-fn children<'m>(
-    map: &'m BTreeMap<String, Named>,
-    parent: &'m str,
-) -> impl Iterator<Item = &'m String> {
-    map.iter()
-        .filter(move |(_, n)| n.parent.as_deref() == Some(parent))
-        .map(|(id, _)| id)
-}
+impl<'a> Tree<'a> {
+    fn new(t: &'a Tenancy, usage: &'a UsageView, now: UnixMillis) -> Tree<'a> {
+        let (teams_of, org_of) = index(&t.teams);
+        let (projects_of, team_of) = index(&t.projects);
+        let mut live_keys = BTreeMap::new();
+        for k in t.keys.values().filter(|k| !k.revoked) {
+            let project = k.project_id.as_str();
+            let team = team_of.get(project).copied();
+            let org = team.and_then(|t| org_of.get(t).copied());
+            for level in [
+                Some((Scope::Project, project)),
+                team.map(|t| (Scope::Team, t)),
+                org.map(|o| (Scope::Org, o)),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                *live_keys.entry(level).or_default() += 1;
+            }
+        }
+        Tree {
+            t,
+            usage,
+            now,
+            teams_of,
+            projects_of,
+            live_keys,
+        }
+    }
 
-impl Tree<'_> {
     fn org(&self, out: &mut Vec<api::GroupRow>, id: &str) {
         out.push(self.row(Scope::Org, id));
-        for team in children(&self.t.teams, id) {
+        for team in self.teams_of.get(id).into_iter().flatten() {
             self.team(out, team);
         }
     }
 
     fn team(&self, out: &mut Vec<api::GroupRow>, id: &str) {
         out.push(self.row(Scope::Team, id));
-        for project in children(&self.t.projects, id) {
+        for project in self.projects_of.get(id).into_iter().flatten() {
             out.push(self.row(Scope::Project, project));
-        }
-    }
-
-    /// Live keys under a group.
-    fn keys(&self, scope: Scope, id: &str) -> u64 {
-        match scope {
-            Scope::Org => children(&self.t.teams, id)
-                .map(|team| self.keys(Scope::Team, team))
-                .sum(),
-            Scope::Team => children(&self.t.projects, id)
-                .map(|project| self.keys(Scope::Project, project))
-                .sum(),
-            _ => self.live_keys.get(id).copied().unwrap_or(0),
         }
     }
 
@@ -144,7 +163,7 @@ impl Tree<'_> {
         let limits = t.limits_at(scope, id);
         let period = limits.and_then(|l| l.period).unwrap_or(Period::Month);
         let spend = self.usage.spend_of(scope, id);
-        let keys = self.keys(scope, id);
+        let keys = self.live_keys.get(&(scope, id)).copied().unwrap_or(0);
         let project = scope == Scope::Project;
         api::GroupRow {
             scope: scope.name().to_owned(),
@@ -303,6 +322,32 @@ mod tests {
             (2, 0),
             "a revoked key is not counted"
         );
+    }
+
+    #[test]
+    fn an_org_and_a_team_of_one_name_keep_their_own_children() {
+        let mut t = tenancy();
+        for c in [
+            C::CreateTeam {
+                team_id: "lone".into(),
+                org_id: "o".into(),
+                name: "lone".into(),
+            },
+            C::CreateProject {
+                project_id: "x".into(),
+                team_id: "lone".into(),
+                name: "x".into(),
+            },
+        ] {
+            for e in t.decide(c).unwrap() {
+                t.evolve(&e);
+            }
+        }
+        let usage = UsageView::default();
+        let lone = rows(&t, &usage, Some((Scope::Org, "lone")), UnixMillis(0)).unwrap();
+        assert_eq!(ids(&lone), ["org lone"]);
+        let team = rows(&t, &usage, Some((Scope::Team, "lone")), UnixMillis(0)).unwrap();
+        assert_eq!(ids(&team), ["team lone", "project x"]);
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod outbox;
 mod people_api;
 mod reconciler;
 pub mod tenancy_api;
+mod to_leader;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -46,8 +47,9 @@ use tokio::sync::{Notify, watch};
 pub use agents::AgentSvc;
 pub use config::ControlConfig;
 pub use door::Door;
-pub use forward::{ToLeader, forward_refused_writes, forward_writes};
+pub use forward::forward_writes;
 pub use join::JoinSvc;
+pub use to_leader::{ToLeader, forward_refused_writes};
 
 /// Why a control-plane operation did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -167,11 +169,7 @@ impl ControlPlane {
             agent_url: Mutex::new(None),
             nudge: Notify::new(),
             leaders: tokio::sync::Mutex::new(forward::Leaders::default()),
-            http: reqwest::Client::builder()
-                .no_proxy()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap_or_default(),
+            http: forward::client(),
             telemetry: metrics::Telemetry::default(),
             epoch_seen: AtomicU64::new(0),
             authority: std::sync::OnceLock::new(),

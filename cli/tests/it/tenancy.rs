@@ -308,15 +308,27 @@ async fn groups_read_back(store: &str, admin: &str) {
     let live = keys_ok(store, admin, &["list", "--json"]);
     let live: Vec<Value> = serde_json::from_str(&live).unwrap();
     let live = live.iter().filter(|k| k["state"] == "active").count();
+    // The project's spend is this month's rows; its requests are all of them.
     let rows = until("the groups to show the log's spend", || async {
         let log = super::ok(store, &["events", "tail", "--limit", "1000", "--json"]);
-        let cost: u64 = super::usage_rows_of(&super::json_lines(&log))
+        let used = super::usage_rows_of(&super::json_lines(&log));
+        let month = chrono::Utc::now().format("%Y-%m").to_string();
+        let this_month = |u: &&Value| {
+            u["at"]
+                .as_i64()
+                .and_then(chrono::DateTime::from_timestamp_millis)
+                .is_some_and(|at| at.format("%Y-%m").to_string() == month)
+        };
+        let cost: u64 = used
             .iter()
+            .filter(this_month)
             .filter_map(|u| u["cost_micros"].as_u64())
             .sum();
         let rows: Value =
             serde_json::from_str(&keys_ok(store, admin, &["groups", "--json"])).ok()?;
-        (cost > 0 && rows[2]["spent_micros"] == cost).then_some(rows)
+        let project = &rows[2];
+        (cost > 0 && project["spent_micros"] == cost && project["requests"] == used.len())
+            .then_some(rows)
     })
     .await;
     let at = |i: usize, field: &str| rows[i][field].clone();
@@ -606,7 +618,19 @@ async fn a_router_only_server_sends_key_commands_to_the_leader() {
     );
     // So does the CLI when nothing answers at its --admin: it finds the
     // leader's admin address in the log.
-    let (secret, _) = new_key(&store, "http://127.0.0.1:1", "via-cli");
+    let nobody = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let out = keys(
+        &store,
+        &nobody,
+        &["create", "--project", "p", "--name", "via-cli"],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("sent to the leader cp-a at {}", a.admin)),
+        "the CLI says where the command went: {said}"
+    );
+    let secret = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     status_becomes(&a.base, Some(&secret), "free", 200).await;
     // A refusal is the leader's, answered as it is.
     let out = keys(

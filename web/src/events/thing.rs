@@ -1,10 +1,11 @@
 //! One thing's history: which streams tell what happened to a node, a
 //! model, a key or a person.
 //!
-//! The CLI's `events log --node/--model/--key` reads the thing's stream and
-//! its refusals (`audit-<stream>`); the page adds the streams of what hangs
-//! off the thing, found in the server's views: a node's replicas, a model's
-//! replicas and the demand for it, a person's own keys. A key's usage
+//! A history is the thing's stream, its refusals (`audit-<stream>`), and
+//! the streams of what hangs off it: a node's replicas, a model's replicas
+//! and the demand for it, a person's own keys. The page finds those in the
+//! server's views; the CLI's `events log --node/--model/--key/--user`
+//! finds them in the log itself. A key's usage
 //! records of older logs (`usage-<key>`, one per request) are left out:
 //! they would bury the decisions; the page links to them as a stream filter
 //! instead. Usage is now one batch per gateway flush

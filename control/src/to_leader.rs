@@ -1,0 +1,118 @@
+//! Where a server without a control plane (router-only), and the CLI with
+//! no server at `--admin`, send the operator writes that a control plane's
+//! lease keeps them from deciding: to the admin address the leader
+//! recorded on taking office, as a standby does (`forward.rs`). So any
+//! server will do for an operator, whatever its mode.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use llmgw_api::admin as api;
+use llmgw_domain::Event;
+use llmgw_domain::event::LeadershipEvent;
+use llmgw_eventstore::{AnyStore, EventFilter, EventStore, StoreError};
+
+use crate::admin::AdminError;
+use crate::forward::{buffered, client, forward};
+
+/// The store whose lease tells who leads, and how this process names
+/// itself in the forward's mark.
+#[derive(Debug, Clone)]
+pub struct ToLeader {
+    store: AnyStore,
+    instance: String,
+    http: reqwest::Client,
+}
+
+impl ToLeader {
+    pub fn new(store: AnyStore, instance: String) -> Arc<ToLeader> {
+        Arc::new(ToLeader {
+            store,
+            instance,
+            http: client(),
+        })
+    }
+
+    /// The holder of the lease and the admin address it recorded on taking
+    /// office, while a server holds it. The newest `LeadershipAcquired` is
+    /// read through the stream's index, however long the log.
+    async fn leader(&self) -> Result<Option<(String, String)>, StoreError> {
+        let info = self.store.lease_info().await?;
+        let Some(holder) = info.holder.filter(|_| info.held) else {
+            return Ok(None);
+        };
+        let filter = EventFilter {
+            event_type: Some("LeadershipAcquired".to_owned()),
+            streams: vec!["leadership".to_owned()],
+            ..EventFilter::default()
+        };
+        let newest = self
+            .store
+            .read_backward_raw(&filter, 0..info.head + 1, 1)
+            .await?;
+        let admin = newest.iter().find_map(|r| {
+            match Event::decode(&r.event_type, r.schema_version, &r.payload) {
+                Ok(Event::Leadership(LeadershipEvent::LeadershipAcquired {
+                    epoch,
+                    admin: Some(a),
+                    ..
+                })) if epoch == info.epoch => Some(a),
+                _ => None,
+            }
+        });
+        Ok(admin.map(|a| (holder, a)))
+    }
+}
+
+/// A write the door refused because a control plane leads (423) goes to
+/// that leader, once, and the leader's answer is handed back with
+/// [`api::FORWARDED_TO_HEADER`] naming where it went. A write the door
+/// decided, or refused for any other reason, is answered as it is. The
+/// refusal comes from taking the lease, before anything is decided or
+/// changed here, so a forwarded command is decided once.
+pub async fn forward_refused_writes(
+    State(to): State<Arc<ToLeader>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    if read || request.headers().contains_key(api::FORWARDED_HEADER) {
+        return next.run(request).await;
+    }
+    let (parts, body) = match buffered(request).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    let here = next
+        .run(Request::from_parts(parts.clone(), Body::from(body.clone())))
+        .await;
+    if here.status() != StatusCode::LOCKED {
+        return here;
+    }
+    match to.leader().await {
+        Ok(Some((holder, url))) => match forward(&to.http, &to.instance, &url, &parts, body).await {
+            Ok(mut answer) => {
+                if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
+                    answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
+                }
+                answer
+            }
+            Err(why) => AdminError(
+                StatusCode::BAD_GATEWAY,
+                why.say(
+                    &holder,
+                    &url,
+                    "it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers",
+                ),
+            )
+            .into_response(),
+        },
+        // A CLI's moment under the lease, or a leader that recorded no address.
+        Ok(None) => here,
+        Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),
+    }
+}
