@@ -112,6 +112,11 @@ pub(crate) struct AuthSection {
     /// A browser session ends this long after sign-in however busy
     /// (default 7d).
     pub session_max: Option<String>,
+    /// Wrong passwords allowed for one email within `sign_in_window`
+    /// before sign-in is refused for the rest of it (default 10).
+    pub sign_in_attempts: Option<u32>,
+    /// The window `sign_in_attempts` counts in (default 15m).
+    pub sign_in_window: Option<String>,
 }
 
 /// What `/` tells people.

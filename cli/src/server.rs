@@ -289,6 +289,8 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
             (a.signup_open.is_some(), "auth.signup_open"),
             (a.session_idle.is_some(), "auth.session_idle"),
             (a.session_max.is_some(), "auth.session_max"),
+            (a.sign_in_attempts.is_some(), "auth.sign_in_attempts"),
+            (a.sign_in_window.is_some(), "auth.sign_in_window"),
         ];
         if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
             return Err(ConfigError(format!(
@@ -307,6 +309,24 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
         return Err(ConfigError(
             "auth.session_idle must be above 0 and at most auth.session_max".into(),
         ));
+    }
+    // Zero would lock everyone out (or, to the people crate, mean the
+    // default): refused, so that what is written is what runs.
+    if let Some(n) = a.sign_in_attempts {
+        if n == 0 {
+            return Err(ConfigError(
+                "auth.sign_in_attempts must be at least 1: it is how many wrong passwords an email may try".into(),
+            ));
+        }
+        people.max_attempts = n;
+    }
+    if let Some(v) = &a.sign_in_window {
+        people.attempt_window = config::duration("auth.sign_in_window", v)?;
+        if people.attempt_window < std::time::Duration::from_secs(1) {
+            return Err(ConfigError(
+                "auth.sign_in_window must be at least 1s".into(),
+            ));
+        }
     }
     let l = &file.landing;
     let base_url = match &l.base_url {

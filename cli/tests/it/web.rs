@@ -612,6 +612,48 @@ async fn a_session_ends_at_its_expiry() {
     assert_eq!(v.get("/profile").await.location(), "/login");
 }
 
+/// `auth.sign_in_attempts` is how many tries an email gets in a window:
+/// with two, a third is refused even with the right password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_attempts_are_as_configured() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth:\n  enabled: true\n  sign_in_attempts: 2\n  sign_in_window: 1h\n";
+    let cfg = config(dir.path(), "tries", &store, &e, Mode::RouterOnly, extra);
+    let server = start(&cfg);
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    keys_ok(
+        &store,
+        &admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    let mut v = Visit::new(&base);
+    let id = sign_up(&mut v, &store, &admin, "cy@example.com").await;
+    users(&store, &admin, &["approve", &id, "--project", "p"]);
+    let mut attempt = async |password: &str| {
+        let csrf = v.get("/login").await.csrf();
+        v.post(
+            "/login",
+            &[
+                ("email", "cy@example.com"),
+                ("password", password),
+                ("csrf", &csrf),
+            ],
+        )
+        .await
+    };
+    for _ in 0..2 {
+        let wrong = attempt("not the password at all").await;
+        assert_eq!(wrong.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(!wrong.body.contains("too many attempts"), "{}", wrong.body);
+    }
+    let third = attempt(GOOD).await;
+    assert_eq!(third.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(third.body.contains("too many attempts"), "{}", third.body);
+}
+
 /// Account settings without accounts, and a base URL that is not one, stop
 /// the start.
 #[tokio::test]
@@ -620,6 +662,15 @@ async fn account_settings_without_auth_are_refused_at_start() {
     for (extra, says) in [
         ("auth:\n  signup_open: true\n", "auth.signup_open"),
         ("auth:\n  session_max: 1h\n", "auth.session_max"),
+        ("auth:\n  sign_in_attempts: 3\n", "auth.sign_in_attempts"),
+        (
+            "auth:\n  enabled: true\n  sign_in_attempts: 0\n",
+            "auth.sign_in_attempts must be at least 1",
+        ),
+        (
+            "auth:\n  enabled: true\n  sign_in_window: 0s\n",
+            "auth.sign_in_window must be at least 1s",
+        ),
         (
             "landing:\n  base_url: \"ftp://example.com\"\n",
             "landing.base_url",
