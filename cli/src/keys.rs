@@ -274,6 +274,11 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             if json {
                 // One document, `[]` when there is nothing.
                 json_line(&mut out, &rows)?;
+            } else if rows.is_empty() {
+                let whose = project
+                    .map(|p| format!(" in project {p}"))
+                    .unwrap_or_default();
+                eprintln!("no key{whose} yet: llmgw keys create --project P --name N makes one");
             } else {
                 print_keys(&mut out, &rows)?;
             }
@@ -292,6 +297,9 @@ pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> 
             let rows: Vec<api::GroupRow> = api.call(&origin, Method::GET, &path, none).await?;
             if json {
                 json_line(&mut out, &rows)?;
+            } else if rows.is_empty() {
+                // Only the whole tree can be empty: a named group is 404.
+                eprintln!("no org yet: llmgw keys init --org O --team T --project P makes one");
             } else {
                 print_groups(&mut out, &rows)?;
             }

@@ -727,6 +727,15 @@ async fn a_claim_link_lives_as_long_as_asked() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("c.db").display());
     let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    // Nothing yet: each listing says how to make its first row.
+    for (what, hint) in [("list", "keys create"), ("groups", "keys init")] {
+        let out = keys(&store, &closed, &[what]);
+        assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(hint),
+            "{out:?}"
+        );
+    }
     keys_ok(
         &store,
         &closed,
