@@ -95,6 +95,24 @@ pub async fn forward_refused_writes(
     }
     match to.leader().await {
         Ok(Some((holder, url))) => match forward(&to.http, &to.instance, &url, &parts, body).await {
+            // What answers at the recorded address does not lead: most
+            // often this very server, or another one's loopback, because
+            // the leader recorded a loopback address.
+            Ok(answer) if answer.status() == StatusCode::LOCKED => {
+                let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+                    .await
+                    .unwrap_or_default();
+                let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
+                    .map(|e| e.error)
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                AdminError(
+                    StatusCode::BAD_GATEWAY,
+                    format!(
+                        "the leader {holder} recorded its admin address as {url}, but what answers there does not lead ({said}); set control.advertise_admin on the servers to an address the others reach"
+                    ),
+                )
+                .into_response()
+            }
             Ok(mut answer) => {
                 if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
                     answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);

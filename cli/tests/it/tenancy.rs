@@ -643,6 +643,50 @@ async fn a_router_only_server_sends_key_commands_to_the_leader() {
     assert!(err.contains("nowhere"), "{err}");
 }
 
+/// A leader that recorded an address where it does not answer (here: the
+/// router-only server's own, as a loopback default seen from another
+/// machine would be) gets a refusal that names the address and the
+/// setting, not the router's own "the leader leads".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_address_that_reaches_no_leader_is_named() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let port = super::cluster::free_port();
+    let misrecorded = format!("http://127.0.0.1:{port}");
+    let spawn = |name: &str, mode: Mode, env: &[(&str, String)]| {
+        let cfg = config(dir.path(), name, &store, &e, mode, "auth: true\n");
+        let child = super::Child::spawn_env(&["server", "--config", &cfg], env);
+        let admin = format!("http://{}", child.addr_after("admin listening on "));
+        (child, admin)
+    };
+    let (_a, a_admin) = spawn(
+        "cp-a",
+        Mode::Control,
+        &[("LLMGW_CONTROL__ADVERTISE_ADMIN", misrecorded.clone())],
+    );
+    leads(&a_admin).await;
+    let (_router, router_admin) = spawn(
+        "router",
+        Mode::RouterOnly,
+        &[("LLMGW_ADMIN_LISTEN", format!("127.0.0.1:{port}"))],
+    );
+    assert_eq!(router_admin, misrecorded);
+    let out = keys(
+        &store,
+        &router_admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("recorded its admin address as {misrecorded}"))
+            && err.contains("control.advertise_admin"),
+        "{err}"
+    );
+}
+
 /// Two `keys create` for one name at once: exactly one wins, through a
 /// server and with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
