@@ -508,6 +508,20 @@ cells!(
     own_unflushed_spend_counts_on_postgres => own_unflushed_spend_counts(Backend::Postgres),
 );
 
+/// The first key in the log was written by the leader, cp-a, for alice.
+fn issued_by_the_leader_for_alice(store: &str) {
+    let history = super::ok(store, &["events", "tail", "--limit", "100", "--json"]);
+    let issued = super::json_lines(&history)
+        .into_iter()
+        .find(|e| e["event_type"] == "KeyIssued")
+        .unwrap();
+    assert_eq!(
+        (&issued["metadata"]["writer"], &issued["metadata"]["actor"]),
+        (&json!("cp-a"), &json!("alice")),
+        "the leader wrote it for alice: {issued}"
+    );
+}
+
 /// Two servers on one PostgreSQL: a key made through the standby lands via
 /// the leader and works on both; with the leader killed, the next key is
 /// made once the standby leads.
@@ -543,16 +557,7 @@ async fn a_standby_forwards_key_commands_to_the_leader_and_takes_over() {
     let (secret, _) = new_key(&store, &b.admin, "via-standby");
     status_becomes(&a.base, Some(&secret), "free", 200).await;
     status_becomes(&b.base, Some(&secret), "free", 200).await;
-    let history = super::ok(&store, &["events", "tail", "--limit", "100", "--json"]);
-    let issued = super::json_lines(&history)
-        .into_iter()
-        .find(|e| e["event_type"] == "KeyIssued")
-        .unwrap();
-    assert_eq!(
-        issued["metadata"]["writer"], "cp-a",
-        "the leader wrote it: {issued}"
-    );
-    assert_eq!(issued["metadata"]["actor"], "alice");
+    issued_by_the_leader_for_alice(&store);
 
     a.child.process.kill().unwrap();
     let _ = a.child.process.wait();
@@ -606,16 +611,7 @@ async fn a_router_only_server_sends_key_commands_to_the_leader() {
     let (secret, _) = new_key(&store, &router.admin, "via-router");
     status_becomes(&router.base, Some(&secret), "free", 200).await;
     status_becomes(&a.base, Some(&secret), "free", 200).await;
-    let history = super::ok(&store, &["events", "tail", "--limit", "100", "--json"]);
-    let issued = super::json_lines(&history)
-        .into_iter()
-        .find(|e| e["event_type"] == "KeyIssued")
-        .unwrap();
-    assert_eq!(
-        (&issued["metadata"]["writer"], &issued["metadata"]["actor"]),
-        (&json!("cp-a"), &json!("alice")),
-        "the leader wrote it for alice: {issued}"
-    );
+    issued_by_the_leader_for_alice(&store);
     // So does the CLI when nothing answers at its --admin: it finds the
     // leader's admin address in the log.
     let nobody = format!("http://127.0.0.1:{}", super::cluster::free_port());
