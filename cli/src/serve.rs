@@ -325,7 +325,9 @@ pub(crate) async fn run(
         cp = Some(plane);
     } else if let (Some(log), Some(v), Some(people)) = (&log, &views, &people) {
         // No control plane here: each command is decided under the lease,
-        // or sent on to the leader while a control plane holds it.
+        // or sent on to the leader while a control plane holds it, and so
+        // is every control plane route (`llmgw ctl`) this server lacks.
+        let to_leader = llmgw_control::ToLeader::new(log.clone(), instance.clone());
         admin_routes = llmgw_control::tenancy_api::router(
             llmgw_control::Door::Lease {
                 store: log.clone(),
@@ -335,9 +337,13 @@ pub(crate) async fn run(
             people.clone(),
         )
         .layer(axum::middleware::from_fn_with_state(
-            llmgw_control::ToLeader::new(log.clone(), instance.clone()),
+            to_leader.clone(),
             llmgw_control::forward_refused_writes,
-        ));
+        ))
+        .route(
+            "/api/v1/{*rest}",
+            axum::routing::any(llmgw_control::forward_control_routes).with_state(to_leader),
+        );
     }
     let _metrics = crate::server_metrics::install(
         &gw,

@@ -68,6 +68,43 @@ impl ToLeader {
     }
 }
 
+/// The control plane's own routes (`/api/v1/nodes`, `/models`, `/status`,
+/// …), which a server without one does not serve: while a control plane
+/// leads its store, they are sent to the leader, reads and writes alike,
+/// so that `llmgw ctl` works through any server; with none leading, 404
+/// with an empty body, which `llmgw ctl` reads as "router-only mode".
+pub async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Request) -> Response {
+    if request.headers().contains_key(api::FORWARDED_HEADER) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let (parts, body) = match buffered(request).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    match to.leader().await {
+        Ok(Some((holder, url))) => {
+            match forward(&to.http, &to.instance, &url, &parts, body).await {
+                Ok(answer) => marked(answer, &holder, &url),
+                Err(why) => AdminError(StatusCode::BAD_GATEWAY, why.say(&holder, &url, ADVICE))
+                    .into_response(),
+            }
+        }
+        Ok(None) => StatusCode::NOT_FOUND.into_response(),
+        Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),
+    }
+}
+
+/// What to do when the leader's recorded address does not answer.
+const ADVICE: &str = "it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers";
+
+/// The leader's answer, marked with where it came from.
+fn marked(mut answer: Response, holder: &str, url: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
+        answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
+    }
+    answer
+}
+
 /// A write the door refused because a control plane leads (423) goes to
 /// that leader, once, and the leader's answer is handed back with
 /// [`api::FORWARDED_TO_HEADER`] naming where it went. A write the door
@@ -94,41 +131,31 @@ pub async fn forward_refused_writes(
         return here;
     }
     match to.leader().await {
-        Ok(Some((holder, url))) => match forward(&to.http, &to.instance, &url, &parts, body).await {
-            // What answers at the recorded address does not lead: most
-            // often this very server, or another one's loopback, because
-            // the leader recorded a loopback address.
-            Ok(answer) if answer.status() == StatusCode::LOCKED => {
-                let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
-                    .await
-                    .unwrap_or_default();
-                let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
-                    .map(|e| e.error)
-                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-                AdminError(
+        Ok(Some((holder, url))) => {
+            match forward(&to.http, &to.instance, &url, &parts, body).await {
+                // What answers at the recorded address does not lead: most
+                // often this very server, or another one's loopback, because
+                // the leader recorded a loopback address.
+                Ok(answer) if answer.status() == StatusCode::LOCKED => {
+                    let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+                        .await
+                        .unwrap_or_default();
+                    let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
+                        .map(|e| e.error)
+                        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                    AdminError(
                     StatusCode::BAD_GATEWAY,
                     format!(
                         "the leader {holder} recorded its admin address as {url}, but what answers there does not lead ({said}); set control.advertise_admin on the servers to an address the others reach"
                     ),
                 )
                 .into_response()
-            }
-            Ok(mut answer) => {
-                if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
-                    answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
                 }
-                answer
+                Ok(answer) => marked(answer, &holder, &url),
+                Err(why) => AdminError(StatusCode::BAD_GATEWAY, why.say(&holder, &url, ADVICE))
+                    .into_response(),
             }
-            Err(why) => AdminError(
-                StatusCode::BAD_GATEWAY,
-                why.say(
-                    &holder,
-                    &url,
-                    "it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers",
-                ),
-            )
-            .into_response(),
-        },
+        }
         // A CLI's moment under the lease, or a leader that recorded no address.
         Ok(None) => here,
         Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),

@@ -395,6 +395,19 @@ async fn auth_off(mode: Mode, backend: Backend) {
     assert_eq!(chat(&server.base, None, "paid").await.status(), 200);
     let r = chat(&server.base, None, "nope").await;
     assert_eq!(r.status(), 404);
+    if mode == Mode::RouterOnly {
+        // No control plane leads its store: `ctl` says what it talks to.
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["ctl", "--admin", &server.admin, "status"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("has no control plane (router-only mode)"),
+            "{err}"
+        );
+    }
     until("the usage record", || async {
         let log = super::ok(&store, &["events", "stats", "--json"]);
         log.contains("UsageBatchRecorded").then_some(())
@@ -628,6 +641,31 @@ async fn a_router_only_server_sends_key_commands_to_the_leader() {
     );
     let secret = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     status_becomes(&a.base, Some(&secret), "free", 200).await;
+    // The control plane's own commands go to the leader too, reads and
+    // writes, and say where they were answered.
+    let ctl = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["ctl", "--admin", &router.admin])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let models = ctl(&["models", "--json"]);
+    let listed = String::from_utf8_lossy(&models.stdout);
+    assert!(models.status.success(), "{models:?}");
+    assert!(
+        listed.contains("paid") && listed.contains("free"),
+        "{listed}"
+    );
+    assert!(
+        String::from_utf8_lossy(&models.stderr).contains("answered by the leader cp-a"),
+        "{models:?}"
+    );
+    let leader = ctl(&["leader"]);
+    assert!(
+        String::from_utf8_lossy(&leader.stdout).contains("cp-a"),
+        "{leader:?}"
+    );
     // A refusal is the leader's, answered as it is.
     let out = keys(
         &store,
