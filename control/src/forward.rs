@@ -243,11 +243,15 @@ impl Unanswered {
     }
 }
 
-/// The HTTP client that forwards operators' writes: no proxy (the leader
-/// is on the operators' own network) and a bound on a command's time.
+/// The HTTP client that forwards operators' commands: no proxy (the leader
+/// is on the operators' own network), a bound on a command's time, and a
+/// short one on reaching the leader, so that a page which asks the leader
+/// (the dashboard's nodes, through a router-only server) does not hang on
+/// an address that drops packets.
 pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
+        .connect_timeout(std::time::Duration::from_secs(2))
         .timeout(std::time::Duration::from_secs(30))
         .build()
         // Only a broken TLS backend fails here; the default still works.
