@@ -106,10 +106,7 @@ async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
             if offline {
                 routes
             } else {
-                routes.layer(axum::middleware::from_fn_with_state(
-                    llmgw_control::ToLeader::new(log.clone(), "cli".to_owned()),
-                    llmgw_control::forward_refused_writes,
-                ))
+                llmgw_control::ToLeader::new(log.clone(), "cli".to_owned()).around(routes)
             }
         },
         admin: admin.to_owned(),

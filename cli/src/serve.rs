@@ -327,22 +327,15 @@ pub(crate) async fn run(
         // No control plane here: each command is decided under the lease,
         // or sent on to the leader while a control plane holds it, and so
         // is every control plane route (`llmgw ctl`) this server lacks.
-        let to_leader = llmgw_control::ToLeader::new(log.clone(), instance.clone());
-        admin_routes = llmgw_control::tenancy_api::router(
-            llmgw_control::Door::Lease {
-                store: log.clone(),
-                views: v.views.clone(),
-                views_at: v.position.clone(),
-            },
-            people.clone(),
-        )
-        .layer(axum::middleware::from_fn_with_state(
-            to_leader.clone(),
-            llmgw_control::forward_refused_writes,
-        ))
-        .route(
-            "/api/v1/{*rest}",
-            axum::routing::any(llmgw_control::forward_control_routes).with_state(to_leader),
+        admin_routes = llmgw_control::ToLeader::new(log.clone(), instance.clone()).around(
+            llmgw_control::tenancy_api::router(
+                llmgw_control::Door::Lease {
+                    store: log.clone(),
+                    views: v.views.clone(),
+                    views_at: v.position.clone(),
+                },
+                people.clone(),
+            ),
         );
     }
     let _metrics = crate::server_metrics::install(

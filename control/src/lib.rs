@@ -49,7 +49,7 @@ pub use config::ControlConfig;
 pub use door::Door;
 pub use forward::forward_writes;
 pub use join::JoinSvc;
-pub use to_leader::{ToLeader, forward_control_routes, forward_refused_writes};
+pub use to_leader::ToLeader;
 
 /// Why a control-plane operation did not happen.
 #[derive(Debug, thiserror::Error)]

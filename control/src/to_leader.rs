@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
+use axum::Router;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -68,12 +70,76 @@ impl ToLeader {
     }
 }
 
+impl ToLeader {
+    /// The routes of a door without a control plane, made to reach the
+    /// leader while one leads their store: the writes their lease refuses
+    /// ([`forward_refused_writes`]) and the control plane's own routes,
+    /// which they lack ([`forward_control_routes`]). The one place a
+    /// router-only server and the CLI both get this from.
+    pub fn around(self: Arc<Self>, routes: Router) -> Router {
+        routes
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                forward_refused_writes,
+            ))
+            .route(
+                "/api/v1/{*rest}",
+                axum::routing::any(forward_control_routes).with_state(self),
+            )
+    }
+
+    /// The leader's answer to the request, marked with where it came from;
+    /// None while no server that recorded an admin address leads.
+    async fn send(&self, parts: &Parts, body: Bytes) -> Option<Response> {
+        let (holder, url) = match self.leader().await {
+            Ok(Some(leader)) => leader,
+            Ok(None) => return None,
+            Err(e) => return Some(AdminError::from(crate::ControlError::from(e)).into_response()),
+        };
+        Some(match forward(&self.http, &self.instance, &url, parts, body).await {
+            // What answers at the recorded address does not lead: most
+            // often this very server, or another one's loopback, because
+            // the leader recorded a loopback address.
+            Ok(answer) if answer.status() == StatusCode::LOCKED => {
+                let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+                    .await
+                    .unwrap_or_default();
+                let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
+                    .map(|e| e.error)
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                AdminError(
+                    StatusCode::BAD_GATEWAY,
+                    format!(
+                        "the leader {holder} recorded its admin address as {url}, but what answers there does not lead ({said}); set control.advertise_admin on the servers to an address the others reach"
+                    ),
+                )
+                .into_response()
+            }
+            Ok(mut answer) => {
+                if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
+                    answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
+                }
+                answer
+            }
+            Err(why) => AdminError(
+                StatusCode::BAD_GATEWAY,
+                why.say(
+                    &holder,
+                    &url,
+                    "it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers",
+                ),
+            )
+            .into_response(),
+        })
+    }
+}
+
 /// The control plane's own routes (`/api/v1/nodes`, `/models`, `/status`,
 /// …), which a server without one does not serve: while a control plane
 /// leads its store, they are sent to the leader, reads and writes alike,
 /// so that `llmgw ctl` works through any server; with none leading, 404
 /// with an empty body, which `llmgw ctl` reads as "router-only mode".
-pub async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Request) -> Response {
+async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Request) -> Response {
     if request.headers().contains_key(api::FORWARDED_HEADER) {
         return StatusCode::NOT_FOUND.into_response();
     }
@@ -81,28 +147,9 @@ pub async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Re
         Ok(b) => b,
         Err(refused) => return refused,
     };
-    match to.leader().await {
-        Ok(Some((holder, url))) => {
-            match forward(&to.http, &to.instance, &url, &parts, body).await {
-                Ok(answer) => marked(answer, &holder, &url),
-                Err(why) => AdminError(StatusCode::BAD_GATEWAY, why.say(&holder, &url, ADVICE))
-                    .into_response(),
-            }
-        }
-        Ok(None) => StatusCode::NOT_FOUND.into_response(),
-        Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),
-    }
-}
-
-/// What to do when the leader's recorded address does not answer.
-const ADVICE: &str = "it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers";
-
-/// The leader's answer, marked with where it came from.
-fn marked(mut answer: Response, holder: &str, url: &str) -> Response {
-    if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
-        answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
-    }
-    answer
+    to.send(&parts, body)
+        .await
+        .unwrap_or_else(|| StatusCode::NOT_FOUND.into_response())
 }
 
 /// A write the door refused because a control plane leads (423) goes to
@@ -111,7 +158,7 @@ fn marked(mut answer: Response, holder: &str, url: &str) -> Response {
 /// decided, or refused for any other reason, is answered as it is. The
 /// refusal comes from taking the lease, before anything is decided or
 /// changed here, so a forwarded command is decided once.
-pub async fn forward_refused_writes(
+async fn forward_refused_writes(
     State(to): State<Arc<ToLeader>>,
     request: Request,
     next: Next,
@@ -130,34 +177,7 @@ pub async fn forward_refused_writes(
     if here.status() != StatusCode::LOCKED {
         return here;
     }
-    match to.leader().await {
-        Ok(Some((holder, url))) => {
-            match forward(&to.http, &to.instance, &url, &parts, body).await {
-                // What answers at the recorded address does not lead: most
-                // often this very server, or another one's loopback, because
-                // the leader recorded a loopback address.
-                Ok(answer) if answer.status() == StatusCode::LOCKED => {
-                    let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
-                        .await
-                        .unwrap_or_default();
-                    let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
-                        .map(|e| e.error)
-                        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-                    AdminError(
-                    StatusCode::BAD_GATEWAY,
-                    format!(
-                        "the leader {holder} recorded its admin address as {url}, but what answers there does not lead ({said}); set control.advertise_admin on the servers to an address the others reach"
-                    ),
-                )
-                .into_response()
-                }
-                Ok(answer) => marked(answer, &holder, &url),
-                Err(why) => AdminError(StatusCode::BAD_GATEWAY, why.say(&holder, &url, ADVICE))
-                    .into_response(),
-            }
-        }
-        // A CLI's moment under the lease, or a leader that recorded no address.
-        Ok(None) => here,
-        Err(e) => AdminError::from(crate::ControlError::from(e)).into_response(),
-    }
+    // None: a CLI's moment under the lease, or a leader that recorded no
+    // address; the refusal stands.
+    to.send(&parts, body).await.unwrap_or(here)
 }
