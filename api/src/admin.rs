@@ -465,6 +465,17 @@ pub struct GroupRow {
     pub memory_retain_hours: Option<u32>,
 }
 
+impl GroupRow {
+    /// How deep in the tree: 0 for an org, 1 for a team, 2 for a project.
+    pub fn depth(&self) -> usize {
+        match self.scope.as_str() {
+            "org" => 0,
+            "team" => 1,
+            _ => 2,
+        }
+    }
+}
+
 /// A project's threads, as set with `llmgw keys threads`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadsRow {

@@ -115,6 +115,18 @@ async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
     })
 }
 
+/// When the answer is the leader's, sent on by a router-only server or by
+/// this process, says so on stderr: "{how} the leader NAME at URL".
+pub(crate) fn say_forwarded(headers: &reqwest::header::HeaderMap, how: &str) {
+    if let Some(to) = headers
+        .get(api::FORWARDED_TO_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        let (holder, url) = to.split_once(' ').unwrap_or((to, ""));
+        eprintln!("{how} the leader {holder} at {url}");
+    }
+}
+
 impl Api {
     /// `admin` when a server answers there (unless `offline`), else the
     /// routes here over `store`.
@@ -163,15 +175,7 @@ impl Api {
                     .header("content-type", "application/json")
                     .body(axum::body::Body::from(body.unwrap_or_default()))?;
                 let resp = routes.clone().oneshot(request).await?;
-                // The command left this machine for the leader: say where.
-                if let Some(to) = resp
-                    .headers()
-                    .get(api::FORWARDED_TO_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                {
-                    let (holder, url) = to.split_once(' ').unwrap_or((to, ""));
-                    eprintln!("sent to the leader {holder} at {url}");
-                }
+                say_forwarded(resp.headers(), "sent to");
                 let status = resp.status().as_u16();
                 let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await?;
                 (status, bytes.to_vec())

@@ -152,15 +152,7 @@ impl Admin {
             )
         })?;
         let status = resp.status();
-        // A router-only server sent it on to the leader: say so.
-        if let Some(to) = resp
-            .headers()
-            .get(api::FORWARDED_TO_HEADER)
-            .and_then(|v| v.to_str().ok())
-        {
-            let (holder, url) = to.split_once(' ').unwrap_or((to, ""));
-            eprintln!("answered by the leader {holder} at {url}");
-        }
+        crate::admin_client::say_forwarded(resp.headers(), "answered by");
         let body = resp.bytes().await?;
         if !status.is_success() {
             let why = serde_json::from_slice::<api::ErrorBody>(&body)

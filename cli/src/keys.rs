@@ -375,13 +375,8 @@ fn print_groups(out: &mut impl Write, rows: &[api::GroupRow]) -> anyhow::Result<
         "GROUP", "NAME", "KEYS", "RPM", "TPM", "MODELS", "BUDGET", "SPENT", "THREADS", "MEMORY",
     ]);
     for g in rows {
-        let depth = match g.scope.as_str() {
-            "org" => 0,
-            "team" => 1,
-            _ => 2,
-        };
         let mut cells = vec![
-            format!("{}{} {}", "  ".repeat(depth), g.scope, g.id),
+            format!("{}{} {}", "  ".repeat(g.depth()), g.scope, g.id),
             g.name.clone(),
             g.keys.to_string(),
         ];

@@ -10,7 +10,7 @@ use super::fmt;
 pub(crate) struct GroupLine {
     pub scope: String,
     /// 0 for an org, 1 for a team, 2 for a project: the indent.
-    pub depth: u8,
+    pub depth: usize,
     pub id: String,
     /// The name, when it is not the id.
     pub name: String,
@@ -54,11 +54,7 @@ fn line(g: GroupRow) -> GroupLine {
         kept.push(format!("memory, {h} h"));
     }
     GroupLine {
-        depth: match g.scope.as_str() {
-            "org" => 0,
-            "team" => 1,
-            _ => 2,
-        },
+        depth: g.depth(),
         name: if g.name == g.id {
             String::new()
         } else {
