@@ -24,6 +24,9 @@ pub(crate) struct GroupsQuery {
     org: Option<String>,
     team: Option<String>,
     project: Option<String>,
+    /// At most this many rows, the first in the tree's order (a page that
+    /// shows a few asks for only those).
+    limit: Option<usize>,
 }
 
 pub(crate) async fn list(
@@ -49,6 +52,7 @@ pub(crate) async fn list(
         &views.usage,
         root.as_ref().map(|(s, id)| (*s, id.as_str())),
         UnixMillis::now(),
+        q.limit.unwrap_or(usize::MAX),
     )
     .ok_or_else(|| {
         let (scope, id) = root.unwrap_or((Scope::Org, String::new()));
@@ -57,22 +61,23 @@ pub(crate) async fn list(
     Ok(Json(rows))
 }
 
-/// The rows under `root` (the whole tree without one), parents first and
-/// siblings by id; None when `root` does not exist.
+/// The first `limit` rows under `root` (the whole tree without one),
+/// parents first and siblings by id; None when `root` does not exist.
 pub(crate) fn rows(
     t: &Tenancy,
     usage: &UsageView,
     root: Option<(Scope, &str)>,
     now: UnixMillis,
+    limit: usize,
 ) -> Option<Vec<api::GroupRow>> {
-    let tree = Tree::new(t, usage, now);
+    let tree = Tree::new(t, usage, now, limit);
     let mut out = Vec::new();
     match root {
         None => t.orgs.keys().for_each(|org| tree.org(&mut out, org)),
         Some((Scope::Org, id)) if t.orgs.contains_key(id) => tree.org(&mut out, id),
         Some((Scope::Team, id)) if t.teams.contains_key(id) => tree.team(&mut out, id),
         Some((Scope::Project, id)) if t.projects.contains_key(id) => {
-            out.push(tree.row(Scope::Project, id))
+            tree.push(&mut out, Scope::Project, id)
         }
         Some(_) => return None,
     }
@@ -107,10 +112,12 @@ struct Tree<'a> {
     /// Live keys under each group, by its id (ids are unique per level;
     /// the level is part of the key).
     live_keys: BTreeMap<(Scope, &'a str), u64>,
+    /// Rows past this many are not built.
+    limit: usize,
 }
 
 impl<'a> Tree<'a> {
-    fn new(t: &'a Tenancy, usage: &'a UsageView, now: UnixMillis) -> Tree<'a> {
+    fn new(t: &'a Tenancy, usage: &'a UsageView, now: UnixMillis, limit: usize) -> Tree<'a> {
         let (teams_of, org_of) = index(&t.teams);
         let (projects_of, team_of) = index(&t.projects);
         let mut live_keys = BTreeMap::new();
@@ -136,20 +143,27 @@ impl<'a> Tree<'a> {
             teams_of,
             projects_of,
             live_keys,
+            limit,
+        }
+    }
+
+    fn push(&self, out: &mut Vec<api::GroupRow>, scope: Scope, id: &str) {
+        if out.len() < self.limit {
+            out.push(self.row(scope, id));
         }
     }
 
     fn org(&self, out: &mut Vec<api::GroupRow>, id: &str) {
-        out.push(self.row(Scope::Org, id));
+        self.push(out, Scope::Org, id);
         for team in self.teams_of.get(id).into_iter().flatten() {
             self.team(out, team);
         }
     }
 
     fn team(&self, out: &mut Vec<api::GroupRow>, id: &str) {
-        out.push(self.row(Scope::Team, id));
+        self.push(out, Scope::Team, id);
         for project in self.projects_of.get(id).into_iter().flatten() {
-            out.push(self.row(Scope::Project, project));
+            self.push(out, Scope::Project, project);
         }
     }
 
@@ -282,7 +296,7 @@ mod tests {
     #[test]
     fn the_tree_reads_parents_first_with_what_was_set_on_each_level() {
         let (t, usage) = (tenancy(), UsageView::default());
-        let all = rows(&t, &usage, None, UnixMillis(0)).unwrap();
+        let all = rows(&t, &usage, None, UnixMillis(0), usize::MAX).unwrap();
         assert_eq!(
             ids(&all),
             [
@@ -344,20 +358,42 @@ mod tests {
             }
         }
         let usage = UsageView::default();
-        let lone = rows(&t, &usage, Some((Scope::Org, "lone")), UnixMillis(0)).unwrap();
+        let lone = rows(
+            &t,
+            &usage,
+            Some((Scope::Org, "lone")),
+            UnixMillis(0),
+            usize::MAX,
+        )
+        .unwrap();
         assert_eq!(ids(&lone), ["org lone"]);
-        let team = rows(&t, &usage, Some((Scope::Team, "lone")), UnixMillis(0)).unwrap();
+        let team = rows(
+            &t,
+            &usage,
+            Some((Scope::Team, "lone")),
+            UnixMillis(0),
+            usize::MAX,
+        )
+        .unwrap();
         assert_eq!(ids(&team), ["team lone", "project x"]);
     }
 
     #[test]
     fn one_group_shows_what_lies_under_it_and_an_unknown_one_nothing() {
         let (t, usage) = (tenancy(), UsageView::default());
-        let under = |scope, id| rows(&t, &usage, Some((scope, id)), UnixMillis(0)).map(|r| ids(&r));
+        let under = |scope, id| {
+            rows(&t, &usage, Some((scope, id)), UnixMillis(0), usize::MAX).map(|r| ids(&r))
+        };
         assert_eq!(under(Scope::Team, "t1").unwrap(), ["team t1", "project p"]);
         assert_eq!(under(Scope::Project, "q").unwrap(), ["project q"]);
         assert_eq!(under(Scope::Org, "o").unwrap().len(), 5);
         assert_eq!(under(Scope::Team, "p"), None, "a project is not a team");
         assert_eq!(under(Scope::Org, "nobody"), None);
+        let first = rows(&t, &usage, None, UnixMillis(0), 3).unwrap();
+        assert_eq!(
+            ids(&first),
+            ["org lone", "org o", "team t1"],
+            "the tree's first rows"
+        );
     }
 }

@@ -41,8 +41,8 @@ struct Dashboard {
     people_pager: Pager,
     model_usage: Vec<UsageRow>,
     groups: Vec<GroupLine>,
-    /// Groups beyond those shown.
-    groups_more: usize,
+    /// There are groups beyond those shown.
+    groups_more: bool,
     /// Why the groups could not be read, when they could not.
     groups_error: String,
 }
@@ -66,25 +66,27 @@ pub(crate) async fn page(
     .unwrap_or_default();
     // Without keys or usage the admin API has no tenancy routes (404): no
     // groups. Any other failure is shown, not taken for "none".
+    // One more than shown says whether there are more, without building
+    // (and sending through the API) every group of a large tree.
     let (groups, groups_more, groups_error) =
         match admin_api::call::<Vec<llmgw_api::admin::GroupRow>>(
             &web,
             Method::GET,
-            "/api/v1/groups",
+            &format!("/api/v1/groups?limit={}", MAX_GROUPS + 1),
             reader(&viewer),
             None::<&()>,
         )
         .await
         {
             Ok(mut rows) => {
-                let more = rows.len().saturating_sub(MAX_GROUPS);
+                let more = rows.len() > MAX_GROUPS;
                 rows.truncate(MAX_GROUPS);
                 (groups::lines(rows), more, String::new())
             }
-            Err(WebError::NotFound) => (Vec::new(), 0, String::new()),
+            Err(WebError::NotFound) => (Vec::new(), false, String::new()),
             Err(e) => {
                 tracing::warn!(error = %e, "the dashboard could not read the groups");
-                (Vec::new(), 0, e.to_string())
+                (Vec::new(), false, e.to_string())
             }
         };
     let (key_page, people_page) = (
