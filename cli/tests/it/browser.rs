@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use llmgw_testkit::{Backend, Browser, Scratch};
 
-use super::tenancy::{Mode, config, engine, keys_ok, start};
+use super::tenancy::{Mode, config, engine, keys_ok, start, tree};
 use super::web::users;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -39,11 +39,7 @@ async fn a_person_and_an_admin_in_a_real_browser() {
     let cfg = config(dir.path(), "browser", &store, &e, Mode::Control, extra);
     let server = start(&cfg);
     let (base, admin) = (server.base.clone(), server.admin.clone());
-    keys_ok(
-        &store,
-        &admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &admin);
     let b = Browser::start()
         .await
         .expect("a browser (chromium, chromium-driver)");

@@ -10,7 +10,7 @@ use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 use llmgw_testkit::{Backend, Scratch};
 use serde_json::{Value, json};
 
-use super::tenancy::{Mode, config, engine, keys, keys_ok, leads, start};
+use super::tenancy::{Mode, config, engine, keys, keys_ok, leads, start, tree};
 use super::until;
 
 /// The sim engine's prompt tokens for these (role, content) lines.
@@ -714,11 +714,7 @@ models:
     std::fs::write(&path, text).unwrap();
     let server = start(&path.display().to_string());
     leads(&server.admin).await;
-    keys_ok(
-        &store,
-        &server.admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &server.admin);
     let kp = key_for(&store, &server.admin, "p");
     keys_ok(
         &store,
@@ -812,11 +808,7 @@ async fn two_servers_share_threads_and_notes_and_the_standby_forwards_the_switch
         Mode::Control,
         extra,
     ));
-    keys_ok(
-        &store,
-        &b.admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &b.admin);
     let (kp, _) = new_key(&store, &b.admin, "agent");
     keys_ok(
         &store,

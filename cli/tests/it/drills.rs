@@ -122,11 +122,7 @@ async fn drill_c_postgres_restarted_under_load_fails_no_request_and_loses_no_usa
     let server = tenancy::start(&config);
     let (base, admin) = (server.base.as_str(), server.admin.as_str());
     tenancy::leads(admin).await;
-    tenancy::keys_ok(
-        &url,
-        admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tenancy::tree(&url, admin);
     let (key, _) = tenancy::new_key(&url, admin, "load");
     let server_log = Log::of(&server.child);
     let load = Load::start(base, &key, "free", 4);

@@ -257,11 +257,7 @@ async fn postgres_goes_away_under_load(fault: Fault) {
     let server = tenancy::start(&config);
     let (base, admin) = (server.base.as_str(), server.admin.as_str());
     tenancy::leads(admin).await;
-    tenancy::keys_ok(
-        &through,
-        admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tenancy::tree(&through, admin);
     let (key, _) = tenancy::new_key(&through, admin, "load");
     let log = open(&db.url).await;
     let server_log = Log::of(&server.child);
@@ -387,11 +383,7 @@ async fn sqlite_on_a_full_disk_fails_appends_clearly_keeps_serving_and_loses_not
     let server = tenancy::start(&config);
     let (base, admin) = (server.base.as_str(), server.admin.as_str());
     tenancy::leads(admin).await;
-    tenancy::keys_ok(
-        &store,
-        admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tenancy::tree(&store, admin);
     let (key, _) = tenancy::new_key(&store, admin, "load");
     let log = open(&store).await;
     let server_log = Log::of(&server.child);

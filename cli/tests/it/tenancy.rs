@@ -126,6 +126,56 @@ pub(super) fn keys_ok(store: &str, admin: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// What the servers of one test share: a sim engine and a directory for
+/// their configurations, both kept while the stage lives.
+pub(super) struct Stage {
+    dir: tempfile::TempDir,
+    engine: String,
+    _engine: Child,
+}
+
+impl Stage {
+    pub(super) fn new() -> Stage {
+        let child = engine();
+        Stage {
+            dir: tempfile::tempdir().unwrap(),
+            engine: child.addr_after("listening on "),
+            _engine: child,
+        }
+    }
+
+    /// Server `name` on `store` in `mode`, `extra` appended to its file.
+    pub(super) fn start(&self, name: &str, store: &str, mode: Mode, extra: &str) -> Server {
+        self.start_env(name, store, mode, extra, &[])
+    }
+
+    /// The same, with variables laid over its file.
+    pub(super) fn start_env(
+        &self,
+        name: &str,
+        store: &str,
+        mode: Mode,
+        extra: &str,
+        env: &[(&str, String)],
+    ) -> Server {
+        let cfg = config(self.dir.path(), name, store, &self.engine, mode, extra);
+        let child = Child::spawn_env(&["server", "--config", &cfg], env);
+        let base = format!("http://{}", child.addr_after("client listening on "));
+        let admin = format!("http://{}", child.addr_after("admin listening on "));
+        Server { child, base, admin }
+    }
+}
+
+/// Org `o`, team `t` and project `p`, the tree every key of these tests
+/// is made in.
+pub(super) fn tree(store: &str, admin: &str) {
+    keys_ok(
+        store,
+        admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+}
+
 async fn chat(base: &str, key: Option<&str>, model: &str) -> reqwest::Response {
     let mut r = reqwest::Client::new()
         .post(format!("{base}/v1/chat/completions"))
@@ -177,11 +227,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
         401,
         "no key, no answer"
     );
-    keys_ok(
-        &store,
-        admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, admin);
     let (secret, id) = new_key(&store, admin, "backend");
     status_becomes(base, Some(&secret), "free", 200).await;
 
@@ -450,11 +496,7 @@ async fn own_unflushed_spend_counts(backend: Backend) {
         extra,
     ));
     let (base, admin) = (server.base.as_str(), server.admin.as_str());
-    keys_ok(
-        &store,
-        admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, admin);
     let (budgeted, budgeted_id) = budgeted_key(&store, admin);
     until("the budget to be read", || spent(base, &budgeted)).await;
 
@@ -541,32 +583,11 @@ fn issued_by_the_leader_for_alice(store: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_forwards_key_commands_to_the_leader_and_takes_over() {
     let (store, _scratch) = Scratch::new(Backend::Postgres).await;
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine();
-    let e = engine.addr_after("listening on ");
-    let extra = "auth: true\n";
-    let mut a = start(&config(
-        dir.path(),
-        "cp-a",
-        &store,
-        &e,
-        Mode::Control,
-        extra,
-    ));
+    let stage = Stage::new();
+    let mut a = stage.start("cp-a", &store, Mode::Control, "auth: true\n");
     leads(&a.admin).await;
-    let b = start(&config(
-        dir.path(),
-        "cp-b",
-        &store,
-        &e,
-        Mode::Control,
-        extra,
-    ));
-    keys_ok(
-        &store,
-        &b.admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    let b = stage.start("cp-b", &store, Mode::Control, "auth: true\n");
+    tree(&store, &b.admin);
     let (secret, _) = new_key(&store, &b.admin, "via-standby");
     status_becomes(&a.base, Some(&secret), "free", 200).await;
     status_becomes(&b.base, Some(&secret), "free", 200).await;
@@ -596,31 +617,11 @@ async fn a_standby_forwards_key_commands_to_the_leader_and_takes_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_only_server_sends_key_commands_to_the_leader() {
     let (store, _scratch) = Scratch::new(Backend::Postgres).await;
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine();
-    let e = engine.addr_after("listening on ");
-    let a = start(&config(
-        dir.path(),
-        "cp-a",
-        &store,
-        &e,
-        Mode::Control,
-        "auth: true\n",
-    ));
+    let stage = Stage::new();
+    let a = stage.start("cp-a", &store, Mode::Control, "auth: true\n");
     leads(&a.admin).await;
-    let router = start(&config(
-        dir.path(),
-        "router",
-        &store,
-        &e,
-        Mode::RouterOnly,
-        "auth: true\n",
-    ));
-    keys_ok(
-        &store,
-        &router.admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    let router = stage.start("router", &store, Mode::RouterOnly, "auth: true\n");
+    tree(&store, &router.admin);
     let (secret, _) = new_key(&store, &router.admin, "via-router");
     status_becomes(&router.base, Some(&secret), "free", 200).await;
     status_becomes(&a.base, Some(&secret), "free", 200).await;
@@ -684,28 +685,25 @@ async fn a_router_only_server_sends_key_commands_to_the_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_address_that_reaches_no_leader_is_named() {
     let (store, _scratch) = Scratch::new(Backend::Postgres).await;
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine();
-    let e = engine.addr_after("listening on ");
+    let stage = Stage::new();
     let port = super::cluster::free_port();
     let misrecorded = format!("http://127.0.0.1:{port}");
-    let spawn = |name: &str, mode: Mode, env: &[(&str, String)]| {
-        let cfg = config(dir.path(), name, &store, &e, mode, "auth: true\n");
-        let child = super::Child::spawn_env(&["server", "--config", &cfg], env);
-        let admin = format!("http://{}", child.addr_after("admin listening on "));
-        (child, admin)
-    };
-    let (_a, a_admin) = spawn(
+    let a = stage.start_env(
         "cp-a",
+        &store,
         Mode::Control,
+        "auth: true\n",
         &[("LLMGW_CONTROL__ADVERTISE_ADMIN", misrecorded.clone())],
     );
-    leads(&a_admin).await;
-    let (_router, router_admin) = spawn(
+    leads(&a.admin).await;
+    let router = stage.start_env(
         "router",
+        &store,
         Mode::RouterOnly,
+        "auth: true\n",
         &[("LLMGW_ADMIN_LISTEN", format!("127.0.0.1:{port}"))],
     );
+    let router_admin = router.admin.clone();
     assert_eq!(router_admin, misrecorded);
     let out = keys(
         &store,
@@ -727,11 +725,7 @@ async fn a_leader_address_that_reaches_no_leader_is_named() {
 async fn two_concurrent_creates_of_one_name_make_one_key() {
     let (store, _scratch) = Scratch::new(Backend::Postgres).await;
     let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
-    keys_ok(
-        &store,
-        &closed,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &closed);
     let race = |admin: String, name: &'static str| {
         let store = store.clone();
         let spawn = move || {
@@ -978,11 +972,7 @@ async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
     let dir = tempfile::tempdir().unwrap();
     let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
     let keyed = format!("sqlite://{}", dir.path().join("keys.db").display());
-    keys_ok(
-        &keyed,
-        &closed,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&keyed, &closed);
     let exported = super::ok(&keyed, &["events", "export"]);
     let file = dir.path().join("log.jsonl");
     std::fs::write(&file, &exported).unwrap();

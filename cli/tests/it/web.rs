@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use super::tenancy::{Mode, config, engine, keys, keys_ok, start};
+use super::tenancy::{Mode, Stage, config, engine, keys, keys_ok, start, tree};
 use super::until;
 
 /// A browser without a browser: follows no redirects, keeps cookies.
@@ -188,11 +188,7 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let cfg = config(dir.path(), "web", &store, &e, mode, LANDING);
     let server = start(&cfg);
     let (base, admin) = (server.base.clone(), server.admin.clone());
-    keys_ok(
-        &store,
-        &admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &admin);
     let mut ayse = Visit::new(&base);
 
     // The start page says how to connect; the stored contact is text, and
@@ -567,11 +563,7 @@ async fn a_session_ends_at_its_expiry() {
     let cfg = config(dir.path(), "expiry", &store, &e, Mode::RouterOnly, extra);
     let server = start(&cfg);
     let (base, admin) = (server.base.clone(), server.admin.clone());
-    keys_ok(
-        &store,
-        &admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &admin);
     let mut v = Visit::new(&base);
     let form = v.get("/signup").await;
     // Served behind https (the base URL says so): the cookies are Secure.
@@ -617,18 +609,11 @@ async fn a_session_ends_at_its_expiry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_in_attempts_are_as_configured() {
     let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine();
-    let e = engine.addr_after("listening on ");
+    let stage = Stage::new();
     let extra = "auth:\n  enabled: true\n  sign_in_attempts: 2\n  sign_in_window: 1h\n";
-    let cfg = config(dir.path(), "tries", &store, &e, Mode::RouterOnly, extra);
-    let server = start(&cfg);
+    let server = stage.start("tries", &store, Mode::RouterOnly, extra);
     let (base, admin) = (server.base.clone(), server.admin.clone());
-    keys_ok(
-        &store,
-        &admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &admin);
     let mut v = Visit::new(&base);
     let id = sign_up(&mut v, &store, &admin, "cy@example.com").await;
     users(&store, &admin, &["approve", &id, "--project", "p"]);
@@ -736,11 +721,7 @@ async fn a_claim_link_lives_as_long_as_asked() {
             "{out:?}"
         );
     }
-    keys_ok(
-        &store,
-        &closed,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    tree(&store, &closed);
     let create = |name: &str, more: &[&str]| {
         let mut args = vec!["create", "--project", "p", "--name", name];
         args.extend_from_slice(more);
@@ -806,31 +787,11 @@ async fn sign_up(visit: &mut Visit, store: &str, admin: &str, email: &str) -> St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_page_sends_its_decisions_to_the_leader() {
     let (store, _scratch) = Scratch::new(Backend::Postgres).await;
-    let dir = tempfile::tempdir().unwrap();
-    let engine = engine();
-    let e = engine.addr_after("listening on ");
-    let a = start(&config(
-        dir.path(),
-        "cp-a",
-        &store,
-        &e,
-        Mode::Control,
-        "auth: true\n",
-    ));
+    let stage = Stage::new();
+    let a = stage.start("cp-a", &store, Mode::Control, "auth: true\n");
     super::tenancy::leads(&a.admin).await;
-    let b = start(&config(
-        dir.path(),
-        "cp-b",
-        &store,
-        &e,
-        Mode::Control,
-        "auth: true\n",
-    ));
-    keys_ok(
-        &store,
-        &b.admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
+    let b = stage.start("cp-b", &store, Mode::Control, "auth: true\n");
+    tree(&store, &b.admin);
     // The admin: signed up on the standby, approved and promoted from the
     // CLI through it.
     let mut boss = Visit::new(&b.base);
