@@ -455,8 +455,14 @@ fn main() {
             let child = served(up);
             saturate(&client, &child.tenanted, 8, 1, false).await;
             println!("pid {}: llmgw with auth, limits and usage, 32 clients for {seconds} s", child.child.id());
+            let cpu = cpu_seconds(child.child.id());
             let (rate, mut lat) = saturate(&client, &child.tenanted, 32, seconds, false).await;
-            println!("{rate:.0} req/s, p50 {:.3} ms", pct(&mut lat, 0.5));
+            let cpu = cpu_seconds(child.child.id()) - cpu;
+            println!(
+                "{rate:.0} req/s, p50 {:.3} ms; llmgw's CPU {:.1} µs a request",
+                pct(&mut lat, 0.5),
+                cpu * 1e6 / lat.len() as f64
+            );
             return;
         }
         if args.peers {
@@ -587,6 +593,17 @@ async fn side_by_side(
             fixed[i].1 - fixed[0].1,
         );
     }
+}
+
+/// User and system CPU seconds of process `pid` so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(") ").unwrap().1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // In USER_HZ, which Linux fixes at 100 for /proc.
+    ticks as f64 / 100.0
 }
 
 /// The load average, so that a figure says what it ran beside.

@@ -108,6 +108,27 @@ pub struct UsageQueue {
     tx: mpsc::Sender<Queued>,
     counts: Arc<UsageCounts>,
     unflushed: Arc<Unflushed>,
+    wake: Arc<Wake>,
+}
+
+/// When the batcher is woken: when a batch has queued up, and when the
+/// queue is gone. Not on every record: that was a wake-up of the
+/// batcher's task (often another thread) per request, for a record that
+/// waits for the tick anyway.
+#[derive(Debug)]
+struct Wake {
+    notify: tokio::sync::Notify,
+    /// Records that make a batch (none until a batcher runs).
+    at: std::sync::atomic::AtomicUsize,
+    /// The queue has been dropped: nothing more will come.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for UsageQueue {
+    fn drop(&mut self) {
+        self.wake.closed.store(true, Ordering::Release);
+        self.wake.notify.notify_one();
+    }
 }
 
 /// The batcher's end of the queue.
@@ -116,6 +137,7 @@ pub struct UsageReceiver {
     rx: mpsc::Receiver<Queued>,
     counts: Arc<UsageCounts>,
     unflushed: Arc<Unflushed>,
+    wake: Arc<Wake>,
 }
 
 impl UsageReceiver {
@@ -150,16 +172,23 @@ impl UsageQueue {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let counts = Arc::new(UsageCounts::default());
         let unflushed = Arc::new(Unflushed::default());
+        let wake = Arc::new(Wake {
+            notify: tokio::sync::Notify::new(),
+            at: usize::MAX.into(),
+            closed: false.into(),
+        });
         (
             Arc::new(UsageQueue {
                 tx,
                 counts: counts.clone(),
                 unflushed: unflushed.clone(),
+                wake: wake.clone(),
             }),
             UsageReceiver {
                 rx,
                 counts,
                 unflushed,
+                wake,
             },
         )
     }
@@ -176,18 +205,28 @@ impl UsageQueue {
         if let Some(s) = &spending {
             self.unflushed.queued(s);
         }
-        if let Err(e) = self.tx.try_send(Queued {
+        match self.tx.try_send(Queued {
             request: r,
             spending,
         }) {
-            let q = match e {
-                mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
-            };
-            if let Some(s) = &q.spending {
-                self.unflushed.unqueued(s);
+            Ok(()) => {
+                let queued = self.tx.max_capacity() - self.tx.capacity();
+                if queued >= self.wake.at.load(Ordering::Relaxed) {
+                    self.wake.notify.notify_one();
+                }
             }
-            self.counts.drop_records(1, "the usage queue is full");
+            Err(e) => self.lost(e),
         }
+    }
+
+    fn lost(&self, e: mpsc::error::TrySendError<Queued>) {
+        let q = match e {
+            mpsc::error::TrySendError::Full(q) | mpsc::error::TrySendError::Closed(q) => q,
+        };
+        if let Some(s) = &q.spending {
+            self.unflushed.unqueued(s);
+        }
+        self.counts.drop_records(1, "the usage queue is full");
     }
 
     /// This gateway's spend not yet in the views.
@@ -232,70 +271,102 @@ pub async fn run_batcher(
     let unflushed = rx.unflushed.clone();
     unflushed.name_batches(&instance);
     let mut pending: Vec<Queued> = Vec::new();
-    let mut tick = tokio::time::interval(interval);
+    // The first tick one interval from now, not at once.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     // Ticks missed while a batch waited for the log are not made up in a
     // burst of tiny appends.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wake = rx.wake.clone();
+    // A queue smaller than a batch wakes the batcher when it is full.
+    let at = batch.clamp(1, rx.rx.max_capacity());
+    wake.at.store(at, Ordering::Relaxed);
+    // Records queued before the batcher ran told no one: the first turn
+    // takes them as if woken.
+    wake.notify.notify_one();
     loop {
         // A full batch goes at once; anything else waits for the tick, so
         // a steady trickle becomes one append per interval, not one per
         // moment the queue happens to be empty.
-        let (flush, closed) = tokio::select! {
-            r = rx.rx.recv() => match r {
-                Some(r) => {
-                    pending.push(r);
-                    // What queued up meanwhile (a backlog after an outage)
-                    // goes in full batches.
-                    while pending.len() < batch {
-                        match rx.rx.try_recv() {
-                            Ok(r) => pending.push(r),
-                            Err(_) => break,
-                        }
-                    }
-                    (pending.len() >= batch, false)
-                }
-                None => (true, true),
-            },
-            _ = tick.tick() => (true, false),
+        let ticked = tokio::select! {
+            () = wake.notify.notified() => false,
+            _ = tick.tick() => true,
         };
-        if flush && !pending.is_empty() {
-            // One event per flush, its id given once, here: every try of
-            // this batch carries it, so a try whose commit was unknown is
-            // not appended twice.
-            let mut spendings = Vec::new();
-            let requests = pending.drain(..).map(|q| {
-                spendings.extend(q.spending);
-                q.request
-            });
-            let (batch, refused) = record_batch(&instance, requests, &price_of);
-            if !refused.is_empty() {
-                tracing::error!(reason = %refused[0], "usage records that cannot be recorded; they are lost");
-                counts.drop_records(refused.len() as u64, "not a usage record");
-            }
-            match batch {
-                Some(batch) => {
-                    // Counted as this batch's until the views mark it (a
-                    // refused row's spend too, until then: a moment's
-                    // overcount, never an undercount).
-                    let last = batch.rows().last().map(|u| u.request_id.clone());
-                    let last = last.unwrap_or_default();
-                    unflushed.sent(&last, spendings.iter());
-                    let origin = Origin::new(Actor::Gateway(instance.clone()));
-                    let to = Delivery {
-                        decider: &decider,
-                        origin: &origin,
-                        gateway: &instance,
-                        counts: &counts,
-                        unflushed: &unflushed,
-                    };
-                    deliver(&to, (Uuid::now_v7(), batch), &last).await;
+        // Read before the queue is drained: what was sent before the
+        // queue went is in it by then.
+        let closed = wake.closed.load(Ordering::Acquire);
+        loop {
+            // What queued up meanwhile (a backlog after an outage) goes in
+            // full batches.
+            while pending.len() < at {
+                match rx.rx.try_recv() {
+                    Ok(r) => pending.push(r),
+                    Err(_) => break,
                 }
-                None => spendings.iter().for_each(|s| unflushed.unqueued(s)),
+            }
+            let full = pending.len() >= at;
+            if pending.is_empty() || !(full || ticked || closed) {
+                break;
+            }
+            let to = Flush {
+                instance: &instance,
+                decider: &decider,
+                counts: &counts,
+                unflushed: &unflushed,
+            };
+            to.flush(pending.drain(..), &price_of).await;
+            if !full {
+                break;
             }
         }
         if closed {
             return;
         }
+    }
+}
+
+/// What a flush needs of the batcher.
+struct Flush<'a> {
+    instance: &'a str,
+    decider: &'a Decider,
+    counts: &'a UsageCounts,
+    unflushed: &'a Unflushed,
+}
+
+impl Flush<'_> {
+    /// One event of `queued`, its id given once, here: every try of this
+    /// batch carries it, so a try whose commit was unknown is not appended
+    /// twice.
+    async fn flush(&self, queued: impl Iterator<Item = Queued>, price_of: &impl Fn(&str) -> Price) {
+        let mut spendings = Vec::new();
+        let requests = queued.map(|q| {
+            spendings.extend(q.spending);
+            q.request
+        });
+        let (batch, refused) = record_batch(self.instance, requests, price_of);
+        if !refused.is_empty() {
+            tracing::error!(reason = %refused[0], "usage records that cannot be recorded; they are lost");
+            self.counts
+                .drop_records(refused.len() as u64, "not a usage record");
+        }
+        let Some(batch) = batch else {
+            spendings.iter().for_each(|s| self.unflushed.unqueued(s));
+            return;
+        };
+        // Counted as this batch's until the views mark it (a refused
+        // row's spend too, until then: a moment's overcount, never an
+        // undercount).
+        let last = batch.rows().last().map(|u| u.request_id.clone());
+        let last = last.unwrap_or_default();
+        self.unflushed.sent(&last, spendings.iter());
+        let origin = Origin::new(Actor::Gateway(self.instance.to_owned()));
+        let to = Delivery {
+            decider: self.decider,
+            origin: &origin,
+            gateway: self.instance,
+            counts: self.counts,
+            unflushed: self.unflushed,
+        };
+        deliver(&to, (Uuid::now_v7(), batch), &last).await;
     }
 }
 

@@ -592,6 +592,68 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
 /// A thousand and two hundred requests in a batcher of 500 are three
 /// events, one per flush, and the views read from them hold the same
 /// totals as the requests.
+/// The batcher is woken by a full batch, not by every record: a batch
+/// that fills while it waits for an hour-long tick lands at once, and
+/// the rest when the queue closes.
+#[tokio::test]
+async fn a_full_batch_lands_without_waiting_for_the_tick() {
+    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
+    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(1000);
+    let batcher = tokio::spawn(llmgw_gateway::usage::run_batcher(
+        store.clone(),
+        "gw-test".into(),
+        rx,
+        100,
+        Duration::from_secs(3600),
+        |_: &str| llmgw_domain::catalog::Price::ZERO,
+    ));
+    let record = |i: u64| {
+        queue.record(llmgw_domain::usage::FinishedRequest {
+            request_id: format!("r{i}"),
+            key_id: "k".into(),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            status: 200,
+            latency_ms: 1,
+            ttft_ms: None,
+            band: llmgw_domain::tenancy::Band::Gold,
+            at: llmgw_domain::UnixMillis(1_780_000_000_000),
+        })
+    };
+    let mut sub = store.subscribe(0);
+    let rows = |e: &llmgw_eventstore::RecordedEvent| e.payload["rows"].as_array().unwrap().len();
+    // On this one-thread runtime, one yield runs the batcher until it
+    // waits: its first tick (at once) has found nothing, the next is an
+    // hour away.
+    tokio::task::yield_now().await;
+    for i in 0..100 {
+        record(i);
+    }
+    let first = tokio::time::timeout(Duration::from_secs(30), sub.next())
+        .await
+        .expect("a full batch lands before the hour-long tick")
+        .unwrap();
+    assert_eq!(rows(&first), 100);
+    for i in 100..130 {
+        record(i);
+    }
+    drop(queue);
+    batcher.await.unwrap();
+    let rest = sub.next().await.unwrap();
+    assert_eq!(rows(&rest), 30, "what was left went when the queue closed");
+    assert_eq!(store.head().await.unwrap().0, 2);
+}
+
 #[tokio::test]
 async fn usage_is_one_event_per_flush_carrying_its_rows() {
     use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
