@@ -17,9 +17,6 @@ use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
-use axum::middleware::Next;
-use axum::response::Response;
-use tracing::Instrument;
 
 use crate::usage::Tokens;
 
@@ -57,9 +54,10 @@ fn sane(id: &[u8]) -> bool {
     (1..=MAX_ID).contains(&id.len()) && id.iter().all(|b| (0x21..=0x7e).contains(b))
 }
 
-/// The client router's outermost layer: the id, the span, the header on
-/// the way back.
-pub(crate) async fn layer(mut request: Request, next: Next) -> Response {
+/// A client request's id (the client's, or a new one), put on the
+/// request, and its span: what [`crate::listen::edge`] opens every client
+/// request with. The id goes back on the answer.
+pub(crate) fn open(request: &mut Request) -> (tracing::Span, HeaderValue) {
     let id = RequestId::from_client(request.headers().get(&REQUEST_ID));
     let path = request.uri().path();
     // Health checks come every few seconds from every balancer: their
@@ -71,9 +69,7 @@ pub(crate) async fn layer(mut request: Request, next: Next) -> Response {
     };
     let header = id.0.clone();
     request.extensions_mut().insert(id);
-    let mut response = next.run(request).instrument(span).await;
-    response.headers_mut().insert(REQUEST_ID, header);
-    response
+    (span, header)
 }
 
 /// How a streamed answer ended.

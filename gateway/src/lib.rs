@@ -365,18 +365,13 @@ pub async fn serve_with(
     let _stop_kv = (AbortOnDrop(kv), StopKv(gw.clone()));
 
     let (drain_tx, drain_rx) = watch::channel(false);
-    let (cut_tx, cut_rx) = watch::channel(false);
+    let grace_over = listen::Signal::default();
     let draining = || {
         let mut rx = drain_rx.clone();
         async move {
             let _ = rx.wait_for(|d| *d).await;
         }
     };
-    let cut = axum::middleware::from_fn_with_state(shutdown::Cut(cut_rx), shutdown::cut_at_grace);
-    let body_deadline = axum::middleware::from_fn_with_state(
-        listen::body::BodyDeadline(limits.body_timeout),
-        listen::body::deadline,
-    );
     let idle = limits.idle_timeout;
     type Serving = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
     let serving = |f: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>| -> Serving {
@@ -385,13 +380,19 @@ pub async fn serve_with(
             Ok(())
         })
     };
-    let client_app = client_app(gw.clone())
-        .merge(extra.client)
-        .layer(cut.clone())
-        .layer(body_deadline.clone())
-        // Outermost, over the pages too: every answer of the client
-        // listener, a refusal or a 404 included, has its request id.
-        .layer(axum::middleware::from_fn(access::layer));
+    let edge = |router: Router, body_timeout: Option<Duration>, request_ids: bool| listen::Edge {
+        router,
+        cut: grace_over.clone(),
+        body_timeout,
+        request_ids,
+    };
+    // Request ids over the pages too: every answer of the client
+    // listener, a refusal or a 404 included, has one.
+    let client_app = edge(
+        client_app(gw.clone()).merge(extra.client),
+        Some(limits.body_timeout),
+        true,
+    );
     let client_srv: Serving = match &listen.client_tls {
         Some(tls) => serving(Box::pin(listen::serve_http(
             tls::TlsListener::new(client_l, tls, false)?,
@@ -406,10 +407,11 @@ pub async fn serve_with(
             draining(),
         ))),
     };
-    let admin_app = admin_app(gw.clone())
-        .merge(extra.admin)
-        .layer(cut.clone())
-        .layer(body_deadline);
+    let admin_app = edge(
+        admin_app(gw.clone()).merge(extra.admin),
+        Some(limits.body_timeout),
+        false,
+    );
     let admin_srv: Serving = serving(Box::pin(listen::serve_http(
         admin_l,
         admin_app,
@@ -419,7 +421,7 @@ pub async fn serve_with(
     let metrics_srv: Serving = match metrics_l {
         Some(m) => serving(Box::pin(listen::serve_http(
             m,
-            metrics_app(gw).layer(cut),
+            edge(metrics_app(gw), None, false),
             idle,
             draining(),
         ))),
@@ -438,9 +440,9 @@ pub async fn serve_with(
             grace_s = grace.as_secs_f64(),
             "the shutdown grace period is over: requests still in flight are cut"
         );
-        let _ = cut_tx.send(true);
-        // Holds both senders until every connection has closed: a dropped
-        // sender would read as "never" to the connections still open.
+        grace_over.fire();
+        // Holds the drain's sender until every connection has closed: a
+        // dropped sender would read as "never" to the listeners.
         std::future::pending::<std::convert::Infallible>().await
     };
     tokio::select! {

@@ -8,49 +8,28 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
-use tokio::sync::watch;
 
-/// Turns true when the grace period is over.
-#[derive(Debug, Clone)]
-pub(crate) struct Cut(pub(crate) watch::Receiver<bool>);
+use crate::listen::Signal;
 
-impl Cut {
-    /// Resolves at the cut; never, if whoever would cut is gone.
-    async fn wait(mut self) {
-        if self.0.wait_for(|cut| *cut).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-fn stopping() -> Response {
+/// The answer to a request still waiting for its answer at the cut.
+pub(crate) fn stopping() -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, "the server is stopping").into_response()
 }
 
-/// A request still waiting for its answer at the cut gets 503; a body of
-/// unknown length (a stream) still being sent ends with an error, so the
-/// client sees the connection break rather than a stream that looks
-/// complete. Bodies of known length are sent whole.
-pub(crate) async fn cut_at_grace(State(cut): State<Cut>, req: Request, next: Next) -> Response {
-    if *cut.0.borrow() {
-        return stopping();
-    }
-    let response = tokio::select! {
-        r = next.run(req) => r,
-        () = cut.clone().wait() => return stopping(),
-    };
+/// A body of unknown length (a stream) still being sent at the cut ends
+/// with an error, so the client sees the connection break rather than a
+/// stream that looks complete. Bodies of known length are sent whole.
+pub(crate) fn cut_stream(response: Response, cut: &Signal) -> Response {
     if response.body().size_hint().exact().is_some() {
         return response;
     }
     let (parts, body) = response.into_parts();
     let stream = CutStream {
         inner: body.into_data_stream(),
-        cut: Some(Box::pin(cut.wait())),
+        cut: Some(cut.clone()),
     };
     Response::from_parts(parts, Body::from_stream(stream))
 }
@@ -58,7 +37,7 @@ pub(crate) async fn cut_at_grace(State(cut): State<Cut>, req: Request, next: Nex
 struct CutStream<S> {
     inner: S,
     /// None once cut: the stream has ended.
-    cut: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    cut: Option<Signal>,
 }
 
 impl<S> Stream for CutStream<S>
@@ -68,10 +47,10 @@ where
     type Item = Result<Bytes, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let Some(cut) = self.cut.as_mut() else {
+        let Some(cut) = &self.cut else {
             return Poll::Ready(None);
         };
-        if cut.as_mut().poll(cx).is_ready() {
+        if cut.fired() {
             self.cut = None;
             return Poll::Ready(Some(Err(std::io::Error::other(
                 "cut: the shutdown grace period is over",

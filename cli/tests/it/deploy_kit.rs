@@ -300,7 +300,31 @@ async fn a_stop_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
 async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
     let engine = slow_engine();
     let (mut server, client) = gateway_to(&engine, &["--shutdown-grace", "500ms"]);
+    let admin = server.addr_after("admin listening on ");
     // Six hundred tokens would take a minute; the grace is half a second.
+    // A plain answer of as many is still awaited at the cut.
+    let plain = tokio::spawn({
+        let url = format!("http://{client}/v1/chat/completions");
+        async move {
+            let resp = reqwest::Client::new()
+                .post(url)
+                .json(&json!({"model": "slow", "max_tokens": 600,
+                              "messages": [{"role": "user", "content": "tell me a story"}]}))
+                .send()
+                .await
+                .unwrap();
+            (resp.status(), resp.text().await.unwrap())
+        }
+    });
+    until("the plain request to reach the engine", || {
+        let url = format!("http://{admin}/metrics");
+        async move {
+            let page = reqwest::get(url).await.ok()?.text().await.ok()?;
+            page.contains("llmgw_endpoint_in_flight{endpoint=\"e1\"} 1")
+                .then_some(())
+        }
+    })
+    .await;
     let (resp, first) = stream_started(&client, 600).await;
     terminate(&server);
     Child::expect(&server.stdout, "requests in flight get up to 0.5s");
@@ -310,6 +334,12 @@ async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
         "the stream must break, not look complete: {text}"
     );
     Child::expect(&server.stderr, "the shutdown grace period is over");
+    let (status, body) = plain.await.unwrap();
+    assert_eq!(
+        (status.as_u16(), body.as_str()),
+        (503, "the server is stopping"),
+        "a request still waiting for its answer at the cut"
+    );
     assert!(
         server.process.wait().unwrap().success(),
         "a stop that had to cut is still a clean stop"

@@ -15,12 +15,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::Frame;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::ApiError;
 
@@ -63,31 +62,35 @@ pub(crate) fn body_refusal(e: &axum::Error, limit: usize) -> ApiError {
     ApiError::unreadable_body()
 }
 
-/// The body's deadline, for [`deadline`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BodyDeadline(pub(crate) Duration);
-
-/// Puts the deadline on every request's body; answers 408 (and closes
-/// the connection) when the handler's read ran past it.
-pub(crate) async fn deadline(
-    State(BodyDeadline(after)): State<BodyDeadline>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Puts `after` as the deadline on `request`'s body; the flag turns true
+/// when a read ran past it (see [`settle`]). A request without a body
+/// gets none.
+pub(crate) fn limit(request: Request, after: Duration) -> (Request, Option<Arc<AtomicBool>>) {
     if request.body().is_end_stream() {
-        return next.run(request).await;
+        return (request, None);
     }
     let late = Arc::new(AtomicBool::new(false));
     let request = request.map(|inner| {
         Body::new(Timed {
             inner,
             after,
-            timer: Some(Box::pin(tokio::time::sleep(after))),
+            due: Instant::now() + after,
+            timer: None,
+            ended: false,
             late: late.clone(),
         })
     });
-    let mut response = next.run(request).await;
-    if late.load(Ordering::Relaxed) {
+    (request, Some(late))
+}
+
+/// The answer to a request whose body read ran late: 408 whatever the
+/// handler answered, and the connection closed.
+pub(crate) fn settle(
+    mut response: Response,
+    late: Option<&AtomicBool>,
+    after: Duration,
+) -> Response {
+    if late.is_some_and(|l| l.load(Ordering::Relaxed)) {
         if response.status() != StatusCode::REQUEST_TIMEOUT {
             response = ApiError::body_timeout(after).into_response();
         }
@@ -103,9 +106,20 @@ pub(crate) async fn deadline(
 struct Timed {
     inner: Body,
     after: Duration,
-    /// None once the body has ended (or timed out).
+    due: Instant,
+    /// Made the first time the body is not all there: a body that came
+    /// with its headers (most) never needs one.
     timer: Option<Pin<Box<Sleep>>>,
+    /// The body has ended (or timed out).
+    ended: bool,
     late: Arc<AtomicBool>,
+}
+
+impl Timed {
+    fn end(&mut self) {
+        self.ended = true;
+        self.timer = None;
+    }
 }
 
 impl HttpBody for Timed {
@@ -119,23 +133,27 @@ impl HttpBody for Timed {
         let me = self.get_mut();
         match Pin::new(&mut me.inner).poll_frame(cx) {
             Poll::Ready(None) => {
-                me.timer = None;
+                me.end();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(frame)) => {
                 if me.inner.is_end_stream() {
-                    me.timer = None;
+                    me.end();
                 }
                 Poll::Ready(Some(frame.map_err(Into::into)))
             }
             Poll::Pending => {
-                let Some(timer) = me.timer.as_mut() else {
+                if me.ended {
                     return Poll::Pending;
-                };
+                }
+                let due = me.due;
+                let timer = me
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
                 if timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                me.timer = None;
+                me.end();
                 me.late.store(true, Ordering::Relaxed);
                 Poll::Ready(Some(Err(Box::new(BodyTimedOut(me.after)))))
             }

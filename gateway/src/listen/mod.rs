@@ -12,14 +12,20 @@
 
 pub(crate) mod body;
 pub mod conn;
+pub(crate) mod edge;
+pub(crate) mod signal;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use futures_util::task::AtomicWaker;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
+
+pub(crate) use edge::Edge;
+pub(crate) use signal::Signal;
 
 /// Caps and timeouts for every listener (`connections:` in the server's
 /// configuration).
@@ -64,16 +70,17 @@ impl ConnectionLimits {
 /// Serves `app` over HTTP/1.1 on every connection `listener` hands out,
 /// until `drain`: then it stops accepting, lets idle connections close
 /// and requests in flight finish, and returns once every connection has
-/// closed.
+/// closed. Each connection's task is woken at the app's cut, so that the
+/// requests and streams it carries see it ([`crate::shutdown`]).
 pub(crate) async fn serve_http<L>(
     mut listener: L,
-    app: Router,
+    app: Edge,
     idle_timeout: Duration,
     drain: impl Future<Output = ()>,
 ) where
     L: axum::serve::Listener,
 {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop = Signal::default();
     // Every connection holds a receiver; the sender's `closed` says when
     // the last has gone.
     let (open_tx, open_rx) = watch::channel(());
@@ -83,8 +90,8 @@ pub(crate) async fn serve_http<L>(
             c = listener.accept() => c,
             () = &mut drain => break,
         };
+        let (stop, cut) = (stop.clone(), app.cut.clone());
         let service = TowerToHyperService::new(app.clone());
-        let mut stop = stop_rx.clone();
         let open = open_rx.clone();
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -96,20 +103,21 @@ pub(crate) async fn serve_http<L>(
                 .header_read_timeout(idle_timeout);
             let conn = builder.serve_connection(TokioIo::new(io), service);
             let mut conn = std::pin::pin!(conn);
-            let stopping = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            let ended = tokio::select! {
-                r = conn.as_mut() => Some(r),
-                () = stopping => None,
-            };
-            let ended = match ended {
-                Some(r) => r,
-                None => {
+            let task = Arc::new(AtomicWaker::new());
+            stop.wakes(&task);
+            cut.wakes(&task);
+            let mut stopping = false;
+            let ended = std::future::poll_fn(|cx| {
+                // Registered before the flag is read: a signal fired in
+                // between wakes this task again.
+                task.register(cx.waker());
+                if !stopping && stop.fired() {
+                    stopping = true;
                     conn.as_mut().graceful_shutdown();
-                    conn.await
                 }
-            };
+                conn.as_mut().poll(cx)
+            })
+            .await;
             if let Err(e) = ended {
                 tracing::trace!(error = %e, "a connection ended with an error");
             }
@@ -119,6 +127,6 @@ pub(crate) async fn serve_http<L>(
     // No new connections from here.
     drop(listener);
     drop(open_rx);
-    let _ = stop_tx.send(true);
+    stop.fire();
     open_tx.closed().await;
 }
