@@ -413,14 +413,8 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
 
 #[tokio::test]
 async fn usage_records_reach_the_event_log_through_the_batcher() {
-    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
-    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
-    let store = AnyStore::open(
-        &StoreAddress::parse(&address).unwrap(),
-        OpenOptions::migrating(),
-    )
-    .await
-    .unwrap();
+    use llmgw_eventstore::EventStore;
+    let (store, _scratch) = usage_log().await;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(64);
     let price = |_: &str| llmgw_domain::catalog::Price {
         prompt_per_1k: 1000,
@@ -536,18 +530,11 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
     for i in 0..records {
         queue.record_spending(
             llmgw_domain::usage::FinishedRequest {
-                request_id: format!("r{i}"),
-                key_id: "k".into(),
-                project_id: "p".into(),
-                model_asked: "m".into(),
-                model_served: "m".into(),
                 prompt_tokens: 3,
                 completion_tokens: 5,
-                status: 200,
-                latency_ms: 10,
                 ttft_ms: Some(2),
-                band: llmgw_domain::tenancy::Band::Gold,
                 at: llmgw_domain::UnixMillis(0),
+                ..finished(format!("r{i}"), "k".into(), 10)
             },
             spending(),
         );
@@ -589,22 +576,13 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
     assert_eq!((held, own), (total, 0));
 }
 
-/// A thousand and two hundred requests in a batcher of 500 are three
-/// events, one per flush, and the views read from them hold the same
-/// totals as the requests.
 /// The batcher is woken by a full batch, not by every record: a batch
 /// that fills while it waits for an hour-long tick lands at once, and
 /// the rest when the queue closes.
 #[tokio::test]
 async fn a_full_batch_lands_without_waiting_for_the_tick() {
-    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
-    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
-    let store = AnyStore::open(
-        &StoreAddress::parse(&address).unwrap(),
-        OpenOptions::migrating(),
-    )
-    .await
-    .unwrap();
+    use llmgw_eventstore::EventStore;
+    let (store, _scratch) = usage_log().await;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(1000);
     let batcher = tokio::spawn(llmgw_gateway::usage::run_batcher(
         store.clone(),
@@ -614,27 +592,12 @@ async fn a_full_batch_lands_without_waiting_for_the_tick() {
         Duration::from_secs(3600),
         |_: &str| llmgw_domain::catalog::Price::ZERO,
     ));
-    let record = |i: u64| {
-        queue.record(llmgw_domain::usage::FinishedRequest {
-            request_id: format!("r{i}"),
-            key_id: "k".into(),
-            project_id: "p".into(),
-            model_asked: "m".into(),
-            model_served: "m".into(),
-            prompt_tokens: 1,
-            completion_tokens: 1,
-            status: 200,
-            latency_ms: 1,
-            ttft_ms: None,
-            band: llmgw_domain::tenancy::Band::Gold,
-            at: llmgw_domain::UnixMillis(1_780_000_000_000),
-        })
-    };
+    let record = |i: u64| queue.record(finished(format!("r{i}"), "k".into(), 1));
     let mut sub = store.subscribe(0);
     let rows = |e: &llmgw_eventstore::RecordedEvent| e.payload["rows"].as_array().unwrap().len();
     // On this one-thread runtime, one yield runs the batcher until it
-    // waits: its first tick (at once) has found nothing, the next is an
-    // hour away.
+    // waits: its first turn found nothing queued, and its first tick is
+    // an hour away.
     tokio::task::yield_now().await;
     for i in 0..100 {
         record(i);
@@ -654,32 +617,20 @@ async fn a_full_batch_lands_without_waiting_for_the_tick() {
     assert_eq!(store.head().await.unwrap().0, 2);
 }
 
+/// A thousand and two hundred requests in a batcher of 500 are three
+/// events, one per flush, and the views read from them hold the same
+/// totals as the requests.
 #[tokio::test]
 async fn usage_is_one_event_per_flush_carrying_its_rows() {
-    use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress};
-    let (address, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
-    let store = AnyStore::open(
-        &StoreAddress::parse(&address).unwrap(),
-        OpenOptions::migrating(),
-    )
-    .await
-    .unwrap();
+    use llmgw_eventstore::EventStore;
+    let (store, _scratch) = usage_log().await;
     let requests = 1200u64;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(requests as usize);
     for i in 0..requests {
         queue.record(llmgw_domain::usage::FinishedRequest {
-            request_id: format!("r{i}"),
-            key_id: format!("k{}", i % 3),
-            project_id: "p".into(),
-            model_asked: "m".into(),
-            model_served: "m".into(),
             prompt_tokens: i,
             completion_tokens: 2,
-            status: 200,
-            latency_ms: 10,
-            ttft_ms: None,
-            band: llmgw_domain::tenancy::Band::Gold,
-            at: llmgw_domain::UnixMillis(1_780_000_000_000),
+            ..finished(format!("r{i}"), format!("k{}", i % 3), 10)
         });
     }
     // Everything is queued before the batcher starts and the interval is
@@ -1133,4 +1084,40 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
     assert_eq!(r.status(), 200);
     assert!(metric(&second, "llmgw_sim_prefix_queries_total").await > before);
     drop(held);
+}
+
+/// An empty SQLite log, removed when the scratch is dropped.
+async fn usage_log() -> (llmgw_eventstore::AnyStore, llmgw_testkit::Scratch) {
+    use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+    let (address, scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    (store, scratch)
+}
+
+/// A finished request of one prompt and one completion token for
+/// project p, served by m.
+fn finished(
+    request_id: String,
+    key_id: String,
+    latency_ms: u32,
+) -> llmgw_domain::usage::FinishedRequest {
+    llmgw_domain::usage::FinishedRequest {
+        request_id,
+        key_id,
+        project_id: "p".into(),
+        model_asked: "m".into(),
+        model_served: "m".into(),
+        prompt_tokens: 1,
+        completion_tokens: 1,
+        status: 200,
+        latency_ms,
+        ttft_ms: None,
+        band: llmgw_domain::tenancy::Band::Gold,
+        at: llmgw_domain::UnixMillis(1_780_000_000_000),
+    }
 }
