@@ -277,8 +277,9 @@ pub async fn run_batcher(
     // burst of tiny appends.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let wake = rx.wake.clone();
-    // A queue smaller than a batch wakes the batcher when it is full.
-    let at = batch.clamp(1, rx.rx.max_capacity());
+    // A queue no bigger than a batch wakes the batcher when half full,
+    // so that records arriving while it is being woken still fit.
+    let at = batch.min(rx.rx.max_capacity() / 2).max(1);
     wake.at.store(at, Ordering::Relaxed);
     // Records queued before the batcher ran told no one: the first turn
     // takes them as if woken.

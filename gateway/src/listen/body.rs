@@ -74,13 +74,21 @@ pub(crate) fn limit(request: Request, after: Duration) -> (Request, Option<Arc<A
         Body::new(Timed {
             inner,
             after,
-            due: Instant::now() + after,
+            due: far(after),
             timer: None,
             ended: false,
             late: late.clone(),
         })
     });
     (request, Some(late))
+}
+
+/// `after` from now; an absurd setting (centuries) is a deadline that
+/// never comes, not an overflow.
+fn far(after: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(60 * 60 * 24 * 365 * 30))
 }
 
 /// The answer to a request whose body read ran late: 408 whatever the
@@ -166,5 +174,18 @@ impl HttpBody for Timed {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body timeout of centuries is a deadline that never comes, not a
+    /// panic on every request with a body.
+    #[tokio::test]
+    async fn an_absurd_timeout_does_not_overflow() {
+        let due = far(Duration::MAX);
+        assert!(due > Instant::now() + Duration::from_secs(60 * 60 * 24 * 365));
     }
 }

@@ -94,6 +94,11 @@ pub(crate) async fn serve_http<L>(
         let service = TowerToHyperService::new(app.clone());
         let open = open_rx.clone();
         tokio::spawn(async move {
+            // HTTP/1 on purpose for the cut: hyper's HTTP/1 dispatcher
+            // polls the request in flight and its answer's body on this
+            // task, which the cut wakes ([`Edge`] only reads the flag).
+            // An HTTP/2 server runs each stream as a task of its own and
+            // would need the requests to wait on the signal themselves.
             let mut builder = hyper::server::conn::http1::Builder::new();
             // The header timer runs whenever the connection waits for a
             // request's head: from the connection's start and after every

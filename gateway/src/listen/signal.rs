@@ -50,6 +50,11 @@ impl Signal {
         let mut waiting = self.lock();
         if waiting.len() == waiting.capacity() {
             waiting.retain(|t| t.strong_count() > 0);
+            // Room for as many again: a prune that freed a few slots would
+            // otherwise run again on the next connection, and at a full
+            // listener on every one.
+            let live = waiting.len();
+            waiting.reserve(live);
         }
         waiting.push(Arc::downgrade(task));
         drop(waiting);

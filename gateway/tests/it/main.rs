@@ -617,6 +617,34 @@ async fn a_full_batch_lands_without_waiting_for_the_tick() {
     assert_eq!(store.head().await.unwrap().0, 2);
 }
 
+/// A queue no bigger than a batch wakes the batcher at half full, so
+/// that records arriving meanwhile are not dropped as a full queue.
+#[tokio::test]
+async fn a_queue_smaller_than_a_batch_flushes_at_half_full() {
+    use llmgw_eventstore::EventStore;
+    let (store, _scratch) = usage_log().await;
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(10);
+    tokio::spawn(llmgw_gateway::usage::run_batcher(
+        store.clone(),
+        "gw-test".into(),
+        rx,
+        500,
+        Duration::from_secs(3600),
+        |_: &str| llmgw_domain::catalog::Price::ZERO,
+    ));
+    let mut sub = store.subscribe(0);
+    tokio::task::yield_now().await;
+    for i in 0..5 {
+        queue.record(finished(format!("r{i}"), "k".into(), 1));
+    }
+    let first = tokio::time::timeout(Duration::from_secs(30), sub.next())
+        .await
+        .expect("half a queue lands before the hour-long tick")
+        .unwrap();
+    assert_eq!(first.payload["rows"].as_array().unwrap().len(), 5);
+    assert_eq!(queue.dropped(), 0);
+}
+
 /// A thousand and two hundred requests in a batcher of 500 are three
 /// events, one per flush, and the views read from them hold the same
 /// totals as the requests.
