@@ -284,6 +284,12 @@ pub async fn run_batcher(
     // Records queued before the batcher ran told no one: the first turn
     // takes them as if woken.
     wake.notify.notify_one();
+    let to = Flush {
+        instance: &instance,
+        decider: &decider,
+        counts: &counts,
+        unflushed: &unflushed,
+    };
     loop {
         // A full batch goes at once; anything else waits for the tick, so
         // a steady trickle becomes one append per interval, not one per
@@ -308,12 +314,6 @@ pub async fn run_batcher(
             if pending.is_empty() || !(full || ticked || closed) {
                 break;
             }
-            let to = Flush {
-                instance: &instance,
-                decider: &decider,
-                counts: &counts,
-                unflushed: &unflushed,
-            };
             to.flush(pending.drain(..), &price_of).await;
             if !full {
                 break;

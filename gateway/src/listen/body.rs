@@ -62,14 +62,21 @@ pub(crate) fn body_refusal(e: &axum::Error, limit: usize) -> ApiError {
     ApiError::unreadable_body()
 }
 
-/// Puts `after` as the deadline on `request`'s body; the flag turns true
-/// when a read ran past it (see [`settle`]). A request without a body
-/// gets none.
-pub(crate) fn limit(request: Request, after: Duration) -> (Request, Option<Arc<AtomicBool>>) {
+/// Puts `after`, where set, as the deadline on `request`'s body; what
+/// comes back says whether a read ran past it (see [`Late::settle`]). A
+/// request without a body gets none.
+pub(crate) fn limit(request: Request, after: Option<Duration>) -> (Request, Option<Late>) {
+    let Some(after) = after else {
+        return (request, None);
+    };
     if request.body().is_end_stream() {
         return (request, None);
     }
-    let late = Arc::new(AtomicBool::new(false));
+    let late = Late {
+        flag: Arc::new(AtomicBool::new(false)),
+        after,
+    };
+    let flag = late.flag.clone();
     let request = request.map(|inner| {
         Body::new(Timed {
             inner,
@@ -77,10 +84,34 @@ pub(crate) fn limit(request: Request, after: Duration) -> (Request, Option<Arc<A
             due: far(after),
             timer: None,
             ended: false,
-            late: late.clone(),
+            late: flag,
         })
     });
     (request, Some(late))
+}
+
+/// Whether a request's body read ran past its deadline.
+pub(crate) struct Late {
+    flag: Arc<AtomicBool>,
+    after: Duration,
+}
+
+impl Late {
+    /// The answer to a request whose body read ran late: 408 whatever the
+    /// handler answered, and the connection closed.
+    pub(crate) fn settle(&self, mut response: Response) -> Response {
+        if self.flag.load(Ordering::Relaxed) {
+            if response.status() != StatusCode::REQUEST_TIMEOUT {
+                response = ApiError::body_timeout(self.after).into_response();
+            }
+            // The rest of the body is unread: the connection cannot carry
+            // another request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
 }
 
 /// `after` from now; an absurd setting (centuries) is a deadline that
@@ -89,26 +120,6 @@ fn far(after: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(after)
         .unwrap_or_else(|| now + Duration::from_secs(60 * 60 * 24 * 365 * 30))
-}
-
-/// The answer to a request whose body read ran late: 408 whatever the
-/// handler answered, and the connection closed.
-pub(crate) fn settle(
-    mut response: Response,
-    late: Option<&AtomicBool>,
-    after: Duration,
-) -> Response {
-    if late.is_some_and(|l| l.load(Ordering::Relaxed)) {
-        if response.status() != StatusCode::REQUEST_TIMEOUT {
-            response = ApiError::body_timeout(after).into_response();
-        }
-        // The rest of the body is unread: the connection cannot carry
-        // another request.
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
 }
 
 struct Timed {

@@ -64,16 +64,12 @@ where
         if self.cut.fired() {
             return Box::pin(std::future::ready(Ok(with_id(shutdown::stopping(), id))));
         }
-        let (request, late) = match self.body_timeout {
-            Some(after) => body::limit(request, after),
-            None => (request, None),
-        };
+        let (request, late) = body::limit(request, self.body_timeout);
         let answer = {
             let _in = span.enter();
             self.router.call(request)
         };
         let cut = self.cut.clone();
-        let after = self.body_timeout.unwrap_or_default();
         let answered = async move {
             let mut answer = std::pin::pin!(answer);
             // Read on every poll, never waited on: the connection's task,
@@ -90,7 +86,11 @@ where
                 Some(Err(never)) => match never {},
                 None => shutdown::stopping(),
             };
-            Ok(with_id(body::settle(response, late.as_deref(), after), id))
+            let response = match &late {
+                Some(late) => late.settle(response),
+                None => response,
+            };
+            Ok(with_id(response, id))
         };
         Box::pin(answered.instrument(span))
     }

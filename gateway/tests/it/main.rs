@@ -414,7 +414,7 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
 #[tokio::test]
 async fn usage_records_reach_the_event_log_through_the_batcher() {
     use llmgw_eventstore::EventStore;
-    let (store, _scratch) = usage_log().await;
+    let (store, _scratch) = support::sqlite_log().await;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(64);
     let price = |_: &str| llmgw_domain::catalog::Price {
         prompt_per_1k: 1000,
@@ -582,7 +582,7 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
 #[tokio::test]
 async fn a_full_batch_lands_without_waiting_for_the_tick() {
     use llmgw_eventstore::EventStore;
-    let (store, _scratch) = usage_log().await;
+    let (store, _scratch) = support::sqlite_log().await;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(1000);
     let batcher = tokio::spawn(llmgw_gateway::usage::run_batcher(
         store.clone(),
@@ -622,7 +622,7 @@ async fn a_full_batch_lands_without_waiting_for_the_tick() {
 #[tokio::test]
 async fn a_queue_smaller_than_a_batch_flushes_at_half_full() {
     use llmgw_eventstore::EventStore;
-    let (store, _scratch) = usage_log().await;
+    let (store, _scratch) = support::sqlite_log().await;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(10);
     tokio::spawn(llmgw_gateway::usage::run_batcher(
         store.clone(),
@@ -651,7 +651,7 @@ async fn a_queue_smaller_than_a_batch_flushes_at_half_full() {
 #[tokio::test]
 async fn usage_is_one_event_per_flush_carrying_its_rows() {
     use llmgw_eventstore::EventStore;
-    let (store, _scratch) = usage_log().await;
+    let (store, _scratch) = support::sqlite_log().await;
     let requests = 1200u64;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(requests as usize);
     for i in 0..requests {
@@ -1112,19 +1112,6 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
     assert_eq!(r.status(), 200);
     assert!(metric(&second, "llmgw_sim_prefix_queries_total").await > before);
     drop(held);
-}
-
-/// An empty SQLite log, removed when the scratch is dropped.
-async fn usage_log() -> (llmgw_eventstore::AnyStore, llmgw_testkit::Scratch) {
-    use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
-    let (address, scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
-    let store = AnyStore::open(
-        &StoreAddress::parse(&address).unwrap(),
-        OpenOptions::migrating(),
-    )
-    .await
-    .unwrap();
-    (store, scratch)
 }
 
 /// A finished request of one prompt and one completion token for

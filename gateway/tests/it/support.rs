@@ -355,3 +355,16 @@ pub(crate) fn router_view(
     }
     view
 }
+
+/// An empty SQLite log, removed when the scratch is dropped.
+pub(crate) async fn sqlite_log() -> (llmgw_eventstore::AnyStore, llmgw_testkit::Scratch) {
+    use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+    let (address, scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
+    let store = AnyStore::open(
+        &StoreAddress::parse(&address).unwrap(),
+        OpenOptions::migrating(),
+    )
+    .await
+    .unwrap();
+    (store, scratch)
+}

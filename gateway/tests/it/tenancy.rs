@@ -6,7 +6,7 @@ use std::time::Duration;
 use llmgw_domain::Command;
 use llmgw_domain::catalog::{Model, Price};
 use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
-use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, StoreAddress, Writer};
+use llmgw_eventstore::{AnyStore, EventStore, Writer};
 use llmgw_gateway::auth::{KeyDirectory, key_hash};
 use llmgw_gateway::{Gateway, GatewayConfig};
 use serde_json::{Value, json};
@@ -34,13 +34,7 @@ impl Drop for Tenants {
 
 impl Tenants {
     pub(crate) async fn new() -> Self {
-        let (address, scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Sqlite).await;
-        let store = AnyStore::open(
-            &StoreAddress::parse(&address).unwrap(),
-            OpenOptions::migrating(),
-        )
-        .await
-        .unwrap();
+        let (store, scratch) = support::sqlite_log().await;
         let lease = store
             .acquire_lease("ctl", Duration::from_secs(60))
             .await
