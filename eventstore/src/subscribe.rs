@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 
-use crate::{DEFAULT_PAGE, EventStore, RecordedEvent, Result, StoreError};
+use crate::{DEFAULT_PAGE, EventRef, EventStore, RecordedEvent, Result, StoreError, TextPage};
 
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(5);
 
@@ -54,6 +54,8 @@ pub struct Subscription<S> {
     store: S,
     after: u64,
     buffer: VecDeque<RecordedEvent>,
+    /// The last page [`Subscription::next_page`] read, kept for its memory.
+    spare: TextPage,
     wakeups: Option<Wakeups>,
     caught_up: bool,
     failures: u32,
@@ -65,6 +67,7 @@ impl<S: EventStore> Subscription<S> {
             store,
             after,
             buffer: VecDeque::new(),
+            spare: TextPage::default(),
             wakeups: None,
             caught_up: false,
             failures: 0,
@@ -76,7 +79,8 @@ impl<S: EventStore> Subscription<S> {
         self.after
     }
 
-    /// True once a read found nothing beyond what has been handed out.
+    /// True once a read reached the head: it found nothing beyond what has
+    /// been handed out, or (a page) fewer events than it asked for.
     pub fn is_caught_up(&self) -> bool {
         self.caught_up && self.buffer.is_empty()
     }
@@ -102,19 +106,64 @@ impl<S: EventStore> Subscription<S> {
         Ok(self.buffer.pop_front().inspect(|e| self.after = e.position))
     }
 
+    /// The next events, up to `limit`, each decoded by `decode` straight
+    /// from its payload's text (no `serde_json::Value` on the way), waiting
+    /// for one to be appended if need be. Retries as [`Subscription::next`]
+    /// does. Events [`Subscription::next`] read ahead and did not hand out
+    /// are read again here.
+    pub async fn next_page<T>(
+        &mut self,
+        limit: usize,
+        mut decode: impl FnMut(EventRef<'_>) -> T,
+    ) -> Result<Vec<T>> {
+        self.buffer.clear();
+        loop {
+            if !self.listening().await? {
+                continue;
+            }
+            let read = self.read_text(limit).await;
+            let found = read.as_ref().is_ok_and(|()| !self.spare.is_empty());
+            self.settle(read.map(|()| found)).await?;
+            if found {
+                let events = self.spare.iter().map(&mut decode).collect();
+                self.after = self.spare.last_position().unwrap_or(self.after);
+                return Ok(events);
+            }
+        }
+    }
+
     async fn fill(&mut self) -> Result<()> {
-        // Listen before reading, so that an append landing between the read
-        // and the wait still wakes us.
+        if !self.listening().await? {
+            return Ok(());
+        }
+        let read = self.read_page().await;
+        let found = read.as_ref().is_ok_and(|()| !self.buffer.is_empty());
+        self.settle(read.map(|()| found)).await
+    }
+
+    /// Listens for hints before a read, so that an append landing between
+    /// the read and the wait still wakes us. False when the store could not
+    /// be reached (and the subscription has backed off).
+    async fn listening(&mut self) -> Result<bool> {
         if self.wakeups.is_none() {
             match self.store.wakeups().await {
                 Ok(w) => self.wakeups = Some(w),
-                Err(e) if e.is_transient() => return self.back_off(e).await,
+                Err(e) if e.is_transient() => {
+                    self.back_off(e).await?;
+                    return Ok(false);
+                }
                 Err(e) => return Err(e),
             }
         }
-        match self.read_page().await {
-            Ok(()) if !self.buffer.is_empty() => Ok(()),
-            Ok(()) => {
+        Ok(true)
+    }
+
+    /// After a read that found something (true) or nothing (false): waits
+    /// for a hint when it found nothing, backs off when the store was lost.
+    async fn settle(&mut self, read: Result<bool>) -> Result<()> {
+        match read {
+            Ok(true) => Ok(()),
+            Ok(false) => {
                 let poll = self.store.poll_interval();
                 if let Some(w) = self.wakeups.as_mut() {
                     w.wait(poll).await;
@@ -131,21 +180,40 @@ impl<S: EventStore> Subscription<S> {
 
     async fn read_page(&mut self) -> Result<()> {
         let page = self.store.read_all(self.after, DEFAULT_PAGE).await?;
-        if let Some(first) = page.first()
-            && first.position != self.after + 1
-            && !self.starts_at_base(first.position).await?
-        {
-            // Cannot happen with the control-row append; refuse rather than
-            // silently skip if the log was damaged.
-            return Err(StoreError::Corrupt {
-                position: self.after + 1,
-                reason: format!("missing: the next stored event is {}", first.position),
-            });
+        if let Some(first) = page.first() {
+            self.follows_on(first.position).await?;
         }
         self.caught_up = page.is_empty();
         self.failures = 0;
         self.buffer.extend(page);
         Ok(())
+    }
+
+    /// A page of text into `spare`; a page shorter than `limit` reached
+    /// the head.
+    async fn read_text(&mut self, limit: usize) -> Result<()> {
+        let reuse = std::mem::take(&mut self.spare);
+        let page = self.store.read_text_page(self.after, limit, reuse).await?;
+        if let Some(first) = page.get(0) {
+            self.follows_on(first.position).await?;
+        }
+        self.caught_up = page.len() < limit;
+        self.failures = 0;
+        self.spare = page;
+        Ok(())
+    }
+
+    /// Refuses a read whose first event is not the next one: cannot happen
+    /// with the control-row append, so the log was damaged, and skipping
+    /// silently would hide it.
+    async fn follows_on(&self, first: u64) -> Result<()> {
+        if first == self.after + 1 || self.starts_at_base(first).await? {
+            return Ok(());
+        }
+        Err(StoreError::Corrupt {
+            position: self.after + 1,
+            reason: format!("missing: the next stored event is {first}"),
+        })
     }
 
     /// True when the log begins after `self.after` (it was imported from an

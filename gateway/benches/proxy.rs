@@ -13,8 +13,9 @@
 //! that no router shares the client's threads and none gets more of the
 //! machine's scheduler than another.
 //! `-- --profile SECONDS`: only the `--serve` process, saturated with
-//! auth, limits and usage for that long; its pid is printed, for
-//! `perf record -g -p PID`.
+//! auth, limits and usage for that long (with `--off` too, the all-off
+//! gateway instead); its pid is printed, for `perf record -g -p PID`,
+//! and then its CPU a request.
 
 #![allow(
     clippy::unwrap_used,
@@ -304,6 +305,10 @@ async fn saturate(
 struct Args {
     peers: bool,
     profile: Option<u64>,
+    /// `--profile` the all-off gateway instead.
+    off: bool,
+    /// `--profile` the gateway with auth and limits, recording no usage.
+    keys: bool,
     /// The child: serve llmgw in front of this upstream.
     serve: Option<SocketAddr>,
 }
@@ -314,6 +319,8 @@ fn args() -> Args {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--peers" => a.peers = true,
+            "--off" => a.off = true,
+            "--keys" => a.keys = true,
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
             _ => {}
@@ -323,9 +330,10 @@ fn args() -> Args {
 }
 
 /// The `--serve` child: llmgw with auth, limits and usage (a SQLite store,
-/// the views following it, the batcher), and llmgw with all off, in front
-/// of `up`; prints their addresses, one a line, and serves until its
-/// stdin closes (the parent went away).
+/// the views following it, the batcher), llmgw with all off, and llmgw
+/// with auth and limits recording no usage, in front of `up`; prints their
+/// addresses, one a line, and serves until its stdin closes (the parent
+/// went away).
 fn serve(up: SocketAddr) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -350,8 +358,15 @@ fn serve(up: SocketAddr) {
                 completion_per_1k: 1,
             },
         ));
+        let unrecorded = Gateway::with_keys(
+            config(up),
+            None,
+            Some(llmgw_gateway::auth::KeyDirectory::new(t.views.clone())),
+        )
+        .unwrap();
         println!("{}", listen(keyed).await);
         println!("{}", gateway(up).await);
+        println!("{}", listen(unrecorded).await);
         let mut stdin = tokio::io::stdin();
         let mut buf = [0u8; 64];
         while tokio::io::AsyncReadExt::read(&mut stdin, &mut buf)
@@ -367,6 +382,8 @@ struct Served {
     child: std::process::Child,
     tenanted: String,
     off: String,
+    /// Auth and limits, no usage recorded.
+    keys: String,
 }
 
 impl Drop for Served {
@@ -391,11 +408,12 @@ fn served(up: SocketAddr) -> Served {
             lines.next().unwrap().unwrap()
         )
     };
-    let (tenanted, off) = (next(), next());
+    let (tenanted, off, keys) = (next(), next(), next());
     Served {
         child,
         tenanted,
         off,
+        keys,
     }
 }
 
@@ -453,10 +471,15 @@ fn main() {
 
         if let Some(seconds) = args.profile {
             let child = served(up);
-            saturate(&client, &child.tenanted, 8, 1, false).await;
-            println!("pid {}: llmgw with auth, limits and usage, 32 clients for {seconds} s", child.child.id());
+            let (url, what) = match (args.off, args.keys) {
+                (true, _) => (&child.off, "all off"),
+                (_, true) => (&child.keys, "auth and limits, no usage"),
+                _ => (&child.tenanted, "auth, limits and usage"),
+            };
+            saturate(&client, url, 8, 1, false).await;
+            println!("pid {}: llmgw with {what}, 32 clients for {seconds} s", child.child.id());
             let cpu = cpu_seconds(child.child.id());
-            let (rate, mut lat) = saturate(&client, &child.tenanted, 32, seconds, false).await;
+            let (rate, mut lat) = saturate(&client, url, 32, seconds, false).await;
             let cpu = cpu_seconds(child.child.id()) - cpu;
             println!(
                 "{rate:.0} req/s, p50 {:.3} ms; llmgw's CPU {:.1} µs a request",

@@ -193,19 +193,7 @@ impl<S: EventStore> Runner<S> {
                 self.lag.store(0, Ordering::Relaxed);
                 return Ok(());
             }
-            // The views' lock is taken per thousand events, so that readers
-            // (routing, the admin API) never wait for a whole large page.
-            for chunk in page.chunks(DEFAULT_PAGE) {
-                let position = {
-                    let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
-                    for d in chunk {
-                        views.apply_decoded(d);
-                    }
-                    views.checkpoint.position
-                };
-                self.position.send_replace(position);
-            }
-            self.since_snapshot += page.len() as u64;
+            self.apply(&page);
             reader.recycle(page);
             let (head, _) = self.store.head().await?;
             self.lag
@@ -214,16 +202,21 @@ impl<S: EventStore> Runner<S> {
         }
     }
 
-    fn apply_all(&mut self, events: &[llmgw_eventstore::RecordedEvent]) {
-        let position = {
-            let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
-            for e in events {
-                views.apply(e);
-            }
-            views.checkpoint.position
-        };
-        self.since_snapshot += events.len() as u64;
-        self.position.send_replace(position);
+    /// Applies events decoded outside the views' lock. The lock is taken
+    /// per thousand events, so that readers (routing, key checks, the admin
+    /// API) never wait for a whole large page, nor for any decoding.
+    fn apply(&mut self, page: &[crate::Decoded]) {
+        for chunk in page.chunks(DEFAULT_PAGE) {
+            let position = {
+                let mut views = self.views.write().unwrap_or_else(|p| p.into_inner());
+                for d in chunk {
+                    views.apply_decoded(d);
+                }
+                views.checkpoint.position
+            };
+            self.position.send_replace(position);
+        }
+        self.since_snapshot += page.len() as u64;
     }
 
     /// Follows the log forever; drop the future to stop. Snapshots are
@@ -231,19 +224,12 @@ impl<S: EventStore> Runner<S> {
     pub async fn follow(&mut self) -> Result<(), RunnerError> {
         let mut sub = self.store.subscribe(self.position());
         loop {
-            let event = sub.next().await?;
-            let mut batch = vec![event];
-            while batch.len() < DEFAULT_PAGE {
-                match sub.next_now().await {
-                    Ok(Some(e)) => batch.push(e),
-                    Ok(None) => break,
-                    // The store went away mid-batch: apply what was read;
-                    // `next` waits for it, with backoff.
-                    Err(e) if e.is_transient() => break,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            self.apply_all(&batch);
+            // Decoded here, in pages, from the payloads' text: applying
+            // each event through a `serde_json::Value` under the views'
+            // write lock held up every reader (a gateway's key and budget
+            // checks) for the decoding of a usage batch's rows.
+            let page = sub.next_page(DEFAULT_PAGE, crate::decode_text).await?;
+            self.apply(&page);
             if sub.is_caught_up() {
                 self.lag.store(0, Ordering::Relaxed);
             }

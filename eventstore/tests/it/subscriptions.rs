@@ -15,6 +15,7 @@ both_backends!(
     a_subscriber_catches_up_then_follows_live_appends,
     a_killed_subscriber_resumes_from_its_checkpoint_without_gap_or_repeat,
     a_subscriber_sees_appends_made_through_another_store,
+    a_subscriber_reads_pages_of_text_then_waits_for_the_next_append,
 );
 
 /// A bound on how long a test may wait for an event before it fails; the
@@ -116,6 +117,54 @@ async fn a_subscriber_sees_appends_made_through_another_store(b: Backend) {
     });
     append_n(&other, &w, 0, 2).await;
     assert_eq!(waiter.await.unwrap(), vec![1, 2]);
+}
+
+/// A page as `next_page` decodes it for a test: position, type and `n`.
+async fn page(sub: &mut Subscription<AnyStore>, limit: usize) -> Vec<(u64, String, Option<u64>)> {
+    let decode = |e: llmgw_eventstore::EventRef<'_>| {
+        let payload: serde_json::Value = serde_json::from_str(e.payload).unwrap();
+        (e.position, e.event_type.to_owned(), payload["n"].as_u64())
+    };
+    tokio::time::timeout(PATIENCE, sub.next_page(limit, decode))
+        .await
+        .expect("a page within the patience bound")
+        .expect("subscription error")
+}
+
+/// What the views' runner follows with: pages of at most the limit, each
+/// event decoded from its text; what `next` read ahead and did not hand out
+/// is read again, and at the head a page waits for the next append.
+async fn a_subscriber_reads_pages_of_text_then_waits_for_the_next_append(b: Backend) {
+    let t = TestStore::new(b).await;
+    let w = lead(&t.store).await;
+    append_n(&t.store, &w, 0, 5).await;
+    let mut sub = t.store.subscribe(0);
+    // `next` reads all five ahead and hands out one.
+    assert_eq!(next(&mut sub).await.position, 1);
+    let first = page(&mut sub, 3).await;
+    assert_eq!(
+        first,
+        (2..=4)
+            .map(|p| (p, "E".to_owned(), Some(p - 1)))
+            .collect::<Vec<_>>()
+    );
+    assert!(!sub.is_caught_up(), "a full page may not be the head");
+    assert_eq!(page(&mut sub, 3).await, vec![(5, "E".to_owned(), Some(4))]);
+    assert!(sub.is_caught_up());
+    assert_eq!(sub.position(), 5);
+
+    let (store, w2) = (t.store.clone(), w.clone());
+    let waiting = tokio::spawn(async move {
+        let got = page(&mut sub, 3).await;
+        (got, sub.position())
+    });
+    append_n(&store, &w2, 40, 2).await;
+    let (got, position) = waiting.await.unwrap();
+    assert_eq!(
+        got,
+        vec![(6, "E".to_owned(), Some(40)), (7, "E".to_owned(), Some(41))]
+    );
+    assert_eq!(position, 7);
 }
 
 #[tokio::test]
