@@ -482,9 +482,10 @@ fn main() {
             let (rate, mut lat) = saturate(&client, url, 32, seconds, false).await;
             let cpu = cpu_seconds(child.child.id()) - cpu;
             println!(
-                "{rate:.0} req/s, p50 {:.3} ms; llmgw's CPU {:.1} µs a request",
+                "{rate:.0} req/s, p50 {:.3} ms; llmgw's CPU {:.1} µs a request; its memory {}",
                 pct(&mut lat, 0.5),
-                cpu * 1e6 / lat.len() as f64
+                cpu * 1e6 / lat.len() as f64,
+                memory(child.child.id())
             );
             return;
         }
@@ -616,6 +617,24 @@ async fn side_by_side(
             fixed[i].1 - fixed[0].1,
         );
     }
+}
+
+/// Resident and peak memory of process `pid`, from its status.
+fn memory(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    format!(
+        "RSS {:.1} MiB, peak {:.1} MiB",
+        kib("VmRSS:") / 1024.0,
+        kib("VmHWM:") / 1024.0
+    )
 }
 
 /// User and system CPU seconds of process `pid` so far.

@@ -17,28 +17,81 @@ use tokio::time::Instant;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
+/// How close in time requests share a slot of a window. A window holds at
+/// most a minute's worth of slots (600), however many requests a second a
+/// level takes: one entry per request held 40 B per request for a minute,
+/// tens of MiB per busy level, and grew on the request path. A slot ages
+/// out with its newest request, so its older ones count up to a grain
+/// longer than a minute: never more than the limit, a refusal's wait at
+/// most a grain long.
+const GRAIN: Duration = Duration::from_millis(100);
+
+/// The requests and tokens charged within one grain.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    first: Instant,
+    last: Instant,
+    requests: u64,
+    tokens: u64,
+}
+
 #[derive(Debug, Default)]
 struct Window {
-    requests: VecDeque<Instant>,
-    tokens: VecDeque<(Instant, u64)>,
+    slots: VecDeque<Slot>,
+    request_sum: u64,
     token_sum: u64,
 }
 
 impl Window {
     fn expire(&mut self, now: Instant) {
-        while self
-            .requests
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= MINUTE)
-        {
-            self.requests.pop_front();
-        }
-        while let Some(&(t, n)) = self.tokens.front() {
-            if now.duration_since(t) < MINUTE {
+        while let Some(s) = self.slots.front() {
+            if now.duration_since(s.last) < MINUTE {
                 break;
             }
-            self.tokens.pop_front();
-            self.token_sum = self.token_sum.saturating_sub(n);
+            self.request_sum = self.request_sum.saturating_sub(s.requests);
+            self.token_sum = self.token_sum.saturating_sub(s.tokens);
+            self.slots.pop_front();
+        }
+    }
+
+    /// Counts `requests` and `tokens` at `now`, in the newest slot when it
+    /// began less than a grain ago.
+    fn charge(&mut self, now: Instant, requests: u64, tokens: u64) {
+        if requests == 0 && tokens == 0 {
+            return;
+        }
+        self.request_sum = self.request_sum.saturating_add(requests);
+        self.token_sum = self.token_sum.saturating_add(tokens);
+        match self.slots.back_mut() {
+            Some(s) if now >= s.first && now.duration_since(s.first) < GRAIN => {
+                s.last = s.last.max(now);
+                s.requests += requests;
+                s.tokens = s.tokens.saturating_add(tokens);
+            }
+            _ => self.slots.push_back(Slot {
+                first: now,
+                last: now,
+                requests,
+                tokens,
+            }),
+        }
+    }
+
+    /// Takes back up to `tokens` charged at `at` (nothing once its slot has
+    /// aged out).
+    fn give_back(&mut self, at: Instant, tokens: u64) {
+        // From the newest: the admission's slot is near the end of a
+        // window that holds a minute of requests.
+        let slot = self
+            .slots
+            .iter_mut()
+            .rev()
+            .take_while(|s| s.last >= at)
+            .find(|s| s.first <= at);
+        if let Some(s) = slot {
+            let take = tokens.min(s.tokens);
+            s.tokens -= take;
+            self.token_sum = self.token_sum.saturating_sub(take);
         }
     }
 
@@ -51,9 +104,18 @@ impl Window {
     ) -> Option<(Exceeded, Duration)> {
         let until = |t: Instant| MINUTE.saturating_sub(now.duration_since(t));
         if let Some(rpm) = level.rpm
-            && self.requests.len() >= rpm as usize
+            && self.request_sum >= u64::from(rpm)
         {
-            let wait = self.requests.front().map_or(MINUTE, |t| until(*t));
+            // Until enough requests have aged out for one more.
+            let mut left = self.request_sum;
+            let mut wait = MINUTE;
+            for s in &self.slots {
+                left = left.saturating_sub(s.requests);
+                wait = until(s.last);
+                if left < u64::from(rpm) {
+                    break;
+                }
+            }
             return Some((Exceeded::Requests { rpm }, wait));
         }
         let tpm = level.tpm?;
@@ -65,9 +127,9 @@ impl Window {
         // Until enough of the minute's tokens have aged out.
         let mut left = self.token_sum;
         let mut wait = MINUTE;
-        for &(t, n) in &self.tokens {
-            left = left.saturating_sub(n);
-            wait = until(t);
+        for s in &self.slots {
+            left = left.saturating_sub(s.tokens);
+            wait = until(s.last);
             if left == 0 || left.saturating_add(estimate) <= u64::from(tpm) {
                 break;
             }
@@ -155,14 +217,13 @@ impl RateLimits {
         };
         for level in levels {
             let w = window(&mut windows, level.scope, &level.scope_id);
-            if level.rpm.is_some() {
-                w.requests.push_back(now);
-            }
-            if level.tpm.is_some() {
-                w.tokens.push_back((now, estimate));
-                w.token_sum = w.token_sum.saturating_add(estimate);
+            let tokens = if level.tpm.is_some() {
                 charge.levels.push((level.scope, level.scope_id.clone()));
-            }
+                estimate
+            } else {
+                0
+            };
+            w.charge(now, u64::from(level.rpm.is_some()), tokens);
         }
         Ok(charge)
     }
@@ -180,25 +241,9 @@ impl RateLimits {
             let w = window(&mut windows, *scope, id);
             w.expire(now);
             if actual > charge.tokens {
-                let more = actual - charge.tokens;
-                w.tokens.push_back((now, more));
-                w.token_sum = w.token_sum.saturating_add(more);
-                continue;
-            }
-            let mut back = charge.tokens - actual;
-            // From the newest: the admission's entry is near the end of a
-            // window that holds a minute of requests (from the oldest, a
-            // settlement read the whole minute under the lock).
-            for (t, n) in w.tokens.iter_mut().rev() {
-                if back == 0 || *t < at {
-                    break;
-                }
-                if *t == at {
-                    let take = back.min(*n);
-                    *n -= take;
-                    w.token_sum = w.token_sum.saturating_sub(take);
-                    back -= take;
-                }
+                w.charge(now, 0, actual - charge.tokens);
+            } else {
+                w.give_back(at, charge.tokens - actual);
             }
         }
     }
@@ -301,6 +346,40 @@ mod tests {
             .unwrap_err();
         assert_eq!(refused.wait, Duration::from_secs(58), "until 70 age out");
         assert!(rates.admit(&key, 10, now + Duration::from_secs(2)).is_ok());
+    }
+
+    #[test]
+    fn a_busy_level_holds_a_minute_of_slots_not_of_requests() {
+        let rates = RateLimits::default();
+        let start = Instant::now();
+        let key = [level(Scope::Key, "k", Some(u32::MAX), Some(u32::MAX))];
+        // 2,000 requests a second for two minutes.
+        let mut now = start;
+        for _ in 0..240_000 {
+            rates.admit(&key, 1, now).unwrap();
+            now += Duration::from_micros(500);
+        }
+        let windows = rates.lock();
+        let w = &windows[&Scope::Key]["k"];
+        assert!(w.slots.len() <= 601, "{} slots", w.slots.len());
+        // The last minute's requests, and at most a grain's more.
+        let minute = 120_000;
+        assert!((minute..=minute + 200).contains(&w.request_sum));
+        assert_eq!(w.token_sum, w.request_sum);
+    }
+
+    #[test]
+    fn requests_of_one_grain_age_out_with_its_newest() {
+        let rates = RateLimits::default();
+        let now = Instant::now();
+        let key = [level(Scope::Key, "k", Some(2), None)];
+        rates.admit(&key, 0, now).unwrap();
+        rates.admit(&key, 0, now + GRAIN / 2).unwrap();
+        let refused = rates.admit(&key, 0, now + GRAIN).unwrap_err();
+        // The first would age out at a minute; it waits for the second.
+        assert_eq!(refused.wait, MINUTE - GRAIN / 2);
+        assert!(rates.admit(&key, 0, now + MINUTE).is_err());
+        assert!(rates.admit(&key, 0, now + MINUTE + GRAIN / 2).is_ok());
     }
 
     #[test]
