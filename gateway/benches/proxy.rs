@@ -7,15 +7,17 @@
 //!
 //! `-- --peers`: first, side by side with SGLang Model Gateway and
 //! vllm-router (installed into a venv, see [`peers`]), llmgw with auth,
-//! limits and usage on; the ratios printed in one table. The peers are
-//! processes of their own, so for that table llmgw is too: this program
-//! run as `--serve UPSTREAM` (its gateways, store, views and batcher), so
-//! that no router shares the client's threads and none gets more of the
-//! machine's scheduler than another.
+//! limits and usage on, and a bare TCP relay (the floor of what a router
+//! in its own process adds); the ratios printed in one table. The peers
+//! are processes of their own, so for that table llmgw is too: this
+//! program run as `--serve UPSTREAM` (its gateways, store, views, batcher
+//! and the relay), so that no router shares the client's threads and none
+//! gets more of the machine's scheduler than another.
 //! `-- --profile SECONDS`: only the `--serve` process, saturated with
 //! auth, limits and usage for that long (with `--off` too, the all-off
-//! gateway instead); its pid is printed, for `perf record -g -p PID`,
-//! and then its CPU a request.
+//! gateway instead; with `--keys`, auth and limits without usage); its
+//! pid is printed, for `perf record -g -p PID`, and then its CPU a
+//! request and its memory.
 
 #![allow(
     clippy::unwrap_used,
@@ -367,6 +369,7 @@ fn serve(up: SocketAddr) {
         println!("{}", listen(keyed).await);
         println!("{}", gateway(up).await);
         println!("{}", listen(unrecorded).await);
+        println!("{}", relay(up).await);
         let mut stdin = tokio::io::stdin();
         let mut buf = [0u8; 64];
         while tokio::io::AsyncReadExt::read(&mut stdin, &mut buf)
@@ -377,6 +380,25 @@ fn serve(up: SocketAddr) {
     });
 }
 
+/// A bare TCP relay to `up` (each connection piped to one of its own): the
+/// floor of what any router in its own process adds, which reads nothing
+/// of the bytes it passes.
+async fn relay(up: SocketAddr) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                inbound.set_nodelay(true).unwrap();
+                let mut outbound = tokio::net::TcpStream::connect(up).await.unwrap();
+                outbound.set_nodelay(true).unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+        }
+    });
+    addr
+}
+
 /// This program run as `--serve`: llmgw in its own process.
 struct Served {
     child: std::process::Child,
@@ -384,6 +406,8 @@ struct Served {
     off: String,
     /// Auth and limits, no usage recorded.
     keys: String,
+    /// A bare TCP relay: see [`relay`].
+    relay: String,
 }
 
 impl Drop for Served {
@@ -408,12 +432,13 @@ fn served(up: SocketAddr) -> Served {
             lines.next().unwrap().unwrap()
         )
     };
-    let (tenanted, off, keys) = (next(), next(), next());
+    let (tenanted, off, keys, relay) = (next(), next(), next(), next());
     Served {
         child,
         tenanted,
         off,
         keys,
+        relay,
     }
 }
 
@@ -492,7 +517,7 @@ fn main() {
         if args.peers {
             let running = peers::start(&venv, up, &client, &body(false)).await;
             let child = served(up);
-            side_by_side(&client, &direct, &child.off, &child.tenanted, &running).await;
+            side_by_side(&client, &direct, &child, &running).await;
         } else {
             println!("(`-- --peers` also runs SGLang Model Gateway and vllm-router, installed into {})", venv.display());
         }
@@ -561,23 +586,24 @@ fn main() {
     });
 }
 
-/// llmgw (all off, and with auth, limits and usage) against the peers and
-/// direct: saturated, interleaved in two rounds, best of each (one run
-/// moves by a third on two shared cores); then 1,000 req/s open loop.
+/// llmgw (all off, and with auth, limits and usage) against the peers,
+/// direct and a bare TCP relay: saturated, interleaved in two rounds, best
+/// of each (one run moves by a third on two shared cores); then 1,000
+/// req/s open loop.
 async fn side_by_side(
     client: &reqwest::Client,
     direct: &str,
-    off: &str,
-    tenanted: &str,
+    served: &Served,
     running: &[peers::Peer],
 ) {
     let mut targets: Vec<(String, &str)> = vec![
         ("direct".into(), direct),
-        ("llmgw, auth+limits+usage".into(), tenanted),
-        ("llmgw, all off".into(), off),
+        ("llmgw, auth+limits+usage".into(), &served.tenanted),
+        ("llmgw, all off".into(), &served.off),
     ];
     println!("load before the side by side: {}", uptime());
     targets.extend(running.iter().map(|p| (p.name.clone(), p.url.as_str())));
+    targets.push(("bare TCP relay (the floor)".into(), &served.relay));
     for (_, url) in &targets {
         saturate(client, url, 8, 1, false).await;
     }
