@@ -54,8 +54,6 @@ pub struct Subscription<S> {
     store: S,
     after: u64,
     buffer: VecDeque<RecordedEvent>,
-    /// The last page [`Subscription::next_page`] read, kept for its memory.
-    spare: TextPage,
     wakeups: Option<Wakeups>,
     caught_up: bool,
     failures: u32,
@@ -67,7 +65,6 @@ impl<S: EventStore> Subscription<S> {
             store,
             after,
             buffer: VecDeque::new(),
-            spare: TextPage::default(),
             wakeups: None,
             caught_up: false,
             failures: 0,
@@ -117,17 +114,21 @@ impl<S: EventStore> Subscription<S> {
         mut decode: impl FnMut(EventRef<'_>) -> T,
     ) -> Result<Vec<T>> {
         self.buffer.clear();
+        let limit = limit.max(1);
         loop {
             if !self.listening().await? {
                 continue;
             }
-            let read = self.read_text(limit).await;
-            let found = read.as_ref().is_ok_and(|()| !self.spare.is_empty());
-            self.settle(read.map(|()| found)).await?;
-            if found {
-                let events = self.spare.iter().map(&mut decode).collect();
-                self.after = self.spare.last_position().unwrap_or(self.after);
-                return Ok(events);
+            // A page is not kept between reads: at the head the runner
+            // waits here, and a page of usage batches can be megabytes.
+            match self.read_text(limit).await {
+                Ok(page) if !page.is_empty() => {
+                    let events = page.iter().map(&mut decode).collect();
+                    self.after = page.last_position().unwrap_or(self.after);
+                    return Ok(events);
+                }
+                Ok(_) => self.settle(Ok(false)).await?,
+                Err(e) => self.settle(Err(e)).await?,
             }
         }
     }
@@ -189,18 +190,18 @@ impl<S: EventStore> Subscription<S> {
         Ok(())
     }
 
-    /// A page of text into `spare`; a page shorter than `limit` reached
-    /// the head.
-    async fn read_text(&mut self, limit: usize) -> Result<()> {
-        let reuse = std::mem::take(&mut self.spare);
-        let page = self.store.read_text_page(self.after, limit, reuse).await?;
+    /// A page of text; one shorter than `limit` reached the head.
+    async fn read_text(&mut self, limit: usize) -> Result<TextPage> {
+        let reading = self
+            .store
+            .read_text_page(self.after, limit, TextPage::default());
+        let page = reading.await?;
         if let Some(first) = page.get(0) {
             self.follows_on(first.position).await?;
         }
         self.caught_up = page.len() < limit;
         self.failures = 0;
-        self.spare = page;
-        Ok(())
+        Ok(page)
     }
 
     /// Refuses a read whose first event is not the next one: cannot happen

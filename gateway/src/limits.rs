@@ -63,7 +63,11 @@ impl Window {
         self.request_sum = self.request_sum.saturating_add(requests);
         self.token_sum = self.token_sum.saturating_add(tokens);
         match self.slots.back_mut() {
-            Some(s) if now >= s.first && now.duration_since(s.first) < GRAIN => {
+            // A `now` a little before the newest slot's start (read before
+            // the lock, by a request that then waited for it) joins that
+            // slot, which keeps the slots in order.
+            Some(s) if now.saturating_duration_since(s.first) < GRAIN => {
+                s.first = s.first.min(now);
                 s.last = s.last.max(now);
                 s.requests += requests;
                 s.tokens = s.tokens.saturating_add(tokens);
@@ -380,6 +384,33 @@ mod tests {
         assert_eq!(refused.wait, MINUTE - GRAIN / 2);
         assert!(rates.admit(&key, 0, now + MINUTE).is_err());
         assert!(rates.admit(&key, 0, now + MINUTE + GRAIN / 2).is_ok());
+    }
+
+    #[test]
+    fn a_request_that_read_the_clock_before_waiting_for_the_lock_is_settled_in_its_slot() {
+        let rates = RateLimits::default();
+        let now = Instant::now();
+        let key = [level(Scope::Key, "k", None, Some(100))];
+        let first = rates.admit(&key, 40, now + GRAIN).unwrap();
+        // Admitted after the first, with a time from before its slot.
+        let late = rates.admit(&key, 40, now + GRAIN / 2).unwrap();
+        rates.admit(&key, 10, now + GRAIN * 2).unwrap();
+        {
+            let windows = rates.lock();
+            let slots = &windows[&Scope::Key]["k"].slots;
+            assert!(
+                slots
+                    .iter()
+                    .zip(slots.iter().skip(1))
+                    .all(|(a, b)| a.last < b.first)
+            );
+        }
+        // Each gives back from the slot its admission is in, not from the
+        // third's: its 10 tokens still count, so 91 more do not fit.
+        rates.settle(&late, 0, now + GRAIN * 3);
+        rates.settle(&first, 0, now + GRAIN * 3);
+        assert!(rates.admit(&key, 91, now + GRAIN * 3).is_err());
+        assert!(rates.admit(&key, 90, now + GRAIN * 3).is_ok());
     }
 
     #[test]

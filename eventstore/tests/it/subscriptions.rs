@@ -179,6 +179,12 @@ async fn postgres_subscriber_survives_its_connections_being_killed() {
     for want in 1..=3 {
         assert_eq!(next(&mut sub).await.position, want);
     }
+    // The views' runner follows in pages: the same must hold for them.
+    let mut pages = t.store.subscribe(0);
+    let positions =
+        |p: Vec<(u64, String, Option<u64>)>| -> Vec<u64> { p.into_iter().map(|e| e.0).collect() };
+    let first = positions(page(&mut pages, 10).await);
+    assert_eq!(first, vec![1, 2, 3]);
     // Listen connection and pooled connections alike are terminated.
     let url = match &t.address {
         llmgw_eventstore::StoreAddress::Postgres(u) => u.clone(),
@@ -197,9 +203,14 @@ async fn postgres_subscriber_survives_its_connections_being_killed() {
 
     let fresh = t.another(OpenOptions::default()).await;
     append_n(&fresh, &w, 3, 3).await;
-    let mut positions = Vec::new();
+    let mut read = Vec::new();
     for _ in 0..3 {
-        positions.push(next(&mut sub).await.position);
+        read.push(next(&mut sub).await.position);
     }
-    assert_eq!(positions, vec![4, 5, 6]);
+    assert_eq!(read, vec![4, 5, 6]);
+    let mut paged: Vec<u64> = Vec::new();
+    while paged.len() < 3 {
+        paged.extend(positions(page(&mut pages, 10).await));
+    }
+    assert_eq!(paged, vec![4, 5, 6]);
 }
