@@ -69,28 +69,22 @@ pub(crate) fn event_cells(e: &RecordedEvent) -> Vec<String> {
 /// The payload on one line; a usage batch as its row count and totals
 /// (its rows are hundreds of records: `events show` or `--json` lists them).
 pub(crate) fn payload_summary(e: &RecordedEvent) -> String {
+    use llmgw_domain::Event;
     if e.event_type == "UsageBatchRecorded"
-        && let Some(rows) = e.payload.get("rows").and_then(serde_json::Value::as_array)
+        && let Ok(Event::Usage(batch)) = Event::decode(&e.event_type, e.schema_version, &e.payload)
     {
-        let sum = |k: &str| -> u64 {
-            rows.iter()
-                .filter_map(|r| r.get(k).and_then(serde_json::Value::as_u64))
-                .sum()
-        };
-        let keys: std::collections::BTreeSet<&str> = rows
-            .iter()
-            .filter_map(|r| r.get("key_id").and_then(serde_json::Value::as_str))
-            .collect();
-        let errors = rows
-            .iter()
-            .filter(|r| r.get("status").and_then(serde_json::Value::as_u64) >= Some(400))
-            .count();
+        let rows = batch.rows();
+        let keys: std::collections::BTreeSet<&str> =
+            rows.iter().map(|u| u.key_id.as_str()).collect();
+        let tokens: u64 = (rows.iter())
+            .map(|u| u.prompt_tokens.saturating_add(u.completion_tokens))
+            .fold(0, u64::saturating_add);
+        let micros: u64 = (rows.iter().map(|u| u.cost_micros)).fold(0, u64::saturating_add);
+        let errors = rows.iter().filter(|u| u.status >= 400).count();
         return format!(
-            "{} rows, {} keys, {} tokens, {} micros, {errors} errors",
+            "{} rows, {} keys, {tokens} tokens, {micros} micros, {errors} errors",
             rows.len(),
             keys.len(),
-            sum("prompt_tokens") + sum("completion_tokens"),
-            sum("cost_micros"),
         );
     }
     e.payload.to_string()

@@ -100,7 +100,12 @@ enum Area {
     Demand,
     Audit,
     Join,
+    /// A usage batch at schema version 1, a list of rows.
+    UsageRowsV1,
 }
+
+/// Older schema versions this build still reads, and how.
+const OLDER: &[(&str, u32, Area)] = &[("UsageBatchRecorded", 1, Area::UsageRowsV1)];
 
 /// Every type name with its area and current schema version.
 const TYPES: &[(&str, Area, u32)] = &[
@@ -142,7 +147,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("ThreadsSet", Area::Tenancy, 1),
     ("MemorySet", Area::Tenancy, 1),
     ("UsageRecorded", Area::Usage, 1),
-    ("UsageBatchRecorded", Area::Usage, 1),
+    ("UsageBatchRecorded", Area::Usage, 2),
     ("LeadershipAcquired", Area::Leadership, 1),
     ("LeadershipReleased", Area::Leadership, 1),
     ("AnchorRecorded", Area::Leadership, 1),
@@ -212,7 +217,8 @@ impl Event {
     }
 
     /// The event of a stored row; the row must already be upcast to the
-    /// current schema version.
+    /// current schema version, or be at one this build still reads
+    /// (a usage batch's rows, version 1).
     pub fn decode(
         event_type: &str,
         schema_version: u32,
@@ -242,6 +248,12 @@ impl Event {
         let Some(&(_, area, current)) = TYPES.iter().find(|(t, ..)| *t == event_type) else {
             return Err(DecodeError::UnknownType(event_type.to_owned()));
         };
+        if let Some(&(.., older)) = OLDER
+            .iter()
+            .find(|(t, v, _)| *t == event_type && *v == schema_version)
+        {
+            return Ok(older);
+        }
         if schema_version != current {
             return Err(DecodeError::Version {
                 event_type: event_type.to_owned(),
@@ -321,6 +333,10 @@ where
     D: serde::Deserializer<'de>,
     D::Error: serde::de::Error,
 {
+    if let Area::UsageRowsV1 = area {
+        let rows = crate::usage::BatchRowsV1::deserialize(payload)?;
+        return Ok(Event::Usage(UsageEvent::UsageBatchRecorded(rows.into())));
+    }
     let tagged = || {
         serde::de::value::MapAccessDeserializer::new(Tagged {
             event_type,
@@ -338,6 +354,7 @@ where
         Area::Demand => Event::Demand(Deserialize::deserialize(tagged())?),
         Area::Audit => Event::Audit(Deserialize::deserialize(tagged())?),
         Area::Join => Event::Join(Deserialize::deserialize(tagged())?),
+        Area::UsageRowsV1 => unreachable!("read above, untagged"),
     })
 }
 

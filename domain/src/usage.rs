@@ -8,6 +8,10 @@ use crate::catalog::Price;
 use crate::tenancy::Band;
 use crate::{Millis, Rejection, UnixMillis};
 
+mod columns;
+
+pub(crate) use columns::Rows as BatchRowsV1;
+
 impl Price {
     pub const ZERO: Price = Price {
         prompt_per_1k: 0,
@@ -55,8 +59,10 @@ pub struct UsageRecorded {
 /// The requests one gateway finished since its last flush, appended as
 /// one event: a busy gateway writes one event per flush, not one per
 /// request, and the log's per-event cost (ids, hash, positions, indexes) is
-/// paid once for all its rows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// paid once for all its rows. Stored column by column (schema version 2,
+/// [`columns`]); version 1's list of rows still reads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "columns::Stored")]
 pub struct UsageBatchRecorded {
     /// The gateway that served the requests (its writer name); the batch's
     /// stream is `usage-batches-<gateway>`.

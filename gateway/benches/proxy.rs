@@ -685,7 +685,8 @@ async fn head(store: &llmgw_eventstore::AnyStore) -> u64 {
     store.head().await.unwrap().0
 }
 
-/// The usage rows of the events after `after`.
+/// The usage rows of the events after `after` (a batch has one request id
+/// a row).
 async fn usage_rows(store: &llmgw_eventstore::AnyStore, mut after: u64) -> u64 {
     use llmgw_eventstore::EventStore;
     let mut rows = 0;
@@ -697,7 +698,7 @@ async fn usage_rows(store: &llmgw_eventstore::AnyStore, mut after: u64) -> u64 {
         after = last.position;
         rows += page
             .iter()
-            .filter_map(|e| e.payload.get("rows").and_then(|r| r.as_array()))
+            .filter_map(|e| e.payload.get("request_id").and_then(|r| r.as_array()))
             .map(|r| r.len() as u64)
             .sum::<u64>();
     }

@@ -121,7 +121,17 @@ impl<S: EventStore> Runner<S> {
         }
         // Decoded straight from the text: no tree of it is built first. A
         // snapshot that does not decode is a cache lost, not an error.
-        match serde_json::from_str(&snap.state) {
+        match serde_json::from_str::<Projections>(&snap.state) {
+            // Events its writer could not read (a newer type or schema
+            // version, during an upgrade) may read now: they are in the
+            // log, not in the snapshot.
+            Ok(views) if views.skipped > 0 => {
+                tracing::info!(
+                    skipped = views.skipped,
+                    "the views' snapshot skipped events; rebuilding from the log"
+                );
+                Ok(None)
+            }
             Ok(views) => Ok(Some(views)),
             Err(e) => {
                 tracing::warn!(error = %e, "the views' snapshot does not decode; rebuilding from the log");

@@ -1,6 +1,7 @@
 //! Bytes the log stores per request served, usage recorded one event per
-//! request (the shape of older logs) against one event per flush carrying
-//! its rows, on SQLite and PostgreSQL.
+//! request (the shape of the oldest logs), one event per flush carrying a
+//! list of rows (version 1) and one per flush in columns (version 2, as
+//! gateways append it now), on SQLite and PostgreSQL.
 //!
 //! Run: `cargo bench -p llmgw-replay-tests --bench usage_bytes`
 //! (`LLMGW_BENCH_REQUESTS=20000` by default).
@@ -21,8 +22,11 @@ use llmgw_decider::{Actor, Decider, Origin};
 use llmgw_domain::Event;
 use llmgw_domain::catalog::Price;
 use llmgw_domain::tenancy::Band;
-use llmgw_domain::usage::{FinishedRequest, record, record_batch};
-use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+use llmgw_domain::usage::{FinishedRequest, UsageEvent, record, record_batch};
+use llmgw_eventstore::{
+    AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, StoreAddress, StreamAppend,
+    Writer,
+};
 use llmgw_testkit::{Backend, Scratch};
 
 fn requests() -> u64 {
@@ -56,28 +60,57 @@ fn price(_: &str) -> Price {
     }
 }
 
-/// What one shape appends: the events of `n` requests.
-fn events(rows_per_event: Option<u64>, n: u64) -> Vec<Vec<Event>> {
-    match rows_per_event {
+/// How usage is written.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// One `UsageRecorded` a request, as the oldest logs hold it.
+    Single,
+    /// `UsageBatchRecorded` version 1, a list of rows (logs written
+    /// before columns).
+    Rows(u64),
+    /// `UsageBatchRecorded` as gateways append it now, in columns.
+    Columns(u64),
+}
+
+/// What one shape appends: the events of `n` requests, one append each.
+fn events(shape: Shape, n: u64) -> Vec<Vec<Event>> {
+    let batches = |rows: u64| {
+        (0..n).step_by(rows as usize).map(move |start| {
+            let (batch, _) = record_batch(
+                "gateway-cp-1",
+                (start..(start + rows).min(n)).map(request),
+                price,
+            );
+            vec![Event::Usage(batch.unwrap())]
+        })
+    };
+    match shape {
         // The old batcher: one event per request, 500 to an append.
-        None => (0..n)
+        Shape::Single => (0..n)
             .map(|i| Event::Usage(record(request(i), price("m")).unwrap()))
             .collect::<Vec<_>>()
             .chunks(500)
             .map(<[Event]>::to_vec)
             .collect(),
-        Some(rows) => (0..n)
-            .step_by(rows as usize)
-            .map(|start| {
-                let (batch, _) = record_batch(
-                    "gateway-cp-1",
-                    (start..(start + rows).min(n)).map(request),
-                    price,
-                );
-                vec![Event::Usage(batch.unwrap())]
-            })
-            .collect(),
+        Shape::Rows(rows) | Shape::Columns(rows) => batches(rows).collect(),
     }
+}
+
+/// A batch as version 1 stored it, with the metadata the decider gives
+/// a gateway's append: no build appends this shape any more.
+fn as_rows(events: &[Event], origin: &Origin) -> Vec<StreamAppend> {
+    events
+        .iter()
+        .map(|e| {
+            let Event::Usage(UsageEvent::UsageBatchRecorded(b)) = e else {
+                unreachable!("batches")
+            };
+            let payload = serde_json::json!({"gateway": b.gateway, "rows": b.rows});
+            let event = NewEvent::new("UsageBatchRecorded", 1, payload)
+                .with_metadata(origin.metadata("gateway-cp-1"));
+            StreamAppend::new(e.stream_id(), ExpectedVersion::Any, vec![event])
+        })
+        .collect()
 }
 
 async fn size(address: &str, backend: Backend) -> i64 {
@@ -104,7 +137,7 @@ async fn size(address: &str, backend: Backend) -> i64 {
     }
 }
 
-async fn bytes_per_request(backend: Backend, rows_per_event: Option<u64>, n: u64) -> (f64, u64) {
+async fn bytes_per_request(backend: Backend, shape: Shape, n: u64) -> (f64, u64) {
     let (address, _scratch) = Scratch::new(backend).await;
     let store = AnyStore::open(
         &StoreAddress::parse(&address).unwrap(),
@@ -115,10 +148,23 @@ async fn bytes_per_request(backend: Backend, rows_per_event: Option<u64>, n: u64
     let empty = size(&address, backend).await;
     let decider = Decider::new(store.clone(), "gateway-cp-1".into());
     let origin = Origin::new(Actor::Gateway("gateway-cp-1".into()));
-    let appends = events(rows_per_event, n);
+    let appends = events(shape, n);
     let count = appends.iter().map(Vec::len).sum::<usize>() as u64;
+    let writer = Writer::Observer {
+        instance: "gateway-cp-1".into(),
+    };
     for events in appends {
-        decider.observe(&origin, events).await.unwrap();
+        match shape {
+            Shape::Rows(_) => {
+                store
+                    .append(&writer, &as_rows(&events, &origin))
+                    .await
+                    .unwrap();
+            }
+            _ => {
+                decider.observe(&origin, events).await.unwrap();
+            }
+        }
     }
     drop(decider);
     drop(store);
@@ -131,11 +177,20 @@ async fn main() {
     let n = requests();
     println!("{n} requests; bytes stored per request (the store's growth / requests)");
     for backend in [Backend::Sqlite, Backend::Postgres] {
-        for shape in [None, Some(1), Some(10), Some(100), Some(500)] {
+        let shapes = [
+            Shape::Single,
+            Shape::Rows(500),
+            Shape::Columns(1),
+            Shape::Columns(10),
+            Shape::Columns(100),
+            Shape::Columns(500),
+        ];
+        for shape in shapes {
             let (bytes, events) = bytes_per_request(backend, shape, n).await;
             let what = match shape {
-                None => "one UsageRecorded per request (before)".to_owned(),
-                Some(r) => format!("UsageBatchRecorded, {r} rows an event"),
+                Shape::Single => "one UsageRecorded per request".to_owned(),
+                Shape::Rows(r) => format!("batch v1 (rows), {r} rows an event"),
+                Shape::Columns(r) => format!("batch v2 (columns), {r} rows an event"),
             };
             println!("{backend:?}\t{what:<40}\t{events:>6} events\t{bytes:>7.0} B/request");
         }

@@ -103,12 +103,19 @@ fn json_lines(text: &str) -> Vec<Value> {
 fn usage_rows_of(events: &[Value]) -> Vec<Value> {
     events
         .iter()
-        .flat_map(|e| match e["event_type"].as_str() {
-            Some("UsageBatchRecorded") => {
-                e["payload"]["rows"].as_array().cloned().unwrap_or_default()
+        .flat_map(|e| {
+            let (kind, version) = (e["event_type"].as_str(), e["schema_version"].as_u64());
+            let decoded = llmgw_domain::Event::decode(
+                kind.unwrap_or_default(),
+                version.unwrap_or_default() as u32,
+                &e["payload"],
+            );
+            match decoded {
+                Ok(llmgw_domain::Event::Usage(u)) => (u.rows().iter())
+                    .map(|r| serde_json::to_value(r).unwrap())
+                    .collect(),
+                _ => Vec::new(),
             }
-            Some("UsageRecorded") => vec![e["payload"].clone()],
-            _ => Vec::new(),
         })
         .collect()
 }
@@ -965,7 +972,7 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
     // People read a batch as one line with its row count and totals.
     let table = ok(store, &["events", "tail"]);
     assert!(
-        table.contains("UsageBatchRecorded v1") && table.contains(" rows, "),
+        table.contains("UsageBatchRecorded v2") && table.contains(" rows, "),
         "{table}"
     );
 

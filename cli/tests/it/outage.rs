@@ -152,11 +152,13 @@ pub(super) async fn usage_rows(store: &AnyStore) -> Vec<String> {
         };
         after = last.position;
         for e in &page {
-            let rows = match e.event_type.as_str() {
-                "UsageBatchRecorded" => e.payload["rows"].as_array().unwrap().clone(),
-                "UsageRecorded" => vec![e.payload.clone()],
-                _ => continue,
-            };
+            let rows =
+                match llmgw_domain::Event::decode(&e.event_type, e.schema_version, &e.payload) {
+                    Ok(llmgw_domain::Event::Usage(u)) => (u.rows().iter())
+                        .map(|r| serde_json::to_value(r).unwrap())
+                        .collect::<Vec<_>>(),
+                    _ => continue,
+                };
             ids.extend(
                 rows.iter()
                     .map(|u| u["request_id"].as_str().unwrap().to_owned()),

@@ -1,6 +1,10 @@
 use llmgw_domain::catalog::Price;
+use llmgw_domain::event::DecodeError;
 use llmgw_domain::tenancy::{Band, Period};
-use llmgw_domain::usage::{FinishedRequest, UsageEvent, period_start, record_batch, row};
+use llmgw_domain::usage::{
+    FinishedRequest, UsageBatchRecorded, UsageEvent, UsageRecorded, period_start, record_batch, row,
+};
+use llmgw_domain::{Event, UnixMillis};
 
 #[test]
 fn prices_round_each_side_up() {
@@ -113,4 +117,106 @@ fn budget_periods_start_at_utc_midnight_and_the_first_of_the_month() {
         period_start(Period::Month, 1_767_225_599_000),
         1_764_547_200_000
     ); // 2025-12-31 → 12-01
+}
+
+/// A flush's worth of rows as a gateway writes them: a few keys, projects
+/// and models, some requests without a first token.
+fn flush(n: u64) -> UsageBatchRecorded {
+    let rows = (0..n)
+        .map(|i| UsageRecorded {
+            request_id: format!("req-4242-{}", 100_000 + i),
+            key_id: format!("key-{:02}", i % 7),
+            project_id: format!("proj-{}", i % 3),
+            model_asked: ["llama-8b", "chat"][(i % 2) as usize].into(),
+            model_served: "llama-8b".into(),
+            prompt_tokens: 100 + i,
+            completion_tokens: 20 + i % 50,
+            cost_micros: 3 * i,
+            status: if i % 10 == 0 { 429 } else { 200 },
+            latency_ms: 40 + (i % 90) as u32,
+            ttft_ms: (i % 4 != 0).then_some(12),
+            band: [Band::Gold, Band::Bronze][(i % 2) as usize],
+            at: UnixMillis(1_780_000_000_000 + i as i64),
+        })
+        .collect();
+    UsageBatchRecorded {
+        gateway: "gateway-a".into(),
+        rows,
+    }
+}
+
+#[test]
+fn a_batch_is_stored_in_columns_and_reads_back_as_its_rows() {
+    let batch = Event::Usage(UsageEvent::UsageBatchRecorded(flush(40)));
+    let (kind, version, payload) = batch.encode();
+    assert_eq!((kind.as_str(), version), ("UsageBatchRecorded", 2));
+    // Each name once, each request its entries in the columns.
+    let names = payload["names"].as_array().unwrap();
+    assert_eq!(names.len(), 7 + 3 + 2, "{payload}");
+    assert_eq!(payload["request_id"].as_array().unwrap().len(), 40);
+    assert_eq!(payload["key"][8], 1, "key-01 is the second name");
+    assert!(payload.get("rows").is_none());
+    assert_eq!(Event::decode(&kind, version, &payload), Ok(batch.clone()));
+    let text = payload.to_string();
+    assert_eq!(Event::decode_json(&kind, version, &text), Ok(batch));
+    let empty = Event::Usage(UsageEvent::UsageBatchRecorded(flush(0)));
+    let (kind, version, payload) = empty.encode();
+    assert_eq!(Event::decode(&kind, version, &payload), Ok(empty));
+}
+
+#[test]
+fn a_batch_in_columns_is_under_a_third_of_its_rows() {
+    // What a request costs the log: the batch's text a row, in either shape.
+    let batch = flush(500);
+    let rows = serde_json::json!({"gateway": batch.gateway, "rows": batch.rows});
+    let per_row = |text: String| text.len() / batch.rows.len();
+    let (as_rows, as_columns) = (
+        per_row(rows.to_string()),
+        per_row(serde_json::to_string(&batch).unwrap()),
+    );
+    assert!(
+        as_columns * 3 <= as_rows,
+        "{as_columns} B a request in columns, {as_rows} B in rows"
+    );
+}
+
+#[test]
+fn a_batch_written_as_rows_still_reads() {
+    // Schema version 1, as logs written before columns hold it.
+    let batch = flush(3);
+    let v1 = serde_json::json!({"gateway": batch.gateway, "rows": batch.rows});
+    let want = Event::Usage(UsageEvent::UsageBatchRecorded(batch));
+    assert_eq!(
+        Event::decode("UsageBatchRecorded", 1, &v1),
+        Ok(want.clone())
+    );
+    assert_eq!(
+        Event::decode_json("UsageBatchRecorded", 1, &v1.to_string()),
+        Ok(want)
+    );
+    // Each shape only at its own version.
+    let (_, _, v2) = Event::Usage(UsageEvent::UsageBatchRecorded(flush(3))).encode();
+    assert!(Event::decode("UsageBatchRecorded", 1, &v2).is_err());
+    assert!(Event::decode("UsageBatchRecorded", 2, &v1).is_err());
+    assert!(matches!(
+        Event::decode("UsageBatchRecorded", 3, &v2),
+        Err(DecodeError::Version { current: 2, .. })
+    ));
+}
+
+#[test]
+fn columns_that_do_not_line_up_are_refused() {
+    let (kind, version, payload) = Event::Usage(UsageEvent::UsageBatchRecorded(flush(3))).encode();
+    let mut short = payload.clone();
+    short["status"].as_array_mut().unwrap().pop();
+    let e = Event::decode(&kind, version, &short)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("request_id has 3 entries, status 2"), "{e}");
+    let mut past = payload.clone();
+    past["served"][1] = 99.into();
+    let e = Event::decode_json(&kind, version, &past.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("name 99 is not among the batch's"), "{e}");
 }

@@ -459,7 +459,7 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
         assert_eq!(e.event_type, "UsageBatchRecorded");
         assert_eq!(e.stream_id, "usage-batches-gw-test");
         assert_eq!(e.metadata["writer"], "gw-test", "appended as an observer");
-        usage.extend(e.payload["rows"].as_array().unwrap().iter().cloned());
+        usage.extend(support::usage_rows(&e));
     }
     for u in &usage {
         assert_eq!(
@@ -553,7 +553,7 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
             .await
             .expect("every record reaches the log")
             .unwrap();
-        for u in e.payload["rows"].as_array().unwrap() {
+        for u in &support::usage_rows(&e) {
             let id = u["request_id"].as_str().unwrap().to_owned();
             unique.insert(id.clone());
             ids.push(id);
@@ -594,7 +594,7 @@ async fn a_full_batch_lands_without_waiting_for_the_tick() {
     ));
     let record = |i: u64| queue.record(finished(format!("r{i}"), "k".into(), 1));
     let mut sub = store.subscribe(0);
-    let rows = |e: &llmgw_eventstore::RecordedEvent| e.payload["rows"].as_array().unwrap().len();
+    let rows = |e: &llmgw_eventstore::RecordedEvent| support::usage_rows(e).len();
     // On this one-thread runtime, one yield runs the batcher until it
     // waits: its first turn found nothing queued, and its first tick is
     // an hour away.
@@ -641,7 +641,7 @@ async fn a_queue_smaller_than_a_batch_flushes_at_half_full() {
         .await
         .expect("half a queue lands before the hour-long tick")
         .unwrap();
-    assert_eq!(first.payload["rows"].as_array().unwrap().len(), 5);
+    assert_eq!(support::usage_rows(&first).len(), 5);
     assert_eq!(queue.dropped(), 0);
 }
 
@@ -681,7 +681,7 @@ async fn usage_is_one_event_per_flush_carrying_its_rows() {
         .iter()
         .map(|e| {
             assert_eq!(e.event_type, "UsageBatchRecorded");
-            e.payload["rows"].as_array().unwrap().len()
+            support::usage_rows(e).len()
         })
         .collect();
     assert_eq!(sizes, [500, 500, 200]);

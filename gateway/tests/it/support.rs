@@ -368,3 +368,15 @@ pub(crate) async fn sqlite_log() -> (llmgw_eventstore::AnyStore, llmgw_testkit::
     .unwrap();
     (store, scratch)
 }
+
+/// A usage event's rows as JSON objects, whichever shape it was stored in
+/// (a batch is stored in columns).
+pub(crate) fn usage_rows(e: &llmgw_eventstore::RecordedEvent) -> Vec<serde_json::Value> {
+    let decoded = llmgw_domain::Event::decode(&e.event_type, e.schema_version, &e.payload);
+    let Ok(llmgw_domain::Event::Usage(u)) = decoded else {
+        panic!("not a usage event: {e:?}")
+    };
+    (u.rows().iter())
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect()
+}

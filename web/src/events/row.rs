@@ -47,8 +47,12 @@ impl Row {
     pub(crate) fn of(e: &RecordedEvent) -> Row {
         let (actor, actor_kind) = llmgw_decider::actor_of(e);
         // A usage batch's payload is hundreds of rows: its count says more
-        // than its first characters.
-        let summary = match e.payload.get("rows").and_then(Value::as_array) {
+        // than its first characters. One request id a row in columns
+        // (version 2), one object a row before.
+        let rows = (e.payload.get("request_id"))
+            .or_else(|| e.payload.get("rows"))
+            .and_then(Value::as_array);
+        let summary = match rows {
             Some(rows) if e.event_type == "UsageBatchRecorded" => {
                 format!("{} usage rows", rows.len())
             }
@@ -123,6 +127,11 @@ mod tests {
         );
         e.event_type = "UsageBatchRecorded".into();
         assert_eq!(Row::of(&e).summary, "2 usage rows");
+        // In columns, as batches are written since schema version 2.
+        e.payload = json!({"gateway": "gateway-a", "names": ["k"], "key": [0, 0, 0],
+            "request_id": ["r1", "r2", "r3"]});
+        e.schema_version = 2;
+        assert_eq!(Row::of(&e).summary, "3 usage rows");
     }
 
     #[test]
