@@ -179,6 +179,12 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             "auth.batch_size and auth.buffer_size must be at least 1".into(),
         ));
     }
+    if usage.batch > llmgw_domain::usage::MAX_BATCH_ROWS {
+        return Err(ConfigError(format!(
+            "auth.batch_size is at most {}: a batch is one event in the log",
+            llmgw_domain::usage::MAX_BATCH_ROWS
+        )));
+    }
     if usage.flush.is_zero() {
         return Err(ConfigError("auth.flush_interval must be above 0".into()));
     }

@@ -2,8 +2,10 @@
 //!
 //! Stored as `(event_type, schema_version, payload)`: the type name is the
 //! variant's name, which is therefore part of the log's format and never
-//! renamed. A change of shape bumps the type's schema version here and adds
-//! an upcaster (in the event store's registry) from the old shape.
+//! renamed. A change of shape bumps the type's schema version here and
+//! either adds an upcaster (in the event store's registry) from the old
+//! shape, or keeps reading the old shape straight into today's event
+//! (`OLDER` below: a usage batch's list of rows, version 1, is read so).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -186,6 +188,12 @@ impl Event {
             .iter()
             .find(|(t, ..)| *t == event_type)
             .map(|(.., v)| *v)
+    }
+
+    /// Whether this build reads events of `event_type` at `schema_version`
+    /// (its current version, or an older one it still reads).
+    pub fn reads(event_type: &str, schema_version: u32) -> bool {
+        Self::area_of(event_type, schema_version).is_ok()
     }
 
     /// `(type name, schema version, payload)` as stored.

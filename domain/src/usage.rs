@@ -10,6 +10,10 @@ use crate::{Millis, Rejection, UnixMillis};
 
 mod columns;
 
+/// The most requests one usage batch carries (`auth.batch_size` is refused
+/// above it): a batch is one event, read whole.
+pub const MAX_BATCH_ROWS: usize = 100_000;
+
 pub(crate) use columns::Rows as BatchRowsV1;
 
 impl Price {

@@ -60,23 +60,31 @@ pub trait View: Default + Clone + PartialEq + Serialize + for<'de> Deserialize<'
 /// The stored event as a domain event, or None for a type this build does
 /// not know (logged, not fatal).
 pub fn decode(recorded: &RecordedEvent) -> Option<(Stamp, Event)> {
-    match Event::decode(
-        &recorded.event_type,
-        recorded.schema_version,
-        &recorded.payload,
-    ) {
-        Ok(event) => Some((
-            Stamp {
-                position: recorded.position,
-                recorded_at_ms: recorded.recorded_at.timestamp_millis(),
-            },
-            event,
-        )),
-        Err(error) => {
-            tracing::warn!(position = recorded.position, %error, "skipping an event this build cannot read");
-            None
-        }
-    }
+    let stamp = Stamp {
+        position: recorded.position,
+        recorded_at_ms: recorded.recorded_at.timestamp_millis(),
+    };
+    let (kind, version) = (&recorded.event_type, recorded.schema_version);
+    Event::decode(kind, version, &recorded.payload)
+        .map_err(|error| skipping(recorded.position, &error))
+        .ok()
+        .map(|event| (stamp, event))
+}
+
+fn skipping(position: u64, error: &llmgw_domain::event::DecodeError) {
+    tracing::warn!(position, %error, "skipping an event this build cannot read");
+}
+
+/// The (type, schema version) of an event that did not decode because this
+/// build does not know it; None when its payload was at fault.
+fn unknown(
+    error: &llmgw_domain::event::DecodeError,
+    event_type: &str,
+    schema_version: u32,
+) -> Option<(String, u32)> {
+    use llmgw_domain::event::DecodeError as E;
+    matches!(error, E::UnknownType(_) | E::Version { .. })
+        .then(|| (event_type.to_owned(), schema_version))
 }
 
 /// A stored event decoded for the views: what [`Projections::apply_decoded`]
@@ -87,8 +95,11 @@ pub struct Decoded {
     pub checkpoint: Checkpoint,
     pub stamp: Stamp,
     pub recorded_at: chrono::DateTime<chrono::Utc>,
-    /// None for a type this build cannot read: skipped and counted.
+    /// None for an event this build cannot read: skipped and counted.
     pub event: Option<Event>,
+    /// Its (type, schema version) when it was skipped for being unknown to
+    /// this build.
+    pub unknown: Option<(String, u32)>,
 }
 
 /// How many events a replay reads at a time: large pages keep the
@@ -98,11 +109,11 @@ pub const REPLAY_PAGE: usize = 5000;
 /// The event read as text, decoded into its typed form straight from the
 /// page's text: no `serde_json::Value` and no copy of the texts on the way.
 pub fn decode_text(e: EventRef<'_>) -> Decoded {
-    let event = match Event::decode_json(e.event_type, e.schema_version, e.payload) {
-        Ok(event) => Some(event),
+    let (event, unknown) = match Event::decode_json(e.event_type, e.schema_version, e.payload) {
+        Ok(event) => (Some(event), None),
         Err(error) => {
-            tracing::warn!(position = e.position, %error, "skipping an event this build cannot read");
-            None
+            skipping(e.position, &error);
+            (None, unknown(&error, e.event_type, e.schema_version))
         }
     };
     Decoded {
@@ -116,6 +127,7 @@ pub fn decode_text(e: EventRef<'_>) -> Decoded {
         },
         recorded_at: e.recorded_at,
         event,
+        unknown,
     }
 }
 
@@ -134,6 +146,12 @@ pub struct Projections {
     pub checkpoint: Checkpoint,
     /// Events this build could not decode and skipped.
     pub skipped: u64,
+    /// The (type, schema version) of each kind of event skipped for being
+    /// unknown to the build that applied it: a later build that reads one
+    /// of them rebuilds from the log rather than start from a snapshot
+    /// that left them out.
+    #[serde(default)]
+    pub unknown: std::collections::BTreeSet<(String, u32)>,
     pub router: RouterView,
     pub cluster: ClusterView,
     pub tenancy: TenancyView,
@@ -143,20 +161,41 @@ pub struct Projections {
 impl Projections {
     /// The format version of a snapshot of these views. Bump it whenever a
     /// view's fields change, so that old snapshots are rebuilt, not misread.
-    pub const STATE_VERSION: u32 = 5;
+    /// 6: `unknown` kept (a snapshot of an older build may have skipped
+    /// usage batches stored in columns without saying so).
+    pub const STATE_VERSION: u32 = 6;
+
+    /// Whether these views left out events of a kind this build reads: a
+    /// snapshot of them, written by an older build, is not to be used.
+    pub fn left_out_readable(&self) -> bool {
+        (self.unknown.iter()).any(|(kind, version)| Event::reads(kind, *version))
+    }
 
     /// Decodes once and applies to every view.
     pub fn apply(&mut self, recorded: &RecordedEvent) {
-        match decode(recorded) {
-            Some((stamp, event)) => {
+        let (kind, version) = (&recorded.event_type, recorded.schema_version);
+        match Event::decode(kind, version, &recorded.payload) {
+            Ok(event) => {
+                let stamp = Stamp {
+                    position: recorded.position,
+                    recorded_at_ms: recorded.recorded_at.timestamp_millis(),
+                };
                 self.router.apply_event(stamp, &event);
                 self.cluster.apply_event(stamp, &event);
                 self.tenancy.apply_event(stamp, &event);
                 self.usage.apply_event(stamp, &event);
             }
-            None => self.skipped += 1,
+            Err(error) => {
+                skipping(recorded.position, &error);
+                self.skip(unknown(&error, kind, version));
+            }
         }
         self.checkpoint = Checkpoint::after(recorded);
+    }
+
+    fn skip(&mut self, unknown: Option<(String, u32)>) {
+        self.skipped += 1;
+        self.unknown.extend(unknown);
     }
 
     /// Applies one event decoded by [`decode_text`].
@@ -169,7 +208,7 @@ impl Projections {
                 self.tenancy.apply_event(stamp, event);
                 self.usage.apply_event(stamp, event);
             }
-            None => self.skipped += 1,
+            None => self.skip(decoded.unknown.clone()),
         }
         self.checkpoint = decoded.checkpoint.clone();
     }
@@ -184,5 +223,53 @@ impl Projections {
             _ => return None,
         };
         Some(value.expect("views serialise"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn recorded(
+        event_type: &str,
+        schema_version: u32,
+        payload: serde_json::Value,
+    ) -> RecordedEvent {
+        serde_json::from_value(json!({
+            "position": 7,
+            "stream_id": "s",
+            "stream_version": 1,
+            "event_id": "00000000-0000-0000-0000-000000000000",
+            "event_type": event_type,
+            "schema_version": schema_version,
+            "payload": payload,
+            "metadata": {},
+            "epoch": 1,
+            "recorded_at": "2026-12-01T09:00:00.123Z",
+            "hash": "0".repeat(64),
+        }))
+        .expect("an event")
+    }
+
+    #[test]
+    fn skipped_events_of_unknown_kinds_are_named_and_bad_payloads_only_counted() {
+        let mut p = Projections::default();
+        p.apply(&recorded("NodeTeleported", 1, json!({})));
+        p.apply(&recorded("UsageBatchRecorded", 9, json!({})));
+        p.apply(&recorded("NodeLost", 1, json!({"node": "n"})));
+        assert_eq!(p.skipped, 3);
+        let unknown: Vec<_> = p.unknown.iter().cloned().collect();
+        assert_eq!(
+            unknown,
+            [
+                ("NodeTeleported".to_owned(), 1),
+                ("UsageBatchRecorded".to_owned(), 9)
+            ]
+        );
+        assert!(!p.left_out_readable(), "this build reads none of them");
+        p.unknown.insert(("UsageBatchRecorded".into(), 1));
+        assert!(p.left_out_readable());
     }
 }

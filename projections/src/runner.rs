@@ -122,13 +122,13 @@ impl<S: EventStore> Runner<S> {
         // Decoded straight from the text: no tree of it is built first. A
         // snapshot that does not decode is a cache lost, not an error.
         match serde_json::from_str::<Projections>(&snap.state) {
-            // Events its writer could not read (a newer type or schema
+            // Events its writer did not know (a newer type or schema
             // version, during an upgrade) may read now: they are in the
             // log, not in the snapshot.
-            Ok(views) if views.skipped > 0 => {
+            Ok(views) if views.left_out_readable() => {
                 tracing::info!(
-                    skipped = views.skipped,
-                    "the views' snapshot skipped events; rebuilding from the log"
+                    unknown = ?views.unknown,
+                    "the views' snapshot left out events this build reads; rebuilding from the log"
                 );
                 Ok(None)
             }

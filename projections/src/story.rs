@@ -201,6 +201,15 @@ impl Redactor {
 
     /// Learns from a stored event's payload.
     pub fn learn_event(&mut self, e: &RecordedEvent) {
+        // A usage batch in columns names its keys among `names`, by index:
+        // decoded, its rows name them in order, as a list of rows did.
+        if e.event_type == "UsageBatchRecorded"
+            && let Ok(llmgw_domain::Event::Usage(u)) =
+                llmgw_domain::Event::decode(&e.event_type, e.schema_version, &e.payload)
+        {
+            u.rows().iter().for_each(|row| self.key(&row.key_id));
+            return;
+        }
         self.learn(&e.payload);
     }
 
@@ -411,6 +420,45 @@ mod tests {
         );
         assert_eq!(r.stream("replica-0a2b"), "replica-R2");
         assert_eq!(relative(-250), "-0.250s");
+    }
+
+    #[test]
+    fn a_usage_batch_in_columns_names_its_keys_in_row_order() {
+        use llmgw_domain::usage::{UsageBatchRecorded, UsageEvent, UsageRecorded};
+        let row = |key: &str| UsageRecorded {
+            request_id: format!("req-{key}"),
+            key_id: key.into(),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            cost_micros: 1,
+            status: 200,
+            latency_ms: 1,
+            ttft_ms: None,
+            band: llmgw_domain::tenancy::Band::Gold,
+            at: llmgw_domain::UnixMillis(0),
+        };
+        let batch =
+            llmgw_domain::Event::Usage(UsageEvent::UsageBatchRecorded(UsageBatchRecorded {
+                gateway: "gw".into(),
+                rows: vec![row("k-b"), row("k-a"), row("k-b")],
+            }));
+        let (kind, version, payload) = batch.encode();
+        let e: RecordedEvent = serde_json::from_value(json!({
+            "position": 1, "stream_id": "usage-batches-gw", "stream_version": 1,
+            "event_id": "00000000-0000-0000-0000-000000000000",
+            "event_type": kind, "schema_version": version, "payload": payload,
+            "metadata": {}, "epoch": 1, "recorded_at": "2026-12-01T09:00:00Z",
+            "hash": "0".repeat(64),
+        }))
+        .unwrap();
+        let mut r = Redactor::new(0);
+        r.learn_event(&e);
+        assert_eq!((r.name("k-b"), r.name("k-a")), (Some("K1"), Some("K2")));
+        let redacted = r.redact(&e.payload);
+        assert_eq!(redacted["names"], json!(["K1", "K2", "p", "m"]));
     }
 
     #[test]

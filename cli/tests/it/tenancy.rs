@@ -804,6 +804,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "auth: true\nadmission: {default_band: bronze}\n",
             "admission.default_band applies only with auth off",
         ),
+        (
+            "auth: {enabled: true, batch_size: 100001}\n",
+            "auth.batch_size is at most 100000",
+        ),
         ("router: {retires: 2}\n", "unknown field `retires`"),
         (
             "router: {on_demand_wait: 30s}\n",

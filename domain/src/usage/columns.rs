@@ -1,9 +1,9 @@
 //! How a usage batch is stored (schema version 2): column by column, each
 //! key, project and model name written once. As a list of objects (version
-//! 1, still read) every row repeated every field name and every name, ~300
-//! bytes a request; in columns a request is its id and a few numbers. The
-//! batcher's event, its canonical text, the stored row and the views'
-//! reading of it all shrink with it.
+//! 1, still read) every row repeated every field name and every name, ~260
+//! bytes of payload a request; in columns a request is its id and a few
+//! numbers, ~70. The batcher's event, its canonical text, the stored row
+//! and the views' reading of it all shrink with it.
 
 use std::collections::HashMap;
 
@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 use super::{UsageBatchRecorded, UsageRecorded};
 use crate::UnixMillis;
 use crate::tenancy::Band;
+
+/// The most bytes of names a batch's rows may copy between them: the
+/// largest batch a gateway flushes, with four names of 640 bytes each.
+const MAX_COPIED: usize = super::MAX_BATCH_ROWS * 4 * 640;
 
 /// The stored shape, borrowed from the rows it is written from. Every
 /// column holds one entry per request, in the rows' order.
@@ -84,7 +88,7 @@ impl<'a> Names<'a> {
     fn of(&mut self, name: &'a str) -> u32 {
         *self.index.entry(name).or_insert_with(|| {
             self.list.push(name);
-            u32::try_from(self.list.len() - 1).expect("fewer names than rows")
+            u32::try_from(self.list.len() - 1).expect("a batch has fewer than 2^32 names")
         })
     }
 }
@@ -146,20 +150,36 @@ impl TryFrom<Stored> for UsageBatchRecorded {
                 "usage columns of different lengths: request_id has {n} entries, {column} {len}"
             ));
         }
-        let name = |i: u32| {
-            c.names
-                .get(i as usize)
-                .cloned()
-                .ok_or_else(|| format!("name {i} is not among the batch's {} names", c.names.len()))
-        };
+        // Every index names a name, and the rows' copies of the names stay
+        // within bounds: a name is written once and copied into each row
+        // that names it, so a small payload could ask for any amount.
+        let mut copied: usize = 0;
+        for &i in [&c.key, &c.project, &c.asked, &c.served]
+            .into_iter()
+            .flatten()
+        {
+            let Some(name) = c.names.get(i as usize) else {
+                return Err(format!(
+                    "name {i} is not among the batch's {} names",
+                    c.names.len()
+                ));
+            };
+            copied = copied.saturating_add(name.len());
+        }
+        if copied > MAX_COPIED {
+            return Err(format!(
+                "the batch's rows would copy {copied} bytes of names, over {MAX_COPIED}"
+            ));
+        }
+        let name = |i: u32| c.names[i as usize].clone();
         let mut rows = Vec::with_capacity(n);
         for (i, request_id) in c.request_id.into_iter().enumerate() {
             rows.push(UsageRecorded {
                 request_id,
-                key_id: name(c.key[i])?,
-                project_id: name(c.project[i])?,
-                model_asked: name(c.asked[i])?,
-                model_served: name(c.served[i])?,
+                key_id: name(c.key[i]),
+                project_id: name(c.project[i]),
+                model_asked: name(c.asked[i]),
+                model_served: name(c.served[i]),
                 prompt_tokens: c.prompt_tokens[i],
                 completion_tokens: c.completion_tokens[i],
                 cost_micros: c.cost_micros[i],

@@ -220,3 +220,51 @@ fn columns_that_do_not_line_up_are_refused() {
         .to_string();
     assert!(e.contains("name 99 is not among the batch's"), "{e}");
 }
+
+#[test]
+fn a_version_one_batch_as_the_log_holds_it_reads() {
+    // The text a gateway appended before columns, as stored (canonical:
+    // keys sorted, no spaces), not rebuilt from today's types.
+    let stored = r#"{"gateway":"gateway-cp-1","rows":[{"at":1780000000000,"band":"gold","completion_tokens":50,"cost_micros":60,"key_id":"key-00000000","latency_ms":300,"model_asked":"llama-3.1-8b-instruct","model_served":"llama-3.1-8b-instruct","project_id":"project-0","prompt_tokens":200,"request_id":"req-4000000-0","status":200,"ttft_ms":40},{"at":1780000000850,"band":"bronze","completion_tokens":51,"cost_micros":61,"key_id":"key-9e3779b1","latency_ms":301,"model_asked":"chat","model_served":"llama-3.1-9b-instruct","project_id":"project-1","prompt_tokens":201,"request_id":"req-4000001-1","status":502}]}"#;
+    let Ok(Event::Usage(UsageEvent::UsageBatchRecorded(b))) =
+        Event::decode_json("UsageBatchRecorded", 1, stored)
+    else {
+        panic!("a batch of version 1")
+    };
+    assert_eq!(b.gateway, "gateway-cp-1");
+    assert_eq!(b.rows.len(), 2);
+    let second = &b.rows[1];
+    assert_eq!(
+        (
+            second.model_asked.as_str(),
+            second.model_served.as_str(),
+            second.key_id.as_str()
+        ),
+        ("chat", "llama-3.1-9b-instruct", "key-9e3779b1")
+    );
+    assert_eq!(
+        (second.status, second.ttft_ms, second.band, second.at),
+        (502, None, Band::Bronze, UnixMillis(1_780_000_000_850))
+    );
+    assert_eq!(b.rows[0].ttft_ms, Some(40));
+    assert_eq!(b.rows[0].cost_micros, 60);
+}
+
+#[test]
+fn a_batch_that_would_copy_too_much_of_its_names_is_refused() {
+    // One long name, named by many rows: a small payload that would take
+    // gigabytes once each row holds its copy.
+    let rows = 200_000;
+    let zeros = vec![0u32; rows];
+    let payload = serde_json::json!({
+        "gateway": "g", "names": ["x".repeat(4096)],
+        "key": zeros, "project": zeros, "asked": zeros, "served": zeros,
+        "request_id": vec![""; rows], "prompt_tokens": zeros, "completion_tokens": zeros,
+        "cost_micros": zeros, "status": vec![200; rows], "latency_ms": zeros,
+        "ttft_ms": zeros, "band": vec!["gold"; rows], "at": zeros,
+    });
+    let e = Event::decode("UsageBatchRecorded", 2, &payload)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bytes of names, over"), "{e}");
+}

@@ -49,9 +49,12 @@ impl Row {
         // A usage batch's payload is hundreds of rows: its count says more
         // than its first characters. One request id a row in columns
         // (version 2), one object a row before.
-        let rows = (e.payload.get("request_id"))
-            .or_else(|| e.payload.get("rows"))
-            .and_then(Value::as_array);
+        let column = if e.schema_version == 1 {
+            "rows"
+        } else {
+            "request_id"
+        };
+        let rows = e.payload.get(column).and_then(Value::as_array);
         let summary = match rows {
             Some(rows) if e.event_type == "UsageBatchRecorded" => {
                 format!("{} usage rows", rows.len())
