@@ -482,8 +482,20 @@ async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Out
         for (k, v) in fields {
             writeln!(out, "{k:<12} {v}")?;
         }
-        writeln!(out, "payload")?;
-        writeln!(out, "{}", serde_json::to_string_pretty(&e.payload)?)?;
+        match crate::output::usage_rows(&e) {
+            // Columns of hundreds of entries read badly one per line: a
+            // batch is shown as its requests, one a line (`--json` prints
+            // the payload as stored).
+            Some((gateway, rows)) => {
+                writeln!(out, "gateway      {gateway}")?;
+                writeln!(out, "requests     {}", rows.len())?;
+                crate::output::usage_table(&rows).print(&mut out)?;
+            }
+            None => {
+                writeln!(out, "payload")?;
+                writeln!(out, "{}", serde_json::to_string_pretty(&e.payload)?)?;
+            }
+        }
     }
     out.flush()?;
     Ok(Outcome::Ok)

@@ -69,11 +69,7 @@ pub(crate) fn event_cells(e: &RecordedEvent) -> Vec<String> {
 /// The payload on one line; a usage batch as its row count and totals
 /// (its rows are hundreds of records: `events show` or `--json` lists them).
 pub(crate) fn payload_summary(e: &RecordedEvent) -> String {
-    use llmgw_domain::Event;
-    if e.event_type == "UsageBatchRecorded"
-        && let Ok(Event::Usage(batch)) = Event::decode(&e.event_type, e.schema_version, &e.payload)
-    {
-        let rows = batch.rows();
+    if let Some((_, rows)) = usage_rows(e) {
         let keys: std::collections::BTreeSet<&str> =
             rows.iter().map(|u| u.key_id.as_str()).collect();
         let tokens: u64 = (rows.iter())
@@ -88,6 +84,55 @@ pub(crate) fn payload_summary(e: &RecordedEvent) -> String {
         );
     }
     e.payload.to_string()
+}
+
+/// A usage batch's gateway and requests, whichever shape it is stored in;
+/// None for any other event.
+pub(crate) fn usage_rows(
+    e: &RecordedEvent,
+) -> Option<(String, Vec<llmgw_domain::usage::UsageRecorded>)> {
+    use llmgw_domain::Event;
+    use llmgw_domain::usage::UsageEvent;
+    if e.event_type != "UsageBatchRecorded" {
+        return None;
+    }
+    match Event::decode(&e.event_type, e.schema_version, &e.payload) {
+        Ok(Event::Usage(UsageEvent::UsageBatchRecorded(b))) => Some((b.gateway, b.rows)),
+        _ => None,
+    }
+}
+
+/// A batch's requests, one a line.
+pub(crate) fn usage_table(rows: &[llmgw_domain::usage::UsageRecorded]) -> Table {
+    let mut t = Table::new(vec![
+        "REQUEST", "KEY", "PROJECT", "MODEL", "TOKENS", "MICROS", "STATUS", "MS", "TTFT", "BAND",
+        "AT",
+    ]);
+    for u in rows {
+        let model = if u.model_asked == u.model_served {
+            u.model_served.clone()
+        } else {
+            format!("{} → {}", u.model_asked, u.model_served)
+        };
+        let at = chrono::DateTime::from_timestamp_millis(u.at.0).map_or_else(
+            || u.at.0.to_string(),
+            |t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        );
+        t.row(vec![
+            u.request_id.clone(),
+            u.key_id.clone(),
+            u.project_id.clone(),
+            model,
+            format!("{}+{}", u.prompt_tokens, u.completion_tokens),
+            u.cost_micros.to_string(),
+            u.status.to_string(),
+            u.latency_ms.to_string(),
+            u.ttft_ms.map_or_else(|| "-".into(), |t| t.to_string()),
+            u.band.name().to_owned(),
+            at,
+        ]);
+    }
+    t
 }
 
 /// One line per event, for `tail --follow` where no table can be aligned.

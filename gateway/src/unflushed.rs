@@ -27,6 +27,11 @@ pub struct Spending {
     key: Arc<KeyEntry>,
     /// When the request finished (ms): the periods it counts in.
     pub at_ms: i64,
+    /// The start of the day and of the month it finished in: worked out
+    /// once, not at each of its budgets on each of its three ways through
+    /// the tally.
+    day_start: i64,
+    month_start: i64,
 }
 
 impl Spending {
@@ -40,13 +45,22 @@ impl Spending {
             cost_micros,
             key: key.clone(),
             at_ms,
+            day_start: period_start(Period::Day, at_ms),
+            month_start: period_start(Period::Month, at_ms),
         })
     }
 
-    /// (scope, id, period) of each budget it counts against.
-    fn pools(&self) -> impl Iterator<Item = (Scope, &String, Period)> {
+    /// (scope, id, period, the period's start) of each budget it counts
+    /// against.
+    fn pools(&self) -> impl Iterator<Item = (Scope, &String, Period, i64)> {
         let budgets = self.key.limits.budgets.iter();
-        budgets.map(|b| (b.scope, &b.scope_id, b.period))
+        budgets.map(|b| {
+            let start = match b.period {
+                Period::Day => self.day_start,
+                Period::Month => self.month_start,
+            };
+            (b.scope, &b.scope_id, b.period, start)
+        })
     }
 }
 
@@ -58,12 +72,11 @@ struct Tally(HashMap<String, Vec<(Scope, Period, i64, u64)>>);
 
 impl Tally {
     fn add(&mut self, s: &Spending) {
-        for (scope, id, period) in s.pools() {
-            let start = period_start(period, s.at_ms);
-            if !self.0.contains_key(id.as_str()) {
-                self.0.insert(id.clone(), Vec::new());
-            }
-            let pools = self.0.get_mut(id.as_str()).expect("inserted above");
+        for (scope, id, period, start) in s.pools() {
+            let pools = match self.0.get_mut(id.as_str()) {
+                Some(pools) => pools,
+                None => self.0.entry(id.clone()).or_default(),
+            };
             match pools
                 .iter_mut()
                 .find(|p| (p.0, p.1, p.2) == (scope, period, start))
@@ -75,8 +88,7 @@ impl Tally {
     }
 
     fn take(&mut self, s: &Spending) {
-        for (scope, id, period) in s.pools() {
-            let start = period_start(period, s.at_ms);
+        for (scope, id, period, start) in s.pools() {
             let Some(pools) = self.0.get_mut(id.as_str()) else {
                 continue;
             };

@@ -975,6 +975,20 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
         table.contains("UsageBatchRecorded v2") && table.contains(" rows, "),
         "{table}"
     );
+    // `events show` lists a batch's requests, one a line, not its columns.
+    let batch = events
+        .iter()
+        .find(|e| e["event_type"] == "UsageBatchRecorded")
+        .unwrap();
+    let shown = ok(store, &["events", "show", &batch["position"].to_string()]);
+    let first = &usage_rows_of(std::slice::from_ref(batch))[0];
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with(first["request_id"].as_str().unwrap()))
+        .unwrap_or_else(|| panic!("{shown}"));
+    let tokens = format!("{}+3", first["prompt_tokens"]);
+    assert!(line.contains(&tokens) && line.contains("200"), "{shown}");
+    assert!(!shown.contains("\"names\""), "{shown}");
 
     // Batches travel like any event: exported, imported into PostgreSQL,
     // and the copy's chain verifies and holds the same rows.

@@ -66,8 +66,11 @@ impl Drop for Ticket {
 static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn request_id() -> String {
+    // The process id once: `std::process::id` is a system call each time.
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let pid = PID.get_or_init(std::process::id);
     let n = REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("req-{}-{n}", std::process::id())
+    format!("req-{pid}-{n}")
 }
 
 /// A served request: recorded when dropped, at the end of its stream or
