@@ -66,7 +66,7 @@ pub struct UsageRecorded {
 /// paid once for all its rows. Stored column by column (schema version 2,
 /// [`columns`]); version 1's list of rows still reads.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "columns::Stored")]
+#[serde(try_from = "columns::Columns<String>")]
 pub struct UsageBatchRecorded {
     /// The gateway that served the requests (its writer name); the batch's
     /// stream is `usage-batches-<gateway>`.

@@ -17,40 +17,21 @@ use crate::tenancy::Band;
 /// largest batch a gateway flushes, with four names of 640 bytes each.
 const MAX_COPIED: usize = super::MAX_BATCH_ROWS * 4 * 640;
 
-/// The stored shape, borrowed from the rows it is written from. Every
+/// The stored shape: written from the rows with borrowed names
+/// (`Columns<&str>`), read back owning them (`Columns<String>`). Every
 /// column holds one entry per request, in the rows' order.
-#[derive(Serialize)]
-struct Columns<'a> {
-    gateway: &'a str,
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Columns<S> {
+    gateway: S,
     /// Every distinct key id, project id and model name of the batch,
     /// first seen first: `key`, `project`, `asked` and `served` are
     /// indexes into it.
-    names: Vec<&'a str>,
+    names: Vec<S>,
     key: Vec<u32>,
     project: Vec<u32>,
     asked: Vec<u32>,
     served: Vec<u32>,
-    request_id: Vec<&'a str>,
-    prompt_tokens: Vec<u64>,
-    completion_tokens: Vec<u64>,
-    cost_micros: Vec<u64>,
-    status: Vec<u16>,
-    latency_ms: Vec<u32>,
-    ttft_ms: Vec<Option<u32>>,
-    band: Vec<Band>,
-    at: Vec<UnixMillis>,
-}
-
-/// The same, read back.
-#[derive(Deserialize)]
-pub(crate) struct Stored {
-    gateway: String,
-    names: Vec<String>,
-    key: Vec<u32>,
-    project: Vec<u32>,
-    asked: Vec<u32>,
-    served: Vec<u32>,
-    request_id: Vec<String>,
+    request_id: Vec<S>,
     prompt_tokens: Vec<u64>,
     completion_tokens: Vec<u64>,
     cost_micros: Vec<u64>,
@@ -106,7 +87,7 @@ impl Serialize for UsageBatchRecorded {
         let asked = index(|u| &u.model_asked);
         let served = index(|u| &u.model_served);
         Columns {
-            gateway: &self.gateway,
+            gateway: self.gateway.as_str(),
             names: names.list,
             key,
             project,
@@ -126,10 +107,10 @@ impl Serialize for UsageBatchRecorded {
     }
 }
 
-impl TryFrom<Stored> for UsageBatchRecorded {
+impl TryFrom<Columns<String>> for UsageBatchRecorded {
     type Error = String;
 
-    fn try_from(c: Stored) -> Result<Self, String> {
+    fn try_from(c: Columns<String>) -> Result<Self, String> {
         let n = c.request_id.len();
         let lengths = [
             ("key", c.key.len()),
