@@ -341,11 +341,7 @@ where
     D: serde::Deserializer<'de>,
     D::Error: serde::de::Error,
 {
-    if let Area::UsageRowsV1 = area {
-        let rows = crate::usage::BatchRowsV1::deserialize(payload)?;
-        return Ok(Event::Usage(UsageEvent::UsageBatchRecorded(rows.into())));
-    }
-    let tagged = || {
+    let tagged = |payload| {
         serde::de::value::MapAccessDeserializer::new(Tagged {
             event_type,
             payload: Some(payload),
@@ -353,16 +349,20 @@ where
         })
     };
     Ok(match area {
-        Area::Catalog => Event::Catalog(Deserialize::deserialize(tagged())?),
-        Area::Node => Event::Node(Deserialize::deserialize(tagged())?),
-        Area::Replica => Event::Replica(Deserialize::deserialize(tagged())?),
-        Area::Tenancy => Event::Tenancy(Deserialize::deserialize(tagged())?),
-        Area::Usage => Event::Usage(Deserialize::deserialize(tagged())?),
-        Area::Leadership => Event::Leadership(Deserialize::deserialize(tagged())?),
-        Area::Demand => Event::Demand(Deserialize::deserialize(tagged())?),
-        Area::Audit => Event::Audit(Deserialize::deserialize(tagged())?),
-        Area::Join => Event::Join(Deserialize::deserialize(tagged())?),
-        Area::UsageRowsV1 => unreachable!("read above, untagged"),
+        Area::Catalog => Event::Catalog(Deserialize::deserialize(tagged(payload))?),
+        Area::Node => Event::Node(Deserialize::deserialize(tagged(payload))?),
+        Area::Replica => Event::Replica(Deserialize::deserialize(tagged(payload))?),
+        Area::Tenancy => Event::Tenancy(Deserialize::deserialize(tagged(payload))?),
+        Area::Usage => Event::Usage(Deserialize::deserialize(tagged(payload))?),
+        Area::Leadership => Event::Leadership(Deserialize::deserialize(tagged(payload))?),
+        Area::Demand => Event::Demand(Deserialize::deserialize(tagged(payload))?),
+        Area::Audit => Event::Audit(Deserialize::deserialize(tagged(payload))?),
+        Area::Join => Event::Join(Deserialize::deserialize(tagged(payload))?),
+        // The old shape is the payload itself, untagged.
+        Area::UsageRowsV1 => {
+            let rows = crate::usage::BatchRowsV1::deserialize(payload)?;
+            Event::Usage(UsageEvent::UsageBatchRecorded(rows.into()))
+        }
     })
 }
 
