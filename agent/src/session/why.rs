@@ -69,7 +69,16 @@ pub(super) fn refused(s: &tonic::Status, tls: bool) -> String {
 }
 
 fn with_meaning(text: String, tls: bool) -> String {
-    let closed = tls && (text.contains("connection closed") || text.contains("broken pipe"));
+    // The close shows as any of these, by which end noticed it first:
+    // "connection was not ready" when the request was not yet written.
+    let closed = tls
+        && [
+            "connection closed",
+            "broken pipe",
+            "connection was not ready",
+        ]
+        .iter()
+        .any(|c| text.contains(c));
     match meaning(&text) {
         Some(m) => format!("{m} ({text})"),
         None if closed => format!(
@@ -108,5 +117,20 @@ mod tests {
         }
         let plain = std::io::Error::other("connection refused");
         assert_eq!(super::explain(&plain), "connection refused");
+    }
+
+    #[test]
+    fn a_tls_stream_closed_as_it_began_may_be_a_refused_certificate() {
+        // As the agent saw it when the server's close beat its request
+        // (the alert unread), and when the request was half written.
+        for text in [
+            "operation was canceled: transport error: connection was not ready",
+            "transport error: connection closed before message completed",
+            "transport error: broken pipe",
+        ] {
+            let said = super::with_meaning(text.to_owned(), true);
+            assert!(said.contains("refused this node's certificate"), "{said}");
+            assert_eq!(super::with_meaning(text.to_owned(), false), text);
+        }
     }
 }
