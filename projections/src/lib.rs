@@ -41,6 +41,16 @@ pub struct Stamp {
     pub recorded_at_ms: i64,
 }
 
+impl Stamp {
+    /// Where and when a stored event was recorded.
+    pub fn of(recorded: &RecordedEvent) -> Stamp {
+        Stamp {
+            position: recorded.position,
+            recorded_at_ms: recorded.recorded_at.timestamp_millis(),
+        }
+    }
+}
+
 /// One read model.
 pub trait View: Default + Clone + PartialEq + Serialize + for<'de> Deserialize<'de> {
     /// The name operators use: `--view router`.
@@ -60,10 +70,7 @@ pub trait View: Default + Clone + PartialEq + Serialize + for<'de> Deserialize<'
 /// The stored event as a domain event, or None for a type this build does
 /// not know (logged, not fatal).
 pub fn decode(recorded: &RecordedEvent) -> Option<(Stamp, Event)> {
-    let stamp = Stamp {
-        position: recorded.position,
-        recorded_at_ms: recorded.recorded_at.timestamp_millis(),
-    };
+    let stamp = Stamp::of(recorded);
     let (kind, version) = (&recorded.event_type, recorded.schema_version);
     Event::decode(kind, version, &recorded.payload)
         .map_err(|error| skipping(recorded.position, &error))
@@ -176,10 +183,7 @@ impl Projections {
         let (kind, version) = (&recorded.event_type, recorded.schema_version);
         match Event::decode(kind, version, &recorded.payload) {
             Ok(event) => {
-                let stamp = Stamp {
-                    position: recorded.position,
-                    recorded_at_ms: recorded.recorded_at.timestamp_millis(),
-                };
+                let stamp = Stamp::of(recorded);
                 self.router.apply_event(stamp, &event);
                 self.cluster.apply_event(stamp, &event);
                 self.tenancy.apply_event(stamp, &event);

@@ -175,6 +175,21 @@ async fn bytes_per_request(backend: Backend, shape: Shape, n: u64) -> (f64, u64)
 #[tokio::main]
 async fn main() {
     let n = requests();
+    // The payload alone, as canonical text: what the batcher hashes and
+    // the views parse, before the store's own bytes a row.
+    let mut text = (0, 0);
+    for batch in events(Shape::Columns(500), n) {
+        let origin = Origin::new(Actor::Gateway("gateway-cp-1".into()));
+        let v1 = &as_rows(&batch, &origin)[0].events[0].payload;
+        let (_, _, v2) = batch[0].encode();
+        text.0 += llmgw_eventstore::hash::canonical_string(v1).len();
+        text.1 += llmgw_eventstore::hash::canonical_string(&v2).len();
+    }
+    println!(
+        "payload text per request at 500 rows an event: {} B as rows (v1), {} B in columns (v2)",
+        text.0 as u64 / n,
+        text.1 as u64 / n
+    );
     println!("{n} requests; bytes stored per request (the store's growth / requests)");
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let shapes = [
