@@ -1,12 +1,18 @@
-//! The proxy hop itself: what an engine is sent, and that an engine's
-//! redirect is its answer, relayed, not followed.
+//! The proxy hop itself: what an engine is sent, that an engine's
+//! redirect is its answer, relayed, not followed, and that connections to
+//! an engine are kept and reused.
 
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use axum::extract::ConnectInfo;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use llmgw_gateway::UpstreamKey;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, mpsc};
 
 use crate::support::{self, spec};
 
@@ -70,4 +76,163 @@ async fn an_engines_redirect_is_relayed_as_its_answer_and_never_followed() {
     assert_eq!(header("content-type"), Some("application/json"));
     assert_eq!(header("x-request-id"), Some("req-302"));
     assert_eq!(header("accept"), Some("*/*"));
+}
+
+/// The client ends of the connections an engine was sent chats on.
+type Peers = Arc<Mutex<Vec<SocketAddr>>>;
+
+/// An engine that answers chats, plain or streamed, and notes which
+/// connection each came on.
+async fn noting_engine(peers: Peers) -> SocketAddr {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(
+            |ConnectInfo(peer): ConnectInfo<SocketAddr>, body: axum::body::Bytes| async move {
+                peers.lock().unwrap().push(peer);
+                let asked: Value = serde_json::from_slice(&body).unwrap();
+                if asked["stream"] == json!(true) {
+                    let events = [
+                        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                        "data: [DONE]\n\n",
+                    ];
+                    let chunks = futures_util::stream::iter(
+                        events.map(|e| Ok::<_, std::io::Error>(axum::body::Bytes::from(e))),
+                    );
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(axum::body::Body::from_stream(chunks))
+                        .unwrap()
+                } else {
+                    axum::response::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(
+                            r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#,
+                        ))
+                        .unwrap()
+                }
+            },
+        ),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+async fn chat(base: &str, stream: bool) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn one_connection_to_an_engine_carries_request_after_request() {
+    let peers = Peers::default();
+    let engine = noting_engine(peers.clone()).await;
+    let gw = support::gateway(vec![spec("a", &engine, &["m"])]).await;
+    for i in 0..12 {
+        let stream = i % 2 == 1;
+        let (status, text) = chat(&gw.base, stream).await;
+        assert_eq!(status, 200, "{text}");
+        if stream {
+            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        } else {
+            assert!(text.contains("\"content\":\"hi\""), "{text}");
+        }
+    }
+    let peers = peers.lock().unwrap();
+    assert_eq!(peers.len(), 12);
+    let connections: BTreeSet<_> = peers.iter().collect();
+    assert_eq!(
+        connections.len(),
+        1,
+        "each answer, read to its end, leaves its connection for the next request: {peers:?}"
+    );
+}
+
+/// An engine that closes a connection it has answered on when told to,
+/// without having said so in its answer: as an engine does at its
+/// keep-alive timeout, after the gateway has put the connection back in
+/// its pool. Says on `closed` when it has.
+async fn closing_engine(close: Arc<Notify>, closed: mpsc::UnboundedSender<()>) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = l.accept().await {
+            let (close, closed) = (close.clone(), closed.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let head_end = loop {
+                    let n = conn.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                if !head.starts_with("post /v1/chat/completions") {
+                    return;
+                }
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + length {
+                    let n = conn.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let body =
+                    r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+                close.notified().await;
+                let _ = conn.shutdown().await;
+                drop(conn);
+                let _ = closed.send(());
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_connection_the_engine_closed_while_idle_is_not_what_the_next_request_fails_on() {
+    let close = Arc::new(Notify::new());
+    let (closed_tx, mut closed) = mpsc::unbounded_channel();
+    let engine = closing_engine(close.clone(), closed_tx).await;
+    // One endpoint and no retries: a request sent on the closed
+    // connection would have had nowhere else to go.
+    let gw = support::gateway_with(llmgw_gateway::GatewayConfig {
+        endpoints: vec![spec("a", &engine, &["m"])],
+        retries: 0,
+        ..llmgw_gateway::GatewayConfig::default()
+    })
+    .await;
+    for _ in 0..3 {
+        let (status, text) = chat(&gw.base, false).await;
+        assert_eq!(status, 200, "{text}");
+        // The answered connection is idle in the gateway's pool now.
+        close.notify_one();
+        closed.recv().await.unwrap();
+        // A round trip through the gateway's runtime, so that the close
+        // has reached it (as an engine's keep-alive timeout of seconds
+        // has, before the next request).
+        gw.admin_page().await;
+    }
 }

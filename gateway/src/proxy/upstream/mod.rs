@@ -1,15 +1,16 @@
 //! The proxy hop's HTTP client: the gateway's request to an engine on the
 //! proxied paths, and the answer as an `http::Response`.
 //!
-//! A plain-http endpoint is sent to with hyper-util's pooled client, the
-//! one reqwest wraps, without reqwest's layers around it: its retry layer
-//! and its redirect layer (which re-parsed every answer's URL) were ~11%
-//! of a saturated gateway. llmgw retries by its own rules
-//! ([`super::forward`]), and an engine has no reason to redirect: a 3xx is
-//! relayed to the client as the engine's answer, never followed. The
-//! settings are those reqwest's client had: the connect timeout over
-//! resolution and connection, TCP_NODELAY, TCP keepalive 15 s (3 probes
-//! 15 s apart), idle connections kept 90 s, no proxy, `Accept: */*`.
+//! A plain-http endpoint is sent to over HTTP/1.1 connections of our own
+//! pool ([`pool`]), each polled by the task whose request it carries,
+//! without reqwest's layers: its retry layer and its redirect layer (which
+//! re-parsed every answer's URL) were ~11% of a saturated gateway. llmgw
+//! retries by its own rules ([`super::forward`]), and an engine has no
+//! reason to redirect: a 3xx is relayed to the client as the engine's
+//! answer, never followed. The settings are those reqwest's client had:
+//! the connect timeout over resolution and connection, TCP_NODELAY, TCP
+//! keepalive 15 s (3 probes 15 s apart), idle connections kept 90 s, no
+//! proxy, `Accept: */*`.
 //!
 //! Any other URL (https, credentials in the URL, one `http::Uri` refuses)
 //! is sent by reqwest as before, with TLS as this build of reqwest has it,
@@ -21,15 +22,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, InvalidHeaderValue};
+use axum::http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, InvalidHeaderValue};
 use axum::http::{HeaderValue, Method, Request, Response, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as Pooled;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::Endpoint;
+
+mod pool;
 
 /// An engine's answer's body, whichever client fetched it.
 pub(crate) type Body = UnsyncBoxBody<Bytes, Error>;
@@ -37,14 +38,16 @@ pub(crate) type Body = UnsyncBoxBody<Bytes, Error>;
 /// reqwest's defaults, which the hop had until it had its own client.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 const KEEPALIVE_RETRIES: u32 = 3;
-const POOL_IDLE: Duration = Duration::from_secs(90);
 
 /// Why an engine's answer did not come (or broke off).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
-    /// No answer's head: the connection failed, timed out or was lost.
+    /// No connection: refused, unreachable, or timed out.
+    #[error("connecting: {}", chain(&**.0))]
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// No answer's head: the connection was lost.
     #[error("{}", chain(.0))]
-    Send(hyper_util::client::legacy::Error),
+    Send(hyper::Error),
     /// The answer's body broke off.
     #[error("{}", chain(.0))]
     Body(hyper::Error),
@@ -56,7 +59,7 @@ pub(crate) enum Error {
 }
 
 /// An error and its sources: hyper's own message is only the kind
-/// ("client error (Connect)"), the why is in the sources.
+/// ("connection error"), the why is in the sources.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
@@ -75,7 +78,7 @@ struct ConnectTimedOut(Duration);
 /// Both clients of the hop.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
-    plain: Pooled<Timed, Full<Bytes>>,
+    plain: std::sync::Arc<pool::Pool>,
     other: reqwest::Client,
 }
 
@@ -87,14 +90,10 @@ impl Client {
         http.set_keepalive(Some(KEEPALIVE));
         http.set_keepalive_interval(Some(KEEPALIVE));
         http.set_keepalive_retries(Some(KEEPALIVE_RETRIES));
-        let plain = Pooled::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .build(Timed {
-                http,
-                timeout: connect_timeout,
-            });
+        let plain = pool::Pool::new(Connector {
+            http,
+            timeout: connect_timeout,
+        });
         let other = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .tcp_nodelay(true)
@@ -129,10 +128,15 @@ impl Client {
             let answer = Response::from(r.send().await?);
             return Ok(answer.map(|b| b.map_err(Error::Reqwest).boxed_unsync()));
         };
+        let (Some(address), Some(target)) = (uri.authority(), uri.path_and_query()) else {
+            unreachable!("Endpoint::uri is absolute");
+        };
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
-        *request.uri_mut() = uri;
+        // On the connection, the origin-form: the path alone.
+        *request.uri_mut() = Uri::from(target.clone());
         let headers = request.headers_mut();
+        headers.insert(HOST, host(address));
         headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(crate::access::REQUEST_ID, request_id.clone());
@@ -142,15 +146,25 @@ impl Client {
             bearer.set_sensitive(true);
             headers.insert(AUTHORIZATION, bearer);
         }
-        let answer = self.plain.request(request).await.map_err(Error::Send)?;
+        let answer = self.plain.send(address, &uri, request).await?;
         Ok(answer.map(|b| b.map_err(Error::Body).boxed_unsync()))
     }
+}
+
+/// The Host header for `address`: its port left out where it is http's
+/// own, as browsers and hyper-util's client write it.
+fn host(address: &axum::http::uri::Authority) -> HeaderValue {
+    let value = match address.port_u16() {
+        Some(80) => HeaderValue::from_str(address.host()),
+        _ => HeaderValue::from_str(address.as_str()),
+    };
+    value.expect("an Authority is a header value")
 }
 
 /// The connector with reqwest's connect timeout: over name resolution and
 /// connecting both (the connector's own bounds only the connecting).
 #[derive(Debug, Clone)]
-struct Timed {
+struct Connector {
     http: HttpConnector,
     timeout: Duration,
 }
@@ -166,7 +180,7 @@ type Connecting = Pin<
     >,
 >;
 
-impl tower_service::Service<Uri> for Timed {
+impl tower_service::Service<Uri> for Connector {
     type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
     type Error = Box<dyn std::error::Error + Send + Sync>;
     type Future = Connecting;
