@@ -17,7 +17,10 @@
 //! auth, limits and usage for that long (with `--off` too, the all-off
 //! gateway instead; with `--keys`, auth and limits without usage); its
 //! pid is printed, for `perf record -g -p PID`, and then its CPU a
-//! request and its memory.
+//! request and its memory. With `--rate R` too, an open loop at R req/s
+//! instead, direct and through the bare relay first: where the time a
+//! request adds at low load goes (its CPU, and how often its threads
+//! slept and were woken, a request).
 
 #![allow(
     clippy::unwrap_used,
@@ -311,6 +314,8 @@ struct Args {
     off: bool,
     /// `--profile` the gateway with auth and limits, recording no usage.
     keys: bool,
+    /// `--profile` at this many requests a second (open loop).
+    rate: Option<u64>,
     /// The child: serve llmgw in front of this upstream.
     serve: Option<SocketAddr>,
 }
@@ -323,6 +328,7 @@ fn args() -> Args {
             "--peers" => a.peers = true,
             "--off" => a.off = true,
             "--keys" => a.keys = true,
+            "--rate" => a.rate = it.next().and_then(|s| s.parse().ok()),
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
             _ => {}
@@ -502,6 +508,9 @@ fn main() {
                 _ => (&child.tenanted, "auth, limits and usage"),
             };
             saturate(&client, url, 8, 1, false).await;
+            if let Some(rate) = args.rate {
+                return at_rate(&client, &child, url, what, rate, seconds, &direct).await;
+            }
             println!("pid {}: llmgw with {what}, 32 clients for {seconds} s", child.child.id());
             let cpu = cpu_seconds(child.child.id());
             let (rate, mut lat) = saturate(&client, url, 32, seconds, false).await;
@@ -646,6 +655,65 @@ async fn side_by_side(
 }
 
 /// Resident and peak memory of process `pid`, from its status.
+/// `--profile S --rate R`: direct, the bare relay and llmgw at R req/s for
+/// S seconds each, in turn; for llmgw, its CPU and its threads' sleeps
+/// (voluntary context switches) a request.
+async fn at_rate(
+    client: &reqwest::Client,
+    child: &Served,
+    url: &str,
+    what: &str,
+    rate: u64,
+    seconds: u64,
+    direct: &str,
+) {
+    let pid = child.child.id();
+    let mut direct = fixed_rate(client, direct, rate, seconds).await;
+    let (cpu, slept) = (cpu_seconds(pid), switches(pid));
+    let mut relay = fixed_rate(client, &child.relay, rate, seconds).await;
+    let n = relay.len() as f64;
+    let (relay_cpu, relay_slept) = (
+        (cpu_seconds(pid) - cpu) * 1e6 / n,
+        (switches(pid) - slept) as f64 / n,
+    );
+    let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
+    let (r50, r99) = (pct(&mut relay, 0.5), pct(&mut relay, 0.99));
+    println!("pid {pid}: llmgw with {what}, {rate} req/s for {seconds} s");
+    let (cpu, slept) = (cpu_seconds(pid), switches(pid));
+    let mut lat = fixed_rate(client, url, rate, seconds).await;
+    let (cpu, slept) = (cpu_seconds(pid) - cpu, switches(pid) - slept);
+    let n = lat.len() as f64;
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    println!(
+        "direct p50 {d50:.3} ms p99 {d99:.3} ms; relay added p50 {:.3} ms p99 {:.3} ms; its CPU {relay_cpu:.1} µs and its threads' sleeps {relay_slept:.2} a request",
+        r50 - d50,
+        r99 - d99
+    );
+    println!(
+        "llmgw added p50 {:.3} ms p99 {:.3} ms; its CPU {:.1} µs and its threads' sleeps {:.2} a request",
+        p50 - d50,
+        p99 - d99,
+        cpu * 1e6 / n,
+        slept as f64 / n
+    );
+}
+
+/// Voluntary context switches of all of `pid`'s threads so far.
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("status")).ok())
+        .filter_map(|status| {
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("voluntary_ctxt_switches:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 fn memory(pid: u32) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib = |name: &str| {

@@ -13,6 +13,7 @@
 pub(crate) mod body;
 pub mod conn;
 pub(crate) mod edge;
+mod quiet;
 pub(crate) mod signal;
 
 use std::future::Future;
@@ -107,7 +108,8 @@ pub(crate) async fn serve_http<L>(
                 .timer(TokioTimer::new())
                 .header_read_timeout(idle_timeout);
             let conn = builder.serve_connection(TokioIo::new(io), service);
-            let mut conn = std::pin::pin!(conn);
+            // The connection's own wakes while it is polled (see quiet.rs).
+            let mut conn = quiet::Quiet::new(conn);
             let task = Arc::new(AtomicWaker::new());
             stop.wakes(&task);
             cut.wakes(&task);
@@ -118,9 +120,9 @@ pub(crate) async fn serve_http<L>(
                 task.register(cx.waker());
                 if !stopping && stop.fired() {
                     stopping = true;
-                    conn.as_mut().graceful_shutdown();
+                    conn.inner().graceful_shutdown();
                 }
-                conn.as_mut().poll(cx)
+                std::pin::Pin::new(&mut conn).poll(cx)
             })
             .await;
             if let Err(e) = ended {

@@ -108,7 +108,14 @@ impl Pool {
                     // Closed: the request's future is told why.
                     driver = None;
                 }
-                sending.as_mut().poll(cx)
+                // Only the driver, just polled, answers the request's
+                // future: it is looked at without a waker of its own, as a
+                // waker called during this poll would be a wake of this
+                // very task, which tokio's scheduler takes for a yield,
+                // waking another worker thread to steal it.
+                sending
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
             })
             .await;
             match answer {
@@ -217,7 +224,9 @@ impl http_body::Body for Driven {
             // Closed: the body says how it ended.
             this.conn = None;
         }
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        // Fed only by the driver, just polled: no waker (see Pool::send).
+        let quiet = &mut Context::from_waker(Waker::noop());
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(quiet));
         match &frame {
             None => this.done(),
             Some(Ok(_)) if this.body.is_end_stream() => this.done(),
