@@ -2,7 +2,6 @@
 //! redirect is its answer, relayed, not followed, and that connections to
 //! an engine are kept and reused.
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -82,7 +81,8 @@ async fn an_engines_redirect_is_relayed_as_its_answer_and_never_followed() {
 type Peers = Arc<Mutex<Vec<SocketAddr>>>;
 
 /// An engine that answers chats, plain or streamed, and notes which
-/// connection each came on.
+/// connection each came on. Asked "fail", it answers 500; asked "close",
+/// it answers and closes the connection.
 async fn noting_engine(peers: Peers) -> SocketAddr {
     let app = axum::Router::new().route(
         "/v1/chat/completions",
@@ -90,6 +90,20 @@ async fn noting_engine(peers: Peers) -> SocketAddr {
             |ConnectInfo(peer): ConnectInfo<SocketAddr>, body: axum::body::Bytes| async move {
                 peers.lock().unwrap().push(peer);
                 let asked: Value = serde_json::from_slice(&body).unwrap();
+                let said = asked["messages"][0]["content"].as_str().unwrap_or_default();
+                let answer = axum::response::Response::builder();
+                if said == "fail" {
+                    return answer
+                        .status(500)
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(r#"{"error":"engine failed"}"#))
+                        .unwrap();
+                }
+                let answer = if said == "close" {
+                    answer.header("connection", "close")
+                } else {
+                    answer
+                };
                 if asked["stream"] == json!(true) {
                     let events = [
                         "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
@@ -98,12 +112,12 @@ async fn noting_engine(peers: Peers) -> SocketAddr {
                     let chunks = futures_util::stream::iter(
                         events.map(|e| Ok::<_, std::io::Error>(axum::body::Bytes::from(e))),
                     );
-                    axum::response::Response::builder()
+                    answer
                         .header("content-type", "text/event-stream")
                         .body(axum::body::Body::from_stream(chunks))
                         .unwrap()
                 } else {
-                    axum::response::Response::builder()
+                    answer
                         .header("content-type", "application/json")
                         .body(axum::body::Body::from(
                             r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#,
@@ -120,14 +134,21 @@ async fn noting_engine(peers: Peers) -> SocketAddr {
     addr
 }
 
-async fn chat(base: &str, stream: bool) -> (u16, String) {
-    let r = reqwest::Client::new()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
+/// A chat through the gateway; a hop that lost a wake would hang it, so
+/// it fails after ten seconds instead.
+async fn chat(base: &str, say: &str, stream: bool) -> (u16, String) {
+    let asking = async {
+        let r = reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": say}]}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), asking)
         .await
-        .unwrap();
-    (r.status().as_u16(), r.text().await.unwrap())
+        .expect("an answer within ten seconds")
 }
 
 #[tokio::test]
@@ -135,23 +156,38 @@ async fn one_connection_to_an_engine_carries_request_after_request() {
     let peers = Peers::default();
     let engine = noting_engine(peers.clone()).await;
     let gw = support::gateway(vec![spec("a", &engine, &["m"])]).await;
-    for i in 0..12 {
-        let stream = i % 2 == 1;
-        let (status, text) = chat(&gw.base, stream).await;
-        assert_eq!(status, 200, "{text}");
-        if stream {
-            assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-        } else {
-            assert!(text.contains("\"content\":\"hi\""), "{text}");
+    // (what is said, streamed, the gateway's answer)
+    let asked = [
+        ("hi", false, 200),
+        ("hi", true, 200),
+        // The engine's error is not relayed (one endpoint: nowhere else
+        // to go), and its connection, answered to the end, is kept.
+        ("fail", false, 502),
+        ("hi", true, 200),
+        ("hi", false, 200),
+        // The engine closes this one after answering.
+        ("close", false, 200),
+        ("hi", false, 200),
+        ("hi", true, 200),
+    ];
+    for (say, stream, status) in asked {
+        let (got, text) = chat(&gw.base, say, stream).await;
+        assert_eq!(got, status, "{say}: {text}");
+        match (status, stream) {
+            (200, true) => assert!(text.trim_end().ends_with("data: [DONE]"), "{text}"),
+            (200, false) => assert!(text.contains("\"content\":\"hi\""), "{text}"),
+            _ => {}
         }
     }
     let peers = peers.lock().unwrap();
-    assert_eq!(peers.len(), 12);
-    let connections: BTreeSet<_> = peers.iter().collect();
-    assert_eq!(
-        connections.len(),
-        1,
-        "each answer, read to its end, leaves its connection for the next request: {peers:?}"
+    assert_eq!(peers.len(), asked.len());
+    assert!(
+        peers[..6].iter().all(|p| *p == peers[0]),
+        "each answer, read or left to its end, leaves its connection for the next request: {peers:?}"
+    );
+    assert!(
+        peers[6..].iter().all(|p| *p == peers[6]) && peers[6] != peers[0],
+        "the connection the engine closed is not used again: {peers:?}"
     );
 }
 
@@ -225,7 +261,7 @@ async fn a_connection_the_engine_closed_while_idle_is_not_what_the_next_request_
     })
     .await;
     for _ in 0..3 {
-        let (status, text) = chat(&gw.base, false).await;
+        let (status, text) = chat(&gw.base, "hi", false).await;
         assert_eq!(status, 200, "{text}");
         // The answered connection is idle in the gateway's pool now.
         close.notify_one();

@@ -11,9 +11,12 @@
 //! An idle connection sits in the pool unpolled. It is polled once, waking
 //! no one, as it is taken (an engine that closed it, say at its keep-alive
 //! timeout, has left it readable at its end) and every [`SWEEP`] (so one
-//! closed while traffic stopped is not held open), and dropped after
-//! [`IDLE`]. A request that a closed connection handed back unsent is
-//! sent again on another, as hyper-util's client did.
+//! closed while traffic stopped is held half-closed for at most that
+//! long), and dropped after [`IDLE`]. A request that a closed connection
+//! handed back unsent is sent again on another, as hyper-util's client
+//! did, and an answer dropped unread (an error's, which the proxy does not
+//! relay) leaves its connection in the pool if the rest of it had already
+//! come.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
@@ -101,6 +104,10 @@ impl Pool {
             let Conn { mut send, driver } = conn;
             let mut driver = Some(driver);
             let mut sending = pin!(send.try_send_request(request));
+            // The driver's wakes of this task while it is polled are the
+            // client connection's to absorb (`listen::quiet`); both get
+            // the task's waker, so that none is lost (the request's future
+            // spends tokio's budget, and wakes on its own when it is out).
             let answer = poll_fn(|cx| {
                 if let Some(d) = driver.as_mut()
                     && Pin::new(d).poll(cx).is_ready()
@@ -108,21 +115,14 @@ impl Pool {
                     // Closed: the request's future is told why.
                     driver = None;
                 }
-                // Only the driver, just polled, answers the request's
-                // future: it is looked at without a waker of its own, as a
-                // waker called during this poll would be a wake of this
-                // very task, which tokio's scheduler takes for a yield,
-                // waking another worker thread to steal it.
-                sending
-                    .as_mut()
-                    .poll(&mut Context::from_waker(Waker::noop()))
+                sending.as_mut().poll(cx)
             })
             .await;
             match answer {
                 Ok(head) => {
                     let conn = driver.map(|driver| Conn { send, driver });
                     return Ok(head.map(|body| Driven {
-                        body,
+                        body: Some(body),
                         conn,
                         pool: self.clone(),
                         address: address.clone(),
@@ -168,7 +168,11 @@ impl Pool {
             list.push((conn, now));
         }
         if !self.sweeping.swap(true, Ordering::Relaxed) {
-            tokio::spawn(sweep(Arc::downgrade(self)));
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(sweep(Arc::downgrade(self)))),
+                // A body dropped outside any runtime: the next put sweeps.
+                Err(_) => self.sweeping.store(false, Ordering::Relaxed),
+            }
         }
     }
 }
@@ -176,33 +180,64 @@ impl Pool {
 /// Drops idle connections that closed or expired while no request came,
 /// until the pool itself is dropped.
 async fn sweep(pool: Weak<Pool>) {
+    /// Says the sweep has stopped, however it stops (its runtime may shut
+    /// down under it), so that the next put starts another.
+    struct Stopped(Weak<Pool>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            if let Some(pool) = self.0.upgrade() {
+                pool.sweeping.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+    let _stopped = Stopped(pool.clone());
     let mut every = tokio::time::interval(SWEEP);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
         let Some(pool) = pool.upgrade() else { return };
+        // Looked at outside the lock, as in take().
+        let idle = std::mem::take(&mut *pool.idle());
         let now = Instant::now();
-        for list in pool.idle().values_mut() {
-            list.retain_mut(|(conn, since)| now - *since < IDLE && conn.open());
+        let kept: Vec<_> = idle
+            .into_iter()
+            .map(|(address, mut list)| {
+                list.retain_mut(|(conn, since)| now - *since < IDLE && conn.open());
+                (address, list)
+            })
+            .collect();
+        let mut idle = pool.idle();
+        for (address, mut list) in kept {
+            // Older than any put since: in front, oldest first.
+            let newer = idle.remove(&address).unwrap_or_default();
+            list.extend(newer);
+            if !list.is_empty() {
+                idle.insert(address, list);
+            }
         }
     }
 }
 
 /// An engine's answer's body, driving its connection as it is read; at its
-/// end the connection goes back to the pool if it is still open, and if
-/// it is dropped before then the connection closes with it (HTTP/1.1 has
-/// no other way to leave an answer unread).
+/// end the connection goes back to the pool if it is still open. Dropped
+/// before then, it keeps the connection only if the rest of the answer
+/// has already come; otherwise the connection closes with it (HTTP/1.1
+/// has no other way to leave an answer unread).
 pub(crate) struct Driven {
-    body: Incoming,
+    /// None once dropped (see Drop).
+    body: Option<Incoming>,
     conn: Option<Conn>,
     pool: Arc<Pool>,
     address: Authority,
 }
 
 impl Driven {
+    /// The answer is over: its connection back to the pool if it is open
+    /// and free for the next request.
     fn done(&mut self) {
         if let Some(mut conn) = self.conn.take()
             && conn.open()
+            && conn.send.is_ready()
         {
             self.pool.put(self.address.clone(), conn);
         }
@@ -224,12 +259,13 @@ impl http_body::Body for Driven {
             // Closed: the body says how it ended.
             this.conn = None;
         }
-        // Fed only by the driver, just polled: no waker (see Pool::send).
-        let quiet = &mut Context::from_waker(Waker::noop());
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(quiet));
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(Pin::new(&mut *body).poll_frame(cx));
         match &frame {
             None => this.done(),
-            Some(Ok(_)) if this.body.is_end_stream() => this.done(),
+            Some(Ok(_)) if body.is_end_stream() => this.done(),
             Some(Err(_)) => this.conn = None,
             Some(Ok(_)) => {}
         }
@@ -237,10 +273,27 @@ impl http_body::Body for Driven {
     }
 
     fn is_end_stream(&self) -> bool {
-        http_body::Body::is_end_stream(&self.body)
+        self.body
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        http_body::Body::size_hint(&self.body)
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), http_body::Body::size_hint)
+    }
+}
+
+impl Drop for Driven {
+    /// Dropped unread (an error's body, a client gone): what is left of
+    /// the answer is read if it is already here, and the connection kept,
+    /// as hyper-util's client did; otherwise it closes.
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            // The driver sees its reader gone only once the body is.
+            self.body = None;
+            self.done();
+        }
     }
 }
