@@ -150,6 +150,13 @@ impl Decider {
                     }
                     continue;
                 }
+                // The decisions' state has no use for usage, which is most
+                // of a busy log (a batch is hundreds of requests): a leader
+                // taking office, or catching up on other servers' batches,
+                // does not decode it.
+                if Event::is_usage(r.event_type) && !clocked {
+                    continue;
+                }
                 match Event::decode_json(r.event_type, r.schema_version, r.payload) {
                     Ok(Event::Demand(llmgw_domain::demand::DemandEvent::ModelDemanded {
                         model,

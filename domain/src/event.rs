@@ -190,6 +190,15 @@ impl Event {
             .map(|(.., v)| *v)
     }
 
+    /// Whether events of `event_type` record usage (a request each, or a
+    /// batch of hundreds): the bulk of a busy log, read by the tenancy
+    /// views and by nothing that decides ([`crate::State::evolve`] passes
+    /// them by), so a reader that only decides need not decode them. A
+    /// match, not a look-up in the type table: it is asked of every event.
+    pub fn is_usage(event_type: &str) -> bool {
+        matches!(event_type, "UsageRecorded" | "UsageBatchRecorded")
+    }
+
     /// Whether this build reads events of `event_type` at `schema_version`
     /// (its current version, or an older one it still reads).
     pub fn reads(event_type: &str, schema_version: u32) -> bool {

@@ -20,7 +20,9 @@
 //! - replay as the runner does it: `DecodingReader` pages of `REPLAY_PAGE`
 //!   `TextPage`s decoded straight into typed events from the page's text
 //!   in a decoding task, applied with `Projections::apply_decoded` while
-//!   the next page is read and decoded, each applied page handed back.
+//!   the next page is read and decoded, each applied page handed back;
+//! - then a decider taking office on the same log (its state as of the
+//!   head, read from the first event).
 
 #![allow(
     clippy::unwrap_used,
@@ -279,6 +281,16 @@ async fn run(backend: Backend) {
             .get(&llmgw_domain::tenancy::Scope::Key)
             .map_or(0, |m| m.len()),
         load_average(),
+    );
+
+    // A decider taking office on the same log: its state as of the head.
+    let clock = Clock::start(&server).await;
+    let decider = llmgw_decider::Decider::new(store.clone(), "bench".into());
+    let nodes = decider.read(|s| s.nodes.nodes.len()).await.unwrap();
+    let office = clock.stop(&server, head).await;
+    println!(
+        "{name:<8} decider taking office  {}  ({nodes} nodes)",
+        office.show()
     );
 }
 

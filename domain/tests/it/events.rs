@@ -350,3 +350,26 @@ fn streams_group_events_by_the_thing_they_are_about() {
     assert_eq!(streams[36], "leadership");
     assert_eq!(streams[38], "anchors");
 }
+
+#[test]
+fn usage_is_named_by_type_alone_and_leaves_the_decisions_state_as_it_was() {
+    let every = every_event();
+    let mut types = BTreeSet::new();
+    for e in &every {
+        let (event_type, ..) = e.encode();
+        assert_eq!(
+            Event::is_usage(&event_type),
+            matches!(e, Event::Usage(_)),
+            "{event_type}"
+        );
+        types.insert(event_type);
+    }
+    let known: BTreeSet<String> = Event::types().map(|(t, _)| t.to_owned()).collect();
+    assert_eq!(types, known, "every type is in every_event()");
+    // So the decider may skip them without decoding.
+    let mut state = llmgw_domain::State::default();
+    for e in every.iter().filter(|e| matches!(e, Event::Usage(_))) {
+        state.evolve(e);
+    }
+    assert_eq!(state, llmgw_domain::State::default());
+}
