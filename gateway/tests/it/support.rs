@@ -212,39 +212,15 @@ pub(crate) async fn failing_engine() -> SocketAddr {
 /// mid-body. Raw HTTP/1.1, so that what goes out before the close is
 /// exactly this.
 pub(crate) async fn breaking_engine() -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut conn, _)) = l.accept().await {
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                let head_end = loop {
-                    let n = conn.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
+                let Some(head) = read_request(&mut conn).await else {
+                    return;
                 };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                // The whole request is read, so that the close is a clean
-                // one (unread bytes would make it a reset).
-                while buf.len() < head_end + length {
-                    let n = conn.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                }
                 let answer: &[u8] = if head.starts_with("get /metrics") {
                     b"HTTP/1.1 200 OK\r\ncontent-length: 56\r\nconnection: close\r\n\r\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
                 } else {
@@ -256,6 +232,39 @@ pub(crate) async fn breaking_engine() -> SocketAddr {
         }
     });
     addr
+}
+
+/// Reads one HTTP/1.1 request off `conn`, body and all (so that a close
+/// after it is a clean one: unread bytes would make it a reset), and
+/// returns its head in lower case; None if the peer closed first.
+pub(crate) async fn read_request(conn: &mut TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = conn.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = conn.read(&mut chunk).await.unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some(head)
 }
 
 /// Requests sent straight to `engine` (another gateway's traffic), once at

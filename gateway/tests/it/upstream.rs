@@ -10,7 +10,7 @@ use axum::http::HeaderMap;
 use axum::routing::post;
 use llmgw_gateway::UpstreamKey;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, mpsc};
 
 use crate::support::{self, spec};
@@ -202,33 +202,11 @@ async fn closing_engine(close: Arc<Notify>, closed: mpsc::UnboundedSender<()>) -
         while let Ok((mut conn, _)) = l.accept().await {
             let (close, closed) = (close.clone(), closed.clone());
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                let head_end = loop {
-                    let n = conn.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
+                let Some(head) = support::read_request(&mut conn).await else {
+                    return;
                 };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
                 if !head.starts_with("post /v1/chat/completions") {
                     return;
-                }
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while buf.len() < head_end + length {
-                    let n = conn.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
                 }
                 let body =
                     r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#;
