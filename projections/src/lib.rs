@@ -70,12 +70,19 @@ pub trait View: Default + Clone + PartialEq + Serialize + for<'de> Deserialize<'
 /// The stored event as a domain event, or None for a type this build does
 /// not know (logged, not fatal).
 pub fn decode(recorded: &RecordedEvent) -> Option<(Stamp, Event)> {
-    let stamp = Stamp::of(recorded);
+    let event = decode_or_skip(recorded).ok()?;
+    Some((Stamp::of(recorded), event))
+}
+
+/// The stored event decoded, or (logged) why not: its (type, schema
+/// version) when this build does not know it, None when its payload was
+/// at fault.
+fn decode_or_skip(recorded: &RecordedEvent) -> Result<Event, Option<(String, u32)>> {
     let (kind, version) = (&recorded.event_type, recorded.schema_version);
-    Event::decode(kind, version, &recorded.payload)
-        .map_err(|error| skipping(recorded.position, &error))
-        .ok()
-        .map(|event| (stamp, event))
+    Event::decode(kind, version, &recorded.payload).map_err(|error| {
+        skipping(recorded.position, &error);
+        unknown(&error, kind, version)
+    })
 }
 
 fn skipping(position: u64, error: &llmgw_domain::event::DecodeError) {
@@ -180,8 +187,7 @@ impl Projections {
 
     /// Decodes once and applies to every view.
     pub fn apply(&mut self, recorded: &RecordedEvent) {
-        let (kind, version) = (&recorded.event_type, recorded.schema_version);
-        match Event::decode(kind, version, &recorded.payload) {
+        match decode_or_skip(recorded) {
             Ok(event) => {
                 let stamp = Stamp::of(recorded);
                 self.router.apply_event(stamp, &event);
@@ -189,10 +195,7 @@ impl Projections {
                 self.tenancy.apply_event(stamp, &event);
                 self.usage.apply_event(stamp, &event);
             }
-            Err(error) => {
-                skipping(recorded.position, &error);
-                self.skip(unknown(&error, kind, version));
-            }
+            Err(unknown) => self.skip(unknown),
         }
         self.checkpoint = Checkpoint::after(recorded);
     }
@@ -230,13 +233,17 @@ impl Projections {
     }
 }
 
+/// What the crate's unit tests build their events from.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
+    use llmgw_domain::UnixMillis;
+    use llmgw_domain::tenancy::Band;
+    use llmgw_domain::usage::UsageRecorded;
+    use llmgw_eventstore::RecordedEvent;
     use serde_json::json;
 
-    use super::*;
-
-    fn recorded(
+    /// A stored event at position 7 of stream `s`.
+    pub(crate) fn recorded(
         event_type: &str,
         schema_version: u32,
         payload: serde_json::Value,
@@ -256,6 +263,34 @@ mod tests {
         }))
         .expect("an event")
     }
+
+    /// A served request of `key_id` to model `m` in project `p`, one token
+    /// each way for one micro, answered 200 in 1 ms.
+    pub(crate) fn request(request_id: &str, key_id: &str, at: i64) -> UsageRecorded {
+        UsageRecorded {
+            request_id: request_id.into(),
+            key_id: key_id.into(),
+            project_id: "p".into(),
+            model_asked: "m".into(),
+            model_served: "m".into(),
+            prompt_tokens: 1,
+            completion_tokens: 1,
+            cost_micros: 1,
+            status: 200,
+            latency_ms: 1,
+            ttft_ms: None,
+            band: Band::Gold,
+            at: UnixMillis(at),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::testing::recorded;
+    use super::*;
 
     #[test]
     fn skipped_events_of_unknown_kinds_are_named_and_bad_payloads_only_counted() {

@@ -424,36 +424,15 @@ mod tests {
 
     #[test]
     fn a_usage_batch_in_columns_names_its_keys_in_row_order() {
-        use llmgw_domain::usage::{UsageBatchRecorded, UsageEvent, UsageRecorded};
-        let row = |key: &str| UsageRecorded {
-            request_id: format!("req-{key}"),
-            key_id: key.into(),
-            project_id: "p".into(),
-            model_asked: "m".into(),
-            model_served: "m".into(),
-            prompt_tokens: 1,
-            completion_tokens: 1,
-            cost_micros: 1,
-            status: 200,
-            latency_ms: 1,
-            ttft_ms: None,
-            band: llmgw_domain::tenancy::Band::Gold,
-            at: llmgw_domain::UnixMillis(0),
-        };
+        use llmgw_domain::usage::{UsageBatchRecorded, UsageEvent};
+        let row = |key: &str| crate::testing::request(&format!("req-{key}"), key, 0);
         let batch =
             llmgw_domain::Event::Usage(UsageEvent::UsageBatchRecorded(UsageBatchRecorded {
                 gateway: "gw".into(),
                 rows: vec![row("k-b"), row("k-a"), row("k-b")],
             }));
         let (kind, version, payload) = batch.encode();
-        let e: RecordedEvent = serde_json::from_value(json!({
-            "position": 1, "stream_id": "usage-batches-gw", "stream_version": 1,
-            "event_id": "00000000-0000-0000-0000-000000000000",
-            "event_type": kind, "schema_version": version, "payload": payload,
-            "metadata": {}, "epoch": 1, "recorded_at": "2026-12-01T09:00:00Z",
-            "hash": "0".repeat(64),
-        }))
-        .unwrap();
+        let e = crate::testing::recorded(&kind, version, payload);
         let mut r = Redactor::new(0);
         r.learn_event(&e);
         assert_eq!((r.name("k-b"), r.name("k-a")), (Some("K1"), Some("K2")));

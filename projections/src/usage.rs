@@ -523,19 +523,12 @@ mod tests {
 
     fn used(view: &mut UsageView, key_id: &str, at: i64, status: u16, latency_ms: u32) {
         let u = UsageRecorded {
-            request_id: format!("r-{key_id}-{at}"),
-            key_id: key_id.into(),
-            project_id: "p".into(),
-            model_asked: "m".into(),
-            model_served: "m".into(),
             prompt_tokens: 10,
             completion_tokens: 5,
             cost_micros: 100,
             status,
             latency_ms,
-            ttft_ms: None,
-            band: Band::Gold,
-            at: llmgw_domain::UnixMillis(at),
+            ..crate::testing::request(&format!("r-{key_id}-{at}"), key_id, at)
         };
         view.apply_event(stamp(), &Event::Usage(UsageEvent::UsageRecorded(u)));
     }
@@ -592,21 +585,7 @@ mod tests {
         let batch = |gateway: &str, ids: &[&str], at: i64| {
             let rows = ids
                 .iter()
-                .map(|id| UsageRecorded {
-                    request_id: (*id).into(),
-                    key_id: "ops".into(),
-                    project_id: "p".into(),
-                    model_asked: "m".into(),
-                    model_served: "m".into(),
-                    prompt_tokens: 1,
-                    completion_tokens: 1,
-                    cost_micros: 1,
-                    status: 200,
-                    latency_ms: 1,
-                    ttft_ms: None,
-                    band: Band::Gold,
-                    at: llmgw_domain::UnixMillis(at),
-                })
+                .map(|id| crate::testing::request(id, "ops", at))
                 .collect();
             Event::Usage(UsageEvent::UsageBatchRecorded(
                 llmgw_domain::usage::UsageBatchRecorded {
