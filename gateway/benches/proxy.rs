@@ -679,9 +679,13 @@ async fn at_rate(
     let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
     let (r50, r99) = (pct(&mut relay, 0.5), pct(&mut relay, 0.99));
     println!("pid {pid}: llmgw with {what}, {rate} req/s for {seconds} s");
-    let (cpu, slept) = (cpu_seconds(pid), switches(pid));
+    let (cpu, slept, faulted) = (cpu_seconds(pid), switches(pid), faults(pid));
     let mut lat = fixed_rate(client, url, rate, seconds).await;
-    let (cpu, slept) = (cpu_seconds(pid) - cpu, switches(pid) - slept);
+    let (cpu, slept, faulted) = (
+        cpu_seconds(pid) - cpu,
+        switches(pid) - slept,
+        faults(pid) - faulted,
+    );
     let n = lat.len() as f64;
     let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
     println!(
@@ -690,11 +694,12 @@ async fn at_rate(
         r99 - d99
     );
     println!(
-        "llmgw added p50 {:.3} ms p99 {:.3} ms; its CPU {:.1} µs and its threads' sleeps {:.2} a request",
+        "llmgw added p50 {:.3} ms p99 {:.3} ms; its CPU {:.1} µs, its threads' sleeps {:.2} and its page faults {:.2} a request",
         p50 - d50,
         p99 - d99,
         cpu * 1e6 / n,
-        slept as f64 / n
+        slept as f64 / n,
+        faulted as f64 / n
     );
 }
 
@@ -729,6 +734,15 @@ fn memory(pid: u32) -> String {
         kib("VmRSS:") / 1024.0,
         kib("VmHWM:") / 1024.0
     )
+}
+
+/// Minor page faults of process `pid` so far: memory its allocator gave
+/// back to the kernel and touched again.
+fn faults(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(") ").unwrap().1;
+    // minflt: field 10 of the line, 8 after the name.
+    rest.split_whitespace().nth(7).unwrap().parse().unwrap()
 }
 
 /// User and system CPU seconds of process `pid` so far.

@@ -606,6 +606,11 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
         data.join("llmgw.db").exists(),
         "the log lives in the data directory"
     );
+    assert_eq!(
+        huge_pages_kib(up.process.id()),
+        0,
+        "the allocator asked for transparent huge pages: whole 2 MiB pages for a sparse heap"
+    );
     // The engine listens on loopback only, like the rest of `up`; Ctrl-C
     // stops it with everything else.
     let sweep = EngineSweeper("127.0.0.1:20".into());
@@ -1642,4 +1647,21 @@ async fn a_second_machine_under_a_connected_node_id_is_refused_with_the_reason()
         node_addr().await.filter(|a| a == "127.0.31.3")
     })
     .await;
+}
+
+/// KiB of process `pid` in transparent huge pages. Where the kernel puts
+/// every process's memory in them (`always`), that is its operator's
+/// choice, not ours: counted as none.
+fn huge_pages_kib(pid: u32) -> u64 {
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if mode.contains("[always]") {
+        return 0;
+    }
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let line = rollup
+        .lines()
+        .find(|l| l.starts_with("AnonHugePages:"))
+        .unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
