@@ -47,6 +47,10 @@ fn demo_model() -> Model {
 }
 
 pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
+    // Listening from the start: a Ctrl-C while the model comes up stops
+    // everything too (the server sees it at once, and an agent left
+    // behind would keep its engine running).
+    let mut signal = std::pin::pin!(crate::sim::shutdown());
     std::fs::create_dir_all(&a.data_dir)
         .with_context(|| format!("cannot create {}", a.data_dir.display()))?;
     let data = a.data_dir.canonicalize()?;
@@ -120,16 +124,25 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     let base = format!("http://{}", bound.client);
     let http = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(a.wait_s);
-    let ready = loop {
-        if let Ok(r) = http.get(format!("{base}/ready")).send().await
-            && r.status().is_success()
-        {
-            break true;
+    let ready = async {
+        loop {
+            if let Ok(r) = http.get(format!("{base}/ready")).send().await
+                && r.status().is_success()
+            {
+                return true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if tokio::time::Instant::now() > deadline {
-            break false;
+    };
+    let ready = tokio::select! {
+        ready = ready => ready,
+        _ = &mut signal => {
+            stop(stop_tx, server, agent_stop_tx, agent).await;
+            return Ok(Outcome::Ok);
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     {
         let mut out = std::io::stdout().lock();
@@ -159,7 +172,7 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     }
     let mut server = server;
     tokio::select! {
-        _ = crate::sim::shutdown() => {}
+        _ = &mut signal => {}
         r = &mut server => {
             let _ = agent_stop_tx.send(true);
             let _ = agent.await;
@@ -167,9 +180,19 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
             return Ok(Outcome::Ok);
         }
     }
-    // The server has seen the signal too: it refuses new connections and
-    // lets requests in flight finish (up to its grace period); only then
-    // does the agent stop the engine that serves them.
+    stop(stop_tx, server, agent_stop_tx, agent).await;
+    Ok(Outcome::Ok)
+}
+
+/// After a signal. The server has seen it too: it refuses new connections
+/// and lets requests in flight finish (up to its grace period); only then
+/// does the agent stop the engine that serves them.
+async fn stop<S, A>(
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    server: tokio::task::JoinHandle<S>,
+    agent_stop_tx: tokio::sync::watch::Sender<bool>,
+    agent: tokio::task::JoinHandle<A>,
+) {
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(
         crate::serve::DEFAULT_SHUTDOWN_GRACE + Duration::from_secs(10),
@@ -178,5 +201,4 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     .await;
     let _ = agent_stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
-    Ok(Outcome::Ok)
 }

@@ -568,8 +568,13 @@ async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
     drop(sweep);
 }
 
+/// One `llmgw up` at a time: each puts its engine on 127.0.0.1:20000,
+/// the agent's first engine port, where the tests count engines.
+static UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
+    let _one = UP.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let up = Child::spawn(&[
@@ -622,6 +627,40 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
         sweep.engines().is_empty().then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ctrl_c_while_llmgw_up_waits_for_its_model_stops_everything() {
+    let _one = UP.lock().await;
+    let sweep = EngineSweeper("127.0.0.1:20".into());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut up = Child::spawn(&[
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--wait-s",
+        "600",
+    ]);
+    // Listening, and from now on waiting for the model to serve.
+    Child::expect(&up.stdout, "client listening on");
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &up.process.id().to_string()])
+        .status();
+    until("llmgw up exits on Ctrl-C", || {
+        let exited = up.process.try_wait().unwrap().is_some();
+        async move { exited.then_some(()) }
+    })
+    .await;
+    assert!(
+        sweep.engines().is_empty(),
+        "an engine outlived llmgw up: {:?}",
+        sweep.engines()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
