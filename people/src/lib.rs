@@ -158,7 +158,6 @@ type Result<T> = std::result::Result<T, PeopleError>;
 impl People {
     pub fn new(store: &AnyStore, config: PeopleConfig) -> Self {
         let config = config.or_defaults();
-        password::warm_dummy();
         People {
             db: store::Db::new(store),
             attempts: attempts::Attempts::new(config.max_attempts, config.attempt_window),
