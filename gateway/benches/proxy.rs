@@ -318,6 +318,8 @@ struct Args {
     rate: Option<u64>,
     /// The child: serve llmgw in front of this upstream.
     serve: Option<SocketAddr>,
+    /// The `--serve` child logs as the shipped binary does.
+    logged: bool,
 }
 
 fn args() -> Args {
@@ -328,6 +330,7 @@ fn args() -> Args {
             "--peers" => a.peers = true,
             "--off" => a.off = true,
             "--keys" => a.keys = true,
+            "--logged" => a.logged = true,
             "--rate" => a.rate = it.next().and_then(|s| s.parse().ok()),
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
@@ -342,7 +345,21 @@ fn args() -> Args {
 /// with auth and limits recording no usage, in front of `up`; prints their
 /// addresses, one a line, and serves until its stdin closes (the parent
 /// went away).
-fn serve(up: SocketAddr) {
+fn serve(up: SocketAddr, logged: bool) {
+    // As cli/src/logging.rs sets it up: info, stderr written by a thread
+    // of its own.
+    let _lines = logged.then(|| {
+        let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+            .lossy(false)
+            .buffered_lines_limit(16_384)
+            .finish(std::io::BufWriter::new(std::io::stderr()));
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .init();
+        guard
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -423,14 +440,23 @@ impl Drop for Served {
     }
 }
 
-fn served(up: SocketAddr) -> Served {
+fn served(up: SocketAddr, logged: bool) -> Served {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--serve", &up.to_string()])
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--serve", &up.to_string()]);
+    if logged {
+        command.arg("--logged");
+    }
+    let mut child = command
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Its log read as a journal or a container runtime reads one: from a
+    // pipe, here into nothing.
+    let mut log = child.stderr.take().unwrap();
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let mut next = || {
         format!(
@@ -451,7 +477,7 @@ fn served(up: SocketAddr) -> Served {
 fn main() {
     let args = args();
     if let Some(up) = args.serve {
-        return serve(up);
+        return serve(up, args.logged);
     }
     let venv = peers::venv();
     if args.peers
@@ -501,7 +527,7 @@ fn main() {
         saturate(&client, &unrecorded, 8, 1, false).await;
 
         if let Some(seconds) = args.profile {
-            let child = served(up);
+            let child = served(up, args.logged);
             let (url, what) = match (args.off, args.keys) {
                 (true, _) => (&child.off, "all off"),
                 (_, true) => (&child.keys, "auth and limits, no usage"),
@@ -525,7 +551,7 @@ fn main() {
         }
         if args.peers {
             let running = peers::start(&venv, up, &client, &body(false)).await;
-            let child = served(up);
+            let child = served(up, args.logged);
             side_by_side(&client, &direct, &child, &running).await;
         } else {
             println!("(`-- --peers` also runs SGLang Model Gateway and vllm-router, installed into {})", venv.display());
