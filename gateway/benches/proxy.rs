@@ -21,6 +21,10 @@
 //! instead, direct and through the bare relay first: where the time a
 //! request adds at low load goes (its CPU, and how often its threads
 //! slept and were woken, a request).
+//! `-- --logged`: the `--serve` process logs as the binary does (info, or
+//! what RUST_LOG says; one access line a request) to a pipe this program
+//! drains, as a journal would; without it, it logs nothing, like a
+//! binary run with `RUST_LOG=warn`.
 
 #![allow(
     clippy::unwrap_used,
@@ -346,8 +350,8 @@ fn args() -> Args {
 /// addresses, one a line, and serves until its stdin closes (the parent
 /// went away).
 fn serve(up: SocketAddr, logged: bool) {
-    // As cli/src/logging.rs sets it up: info, stderr written by a thread
-    // of its own.
+    // As cli/src/logging.rs sets it up: info unless RUST_LOG says
+    // otherwise, stderr written by a thread of its own.
     let _lines = logged.then(|| {
         let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
             .lossy(false)
@@ -356,7 +360,10 @@ fn serve(up: SocketAddr, logged: bool) {
         tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(stderr)
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
             .init();
         guard
     });
