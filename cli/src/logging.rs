@@ -10,7 +10,6 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -53,7 +52,7 @@ pub(crate) struct Guard {
     traces: Option<SdkTracerProvider>,
     /// Dropped after the exporter's shutdown, so that its warning is
     /// written too.
-    _lines: WorkerGuard,
+    _lines: llmgw_gateway::log_lines::WorkerGuard,
 }
 
 impl Drop for Guard {
@@ -80,7 +79,7 @@ pub(crate) fn init(setup: Setup, runtime: &tokio::runtime::Handle) -> Result<Gua
             .with_default_directive(setup.default_level.into())
             .from_env_lossy()
     };
-    let (stderr, lines) = stderr_lines();
+    let (stderr, lines) = llmgw_gateway::log_lines::stderr();
     let mut layers: Vec<Boxed> = Vec::new();
     layers.push(match setup.format {
         // Colours only for a person at a terminal: a journal or a log file
@@ -122,25 +121,6 @@ pub(crate) fn init(setup: Setup, runtime: &tokio::runtime::Handle) -> Result<Gua
         traces: provider,
         _lines: lines,
     })
-}
-
-/// Lines queued for stderr, up to this many; past it, the threads that
-/// log wait (no line is dropped). About 5 MB of access lines: a burst of
-/// a fraction of a second at full speed.
-const QUEUED_LINES: usize = 16_384;
-
-/// stderr, written by a thread of its own: a line is formatted where it is
-/// logged and queued, and the thread writes all that has queued when it
-/// wakes, 8 KiB a write. Written where it was logged, every request's access
-/// line cost its request a write(2) and woke whatever reads the pipe (a
-/// journal, a container runtime): the gateway served 24,000 requests a
-/// second logging so, against 42,000 not logging (docs/benchmarks.md).
-fn stderr_lines() -> (NonBlocking, WorkerGuard) {
-    NonBlockingBuilder::default()
-        .lossy(false)
-        .buffered_lines_limit(QUEUED_LINES)
-        .thread_name("llmgw-log")
-        .finish(std::io::BufWriter::new(std::io::stderr()))
 }
 
 /// A variable's value, when set to something.

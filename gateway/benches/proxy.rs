@@ -353,10 +353,7 @@ fn serve(up: SocketAddr, logged: bool) {
     // As cli/src/logging.rs sets it up: info unless RUST_LOG says
     // otherwise, stderr written by a thread of its own.
     let _lines = logged.then(|| {
-        let (stderr, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-            .lossy(false)
-            .buffered_lines_limit(16_384)
-            .finish(std::io::BufWriter::new(std::io::stderr()));
+        let (stderr, guard) = llmgw_gateway::log_lines::stderr();
         tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(stderr)

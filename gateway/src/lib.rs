@@ -23,6 +23,7 @@ mod info;
 pub mod kv_events;
 pub mod limits;
 mod listen;
+pub mod log_lines;
 mod metrics;
 mod proxy;
 mod routes;

@@ -1,0 +1,54 @@
+//! Where the process's log lines go: stderr, written by a thread of its
+//! own. A line is formatted where it is logged and queued; the thread
+//! writes all that has queued when it wakes, then lets lines gather for a
+//! moment before it looks again. Written where it was logged, every
+//! request's access line cost its request a write(2) and woke whatever
+//! reads the pipe (a journal, a container runtime), and waking the writer
+//! thread for every line cost it a wake of its own (docs/benchmarks.md,
+//! "The binary's own logging").
+
+use std::io::Write;
+use std::time::Duration;
+
+pub use tracing_appender::non_blocking::{NonBlocking, WorkerGuard};
+
+/// Lines queued, up to this many; past it, the threads that log wait (no
+/// line is dropped). About 5 MB of access lines: a burst of a fraction of
+/// a second at full speed.
+const QUEUED_LINES: usize = 16_384;
+
+/// How long lines gather after each write: what a line may wait before
+/// anyone sees it, and the writer thread's wakes bounded to 50 a second.
+const LINGER: Duration = Duration::from_millis(20);
+
+/// stderr's writer for a `tracing_subscriber` layer, and the guard that
+/// writes out what is queued when dropped (waiting up to a second for a
+/// reader of stderr that has stopped reading).
+pub fn stderr() -> (NonBlocking, WorkerGuard) {
+    tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(QUEUED_LINES)
+        .thread_name("llmgw-log")
+        .finish(Lingering(std::io::BufWriter::new(std::io::stderr())))
+}
+
+/// The writer thread flushes after taking everything queued; pausing
+/// there lets the next lines gather in the queue instead of each waking
+/// the thread.
+struct Lingering<W>(W);
+
+impl<W: Write> Write for Lingering<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a pause of the writer's own thread so that lines gather, not a wait for an event"
+    )]
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()?;
+        std::thread::sleep(LINGER);
+        Ok(())
+    }
+}
