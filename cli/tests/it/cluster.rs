@@ -568,6 +568,21 @@ async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
     drop(sweep);
 }
 
+/// `llmgw up` on ports of its own, keeping its log in `data`.
+fn up(data: &std::path::Path, more: &[&str]) -> Child {
+    let mut args = vec![
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
+    Child::spawn(&args)
+}
+
 /// One `llmgw up` at a time: each puts its engine on 127.0.0.1:20000,
 /// the agent's first engine port, where the tests count engines.
 static UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -577,15 +592,7 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     let _one = UP.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let up = Child::spawn(&[
-        "up",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().unwrap(),
-    ]);
+    let up = up(&data, &[]);
     assert!(Child::expect(&up.stdout, "llmgw is up").contains("serving"));
     let endpoint = up.addr_after("  endpoint  ");
     let curl = Child::expect(&up.stdout, "curl ");
@@ -634,18 +641,7 @@ async fn a_ctrl_c_while_llmgw_up_waits_for_its_model_stops_everything() {
     let _one = UP.lock().await;
     let sweep = EngineSweeper("127.0.0.1:20".into());
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut up = Child::spawn(&[
-        "up",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--wait-s",
-        "600",
-    ]);
+    let mut up = up(&dir.path().join("data"), &["--wait-s", "600"]);
     // Listening, and from now on waiting for the model to serve.
     Child::expect(&up.stdout, "client listening on");
     let _ = std::process::Command::new("kill")
