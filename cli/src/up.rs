@@ -48,8 +48,7 @@ fn demo_model() -> Model {
 
 pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     // Listening from the start: a Ctrl-C while the model comes up stops
-    // everything too (the server sees it at once, and an agent left
-    // behind would keep its engine running).
+    // everything too (an agent left behind would keep its engine running).
     let mut signal = std::pin::pin!(crate::sim::shutdown());
     std::fs::create_dir_all(&a.data_dir)
         .with_context(|| format!("cannot create {}", a.data_dir.display()))?;
@@ -87,7 +86,17 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
             .await
         })
     };
-    let bound = match bound_rx.await {
+    let bound = tokio::select! {
+        bound = bound_rx => bound,
+        // Before the server listens, only it has started: stopping it is
+        // stopping everything.
+        _ = &mut signal => {
+            let _ = stop_tx.send(true);
+            let _ = server.await;
+            return Ok(Outcome::Ok);
+        }
+    };
+    let bound = match bound {
         Ok(b) => b,
         Err(_) => {
             return match server.await? {
@@ -144,7 +153,9 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
             return Ok(Outcome::Ok);
         }
     };
-    {
+    // A closed stdout (`llmgw up | head`) must not end `up` here, past the
+    // agent's start: it would leave the engine running.
+    let _ = (|| -> std::io::Result<()> {
         let mut out = std::io::stdout().lock();
         if ready {
             writeln!(out, "llmgw is up: model {MODEL} is serving.")?;
@@ -168,8 +179,8 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
             "  curl {base}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'"
         )?;
         writeln!(out, "Ctrl-C stops everything.")?;
-        out.flush()?;
-    }
+        out.flush()
+    })();
     let mut server = server;
     tokio::select! {
         _ = &mut signal => {}
@@ -200,5 +211,6 @@ async fn stop<S, A>(
     )
     .await;
     let _ = agent_stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+    // Longer than the agent gives its engine to stop (30 s) before it kills it.
+    let _ = tokio::time::timeout(Duration::from_secs(40), agent).await;
 }

@@ -766,8 +766,8 @@ fn memory(pid: u32) -> String {
     )
 }
 
-/// Minor page faults of process `pid` so far: memory its allocator gave
-/// back to the kernel and touched again.
+/// Minor page faults of process `pid` so far: memory touched for the
+/// first time, or again after its allocator gave it back to the kernel.
 fn faults(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let rest = stat.rsplit_once(") ").unwrap().1;

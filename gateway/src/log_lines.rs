@@ -29,17 +29,25 @@ pub fn stderr() -> (NonBlocking, WorkerGuard) {
         .lossy(false)
         .buffered_lines_limit(QUEUED_LINES)
         .thread_name("llmgw-log")
-        .finish(Lingering(std::io::BufWriter::new(std::io::stderr())))
+        .finish(Lingering {
+            out: std::io::BufWriter::new(std::io::stderr()),
+            wrote: false,
+        })
 }
 
 /// The writer thread flushes after taking everything queued; pausing
-/// there lets the next lines gather in the queue instead of each waking
-/// the thread.
-struct Lingering<W>(W);
+/// there, when it wrote something, lets the next lines gather in the queue
+/// instead of each waking the thread. Its last flush at exit wrote nothing
+/// since the one before, so an exit waits for no pause of its own.
+struct Lingering<W> {
+    out: W,
+    wrote: bool,
+}
 
 impl<W: Write> Write for Lingering<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.write(buf)
+        self.wrote = true;
+        self.out.write(buf)
     }
 
     #[expect(
@@ -47,8 +55,10 @@ impl<W: Write> Write for Lingering<W> {
         reason = "a pause of the writer's own thread so that lines gather, not a wait for an event"
     )]
     fn flush(&mut self) -> std::io::Result<()> {
-        self.0.flush()?;
-        std::thread::sleep(LINGER);
+        self.out.flush()?;
+        if std::mem::take(&mut self.wrote) {
+            std::thread::sleep(LINGER);
+        }
         Ok(())
     }
 }

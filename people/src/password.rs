@@ -148,8 +148,14 @@ mod tests {
     fn the_dummy_hash_costs_what_a_new_one_costs() {
         let parsed = parse(DUMMY).expect("the dummy hash reads");
         assert_eq!(
-            (parsed.m, parsed.t, parsed.p, parsed.hash.len()),
-            (M_COST, T_COST, P_COST, OUTPUT_LEN)
+            (
+                parsed.m,
+                parsed.t,
+                parsed.p,
+                parsed.salt.len(),
+                parsed.hash.len()
+            ),
+            (M_COST, T_COST, P_COST, 16, OUTPUT_LEN)
         );
         assert_eq!(
             verify_password(&"x".repeat(MIN_PASSWORD_CHARS), DUMMY),

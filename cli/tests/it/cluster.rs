@@ -590,6 +590,9 @@ static UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     let _one = UP.lock().await;
+    // Made first, dropped last: a failed assertion kills `up` (the child's
+    // drop) and this then stops its engine, which the next test would see.
+    let sweep = EngineSweeper("127.0.0.1:20".into());
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let up = up(&data, &[]);
@@ -625,7 +628,6 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     );
     // The engine listens on loopback only, like the rest of `up`; Ctrl-C
     // stops it with everything else.
-    let sweep = EngineSweeper("127.0.0.1:20".into());
     assert_eq!(sweep.engines().len(), 1, "one engine, on 127.0.0.1");
     let _ = std::process::Command::new("kill")
         .args(["-INT", &up.process.id().to_string()])
@@ -1685,12 +1687,17 @@ async fn a_second_machine_under_a_connected_node_id_is_refused_with_the_reason()
 }
 
 /// KiB of process `pid` in transparent huge pages. Where the kernel puts
-/// every process's memory in them (`always`), that is its operator's
-/// choice, not ours: counted as none.
+/// every process's memory in them (`always`, for all sizes or for 2 MiB
+/// pages), that is its operator's choice, not ours: counted as none.
 fn huge_pages_kib(pid: u32) -> u64 {
-    let mode =
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if mode.contains("[always]") {
+    let thp = "/sys/kernel/mm/transparent_hugepage";
+    let always = [
+        format!("{thp}/enabled"),
+        format!("{thp}/hugepages-2048kB/enabled"),
+    ]
+    .iter()
+    .any(|f| std::fs::read_to_string(f).is_ok_and(|mode| mode.contains("[always]")));
+    if always {
         return 0;
     }
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
