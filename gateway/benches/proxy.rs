@@ -766,24 +766,24 @@ fn memory(pid: u32) -> String {
     )
 }
 
-/// Minor page faults of process `pid` so far: memory touched for the
-/// first time, or again after its allocator gave it back to the kernel.
-fn faults(pid: u32) -> u64 {
+/// Field `n` of `/proc/PID/stat` (as proc(5) counts, from 1).
+fn stat_field(pid: u32, n: usize) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the name, which may hold spaces, the state is field 3.
     let rest = stat.rsplit_once(") ").unwrap().1;
-    // minflt: field 10 of the line, 8 after the name.
-    rest.split_whitespace().nth(7).unwrap().parse().unwrap()
+    rest.split_whitespace().nth(n - 3).unwrap().parse().unwrap()
 }
 
-/// User and system CPU seconds of process `pid` so far.
+/// Minor page faults of process `pid` so far (minflt): memory touched for
+/// the first time, or again after its allocator gave it back to the kernel.
+fn faults(pid: u32) -> u64 {
+    stat_field(pid, 10)
+}
+
+/// User and system CPU seconds of process `pid` so far (utime + stime),
+/// in USER_HZ, which Linux fixes at 100 for /proc.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = stat.rsplit_once(") ").unwrap().1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime: fields 14 and 15 of the line, 12 and 13 after the name.
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // In USER_HZ, which Linux fixes at 100 for /proc.
-    ticks as f64 / 100.0
+    (stat_field(pid, 14) + stat_field(pid, 15)) as f64 / 100.0
 }
 
 /// The load average, so that a figure says what it ran beside.

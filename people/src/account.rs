@@ -63,7 +63,7 @@ impl People {
             Err(_) => None,
         };
         let Some((user_id, hash)) = found else {
-            verify_blocking(password, password::dummy_hash()).await?;
+            verify_blocking(password, password::DUMMY_HASH).await?;
             return Err(PeopleError::BadCredentials);
         };
         if !verify_blocking(password, &hash).await? {

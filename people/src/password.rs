@@ -14,6 +14,7 @@ const M_COST: u32 = 65_536; // KiB
 const T_COST: u32 = 3;
 const P_COST: u32 = 4;
 const OUTPUT_LEN: usize = 32;
+const SALT_LEN: usize = 16;
 
 // Upper bounds when verifying a stored string's own parameters: the table
 // is ours, but a corrupted row must not make one sign-in allocate gigabytes.
@@ -38,7 +39,7 @@ pub(crate) fn check_strength(password: &str) -> Result<()> {
 /// `WeakPassword`. Slow on purpose: call it off the async threads.
 pub fn hash_password(password: &str) -> Result<String> {
     check_strength(password)?;
-    let salt = secret::random::<16>()?;
+    let salt = secret::random::<SALT_LEN>()?;
     hash_with_salt(password, &salt)
         .ok_or_else(|| PeopleError::Store("argon2 refused its own parameters".into()))
 }
@@ -113,11 +114,7 @@ fn parse(stored: &str) -> Option<Parsed> {
 /// second of a core at every start. Its parameters are ours (a test holds
 /// them to the constants above), so checking it costs what checking a
 /// real one does.
-const DUMMY: &str = "$argon2id$v=19$m=65536,t=3,p=4$DzLj2oJuVXs+74XMXik09A$mzd1gOa/8jWvkITgQzIBRzDKZlkrlgi2JHmHn4tZess";
-
-pub(crate) fn dummy_hash() -> &'static str {
-    DUMMY
-}
+pub(crate) const DUMMY_HASH: &str = "$argon2id$v=19$m=65536,t=3,p=4$DzLj2oJuVXs+74XMXik09A$mzd1gOa/8jWvkITgQzIBRzDKZlkrlgi2JHmHn4tZess";
 
 /// [`hash_password`] on the blocking pool.
 pub(crate) async fn hash_blocking(password: &str) -> Result<String> {
@@ -146,7 +143,7 @@ mod tests {
 
     #[test]
     fn the_dummy_hash_costs_what_a_new_one_costs() {
-        let parsed = parse(DUMMY).expect("the dummy hash reads");
+        let parsed = parse(DUMMY_HASH).expect("the dummy hash reads");
         assert_eq!(
             (
                 parsed.m,
@@ -155,10 +152,10 @@ mod tests {
                 parsed.salt.len(),
                 parsed.hash.len()
             ),
-            (M_COST, T_COST, P_COST, 16, OUTPUT_LEN)
+            (M_COST, T_COST, P_COST, SALT_LEN, OUTPUT_LEN)
         );
         assert_eq!(
-            verify_password(&"x".repeat(MIN_PASSWORD_CHARS), DUMMY),
+            verify_password(&"x".repeat(MIN_PASSWORD_CHARS), DUMMY_HASH),
             Ok(false)
         );
     }
