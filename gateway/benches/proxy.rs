@@ -24,7 +24,8 @@
 //! `-- --logged`: the `--serve` process logs as the binary does (info, or
 //! what RUST_LOG says; one access line a request) to a pipe this program
 //! drains, as a journal would; without it, it logs nothing, like a
-//! binary run with `RUST_LOG=warn`.
+//! binary run with `RUST_LOG=warn`. With `LLMGW_LOG_FORMAT=json` set, the
+//! lines are JSON, as the binary writes them then.
 
 #![allow(
     clippy::unwrap_used,
@@ -354,14 +355,21 @@ fn serve(up: SocketAddr, logged: bool) {
     // otherwise, stderr written by a thread of its own.
     let _lines = logged.then(|| {
         let (stderr, guard) = llmgw_gateway::log_lines::stderr();
-        tracing_subscriber::fmt()
+        let fmt = tracing_subscriber::fmt()
             .with_ansi(false)
             .with_writer(stderr)
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
                     .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            )
-            .init();
+            );
+        if std::env::var("LLMGW_LOG_FORMAT").is_ok_and(|f| f == "json") {
+            fmt.json()
+                .with_current_span(true)
+                .with_span_list(true)
+                .init();
+        } else {
+            fmt.init();
+        }
         guard
     });
     let rt = tokio::runtime::Builder::new_multi_thread()
