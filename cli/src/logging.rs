@@ -15,6 +15,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
+use llmgw_gateway::log_lines::Format;
+
 use crate::config::ConfigError;
 
 /// How log lines are written to stderr.
@@ -81,22 +83,19 @@ pub(crate) fn init(setup: Setup, runtime: &tokio::runtime::Handle) -> Result<Gua
     };
     let (stderr, lines) = llmgw_gateway::log_lines::stderr();
     let mut layers: Vec<Boxed> = Vec::new();
-    layers.push(match setup.format {
+    let format = match setup.format {
         // Colours only for a person at a terminal: a journal or a log file
         // gets plain text.
-        LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(stderr)
+        LogFormat::Text => Format::Text {
+            ansi: std::io::stderr().is_terminal(),
+        },
+        LogFormat::Json => Format::Json,
+    };
+    layers.push(
+        llmgw_gateway::log_lines::layer(format, stderr)
             .with_filter(filter())
             .boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .with_writer(stderr)
-            .with_filter(filter())
-            .boxed(),
-    });
+    );
     if let Some(ring) = setup.ring {
         layers.push(
             tracing_subscriber::fmt::layer()

@@ -351,25 +351,21 @@ fn args() -> Args {
 /// addresses, one a line, and serves until its stdin closes (the parent
 /// went away).
 fn serve(up: SocketAddr, logged: bool) {
-    // As cli/src/logging.rs sets it up: info unless RUST_LOG says
-    // otherwise, stderr written by a thread of its own.
+    // Through the binary's own layer and writer (log_lines): info unless
+    // RUST_LOG says otherwise, JSON when LLMGW_LOG_FORMAT says so.
     let _lines = logged.then(|| {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::{EnvFilter, Layer};
         let (stderr, guard) = llmgw_gateway::log_lines::stderr();
-        let fmt = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(stderr)
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            );
-        if std::env::var("LLMGW_LOG_FORMAT").is_ok_and(|f| f == "json") {
-            fmt.json()
-                .with_current_span(true)
-                .with_span_list(true)
-                .init();
-        } else {
-            fmt.init();
-        }
+        let format = match std::env::var("LLMGW_LOG_FORMAT") {
+            Ok(f) if f == "json" => llmgw_gateway::log_lines::Format::Json,
+            _ => llmgw_gateway::log_lines::Format::Text { ansi: false },
+        };
+        let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+        tracing_subscriber::registry()
+            .with(llmgw_gateway::log_lines::layer(format, stderr).with_filter(filter))
+            .init();
         guard
     });
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -11,6 +11,8 @@ use std::io::Write;
 use std::time::Duration;
 
 pub use tracing_appender::non_blocking::{NonBlocking, WorkerGuard};
+use tracing_subscriber::Layer;
+use tracing_subscriber::registry::LookupSpan;
 
 /// Lines queued, up to this many; past it, the threads that log wait (no
 /// line is dropped). About 5 MB of access lines: a burst of a fraction of
@@ -33,6 +35,37 @@ pub fn stderr() -> (NonBlocking, WorkerGuard) {
             out: std::io::BufWriter::new(std::io::stderr()),
             wrote: false,
         })
+}
+
+/// How the lines are formatted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One line of text an event; colours when `ansi`.
+    Text { ansi: bool },
+    /// One JSON object a line, with the current span and the spans
+    /// around it with their fields.
+    Json,
+}
+
+/// The layer that formats the process's lines into `writer` (from
+/// [`stderr`]): the one the binary logs through, and the proxy bench's
+/// logged child, so that the bench measures what the binary does.
+pub fn layer<S>(format: Format, writer: NonBlocking) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    match format {
+        Format::Text { ansi } => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(writer)
+            .boxed(),
+        Format::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_writer(writer)
+            .boxed(),
+    }
 }
 
 /// The writer thread flushes after taking everything queued; pausing
