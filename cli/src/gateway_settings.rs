@@ -164,6 +164,20 @@ pub(crate) fn gateway_config(
     Ok(g)
 }
 
+/// The `connections.max.*` keys the section sets.
+pub(crate) fn caps_set(c: &ConnectionsSection) -> Vec<&'static str> {
+    let Some(m) = &c.max else { return Vec::new() };
+    [
+        (m.client, "connections.max.client"),
+        (m.admin, "connections.max.admin"),
+        (m.metrics, "connections.max.metrics"),
+        (m.agent, "connections.max.agent"),
+    ]
+    .into_iter()
+    .filter_map(|(v, key)| v.map(|_| key))
+    .collect()
+}
+
 /// The listeners' caps and timeouts: defaults, then the section.
 pub(crate) fn connection_limits(
     c: &ConnectionsSection,

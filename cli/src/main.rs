@@ -20,6 +20,7 @@ mod lease;
 mod logging;
 mod mirror;
 mod notify;
+mod open_files;
 mod output;
 mod plan;
 mod serve;

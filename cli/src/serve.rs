@@ -39,6 +39,10 @@ pub(crate) struct Listen {
     pub agent_tls: Option<crate::config::TlsPems>,
     /// Caps and timeouts of every listener, the agent listener's included.
     pub connections: llmgw_gateway::ConnectionLimits,
+    /// The caps the operator set (`connections.max.client`, ...): refused
+    /// at start if the open-file limit cannot hold them, where the
+    /// defaults are lowered to fit ([`crate::open_files`]).
+    pub caps_set: Vec<&'static str>,
 }
 
 /// How usage records leave the request path.
@@ -171,11 +175,12 @@ async fn keep_conversations(
 /// flushed. Under systemd (`Type=notify`) it reports READY=1 once every
 /// listener is bound and STOPPING=1 when the stop begins.
 pub(crate) async fn run(
-    plan: Plan,
+    mut plan: Plan,
     on_bound: impl FnOnce(Bound) + Send,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Outcome> {
     survive_file_size_limit();
+    fit_open_files(&mut plan)?;
     if !plan.listen.admin.ip().is_loopback() {
         tracing::warn!(addr = %plan.listen.admin, "the admin listener is not on loopback");
     }
@@ -503,6 +508,46 @@ fn survive_file_size_limit() {
         if let Err(e) = signal(SignalKind::from_raw(xfsz)) {
             tracing::warn!(error = %e, "cannot catch SIGXFSZ: a file-size limit would kill the server");
         }
+    }
+}
+
+/// Raises the open-file limit and fits the connection caps into it
+/// ([`crate::open_files`]): caps the operator set that cannot fit are a
+/// configuration error; default ones are lowered, with a warning.
+fn fit_open_files(plan: &mut Plan) -> Result<(), crate::config::ConfigError> {
+    use crate::open_files::{Fit, Opened};
+    let limit = crate::open_files::raise();
+    if limit.now > limit.was {
+        tracing::info!(
+            from = limit.was,
+            to = limit.now,
+            "open files: the soft limit raised to the hard one"
+        );
+    }
+    let opened = Opened {
+        metrics: plan.listen.metrics.is_some(),
+        agents: plan.control.is_some(),
+    };
+    let listen = &mut plan.listen;
+    match crate::open_files::fit(&mut listen.connections, opened, &listen.caps_set, limit.now) {
+        Ok(Fit::AsSet) => Ok(()),
+        Ok(Fit::Lowered(caps)) => {
+            // A trim of a few per cent (a limit of 20,000, say) is no news.
+            let deep = caps.iter().any(|(_, from, to)| to * 10 < from * 9);
+            let caps = caps
+                .iter()
+                .map(|(key, from, to)| format!("{key} {from} -> {to}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let why = "the default connection caps do not fit this process's open-file limit, so they are lowered: raise the limit (LimitNOFILE= in a systemd unit, `ulimit -n`) or set connections.max.* within it";
+            if deep {
+                tracing::warn!(open_files = limit.now, %caps, "{why}");
+            } else {
+                tracing::info!(open_files = limit.now, %caps, "{why}");
+            }
+            Ok(())
+        }
+        Err(why) => Err(crate::config::ConfigError(why)),
     }
 }
 

@@ -254,6 +254,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             agent: agent_listen.unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
             agent_tls,
             connections,
+            caps_set: crate::gateway_settings::caps_set(&file.connections),
         },
         gateway,
         control,

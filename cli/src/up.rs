@@ -70,6 +70,7 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
         agent: ([127, 0, 0, 1], 0).into(),
         agent_tls: None,
         connections: llmgw_gateway::ConnectionLimits::default(),
+        caps_set: Vec::new(),
     };
     let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

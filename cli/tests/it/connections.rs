@@ -176,6 +176,79 @@ fn an_agent_listener_cap_without_the_control_plane_is_refused() {
     );
 }
 
+/// `llmgw server --config CONFIG` with its open files limited (soft,
+/// hard) by prlimit(1), which sets its own limit and runs the server in
+/// its place, so the child's pid is the server's.
+fn limited(soft: u64, hard: u64, config: &Path) -> std::process::Command {
+    let mut command = std::process::Command::new("prlimit");
+    command.args([
+        &format!("--nofile={soft}:{hard}"),
+        "--",
+        env!("CARGO_BIN_EXE_llmgw"),
+        "server",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    command
+}
+
+/// The soft limit on open files of a running process.
+fn open_files(pid: u32) -> u64 {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    line.split_whitespace().nth(3).unwrap().parse().unwrap()
+}
+
+/// Under the soft limit most processes start with (1,024 open files),
+/// the default caps could never be reached. The server raises its soft
+/// limit to the hard one; default caps that still do not fit are lowered
+/// (with a warning, and the metrics say so), and caps the operator set
+/// that cannot fit are refused at start.
+#[tokio::test]
+async fn the_open_file_limit_is_raised_and_the_caps_fit_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("server.yaml");
+    let router = "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nendpoints: [\"a=http://127.0.0.1:9=m\"]\n";
+    std::fs::write(&config, router).unwrap();
+
+    // Room for the defaults (16,896 files router-only) under the hard limit.
+    let server = Child::spawn_command(limited(1024, 19_000, &config));
+    let admin = server.addr_after("admin listening on ");
+    assert_eq!(open_files(server.process.id()), 19_000);
+    let max = "llmgw_connections_max{listener=\"client\"}";
+    assert_eq!(series(&admin, max).await, Some(8192.0));
+    drop(server);
+
+    // No room: the defaults are lowered to fit 1,024 files.
+    let server = Child::spawn_command(limited(1024, 1024, &config));
+    let warned = Child::expect(&server.stderr, "connection caps do not fit");
+    assert!(
+        warned.contains("connections.max.client 8192 -> 256"),
+        "{warned}"
+    );
+    let admin = server.addr_after("admin listening on ");
+    assert_eq!(series(&admin, max).await, Some(256.0));
+    drop(server);
+
+    // A cap the operator set that cannot fit: refused, naming it.
+    std::fs::write(
+        &config,
+        format!("{router}connections:\n  max: {{client: 1000}}\n"),
+    )
+    .unwrap();
+    let out = limited(1024, 1024, &config).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("need up to 2512 open files") && err.contains("may open 1024"),
+        "{err}"
+    );
+    assert!(err.contains("lower connections.max.client"), "{err}");
+}
+
 /// A proxy set for the machine's way out (weights, packages) does not
 /// catch the engines: with every proxy variable pointing at a dead
 /// address, requests are still served.

@@ -698,9 +698,17 @@ impl Child {
     }
 
     fn spawn_env(args: &[&str], env: &[(&str, String)]) -> Child {
-        let mut process = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_llmgw"));
+        command
             .args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        Child::spawn_command(command)
+    }
+
+    /// `command` (llmgw, or a program that runs it) at info, its output
+    /// read line by line.
+    fn spawn_command(mut command: Command) -> Child {
+        let mut process = command
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
