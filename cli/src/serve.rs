@@ -14,7 +14,6 @@ use llmgw_gateway::{Gateway, GatewayConfig, Listener};
 use llmgw_projections::Projections;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
 
 use crate::Outcome;
 
@@ -595,11 +594,12 @@ async fn agent_listener(
         Some(limits.idle_timeout),
         stats,
     );
-    let service = llmgw_api::AgentServiceServer::new(AgentSvc(cp.clone()));
+    let routes =
+        tonic::service::Routes::new(llmgw_api::AgentServiceServer::new(AgentSvc(cp.clone())));
     let stopped = async move {
         let _ = shutdown.wait_for(|s| *s).await;
     };
-    let server: Serving = match &listen.agent_tls {
+    let (tls, routes) = match &listen.agent_tls {
         Some(t) => {
             // The handshakes are ours, not tonic's, so that a refused one
             // is logged with the peer and the reason (tonic drops them
@@ -613,41 +613,25 @@ async fn agent_listener(
                 llmgw_gateway::ServerTls::with_client_ca(cert, key, ca)
             }
             .map_err(|e| anyhow::anyhow!("the agent listener's TLS files: {e}"))?;
-            let (ready, accepting) = llmgw_gateway::handshakes(agent_l, &tls, true);
-            let incoming = tokio_stream::wrappers::ReceiverStream::new(ready)
-                .map(|(stream, _)| Ok::<_, std::io::Error>(stream));
             if joinable {
                 tracing::info!(%addr, "agent listener: mutual TLS; nodes may join with a token (tls.ca_key), and a stream needs a client certificate");
             } else {
                 tracing::info!(%addr, "agent listener: mutual TLS, client certificates required");
             }
-            let server = tonic::transport::Server::builder()
-                .add_service(service)
-                .add_service(llmgw_api::JoinServiceServer::new(llmgw_control::JoinSvc(
-                    cp.clone(),
-                )))
-                .serve_with_incoming_shutdown(incoming, stopped);
-            Box::pin(async move {
-                let served = server.await;
-                accepting.abort();
-                Ok(served?)
-            })
+            let join = llmgw_api::JoinServiceServer::new(llmgw_control::JoinSvc(cp.clone()));
+            (Some(tls), routes.add_service(join))
         }
         None => {
             tracing::warn!(
                 %addr,
                 "agent listener: plaintext, for a trusted network only (see `llmgw ctl cert` and the tls: section)"
             );
-            let incoming = futures_util::stream::unfold(agent_l, |l| async move {
-                let (conn, _) = l.accept().await;
-                Some((Ok::<_, std::io::Error>(conn), l))
-            });
-            let server = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, stopped);
-            Box::pin(async move { Ok(server.await?) })
+            (None, routes)
         }
     };
+    let server: Serving = Box::pin(async move {
+        Ok(llmgw_gateway::serve_grpc(agent_l, tls.as_ref(), routes, stopped).await?)
+    });
     Ok((addr, server))
 }
 

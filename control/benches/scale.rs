@@ -9,9 +9,13 @@
 //! runs the agent service, the views, the reconciler and the liveness
 //! clocks on an embedded SQLite log, as `llmgw server` does. Each agent is
 //! one stream (fifty share a connection, as agents behind one proxy
-//! would; `--measure N --per-connection 1` gives each its own;
-//! `--exit-holding` leaves without freeing, for a heap profiler),
-//! registers eight H100s and heartbeats every 5 s from a random phase.
+//! would; `--measure N --per-connection 1` gives each its own, and
+//! `--tls` then puts each on mutual TLS with its own certificate;
+//! `--exit-holding` leaves without freeing, for a heap profiler), dials
+//! as the agent does (its keepalive pings every 2 s), registers eight
+//! H100s and heartbeats every 5 s from a random phase. The server's agent
+//! listener is the binary's: capped, idle connections closed, TLS
+//! handshakes beside the accept loop.
 //! CPU is the server process's user + system time over a 15 s window
 //! after every agent has registered, as a share of one core; the idle
 //! control plane (no agents) is measured first, in the same run, as the
@@ -110,15 +114,22 @@ fn register(i: usize) -> v1::Register {
     }
 }
 
-/// The child: `n` agents against `addr`, until killed.
-async fn fleet(addr: &str, n: usize, per_connection: usize) {
+/// The child: `n` agents against `addr`, until killed; with `pki` (the
+/// directory [`Pki`] wrote), each on its own certificate.
+async fn fleet(addr: &str, n: usize, per_connection: usize, pki: Option<&str>) {
+    let issuer = pki.map(Pki::issuer);
+    let port = addr.rsplit_once(':').unwrap().1;
     let mut tasks = Vec::new();
     for chunk_start in (0..n).step_by(per_connection) {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel = match &issuer {
+            Some((ca, issuer)) => {
+                let (cert, key) = Pki::client(issuer, &format!("node-{chunk_start:05}"));
+                let tls = (ca.clone(), cert, key);
+                llmgw_agent::session::dial(&format!("https://localhost:{port}"), Some(&tls)).await
+            }
+            None => llmgw_agent::session::dial(&format!("http://{addr}"), None).await,
+        }
+        .unwrap();
         for i in chunk_start..(chunk_start + per_connection).min(n) {
             let channel = channel.clone();
             tasks.push(tokio::spawn(async move {
@@ -167,7 +178,67 @@ struct Server {
     stop: tokio::sync::watch::Sender<bool>,
 }
 
-async fn server() -> Server {
+/// `--tls`: an authority, the server's certificate for localhost, and
+/// the authority's key in a directory the fleet reads, so that it signs
+/// each agent's certificate (its common name the node's id, which the
+/// server checks against the stream's registration).
+struct Pki {
+    dir: tempfile::TempDir,
+    tls: llmgw_gateway::ServerTls,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "scale bench");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = params.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("ca-key.pem"), ca_key.serialize_pem()).unwrap();
+        let (_, issuer) = Pki::issuer(dir.path().to_str().unwrap());
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        let tls = llmgw_gateway::ServerTls::with_client_ca(
+            cert.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            ca.pem().as_bytes(),
+        )
+        .unwrap();
+        Pki { dir, tls }
+    }
+
+    /// The authority in `dir`: its certificate (PEM) and its signer.
+    fn issuer(dir: &str) -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
+        let dir = std::path::Path::new(dir);
+        let ca = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
+        let key = std::fs::read_to_string(dir.join("ca-key.pem")).unwrap();
+        let key = rcgen::KeyPair::from_pem(&key).unwrap();
+        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca, key).unwrap();
+        (ca, issuer)
+    }
+
+    /// A client certificate naming `node` and its key, PEM.
+    fn client(issuer: &rcgen::Issuer<'static, rcgen::KeyPair>, node: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, node);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+async fn server(pki: Option<&Pki>) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let address = StoreAddress::parse(&dir.path().join("llmgw.db").display().to_string()).unwrap();
     let store = AnyStore::open(&address, OpenOptions::migrating())
@@ -189,15 +260,28 @@ async fn server() -> Server {
         let _ = runner.follow().await;
     });
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(cp.clone().run(stop_rx));
+    tokio::spawn(cp.clone().run(stop_rx.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let svc = AgentServiceServer::new(AgentSvc(cp.clone()));
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    // The binary's agent listener, its cap raised for the fleet as an
+    // operator of one this size would (connections.max.agent).
+    let limits = llmgw_gateway::ConnectionLimits::default();
+    let acceptor = llmgw_gateway::Acceptor::new(
+        listener,
+        llmgw_gateway::Which::Agent,
+        100_000,
+        Some(limits.idle_timeout),
+        Arc::default(),
     );
+    let routes = tonic::service::Routes::new(AgentServiceServer::new(AgentSvc(cp.clone())));
+    let tls = pki.map(|p| p.tls.clone());
+    let mut stopped = stop_rx.clone();
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        llmgw_gateway::serve_grpc(acceptor, tls.as_ref(), routes, stop).await
+    });
     let mut l = cp.leadership();
     l.wait_for(|t| t.is_some()).await.unwrap();
     Server {
@@ -218,17 +302,22 @@ fn nodes_seen(cp: &ControlPlane) -> usize {
         .len()
 }
 
-async fn measure(n: usize, per_connection: usize) {
-    let s = server().await;
+async fn measure(n: usize, per_connection: usize, tls: bool) {
+    let pki = tls.then(Pki::new);
+    let s = server(pki.as_ref()).await;
     let rss_before = rss_mib();
     let started = Instant::now();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--fleet",
-            &s.addr.to_string(),
-            &n.to_string(),
-            &per_connection.to_string(),
-        ])
+    let mut fleet = std::process::Command::new(std::env::current_exe().unwrap());
+    fleet.args([
+        "--fleet",
+        &s.addr.to_string(),
+        &n.to_string(),
+        &per_connection.to_string(),
+    ]);
+    if let Some(p) = &pki {
+        fleet.arg(p.dir.path());
+    }
+    let mut child = fleet
         // A preloaded profiler (heaptrack) follows the server only.
         .env_remove("LD_PRELOAD")
         .spawn()
@@ -261,7 +350,7 @@ async fn measure(n: usize, per_connection: usize) {
 }
 
 async fn idle() {
-    let s = server().await;
+    let s = server(None).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (c0, t0) = (cpu_seconds(), Instant::now());
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -431,6 +520,7 @@ fn main() {
             &args[i + 1],
             args[i + 2].parse().unwrap(),
             args[i + 3].parse().unwrap(),
+            args.get(i + 4).map(String::as_str),
         ));
         return;
     }
@@ -441,11 +531,17 @@ fn main() {
             .position(|a| a == "--per-connection")
             .map_or(PER_CONNECTION, |k| args[k + 1].parse().unwrap())
             .max(1);
+        let tls = args.iter().any(|a| a == "--tls");
+        // A connection's certificate names one node.
+        assert!(
+            !tls || per_connection == 1,
+            "--tls needs --per-connection 1"
+        );
         rt.block_on(async {
             if n == 0 {
                 idle().await
             } else {
-                measure(n, per_connection).await
+                measure(n, per_connection, tls).await
             }
         });
         return;

@@ -46,6 +46,7 @@ pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
 pub use listen::ConnectionLimits;
 pub use listen::conn::{Acceptor, Conn, ConnectionStats, Which};
+pub use listen::grpc::serve_grpc;
 pub use metrics::Metrics;
 pub use proxy::chat_as;
 pub use tls::{Incoming, ServerTls, TlsError, TlsListener, handshakes};

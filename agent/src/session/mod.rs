@@ -714,8 +714,10 @@ async fn open(
     }
 }
 
-/// A channel to `server` (mutual TLS when the agent holds certificates).
-async fn dial(
+/// A channel to `server` (mutual TLS when the agent holds certificates:
+/// the CA, the node's certificate and its key, PEM), as the agent dials
+/// it; the control plane's scale bench dials the same way.
+pub async fn dial(
     server: &str,
     tls: Option<&(String, String, String)>,
 ) -> Result<tonic::transport::Channel, SessionError> {

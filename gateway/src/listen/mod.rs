@@ -13,6 +13,7 @@
 pub(crate) mod body;
 pub mod conn;
 pub(crate) mod edge;
+pub mod grpc;
 mod quiet;
 pub(crate) mod signal;
 
