@@ -17,7 +17,9 @@
 //! listener is the binary's: capped, idle connections closed, TLS
 //! handshakes beside the accept loop.
 //! CPU is the server process's user + system time over a 15 s window
-//! after every agent has registered, as a share of one core; the idle
+//! (`--window SECONDS` for a longer one: buffers that fill as the
+//! streams run show in RSS only after minutes) after every agent has
+//! registered, as a share of one core; the idle
 //! control plane (no agents) is measured first, in the same run, as the
 //! baseline. Placement is timed on generated clusters of 1,000 and 10,000
 //! nodes (the same shape, a fifth of their GPUs taken), the smaller one
@@ -47,6 +49,7 @@ use llmgw_domain::replicas::{Placement, ReplicaEvent, Replicas, ShardPlacement};
 use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The measuring window, unless `--window SECONDS` says otherwise.
 const WINDOW: Duration = Duration::from_secs(15);
 /// Streams sharing a connection, unless `--per-connection K` says otherwise
 /// (1: every agent its own connection, as a fleet without a proxy dials).
@@ -328,7 +331,14 @@ async fn measure(n: usize, per_connection: usize, tls: bool) {
     let registered = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (c0, t0) = (cpu_seconds(), Instant::now());
-    tokio::time::sleep(WINDOW).await;
+    let args: Vec<String> = std::env::args().collect();
+    let window = args
+        .iter()
+        .position(|a| a == "--window")
+        .map_or(WINDOW, |k| {
+            Duration::from_secs(args[k + 1].parse().unwrap())
+        });
+    tokio::time::sleep(window).await;
     let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
     let rss = rss_mib();
     println!(
