@@ -514,7 +514,7 @@ fn survive_file_size_limit() {
 /// ([`crate::open_files`]): caps the operator set that cannot fit are a
 /// configuration error; default ones are lowered and logged (a warning
 /// when one loses more than a tenth).
-fn fit_open_files(plan: &mut Plan) -> Result<(), crate::config::ConfigError> {
+pub(crate) fn fit_open_files(plan: &mut Plan) -> Result<(), crate::config::ConfigError> {
     use crate::open_files::{Fit, Opened};
     let limit = crate::open_files::raise();
     if limit.now > limit.was {

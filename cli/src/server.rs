@@ -561,8 +561,11 @@ pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<O
         return crate::init::run(&store.address, init).await;
     }
     let check = a.check;
-    let plan = settings(a, store)?;
+    let mut plan = settings(a, store)?;
     if check {
+        // Run where the server runs (a unit's ExecStartPre, say), this
+        // sees the limit the server will.
+        crate::serve::fit_open_files(&mut plan)?;
         let mode = match (&plan.control, plan.auth) {
             (Some(_), true) => "control plane, keys required",
             (Some(_), false) => "control plane, no keys",

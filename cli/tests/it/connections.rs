@@ -206,7 +206,7 @@ fn open_files(pid: u32) -> u64 {
 /// the default caps could never be reached. The server raises its soft
 /// limit to the hard one; default caps that still do not fit are lowered
 /// (with a warning, and the metrics say so), and caps the operator set
-/// that cannot fit are refused at start.
+/// that cannot fit are refused at start, and by `--check`.
 #[tokio::test]
 async fn the_open_file_limit_is_raised_and_the_caps_fit_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -239,14 +239,21 @@ async fn the_open_file_limit_is_raised_and_the_caps_fit_it() {
         format!("{router}connections:\n  max: {{client: 1000}}\n"),
     )
     .unwrap();
-    let out = limited(1024, 1024, &config).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("need up to 2512 open files") && err.contains("may open 1024"),
-        "{err}"
-    );
-    assert!(err.contains("lower connections.max.client"), "{err}");
+    // `--check` says so too, run where the server would run.
+    for check in [false, true] {
+        let mut command = limited(1024, 1024, &config);
+        if check {
+            command.arg("--check");
+        }
+        let out = command.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("need up to 2512 open files") && err.contains("may open 1024"),
+            "{err}"
+        );
+        assert!(err.contains("lower connections.max.client"), "{err}");
+    }
 }
 
 /// A proxy set for the machine's way out (weights, packages) does not
