@@ -306,6 +306,20 @@ impl Collector for Live {
             "Times a listener was at its cap, so that a new connection waited",
             &full,
         )?;
+        if let Some((open, max)) = files() {
+            put(
+                &mut enc,
+                "process_open_fds",
+                "Files this process holds open, every connection one",
+                &ConstGauge::new(open as i64),
+            )?;
+            put(
+                &mut enc,
+                "process_max_fds",
+                "Files this process may hold open (its soft limit): past it no connection is accepted",
+                &ConstGauge::new(max.min(i64::MAX as u64) as i64),
+            )?;
+        }
         let breaker_open = Family::<EndpointLabels, Gauge>::default();
         let in_flight = Family::<EndpointLabels, Gauge>::default();
         let stale = Family::<EndpointLabels, Gauge>::default();
@@ -418,4 +432,16 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
         )],
         gw.metrics.render(),
     )
+}
+
+/// The files this process holds open and the most it may (its soft
+/// limit), as the page is read; None where /proc is not there.
+fn files() -> Option<(u64, u64)> {
+    // Less the one this reading opens.
+    let open = std::fs::read_dir("/proc/self/fd")
+        .ok()?
+        .count()
+        .saturating_sub(1) as u64;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    Some((open, limit.current.unwrap_or(u64::MAX)))
 }

@@ -193,7 +193,7 @@ fn limited(soft: u64, hard: u64, config: &Path) -> std::process::Command {
 }
 
 /// The soft limit on open files of a running process.
-fn open_files(pid: u32) -> u64 {
+pub(super) fn open_files(pid: u32) -> u64 {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
     let line = limits
         .lines()

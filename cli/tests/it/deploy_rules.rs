@@ -141,6 +141,7 @@ fn every_alert_is_there_with_a_severity_and_advice() {
         "ProjectionLagging",
         "EventChainBroken",
         "UsageDropped",
+        "OpenFilesNearLimit",
     ];
     assert_eq!(
         alerts.keys().map(String::as_str).collect::<BTreeSet<_>>(),

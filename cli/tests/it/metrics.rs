@@ -266,6 +266,12 @@ async fn exported(backend: Backend, net: &str) {
     assert!(page.value("llmgw_projection_lag_seconds") >= 0.0);
     assert_eq!(page.value("llmgw_chain_verify_failures_total"), 0.0);
     assert!(page.value("llmgw_chain_verified_position") >= 1.0);
+    // Every connection is a file: how many are open, and the most that
+    // may be (the soft limit the server raised at start).
+    let soft = super::connections::open_files(server.process.id()) as f64;
+    assert_eq!(page.value("llmgw_process_max_fds"), soft);
+    let open = page.value("llmgw_process_open_fds");
+    assert!(open >= 4.0 && open < soft, "{open} open of {soft}");
     let gpu = |name: &str| format!("llmgw_gpu_{name}{{node=\"n1\",gpu=\"0\"}}");
     const MIB: f64 = 1024.0 * 1024.0;
     assert_eq!(page.value(&gpu("memory_used_bytes")), 300.0 * MIB);
