@@ -539,7 +539,7 @@ pub(crate) fn fit_open_files(plan: &mut Plan) -> Result<(), crate::config::Confi
                 .map(|(key, from, to)| format!("{key} {from} -> {to}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let why = "the default connection caps do not fit this process's open-file limit, so they are lowered: raise the limit (LimitNOFILE= in a systemd unit, `ulimit -n`) or set connections.max.* within it";
+            let why = "the default connection caps do not fit this process's open-file limit, so they are lowered; raise the limit (LimitNOFILE= in a systemd unit, `ulimit -n`) to keep them";
             if deep {
                 tracing::warn!(open_files = limit.now, %caps, "{why}");
             } else {
