@@ -305,7 +305,7 @@ fn nodes_seen(cp: &ControlPlane) -> usize {
         .len()
 }
 
-async fn measure(n: usize, per_connection: usize, tls: bool) {
+async fn measure(n: usize, per_connection: usize, tls: bool, window: Duration) {
     let pki = tls.then(Pki::new);
     let s = server(pki.as_ref()).await;
     let rss_before = rss_mib();
@@ -331,13 +331,6 @@ async fn measure(n: usize, per_connection: usize, tls: bool) {
     let registered = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (c0, t0) = (cpu_seconds(), Instant::now());
-    let args: Vec<String> = std::env::args().collect();
-    let window = args
-        .iter()
-        .position(|a| a == "--window")
-        .map_or(WINDOW, |k| {
-            Duration::from_secs(args[k + 1].parse().unwrap())
-        });
     tokio::time::sleep(window).await;
     let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
     let rss = rss_mib();
@@ -542,6 +535,12 @@ fn main() {
             .map_or(PER_CONNECTION, |k| args[k + 1].parse().unwrap())
             .max(1);
         let tls = args.iter().any(|a| a == "--tls");
+        let window = args
+            .iter()
+            .position(|a| a == "--window")
+            .map_or(WINDOW, |k| {
+                Duration::from_secs(args[k + 1].parse().unwrap())
+            });
         // A connection's certificate names one node.
         assert!(
             !tls || per_connection == 1,
@@ -551,7 +550,7 @@ fn main() {
             if n == 0 {
                 idle().await
             } else {
-                measure(n, per_connection, tls).await
+                measure(n, per_connection, tls, window).await
             }
         });
         return;
