@@ -9,13 +9,19 @@
 //! is known (`kv_events`): the candidate carries the bytes of the prompt
 //! it holds, and the longest such prefix is preferred (`ExactHit`), the
 //! least loaded among equals. The approximate index guesses only for the
-//! endpoints without live events; the longer match of the two wins.
+//! endpoints without live events: it remembers every endpoint each prefix
+//! block was sent to, so a shared prefix counts as held wherever it went.
+//! The larger share of the prompt wins, events or guess.
 //!
 //! An endpoint whose events are live but which has announced nothing yet
 //! (`cold`) is preferred before any prefix (`ExactCold`): otherwise the
 //! engines whose first events land within the first few milliseconds hold
 //! the shared prefix (a system prompt) alone, win every comparison after,
 //! and the others never get traffic, so never announce anything either.
+//! The approximate index starves engines the same way, so an endpoint
+//! without events that it has sent nothing for the model yet is preferred
+//! over a prefix held elsewhere (`PrefixCold`), once: after that it holds
+//! the shared prefix too.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -68,6 +74,10 @@ pub enum Decision {
     /// An endpoint whose KV-cache events are live but which has announced
     /// nothing yet: it gets traffic so that it gets a prefix to announce.
     ExactCold,
+    /// An endpoint without events that the approximate index has sent
+    /// nothing for the model yet, given a prompt whose prefix is held
+    /// elsewhere.
+    PrefixCold,
     /// A preferred endpoint was too loaded; the least-loaded one instead.
     LoadBalanceOverride,
     /// Nothing preferred: the least-loaded endpoint.
@@ -81,22 +91,23 @@ impl Decision {
             Decision::PrefixHit => "prefix_hit",
             Decision::ExactHit => "exact_hit",
             Decision::ExactCold => "exact_cold",
+            Decision::PrefixCold => "prefix_cold",
             Decision::LoadBalanceOverride => "load_balance_override",
             Decision::CacheMissMinLoad => "cache_miss_min_load",
         }
     }
 }
 
-/// A bounded map with expiry: oldest entries go first.
+/// A bounded map with expiry: the entries touched longest ago go first.
 #[derive(Debug)]
-struct Expiring {
-    map: HashMap<u64, (String, Instant)>,
+struct Expiring<V> {
+    map: HashMap<u64, (V, Instant)>,
     order: VecDeque<(u64, Instant)>,
     max: usize,
     ttl: Duration,
 }
 
-impl Expiring {
+impl<V: Default> Expiring<V> {
     fn new(max: usize, ttl: Duration) -> Self {
         Expiring {
             map: HashMap::new(),
@@ -106,22 +117,28 @@ impl Expiring {
         }
     }
 
-    fn get(&self, key: u64) -> Option<&str> {
+    fn get(&self, key: u64, now: Instant) -> Option<&V> {
         self.map
             .get(&key)
-            .filter(|(_, at)| at.elapsed() <= self.ttl)
-            .map(|(v, _)| v.as_str())
+            .filter(|(_, at)| now.duration_since(*at) <= self.ttl)
+            .map(|(v, _)| v)
     }
 
-    fn put(&mut self, key: u64, value: &str) {
-        let now = Instant::now();
-        self.map.insert(key, (value.to_owned(), now));
+    /// Updates the entry for `key` (a fresh one if it had none or it
+    /// expired) and marks it touched at `now`.
+    fn touch(&mut self, key: u64, now: Instant, update: impl FnOnce(&mut V)) {
+        let (value, at) = self.map.entry(key).or_insert_with(|| (V::default(), now));
+        if now.duration_since(*at) > self.ttl {
+            *value = V::default();
+        }
+        update(value);
+        *at = now;
         self.order.push_back((key, now));
         while self.map.len() > self.max
             || self
                 .order
                 .front()
-                .is_some_and(|(_, at)| at.elapsed() > self.ttl)
+                .is_some_and(|(_, at)| now.duration_since(*at) > self.ttl)
         {
             let Some((k, at)) = self.order.pop_front() else {
                 break;
@@ -138,11 +155,48 @@ impl Expiring {
     }
 }
 
+/// Owners kept for one prefix block at most; a model with more replicas
+/// forgets the one sent the block longest ago.
+const MAX_OWNERS: usize = 16;
+
+/// The endpoints a prefix block was sent to, each with when it last was.
+/// A shared prefix (a system prompt) is held wherever it went, not only
+/// where it went last: requests that share only it go to the least
+/// loaded of those, and a conversation's own blocks still pick its
+/// endpoint.
+#[derive(Debug, Default)]
+struct Owners(Vec<(String, Instant)>);
+
+impl Owners {
+    fn holds(&self, id: &str, now: Instant, ttl: Duration) -> bool {
+        self.0
+            .iter()
+            .any(|(o, at)| o == id && now.duration_since(*at) <= ttl)
+    }
+
+    fn touch(&mut self, id: &str, now: Instant, ttl: Duration) {
+        self.0.retain(|(_, at)| now.duration_since(*at) <= ttl);
+        if let Some((_, at)) = self.0.iter_mut().find(|(o, _)| o == id) {
+            *at = now;
+            return;
+        }
+        if self.0.len() >= MAX_OWNERS
+            && let Some(oldest) = (0..self.0.len()).min_by_key(|&i| self.0[i].1)
+        {
+            self.0.swap_remove(oldest);
+        }
+        self.0.push((id.to_owned(), now));
+    }
+}
+
 #[derive(Debug)]
 pub struct Affinity {
     config: AffinityConfig,
-    sessions: Mutex<Expiring>,
-    prefixes: Mutex<Expiring>,
+    sessions: Mutex<Expiring<String>>,
+    prefixes: Mutex<Expiring<Owners>>,
+    /// The (model, endpoint) pairs the index has sent a request: the
+    /// others are cold to it.
+    warm: Mutex<Expiring<()>>,
 }
 
 /// A candidate as affinity sees it.
@@ -164,11 +218,16 @@ fn hash_of(v: impl Hash) -> u64 {
     h.finish()
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Affinity {
     pub fn new(config: AffinityConfig) -> Self {
         Affinity {
             sessions: Mutex::new(Expiring::new(config.max_entries, config.ttl)),
             prefixes: Mutex::new(Expiring::new(config.max_entries, config.ttl)),
+            warm: Mutex::new(Expiring::new(config.max_entries, config.ttl)),
             config,
         }
     }
@@ -201,44 +260,51 @@ impl Affinity {
         if !self.config.enabled || candidates.len() < 2 {
             return (least, Decision::CacheMissMinLoad);
         }
+        let now = Instant::now();
         let session_key = session.map(|s| hash_of((model, s)));
         let blocks = self.block_hashes(prompt);
+        let fits = |c: &Candidate<'_>| !self.overloaded(c.load, candidates[least].load);
         let preferred = session_key
-            .and_then(|k| {
-                self.sessions
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(k)
-                    .map(str::to_owned)
-            })
+            .and_then(|k| lock(&self.sessions).get(k, now).cloned())
             .and_then(|id| candidates.iter().position(|c| c.id == id))
             .map(|i| (i, Decision::Session))
             // Least loaded first: the least-loaded cold endpoint, if the
             // load guard lets it take more; an overloaded one is passed
             // over, so that it cannot stop prefix routing for the model.
             .or_else(|| {
-                let i = candidates
-                    .iter()
-                    .position(|c| c.cold && !self.overloaded(c.load, candidates[least].load))?;
+                let i = candidates.iter().position(|c| c.cold && fits(c))?;
                 Some((i, Decision::ExactCold))
             })
-            .or_else(|| self.prefix_choice(model, &blocks, prompt.len(), rendered, candidates));
+            .or_else(|| {
+                let chosen =
+                    self.prefix_choice(model, &blocks, prompt.len(), rendered, candidates, now)?;
+                // A prefix held elsewhere goes first to an endpoint without
+                // events that the index has sent nothing for this model
+                // (a new replica, or every one but the first): as with
+                // `ExactCold`, the endpoints that got a shared prefix first
+                // would otherwise win every comparison after.
+                let warm = lock(&self.warm);
+                let cold = candidates.iter().position(|c| {
+                    c.exact.is_none() && warm.get(hash_of((model, c.id)), now).is_none() && fits(c)
+                });
+                Some(cold.map_or(chosen, |i| (i, Decision::PrefixCold)))
+            });
         let chosen = match preferred {
-            Some((i, d)) if !self.overloaded(candidates[i].load, candidates[least].load) => (i, d),
+            Some((i, d)) if fits(&candidates[i]) => (i, d),
             Some(_) => (least, Decision::LoadBalanceOverride),
             None => (least, Decision::CacheMissMinLoad),
         };
         let id = candidates[chosen.0].id;
         if let Some(k) = session_key {
-            self.sessions
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .put(k, id);
+            lock(&self.sessions).touch(k, now, |v| id.clone_into(v));
         }
-        let mut prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
+        let ttl = self.config.ttl;
+        let mut prefixes = lock(&self.prefixes);
         for b in &blocks {
-            prefixes.put(hash_of((model, b)), id);
+            prefixes.touch(hash_of((model, b)), now, |o| o.touch(id, now, ttl));
         }
+        drop(prefixes);
+        lock(&self.warm).touch(hash_of((model, id)), now, |_| ());
         chosen
     }
 
@@ -248,8 +314,9 @@ impl Affinity {
             && matched as f64 >= self.config.match_ratio * of.max(1) as f64
     }
 
-    /// The candidate holding the longest prefix: known from events, or
-    /// guessed for an endpoint without them; None unless long enough.
+    /// The candidate holding the largest share of the prompt: known from
+    /// its events, or guessed for an endpoint without them; among equal
+    /// shares the least loaded (first). None unless long enough.
     fn prefix_choice(
         &self,
         model: &str,
@@ -257,57 +324,54 @@ impl Affinity {
         prompt_len: usize,
         rendered: usize,
         candidates: &[Candidate<'_>],
+        now: Instant,
     ) -> Option<(usize, Decision)> {
-        // The longest held prefix; among equals the least loaded (first).
-        let exact = candidates
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| Some((i, c.exact?)))
-            .fold(None, |best: Option<(usize, usize)>, (i, m)| match best {
-                Some((_, b)) if b >= m => best,
-                _ => Some((i, m)),
-            })
-            .filter(|(_, m)| self.long_enough(*m, rendered));
-        let guessed = self
-            .prefix_owner(model, blocks)
-            .and_then(|(id, m)| {
-                let i = candidates
-                    .iter()
-                    .position(|c| c.id == id && c.exact.is_none())?;
-                Some((i, m))
-            })
-            .filter(|(_, m)| self.long_enough(*m, prompt_len));
-        match (exact, guessed) {
+        let guessed = self.guessed(model, blocks, candidates, now);
+        let mut best: Option<(usize, f64, Decision)> = None;
+        for (i, c) in candidates.iter().enumerate() {
             // Shares of their own prompts, since the two count differently.
-            (Some((i, m)), Some((j, g))) => {
-                if m as f64 / rendered.max(1) as f64 >= g as f64 / prompt_len.max(1) as f64 {
-                    Some((i, Decision::ExactHit))
-                } else {
-                    Some((j, Decision::PrefixHit))
-                }
+            let (held, of, decision) = match c.exact {
+                Some(m) => (m, rendered, Decision::ExactHit),
+                None => (guessed[i], prompt_len, Decision::PrefixHit),
+            };
+            let share = held as f64 / of.max(1) as f64;
+            if self.long_enough(held, of) && best.is_none_or(|(_, b, _)| share > b) {
+                best = Some((i, share, decision));
             }
-            (Some((i, _)), None) => Some((i, Decision::ExactHit)),
-            (None, Some((j, _))) => Some((j, Decision::PrefixHit)),
-            (None, None) => None,
         }
+        best.map(|(i, _, d)| (i, d))
     }
 
-    /// The endpoint holding the longest matching prefix by the approximate
-    /// index, and the bytes matched.
-    fn prefix_owner(&self, model: &str, blocks: &[u64]) -> Option<(String, usize)> {
-        let prefixes = self.prefixes.lock().unwrap_or_else(|p| p.into_inner());
-        let mut owner = None;
-        let mut matched = 0;
+    /// Bytes of the prompt's leading blocks the index sent to each
+    /// candidate without events (0 for those with them).
+    fn guessed(
+        &self,
+        model: &str,
+        blocks: &[u64],
+        candidates: &[Candidate<'_>],
+        now: Instant,
+    ) -> Vec<usize> {
+        let ttl = self.config.ttl;
+        let mut held = vec![0; candidates.len()];
+        let mut open: Vec<bool> = candidates.iter().map(|c| c.exact.is_none()).collect();
+        let prefixes = lock(&self.prefixes);
         for b in blocks {
-            match prefixes.get(hash_of((model, b))) {
-                Some(id) => {
-                    owner = Some(id.to_owned());
-                    matched += self.config.block_bytes;
+            let Some(owners) = prefixes.get(hash_of((model, b)), now) else {
+                break;
+            };
+            let mut any = false;
+            for (i, c) in candidates.iter().enumerate() {
+                open[i] = open[i] && owners.holds(c.id, now, ttl);
+                if open[i] {
+                    held[i] += self.config.block_bytes;
+                    any = true;
                 }
-                None => break,
+            }
+            if !any {
+                break;
             }
         }
-        owner.map(|o| (o, matched))
+        held
     }
 
     fn overloaded(&self, preferred: f64, least: f64) -> bool {
@@ -351,44 +415,66 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_repeated_prefix_returns_to_its_endpoint_until_the_guard_trips() {
+    async fn a_shared_prefix_reaches_each_endpoint_once_then_the_least_loaded() {
         let a = Affinity::new(AffinityConfig::default());
         let system = "s".repeat(640);
-        let first = format!("{system} user: one");
-        let second = format!("{system} user: two, a different question");
+        let ask = |n: usize| format!("{system} user {n}: {}", "q".repeat(100));
         // First sight: least loaded (index 0 is "x").
         assert_eq!(
-            a.choose("m", None, first.as_bytes(), 0, &[c("x", 0.0), c("y", 0.0)]),
+            a.choose("m", None, ask(1).as_bytes(), 0, &[c("x", 0.0), c("y", 0.0)]),
             (0, Decision::CacheMissMinLoad)
         );
-        // Now y is least loaded, but x holds the prefix.
-        assert_eq!(
-            a.choose("m", None, second.as_bytes(), 0, &[c("y", 0.0), c("x", 3.0)]),
-            (1, Decision::PrefixHit)
-        );
-        // Only absolute overload: 9 - 7 is not > 8.
-        assert_eq!(
-            a.choose("m", None, second.as_bytes(), 0, &[c("y", 7.0), c("x", 9.0)])
-                .1,
-            Decision::PrefixHit
-        );
-        // Both thresholds: 10 - 1 > 8 and 10 > 1.5.
+        // x holds the system prompt; y was sent nothing yet, but it is
+        // overloaded (10 - 0 > 8 and 10 > 1.5 x 0): the prefix decides.
         assert_eq!(
             a.choose(
                 "m",
                 None,
-                second.as_bytes(),
+                ask(2).as_bytes(),
                 0,
-                &[c("y", 1.0), c("x", 10.0)]
+                &[c("x", 0.0), c("y", 10.0)]
             ),
+            (0, Decision::PrefixHit)
+        );
+        // Not overloaded, y gets it first...
+        assert_eq!(
+            a.choose("m", None, ask(3).as_bytes(), 0, &[c("x", 0.0), c("y", 1.0)]),
+            (1, Decision::PrefixCold)
+        );
+        // ...and holds it too after: the least loaded of the two.
+        for (n, order) in [(4, ["y", "x"]), (5, ["x", "y"])] {
+            assert_eq!(
+                a.choose(
+                    "m",
+                    None,
+                    ask(n).as_bytes(),
+                    0,
+                    &[c(order[0], 0.0), c(order[1], 1.0)]
+                ),
+                (0, Decision::PrefixHit)
+            );
+        }
+        // A conversation's own blocks pick its endpoint: user 3's are on y.
+        let again = format!("{} answer. user 3 again: {}", ask(3), "r".repeat(200));
+        assert_eq!(
+            a.choose("m", None, again.as_bytes(), 0, &[c("x", 0.0), c("y", 3.0)]),
+            (1, Decision::PrefixHit)
+        );
+        // Only absolute overload: 9 - 7 is not > 8.
+        assert_eq!(
+            a.choose("m", None, again.as_bytes(), 0, &[c("x", 7.0), c("y", 9.0)]),
+            (1, Decision::PrefixHit)
+        );
+        // Both thresholds: 10 - 1 > 8 and 10 > 1.5.
+        assert_eq!(
+            a.choose("m", None, again.as_bytes(), 0, &[c("x", 1.0), c("y", 10.0)]),
             (0, Decision::LoadBalanceOverride)
         );
-        // Entries expire.
+        // Entries expire, and with them what was warm.
         tokio::time::advance(Duration::from_secs(601)).await;
         assert_eq!(
-            a.choose("m", None, second.as_bytes(), 0, &[c("x", 0.0), c("y", 0.0)])
-                .1,
-            Decision::CacheMissMinLoad
+            a.choose("m", None, again.as_bytes(), 0, &[c("y", 0.0), c("x", 0.0)]),
+            (0, Decision::CacheMissMinLoad)
         );
     }
 
@@ -507,11 +593,24 @@ mod tests {
 
     #[test]
     fn the_index_is_bounded() {
-        let mut e = Expiring::new(3, Duration::from_secs(60));
+        let mut e = Expiring::<()>::new(3, Duration::from_secs(60));
+        let now = Instant::now();
         for k in 0..10 {
-            e.put(k, "x");
+            e.touch(k, now, |_| ());
         }
         assert_eq!(e.map.len(), 3);
-        assert!(e.get(9).is_some() && e.get(0).is_none());
+        assert!(e.get(9, now).is_some() && e.get(0, now).is_none());
+        // A block's owners too: the one sent it longest ago goes first.
+        let mut o = Owners::default();
+        let ttl = Duration::from_secs(60);
+        let ids: Vec<String> = (0..=MAX_OWNERS).map(|i| format!("e{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            o.touch(id, now + Duration::from_millis(i as u64), ttl);
+        }
+        let later = now + Duration::from_secs(1);
+        assert_eq!(o.0.len(), MAX_OWNERS);
+        assert!(!o.holds("e0", later, ttl) && o.holds("e1", later, ttl));
+        assert!(o.holds(&ids[MAX_OWNERS], later, ttl));
+        assert!(!o.holds("e1", later + ttl, ttl), "expired");
     }
 }

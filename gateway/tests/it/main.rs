@@ -778,7 +778,8 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
 }
 
 #[tokio::test]
-async fn a_shared_prefix_lands_on_one_replica_until_the_imbalance_guard_trips() {
+async fn a_shared_prefix_reaches_each_replica_and_a_conversation_keeps_to_its_own_until_the_guard_trips()
+ {
     let slow = llmgw_sim::SimConfig {
         tokens_per_s: 2,
         slots: 32,
@@ -788,36 +789,65 @@ async fn a_shared_prefix_lands_on_one_replica_until_the_imbalance_guard_trips() 
     let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
     let client = reqwest::Client::new();
     let system = "You are a careful assistant. ".repeat(24);
+    let first = format!(
+        "{} my printer jams on the second page",
+        "I have a question. ".repeat(8)
+    );
+    let turn = |messages: Value| json!({"model": "m", "stream": true, "max_tokens": 50, "messages": messages});
+    let conversation = turn(json!([{"role": "system", "content": system},
+        {"role": "user", "content": first}]));
+    let other_user = turn(json!([{"role": "system", "content": system},
+        {"role": "user", "content": "how do I reset it?"}]));
+    let next_turn = turn(json!([{"role": "system", "content": system},
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "Clean the rollers."},
+        {"role": "user", "content": "it still jams"}]));
     let mut open = Vec::new();
-    for i in 0..12 {
-        let body = json!({"model": "m", "stream": true, "max_tokens": 50,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": format!("question {i}")}]});
+    let mut send = async |body: &Value| {
         // Headers back means the gateway has chosen and counted it.
         open.push(
             client
                 .post(format!("{}/v1/chat/completions", gw.base))
-                .json(&body)
+                .json(body)
                 .send()
                 .await
                 .unwrap(),
         );
+    };
+    // The conversation's first turn: a miss, to a. Another user's
+    // question shares the system prompt with it, but b was sent nothing
+    // yet: b gets it, and holds the system prompt too from then on.
+    send(&conversation).await;
+    send(&other_user).await;
+    // The conversation's next turns go to a, which holds more of it than
+    // b does, until a is over both thresholds: at 10 against 2 (10 - 1 >
+    // 8 and 10 > 1.5 x 1) the tenth goes to b.
+    for _ in 0..10 {
+        send(&next_turn).await;
     }
     let page = gw.admin_page().await;
     let has = |line: &str| page.lines().any(|l| l == line);
-    // 1 miss to a, 8 hits on a, the 10th finds a at 9 against 0 (over both
-    // thresholds) and goes to b, whose prefix it now is.
-    assert!(has("llmgw_endpoint_in_flight{endpoint=\"a\"} 9"), "{page}");
-    assert!(has("llmgw_endpoint_in_flight{endpoint=\"b\"} 3"), "{page}");
+    assert!(has("llmgw_endpoint_in_flight{endpoint=\"a\"} 10"), "{page}");
+    assert!(has("llmgw_endpoint_in_flight{endpoint=\"b\"} 2"), "{page}");
+    for (decision, n) in [
+        ("cache_miss_min_load", 1),
+        ("prefix_cold", 1),
+        ("prefix_hit", 9),
+        ("load_balance_override", 1),
+    ] {
+        assert!(
+            has(&format!(
+                "llmgw_prefix_decisions_total{{decision=\"{decision}\"}} {n}"
+            )),
+            "{decision}: {page}"
+        );
+    }
+    // b now holds the conversation too, and is the less loaded.
+    send(&next_turn).await;
+    let page = gw.admin_page().await;
     assert!(
-        has("llmgw_prefix_decisions_total{decision=\"load_balance_override\"} 1"),
-        "{page}"
-    );
-    assert!(
-        has("llmgw_prefix_decisions_total{decision=\"prefix_hit\"} 10"),
-        "{page}"
-    );
-    assert!(
-        has("llmgw_prefix_decisions_total{decision=\"cache_miss_min_load\"} 1"),
+        page.lines()
+            .any(|l| l == "llmgw_endpoint_in_flight{endpoint=\"b\"} 3"),
         "{page}"
     );
     drop(open);
