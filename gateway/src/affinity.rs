@@ -159,24 +159,25 @@ impl<V: Default> Expiring<V> {
 /// forgets the one sent the block longest ago.
 const MAX_OWNERS: usize = 16;
 
-/// The endpoints a prefix block was sent to, each with when it last was.
+/// The endpoints a prefix block was sent to (their ids' hashes: 24 bytes
+/// an owner, nothing allocated for the name), each with when it last was.
 /// A shared prefix (a system prompt) is held wherever it went, not only
 /// where it went last: requests that share only it go to the least
 /// loaded of those, and a conversation's own blocks still pick its
 /// endpoint.
 #[derive(Debug, Default)]
-struct Owners(Vec<(String, Instant)>);
+struct Owners(Vec<(u64, Instant)>);
 
 impl Owners {
-    fn holds(&self, id: &str, now: Instant, ttl: Duration) -> bool {
+    fn holds(&self, id: u64, now: Instant, ttl: Duration) -> bool {
         self.0
             .iter()
-            .any(|(o, at)| o == id && now.duration_since(*at) <= ttl)
+            .any(|(o, at)| *o == id && now.duration_since(*at) <= ttl)
     }
 
-    fn touch(&mut self, id: &str, now: Instant, ttl: Duration) {
+    fn touch(&mut self, id: u64, now: Instant, ttl: Duration) {
         self.0.retain(|(_, at)| now.duration_since(*at) <= ttl);
-        if let Some((_, at)) = self.0.iter_mut().find(|(o, _)| o == id) {
+        if let Some((_, at)) = self.0.iter_mut().find(|(o, _)| *o == id) {
             *at = now;
             return;
         }
@@ -185,7 +186,7 @@ impl Owners {
         {
             self.0.swap_remove(oldest);
         }
-        self.0.push((id.to_owned(), now));
+        self.0.push((id, now));
     }
 }
 
@@ -298,10 +299,10 @@ impl Affinity {
         if let Some(k) = session_key {
             lock(&self.sessions).touch(k, now, |v| id.clone_into(v));
         }
-        let ttl = self.config.ttl;
+        let (ttl, owner) = (self.config.ttl, hash_of(id));
         let mut prefixes = lock(&self.prefixes);
         for b in &blocks {
-            prefixes.touch(hash_of((model, b)), now, |o| o.touch(id, now, ttl));
+            prefixes.touch(hash_of((model, b)), now, |o| o.touch(owner, now, ttl));
         }
         drop(prefixes);
         lock(&self.warm).touch(hash_of((model, id)), now, |_| ());
@@ -352,18 +353,22 @@ impl Affinity {
         now: Instant,
     ) -> Vec<usize> {
         let ttl = self.config.ttl;
-        let mut held = vec![0; candidates.len()];
-        let mut open: Vec<bool> = candidates.iter().map(|c| c.exact.is_none()).collect();
+        // Per candidate: its id's hash, whether its run of blocks goes on,
+        // and the bytes it covers.
+        let mut runs: Vec<(u64, bool, usize)> = candidates
+            .iter()
+            .map(|c| (hash_of(c.id), c.exact.is_none(), 0))
+            .collect();
         let prefixes = lock(&self.prefixes);
         for b in blocks {
             let Some(owners) = prefixes.get(hash_of((model, b)), now) else {
                 break;
             };
             let mut any = false;
-            for (i, c) in candidates.iter().enumerate() {
-                open[i] = open[i] && owners.holds(c.id, now, ttl);
-                if open[i] {
-                    held[i] += self.config.block_bytes;
+            for (id, open, held) in &mut runs {
+                *open = *open && owners.holds(*id, now, ttl);
+                if *open {
+                    *held += self.config.block_bytes;
                     any = true;
                 }
             }
@@ -371,7 +376,7 @@ impl Affinity {
                 break;
             }
         }
-        held
+        runs.into_iter().map(|(_, _, held)| held).collect()
     }
 
     fn overloaded(&self, preferred: f64, least: f64) -> bool {
@@ -603,14 +608,13 @@ mod tests {
         // A block's owners too: the one sent it longest ago goes first.
         let mut o = Owners::default();
         let ttl = Duration::from_secs(60);
-        let ids: Vec<String> = (0..=MAX_OWNERS).map(|i| format!("e{i}")).collect();
-        for (i, id) in ids.iter().enumerate() {
-            o.touch(id, now + Duration::from_millis(i as u64), ttl);
+        for i in 0..=MAX_OWNERS {
+            o.touch(i as u64, now + Duration::from_millis(i as u64), ttl);
         }
         let later = now + Duration::from_secs(1);
         assert_eq!(o.0.len(), MAX_OWNERS);
-        assert!(!o.holds("e0", later, ttl) && o.holds("e1", later, ttl));
-        assert!(o.holds(&ids[MAX_OWNERS], later, ttl));
-        assert!(!o.holds("e1", later + ttl, ttl), "expired");
+        assert!(!o.holds(0, later, ttl) && o.holds(1, later, ttl));
+        assert!(o.holds(MAX_OWNERS as u64, later, ttl));
+        assert!(!o.holds(1, later + ttl, ttl), "expired");
     }
 }
