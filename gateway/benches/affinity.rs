@@ -3,11 +3,12 @@
 //!
 //! Run: `cargo bench -p llmgw-gateway --bench affinity` (add `-- --peers`
 //! to run SGLang Model Gateway's `cache_aware` policy too, installed into
-//! a venv as the proxy bench does).
+//! a venv as the proxy bench does; `--clients N` for other than 8
+//! concurrent clients).
 //!
 //! Four engines, each caching 200 blocks of 64 bytes (12.8 KB); a cache
 //! miss costs prefill at 2,000 tokens/s. Two workloads, 8 concurrent
-//! clients:
+//! clients unless told:
 //! - documents: 16 documents of 2 KB asked about in a fixed pseudo-random
 //!   order (32 KB of prefixes: more than one engine holds, less than four
 //!   do);
@@ -183,12 +184,12 @@ fn requests(w: Workload) -> Vec<Value> {
     }
 }
 
-/// Sends `bodies` from `CLIENTS` clients; the TTFTs and the seconds taken.
-async fn drive(url: &str, bodies: Arc<Vec<Value>>) -> (Vec<Duration>, f64) {
+/// Sends `bodies` from `clients` clients; the TTFTs and the seconds taken.
+async fn drive(url: &str, bodies: Arc<Vec<Value>>, clients: usize) -> (Vec<Duration>, f64) {
     let next = Arc::new(AtomicUsize::new(0));
     let client = reqwest::Client::new();
     let start = Instant::now();
-    let workers: Vec<_> = (0..CLIENTS)
+    let workers: Vec<_> = (0..clients)
         .map(|_| {
             let (next, client, url, bodies) =
                 (next.clone(), client.clone(), url.to_owned(), bodies.clone());
@@ -288,14 +289,14 @@ async fn router_url(
     Some((url, None, Some(gw)))
 }
 
-async fn run(w: Workload, r: Router) -> Option<Figures> {
+async fn run(w: Workload, r: Router, clients: usize) -> Option<Figures> {
     let mut engines = Vec::new();
     for _ in 0..ENGINES {
         engines.push(engine(r == Router::Exact).await);
     }
     let (url, _peer, gw) = router_url(r, &engines).await?;
     let (hits0, queries0, served0) = cache_counts(&engines).await;
-    let (mut ttfts, secs) = drive(&url, Arc::new(requests(w))).await;
+    let (mut ttfts, secs) = drive(&url, Arc::new(requests(w)), clients).await;
     let (hits, queries, served) = cache_counts(&engines).await;
     if r == Router::Exact
         && let Some(gw) = gw
@@ -326,7 +327,16 @@ async fn run(w: Workload, r: Router) -> Option<Figures> {
 }
 
 fn main() {
-    let with_peers = std::env::args().any(|a| a == "--peers");
+    let args: Vec<String> = std::env::args().collect();
+    let with_peers = args.iter().any(|a| a == "--peers");
+    let clients = match args.iter().position(|a| a == "--clients") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .expect("--clients takes a number of clients, 1 or more"),
+        None => CLIENTS,
+    };
     if with_peers && let Err(e) = peers::install(&peers::venv()) {
         eprintln!("SGLang Model Gateway left out: {e}");
     }
@@ -339,14 +349,14 @@ fn main() {
             (Workload::Documents, "documents: 16 documents of 2 KB, 240 requests"),
             (Workload::Chat, "chat: a 1.5 KB system prompt, 48 users x 6 turns, 288 requests"),
         ] {
-            println!("{what}, {CLIENTS} clients, {ENGINES} engines of 200 blocks");
+            println!("{what}, {clients} clients, {ENGINES} engines of 200 blocks");
             let mut routers = vec![Router::LeastLoaded, Router::Approximate, Router::Exact];
             if with_peers {
                 routers.push(Router::Sglang);
             }
             let mut figures = Vec::new();
             for r in routers {
-                let Some(f) = run(w, r).await else {
+                let Some(f) = run(w, r, clients).await else {
                     println!("  {:<20} not run", r.name());
                     continue;
                 };
