@@ -8,13 +8,17 @@
 //! For an endpoint whose engine publishes KV-cache events, what it holds
 //! is known (`kv_events`): the candidate carries the bytes of the prompt
 //! it holds, and the longest such prefix is preferred (`ExactHit`), the
-//! least loaded among equals. The approximate index guesses only for the
+//! least loaded among equals. A prompt no events announce (not yet, or no
+//! longer) goes where the approximate index sent it before, if anywhere:
+//! one just sent is held before its engine's events can say so. Otherwise
+//! the approximate index guesses only for the
 //! endpoints without live events: it remembers every endpoint each prefix
 //! block was sent to, so a shared prefix counts as held wherever it went.
 //! The larger share of the prompt wins, events or guess.
 //!
 //! An endpoint whose events are live but which has announced nothing yet
-//! (`cold`) is preferred before any prefix (`ExactCold`): otherwise the
+//! and been sent nothing since (`cold`) is preferred before any prefix,
+//! for one request (`ExactCold`): otherwise the
 //! engines whose first events land within the first few milliseconds hold
 //! the shared prefix (a system prompt) alone, win every comparison after,
 //! and the others never get traffic, so never announce anything either.
@@ -67,7 +71,8 @@ pub enum Decision {
     /// The session's endpoint.
     Session,
     /// The endpoint that probably holds the prompt's prefix (the
-    /// approximate index).
+    /// approximate index): one without events, or any where events say
+    /// nothing.
     PrefixHit,
     /// The endpoint whose KV-cache events say it holds the longest prefix.
     ExactHit,
@@ -208,8 +213,8 @@ pub struct Candidate<'a> {
     /// Bytes of the rendered prompt the endpoint holds, by its KV-cache
     /// events; None when it has no live events.
     pub exact: Option<usize>,
-    /// Its events are live but it has announced nothing yet (and has not
-    /// yet been sent so many requests in silence that it seems mute).
+    /// Its events are live but it has announced nothing yet, and it has
+    /// been sent nothing since.
     pub cold: bool,
 }
 
@@ -327,7 +332,7 @@ impl Affinity {
         candidates: &[Candidate<'_>],
         now: Instant,
     ) -> Option<(usize, Decision)> {
-        let guessed = self.guessed(model, blocks, candidates, now);
+        let guessed = self.guessed(model, blocks, candidates, now, false);
         let mut best: Option<(usize, f64, Decision)> = None;
         for (i, c) in candidates.iter().enumerate() {
             // Shares of their own prompts, since the two count differently.
@@ -340,24 +345,39 @@ impl Affinity {
                 best = Some((i, share, decision));
             }
         }
+        if best.is_none() && candidates.iter().any(|c| c.exact.is_some()) {
+            // Held nowhere, as far as events say (not announced yet, or
+            // evicted): where it was sent before, endpoints with events
+            // included. A prompt just sent is held before its engine's
+            // events can say so, and requests sharing it, arriving in
+            // between, would otherwise each prefill it on another engine.
+            let guessed = self.guessed(model, blocks, candidates, now, true);
+            for (i, held) in guessed.into_iter().enumerate() {
+                let share = held as f64 / prompt_len.max(1) as f64;
+                if self.long_enough(held, prompt_len) && best.is_none_or(|(_, b, _)| share > b) {
+                    best = Some((i, share, Decision::PrefixHit));
+                }
+            }
+        }
         best.map(|(i, _, d)| (i, d))
     }
 
     /// Bytes of the prompt's leading blocks the index sent to each
-    /// candidate without events (0 for those with them).
+    /// candidate without events, or to every candidate with `all`.
     fn guessed(
         &self,
         model: &str,
         blocks: &[u64],
         candidates: &[Candidate<'_>],
         now: Instant,
+        all: bool,
     ) -> Vec<usize> {
         let ttl = self.config.ttl;
         // Per candidate: its id's hash, whether its run of blocks goes on,
         // and the bytes it covers.
         let mut runs: Vec<(u64, bool, usize)> = candidates
             .iter()
-            .map(|c| (hash_of(c.id), c.exact.is_none(), 0))
+            .map(|c| (hash_of(c.id), all || c.exact.is_none(), 0))
             .collect();
         let prefixes = lock(&self.prefixes);
         for b in blocks {
@@ -543,10 +563,12 @@ mod tests {
             choose(&[ev("x", 0.0, 320), ev("y", 1.0, 640), ev("z", 2.0, 640)]),
             (1, Decision::ExactHit)
         );
-        // Too short a share is a miss; the guard still applies.
+        // Too short a share counts for nothing by events; where the prompt
+        // was sent decides then (both were: the least loaded). The guard
+        // still applies.
         assert_eq!(
-            choose(&[ev("x", 0.0, 64), ev("y", 1.0, 64)]).1,
-            Decision::CacheMissMinLoad
+            choose(&[ev("x", 0.0, 64), ev("y", 1.0, 64)]),
+            (0, Decision::PrefixHit)
         );
         assert_eq!(
             choose(&[ev("x", 1.0, 0), ev("y", 10.0, 640)]),
@@ -593,6 +615,33 @@ mod tests {
         assert_eq!(
             a.choose("m", Some("s"), b"hi", 0, &[cold("y", 0.0), ev("x", 1.0, 0)]),
             (1, Decision::Session)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_no_events_announce_goes_where_it_was_sent_before() {
+        let a = Affinity::new(AffinityConfig::default());
+        let choose = |candidates: &[Candidate<'_>]| one_prompt(&a, candidates);
+        // Neither has announced the prompt: the least loaded, x.
+        assert_eq!(
+            choose(&[ev("x", 0.0, 0), ev("y", 0.0, 0)]),
+            (0, Decision::CacheMissMinLoad)
+        );
+        // x's events have not said so yet (or it evicted the prompt since):
+        // x still, where it was sent, though y is less loaded.
+        assert_eq!(
+            choose(&[ev("y", 0.0, 0), ev("x", 1.0, 0)]),
+            (1, Decision::PrefixHit)
+        );
+        // What events say beats that guess.
+        assert_eq!(
+            choose(&[ev("y", 0.0, 640), ev("x", 1.0, 0)]),
+            (0, Decision::ExactHit)
+        );
+        // And the guard still applies: 10 - 1 > 8 and 10 > 1.5.
+        assert_eq!(
+            choose(&[ev("z", 1.0, 0), ev("x", 10.0, 0), ev("y", 11.0, 0)]),
+            (0, Decision::LoadBalanceOverride)
         );
     }
 

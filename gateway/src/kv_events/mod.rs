@@ -19,9 +19,12 @@
 //! sign of events lost.
 //!
 //! An endpoint live but silent (no batch applied since it was subscribed
-//! to) is `cold`: routing sends it traffic so that it has something to
-//! announce (see `affinity`), up to `COLD_REQUESTS` requests; an engine
-//! still silent after them is taken to publish nothing, with a warning.
+//! to) and sent nothing since is `cold`: routing sends it a request first,
+//! so that it has something to announce (see `affinity`). One is enough,
+//! and more, sent before its first batch arrives (many at once under
+//! load), would each be a prefill of what another engine holds. An engine
+//! still silent after `COLD_REQUESTS` requests is taken to publish
+//! nothing, with a warning.
 //!
 //! A request's blocks are keyed from its tokens, so the gateway must
 //! tokenize as the engine does: `tokenizer=` names how, and only the sim
@@ -101,25 +104,32 @@ pub struct KvState {
     /// Stored blocks whose parent the index did not know: a chain broken
     /// by batches lost (or stored before the gateway listened).
     pub unchained: u64,
-    /// Requests routed to it while it was cold (since its entries were
+    /// Requests routed to it while it was silent (since its entries were
     /// last dropped).
     pub cold_sent: u32,
 }
 
 /// Requests a live endpoint is sent in silence before it is taken to
-/// announce nothing: enough for an engine to publish its first batch
-/// many times over, few enough that a mute one costs little.
+/// announce nothing, with a warning: enough for an engine to publish its
+/// first batch many times over.
 pub const COLD_REQUESTS: u32 = 16;
 
 impl KvState {
-    /// Live, nothing announced yet, and not yet given up on.
+    /// Live, nothing announced yet, and sent nothing since.
     pub fn cold(&self) -> bool {
-        self.live && self.applied.is_none() && self.cold_sent < COLD_REQUESTS
+        self.silent() && self.cold_sent == 0
     }
 
-    /// Counts a request routed to it while cold; true when that was the
-    /// last one it is preferred for (the moment to warn).
-    fn sent_cold(&mut self) -> bool {
+    fn silent(&self) -> bool {
+        self.live && self.applied.is_none()
+    }
+
+    /// Counts a request routed to it, if it is silent; true when that was
+    /// the `COLD_REQUESTS`th (the moment to warn).
+    fn sent(&mut self) -> bool {
+        if !self.silent() {
+            return false;
+        }
         self.cold_sent = self.cold_sent.saturating_add(1);
         self.cold_sent == COLD_REQUESTS
     }
@@ -273,13 +283,16 @@ impl KvIndex {
         self.get(endpoint).is_some_and(|s| s.state.borrow().cold())
     }
 
-    /// A request was routed to the endpoint for being cold.
-    pub(crate) fn sent_cold(&self, endpoint: &str) {
+    /// A request was routed to the endpoint: counted while it is silent.
+    pub(crate) fn sent(&self, endpoint: &str) {
         let Some(s) = self.get(endpoint) else { return };
+        if !s.state.borrow().silent() {
+            return;
+        }
         let mut mute = false;
-        s.state.send_modify(|st| mute = st.sent_cold());
+        s.state.send_modify(|st| mute = st.sent());
         if mute {
-            tracing::warn!(endpoint = %endpoint, requests = COLD_REQUESTS, "kv events are live but the engine has announced nothing after this many requests were sent to it; it is no longer preferred as fresh (if it stays silent, check that it publishes its KV events)");
+            tracing::warn!(endpoint = %endpoint, requests = COLD_REQUESTS, "kv events are live but the engine has announced nothing after this many requests were sent to it; check that it publishes its KV events (until it does, routing knows nothing of what it holds)");
         }
     }
 }
@@ -501,7 +514,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_silent_endpoint_is_cold_until_it_announces_or_seems_mute() {
+    fn a_silent_endpoint_is_cold_until_it_is_sent_a_request_or_announces() {
         let mut st = KvState::default();
         assert!(!st.cold(), "not live: the approximate index routes for it");
         st.live = true;
@@ -512,11 +525,21 @@ mod tests {
             ..st
         };
         assert!(!announced.cold());
-        // Silent through COLD_REQUESTS requests: one warning, then no
-        // longer preferred.
-        let warnings = (0..COLD_REQUESTS + 3).filter(|_| st.sent_cold()).count();
-        assert_eq!((warnings, st.cold()), (1, false));
+        // One request sent to it ends its preference; silent through
+        // COLD_REQUESTS requests, one warning.
+        assert!(!st.sent());
+        assert!(!st.cold(), "sent one: no longer preferred");
+        let warnings = (1..COLD_REQUESTS + 3).filter(|_| st.sent()).count();
+        assert_eq!(warnings, 1);
         assert_eq!(st.cold_sent, COLD_REQUESTS + 3);
+        // Once it announced, nothing is counted.
+        let mut announced = KvState {
+            applied: Some(0),
+            cold_sent: 0,
+            ..st
+        };
+        assert!(!announced.sent());
+        assert_eq!(announced.cold_sent, 0);
     }
 
     #[test]

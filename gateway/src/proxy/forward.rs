@@ -113,8 +113,8 @@ async fn attempt(
             continue;
         };
         gw.metrics.decision(decision);
-        if decision == crate::affinity::Decision::ExactCold {
-            gw.kv_events.sent_cold(&endpoint.spec.id);
+        if endpoint.spec.kv_events.is_some() {
+            gw.kv_events.sent(&endpoint.spec.id);
         }
         let sent = gw
             .upstream

@@ -302,3 +302,71 @@ async fn a_subscriber_that_missed_the_first_batch_replays_from_it() {
     let s = *st.wait_for(|s| s.applied == Some(2)).await.unwrap();
     assert_eq!((s.blocks, s.unchained), (4, 0));
 }
+
+#[tokio::test]
+async fn a_prompt_no_events_announce_yet_goes_where_it_was_sent() {
+    // Two engines whose events the test plays; each announces a block of
+    // its own first, so that neither is fresh, and nothing after.
+    let slow = SimConfig {
+        tokens_per_s: 2,
+        ..crate::support::sim_config()
+    };
+    let mut specs: Vec<EndpointSpec> = Vec::new();
+    let mut publishers = Vec::new();
+    for id in ["a", "b"] {
+        let engine = sim(slow.clone()).await;
+        let mut xpub = XPubSocket::new();
+        let at = xpub.bind("tcp://127.0.0.1:0").await.unwrap();
+        specs.push(
+            format!("{id}=http://{engine}=m;kv_events={at};tokenizer=sim")
+                .parse()
+                .unwrap(),
+        );
+        publishers.push((id, xpub));
+    }
+    let gw = gateway(specs).await;
+    for (id, xpub) in &mut publishers {
+        xpub.recv().await.unwrap();
+        let mut st = gw.gateway.kv_events.state(id).unwrap();
+        st.wait_for(|s| s.live).await.unwrap();
+        publish(xpub, 0, stored(900, None, &[9, 9])).await;
+        st.wait_for(|s| s.applied == Some(0)).await.unwrap();
+    }
+    let p = "the shared document, ".repeat(30);
+    let client = reqwest::Client::new();
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut body = ask(&p);
+        body["stream"] = json!(true);
+        body["max_tokens"] = json!(50);
+        // Headers back: the gateway has chosen; the answer stays open.
+        open.push(
+            client
+                .post(format!("{}/v1/chat/completions", gw.base))
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        );
+    }
+    // The first went to a (the least loaded, ties by id). Its engine has
+    // announced nothing of it, but the second, with the same prompt, goes
+    // there too rather than to the idle b, which would prefill it all
+    // again: where events say nothing, where it was sent decides.
+    let page = gw.admin_page().await;
+    assert_eq!(
+        series(&page, "llmgw_endpoint_in_flight{endpoint=\"a\"}"),
+        2,
+        "{page}"
+    );
+    assert_eq!(series(&page, "llmgw_endpoint_in_flight{endpoint=\"b\"}"), 0);
+    assert_eq!(
+        series(
+            &page,
+            "llmgw_prefix_decisions_total{decision=\"prefix_hit\"}"
+        ),
+        1
+    );
+    assert_eq!(exact_hits(&page), 0);
+    drop(open);
+}
