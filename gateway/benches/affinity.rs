@@ -19,7 +19,9 @@
 //!
 //! Each router runs on fresh engines, in the same run: least loaded (no
 //! affinity), the approximate index (where prompts were sent), the exact
-//! index (the engines' KV-cache events), and SGLang's `cache_aware`.
+//! index (the engines' KV-cache events), and SGLang's `cache_aware`. For
+//! llmgw's, the gateway's decisions are printed too (why each request
+//! went where it did).
 
 #![allow(
     clippy::unwrap_used,
@@ -224,6 +226,8 @@ struct Figures {
     rate: f64,
     /// Requests each engine served: a router that starves engines shows.
     spread: String,
+    /// Why llmgw chose as it did (its decisions' counts); empty for SGLang.
+    decisions: String,
 }
 
 /// A gateway over `engines`; None for SGLang when it is not installed.
@@ -298,6 +302,20 @@ async fn run(w: Workload, r: Router, clients: usize) -> Option<Figures> {
     let (hits0, queries0, served0) = cache_counts(&engines).await;
     let (mut ttfts, secs) = drive(&url, Arc::new(requests(w)), clients).await;
     let (hits, queries, served) = cache_counts(&engines).await;
+    let decisions = gw.as_ref().map_or_else(String::new, |gw| {
+        let prefix = "llmgw_prefix_decisions_total{decision=\"";
+        let mut counts: Vec<String> = gw
+            .metrics
+            .render()
+            .lines()
+            .filter_map(|l| {
+                let (name, n) = l.strip_prefix(prefix)?.split_once("\"} ")?;
+                Some(format!("{name} {n}"))
+            })
+            .collect();
+        counts.sort();
+        counts.join(", ")
+    });
     if r == Router::Exact
         && let Some(gw) = gw
     {
@@ -323,6 +341,7 @@ async fn run(w: Workload, r: Router, clients: usize) -> Option<Figures> {
             .map(|(n, n0)| format!("{}", n - n0))
             .collect::<Vec<_>>()
             .join("/"),
+        decisions,
     })
 }
 
@@ -368,6 +387,9 @@ fn main() {
                     f.rate,
                     f.spread
                 );
+                if r != Router::LeastLoaded && !f.decisions.is_empty() {
+                    println!("  {:<20} decisions: {}", "", f.decisions);
+                }
                 figures.push((r, f));
             }
             let get = |r| figures.iter().find(|(x, _)| *x == r).map(|(_, f)| f);
