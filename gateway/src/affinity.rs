@@ -332,7 +332,10 @@ impl Affinity {
         candidates: &[Candidate<'_>],
         now: Instant,
     ) -> Option<(usize, Decision)> {
-        let guessed = self.guessed(model, blocks, candidates, now, false);
+        // Where the index sent the prompt, for every candidate: read for
+        // those without events first, and for the rest where events say
+        // nothing.
+        let guessed = self.guessed(model, blocks, candidates, now);
         let mut best: Option<(usize, f64, Decision)> = None;
         for (i, c) in candidates.iter().enumerate() {
             // Shares of their own prompts, since the two count differently.
@@ -351,8 +354,7 @@ impl Affinity {
             // included. A prompt just sent is held before its engine's
             // events can say so, and requests sharing it, arriving in
             // between, would otherwise each prefill it on another engine.
-            let guessed = self.guessed(model, blocks, candidates, now, true);
-            for (i, held) in guessed.into_iter().enumerate() {
+            for (i, &held) in guessed.iter().enumerate() {
                 let share = held as f64 / prompt_len.max(1) as f64;
                 if self.long_enough(held, prompt_len) && best.is_none_or(|(_, b, _)| share > b) {
                     best = Some((i, share, Decision::PrefixHit));
@@ -363,21 +365,20 @@ impl Affinity {
     }
 
     /// Bytes of the prompt's leading blocks the index sent to each
-    /// candidate without events, or to every candidate with `all`.
+    /// candidate.
     fn guessed(
         &self,
         model: &str,
         blocks: &[u64],
         candidates: &[Candidate<'_>],
         now: Instant,
-        all: bool,
     ) -> Vec<usize> {
         let ttl = self.config.ttl;
         // Per candidate: its id's hash, whether its run of blocks goes on,
         // and the bytes it covers.
         let mut runs: Vec<(u64, bool, usize)> = candidates
             .iter()
-            .map(|c| (hash_of(c.id), all || c.exact.is_none(), 0))
+            .map(|c| (hash_of(c.id), true, 0))
             .collect();
         let prefixes = lock(&self.prefixes);
         for b in blocks {
