@@ -26,6 +26,7 @@
 //! drains, as a journal would; without it, it logs nothing, like a
 //! binary run with `RUST_LOG=warn`. With `LLMGW_LOG_FORMAT=json` set, the
 //! lines are JSON, as the binary writes them then.
+//! `-- --lines`: only what one access line costs to format ([`lines`]).
 
 #![allow(
     clippy::unwrap_used,
@@ -43,6 +44,8 @@ use futures_util::StreamExt;
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
 use serde_json::json;
 
+#[path = "proxy/lines.rs"]
+mod lines;
 #[path = "proxy/peers.rs"]
 mod peers;
 
@@ -325,6 +328,8 @@ struct Args {
     serve: Option<SocketAddr>,
     /// The `--serve` child logs as the shipped binary does.
     logged: bool,
+    /// Only time the access line's formatting.
+    lines: bool,
 }
 
 fn args() -> Args {
@@ -336,6 +341,7 @@ fn args() -> Args {
             "--off" => a.off = true,
             "--keys" => a.keys = true,
             "--logged" => a.logged = true,
+            "--lines" => a.lines = true,
             "--rate" => a.rate = it.next().and_then(|s| s.parse().ok()),
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
@@ -486,6 +492,9 @@ fn main() {
     let args = args();
     if let Some(up) = args.serve {
         return serve(up, args.logged);
+    }
+    if args.lines {
+        return lines::run();
     }
     let venv = peers::venv();
     if args.peers

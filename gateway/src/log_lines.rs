@@ -14,6 +14,8 @@ pub use tracing_appender::non_blocking::{NonBlocking, WorkerGuard};
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
+mod plain;
+
 /// Lines queued, up to this many; past it, the threads that log wait (no
 /// line is dropped). About 5 MB of access lines: a burst of a fraction of
 /// a second at full speed.
@@ -55,8 +57,14 @@ where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
     match format {
-        Format::Text { ansi } => tracing_subscriber::fmt::layer()
-            .with_ansi(ansi)
+        Format::Text { ansi: true } => tracing_subscriber::fmt::layer()
+            .with_ansi(true)
+            .with_writer(writer)
+            .boxed(),
+        Format::Text { ansi: false } => tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .event_format(plain::PlainLine)
+            .fmt_fields(plain::PlainFields)
             .with_writer(writer)
             .boxed(),
         Format::Json => tracing_subscriber::fmt::layer()
