@@ -14,6 +14,7 @@ pub use tracing_appender::non_blocking::{NonBlocking, WorkerGuard};
 use tracing_subscriber::Layer;
 use tracing_subscriber::registry::LookupSpan;
 
+mod json;
 mod plain;
 
 /// Lines queued, up to this many; past it, the threads that log wait (no
@@ -69,8 +70,7 @@ where
             .boxed(),
         Format::Json => tracing_subscriber::fmt::layer()
             .json()
-            .with_current_span(true)
-            .with_span_list(true)
+            .event_format(json::JsonLine)
             .with_writer(writer)
             .boxed(),
     }

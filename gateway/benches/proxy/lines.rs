@@ -1,8 +1,8 @@
 //! `--lines`: what formatting and queueing one access line costs, as the
-//! binary's text format does it (`log_lines::layer`) and with
-//! `tracing_subscriber`'s default text format, the same line under the
-//! same request span, written to a discarding writer through the same
-//! non-blocking queue. Three interleaved rounds.
+//! binary writes text and JSON lines (`log_lines::layer`) and as
+//! `tracing_subscriber`'s own text and JSON formats do, the same line
+//! under the same request span, written to a discarding writer through
+//! the same non-blocking queue. Three interleaved rounds.
 
 use std::time::Instant;
 
@@ -50,20 +50,33 @@ pub fn run() {
     );
     for round in 1..=3 {
         let (queue, _guard) = tracing_appender::non_blocking(std::io::sink());
-        let shipped = time(
+        let text = time(
             tracing_subscriber::registry().with(layer(Format::Text { ansi: false }, queue).boxed()),
         );
         let (queue, _guard) = tracing_appender::non_blocking(std::io::sink());
-        let default = time(
+        let default_text = time(
             tracing_subscriber::registry().with(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(false)
                     .with_writer(queue),
             ),
         );
+        let (queue, _guard) = tracing_appender::non_blocking(std::io::sink());
+        let json = time(tracing_subscriber::registry().with(layer(Format::Json, queue).boxed()));
+        let (queue, _guard) = tracing_appender::non_blocking(std::io::sink());
+        let default_json = time(
+            tracing_subscriber::registry().with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(true)
+                    .with_writer(queue),
+            ),
+        );
         println!(
-            "round {round}: as shipped {shipped:.0} ns, with tracing-subscriber's default text format {default:.0} ns ({:.2}x)",
-            shipped / default
+            "round {round}: text as shipped {text:.0} ns, tracing-subscriber's {default_text:.0} ns ({:.2}x); JSON as shipped {json:.0} ns, tracing-subscriber's {default_json:.0} ns ({:.2}x)",
+            text / default_text,
+            json / default_json
         );
     }
 }

@@ -184,7 +184,7 @@ impl Visit for Plain<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::{Arc, Mutex};
 
     use tracing_subscriber::fmt::MakeWriter;
@@ -192,8 +192,9 @@ mod tests {
 
     use super::*;
 
+    /// A writer whose lines a test reads back.
     #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
+    pub(in crate::log_lines) struct Buf(pub(in crate::log_lines) Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
