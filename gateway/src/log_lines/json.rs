@@ -215,6 +215,8 @@ impl std::io::Write for Utf8<'_, '_> {
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::LevelFilter;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::super::plain::tests::Buf;
@@ -226,23 +228,25 @@ mod tests {
         says: &'a str,
     }
 
-    /// The lines each format writes for the same spans and events, parsed,
-    /// their times checked and removed.
-    fn lines(log: impl Fn()) -> (Vec<Value>, Vec<Value>) {
+    /// The lines each format writes for the same spans and events, each
+    /// layer filtered at `level`, parsed, their times checked and removed.
+    fn lines(level: LevelFilter, log: impl Fn()) -> (Vec<Value>, Vec<Value>) {
         let (ours, theirs) = (Buf::default(), Buf::default());
         let subscriber = tracing_subscriber::registry()
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
                     .event_format(JsonLine)
-                    .with_writer(ours.clone()),
+                    .with_writer(ours.clone())
+                    .with_filter(level),
             )
             .with(
                 tracing_subscriber::fmt::layer()
                     .json()
                     .with_current_span(true)
                     .with_span_list(true)
-                    .with_writer(theirs.clone()),
+                    .with_writer(theirs.clone())
+                    .with_filter(level),
             );
         tracing::subscriber::with_default(subscriber, log);
         let parsed = |b: Buf| {
@@ -262,7 +266,7 @@ mod tests {
 
     #[test]
     fn lines_parse_to_what_the_default_json_format_writes() {
-        let (ours, theirs) = lines(|| {
+        let (ours, theirs) = lines(LevelFilter::TRACE, || {
             let span = tracing::info_span!(
                 "request",
                 request_id = "a-1",
@@ -307,6 +311,24 @@ mod tests {
         assert_eq!(ours[0]["fields"]["key_id"], "key-9", "{}", ours[0]);
         assert_eq!(ours[0]["span"]["request_id"], "a-1", "{}", ours[0]);
         assert_eq!(ours[2]["spans"].as_array().map(Vec::len), Some(2));
+        assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn spans_the_filter_leaves_out_are_left_out_of_the_line() {
+        let (ours, theirs) = lines(LevelFilter::INFO, || {
+            let outer = tracing::info_span!("outer", id = 1u8);
+            let _in = outer.enter();
+            let quiet = tracing::debug_span!("quiet", id = 2u8);
+            quiet.in_scope(|| tracing::info!("inside a span left out"));
+            tracing::info!(parent: &quiet, "its child, by name");
+            let alone = tracing::debug_span!("alone");
+            drop(_in);
+            alone.in_scope(|| tracing::warn!("inside only a span left out"));
+        });
+        assert_eq!(ours.len(), 3, "{ours:?}");
+        assert_eq!(ours[0]["span"]["name"], "outer", "{}", ours[0]);
+        assert!(ours[2].get("span").is_none(), "{}", ours[2]);
         assert_eq!(ours, theirs);
     }
 }

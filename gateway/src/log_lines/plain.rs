@@ -52,7 +52,9 @@ where
             Level::ERROR => " ERROR ",
         })?;
         if let Some(scope) = ctx.event_scope() {
+            let mut seen = false;
             for span in scope.from_root() {
+                seen = true;
                 writer.write_str(span.metadata().name())?;
                 let ext = span.extensions();
                 if let Some(fields) = ext.get::<FormattedFields<N>>()
@@ -64,8 +66,9 @@ where
                 }
                 writer.write_char(':')?;
             }
-            // A scope always holds a span.
-            writer.write_char(' ')?;
+            if seen {
+                writer.write_char(' ')?;
+            }
         }
         writer.write_str(meta.target())?;
         writer.write_str(": ")?;
@@ -187,6 +190,8 @@ impl Visit for Plain<'_> {
 pub(super) mod tests {
     use std::sync::{Arc, Mutex};
 
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::LevelFilter;
     use tracing_subscriber::fmt::MakeWriter;
     use tracing_subscriber::layer::SubscriberExt;
 
@@ -219,8 +224,9 @@ pub(super) mod tests {
         n: u8,
     }
 
-    /// What each formatter writes for the same spans and events.
-    fn lines(log: impl Fn()) -> (String, String) {
+    /// What each formatter writes for the same spans and events, each
+    /// layer filtered at `level` (as the binary's is, by RUST_LOG).
+    fn lines(level: LevelFilter, log: impl Fn()) -> (String, String) {
         let (ours, theirs) = (Buf::default(), Buf::default());
         let subscriber = tracing_subscriber::registry()
             .with(
@@ -228,12 +234,14 @@ pub(super) mod tests {
                     .with_ansi(false)
                     .event_format(PlainLine)
                     .fmt_fields(PlainFields)
-                    .with_writer(ours.clone()),
+                    .with_writer(ours.clone())
+                    .with_filter(level),
             )
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(false)
-                    .with_writer(theirs.clone()),
+                    .with_writer(theirs.clone())
+                    .with_filter(level),
             );
         tracing::subscriber::with_default(subscriber, log);
         // The times differ by the microseconds between the two layers.
@@ -253,8 +261,14 @@ pub(super) mod tests {
 
     #[test]
     fn lines_are_what_the_default_formatter_writes() {
-        let (ours, theirs) = lines(|| {
-            let span = tracing::info_span!("request", request_id = "a-1", method = %"POST", path = "/v1/x");
+        let (ours, theirs) = lines(LevelFilter::TRACE, || {
+            let span = tracing::info_span!(
+                "request",
+                request_id = "a-1",
+                method = %"POST",
+                path = "/v1/x",
+                later = tracing::field::Empty
+            );
             let _in = span.enter();
             let err = std::io::Error::other("disk \"full\"");
             tracing::info!(
@@ -278,6 +292,7 @@ pub(super) mod tests {
                 "served {} with \x1b[0m",
                 "it"
             );
+            span.record("later", 7u8);
             tracing::warn!(status = 499u16, "alone");
             tracing::info!(first = "x");
             tracing::info!(message = "plain \"message\"", after = 1u8);
@@ -291,9 +306,25 @@ pub(super) mod tests {
         assert_eq!(ours.lines().count(), 7, "{ours}");
         assert!(ours.contains(r#"key_id="key-9""#), "{ours}");
         assert!(
-            ours.contains(r#"request{request_id="a-1" method=POST path="/v1/x"}"#),
+            ours.contains(r#"request{request_id="a-1" method=POST path="/v1/x" later=7}"#),
             "{ours}"
         );
+        assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn spans_the_filter_leaves_out_are_left_out_of_the_line() {
+        let (ours, theirs) = lines(LevelFilter::INFO, || {
+            let outer = tracing::info_span!("outer", id = 1u8);
+            let _in = outer.enter();
+            let quiet = tracing::debug_span!("quiet", id = 2u8);
+            quiet.in_scope(|| tracing::info!("inside a span left out"));
+            let alone = tracing::debug_span!("alone");
+            drop(_in);
+            alone.in_scope(|| tracing::warn!("inside only a span left out"));
+        });
+        assert_eq!(ours.lines().count(), 2, "{ours}");
+        assert!(!ours.contains("quiet"), "{ours}");
         assert_eq!(ours, theirs);
     }
 }
