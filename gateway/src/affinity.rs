@@ -336,29 +336,35 @@ impl Affinity {
         // those without events first, and for the rest where events say
         // nothing.
         let guessed = self.guessed(model, blocks, candidates, now);
+        // Shares of their own prompts, since the two count differently.
+        let known = candidates.iter().enumerate().map(|(i, c)| match c.exact {
+            Some(m) => (i, m, rendered, Decision::ExactHit),
+            None => (i, guessed[i], prompt_len, Decision::PrefixHit),
+        });
+        let best = self.largest_share(known);
+        if best.is_some() || candidates.iter().all(|c| c.exact.is_none()) {
+            return best;
+        }
+        // Held nowhere, as far as events say (not announced yet, or
+        // evicted): where it was sent before, endpoints with events
+        // included. A prompt just sent is held before its engine's events
+        // can say so, and requests sharing it, arriving in between, would
+        // otherwise each prefill it on another engine.
+        let sent = guessed.iter().enumerate();
+        self.largest_share(sent.map(|(i, &held)| (i, held, prompt_len, Decision::PrefixHit)))
+    }
+
+    /// Of `(candidate, bytes held, of how many, why)`, the first with the
+    /// largest share that is long enough.
+    fn largest_share(
+        &self,
+        held: impl Iterator<Item = (usize, usize, usize, Decision)>,
+    ) -> Option<(usize, Decision)> {
         let mut best: Option<(usize, f64, Decision)> = None;
-        for (i, c) in candidates.iter().enumerate() {
-            // Shares of their own prompts, since the two count differently.
-            let (held, of, decision) = match c.exact {
-                Some(m) => (m, rendered, Decision::ExactHit),
-                None => (guessed[i], prompt_len, Decision::PrefixHit),
-            };
+        for (i, held, of, decision) in held {
             let share = held as f64 / of.max(1) as f64;
             if self.long_enough(held, of) && best.is_none_or(|(_, b, _)| share > b) {
                 best = Some((i, share, decision));
-            }
-        }
-        if best.is_none() && candidates.iter().any(|c| c.exact.is_some()) {
-            // Held nowhere, as far as events say (not announced yet, or
-            // evicted): where it was sent before, endpoints with events
-            // included. A prompt just sent is held before its engine's
-            // events can say so, and requests sharing it, arriving in
-            // between, would otherwise each prefill it on another engine.
-            for (i, &held) in guessed.iter().enumerate() {
-                let share = held as f64 / prompt_len.max(1) as f64;
-                if self.long_enough(held, prompt_len) && best.is_none_or(|(_, b, _)| share > b) {
-                    best = Some((i, share, Decision::PrefixHit));
-                }
             }
         }
         best.map(|(i, _, d)| (i, d))
