@@ -215,11 +215,9 @@ impl std::io::Write for Utf8<'_, '_> {
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
-    use tracing_subscriber::Layer;
     use tracing_subscriber::filter::LevelFilter;
-    use tracing_subscriber::layer::SubscriberExt;
 
-    use super::super::plain::tests::Buf;
+    use super::super::written::written;
     use super::*;
 
     #[derive(Debug)]
@@ -228,29 +226,10 @@ mod tests {
         says: &'a str,
     }
 
-    /// The lines each format writes for the same spans and events, each
-    /// layer filtered at `level`, parsed, their times checked and removed.
+    /// The lines each format writes for the same spans and events,
+    /// parsed, their times checked and removed.
     fn lines(level: LevelFilter, log: impl Fn()) -> (Vec<Value>, Vec<Value>) {
-        let (ours, theirs) = (Buf::default(), Buf::default());
-        let subscriber = tracing_subscriber::registry()
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .event_format(JsonLine)
-                    .with_writer(ours.clone())
-                    .with_filter(level),
-            )
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_current_span(true)
-                    .with_span_list(true)
-                    .with_writer(theirs.clone())
-                    .with_filter(level),
-            );
-        tracing::subscriber::with_default(subscriber, log);
-        let parsed = |b: Buf| {
-            let text = String::from_utf8(b.0.lock().unwrap().clone()).unwrap();
+        let parsed = |text: String| {
             text.lines()
                 .map(|line| {
                     let mut v: Value = serde_json::from_str(line)
@@ -261,6 +240,27 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
+        let ours = written(
+            |w| {
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .event_format(JsonLine)
+                    .with_writer(w)
+            },
+            level,
+            &log,
+        );
+        let theirs = written(
+            |w| {
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(true)
+                    .with_writer(w)
+            },
+            level,
+            &log,
+        );
         (parsed(ours), parsed(theirs))
     }
 

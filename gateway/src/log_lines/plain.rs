@@ -187,36 +187,11 @@ impl Visit for Plain<'_> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use tracing_subscriber::Layer;
+mod tests {
     use tracing_subscriber::filter::LevelFilter;
-    use tracing_subscriber::fmt::MakeWriter;
-    use tracing_subscriber::layer::SubscriberExt;
 
+    use super::super::written::written;
     use super::*;
-
-    /// A writer whose lines a test reads back.
-    #[derive(Clone, Default)]
-    pub(in crate::log_lines) struct Buf(pub(in crate::log_lines) Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Buf {
-        type Writer = Buf;
-        fn make_writer(&'a self) -> Buf {
-            self.clone()
-        }
-    }
 
     #[derive(Debug)]
     struct Thing {
@@ -224,29 +199,10 @@ pub(super) mod tests {
         n: u8,
     }
 
-    /// What each formatter writes for the same spans and events, each
-    /// layer filtered at `level` (as the binary's is, by RUST_LOG).
+    /// What each formatter writes for the same spans and events, without
+    /// the times (they differ by the microseconds between the two runs).
     fn lines(level: LevelFilter, log: impl Fn()) -> (String, String) {
-        let (ours, theirs) = (Buf::default(), Buf::default());
-        let subscriber = tracing_subscriber::registry()
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .event_format(PlainLine)
-                    .fmt_fields(PlainFields)
-                    .with_writer(ours.clone())
-                    .with_filter(level),
-            )
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_ansi(false)
-                    .with_writer(theirs.clone())
-                    .with_filter(level),
-            );
-        tracing::subscriber::with_default(subscriber, log);
-        // The times differ by the microseconds between the two layers.
-        let text = |b: Buf| {
-            let text = String::from_utf8(b.0.lock().unwrap().clone()).unwrap();
+        let untimed = |text: String| {
             let mut lines = String::new();
             for line in text.lines() {
                 let (time, rest) = line.split_once(' ').unwrap();
@@ -256,7 +212,27 @@ pub(super) mod tests {
             }
             lines
         };
-        (text(ours), text(theirs))
+        let ours = written(
+            |w| {
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .event_format(PlainLine)
+                    .fmt_fields(PlainFields)
+                    .with_writer(w)
+            },
+            level,
+            &log,
+        );
+        let theirs = written(
+            |w| {
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(w)
+            },
+            level,
+            &log,
+        );
+        (untimed(ours), untimed(theirs))
     }
 
     #[test]
