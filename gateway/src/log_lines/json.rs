@@ -217,14 +217,8 @@ mod tests {
     use serde_json::Value;
     use tracing_subscriber::filter::LevelFilter;
 
-    use super::super::written::written;
+    use super::super::written::{self, written};
     use super::*;
-
-    #[derive(Debug)]
-    struct Thing<'a> {
-        #[expect(dead_code, reason = "read by Debug only")]
-        says: &'a str,
-    }
 
     /// The lines each format writes for the same spans and events,
     /// parsed, their times checked and removed.
@@ -266,66 +260,17 @@ mod tests {
 
     #[test]
     fn lines_parse_to_what_the_default_json_format_writes() {
-        let (ours, theirs) = lines(LevelFilter::TRACE, || {
-            let span = tracing::info_span!(
-                "request",
-                request_id = "a-1",
-                method = %"POST",
-                path = "/v1/x",
-                later = tracing::field::Empty
-            );
-            let _in = span.enter();
-            let err = std::io::Error::other("disk \"full\"");
-            tracing::info!(
-                key_id = "key-9",
-                none = None::<&str>,
-                quoted = "say \"hi\"\n\tthen \\ go",
-                control = "\x1b[31m\x00\x7f",
-                unicode = "café ✓ 𝄞",
-                empty = "",
-                big = u64::MAX,
-                neg = i64::MIN,
-                yes = true,
-                ms = 1.5f64,
-                whole = 2.0f64,
-                huge = 1e300f64,
-                nan = f64::NAN,
-                debug = ?Thing { says: "\"quoted\"" },
-                shown = %"shown\u{1}",
-                error = &err as &(dyn std::error::Error + 'static),
-                r#type = "raw",
-                "served {} with \"quotes\"\n",
-                "it"
-            );
-            span.record("later", 7u8);
-            tracing::warn!(status = 499u16, "alone");
-            let inner = tracing::debug_span!("inner", n = 2u8, label = "x\"y");
-            inner.in_scope(|| tracing::error!(target: "else\"where", "nested"));
-            let bare = tracing::info_span!("bare");
-            bare.in_scope(|| tracing::trace!("in a span without fields"));
-            drop(_in);
-            tracing::info!("outside any span");
-            tracing::info!(parent: &inner, "an explicit parent, none entered");
-        });
-        assert_eq!(ours.len(), 6, "{ours:?}");
+        let (ours, theirs) = lines(LevelFilter::TRACE, written::every_kind);
+        assert_eq!(ours.len(), 8, "{ours:?}");
         assert_eq!(ours[0]["fields"]["key_id"], "key-9", "{}", ours[0]);
         assert_eq!(ours[0]["span"]["request_id"], "a-1", "{}", ours[0]);
-        assert_eq!(ours[2]["spans"].as_array().map(Vec::len), Some(2));
+        assert_eq!(ours[4]["spans"].as_array().map(Vec::len), Some(2));
         assert_eq!(ours, theirs);
     }
 
     #[test]
     fn spans_the_filter_leaves_out_are_left_out_of_the_line() {
-        let (ours, theirs) = lines(LevelFilter::INFO, || {
-            let outer = tracing::info_span!("outer", id = 1u8);
-            let _in = outer.enter();
-            let quiet = tracing::debug_span!("quiet", id = 2u8);
-            quiet.in_scope(|| tracing::info!("inside a span left out"));
-            tracing::info!(parent: &quiet, "its child, by name");
-            let alone = tracing::debug_span!("alone");
-            drop(_in);
-            alone.in_scope(|| tracing::warn!("inside only a span left out"));
-        });
+        let (ours, theirs) = lines(LevelFilter::INFO, written::filtered);
         assert_eq!(ours.len(), 3, "{ours:?}");
         assert_eq!(ours[0]["span"]["name"], "outer", "{}", ours[0]);
         assert!(ours[2].get("span").is_none(), "{}", ours[2]);

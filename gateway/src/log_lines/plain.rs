@@ -190,14 +190,8 @@ impl Visit for Plain<'_> {
 mod tests {
     use tracing_subscriber::filter::LevelFilter;
 
-    use super::super::written::written;
+    use super::super::written::{self, written};
     use super::*;
-
-    #[derive(Debug)]
-    struct Thing {
-        #[expect(dead_code, reason = "read by Debug only")]
-        n: u8,
-    }
 
     /// What each formatter writes for the same spans and events, without
     /// the times (they differ by the microseconds between the two runs).
@@ -237,49 +231,8 @@ mod tests {
 
     #[test]
     fn lines_are_what_the_default_formatter_writes() {
-        let (ours, theirs) = lines(LevelFilter::TRACE, || {
-            let span = tracing::info_span!(
-                "request",
-                request_id = "a-1",
-                method = %"POST",
-                path = "/v1/x",
-                later = tracing::field::Empty
-            );
-            let _in = span.enter();
-            let err = std::io::Error::other("disk \"full\"");
-            tracing::info!(
-                key_id = "key-9",
-                none = None::<&str>,
-                quoted = "say \"hi\"",
-                slash = "a\\b",
-                tab = "a\tb",
-                escape = "\x1b[31mred",
-                unicode = "café ✓",
-                empty = "",
-                big = u64::MAX,
-                neg = -42i64,
-                yes = true,
-                ms = 1.5f64,
-                whole = 2.0f64,
-                debug = ?Thing { n: 1 },
-                shown = %"shown",
-                error = &err as &(dyn std::error::Error + 'static),
-                r#type = "raw",
-                "served {} with \x1b[0m",
-                "it"
-            );
-            span.record("later", 7u8);
-            tracing::warn!(status = 499u16, "alone");
-            tracing::info!(first = "x");
-            tracing::info!(message = "plain \"message\"", after = 1u8);
-            let inner = tracing::debug_span!("inner", n = 2u8);
-            inner.in_scope(|| tracing::error!(target: "elsewhere", "nested"));
-            let bare = tracing::info_span!("bare");
-            bare.in_scope(|| tracing::trace!("in a span without fields"));
-            drop(_in);
-            tracing::info!("outside any span");
-        });
-        assert_eq!(ours.lines().count(), 7, "{ours}");
+        let (ours, theirs) = lines(LevelFilter::TRACE, written::every_kind);
+        assert_eq!(ours.lines().count(), 8, "{ours}");
         assert!(ours.contains(r#"key_id="key-9""#), "{ours}");
         assert!(
             ours.contains(r#"request{request_id="a-1" method=POST path="/v1/x" later=7}"#),
@@ -290,16 +243,8 @@ mod tests {
 
     #[test]
     fn spans_the_filter_leaves_out_are_left_out_of_the_line() {
-        let (ours, theirs) = lines(LevelFilter::INFO, || {
-            let outer = tracing::info_span!("outer", id = 1u8);
-            let _in = outer.enter();
-            let quiet = tracing::debug_span!("quiet", id = 2u8);
-            quiet.in_scope(|| tracing::info!("inside a span left out"));
-            let alone = tracing::debug_span!("alone");
-            drop(_in);
-            alone.in_scope(|| tracing::warn!("inside only a span left out"));
-        });
-        assert_eq!(ours.lines().count(), 2, "{ours}");
+        let (ours, theirs) = lines(LevelFilter::INFO, written::filtered);
+        assert_eq!(ours.lines().count(), 3, "{ours}");
         assert!(!ours.contains("quiet"), "{ours}");
         assert_eq!(ours, theirs);
     }
