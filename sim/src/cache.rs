@@ -69,10 +69,8 @@ impl PrefixCache {
             .zip(prompt.chunks(self.block_bytes))
             .enumerate()
         {
-            self.generation += 1;
             let full = chunk.len() == self.block_bytes;
-            let new = self.used.insert(*h, (self.generation, full)).is_none();
-            self.order.push_back((self.generation, *h));
+            let new = !self.used.contains_key(h);
             match &mut run {
                 Some(KvEvent::Stored { hashes, tokens, .. }) if new && full => {
                     hashes.push(*h);
@@ -89,6 +87,15 @@ impl PrefixCache {
                 }
                 _ => events.extend(run.take()),
             }
+        }
+        // Used last to first, so that the tail is the least recent: vLLM
+        // frees a finished request's blocks tail first, and under pressure
+        // evicts a prompt's tail before its head, keeping prefixes whole.
+        for (h, chunk) in hashes.iter().zip(prompt.chunks(self.block_bytes)).rev() {
+            self.generation += 1;
+            let full = chunk.len() == self.block_bytes;
+            self.used.insert(*h, (self.generation, full));
+            self.order.push_back((self.generation, *h));
         }
         events.extend(run);
         let removed = self.evict();
@@ -183,6 +190,14 @@ mod tests {
         assert_eq!(admit(&mut c, b"aaaa").hits, 1);
         assert_eq!(admit(&mut c, b"aaaabbbb").hits, 1, "bbbb was evicted");
         assert!(c.len() <= 4);
+    }
+
+    #[test]
+    fn a_prompt_is_evicted_tail_first_so_its_prefix_still_hits() {
+        let mut c = PrefixCache::new(3, 4);
+        admit(&mut c, b"aaaabbbbcccc");
+        admit(&mut c, b"dddd"); // one block must go: cccc's, the tail
+        assert_eq!(admit(&mut c, b"aaaabbbbxxxx").hits, 2);
     }
 
     #[test]

@@ -134,8 +134,9 @@ async fn the_cache_publishes_vllm_kv_events_a_subscriber_decodes() {
     assert_eq!(stored[4].as_u64(), Some(4), "block size in tokens");
     assert_eq!(stored[6].as_str(), Some("GPU"));
 
-    // A longer prompt sharing the first block: a run chained to it, then
-    // the least recently used blocks evicted from a 4-block cache.
+    // A longer prompt sharing the first blocks: a run chained to them,
+    // then its own tail evicted from a 4-block cache, last block first
+    // (vLLM frees a request's blocks tail first, keeping prefixes whole).
     // 96 bytes: six full blocks, the first two shared.
     ask(&e, &format!("{content}{}", "x".repeat(52))).await;
     let (seq, ev) = next(&mut sub).await;
@@ -146,12 +147,17 @@ async fn the_cache_publishes_vllm_kv_events_a_subscriber_decodes() {
         Some(first[1]),
         "chained to the shared blocks"
     );
-    assert_eq!(hashes(&ev[0][1]).len(), 4);
+    let new = hashes(&ev[0][1]);
+    assert_eq!(new.len(), 4);
     let removed = ev
         .iter()
         .find(|e| e[0].as_str() == Some("BlockRemoved"))
         .unwrap();
-    assert_eq!(hashes(&removed[1]), first, "the oldest full blocks");
+    assert_eq!(
+        hashes(&removed[1]),
+        [new[3], new[2]],
+        "the tail, not the shared head"
+    );
 
     let r = reqwest::Client::new()
         .post(format!("http://{}/reset_prefix_cache", e.http))
