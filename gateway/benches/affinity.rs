@@ -10,8 +10,10 @@
 //! miss costs prefill at 2,000 tokens/s. Two workloads, 8 concurrent
 //! clients unless told:
 //! - documents: 16 documents of 2 KB asked about in a fixed pseudo-random
-//!   order (32 KB of prefixes: more than one engine holds, less than four
-//!   do);
+//!   order, 15 requests a document (32 KB of prefixes: more than one
+//!   engine holds, less than four do); `--documents N` for N documents
+//!   (24 or more put the caches under pressure: 48 KB and up, against
+//!   51.2 KB in all four), `--only documents|chat` for one workload;
 //! - chat: a shared 1.5 KB system prompt and 48 users' conversations
 //!   growing by a question and an answer a turn, six turns each, the
 //!   users' turns interleaved (~100 KB of conversations: most are evicted
@@ -51,7 +53,8 @@ const CLIENTS: usize = 8;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Workload {
-    Documents,
+    /// This many documents, each asked about 15 times.
+    Documents(u64),
     Chat,
 }
 
@@ -155,10 +158,16 @@ fn answer(u: usize, t: usize) -> String {
 /// The requests of a workload, in the order they are sent.
 fn requests(w: Workload) -> Vec<Value> {
     match w {
-        Workload::Documents => (0..240u64)
+        Workload::Documents(n) => (0..15 * n)
             .map(|i| {
-                // A fixed pseudo-random document per request.
-                let d = (i.wrapping_mul(2_654_435_761) >> 7) % 16;
+                // A fixed pseudo-random document per request, drawn
+                // independently each time (splitmix64's mixer): a
+                // multiplicative step sweeps the documents in near order,
+                // a recency cache's worst case, once they do not all fit.
+                let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                let d = (z ^ (z >> 31)) % n;
                 json!({"model": "m", "stream": true, "max_tokens": 1, "messages": [
                     {"role": "system", "content": document(d)},
                     {"role": "user", "content": format!("question {i}")}]})
@@ -356,6 +365,24 @@ fn main() {
             .expect("--clients takes a number of clients, 1 or more"),
         None => CLIENTS,
     };
+    let documents = match args.iter().position(|a| a == "--documents") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .filter(|&n: &u64| n > 0)
+            .expect("--documents takes a number of documents, 1 or more"),
+        None => 16,
+    };
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args.get(i + 1).map_or("", String::as_str));
+    if let Some(o) = only {
+        assert!(
+            o == "documents" || o == "chat",
+            "--only takes documents or chat"
+        );
+    }
     if with_peers && let Err(e) = peers::install(&peers::venv()) {
         eprintln!("SGLang Model Gateway left out: {e}");
     }
@@ -365,9 +392,22 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         for (w, what) in [
-            (Workload::Documents, "documents: 16 documents of 2 KB, 240 requests"),
-            (Workload::Chat, "chat: a 1.5 KB system prompt, 48 users x 6 turns, 288 requests"),
+            (
+                Workload::Documents(documents),
+                format!(
+                    "documents: {documents} documents of 2 KB, {} requests",
+                    15 * documents
+                ),
+            ),
+            (
+                Workload::Chat,
+                "chat: a 1.5 KB system prompt, 48 users x 6 turns, 288 requests".into(),
+            ),
         ] {
+            let name = if w == Workload::Chat { "chat" } else { "documents" };
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
             println!("{what}, {clients} clients, {ENGINES} engines of 200 blocks");
             let mut routers = vec![Router::LeastLoaded, Router::Approximate, Router::Exact];
             if with_peers {
