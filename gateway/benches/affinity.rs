@@ -354,25 +354,23 @@ async fn run(w: Workload, r: Router, clients: usize) -> Option<Figures> {
     })
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let with_peers = args.iter().any(|a| a == "--peers");
-    let clients = match args.iter().position(|a| a == "--clients") {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|n| n.parse().ok())
-            .filter(|&n: &usize| n > 0)
-            .expect("--clients takes a number of clients, 1 or more"),
-        None => CLIENTS,
-    };
-    let documents = match args.iter().position(|a| a == "--documents") {
+/// The number after `flag`, 1 or more, or `default` without the flag.
+fn count(args: &[String], flag: &str, default: u64) -> u64 {
+    match args.iter().position(|a| a == flag) {
         Some(i) => args
             .get(i + 1)
             .and_then(|n| n.parse().ok())
             .filter(|&n: &u64| n > 0)
-            .expect("--documents takes a number of documents, 1 or more"),
-        None => 16,
-    };
+            .unwrap_or_else(|| panic!("{flag} takes a number, 1 or more")),
+        None => default,
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let with_peers = args.iter().any(|a| a == "--peers");
+    let clients = count(&args, "--clients", CLIENTS as u64) as usize;
+    let documents = count(&args, "--documents", 16);
     let only = args
         .iter()
         .position(|a| a == "--only")
