@@ -18,9 +18,10 @@
 //! gateway instead; with `--keys`, auth and limits without usage); its
 //! pid is printed, for `perf record -g -p PID`, and then its CPU a
 //! request and its memory. With `--rate R` too, an open loop at R req/s
-//! instead, direct and through the bare relay first: where the time a
-//! request adds at low load goes (its CPU, and how often its threads
-//! slept and were woken, a request).
+//! instead, in one-second slots direct, through the bare relay and
+//! through llmgw in turn: what a request adds at low load, and where its
+//! time goes (its CPU, and how often its threads slept and were woken, a
+//! request).
 //! `-- --logged`: the `--serve` process logs as the binary does (info, or
 //! what RUST_LOG says; one access line a request) to a pipe this program
 //! drains, as a journal would; without it, it logs nothing, like a
@@ -448,7 +449,17 @@ struct Served {
 }
 
 impl Drop for Served {
+    /// Its stdin closed, it stops serving and exits as a program does
+    /// (an instrumented build writes its profile then); killed if it has
+    /// not within a few seconds.
     fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        for _ in 0..50 {
+            if self.child.try_wait().is_ok_and(|s| s.is_some()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -698,9 +709,12 @@ async fn side_by_side(
 }
 
 /// Resident and peak memory of process `pid`, from its status.
-/// `--profile S --rate R`: direct, the bare relay and llmgw at R req/s for
-/// S seconds each, in turn; for llmgw, its CPU and its threads' sleeps
-/// (voluntary context switches) a request.
+/// `--profile S --rate R`: direct, the bare relay and llmgw at R req/s, in
+/// S rounds of one second each through all three in turn, so that the
+/// machine's drift (other processes, the clock's speed) falls on all
+/// three alike rather than on whichever ran last; for the relay and
+/// llmgw, the process's CPU and its threads' sleeps a request in their
+/// own seconds.
 async fn at_rate(
     client: &reqwest::Client,
     child: &Served,
@@ -711,38 +725,46 @@ async fn at_rate(
     direct: &str,
 ) {
     let pid = child.child.id();
-    let mut direct = fixed_rate(client, direct, rate, seconds).await;
-    let (cpu, slept) = (cpu_seconds(pid), switches(pid));
-    let mut relay = fixed_rate(client, &child.relay, rate, seconds).await;
-    let n = relay.len() as f64;
-    let (relay_cpu, relay_slept) = (
-        (cpu_seconds(pid) - cpu) * 1e6 / n,
-        (switches(pid) - slept) as f64 / n,
-    );
-    let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
-    let (r50, r99) = (pct(&mut relay, 0.5), pct(&mut relay, 0.99));
-    println!("pid {pid}: llmgw with {what}, {rate} req/s for {seconds} s");
-    let (cpu, slept, faulted) = (cpu_seconds(pid), switches(pid), faults(pid));
-    let mut lat = fixed_rate(client, url, rate, seconds).await;
-    let (cpu, slept, faulted) = (
-        cpu_seconds(pid) - cpu,
-        switches(pid) - slept,
-        faults(pid) - faulted,
-    );
-    let n = lat.len() as f64;
-    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
     println!(
-        "direct p50 {d50:.3} ms p99 {d99:.3} ms; relay added p50 {:.3} ms p99 {:.3} ms; its CPU {relay_cpu:.1} µs and its threads' sleeps {relay_slept:.2} a request",
+        "pid {pid}: llmgw with {what}, {rate} req/s, {seconds} rounds of a second each direct, through the relay and through llmgw"
+    );
+    let (mut direct_lat, mut relay_lat, mut lat) = (Vec::new(), Vec::new(), Vec::new());
+    // (CPU seconds, sleeps, page faults) in the relay's and llmgw's seconds.
+    let (mut relay_used, mut used) = ((0.0, 0, 0), (0.0, 0, 0));
+    let counters = || (cpu_seconds(pid), switches(pid), faults(pid));
+    let add = |sum: &mut (f64, u64, u64), before: (f64, u64, u64)| {
+        let after = counters();
+        sum.0 += after.0 - before.0;
+        sum.1 += after.1 - before.1;
+        sum.2 += after.2 - before.2;
+    };
+    for _ in 0..seconds {
+        direct_lat.extend(fixed_rate(client, direct, rate, 1).await);
+        let before = counters();
+        relay_lat.extend(fixed_rate(client, &child.relay, rate, 1).await);
+        add(&mut relay_used, before);
+        let before = counters();
+        lat.extend(fixed_rate(client, url, rate, 1).await);
+        add(&mut used, before);
+    }
+    let (d50, d99) = (pct(&mut direct_lat, 0.5), pct(&mut direct_lat, 0.99));
+    let (r50, r99) = (pct(&mut relay_lat, 0.5), pct(&mut relay_lat, 0.99));
+    let (p50, p99) = (pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    let (rn, n) = (relay_lat.len() as f64, lat.len() as f64);
+    println!(
+        "direct p50 {d50:.3} ms p99 {d99:.3} ms; relay added p50 {:.3} ms p99 {:.3} ms; its CPU {:.1} µs and its threads' sleeps {:.2} a request",
         r50 - d50,
-        r99 - d99
+        r99 - d99,
+        relay_used.0 * 1e6 / rn,
+        relay_used.1 as f64 / rn,
     );
     println!(
         "llmgw added p50 {:.3} ms p99 {:.3} ms; its CPU {:.1} µs, its threads' sleeps {:.2} and its page faults {:.2} a request",
         p50 - d50,
         p99 - d99,
-        cpu * 1e6 / n,
-        slept as f64 / n,
-        faulted as f64 / n
+        used.0 * 1e6 / n,
+        used.1 as f64 / n,
+        used.2 as f64 / n
     );
 }
 
