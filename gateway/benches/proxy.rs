@@ -21,7 +21,8 @@
 //! instead, in one-second slots direct, through the bare relay and
 //! through llmgw in turn: what a request adds at low load, and where its
 //! time goes (its CPU, and how often its threads slept and were woken, a
-//! request).
+//! request). With `--binary PATH` too, llmgw as shipped instead: `PATH
+//! server`, keys on, set up with `PATH keys` ([`shipped`]).
 //! `-- --logged`: the `--serve` process logs as the binary does (info, or
 //! what RUST_LOG says; one access line a request) to a pipe this program
 //! drains, as a journal would; without it, it logs nothing, like a
@@ -49,9 +50,19 @@ use serde_json::json;
 mod lines;
 #[path = "proxy/peers.rs"]
 mod peers;
+#[path = "proxy/shipped.rs"]
+mod shipped;
 
 /// The benchmark's one key (ignored where auth is off).
 const SECRET: &str = "llmgw-sk-bench-0123456789abcdef";
+
+/// The key requests present: [`SECRET`], or the one `--binary`'s server
+/// issued.
+static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+fn key() -> &'static str {
+    KEY.get().map_or(SECRET, String::as_str)
+}
 
 const REPLY: &str = r#"{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
 
@@ -232,7 +243,7 @@ async fn one_since(client: &reqwest::Client, url: &str, stream: bool, t: Instant
     // The key is ignored where auth is off.
     let resp = client
         .post(url)
-        .header("authorization", format!("Bearer {SECRET}"))
+        .header("authorization", format!("Bearer {}", key()))
         .header("content-type", "application/json")
         .body(body(stream))
         .send()
@@ -331,6 +342,8 @@ struct Args {
     logged: bool,
     /// Only time the access line's formatting.
     lines: bool,
+    /// `--profile` this llmgw binary instead ([`shipped`]).
+    binary: Option<String>,
 }
 
 fn args() -> Args {
@@ -346,6 +359,7 @@ fn args() -> Args {
             "--rate" => a.rate = it.next().and_then(|s| s.parse().ok()),
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
+            "--binary" => a.binary = it.next(),
             _ => {}
         }
     }
@@ -556,24 +570,30 @@ fn main() {
 
         if let Some(seconds) = args.profile {
             let child = served(up, args.logged);
-            let (url, what) = match (args.off, args.keys) {
-                (true, _) => (&child.off, "all off"),
-                (_, true) => (&child.keys, "auth and limits, no usage"),
-                _ => (&child.tenanted, "auth, limits and usage"),
+            let binary = args.binary.as_deref().map(|b| shipped::start(b, up, args.logged));
+            let (url, what, pid) = match (&binary, args.off, args.keys) {
+                (Some(b), _, _) => (&b.url, "auth, limits and usage, as shipped", b.pid()),
+                (None, true, _) => (&child.off, "all off", child.child.id()),
+                (None, _, true) => (&child.keys, "auth and limits, no usage", child.child.id()),
+                _ => (&child.tenanted, "auth, limits and usage", child.child.id()),
             };
+            if let Some(b) = &binary {
+                KEY.set(b.key.clone()).unwrap();
+            }
             saturate(&client, url, 8, 1, false).await;
             if let Some(rate) = args.rate {
-                return at_rate(&client, &child, url, what, rate, seconds, &direct).await;
+                let relay = (child.child.id(), child.relay.as_str());
+                return at_rate(&client, relay, pid, url, what, rate, seconds, &direct).await;
             }
-            println!("pid {}: llmgw with {what}, 32 clients for {seconds} s", child.child.id());
-            let cpu = cpu_seconds(child.child.id());
+            println!("pid {pid}: llmgw with {what}, 32 clients for {seconds} s");
+            let cpu = cpu_seconds(pid);
             let (rate, mut lat) = saturate(&client, url, 32, seconds, false).await;
-            let cpu = cpu_seconds(child.child.id()) - cpu;
+            let cpu = cpu_seconds(pid) - cpu;
             println!(
                 "{rate:.0} req/s, p50 {:.3} ms; llmgw's CPU {:.1} µs a request; its memory {}",
                 pct(&mut lat, 0.5),
                 cpu * 1e6 / lat.len() as f64,
-                memory(child.child.id())
+                memory(pid)
             );
             return;
         }
@@ -715,37 +735,38 @@ async fn side_by_side(
 /// three alike rather than on whichever ran last; for the relay and
 /// llmgw, the process's CPU and its threads' sleeps a request in their
 /// own seconds.
+#[allow(clippy::too_many_arguments, reason = "a benchmark's one call")]
 async fn at_rate(
     client: &reqwest::Client,
-    child: &Served,
+    (relay_pid, relay): (u32, &str),
+    pid: u32,
     url: &str,
     what: &str,
     rate: u64,
     seconds: u64,
     direct: &str,
 ) {
-    let pid = child.child.id();
     println!(
         "pid {pid}: llmgw with {what}, {rate} req/s, {seconds} rounds of a second each direct, through the relay and through llmgw"
     );
     let (mut direct_lat, mut relay_lat, mut lat) = (Vec::new(), Vec::new(), Vec::new());
     // (CPU seconds, sleeps, page faults) in the relay's and llmgw's seconds.
     let (mut relay_used, mut used) = ((0.0, 0, 0), (0.0, 0, 0));
-    let counters = || (cpu_seconds(pid), switches(pid), faults(pid));
-    let add = |sum: &mut (f64, u64, u64), before: (f64, u64, u64)| {
-        let after = counters();
+    let counters = |pid| (cpu_seconds(pid), switches(pid), faults(pid));
+    let add = |sum: &mut (f64, u64, u64), pid, before: (f64, u64, u64)| {
+        let after = counters(pid);
         sum.0 += after.0 - before.0;
         sum.1 += after.1 - before.1;
         sum.2 += after.2 - before.2;
     };
     for _ in 0..seconds {
         direct_lat.extend(fixed_rate(client, direct, rate, 1).await);
-        let before = counters();
-        relay_lat.extend(fixed_rate(client, &child.relay, rate, 1).await);
-        add(&mut relay_used, before);
-        let before = counters();
+        let before = counters(relay_pid);
+        relay_lat.extend(fixed_rate(client, relay, rate, 1).await);
+        add(&mut relay_used, relay_pid, before);
+        let before = counters(pid);
         lat.extend(fixed_rate(client, url, rate, 1).await);
-        add(&mut used, before);
+        add(&mut used, pid, before);
     }
     let (d50, d99) = (pct(&mut direct_lat, 0.5), pct(&mut direct_lat, 0.99));
     let (r50, r99) = (pct(&mut relay_lat, 0.5), pct(&mut relay_lat, 0.99));

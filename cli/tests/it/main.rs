@@ -38,6 +38,7 @@ mod mirror;
 mod node_agent;
 mod outage;
 mod partition;
+mod pgo_train;
 mod plan;
 mod provision;
 mod restart;

@@ -1,0 +1,133 @@
+//! `--binary PATH`: the `--profile` modes measure llmgw as shipped instead
+//! of this program's `--serve` child: `PATH server`, router-only with keys
+//! on (SQLite), in front of the same upstream, its key and limits made
+//! with `PATH keys` as an operator would. So a build of the binary (with
+//! or without a profile, `scripts/release-pgo`) is measured by the same
+//! clients, against the same direct path and bare relay.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+
+/// A running `llmgw server`, stopped (SIGTERM, so it exits as it would in
+/// service) when dropped.
+pub(crate) struct Shipped {
+    child: Child,
+    /// Its chat completions URL.
+    pub(crate) url: String,
+    /// The key it was given.
+    pub(crate) key: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Shipped {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Shipped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// `binary server` in front of `up`, ready, with a key limited as the
+/// bench's own gateway's is (generous limits at every level, checked on
+/// every request, never refusing one). Unless `logged`, it logs warnings
+/// only (`RUST_LOG=warn`), as the `--serve` child logs nothing.
+pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nstore: \"{store}\"\n\
+             endpoints: [\"e=http://{up}=m\"]\nauth:\n  enabled: true\n"
+        ),
+    )
+    .unwrap();
+    let mut command = Command::new(binary);
+    command.args(["server", "--config", &config.display().to_string()]);
+    if !logged {
+        command.env("RUST_LOG", "warn");
+    }
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+    let mut log = child.stderr.take().unwrap();
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    let (mut client, mut admin) = (None, None);
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    while client.is_none() || admin.is_none() {
+        let line = lines
+            .next()
+            .expect("the server stopped before it was serving")
+            .unwrap();
+        if let Some(a) = line.strip_prefix("client listening on ") {
+            client = Some(a.trim().to_owned());
+        } else if let Some(a) = line.strip_prefix("admin listening on ") {
+            admin = Some(a.trim().to_owned());
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let admin = format!("http://{}", admin.unwrap());
+    let keys = |args: &[&str]| {
+        let out = Command::new(binary)
+            .args([
+                "--store", &store, "keys", "--admin", &admin, "--as", "bench",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "keys {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    keys(&["init", "--org", "o", "--team", "t", "--project", "p"]);
+    let key = keys(&["create", "--project", "p", "--name", "bench"]);
+    let listed: serde_json::Value = serde_json::from_str(&keys(&["list", "--json"])).unwrap();
+    let key_id = listed.as_array().unwrap()[0]["key_id"]
+        .as_str()
+        .expect("the key just made is listed")
+        .to_owned();
+    for (scope, id) in [
+        ("org", "o"),
+        ("team", "t"),
+        ("project", "p"),
+        ("key", &key_id),
+    ] {
+        keys(&[
+            "limits",
+            "--scope",
+            scope,
+            "--id",
+            id,
+            "--rpm",
+            "100000000",
+            "--tpm",
+            "2000000000",
+            "--budget",
+            &(u64::MAX / 4).to_string(),
+            "--period",
+            "month",
+            "--models",
+            "m",
+        ]);
+    }
+    Shipped {
+        child,
+        url: format!("http://{}/v1/chat/completions", client.unwrap()),
+        key,
+        _dir: dir,
+    }
+}
