@@ -468,14 +468,20 @@ impl Drop for Served {
     /// not within a few seconds.
     fn drop(&mut self) {
         drop(self.child.stdin.take());
-        for _ in 0..50 {
-            if self.child.try_wait().is_ok_and(|s| s.is_some()) {
-                return;
+        let (exited, exit) = std::sync::mpsc::channel::<()>();
+        let pid = self.child.id().to_string();
+        let watchdog = std::thread::spawn(move || {
+            if exit.recv_timeout(Duration::from_secs(5))
+                == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", &pid])
+                    .status();
             }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
+        });
         let _ = self.child.wait();
+        drop(exited);
+        let _ = watchdog.join();
     }
 }
 
@@ -520,6 +526,12 @@ fn main() {
     }
     if args.lines {
         return lines::run();
+    }
+    if args.binary.is_some() && (args.profile.is_none() || args.off || args.keys) {
+        eprintln!(
+            "--binary measures the binary with keys on, in a --profile mode: not with --off or --keys, nor without --profile"
+        );
+        std::process::exit(2);
     }
     let venv = peers::venv();
     if args.peers
@@ -728,7 +740,6 @@ async fn side_by_side(
     }
 }
 
-/// Resident and peak memory of process `pid`, from its status.
 /// `--profile S --rate R`: direct, the bare relay and llmgw at R req/s, in
 /// S rounds of one second each through all three in turn, so that the
 /// machine's drift (other processes, the clock's speed) falls on all
@@ -805,6 +816,7 @@ fn switches(pid: u32) -> u64 {
         .sum()
 }
 
+/// Resident and peak memory of process `pid`, from its status.
 fn memory(pid: u32) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib = |name: &str| {
