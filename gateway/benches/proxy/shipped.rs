@@ -95,9 +95,11 @@ pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
     };
     keys(&["init", "--org", "o", "--team", "t", "--project", "p"]);
     let key = keys(&["create", "--project", "p", "--name", "bench"]);
-    let listed: serde_json::Value = serde_json::from_str(&keys(&["list", "--json"])).unwrap();
-    let key_id = listed.as_array().unwrap()[0]["key_id"]
-        .as_str()
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&keys(&["list", "--json"])).unwrap();
+    let key_id = listed
+        .iter()
+        .find(|k| k["name"] == "bench")
+        .and_then(|k| k["key_id"].as_str())
         .expect("the key just made is listed")
         .to_owned();
     for (scope, id) in [
