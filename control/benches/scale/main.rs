@@ -11,8 +11,9 @@
 //! one stream (fifty share a connection, as agents behind one proxy
 //! would; `--measure N --per-connection 1` gives each its own, and
 //! `--tls` then puts each on mutual TLS with its own certificate;
-//! `--exit-holding` leaves without freeing, for a heap profiler), dials
-//! as the agent does (its keepalive pings every 2 s), registers eight
+//! `--exit-holding` leaves without freeing, for a heap profiler;
+//! `--binary PATH` puts the fleet on `PATH server` instead, [`shipped`]),
+//! dials as the agent does (its keepalive pings every 2 s), registers eight
 //! H100s and heartbeats every 5 s from a random phase. The server's agent
 //! listener is the binary's: capped, idle connections closed, TLS
 //! handshakes beside the accept loop.
@@ -48,6 +49,8 @@ use llmgw_domain::placement::{PlaceOptions, place, place_quiet};
 use llmgw_domain::replicas::{Placement, ReplicaEvent, Replicas, ShardPlacement};
 use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 
+mod shipped;
+
 const HEARTBEAT: Duration = Duration::from_secs(5);
 /// The measuring window, unless `--window SECONDS` says otherwise.
 const WINDOW: Duration = Duration::from_secs(15);
@@ -55,8 +58,9 @@ const WINDOW: Duration = Duration::from_secs(15);
 /// (1: every agent its own connection, as a fleet without a proxy dials).
 const PER_CONNECTION: usize = 50;
 
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+/// `proc`: "self", or the pid of the binary measured (`--binary`).
+fn cpu_seconds(proc: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{proc}/stat")).unwrap();
     let rest = stat.rsplit_once(") ").unwrap().1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the state: utime is field 14 of the full line, 12 here.
@@ -64,18 +68,18 @@ fn cpu_seconds() -> f64 {
     ticks as f64 / rustix::param::clock_ticks_per_second() as f64
 }
 
-fn rss_mib() -> f64 {
-    status_mib("VmRSS:")
+fn rss_mib(proc: &str) -> f64 {
+    status_mib(proc, "VmRSS:")
 }
 
 /// The most the process has held at once (the kernel's high-water mark):
 /// a transient that the allocator gave back is seen here, not in RSS.
-fn peak_mib() -> f64 {
-    status_mib("VmHWM:")
+fn peak_mib(proc: &str) -> f64 {
+    status_mib(proc, "VmHWM:")
 }
 
-fn status_mib(field: &str) -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+fn status_mib(proc: &str, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{proc}/status")).unwrap();
     let kb: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix(field))
@@ -305,15 +309,70 @@ fn nodes_seen(cp: &ControlPlane) -> usize {
         .len()
 }
 
-async fn measure(n: usize, per_connection: usize, tls: bool, window: Duration) {
+/// The control plane measured: this program's own, or a binary's
+/// (`--binary PATH`).
+enum Plane {
+    Own(Server),
+    Shipped(shipped::Shipped),
+}
+
+impl Plane {
+    async fn start(binary: Option<&str>, agents: usize, pki: Option<&Pki>) -> Plane {
+        match binary {
+            Some(b) => Plane::Shipped(shipped::Shipped::start(b, agents).await),
+            None => Plane::Own(server(pki).await),
+        }
+    }
+
+    /// Its `/proc` entry's name.
+    fn proc(&self) -> String {
+        match self {
+            Plane::Own(_) => "self".into(),
+            Plane::Shipped(s) => s.pid().to_string(),
+        }
+    }
+
+    fn agent_addr(&self) -> String {
+        match self {
+            Plane::Own(s) => s.addr.to_string(),
+            Plane::Shipped(s) => s.agent.clone(),
+        }
+    }
+
+    async fn nodes_seen(&self) -> usize {
+        match self {
+            Plane::Own(s) => nodes_seen(&s.cp),
+            Plane::Shipped(s) => s.status().await.nodes,
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Plane::Own(s) => {
+                let _ = s.stop.send(true);
+            }
+            // Dropped: SIGTERM, and waited for.
+            Plane::Shipped(s) => drop(s),
+        }
+    }
+}
+
+async fn measure(
+    n: usize,
+    per_connection: usize,
+    tls: bool,
+    window: Duration,
+    binary: Option<&str>,
+) {
     let pki = tls.then(Pki::new);
-    let s = server(pki.as_ref()).await;
-    let rss_before = rss_mib();
+    let plane = Plane::start(binary, n, pki.as_ref()).await;
+    let proc = plane.proc();
+    let rss_before = rss_mib(&proc);
     let started = Instant::now();
     let mut fleet = std::process::Command::new(std::env::current_exe().unwrap());
     fleet.args([
         "--fleet",
-        &s.addr.to_string(),
+        &plane.agent_addr(),
         &n.to_string(),
         &per_connection.to_string(),
     ]);
@@ -325,21 +384,29 @@ async fn measure(n: usize, per_connection: usize, tls: bool, window: Duration) {
         .env_remove("LD_PRELOAD")
         .spawn()
         .unwrap();
-    while nodes_seen(&s.cp) < n {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while plane.nodes_seen().await < n {
+        // The binary is asked through its admin API: not so often that
+        // asking is a load of its own.
+        tokio::time::sleep(Duration::from_millis(if binary.is_some() {
+            500
+        } else {
+            50
+        }))
+        .await;
     }
     let registered = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (c0, t0) = (cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu_seconds(&proc), Instant::now());
     tokio::time::sleep(window).await;
-    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
-    let rss = rss_mib();
+    let share = (cpu_seconds(&proc) - c0) / t0.elapsed().as_secs_f64();
+    let rss = rss_mib(&proc);
     println!(
-        "agents {n:>5}  heartbeats/s {:>5.0}  control plane CPU {:>5.1}% of a core  RSS {rss:>6.1} MiB (+{:.1} with them, peak {:.1})  all registered in {:.1} s",
+        "agents {n:>5}  heartbeats/s {:>5.0}  control plane{} CPU {:>5.1}% of a core  RSS {rss:>6.1} MiB (+{:.1} with them, peak {:.1})  all registered in {:.1} s",
         n as f64 / HEARTBEAT.as_secs_f64(),
+        binary.map_or(String::new(), |b| format!(" ({b})")),
         share * 100.0,
         rss - rss_before,
-        peak_mib(),
+        peak_mib(&proc),
         registered.as_secs_f64()
     );
     let _ = child.kill();
@@ -349,21 +416,23 @@ async fn measure(n: usize, per_connection: usize, tls: bool, window: Duration) {
         // the steady state just measured.
         std::process::exit(0);
     }
-    let _ = s.stop.send(true);
+    plane.stop();
 }
 
-async fn idle() {
-    let s = server(None).await;
+async fn idle(binary: Option<&str>) {
+    let plane = Plane::start(binary, 0, None).await;
+    let proc = plane.proc();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (c0, t0) = (cpu_seconds(), Instant::now());
+    let (c0, t0) = (cpu_seconds(&proc), Instant::now());
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    let share = (cpu_seconds(&proc) - c0) / t0.elapsed().as_secs_f64();
     println!(
-        "agents     0  (baseline: an idle control plane)  CPU {:>5.1}% of a core  RSS {:>6.1} MiB",
+        "agents     0  (baseline: an idle control plane{})  CPU {:>5.1}% of a core  RSS {:>6.1} MiB",
+        binary.map_or(String::new(), |b| format!(", {b}")),
         share * 100.0,
-        rss_mib()
+        rss_mib(&proc)
     );
-    let _ = s.stop.send(true);
+    plane.stop();
 }
 
 fn cluster(n: usize) -> (Nodes, Replicas) {
@@ -535,6 +604,16 @@ fn main() {
             .map_or(PER_CONNECTION, |k| args[k + 1].parse().unwrap())
             .max(1);
         let tls = args.iter().any(|a| a == "--tls");
+        let binary = args
+            .iter()
+            .position(|a| a == "--binary")
+            .map(|k| args[k + 1].clone());
+        // The binary's agents would need its authority's certificates, and
+        // its heap is not this process's.
+        assert!(
+            binary.is_none() || !(tls || args.iter().any(|a| a == "--exit-holding")),
+            "--binary measures plain connections, without --tls or --exit-holding"
+        );
         let window = args
             .iter()
             .position(|a| a == "--window")
@@ -548,9 +627,9 @@ fn main() {
         );
         rt.block_on(async {
             if n == 0 {
-                idle().await
+                idle(binary.as_deref()).await
             } else {
-                measure(n, per_connection, tls, window).await
+                measure(n, per_connection, tls, window, binary.as_deref()).await
             }
         });
         return;

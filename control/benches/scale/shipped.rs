@@ -1,0 +1,105 @@
+//! `--measure N --binary PATH`: the fleet dials `PATH server` instead of
+//! this program's own control plane, so that a build of the binary (with
+//! or without a profile, `scripts/release-pgo`) is measured under the
+//! same agents: a control plane on SQLite, its agent listener's cap
+//! raised for the fleet, logging warnings only, as an operator of a fleet
+//! this size would run it. Its CPU and memory are read from `/proc/PID`.
+
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `llmgw server` that leads its control plane, stopped
+/// (SIGTERM, so that it exits as in service and an instrumented build
+/// writes its profile) when dropped.
+pub(crate) struct Shipped {
+    child: Child,
+    /// Where agents dial, host:port.
+    pub(crate) agent: String,
+    admin: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Shipped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Shipped {
+    /// `binary server` with a control plane, once it holds the lease, its
+    /// agent listener capped just above `agents` (the binary refuses caps
+    /// that its open-file limit cannot honour, and the client listener's
+    /// default cap is lowered for the same reason).
+    pub(crate) async fn start(binary: &str, agents: usize) -> Shipped {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+        let config = dir.path().join("server.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\n\
+                 agent_listen: \"127.0.0.1:0\"\nstore: \"{store}\"\n\
+                 control:\n  enabled: true\n  instance: bench\n\
+                 connections:\n  max:\n    agent: {}\n    client: 1024\n",
+                agents + 100
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(binary)
+            .args(["server", "--config", &config.display().to_string()])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+        let (mut agent, mut admin) = (None, None);
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        while agent.is_none() || admin.is_none() {
+            let line = lines
+                .next()
+                .expect("the server stopped before it was serving")
+                .unwrap();
+            if let Some(a) = line.strip_prefix("agent listening on ") {
+                agent = Some(a.trim().to_owned());
+            } else if let Some(a) = line.strip_prefix("admin listening on ") {
+                admin = Some(a.trim().to_owned());
+            }
+        }
+        std::thread::spawn(move || lines.for_each(drop));
+        let shipped = Shipped {
+            child,
+            agent: agent.unwrap(),
+            admin: format!("http://{}", admin.unwrap()),
+            http: reqwest::Client::new(),
+            _dir: dir,
+        };
+        while !shipped.status().await.leader.is_leader {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        shipped
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `llmgw ctl status`'s answer: whether it leads, and the nodes its
+    /// views hold.
+    pub(crate) async fn status(&self) -> llmgw_api::admin::Status {
+        self.http
+            .get(format!("{}/api/v1/status", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
