@@ -14,16 +14,21 @@
 //! `relay` is a TCP relay between a program and its database that a test
 //! can pause, cut and restore, or make lose one answer.
 //!
+//! `served` runs a shipped `llmgw server` for the benchmarks that measure
+//! the binary itself.
+//!
 //! `webdriver` drives a real headless Chromium (`Browser::start`) for tests
 //! of the pages; without Chromium and ChromeDriver installed it fails with a
 //! message saying how to install them.
 
 pub mod private_pg;
 pub mod relay;
+pub mod served;
 pub mod webdriver;
 
 pub use private_pg::PrivatePostgres;
 pub use relay::{Link, Relay};
+pub use served::Served;
 pub use webdriver::{Browser, Element, WebDriverError};
 
 use sqlx::{Connection, Executor};

@@ -5,29 +5,19 @@
 //! raised for the fleet, logging warnings only, as an operator of a fleet
 //! this size would run it. Its CPU and memory are read from `/proc/PID`.
 
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use llmgw_testkit::Served;
+
 /// A running `llmgw server` that leads its control plane, stopped
-/// (SIGTERM, so that it exits as in service and an instrumented build
-/// writes its profile) when dropped.
+/// (SIGTERM) when dropped.
 pub(crate) struct Shipped {
-    child: Child,
+    served: Served,
     /// Where agents dial, host:port.
     pub(crate) agent: String,
     admin: String,
     http: reqwest::Client,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Shipped {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
 }
 
 impl Shipped {
@@ -50,31 +40,16 @@ impl Shipped {
             ),
         )
         .unwrap();
-        let mut child = Command::new(binary)
-            .args(["server", "--config", &config.display().to_string()])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
-        let (mut agent, mut admin) = (None, None);
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        while agent.is_none() || admin.is_none() {
-            let line = lines
-                .next()
-                .expect("the server stopped before it was serving")
-                .unwrap();
-            if let Some(a) = line.strip_prefix("agent listening on ") {
-                agent = Some(a.trim().to_owned());
-            } else if let Some(a) = line.strip_prefix("admin listening on ") {
-                admin = Some(a.trim().to_owned());
-            }
-        }
-        std::thread::spawn(move || lines.for_each(drop));
+        let served = Served::start(
+            binary,
+            &config,
+            &["agent listening on ", "admin listening on "],
+            false,
+        );
         let shipped = Shipped {
-            child,
-            agent: agent.unwrap(),
-            admin: format!("http://{}", admin.unwrap()),
+            agent: served.addr(0).to_owned(),
+            admin: format!("http://{}", served.addr(1)),
+            served,
             http: reqwest::Client::new(),
             _dir: dir,
         };
@@ -85,7 +60,7 @@ impl Shipped {
     }
 
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.served.pid()
     }
 
     /// `llmgw ctl status`'s answer: whether it leads, and the nodes its

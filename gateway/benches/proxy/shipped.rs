@@ -5,14 +5,15 @@
 //! or without a profile, `scripts/release-pgo`) is measured by the same
 //! clients, against the same direct path and bare relay.
 
-use std::io::BufRead;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+
+use llmgw_testkit::Served;
 
 /// A running `llmgw server`, stopped (SIGTERM, so it exits as it would in
 /// service) when dropped.
 pub(crate) struct Shipped {
-    child: Child,
+    served: Served,
     /// Its chat completions URL.
     pub(crate) url: String,
     /// The key it was given.
@@ -22,16 +23,7 @@ pub(crate) struct Shipped {
 
 impl Shipped {
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Shipped {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        self.served.pid()
     }
 }
 
@@ -51,33 +43,13 @@ pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
         ),
     )
     .unwrap();
-    let mut command = Command::new(binary);
-    command.args(["server", "--config", &config.display().to_string()]);
-    if !logged {
-        command.env("RUST_LOG", "warn");
-    }
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
-    let mut log = child.stderr.take().unwrap();
-    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
-    let (mut client, mut admin) = (None, None);
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    while client.is_none() || admin.is_none() {
-        let line = lines
-            .next()
-            .expect("the server stopped before it was serving")
-            .unwrap();
-        if let Some(a) = line.strip_prefix("client listening on ") {
-            client = Some(a.trim().to_owned());
-        } else if let Some(a) = line.strip_prefix("admin listening on ") {
-            admin = Some(a.trim().to_owned());
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    let admin = format!("http://{}", admin.unwrap());
+    let served = Served::start(
+        binary,
+        &config,
+        &["client listening on ", "admin listening on "],
+        logged,
+    );
+    let admin = format!("http://{}", served.addr(1));
     let keys = |args: &[&str]| {
         let out = Command::new(binary)
             .args([
@@ -127,8 +99,8 @@ pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
         ]);
     }
     Shipped {
-        child,
-        url: format!("http://{}/v1/chat/completions", client.unwrap()),
+        url: format!("http://{}/v1/chat/completions", served.addr(0)),
+        served,
         key,
         _dir: dir,
     }
