@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// The lines of its stderr kept to explain a server that stopped early.
 const KEPT: usize = 40;
@@ -20,16 +20,41 @@ pub struct Served {
     addrs: Vec<String>,
 }
 
+/// What its stderr has said, as the thread reading it tells.
+#[derive(Debug, Default)]
+struct Heard {
+    last: VecDeque<String>,
+    /// A line held the text waited for.
+    found: bool,
+    /// Its stderr closed: it has exited.
+    ended: bool,
+}
+
+type Shared = Arc<(Mutex<Heard>, Condvar)>;
+
+fn heard(shared: &Shared) -> std::sync::MutexGuard<'_, Heard> {
+    shared.0.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Served {
-    /// `binary server --config config`, logging warnings only unless
-    /// `logged`, once its stdout has named an address after each of
-    /// `ready`'s prefixes ("client listening on ", …). Panics with the
-    /// end of its stderr if it stops first (a configuration it refuses).
-    pub fn start(binary: &str, config: &Path, ready: &[&str], logged: bool) -> Served {
+    /// `binary server --config config` with `RUST_LOG=rust_log` (None:
+    /// the binary's default), ready once its stdout has named an address
+    /// after each of `ready`'s prefixes ("client listening on ", …) and,
+    /// with `logged`, a line of its log has held that text (such as
+    /// "leading", which a control plane logs at info once it holds the
+    /// lease). Panics with the end of its stderr if it stops first (a
+    /// configuration it refuses).
+    pub fn start(
+        binary: &str,
+        config: &Path,
+        rust_log: Option<&str>,
+        ready: &[&str],
+        logged: Option<&str>,
+    ) -> Served {
         let mut command = Command::new(binary);
         command.args(["server", "--config", &config.display().to_string()]);
-        if !logged {
-            command.env("RUST_LOG", "warn");
+        if let Some(filter) = rust_log {
+            command.env("RUST_LOG", filter);
         }
         let mut child = command
             .stdout(Stdio::piped())
@@ -38,29 +63,39 @@ impl Served {
             .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
         // Read to its end, so that the server never blocks on a full pipe;
         // only the last lines are kept.
-        let said = Arc::new(Mutex::new(VecDeque::new()));
+        let shared: Shared = Arc::default();
         let stderr = BufReader::new(child.stderr.take().expect("piped"));
-        let kept = said.clone();
+        let (reader, needle) = (shared.clone(), logged.map(str::to_owned));
         std::thread::spawn(move || {
             for line in stderr.lines().map_while(Result::ok) {
-                let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
-                if kept.len() == KEPT {
-                    kept.pop_front();
+                let mut h = heard(&reader);
+                h.found |= needle.as_deref().is_some_and(|n| line.contains(n));
+                if h.last.len() == KEPT {
+                    h.last.pop_front();
                 }
-                kept.push_back(line);
+                h.last.push_back(line);
+                reader.1.notify_all();
             }
+            heard(&reader).ended = true;
+            reader.1.notify_all();
         });
+        let stopped = |child: &mut Child| -> ! {
+            let _ = child.wait();
+            let h = shared
+                .1
+                .wait_while(heard(&shared), |h| !h.ended)
+                .unwrap_or_else(|p| p.into_inner());
+            let said: Vec<&str> = h.last.iter().map(String::as_str).collect();
+            panic!(
+                "{binary} server stopped before it was serving:\n{}",
+                said.join("\n")
+            );
+        };
         let mut addrs: Vec<Option<String>> = vec![None; ready.len()];
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
         while addrs.iter().any(Option::is_none) {
             let Some(Ok(line)) = lines.next() else {
-                let _ = child.wait();
-                let said = said.lock().unwrap_or_else(|p| p.into_inner());
-                let said: Vec<&str> = said.iter().map(String::as_str).collect();
-                panic!(
-                    "{binary} server stopped before it was serving:\n{}",
-                    said.join("\n")
-                );
+                stopped(&mut child);
             };
             for (prefix, addr) in ready.iter().zip(addrs.iter_mut()) {
                 if let Some(a) = line.strip_prefix(prefix) {
@@ -69,6 +104,16 @@ impl Served {
             }
         }
         std::thread::spawn(move || lines.for_each(drop));
+        if logged.is_some() {
+            let found = shared
+                .1
+                .wait_while(heard(&shared), |h| !h.found && !h.ended)
+                .unwrap_or_else(|p| p.into_inner())
+                .found;
+            if !found {
+                stopped(&mut child);
+            }
+        }
         Served {
             child,
             addrs: addrs.into_iter().flatten().collect(),

@@ -121,10 +121,15 @@ fn register(i: usize) -> v1::Register {
     }
 }
 
+/// What the fleet prints once every agent's registration is acknowledged
+/// (the server's first message on a stream, sent once it is in the log).
+const REGISTERED: &str = "registered";
+
 /// The child: `n` agents against `addr`, until killed; with `pki` (the
 /// directory [`Pki`] wrote), each on its own certificate.
 async fn fleet(addr: &str, n: usize, per_connection: usize, pki: Option<&str>) {
     let issuer = pki.map(Pki::issuer);
+    let acknowledged = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let port = addr.rsplit_once(':').unwrap().1;
     let mut tasks = Vec::new();
     for chunk_start in (0..n).step_by(per_connection) {
@@ -139,6 +144,7 @@ async fn fleet(addr: &str, n: usize, per_connection: usize, pki: Option<&str>) {
         .unwrap();
         for i in chunk_start..(chunk_start + per_connection).min(n) {
             let channel = channel.clone();
+            let acknowledged = acknowledged.clone();
             tasks.push(tokio::spawn(async move {
                 let mut client = AgentServiceClient::new(channel);
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
@@ -154,6 +160,7 @@ async fn fleet(addr: &str, n: usize, per_connection: usize, pki: Option<&str>) {
                     .into_inner();
                 let phase = Duration::from_millis((i as u64 * 7919) % 5000);
                 let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + phase, HEARTBEAT);
+                let mut first = true;
                 loop {
                     tokio::select! {
                         _ = beat.tick() => {
@@ -167,7 +174,16 @@ async fn fleet(addr: &str, n: usize, per_connection: usize, pki: Option<&str>) {
                                 return;
                             }
                         }
-                        m = inbound.message() => if !matches!(m, Ok(Some(_))) { return },
+                        m = inbound.message() => {
+                            if !matches!(m, Ok(Some(_))) {
+                                return;
+                            }
+                            if std::mem::take(&mut first)
+                                && acknowledged.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == n
+                            {
+                                println!("{REGISTERED}");
+                            }
+                        }
                     }
                 }
             }));
@@ -179,7 +195,6 @@ async fn fleet(addr: &str, n: usize, per_connection: usize, pki: Option<&str>) {
 }
 
 struct Server {
-    cp: Arc<ControlPlane>,
     addr: SocketAddr,
     _dir: tempfile::TempDir,
     stop: tokio::sync::watch::Sender<bool>,
@@ -292,21 +307,10 @@ async fn server(pki: Option<&Pki>) -> Server {
     let mut l = cp.leadership();
     l.wait_for(|t| t.is_some()).await.unwrap();
     Server {
-        cp,
         addr,
         _dir: dir,
         stop,
     }
-}
-
-fn nodes_seen(cp: &ControlPlane) -> usize {
-    cp.views()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .cluster
-        .nodes
-        .nodes
-        .len()
 }
 
 /// The control plane measured: this program's own, or a binary's
@@ -319,7 +323,7 @@ enum Plane {
 impl Plane {
     async fn start(binary: Option<&str>, agents: usize, pki: Option<&Pki>) -> Plane {
         match binary {
-            Some(b) => Plane::Shipped(shipped::Shipped::start(b, agents).await),
+            Some(b) => Plane::Shipped(shipped::Shipped::start(b, agents)),
             None => Plane::Own(server(pki).await),
         }
     }
@@ -336,13 +340,6 @@ impl Plane {
         match self {
             Plane::Own(s) => s.addr.to_string(),
             Plane::Shipped(s) => s.agent.clone(),
-        }
-    }
-
-    async fn nodes_seen(&self) -> usize {
-        match self {
-            Plane::Own(s) => nodes_seen(&s.cp),
-            Plane::Shipped(s) => s.status().await.nodes,
         }
     }
 
@@ -382,18 +379,19 @@ async fn measure(
     let mut child = fleet
         // A preloaded profiler (heaptrack) follows the server only.
         .env_remove("LD_PRELOAD")
+        .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    while plane.nodes_seen().await < n {
-        // The binary is asked through its admin API: not so often that
-        // asking is a load of its own.
-        tokio::time::sleep(Duration::from_millis(if binary.is_some() {
-            500
-        } else {
-            50
-        }))
-        .await;
-    }
+    let out = child.stdout.take().unwrap();
+    let said = tokio::task::spawn_blocking(move || {
+        std::io::BufRead::lines(std::io::BufReader::new(out)).next()
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(said, Some(Ok(l)) if l == REGISTERED),
+        "the fleet stopped before every agent was registered"
+    );
     let registered = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (c0, t0) = (cpu_seconds(&proc), Instant::now());

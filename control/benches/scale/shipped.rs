@@ -5,8 +5,6 @@
 //! raised for the fleet, logging warnings only, as an operator of a fleet
 //! this size would run it. Its CPU and memory are read from `/proc/PID`.
 
-use std::time::Duration;
-
 use llmgw_testkit::Served;
 
 /// A running `llmgw server` that leads its control plane, stopped
@@ -15,8 +13,6 @@ pub(crate) struct Shipped {
     served: Served,
     /// Where agents dial, host:port.
     pub(crate) agent: String,
-    admin: String,
-    http: reqwest::Client,
     _dir: tempfile::TempDir,
 }
 
@@ -25,7 +21,7 @@ impl Shipped {
     /// agent listener capped just above `agents` (the binary refuses caps
     /// that its open-file limit cannot honour, and the client listener's
     /// default cap is lowered for the same reason).
-    pub(crate) async fn start(binary: &str, agents: usize) -> Shipped {
+    pub(crate) fn start(binary: &str, agents: usize) -> Shipped {
         let dir = tempfile::tempdir().unwrap();
         let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
         let config = dir.path().join("server.yaml");
@@ -40,41 +36,22 @@ impl Shipped {
             ),
         )
         .unwrap();
+        // Agents are refused until it leads: its log says when.
         let served = Served::start(
             binary,
             &config,
-            &["agent listening on ", "admin listening on "],
-            false,
+            Some("warn,llmgw_control::leadership=info"),
+            &["agent listening on "],
+            Some("leading (epoch"),
         );
-        let shipped = Shipped {
+        Shipped {
             agent: served.addr(0).to_owned(),
-            admin: format!("http://{}", served.addr(1)),
             served,
-            http: reqwest::Client::new(),
             _dir: dir,
-        };
-        while !shipped.status().await.leader.is_leader {
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        shipped
     }
 
     pub(crate) fn pid(&self) -> u32 {
         self.served.pid()
-    }
-
-    /// `llmgw ctl status`'s answer: whether it leads, and the nodes its
-    /// views hold.
-    pub(crate) async fn status(&self) -> llmgw_api::admin::Status {
-        self.http
-            .get(format!("{}/api/v1/status", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .error_for_status()
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 }

@@ -46,8 +46,9 @@ pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
     let served = Served::start(
         binary,
         &config,
+        (!logged).then_some("warn"),
         &["client listening on ", "admin listening on "],
-        logged,
+        None,
     );
     let admin = format!("http://{}", served.addr(1));
     let keys = |args: &[&str]| {
