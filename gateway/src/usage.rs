@@ -18,6 +18,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+mod answer;
+
 pub use crate::unflushed::{Spending, Unflushed};
 
 /// Tokens as the engine reported them.
@@ -25,15 +27,6 @@ pub use crate::unflushed::{Spending, Unflushed};
 pub struct Tokens {
     pub prompt: u64,
     pub completion: u64,
-}
-
-/// A plain answer as far as its usage: every other field is skipped
-/// unread, not built into a `Value` (that was most of the cost of noting
-/// a plain answer's usage). Fields stay `Value`s so that a field of an odd
-/// type reads as [`Tokens::from_usage`] reads it.
-#[derive(serde::Deserialize)]
-struct Answer {
-    usage: Option<Value>,
 }
 
 impl Tokens {
@@ -45,8 +38,12 @@ impl Tokens {
         if body.trim_ascii_start().first() != Some(&b'{') {
             return None;
         }
-        let answer: Answer = serde_json::from_slice(body).ok()?;
-        Tokens::from_usage_value(answer.usage.as_ref()?)
+        let answer: answer::Answer = serde_json::from_slice(body).ok()?;
+        let usage = answer.usage?;
+        Some(Tokens {
+            prompt: usage.prompt?,
+            completion: usage.completion.unwrap_or(0),
+        })
     }
 
     pub(crate) fn from_usage(v: &Value) -> Option<Tokens> {
@@ -494,7 +491,7 @@ mod tests {
 
     #[test]
     fn a_plain_answer_reads_as_its_parsed_document_does() {
-        let bodies: [&[u8]; 8] = [
+        let bodies: [&[u8]; 18] = [
             br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}"#,
             br#" {"usage":{"prompt_tokens":5}}"#,
             br#"{"usage":{"prompt_tokens":5,"completion_tokens":"many"}}"#,
@@ -503,6 +500,16 @@ mod tests {
             br#"[{"prompt_tokens":1}]"#,
             br#"{"usage":"#,
             b"{}",
+            br#"{"usage":{"total_tokens":9,"prompt_tokens_details":{"cached_tokens":4},"prompt_tokens":5,"completion_tokens":4}}"#,
+            br#"{"usage":[5,4]}"#,
+            br#"{"usage":"5"}"#,
+            br#"{"usage":{"prompt_tokens":5.0,"completion_tokens":4}}"#,
+            br#"{"usage":{"prompt_tokens":5,"completion_tokens":-4}}"#,
+            br#"{"usage":{"prompt_tokens":5,"completion_tokens":[1,{"a":[2]}],"x":{"y":null}}}"#,
+            br#"{"usage":{"prompt_tokens":1,"prompt_tokens":2,"completion_tokens":true}}"#,
+            br#"{"usage":{"prompt\u005ftokens":7}}"#,
+            br#"{"usage":{"prompt_tokens":18446744073709551616}}"#,
+            br#"{"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":{}}}"#,
         ];
         for body in bodies {
             let parsed = serde_json::from_slice::<Value>(body)
