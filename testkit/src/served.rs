@@ -1,12 +1,12 @@
 //! A shipped `llmgw server` for the programs that measure the binary
-//! itself (the proxy and scale benches' `--binary PATH`): started on its
-//! configuration file, ready once it has named the addresses asked for,
+//! itself (the proxy and scale benches' `--binary PATH`): started on a
+//! configuration with a SQLite log of its own in a scratch directory,
+//! ready once it has named the addresses asked for,
 //! and stopped by SIGTERM when dropped, so that it exits as it would in
 //! service (and a build instrumented for PGO writes its profile).
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -18,6 +18,9 @@ const KEPT: usize = 40;
 pub struct Served {
     child: Child,
     addrs: Vec<String>,
+    store: String,
+    /// Removed once the server has stopped (fields drop after `drop`).
+    _dir: tempfile::TempDir,
 }
 
 /// What its stderr has said, as the thread reading it tells.
@@ -37,7 +40,8 @@ fn heard(shared: &Shared) -> std::sync::MutexGuard<'_, Heard> {
 }
 
 impl Served {
-    /// `binary server --config config` with `RUST_LOG=rust_log` (None:
+    /// `binary server` on `config` (YAML, without a `store`: the server's
+    /// log is a SQLite file in a scratch directory) with `RUST_LOG=rust_log` (None:
     /// the binary's default), ready once its stdout has named an address
     /// after each of `ready`'s prefixes ("client listening on ", …) and,
     /// with `logged`, a line of its log has held that text (such as
@@ -46,13 +50,18 @@ impl Served {
     /// configuration it refuses).
     pub fn start(
         binary: &str,
-        config: &Path,
+        config: &str,
         rust_log: Option<&str>,
         ready: &[&str],
         logged: Option<&str>,
     ) -> Served {
+        let dir = tempfile::tempdir().expect("a scratch directory");
+        let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+        let file = dir.path().join("server.yaml");
+        std::fs::write(&file, format!("store: \"{store}\"\n{config}"))
+            .expect("the configuration written");
         let mut command = Command::new(binary);
-        command.args(["server", "--config", &config.display().to_string()]);
+        command.args(["server", "--config", &file.display().to_string()]);
         if let Some(filter) = rust_log {
             command.env("RUST_LOG", filter);
         }
@@ -117,7 +126,14 @@ impl Served {
         Served {
             child,
             addrs: addrs.into_iter().flatten().collect(),
+            store,
+            _dir: dir,
         }
+    }
+
+    /// Its log's address, for the CLI's `--store`.
+    pub fn store(&self) -> &str {
+        &self.store
     }
 
     /// The address printed after `ready`'s `i`th prefix.

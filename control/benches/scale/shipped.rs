@@ -13,7 +13,6 @@ pub(crate) struct Shipped {
     served: Served,
     /// Where agents dial, host:port.
     pub(crate) agent: String,
-    _dir: tempfile::TempDir,
 }
 
 impl Shipped {
@@ -22,20 +21,13 @@ impl Shipped {
     /// that its open-file limit cannot honour, and the client listener's
     /// default cap is lowered for the same reason).
     pub(crate) fn start(binary: &str, agents: usize) -> Shipped {
-        let dir = tempfile::tempdir().unwrap();
-        let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-        let config = dir.path().join("server.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\n\
-                 agent_listen: \"127.0.0.1:0\"\nstore: \"{store}\"\n\
-                 control:\n  enabled: true\n  instance: bench\n\
-                 connections:\n  max:\n    agent: {}\n    client: 1024\n",
-                agents + 100
-            ),
-        )
-        .unwrap();
+        let config = format!(
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\n\
+             agent_listen: \"127.0.0.1:0\"\n\
+             control:\n  enabled: true\n  instance: bench\n\
+             connections:\n  max:\n    agent: {}\n    client: 1024\n",
+            agents + 100
+        );
         // Agents are refused until it leads: its log says when.
         let served = Served::start(
             binary,
@@ -47,7 +39,6 @@ impl Shipped {
         Shipped {
             agent: served.addr(0).to_owned(),
             served,
-            _dir: dir,
         }
     }
 

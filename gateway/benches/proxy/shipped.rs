@@ -18,7 +18,6 @@ pub(crate) struct Shipped {
     pub(crate) url: String,
     /// The key it was given.
     pub(crate) key: String,
-    _dir: tempfile::TempDir,
 }
 
 impl Shipped {
@@ -32,17 +31,10 @@ impl Shipped {
 /// every request, never refusing one). Unless `logged`, it logs warnings
 /// only (`RUST_LOG=warn`), as the `--serve` child logs nothing.
 pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let config = dir.path().join("server.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nstore: \"{store}\"\n\
-             endpoints: [\"e=http://{up}=m\"]\nauth:\n  enabled: true\n"
-        ),
-    )
-    .unwrap();
+    let config = format!(
+        "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\n\
+         endpoints: [\"e=http://{up}=m\"]\nauth:\n  enabled: true\n"
+    );
     let served = Served::start(
         binary,
         &config,
@@ -54,7 +46,13 @@ pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
     let keys = |args: &[&str]| {
         let out = Command::new(binary)
             .args([
-                "--store", &store, "keys", "--admin", &admin, "--as", "bench",
+                "--store",
+                served.store(),
+                "keys",
+                "--admin",
+                &admin,
+                "--as",
+                "bench",
             ])
             .args(args)
             .output()
@@ -103,6 +101,5 @@ pub(crate) fn start(binary: &str, up: SocketAddr, logged: bool) -> Shipped {
         url: format!("http://{}/v1/chat/completions", served.addr(0)),
         served,
         key,
-        _dir: dir,
     }
 }
