@@ -376,7 +376,13 @@ impl Endpoints {
     }
 
     pub fn snapshot(&self) -> Vec<Arc<Endpoint>> {
-        self.all.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.all().clone()
+    }
+
+    /// The set, read in place: the request path reads it a few times a
+    /// request, and a snapshot cost an allocation each time.
+    fn all(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Endpoint>>> {
+        self.all.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Models with at least one endpoint whose breaker lets traffic through.
@@ -393,7 +399,7 @@ impl Endpoints {
     }
 
     pub fn knows_model(&self, model: &str) -> bool {
-        self.snapshot().iter().any(|e| e.serves(model))
+        self.all().iter().any(|e| e.serves(model))
     }
 
     pub fn max_age(&self) -> Duration {
@@ -404,22 +410,24 @@ impl Endpoints {
     /// figures fresh when any are), keep the highest-priority pool, and
     /// order by load per unit of weight, least first (ties by id).
     pub fn candidates(&self, model: &str, exclude: &[String]) -> Vec<(Arc<Endpoint>, f64)> {
-        let mut candidates: Vec<Arc<Endpoint>> = self
-            .snapshot()
-            .into_iter()
+        let mut candidates: Vec<(Arc<Endpoint>, bool)> = self
+            .all()
+            .iter()
             .filter(|e| e.serves(model) && !exclude.contains(&e.spec.id) && !e.breaker_open())
+            .map(|e| (e.clone(), e.stale(self.max_age)))
             .collect();
         // Route around stale figures, unless nothing else is left.
-        if candidates.iter().any(|e| !e.stale(self.max_age)) {
-            candidates.retain(|e| !e.stale(self.max_age));
+        if candidates.iter().any(|(_, stale)| !stale) {
+            candidates.retain(|(_, stale)| !stale);
         }
-        let Some(top) = candidates.iter().map(|e| e.spec.priority).max() else {
+        let Some(top) = candidates.iter().map(|(e, _)| e.spec.priority).max() else {
             return Vec::new();
         };
+        // Collected in place: a pair of the same size and alignment.
         let mut scored: Vec<(Arc<Endpoint>, f64)> = candidates
             .into_iter()
-            .filter(|e| e.spec.priority == top)
-            .map(|e| {
+            .filter(|(e, _)| e.spec.priority == top)
+            .map(|(e, _)| {
                 let score = (e.queue(self.max_age) + 1.0) / f64::from(e.spec.weight.max(1));
                 (e, score)
             })
@@ -454,7 +462,7 @@ impl Endpoints {
     /// endpoint, the worse of waiting requests and KV occupancy against
     /// their ceilings. Endpoints without fresh figures count as empty.
     pub fn saturation(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> f64 {
-        self.snapshot()
+        self.all()
             .iter()
             .filter(|e| e.serves(model) && !e.breaker_open())
             .map(|e| match e.load() {

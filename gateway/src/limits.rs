@@ -159,11 +159,13 @@ pub struct Refusal {
     pub wait: Duration,
 }
 
-/// The tokens a request was charged when admitted, per level with a tpm;
-/// [`RateLimits::settle`] puts the real count in their place.
-#[derive(Debug, Default)]
+/// The tokens a request was charged when admitted, at each of its levels
+/// with a tpm; [`RateLimits::settle`], given the same levels, puts the
+/// real count in their place. The levels are not copied into the charge:
+/// the caller holds them for the request's life anyway (its key's), and
+/// copying each level's id cost allocations on every request.
+#[derive(Debug, Default, Clone, Copy)]
 pub struct Charge {
-    levels: Vec<(Scope, String)>,
     tokens: u64,
     at: Option<Instant>,
 }
@@ -214,35 +216,29 @@ impl RateLimits {
                 });
             }
         }
-        let mut charge = Charge {
-            levels: Vec::new(),
-            tokens: estimate,
-            at: Some(now),
-        };
         for level in levels {
             let w = window(&mut windows, level.scope, &level.scope_id);
-            let tokens = if level.tpm.is_some() {
-                charge.levels.push((level.scope, level.scope_id.clone()));
-                estimate
-            } else {
-                0
-            };
+            let tokens = if level.tpm.is_some() { estimate } else { 0 };
             w.charge(now, u64::from(level.rpm.is_some()), tokens);
         }
-        Ok(charge)
+        Ok(Charge {
+            tokens: estimate,
+            at: Some(now),
+        })
     }
 
-    /// A finished request's real token count in place of its estimate: the
+    /// A finished request's real token count in place of its estimate, at
+    /// each of `levels` (those it was admitted with) that has a tpm: the
     /// difference is added now, or given back from the admission's entry
     /// (nothing to give back once that has aged out).
-    pub fn settle(&self, charge: &Charge, actual: u64, now: Instant) {
+    pub fn settle(&self, levels: &[RateLevel], charge: &Charge, actual: u64, now: Instant) {
         let Some(at) = charge.at else { return };
-        if charge.levels.is_empty() || actual == charge.tokens {
+        if actual == charge.tokens || levels.iter().all(|l| l.tpm.is_none()) {
             return;
         }
         let mut windows = self.lock();
-        for (scope, id) in &charge.levels {
-            let w = window(&mut windows, *scope, id);
+        for level in levels.iter().filter(|l| l.tpm.is_some()) {
+            let w = window(&mut windows, level.scope, &level.scope_id);
             w.expire(now);
             if actual > charge.tokens {
                 w.charge(now, 0, actual - charge.tokens);
@@ -341,10 +337,10 @@ mod tests {
         let refused = rates.admit(&key, 60, now).unwrap_err();
         assert_eq!(refused.exceeded, Exceeded::Tokens { tpm: 100 });
         // The first used only 10: 50 are given back, and 60 more fit.
-        rates.settle(&first, 10, now);
+        rates.settle(&key, &first, 10, now);
         let second = rates.admit(&key, 60, now).unwrap();
         // The second used 80: 20 more are counted, 90 in all.
-        rates.settle(&second, 80, now + Duration::from_secs(1));
+        rates.settle(&key, &second, 80, now + Duration::from_secs(1));
         let refused = rates
             .admit(&key, 20, now + Duration::from_secs(2))
             .unwrap_err();
@@ -407,8 +403,8 @@ mod tests {
         }
         // Each gives back from the slot its admission is in, not from the
         // third's: its 10 tokens still count, so 91 more do not fit.
-        rates.settle(&late, 0, now + GRAIN * 3);
-        rates.settle(&first, 0, now + GRAIN * 3);
+        rates.settle(&key, &late, 0, now + GRAIN * 3);
+        rates.settle(&key, &first, 0, now + GRAIN * 3);
         assert!(rates.admit(&key, 91, now + GRAIN * 3).is_err());
         assert!(rates.admit(&key, 90, now + GRAIN * 3).is_ok());
     }

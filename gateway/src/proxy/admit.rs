@@ -86,7 +86,7 @@ pub(crate) async fn admit(
     };
     // Held back (or the client left while waiting): not served, so its
     // tokens are given back.
-    let mut held = GiveBack(gw, Some(charge));
+    let mut held = GiveBack(gw, caller.key.as_deref(), Some(charge));
     let cfg = &gw.admission.config;
     let saturation = || {
         gw.endpoints
@@ -97,16 +97,18 @@ pub(crate) async fn admit(
         gw.metrics.rejected(name);
         return Err(ApiError::overloaded(name));
     }
-    let charge = held.1.take().unwrap_or_default();
+    let charge = held.2.take().unwrap_or_default();
     Ok(Admitted { band, charge })
 }
 
-struct GiveBack<'a>(&'a Gateway, Option<Charge>);
+/// The charge to give back, with the key whose levels it was charged at.
+struct GiveBack<'a>(&'a Gateway, Option<&'a KeyEntry>, Option<Charge>);
 
 impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
-        if let Some(c) = &self.1 {
-            self.0.rates.settle(c, 0, tokio::time::Instant::now());
+        if let (Some(key), Some(c)) = (self.1, &self.2) {
+            let now = tokio::time::Instant::now();
+            self.0.rates.settle(&key.limits.rates, c, 0, now);
         }
     }
 }

@@ -79,15 +79,18 @@ async fn attempt(
     let request_id = ticket
         .as_ref()
         .map_or_else(crate::access::RequestId::new, |t| t.access.id());
-    // The request's tokens, once, if an endpoint publishes KV events.
-    let mut tokens: Option<crate::kv_events::RequestTokens> = None;
+    // The request's tokens and the length of the rendering they were cut
+    // from, once, if an endpoint publishes KV events.
+    let mut tokens: Option<(crate::kv_events::RequestTokens, usize)> = None;
     for _ in 0..=gw.config.retries {
         let candidates = gw.endpoints.candidates(model, &tried);
         if candidates.is_empty() {
             break;
         }
         if tokens.is_none() && candidates.iter().any(|(e, _)| e.spec.kv_events.is_some()) {
-            tokens = Some(crate::kv_events::RequestTokens::sim(&request.rendered));
+            let rendered = request.sim.render();
+            let sim = crate::kv_events::RequestTokens::sim(&rendered);
+            tokens = Some((sim, rendered.len()));
         }
         let view: Vec<crate::affinity::Candidate<'_>> = candidates
             .iter()
@@ -96,7 +99,7 @@ async fn attempt(
                 load: gw.endpoints.load_of(e),
                 exact: tokens
                     .as_ref()
-                    .and_then(|t| gw.kv_events.held(&e.spec.id, t)),
+                    .and_then(|(t, _)| gw.kv_events.held(&e.spec.id, t)),
                 cold: e.spec.kv_events.is_some() && gw.kv_events.cold(&e.spec.id),
             })
             .collect();
@@ -104,7 +107,8 @@ async fn attempt(
             model,
             session,
             &request.prompt,
-            request.rendered.len(),
+            // Read only beside an exact count, which needs the tokens.
+            tokens.as_ref().map_or(0, |(_, len)| *len),
             &view,
         );
         let endpoint = candidates[i].0.clone();

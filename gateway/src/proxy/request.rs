@@ -43,63 +43,81 @@ struct Message {
     content: Option<Value>,
 }
 
-/// The prompt as the sim engine renders it (its tokenizer is the one the
-/// exact index ships): `role: content` lines, then `assistant: ` unless
-/// the last message is continued; text parts only; a completion's prompt
-/// as given, strings joined by newlines.
-fn render_sim(head: &Head) -> Vec<u8> {
-    let text = |c: &Value| -> Vec<u8> {
-        match c {
-            Value::String(s) => s.as_bytes().to_vec(),
-            Value::Array(parts) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .flat_map(|t| t.bytes())
-                .collect(),
-            _ => Vec::new(),
-        }
-    };
-    let mut out = Vec::new();
-    if let Some(messages) = &head.messages {
-        let continued = head.continue_final_message == Some(true);
-        let (closed, open) = match messages.split_last() {
-            Some((last, rest)) if continued => (rest, Some(last)),
-            _ => (&messages[..], None),
-        };
-        for m in closed {
-            out.extend_from_slice(m.role.as_deref().unwrap_or_default().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend(m.content.as_ref().map(text).unwrap_or_default());
-            out.push(b'\n');
-        }
-        if head.add_generation_prompt.unwrap_or(!continued) || open.is_some() {
-            out.extend_from_slice(b"assistant: ");
-        }
-        if let Some(m) = open {
-            out.extend(m.content.as_ref().map(text).unwrap_or_default());
-        }
-    } else if let Some(p) = &head.prompt {
-        match p {
-            Value::String(s) => out.extend_from_slice(s.as_bytes()),
-            Value::Array(items) => {
-                let items: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
-                out.extend_from_slice(items.join("\n").as_bytes());
-            }
-            _ => {}
-        }
-    }
-    out
+/// What the sim engine's rendering of the prompt is made from, kept so
+/// that it is rendered only for a model whose endpoints publish KV events
+/// (the exact index alone reads it).
+#[derive(Debug, Default)]
+pub(crate) struct SimPrompt {
+    messages: Option<Vec<Message>>,
+    prompt: Option<Value>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
 }
 
-/// Appends the text of a content value: a string, or the text parts of an
-/// array of parts (or strings).
-fn push_text(out: &mut Vec<u8>, v: &Value) {
+impl SimPrompt {
+    /// The prompt as the sim engine renders it (its tokenizer is the one
+    /// the exact index ships): `role: content` lines, then `assistant: `
+    /// unless the last message is continued; text parts only; a
+    /// completion's prompt as given, strings joined by newlines.
+    pub(crate) fn render(&self) -> Vec<u8> {
+        let text = |out: &mut Vec<u8>, c: Option<&Value>| match c {
+            Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
+            Some(Value::Array(parts)) => {
+                for t in parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                {
+                    out.extend_from_slice(t.as_bytes());
+                }
+            }
+            _ => {}
+        };
+        let mut out = Vec::new();
+        if let Some(messages) = &self.messages {
+            let continued = self.continue_final_message == Some(true);
+            let (closed, open) = match messages.split_last() {
+                Some((last, rest)) if continued => (rest, Some(last)),
+                _ => (&messages[..], None),
+            };
+            for m in closed {
+                out.extend_from_slice(m.role.as_deref().unwrap_or_default().as_bytes());
+                out.extend_from_slice(b": ");
+                text(&mut out, m.content.as_ref());
+                out.push(b'\n');
+            }
+            if self.add_generation_prompt.unwrap_or(!continued) || open.is_some() {
+                out.extend_from_slice(b"assistant: ");
+            }
+            if let Some(m) = open {
+                text(&mut out, m.content.as_ref());
+            }
+        } else if let Some(p) = &self.prompt {
+            match p {
+                Value::String(s) => out.extend_from_slice(s.as_bytes()),
+                Value::Array(items) => {
+                    for (i, item) in items.iter().filter_map(Value::as_str).enumerate() {
+                        if i > 0 {
+                            out.push(b'\n');
+                        }
+                        out.extend_from_slice(item.as_bytes());
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Each text of a content value: a string, or the text parts of an array
+/// of parts (or strings).
+fn each_text<'a>(v: &'a Value, mut f: impl FnMut(&'a str)) {
     match v {
-        Value::String(s) => out.extend_from_slice(s.as_bytes()),
+        Value::String(s) => f(s),
         Value::Array(parts) => {
             for p in parts {
                 if let Some(t) = p.get("text").and_then(Value::as_str).or(p.as_str()) {
-                    out.extend_from_slice(t.as_bytes());
+                    f(t);
                 }
             }
         }
@@ -116,9 +134,9 @@ pub(crate) struct ClientRequest {
     pub(crate) user: Option<String>,
     /// The prompt's text, for prefix affinity: message contents in order.
     pub(crate) prompt: Vec<u8>,
-    /// The prompt rendered as the sim engine renders it, for the exact
-    /// index's sim tokenizer.
-    pub(crate) rendered: Vec<u8>,
+    /// What the prompt as the sim engine renders it is made from, for the
+    /// exact index's sim tokenizer.
+    pub(crate) sim: SimPrompt,
     /// Prompt tokens, estimated before sending (see
     /// [`crate::limits::estimate_tokens`]).
     pub(crate) prompt_estimate: u64,
@@ -149,24 +167,30 @@ impl ClientRequest {
         } else {
             None
         };
-        let mut prompt = Vec::new();
-        for m in head.messages.iter().flatten() {
-            if let Some(c) = &m.content {
-                push_text(&mut prompt, c);
-            }
-        }
-        if let Some(p) = &head.prompt {
-            push_text(&mut prompt, p);
-        }
+        let texts = || {
+            let contents = head
+                .messages
+                .iter()
+                .flatten()
+                .filter_map(|m| m.content.as_ref());
+            contents.chain(head.prompt.as_ref())
+        };
+        // Sized first: grown by appending, it was copied a few times over.
+        let mut len = 0;
+        texts().for_each(|c| each_text(c, |t| len += t.len()));
+        let mut prompt = Vec::with_capacity(len);
+        texts().for_each(|c| each_text(c, |t| prompt.extend_from_slice(t.as_bytes())));
         let mut counted = prompt.len();
         if let Some(i) = &head.input {
-            let mut text = Vec::new();
-            push_text(&mut text, i);
-            counted += text.len();
+            each_text(i, |t| counted += t.len());
         }
-        let rendered = render_sim(&head);
         Ok(ClientRequest {
-            rendered,
+            sim: SimPrompt {
+                messages: head.messages,
+                prompt: head.prompt,
+                add_generation_prompt: head.add_generation_prompt,
+                continue_final_message: head.continue_final_message,
+            },
             model,
             stream: head.stream,
             user: head.user,
@@ -230,5 +254,32 @@ mod tests {
         let embed = json!({"model": "e", "input": ["hello", "world"]});
         let r = ClientRequest::parse(Bytes::from(embed.to_string())).unwrap();
         assert_eq!(r.token_estimate(), 4);
+    }
+
+    #[test]
+    fn the_sim_rendering_is_the_sim_engines() {
+        let rendered = |body: Value| {
+            let r = ClientRequest::parse(Bytes::from(body.to_string())).unwrap();
+            String::from_utf8(r.sim.render()).unwrap()
+        };
+        let chat = json!({"model": "m", "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "image_url"}, {"type": "text", "text": "there"}]},
+        ]});
+        assert_eq!(
+            rendered(chat),
+            "system: be brief\nuser: hi there\nassistant: "
+        );
+        let closed = json!({"model": "m", "add_generation_prompt": false,
+            "messages": [{"role": "user", "content": "a"}]});
+        assert_eq!(rendered(closed), "user: a\n");
+        let continued = json!({"model": "m", "continue_final_message": true,
+            "add_generation_prompt": false, "messages": [
+            {"role": "user", "content": "a"}, {"role": "assistant", "content": "b c"}]});
+        assert_eq!(rendered(continued), "user: a\nassistant: b c");
+        let completion = json!({"model": "m", "prompt": ["one", 2, "three"]});
+        assert_eq!(rendered(completion), "one\nthree");
+        assert_eq!(rendered(json!({"model": "m", "prompt": "p"})), "p");
+        assert_eq!(rendered(json!({"model": "e", "input": "x"})), "");
     }
 }
