@@ -40,8 +40,10 @@ impl RequestId {
     }
 
     pub(crate) fn new() -> Self {
-        let id = uuid::Uuid::new_v4().to_string();
-        RequestId(HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("-")))
+        // Written on the stack: the header value is the one copy.
+        let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+        let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+        RequestId(HeaderValue::from_str(id).unwrap_or(HeaderValue::from_static("-")))
     }
 
     pub(crate) fn as_str(&self) -> &str {

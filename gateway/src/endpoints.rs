@@ -201,11 +201,33 @@ const PROXIED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embe
 
 /// `base` + `path` as a URI if it is plain http without credentials
 /// (reqwest would send those as basic auth; hyper's client would not).
-fn plain_http(base: &str, path: &str) -> Option<axum::http::Uri> {
+fn plain_http(base: &str, path: &str) -> Option<Target> {
     let uri: axum::http::Uri = format!("{base}{path}").parse().ok()?;
-    let plain = uri.scheme() == Some(&axum::http::uri::Scheme::HTTP)
-        && uri.authority().is_some_and(|a| !a.as_str().contains('@'));
-    plain.then_some(uri)
+    if uri.scheme() != Some(&axum::http::uri::Scheme::HTTP) {
+        return None;
+    }
+    let address = uri.authority().filter(|a| !a.as_str().contains('@'))?;
+    let host = host(address);
+    Some(Target { uri, host })
+}
+
+/// The Host header for `address`: its port left out where it is http's
+/// own, as browsers and hyper-util's client write it.
+fn host(address: &axum::http::uri::Authority) -> axum::http::HeaderValue {
+    let value = match address.port_u16() {
+        Some(80) => axum::http::HeaderValue::from_str(address.host()),
+        _ => axum::http::HeaderValue::from_str(address.as_str()),
+    };
+    value.expect("an Authority is a header value")
+}
+
+/// Where the proxy hop's own client sends a path of an endpoint: the
+/// absolute URI, and the Host header for it (made once, not a copy a
+/// request).
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) uri: axum::http::Uri,
+    pub(crate) host: axum::http::HeaderValue,
 }
 
 /// An endpoint with its live state.
@@ -216,7 +238,7 @@ pub struct Endpoint {
     /// The URIs of [`PROXIED`] on this endpoint, parsed on first use:
     /// parsing one per request was ~4% of a saturated gateway's time. A
     /// new spec is a new `Endpoint`, so never stale.
-    urls: [std::sync::OnceLock<Option<axum::http::Uri>>; 3],
+    urls: [std::sync::OnceLock<Option<Target>>; 3],
 }
 
 impl Endpoint {
@@ -234,10 +256,10 @@ impl Endpoint {
         }
     }
 
-    /// The URI of `path` on this endpoint if the proxy hop's own client
+    /// Where `path` is on this endpoint if the proxy hop's own client
     /// sends to it: plain http, no credentials in it (None: reqwest's
     /// client sends it, or meets the error; see `proxy::upstream`).
-    pub(crate) fn uri(&self, path: &str) -> Option<axum::http::Uri> {
+    pub(crate) fn target(&self, path: &str) -> Option<Target> {
         match PROXIED.iter().position(|p| *p == path) {
             Some(i) => self.urls[i]
                 .get_or_init(|| plain_http(&self.spec.url, path))
@@ -592,8 +614,8 @@ mod tests {
             let mut s = spec("a", 0, 1);
             s.url = base.into();
             Endpoint::new(s, &BreakerConfig::default())
-                .uri("/v1/chat/completions")
-                .map(|u| u.to_string())
+                .target("/v1/chat/completions")
+                .map(|t| t.uri.to_string())
         };
         assert_eq!(
             uri("http://10.0.0.1:8000").as_deref(),
@@ -608,5 +630,21 @@ mod tests {
         assert_eq!(uri("https://api.example.com"), None);
         assert_eq!(uri("http://user:pw@engine:8000"), None);
         assert_eq!(uri("http://engine /x"), None);
+    }
+
+    #[test]
+    fn the_host_header_leaves_out_https_own_port_only() {
+        let host = |base: &str| {
+            let mut s = spec("a", 0, 1);
+            s.url = base.into();
+            let target = Endpoint::new(s, &BreakerConfig::default())
+                .target("/v1/completions")
+                .unwrap();
+            target.host.to_str().unwrap().to_owned()
+        };
+        assert_eq!(host("http://10.0.0.1:8000"), "10.0.0.1:8000");
+        assert_eq!(host("http://engine:80/base"), "engine");
+        assert_eq!(host("http://engine"), "engine");
+        assert_eq!(host("http://[::1]:8080"), "[::1]:8080");
     }
 }

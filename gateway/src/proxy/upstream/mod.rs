@@ -115,7 +115,7 @@ impl Client {
         request_id: &HeaderValue,
         body: Bytes,
     ) -> Result<Response<Body>, Error> {
-        let Some(uri) = endpoint.uri(path) else {
+        let Some(target) = endpoint.target(path) else {
             let mut r = self
                 .other
                 .post(format!("{}{path}", endpoint.spec.url))
@@ -128,15 +128,16 @@ impl Client {
             let answer = Response::from(r.send().await?);
             return Ok(answer.map(|b| b.map_err(Error::Reqwest).boxed_unsync()));
         };
-        let (Some(address), Some(target)) = (uri.authority(), uri.path_and_query()) else {
-            unreachable!("Endpoint::uri is absolute");
+        let uri = &target.uri;
+        let (Some(address), Some(path)) = (uri.authority(), uri.path_and_query()) else {
+            unreachable!("Endpoint::target is absolute");
         };
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         // On the connection, the origin-form: the path alone.
-        *request.uri_mut() = Uri::from(target.clone());
+        *request.uri_mut() = Uri::from(path.clone());
         let headers = request.headers_mut();
-        headers.insert(HOST, host(address));
+        headers.insert(HOST, target.host.clone());
         headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(crate::access::REQUEST_ID, request_id.clone());
@@ -146,19 +147,9 @@ impl Client {
             bearer.set_sensitive(true);
             headers.insert(AUTHORIZATION, bearer);
         }
-        let answer = self.plain.send(address, &uri, request).await?;
+        let answer = self.plain.send(address, uri, request).await?;
         Ok(answer.map(|b| b.map_err(Error::Body).boxed_unsync()))
     }
-}
-
-/// The Host header for `address`: its port left out where it is http's
-/// own, as browsers and hyper-util's client write it.
-fn host(address: &axum::http::uri::Authority) -> HeaderValue {
-    let value = match address.port_u16() {
-        Some(80) => HeaderValue::from_str(address.host()),
-        _ => HeaderValue::from_str(address.as_str()),
-    };
-    value.expect("an Authority is a header value")
 }
 
 /// The connector with reqwest's connect timeout: over name resolution and
