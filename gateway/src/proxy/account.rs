@@ -122,6 +122,8 @@ impl Drop for Finish {
             gw.metrics.ttft(&self.served, t.as_secs_f64());
         }
         let Some(q) = &gw.usage else { return };
+        // Nothing reads the name after this (the ticket only settles).
+        let asked = std::mem::take(&mut self.ticket.asked);
         let t = &self.ticket;
         let millis = |d: Duration| d.as_millis().min(u128::from(u32::MAX)) as u32;
         let at = llmgw_domain::UnixMillis::now();
@@ -143,7 +145,7 @@ impl Drop for Finish {
             project_id: (t.key.as_ref())
                 .map(|k| k.project_id.clone())
                 .unwrap_or_default(),
-            model_asked: t.asked.clone(),
+            model_asked: asked,
             model_served: std::mem::take(&mut self.served),
             prompt_tokens: tokens.prompt,
             completion_tokens: tokens.completion,

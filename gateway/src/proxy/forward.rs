@@ -28,7 +28,7 @@ pub(crate) async fn forward(
     path: &str,
     request: &ClientRequest,
     session: Option<&str>,
-    plan: &Plan,
+    plan: &Plan<'_>,
     ticket: Ticket,
 ) -> Result<Response, ApiError> {
     let mut ticket = Some(ticket);
@@ -57,7 +57,7 @@ pub(crate) async fn forward(
     }
     Err(match failed {
         Some(why) => ApiError::upstream(format!("no endpoint answered: {why}")),
-        None => ApiError::no_capacity(&plan.asked),
+        None => ApiError::no_capacity(plan.asked),
     })
 }
 

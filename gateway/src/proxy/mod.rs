@@ -123,15 +123,15 @@ async fn serve_body(
     // One routing table for the whole request, however the view moves.
     let routes = gw.routes.load();
     let plan = resolve::plan(gw, &routes, &caller, &request).map_err(|(l, e)| Refused(l, e))?;
-    let label = || Some(plan.asked.clone());
-    let first = plan.candidates.first().unwrap_or(&plan.asked);
+    let label = || Some(plan.asked.to_owned());
+    let first = plan.candidates.first().copied().unwrap_or(plan.asked);
     let admitted = admit::admit(gw, &caller, first, request.token_estimate())
         .await
         .map_err(|e| Refused(label(), e))?;
     let ticket = account::Ticket::open(
         gw.clone(),
         caller.key.as_ref(),
-        plan.asked.clone(),
+        plan.asked.to_owned(),
         admitted,
         started,
         access.clone(),

@@ -15,11 +15,13 @@ use crate::{ApiError, Gateway};
 
 /// The models to try, in order: the first is tried first, the others
 /// only when it (or the one before them) has no capacity.
+/// Its names are borrowed from the routing table and the request, which
+/// the request holds to its end.
 #[derive(Debug)]
-pub(crate) struct Plan {
+pub(crate) struct Plan<'a> {
     /// The canonical model the client asked for.
-    pub(crate) asked: String,
-    pub(crate) candidates: Vec<String>,
+    pub(crate) asked: &'a str,
+    pub(crate) candidates: Vec<&'a str>,
 }
 
 /// A known model's name (a metric label may be a model's name only if the
@@ -36,12 +38,12 @@ pub(crate) fn price(gw: &Gateway, routes: &Routes, model: &str) -> Price {
 /// Plans the request, or refuses it: 404 for a model unknown or not the
 /// key's, 429 `insufficient_quota` when a budget leaves nothing to serve.
 /// The error comes with the metric label to count it under.
-pub(crate) fn plan(
+pub(crate) fn plan<'a>(
     gw: &Gateway,
-    routes: &Routes,
+    routes: &'a Routes,
     caller: &Caller,
-    request: &ClientRequest,
-) -> Result<Plan, (Option<String>, ApiError)> {
+    request: &'a ClientRequest,
+) -> Result<Plan<'a>, (Option<String>, ApiError)> {
     let asked = routes.canonical(&request.model);
     if !known(gw, routes, asked) {
         return Err((None, ApiError::unknown_model(asked)));
@@ -78,7 +80,7 @@ pub(crate) fn plan(
     let fits = |m: &&String| known(gw, routes, m) && permits(m) && blocking(m).is_none();
     let mut candidates = Vec::new();
     match blocking(asked) {
-        None => candidates.push(asked.to_owned()),
+        None => candidates.push(asked),
         Some(b) => {
             let first = routes.fallbacks(asked).iter().find(fits);
             if first.is_none() {
@@ -87,11 +89,14 @@ pub(crate) fn plan(
             }
         }
     }
-    candidates.extend(routes.fallbacks(asked).iter().filter(fits).cloned());
-    Ok(Plan {
-        asked: asked.to_owned(),
-        candidates,
-    })
+    candidates.extend(
+        routes
+            .fallbacks(asked)
+            .iter()
+            .filter(fits)
+            .map(String::as_str),
+    );
+    Ok(Plan { asked, candidates })
 }
 
 fn budget_refusal(b: &BudgetLevel, spent: Option<u64>) -> ApiError {
