@@ -633,7 +633,7 @@ mod tests {
     }
 
     #[test]
-    fn the_host_header_leaves_out_https_own_port_only() {
+    fn the_host_header_leaves_out_only_the_default_port() {
         let host = |base: &str| {
             let mut s = spec("a", 0, 1);
             s.url = base.into();
