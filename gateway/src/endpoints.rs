@@ -420,6 +420,12 @@ impl Endpoints {
         models
     }
 
+    /// Whether any endpoint publishes KV-cache events (a request's sim
+    /// rendering is made only then).
+    pub fn any_publish_kv_events(&self) -> bool {
+        self.all().iter().any(|e| e.spec.kv_events.is_some())
+    }
+
     pub fn knows_model(&self, model: &str) -> bool {
         self.all().iter().any(|e| e.serves(model))
     }

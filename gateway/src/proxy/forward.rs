@@ -88,7 +88,7 @@ async fn attempt(
             break;
         }
         if tokens.is_none() && candidates.iter().any(|(e, _)| e.spec.kv_events.is_some()) {
-            let rendered = request.sim.render();
+            let rendered = request.rendered();
             let sim = crate::kv_events::RequestTokens::sim(&rendered);
             tokens = Some((sim, rendered.len()));
         }

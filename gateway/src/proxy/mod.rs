@@ -18,6 +18,7 @@
 
 mod account;
 mod admit;
+mod content;
 mod continuation;
 mod forward;
 mod relay;
@@ -117,7 +118,8 @@ async fn serve_body(
     body: Bytes,
     access: &Access,
 ) -> Result<Response, Refused> {
-    let request = request::ClientRequest::parse(body)?;
+    let render = gw.endpoints.any_publish_kv_events();
+    let request = request::ClientRequest::parse(body, render)?;
     access.asked(&request.model, request.stream);
     let started = tokio::time::Instant::now();
     // One routing table for the whole request, however the view moves.

@@ -2,29 +2,34 @@
 //! routing and limits need parsed, and the body to forward (with usage
 //! asked for in a stream, so that every answer can be counted).
 
+use std::borrow::Cow;
+
 use axum::body::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::content::{Content, Part, Str};
 use crate::ApiError;
 
-/// The fields routing reads; everything else is forwarded untouched.
+/// The fields routing reads; everything else is forwarded untouched. Its
+/// strings are borrowed from the body where they hold no escapes.
 #[derive(Debug, Deserialize)]
-struct Head {
-    model: Option<String>,
+struct Head<'a> {
+    #[serde(borrow)]
+    model: Option<Str<'a>>,
     #[serde(default)]
     stream: bool,
     #[serde(default)]
     stream_options: Option<Value>,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default)]
-    messages: Option<Vec<Message>>,
-    #[serde(default)]
-    prompt: Option<Value>,
+    #[serde(default, borrow)]
+    user: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    messages: Option<Vec<Message<'a>>>,
+    #[serde(default, borrow)]
+    prompt: Option<Content<'a>>,
     /// Embeddings' text.
-    #[serde(default)]
-    input: Option<Value>,
+    #[serde(default, borrow)]
+    input: Option<Content<'a>>,
     #[serde(default)]
     max_tokens: Option<u64>,
     #[serde(default)]
@@ -36,38 +41,26 @@ struct Head {
 }
 
 #[derive(Debug, Deserialize)]
-struct Message {
-    #[serde(default)]
-    role: Option<String>,
-    #[serde(default)]
-    content: Option<Value>,
+struct Message<'a> {
+    #[serde(default, borrow)]
+    role: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    content: Option<Content<'a>>,
 }
 
-/// What the sim engine's rendering of the prompt is made from, kept so
-/// that it is rendered only for a model whose endpoints publish KV events
-/// (the exact index alone reads it).
-#[derive(Debug, Default)]
-pub(crate) struct SimPrompt {
-    messages: Option<Vec<Message>>,
-    prompt: Option<Value>,
-    add_generation_prompt: Option<bool>,
-    continue_final_message: Option<bool>,
-}
-
-impl SimPrompt {
+impl Head<'_> {
     /// The prompt as the sim engine renders it (its tokenizer is the one
     /// the exact index ships): `role: content` lines, then `assistant: `
     /// unless the last message is continued; text parts only; a
     /// completion's prompt as given, strings joined by newlines.
-    pub(crate) fn render(&self) -> Vec<u8> {
-        let text = |out: &mut Vec<u8>, c: Option<&Value>| match c {
-            Some(Value::String(s)) => out.extend_from_slice(s.as_bytes()),
-            Some(Value::Array(parts)) => {
-                for t in parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                {
-                    out.extend_from_slice(t.as_bytes());
+    fn render_sim(&self) -> Vec<u8> {
+        let text = |out: &mut Vec<u8>, c: Option<&Content>| match c {
+            Some(Content::Text(s)) => out.extend_from_slice(s.as_bytes()),
+            Some(Content::Parts(parts)) => {
+                for p in parts {
+                    if let Part::Object(Some(t)) = p {
+                        out.extend_from_slice(t.as_bytes());
+                    }
                 }
             }
             _ => {}
@@ -80,7 +73,8 @@ impl SimPrompt {
                 _ => (&messages[..], None),
             };
             for m in closed {
-                out.extend_from_slice(m.role.as_deref().unwrap_or_default().as_bytes());
+                let role = m.role.as_ref().map_or("", |r| &r.0);
+                out.extend_from_slice(role.as_bytes());
                 out.extend_from_slice(b": ");
                 text(&mut out, m.content.as_ref());
                 out.push(b'\n');
@@ -93,35 +87,23 @@ impl SimPrompt {
             }
         } else if let Some(p) = &self.prompt {
             match p {
-                Value::String(s) => out.extend_from_slice(s.as_bytes()),
-                Value::Array(items) => {
-                    for (i, item) in items.iter().filter_map(Value::as_str).enumerate() {
+                Content::Text(s) => out.extend_from_slice(s.as_bytes()),
+                Content::Parts(items) => {
+                    let strings = items.iter().filter_map(|i| match i {
+                        Part::Bare(s) => Some(s),
+                        _ => None,
+                    });
+                    for (i, item) in strings.enumerate() {
                         if i > 0 {
                             out.push(b'\n');
                         }
                         out.extend_from_slice(item.as_bytes());
                     }
                 }
-                _ => {}
+                Content::Other => {}
             }
         }
         out
-    }
-}
-
-/// Each text of a content value: a string, or the text parts of an array
-/// of parts (or strings).
-fn each_text<'a>(v: &'a Value, mut f: impl FnMut(&'a str)) {
-    match v {
-        Value::String(s) => f(s),
-        Value::Array(parts) => {
-            for p in parts {
-                if let Some(t) = p.get("text").and_then(Value::as_str).or(p.as_str()) {
-                    f(t);
-                }
-            }
-        }
-        _ => {}
     }
 }
 
@@ -134,9 +116,10 @@ pub(crate) struct ClientRequest {
     pub(crate) user: Option<String>,
     /// The prompt's text, for prefix affinity: message contents in order.
     pub(crate) prompt: Vec<u8>,
-    /// What the prompt as the sim engine renders it is made from, for the
-    /// exact index's sim tokenizer.
-    pub(crate) sim: SimPrompt,
+    /// The prompt as the sim engine renders it, for the exact index's sim
+    /// tokenizer: made when the gateway has an endpoint that publishes KV
+    /// events (see [`ClientRequest::rendered`]).
+    rendered: Option<Vec<u8>>,
     /// Prompt tokens, estimated before sending (see
     /// [`crate::limits::estimate_tokens`]).
     pub(crate) prompt_estimate: u64,
@@ -149,14 +132,18 @@ pub(crate) struct ClientRequest {
 }
 
 impl ClientRequest {
-    pub(crate) fn parse(body: Bytes) -> Result<Self, ApiError> {
-        let mut head: Head = serde_json::from_slice(&body)
+    /// Reads the head of `body`; with `render`, the prompt's sim rendering
+    /// too (asked for when an endpoint publishes KV events).
+    pub(crate) fn parse(body: Bytes, render: bool) -> Result<Self, ApiError> {
+        let head: Head = serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
         let model = head
             .model
-            .take()
+            .as_ref()
+            .map(|m| &*m.0)
             .filter(|m| !m.is_empty())
-            .ok_or_else(|| ApiError::bad_request("missing field `model`"))?;
+            .ok_or_else(|| ApiError::bad_request("missing field `model`"))?
+            .to_owned();
         let asked = head
             .stream_options
             .as_ref()
@@ -177,29 +164,43 @@ impl ClientRequest {
         };
         // Sized first: grown by appending, it was copied a few times over.
         let mut len = 0;
-        texts().for_each(|c| each_text(c, |t| len += t.len()));
+        texts().for_each(|c| c.each_text(|t| len += t.len()));
         let mut prompt = Vec::with_capacity(len);
-        texts().for_each(|c| each_text(c, |t| prompt.extend_from_slice(t.as_bytes())));
+        texts().for_each(|c| c.each_text(|t| prompt.extend_from_slice(t.as_bytes())));
         let mut counted = prompt.len();
         if let Some(i) = &head.input {
-            each_text(i, |t| counted += t.len());
+            i.each_text(|t| counted += t.len());
         }
+        let (stream, user) = (head.stream, head.user.as_ref().map(|u| u.0.to_string()));
+        let max_completion = head.max_completion_tokens.or(head.max_tokens);
+        let rendered = render.then(|| head.render_sim());
+        // The head borrows the body it was read from, which moves below.
+        drop(head);
         Ok(ClientRequest {
-            sim: SimPrompt {
-                messages: head.messages,
-                prompt: head.prompt,
-                add_generation_prompt: head.add_generation_prompt,
-                continue_final_message: head.continue_final_message,
-            },
+            rendered,
             model,
-            stream: head.stream,
-            user: head.user,
+            stream,
+            user,
             prompt,
             prompt_estimate: crate::limits::estimate_tokens(counted, None),
-            max_completion: head.max_completion_tokens.or(head.max_tokens),
+            max_completion,
             strip_usage: injected.is_some(),
             body: injected.unwrap_or(body),
         })
+    }
+
+    /// The prompt as the sim engine renders it: made when the request was
+    /// read if asked, else now from the body (an endpoint that publishes
+    /// KV events came in between).
+    pub(crate) fn rendered(&self) -> Cow<'_, [u8]> {
+        match &self.rendered {
+            Some(r) => Cow::Borrowed(r),
+            None => Cow::Owned(
+                serde_json::from_slice::<Head>(&self.body)
+                    .map(|h| h.render_sim())
+                    .unwrap_or_default(),
+            ),
+        }
     }
 
     /// Tokens charged against tpm at admission.
@@ -247,20 +248,24 @@ mod tests {
                 {"role": "user", "content": [{"type": "text", "text": "defg"}]},
             ],
         });
-        let r = ClientRequest::parse(Bytes::from(body.to_string())).unwrap();
+        let r = ClientRequest::parse(Bytes::from(body.to_string()), false).unwrap();
         assert_eq!(r.prompt, b"abcdefg");
         // 7 bytes → 3 tokens, and the newer field wins over max_tokens.
         assert_eq!((r.prompt_estimate, r.token_estimate()), (3, 13));
         let embed = json!({"model": "e", "input": ["hello", "world"]});
-        let r = ClientRequest::parse(Bytes::from(embed.to_string())).unwrap();
+        let r = ClientRequest::parse(Bytes::from(embed.to_string()), false).unwrap();
         assert_eq!(r.token_estimate(), 4);
     }
 
     #[test]
     fn the_sim_rendering_is_the_sim_engines() {
+        // Made when the request is read, and later from its body: the same.
         let rendered = |body: Value| {
-            let r = ClientRequest::parse(Bytes::from(body.to_string())).unwrap();
-            String::from_utf8(r.sim.render()).unwrap()
+            let body = Bytes::from(body.to_string());
+            let now = ClientRequest::parse(body.clone(), true).unwrap();
+            let later = ClientRequest::parse(body, false).unwrap();
+            assert_eq!(now.rendered(), later.rendered());
+            String::from_utf8(now.rendered().into_owned()).unwrap()
         };
         let chat = json!({"model": "m", "messages": [
             {"role": "system", "content": "be brief"},
@@ -281,5 +286,69 @@ mod tests {
         assert_eq!(rendered(completion), "one\nthree");
         assert_eq!(rendered(json!({"model": "m", "prompt": "p"})), "p");
         assert_eq!(rendered(json!({"model": "e", "input": "x"})), "");
+        // Escaped in the body, read as the text it stands for.
+        let escaped = r#"{"model":"caf\u00e9","user":"u\"1","messages":[{"role":"us\u0065r","content":"a\tb"}]}"#;
+        let r = ClientRequest::parse(Bytes::from(escaped), true).unwrap();
+        assert_eq!(
+            (r.model.as_str(), r.user.as_deref()),
+            ("café", Some("u\"1"))
+        );
+        assert_eq!(&r.rendered()[..], b"user: a\tb\nassistant: ");
+    }
+
+    /// The prompt's text as a parsed document gives it: each message's
+    /// content, then the prompt, each a string or an array of strings and
+    /// parts with a string `text` (the reading before the head borrowed).
+    fn prompt_of_document(body: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut push = |v: &Value| match v {
+            Value::String(s) => out.extend_from_slice(s.as_bytes()),
+            Value::Array(parts) => {
+                for p in parts {
+                    if let Some(t) = p.get("text").and_then(Value::as_str).or(p.as_str()) {
+                        out.extend_from_slice(t.as_bytes());
+                    }
+                }
+            }
+            _ => {}
+        };
+        for m in body["messages"].as_array().into_iter().flatten() {
+            if let Some(c) = m.get("content") {
+                push(c);
+            }
+        }
+        if let Some(p) = body.get("prompt") {
+            push(p);
+        }
+        out
+    }
+
+    #[test]
+    fn odd_contents_read_as_their_parsed_document_does() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \"quoted\"\n"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"text":7},{"text":"b","text":"c"},{"text":["x"]},{"text":{"y":1}},"bare",3,null,[["z"]]]}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":{"text":"not a list"}},{"role":"user","content":null},{"role":"user"},{"role":"user","content":12.5},{"role":"user","content":true}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,x","detail":["a",{"b":null}]}},{"te\u0078t":"escaped key"}]}]}"#,
+            r#"{"model":"m","prompt":["one",[1,2,3],"two",{"text":"three"},null]}"#,
+            r#"{"model":"m","prompt":[[1,2],[3]]}"#,
+            r#"{"model":"m","prompt":42}"#,
+            r#"{"model":"m","messages":[{"role":"a\tb","content":"x"}],"prompt":"and a prompt"}"#,
+            r#"{"model":"m","messages":[]}"#,
+            r#"{"model":"m"}"#,
+        ];
+        for body in bodies {
+            let document: Value = serde_json::from_str(body).unwrap();
+            let r = ClientRequest::parse(Bytes::from(body), true)
+                .unwrap_or_else(|e| panic!("{body}: {e:?}"));
+            assert_eq!(
+                String::from_utf8_lossy(&r.prompt),
+                String::from_utf8_lossy(&prompt_of_document(&document)),
+                "{body}"
+            );
+        }
+        // A role that is not a string is refused, as before.
+        let refused = r#"{"model":"m","messages":[{"role":1,"content":"x"}]}"#;
+        assert!(ClientRequest::parse(Bytes::from(refused), false).is_err());
     }
 }

@@ -1,0 +1,266 @@
+//! A message's content, a completion's prompt or embeddings' input as the
+//! request's head reads them: only their texts, borrowed from the body
+//! where the JSON holds them without escapes, and everything else skipped
+//! unread. Read into `serde_json::Value`s, a chat's every message was
+//! copied (and each content part made a map) for the prompt's text alone.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// The texts of a content value, a prompt or an input.
+#[derive(Debug, Default)]
+pub(crate) enum Content<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+    /// Anything else: null, a number, a bool, an object.
+    #[default]
+    Other,
+}
+
+/// One item of an array of content.
+#[derive(Debug)]
+pub(crate) enum Part<'a> {
+    /// A string (a completion's prompts, embeddings' inputs).
+    Bare(Cow<'a, str>),
+    /// An object's `text` (a chat message's text part); the last `text`
+    /// key wins, as in a parsed document, and a `text` that is not a
+    /// string is none.
+    Object(Option<Cow<'a, str>>),
+    /// Anything else (a token array, a number).
+    Other,
+}
+
+impl Content<'_> {
+    /// Each text as the prompt counts it: the string, or the strings and
+    /// the text parts of the array.
+    pub(crate) fn each_text(&self, mut f: impl FnMut(&str)) {
+        match self {
+            Content::Text(s) => f(s),
+            Content::Parts(parts) => {
+                for p in parts {
+                    match p {
+                        Part::Bare(s) | Part::Object(Some(s)) => f(s),
+                        Part::Object(None) | Part::Other => {}
+                    }
+                }
+            }
+            Content::Other => {}
+        }
+    }
+}
+
+/// A string the JSON held with escapes, so not borrowable.
+fn owned<'a, E>(s: &str) -> Result<Cow<'a, str>, E> {
+    Ok(Cow::Owned(s.to_owned()))
+}
+
+/// A visitor's answer to the scalars (null, bools, numbers): `$none`.
+macro_rules! scalars_are {
+    ($none:expr) => {
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+}
+
+/// Reads whatever comes and keeps nothing.
+fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+struct ContentVisitor;
+
+impl<'de> Visitor<'de> for ContentVisitor {
+    type Value = Content<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Content::Text(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        owned(v).map(Content::Text)
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Content::Text(Cow::Owned(v)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(p) = seq.next_element::<Part<'de>>()? {
+            parts.push(p);
+        }
+        Ok(Content::Parts(parts))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map).map(|()| Content::Other)
+    }
+
+    scalars_are!(Content::Other);
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ContentVisitor)
+    }
+}
+
+/// A part's keys: `text`, or one skipped unread.
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum Key {
+    Text,
+    #[serde(other)]
+    Other,
+}
+
+/// A part's `text`: a string, or none for any other value.
+struct MaybeText<'a>(Option<Cow<'a, str>>);
+
+struct MaybeTextVisitor;
+
+impl<'de> Visitor<'de> for MaybeTextVisitor {
+    type Value = MaybeText<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(MaybeText(Some(Cow::Borrowed(v))))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        owned(v).map(|t| MaybeText(Some(t)))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(MaybeText(Some(Cow::Owned(v))))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        skip_seq(seq).map(|()| MaybeText(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        skip_map(map).map(|()| MaybeText(None))
+    }
+
+    scalars_are!(MaybeText(None));
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MaybeText<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MaybeTextVisitor)
+    }
+}
+
+struct PartVisitor;
+
+impl<'de> Visitor<'de> for PartVisitor {
+    type Value = Part<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Part::Bare(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        owned(v).map(Part::Bare)
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Part::Bare(Cow::Owned(v)))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut text = None;
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Text => text = map.next_value::<MaybeText<'de>>()?.0,
+                Key::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Part::Object(text))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        skip_seq(seq).map(|()| Part::Other)
+    }
+
+    scalars_are!(Part::Other);
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PartVisitor)
+    }
+}
+
+/// A string, borrowed from the body where the JSON holds it without
+/// escapes. (serde's `borrow` attribute borrows a `Cow<str>` field, but
+/// not one inside an `Option`.)
+#[derive(Debug)]
+pub(crate) struct Str<'a>(pub(crate) Cow<'a, str>);
+
+struct StrVisitor;
+
+impl<'de> Visitor<'de> for StrVisitor {
+    type Value = Str<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Str(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        owned(v).map(Str)
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(Str(Cow::Owned(v)))
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(StrVisitor)
+    }
+}
