@@ -51,9 +51,22 @@ impl Content<'_> {
     }
 }
 
-/// A string the JSON held with escapes, so not borrowable.
-fn owned<'a, E>(s: &str) -> Result<Cow<'a, str>, E> {
-    Ok(Cow::Owned(s.to_owned()))
+/// A visitor's answer to a string: `$wrap` of it, borrowed from the body
+/// where the JSON holds it without escapes.
+macro_rules! strings_are {
+    ($wrap:expr) => {
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok($wrap(Cow::Borrowed(v)))
+        }
+
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok($wrap(Cow::Owned(v.to_owned())))
+        }
+
+        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+            Ok($wrap(Cow::Owned(v)))
+        }
+    };
 }
 
 /// A visitor's answer to the scalars (null, bools, numbers): `$none`.
@@ -101,17 +114,7 @@ impl<'de> Visitor<'de> for ContentVisitor {
         f.write_str("any JSON value")
     }
 
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Content::Text(Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        owned(v).map(Content::Text)
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Content::Text(Cow::Owned(v)))
-    }
+    strings_are!(Content::Text);
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0));
@@ -155,17 +158,7 @@ impl<'de> Visitor<'de> for MaybeTextVisitor {
         f.write_str("any JSON value")
     }
 
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(MaybeText(Some(Cow::Borrowed(v))))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        owned(v).map(|t| MaybeText(Some(t)))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(MaybeText(Some(Cow::Owned(v))))
-    }
+    strings_are!(|t| MaybeText(Some(t)));
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         skip_seq(seq).map(|()| MaybeText(None))
@@ -193,17 +186,7 @@ impl<'de> Visitor<'de> for PartVisitor {
         f.write_str("any JSON value")
     }
 
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Part::Bare(Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        owned(v).map(Part::Bare)
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Part::Bare(Cow::Owned(v)))
-    }
+    strings_are!(Part::Bare);
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut text = None;
@@ -246,17 +229,7 @@ impl<'de> Visitor<'de> for StrVisitor {
         f.write_str("a string")
     }
 
-    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Str(Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        owned(v).map(Str)
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Str(Cow::Owned(v)))
-    }
+    strings_are!(Str);
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
