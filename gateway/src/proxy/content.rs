@@ -94,17 +94,6 @@ macro_rules! scalars_are {
     };
 }
 
-/// Reads whatever comes and keeps nothing.
-fn skip_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<IgnoredAny>()?.is_some() {}
-    Ok(())
-}
-
-fn skip_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
-    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-    Ok(())
-}
-
 struct ContentVisitor;
 
 impl<'de> Visitor<'de> for ContentVisitor {
@@ -125,7 +114,7 @@ impl<'de> Visitor<'de> for ContentVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        skip_map(map).map(|()| Content::Other)
+        IgnoredAny.visit_map(map).map(|_| Content::Other)
     }
 
     scalars_are!(Content::Other);
@@ -161,11 +150,11 @@ impl<'de> Visitor<'de> for MaybeTextVisitor {
     strings_are!(|t| MaybeText(Some(t)));
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        skip_seq(seq).map(|()| MaybeText(None))
+        IgnoredAny.visit_seq(seq).map(|_| MaybeText(None))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        skip_map(map).map(|()| MaybeText(None))
+        IgnoredAny.visit_map(map).map(|_| MaybeText(None))
     }
 
     scalars_are!(MaybeText(None));
@@ -202,7 +191,7 @@ impl<'de> Visitor<'de> for PartVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-        skip_seq(seq).map(|()| Part::Other)
+        IgnoredAny.visit_seq(seq).map(|_| Part::Other)
     }
 
     scalars_are!(Part::Other);
