@@ -70,8 +70,7 @@ pub(crate) fn event_cells(e: &RecordedEvent) -> Vec<String> {
 /// (its rows are hundreds of records: `events show` or `--json` lists them).
 pub(crate) fn payload_summary(e: &RecordedEvent) -> String {
     if let Some((_, rows)) = usage_rows(e) {
-        let keys: std::collections::BTreeSet<&str> =
-            rows.iter().map(|u| u.key_id.as_str()).collect();
+        let keys: std::collections::BTreeSet<&str> = rows.iter().map(|u| &*u.key_id).collect();
         let tokens: u64 = (rows.iter())
             .map(|u| u.prompt_tokens.saturating_add(u.completion_tokens))
             .fold(0, u64::saturating_add);
@@ -110,7 +109,7 @@ pub(crate) fn usage_table(rows: &[llmgw_domain::usage::UsageRecorded]) -> Table 
     ]);
     for u in rows {
         let model = if u.model_asked == u.model_served {
-            u.model_served.clone()
+            u.model_served.to_string()
         } else {
             format!("{} → {}", u.model_asked, u.model_served)
         };
@@ -120,8 +119,8 @@ pub(crate) fn usage_table(rows: &[llmgw_domain::usage::UsageRecorded]) -> Table 
         );
         t.row(vec![
             u.request_id.clone(),
-            u.key_id.clone(),
-            u.project_id.clone(),
+            u.key_id.to_string(),
+            u.project_id.to_string(),
             model,
             format!("{}+{}", u.prompt_tokens, u.completion_tokens),
             u.cost_micros.to_string(),

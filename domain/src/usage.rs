@@ -2,6 +2,8 @@
 //! it. Prices are integer micro-units per 1,000 tokens, each side rounded up
 //! on its own, so that no request is ever free by rounding.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::Price;
@@ -41,13 +43,17 @@ impl Price {
 
 /// A finished request, as recorded. No prompt or completion text: that is
 /// not an event (an immutable log cannot honour a retention window).
+///
+/// The names are shared, not owned: a gateway's record takes them from
+/// its key and its routing table, and a batch read back gives each of its
+/// distinct names once to every row that names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRecorded {
     pub request_id: String,
-    pub key_id: String,
-    pub project_id: String,
-    pub model_asked: String,
-    pub model_served: String,
+    pub key_id: Arc<str>,
+    pub project_id: Arc<str>,
+    pub model_asked: Arc<str>,
+    pub model_served: Arc<str>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub cost_micros: u64,
@@ -99,10 +105,10 @@ impl UsageEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinishedRequest {
     pub request_id: String,
-    pub key_id: String,
-    pub project_id: String,
-    pub model_asked: String,
-    pub model_served: String,
+    pub key_id: Arc<str>,
+    pub project_id: Arc<str>,
+    pub model_asked: Arc<str>,
+    pub model_served: Arc<str>,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub status: u16,

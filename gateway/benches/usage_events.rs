@@ -81,8 +81,8 @@ async fn events_in(day: &Day, interval: Duration, batch: usize) -> (u64, u64) {
         }
         queue.record(FinishedRequest {
             request_id: format!("r{i}"),
-            key_id: format!("key-{}", i % 200),
-            project_id: format!("project-{}", i % 20),
+            key_id: format!("key-{}", i % 200).into(),
+            project_id: format!("project-{}", i % 20).into(),
             model_asked: "m".into(),
             model_served: "m".into(),
             prompt_tokens: 100,

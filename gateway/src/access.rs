@@ -93,9 +93,9 @@ struct Line {
     id: RequestId,
     span: tracing::Span,
     started: Instant,
-    key_id: Option<String>,
+    key_id: Option<Arc<str>>,
     asked: Option<String>,
-    served: Option<String>,
+    served: Option<Arc<str>>,
     /// None until an answer is settled: a request dropped before that
     /// was given up by its client (499, as proxies log it).
     status: Option<u16>,
@@ -141,8 +141,8 @@ impl Access {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).id.clone()
     }
 
-    pub(crate) fn key(&self, key_id: &str) {
-        self.with(|l| l.key_id = Some(key_id.to_owned()));
+    pub(crate) fn key(&self, key_id: Arc<str>) {
+        self.with(|l| l.key_id = Some(key_id));
     }
 
     pub(crate) fn asked(&self, model: &str, stream: bool) {
@@ -156,9 +156,9 @@ impl Access {
         self.with(|l| l.status = Some(status));
     }
 
-    pub(crate) fn served(&self, model: &str, status: u16) {
+    pub(crate) fn served(&self, model: &Arc<str>, status: u16) {
         self.with(|l| {
-            l.served = Some(model.to_owned());
+            l.served = Some(model.clone());
             l.status = Some(status);
         });
     }

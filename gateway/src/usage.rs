@@ -471,8 +471,8 @@ mod tests {
         let (q, _rx) = UsageQueue::new(1);
         let r = || FinishedRequest {
             request_id: "r".into(),
-            key_id: String::new(),
-            project_id: String::new(),
+            key_id: "".into(),
+            project_id: "".into(),
             model_asked: "m".into(),
             model_served: "m".into(),
             prompt_tokens: 1,

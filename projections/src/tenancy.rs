@@ -3,6 +3,7 @@
 //! and allowlist composed down the tree.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use llmgw_domain::Event;
 use llmgw_domain::catalog::CatalogEvent;
@@ -14,9 +15,10 @@ use crate::{Stamp, View};
 /// Everything a request's key decides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyEntry {
-    pub key_id: String,
+    /// Shared with the usage records of the key's requests.
+    pub key_id: Arc<str>,
     pub prefix: String,
-    pub project_id: String,
+    pub project_id: Arc<str>,
     pub team_id: Option<String>,
     pub org_id: Option<String>,
     pub band: Band,
@@ -44,9 +46,9 @@ impl TenancyView {
         let key = self.tenancy.keys.get(key_id)?;
         let (team_id, org_id) = self.team_and_org(&key.project_id);
         Some(KeyEntry {
-            key_id: key_id.to_owned(),
+            key_id: key_id.into(),
             prefix: key.prefix.clone(),
-            project_id: key.project_id.clone(),
+            project_id: key.project_id.as_str().into(),
             team_id,
             org_id,
             band: key.band,
@@ -68,7 +70,7 @@ impl TenancyView {
         let project_id = user.project_id.clone()?;
         let (team_id, org_id) = self.team_and_org(&project_id);
         Some(KeyEntry {
-            key_id: format!("session:{user_id}"),
+            key_id: format!("session:{user_id}").into(),
             prefix: String::new(),
             team_id,
             org_id,
@@ -78,7 +80,7 @@ impl TenancyView {
             limits: self.tenancy.project_effective(&project_id, |m| {
                 self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
             }),
-            project_id,
+            project_id: project_id.into(),
         })
     }
 

@@ -340,18 +340,18 @@ impl UsageView {
         let keep_hour = hour >= self.first_hour();
         let keep_day = day >= self.first_day();
 
-        let team = self.team_of_project.get(&u.project_id).map(String::as_str);
+        let team = self.team_of_project.get(&*u.project_id).map(String::as_str);
         let org = team
             .and_then(|t| self.org_of_team.get(t))
             .map(String::as_str);
         let person = u
             .key_id
             .strip_prefix(SESSION_KEY_PREFIX)
-            .or_else(|| self.owner_of_key.get(&u.key_id).map(String::as_str))
+            .or_else(|| self.owner_of_key.get(&*u.key_id).map(String::as_str))
             .filter(|p| !p.is_empty());
         let owners = [
-            (Scope::Key, Some(u.key_id.as_str())),
-            (Scope::Project, Some(u.project_id.as_str())),
+            (Scope::Key, Some(&*u.key_id)),
+            (Scope::Project, Some(&*u.project_id)),
             (Scope::Team, team),
             (Scope::Org, org),
         ];
@@ -384,7 +384,7 @@ impl UsageView {
         }
         let bucket = Bucket::of(u);
         let groups = [
-            (GroupBy::Project, Some(u.project_id.as_str())),
+            (GroupBy::Project, Some(&*u.project_id)),
             (GroupBy::Team, team),
             (GroupBy::Org, org),
             (GroupBy::Person, person),

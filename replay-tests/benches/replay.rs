@@ -121,10 +121,10 @@ fn generated(i: u64) -> Event {
     let k = i % KEYS;
     Event::Usage(UsageEvent::UsageRecorded(UsageRecorded {
         request_id: format!("req-{i}"),
-        key_id: format!("k{k}"),
-        project_id: format!("p{}", k % 20),
-        model_asked: format!("model-{}", i % MODELS),
-        model_served: format!("model-{}", i % MODELS),
+        key_id: format!("k{k}").into(),
+        project_id: format!("p{}", k % 20).into(),
+        model_asked: format!("model-{}", i % MODELS).into(),
+        model_served: format!("model-{}", i % MODELS).into(),
         prompt_tokens: 100 + i % 900,
         completion_tokens: 50 + i % 200,
         cost_micros: 42,

@@ -39,10 +39,10 @@ fn requests() -> u64 {
 fn request(i: u64) -> FinishedRequest {
     FinishedRequest {
         request_id: format!("req-{}-{i}", 4_000_000 + i % 7),
-        key_id: format!("key-{:08x}", i % 200 * 2_654_435_761 % (1 << 32)),
-        project_id: format!("project-{}", i % 20),
-        model_asked: format!("llama-3.1-{}b-instruct", 8 + i % 20),
-        model_served: format!("llama-3.1-{}b-instruct", 8 + i % 20),
+        key_id: format!("key-{:08x}", i % 200 * 2_654_435_761 % (1 << 32)).into(),
+        project_id: format!("project-{}", i % 20).into(),
+        model_asked: format!("llama-3.1-{}b-instruct", 8 + i % 20).into(),
+        model_served: format!("llama-3.1-{}b-instruct", 8 + i % 20).into(),
         prompt_tokens: 200 + i % 1800,
         completion_tokens: 50 + i % 450,
         status: if i.is_multiple_of(50) { 502 } else { 200 },

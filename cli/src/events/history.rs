@@ -158,9 +158,9 @@ fn render(out: &mut impl Write, view: &str, p: &Projections) -> anyhow::Result<(
                     }
                 };
                 t.row(vec![
-                    e.key_id.clone(),
+                    e.key_id.to_string(),
                     e.prefix.clone(),
-                    e.project_id.clone(),
+                    e.project_id.to_string(),
                     format!("{:?}", e.band).to_lowercase(),
                     opt(e.limits.rpm),
                     opt(e.limits.tpm),

@@ -6,6 +6,7 @@
 //! and the views' reading of it all shrink with it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -13,8 +14,10 @@ use super::{UsageBatchRecorded, UsageRecorded};
 use crate::UnixMillis;
 use crate::tenancy::Band;
 
-/// The most bytes of names a batch's rows may copy between them: the
+/// The most bytes of names a batch's rows may name between them: the
 /// largest batch a gateway flushes, with four names of 640 bytes each.
+/// The rows share their names, but a reader that prints or exports rows
+/// one by one (version 1's shape, a table) writes each name again.
 const MAX_COPIED: usize = super::MAX_BATCH_ROWS * 4 * 640;
 
 /// The stored shape: written from the rows with borrowed names
@@ -131,9 +134,10 @@ impl TryFrom<Columns<String>> for UsageBatchRecorded {
                 "usage columns of different lengths: request_id has {n} entries, {column} {len}"
             ));
         }
-        // Every index names a name, and the rows' copies of the names stay
-        // within bounds: a name is written once and copied into each row
-        // that names it, so a small payload could ask for any amount.
+        // Every index names a name, and the names the rows hold stay
+        // within bounds: a name is written once and named by any number of
+        // rows, so a small payload could ask for any amount once the rows
+        // are written out one by one.
         let mut copied: usize = 0;
         for &i in [&c.key, &c.project, &c.asked, &c.served]
             .into_iter()
@@ -149,10 +153,12 @@ impl TryFrom<Columns<String>> for UsageBatchRecorded {
         }
         if copied > MAX_COPIED {
             return Err(format!(
-                "the batch's rows would copy {copied} bytes of names, over {MAX_COPIED}"
+                "the batch's rows name {copied} bytes of names in all, over {MAX_COPIED}"
             ));
         }
-        let name = |i: u32| c.names[i as usize].clone();
+        // Each distinct name made once, and shared by the rows naming it.
+        let names: Vec<Arc<str>> = c.names.into_iter().map(Arc::from).collect();
+        let name = |i: u32| names[i as usize].clone();
         let mut rows = Vec::with_capacity(n);
         for (i, request_id) in c.request_id.into_iter().enumerate() {
             rows.push(UsageRecorded {

@@ -164,8 +164,8 @@ fn threads_of(
     match (key, &gw.keys) {
         (Some(k), Some(keys)) => {
             let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
-            match views.tenancy.tenancy.threads.get(&k.project_id) {
-                Some(s) => Ok((k.project_id.clone(), *s)),
+            match views.tenancy.tenancy.threads.get(&*k.project_id) {
+                Some(s) => Ok((k.project_id.to_string(), *s)),
                 None => Err(refusal(
                     StatusCode::FORBIDDEN,
                     "threads_off",
@@ -206,7 +206,7 @@ fn memory_of(
     };
     let setting = {
         let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
-        views.tenancy.tenancy.memory.get(&k.project_id).copied()
+        views.tenancy.tenancy.memory.get(&*k.project_id).copied()
     };
     let Some(setting) = setting else {
         return Err(refusal(
@@ -229,7 +229,7 @@ fn memory_of(
     };
     Ok((
         llmgw_convo::Owner {
-            project: k.project_id.clone(),
+            project: k.project_id.to_string(),
             agent,
         },
         setting,

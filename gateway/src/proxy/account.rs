@@ -22,7 +22,7 @@ pub(crate) struct Ticket {
     key: Option<Arc<KeyEntry>>,
     pub(crate) band: Band,
     /// The canonical model the client asked for.
-    pub(crate) asked: String,
+    pub(crate) asked: Arc<str>,
     charge: Charge,
     pub(crate) started: tokio::time::Instant,
     /// Tokens used, once known; the charge is settled to this.
@@ -35,7 +35,7 @@ impl Ticket {
     pub(crate) fn open(
         gw: Arc<Gateway>,
         key: Option<&Arc<KeyEntry>>,
-        asked: String,
+        asked: Arc<str>,
         admitted: super::admit::Admitted,
         started: tokio::time::Instant,
         access: crate::access::Access,
@@ -76,12 +76,19 @@ fn request_id() -> String {
     format!("req-{pid}-{n}")
 }
 
+/// The key and project of a request made with authentication off: one
+/// empty name shared by all of them.
+fn none() -> Arc<str> {
+    static NONE: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    NONE.get_or_init(|| Arc::from("")).clone()
+}
+
 /// A served request: recorded when dropped, at the end of its stream or
 /// when the client goes away mid-stream.
 #[derive(Debug)]
 pub(crate) struct Finish {
     ticket: Ticket,
-    served: String,
+    served: Arc<str>,
     status: u16,
     pub(crate) first_content: Option<Duration>,
     pub(crate) tokens: Option<Tokens>,
@@ -91,7 +98,13 @@ pub(crate) struct Finish {
 }
 
 impl Finish {
-    pub(crate) fn new(ticket: Ticket, served: String, status: u16) -> Self {
+    /// `served` shares the ticket's name when the model asked for served.
+    pub(crate) fn new(ticket: Ticket, served: &str, status: u16) -> Self {
+        let served = if served == &*ticket.asked {
+            ticket.asked.clone()
+        } else {
+            served.into()
+        };
         ticket.access.served(&served, status);
         Finish {
             ticket,
@@ -122,8 +135,6 @@ impl Drop for Finish {
             gw.metrics.ttft(&self.served, t.as_secs_f64());
         }
         let Some(q) = &gw.usage else { return };
-        // Nothing reads the name after this (the ticket only settles).
-        let asked = std::mem::take(&mut self.ticket.asked);
         let t = &self.ticket;
         let millis = |d: Duration| d.as_millis().min(u128::from(u32::MAX)) as u32;
         let at = llmgw_domain::UnixMillis::now();
@@ -141,12 +152,10 @@ impl Drop for Finish {
             });
         let request = llmgw_domain::usage::FinishedRequest {
             request_id: request_id(),
-            key_id: t.key.as_ref().map(|k| k.key_id.clone()).unwrap_or_default(),
-            project_id: (t.key.as_ref())
-                .map(|k| k.project_id.clone())
-                .unwrap_or_default(),
-            model_asked: asked,
-            model_served: std::mem::take(&mut self.served),
+            key_id: t.key.as_ref().map_or_else(none, |k| k.key_id.clone()),
+            project_id: t.key.as_ref().map_or_else(none, |k| k.project_id.clone()),
+            model_asked: t.asked.clone(),
+            model_served: self.served.clone(),
             prompt_tokens: tokens.prompt,
             completion_tokens: tokens.completion,
             status: self.status,

@@ -149,7 +149,7 @@ async fn attempt(
             let Some(t) = ticket.take() else {
                 return Err(last_error);
             };
-            let finish = Finish::new(t, model.to_owned(), status.as_u16());
+            let finish = Finish::new(t, model, status.as_u16());
             let form = if path.ends_with("/chat/completions") {
                 Form::Chat
             } else {
@@ -183,7 +183,7 @@ async fn attempt(
             let Some(t) = ticket.take() else {
                 return Err(last_error);
             };
-            let mut finish = Finish::new(t, model.to_owned(), status.as_u16());
+            let mut finish = Finish::new(t, model, status.as_u16());
             finish.tokens = crate::usage::Tokens::from_answer(&bytes);
             drop((finish, flight));
             Body::from(bytes)

@@ -78,7 +78,7 @@ async fn route(
 ) -> Result<Response, Refused> {
     let caller = admit::identify(gw, request.headers())?;
     if let Some(k) = &caller.key {
-        access.key(&k.key_id);
+        access.key(k.key_id.clone());
     }
     let thread = crate::convo::thread_header(request.headers())?;
     let limit = gw.config.body_limit;
@@ -104,7 +104,7 @@ async fn route(
 pub async fn chat_as(gw: Arc<Gateway>, key: Option<KeyEntry>, body: Bytes) -> Response {
     let access = Access::start(None);
     if let Some(k) = &key {
-        access.key(&k.key_id);
+        access.key(k.key_id.clone());
     }
     let caller = admit::Caller::standing_for(key);
     let answer = serve_body(&gw, "/v1/chat/completions", caller, body, &access).await;
@@ -133,7 +133,7 @@ async fn serve_body(
     let ticket = account::Ticket::open(
         gw.clone(),
         caller.key.as_ref(),
-        plan.asked.to_owned(),
+        plan.asked.into(),
         admitted,
         started,
         access.clone(),

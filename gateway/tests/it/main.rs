@@ -1153,7 +1153,7 @@ fn finished(
 ) -> llmgw_domain::usage::FinishedRequest {
     llmgw_domain::usage::FinishedRequest {
         request_id,
-        key_id,
+        key_id: key_id.into(),
         project_id: "p".into(),
         model_asked: "m".into(),
         model_served: "m".into(),

@@ -244,11 +244,7 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
     assert_eq!(call(base, Some(&secret), &chat("m", 1)).await.status(), 200);
     let record = usage.recv().await.unwrap();
     assert_eq!(
-        (
-            record.key_id.as_str(),
-            record.project_id.as_str(),
-            record.band
-        ),
+        (&*record.key_id, &*record.project_id, record.band),
         ("k1", "p", Band::Bronze)
     );
     // Outside its allowlist a model does not exist for the key.
@@ -540,7 +536,7 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
     assert_eq!(r.headers()["x-llmgw-served-model"], "big");
     let record = usage.recv().await.unwrap();
     assert_eq!(
-        (record.model_asked.as_str(), record.model_served.as_str()),
+        (&*record.model_asked, &*record.model_served),
         ("big", "big")
     );
     // No capacity: the fallbacks the key may use, and only those.
@@ -556,7 +552,7 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
     assert_eq!(reply["model"], "free", "the engine was asked for it");
     let record = usage.recv().await.unwrap();
     assert_eq!(
-        (record.model_asked.as_str(), record.model_served.as_str()),
+        (&*record.model_asked, &*record.model_served),
         ("big", "free")
     );
     // A key that may use no free fallback: 429, naming the spent scope.

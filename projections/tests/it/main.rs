@@ -131,10 +131,10 @@ pub(crate) fn usage(round: u32, i: u64) -> Event {
         record(
             FinishedRequest {
                 request_id: format!("req-{round}-{i}"),
-                key_id: format!("k{round}"),
-                project_id: format!("p{round}"),
-                model_asked: format!("model-{round}-latest"),
-                model_served: format!("model-{round}"),
+                key_id: format!("k{round}").into(),
+                project_id: format!("p{round}").into(),
+                model_asked: format!("model-{round}-latest").into(),
+                model_served: format!("model-{round}").into(),
                 prompt_tokens: 100 + i,
                 completion_tokens: 20,
                 status: if i.is_multiple_of(7) { 500 } else { 200 },

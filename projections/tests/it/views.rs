@@ -124,7 +124,7 @@ fn tenancy_finds_live_keys_by_hash_with_composed_limits() {
     let entry = view.lookup(&hash).expect("live key");
     assert_eq!(
         (
-            entry.project_id.as_str(),
+            &*entry.project_id,
             entry.team_id.as_deref(),
             entry.org_id.as_deref()
         ),
