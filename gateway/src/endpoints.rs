@@ -239,21 +239,41 @@ pub struct Endpoint {
     /// parsing one per request was ~4% of a saturated gateway's time. A
     /// new spec is a new `Endpoint`, so never stale.
     urls: [std::sync::OnceLock<Option<Target>>; 3],
+    /// Each of `spec.models` as the served-model header's value (None
+    /// where a name is not a header value), made once: copied for every
+    /// answer, it was an allocation a request.
+    model_headers: Vec<Option<axum::http::HeaderValue>>,
 }
 
 impl Endpoint {
     fn new(spec: EndpointSpec, breaker: &BreakerConfig) -> Self {
+        let live = Arc::new(Live {
+            in_flight: AtomicU32::new(0),
+            breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
+            load: Mutex::new(None),
+            scraped: std::sync::atomic::AtomicBool::new(false),
+            contract_warned: std::sync::atomic::AtomicBool::new(false),
+        });
+        Endpoint::with_live(spec, live)
+    }
+
+    /// `spec` with the in-flight count and breaker of `live`.
+    fn with_live(spec: EndpointSpec, live: Arc<Live>) -> Self {
         Endpoint {
-            spec,
-            live: Arc::new(Live {
-                in_flight: AtomicU32::new(0),
-                breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
-                load: Mutex::new(None),
-                scraped: std::sync::atomic::AtomicBool::new(false),
-                contract_warned: std::sync::atomic::AtomicBool::new(false),
-            }),
+            live,
             urls: Default::default(),
+            model_headers: (spec.models.iter())
+                .map(|m| axum::http::HeaderValue::from_str(m).ok())
+                .collect(),
+            spec,
         }
+    }
+
+    /// `model` as the value of an answer's served-model header, if this
+    /// endpoint serves it and it is a header value.
+    pub(crate) fn model_header(&self, model: &str) -> Option<axum::http::HeaderValue> {
+        let i = self.spec.models.iter().position(|m| m == model)?;
+        self.model_headers[i].clone()
     }
 
     /// Where `path` is on this endpoint if the proxy hop's own client
@@ -387,11 +407,7 @@ impl Endpoints {
             .into_iter()
             .map(|spec| match old.get(&spec.id) {
                 Some(e) if e.spec == spec => e.clone(),
-                Some(e) => Arc::new(Endpoint {
-                    spec,
-                    live: e.live.clone(),
-                    urls: Default::default(),
-                }),
+                Some(e) => Arc::new(Endpoint::with_live(spec, e.live.clone())),
                 None => Arc::new(Endpoint::new(spec, &self.breaker)),
             })
             .collect();

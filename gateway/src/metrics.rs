@@ -14,7 +14,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -23,9 +25,21 @@ use prometheus_client::registry::Registry;
 
 use crate::Gateway;
 
+/// A model's name as a label value, shared with the request that names
+/// it: a label set is built for every request to look its series up, and
+/// a copy of the name cost an allocation each time.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+struct Model(Arc<str>);
+
+impl EncodeLabelValue for Model {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&&*self.0, encoder)
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
-    model: String,
+    model: Model,
     /// A number, not its text: a label set is built for every request to
     /// look its counter up, and the text cost an allocation each time.
     status: u16,
@@ -48,7 +62,7 @@ struct BandLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ModelLabels {
-    model: String,
+    model: Model,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -194,10 +208,10 @@ impl Metrics {
     }
 
     /// `model` is the model that served (one the routing table knows).
-    pub(crate) fn ttft(&self, model: &str, seconds: f64) {
+    pub(crate) fn ttft(&self, model: &Arc<str>, seconds: f64) {
         self.ttft
             .get_or_create(&ModelLabels {
-                model: model.to_owned(),
+                model: Model(model.clone()),
             })
             .observe(seconds);
     }
@@ -212,10 +226,11 @@ impl Metrics {
             .inc();
     }
 
-    pub(crate) fn request(&self, model: &str, status: u16) {
+    /// `model` is the model that served, or the refusal's label.
+    pub(crate) fn request(&self, model: Arc<str>, status: u16) {
         self.requests
             .get_or_create(&RequestLabels {
-                model: model.to_owned(),
+                model: Model(model),
                 status,
             })
             .inc();
@@ -252,7 +267,11 @@ impl Collector for Live {
             let s = gw
                 .endpoints
                 .saturation(&model, cfg.waiting_ceiling, cfg.kv_ceiling);
-            saturation.get_or_create(&ModelLabels { model }).set(s);
+            saturation
+                .get_or_create(&ModelLabels {
+                    model: Model(model.into()),
+                })
+                .set(s);
         }
         put(
             &mut enc,

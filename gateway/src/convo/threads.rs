@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use llmgw_projections::KeyEntry;
@@ -20,7 +20,7 @@ use super::{Keeper, convo_error, keeper, threads_of};
 use crate::{ApiError, Gateway};
 
 const THREAD_HEADER: &str = "x-llmgw-thread";
-const TRIMMED_HEADER: &str = "x-llmgw-thread-trimmed";
+const TRIMMED_HEADER: HeaderName = HeaderName::from_static("x-llmgw-thread-trimmed");
 
 /// The thread a request names, checked; None when it names none.
 pub(crate) fn thread_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {

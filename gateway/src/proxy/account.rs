@@ -116,6 +116,11 @@ impl Finish {
         }
     }
 
+    /// The model that served, as the usage record and the metrics name it.
+    pub(crate) fn served(&self) -> &Arc<str> {
+        &self.served
+    }
+
     pub(crate) fn started(&self) -> tokio::time::Instant {
         self.ticket.started
     }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, header};
 use axum::response::Response;
 use http_body_util::BodyExt;
 
@@ -20,7 +20,9 @@ use super::resolve::Plan;
 use super::splice::{Form, Splice};
 use crate::{ApiError, Gateway};
 
-pub(crate) const SERVED_MODEL: &str = "x-llmgw-served-model";
+/// A name, not a `&str`: a map given a custom header's name as text makes
+/// the name anew (an allocation) each time it is inserted.
+pub(crate) const SERVED_MODEL: HeaderName = HeaderName::from_static("x-llmgw-served-model");
 
 /// Sends the request to the first model of the plan that has capacity.
 pub(crate) async fn forward(
@@ -145,11 +147,12 @@ async fn attempt(
         endpoint.record(true);
         let status = upstream.status();
         let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
-        let body = if request.stream {
+        let (body, served) = if request.stream {
             let Some(t) = ticket.take() else {
                 return Err(last_error);
             };
             let finish = Finish::new(t, model, status.as_u16());
+            let served = finish.served().clone();
             let form = if path.ends_with("/chat/completions") {
                 Form::Chat
             } else {
@@ -166,12 +169,13 @@ async fn attempt(
                 sent: 0,
             });
             let splice = Splice::new(form, request.strip_usage, request.prompt_estimate);
-            Body::from_stream(relay(upstream, flight, finish, splice, form, resume))
+            let relayed = relay(upstream, flight, finish, splice, form, resume);
+            (Body::from_stream(relayed), served)
         } else {
             // A plain answer is one JSON document: read it, note its usage.
             // Nothing has reached the client yet, so a break here is retried.
-            let bytes = match upstream.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
+            let bytes = match whole(upstream.into_body()).await {
+                Ok(b) => b,
                 Err(e) => {
                     endpoint.record(false);
                     gw.metrics.migration(model, "retried");
@@ -185,20 +189,48 @@ async fn attempt(
             };
             let mut finish = Finish::new(t, model, status.as_u16());
             finish.tokens = crate::usage::Tokens::from_answer(&bytes);
+            let served = finish.served().clone();
             drop((finish, flight));
-            Body::from(bytes)
+            (Body::from(bytes), served)
         };
-        gw.metrics.request(model, status.as_u16());
+        gw.metrics.request(served, status.as_u16());
         let mut response = Response::new(body);
         *response.status_mut() = status;
         let headers = response.headers_mut();
         if let Some(ct) = content_type {
             headers.insert(header::CONTENT_TYPE, ct);
         }
-        if let Ok(v) = HeaderValue::from_str(model) {
+        if let Some(v) = endpoint.model_header(model) {
             headers.insert(SERVED_MODEL, v);
         }
         return Ok(response);
     }
     Err(last_error)
+}
+
+/// A plain answer's body whole: the one chunk hyper hands over for a small
+/// answer, as it came, or the chunks joined. (`collect` keeps a list of
+/// the chunks, an allocation for every answer.)
+async fn whole(mut body: super::upstream::Body) -> Result<Bytes, super::upstream::Error> {
+    let mut first = Bytes::new();
+    let mut joined: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        // Trailers are not part of the answer.
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        if first.is_empty() && joined.is_empty() {
+            first = data;
+        } else {
+            if joined.is_empty() {
+                joined.extend_from_slice(&first);
+            }
+            joined.extend_from_slice(&data);
+        }
+    }
+    Ok(if joined.is_empty() {
+        first
+    } else {
+        joined.into()
+    })
 }

@@ -62,8 +62,8 @@ fn refusal_counted(gw: &Gateway, answer: Result<Response, Refused>, access: &Acc
     match answer {
         Ok(r) => r,
         Err(Refused(label, e)) => {
-            gw.metrics
-                .request(label.as_deref().unwrap_or("unknown"), e.status.as_u16());
+            let label = label.as_deref().unwrap_or("unknown");
+            gw.metrics.request(label.into(), e.status.as_u16());
             access.status(e.status.as_u16());
             e.into_response()
         }

@@ -250,3 +250,33 @@ async fn a_connection_the_engine_closed_while_idle_is_not_what_the_next_request_
         gw.admin_page().await;
     }
 }
+
+#[tokio::test]
+async fn a_plain_answer_larger_than_one_read_reaches_the_client_whole() {
+    // Far more than hyper reads at once (8 KiB at first): the gateway is
+    // handed the answer in pieces and passes it on as the one document.
+    let content = "0123456789".repeat(20_000);
+    let answer = json!({
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 50_000, "total_tokens": 50_001},
+    });
+    let text = answer.to_string();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move || async move { ([("content-type", "application/json")], text) }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let gw = support::gateway(vec![spec("a", &engine, &["m"])]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.headers()["x-llmgw-served-model"], "m");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body, answer);
+}
