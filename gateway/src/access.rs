@@ -40,10 +40,14 @@ impl RequestId {
     }
 
     pub(crate) fn new() -> Self {
-        // Written on the stack: the header value is the one copy.
+        // Written on the stack, and the array itself owned by the header
+        // value: one allocation, and clones (the answer's header, the
+        // access line's) share it. A value copied from a slice is copied
+        // again, into a shared buffer, at its first clone.
         let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
-        let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
-        RequestId(HeaderValue::from_str(id).unwrap_or(HeaderValue::from_static("-")))
+        uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+        let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text));
+        RequestId(value.unwrap_or(HeaderValue::from_static("-")))
     }
 
     pub(crate) fn as_str(&self) -> &str {

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderName, header};
 use axum::response::Response;
-use http_body_util::BodyExt;
 
 use super::account::{Finish, Ticket};
 use super::relay::{Resume, relay};
@@ -174,7 +173,7 @@ async fn attempt(
         } else {
             // A plain answer is one JSON document: read it, note its usage.
             // Nothing has reached the client yet, so a break here is retried.
-            let bytes = match whole(upstream.into_body()).await {
+            let bytes = match super::whole(upstream.into_body()).await {
                 Ok(b) => b,
                 Err(e) => {
                     endpoint.record(false);
@@ -206,31 +205,4 @@ async fn attempt(
         return Ok(response);
     }
     Err(last_error)
-}
-
-/// A plain answer's body whole: the one chunk hyper hands over for a small
-/// answer, as it came, or the chunks joined. (`collect` keeps a list of
-/// the chunks, an allocation for every answer.)
-async fn whole(mut body: super::upstream::Body) -> Result<Bytes, super::upstream::Error> {
-    let mut first = Bytes::new();
-    let mut joined: Vec<u8> = Vec::new();
-    while let Some(frame) = body.frame().await {
-        // Trailers are not part of the answer.
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
-        if first.is_empty() && joined.is_empty() {
-            first = data;
-        } else {
-            if joined.is_empty() {
-                joined.extend_from_slice(&first);
-            }
-            joined.extend_from_slice(&data);
-        }
-    }
-    Ok(if joined.is_empty() {
-        first
-    } else {
-        joined.into()
-    })
 }

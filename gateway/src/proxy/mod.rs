@@ -82,9 +82,9 @@ async fn route(
     }
     let thread = crate::convo::thread_header(request.headers())?;
     let limit = gw.config.body_limit;
-    let body = axum::body::to_bytes(request.into_body(), limit)
+    let body = whole(http_body_util::Limited::new(request.into_body(), limit))
         .await
-        .map_err(|e| crate::listen::body::body_refusal(&e, limit))?;
+        .map_err(|e| crate::listen::body::body_refusal(&axum::Error::new(e), limit))?;
     let Some(thread) = thread else {
         return serve_body(gw, path, caller, body, access).await;
     };
@@ -143,4 +143,35 @@ async fn serve_body(
     forward::forward(gw, path, &request, session, &plan, ticket)
         .await
         .map_err(|e| Refused(label(), e))
+}
+
+/// A body whole: the one chunk hyper hands over for a small body, as it
+/// came, or the chunks joined. (`collect`, under axum's `to_bytes` too,
+/// keeps a list of the chunks: an allocation for every request and every
+/// plain answer.) Trailers are not part of it.
+async fn whole<B>(mut body: B) -> Result<Bytes, B::Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    use http_body_util::BodyExt;
+    let mut first = Bytes::new();
+    let mut joined: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        if first.is_empty() && joined.is_empty() {
+            first = data;
+        } else {
+            if joined.is_empty() {
+                joined.extend_from_slice(&first);
+            }
+            joined.extend_from_slice(&data);
+        }
+    }
+    Ok(if joined.is_empty() {
+        first
+    } else {
+        joined.into()
+    })
 }
