@@ -42,8 +42,8 @@ impl RequestId {
     pub(crate) fn new() -> Self {
         // Written on the stack, and the array itself owned by the header
         // value: one allocation, and clones (the answer's header, the
-        // access line's) share it. A value copied from a slice is copied
-        // again, into a shared buffer, at its first clone.
+        // access line's) share it. A value copied from a slice allocated
+        // again at its first clone, to make its buffer shared.
         let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
         uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
         let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text));
