@@ -22,14 +22,17 @@ pub struct KeyDirectory {
 }
 
 /// Keys as the views composed them (their limits from every level up),
-/// by hash, as of one position of the views: composing a key's limits was
-/// the largest single cost of a request's path. Any event the views apply
-/// empties it, so a change of limits, a revocation or a new alias counts
-/// from the request after it, as it did; only keys that were found are
-/// kept, so unknown keys cannot grow it.
+/// by hash, as of one revision of the tenancy view: composing a key's
+/// limits was the largest single cost of a request's path. Any event that
+/// changes the tenancy view empties it, so a change of limits, a
+/// revocation or a new alias counts from the request after it; events
+/// that do not (usage batches, nodes, replicas: most of the log) leave it
+/// whole, where keying it on the views' position emptied it at every usage
+/// flush. Only keys that were found are kept, so unknown keys cannot grow
+/// it.
 #[derive(Debug, Default)]
 struct Composed {
-    position: u64,
+    revision: u64,
     /// By the SHA-256 of the key: a hit needs no hex string.
     keys: HashMap<[u8; 32], Arc<KeyEntry>>,
 }
@@ -53,11 +56,11 @@ impl KeyDirectory {
             .ok_or_else(ApiError::invalid_key)?;
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let views = self.views.read().unwrap_or_else(|p| p.into_inner());
-        let position = views.checkpoint.position;
+        let revision = views.tenancy.revision();
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.position != position {
+        if cache.revision != revision {
             cache.keys.clear();
-            cache.position = position;
+            cache.revision = revision;
         }
         if let Some(k) = cache.keys.get(&digest) {
             return Ok(k.clone());

@@ -176,8 +176,9 @@ impl Projections {
     /// The format version of a snapshot of these views. Bump it whenever a
     /// view's fields change, so that old snapshots are rebuilt, not misread.
     /// 6: `unknown` kept (a snapshot of an older build may have skipped
-    /// usage batches stored in columns without saying so).
-    pub const STATE_VERSION: u32 = 6;
+    /// usage batches stored in columns without saying so). 7: the tenancy
+    /// view's `revision`.
+    pub const STATE_VERSION: u32 = 7;
 
     /// Whether these views left out events of a kind this build reads: a
     /// snapshot of them, written by an older build, is not to be used.

@@ -33,9 +33,22 @@ pub struct TenancyView {
     by_hash: BTreeMap<String, String>,
     /// Alias → canonical model, so allowlists compare canonical names.
     aliases: BTreeMap<String, String>,
+    /// How many applied events changed what this view says of a key: a
+    /// cache of entries made at one revision is good until it moves.
+    /// Counted, not a position, so that it only ever grows as the view
+    /// follows the log, whatever positions events are applied with.
+    #[serde(default)]
+    revision: u64,
 }
 
 impl TenancyView {
+    /// See the field: it moves with every event that may change an entry
+    /// (a key, the tenancy tree, limits, users, a model's aliases) and
+    /// with no other.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
     /// The live key with this hash and what it may do.
     pub fn lookup(&self, hash: &str) -> Option<KeyEntry> {
         let key_id = self.by_hash.get(hash)?;
@@ -111,6 +124,7 @@ impl View for TenancyView {
     fn apply_event(&mut self, _stamp: Stamp, event: &Event) {
         match event {
             Event::Tenancy(e) => {
+                self.revision += 1;
                 self.tenancy.evolve(e);
                 match e {
                     TenancyEvent::KeyIssued(k) => {
@@ -125,12 +139,14 @@ impl View for TenancyView {
             Event::Catalog(
                 CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model },
             ) => {
+                self.revision += 1;
                 self.aliases.retain(|_, c| *c != model.name);
                 for a in &model.aliases {
                     self.aliases.insert(a.clone(), model.name.clone());
                 }
             }
             Event::Catalog(CatalogEvent::ModelRemoved { name }) => {
+                self.revision += 1;
                 self.aliases.retain(|_, c| c != name)
             }
             _ => {}

@@ -347,6 +347,55 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
 }
 
 #[tokio::test]
+async fn a_keys_entry_outlives_usage_in_the_log_but_not_a_change_of_its_limits() {
+    let mut t = Tenants::new().await;
+    let secret = t.key("k1", "p").await;
+    let keys = t.directory();
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(
+        axum::http::header::AUTHORIZATION,
+        format!("Bearer {secret}").parse().unwrap(),
+    );
+    let first = keys.authenticate(&headers).unwrap();
+    assert_eq!(first.limits.rpm, None);
+
+    // Usage moves the views but says nothing of keys: the entry composed
+    // before is the one given, not made again.
+    t.spent_elsewhere("k1", "p", 1_000).await;
+    let again = keys.authenticate(&headers).unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &again),
+        "a usage batch emptied the key cache"
+    );
+
+    // A limit set on the key's team counts from the next request.
+    t.limit(
+        Scope::Team,
+        "t",
+        Limits {
+            rpm: Some(7),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let limited = keys.authenticate(&headers).unwrap();
+    assert_eq!(limited.limits.rpm, Some(7));
+
+    // And so does a revocation, with usage in between.
+    t.spent_elsewhere("k1", "p", 2_000).await;
+    assert!(std::sync::Arc::ptr_eq(
+        &limited,
+        &keys.authenticate(&headers).unwrap()
+    ));
+    t.run(T::RevokeKey {
+        key_id: "k1".into(),
+        by: "ops".into(),
+    })
+    .await;
+    assert!(keys.authenticate(&headers).is_err());
+}
+
+#[tokio::test]
 async fn a_team_limit_counts_every_key_of_the_team_and_says_so() {
     let mut t = Tenants::new().await;
     t.project("q").await;
