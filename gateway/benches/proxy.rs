@@ -470,10 +470,10 @@ impl Drop for Served {
         drop(self.child.stdin.take());
         let (exited, exit) = std::sync::mpsc::channel::<()>();
         let pid = self.child.id().to_string();
+        // Under a tool, its exit (which writes the tool's figures) is slow.
+        let grace = Duration::from_secs(if wrapper().is_some() { 300 } else { 5 });
         let watchdog = std::thread::spawn(move || {
-            if exit.recv_timeout(Duration::from_secs(5))
-                == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-            {
+            if exit.recv_timeout(grace) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
                 let _ = std::process::Command::new("kill")
                     .args(["-KILL", &pid])
                     .status();
@@ -485,9 +485,27 @@ impl Drop for Served {
     }
 }
 
+/// `LLMGW_BENCH_WRAP`: a command line (split at spaces) the `--serve`
+/// process runs under, such as `valgrind --tool=callgrind`: instructions
+/// a request, which this VM's missing hardware counters cannot count, are
+/// steadier than its timings.
+fn wrapper() -> Option<Vec<String>> {
+    let wrap = std::env::var("LLMGW_BENCH_WRAP").ok()?;
+    let words: Vec<String> = wrap.split_whitespace().map(str::to_owned).collect();
+    (!words.is_empty()).then_some(words)
+}
+
 fn served(up: SocketAddr, logged: bool) -> Served {
     use std::io::BufRead;
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    let this = std::env::current_exe().unwrap();
+    let mut command = match wrapper() {
+        Some(words) => {
+            let mut c = std::process::Command::new(&words[0]);
+            c.args(&words[1..]).arg(this);
+            c
+        }
+        None => std::process::Command::new(this),
+    };
     command.args(["--serve", &up.to_string()]);
     if logged {
         command.arg("--logged");

@@ -4,15 +4,14 @@
 //! same answer, so a caller learns nothing about which keys exist. The key
 //! decides the band, and its composed allowlist which models it can see.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::HeaderMap;
 use llmgw_projections::{KeyEntry, Projections};
 use sha2::{Digest, Sha256};
 
-use crate::ApiError;
 use crate::unflushed::Unflushed;
+use crate::{ApiError, FastMap};
 
 /// Where keys are looked up: the tenancy view kept by a projection runner.
 #[derive(Debug, Clone)]
@@ -34,7 +33,7 @@ pub struct KeyDirectory {
 struct Composed {
     revision: u64,
     /// By the SHA-256 of the key: a hit needs no hex string.
-    keys: HashMap<[u8; 32], Arc<KeyEntry>>,
+    keys: FastMap<[u8; 32], Arc<KeyEntry>>,
 }
 
 impl KeyDirectory {

@@ -7,13 +7,15 @@
 //! usage view the log builds (so every gateway's spend counts, a moment
 //! late); [`blocking_budget`] is the pure rule.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use llmgw_domain::catalog::Price;
 use llmgw_domain::tenancy::{BudgetLevel, RateLevel, Scope};
 use tokio::time::Instant;
+
+use crate::FastMap;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -179,11 +181,11 @@ impl Charge {
 /// The windows of every level that limits rates, last minute each.
 #[derive(Debug, Default)]
 pub struct RateLimits {
-    windows: Mutex<HashMap<Scope, HashMap<String, Window>>>,
+    windows: Mutex<FastMap<Scope, FastMap<String, Window>>>,
 }
 
 impl RateLimits {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Scope, HashMap<String, Window>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<Scope, FastMap<String, Window>>> {
         self.windows.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -250,7 +252,7 @@ impl RateLimits {
 }
 
 fn window<'a>(
-    windows: &'a mut HashMap<Scope, HashMap<String, Window>>,
+    windows: &'a mut FastMap<Scope, FastMap<String, Window>>,
     scope: Scope,
     id: &str,
 ) -> &'a mut Window {

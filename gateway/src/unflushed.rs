@@ -10,12 +10,14 @@
 //! batch retried after an unanswered commit is the same batch, with the
 //! same last request, so it too is counted once, whichever answer came.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llmgw_domain::tenancy::{BudgetLevel, Period, Scope};
 use llmgw_domain::usage::period_start;
 use llmgw_projections::KeyEntry;
+
+use crate::FastMap;
 
 /// What one finished request costs the budgets over its key, in the
 /// periods its time falls in.
@@ -68,7 +70,7 @@ impl Spending {
 /// period's start). Keyed by the id as a `String` so that a lookup by
 /// `&str` allocates nothing.
 #[derive(Debug, Default)]
-struct Tally(HashMap<String, Vec<(Scope, Period, i64, u64)>>);
+struct Tally(FastMap<String, Vec<(Scope, Period, i64, u64)>>);
 
 impl Tally {
     fn add(&mut self, s: &Spending) {

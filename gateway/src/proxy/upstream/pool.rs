@@ -18,7 +18,6 @@
 //! relay) leaves its connection in the pool if the rest of it had already
 //! come.
 
-use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +36,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::{Connector, Error};
+use crate::FastMap;
 
 /// How long an idle connection is kept: reqwest's default, which the hop
 /// had before it had its own client.
@@ -64,7 +64,7 @@ impl Conn {
 
 /// Idle connections by engine address, oldest first.
 pub(super) struct Pool {
-    idle: Mutex<HashMap<Authority, Vec<(Conn, Instant)>>>,
+    idle: Mutex<FastMap<Authority, Vec<(Conn, Instant)>>>,
     connector: Connector,
     sweeping: AtomicBool,
 }
@@ -78,13 +78,13 @@ impl std::fmt::Debug for Pool {
 impl Pool {
     pub(super) fn new(connector: Connector) -> Arc<Self> {
         Arc::new(Pool {
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::default(),
             connector,
             sweeping: AtomicBool::new(false),
         })
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<Authority, Vec<(Conn, Instant)>>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, FastMap<Authority, Vec<(Conn, Instant)>>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
