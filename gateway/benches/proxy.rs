@@ -12,7 +12,9 @@
 //! are processes of their own, so for that table llmgw is too: this
 //! program run as `--serve UPSTREAM` (its gateways, store, views, batcher
 //! and the relay), so that no router shares the client's threads and none
-//! gets more of the machine's scheduler than another.
+//! gets more of the machine's scheduler than another. With `--binary
+//! PATH`, llmgw as shipped takes the row of llmgw with auth, limits and
+//! usage (its own build, as the peers are theirs).
 //! `-- --profile SECONDS`: only the `--serve` process, saturated with
 //! auth, limits and usage for that long (with `--off` too, the all-off
 //! gateway instead; with `--keys`, auth and limits without usage); its
@@ -342,7 +344,9 @@ struct Args {
     logged: bool,
     /// Only time the access line's formatting.
     lines: bool,
-    /// `--profile` this llmgw binary instead ([`shipped`]).
+    /// `--profile` this llmgw binary instead ([`shipped`]); with
+    /// `--peers`, side by side with them in place of the bench's own
+    /// gateway with auth, limits and usage.
     binary: Option<String>,
 }
 
@@ -545,9 +549,9 @@ fn main() {
     if args.lines {
         return lines::run();
     }
-    if args.binary.is_some() && (args.profile.is_none() || args.off || args.keys) {
+    if args.binary.is_some() && (args.profile.is_none() && !args.peers || args.off || args.keys) {
         eprintln!(
-            "--binary measures the binary with keys on, in a --profile mode: not with --off or --keys, nor without --profile"
+            "--binary measures the binary with keys on, in a --profile mode or with --peers: not with --off or --keys, nor without either"
         );
         std::process::exit(2);
     }
@@ -630,7 +634,14 @@ fn main() {
         if args.peers {
             let running = peers::start(&venv, up, &client, &body(false)).await;
             let child = served(up, args.logged);
-            side_by_side(&client, &direct, &child, &running).await;
+            let binary = args.binary.as_deref().map(|b| shipped::start(b, up, args.logged));
+            if let Some(b) = &binary {
+                // Every request now presents the binary's key: the
+                // bench's own gateway with keys would refuse it.
+                KEY.set(b.key.clone()).unwrap();
+            }
+            let ours = binary.as_ref().map(|b| b.url.as_str());
+            side_by_side(&client, &direct, &child, ours, &running).await;
         } else {
             println!("(`-- --peers` also runs SGLang Model Gateway and vllm-router, installed into {})", venv.display());
         }
@@ -707,11 +718,16 @@ async fn side_by_side(
     client: &reqwest::Client,
     direct: &str,
     served: &Served,
+    binary: Option<&str>,
     running: &[peers::Peer],
 ) {
+    let ours = match binary {
+        Some(url) => ("llmgw binary, auth+limits+usage".into(), url),
+        None => ("llmgw, auth+limits+usage".into(), served.tenanted.as_str()),
+    };
     let mut targets: Vec<(String, &str)> = vec![
         ("direct".into(), direct),
-        ("llmgw, auth+limits+usage".into(), &served.tenanted),
+        ours,
         ("llmgw, all off".into(), &served.off),
     ];
     println!("load before the side by side: {}", uptime());
