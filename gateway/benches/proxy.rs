@@ -31,6 +31,8 @@
 //! binary run with `RUST_LOG=warn`. With `LLMGW_LOG_FORMAT=json` set, the
 //! lines are JSON, as the binary writes them then.
 //! `-- --lines`: only what one access line costs to format ([`lines`]).
+//! `-- --key-lookups`: only what finding a request's key costs, from the
+//! key cache and composed again ([`key_lookups`]).
 
 #![allow(
     clippy::unwrap_used,
@@ -48,6 +50,8 @@ use futures_util::StreamExt;
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
 use serde_json::json;
 
+#[path = "proxy/key_lookups.rs"]
+mod key_lookups;
 #[path = "proxy/lines.rs"]
 mod lines;
 #[path = "proxy/peers.rs"]
@@ -344,6 +348,8 @@ struct Args {
     logged: bool,
     /// Only time the access line's formatting.
     lines: bool,
+    /// Only time a key's lookup, from the cache and composed again.
+    key_lookups: bool,
     /// `--profile` this llmgw binary instead ([`shipped`]); with
     /// `--peers`, side by side with them in place of the bench's own
     /// gateway with auth, limits and usage.
@@ -360,6 +366,7 @@ fn args() -> Args {
             "--keys" => a.keys = true,
             "--logged" => a.logged = true,
             "--lines" => a.lines = true,
+            "--key-lookups" => a.key_lookups = true,
             "--rate" => a.rate = it.next().and_then(|s| s.parse().ok()),
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
@@ -549,6 +556,10 @@ fn main() {
     if args.lines {
         return lines::run();
     }
+    if args.key_lookups {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        return rt.block_on(key_lookups::run());
+    }
     if args.binary.is_some() && (args.profile.is_none() && !args.peers || args.off || args.keys) {
         eprintln!(
             "--binary measures the binary with keys on, in a --profile mode or with --peers: not with --off or --keys, nor without either"
@@ -642,6 +653,11 @@ fn main() {
             }
             let ours = binary.as_ref().map(|b| b.url.as_str());
             side_by_side(&client, &direct, &child, ours, &running).await;
+            if binary.is_some() {
+                // The rest measures the bench's own gateways, and the one
+                // with keys refuses the binary's key.
+                return;
+            }
         } else {
             println!("(`-- --peers` also runs SGLang Model Gateway and vllm-router, installed into {})", venv.display());
         }
