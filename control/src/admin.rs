@@ -446,12 +446,7 @@ async fn add_model(
     body: axum::body::Bytes,
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
-    let model: Model = serde_json::from_slice(&body).map_err(|e| {
-        AdminError(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not a model: {e}"),
-        )
-    })?;
+    let model = model_of(&body)?;
     from_config_file(&cp, &model.name, "changed")?;
     let exists = cp
         .views
@@ -473,6 +468,30 @@ async fn add_model(
         )
     };
     change(&cp, &origin, vec![Command::Catalog(command)], &done).await
+}
+
+/// The model a body describes. A key the model does not have is refused,
+/// as the configuration file refuses it: skipped, a misspelt `scaling` or
+/// `gpu_class` would leave its default in place and report success.
+fn model_of(body: &[u8]) -> std::result::Result<Model, AdminError> {
+    let bad = |why: String| AdminError(StatusCode::BAD_REQUEST, why);
+    let mut unknown = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let model: Model = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
+        .and_then(|m| de.end().map(|()| m))
+        .map_err(|e| bad(format!("the body is not a model: {e}")))?;
+    if let Some(path) = unknown.first() {
+        let (at, key) = path.rsplit_once('.').unwrap_or(("", path));
+        let whence = if at.is_empty() {
+            String::new()
+        } else {
+            format!(" in {at}")
+        };
+        return Err(bad(format!(
+            "the model has a key llmgw does not know: `{key}`{whence}"
+        )));
+    }
+    Ok(model)
 }
 
 /// The configuration file's models are applied again whenever a server

@@ -241,6 +241,7 @@ impl Catalog {
                 let mut names = BTreeSet::new();
                 let mut events = Vec::new();
                 for model in models {
+                    refuse_unhonoured(&model)?;
                     if !names.insert(model.name.clone()) {
                         return Err(Rejection::invalid(format!(
                             "model {} is listed twice",
@@ -259,6 +260,7 @@ impl Catalog {
                 return Ok(events);
             }
             CatalogCommand::AddModel(model) => {
+                refuse_unhonoured(&model)?;
                 if self.models.contains_key(&model.name) {
                     return Err(Rejection::conflict(format!(
                         "model {} already exists; update it instead",
@@ -267,16 +269,19 @@ impl Catalog {
                 }
                 CatalogEvent::ModelAdded { model }
             }
-            CatalogCommand::UpdateModel(model) => match self.models.get(&model.name) {
-                None => {
-                    return Err(Rejection::not_found(format!(
-                        "no model named {}",
-                        model.name
-                    )));
+            CatalogCommand::UpdateModel(model) => {
+                refuse_unhonoured(&model)?;
+                match self.models.get(&model.name) {
+                    None => {
+                        return Err(Rejection::not_found(format!(
+                            "no model named {}",
+                            model.name
+                        )));
+                    }
+                    Some(current) if *current == model => return Ok(Vec::new()),
+                    Some(_) => CatalogEvent::ModelUpdated { model },
                 }
-                Some(current) if *current == model => return Ok(Vec::new()),
-                Some(_) => CatalogEvent::ModelUpdated { model },
-            },
+            }
             CatalogCommand::RemoveModel { name } => {
                 if !self.models.contains_key(&name) {
                     return Err(Rejection::not_found(format!("no model named {name}")));
@@ -390,6 +395,20 @@ fn valid_name(s: &str) -> bool {
         && s.len() <= 128
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "._-:/@".contains(c))
+}
+
+/// What a model given now may not carry: a field the log's format keeps
+/// (the original product named it, and older logs may hold it) that
+/// nothing acts on. Refused here rather than in [`Catalog::validate`], so
+/// that a catalog already holding one still takes other changes.
+fn refuse_unhonoured(m: &Model) -> Result<(), Rejection> {
+    if let Some(p) = &m.routing_profile {
+        return Err(Rejection::invalid(format!(
+            "model {}: routing_profile {p:?} is not supported: every model is routed alike (by load, session and prefix); remove it",
+            m.name
+        )));
+    }
+    Ok(())
 }
 
 fn validate_model(m: &Model) -> Result<(), Rejection> {

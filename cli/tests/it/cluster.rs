@@ -932,6 +932,22 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     std::fs::write(&bad, "name: broken\nscaling: {min: 3, max: 1}\n").unwrap();
     let (ok, _, err) = ctl(admin, &["model", "add", bad.to_str().unwrap()]);
     assert!(!ok && err.contains("scaling min 3 exceeds max 1"), "{err}");
+    // A misspelt key would leave its default in place: refused, as the
+    // configuration file refuses it, and so is a setting nothing honours.
+    std::fs::write(&bad, "name: typo\nscalling: {min: 0, max: 1}\n").unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("does not know: `scalling`"), "{err}");
+    std::fs::write(&bad, "name: typo\nscaling: {min: 0, max: 1, mni: 2}\n").unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", bad.to_str().unwrap()]);
+    assert!(!ok && err.contains("`mni` in scaling"), "{err}");
+    std::fs::write(&bad, "name: typo\nrouting_profile: batch\n").unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", bad.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("routing_profile \"batch\" is not supported"),
+        "{err}"
+    );
+    let (_, models, _) = ctl(admin, &["models"]);
+    assert!(!models.contains("typo"), "{models}");
     // The file's models come back whenever a server takes office: a
     // change through ctl would silently not last, so it is refused.
     let (ok, _, err) = ctl(admin, &["model", "remove", "chat"]);

@@ -1782,6 +1782,11 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             "fallback nope",
         ),
         (
+            good.replace("fallbacks: [qwen-0.5b]", "routing_profile: batch"),
+            vec![],
+            "routing_profile \"batch\" is not supported",
+        ),
+        (
             good.clone(),
             vec![("LLMGW_CONTROL__PORT_RANGE", "[9, 1]")],
             "port_range",

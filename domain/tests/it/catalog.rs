@@ -244,3 +244,27 @@ fn a_configuration_file_applies_whole_with_references_in_any_order() {
         .contains("nobody")
     );
 }
+
+#[test]
+fn a_routing_profile_is_refused_rather_than_ignored() {
+    let mut m = model("chat-8b");
+    m.routing_profile = Some("chat".into());
+    let why = "routing_profile \"chat\" is not supported";
+    let empty = Catalog::default();
+    assert!(reason(&empty, CatalogCommand::AddModel(m.clone())).contains(why));
+    assert!(reason(&empty, CatalogCommand::ApplyModels(vec![m.clone()])).contains(why));
+    let c = with(vec![model("chat-8b")]);
+    assert!(reason(&c, CatalogCommand::UpdateModel(m)).contains(why));
+
+    // A catalog whose history holds one still takes other changes.
+    let mut old = model("old-8b");
+    old.routing_profile = Some("batch".into());
+    let mut c = Catalog::default();
+    c.evolve(&CatalogEvent::ModelAdded { model: old });
+    assert_eq!(
+        c.decide(CatalogCommand::AddModel(model("new-8b")))
+            .unwrap()
+            .len(),
+        1
+    );
+}
