@@ -117,6 +117,17 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     a.no_nvml.get_or_insert(false);
     a.work_dir
         .get_or_insert_with(|| "/var/lib/llmgw-agent".into());
+    // A cache named outright must be usable: without one nothing remote
+    // is fetched. The default may not be (an agent run by a person); then
+    // fetching is off, and the start says so.
+    if let Some(dir) = &a.cache_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            ConfigError(format!(
+                "--cache-dir {}: cannot create it: {e}",
+                dir.display()
+            ))
+        })?;
+    }
     a.cache_dir
         .get_or_insert_with(|| "/var/lib/llmgw-weights".into());
     a.stop_timeout_s.get_or_insert(30.0);

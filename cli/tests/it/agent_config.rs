@@ -155,7 +155,9 @@ fn check_refuses_what_the_start_would() {
     std::fs::write(&pem, "").unwrap();
     let pem = pem.to_str().unwrap();
     let server = ["--server", "127.0.0.1:7443"];
-    let cases: [(&[&str], &str); 5] = [
+    // Under a file, no directory can be made, even by root.
+    let blocked = format!("{pem}/weights");
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--heartbeat-s", "0"],
             "--heartbeat-s must be a positive number",
@@ -181,6 +183,10 @@ fn check_refuses_what_the_start_would() {
         (
             &["--skip-gpus", "--nvidia-smi", "/opt/bin/nvidia-smi"],
             "--nvidia-smi says how to find GPUs, and --skip-gpus reports none",
+        ),
+        (
+            &["--cache-dir", &blocked],
+            "x.pem/weights: cannot create it",
         ),
     ];
     for (args, says) in cases {
