@@ -33,7 +33,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 100)]
     slo_itl_p99: u64,
     /// The highest concurrency tried (levels double from 1 up to it).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     max_concurrency: u32,
     /// How long each level runs (`500ms`, `10s`, `1m`).
     #[arg(long, default_value = "10s", conflicts_with = "requests")]
@@ -279,7 +279,7 @@ pub(crate) async fn run(json_out: bool, args: BenchArgs) -> anyhow::Result<Outco
         .context("building the HTTP client")?;
     let mut done: Vec<Level> = Vec::new();
     let mut out = std::io::stdout().lock();
-    for c in levels(args.max_concurrency.max(1)) {
+    for c in levels(args.max_concurrency) {
         let (mut l, first_error) = level(&http, &args, c, duration).await;
         l.broke = verdict(
             &l,

@@ -63,6 +63,22 @@ pub(crate) enum CtlCommand {
     },
 }
 
+impl CtlArgs {
+    /// Why `--admin` means nothing to this command, for those that never
+    /// ask a server's admin API: given on the command line, it would be
+    /// silently ignored, so it is refused.
+    pub(crate) fn ignores_admin(&self) -> Option<&'static str> {
+        match self.command {
+            CtlCommand::Cert(_) => Some("cert writes files here and asks no server"),
+            CtlCommand::ToolCheck(_) | CtlCommand::Bench(_) => {
+                Some("it sends its requests to the gateway's OpenAI API: use --url")
+            }
+            CtlCommand::EngineCheck { .. } => Some("engine-check asks the engine, not a server"),
+            CtlCommand::Cluster(_) | CtlCommand::Plan(_) => None,
+        }
+    }
+}
+
 /// The binary asked when none is given: what the agent would run.
 fn default_bin(engine: &str) -> anyhow::Result<PathBuf> {
     Ok(match engine {
@@ -147,25 +163,41 @@ pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
     let used = check::flags_used(e);
     let missing = check::missing(&used, &help);
     let mut out = std::io::stdout().lock();
-    let mut t = Table::new(vec!["FLAG", "IN HELP"]);
-    for f in &used {
-        t.row(vec![
-            f.clone(),
-            if missing.contains(f) {
-                "MISSING".into()
-            } else {
-                "yes".into()
-            },
-        ]);
+    if args.json {
+        let flags: Vec<_> = used
+            .iter()
+            .map(|f| serde_json::json!({"flag": f, "in_help": !missing.contains(f)}))
+            .collect();
+        crate::output::json_line(
+            &mut out,
+            &serde_json::json!({
+                "engine": engine,
+                "flags": flags,
+                "found": used.len() - missing.len(),
+                "help_lines": help.lines().count(),
+            }),
+        )?;
+    } else {
+        let mut t = Table::new(vec!["FLAG", "IN HELP"]);
+        for f in &used {
+            t.row(vec![
+                f.clone(),
+                if missing.contains(f) {
+                    "MISSING".into()
+                } else {
+                    "yes".into()
+                },
+            ]);
+        }
+        t.print(&mut out)?;
+        writeln!(
+            out,
+            "{} of {} flags found ({} help lines read)",
+            used.len() - missing.len(),
+            used.len(),
+            help.lines().count()
+        )?;
     }
-    t.print(&mut out)?;
-    writeln!(
-        out,
-        "{} of {} flags found ({} help lines read)",
-        used.len() - missing.len(),
-        used.len(),
-        help.lines().count()
-    )?;
     Ok(if missing.is_empty() {
         Outcome::Ok
     } else {

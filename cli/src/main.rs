@@ -174,6 +174,16 @@ fn main() -> ExitCode {
         eprintln!("error: --store does not apply here: {why}");
         return ExitCode::from(2);
     }
+    if let Command::Ctl(c) = &cli.command
+        && let Some(why) = c.ignores_admin()
+        && matches
+            .subcommand_matches("ctl")
+            .and_then(|m| m.value_source("admin"))
+            == Some(clap::parser::ValueSource::CommandLine)
+    {
+        eprintln!("error: --admin does not apply here: {why}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -209,6 +209,17 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         )));
     }
     gateway.endpoints = endpoints;
+    // The file's lists obey the flag's rule: a model, and others to try.
+    for (model, list) in &file.fallbacks {
+        if model.trim().is_empty()
+            || list.is_empty()
+            || list.iter().any(|f| f.trim().is_empty() || f == model)
+        {
+            return Err(ConfigError(format!(
+                "fallbacks: {model:?}: name a model and at least one other model to fall back to"
+            )));
+        }
+    }
     gateway.fallbacks = file.fallbacks.clone();
     gateway.fallbacks.extend(a.fallbacks);
     gateway.default_price = file.auth.default_price.unwrap_or_default();

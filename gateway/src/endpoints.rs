@@ -128,7 +128,10 @@ impl std::str::FromStr for EndpointSpec {
                         .filter(|w| *w > 0)
                         .ok_or(format!("{s:?}: weight must be positive"))?
                 }
-                "priority" => spec.priority = num(v)? as i32,
+                "priority" => {
+                    spec.priority = i32::try_from(num(v)?)
+                        .map_err(|_| format!("{s:?}: priority must fit 32 bits"))?
+                }
                 "pool" => spec.pool = v.to_owned(),
                 "key_env" | "key_file" => {
                     if spec.api_key.is_some() {
@@ -557,6 +560,8 @@ mod tests {
         for bad in ["a=http://x", "=http://x=m", "a=ftp://x=m", "a=http://x="] {
             assert!(bad.parse::<EndpointSpec>().is_err(), "{bad}");
         }
+        let e: EndpointSpec = "a=http://x=m;priority=-2147483648".parse().unwrap();
+        assert_eq!(e.priority, i32::MIN);
         let e: EndpointSpec =
             "a=http://x=m;kv_events=tcp://x:5557;kv_replay=tcp://x:5558;tokenizer=sim"
                 .parse()
@@ -576,6 +581,11 @@ mod tests {
                 "a=http://x=m;kv_replay=tcp://x:5558",
                 "kv_events, which is not set",
             ),
+            (
+                "a=http://x=m;priority=4294967297",
+                "priority must fit 32 bits",
+            ),
+            ("a=http://x=m;weight=0", "weight must be positive"),
         ] {
             let e = bad.parse::<EndpointSpec>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");

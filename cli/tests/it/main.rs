@@ -1436,6 +1436,23 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
         "a longer flag is not the flag: {text}"
     );
     assert!(text.contains("7 of 8 flags found"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["ctl", "engine-check", "llamacpp", "--json", "--help-output"])
+        .arg(&help)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("--json prints one document");
+    assert_eq!(
+        (v["engine"].as_str(), v["found"].as_u64()),
+        (Some("llamacpp"), Some(7))
+    );
+    let jinja = v["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["flag"] == "--jinja");
+    assert_eq!(jinja.unwrap()["in_help"], false, "{v}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("does not document --help itself"),
         "a help text without --help may be cut short"
@@ -1795,6 +1812,16 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             format!("{good}\nlisten_typo: 1\n"),
             vec![],
             "unknown field `listen_typo`",
+        ),
+        (
+            format!("{good}\nfallbacks: {{qwen-0.5b: []}}\n"),
+            vec![],
+            "fallbacks: \"qwen-0.5b\": name a model and at least one other",
+        ),
+        (
+            format!("{good}\nfallbacks: {{qwen-0.5b: [qwen-0.5b]}}\n"),
+            vec![],
+            "fallbacks: \"qwen-0.5b\": name a model and at least one other",
         ),
         // Anchors: a sink with no cadence, a zero cadence, a sink nowhere,
         // and a key that is missing or has nothing to sign.

@@ -96,3 +96,55 @@ fn store_is_refused_where_it_would_be_ignored() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("--store"), "{err}");
 }
+
+/// The ctl commands that ask no server refuse `--admin` on their command
+/// line instead of ignoring it; the variable stays ambient. A bench of no
+/// concurrency is refused rather than run at one.
+#[test]
+fn admin_is_refused_where_it_would_be_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = dir.path().join("help.txt");
+    std::fs::write(&help, "--help\n").unwrap();
+    let help = help.to_str().unwrap();
+    let cases: [&[&str]; 3] = [
+        &[
+            "ctl",
+            "--admin",
+            "http://10.0.0.1:9090",
+            "engine-check",
+            "sim",
+            "--help-output",
+            help,
+        ],
+        &["ctl", "tool-check", "m", "--admin", "http://10.0.0.1:9090"],
+        &[
+            "ctl",
+            "--admin",
+            "http://10.0.0.1:9090",
+            "cert",
+            "init-ca",
+            "--dir",
+            "x",
+        ],
+    ];
+    for args in cases {
+        let out = llmgw(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("--admin does not apply here"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env("LLMGW_ADMIN", "http://10.0.0.1:9090")
+        .args(["ctl", "engine-check", "sim", "--help-output", help])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("--admin"), "{err}");
+    let out = llmgw(&["ctl", "bench", "m", "--max-concurrency", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--max-concurrency"), "{err}");
+}
