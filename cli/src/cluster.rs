@@ -144,6 +144,21 @@ impl Admin {
         }
     }
 
+    /// Sends every request as `operator`'s one command, so that what it
+    /// changes is recorded as theirs (as keys and users record theirs),
+    /// not as the admin API's.
+    fn by(base: &str, operator: &llmgw_decider::Origin) -> anyhow::Result<Admin> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(api::ACTOR_HEADER, operator.actor.name().parse()?);
+        headers.insert(api::COMMAND_HEADER, operator.command_id.parse()?);
+        Ok(Admin {
+            base: base.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()?,
+        })
+    }
+
     async fn answer<T: DeserializeOwned>(&self, r: reqwest::RequestBuilder) -> anyhow::Result<T> {
         let resp = r.send().await.with_context(|| {
             format!(
@@ -194,8 +209,13 @@ fn yes(b: bool, word: &str) -> String {
     if b { word.to_owned() } else { String::new() }
 }
 
-pub(crate) async fn run(admin: &str, json: bool, cmd: ClusterCommand) -> anyhow::Result<Outcome> {
-    let a = Admin::new(admin);
+pub(crate) async fn run(
+    admin: &str,
+    operator: Option<String>,
+    json: bool,
+    cmd: ClusterCommand,
+) -> anyhow::Result<Outcome> {
+    let a = Admin::by(admin, &llmgw_decider::Origin::operator_from_env(operator))?;
     let mut out = std::io::stdout().lock();
     match cmd {
         ClusterCommand::Nodes => {

@@ -22,6 +22,9 @@ pub(crate) struct CtlArgs {
     /// One JSON document instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// The operator the log names for a change (default: the OS user).
+    #[arg(long = "as", global = true, value_name = "NAME")]
+    as_name: Option<String>,
     #[command(subcommand)]
     command: CtlCommand,
 }
@@ -102,7 +105,9 @@ fn help_args(engine: &str) -> &'static [&'static str] {
 
 pub(crate) async fn run(args: CtlArgs) -> anyhow::Result<Outcome> {
     let (engine, bin, help_output) = match args.command {
-        CtlCommand::Cluster(c) => return crate::cluster::run(&args.admin, args.json, c).await,
+        CtlCommand::Cluster(c) => {
+            return crate::cluster::run(&args.admin, args.as_name, args.json, c).await;
+        }
         CtlCommand::Cert(c) => return crate::cert::run(c, args.json),
         CtlCommand::Plan(p) => return crate::plan::run(&args.admin, args.json, p).await,
         CtlCommand::ToolCheck(t) => return crate::tool_check::run(args.json, t).await,

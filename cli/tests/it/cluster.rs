@@ -884,8 +884,25 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     assert_eq!(e["profiles"][0]["candidates"].as_array().unwrap().len(), 2);
     let (_, again, _) = ctl(admin, &["cordon", idle]);
     assert!(again.starts_with("nothing to change"), "{again}");
-    let (ok, _, _) = ctl(admin, &["uncordon", idle]);
+    let (ok, _, _) = ctl(admin, &["uncordon", idle, "--as", "carol"]);
     assert!(ok);
+    // A change made with ctl is recorded as its operator's, as a key is.
+    let history = super::ok(&store, &["events", "tail", "--limit", "200", "--json"]);
+    let actor_of = |kind: &str| {
+        super::json_lines(&history)
+            .into_iter()
+            .rfind(|e| e["event_type"] == kind)
+            .map(|e| e["metadata"]["actor"].clone())
+    };
+    assert_eq!(
+        actor_of("NodeUncordoned"),
+        Some(json!("carol")),
+        "{history}"
+    );
+    let user = std::env::var("USER").unwrap_or_default();
+    if !user.is_empty() {
+        assert_eq!(actor_of("NodeCordoned"), Some(json!(user)), "{history}");
+    }
 
     // A drain moves the replica to the other node, replacement first.
     let (ok, out, _) = ctl(admin, &["drain", &busy]);
