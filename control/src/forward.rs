@@ -146,7 +146,10 @@ pub async fn forward_writes(
     request: Request,
     next: Next,
 ) -> Response {
-    let read = matches!(*request.method(), Method::GET | Method::HEAD);
+    // A node's log comes over its agent's stream, which only the leader
+    // holds: that read is the leader's to answer too.
+    let read = matches!(*request.method(), Method::GET | Method::HEAD)
+        && request.uri().path() != "/api/v1/logs";
     if read || cp.is_leader() || request.headers().contains_key(api::FORWARDED_HEADER) {
         return next.run(request).await;
     }

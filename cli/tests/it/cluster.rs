@@ -1644,6 +1644,13 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
         "the leader started it for the standby's request"
     );
     assert_eq!(sweep.engines().len(), 1);
+    // A node's log comes over the stream the leader holds: asked of the
+    // standby, the leader answers it.
+    let (ok, lines, err) = ctl(&standby.admin, &["logs", "a", "--source", "agent"]);
+    assert!(
+        ok && lines.contains("connected to the control plane"),
+        "{lines}{err}"
+    );
 }
 
 /// A catalog that wants a replica and a cluster with no node yet: the
