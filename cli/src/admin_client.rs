@@ -20,7 +20,9 @@ use serde::de::DeserializeOwned;
 pub(crate) struct AdminArgs {
     /// A server's admin API; when none answers there, the command goes to
     /// the leader's recorded address, or is decided here, on --store,
-    /// under the append lease while no server leads.
+    /// under the append lease while no server leads. A --store given on
+    /// the command line (and no --admin there) sends the command to that
+    /// log that way, whatever answers here.
     #[arg(
         long,
         global = true,
@@ -127,11 +129,25 @@ pub(crate) fn say_forwarded(headers: &reqwest::header::HeaderMap, how: &str) {
     }
 }
 
+/// Which of `--store` and `--admin` the command line itself gave (not a
+/// variable, not the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Named {
+    pub store: bool,
+    pub admin: bool,
+}
+
 impl Api {
     /// `admin` when a server answers there (unless `offline`), else the
-    /// routes here over `store`.
-    pub(crate) async fn connect(store: &str, to: &AdminArgs) -> anyhow::Result<Api> {
+    /// routes here over `store`. A store the command line names, without
+    /// an admin address it names too, is where the command goes: through
+    /// that log's leader, or decided here while none leads. A server that
+    /// happens to answer at the default or ambient address keeps another
+    /// log, perhaps.
+    pub(crate) async fn connect(store: &str, to: &AdminArgs, named: Named) -> anyhow::Result<Api> {
+        let store_only = named.store && !named.admin;
         if !to.offline
+            && !store_only
             && let Some(http) = remote(&to.admin).await?
         {
             return Ok(Api::Remote {

@@ -171,8 +171,12 @@ pub(crate) enum KeysCommand {
 /// forgotten ones do not pile up.
 const DEFAULT_THREAD_HOURS: u32 = 168;
 
-pub(crate) async fn run(store: &str, args: KeysArgs) -> anyhow::Result<Outcome> {
-    let api = Api::connect(store, &args.to).await?;
+pub(crate) async fn run(
+    store: &str,
+    named: crate::admin_client::Named,
+    args: KeysArgs,
+) -> anyhow::Result<Outcome> {
+    let api = Api::connect(store, &args.to, named).await?;
     let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     use reqwest::Method;

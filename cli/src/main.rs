@@ -207,6 +207,15 @@ fn main() -> ExitCode {
             .value_source("store")
             .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue),
     };
+    // Where keys and users send a command depends on which of --store and
+    // --admin the command line itself gave.
+    let named = |command: &str| admin_client::Named {
+        store: matches.value_source("store") == Some(clap::parser::ValueSource::CommandLine),
+        admin: matches
+            .subcommand_matches(command)
+            .and_then(|m| m.value_source("admin"))
+            == Some(clap::parser::ValueSource::CommandLine),
+    };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Events(cmd) => events::run(&cli.store, cmd).await,
@@ -216,8 +225,8 @@ fn main() -> ExitCode {
             Command::Server(args) => server::run(&server_store, args).await,
             Command::Agent(cmd) => agent::run(cmd).await,
             Command::Ctl(cmd) => ctl::run(cmd).await,
-            Command::Keys(cmd) => keys::run(&cli.store, cmd).await,
-            Command::Users(cmd) => users::run(&cli.store, cmd).await,
+            Command::Keys(cmd) => keys::run(&cli.store, named("keys"), cmd).await,
+            Command::Users(cmd) => users::run(&cli.store, named("users"), cmd).await,
             Command::Up(args) => up::run(args).await,
             Command::Mirror(cmd) => mirror::run(cmd).await,
             Command::Completions(a) => shell::completions(Cli::command(), a),

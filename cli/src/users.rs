@@ -71,8 +71,12 @@ pub(crate) enum UsersCommand {
     },
 }
 
-pub(crate) async fn run(store: &str, args: UsersArgs) -> anyhow::Result<Outcome> {
-    let api = Api::connect(store, &args.to).await?;
+pub(crate) async fn run(
+    store: &str,
+    named: crate::admin_client::Named,
+    args: UsersArgs,
+) -> anyhow::Result<Outcome> {
+    let api = Api::connect(store, &args.to, named).await?;
     let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     let none: Option<&()> = None;

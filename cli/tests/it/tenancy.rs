@@ -781,6 +781,40 @@ async fn two_concurrent_creates_of_one_name_make_one_key() {
     );
 }
 
+/// `keys --store S` with a server answering at the ambient admin address
+/// (LLMGW_ADMIN, or the default) on another log: the key lands in S, not
+/// in that server's log. With --admin on the command line too, the server
+/// is asked, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_on_the_command_line_is_where_keys_go_whatever_answers_nearby() {
+    let stage = Stage::new();
+    let dir = tempfile::tempdir().unwrap();
+    let served = format!("sqlite://{}", dir.path().join("served.db").display());
+    let other = format!("sqlite://{}", dir.path().join("other.db").display());
+    let server = stage.start("near", &served, Mode::RouterOnly, "auth: true\n");
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    tree(&other, &closed);
+    let ambient = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env("LLMGW_ADMIN", &server.admin)
+            .args(["--store", other.as_str(), "keys"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let made = ambient(&["create", "--project", "p", "--name", "elsewhere"]);
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let listed = keys_ok(&other, &closed, &["list", "--json"]);
+    assert!(listed.contains("\"name\":\"elsewhere\""), "{listed}");
+    let near = keys_ok(&served, &server.admin, &["list", "--json"]);
+    assert!(!near.contains("elsewhere"), "{near}");
+}
+
 /// A setting a mode cannot honour stops the start with one line.
 #[test]
 fn settings_a_mode_cannot_honour_are_refused_at_start() {
