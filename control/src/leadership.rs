@@ -78,7 +78,24 @@ impl ControlPlane {
 
     pub(crate) async fn lead(self: Arc<Self>) {
         let ttl = self.config.lease_ttl;
+        // The epochs this process was granted: the store grants the lease
+        // again to any process under the holder's name, and only this
+        // process's own lease is its to take back before it runs out.
+        let mut granted = None;
+        let mut told = None;
         loop {
+            if let Some(epoch) = self.held_under_own_name(granted).await {
+                if told != Some(epoch) {
+                    told = Some(epoch);
+                    tracing::error!(
+                        instance = %self.config.instance,
+                        epoch,
+                        "another process holds the lease under this server's name: two servers share control.instance (give each its own), or this server's previous run has not yet let go; standing by until the lease runs out"
+                    );
+                }
+                self.wait_for_lease().await;
+                continue;
+            }
             let asked = tokio::time::Instant::now();
             let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
                 Ok(l) => l,
@@ -98,6 +115,7 @@ impl ControlPlane {
                 }
             };
             let token = lease.token.clone();
+            granted = Some(token.epoch);
             self.epoch_seen.fetch_max(token.epoch, Ordering::Relaxed);
             if let Err(e) = self.take_office(&token).await {
                 tracing::error!(error = %e, "could not take office; releasing the lease");
@@ -154,6 +172,20 @@ impl ControlPlane {
                 }
             }
         }
+    }
+
+    /// The epoch of a live lease held under this server's name that this
+    /// process was not granted (`granted` is the last it was): taking it
+    /// would depose that other process, which would take it back in turn,
+    /// for ever. None when the lease is free, another's, or this
+    /// process's own (and when the store cannot say: the attempt at the
+    /// lease meets the same error).
+    async fn held_under_own_name(&self, granted: Option<u64>) -> Option<u64> {
+        let info = self.store.lease_info().await.ok()?;
+        (info.held
+            && info.holder.as_deref() == Some(self.config.instance.as_str())
+            && granted != Some(info.epoch))
+        .then_some(info.epoch)
     }
 
     /// Until the next attempt at the lease: its poll, or sooner when an

@@ -150,3 +150,29 @@ async fn a_standbys_refusal_names_the_lease_epoch() {
         .and_then(|v| v.parse::<u64>().ok());
     assert_eq!(named, Some(epoch(&leader)), "{refused:?}");
 }
+
+/// Two servers given one `control.instance` (a copied configuration): the
+/// second does not take the lease under the first's name, which would
+/// depose the first, and the first it in turn, for ever; it stands by, and
+/// leads once the first has stepped down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_under_the_leaders_name_stands_by_instead_of_deposing_it() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let first = Server::start(&addr, fast("twin", vec![])).await;
+    first.wait_leader().await;
+    let e = epoch(&first);
+    let second = Server::start(&addr, fast("twin", vec![])).await;
+    // Long enough for the second's lease polls (every 50 ms) and two of
+    // the first's renewals (every second).
+    first.passes(25).await;
+    assert_eq!(
+        epoch(&first),
+        e,
+        "the first leads under its own epoch still"
+    );
+    assert!(second.cp.leadership().borrow().is_none());
+    assert_eq!(first.store.lease_info().await.unwrap().epoch, e);
+    first.stop().await;
+    second.wait_leader().await;
+    assert!(epoch(&second) > e);
+}
