@@ -146,10 +146,11 @@ pub async fn forward_writes(
     request: Request,
     next: Next,
 ) -> Response {
-    // A node's log comes over its agent's stream, which only the leader
-    // holds: that read is the leader's to answer too.
+    // Reads only the leader can answer: a node's log comes over its
+    // agent's stream, which the leader holds, and the engines in use are
+    // those of the leader's file.
     let read = matches!(*request.method(), Method::GET | Method::HEAD)
-        && request.uri().path() != "/api/v1/logs";
+        && !matches!(request.uri().path(), "/api/v1/logs" | "/api/v1/engines");
     if read || cp.is_leader() || request.headers().contains_key(api::FORWARDED_HEADER) {
         return next.run(request).await;
     }
@@ -157,6 +158,9 @@ pub async fn forward_writes(
         Ok(b) => b,
         Err(refused) => return refused,
     };
+    if let Some(refused) = own_file_model(&cp, &parts, &body) {
+        return refused.into_response();
+    }
     let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
     let deadline = tokio::time::Instant::now() + (cp.config.lease_ttl * 2).min(MAX_WAIT);
     let mut leadership = cp.leadership();
@@ -198,6 +202,46 @@ pub async fn forward_writes(
         // The handler refuses with the leader's name (or "not elected yet").
         None => next.run(rebuild()).await,
     }
+}
+
+/// A model change sent through this standby for a model its own
+/// configuration file defines: the leader checks its own file, but this
+/// server applies its file when it takes office, and the change would be
+/// undone then.
+fn own_file_model(
+    cp: &ControlPlane,
+    parts: &axum::http::request::Parts,
+    body: &[u8],
+) -> Option<AdminError> {
+    if parts.uri.path() != "/api/v1/models" {
+        return None;
+    }
+    let name = match parts.method {
+        Method::POST => serde_json::from_slice::<serde_json::Value>(body)
+            .ok()?
+            .get("name")?
+            .as_str()?
+            .to_owned(),
+        Method::DELETE => {
+            #[derive(serde::Deserialize)]
+            struct Named {
+                name: String,
+            }
+            axum::extract::Query::<Named>::try_from_uri(&parts.uri)
+                .ok()?
+                .0
+                .name
+        }
+        _ => return None,
+    };
+    cp.config.models.iter().any(|m| m.name == name).then(|| {
+        AdminError(
+            StatusCode::CONFLICT,
+            format!(
+                "model {name} is defined in this server's configuration file, which is applied whenever this server takes office: it cannot be changed with ctl; edit every server's file and restart them"
+            ),
+        )
+    })
 }
 
 /// The request's head and its whole body, which a forward sends again.

@@ -83,6 +83,7 @@ impl ControlPlane {
         // process's own lease is its to take back before it runs out.
         let mut granted = None;
         let mut told = None;
+        let mut compared = false;
         loop {
             if let Some(epoch) = self.held_under_own_name(granted).await {
                 if told != Some(epoch) {
@@ -104,6 +105,9 @@ impl ControlPlane {
                         && holder != self.config.instance
                     {
                         tracing::info!(leader = %holder, epoch, "standing by: another server leads");
+                    }
+                    if !std::mem::replace(&mut compared, true) {
+                        self.compare_file_with_catalog().await;
                     }
                     self.wait_for_lease().await;
                     continue;
@@ -170,6 +174,34 @@ impl ControlPlane {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A standby applies its own file's models when it takes office: a
+    /// model it defines otherwise than the catalog the leader keeps (or
+    /// that the catalog lacks) changes then, so it says so as it stands
+    /// by, naming them.
+    async fn compare_file_with_catalog(&self) {
+        let differ = self
+            .decider
+            .read(|state| {
+                self.config
+                    .models
+                    .iter()
+                    .filter(|m| state.catalog.models.get(&m.name) != Some(*m))
+                    .map(|m| m.name.clone())
+                    .collect::<Vec<_>>()
+            })
+            .await;
+        match differ {
+            Ok(differ) if !differ.is_empty() => tracing::warn!(
+                models = %differ.join(", "),
+                "this server's configuration file defines models otherwise than the catalog the leader keeps: they will change when this server takes office; keep every server's models alike"
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not compare this server's models with the catalog")
             }
         }
     }

@@ -1653,6 +1653,46 @@ async fn an_on_demand_request_at_the_standby_starts_the_model_on_the_leader() {
     );
 }
 
+/// A standby whose own file defines a model refuses to send a change of
+/// it on to the leader (whose file does not): the change would be undone
+/// when the standby takes office. Other models go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_refuses_ctl_changes_to_a_model_its_own_file_defines() {
+    let db = llmgw_testkit::TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let leader = start_server(&server_yaml(dir.path(), "plain", &db.url, free_port(), 0));
+    until("the first server leads", || async {
+        (get(format!("{}/api/v1/leader", leader.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let standby = start_server(&server_yaml(dir.path(), "filed", &db.url, free_port(), 1));
+    // As it stands by, it says which of its models would change when it
+    // takes office.
+    let said = super::Child::expect(&standby.child.stderr, "defines models otherwise");
+    assert!(said.contains("chat"), "{said}");
+    let chat = dir.path().join("chat.yaml");
+    std::fs::write(&chat, model_yaml(0)).unwrap();
+    let (ok, _, err) = ctl(&standby.admin, &["model", "add", chat.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("defined in this server's configuration file"),
+        "{err}"
+    );
+    let (ok, _, err) = ctl(&standby.admin, &["model", "remove", "chat"]);
+    assert!(
+        !ok && err.contains("defined in this server's configuration file"),
+        "{err}"
+    );
+    let other = dir.path().join("other.yaml");
+    std::fs::write(&other, model_yaml(0).replace("name: chat", "name: other")).unwrap();
+    let (ok, _, err) = ctl(&standby.admin, &["model", "add", other.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (_, models, _) = ctl(&leader.admin, &["models"]);
+    assert!(
+        models.contains("other") && !models.contains("chat"),
+        "{models}"
+    );
+}
+
 /// A catalog that wants a replica and a cluster with no node yet: the
 /// status says so in one consistent summary, counting what waits for a
 /// place.
