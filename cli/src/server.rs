@@ -51,7 +51,8 @@ pub(crate) struct ServerArgs {
     auth: Option<bool>,
     /// Append a usage record per request to the event log at --store
     /// (batched, off the request path; a full queue drops and counts).
-    /// `false` turns off what the file turns on (keys still record).
+    /// `false` turns off what the file turns on; refused with keys on
+    /// (they always record).
     #[arg(long, env = "LLMGW_RECORD_USAGE", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     record_usage: Option<bool>,
     /// On SIGTERM or SIGINT, how long requests and streams in flight get
@@ -151,7 +152,13 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     }
     // A flag or its variable wins over the file, both ways.
     let auth = a.auth.unwrap_or(file.auth.enabled);
-    // Budgets are spent by usage records: with keys on, usage is recorded.
+    // Budgets are spent by usage records: with keys on, usage is recorded,
+    // and a flag or variable that says not to is refused.
+    if auth && a.record_usage == Some(false) {
+        return Err(ConfigError(
+            "--record-usage false (or LLMGW_RECORD_USAGE=false) with keys on: usage is always recorded then, since budgets are spent from it; leave it out".into(),
+        ));
+    }
     let record_usage = auth || a.record_usage.unwrap_or(file.record_usage);
     let usage = crate::serve::UsageSettings {
         flush: match &file.auth.flush_interval {

@@ -964,6 +964,13 @@ fn a_flag_or_its_variable_wins_over_the_file_both_ways() {
         "{out}"
     );
 
+    // With keys on usage is always recorded: saying not to is refused.
+    let (code, out) = check_with(keyed, &[("LLMGW_RECORD_USAGE", "false")], &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("usage is always recorded then"), "{out}");
+    let (code, out) = check_with(keyed, &[], &["--record-usage=false", "--auth=false"]);
+    assert_eq!(code, Some(0), "keys off, nothing recorded: {out}");
+
     let (code, out) = check_with(
         "router: {prefix: {enabled: false}}\n",
         &[],
