@@ -51,6 +51,15 @@ pub(crate) enum KeysCommand {
         /// The project's id, in the team.
         #[arg(long)]
         project: String,
+        /// The org's display name, given when it is made (its id without).
+        #[arg(long, value_name = "NAME")]
+        org_name: Option<String>,
+        /// The team's display name, given when it is made.
+        #[arg(long, value_name = "NAME")]
+        team_name: Option<String>,
+        /// The project's display name, given when it is made.
+        #[arg(long, value_name = "NAME")]
+        project_name: Option<String>,
     },
     /// Issue a key for a project; the key is printed once.
     Create {
@@ -74,6 +83,10 @@ pub(crate) enum KeysCommand {
         /// seven days without it.
         #[arg(long, requires = "claim", value_name = "DURATION")]
         expires_in: Option<String>,
+        /// The person the key is for (`users list` shows the id): it shows
+        /// on their profile, and its use counts as theirs.
+        #[arg(long, value_name = "ID")]
+        owner: Option<String>,
     },
     /// Revoke a key by its id; it stops working once the views see it.
     Revoke {
@@ -182,13 +195,20 @@ pub(crate) async fn run(
     use reqwest::Method;
     let none: Option<&()> = None;
     match args.command {
-        KeysCommand::Init { org, team, project } => {
+        KeysCommand::Init {
+            org,
+            team,
+            project,
+            org_name,
+            team_name,
+            project_name,
+        } => {
             let steps: [(&str, serde_json::Value); 3] = [
                 (
                     "/api/v1/orgs",
                     serde_json::to_value(api::NewOrg {
                         id: org.clone(),
-                        name: None,
+                        name: org_name,
                     })?,
                 ),
                 (
@@ -196,7 +216,7 @@ pub(crate) async fn run(
                     serde_json::to_value(api::NewTeam {
                         id: team.clone(),
                         org,
-                        name: None,
+                        name: team_name,
                     })?,
                 ),
                 (
@@ -204,7 +224,7 @@ pub(crate) async fn run(
                     serde_json::to_value(api::NewProject {
                         id: project.clone(),
                         team,
-                        name: None,
+                        name: project_name,
                     })?,
                 ),
             ];
@@ -220,6 +240,7 @@ pub(crate) async fn run(
             claim,
             base_url,
             expires_in,
+            owner,
         } => {
             let base = match &base_url {
                 Some(b) => Some(claim_base(b)?),
@@ -233,7 +254,7 @@ pub(crate) async fn run(
                 project,
                 name,
                 band: Some(band),
-                owner: None,
+                owner,
                 claim,
                 claim_ttl_secs,
             };
@@ -428,6 +449,7 @@ fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> 
         "NAME",
         "BAND",
         "STATE",
+        "OWNER",
         "RPM",
         "TPM",
         "MODELS",
@@ -442,6 +464,7 @@ fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> 
             k.name.clone(),
             k.band.clone(),
             k.state.clone(),
+            or_dash(k.owner.clone()),
         ];
         cells.extend(limit_cells(&k.limits));
         cells.push(or_dash(k.last_used.clone()));

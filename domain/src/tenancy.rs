@@ -661,6 +661,13 @@ impl Tenancy {
                 if key.revoked {
                     return Err(Rejection::invalid("a key is issued unrevoked"));
                 }
+                // A key for a person shows on their profile and counts as
+                // theirs: the person must exist.
+                if let Some(owner) = &key.owner
+                    && !self.users.contains_key(owner)
+                {
+                    return Err(Rejection::not_found(format!("no person {owner}")));
+                }
                 // A name is how a person tells a project's keys apart (and
                 // revokes the right one), so live names do not repeat.
                 if let Some(twin) = self

@@ -866,3 +866,81 @@ async fn without_accounts_the_pages_need_no_sign_in() {
         assert_eq!(p.status, StatusCode::OK, "{page}: {}", p.body);
     }
 }
+
+/// A key an operator makes for a person (`keys create --owner`) is
+/// theirs: `keys list` names them, their profile shows it; a key for no
+/// one who signed up is refused. `keys init` names the groups it makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_makes_a_key_for_a_person_and_it_shows_on_their_profile() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let stage = Stage::new();
+    let server = stage.start("owned", &store, Mode::RouterOnly, "auth: true\n");
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    keys_ok(
+        &store,
+        &admin,
+        &[
+            "init",
+            "--org",
+            "o",
+            "--team",
+            "t",
+            "--project",
+            "p",
+            "--org-name",
+            "Acme Corp",
+            "--project-name",
+            "Chat bots",
+        ],
+    );
+    let groups = keys_ok(&store, &admin, &["groups", "--json"]);
+    assert!(
+        groups.contains("Acme Corp") && groups.contains("Chat bots"),
+        "{groups}"
+    );
+    let mut v = Visit::new(&base);
+    let id = sign_up(&mut v, &store, &admin, "dee@example.com").await;
+    users(&store, &admin, &["approve", &id, "--project", "p"]);
+    let refused = keys(
+        &store,
+        &admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "x",
+            "--owner",
+            "nobody",
+        ],
+    );
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no person nobody"));
+    keys_ok(
+        &store,
+        &admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "for-dee",
+            "--owner",
+            &id,
+        ],
+    );
+    let listed: Value =
+        serde_json::from_str(&keys_ok(&store, &admin, &["list", "--json"])).unwrap();
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "for-dee")
+        .unwrap();
+    assert_eq!(row["owner"], json!(id));
+    let table = keys_ok(&store, &admin, &["list"]);
+    assert!(table.lines().next().unwrap().contains("OWNER"), "{table}");
+    v.sign_in("dee@example.com", GOOD).await;
+    let profile = v.get("/profile").await;
+    assert!(profile.body.contains("for-dee"), "{}", profile.body);
+}

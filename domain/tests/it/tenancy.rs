@@ -464,3 +464,25 @@ fn a_project_stands_for_its_people_with_its_own_limits() {
     let e = t.project_effective("p", str::to_owned);
     assert_eq!(e.rates.len(), 1, "{e:?}");
 }
+
+#[test]
+fn a_key_for_a_person_needs_the_person() {
+    let mut t = tree();
+    let mut theirs = key("k2", "p");
+    theirs.owner = Some("u-1".into());
+    let refused = t.decide(C::IssueKey(theirs.clone())).unwrap_err();
+    assert!(
+        refused.reason.contains("no person u-1"),
+        "{}",
+        refused.reason
+    );
+    for e in t
+        .decide(C::SignUp {
+            user_id: "u-1".into(),
+        })
+        .unwrap()
+    {
+        t.evolve(&e);
+    }
+    assert_eq!(t.decide(C::IssueKey(theirs)).unwrap().len(), 1);
+}
