@@ -331,6 +331,19 @@ pub struct ResetPassword {
     pub password: String,
 }
 
+/// `POST /api/v1/users`: a person an operator adds (sign-up may be
+/// closed), approved to a project at once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewUser {
+    pub email: String,
+    /// Shown on the pages; the email without it.
+    #[serde(default)]
+    pub name: String,
+    pub password: String,
+    /// The project they may use.
+    pub project: String,
+}
+
 /// One level's limits as set there (not composed).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LevelLimits {

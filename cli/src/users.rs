@@ -34,6 +34,24 @@ pub(crate) enum UsersCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Add a person (sign-up may be closed), approved to a project at
+    /// once; prints their id. The password is read from stdin unless
+    /// --password; tell it to them out of band.
+    Add {
+        /// Their email, which they sign in with.
+        #[arg(long)]
+        email: String,
+        /// Their name on the pages (the email without it).
+        #[arg(long, default_value = "")]
+        name: String,
+        /// The project they may use; their chat counts there.
+        #[arg(long)]
+        project: String,
+        /// Visible to other users of this machine while the command runs;
+        /// prefer stdin.
+        #[arg(long)]
+        password: Option<String>,
+    },
     /// Let a pending (or suspended) person in, to a project.
     Approve {
         /// The person's id (`users list` shows it).
@@ -108,6 +126,25 @@ pub(crate) async fn run(
         }
         UsersCommand::Promote { id } => {
             api.call(&origin, Method::POST, &post(&id, "promote"), none)
+                .await?
+        }
+        UsersCommand::Add {
+            email,
+            name,
+            project,
+            password,
+        } => {
+            let password = match password {
+                Some(p) => p,
+                None => read_password()?,
+            };
+            let body = api::NewUser {
+                email,
+                name,
+                password,
+                project,
+            };
+            api.call(&origin, Method::POST, "/api/v1/users", Some(&body))
                 .await?
         }
         UsersCommand::ResetPassword { id, password } => {

@@ -1,5 +1,5 @@
-//! The admin API's people routes: list, approve, suspend, promote, reset a
-//! password, erase. The decision goes through the [`Door`] like every
+//! The admin API's people routes: list, add, approve, suspend, promote,
+//! reset a password, erase. The decision goes through the [`Door`] like every
 //! operator command; what lives outside the log (sessions, password
 //! hashes, personal data) is changed after the decision is recorded, so a
 //! refused command touches nothing.
@@ -18,7 +18,7 @@ use crate::tenancy_api::{TenancyState, bad, change, origin};
 
 pub(crate) fn routes() -> Router<TenancyState> {
     Router::new()
-        .route("/api/v1/users", get(list))
+        .route("/api/v1/users", get(list).post(add))
         .route("/api/v1/users/{id}/approve", post(approve))
         .route("/api/v1/users/{id}/suspend", post(suspend))
         .route("/api/v1/users/{id}/promote", post(promote))
@@ -75,6 +75,57 @@ async fn list(
         ))
     });
     Ok(Json(rows))
+}
+
+/// A person added by an operator, approved to a project in the same
+/// decision. Their personal data is stored first, as a sign-up's is; a
+/// decision the log refuses (no such project, a server that leads
+/// elsewhere) takes it back out. An operator may learn that an address
+/// has an account: this listener is theirs, on loopback.
+async fn add(
+    State(s): State<TenancyState>,
+    headers: HeaderMap,
+    Json(u): Json<api::NewUser>,
+) -> Result<api::Changed> {
+    let user_id = match s
+        .people
+        .sign_up(&u.email, &u.name, &u.password, chrono::Utc::now())
+        .await
+    {
+        Ok(Some(id)) => id,
+        Ok(None) => {
+            return Err(AdminError(
+                StatusCode::CONFLICT,
+                format!("{} has an account already (users list shows it)", u.email),
+            ));
+        }
+        Err(llmgw_people::PeopleError::Store(why)) => return Err(internal(why)),
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    let by = origin(&headers).actor.name().to_owned();
+    let done = format!(
+        "{} is {user_id}, and may use project {}",
+        u.email, u.project
+    );
+    let commands = vec![
+        Command::Tenancy(T::SignUp {
+            user_id: user_id.clone(),
+        }),
+        Command::Tenancy(T::Approve {
+            user_id: user_id.clone(),
+            project_id: u.project,
+            by,
+        }),
+    ];
+    match change(&s.door, &headers, commands, &done).await {
+        Ok(changed) => Ok(changed),
+        Err(refused) => {
+            if let Err(e) = s.people.erase(&user_id).await {
+                tracing::error!(user_id = %user_id, error = %e, "erasing a person the log did not take");
+            }
+            Err(refused)
+        }
+    }
 }
 
 async fn approve(

@@ -944,3 +944,67 @@ async fn an_operator_makes_a_key_for_a_person_and_it_shows_on_their_profile() {
     let profile = v.get("/profile").await;
     assert!(profile.body.contains("for-dee"), "{}", profile.body);
 }
+
+/// With sign-up closed an operator still adds people: `users add`
+/// approves them to a project at once and prints their id; they sign in
+/// with the password given. A taken address, a weak password and an
+/// unknown project are refused, and a refused add leaves no account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_adds_a_person_while_sign_up_is_closed() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let stage = Stage::new();
+    let extra = "auth:\n  enabled: true\n  signup_open: false\n";
+    let server = stage.start("closed", &store, Mode::RouterOnly, extra);
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    tree(&store, &admin);
+    let add = |email: &str, password: &str, project: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_ADMIN")
+            .args([
+                "--store", &store, "users", "--admin", &admin, "--as", "alice",
+            ])
+            .args([
+                "add",
+                "--email",
+                email,
+                "--name",
+                "Eve",
+                "--project",
+                project,
+            ])
+            .args(["--password", password])
+            .output()
+            .unwrap()
+    };
+    let refused = add("eve@example.com", GOOD, "nope");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no project nope"));
+    let weak = add("eve@example.com", "short", "p");
+    assert!(!weak.status.success());
+    let added = add("eve@example.com", GOOD, "p");
+    let said = String::from_utf8_lossy(&added.stdout).into_owned();
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let rows: Value = serde_json::from_str(&users(&store, &admin, &["list", "--json"])).unwrap();
+    let eve = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["email"] == "eve@example.com")
+        .unwrap();
+    assert_eq!(
+        (&eve["status"], &eve["project"]),
+        (&json!("active"), &json!("p")),
+        "{eve}"
+    );
+    assert!(said.contains(eve["user_id"].as_str().unwrap()), "{said}");
+    let twice = add("eve@example.com", GOOD, "p");
+    assert!(String::from_utf8_lossy(&twice.stderr).contains("has an account already"));
+    let mut v = Visit::new(&base);
+    assert_eq!(v.get("/signup").await.status, StatusCode::NOT_FOUND);
+    v.sign_in("eve@example.com", GOOD).await;
+}
