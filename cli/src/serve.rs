@@ -346,6 +346,7 @@ pub(crate) async fn run(
         &gw,
         log.as_ref(),
         views.as_ref().map(|v| v.position.clone()),
+        views.as_ref().map(|v| v.views.clone()),
         cp.as_ref(),
     );
     let web = Arc::new(llmgw_web::Web {

@@ -37,15 +37,16 @@ impl Drop for ServerMetrics {
 
 /// Registers the server's collectors with `gw`'s registry (once: this is
 /// called once per server) and starts what they read. `views_at` is the
-/// position the server's views have reached.
+/// position the server's views have reached, `views` the views.
 pub(crate) fn install(
     gw: &Gateway,
     log: Option<&AnyStore>,
     views_at: Option<watch::Receiver<u64>>,
+    views: Option<Arc<std::sync::RwLock<llmgw_projections::Projections>>>,
     cp: Option<&Arc<ControlPlane>>,
 ) -> ServerMetrics {
     let mut out = ServerMetrics::default();
-    if let (Some(log), Some(at)) = (log, views_at) {
+    if let (Some(log), Some(at), Some(views)) = (log, views_at, views) {
         let lag = Lag::new();
         let chain = ChainWatch::new();
         out.tasks.push(tokio::spawn(lag.clone().run(
@@ -58,7 +59,8 @@ pub(crate) fn install(
             CHAIN_EVERY,
             at,
         )));
-        gw.metrics.register(Box::new(LogMetrics { lag, chain }));
+        gw.metrics
+            .register(Box::new(LogMetrics { lag, chain, views }));
     }
     if let Some(cp) = cp {
         gw.metrics.register(Box::new(cp.metrics()));

@@ -419,10 +419,37 @@ impl EncodeMetric for Histogram {
 pub struct LogMetrics {
     pub lag: Arc<Lag>,
     pub chain: Arc<ChainWatch>,
+    /// This server's views, for the events they could not read.
+    pub views: Arc<std::sync::RwLock<llmgw_projections::Projections>>,
 }
 
 impl Collector for LogMetrics {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (skipped, unknown) = {
+            let v = self.views.read().unwrap_or_else(|p| p.into_inner());
+            (v.skipped, v.unknown.clone())
+        };
+        put(
+            &mut enc,
+            "projection_skipped_events",
+            "Events this server's views could not read and left out (a newer build's, or undecodable)",
+            &ConstCounter::new(skipped),
+        )?;
+        let kinds = Family::<Vec<(&'static str, String)>, Gauge>::default();
+        for (kind, schema) in &unknown {
+            kinds
+                .get_or_create(&vec![
+                    ("type", kind.clone()),
+                    ("schema", schema.to_string()),
+                ])
+                .set(1);
+        }
+        put(
+            &mut enc,
+            "projection_unknown_event_kinds",
+            "Always 1, for each event type and schema version the views met and this build does not know",
+            &kinds,
+        )?;
         put(
             &mut enc,
             "projection_lag_events",

@@ -304,3 +304,49 @@ async fn exported(backend: Backend, net: &str) {
     drop(server);
     drop(sweep);
 }
+
+/// An event this build cannot read (a newer build's) is left out of the
+/// views, and the metrics page says so: how many, and which kinds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_the_views_left_out_are_counted_with_their_kinds() {
+    use llmgw_eventstore::{ExpectedVersion, NewEvent, StreamAppend};
+    let future = NewEvent::new("FromTheFuture", 3, json!({"x": 1}));
+    let (store, _scratch, _log) = super::store_with(
+        Backend::Sqlite,
+        [vec![StreamAppend::new(
+            "later",
+            ExpectedVersion::Any,
+            vec![future],
+        )]],
+    )
+    .await;
+    let engine = super::tiny_engine();
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let server = Child::spawn(&[
+        "--store",
+        &store,
+        "server",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let metrics = format!(
+        "http://{}/metrics",
+        server.addr_after("metrics listening on ")
+    );
+    let page = until("the views have read the log", || async {
+        let page = scrape(&metrics).await;
+        (page.get("llmgw_projection_skipped_events_total") == Some(1.0)).then_some(page)
+    })
+    .await;
+    assert_eq!(
+        page.value("llmgw_projection_unknown_event_kinds{type=\"FromTheFuture\",schema=\"3\"}"),
+        1.0
+    );
+    page.every_series_has_one_help();
+}
