@@ -227,7 +227,7 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/me", get(info::me))
         .route(
             "/v1/threads/{id}",
-            axum::routing::delete(convo::delete_thread),
+            get(convo::read_thread).delete(convo::delete_thread),
         )
         .merge(convo::memory_routes())
         .merge(convo::mcp_routes())

@@ -245,6 +245,29 @@ async fn threads_story(backend: Backend) {
     let (_, tokens, _) = c.turn(&kq, "t1", "free", hello.clone()).await;
     assert_eq!(tokens, sim_tokens(&[("user", "hello"), ("user", "hello")]));
 
+    // Read back: what p keeps of t1, oldest first, its replies included
+    // (q's t1 is q's own); a thread p does not have is 404.
+    let read = |key: &str, id: &str| {
+        c.http
+            .get(format!("{}/v1/threads/{id}", c.base))
+            .bearer_auth(key)
+            .send()
+    };
+    let kept: Value = read(&kp, "t1").await.unwrap().json().await.unwrap();
+    let contents: Vec<&str> = kept["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(kept["id"], "t1");
+    assert_eq!(contents[..2], [sys.1, u1.as_str()], "{kept}");
+    assert!(
+        contents.contains(&a2.as_str()) && contents.contains(&u3.as_str()),
+        "{kept}"
+    );
+    assert_eq!(read(&kp, "nope").await.unwrap().status(), 404);
+
     // Deleting: another project's id answers like a missing one.
     let delete = |key: &str, id: &str| {
         c.http

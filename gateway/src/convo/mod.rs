@@ -24,7 +24,7 @@ use crate::{ApiError, Gateway};
 
 pub(crate) use mcp::routes as mcp_routes;
 pub(crate) use memory::routes as memory_routes;
-pub(crate) use threads::{Turn, delete as delete_thread, thread_header};
+pub(crate) use threads::{Turn, delete as delete_thread, read as read_thread, thread_header};
 
 /// How conversations are kept, beside the per-project switches.
 #[derive(Debug, Clone)]

@@ -277,6 +277,34 @@ impl Turn {
     }
 }
 
+/// `GET /v1/threads/{id}`: what the gateway keeps of a thread, its
+/// messages oldest first (`{"id", "messages"}`), so that a client that
+/// resumes, or a person asking what was kept, can read it; 404 for a
+/// thread this caller's project does not have (another project's reads
+/// the same).
+pub(crate) async fn read(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(thread): Path<String>,
+) -> Response {
+    let kept = async {
+        let caller = crate::proxy::identify(&gw, &headers)?;
+        let (project, _) = threads_of(&gw, caller.key.as_deref())?;
+        keeper(&gw)?
+            .store
+            .history(&project, &thread)
+            .await
+            .map_err(convo_error)
+    };
+    match kept.await {
+        Ok(messages) if messages.is_empty() => {
+            ApiError::not_found(format!("no thread {thread:?}")).into_response()
+        }
+        Ok(messages) => axum::Json(json!({"id": thread, "messages": messages})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// `DELETE /v1/threads/{id}`: 204, or 404 for a thread this caller's
 /// project does not have (another project's reads the same).
 pub(crate) async fn delete(
