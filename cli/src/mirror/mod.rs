@@ -29,6 +29,9 @@ pub(crate) enum MirrorCommand {
     /// name, then renamed; prints each file's sha256; never overwrites.
     #[command(disable_version_flag = true)]
     Add(tools::AddArgs),
+    /// What the directory holds, version by version: present (its files,
+    /// sizes and checksums), fetching (bytes so far) or failed (why).
+    List(tools::ListArgs),
     /// The held files no catalog entry uses (asks the control plane;
     /// refuses to answer when it cannot reach it).
     Unused(tools::UnusedArgs),
@@ -77,6 +80,7 @@ pub(crate) async fn run(cmd: MirrorCommand) -> anyhow::Result<Outcome> {
     match cmd {
         MirrorCommand::Serve(a) => serve(a).await,
         MirrorCommand::Add(a) => tools::add(a).await,
+        MirrorCommand::List(a) => tools::list(a),
         MirrorCommand::Unused(a) => tools::unused(a).await,
         MirrorCommand::Remove(a) => tools::remove(a).await,
     }

@@ -77,6 +77,63 @@ pub(crate) struct RemoveArgs {
     force: bool,
 }
 
+#[derive(Debug, clap::Args)]
+pub(crate) struct ListArgs {
+    /// The mirror's directory.
+    #[arg(long)]
+    dir: PathBuf,
+    /// One JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the directory holds, read from the directory itself (the host's
+/// view, as `add` and `remove` take it): a fetch under way in a serving
+/// process shows as fetching, with the bytes that have arrived.
+pub(crate) fn list(a: ListArgs) -> anyhow::Result<Outcome> {
+    if !a.dir.is_dir() {
+        anyhow::bail!("{} is not a directory", a.dir.display());
+    }
+    let entries = Store::new(a.dir).list(&|_, _| None);
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        crate::output::json_line(&mut out, &entries)?;
+        return Ok(Outcome::Ok);
+    }
+    if entries.is_empty() {
+        eprintln!("nothing held yet: llmgw mirror add fetches a version");
+        return Ok(Outcome::Ok);
+    }
+    let mut t =
+        // The last column: a file's checksum, or why a fetch failed.
+        crate::output::Table::new(vec!["MODEL", "VERSION", "STATE", "FILE", "BYTES", "SHA256/WHY"]);
+    for e in entries {
+        let (model, version, state) = (e.model, e.version, e.state.to_owned());
+        if e.files.is_empty() {
+            let bytes = match (e.bytes_done, e.bytes_total) {
+                (Some(done), Some(total)) if total > 0 => format!("{done} of {total}"),
+                (Some(done), _) => done.to_string(),
+                _ => "-".into(),
+            };
+            let why = e.reason.unwrap_or_else(|| "-".into());
+            t.row(vec![model, version, state, "-".into(), bytes, why]);
+            continue;
+        }
+        for f in e.files {
+            t.row(vec![
+                model.clone(),
+                version.clone(),
+                state.clone(),
+                f.name,
+                f.size.to_string(),
+                f.sha256.unwrap_or_else(|| "-".into()),
+            ]);
+        }
+    }
+    t.print(&mut out)?;
+    Ok(Outcome::Ok)
+}
+
 pub(crate) async fn add(a: AddArgs) -> anyhow::Result<Outcome> {
     check_segments(&[a.model.as_str(), a.version.as_str()]).map_err(anyhow::Error::msg)?;
     let store = Store::new(a.dir.clone());

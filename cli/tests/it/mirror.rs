@@ -561,6 +561,20 @@ async fn a_cut_fetch_resumes_when_asked_again_and_another_source_starts_over() {
     let failed = wait("failed").await;
     let kept = failed["bytes_done"].as_u64().unwrap();
     assert!(kept > 0 && kept < body.len() as u64, "{failed}");
+    // The host's own view says the same, read from the directory.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["mirror", "list", "--dir", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("m "))
+        .unwrap_or_default();
+    assert!(
+        row.contains("failed") && row.contains(&format!(" {kept} ")) && row.contains("big.gguf"),
+        "{table}"
+    );
     assert_eq!(post(&models, ask.clone()).await.0, 202);
     let held = wait("present").await;
     assert_eq!(held["files"][0]["sha256"], sha(&body));
@@ -986,6 +1000,29 @@ async fn unused_and_remove_go_by_the_catalog_and_refuse_without_it() {
         &sb,
     ]);
     assert!(!again && err.contains("never overwritten"), "{err}");
+    // What the directory holds, from the host: both versions, each file
+    // with its size and checksum.
+    let (ok, listed, err) = run(&["mirror", "list", "--dir", d, "--json"]);
+    assert!(ok, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let held: Vec<(&str, &str)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["model"].as_str().unwrap(), e["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(held, [("a", "present"), ("b", "present")], "{listed}");
+    assert!(
+        listed[0]["files"][0]["sha256"]
+            .as_str()
+            .is_some_and(|h| h.len() == 64),
+        "{listed}"
+    );
+    let (ok, table, _) = run(&["mirror", "list", "--dir", d]);
+    assert!(
+        ok && table.starts_with("MODEL") && table.contains("present"),
+        "{table}"
+    );
 
     // No control plane: no list, and no removal without --force.
     let nobody = "http://127.0.0.1:1";
