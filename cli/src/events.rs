@@ -8,6 +8,7 @@ use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventFilter, EventStore, Recorded
 use crate::Outcome;
 use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
 
+mod anchors;
 mod capture;
 mod file;
 mod filter;
@@ -75,11 +76,18 @@ pub(crate) enum EventsCommand {
         /// given more than once.
         #[arg(long, value_name = "HASH@POSITION", requires = "file")]
         anchor: Vec<file::Anchor>,
+        /// The lines a leader handed its anchor sink (`control.anchors`):
+        /// the store must hold each one's hash at its position, and each
+        /// signed line must verify (with --public-key, every line must be
+        /// signed by that key).
+        #[arg(long, value_name = "FILE", conflicts_with = "file")]
+        anchors: Option<PathBuf>,
         /// The server's public key (64 hex digits, or a file with them or a
-        /// PEM public key): the trailer must be signed by it. Without it a
-        /// signature is checked against the key it names, which proves
-        /// nothing about who signed.
-        #[arg(long, value_name = "KEY", requires = "file")]
+        /// PEM public key): the trailer (with --file) or every anchor line
+        /// (with --anchors) must be signed by it. Without it a signature
+        /// is checked against the key it names, which proves nothing about
+        /// who signed.
+        #[arg(long, value_name = "KEY")]
         public_key: Option<file::KeyArg>,
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -259,7 +267,29 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
             tail(&store, follow, from, limit, json, &filter).await
         }
         EventsCommand::Show { position, json } => show(&store, position, json).await,
-        EventsCommand::Verify { from, to, json, .. } => verify(&store, from, to, json).await,
+        EventsCommand::Verify {
+            from,
+            to,
+            json,
+            anchors,
+            public_key,
+            ..
+        } => {
+            let held = match anchors {
+                Some(path) => {
+                    let key = public_key.map(|k| k.0);
+                    Some((
+                        path.clone(),
+                        anchors::check(&store, &path, key.as_ref()).await?,
+                    ))
+                }
+                None if public_key.is_some() => bail!(
+                    "--public-key checks a signature: give --file (an export) or --anchors (an anchor sink's lines)"
+                ),
+                None => None,
+            };
+            verify(&store, from, to, json, held).await
+        }
         EventsCommand::Export {
             from,
             to,
@@ -554,8 +584,32 @@ async fn verify(
     from: u64,
     to: Option<u64>,
     json: bool,
+    held: Option<(PathBuf, anchors::Held)>,
 ) -> anyhow::Result<Outcome> {
     let report = store.verify(from, to).await?;
+    if let Some((path, held)) = &held {
+        let mut out = std::io::stdout().lock();
+        if let Some(why) = &held.problem {
+            if json {
+                let mut value = serde_json::to_value(&report)?;
+                value["anchors_problem"] = why.clone().into();
+                json_line(&mut out, &value)?;
+            } else {
+                writeln!(out, "TAMPERED: {why}")?;
+            }
+            out.flush()?;
+            return Ok(Outcome::Failed);
+        }
+        if !json {
+            writeln!(
+                out,
+                "{} anchors in {} match the log ({} signed by the key given)",
+                held.matched,
+                path.display(),
+                held.proven
+            )?;
+        }
+    }
     let anchor = if report.is_ok() {
         last_log_anchor(store, report.to).await?
     } else {
@@ -576,6 +630,9 @@ async fn verify(
     let anchor = anchor.and_then(Result::ok);
     if json {
         let mut value = serde_json::to_value(&report)?;
+        if let Some((_, h)) = &held {
+            value["anchors"] = serde_json::json!({"matched": h.matched, "proven": h.proven});
+        }
         if let Some(a) = &anchor {
             value["last_anchor"] = serde_json::json!({
                 "anchor": a.anchor.to_string(),

@@ -86,6 +86,67 @@ async fn the_sink_holds_signed_anchors_and_verify_holds_the_log_to_them() {
     let report = &json_lines(&ok(&store, &["events", "verify", "--json"]))[0];
     assert_eq!(report["last_anchor"]["checked"], true, "{report}");
 
+    // The sink's own lines, held to the store: each matches, each signed
+    // by the server's key.
+    let sink_arg = sink.to_str().unwrap();
+    let with_sink = [
+        "events",
+        "verify",
+        "--json",
+        "--anchors",
+        sink_arg,
+        "--public-key",
+        &public,
+    ];
+    let report = &json_lines(&ok(&store, &with_sink))[0];
+    let matched = report["anchors"]["matched"].as_u64().unwrap();
+    assert!(matched >= 2, "{report}");
+    assert_eq!(report["anchors"]["proven"], matched, "{report}");
+    // A line altered after signing, a line without its signature when a
+    // key is asked for, and a line the server signed whose hash the log
+    // does not hold (the log rewritten after it) each fail the check.
+    let first = &lines[0];
+    let (hash_held, position) = first["anchor"].as_str().unwrap().split_once('@').unwrap();
+    let other_hash = if hash_held.starts_with('0') { "1" } else { "0" }.repeat(64);
+    let mut altered = first.clone();
+    altered["anchor"] = format!("{other_hash}@{position}").into();
+    let mut unsigned = first.clone();
+    unsigned.as_object_mut().unwrap().remove("signature");
+    let rewritten: Value = serde_json::from_str(&llmgw_control::anchor::sink_line(
+        "anchored",
+        position.parse().unwrap(),
+        &other_hash,
+        first["event"].as_u64().unwrap(),
+        chrono::Utc::now(),
+        Some(&llmgw_eventstore::signing::SigningKey::parse(&pem).unwrap()),
+    ))
+    .unwrap();
+    for (line, says) in [
+        (altered, "bad signature"),
+        (unsigned, "not signed, and --public-key asks"),
+        (rewritten, "the log was rewritten after this anchor"),
+    ] {
+        let held = dir.path().join("held.jsonl");
+        std::fs::write(&held, format!("{line}\n")).unwrap();
+        let out = llmgw(
+            &store,
+            &[
+                "events",
+                "verify",
+                "--anchors",
+                held.to_str().unwrap(),
+                "--public-key",
+                &public,
+            ],
+        );
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(
+            said.contains("TAMPERED") && said.contains(says),
+            "{says}: {said}"
+        );
+    }
+
     // An export is held to the sink's anchor, and reports the log's own.
     let export = dir.path().join("export.jsonl");
     ok(
