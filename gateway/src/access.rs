@@ -65,7 +65,7 @@ fn sane(id: &[u8]) -> bool {
 /// request with. The id goes back on the answer.
 pub(crate) fn open(request: &mut Request) -> (tracing::Span, HeaderValue) {
     let id = RequestId::from_client(request.headers().get(&REQUEST_ID));
-    let path = request.uri().path();
+    let path = logged_path(request.uri().path());
     // Health checks come every few seconds from every balancer: their
     // spans are kept for debugging, out of an operator's traces.
     let span = if path.starts_with("/v1/") {
@@ -76,6 +76,17 @@ pub(crate) fn open(request: &mut Request) -> (tracing::Span, HeaderValue) {
     let header = id.0.clone();
     request.extensions_mut().insert(id);
     (span, header)
+}
+
+/// The path as a span records it: a claim link's token is a secret (it
+/// opens the key once), so its path is recorded as the route, never with
+/// the token in it.
+fn logged_path(path: &str) -> &str {
+    if path.starts_with("/claim/") {
+        "/claim/{token}"
+    } else {
+        path
+    }
 }
 
 /// How a streamed answer ended.
@@ -213,6 +224,45 @@ impl Drop for Line {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A request's span records its path: a claim link's token must not
+    /// be in it (at debug, every event of the request would carry it).
+    #[test]
+    fn a_claim_links_token_stays_out_of_the_requests_span() {
+        let mut request = Request::builder()
+            .uri("/claim/0123456789abcdef-secret")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let (span, _) = open(&mut request);
+            span.in_scope(|| tracing::debug!("inside the request"));
+        });
+        let seen = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+        assert!(
+            seen.contains("inside the request") && seen.contains("/claim/"),
+            "{seen}"
+        );
+        assert!(!seen.contains("secret"), "{seen}");
+        assert_eq!(logged_path("/v1/chat/completions"), "/v1/chat/completions");
+    }
 
     #[test]
     fn only_short_visible_ascii_ids_are_kept() {

@@ -116,17 +116,40 @@ fn parse(stored: &str) -> Option<Parsed> {
 /// real one does.
 pub(crate) const DUMMY_HASH: &str = "$argon2id$v=19$m=65536,t=3,p=4$DzLj2oJuVXs+74XMXik09A$mzd1gOa/8jWvkITgQzIBRzDKZlkrlgi2JHmHn4tZess";
 
-/// [`hash_password`] on the blocking pool.
+/// Hashings at once, in the whole process: one per core. Each takes
+/// 64 MiB and ~a core for its time; without a bound, strangers posting
+/// sign-ups or sign-ins with fresh addresses (each hashed, the unknown
+/// ones too) would fill the blocking pool (512 threads, 32 GiB) and starve
+/// every other blocking task. Beyond it they wait their turn.
+fn hashing_turns() -> &'static tokio::sync::Semaphore {
+    static TURNS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    TURNS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        tokio::sync::Semaphore::new(cores)
+    })
+}
+
+async fn turn() -> Result<tokio::sync::SemaphorePermit<'static>> {
+    hashing_turns()
+        .acquire()
+        .await
+        .map_err(|e| PeopleError::Store(format!("the hashing turns are closed: {e}")))
+}
+
+/// [`hash_password`] on the blocking pool, one of [`hashing_turns`].
 pub(crate) async fn hash_blocking(password: &str) -> Result<String> {
     let password = password.to_owned();
+    let _turn = turn().await?;
     tokio::task::spawn_blocking(move || hash_password(&password))
         .await
         .map_err(|e| PeopleError::Store(format!("the hashing task failed: {e}")))?
 }
 
-/// [`verify_password`] on the blocking pool; an unreadable hash is no match.
+/// [`verify_password`] on the blocking pool, one of [`hashing_turns`]; an
+/// unreadable hash is no match.
 pub(crate) async fn verify_blocking(password: &str, stored: &str) -> Result<bool> {
     let (password, stored) = (password.to_owned(), stored.to_owned());
+    let _turn = turn().await?;
     tokio::task::spawn_blocking(move || {
         verify_password(&password, &stored).unwrap_or_else(|BadHash| {
             tracing::warn!("a stored password hash is unreadable; treated as no match");
@@ -140,6 +163,28 @@ pub(crate) async fn verify_blocking(password: &str, stored: &str) -> Result<bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// With every turn taken, a hashing waits (it cannot start however long
+    /// it is given); a turn given back lets it through.
+    #[tokio::test]
+    async fn hashings_wait_for_a_turn() {
+        // Every turn there is (others' included: they are waited for).
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let all = u32::try_from(cores).unwrap();
+        let taken = hashing_turns().acquire_many(all).await.unwrap();
+        let hashing = tokio::spawn(hash_blocking("a long enough password"));
+        tokio::task::yield_now().await;
+        assert!(!hashing.is_finished());
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(300), async {
+            while !hashing.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(waited.is_err(), "a hashing ran with no turn free");
+        drop(taken);
+        assert!(hashing.await.unwrap().unwrap().starts_with("$argon2id$"));
+    }
 
     #[test]
     fn the_dummy_hash_costs_what_a_new_one_costs() {

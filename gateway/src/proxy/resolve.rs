@@ -45,8 +45,10 @@ pub(crate) fn plan<'a>(
     request: &'a ClientRequest,
 ) -> Result<Plan<'a>, (Option<String>, ApiError)> {
     let asked = routes.canonical(&request.model);
+    // Refusals name the model as asked: the canonical name behind an
+    // alias the key may not use is not the caller's to learn.
     if !known(gw, routes, asked) {
-        return Err((None, ApiError::unknown_model(asked)));
+        return Err((None, ApiError::unknown_model(&request.model)));
     }
     let label = || Some(asked.to_owned());
     let permits = |m: &str| {
@@ -56,7 +58,7 @@ pub(crate) fn plan<'a>(
             .is_none_or(|k| k.limits.models.permits(m))
     };
     if !permits(asked) {
-        return Err((label(), ApiError::unknown_model(asked)));
+        return Err((label(), ApiError::unknown_model(&request.model)));
     }
     let (budgets, spent): (&[BudgetLevel], Vec<u64>) = match (&caller.key, &gw.keys) {
         (Some(k), Some(directory)) if !k.limits.budgets.is_empty() => {

@@ -247,10 +247,34 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
         (&*record.key_id, &*record.project_id, record.band),
         ("k1", "p", Band::Bronze)
     );
-    // Outside its allowlist a model does not exist for the key.
+    // Outside its allowlist a model does not exist for the key; asked by
+    // an alias, the refusal names the alias, not the model behind it.
     assert_eq!(
         call(base, Some(&secret), &chat("other", 1)).await.status(),
         404
+    );
+    {
+        use llmgw_projections::View;
+        let mut view = llmgw_projections::RouterView::default();
+        let mut other = llmgw_domain::catalog::Model::named("other");
+        other.aliases = vec!["nickname".into()];
+        view.apply_event(
+            llmgw_projections::Stamp {
+                position: 0,
+                recorded_at_ms: 0,
+            },
+            &llmgw_domain::Event::Catalog(llmgw_domain::catalog::CatalogEvent::ModelAdded {
+                model: other,
+            }),
+        );
+        gw.gateway.apply_router_view(&view);
+    }
+    let r = call(base, Some(&secret), &chat("nickname", 1)).await;
+    assert_eq!(r.status(), 404);
+    let said = r.text().await.unwrap();
+    assert!(
+        said.contains("nickname") && !said.contains("`other`"),
+        "{said}"
     );
     let listed: Value = get(format!("{base}/v1/models"), Some(&secret))
         .await
