@@ -53,8 +53,10 @@ pub(crate) struct ServeArgs {
     /// The byte path's listen address (read-only, unauthenticated).
     #[arg(long, default_value = ":8081")]
     listen: String,
-    /// The management API's listen address.
-    #[arg(long, default_value = ":8082")]
+    /// The management API's listen address. It starts downloads and
+    /// deletes versions: on loopback unless --tls-ca makes it require the
+    /// fleet's client certificates (another address without is refused).
+    #[arg(long, default_value = "127.0.0.1:8082")]
     api_listen: String,
     /// The fleet's CA: the API then requires a client certificate from it.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
@@ -107,6 +109,12 @@ async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
     let api_l = tokio::net::TcpListener::bind(listen_addr(&a.api_listen))
         .await
         .with_context(|| format!("binding --api-listen {}", a.api_listen))?;
+    if tls.is_none() && !api_l.local_addr()?.ip().is_loopback() {
+        anyhow::bail!(
+            "--api-listen {}: the management API starts downloads and deletes versions, and without --tls-ca anyone who reaches it may: give --tls-ca, --tls-cert and --tls-key (the fleet's client certificates), or keep it on 127.0.0.1 and run mirror commands on this host",
+            a.api_listen
+        );
+    }
     println!("mirror listening on {}", bytes_l.local_addr()?);
     println!("mirror api listening on {}", api_l.local_addr()?);
     tracing::info!(dir = %a.dir.display(), base = %mirror.base, "mirror serving");
@@ -119,12 +127,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<Outcome> {
             let listener = llmgw_gateway::TlsListener::new(api_l, &tls, true)?;
             tokio::spawn(async move { axum::serve(listener, api_router).await })
         }
-        None => {
-            tracing::warn!(
-                "the mirror API is unauthenticated: anyone who can reach --api-listen can start downloads and delete models; give --tls-ca, --tls-cert and --tls-key to require the fleet's client certificates"
-            );
-            tokio::spawn(async move { axum::serve(api_l, api_router).await })
-        }
+        // On loopback: this host's own users only.
+        None => tokio::spawn(async move { axum::serve(api_l, api_router).await }),
     };
     tokio::select! {
         r = bytes_srv => r.context("the byte path stopped")?.context("the byte path stopped")?,

@@ -735,10 +735,6 @@ async fn the_api_requires_a_client_certificate_from_the_ca_when_given_one() {
         .await
         .unwrap();
     assert_eq!(bytes.status(), 404);
-
-    // Without a CA, the mirror says at startup that its API is open.
-    let open = start_mirror(&dir.path().join("open"), &[]);
-    Child::expect(&open._child.stderr, "unauthenticated");
 }
 
 /// A proxy in front of the mirror's byte path that cuts the first answer
@@ -1087,4 +1083,24 @@ async fn unused_and_remove_go_by_the_catalog_and_refuse_without_it() {
     assert!(!models.join("b").exists(), "an emptied version goes whole");
     let (ok, table, _) = run(&["mirror", "unused", "--dir", d, "--admin", &server.admin]);
     assert!(ok && !table.contains("a.gguf"), "{table}");
+}
+
+/// The management API starts downloads and deletes versions: without the
+/// fleet's CA it serves on loopback only, and another address is refused
+/// at start, saying what to give.
+#[test]
+fn an_api_without_client_certificates_off_loopback_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["mirror", "serve", "--dir", dir.path().to_str().unwrap()])
+        .args(["--base", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"])
+        .args(["--api-listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--api-listen 0.0.0.0:0") && err.contains("--tls-ca"),
+        "{err}"
+    );
 }
