@@ -565,6 +565,30 @@ async fn mcp_story(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(r.status(), 401, "no key, no MCP");
+    // The key is checked before the body is read: without one, a body that
+    // never ends is refused at once (none is held for a stranger), on the
+    // MCP endpoint and on a note's write.
+    for (method, path) in [(Method::POST, "/mcp"), (Method::PUT, "/v1/memory/x")] {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        tx.send(Ok(b"{\"text\": \"".to_vec())).await.unwrap();
+        let endless = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let sent = c
+            .http
+            .request(method, format!("{}{path}", c.base))
+            .header("content-type", "application/json")
+            .body(endless)
+            .send();
+        let answered = tokio::time::timeout(std::time::Duration::from_secs(10), sent)
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer while the body was still coming"));
+        // The 401, or the connection closed under the body still being
+        // sent once the 401 was written (the client may see either).
+        match answered {
+            Ok(r) => assert_eq!(r.status(), 401, "{path}"),
+            Err(e) => assert!(e.is_request(), "{path}: {e}"),
+        }
+        drop(tx);
+    }
     let r = c
         .http
         .get(format!("{}/mcp", c.base))

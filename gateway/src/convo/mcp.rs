@@ -16,7 +16,6 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -45,14 +44,19 @@ async fn no_stream() -> Response {
         .into_response()
 }
 
-async fn handle(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(State(gw): State<Arc<Gateway>>, request: axum::extract::Request) -> Response {
+    let headers = request.headers().clone();
     if let Some(refusal) = foreign_origin(&headers) {
         return refusal;
     }
     // The key is checked before the body is read: a caller without one
-    // learns nothing, not even which methods exist.
+    // learns nothing, not even which methods exist, and has no body held.
     let caller = match crate::proxy::identify(&gw, &headers) {
         Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let body = match crate::proxy::body_within(request, super::BODY_LIMIT).await {
+        Ok(b) => b,
         Err(e) => return e.into_response(),
     };
     let message: Value = match serde_json::from_slice(&body) {

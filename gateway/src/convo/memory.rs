@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -78,14 +77,16 @@ struct NoteBody {
 
 async fn write(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(key): Path<String>,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Response {
+    let headers = request.headers().clone();
     answer(
         async {
             let caller = crate::proxy::identify(&gw, &headers)?;
             let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
+            // Read only once the key is known to be good.
+            let body = crate::proxy::body_within(request, super::BODY_LIMIT).await?;
             let note: NoteBody = serde_json::from_slice(&body).map_err(|e| {
                 ApiError::bad_request(format!(
                     "a note is {{\"text\": \"…\", \"tags\": [\"…\"]}}: {e}"

@@ -22,6 +22,10 @@ use llmgw_domain::conversations::{MemorySetting, ThreadsSetting};
 
 use crate::{ApiError, Gateway};
 
+/// The most a memory note or an MCP message may be: the 2 MiB axum's
+/// extractors allowed, read only once the caller's key is good.
+const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
 pub(crate) use mcp::routes as mcp_routes;
 pub(crate) use memory::routes as memory_routes;
 pub(crate) use threads::{Turn, delete as delete_thread, read as read_thread, thread_header};

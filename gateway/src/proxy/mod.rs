@@ -81,10 +81,7 @@ async fn route(
         access.key(k.key_id.clone());
     }
     let thread = crate::convo::thread_header(request.headers())?;
-    let limit = gw.config.body_limit;
-    let body = whole(http_body_util::Limited::new(request.into_body(), limit))
-        .await
-        .map_err(|e| crate::listen::body::body_refusal(&axum::Error::new(e), limit))?;
+    let body = body_within(request, gw.config.body_limit).await?;
     let Some(thread) = thread else {
         return serve_body(gw, path, caller, body, access).await;
     };
@@ -149,6 +146,14 @@ async fn serve_body(
 /// came, or the chunks joined. (`collect`, under axum's `to_bytes` too,
 /// keeps a list of the chunks: an allocation for every request and every
 /// plain answer.) Trailers are not part of it.
+/// A request's body, read only now (after its key was checked: a caller
+/// without one never gets a body held) and at most `limit` bytes.
+pub(crate) async fn body_within(request: Request, limit: usize) -> Result<Bytes, ApiError> {
+    whole(http_body_util::Limited::new(request.into_body(), limit))
+        .await
+        .map_err(|e| crate::listen::body::body_refusal(&axum::Error::new(e), limit))
+}
+
 async fn whole<B>(mut body: B) -> Result<Bytes, B::Error>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
