@@ -55,6 +55,15 @@ impl TenancyView {
         self.entry(key_id)
     }
 
+    /// A live key's entry, by its id (a page showing a key just made).
+    pub fn key_entry(&self, key_id: &str) -> Option<KeyEntry> {
+        self.tenancy
+            .keys
+            .get(key_id)
+            .filter(|k| !k.revoked)
+            .and_then(|_| self.entry(key_id))
+    }
+
     fn entry(&self, key_id: &str) -> Option<KeyEntry> {
         let key = self.tenancy.keys.get(key_id)?;
         let (team_id, org_id) = self.team_and_org(&key.project_id);

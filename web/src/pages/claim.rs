@@ -113,10 +113,11 @@ pub(super) async fn reveal(
         tracing::error!(key_id = %claimed.key_id, error = %why, "recording a claim");
     }
     let base = super::base_url(&web, &headers);
-    let model = super::landing::distinct(llmgw_gateway::model_cards(&web.gateway, None))
-        .into_iter()
-        .next()
-        .map_or_else(|| "MODEL".to_owned(), |m| m.id);
+    // One the revealed key may use.
+    let entry = web.views().tenancy.key_entry(&claimed.key_id);
+    let model = super::landing::example_model(entry.map_or_else(Vec::new, |k| {
+        llmgw_gateway::model_cards(&web.gateway, Some(&k))
+    }));
     let page = Revealed {
         chrome: Chrome::for_visitor(&web, &visitor),
         key_id: claimed.key_id,

@@ -30,7 +30,8 @@ pub(super) async fn page(
 ) -> Result<Response, WebError> {
     let base = super::base_url(&web, &headers);
     let keys = web.settings.accounts;
-    let models = distinct(llmgw_gateway::model_cards(&web.gateway, None));
+    let person = visitor.person().ok().map(|p| p.user_id.as_str());
+    let models = distinct(models_of_person(&web, person));
     let first = models.first().map_or("MODEL", |m| m.id.as_str());
     let curl = super::curl_example(&base, keys.then_some("$LLMGW_KEY"), first);
     let page = Landing {
@@ -48,6 +49,27 @@ pub(super) async fn page(
             .map(contact::classify),
     };
     render(&page)
+}
+
+/// The models a visitor may use: with keys required, a stranger's are
+/// none (`/v1/models` answers a stranger 401, and the pages list no more),
+/// a signed-in person's are their project's; without keys, all.
+pub(super) fn models_of_person(web: &Web, user_id: Option<&str>) -> Vec<ModelCard> {
+    if !web.settings.accounts {
+        return llmgw_gateway::model_cards(&web.gateway, None);
+    }
+    let entry = user_id.and_then(|u| web.views().tenancy.person_entry(u));
+    entry.map_or_else(Vec::new, |key| {
+        llmgw_gateway::model_cards(&web.gateway, Some(&key))
+    })
+}
+
+/// The first of `models` for a curl example, or a placeholder.
+pub(super) fn example_model(models: Vec<ModelCard>) -> String {
+    models
+        .into_iter()
+        .next()
+        .map_or_else(|| "MODEL".to_owned(), |m| m.id)
 }
 
 /// Each model once, in the order given.

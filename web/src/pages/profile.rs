@@ -206,10 +206,10 @@ pub(super) async fn create_key(
         .secret
         .ok_or_else(|| WebError::Internal("the admin API made a key without a secret".into()))?;
     let base = super::base_url(&web, &headers);
-    let model = super::landing::distinct(llmgw_gateway::model_cards(&web.gateway, None))
-        .into_iter()
-        .next()
-        .map_or_else(|| "MODEL".to_owned(), |m| m.id);
+    let model = super::landing::example_model(super::landing::models_of_person(
+        &web,
+        Some(&person.user_id),
+    ));
     // The secret goes into this page only: not stored, not in a URL.
     let page = KeyMade {
         chrome,

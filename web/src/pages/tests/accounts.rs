@@ -430,6 +430,29 @@ async fn a_claim_link_shows_its_key_once() {
     );
 }
 
+/// With keys required, the start page lists no model to a stranger (as
+/// `/v1/models` answers one 401), and a signed-in person's project's.
+#[tokio::test]
+async fn the_start_page_lists_models_only_to_those_who_may_use_them() {
+    let site = Site::open(true, vec![endpoint("http://127.0.0.1:9", "llama-8b")]).await;
+    let mut browser = Browser::default();
+    let stranger = browser.get(&site, "/").await;
+    assert_eq!(stranger.status, StatusCode::OK);
+    assert!(!stranger.body.contains("llama-8b"), "{}", stranger.body);
+    assert!(
+        stranger.body.contains(r#"id="models-hidden""#),
+        "{}",
+        stranger.body
+    );
+    signed_in(&site, &mut browser, "ada@example.org").await;
+    let person = browser.get(&site, "/").await;
+    assert!(
+        person.body.contains(r#"<td class="mono">llama-8b</td>"#),
+        "{}",
+        person.body
+    );
+}
+
 #[tokio::test]
 async fn chat_stands_for_the_persons_project_with_no_key_in_the_browser() {
     let (url, seen) = engine().await;
