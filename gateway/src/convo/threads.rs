@@ -277,6 +277,16 @@ impl Turn {
     }
 }
 
+/// The project whose threads the caller's key reaches, and the keeper.
+fn callers_threads(
+    gw: &Gateway,
+    headers: &HeaderMap,
+) -> Result<(String, Arc<super::Keeper>), ApiError> {
+    let caller = crate::proxy::identify(gw, headers)?;
+    let (project, _) = threads_of(gw, caller.key.as_deref())?;
+    Ok((project, keeper(gw)?))
+}
+
 /// `GET /v1/threads/{id}`: what the gateway keeps of a thread, its
 /// messages oldest first (`{"id", "messages"}`), so that a client that
 /// resumes, or a person asking what was kept, can read it; 404 for a
@@ -288,9 +298,8 @@ pub(crate) async fn read(
     Path(thread): Path<String>,
 ) -> Response {
     let kept = async {
-        let caller = crate::proxy::identify(&gw, &headers)?;
-        let (project, _) = threads_of(&gw, caller.key.as_deref())?;
-        keeper(&gw)?
+        let (project, keeper) = callers_threads(&gw, &headers)?;
+        keeper
             .store
             .history(&project, &thread)
             .await
@@ -313,9 +322,8 @@ pub(crate) async fn delete(
     Path(thread): Path<String>,
 ) -> Response {
     let gone = async {
-        let caller = crate::proxy::identify(&gw, &headers)?;
-        let (project, _) = threads_of(&gw, caller.key.as_deref())?;
-        keeper(&gw)?
+        let (project, keeper) = callers_threads(&gw, &headers)?;
+        keeper
             .store
             .delete_thread(&project, &thread)
             .await
