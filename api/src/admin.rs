@@ -231,6 +231,39 @@ pub struct Changed {
 pub const ACTOR_HEADER: &str = "x-llmgw-actor";
 /// The command's id, recorded with its events: a retried command keeps it.
 pub const COMMAND_HEADER: &str = "x-llmgw-command-id";
+
+/// An operator's name as [`ACTOR_HEADER`] carries it: a header holds
+/// visible ASCII only, so every other byte (and `%`) is `%XX` (a `$USER`
+/// of `jürgen` must not stop the command).
+pub fn actor_to_header(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_graphic() && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// [`actor_to_header`] undone; None for what it never writes.
+pub fn actor_from_header(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
 /// Set on a command a standby forwarded to the leader, so that it is
 /// forwarded at most once.
 pub const FORWARDED_HEADER: &str = "x-llmgw-forwarded-by";

@@ -170,7 +170,7 @@ impl Api {
             Api::Remote { base, http } => {
                 let mut r = http
                     .request(method, format!("{}{path}", base.trim_end_matches('/')))
-                    .header(api::ACTOR_HEADER, origin.actor.name())
+                    .header(api::ACTOR_HEADER, api::actor_to_header(origin.actor.name()))
                     .header(api::COMMAND_HEADER, &origin.command_id);
                 if let Some(b) = body {
                     r = r.header("content-type", "application/json").body(b);
@@ -186,7 +186,7 @@ impl Api {
                 let request = axum::http::Request::builder()
                     .method(method.as_str())
                     .uri(path)
-                    .header(api::ACTOR_HEADER, origin.actor.name())
+                    .header(api::ACTOR_HEADER, api::actor_to_header(origin.actor.name()))
                     .header(api::COMMAND_HEADER, &origin.command_id)
                     .header("content-type", "application/json")
                     .body(axum::body::Body::from(body.unwrap_or_default()))?;

@@ -149,7 +149,8 @@ impl Admin {
     /// not as the admin API's.
     fn by(base: &str, operator: &llmgw_decider::Origin) -> anyhow::Result<Admin> {
         let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(api::ACTOR_HEADER, operator.actor.name().parse()?);
+        let actor = api::actor_to_header(operator.actor.name());
+        headers.insert(api::ACTOR_HEADER, actor.parse()?);
         headers.insert(api::COMMAND_HEADER, operator.command_id.parse()?);
         Ok(Admin {
             base: base.trim_end_matches('/').to_owned(),

@@ -618,8 +618,8 @@ async fn leader_info(cp: &ControlPlane) -> std::result::Result<api::Leader, Admi
     })
 }
 
-/// The engine builds the fleet is asked to install: configuration every
-/// server of the cluster holds alike, so a standby answers as well.
+/// The engine builds the fleet is asked to install: the leader's file's
+/// (a standby sends this read on to the leader).
 async fn engines(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::EngineRow>> {
     Ok(Json(
         cp.config

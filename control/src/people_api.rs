@@ -96,7 +96,7 @@ async fn add(
         Ok(None) => {
             return Err(AdminError(
                 StatusCode::CONFLICT,
-                format!("{} has an account already (users list shows it)", u.email),
+                format!("{} has an account already", u.email),
             ));
         }
         Err(llmgw_people::PeopleError::Store(why)) => return Err(internal(why)),
@@ -119,12 +119,23 @@ async fn add(
     ];
     match change(&s.door, &headers, commands, &done).await {
         Ok(changed) => Ok(changed),
-        Err(refused) => {
+        // A refusal (no such project, a server leading elsewhere): the log
+        // holds nothing of them, so neither does the people table.
+        Err(refused) if refused.0.is_client_error() => {
             if let Err(e) = s.people.erase(&user_id).await {
                 tracing::error!(user_id = %user_id, error = %e, "erasing a person the log did not take");
             }
             Err(refused)
         }
+        // The store failed on the way: the decision may be in the log, so
+        // the person is kept, and the answer says how to tell.
+        Err(AdminError(status, why)) => Err(AdminError(
+            status,
+            format!(
+                "{why}; {} ({user_id}) may have been added: users list tells",
+                u.email
+            ),
+        )),
     }
 }
 

@@ -58,8 +58,9 @@ pub(crate) fn origin(headers: &HeaderMap) -> Origin {
             .filter(|v| !v.is_empty() && v.len() <= 128)
             .map(str::to_owned)
     };
+    let actor = header(api::ACTOR_HEADER).and_then(|a| api::actor_from_header(&a));
     let mut origin = Origin::new(Actor::Operator(
-        header(api::ACTOR_HEADER).unwrap_or_else(|| "admin-api".to_owned()),
+        actor.unwrap_or_else(|| "admin-api".to_owned()),
     ));
     if let Some(id) = header(api::COMMAND_HEADER) {
         origin.command_id = id;
@@ -82,13 +83,32 @@ pub(crate) async fn change(
     Ok(Json(crate::admin::changed(&decided, done)))
 }
 
+/// The name a group is made with when none is given: the one it already
+/// has (so that `keys init` again, without the names, changes nothing),
+/// else its id.
+fn name_held(
+    door: &Door,
+    groups: impl Fn(
+        &llmgw_domain::tenancy::Tenancy,
+    ) -> &std::collections::BTreeMap<String, llmgw_domain::tenancy::Named>,
+    id: &str,
+) -> String {
+    let views = door.views();
+    let views = views.read().unwrap_or_else(|p| p.into_inner());
+    groups(&views.tenancy.tenancy)
+        .get(id)
+        .map_or_else(|| id.to_owned(), |g| g.name.clone())
+}
+
 async fn create_org(
     State(door): State<Door>,
     headers: HeaderMap,
     Json(o): Json<api::NewOrg>,
 ) -> Result<api::Changed> {
     let done = format!("org {} exists", o.id);
-    let name = o.name.unwrap_or_else(|| o.id.clone());
+    let name = o
+        .name
+        .unwrap_or_else(|| name_held(&door, |t| &t.orgs, &o.id));
     let c = T::CreateOrg { org_id: o.id, name };
     change(&door, &headers, vec![Command::Tenancy(c)], &done).await
 }
@@ -99,7 +119,9 @@ async fn create_team(
     Json(t): Json<api::NewTeam>,
 ) -> Result<api::Changed> {
     let done = format!("team {} exists in org {}", t.id, t.org);
-    let name = t.name.unwrap_or_else(|| t.id.clone());
+    let name = t
+        .name
+        .unwrap_or_else(|| name_held(&door, |t| &t.teams, &t.id));
     let c = T::CreateTeam {
         team_id: t.id,
         org_id: t.org,
@@ -114,7 +136,9 @@ async fn create_project(
     Json(p): Json<api::NewProject>,
 ) -> Result<api::Changed> {
     let done = format!("project {} exists in team {}", p.id, p.team);
-    let name = p.name.unwrap_or_else(|| p.id.clone());
+    let name = p
+        .name
+        .unwrap_or_else(|| name_held(&door, |t| &t.projects, &p.id));
     let c = T::CreateProject {
         project_id: p.id,
         team_id: p.team,

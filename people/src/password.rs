@@ -121,17 +121,21 @@ pub(crate) const DUMMY_HASH: &str = "$argon2id$v=19$m=65536,t=3,p=4$DzLj2oJuVXs+
 /// sign-ups or sign-ins with fresh addresses (each hashed, the unknown
 /// ones too) would fill the blocking pool (512 threads, 32 GiB) and starve
 /// every other blocking task. Beyond it they wait their turn.
-fn hashing_turns() -> &'static tokio::sync::Semaphore {
-    static TURNS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+fn hashing_turns() -> &'static std::sync::Arc<tokio::sync::Semaphore> {
+    static TURNS: std::sync::OnceLock<std::sync::Arc<tokio::sync::Semaphore>> =
+        std::sync::OnceLock::new();
     TURNS.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-        tokio::sync::Semaphore::new(cores)
+        std::sync::Arc::new(tokio::sync::Semaphore::new(cores))
     })
 }
 
-async fn turn() -> Result<tokio::sync::SemaphorePermit<'static>> {
+/// A turn, held by the hashing itself: a caller that goes away (a client
+/// hanging up) does not free it while the hashing still runs.
+async fn turn() -> Result<tokio::sync::OwnedSemaphorePermit> {
     hashing_turns()
-        .acquire()
+        .clone()
+        .acquire_owned()
         .await
         .map_err(|e| PeopleError::Store(format!("the hashing turns are closed: {e}")))
 }
@@ -139,18 +143,22 @@ async fn turn() -> Result<tokio::sync::SemaphorePermit<'static>> {
 /// [`hash_password`] on the blocking pool, one of [`hashing_turns`].
 pub(crate) async fn hash_blocking(password: &str) -> Result<String> {
     let password = password.to_owned();
-    let _turn = turn().await?;
-    tokio::task::spawn_blocking(move || hash_password(&password))
-        .await
-        .map_err(|e| PeopleError::Store(format!("the hashing task failed: {e}")))?
+    let turn = turn().await?;
+    tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        hash_password(&password)
+    })
+    .await
+    .map_err(|e| PeopleError::Store(format!("the hashing task failed: {e}")))?
 }
 
 /// [`verify_password`] on the blocking pool, one of [`hashing_turns`]; an
 /// unreadable hash is no match.
 pub(crate) async fn verify_blocking(password: &str, stored: &str) -> Result<bool> {
     let (password, stored) = (password.to_owned(), stored.to_owned());
-    let _turn = turn().await?;
+    let turn = turn().await?;
     tokio::task::spawn_blocking(move || {
+        let _turn = turn;
         verify_password(&password, &stored).unwrap_or_else(|BadHash| {
             tracing::warn!("a stored password hash is unreadable; treated as no match");
             false

@@ -48,6 +48,10 @@ pub(crate) async fn check(
             }
         }
     }
+    // An emptied sink proves nothing: it is no pass.
+    if held.matched == 0 && held.problem.is_none() {
+        held.problem = Some(format!("{}: no anchor line in it", path.display()));
+    }
     Ok(held)
 }
 

@@ -122,12 +122,18 @@ async fn the_sink_holds_signed_anchors_and_verify_holds_the_log_to_them() {
     ))
     .unwrap();
     for (line, says) in [
+        (Value::Null, "no anchor line in it"),
         (altered, "bad signature"),
         (unsigned, "not signed, and --public-key asks"),
         (rewritten, "the log was rewritten after this anchor"),
     ] {
         let held = dir.path().join("held.jsonl");
-        std::fs::write(&held, format!("{line}\n")).unwrap();
+        let text = if line.is_null() {
+            String::new()
+        } else {
+            format!("{line}\n")
+        };
+        std::fs::write(&held, text).unwrap();
         let out = llmgw(
             &store,
             &[

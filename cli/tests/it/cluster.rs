@@ -884,8 +884,9 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     assert_eq!(e["profiles"][0]["candidates"].as_array().unwrap().len(), 2);
     let (_, again, _) = ctl(admin, &["cordon", idle]);
     assert!(again.starts_with("nothing to change"), "{again}");
-    let (ok, _, _) = ctl(admin, &["uncordon", idle, "--as", "carol"]);
-    assert!(ok);
+    // A name beyond ASCII (a $USER or --as) travels too.
+    let (ok, _, err) = ctl(admin, &["uncordon", idle, "--as", "jürgen 100%"]);
+    assert!(ok, "{err}");
     // A change made with ctl is recorded as its operator's, as a key is.
     let history = super::ok(&store, &["events", "tail", "--limit", "200", "--json"]);
     let actor_of = |kind: &str| {
@@ -896,7 +897,7 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     };
     assert_eq!(
         actor_of("NodeUncordoned"),
-        Some(json!("carol")),
+        Some(json!("jürgen 100%")),
         "{history}"
     );
     let user = std::env::var("USER").unwrap_or_default();

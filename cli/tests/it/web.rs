@@ -893,6 +893,13 @@ async fn an_operator_makes_a_key_for_a_person_and_it_shows_on_their_profile() {
             "Chat bots",
         ],
     );
+    // Again without the names (another project under the same org): the
+    // groups keep theirs.
+    keys_ok(
+        &store,
+        &admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p2"],
+    );
     let groups = keys_ok(&store, &admin, &["groups", "--json"]);
     assert!(
         groups.contains("Acme Corp") && groups.contains("Chat bots"),

@@ -142,10 +142,6 @@ async fn serve_body(
         .map_err(|e| Refused(label(), e))
 }
 
-/// A body whole: the one chunk hyper hands over for a small body, as it
-/// came, or the chunks joined. (`collect`, under axum's `to_bytes` too,
-/// keeps a list of the chunks: an allocation for every request and every
-/// plain answer.) Trailers are not part of it.
 /// A request's body, read only now (after its key was checked: a caller
 /// without one never gets a body held) and at most `limit` bytes.
 pub(crate) async fn body_within(request: Request, limit: usize) -> Result<Bytes, ApiError> {
@@ -154,6 +150,10 @@ pub(crate) async fn body_within(request: Request, limit: usize) -> Result<Bytes,
         .map_err(|e| crate::listen::body::body_refusal(&axum::Error::new(e), limit))
 }
 
+/// A body whole: the one chunk hyper hands over for a small body, as it
+/// came, or the chunks joined. (`collect`, under axum's `to_bytes` too,
+/// keeps a list of the chunks: an allocation for every request and every
+/// plain answer.) Trailers are not part of it.
 async fn whole<B>(mut body: B) -> Result<Bytes, B::Error>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
