@@ -78,32 +78,33 @@ impl ControlPlane {
 
     pub(crate) async fn lead(self: Arc<Self>) {
         let ttl = self.config.lease_ttl;
-        // The epochs this process was granted: the store grants the lease
-        // again to any process under the holder's name, and only this
-        // process's own lease is its to take back before it runs out.
+        // The epoch this process was last granted: only that lease, its
+        // own, is its to take back before it runs out; under its name at
+        // another epoch, the lease is another process's (taken in one
+        // statement by the store, so two cannot both be granted it).
         let mut granted = None;
         let mut told = None;
         let mut compared = false;
         loop {
-            if let Some(epoch) = self.held_under_own_name(granted).await {
-                if told != Some(epoch) {
-                    told = Some(epoch);
-                    tracing::error!(
-                        instance = %self.config.instance,
-                        epoch,
-                        "another process holds the lease under this server's name: two servers share control.instance (give each its own), or this server's previous run has not yet let go; standing by until the lease runs out"
-                    );
-                }
-                self.wait_for_lease().await;
-                continue;
-            }
             let asked = tokio::time::Instant::now();
-            let lease = match self.store.acquire_lease(&self.config.instance, ttl).await {
+            let taken = self
+                .store
+                .take_lease(&self.config.instance, ttl, granted)
+                .await;
+            let lease = match taken {
                 Ok(l) => l,
                 Err(StoreError::LeaseHeld { holder, epoch, .. }) => {
-                    if self.epoch_seen.fetch_max(epoch, Ordering::Relaxed) < epoch
-                        && holder != self.config.instance
-                    {
+                    let newer = self.epoch_seen.fetch_max(epoch, Ordering::Relaxed) < epoch;
+                    if holder == self.config.instance {
+                        if told != Some(epoch) {
+                            told = Some(epoch);
+                            tracing::error!(
+                                instance = %self.config.instance,
+                                epoch,
+                                "another process holds the lease under this server's name: two servers share control.instance (give each its own), or this server's previous run has not yet let go; standing by until the lease runs out"
+                            );
+                        }
+                    } else if newer {
                         tracing::info!(leader = %holder, epoch, "standing by: another server leads");
                     }
                     if !std::mem::replace(&mut compared, true) {
@@ -204,20 +205,6 @@ impl ControlPlane {
                 tracing::warn!(error = %e, "could not compare this server's models with the catalog")
             }
         }
-    }
-
-    /// The epoch of a live lease held under this server's name that this
-    /// process was not granted (`granted` is the last it was): taking it
-    /// would depose that other process, which would take it back in turn,
-    /// for ever. None when the lease is free, another's, or this
-    /// process's own (and when the store cannot say: the attempt at the
-    /// lease meets the same error).
-    async fn held_under_own_name(&self, granted: Option<u64>) -> Option<u64> {
-        let info = self.store.lease_info().await.ok()?;
-        (info.held
-            && info.holder.as_deref() == Some(self.config.instance.as_str())
-            && granted != Some(info.epoch))
-        .then_some(info.epoch)
     }
 
     /// Until the next attempt at the lease: its poll, or sooner when an

@@ -183,6 +183,19 @@ pub trait EventStore: Clone + Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<Lease>> + Send;
 
+    /// As [`EventStore::acquire_lease`], for a process that must not take
+    /// the lease from another process under the same name: held under
+    /// `holder`, it is granted again only at `mine`, the epoch this caller
+    /// last held (a lapsed renewal of its own); `None` for a caller that
+    /// held none. In one statement, so two processes given one name
+    /// cannot both be granted it.
+    fn take_lease(
+        &self,
+        holder: &str,
+        ttl: Duration,
+        mine: Option<u64>,
+    ) -> impl Future<Output = Result<Lease>> + Send;
+
     /// Extends a lease that is still held; `Fenced` once it is not.
     fn renew_lease(
         &self,
@@ -613,6 +626,9 @@ impl EventStore for AnyStore {
     }
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
         delegate!(self, s => s.acquire_lease(holder, ttl).await)
+    }
+    async fn take_lease(&self, holder: &str, ttl: Duration, mine: Option<u64>) -> Result<Lease> {
+        delegate!(self, s => s.take_lease(holder, ttl, mine).await)
     }
     async fn renew_lease(&self, token: &LeaseToken, ttl: Duration) -> Result<Lease> {
         delegate!(self, s => s.renew_lease(token, ttl).await)

@@ -825,6 +825,31 @@ impl EventStore for PgStore {
         }
     }
 
+    async fn take_lease(&self, holder: &str, ttl: Duration, mine: Option<u64>) -> Result<Lease> {
+        if holder.is_empty() {
+            return Err(StoreError::Invalid("empty lease holder".into()));
+        }
+        let ttl = ttl_millis(ttl)?;
+        // -1: no epoch is; the caller held none.
+        let mine = mine.map_or(Ok(-1), |e| to_i64(e, "epoch"))?;
+        let row = sqlx::query(
+            "UPDATE es_control
+                SET epoch = epoch + 1, holder = $1,
+                    lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond'
+              WHERE id = 1 AND (lease_expires_at <= clock_timestamp() OR (holder = $1 AND epoch = $3))
+             RETURNING epoch, lease_expires_at, last_position",
+        )
+        .bind(holder)
+        .bind(ttl)
+        .bind(mine)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(r) => lease_row(&r, holder),
+            None => Err(self.lease_info().await?.held()),
+        }
+    }
+
     async fn renew_lease(&self, token: &LeaseToken, ttl: Duration) -> Result<Lease> {
         let ttl = ttl_millis(ttl)?;
         let row = sqlx::query(

@@ -15,6 +15,7 @@ both_backends!(
     retries_with_the_same_ids_return_the_original_positions,
     malformed_batches_are_refused_before_anything_is_written,
     the_lease_hands_over_with_a_growing_epoch,
+    a_lease_under_ones_name_is_taken_back_only_at_ones_own_epoch,
     an_expired_lease_refuses_appends,
     observers_append_whoever_holds_the_lease,
     stored_events_cannot_be_changed,
@@ -925,4 +926,38 @@ async fn a_batch_larger_than_one_statement_is_written_whole(b: Backend) {
         .unwrap();
     assert_eq!(next.last_position, 2501);
     assert!(t.store.verify(1, None).await.unwrap().is_ok());
+}
+
+/// `take_lease`: a process takes back only the lease it was granted; the
+/// same name at another epoch is another process's, until it runs out.
+async fn a_lease_under_ones_name_is_taken_back_only_at_ones_own_epoch(b: Backend) {
+    let t = TestStore::new(b).await;
+    let first = t.store.take_lease("cp-1", TTL, None).await.unwrap();
+    assert_eq!(first.token.epoch, 1);
+    // A second process under the same name, holding none: refused.
+    match t.store.take_lease("cp-1", TTL, None).await.unwrap_err() {
+        StoreError::LeaseHeld { holder, epoch, .. } => {
+            assert_eq!((holder.as_str(), epoch), ("cp-1", 1))
+        }
+        other => panic!("expected LeaseHeld, got {other}"),
+    }
+    // The first, whose renewal lapsed on the way, takes its own back.
+    let again = t.store.take_lease("cp-1", TTL, Some(1)).await.unwrap();
+    assert_eq!(again.token.epoch, 2);
+    // Its old epoch no longer is its.
+    assert!(matches!(
+        t.store.take_lease("cp-1", TTL, Some(1)).await,
+        Err(StoreError::LeaseHeld { .. })
+    ));
+    // Once released, anyone takes it.
+    assert!(t.store.release_lease(&again.token).await.unwrap());
+    assert_eq!(
+        t.store
+            .take_lease("cp-2", TTL, None)
+            .await
+            .unwrap()
+            .token
+            .epoch,
+        3
+    );
 }
