@@ -669,3 +669,27 @@ pub(crate) fn ttl_millis(ttl: Duration) -> Result<i64> {
 pub(crate) fn to_i64(v: u64, what: &str) -> Result<i64> {
     i64::try_from(v).map_err(|_| StoreError::Invalid(format!("{what} {v} is out of range")))
 }
+
+/// Whom a store grants the lease to again while it is held under their
+/// name: `acquire_lease` anyone asking under it, `take_lease` only the
+/// caller that last held that epoch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Again {
+    AnyEpoch,
+    /// The epoch the caller last held; None when it held none.
+    At(Option<u64>),
+}
+
+impl Again {
+    /// (whether the epoch is checked, the epoch), as the statements bind
+    /// them; -1 is no epoch.
+    pub(crate) fn condition(self) -> Result<(bool, i64)> {
+        match self {
+            Again::AnyEpoch => Ok((false, -1)),
+            Again::At(None) => Ok((true, -1)),
+            Again::At(Some(e)) => i64::try_from(e)
+                .map(|e| (true, e))
+                .map_err(|_| StoreError::Invalid(format!("epoch {e} is out of range"))),
+        }
+    }
+}

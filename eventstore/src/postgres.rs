@@ -50,6 +50,35 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
+    /// The lease, when free or expired, or under `holder` again as `again`
+    /// allows; one statement, so two callers under one name cannot both
+    /// be granted it.
+    async fn grant_lease(&self, holder: &str, ttl: Duration, again: crate::Again) -> Result<Lease> {
+        if holder.is_empty() {
+            return Err(StoreError::Invalid("empty lease holder".into()));
+        }
+        let ttl = ttl_millis(ttl)?;
+        let (checked, epoch) = again.condition()?;
+        let row = sqlx::query(
+            "UPDATE es_control
+                SET epoch = epoch + 1, holder = $1,
+                    lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond'
+              WHERE id = 1 AND (lease_expires_at <= clock_timestamp()
+                                OR (holder = $1 AND (NOT $3 OR epoch = $4)))
+             RETURNING epoch, lease_expires_at, last_position",
+        )
+        .bind(holder)
+        .bind(ttl)
+        .bind(checked)
+        .bind(epoch)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(r) => lease_row(&r, holder),
+            None => Err(self.lease_info().await?.held()),
+        }
+    }
+
     pub async fn open(address: &StoreAddress, options: OpenOptions) -> Result<Self> {
         let StoreAddress::Postgres(url) = address else {
             return Err(StoreError::BadAddress {
@@ -804,50 +833,11 @@ impl EventStore for PgStore {
     }
 
     async fn acquire_lease(&self, holder: &str, ttl: Duration) -> Result<Lease> {
-        if holder.is_empty() {
-            return Err(StoreError::Invalid("empty lease holder".into()));
-        }
-        let ttl = ttl_millis(ttl)?;
-        let row = sqlx::query(
-            "UPDATE es_control
-                SET epoch = epoch + 1, holder = $1,
-                    lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond'
-              WHERE id = 1 AND (lease_expires_at <= clock_timestamp() OR holder = $1)
-             RETURNING epoch, lease_expires_at, last_position",
-        )
-        .bind(holder)
-        .bind(ttl)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            Some(r) => lease_row(&r, holder),
-            None => Err(self.lease_info().await?.held()),
-        }
+        self.grant_lease(holder, ttl, crate::Again::AnyEpoch).await
     }
 
     async fn take_lease(&self, holder: &str, ttl: Duration, mine: Option<u64>) -> Result<Lease> {
-        if holder.is_empty() {
-            return Err(StoreError::Invalid("empty lease holder".into()));
-        }
-        let ttl = ttl_millis(ttl)?;
-        // -1: no epoch is; the caller held none.
-        let mine = mine.map_or(Ok(-1), |e| to_i64(e, "epoch"))?;
-        let row = sqlx::query(
-            "UPDATE es_control
-                SET epoch = epoch + 1, holder = $1,
-                    lease_expires_at = clock_timestamp() + $2 * interval '1 millisecond'
-              WHERE id = 1 AND (lease_expires_at <= clock_timestamp() OR (holder = $1 AND epoch = $3))
-             RETURNING epoch, lease_expires_at, last_position",
-        )
-        .bind(holder)
-        .bind(ttl)
-        .bind(mine)
-        .fetch_optional(&self.pool)
-        .await?;
-        match row {
-            Some(r) => lease_row(&r, holder),
-            None => Err(self.lease_info().await?.held()),
-        }
+        self.grant_lease(holder, ttl, crate::Again::At(mine)).await
     }
 
     async fn renew_lease(&self, token: &LeaseToken, ttl: Duration) -> Result<Lease> {
