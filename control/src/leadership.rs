@@ -108,7 +108,7 @@ impl ControlPlane {
                         tracing::info!(leader = %holder, epoch, "standing by: another server leads");
                     }
                     if !std::mem::replace(&mut compared, true) {
-                        self.compare_file_with_catalog().await;
+                        self.compare_file_with_catalog();
                     }
                     self.wait_for_lease().await;
                     continue;
@@ -183,27 +183,24 @@ impl ControlPlane {
     /// model it defines otherwise than the catalog the leader keeps (or
     /// that the catalog lacks) changes then, so it says so as it stands
     /// by, naming them.
-    async fn compare_file_with_catalog(&self) {
-        let differ = self
-            .decider
-            .read(|state| {
-                self.config
-                    .models
-                    .iter()
-                    .filter(|m| state.catalog.models.get(&m.name) != Some(*m))
-                    .map(|m| m.name.clone())
-                    .collect::<Vec<_>>()
-            })
-            .await;
-        match differ {
-            Ok(differ) if !differ.is_empty() => tracing::warn!(
+    fn compare_file_with_catalog(&self) {
+        // From the views this server keeps following the log anyway: the
+        // decider's own state is only caught up when taking office.
+        let differ: Vec<&str> = {
+            let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+            let catalog = &views.cluster.catalog.models;
+            self.config
+                .models
+                .iter()
+                .filter(|m| catalog.get(&m.name) != Some(*m))
+                .map(|m| m.name.as_str())
+                .collect()
+        };
+        if !differ.is_empty() {
+            tracing::warn!(
                 models = %differ.join(", "),
                 "this server's configuration file defines models otherwise than the catalog the leader keeps: they will change when this server takes office; keep every server's models alike"
-            ),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "could not compare this server's models with the catalog")
-            }
+            );
         }
     }
 
