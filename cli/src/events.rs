@@ -579,6 +579,26 @@ async fn last_log_anchor(
     }))
 }
 
+/// A verification that found the log rewritten: why, as a line or as
+/// the report with `field` set; exit 1.
+fn tampered(
+    report: &llmgw_eventstore::VerifyReport,
+    json: bool,
+    field: &str,
+    why: &str,
+) -> anyhow::Result<Outcome> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut value = serde_json::to_value(report)?;
+        value[field] = why.into();
+        json_line(&mut out, &value)?;
+    } else {
+        writeln!(out, "TAMPERED: {why}")?;
+    }
+    out.flush()?;
+    Ok(Outcome::Failed)
+}
+
 async fn verify(
     store: &AnyStore,
     from: u64,
@@ -590,15 +610,7 @@ async fn verify(
     if let Some((path, held)) = &held {
         let mut out = std::io::stdout().lock();
         if let Some(why) = &held.problem {
-            if json {
-                let mut value = serde_json::to_value(&report)?;
-                value["anchors_problem"] = why.clone().into();
-                json_line(&mut out, &value)?;
-            } else {
-                writeln!(out, "TAMPERED: {why}")?;
-            }
-            out.flush()?;
-            return Ok(Outcome::Failed);
+            return tampered(&report, json, "anchors_problem", why);
         }
         if !json {
             writeln!(
@@ -615,18 +627,10 @@ async fn verify(
     } else {
         None
     };
-    let mut out = std::io::stdout().lock();
     if let Some(Err(why)) = &anchor {
-        if json {
-            let mut value = serde_json::to_value(&report)?;
-            value["anchor_problem"] = why.clone().into();
-            json_line(&mut out, &value)?;
-        } else {
-            writeln!(out, "TAMPERED: {why}")?;
-        }
-        out.flush()?;
-        return Ok(Outcome::Failed);
+        return tampered(&report, json, "anchor_problem", why);
     }
+    let mut out = std::io::stdout().lock();
     let anchor = anchor.and_then(Result::ok);
     if json {
         let mut value = serde_json::to_value(&report)?;
