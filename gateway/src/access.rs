@@ -225,37 +225,23 @@ impl Drop for Line {
 mod tests {
     use super::*;
 
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// A request's span records its path: a claim link's token must not
     /// be in it (at debug, every event of the request would carry it).
     #[test]
     fn a_claim_links_token_stays_out_of_the_requests_span() {
-        let mut request = Request::builder()
+        let request = Request::builder()
             .uri("/claim/0123456789abcdef-secret")
             .body(axum::body::Body::empty())
             .unwrap();
-        let lines = Arc::new(Mutex::new(Vec::<u8>::new()));
-        let sink = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_writer(move || Sink(sink.clone()))
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            let (span, _) = open(&mut request);
-            span.in_scope(|| tracing::debug!("inside the request"));
-        });
-        let seen = String::from_utf8(lines.lock().unwrap().clone()).unwrap();
+        let request = std::sync::Mutex::new(request);
+        let seen = crate::log_lines::written::written(
+            |buf| tracing_subscriber::fmt::layer().with_writer(buf),
+            tracing_subscriber::filter::LevelFilter::DEBUG,
+            &|| {
+                let (span, _) = open(&mut request.lock().unwrap());
+                span.in_scope(|| tracing::debug!("inside the request"));
+            },
+        );
         assert!(
             seen.contains("inside the request") && seen.contains("/claim/"),
             "{seen}"

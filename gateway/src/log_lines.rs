@@ -17,7 +17,7 @@ use tracing_subscriber::registry::LookupSpan;
 mod json;
 mod plain;
 #[cfg(test)]
-mod written;
+pub(crate) mod written;
 
 /// Lines queued, up to this many; past it, the threads that log wait (no
 /// line is dropped). About 5 MB of access lines: a burst of a fraction of

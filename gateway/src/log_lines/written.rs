@@ -11,7 +11,7 @@ use tracing_subscriber::{Layer, Registry};
 /// What `layer` (given its writer) writes while `log` runs, alone on a
 /// subscriber of its own and filtered at `level`, as the binary's layer
 /// is by RUST_LOG.
-pub(super) fn written<L>(layer: impl FnOnce(Buf) -> L, level: LevelFilter, log: &dyn Fn()) -> String
+pub(crate) fn written<L>(layer: impl FnOnce(Buf) -> L, level: LevelFilter, log: &dyn Fn()) -> String
 where
     L: Layer<Registry> + Send + Sync + 'static,
 {
@@ -24,7 +24,7 @@ where
 
 /// A writer whose lines the test reads back.
 #[derive(Clone, Default)]
-pub(super) struct Buf(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Buf(Arc<Mutex<Vec<u8>>>);
 
 impl std::io::Write for Buf {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
