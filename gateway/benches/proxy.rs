@@ -33,6 +33,8 @@
 //! `-- --lines`: only what one access line costs to format ([`lines`]).
 //! `-- --key-lookups`: only what finding a request's key costs, from the
 //! key cache and composed again ([`key_lookups`]).
+//! `-- --answers`: only what reading a plain answer's usage costs, against
+//! parsing it ([`answers`]).
 
 #![allow(
     clippy::unwrap_used,
@@ -50,6 +52,8 @@ use futures_util::StreamExt;
 use llmgw_gateway::{Gateway, GatewayConfig, Listener};
 use serde_json::json;
 
+#[path = "proxy/answers.rs"]
+mod answers;
 #[path = "proxy/key_lookups.rs"]
 mod key_lookups;
 #[path = "proxy/lines.rs"]
@@ -350,6 +354,8 @@ struct Args {
     lines: bool,
     /// Only time a key's lookup, from the cache and composed again.
     key_lookups: bool,
+    /// Only time reading a plain answer's usage.
+    answers: bool,
     /// `--profile` this llmgw binary instead ([`shipped`]); with
     /// `--peers`, side by side with them in place of the bench's own
     /// gateway with auth, limits and usage.
@@ -367,6 +373,7 @@ fn args() -> Args {
             "--logged" => a.logged = true,
             "--lines" => a.lines = true,
             "--key-lookups" => a.key_lookups = true,
+            "--answers" => a.answers = true,
             "--rate" => a.rate = it.next().and_then(|s| s.parse().ok()),
             "--profile" => a.profile = it.next().and_then(|s| s.parse().ok()).or(Some(30)),
             "--serve" => a.serve = it.next().and_then(|s| s.parse().ok()),
@@ -555,6 +562,9 @@ fn main() {
     }
     if args.lines {
         return lines::run();
+    }
+    if args.answers {
+        return answers::run();
     }
     if args.key_lookups {
         let rt = tokio::runtime::Runtime::new().unwrap();

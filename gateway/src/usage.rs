@@ -32,7 +32,7 @@ pub struct Tokens {
 impl Tokens {
     /// The usage of a plain answer's body: as [`Tokens::from_usage`] on
     /// the parsed document, without parsing the rest of it.
-    pub(crate) fn from_answer(body: &[u8]) -> Option<Tokens> {
+    pub fn from_answer(body: &[u8]) -> Option<Tokens> {
         // A struct also deserializes from an array; a document that is not
         // an object has no usage.
         if body.trim_ascii_start().first() != Some(&b'{') {
