@@ -3,7 +3,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// The gateway's one client-facing error, in the OpenAI envelope
-/// `{"error":{"message","type","code"}}`. Messages never carry internals.
+/// `{"error":{"message","type","param","code"}}`. Messages never carry
+/// internals.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ApiError {
@@ -11,8 +12,13 @@ pub struct ApiError {
     pub kind: &'static str,
     pub code: &'static str,
     pub message: String,
+    /// The request field at fault, when one is.
+    pub param: Option<&'static str>,
     /// Seconds, sent as Retry-After.
     pub retry_after: Option<u64>,
+    /// Sent as `x-should-retry: false`: OpenAI's SDKs otherwise retry
+    /// every 429, and a spent budget does not come back in seconds.
+    pub final_answer: bool,
 }
 
 impl ApiError {
@@ -26,12 +32,15 @@ impl ApiError {
     }
 
     pub fn unknown_model(model: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!("The model `{model}` does not exist."),
-        )
+        ApiError {
+            param: Some("model"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                format!("The model `{model}` does not exist."),
+            )
+        }
     }
 
     pub fn too_large(limit: usize) -> Self {
@@ -71,12 +80,51 @@ impl ApiError {
         )
     }
 
-    pub fn no_capacity(model: &str) -> Self {
+    /// `retry_after`: when capacity may be back (an open breaker's cool
+    /// down), so that clients do not give up after their first quick
+    /// retries.
+    pub fn no_capacity(model: &str, retry_after: std::time::Duration) -> Self {
+        ApiError {
+            retry_after: Some(retry_after.as_secs().max(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "no_capacity",
+                format!("no endpoint can serve `{model}` right now"),
+            )
+        }
+    }
+
+    /// A graceful stop's cut: the request was not answered.
+    pub fn stopping() -> Self {
+        ApiError {
+            retry_after: Some(1),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "server_stopping",
+                "the server is stopping; send the request again",
+            )
+        }
+    }
+
+    /// A path of the API that does not exist.
+    pub fn unknown_route(method: &axum::http::Method, path: &str) -> Self {
         Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "no_capacity",
-            format!("no endpoint can serve `{model}` right now"),
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "unknown_url",
+            format!("Unknown request URL: {method} {path}."),
+        )
+    }
+
+    /// A path of the API asked with a method it does not take.
+    pub fn wrong_method(method: &axum::http::Method, path: &str) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method_not_supported",
+            format!("{path} does not take {method} requests."),
         )
     }
 
@@ -127,28 +175,34 @@ impl ApiError {
     /// A budget on the key's way up (key, project, team or org) is spent
     /// for its period.
     pub fn budget_spent(scope: &str, id: &str, period: &str) -> Self {
-        Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "insufficient_quota",
-            "insufficient_quota",
-            format!(
-                "the {period} budget of {scope} {id} is spent; it renews with the next {period}"
-            ),
-        )
+        ApiError {
+            final_answer: true,
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
+                "insufficient_quota",
+                format!(
+                    "the {period} budget of {scope} {id} is spent; it renews with the next {period}"
+                ),
+            )
+        }
     }
 
     /// A budget is not spent yet, but has less left than this request may
     /// cost (its prompt and the completion it allows itself).
     pub fn budget_short(scope: &str, id: &str, period: &str, left_micros: u64) -> Self {
-        Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "insufficient_quota",
-            "insufficient_quota",
-            format!(
-                "the {period} budget of {scope} {id} has {left_micros} micro-units left, \
-                 less than this request may cost; ask for fewer tokens, or wait for the next {period}"
-            ),
-        )
+        ApiError {
+            final_answer: true,
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
+                "insufficient_quota",
+                format!(
+                    "the {period} budget of {scope} {id} has {left_micros} micro-units left, \
+                     less than this request may cost; ask for fewer tokens, or wait for the next {period}"
+                ),
+            )
+        }
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -174,7 +228,8 @@ impl ApiError {
         }
     }
 
-    fn new(
+    /// An error of its own kind and code, retried as any (no Retry-After).
+    pub fn new(
         status: StatusCode,
         kind: &'static str,
         code: &'static str,
@@ -185,20 +240,31 @@ impl ApiError {
             kind,
             code,
             message: message.into(),
+            param: None,
             retry_after: None,
+            final_answer: false,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body =
-            json!({ "error": { "message": self.message, "type": self.kind, "code": self.code } });
+        let body = json!({ "error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        } });
         let mut response = (self.status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
         if let Some(s) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, s.into());
+            headers.insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        if self.final_answer {
+            headers.insert(
+                axum::http::HeaderName::from_static("x-should-retry"),
+                axum::http::HeaderValue::from_static("false"),
+            );
         }
         response
     }

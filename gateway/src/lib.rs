@@ -216,24 +216,43 @@ impl Gateway {
     }
 }
 
-/// The client-facing routes.
+/// The client-facing routes. Under `/v1` every answer is the API's JSON
+/// envelope, a path or a method it does not have included: an SDK then
+/// raises its own error with the reason rather than a bare status.
 pub fn client_app(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(proxy::handle))
-        .route("/v1/completions", post(proxy::handle))
-        .route("/v1/embeddings", post(proxy::handle))
-        .route("/v1/models", get(info::models))
-        .route("/v1/models/{id}", get(info::model))
+        .route("/v1/chat/completions", api(post(proxy::handle)))
+        .route("/v1/completions", api(post(proxy::handle)))
+        .route("/v1/embeddings", api(post(proxy::handle)))
+        .route("/v1/models", api(get(info::models)))
+        // A model's name may hold a `/` (`org/model`), sent as is.
+        .route("/v1/models/{*id}", api(get(info::model)))
         .route("/me", get(info::me))
         .route(
             "/v1/threads/{id}",
-            get(convo::read_thread).delete(convo::delete_thread),
+            api(get(convo::read_thread).delete(convo::delete_thread)),
         )
+        .route("/v1/{*rest}", axum::routing::any(unknown_route))
         .merge(convo::memory_routes())
         .merge(convo::mcp_routes())
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(info::ready))
         .with_state(gw)
+}
+
+/// An API route that answers a method it does not take in the envelope.
+fn api<S: Clone + Send + Sync + 'static>(
+    route: axum::routing::MethodRouter<S>,
+) -> axum::routing::MethodRouter<S> {
+    route.fallback(
+        |method: axum::http::Method, uri: axum::http::Uri| async move {
+            ApiError::wrong_method(&method, uri.path())
+        },
+    )
+}
+
+async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::unknown_route(&method, uri.path())
 }
 
 /// The admin routes (loopback by default): health and metrics for now.

@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes, HttpBody};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 
@@ -16,7 +15,7 @@ use crate::listen::Signal;
 
 /// The answer to a request still waiting for its answer at the cut.
 pub(crate) fn stopping() -> Response {
-    (StatusCode::SERVICE_UNAVAILABLE, "the server is stopping").into_response()
+    crate::ApiError::stopping().into_response()
 }
 
 /// A body of unknown length (a stream) still being sent at the cut ends

@@ -68,6 +68,15 @@ def main() -> None:
     except openai.NotFoundError as e:
         assert e.body["code"] == "model_not_found", e.body
 
+    # A route the gateway does not have is an error the SDK can read (the
+    # Responses API, which some agent frameworks use by default).
+    try:
+        client.responses.create(model=model, input="hi")
+        raise AssertionError("the gateway has no Responses API")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "unknown_url", e.body
+        assert "/v1/responses" in e.body["message"], e.body
+
     print("ok")
 
 

@@ -22,8 +22,11 @@ use crate::{ApiError, Gateway};
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
     Router::new()
-        .route("/v1/memory", get(search))
-        .route("/v1/memory/{key}", get(read).put(write).delete(forget))
+        .route("/v1/memory", crate::api(get(search)))
+        .route(
+            "/v1/memory/{key}",
+            crate::api(get(read).put(write).delete(forget)),
+        )
 }
 
 /// Searches return at most this many notes unless `limit` says fewer.

@@ -117,24 +117,20 @@ pub async fn sweep_every(gw: Arc<Gateway>, period: Duration) {
 }
 
 fn refusal(status: StatusCode, code: &'static str, message: String) -> ApiError {
-    ApiError {
-        status,
-        kind: "invalid_request_error",
-        code,
-        message,
-        retry_after: None,
-    }
+    ApiError::new(status, "invalid_request_error", code, message)
 }
 
 /// A store failure as the client sees it: no internals.
 fn unavailable(e: &ConvoError) -> ApiError {
     tracing::warn!(error = %e, "the conversation tables");
     ApiError {
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        kind: "server_error",
-        code: "conversations_unavailable",
-        message: "conversations cannot be read or kept right now; try again shortly".into(),
         retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "conversations_unavailable",
+            "conversations cannot be read or kept right now; try again shortly",
+        )
     }
 }
 

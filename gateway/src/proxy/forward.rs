@@ -57,8 +57,15 @@ pub(crate) async fn forward(
         }
     }
     Err(match failed {
-        Some(why) => ApiError::upstream(format!("no endpoint answered: {why}")),
-        None => ApiError::no_capacity(plan.asked),
+        // The client is told no more than that: an endpoint's id (a
+        // replica's, or the operator's label) and its errors are internals.
+        Some(why) => {
+            tracing::warn!(model = %plan.asked, last = %why, "no endpoint answered");
+            ApiError::upstream(
+                "no endpoint of the model answered; the x-request-id header names this request to the operator",
+            )
+        }
+        None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
     })
 }
 

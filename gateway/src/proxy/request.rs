@@ -17,8 +17,10 @@ use crate::ApiError;
 struct Head<'a> {
     #[serde(borrow)]
     model: Option<Str<'a>>,
+    /// Optional, so that an explicit `null` reads as absent (as OpenAI
+    /// takes it) rather than failing the body.
     #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<Value>,
     #[serde(default, borrow)]
@@ -34,6 +36,13 @@ struct Head<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    /// Choices asked for: each may run to the completion limit.
+    #[serde(default)]
+    n: Option<u64>,
+    /// Legacy completions: candidates generated server-side, each to the
+    /// limit, before `n` are returned.
+    #[serde(default)]
+    best_of: Option<u64>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
     #[serde(default)]
@@ -123,7 +132,9 @@ pub(crate) struct ClientRequest {
     /// Prompt tokens, estimated before sending (see
     /// [`crate::limits::estimate_tokens`]).
     pub(crate) prompt_estimate: u64,
-    /// The completion the request allows itself, if it says.
+    /// The completion the request allows itself, if it says: its limit
+    /// times the choices (`n`, `best_of`) it asks for, each of which may
+    /// run to it.
     pub(crate) max_completion: Option<u64>,
     /// What is forwarded.
     pub(crate) body: Bytes,
@@ -149,7 +160,8 @@ impl ClientRequest {
             .as_ref()
             .and_then(|o| o.get("include_usage"))
             .and_then(Value::as_bool);
-        let injected = if head.stream && asked != Some(true) {
+        let streamed = head.stream.unwrap_or(false);
+        let injected = if streamed && asked != Some(true) {
             with_usage_requested(&body)
         } else {
             None
@@ -171,8 +183,12 @@ impl ClientRequest {
         if let Some(i) = &head.input {
             i.each_text(|t| counted += t.len());
         }
-        let (stream, user) = (head.stream, head.user.as_ref().map(|u| u.0.to_string()));
-        let max_completion = head.max_completion_tokens.or(head.max_tokens);
+        let (stream, user) = (streamed, head.user.as_ref().map(|u| u.0.to_string()));
+        let choices = head.n.max(head.best_of).unwrap_or(1).max(1);
+        let max_completion = head
+            .max_completion_tokens
+            .or(head.max_tokens)
+            .map(|m| m.saturating_mul(choices));
         let rendered = render.then(|| head.render_sim());
         // The head borrows the body it was read from, which moves below.
         drop(head);
@@ -218,6 +234,9 @@ fn with_usage_requested(body: &Bytes) -> Option<Bytes> {
     let mut v: Value = serde_json::from_slice(body).ok()?;
     let obj = v.as_object_mut()?;
     let opts = obj.entry("stream_options").or_insert_with(|| json!({}));
+    if opts.is_null() {
+        *opts = json!({});
+    }
     if opts.get("include_usage").and_then(Value::as_bool) == Some(true) {
         return None;
     }
@@ -255,6 +274,35 @@ mod tests {
         let embed = json!({"model": "e", "input": ["hello", "world"]});
         let r = ClientRequest::parse(Bytes::from(embed.to_string()), false).unwrap();
         assert_eq!(r.token_estimate(), 4);
+        // Each choice may run to the limit: `n`, or a completion's
+        // `best_of` when larger.
+        let parse = |v: Value| ClientRequest::parse(Bytes::from(v.to_string()), false).unwrap();
+        let chat = |n: Value| {
+            parse(json!({"model": "m", "n": n, "max_tokens": 10,
+                "messages": [{"role": "user", "content": "abcdefg"}]}))
+            .token_estimate()
+        };
+        assert_eq!(
+            (chat(json!(4)), chat(json!(1)), chat(json!(null))),
+            (43, 13, 13)
+        );
+        let legacy = parse(
+            json!({"model": "m", "prompt": "abcdefg", "n": 2, "best_of": 5, "max_tokens": 10}),
+        );
+        assert_eq!(legacy.token_estimate(), 53);
+    }
+
+    /// An explicit `null` is read as the field left out, as OpenAI reads
+    /// it: the body is taken, and a stream still asks the engine for usage.
+    #[test]
+    fn null_fields_read_as_absent() {
+        let parse = |v: Value| ClientRequest::parse(Bytes::from(v.to_string()), false).unwrap();
+        let r = parse(json!({"model": "m", "stream": null, "prompt": "p"}));
+        assert!(!r.stream && !r.strip_usage);
+        let r = parse(json!({"model": "m", "stream": true, "stream_options": null, "prompt": "p"}));
+        assert!(r.stream && r.strip_usage);
+        let sent: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(sent["stream_options"], json!({"include_usage": true}));
     }
 
     #[test]

@@ -181,6 +181,22 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
             503,
             "no_capacity",
         ),
+        // A path or a method the API does not have: the envelope too, so
+        // that an SDK says why.
+        (
+            client
+                .post(format!("{}/v1/responses", gw.base))
+                .json(&json!({})),
+            404,
+            "unknown_url",
+        ),
+        (client.get(&url), 405, "method_not_supported"),
+        // A model named with a slash, as some clients send it.
+        (
+            client.get(format!("{}/v1/models/org/nope", gw.base)),
+            404,
+            "model_not_found",
+        ),
     ];
     for (req, status, code) in cases {
         let r = req
@@ -189,14 +205,24 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
             .await
             .unwrap();
         assert_eq!(r.status().as_u16(), status);
+        let retry_after = r.headers().get("retry-after").cloned();
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["error"]["code"], code, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(
-            body["error"]["message"]
-                .as_str()
-                .is_some_and(|m| !m.is_empty())
+            !message.is_empty()
                 && body["error"]["type"].is_string()
+                && body["error"].get("param").is_some(),
+            "{body}"
         );
+        match code {
+            // The endpoint's id (an internal) is not the client's to know.
+            "upstream_error" => assert!(!message.contains("dead"), "{body}"),
+            // Capacity may come back once the breaker cools down.
+            "no_capacity" => assert_eq!(retry_after.unwrap(), "5", "{body}"),
+            "model_not_found" => assert_eq!(body["error"]["param"], "model", "{body}"),
+            _ => {}
+        }
     }
     // A metric's model is a model the gateway knows, never a client's string.
     let page = gw.admin_page().await;

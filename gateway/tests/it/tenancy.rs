@@ -355,6 +355,10 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
     t.spent_elsewhere("k2", "p", 1_000).await;
     let r = call(base, Some(&budget_key), &chat("m", 1)).await;
     assert_eq!(r.status(), 429);
+    // A spent budget does not come back in seconds: OpenAI's SDKs retry
+    // every 429 unless told not to.
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    assert!(r.headers().get("retry-after").is_none());
     let body = r.text().await.unwrap();
     assert!(
         body.contains("insufficient_quota") && body.contains("day budget of key k2 is spent"),

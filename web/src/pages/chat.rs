@@ -56,14 +56,7 @@ pub(super) async fn page(
 
 /// A refusal in the API's envelope, which the script shows.
 fn refuse(status: StatusCode, code: &'static str, message: &str) -> Response {
-    ApiError {
-        status,
-        kind: "invalid_request_error",
-        code,
-        message: message.to_owned(),
-        retry_after: None,
-    }
-    .into_response()
+    ApiError::new(status, "invalid_request_error", code, message).into_response()
 }
 
 pub(super) async fn completions(
@@ -72,6 +65,16 @@ pub(super) async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    // The page never sends a key; an API client does, when its base URL
+    // lacks `/v1` (a common slip): it would otherwise be answered here,
+    // its key ignored and its answer capped at the page's limit.
+    if headers.contains_key(header::AUTHORIZATION) {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            "unknown_url",
+            "Unknown request URL: POST /chat/completions. The API is under /v1: give clients a base URL that ends in /v1.",
+        );
+    }
     let key = if web.settings.accounts {
         let Visitor::Person(person) = &visitor else {
             return refuse(

@@ -122,6 +122,7 @@ async fn the_chat_page_lists_each_model_once_and_loads_its_script() {
 #[tokio::test]
 async fn a_chat_turn_reaches_the_model_capped_at_512_tokens() {
     let (url, seen) = engine().await;
+    let sent = seen.clone();
     let app = client_routes(web(
         WebSettings::default(),
         vec![endpoint(&url, "llama-8b")],
@@ -142,6 +143,20 @@ async fn a_chat_turn_reaches_the_model_capped_at_512_tokens() {
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0]["max_tokens"], 512);
     assert_eq!(seen[0]["messages"][0]["content"], "hello");
+
+    // An API client whose base URL lacks `/v1` (it sends a key, which the
+    // page never does) is told where the API is, not answered capped.
+    let request = Request::post("/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::AUTHORIZATION, "Bearer sk-anything")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let (status, answer, _) = send(&app, request).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    let v: serde_json::Value = serde_json::from_str(&answer).expect("json");
+    assert_eq!(v["error"]["code"], "unknown_url", "{answer}");
+    assert!(answer.contains("under /v1"), "{answer}");
+    assert_eq!(sent.lock().expect("lock").len(), 1, "not sent to the model");
 }
 
 #[tokio::test]
