@@ -146,7 +146,8 @@ pub(crate) enum EventsCommand {
     /// A view as it stood at a position or time.
     Replay {
         /// A position, or a time: 2026-12-01T10:00:00Z, "2026-12-01
-        /// 10:00:00" (UTC), or a date.
+        /// 10:00:00" (UTC), or a date; a time includes its last written
+        /// unit (a date, the whole day; 10:00:00.123, that millisecond).
         #[arg(long, value_name = "POSITION|TIME")]
         until: history::Point,
         /// router, cluster, tenancy or usage.
@@ -185,11 +186,13 @@ pub(crate) enum EventsCommand {
     },
     /// What changed in a view between two points.
     Diff {
-        /// The earlier point: a position, or a time (2026-12-01T10:00:00Z,
-        /// "2026-12-01 10:00:00" in UTC, or a date).
+        /// The earlier point: a position (the view there), or a time (the
+        /// view just before it: 2026-12-01T10:00:00Z, "2026-12-01
+        /// 10:00:00" in UTC, or a date).
         #[arg(long, value_name = "POSITION|TIME")]
         from: history::Point,
-        /// The later point: a position or a time, written as for --from.
+        /// The later point: a position, or a time written as for --from,
+        /// its last written unit included (a date, the whole day).
         #[arg(long, value_name = "POSITION|TIME")]
         to: history::Point,
         /// router, cluster, tenancy or usage.
@@ -211,7 +214,8 @@ pub(crate) enum EventsCommand {
         /// The first position, or a time (the first event at or after it).
         #[arg(long, value_name = "POSITION|TIME")]
         from: history::Point,
-        /// The last position, or a time (the last event at or before it).
+        /// The last position, or a time (the last event within it: a date,
+        /// that whole day; 10:00:00.123, that millisecond).
         #[arg(long, value_name = "POSITION|TIME")]
         to: history::Point,
         /// The replay-tests crate to write into.
@@ -606,6 +610,21 @@ async fn verify(
     json: bool,
     held: Option<(PathBuf, anchors::Held)>,
 ) -> anyhow::Result<Outcome> {
+    // An auditor's "--to 500" on a log of 300 may mean the log was cut
+    // short: said, not quietly checked as far as it goes.
+    if let Some(to) = to {
+        let (head, _) = store.head().await?;
+        // Exit 2, a bad question, apart from 1, a tampered log.
+        let bad = |why: String| Err(crate::config::ConfigError(why).into());
+        if to > head {
+            return bad(format!("--to {to} is past the log's head, position {head}"));
+        }
+        if from > to {
+            return bad(format!(
+                "--from {from} comes after --to {to}: give the earlier position first"
+            ));
+        }
+    }
     let report = store.verify(from, to).await?;
     if let Some((path, held)) = &held {
         let mut out = std::io::stdout().lock();

@@ -56,7 +56,13 @@ impl StoreAddress {
         } else {
             raw_trim
         };
-        let path = path.split('?').next().unwrap_or_default();
+        // Options (`?mode=ro`) would be dropped, and the store opened
+        // read-write all the same: refused rather than ignored.
+        if let Some((_, options)) = path.split_once('?') {
+            return Err(bad(&format!(
+                "a SQLite address takes no options (`?{options}`): the store is opened read-write, as the server needs it; remove them"
+            )));
+        }
         if path.is_empty() {
             return Err(bad("sqlite address without a path"));
         }
@@ -155,6 +161,7 @@ mod tests {
             "mysql://x",
             "sqlite://",
             "sqlite::memory:",
+            "sqlite://log.db?mode=ro",
             "@",
             "postgres://u@h:notaport/db",
         ] {

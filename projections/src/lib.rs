@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cluster::ClusterView;
 pub use lag::{Lag, lag_of};
-pub use replay::{parse_time, position_at, replay_to};
+pub use replay::{parse_span, parse_time, position_at, replay_to};
 pub use router::{Endpoint, RouterModel, RouterView};
 pub use runner::{Runner, RunnerError, SnapshotFloor, VIEWS_SNAPSHOT};
 pub use tenancy::{KeyEntry, TenancyView};

@@ -74,9 +74,68 @@ pub fn parse_time(text: &str, day_end: bool) -> Option<DateTime<Utc>> {
     Some(day.and_hms_opt(0, 0, 0)?.and_utc())
 }
 
+/// The instants a written time stands for: from its first to the last
+/// (to the microsecond, the log's precision) of its last written unit: a
+/// day for a date, a minute, a second, or the last digit of a fraction.
+/// So a time copied from a table that prints milliseconds, taken as where
+/// a range ends, still covers the event it was printed beside.
+pub fn parse_span(text: &str) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let start = parse_time(text, false)?;
+    let text = text.trim();
+    // `YYYY-MM-DD` and a separator come first in every accepted form.
+    let time = text.get(11..).unwrap_or_default().as_bytes();
+    let unit = if time.is_empty() {
+        chrono::Duration::days(1)
+    } else if time.get(5) != Some(&b':') {
+        chrono::Duration::minutes(1)
+    } else if time.get(8) == Some(&b'.') {
+        let digits = time[9..].iter().take_while(|b| b.is_ascii_digit()).count();
+        // Past microseconds the log cannot tell instants apart.
+        let digits = u32::try_from(digits.min(6)).unwrap_or(6);
+        chrono::Duration::microseconds(10_i64.pow(6 - digits))
+    } else {
+        chrono::Duration::seconds(1)
+    };
+    Some((start, start + unit - chrono::Duration::microseconds(1)))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_time;
+    use super::{parse_span, parse_time};
+
+    #[test]
+    fn a_written_time_spans_its_last_unit() {
+        let span = |s: &str| parse_span(s).map(|(a, b)| (a.to_rfc3339(), b.to_rfc3339()));
+        let (a, b) = span("2026-12-02T20:21:30.123Z").unwrap();
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            (
+                "2026-12-02T20:21:30.123+00:00",
+                "2026-12-02T20:21:30.123999+00:00"
+            )
+        );
+        assert_eq!(
+            span("2026-12-02 20:21:30").unwrap().1,
+            "2026-12-02T20:21:30.999999+00:00"
+        );
+        assert_eq!(
+            span("2026-12-02T21:21:30+01:00").unwrap().1,
+            "2026-12-02T20:21:30.999999+00:00"
+        );
+        assert_eq!(
+            span("2026-12-02T20:21").unwrap().1,
+            "2026-12-02T20:21:59.999999+00:00"
+        );
+        assert_eq!(
+            span("2026-12-02").unwrap().1,
+            "2026-12-02T23:59:59.999999+00:00"
+        );
+        assert_eq!(
+            span("2026-12-02T20:21:30.123456789Z").unwrap().1,
+            "2026-12-02T20:21:30.123456789+00:00"
+        );
+        assert_eq!(span("yesterday"), None);
+    }
 
     #[test]
     fn times_are_read_as_people_write_them() {

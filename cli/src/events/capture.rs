@@ -109,12 +109,9 @@ pub(crate) async fn run(store: &AnyStore, a: Args) -> anyhow::Result<Outcome> {
     let (head, _) = store.head().await?;
     let from = match a.from {
         Point::Position(p) => p,
-        Point::Time(t) => first_at(store, t).await?,
+        Point::Time { first, .. } => first_at(store, first).await?,
     };
-    let to = match a.to {
-        Point::Position(p) => p,
-        Point::Time(t) => llmgw_projections::position_at(store, t).await?,
-    };
+    let to = a.to.end(store).await?;
     let (base_pos, _) = store.base().await?;
     if from <= base_pos || from == 0 || from > to || to > head {
         bail!(

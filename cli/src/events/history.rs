@@ -12,11 +12,18 @@ use serde_json::Value;
 use crate::Outcome;
 use crate::output::{Table, json_line};
 
-/// A point in the log: a position, or an RFC 3339 time.
+/// A point in the log: a position, or a time as written, which stands for
+/// the instants of its last written unit (see
+/// [`llmgw_projections::parse_span`]): a range starts at the first and
+/// ends at the last, so that a time copied from a table that prints
+/// milliseconds, or a date, covers what was printed beside it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Point {
     Position(u64),
-    Time(DateTime<Utc>),
+    Time {
+        first: DateTime<Utc>,
+        last: DateTime<Utc>,
+    },
 }
 
 impl std::str::FromStr for Point {
@@ -26,8 +33,8 @@ impl std::str::FromStr for Point {
         if let Ok(p) = s.parse::<u64>() {
             return Ok(Point::Position(p));
         }
-        llmgw_projections::parse_time(s, false)
-            .map(Point::Time)
+        llmgw_projections::parse_span(s)
+            .map(|(first, last)| Point::Time { first, last })
             .ok_or_else(|| {
                 format!(
                     "{s:?} is neither a position nor a time (2026-12-01T10:00:00Z, \"2026-12-01 10:00:00\" in UTC, or a date)"
@@ -46,12 +53,47 @@ pub(crate) fn check_view(view: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every view as it stood at `until`.
-pub(crate) async fn fold(store: &AnyStore, until: Point) -> anyhow::Result<Projections> {
-    let stop = match until {
-        Point::Position(p) => p,
-        Point::Time(t) => llmgw_projections::position_at(store, t).await?,
-    };
+impl Point {
+    /// The last position at this point, a range's end: a time's whole
+    /// unit included.
+    pub(crate) async fn end(self, store: &AnyStore) -> anyhow::Result<u64> {
+        Ok(match self {
+            Point::Position(p) => p,
+            Point::Time { last, .. } => llmgw_projections::position_at(store, last).await?,
+        })
+    }
+
+    /// The last position before this point, where a range's views start:
+    /// a time's whole unit left out.
+    pub(crate) async fn before(self, store: &AnyStore) -> anyhow::Result<u64> {
+        Ok(match self {
+            Point::Position(p) => p,
+            Point::Time { first, .. } => {
+                let just_before = first - chrono::Duration::microseconds(1);
+                llmgw_projections::position_at(store, just_before).await?
+            }
+        })
+    }
+}
+
+/// A position given outright past the log's head is refused: the view "at
+/// 500" of a log of 300 events is not what was asked for (a time past the
+/// head is the head: the log is as it stands).
+async fn past_head(store: &AnyStore, points: &[(&str, Point, u64)]) -> anyhow::Result<()> {
+    let (head, _) = store.head().await?;
+    for (flag, point, at) in points {
+        if matches!(point, Point::Position(_)) && *at > head {
+            return Err(crate::config::ConfigError(format!(
+                "{flag} {at} is past the log's head, position {head}"
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Every view as it stood at position `stop`.
+pub(crate) async fn fold(store: &AnyStore, stop: u64) -> anyhow::Result<Projections> {
     let mut p = Projections::default();
     llmgw_projections::replay_to(store, &mut p, stop).await?;
     Ok(p)
@@ -64,7 +106,9 @@ pub(crate) async fn replay(
     json: bool,
 ) -> anyhow::Result<Outcome> {
     check_view(view)?;
-    let p = fold(store, until).await?;
+    let stop = until.end(store).await?;
+    past_head(store, &[("--until", until, stop)]).await?;
+    let p = fold(store, stop).await?;
     let value = p.view_json(view).context("view")?;
     let mut out = std::io::stdout().lock();
     if json {
@@ -441,8 +485,16 @@ pub(crate) async fn diff(
     json: bool,
 ) -> anyhow::Result<Outcome> {
     check_view(view)?;
-    let before = fold(store, from).await?;
-    let after = fold(store, to).await?;
+    let (start, end) = (from.before(store).await?, to.end(store).await?);
+    past_head(store, &[("--from", from, start), ("--to", to, end)]).await?;
+    if start > end {
+        return Err(crate::config::ConfigError(format!(
+            "--from (position {start}) comes after --to (position {end}): give the earlier point first"
+        ))
+        .into());
+    }
+    let before = fold(store, start).await?;
+    let after = fold(store, end).await?;
     let mut changes = Vec::new();
     compare(
         "",

@@ -518,6 +518,7 @@ fn bad_addresses_fail_with_one_clear_line() {
             "cannot open the store at postgres://postgres@127.0.0.1:1/x",
         ),
         ("@/nonexistent/dsn", "cannot read /nonexistent/dsn"),
+        ("sqlite://x.db?mode=ro", "takes no options"),
         (missing.to_str().unwrap(), "run `llmgw store migrate"),
     ];
     for (address, says) in cases {
@@ -683,6 +684,66 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
             "{:?}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    // A time as the tables print it (to the millisecond) covers the event
+    // printed beside it, though the log holds it to the microsecond.
+    assert!(t0.len() > "2026-12-02T10:39:48.305Z".len(), "{t0}");
+    let tail = ok(&address, &["events", "tail", "--from", "1"]);
+    let printed = tail
+        .lines()
+        .find_map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            (cells.first() == Some(&"1")).then(|| cells[1].to_owned())
+        })
+        .unwrap_or_else(|| panic!("position 1 in {tail}"));
+    let at = ok(
+        &address,
+        &["events", "replay", "--until", &printed, "--view", "router"],
+    );
+    assert!(
+        at.starts_with("router view at position ") && !at.starts_with("router view at position 0"),
+        "{printed}: {at}"
+    );
+    // A date as both ends is that whole day.
+    let day = &t0[..10];
+    let changes = ok(
+        &address,
+        &[
+            "events", "diff", "--from", day, "--to", day, "--view", "usage",
+        ],
+    );
+    assert!(
+        changes.contains(&format!("from position 0 to {}", events.len())),
+        "{changes}"
+    );
+
+    // A range that is not one is refused (exit 2), naming the log's head.
+    let past = (events.len() + 5).to_string();
+    for (args, says) in [
+        (
+            vec!["events", "replay", "--until", &past, "--view", "router"],
+            "past the log's head",
+        ),
+        (
+            vec![
+                "events", "diff", "--from", "5", "--to", "2", "--view", "router",
+            ],
+            "comes after --to",
+        ),
+        (
+            vec!["events", "verify", "--from", "5", "--to", "2"],
+            "comes after --to",
+        ),
+        (
+            vec!["events", "verify", "--to", &past],
+            "past the log's head",
+        ),
+    ] {
+        let out = llmgw(&address, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
     }
 }
 
