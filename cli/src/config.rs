@@ -24,6 +24,8 @@ pub(crate) struct FileConfig {
     pub admin_listen: Option<String>,
     pub metrics_listen: Option<String>,
     pub agent_listen: Option<String>,
+    /// Agents on other machines may dial a listener without `tls:`.
+    pub agent_plaintext: Option<bool>,
     /// The event log's address (as `--store`).
     pub store: Option<String>,
     #[serde(default)]

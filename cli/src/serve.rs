@@ -623,10 +623,17 @@ async fn agent_listener(
             let join = llmgw_api::JoinServiceServer::new(llmgw_control::JoinSvc(cp.clone()));
             (Some(tls), routes.add_service(join))
         }
+        None if addr.ip().is_loopback() => {
+            tracing::info!(
+                %addr,
+                "agent listener: plaintext on loopback, for this host's agents (others need the tls: section, or agent_plaintext on a network you trust)"
+            );
+            (None, routes)
+        }
         None => {
             tracing::warn!(
                 %addr,
-                "agent listener: plaintext, for a trusted network only (see `llmgw ctl cert` and the tls: section)"
+                "agent listener: plaintext (agent_plaintext), for a trusted network only: anything that reaches it can register as a node (see `llmgw server init` and the tls: section)"
             );
             (None, routes)
         }

@@ -24,9 +24,16 @@ pub(crate) struct ServerArgs {
     /// `control:` and the `models:` catalog; `LLMGW_A__B` sets `a.b`.
     #[arg(long, env = "LLMGW_CONFIG")]
     config: Option<PathBuf>,
-    /// The agent listener (default :7443), with the control plane.
+    /// The agent listener, with the control plane (default :7443 with
+    /// `tls:`, 127.0.0.1:7443 without).
     #[arg(long, env = "LLMGW_AGENT_LISTEN", value_parser = listen_addr)]
     agent_listen: Option<SocketAddr>,
+    /// Let agents on other machines dial a plaintext agent listener (no
+    /// `tls:`): for a network you trust, since anything that reaches it can
+    /// register as a node. Without it, a listener without `tls:` stays on
+    /// loopback.
+    #[arg(long, env = "LLMGW_AGENT_PLAINTEXT", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    agent_plaintext: Option<bool>,
     /// A static endpoint, `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`;
     /// repeat for several. A hosted service's API key: `;key_env=VAR` or
     /// `;key_file=PATH` (never the key itself).
@@ -115,6 +122,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     let agent_listen = a
         .agent_listen
         .or(addr("agent_listen", file.agent_listen.clone())?);
+    let agent_plaintext = a.agent_plaintext.or(file.agent_plaintext);
     // A setting this mode cannot honour stops the start: it is never
     // silently dropped.
     if control.is_none() {
@@ -125,6 +133,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         }
         let needs_control = [
             (agent_listen.is_some(), "agent_listen"),
+            (agent_plaintext.is_some(), "agent_plaintext"),
             (agent_tls.is_some(), "tls"),
             (file.control.is_set(), "control.*"),
             // Only agents fetch from it, and only the control plane has agents.
@@ -241,6 +250,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
     };
+    let agent = agent_addr(agent_listen, agent_tls.is_some(), agent_plaintext)?;
     let metrics = a
         .metrics_listen
         .or(addr("metrics_listen", file.metrics_listen)?);
@@ -269,7 +279,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
                 .or(addr("admin_listen", file.admin_listen)?)
                 .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into()),
             metrics,
-            agent: agent_listen.unwrap_or_else(|| ([0, 0, 0, 0], 7443).into()),
+            agent,
             agent_tls,
             connections,
             caps_set: crate::gateway_settings::caps_set(&file.connections),
@@ -282,6 +292,33 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         shutdown_grace,
         convo: crate::convo_settings::convo_plan(&file.conversations, file.threads.as_ref(), auth)?,
     })
+}
+
+/// Where agents dial in. Without `tls:` nothing identifies an agent: any
+/// host that reaches the listener can register as a node (or as one that
+/// exists) and be sent placements and prompts. So without it the listener
+/// stays on loopback, its default included, unless `agent_plaintext` says
+/// the network is trusted; an address off loopback is refused rather than
+/// narrowed, so that what the operator wrote is never quietly changed.
+fn agent_addr(
+    given: Option<SocketAddr>,
+    tls: bool,
+    plaintext: Option<bool>,
+) -> Result<SocketAddr, ConfigError> {
+    let every_interface = || SocketAddr::from(([0, 0, 0, 0], 7443));
+    match (tls, plaintext) {
+        (true, Some(true)) => Err(ConfigError(
+            "agent_plaintext with tls: the agent listener is mutual TLS; remove one".into(),
+        )),
+        (true, _) | (false, Some(true)) => Ok(given.unwrap_or_else(every_interface)),
+        (false, _) => match given {
+            None => Ok(([127, 0, 0, 1], 7443).into()),
+            Some(a) if a.ip().is_loopback() => Ok(a),
+            Some(a) => Err(ConfigError(format!(
+                "agent_listen {a} is off loopback without tls: anything that reaches it could register as a node and be sent placements and prompts. Give a tls: section (`llmgw server init` writes one; nodes then join with `llmgw ctl node token`), listen on loopback, or set agent_plaintext: true (--agent-plaintext) for a network you trust"
+            ))),
+        },
+    }
 }
 
 /// The client listener's certificate and key, read and checked to fit

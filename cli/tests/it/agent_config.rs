@@ -218,14 +218,14 @@ async fn an_agent_configured_by_its_file_alone_joins_and_serves() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     // The server on every interface, so the agent can dial the host's own
-    // address when it has one.
+    // address when it has one: plaintext there needs agent_plaintext.
     let host = route_to("198.51.100.7:9").unwrap_or_else(|| "127.0.0.1".into());
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
     let config = dir.path().join("server.yaml");
     std::fs::write(
         &config,
         format!(
-            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nagent_listen: \"0.0.0.0:{port}\"\nstore: \"{store}\"\ncontrol:\n  interval: 200ms\n  port_range: [31400, 31499]\nmodels:\n  - name: chat\n    scaling: {{min: 1, max: 1}}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {{zone: west}}\n"
+            "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nagent_listen: \"0.0.0.0:{port}\"\nagent_plaintext: true\nstore: \"{store}\"\ncontrol:\n  interval: 200ms\n  port_range: [31400, 31499]\nmodels:\n  - name: chat\n    scaling: {{min: 1, max: 1}}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {{zone: west}}\n"
         ),
     )
     .unwrap();

@@ -1783,9 +1783,36 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/server.yaml");
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    // The files the example's tls: names, as `llmgw server init` makes them.
+    let pki = dir.path().join("pki");
+    let pki = pki.to_str().unwrap();
+    for args in [
+        &["ctl", "cert", "init-ca", "--dir", pki][..],
+        &[
+            "ctl",
+            "cert",
+            "issue-server",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--dir",
+            pki,
+        ][..],
+    ] {
+        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
     let good = std::fs::read_to_string(&example)
         .unwrap()
-        .replace("postgres://llmgw@db.internal:5432/llmgw", &store);
+        .replace("postgres://llmgw@db.internal:5432/llmgw", &store)
+        .replace("/etc/llmgw/", &format!("{pki}/"));
     let copy = dir.path().join("server.yaml");
     std::fs::write(&copy, &good).unwrap();
     // The example's addresses are taken here: variables override them.

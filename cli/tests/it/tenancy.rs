@@ -827,6 +827,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
         ),
         ("tls: {ca: a, cert: b, key: c}\n", "tls"),
         (
+            "agent_plaintext: true\n",
+            "agent_plaintext needs the control plane",
+        ),
+        (
             "control: {lease_ttl: 5s}\n",
             "control.* needs the control plane",
         ),
@@ -904,16 +908,14 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
 /// `--check` of a router-only file with `extra` under `env` and `args`:
 /// its exit status and what it printed.
 fn check_with(extra: &str, env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
+    check_in(Mode::RouterOnly, extra, env, args)
+}
+
+/// As [`check_with`], of a file for `mode`.
+fn check_in(mode: Mode, extra: &str, env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("x.db").display());
-    let path = config(
-        dir.path(),
-        "c",
-        &store,
-        "127.0.0.1:9",
-        Mode::RouterOnly,
-        extra,
-    );
+    let path = config(dir.path(), "c", &store, "127.0.0.1:9", mode, extra);
     let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .env_remove("LLMGW_AUTH")
         .env_remove("LLMGW_RECORD_USAGE")
@@ -928,6 +930,82 @@ fn check_with(extra: &str, env: &[(&str, &str)], args: &[&str]) -> (Option<i32>,
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code(), text)
+}
+
+/// Without `tls:` nothing identifies an agent, so a plaintext agent
+/// listener off loopback is refused unless `agent_plaintext` (the key, the
+/// flag or the variable) says the network is trusted; with `tls:` the
+/// opt-in is refused as contradictory.
+#[test]
+fn a_plaintext_agent_listener_off_loopback_needs_agent_plaintext() {
+    let everywhere = [("LLMGW_AGENT_LISTEN", "0.0.0.0:0")];
+    let (code, out) = check_in(Mode::Control, "", &everywhere, &[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("agent_listen 0.0.0.0:0 is off loopback without tls")
+            && out.contains("agent_plaintext: true"),
+        "{out}"
+    );
+    let (code, out) = check_in(Mode::Control, "", &[("LLMGW_AGENT_LISTEN", "[::1]:0")], &[]);
+    assert_eq!(code, Some(0), "loopback needs no opt-in: {out}");
+    for (extra, env, args) in [
+        ("agent_plaintext: true\n", &everywhere[..], &[][..]),
+        (
+            "",
+            &[everywhere[0], ("LLMGW_AGENT_PLAINTEXT", "true")][..],
+            &[][..],
+        ),
+        ("", &everywhere[..], &["--agent-plaintext"][..]),
+    ] {
+        let (code, out) = check_in(Mode::Control, extra, env, args);
+        assert_eq!(code, Some(0), "{extra:?} {env:?} {args:?}: {out}");
+        assert!(out.contains("control plane, no keys"), "{out}");
+    }
+    // The flag wins over the file, `false` too.
+    let (code, out) = check_in(
+        Mode::Control,
+        "agent_plaintext: true\n",
+        &everywhere,
+        &["--agent-plaintext=false"],
+    );
+    assert_eq!(code, Some(2), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().to_str().unwrap();
+    for args in [
+        &["ctl", "cert", "init-ca", "--dir", pki][..],
+        &[
+            "ctl",
+            "cert",
+            "issue-server",
+            "cp",
+            "--host",
+            "127.0.0.1",
+            "--dir",
+            pki,
+        ][..],
+    ] {
+        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    let tls = format!("tls: {{ca: {pki}/ca.pem, cert: {pki}/cp.pem, key: {pki}/cp-key.pem}}\n");
+    let (code, out) = check_in(Mode::Control, &tls, &everywhere, &[]);
+    assert_eq!(code, Some(0), "mutual TLS anywhere: {out}");
+    let (code, out) = check_in(
+        Mode::Control,
+        &format!("{tls}agent_plaintext: true\n"),
+        &everywhere,
+        &[],
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("agent_plaintext with tls"), "{out}");
 }
 
 /// A flag or its variable wins over the file in both directions: it can
