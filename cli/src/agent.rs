@@ -126,7 +126,9 @@ pub(crate) struct RunArgs {
     /// /var/lib/llmgw-weights).
     #[arg(long, env = "LLMGW_AGENT_CACHE_DIR")]
     pub(crate) cache_dir: Option<PathBuf>,
-    /// The address engines listen on (default: every interface).
+    /// The address engines listen on (default: --mgmt-addr, where the
+    /// gateway reaches them, when this host holds it; else every
+    /// interface).
     #[arg(long, env = "LLMGW_AGENT_ENGINE_BIND")]
     pub(crate) engine_bind: Option<String>,
     /// How long an engine gets to stop before SIGKILL, in seconds

@@ -153,6 +153,22 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
             }
         });
     }
+    if a.engine_bind.is_none() {
+        // Nothing in front of an engine checks keys or counts usage: it
+        // listens where the gateway reaches it, not on every interface.
+        // An address this host does not hold (behind NAT, a name) cannot
+        // be bound, so then every interface, said once.
+        let mgmt = a.mgmt_addr.as_deref().unwrap_or_default();
+        match mgmt.parse::<std::net::IpAddr>() {
+            Ok(ip) if std::net::TcpListener::bind((ip, 0)).is_ok() => {
+                a.engine_bind = Some(ip.to_string());
+            }
+            _ => tracing::warn!(
+                mgmt_addr = %mgmt,
+                "engines listen on every interface: --mgmt-addr is not an address of this host (set --engine-bind to narrow it)"
+            ),
+        }
+    }
     Ok(a)
 }
 
@@ -182,13 +198,44 @@ fn check(a: &RunArgs) -> Result<(), ConfigError> {
             )));
         }
     }
-    if a.engine_log_retention_h
-        .is_some_and(|h| !(h.is_finite() && h >= 0.0))
-    {
+    if a.engine_log_retention_h.is_some_and(|h| {
+        !(h.is_finite() && h >= 0.0) || std::time::Duration::try_from_secs_f64(h * 3600.0).is_err()
+    }) {
         return Err(ConfigError(
             "--engine-log-retention-h must be 0 (for ever) or a positive number of hours".into(),
         ));
     }
+    // What the start reads before it dials: a token's shape, the
+    // certificate files, and the servers' scheme for the TLS that follows.
+    let join = a.join.as_deref().filter(|t| !t.trim().is_empty());
+    if join.is_some_and(|t| llmgw_api::join_token::split(t).is_none()) {
+        return Err(ConfigError(
+            "--join: not a join token: tokens look like llmgw-join-….… as `llmgw ctl node token` prints them".into(),
+        ));
+    }
+    for (name, file) in [
+        ("tls-ca", &a.tls_ca),
+        ("tls-cert", &a.tls_cert),
+        ("tls-key", &a.tls_key),
+    ] {
+        if let Some(p) = file
+            && let Err(e) = std::fs::read(p)
+        {
+            return Err(ConfigError(format!(
+                "--{name}: cannot read {}: {e}",
+                p.display()
+            )));
+        }
+    }
+    let joined = match (&a.work_dir, join) {
+        (_, Some(_)) => true,
+        (Some(dir), None) => llmgw_agent::join::stored(dir)
+            .map_err(|e| ConfigError(e.to_string()))?
+            .is_some(),
+        (None, None) => false,
+    };
+    llmgw_agent::session::server_urls(&a.servers, a.tls_ca.is_some() || joined)
+        .map_err(|e| ConfigError(e.to_string()))?;
     // A CPU node asks no one about GPUs: naming how to ask would do nothing.
     if a.skip_gpus == Some(true) {
         let set = [

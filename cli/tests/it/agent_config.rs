@@ -115,6 +115,47 @@ fn the_management_address_defaults_to_the_route_to_the_control_plane() {
         }
         None => assert_eq!(s["mgmt_addr"], "127.0.0.1", "{s}"),
     }
+    // Engines listen where they are reached, not on every interface.
+    assert_eq!(s["engine_bind"], s["mgmt_addr"], "{s}");
+}
+
+/// Engines listen on the management address by default (nothing in front
+/// of them checks keys); on every interface only when this host does not
+/// hold that address (behind NAT), with a warning; `--engine-bind` wins.
+#[test]
+fn engines_listen_on_the_management_address_unless_told() {
+    let (code, s, err) = check(
+        &["--server", "127.0.0.1:7443", "--mgmt-addr", "127.0.0.1"],
+        &[],
+    );
+    assert_eq!(
+        (code, &s["engine_bind"]),
+        (0, &Value::from("127.0.0.1")),
+        "{err}"
+    );
+    // TEST-NET-3: no host here holds it.
+    let (code, s, err) = check(
+        &["--server", "127.0.0.1:7443", "--mgmt-addr", "203.0.113.9"],
+        &[],
+    );
+    assert_eq!((code, &s["engine_bind"]), (0, &Value::Null), "{err}");
+    assert!(err.contains("engines listen on every interface"), "{err}");
+    let (code, s, err) = check(
+        &[
+            "--server",
+            "127.0.0.1:7443",
+            "--mgmt-addr",
+            "127.0.0.1",
+            "--engine-bind",
+            "0.0.0.0",
+        ],
+        &[],
+    );
+    assert_eq!(
+        (code, &s["engine_bind"]),
+        (0, &Value::from("0.0.0.0")),
+        "{err}"
+    );
 }
 
 /// A typo is refused (exit 2, naming the key), and so is a setting of the
@@ -157,7 +198,9 @@ fn check_refuses_what_the_start_would() {
     let server = ["--server", "127.0.0.1:7443"];
     // Under a file, no directory can be made, even by root.
     let blocked = format!("{pem}/weights");
-    let cases: [(&[&str], &str); 6] = [
+    let missing = dir.path().join("absent.pem");
+    let missing = missing.to_str().unwrap();
+    let cases: [(&[&str], &str); 11] = [
         (
             &["--heartbeat-s", "0"],
             "--heartbeat-s must be a positive number",
@@ -188,6 +231,33 @@ fn check_refuses_what_the_start_would() {
             &["--cache-dir", &blocked],
             "x.pem/weights: cannot create it",
         ),
+        // What the start reads before it dials, read here too.
+        (
+            &["--engine-log-retention-h", "1e300"],
+            "--engine-log-retention-h must be 0",
+        ),
+        (
+            &["--server", "ftp://127.0.0.1:7443"],
+            "ftp://127.0.0.1:7443",
+        ),
+        (
+            &[
+                "--server",
+                "http://127.0.0.1:7444",
+                "--tls-ca",
+                pem,
+                "--tls-cert",
+                pem,
+                "--tls-key",
+                pem,
+            ],
+            "127.0.0.1:7444",
+        ),
+        (
+            &["--tls-ca", missing, "--tls-cert", pem, "--tls-key", pem],
+            "--tls-ca: cannot read",
+        ),
+        (&["--join", "garbage"], "--join: not a join token"),
     ];
     for (args, says) in cases {
         let (code, json, err) = check(&[&server[..], args].concat(), &[]);
