@@ -100,7 +100,18 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
     // The store's address lives in server.env, which systemd reads as root
     // (a PostgreSQL DSN carries a password); server.yaml holds no secret.
     let env_file = dir.join("server.env");
-    let given = (store != UNSET_STORE).then_some(store);
+    // `--store @FILE` keeps a password off the command line; the unit reads
+    // server.env as root but runs as llmgw, who may not read FILE (under
+    // /root, say): the address itself goes into the root-only server.env.
+    let given = (store != UNSET_STORE)
+        .then(|| match store.trim().strip_prefix('@') {
+            Some(file) => std::fs::read_to_string(file)
+                .map(|text| text.trim().to_owned())
+                .with_context(|| format!("--store @{file}: cannot read {file}")),
+            None => Ok(store.to_owned()),
+        })
+        .transpose()?;
+    let given = given.as_deref();
     let store = if env_file.exists() {
         let text = std::fs::read_to_string(&env_file)
             .with_context(|| format!("cannot read {}", env_file.display()))?;

@@ -550,6 +550,48 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     assert!(out.contains("admin password (shown only now): "), "{out}");
 }
 
+/// `--store @FILE` keeps a password off init's command line; server.env
+/// gets the address the file holds, since the unit runs as a user who may
+/// not read FILE, and a second init with the same `@FILE` agrees with it.
+#[test]
+fn server_init_writes_the_address_an_at_file_holds() {
+    let root = tempfile::tempdir().unwrap();
+    let (etc, state) = (root.path().join("etc"), root.path().join("state"));
+    let address = format!("sqlite://{}", root.path().join("log.db").display());
+    let dsn = root.path().join("llmgw.dsn");
+    std::fs::write(&dsn, format!("{address}\n")).unwrap();
+    let at = format!("@{}", dsn.display());
+    let init = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_CONFIG")
+            .args([
+                "--store",
+                &at,
+                "server",
+                "init",
+                "--admin",
+                "ada@example.org",
+            ])
+            .arg("--dir")
+            .arg(&etc)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "init: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    init();
+    let env = std::fs::read_to_string(etc.join("server.env")).unwrap();
+    assert!(env.contains(&format!("LLMGW_STORE={address}\n")), "{env}");
+    assert!(!env.contains('@'), "{env}");
+    init();
+}
+
 /// An authority and a server certificate for 127.0.0.1, as `llmgw ctl
 /// cert` makes them.
 fn authority(dir: &Path) {
