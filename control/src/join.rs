@@ -50,7 +50,7 @@ fn rfc3339(at: llmgw_domain::UnixMillis) -> String {
 }
 
 /// What the admin API answers when this server cannot sign.
-const CANNOT_SIGN: &str = "this server cannot sign nodes' certificates: give the leader's tls: section a ca_key (the authority's private key) to let nodes join with a token (docs/operations/install.md, \"Joining a node\")";
+const CANNOT_SIGN: &str = "this server cannot sign nodes' certificates: give the leader's tls: section a ca_key (the authority's private key) to let nodes join with a token (docs/install.md, \"3. The nodes\")";
 
 pub(crate) async fn issue_token(
     State(cp): State<Arc<ControlPlane>>,
