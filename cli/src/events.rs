@@ -358,10 +358,14 @@ async fn import_into(
     anchors: &[file::Anchor],
     key: Option<llmgw_eventstore::signing::PublicKey>,
 ) -> anyhow::Result<Outcome> {
+    let Some(lines) = import::open(input, anchors, key)? else {
+        println!("nothing to import");
+        return Ok(Outcome::Ok);
+    };
     let created = import::new_sqlite_file(address);
     let result = async {
         let store = crate::store::open_migrating(address).await?;
-        import::run(&store, input, from_anchor, anchors, key).await
+        import::run(&store, lines, from_anchor, anchors).await
     }
     .await;
     if result.is_err()
@@ -610,21 +614,7 @@ async fn verify(
     json: bool,
     held: Option<(PathBuf, anchors::Held)>,
 ) -> anyhow::Result<Outcome> {
-    // An auditor's "--to 500" on a log of 300 may mean the log was cut
-    // short: said, not quietly checked as far as it goes.
-    if let Some(to) = to {
-        let (head, _) = store.head().await?;
-        // Exit 2, a bad question, apart from 1, a tampered log.
-        let bad = |why: String| Err(crate::config::ConfigError(why).into());
-        if to > head {
-            return bad(format!("--to {to} is past the log's head, position {head}"));
-        }
-        if from > to {
-            return bad(format!(
-                "--from {from} comes after --to {to}: give the earlier position first"
-            ));
-        }
-    }
+    check_range(from, to, store.head().await?.0)?;
     let report = store.verify(from, to).await?;
     if let Some((path, held)) = &held {
         let mut out = std::io::stdout().lock();
@@ -721,25 +711,94 @@ async fn export(
     let key = sign_key
         .map(|p| llmgw_eventstore::signing::SigningKey::read(&p))
         .transpose()?;
-    let mut sink: Box<dyn Write> = match &output {
-        Some(path) => Box::new(BufWriter::with_capacity(
-            1 << 20,
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(BufWriter::new(std::io::stdout().lock())),
-    };
     let (head, _) = store.head().await?;
-    let done = llmgw_eventstore::export(store, from, Some(to.unwrap_or(head)), &mut sink).await?;
+    check_range(from, to, head)?;
+    let Some(path) = output else {
+        let mut sink = BufWriter::new(std::io::stdout().lock());
+        write_export(
+            store,
+            from,
+            to.unwrap_or(head),
+            head,
+            key.as_ref(),
+            &mut sink,
+        )
+        .await?;
+        return Ok(Outcome::Ok);
+    };
+    // Written aside and renamed once whole: a file already at the path is
+    // kept until then, and a failure halfway leaves no export without its
+    // trailer (which an import would take as whole).
+    let mut aside = path.clone().into_os_string();
+    aside.push(".partial");
+    let aside = PathBuf::from(aside);
+    let written = async {
+        let file = std::fs::File::create(&aside)
+            .with_context(|| format!("cannot create {}", aside.display()))?;
+        let mut sink = BufWriter::with_capacity(1 << 20, file);
+        let done = write_export(
+            store,
+            from,
+            to.unwrap_or(head),
+            head,
+            key.as_ref(),
+            &mut sink,
+        )
+        .await?;
+        sink.into_inner()
+            .map_err(|e| e.into_error())
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("cannot write {}", aside.display()))?;
+        std::fs::rename(&aside, &path)
+            .with_context(|| format!("cannot move the export into {}", path.display()))?;
+        anyhow::Ok(done)
+    }
+    .await;
+    match written {
+        Ok(done) => {
+            eprintln!("exported {} events to {}", done.events, path.display());
+            Ok(Outcome::Ok)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&aside);
+            Err(e)
+        }
+    }
+}
+
+/// An explicit `--to` past the head, or before `--from`, is refused (exit
+/// 2, a bad question, apart from verify's 1, a tampered log): an auditor's
+/// "--to 500" on a log of 300 may mean the log was cut short, and is said
+/// rather than quietly answered as far as the log goes.
+fn check_range(from: u64, to: Option<u64>, head: u64) -> anyhow::Result<()> {
+    let Some(to) = to else { return Ok(()) };
+    let why = if to > head {
+        format!("--to {to} is past the log's head, position {head}")
+    } else if from > to {
+        format!("--from {from} comes after --to {to}: give the earlier position first")
+    } else {
+        return Ok(());
+    };
+    Err(crate::config::ConfigError(why).into())
+}
+
+/// The events `from..=to` and the trailer, to `sink`.
+async fn write_export(
+    store: &AnyStore,
+    from: u64,
+    to: u64,
+    head: u64,
+    key: Option<&llmgw_eventstore::signing::SigningKey>,
+    sink: &mut impl Write,
+) -> anyhow::Result<llmgw_eventstore::Exported> {
+    let done = llmgw_eventstore::export(store, from, Some(to), &mut *sink).await?;
     let mut trailer = trailer(store, &done, head).await?;
-    if let Some(key) = &key {
+    if let Some(key) = key {
         trailer.sign(key);
     }
-    llmgw_eventstore::write_trailer(&mut sink, &trailer)?;
-    if let Some(path) = output {
-        eprintln!("exported {} events to {}", done.events, path.display());
-    }
-    Ok(Outcome::Ok)
+    llmgw_eventstore::write_trailer(&mut *sink, &trailer)?;
+    sink.flush()?;
+    Ok(done)
 }
 
 /// The trailer of an export that wrote `done` from a log whose head was

@@ -80,13 +80,34 @@ pub fn decode(recorded: &RecordedEvent) -> Option<(Stamp, Event)> {
 fn decode_or_skip(recorded: &RecordedEvent) -> Result<Event, Option<(String, u32)>> {
     let (kind, version) = (&recorded.event_type, recorded.schema_version);
     Event::decode(kind, version, &recorded.payload).map_err(|error| {
-        skipping(recorded.position, &error);
-        unknown(&error, kind, version)
+        let unknown = unknown(&error, kind, version);
+        skipping(recorded.position, &error, unknown.as_ref());
+        unknown
     })
 }
 
-fn skipping(position: u64, error: &llmgw_domain::event::DecodeError) {
-    tracing::warn!(position, %error, "skipping an event this build cannot read");
+/// Logged once per kind this build does not know (a log written by a
+/// newer one holds thousands: a replay would bury everything else), and
+/// each time for a payload at fault. The views count them all.
+fn skipping(
+    position: u64,
+    error: &llmgw_domain::event::DecodeError,
+    unknown: Option<&(String, u32)>,
+) {
+    static TOLD: std::sync::Mutex<std::collections::BTreeSet<(String, u32)>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    match unknown {
+        Some(kind) => {
+            let first = TOLD
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(kind.clone());
+            if first {
+                tracing::warn!(position, %error, "skipping events of a kind this build cannot read (the later ones are counted, not logged)");
+            }
+        }
+        None => tracing::warn!(position, %error, "skipping an event this build cannot read"),
+    }
 }
 
 /// The (type, schema version) of an event that did not decode because this
@@ -126,8 +147,9 @@ pub fn decode_text(e: EventRef<'_>) -> Decoded {
     let (event, unknown) = match Event::decode_json(e.event_type, e.schema_version, e.payload) {
         Ok(event) => (Some(event), None),
         Err(error) => {
-            skipping(e.position, &error);
-            (None, unknown(&error, e.event_type, e.schema_version))
+            let unknown = unknown(&error, e.event_type, e.schema_version);
+            skipping(e.position, &error, unknown.as_ref());
+            (None, unknown)
         }
     };
     Decoded {

@@ -76,6 +76,27 @@ impl Point {
     }
 }
 
+/// What a view leaves out, said beside it: events this build cannot read
+/// (a log written by a newer one) were skipped, and the view is short of
+/// what they did.
+fn skipped(out: &mut impl Write, p: &Projections) -> anyhow::Result<()> {
+    if p.skipped == 0 {
+        return Ok(());
+    }
+    let kinds: Vec<String> = p.unknown.iter().map(|(t, v)| format!("{t} v{v}")).collect();
+    writeln!(
+        out,
+        "{} event(s) this build cannot read were skipped{}",
+        p.skipped,
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", kinds.join(", "))
+        }
+    )?;
+    Ok(())
+}
+
 /// A position given outright past the log's head is refused: the view "at
 /// 500" of a log of 300 events is not what was asked for (a time past the
 /// head is the head: the log is as it stands).
@@ -115,6 +136,7 @@ pub(crate) async fn replay(
         json_line(&mut out, &value)?;
     } else {
         writeln!(out, "{view} view at position {}", p.checkpoint.position)?;
+        skipped(&mut out, &p)?;
         render(&mut out, view, &p)?;
     }
     out.flush()?;
@@ -518,6 +540,7 @@ pub(crate) async fn diff(
             after.checkpoint.position,
             changes.len()
         )?;
+        skipped(&mut out, &after)?;
         for (path, old, new) in &changes {
             match (old, new) {
                 (None, Some(n)) => writeln!(out, "+ {path} = {n}")?,

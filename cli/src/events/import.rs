@@ -21,7 +21,7 @@ const TTL: Duration = Duration::from_secs(60);
 
 /// The export's events for the store, each already checked here; a
 /// refusal ends the import.
-struct Lines {
+pub(super) struct Lines {
     file: ExportFile,
     pending: Option<RecordedEvent>,
     done: bool,
@@ -60,29 +60,33 @@ pub(crate) fn new_sqlite_file(address: &str) -> Option<PathBuf> {
     }
 }
 
-pub(super) async fn run(
-    store: &AnyStore,
+/// The file's first event, which says where it joins (its predecessor's
+/// hash), read before the store is opened: a file that is no export, or
+/// holds nothing, neither creates nor migrates a store. None: nothing to
+/// import.
+pub(super) fn open(
     input: &Path,
-    from_anchor: bool,
     anchors: &[Anchor],
     key: Option<PublicKey>,
-) -> anyhow::Result<Outcome> {
-    // The first event says where the file joins (its predecessor's hash):
-    // read it before taking the lease.
+) -> anyhow::Result<Option<Lines>> {
     let mut file = ExportFile::open(input, anchors, key)?;
     let first = file
         .next_event()
         .map_err(|r| anyhow::Error::new(StoreError::ImportRefused(r)))?;
-    let Some(first) = first else {
-        println!("nothing to import");
-        return Ok(Outcome::Ok);
-    };
-    let prev_hash = file.prev_hash;
-    let lines = Lines {
+    Ok(first.map(|first| Lines {
         file,
         pending: Some(first),
         done: false,
-    };
+    }))
+}
+
+pub(super) async fn run(
+    store: &AnyStore,
+    lines: Lines,
+    from_anchor: bool,
+    anchors: &[Anchor],
+) -> anyhow::Result<Outcome> {
+    let prev_hash = lines.file.prev_hash;
 
     let holder = format!("import-{}", std::process::id());
     let lease = store

@@ -355,6 +355,13 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
             "{what} left a store behind"
         );
     }
+    // A file with nothing in it imports nothing, and makes no store for it.
+    let empty = write(&dir, "empty.jsonl", "");
+    assert!(ok(nowhere, &["events", "import", &empty]).contains("nothing to import"));
+    assert!(
+        !std::path::Path::new(nowhere).exists(),
+        "an empty import made a store"
+    );
     // The anchor admits the faithful file, and creates the store for it.
     let faithful = write(&dir, "whole.jsonl", &whole);
     let args = anchored(&faithful);

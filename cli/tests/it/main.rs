@@ -739,12 +739,75 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
             vec!["events", "verify", "--to", &past],
             "past the log's head",
         ),
+        (
+            vec!["events", "export", "--from", "5", "--to", "2"],
+            "comes after --to",
+        ),
     ] {
         let out = llmgw(&address, &args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    // An export to a file replaces it only once whole: a refused one
+    // leaves it as it was (it was emptied before anything was checked).
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("earlier.jsonl");
+    std::fs::write(&kept, "an earlier export\n").unwrap();
+    let kept_arg = kept.to_str().unwrap();
+    let refused = llmgw(
+        &address,
+        &["events", "export", "--to", &past, "-o", kept_arg],
+    );
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert_eq!(
+        std::fs::read_to_string(&kept).unwrap(),
+        "an earlier export\n"
+    );
+    ok(&address, &["events", "export", "--to", "3", "-o", kept_arg]);
+    let written = json_lines(&std::fs::read_to_string(&kept).unwrap());
+    assert_eq!(written.len(), 4, "three events and the trailer");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "nothing left beside it"
+    );
+}
+
+/// A view replayed or diffed from a log a newer build wrote says what it
+/// left out (how many events, of which kinds), and the log says so once
+/// per kind rather than once an event.
+#[tokio::test]
+async fn replay_and_diff_say_which_events_they_could_not_read() {
+    use llmgw_eventstore::{ExpectedVersion, NewEvent, StreamAppend};
+    let future = || NewEvent::new("FromTheFuture", 3, json!({"x": 1}));
+    let (store, _scratch, _log) = store_with(
+        Backend::Sqlite,
+        [vec![StreamAppend::new(
+            "later",
+            ExpectedVersion::Any,
+            vec![future(), future(), future()],
+        )]],
+    )
+    .await;
+    let says = "3 event(s) this build cannot read were skipped: FromTheFuture v3";
+    let replay = llmgw(
+        &store,
+        &["events", "replay", "--until", "3", "--view", "router"],
+    );
+    assert!(
+        String::from_utf8_lossy(&replay.stdout).contains(says),
+        "{replay:?}"
+    );
+    let logged = String::from_utf8_lossy(&replay.stderr);
+    assert_eq!(logged.matches("skipping").count(), 1, "{logged}");
+    let diff = ok(
+        &store,
+        &[
+            "events", "diff", "--from", "0", "--to", "3", "--view", "router",
+        ],
+    );
+    assert!(diff.contains(says), "{diff}");
 }
 
 /// A child process whose output lines arrive on channels.
