@@ -572,8 +572,9 @@ async fn mcp_story(backend: Backend) {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
         tx.send(Ok(b"{\"text\": \"".to_vec())).await.unwrap();
         let endless = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-        let sent = c
-            .http
+        // A client of its own: the server closes a connection whose body it
+        // did not read, and the next request must not be sent on it.
+        let sent = reqwest::Client::new()
             .request(method, format!("{}{path}", c.base))
             .header("content-type", "application/json")
             .body(endless)
