@@ -112,13 +112,26 @@ pub fn resolve_url(source: &str) -> Result<String, FetchError> {
     reqwest::Url::parse(source)
         .map(|u| u.to_string())
         .map_err(|e| FetchError::BadSource {
-            src: source.to_owned(),
+            src: shown(source).into_owned(),
             why: e.to_string(),
         })
 }
 
+/// A source as logs, errors and replica reasons show it: its query (a
+/// pre-signed URL's signature, a token) left out, since those reach the
+/// journal, the event log and the operator's terminal.
+pub fn shown(source: &str) -> std::borrow::Cow<'_, str> {
+    match source.split_once('?') {
+        Some((path, _)) => format!("{path}?…").into(),
+        None => source.into(),
+    }
+}
+
 fn base_name(source: &str) -> &str {
-    let trimmed = source.trim_end_matches('/');
+    // Without the query: a file name is scanned as weights and reported,
+    // and a signature would make it longer than a name may be.
+    let path = source.split(['?', '#']).next().unwrap_or(source);
+    let trimmed = path.trim_end_matches('/');
     let base = trimmed.rsplit('/').next().unwrap_or("");
     if base.is_empty() || base == "." {
         "weights"
@@ -325,7 +338,7 @@ impl Fetcher {
         expect: &Expect,
     ) -> Result<(), FetchError> {
         let err = |why: String| FetchError::Fetch {
-            src: source.to_owned(),
+            src: shown(source).into_owned(),
             why,
         };
         if let Some(dir) = target.parent() {
@@ -339,7 +352,11 @@ impl Fetcher {
         if existing > 0 {
             request = request.header(reqwest::header::RANGE, format!("bytes={existing}-"));
         }
-        let mut resp = request.send().await.map_err(|e| err(e.to_string()))?;
+        // reqwest's errors name the URL, query and all.
+        let mut resp = request
+            .send()
+            .await
+            .map_err(|e| err(e.without_url().to_string()))?;
         if resp.status() == reqwest::StatusCode::RANGE_NOT_SATISFIABLE {
             // The part is no prefix of what the server has: start over.
             let _ = tokio::fs::remove_file(&part).await;
@@ -349,7 +366,7 @@ impl Fetcher {
                 .get(url)
                 .send()
                 .await
-                .map_err(|e| err(e.to_string()))?;
+                .map_err(|e| err(e.without_url().to_string()))?;
         }
         let append = match resp.status() {
             reqwest::StatusCode::OK => {
@@ -366,12 +383,12 @@ impl Fetcher {
                     .and_then(|v| v.parse::<u64>().ok());
                 if starts != Some(existing) {
                     return Err(err(format!(
-                        "{url} resumed at {starts:?}, not at byte {existing}"
+                        "resumed at {starts:?}, not at byte {existing}"
                     )));
                 }
                 true
             }
-            s => return Err(err(format!("{url} returned {s}"))),
+            s => return Err(err(format!("answered {s}"))),
         };
         let length = resp.content_length();
         let total = length.map_or(0, |l| existing + l);
@@ -397,7 +414,8 @@ impl Fetcher {
         let mut last = tokio::time::Instant::now();
         let mut body = resp.bytes_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| err(format!("after {done} bytes: {e}")))?;
+            let chunk =
+                chunk.map_err(|e| err(format!("after {done} bytes: {}", e.without_url())))?;
             file.write_all(&chunk)
                 .await
                 .map_err(|e| err(format!("after {done} bytes: {e}")))?;
@@ -436,7 +454,7 @@ impl Fetcher {
             if found != *want_hex {
                 let _ = tokio::fs::remove_file(&part).await;
                 return Err(FetchError::Checksum {
-                    src: source.to_owned(),
+                    src: shown(source).into_owned(),
                     wanted: format!("sha256:{want_hex} ({})", expect.from),
                     found: format!("sha256:{found}"),
                 });
@@ -445,7 +463,7 @@ impl Fetcher {
         tokio::fs::rename(&part, target)
             .await
             .map_err(|e| err(format!("renaming into place: {e}")))?;
-        tracing::info!(source, path = %target.display(), bytes = done, "weights fetched");
+        tracing::info!(source = %shown(source), path = %target.display(), bytes = done, "weights fetched");
         Ok(())
     }
 }

@@ -153,6 +153,11 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
             }
         });
     }
+    // Not refused: a network mount may come up after the agent; but a typo
+    // would otherwise leave the node reporting no weights without a word.
+    for dir in a.model_dirs.iter().filter(|d| !d.is_dir()) {
+        tracing::warn!(dir = %dir.display(), "a model directory that is not there (yet): no weights are found in it until it is");
+    }
     if a.engine_bind.is_none() {
         // Nothing in front of an engine checks keys or counts usage: it
         // listens where the gateway reaches it, not on every interface.

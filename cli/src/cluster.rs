@@ -532,7 +532,7 @@ pub(crate) async fn run(
                     .as_ref()
                     .map_or(String::new(), |n| format!(" --node-id {n}"));
                 eprintln!(
-                    "join token {} for {}, single use, until {}; on the node:\n  llmgw agent run --server {server}{node} --join TOKEN",
+                    "join token {} for {}, single use, until {}; on the node (in the environment, not the arguments, which every local user can read):\n  LLMGW_AGENT_JOIN=TOKEN llmgw agent run --server {server}{node}",
                     t.id,
                     t.node
                         .as_deref()

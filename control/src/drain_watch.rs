@@ -65,7 +65,11 @@ pub(crate) fn targets(
             Some(Target {
                 replica_id: p.replica_id.clone(),
                 engine,
-                url: format!("http://{host}:{}/metrics", rank0.port),
+                url: format!(
+                    "http://{}:{}/metrics",
+                    llmgw_domain::nodes::url_host(host),
+                    rank0.port
+                ),
             })
         })
         .collect()

@@ -370,3 +370,25 @@ fn check_inventory(inv: &Inventory) -> Result<(), Rejection> {
     }
     Ok(())
 }
+
+/// A node's address as the host of a URL: an IPv6 address bracketed
+/// (`http://2001:db8::5:8000` names no port), anything else as it is.
+pub fn url_host(addr: &str) -> std::borrow::Cow<'_, str> {
+    if addr.contains(':') && !addr.starts_with('[') {
+        format!("[{addr}]").into()
+    } else {
+        addr.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_ipv6_address_is_bracketed_and_nothing_else() {
+        use super::url_host;
+        assert_eq!(url_host("2001:db8::5"), "[2001:db8::5]");
+        assert_eq!(url_host("[::1]"), "[::1]");
+        assert_eq!(url_host("10.0.0.5"), "10.0.0.5");
+        assert_eq!(url_host("gpu-a-01"), "gpu-a-01");
+    }
+}

@@ -166,7 +166,11 @@ impl RouterView {
                 Endpoint {
                     replica_id: id.clone(),
                     model: p.model.clone(),
-                    url: format!("http://{addr}:{}", rank0.port),
+                    url: format!(
+                        "http://{}:{}",
+                        llmgw_domain::nodes::url_host(&addr),
+                        rank0.port
+                    ),
                     pool: p.pool.clone(),
                     weight: facts.map_or(1, |f| f.weight),
                     priority: facts.map_or(0, |f| f.priority),

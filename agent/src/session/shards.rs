@@ -319,7 +319,7 @@ impl Agent {
             let _ = done.send((id, result));
             drop(status_tx);
         });
-        tracing::info!(shard = %shard_id, source = %start.source, "fetching weights before starting");
+        tracing::info!(shard = %shard_id, source = %crate::fetch::shown(&start.source), "fetching weights before starting");
         self.shards.insert(
             shard_id.clone(),
             Running {

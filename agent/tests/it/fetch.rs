@@ -250,6 +250,34 @@ async fn progress_is_reported_with_a_percentage_and_a_checksum_is_verified() {
     assert_eq!(unknown.percent(), None, "unknown rather than zero");
 }
 
+/// A pre-signed URL's query (its signature) stays out of the cache's file
+/// name, which is scanned and reported as weights, and out of the error a
+/// failed fetch gives (it becomes the replica's reason, in the log).
+#[tokio::test]
+async fn a_sources_query_reaches_no_file_name_and_no_error() {
+    let cache = tempfile::tempdir().unwrap();
+    let (base, _, _) = server(Serve {
+        body: vec![1u8; 64],
+        cut_after: None,
+    })
+    .await;
+    let f = Fetcher::new(Some(cache.path().to_owned()));
+    let signed = format!("{base}/w.gguf?X-Amz-Signature=SECRET123");
+    f.ensure(&signed, None).await.unwrap();
+    let names = files(cache.path());
+    assert!(
+        names.len() == 1 && names[0].ends_with("-w.gguf"),
+        "{names:?}"
+    );
+    let wrong = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let other = format!("{base}/v.gguf?X-Amz-Signature=SECRET123");
+    let e = f.ensure(&other, Some(wrong)).await.unwrap_err().to_string();
+    assert!(e.contains("/v.gguf?…") && !e.contains("SECRET"), "{e}");
+    let closed = "http://127.0.0.1:9/x.gguf?token=SECRET123";
+    let e = f.ensure(closed, None).await.unwrap_err().to_string();
+    assert!(!e.contains("SECRET"), "{e}");
+}
+
 #[test]
 fn hf_sources_resolve_to_their_download_url_or_explain_themselves() {
     assert_eq!(

@@ -158,6 +158,26 @@ fn engines_listen_on_the_management_address_unless_told() {
     );
 }
 
+/// A model directory that is not there is said (a typo would leave the
+/// node reporting no weights), not refused (a mount may come up later).
+#[test]
+fn a_model_directory_that_is_not_there_is_said() {
+    let (code, _, err) = check(
+        &[
+            "--server",
+            "127.0.0.1:7443",
+            "--model-dir",
+            "/no/such/models",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("a model directory that is not there") && err.contains("/no/such/models"),
+        "{err}"
+    );
+}
+
 /// A typo is refused (exit 2, naming the key), and so is a setting of the
 /// wrong type, before anything dials.
 #[test]

@@ -138,7 +138,7 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
     let (t, how) = token(&server.admin, &["--ttl", "10m", "--node", "a"]);
     assert!(
         how.contains(&format!(
-            "llmgw agent run --server {url} --node-id a --join TOKEN"
+            "LLMGW_AGENT_JOIN=TOKEN llmgw agent run --server {url} --node-id a"
         )),
         "{how}"
     );
@@ -165,11 +165,11 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
         "the secret is not in the log"
     );
 
-    // The agent joins with it and serves over mutual TLS.
+    // The agent joins with it (from the variable, as the unit's
+    // environment file gives it) and serves over mutual TLS.
     let work_a = dir.path().join("work-a");
-    let mut args = agent_args(&url, "a", "127.0.31.2", work_a.to_str().unwrap());
-    args.extend(["--join", &t]);
-    let a = Child::spawn(&args);
+    let args = agent_args(&url, "a", "127.0.31.2", work_a.to_str().unwrap());
+    let a = Child::spawn_env(&args, &[("LLMGW_AGENT_JOIN", t.clone())]);
     Child::expect(&a.stderr, "joined the cluster");
     until("a replica served over the joined node's stream", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
@@ -183,6 +183,24 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // The engine, which runs model code, does not inherit the token.
+    let engine_env: Vec<String> = std::fs::read_dir(&work_a)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|text| serde_json::from_str::<Value>(&text).ok())
+        .flat_map(|record| record["pids"].as_array().cloned().unwrap_or_default())
+        .filter_map(|pid| std::fs::read(format!("/proc/{pid}/environ")).ok())
+        .map(|env| String::from_utf8_lossy(&env).into_owned())
+        .collect();
+    assert!(
+        !engine_env.is_empty(),
+        "the engine's environment is readable"
+    );
+    assert!(
+        engine_env.iter().all(|env| !env.contains(&secret)),
+        "the join token reached the engine"
+    );
     // Its key stayed on the node, readable by the agent only; its
     // certificate names it.
     let identity = work_a.join("identity");
