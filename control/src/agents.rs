@@ -354,6 +354,7 @@ impl llmgw_api::AgentService for AgentSvc {
             tracing::warn!(node = %node, reason = %why, "refused a registration");
             Status::invalid_argument(format!("the registration of node {node:?}: {why}"))
         })?;
+        heartbeat_fits(&node, reg.heartbeat_ms, cp.config.unreachable_after)?;
         if let Some((cn, _)) = certified
             && node != cn
         {
@@ -763,4 +764,26 @@ impl ControlPlane {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A node that heartbeats no more often than this server waits before
+/// taking it as unreachable would be unreachable between every two beats
+/// (no placements, and lost, its work rebuilt elsewhere, past
+/// `lost_after`): refused with both figures. One whose single late beat
+/// would do it is let in with a warning.
+fn heartbeat_fits(node: &NodeId, heartbeat_ms: u64, unreachable: Duration) -> Result<(), Status> {
+    let beat = Duration::from_millis(heartbeat_ms);
+    if beat.is_zero() || beat * 2 <= unreachable {
+        return Ok(());
+    }
+    let (every, after) = (beat.as_secs_f64(), unreachable.as_secs_f64());
+    if beat >= unreachable {
+        tracing::warn!(node = %node, heartbeat_s = every, unreachable_after_s = after, "refused a node that heartbeats less often than control.unreachable_after");
+        return Err(Status::failed_precondition(format!(
+            "node {node} heartbeats every {every} s, but this control plane takes a node as unreachable after {after} s without one (control.unreachable_after): give the agent --heartbeat-s of at most {} s, or raise control.unreachable_after",
+            after / 3.0
+        )));
+    }
+    tracing::warn!(node = %node, heartbeat_s = every, unreachable_after_s = after, "one late heartbeat makes this node unreachable: keep --heartbeat-s under half of control.unreachable_after");
+    Ok(())
 }

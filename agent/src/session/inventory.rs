@@ -124,6 +124,7 @@ impl Agent {
             }),
             engines_probed: true,
             epoch_seen: self.epochs.highest(),
+            heartbeat_ms: u64::try_from(self.config.heartbeat.as_millis()).unwrap_or(u64::MAX),
         }
     }
 

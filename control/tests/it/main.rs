@@ -60,7 +60,28 @@ async fn registration_is_an_event_only_when_something_changed() {
     };
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("two fabrics"), "{}", err.message());
+    // An agent that heartbeats less often than this server (600 ms here)
+    // waits before taking a node as unreachable would flap for ever:
+    // refused with both figures. One that says nothing (an older agent)
+    // and one within half are let in.
+    let mut slow = register("n3");
+    slow.heartbeat_ms = 1_000;
+    let err = match Agent::connect(s.agent_addr, slow).await {
+        Err(e) => e,
+        Ok(_) => panic!("a heartbeat slower than unreachable_after is refused"),
+    };
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("heartbeats every 1 s")
+            && err.message().contains("unreachable after 0.6 s"),
+        "{}",
+        err.message()
+    );
     assert_eq!(count(&s, "NodeRegistered").await, 1);
+    let mut fit = register("n4");
+    fit.heartbeat_ms = 200;
+    let mut fit = Agent::connect(s.agent_addr, fit).await.unwrap();
+    assert!(matches!(fit.next().await, Msg::Ack(a) if a.ok));
     s.stop().await;
 }
 
