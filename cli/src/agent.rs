@@ -9,34 +9,54 @@ use crate::output::{Table, json_line};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum AgentCommand {
-    /// What the scheduler would see of this machine.
-    Inventory {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
-        #[arg(long)]
-        nvidia_smi: Option<PathBuf>,
-        /// Report no GPUs, whatever is installed (a CPU node).
-        #[arg(long, conflicts_with_all = ["nvidia_smi", "no_nvml"])]
-        skip_gpus: bool,
-        /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
-        #[arg(long)]
-        no_nvml: bool,
-        /// A directory of model weights; repeat for several.
-        #[arg(long = "model-dir")]
-        model_dirs: Vec<PathBuf>,
-        /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat.
-        #[arg(long = "fabric", value_parser = fabric)]
-        fabrics: Vec<(String, Vec<String>)>,
-        /// Where /etc, /proc and /sys are (for fixtures).
-        #[arg(long, default_value = "/", hide = true)]
-        root: PathBuf,
-    },
+    /// What the scheduler would see of this machine, as `agent run` would
+    /// discover it: its --config file's and LLMGW_AGENT_… variables'
+    /// discovery settings apply, under these flags.
+    Inventory(Box<InventoryArgs>),
     /// Run the agent: connect to the control plane and carry out its
     /// starts and stops. A stop signal ends the agent and leaves engines
     /// running.
     Run(Box<RunArgs>),
+}
+
+/// Discovery's settings, from the flags, the variables and the agent's
+/// file as `agent run` reads them.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct InventoryArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The agent's file (as `agent run --config`): its model_dirs,
+    /// fabrics, nvidia_smi, skip_gpus, no_nvml and cache_dir apply.
+    #[arg(long, env = "LLMGW_AGENT_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
+    #[arg(long, env = "LLMGW_AGENT_NVIDIA_SMI")]
+    pub(crate) nvidia_smi: Option<PathBuf>,
+    /// Report no GPUs, whatever is installed (a CPU node).
+    #[arg(long, env = "LLMGW_AGENT_SKIP_GPUS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) skip_gpus: Option<bool>,
+    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
+    #[arg(long, env = "LLMGW_AGENT_NO_NVML", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) no_nvml: Option<bool>,
+    /// A directory of model weights; repeat for several.
+    #[arg(
+        long = "model-dir",
+        env = "LLMGW_AGENT_MODEL_DIRS",
+        value_delimiter = ','
+    )]
+    pub(crate) model_dirs: Vec<PathBuf>,
+    /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat (in
+    /// the variable, separated by spaces).
+    #[arg(long = "fabric", env = "LLMGW_AGENT_FABRICS", value_delimiter = ' ', value_parser = fabric)]
+    pub(crate) fabrics: Vec<(String, Vec<String>)>,
+    /// Where fetched weights are kept, scanned as a model directory
+    /// (default /var/lib/llmgw-weights, when it exists).
+    #[arg(long, env = "LLMGW_AGENT_CACHE_DIR")]
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// Where /etc, /proc and /sys are (for fixtures).
+    #[arg(long, default_value = "/", hide = true)]
+    pub(crate) root: PathBuf,
 }
 
 /// Every setting is a flag, an `LLMGW_AGENT_…` variable and a key of
@@ -466,28 +486,12 @@ fn fabric(s: &str) -> Result<(String, Vec<String>), String> {
 }
 
 pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
-    let (json, nvidia_smi, skip_gpus, no_nvml, model_dirs, fabrics, root) = match cmd {
+    let a = match cmd {
         AgentCommand::Run(a) => return run_agent(*a).await,
-        AgentCommand::Inventory {
-            json,
-            nvidia_smi,
-            skip_gpus,
-            no_nvml,
-            model_dirs,
-            fabrics,
-            root,
-        } => (
-            json, nvidia_smi, skip_gpus, no_nvml, model_dirs, fabrics, root,
-        ),
+        AgentCommand::Inventory(a) => *a,
     };
-    let options = Options {
-        root,
-        nvidia_smi,
-        skip_gpus,
-        prefer_nvml: !no_nvml,
-        model_dirs,
-        fabrics: fabrics.into_iter().collect(),
-    };
+    let json = a.json;
+    let options = crate::agent_config::inventory_options(a)?;
     let (inv, error) = tokio::task::spawn_blocking(move || discovery::discover(&options)).await?;
     if let Some(e) = error {
         return Err(e.into());

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::agent::RunArgs;
+use crate::agent::{InventoryArgs, RunArgs};
 use crate::config::ConfigError;
 
 /// The file's shape. Unknown keys are refused, so that a typo is an error
@@ -175,6 +175,52 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
         }
     }
     Ok(a)
+}
+
+/// What `agent inventory` discovers with: its flags and variables, over
+/// the agent's file, over the defaults, as `agent run` would (the cache
+/// is scanned like a model directory, when it exists).
+pub(crate) fn inventory_options(
+    a: InventoryArgs,
+) -> Result<llmgw_agent::discovery::Options, ConfigError> {
+    let f = match &a.config {
+        Some(path) => load(path)?,
+        None => AgentFile::default(),
+    };
+    let skip_gpus = a.skip_gpus.or(f.skip_gpus).unwrap_or(false);
+    let nvidia_smi = a.nvidia_smi.or(f.nvidia_smi);
+    let no_nvml = a.no_nvml.or(f.no_nvml).unwrap_or(false);
+    if skip_gpus && (nvidia_smi.is_some() || no_nvml) {
+        return Err(ConfigError(
+            "--nvidia-smi and --no-nvml say how to find GPUs, and --skip-gpus reports none: give one"
+                .into(),
+        ));
+    }
+    let mut model_dirs = if a.model_dirs.is_empty() {
+        f.model_dirs
+    } else {
+        a.model_dirs
+    };
+    let cache = a
+        .cache_dir
+        .or(f.cache_dir)
+        .unwrap_or_else(|| "/var/lib/llmgw-weights".into());
+    if cache.is_dir() {
+        model_dirs.push(cache);
+    }
+    let fabrics = if a.fabrics.is_empty() {
+        f.fabrics.into_iter().collect()
+    } else {
+        a.fabrics.into_iter().collect()
+    };
+    Ok(llmgw_agent::discovery::Options {
+        root: a.root,
+        nvidia_smi,
+        skip_gpus,
+        prefer_nvml: !no_nvml,
+        model_dirs,
+        fabrics,
+    })
 }
 
 /// A period the agent takes: positive and under a day.

@@ -379,3 +379,66 @@ fn the_example_agent_file_is_accepted() {
     assert_eq!(s["node_id"], "gpu-01");
     assert_eq!(s["fabrics"]["ib-a"][1], "mlx5_1");
 }
+
+/// `agent inventory` sees what `agent run` would: the variables and the
+/// agent's file name the model directories it scans, the flags win.
+#[test]
+fn inventory_takes_the_agents_file_and_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from_env, from_file) = (dir.path().join("env"), dir.path().join("file"));
+    for (d, name) in [(&from_env, "a.gguf"), (&from_file, "b.gguf")] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join(name), b"GGUF").unwrap();
+    }
+    let file = dir.path().join("agent.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "servers: [\"127.0.0.1:7443\"]\nskip_gpus: true\nmodel_dirs: [{}]\n",
+            from_file.display()
+        ),
+    )
+    .unwrap();
+    let weights = |env: &[(&str, String)], args: &[&str]| -> Vec<String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .args(["agent", "inventory", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
+        inv["weights"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                w["path"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let env_dirs = ("LLMGW_AGENT_MODEL_DIRS", from_env.display().to_string());
+    assert_eq!(
+        weights(
+            &[env_dirs.clone(), ("LLMGW_AGENT_SKIP_GPUS", "1".into())],
+            &[]
+        ),
+        ["a.gguf"]
+    );
+    let config = ("LLMGW_AGENT_CONFIG", file.display().to_string());
+    assert_eq!(weights(&[config.clone()], &[]), ["b.gguf"]);
+    // The variable wins over the file, as for `agent run`.
+    assert_eq!(weights(&[config, env_dirs], &[]), ["a.gguf"]);
+}
