@@ -84,17 +84,25 @@ pub struct CaptureHeader {
 
 impl CaptureHeader {
     /// The views before the first event.
+    /// Views of another format are refused even when they happen to
+    /// parse: a field whose meaning changed would replay into a story
+    /// that is quietly wrong.
     pub fn base_views(&self) -> Result<Projections, String> {
+        let refused = |why: String| {
+            format!(
+                "the views before position {} were captured in format {}, and this build reads format {}{why}: capture the incident again, or from position 1",
+                self.from,
+                self.views_format,
+                Projections::STATE_VERSION
+            )
+        };
         match &self.base {
             None => Ok(Projections::default()),
-            Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
-                format!(
-                    "the views before position {} were captured in format {}, and this build reads format {} and cannot read them ({e}): capture the incident again, or from position 1",
-                    self.from,
-                    self.views_format,
-                    Projections::STATE_VERSION
-                )
-            }),
+            Some(_) if self.views_format != Projections::STATE_VERSION => {
+                Err(refused(String::new()))
+            }
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| refused(format!(" and cannot read them ({e})"))),
         }
     }
 }
@@ -390,6 +398,25 @@ pub fn story(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn base_views_of_another_format_are_refused_though_they_parse() {
+        let header = |views_format| CaptureHeader {
+            capture: "c".into(),
+            from: 5,
+            to: 9,
+            settings: None,
+            leader: None,
+            leader_since: None,
+            views_format,
+            base: Some(serde_json::to_value(Projections::default()).unwrap()),
+        };
+        assert!(header(Projections::STATE_VERSION).base_views().is_ok());
+        let old = header(Projections::STATE_VERSION - 1)
+            .base_views()
+            .unwrap_err();
+        assert!(old.contains("capture the incident again"), "{old}");
+    }
 
     #[test]
     fn ids_are_named_in_order_and_host_facts_and_times_are_redacted() {

@@ -122,6 +122,14 @@ pub(crate) async fn run(store: &AnyStore, a: Args) -> anyhow::Result<Outcome> {
 
     // The views before the range, so that a range that starts late still
     // replays into the catalog and nodes it refers to.
+    if base_pos > 0 && from > base_pos + 1 {
+        eprintln!(
+            "warning: this log begins at position {} (imported from an anchor): the views before the range hold only positions {}..={}, so the catalog and nodes from before may be missing; export the source from position 1 for a whole picture",
+            base_pos + 1,
+            base_pos + 1,
+            from - 1
+        );
+    }
     let base = if from > 1 {
         let mut views = Projections::default();
         llmgw_projections::replay_to(store, &mut views, from - 1).await?;

@@ -211,6 +211,45 @@ async fn the_fixtures_readme_turns_a_recorded_node_loss_into_a_passing_test(b: B
         late.end().router.endpoints_for("llama-8b").count(),
         t.end().router.endpoints_for("llama-8b").count()
     );
+    // From an export that starts late, imported from its anchor: the views
+    // before the range hold only what the copy holds, and capture says so.
+    let part = root.path().join("part.jsonl");
+    ok(
+        &address,
+        &[
+            "events",
+            "export",
+            "--from",
+            "5",
+            "-o",
+            part.to_str().unwrap(),
+        ],
+    );
+    let copy = format!("sqlite://{}", root.path().join("copy.db").display());
+    ok(
+        &copy,
+        &["events", "import", "--from-anchor", part.to_str().unwrap()],
+    );
+    let from_copy: Vec<String> = [
+        "--store",
+        &copy,
+        "events",
+        "capture",
+        "node-lost-from-a-copy",
+        "--from",
+        "9",
+        "--to",
+        "14",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (good, _, err) = run_in(root.path(), &from_copy);
+    assert!(good, "{err}");
+    assert!(
+        err.contains("this log begins at position 5 (imported from an anchor)"),
+        "{err}"
+    );
 }
 
 /// Called by the live node-loss test once the replica is rebuilt: the
