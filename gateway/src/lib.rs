@@ -436,8 +436,13 @@ pub async fn serve_with(
             draining(),
         ))),
     };
+    let loopback = listen.admin.ip().is_loopback();
     let admin_app = edge(
-        admin_app(gw.clone()).merge(extra.admin),
+        admin_app(gw.clone())
+            .merge(extra.admin)
+            .layer(axum::middleware::from_fn(move |request, next| {
+                listen::admin_guard::guard(loopback, request, next)
+            })),
         Some(limits.body_timeout),
         false,
     );

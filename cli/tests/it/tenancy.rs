@@ -1104,3 +1104,38 @@ async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
     let stats = super::ok(&imported, &["events", "stats", "--json"]);
     assert!(stats.contains("ProjectCreated"), "{stats}");
 }
+
+/// The admin listener answers the operator's tools, not a web page in the
+/// operator's browser: a write that carries Origin (every write a page
+/// sends does) is refused and decides nothing, and a name rebound to
+/// 127.0.0.1 gets no answer; the same revoke from `llmgw keys` works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_takes_no_writes_from_web_pages() {
+    let stage = Stage::new();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("guard.db").display());
+    let server = stage.start("guarded", &store, Mode::RouterOnly, "auth: true\n");
+    tree(&store, &server.admin);
+    let (secret, id) = new_key(&store, &server.admin, "laptop");
+    let http = reqwest::Client::new();
+    let forged = http
+        .post(format!("{}/api/v1/keys/{id}/revoke", server.admin))
+        .header("origin", "https://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let rebound = http
+        .get(format!("{}/api/v1/keys", server.admin))
+        .header("host", "evil.example:9090")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
+    status_becomes(&server.base, Some(&secret), "free", 200).await;
+    let log = super::ok(&store, &["events", "log", "--key", &id]);
+    assert!(!log.contains("KeyRevoked"), "{log}");
+    keys_ok(&store, &server.admin, &["revoke", &id]);
+    status_becomes(&server.base, Some(&secret), "free", 401).await;
+}
