@@ -117,14 +117,40 @@ pub fn resolve_url(source: &str) -> Result<String, FetchError> {
         })
 }
 
-/// A source as logs, errors and replica reasons show it: its query (a
-/// pre-signed URL's signature, a token) left out, since those reach the
-/// journal, the event log and the operator's terminal.
+/// A source as logs, errors and replica reasons show it: its credentials
+/// (a URL's user and password, a pre-signed URL's query, a fragment) left
+/// out as `…`, since those reach the journal, the event log and the
+/// operator's terminal.
 pub fn shown(source: &str) -> std::borrow::Cow<'_, str> {
-    match source.split_once('?') {
-        Some((path, _)) => format!("{path}?…").into(),
-        None => source.into(),
+    let (path, tail) = match source.find(['?', '#']) {
+        Some(i) => (&source[..i], true),
+        None => (source, false),
+    };
+    let (scheme, rest) = match path.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, path),
+    };
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let user = scheme.and(authority.rfind('@'));
+    if !tail && user.is_none() {
+        return source.into();
     }
+    let mut out = String::with_capacity(source.len());
+    if let Some(scheme) = scheme {
+        out.push_str(scheme);
+        out.push_str("://");
+    }
+    match user {
+        Some(at) => {
+            out.push_str("…@");
+            out.push_str(&rest[at + 1..]);
+        }
+        None => out.push_str(rest),
+    }
+    if tail {
+        out.push_str("?…");
+    }
+    out.into()
 }
 
 fn base_name(source: &str) -> &str {

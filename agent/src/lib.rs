@@ -16,6 +16,7 @@ pub mod fetch;
 pub mod join;
 pub mod metrics;
 pub mod provision;
+pub mod secrets;
 pub mod session;
 pub mod state_files;
 pub mod supervisor;

@@ -164,13 +164,14 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
         // An address this host does not hold (behind NAT, a name) cannot
         // be bound, so then every interface, said once.
         let mgmt = a.mgmt_addr.as_deref().unwrap_or_default();
-        match mgmt.parse::<std::net::IpAddr>() {
+        let bare = mgmt.trim_start_matches('[').trim_end_matches(']');
+        match bare.parse::<std::net::IpAddr>() {
             Ok(ip) if std::net::TcpListener::bind((ip, 0)).is_ok() => {
                 a.engine_bind = Some(ip.to_string());
             }
             _ => tracing::warn!(
                 mgmt_addr = %mgmt,
-                "engines listen on every interface: --mgmt-addr is not an address of this host (set --engine-bind to narrow it)"
+                "engines listen on every interface: --mgmt-addr is not an address this host holds (a name, or an address behind NAT); set --engine-bind to narrow it"
             ),
         }
     }

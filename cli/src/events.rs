@@ -704,6 +704,7 @@ async fn export(
     output: Option<PathBuf>,
     sign_key: Option<PathBuf>,
 ) -> anyhow::Result<Outcome> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if from == 0 {
         bail!("positions start at 1");
     }
@@ -713,38 +714,49 @@ async fn export(
         .transpose()?;
     let (head, _) = store.head().await?;
     check_range(from, to, head)?;
+    let to = to.unwrap_or(head);
+    let key = key.as_ref();
     let Some(path) = output else {
         let mut sink = BufWriter::new(std::io::stdout().lock());
-        write_export(
-            store,
-            from,
-            to.unwrap_or(head),
-            head,
-            key.as_ref(),
-            &mut sink,
-        )
-        .await?;
+        write_export(store, from, to, head, key, &mut sink).await?;
         return Ok(Outcome::Ok);
     };
+    // Only a plain file is replaced by a rename; a device (/dev/null), a
+    // pipe or a link is written through, as any program would.
+    let existing = std::fs::symlink_metadata(&path).ok();
+    if existing.as_ref().is_some_and(|m| !m.is_file()) {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let mut sink = BufWriter::with_capacity(1 << 20, file);
+        let done = write_export(store, from, to, head, key, &mut sink).await?;
+        eprintln!("exported {} events to {}", done.events, path.display());
+        return Ok(Outcome::Ok);
+    }
     // Written aside and renamed once whole: a file already at the path is
     // kept until then, and a failure halfway leaves no export without its
-    // trailer (which an import would take as whole).
+    // trailer (which an import would take as whole). The log holds
+    // tenancy data: a new export is its owner's alone, and a replaced one
+    // keeps the mode it had.
     let mut aside = path.clone().into_os_string();
     aside.push(".partial");
     let aside = PathBuf::from(aside);
+    let mode = existing.map_or(0o600, |m| m.permissions().mode());
     let written = async {
-        let file = std::fs::File::create(&aside)
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&aside)
             .with_context(|| format!("cannot create {}", aside.display()))?;
+        // The umask narrowed the mode at creation: set it outright.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("cannot set the mode of {}", aside.display()))?;
         let mut sink = BufWriter::with_capacity(1 << 20, file);
-        let done = write_export(
-            store,
-            from,
-            to.unwrap_or(head),
-            head,
-            key.as_ref(),
-            &mut sink,
-        )
-        .await?;
+        let done = write_export(store, from, to, head, key, &mut sink).await?;
         sink.into_inner()
             .map_err(|e| e.into_error())
             .and_then(|f| f.sync_all())
@@ -789,14 +801,14 @@ async fn write_export(
     to: u64,
     head: u64,
     key: Option<&llmgw_eventstore::signing::SigningKey>,
-    sink: &mut impl Write,
+    mut sink: &mut dyn Write,
 ) -> anyhow::Result<llmgw_eventstore::Exported> {
-    let done = llmgw_eventstore::export(store, from, Some(to), &mut *sink).await?;
+    let done = llmgw_eventstore::export(store, from, Some(to), &mut sink).await?;
     let mut trailer = trailer(store, &done, head).await?;
     if let Some(key) = key {
         trailer.sign(key);
     }
-    llmgw_eventstore::write_trailer(&mut *sink, &trailer)?;
+    llmgw_eventstore::write_trailer(&mut sink, &trailer)?;
     sink.flush()?;
     Ok(done)
 }

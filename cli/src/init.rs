@@ -111,6 +111,11 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
             None => Ok(store.to_owned()),
         })
         .transpose()?;
+    // Checked before anything is written with it (the file may be empty,
+    // or name yet another file).
+    if let Some(g) = &given {
+        llmgw_eventstore::StoreAddress::parse(g).with_context(|| format!("--store {store}"))?;
+    }
     let given = given.as_deref();
     let store = if env_file.exists() {
         let text = std::fs::read_to_string(&env_file)

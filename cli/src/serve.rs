@@ -626,7 +626,7 @@ async fn agent_listener(
         None if addr.ip().is_loopback() => {
             tracing::info!(
                 %addr,
-                "agent listener: plaintext on loopback, for this host's agents (others need the tls: section, or agent_plaintext on a network you trust)"
+                "agent listener: plaintext on loopback, for this host's agents"
             );
             (None, routes)
         }

@@ -312,7 +312,14 @@ fn agent_addr(
         )),
         (true, _) | (false, Some(true)) => Ok(given.unwrap_or_else(every_interface)),
         (false, _) => match given {
-            None => Ok(([127, 0, 0, 1], 7443).into()),
+            None => {
+                // The default was every interface before: said, so that a
+                // fleet whose agents dial in from elsewhere learns why.
+                tracing::warn!(
+                    "agent listener: 127.0.0.1:7443, this host's agents only, since there is no tls: section; agents on other machines need tls: (`llmgw server init` writes one), or agent_plaintext: true on a network you trust"
+                );
+                Ok(([127, 0, 0, 1], 7443).into())
+            }
             Some(a) if a.ip().is_loopback() => Ok(a),
             Some(a) => Err(ConfigError(format!(
                 "agent_listen {a} is off loopback without tls: anything that reaches it could register as a node and be sent placements and prompts. Give a tls: section (`llmgw server init` writes one; nodes then join with `llmgw ctl node token`), listen on loopback, or set agent_plaintext: true (--agent-plaintext) for a network you trust"

@@ -780,7 +780,7 @@ fn heartbeat_fits(node: &NodeId, heartbeat_ms: u64, unreachable: Duration) -> Re
     if beat >= unreachable {
         tracing::warn!(node = %node, heartbeat_s = every, unreachable_after_s = after, "refused a node that heartbeats less often than control.unreachable_after");
         return Err(Status::failed_precondition(format!(
-            "node {node} heartbeats every {every} s, but this control plane takes a node as unreachable after {after} s without one (control.unreachable_after): give the agent --heartbeat-s of at most {} s, or raise control.unreachable_after",
+            "node {node} heartbeats every {every} s, but this control plane takes a node as unreachable after {after} s without one (control.unreachable_after): give the agent --heartbeat-s of at most {:.1} s, or raise control.unreachable_after",
             after / 3.0
         )));
     }

@@ -232,6 +232,8 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
             "/v1/threads/{id}",
             api(get(convo::read_thread).delete(convo::delete_thread)),
         )
+        .route("/v1", axum::routing::any(unknown_route))
+        .route("/v1/", axum::routing::any(unknown_route))
         .route("/v1/{*rest}", axum::routing::any(unknown_route))
         .merge(convo::memory_routes())
         .merge(convo::mcp_routes())

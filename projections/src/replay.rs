@@ -81,20 +81,26 @@ pub fn parse_time(text: &str, day_end: bool) -> Option<DateTime<Utc>> {
 /// a range ends, still covers the event it was printed beside.
 pub fn parse_span(text: &str) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
     let start = parse_time(text, false)?;
-    let text = text.trim();
-    // `YYYY-MM-DD` and a separator come first in every accepted form.
-    let time = text.get(11..).unwrap_or_default().as_bytes();
-    let unit = if time.is_empty() {
-        chrono::Duration::days(1)
-    } else if time.get(5) != Some(&b':') {
-        chrono::Duration::minutes(1)
-    } else if time.get(8) == Some(&b'.') {
-        let digits = time[9..].iter().take_while(|b| b.is_ascii_digit()).count();
-        // Past microseconds the log cannot tell instants apart.
-        let digits = u32::try_from(digits.min(6)).unwrap_or(6);
-        chrono::Duration::microseconds(10_i64.pow(6 - digits))
-    } else {
-        chrono::Duration::seconds(1)
+    // The clock after the date (`T` or a space between), without its zone;
+    // none for a date. Read by its shape: a field may have one digit.
+    let clock = text
+        .trim()
+        .split_once(['T', 't', ' '])
+        .map(|(_, time)| time.split(['Z', 'z', '+', '-']).next().unwrap_or_default());
+    let unit = match clock {
+        None => chrono::Duration::days(1),
+        Some(clock) => match clock.split(':').nth(2) {
+            None => chrono::Duration::minutes(1),
+            Some(seconds) => match seconds.split_once('.') {
+                None => chrono::Duration::seconds(1),
+                Some((_, fraction)) => {
+                    // Past microseconds the log cannot tell instants apart.
+                    let digits = fraction.len().min(6);
+                    let digits = u32::try_from(digits).unwrap_or(6);
+                    chrono::Duration::microseconds(10_i64.pow(6 - digits))
+                }
+            },
+        },
     };
     Some((start, start + unit - chrono::Duration::microseconds(1)))
 }
@@ -133,6 +139,11 @@ mod tests {
         assert_eq!(
             span("2026-12-02T20:21:30.123456789Z").unwrap().1,
             "2026-12-02T20:21:30.123456789+00:00"
+        );
+        // One-digit fields, which the parser takes, keep their units.
+        assert_eq!(
+            span("2026-12-2 9:05:30").unwrap().1,
+            "2026-12-02T09:05:30.999999+00:00"
         );
         assert_eq!(span("yesterday"), None);
     }

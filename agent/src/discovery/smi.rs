@@ -1,5 +1,6 @@
 //! GPUs through `nvidia-smi`'s CSV query.
 
+use crate::secrets::WithoutSecrets;
 use std::path::Path;
 use std::process::Command;
 
@@ -42,6 +43,7 @@ pub fn discover(bin: Option<&Path>) -> Result<Vec<Gpu>, SmiError> {
     };
     let shown = program.display().to_string();
     let out = Command::new(&program)
+        .envs_without_secrets()
         .arg(format!("--query-gpu={QUERY}"))
         .arg("--format=csv,noheader,nounits")
         .output()

@@ -71,8 +71,12 @@ impl ShardSpec {
         }
     }
 
+    /// The leader's rendezvous address, an IPv6 one bracketed.
     fn dist_init(&self) -> String {
-        format!("{}:{}", self.leader_addr, self.leader_port)
+        match self.leader_addr.as_str() {
+            a if a.contains(':') && !a.starts_with('[') => format!("[{a}]:{}", self.leader_port),
+            a => format!("{a}:{}", self.leader_port),
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 //! by the provisioner. SGLang is asked by importing the module in its
 //! Python.
 
+use crate::secrets::WithoutSecrets;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -105,6 +106,7 @@ pub async fn look(probe: &Probe, timeout: Duration) -> Found {
                 let mut busy = 0;
                 loop {
                     let out = tokio::process::Command::new(&program)
+                        .envs_without_secrets()
                         .args(args)
                         .stdin(std::process::Stdio::null())
                         .kill_on_drop(true)

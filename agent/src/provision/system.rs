@@ -6,6 +6,7 @@
 //! for `dpkg-query` and `apt-get` first on it and nothing is installed on
 //! the machine running them.
 
+use crate::secrets::WithoutSecrets;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -99,7 +100,8 @@ impl System {
             _ => program.to_path_buf(),
         };
         let mut cmd = tokio::process::Command::new(resolved);
-        cmd.args(args)
+        cmd.envs_without_secrets()
+            .args(args)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true);
         if let Some(p) = &self.path {

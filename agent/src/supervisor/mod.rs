@@ -134,7 +134,7 @@ impl Default for SupervisorOptions {
             stop_timeout: Duration::from_secs(30),
             log_lines: 200,
             base_env: std::env::vars()
-                .filter(|(k, _)| !AGENT_SECRETS.contains(&k.as_str()))
+                .filter(|(k, _)| !crate::secrets::AGENT_SECRETS.contains(&k.as_str()))
                 .collect(),
             log_file: None,
         }
@@ -464,11 +464,6 @@ async fn supervise(
         fail(&tx, &log, format!("sidecar {name} exited ({how})"), code);
     }
 }
-
-/// The agent's own secrets in its environment (a join token, from the
-/// unit's environment file): an engine runs model code, and has no use
-/// for them.
-pub const AGENT_SECRETS: [&str; 2] = ["LLMGW_AGENT_JOIN", "LLMGW_JOIN_TOKEN"];
 
 fn spawn(
     c: &Command,

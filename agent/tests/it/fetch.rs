@@ -276,6 +276,13 @@ async fn a_sources_query_reaches_no_file_name_and_no_error() {
     let closed = "http://127.0.0.1:9/x.gguf?token=SECRET123";
     let e = f.ensure(closed, None).await.unwrap_err().to_string();
     assert!(!e.contains("SECRET"), "{e}");
+    // A URL's user and password, and a fragment, likewise.
+    let with_user = "http://me:SECRET123@127.0.0.1:9/x.gguf#SECRET123";
+    let e = f.ensure(with_user, None).await.unwrap_err().to_string();
+    assert!(
+        !e.contains("SECRET") && e.contains("http://…@127.0.0.1:9/x.gguf?…"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -438,7 +438,7 @@ fn inventory_takes_the_agents_file_and_variables() {
         ["a.gguf"]
     );
     let config = ("LLMGW_AGENT_CONFIG", file.display().to_string());
-    assert_eq!(weights(&[config.clone()], &[]), ["b.gguf"]);
+    assert_eq!(weights(std::slice::from_ref(&config), &[]), ["b.gguf"]);
     // The variable wins over the file, as for `agent run`.
     assert_eq!(weights(&[config, env_dirs], &[]), ["a.gguf"]);
 }

@@ -772,6 +772,42 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
         1,
         "nothing left beside it"
     );
+    // It keeps the mode it had; a new export is its owner's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    std::fs::set_permissions(&kept, std::fs::Permissions::from_mode(0o640)).unwrap();
+    ok(&address, &["events", "export", "--to", "2", "-o", kept_arg]);
+    assert_eq!(mode(&kept), 0o640);
+    let fresh = dir.path().join("fresh.jsonl");
+    ok(
+        &address,
+        &["events", "export", "-o", fresh.to_str().unwrap()],
+    );
+    assert_eq!(mode(&fresh), 0o600);
+    // A link is written through, not replaced.
+    let link = dir.path().join("link.jsonl");
+    std::os::unix::fs::symlink(&kept, &link).unwrap();
+    ok(
+        &address,
+        &[
+            "events",
+            "export",
+            "--to",
+            "1",
+            "-o",
+            link.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        json_lines(&std::fs::read_to_string(&kept).unwrap()).len(),
+        2
+    );
 }
 
 /// A view replayed or diffed from a log a newer build wrote says what it

@@ -65,10 +65,18 @@ pub(super) async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    // The page never sends a key; an API client does, when its base URL
-    // lacks `/v1` (a common slip): it would otherwise be answered here,
-    // its key ignored and its answer capped at the page's limit.
-    if headers.contains_key(header::AUTHORIZATION) {
+    // The page never sends a bearer key (a proxy's Basic credentials may
+    // come along); an API client does, when its base URL lacks `/v1` (a
+    // common slip): it would otherwise be answered here, its key ignored
+    // and its answer capped at the page's limit.
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("bearer "))
+        });
+    if bearer {
         return refuse(
             StatusCode::NOT_FOUND,
             "unknown_url",

@@ -157,6 +157,15 @@ async fn a_chat_turn_reaches_the_model_capped_at_512_tokens() {
     assert_eq!(v["error"]["code"], "unknown_url", "{answer}");
     assert!(answer.contains("under /v1"), "{answer}");
     assert_eq!(sent.lock().expect("lock").len(), 1, "not sent to the model");
+    // A proxy's Basic credentials, which the browser sends along, are not
+    // a client's key.
+    let request = Request::post("/chat/completions")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::AUTHORIZATION, "Basic dXNlcjpwYXNz")
+        .body(Body::from(body.to_string()))
+        .expect("request");
+    let (status, answer, _) = send(&app, request).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
 }
 
 #[tokio::test]
