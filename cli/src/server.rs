@@ -250,7 +250,12 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
     };
-    let agent = agent_addr(agent_listen, agent_tls.is_some(), agent_plaintext)?;
+    // Without the control plane nothing listens for agents (and a setting
+    // for it was refused above).
+    let agent = match control {
+        Some(_) => agent_addr(agent_listen, agent_tls.is_some(), agent_plaintext)?,
+        None => ([127, 0, 0, 1], 7443).into(),
+    };
     let metrics = a
         .metrics_listen
         .or(addr("metrics_listen", file.metrics_listen)?);
