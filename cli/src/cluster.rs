@@ -134,6 +134,8 @@ pub(crate) enum ModelCommand {
 pub(crate) struct Admin {
     base: String,
     http: reqwest::Client,
+    /// Which server answered is said once, not at every look of a watch.
+    told: std::sync::atomic::AtomicBool,
 }
 
 impl Admin {
@@ -141,6 +143,7 @@ impl Admin {
         Admin {
             base: base.trim_end_matches('/').to_owned(),
             http: reqwest::Client::new(),
+            told: Default::default(),
         }
     }
 
@@ -157,6 +160,7 @@ impl Admin {
             http: reqwest::Client::builder()
                 .default_headers(headers)
                 .build()?,
+            told: Default::default(),
         })
     }
 
@@ -168,7 +172,9 @@ impl Admin {
             )
         })?;
         let status = resp.status();
-        crate::admin_client::say_forwarded(resp.headers(), "answered by");
+        if !self.told.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            crate::admin_client::say_forwarded(resp.headers(), "answered by");
+        }
         let body = resp.bytes().await?;
         if !status.is_success() {
             let why = serde_json::from_slice::<api::ErrorBody>(&body)
@@ -472,7 +478,7 @@ pub(crate) async fn run(
             }
             if follow {
                 drop(out);
-                return follow_logs(&a, &path, interval(interval_s)?).await;
+                return follow_logs(&a, &path, json, interval(interval_s)?).await;
             }
             let l: api::Logs = a.get(&path).await?;
             if json {
@@ -514,6 +520,16 @@ pub(crate) async fn run(
         }
         ClusterCommand::Node(NodeCommand::Token { ttl, node }) => {
             let ttl = crate::config::duration("--ttl", &ttl)?;
+            let most = std::time::Duration::from_millis(
+                u64::try_from(llmgw_domain::join::MAX_TTL_MS).unwrap_or(u64::MAX),
+            );
+            if ttl.is_zero() || ttl > most {
+                return Err(crate::config::ConfigError(
+                    "--ttl must be above 0 and at most 7d: a token is for a node about to join"
+                        .into(),
+                )
+                .into());
+            }
             let t: api::JoinToken = a
                 .answer(a.http.post(format!("{}/api/v1/join-tokens", a.base)).json(
                     &api::JoinTokenRequest {
@@ -612,14 +628,19 @@ fn replicas_table(rows: Vec<api::ReplicaRow>) -> Table {
 
 fn interval(s: f64) -> anyhow::Result<std::time::Duration> {
     if !(s.is_finite() && (0.05..=3600.0).contains(&s)) {
-        bail!("--interval-s must be between 0.05 and 3600");
+        return Err(crate::config::ConfigError(
+            "--interval-s must be between 0.05 and 3600".into(),
+        )
+        .into());
     }
     Ok(std::time::Duration::from_secs_f64(s))
 }
 
 /// Prints the replicas each time they change, each table after a line
 /// with the time; a failed look is said on stderr and the watch goes on
-/// (a server restarting is something to watch, not the end of it).
+/// (a server restarting is something to watch, not the end of it), but
+/// the first look's failure (no server there, no control plane) is the
+/// answer.
 async fn watch_replicas(
     a: &Admin,
     path: &str,
@@ -627,8 +648,14 @@ async fn watch_replicas(
     every: std::time::Duration,
 ) -> anyhow::Result<Outcome> {
     let mut last = String::new();
+    let mut first = true;
     loop {
-        match a.get::<Vec<api::ReplicaRow>>(path).await {
+        let look = a.get::<Vec<api::ReplicaRow>>(path).await;
+        if first && let Err(e) = look {
+            return Err(e);
+        }
+        first = false;
+        match look {
             Ok(rows) => {
                 let text = if json {
                     let mut b = Vec::new();
@@ -672,8 +699,14 @@ pub(crate) fn new_lines<'a>(prev: &[String], now: &'a [String]) -> &'a [String] 
     &now[shared..]
 }
 
-/// Prints a log's last lines, then the lines written since, every look.
-async fn follow_logs(a: &Admin, path: &str, every: std::time::Duration) -> anyhow::Result<Outcome> {
+/// Prints a log's last lines, then the lines written since, every look;
+/// with `json`, each as `{"line": …}` on a line of its own.
+async fn follow_logs(
+    a: &Admin,
+    path: &str,
+    json: bool,
+    every: std::time::Duration,
+) -> anyhow::Result<Outcome> {
     let mut prev: Vec<String> = Vec::new();
     let mut first = true;
     loop {
@@ -682,7 +715,11 @@ async fn follow_logs(a: &Admin, path: &str, every: std::time::Duration) -> anyho
                 let fresh = new_lines(&prev, &l.lines);
                 let mut out = std::io::stdout().lock();
                 for line in fresh {
-                    writeln!(out, "{line}")?;
+                    if json {
+                        json_line(&mut out, &serde_json::json!({ "line": line }))?;
+                    } else {
+                        writeln!(out, "{line}")?;
+                    }
                 }
                 out.flush()?;
                 prev = l.lines;

@@ -201,9 +201,19 @@ fn catalog_verdict(
 }
 
 pub(crate) async fn run(admin: &str, json_out: bool, args: PlanArgs) -> anyhow::Result<Outcome> {
+    // Exit 2, apart from 1, which says the model fits no class.
+    let bad = |why: String| anyhow::Error::new(crate::config::ConfigError(why));
     if !(args.utilization > 0.0 && args.utilization <= 1.0) {
-        bail!("--utilization must be above 0 and at most 1");
+        return Err(bad("--utilization must be above 0 and at most 1".into()));
     }
+    let dtype = args
+        .dtype
+        .as_deref()
+        .map(|d| {
+            Dtype::parse(d)
+                .ok_or_else(|| bad(format!("--dtype {d:?}: use bf16, fp16, fp8, int8 or int4")))
+        })
+        .transpose()?;
     let a = Admin::new(admin);
     let models: Vec<api::ModelRow> = a.get("/api/v1/models").await?;
     let row = models
@@ -211,11 +221,7 @@ pub(crate) async fn run(admin: &str, json_out: bool, args: PlanArgs) -> anyhow::
         .find(|m| m.name == args.model || m.aliases.contains(&args.model));
     let dir = model_dir(&args, row)?;
     let shape = read_shape(&dir).await?;
-    let dtype = match &args.dtype {
-        Some(d) => Dtype::parse(d)
-            .with_context(|| format!("--dtype {d:?}: use bf16, fp16, fp8, int8 or int4"))?,
-        None => shape.dtype,
-    };
+    let dtype = dtype.unwrap_or(shape.dtype);
     let nodes: Vec<api::NodeRow> = a.get("/api/v1/nodes").await?;
     let classes = fleet(&nodes);
     let room = Headroom {

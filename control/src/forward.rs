@@ -146,12 +146,37 @@ pub async fn forward_writes(
     request: Request,
     next: Next,
 ) -> Response {
-    // Reads only the leader can answer: a node's log comes over its
-    // agent's stream, which the leader holds, and the engines in use are
-    // those of the leader's file.
-    let read = matches!(*request.method(), Method::GET | Method::HEAD)
-        && !matches!(request.uri().path(), "/api/v1/logs" | "/api/v1/engines");
-    if read || cp.is_leader() || request.headers().contains_key(api::FORWARDED_HEADER) {
+    // Reads only the leader can answer: a node's log and its heartbeats
+    // come over its agent's stream, which the leader holds, and so do the
+    // downloads in progress and the processes that hold GPUs and ports
+    // (which explain weighs); the demand for on-demand models is the
+    // leader's; the engines in use are those of the leader's file.
+    let reading = matches!(*request.method(), Method::GET | Method::HEAD);
+    let leaders_only = matches!(
+        request.uri().path(),
+        "/api/v1/logs"
+            | "/api/v1/engines"
+            | "/api/v1/nodes"
+            | "/api/v1/replicas"
+            | "/api/v1/explain"
+            | "/api/v1/status"
+    );
+    let forwarded = request.headers().contains_key(api::FORWARDED_HEADER);
+    if forwarded && !cp.is_leader() {
+        // Sent here as to the leader, but this server does not lead: the
+        // leader recorded an address that reaches another server (often
+        // its loopback, which on another host is this one). 423, as the
+        // router-only door reads it.
+        return AdminError(
+            StatusCode::LOCKED,
+            format!(
+                "{} received a command forwarded to the leader, but does not lead: the leader recorded an admin address that reaches this server; set control.advertise_admin on each server to an address the others reach",
+                cp.config.instance
+            ),
+        )
+        .into_response();
+    }
+    if (reading && !leaders_only) || cp.is_leader() || forwarded {
         return next.run(request).await;
     }
     let (parts, body) = match buffered(request).await {
@@ -173,8 +198,9 @@ pub async fn forward_writes(
             Ok(Some((holder, url))) if holder != cp.config.instance => {
                 match forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await {
                     Ok(r) => return r,
-                    // Sent, perhaps decided: never sent again.
-                    Err(why) if why.sent => {
+                    // Sent, perhaps decided: a command is never sent
+                    // again (a read decides nothing, and is).
+                    Err(why) if why.sent && !reading => {
                         let said = why.say(&holder, &url, "");
                         return AdminError(StatusCode::BAD_GATEWAY, said).into_response();
                     }

@@ -68,6 +68,24 @@ impl ToLeader {
         });
         Ok(admin.map(|a| (holder, a)))
     }
+
+    /// Whether a control plane has ever led this store: then a moment
+    /// with none (an election, a takeover) is not router-only mode.
+    async fn ever_led(&self) -> bool {
+        let filter = EventFilter {
+            event_type: Some("LeadershipAcquired".to_owned()),
+            streams: vec!["leadership".to_owned()],
+            ..EventFilter::default()
+        };
+        match self.store.head().await {
+            Ok((head, _)) => self
+                .store
+                .read_backward_raw(&filter, 0..head + 1, 1)
+                .await
+                .is_ok_and(|found| !found.is_empty()),
+            Err(_) => false,
+        }
+    }
 }
 
 impl ToLeader {
@@ -137,8 +155,9 @@ impl ToLeader {
 /// The control plane's own routes (`/api/v1/nodes`, `/models`, `/status`,
 /// …), which a server without one does not serve: while a control plane
 /// leads its store, they are sent to the leader, reads and writes alike,
-/// so that `llmgw ctl` works through any server; with none leading, 404
-/// with an empty body, which `llmgw ctl` reads as "router-only mode".
+/// so that `llmgw ctl` works through any server; with none leading, 503
+/// when one has led (an election), else 404 with an empty body, which
+/// `llmgw ctl` reads as "router-only mode".
 async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Request) -> Response {
     if request.headers().contains_key(api::FORWARDED_HEADER) {
         return StatusCode::NOT_FOUND.into_response();
@@ -147,9 +166,15 @@ async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Reques
         Ok(b) => b,
         Err(refused) => return refused,
     };
-    to.send(&parts, body)
-        .await
-        .unwrap_or_else(|| StatusCode::NOT_FOUND.into_response())
+    match to.send(&parts, body).await {
+        Some(answer) => answer,
+        None if to.ever_led().await => AdminError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no control plane leads this store right now (an election, or none is running): try again in a few seconds".into(),
+        )
+        .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// A write the door refused because a control plane leads (423) goes to

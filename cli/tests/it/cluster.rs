@@ -526,6 +526,17 @@ async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
         (r.status() == 200 && ready_replicas(&rows).len() == 2).then_some(())
     })
     .await;
+    // What only the leader knows (the agents' streams) is the leader's
+    // answer through the standby too: every node connected, heartbeating.
+    let nodes = get(format!("{}/api/v1/nodes", second.admin)).await;
+    let nodes = nodes.as_array().unwrap();
+    assert!(
+        nodes.len() == 2
+            && nodes
+                .iter()
+                .all(|n| n["connected"] == true && n["last_heartbeat_s"].is_number()),
+        "{nodes:?}"
+    );
     let before = get(format!("{}/api/v1/replicas?all=true", second.admin)).await;
     let clients = Clients::start(&second.base);
     clients.wait_for_more(20).await;

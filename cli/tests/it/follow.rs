@@ -97,6 +97,14 @@ async fn replicas_watch_and_logs_follow_print_changes_as_they_happen() {
         "{seen:#?}"
     );
 
+    // With --json, each line is a JSON document of its own.
+    let json = Child::spawn(&[
+        "ctl", "logs", "w1", "--source", &shard, "--follow", "--json", "--admin", admin,
+    ]);
+    let first: serde_json::Value =
+        serde_json::from_str(&Child::expect(&json.stdout, "")).expect("a JSON line");
+    assert!(first["line"].is_string(), "{first}");
+
     // Following a log that does not exist is an error at once.
     let (ok, _, err) = ctl(admin, &["logs", "w1", "--source", "nope", "--follow"]);
     assert!(!ok && err.contains("no log named nope"), "{err}");

@@ -148,3 +148,74 @@ fn admin_is_refused_where_it_would_be_ignored() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--max-concurrency"), "{err}");
 }
+
+/// A ctl flag out of range is a bad question (exit 2) before anything is
+/// asked, apart from a failure of what was asked (1): `plan`'s 1 says the
+/// model fits no class. A watch whose first look finds no server ends
+/// (1) rather than warning every second for ever.
+#[test]
+fn ctl_flags_out_of_range_exit_2_and_a_watch_of_nothing_ends() {
+    let closed = format!(
+        "http://127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
+    for (args, says) in [
+        (
+            vec![
+                "ctl",
+                "--admin",
+                &closed,
+                "replicas",
+                "--watch",
+                "--interval-s",
+                "0",
+            ],
+            "--interval-s",
+        ),
+        (
+            vec![
+                "ctl",
+                "--admin",
+                &closed,
+                "plan",
+                "m",
+                "--path",
+                "/tmp",
+                "--utilization",
+                "2",
+            ],
+            "--utilization",
+        ),
+        (
+            vec![
+                "ctl", "--admin", &closed, "plan", "m", "--path", "/tmp", "--dtype", "fp7",
+            ],
+            "--dtype",
+        ),
+        (
+            vec!["ctl", "--admin", &closed, "node", "token", "--ttl", "30d"],
+            "at most 7d",
+        ),
+    ] {
+        let out = llmgw(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let out = llmgw(&[
+        "ctl",
+        "--admin",
+        &closed,
+        "replicas",
+        "--watch",
+        "--interval-s",
+        "0.1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot reach the admin API"), "{err}");
+}

@@ -719,6 +719,63 @@ async fn a_leader_address_that_reaches_no_leader_is_named() {
     );
 }
 
+/// A router-only server on a store a control plane led: with none leading
+/// for a moment (here: its leader gone, its lease run out), ctl is told
+/// that, not that the server is in router-only mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_between_leaders_does_not_say_router_only() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let stage = Stage::new();
+    let a = stage.start("cp-a", &store, Mode::Control, "auth: true\n");
+    leads(&a.admin).await;
+    let router = stage.start("router", &store, Mode::RouterOnly, "auth: true\n");
+    drop(a);
+    let said = until("the lease to run out", || async {
+        let (ok, _, err) = super::cluster::ctl(&router.admin, &["status"]);
+        (!ok && err.contains("no control plane leads this store right now")).then_some(err)
+    })
+    .await;
+    assert!(!said.contains("router-only"), "{said}");
+}
+
+/// The same through a standby: the leader recorded the standby's own
+/// address, so the standby's forward comes back to it. It does not answer
+/// it as the leader would (nor refuse it as a standby); it names the
+/// setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_whose_forward_comes_back_to_it_names_the_setting() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let stage = Stage::new();
+    let port = super::cluster::free_port();
+    let misrecorded = format!("http://127.0.0.1:{port}");
+    let a = stage.start_env(
+        "cp-a",
+        &store,
+        Mode::Control,
+        "auth: true\n",
+        &[("LLMGW_CONTROL__ADVERTISE_ADMIN", misrecorded.clone())],
+    );
+    leads(&a.admin).await;
+    let b = stage.start_env(
+        "cp-b",
+        &store,
+        Mode::Control,
+        "auth: true\n",
+        &[("LLMGW_ADMIN_LISTEN", format!("127.0.0.1:{port}"))],
+    );
+    let out = keys(
+        &store,
+        &b.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not lead") && err.contains("control.advertise_admin"),
+        "{err}"
+    );
+}
+
 /// Two `keys create` for one name at once: exactly one wins, through a
 /// server and with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
