@@ -456,6 +456,9 @@ pub struct Tenancy {
     pub memory: BTreeMap<String, MemorySetting>,
 }
 
+/// The longest name a key may have, in characters.
+pub const MAX_NAME: usize = 100;
+
 fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
     if id.is_empty()
         || id.len() > 128
@@ -661,6 +664,13 @@ impl Tenancy {
                 if key.revoked {
                     return Err(Rejection::invalid("a key is issued unrevoked"));
                 }
+                // A name is shown in lists and pages, and kept in the log
+                // for ever: a line's worth of text.
+                if key.name.chars().count() > MAX_NAME || key.name.chars().any(char::is_control) {
+                    return Err(Rejection::invalid(format!(
+                        "a key's name is at most {MAX_NAME} characters, none of them control characters"
+                    )));
+                }
                 // A key for a person shows on their profile and counts as
                 // theirs: the person must exist.
                 if let Some(owner) = &key.owner
@@ -670,14 +680,15 @@ impl Tenancy {
                 }
                 // A name is how a person tells a project's keys apart (and
                 // revokes the right one), so live names do not repeat.
-                if let Some(twin) = self
+                // Which key is not said: it may be another person's.
+                if self
                     .keys
                     .values()
-                    .find(|k| !k.revoked && k.project_id == key.project_id && k.name == key.name)
+                    .any(|k| !k.revoked && k.project_id == key.project_id && k.name == key.name)
                 {
                     return Err(Rejection::conflict(format!(
-                        "project {} already has a key named {} ({})",
-                        key.project_id, key.name, twin.key_id
+                        "project {} already has a key named {}: choose another name",
+                        key.project_id, key.name
                     )));
                 }
                 vec![E::KeyIssued(key)]

@@ -21,6 +21,10 @@ impl People {
         check_strength(password)?;
         let name = match name.trim() {
             "" => email.as_str(),
+            // Shown on the admin pages and kept until erased: a line.
+            n if n.chars().count() > 100 || n.chars().any(char::is_control) => {
+                return Err(PeopleError::BadName);
+            }
             n => n,
         };
         // Hashed whether or not the address is taken: the answer's timing

@@ -93,6 +93,8 @@ pub enum PeopleError {
     WeakPassword,
     #[error("that is the password you already have")]
     SamePassword,
+    #[error("a name is at most 100 characters, none of them control characters")]
+    BadName,
     #[error("not signed in")]
     NoSession,
     #[error("this link is not valid, has expired or has already been used")]

@@ -106,7 +106,7 @@ async fn a_refused_operator_command_leaves_exactly_one_audit_event() {
                 "actor": "bob",
                 "command": "IssueKey k2 named \"ci\" in project p",
                 "target": "key-k2",
-                "reason": "project p already has a key named ci (k)",
+                "reason": "project p already has a key named ci: choose another name",
             })
         );
         assert_eq!(refused[0].metadata["command_id"], json!(bob.command_id));

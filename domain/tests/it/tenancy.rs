@@ -268,7 +268,17 @@ fn a_live_key_name_is_unique_within_its_project() {
     twin.name = "ci-k".into();
     let refused = t.decide(C::IssueKey(twin.clone())).unwrap_err();
     assert_eq!(refused.code, llmgw_domain::RejectionCode::Conflict);
-    assert_eq!(refused.reason, "project p already has a key named ci-k (k)");
+    assert_eq!(
+        refused.reason,
+        "project p already has a key named ci-k: choose another name"
+    );
+    // A name is a line's worth of text, and no control characters.
+    for name in ["x".repeat(101), "a\u{1b}[2Jb".to_owned()] {
+        let mut long = key("k9", "p");
+        long.name = name;
+        let refused = t.decide(C::IssueKey(long)).unwrap_err();
+        assert_eq!(refused.code, llmgw_domain::RejectionCode::Invalid);
+    }
     // Another project may use the name.
     for cmd in [
         C::CreateProject {

@@ -118,6 +118,24 @@ async fn an_empty_name_becomes_the_address(b: Backend) {
         "Cy Twombly"
     );
     assert_eq!(fx.people.person("usr-nobody").await.unwrap(), None);
+    // A name is a line's worth of text: a longer one, or one with control
+    // characters, is refused before anything is kept.
+    for name in ["x".repeat(101), "a\u{1b}[2Jb".to_owned()] {
+        let err = fx
+            .people
+            .sign_up("dee@example.com", &name, GOOD, t0())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PeopleError::BadName), "{err}");
+    }
+    assert!(
+        fx.people
+            .sign_up("dee@example.com", "Dee", GOOD, t0())
+            .await
+            .unwrap()
+            .is_some(),
+        "the address was not taken by a refused sign-up"
+    );
 }
 
 async fn people_are_listed_oldest_first(b: Backend) {
