@@ -51,9 +51,42 @@ pub(crate) async fn call<T: DeserializeOwned>(
         .ok()
         .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
         .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-    Err(match status {
+    Err(refusal(status, why))
+}
+
+/// The admin API's refusal as the page says it: its words for a refusal
+/// of the change (written for people), "try again" when the leader could
+/// not be reached (a standby between leaders), our fault otherwise.
+fn refusal(status: StatusCode, why: String) -> WebError {
+    match status {
         StatusCode::NOT_FOUND => WebError::NotFound,
         s if s.is_client_error() => WebError::Bad(why),
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
+            WebError::Unavailable(why)
+        }
         _ => WebError::Internal(why),
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+
+    #[tokio::test]
+    async fn a_leader_out_of_reach_is_a_try_again_not_our_fault() {
+        let why =
+            "this server is a standby: the leader cp-a at http://10.0.0.11:9090 did not answer";
+        let page = super::refusal(StatusCode::BAD_GATEWAY, why.into()).into_response();
+        assert_eq!(page.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(page.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let html = String::from_utf8_lossy(&body);
+        assert!(html.contains("try again in a few seconds"), "{html}");
+        assert!(
+            !html.contains("10.0.0.11"),
+            "internal addresses stay in the log: {html}"
+        );
+    }
 }

@@ -16,6 +16,13 @@ pub(crate) enum WebError {
     SignIn,
     #[error("{0}")]
     Bad(String),
+    /// The leader, which decides every change, could not be reached (a
+    /// standby between leaders, say); the reason is logged, not shown
+    /// (it names internal addresses).
+    #[error(
+        "the cluster's leader could not be reached just now (an election, or it is restarting): try again in a few seconds"
+    )]
+    Unavailable(String),
     /// Something on our side; logged where it is turned into a response.
     #[error("{0}")]
     Internal(String),
@@ -34,6 +41,10 @@ impl IntoResponse for WebError {
                     .into_response();
             }
             WebError::Bad(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            WebError::Unavailable(why) => {
+                tracing::warn!(error = %why, "a page's change could not reach the leader");
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             WebError::Internal(why) => {
                 tracing::error!(error = %why, "a page failed");
                 StatusCode::INTERNAL_SERVER_ERROR
