@@ -69,7 +69,7 @@ async fn answer(s: &mut TcpStream) -> (u16, String) {
 }
 
 async fn get(s: &mut TcpStream, path: &str) -> (u16, String) {
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: gw\r\n\r\n").as_bytes())
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .unwrap();
     answer(s).await
@@ -78,7 +78,7 @@ async fn get(s: &mut TcpStream, path: &str) -> (u16, String) {
 /// One series' value from the admin listener's page.
 async fn series(gw: &Running, name: &str) -> f64 {
     let mut s = TcpStream::connect(addr(&gw.admin)).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n")
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let page = until_closed(&mut s).await;
@@ -98,9 +98,9 @@ async fn a_body_that_stalls_is_answered_408_at_the_body_timeout() {
     .await;
     let heads: [&[u8]; 2] = [
         // Promises 100 bytes, sends 9.
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"model\":",
         // A chunked body that stops after its first chunk.
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"model\":\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"model\":\r\n",
     ];
     for head in heads {
         let mut s = TcpStream::connect(addr(&gw.base)).await.unwrap();
@@ -124,7 +124,7 @@ async fn a_body_that_stalls_is_answered_408_at_the_body_timeout() {
     let body = br#"{"messages": []}"#;
     s.write_all(
         format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: {}\r\n\r\n",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-length: {}\r\n\r\n",
             body.len()
         )
         .as_bytes(),
@@ -147,7 +147,7 @@ async fn headers_that_never_finish_and_an_idle_connection_are_closed_at_the_idle
     .await;
     // Slowloris: a request line and a header, and then nothing.
     let mut s = TcpStream::connect(addr(&gw.base)).await.unwrap();
-    s.write_all(b"GET /health HTTP/1.1\r\nhost: gw\r\n")
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n")
         .await
         .unwrap();
     let sent = Instant::now();
@@ -203,7 +203,7 @@ async fn connections_beyond_the_cap_wait_until_one_closes() {
     // A third connects (the system queues it) but is not served while
     // both are open, however long it waits (short of the idle timeout).
     let mut c = TcpStream::connect(addr(&gw.base)).await.unwrap();
-    c.write_all(b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n")
+    c.write_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let mut first = [0u8; 1];
