@@ -446,15 +446,33 @@ pub(crate) async fn run(
             }
         }
         ClusterCommand::Weights { collect } => {
-            let listed: std::collections::BTreeMap<String, Vec<String>> = if collect {
+            type PerNode = std::collections::BTreeMap<String, Vec<String>>;
+            let unwanted: PerNode = a.get("/api/v1/weights").await?;
+            let listed: PerNode = if collect {
                 a.post("/api/v1/weights/collect").await?
             } else {
-                a.get("/api/v1/weights").await?
+                unwanted.clone()
             };
+            // Only a connected node can be asked: the others keep theirs,
+            // which is said, not passed over as nothing to collect.
+            for (node, paths) in unwanted.iter().filter(|(n, _)| !listed.contains_key(*n)) {
+                eprintln!(
+                    "{node} is not connected: its {} unwanted file(s) stay until it is and this is run again",
+                    paths.len()
+                );
+            }
             if json {
                 json_line(&mut out, &listed)?;
             } else if listed.is_empty() {
-                writeln!(out, "no unwanted cached weights")?;
+                writeln!(
+                    out,
+                    "no unwanted cached weights{}",
+                    if collect && !unwanted.is_empty() {
+                        " on a connected node"
+                    } else {
+                        ""
+                    }
+                )?;
             } else {
                 let mut t = Table::new(vec!["NODE", if collect { "REMOVING" } else { "UNWANTED" }]);
                 for (node, paths) in listed {

@@ -1137,7 +1137,7 @@ async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
     let port = free_port();
     let server = start_server(&server_yaml(dir.path(), "fetch", &store, port, 0));
     let servers = format!("http://127.0.0.1:{port}");
-    let _agent = Child::spawn(&[
+    let agent = Child::spawn(&[
         "agent",
         "run",
         "--server",
@@ -1269,6 +1269,23 @@ async fn remote_weights_are_fetched_verified_and_then_reported_by_the_node() {
     })
     .await;
     assert!(mine.exists() && cached[0].exists());
+    // A node that is not connected cannot be asked: it keeps its stray,
+    // and ctl says so rather than that there is nothing to collect.
+    std::fs::write(&stray, b"old").unwrap();
+    until("the node reports the stray again", || async {
+        let (_, out, _) = ctl(&server.admin, &["weights"]);
+        out.contains(&stray_s).then_some(())
+    })
+    .await;
+    drop(agent);
+    until("the node to be disconnected", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes[0]["connected"] == false).then_some(())
+    })
+    .await;
+    let (ok, _, err) = ctl(&server.admin, &["weights", "--collect"]);
+    assert!(ok && err.contains("a is not connected"), "{err}");
+    assert!(stray.exists());
     drop(sweep);
 }
 
