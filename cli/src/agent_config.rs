@@ -141,6 +141,14 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
         .get_or_insert_with(|| "ray".into());
     a.engines.llamacpp_parallel.get_or_insert(0);
     check(&a)?;
+    // With its own certificate a node is the node it names (the server
+    // refuses a stream whose id is another): that is the default id.
+    if a.node_id.is_none()
+        && let Some(cert) = &a.tls_cert
+        && let Ok(pem) = std::fs::read_to_string(cert)
+    {
+        a.node_id = llmgw_agent::join::node_of(&pem);
+    }
     if a.mgmt_addr.is_none() {
         // Engines and other nodes reach this node where the control plane
         // does; loopback only when the control plane is on this host.
@@ -152,6 +160,27 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
                 "127.0.0.1".into()
             }
         });
+    }
+    let mgmt = a.mgmt_addr.as_deref().unwrap_or_default();
+    let ip = |s: &str| {
+        s.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok()
+    };
+    // An address or a name: the gateway makes http://ADDR:PORT of it.
+    if mgmt.contains('/') || (mgmt.contains(':') && ip(mgmt).is_none()) {
+        return Err(ConfigError(format!(
+            "--mgmt-addr {mgmt:?} is not an address or a host name (no scheme, no port: the control plane picks engines' ports)"
+        )));
+    }
+    if let (Some(bind), Some(reached)) = (a.engine_bind.as_deref().and_then(ip), ip(mgmt))
+        && bind.is_loopback()
+        && !reached.is_loopback()
+    {
+        return Err(ConfigError(format!(
+            "--engine-bind {bind} is loopback, but engines are reached at --mgmt-addr {reached}: the gateway could never reach them; leave --engine-bind out (engines then listen on the management address)"
+        )));
     }
     // Not refused: a network mount may come up after the agent; but a typo
     // would otherwise leave the node reporting no weights without a word.

@@ -220,7 +220,7 @@ fn check_refuses_what_the_start_would() {
     let blocked = format!("{pem}/weights");
     let missing = dir.path().join("absent.pem");
     let missing = missing.to_str().unwrap();
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 14] = [
         (
             &["--heartbeat-s", "0"],
             "--heartbeat-s must be a positive number",
@@ -278,6 +278,19 @@ fn check_refuses_what_the_start_would() {
             "--tls-ca: cannot read",
         ),
         (&["--join", "garbage"], "--join: not a join token"),
+        // The address engines are reached at, and where they listen.
+        (
+            &["--mgmt-addr", "10.0.0.5:8000"],
+            "is not an address or a host name",
+        ),
+        (
+            &["--mgmt-addr", "http://10.0.0.5"],
+            "is not an address or a host name",
+        ),
+        (
+            &["--mgmt-addr", "10.0.0.5", "--engine-bind", "127.0.0.1"],
+            "the gateway could never reach them",
+        ),
     ];
     for (args, says) in cases {
         let (code, json, err) = check(&[&server[..], args].concat(), &[]);
@@ -297,6 +310,12 @@ fn check_refuses_what_the_start_would() {
     );
     assert_eq!(code, 0, "{err}");
     assert_eq!(json["skip_gpus"], true);
+    // An IPv6 management address is an address.
+    let (code, _, err) = check(
+        &[&server[..], &["--mgmt-addr", "2001:db8::5"]].concat(),
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
 }
 
 /// An agent given only `--config` joins a real server as the file says:
@@ -441,4 +460,43 @@ fn inventory_takes_the_agents_file_and_variables() {
     assert_eq!(weights(std::slice::from_ref(&config), &[]), ["b.gguf"]);
     // The variable wins over the file, as for `agent run`.
     assert_eq!(weights(&[config, env_dirs], &[]), ["a.gguf"]);
+}
+
+/// With its own certificate and no --node-id, a node is the node its
+/// certificate names (as deploy/examples/agent.yaml says), not the
+/// hostname the server would refuse; --node-id still wins.
+#[test]
+fn a_certificate_names_the_node_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().to_str().unwrap();
+    for args in [
+        &["ctl", "cert", "init-ca", "--dir", pki][..],
+        &["ctl", "cert", "issue-client", "gpu-n7", "--dir", pki][..],
+    ] {
+        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    let tls = |f: &str| format!("{pki}/{f}");
+    let (ca, cert, key) = (tls("ca.pem"), tls("gpu-n7.pem"), tls("gpu-n7-key.pem"));
+    let with_tls = [
+        "--server",
+        "https://127.0.0.1:7443",
+        "--tls-ca",
+        &ca,
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+    ];
+    let (code, s, err) = check(&with_tls, &[]);
+    assert_eq!((code, &s["node_id"]), (0, &Value::from("gpu-n7")), "{err}");
+    let (code, s, err) = check(&[&with_tls[..], &["--node-id", "other"]].concat(), &[]);
+    assert_eq!((code, &s["node_id"]), (0, &Value::from("other")), "{err}");
 }
