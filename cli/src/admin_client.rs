@@ -119,14 +119,18 @@ async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
 
 /// When the answer is the leader's, sent on by a router-only server or by
 /// this process, says so on stderr: "{how} the leader NAME at URL".
-pub(crate) fn say_forwarded(headers: &reqwest::header::HeaderMap, how: &str) {
-    if let Some(to) = headers
+/// Says on stderr which leader answered, when another server sent the
+/// request on; whether it said so.
+pub(crate) fn say_forwarded(headers: &reqwest::header::HeaderMap, how: &str) -> bool {
+    let Some(to) = headers
         .get(api::FORWARDED_TO_HEADER)
         .and_then(|v| v.to_str().ok())
-    {
-        let (holder, url) = to.split_once(' ').unwrap_or((to, ""));
-        eprintln!("{how} the leader {holder} at {url}");
-    }
+    else {
+        return false;
+    };
+    let (holder, url) = to.split_once(' ').unwrap_or((to, ""));
+    eprintln!("{how} the leader {holder} at {url}");
+    true
 }
 
 /// Which of `--store` and `--admin` the command line itself gave (not a

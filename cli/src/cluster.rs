@@ -172,8 +172,10 @@ impl Admin {
             )
         })?;
         let status = resp.status();
-        if !self.told.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            crate::admin_client::say_forwarded(resp.headers(), "answered by");
+        if !self.told.load(std::sync::atomic::Ordering::Relaxed)
+            && crate::admin_client::say_forwarded(resp.headers(), "answered by")
+        {
+            self.told.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         let body = resp.bytes().await?;
         if !status.is_success() {

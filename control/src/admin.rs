@@ -249,6 +249,21 @@ async fn replicas(
             .resolve(m)
             .map_or_else(|| m.to_owned(), |m| m.name.clone())
     });
+    // A name that is no model, alias or removed model's replica is a typo,
+    // not an empty answer.
+    if let Some(m) = &wanted
+        && c.catalog.resolve(m).is_none()
+        && !c
+            .replicas
+            .replicas
+            .values()
+            .any(|r| &r.placement.model == m)
+    {
+        return Err(AdminError(
+            StatusCode::NOT_FOUND,
+            format!("no model or alias {m}; `llmgw ctl models` lists them"),
+        ));
+    }
     let rows = c
         .replicas
         .replicas

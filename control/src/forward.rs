@@ -140,7 +140,9 @@ impl ControlPlane {
 /// Passes reads and a leader's own commands through; a standby sends a
 /// command on to the leader once (never a forwarded one again). While no
 /// leader is in office (an election, a takeover after a crash) it waits,
-/// bounded, for one, rather than failing a command a moment early.
+/// bounded, for one, rather than failing a command a moment early. The
+/// reads only the leader can answer go to it too, and are answered here,
+/// from this server's own views, when it cannot be asked.
 pub async fn forward_writes(
     State(cp): State<Arc<ControlPlane>>,
     request: Request,
@@ -149,8 +151,9 @@ pub async fn forward_writes(
     // Reads only the leader can answer: a node's log and its heartbeats
     // come over its agent's stream, which the leader holds, and so do the
     // downloads in progress and the processes that hold GPUs and ports
-    // (which explain weighs); the demand for on-demand models is the
-    // leader's; the engines in use are those of the leader's file.
+    // (which explain weighs, and weights collection asks); the engines in
+    // use are those of the leader's file. `status` stays this server's:
+    // it says how far this server's views have read.
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
     let leaders_only = matches!(
         request.uri().path(),
@@ -159,18 +162,18 @@ pub async fn forward_writes(
             | "/api/v1/nodes"
             | "/api/v1/replicas"
             | "/api/v1/explain"
-            | "/api/v1/status"
+            | "/api/v1/weights"
     );
     let forwarded = request.headers().contains_key(api::FORWARDED_HEADER);
     if forwarded && !cp.is_leader() {
-        // Sent here as to the leader, but this server does not lead: the
-        // leader recorded an address that reaches another server (often
-        // its loopback, which on another host is this one). 423, as the
-        // router-only door reads it.
+        // Sent here as to the leader, but this server does not lead: it is
+        // taking office or stepping down this moment, or the leader
+        // recorded an address that reaches another server. 423: nothing
+        // was decided, and the sender may try again.
         return AdminError(
             StatusCode::LOCKED,
             format!(
-                "{} received a command forwarded to the leader, but does not lead: the leader recorded an admin address that reaches this server; set control.advertise_admin on each server to an address the others reach",
+                "{} received a command forwarded to the leader, but does not lead",
                 cp.config.instance
             ),
         )
@@ -183,10 +186,21 @@ pub async fn forward_writes(
         Ok(b) => b,
         Err(refused) => return refused,
     };
+    let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
+    if reading {
+        // One try at the leader; this server's own answer otherwise.
+        if let Ok(Some((holder, url))) = cp.leader_admin().await
+            && holder != cp.config.instance
+            && let Ok(r) = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await
+            && r.status() != StatusCode::LOCKED
+        {
+            return r;
+        }
+        return next.run(rebuild()).await;
+    }
     if let Some(refused) = own_file_model(&cp, &parts, &body) {
         return refused.into_response();
     }
-    let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
     let deadline = tokio::time::Instant::now() + (cp.config.lease_ttl * 2).min(MAX_WAIT);
     let mut leadership = cp.leadership();
     let mut last_error = None;
@@ -197,14 +211,18 @@ pub async fn forward_writes(
         match cp.leader_admin().await {
             Ok(Some((holder, url))) if holder != cp.config.instance => {
                 match forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await {
+                    // Not decided there: that server does not lead (yet,
+                    // or any more). Asked again, until the deadline.
+                    Ok(r) if r.status() == StatusCode::LOCKED => {
+                        last_error = Some(Unsent::NotLeading(holder, url));
+                    }
                     Ok(r) => return r,
-                    // Sent, perhaps decided: a command is never sent
-                    // again (a read decides nothing, and is).
-                    Err(why) if why.sent && !reading => {
+                    // Sent, perhaps decided: never sent again.
+                    Err(why) if why.sent => {
                         let said = why.say(&holder, &url, "");
                         return AdminError(StatusCode::BAD_GATEWAY, said).into_response();
                     }
-                    Err(why) => last_error = Some((holder, url, why)),
+                    Err(why) => last_error = Some(Unsent::Failed(holder, url, why)),
                 }
             }
             // No leader yet, or this server is taking office.
@@ -216,18 +234,26 @@ pub async fn forward_writes(
         }
         let _ = tokio::time::timeout(RECHECK, leadership.changed()).await;
     }
-    match last_error {
-        Some((holder, url, why)) => AdminError(
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "this server is a standby: {}",
-                why.say(&holder, &url, "try again once a new leader is elected")
-            ),
-        )
-        .into_response(),
+    // Nothing was decided: 503, worth trying again (502 is kept for a
+    // command that was sent and may have been).
+    let said = match last_error {
+        Some(Unsent::Failed(holder, url, why)) => format!(
+            "this server is a standby: {}",
+            why.say(&holder, &url, "try again once a new leader is elected")
+        ),
+        Some(Unsent::NotLeading(holder, url)) => format!(
+            "this server is a standby, and what answers at the leader {holder}'s recorded admin address {url} does not lead: set control.advertise_admin on each server to an address the others reach"
+        ),
         // The handler refuses with the leader's name (or "not elected yet").
-        None => next.run(rebuild()).await,
-    }
+        None => return next.run(rebuild()).await,
+    };
+    AdminError(StatusCode::SERVICE_UNAVAILABLE, said).into_response()
+}
+
+/// Why a command was not sent on (so that nothing was decided).
+enum Unsent {
+    Failed(String, String, Unanswered),
+    NotLeading(String, String),
 }
 
 /// A model change sent through this standby for a model its own

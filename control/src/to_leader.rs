@@ -28,6 +28,8 @@ pub struct ToLeader {
     store: AnyStore,
     instance: String,
     http: reqwest::Client,
+    /// A control plane has led this store (see [`ToLeader::ever_led`]).
+    led: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ToLeader {
@@ -36,6 +38,7 @@ impl ToLeader {
             store,
             instance,
             http: client(),
+            led: Default::default(),
         })
     }
 
@@ -70,21 +73,27 @@ impl ToLeader {
     }
 
     /// Whether a control plane has ever led this store: then a moment
-    /// with none (an election, a takeover) is not router-only mode.
+    /// with none (an election, a takeover) is not router-only mode. Once
+    /// true, it stays true (the log only grows).
     async fn ever_led(&self) -> bool {
+        if self.led.load(std::sync::atomic::Ordering::Relaxed) {
+            return true;
+        }
         let filter = EventFilter {
             event_type: Some("LeadershipAcquired".to_owned()),
             streams: vec!["leadership".to_owned()],
             ..EventFilter::default()
         };
-        match self.store.head().await {
+        let led = match self.store.head().await {
             Ok((head, _)) => self
                 .store
                 .read_backward_raw(&filter, 0..head + 1, 1)
                 .await
                 .is_ok_and(|found| !found.is_empty()),
             Err(_) => false,
-        }
+        };
+        self.led.store(led, std::sync::atomic::Ordering::Relaxed);
+        led
     }
 }
 
@@ -170,7 +179,7 @@ async fn forward_control_routes(State(to): State<Arc<ToLeader>>, request: Reques
         Some(answer) => answer,
         None if to.ever_led().await => AdminError(
             StatusCode::SERVICE_UNAVAILABLE,
-            "no control plane leads this store right now (an election, or none is running): try again in a few seconds".into(),
+            "no control plane leads this store now: if one is starting or taking over, try again in a few seconds; if none runs any more, this server is router-only and has no control plane routes".into(),
         )
         .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),

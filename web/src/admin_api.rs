@@ -55,15 +55,14 @@ pub(crate) async fn call<T: DeserializeOwned>(
 }
 
 /// The admin API's refusal as the page says it: its words for a refusal
-/// of the change (written for people), "try again" when the leader could
-/// not be reached (a standby between leaders), our fault otherwise.
+/// of the change (written for people), "try again" when nothing was
+/// decided because the leader could not be reached (503: a standby
+/// between leaders), our fault otherwise (a 502 may have been decided).
 fn refusal(status: StatusCode, why: String) -> WebError {
     match status {
         StatusCode::NOT_FOUND => WebError::NotFound,
         s if s.is_client_error() => WebError::Bad(why),
-        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => {
-            WebError::Unavailable(why)
-        }
+        StatusCode::SERVICE_UNAVAILABLE => WebError::Unavailable(why),
         _ => WebError::Internal(why),
     }
 }
@@ -77,7 +76,7 @@ mod tests {
     async fn a_leader_out_of_reach_is_a_try_again_not_our_fault() {
         let why =
             "this server is a standby: the leader cp-a at http://10.0.0.11:9090 did not answer";
-        let page = super::refusal(StatusCode::BAD_GATEWAY, why.into()).into_response();
+        let page = super::refusal(StatusCode::SERVICE_UNAVAILABLE, why.into()).into_response();
         assert_eq!(page.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body = axum::body::to_bytes(page.into_body(), 1 << 20)
             .await

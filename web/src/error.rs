@@ -20,7 +20,7 @@ pub(crate) enum WebError {
     /// standby between leaders, say); the reason is logged, not shown
     /// (it names internal addresses).
     #[error(
-        "the cluster's leader could not be reached just now (an election, or it is restarting): try again in a few seconds"
+        "the change could not be made just now (the cluster's leader did not answer, or is being elected): try again in a few seconds"
     )]
     Unavailable(String),
     /// Something on our side; logged where it is turned into a response.

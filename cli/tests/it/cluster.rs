@@ -519,7 +519,8 @@ async fn two_servers_on_postgres_hand_over_without_a_failed_request() {
     let agents: Vec<Child> = (2..4)
         .map(|i| start_agent(&servers, &format!("n{i}"), &format!("127.0.3.{i}")))
         .collect();
-    // The standby routes from the shared log's views.
+    // The standby routes from the shared log's views (its /ready); the
+    // replicas are the leader's answer, forwarded.
     until("the standby's gateway is ready", || async {
         let r = reqwest::get(format!("{}/ready", second.base)).await.ok()?;
         let rows = get(format!("{}/api/v1/replicas", second.admin)).await;
@@ -880,6 +881,9 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     let (_, json, _) = ctl(admin, &["replicas", "--json"]);
     let rows: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(rows[0]["model"], "chat");
+    // A model name that is none is a typo, said, not an empty table.
+    let (ok, _, err) = ctl(admin, &["replicas", "--model", "caht"]);
+    assert!(!ok && err.contains("no model or alias caht"), "{err}");
 
     let busy = rows[0]["shards"][0]["node"].as_str().unwrap().to_owned();
     let idle = if busy == "gpu-a" { "gpu-b" } else { "gpu-a" };
