@@ -469,20 +469,7 @@ fn inventory_takes_the_agents_file_and_variables() {
 fn a_certificate_names_the_node_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().to_str().unwrap();
-    for args in [
-        &["ctl", "cert", "init-ca", "--dir", pki][..],
-        &["ctl", "cert", "issue-client", "gpu-n7", "--dir", pki][..],
-    ] {
-        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "{}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
+    super::authority_and(pki, &["issue-client", "gpu-n7"]);
     let tls = |f: &str| format!("{pki}/{f}");
     let (ca, cert, key) = (tls("ca.pem"), tls("gpu-n7.pem"), tls("gpu-n7-key.pem"));
     let with_tls = [

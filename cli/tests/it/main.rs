@@ -846,6 +846,25 @@ async fn replay_and_diff_say_which_events_they_could_not_read() {
     assert!(diff.contains(says), "{diff}");
 }
 
+/// An authority in `dir`, and one certificate from it, as `llmgw ctl cert`
+/// makes them: `issue` is its subcommand and arguments (`issue-server
+/// NAME --host H`, `issue-client NODE`).
+pub(crate) fn authority_and(dir: &str, issue: &[&str]) {
+    let with_dir = [issue, &["--dir", dir]].concat();
+    for args in [&["init-ca", "--dir", dir][..], &with_dir[..]] {
+        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["ctl", "cert"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+}
+
 /// A child process whose output lines arrive on channels.
 struct Child {
     process: std::process::Child,
@@ -1885,29 +1904,7 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
     // The files the example's tls: names, as `llmgw server init` makes them.
     let pki = dir.path().join("pki");
     let pki = pki.to_str().unwrap();
-    for args in [
-        &["ctl", "cert", "init-ca", "--dir", pki][..],
-        &[
-            "ctl",
-            "cert",
-            "issue-server",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--dir",
-            pki,
-        ][..],
-    ] {
-        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "{}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
+    authority_and(pki, &["issue-server", "server", "--host", "127.0.0.1"]);
     let good = std::fs::read_to_string(&example)
         .unwrap()
         .replace("postgres://llmgw@db.internal:5432/llmgw", &store)

@@ -1029,29 +1029,7 @@ fn a_plaintext_agent_listener_off_loopback_needs_agent_plaintext() {
 
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().to_str().unwrap();
-    for args in [
-        &["ctl", "cert", "init-ca", "--dir", pki][..],
-        &[
-            "ctl",
-            "cert",
-            "issue-server",
-            "cp",
-            "--host",
-            "127.0.0.1",
-            "--dir",
-            pki,
-        ][..],
-    ] {
-        let made = Command::new(env!("CARGO_BIN_EXE_llmgw"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "{}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
+    super::authority_and(pki, &["issue-server", "cp", "--host", "127.0.0.1"]);
     let tls = format!("tls: {{ca: {pki}/ca.pem, cert: {pki}/cp.pem, key: {pki}/cp-key.pem}}\n");
     let (code, out) = check_in(Mode::Control, &tls, &everywhere, &[]);
     assert_eq!(code, Some(0), "mutual TLS anywhere: {out}");
