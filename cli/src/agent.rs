@@ -30,15 +30,16 @@ pub(crate) struct InventoryArgs {
     /// fabrics, nvidia_smi, skip_gpus, no_nvml and cache_dir apply.
     #[arg(long, env = "LLMGW_AGENT_CONFIG")]
     pub(crate) config: Option<PathBuf>,
-    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
-    #[arg(long, env = "LLMGW_AGENT_NVIDIA_SMI")]
-    pub(crate) nvidia_smi: Option<PathBuf>,
-    /// Report no GPUs, whatever is installed (a CPU node).
-    #[arg(long, env = "LLMGW_AGENT_SKIP_GPUS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub(crate) skip_gpus: Option<bool>,
-    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
-    #[arg(long, env = "LLMGW_AGENT_NO_NVML", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub(crate) no_nvml: Option<bool>,
+    #[command(flatten)]
+    pub(crate) discovery: Discovery,
+    /// Where /etc, /proc and /sys are (for fixtures).
+    #[arg(long, default_value = "/", hide = true)]
+    pub(crate) root: PathBuf,
+}
+
+/// What discovery looks with: `agent run` and `agent inventory` alike.
+#[derive(Debug, Default, clap::Args, serde::Serialize)]
+pub(crate) struct Discovery {
     /// A directory of model weights; repeat for several.
     #[arg(
         long = "model-dir",
@@ -49,14 +50,40 @@ pub(crate) struct InventoryArgs {
     /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat (in
     /// the variable, separated by spaces).
     #[arg(long = "fabric", env = "LLMGW_AGENT_FABRICS", value_delimiter = ' ', value_parser = fabric)]
+    #[serde(serialize_with = "as_map")]
     pub(crate) fabrics: Vec<(String, Vec<String>)>,
-    /// Where fetched weights are kept, scanned as a model directory
-    /// (default /var/lib/llmgw-weights, when it exists).
+    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
+    #[arg(long, env = "LLMGW_AGENT_NVIDIA_SMI")]
+    pub(crate) nvidia_smi: Option<PathBuf>,
+    /// Report no GPUs, whatever is installed (a CPU node).
+    #[arg(long, env = "LLMGW_AGENT_SKIP_GPUS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) skip_gpus: Option<bool>,
+    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
+    #[arg(long, env = "LLMGW_AGENT_NO_NVML", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) no_nvml: Option<bool>,
+    /// Where fetched weights are kept and looked for (default
+    /// /var/lib/llmgw-weights).
     #[arg(long, env = "LLMGW_AGENT_CACHE_DIR")]
     pub(crate) cache_dir: Option<PathBuf>,
-    /// Where /etc, /proc and /sys are (for fixtures).
-    #[arg(long, default_value = "/", hide = true)]
-    pub(crate) root: PathBuf,
+}
+
+impl Discovery {
+    /// Discovery's options, and the weights cache (which the caller
+    /// scans: `run` makes it, `inventory` only reads it).
+    pub(crate) fn options(self) -> (Options, PathBuf) {
+        let options = Options {
+            nvidia_smi: self.nvidia_smi,
+            skip_gpus: self.skip_gpus.unwrap_or(false),
+            prefer_nvml: !self.no_nvml.unwrap_or(false),
+            model_dirs: self.model_dirs,
+            fabrics: self.fabrics.into_iter().collect(),
+            ..Options::default()
+        };
+        let cache = self
+            .cache_dir
+            .unwrap_or_else(|| "/var/lib/llmgw-weights".into());
+        (options, cache)
+    }
 }
 
 /// Every setting is a flag, an `LLMGW_AGENT_…` variable and a key of
@@ -99,27 +126,9 @@ pub(crate) struct RunArgs {
     #[arg(long = "label", env = "LLMGW_AGENT_LABELS", value_delimiter = ',', value_parser = label)]
     #[serde(serialize_with = "as_map")]
     pub(crate) labels: Vec<(String, String)>,
-    /// A directory of model weights; repeat for several.
-    #[arg(
-        long = "model-dir",
-        env = "LLMGW_AGENT_MODEL_DIRS",
-        value_delimiter = ','
-    )]
-    pub(crate) model_dirs: Vec<PathBuf>,
-    /// A fabric and the adapters on it: `ib-a=mlx5_0,mlx5_1`; repeat (in
-    /// the variable, separated by spaces).
-    #[arg(long = "fabric", env = "LLMGW_AGENT_FABRICS", value_delimiter = ' ', value_parser = fabric)]
-    #[serde(serialize_with = "as_map")]
-    pub(crate) fabrics: Vec<(String, Vec<String>)>,
-    /// The nvidia-smi to run (default: the one on PATH; none = CPU node).
-    #[arg(long, env = "LLMGW_AGENT_NVIDIA_SMI")]
-    pub(crate) nvidia_smi: Option<PathBuf>,
-    /// Report no GPUs, whatever is installed (a CPU node).
-    #[arg(long, env = "LLMGW_AGENT_SKIP_GPUS", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub(crate) skip_gpus: Option<bool>,
-    /// Ask only nvidia-smi (NVML, when it loads, adds NVLink peers).
-    #[arg(long, env = "LLMGW_AGENT_NO_NVML", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
-    pub(crate) no_nvml: Option<bool>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub(crate) discovery: Discovery,
     /// Where shard state files and engine logs are kept, so that a
     /// restarted agent adopts the engines it left running (default
     /// /var/lib/llmgw-agent).
@@ -142,10 +151,6 @@ pub(crate) struct RunArgs {
     /// This node's private key, which stays on the node.
     #[arg(long, env = "LLMGW_AGENT_TLS_KEY")]
     pub(crate) tls_key: Option<PathBuf>,
-    /// Where fetched weights are kept and looked for (default
-    /// /var/lib/llmgw-weights).
-    #[arg(long, env = "LLMGW_AGENT_CACHE_DIR")]
-    pub(crate) cache_dir: Option<PathBuf>,
     /// The address engines listen on (default: --mgmt-addr, where the
     /// gateway reaches them, when this host holds it; else every
     /// interface).
@@ -244,9 +249,6 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         None => llmgw_agent::discovery::host::hostname(),
     };
     let work_dir = a.work_dir.unwrap_or_else(|| "/var/lib/llmgw-agent".into());
-    let cache_dir = a
-        .cache_dir
-        .unwrap_or_else(|| "/var/lib/llmgw-weights".into());
     if a.join.is_some() && a.tls_ca.is_some() {
         anyhow::bail!(
             "--join (or LLMGW_AGENT_JOIN) and --tls-ca/--tls-cert/--tls-key are two ways to the same certificate: give one"
@@ -296,14 +298,8 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         .engines_dir
         .unwrap_or_else(|| llmgw_agent::provision::DEFAULT_ROOT.into());
     c.provision.system.install_packages = a.os_packages.unwrap_or(true);
-    c.discovery = Options {
-        nvidia_smi: a.nvidia_smi,
-        skip_gpus: a.skip_gpus.unwrap_or(false),
-        prefer_nvml: !a.no_nvml.unwrap_or(false),
-        model_dirs: a.model_dirs,
-        fabrics: a.fabrics.into_iter().collect(),
-        ..Options::default()
-    };
+    let (discovery, cache_dir) = a.discovery.options();
+    c.discovery = discovery;
     // The cache is where weights appear, so it is scanned like a model
     // directory; it is created now, or fetching is off (said loudly).
     match std::fs::create_dir_all(&cache_dir) {

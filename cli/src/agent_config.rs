@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::agent::{InventoryArgs, RunArgs};
+use crate::agent::{Discovery, InventoryArgs, RunArgs};
 use crate::config::ConfigError;
 
 /// The file's shape. Unknown keys are refused, so that a typo is an error
@@ -113,14 +113,14 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     }
     a.heartbeat_s.get_or_insert(5.0);
     a.reconnect_max_s.get_or_insert(30.0);
-    a.skip_gpus.get_or_insert(false);
-    a.no_nvml.get_or_insert(false);
+    a.discovery.skip_gpus.get_or_insert(false);
+    a.discovery.no_nvml.get_or_insert(false);
     a.work_dir
         .get_or_insert_with(|| "/var/lib/llmgw-agent".into());
     // A cache named outright must be usable: without one nothing remote
     // is fetched. The default may not be (an agent run by a person); then
     // fetching is off, and the start says so.
-    if let Some(dir) = &a.cache_dir {
+    if let Some(dir) = &a.discovery.cache_dir {
         std::fs::create_dir_all(dir).map_err(|e| {
             ConfigError(format!(
                 "--cache-dir {}: cannot create it: {e}",
@@ -128,7 +128,8 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
             ))
         })?;
     }
-    a.cache_dir
+    a.discovery
+        .cache_dir
         .get_or_insert_with(|| "/var/lib/llmgw-weights".into());
     a.stop_timeout_s.get_or_insert(30.0);
     a.recheck_s.get_or_insert(60.0);
@@ -184,7 +185,7 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     }
     // Not refused: a network mount may come up after the agent; but a typo
     // would otherwise leave the node reporting no weights without a word.
-    for dir in a.model_dirs.iter().filter(|d| !d.is_dir()) {
+    for dir in a.discovery.model_dirs.iter().filter(|d| !d.is_dir()) {
         tracing::warn!(dir = %dir.display(), "a model directory that is not there (yet): no weights are found in it until it is");
     }
     if a.engine_bind.is_none() {
@@ -213,44 +214,17 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
 pub(crate) fn inventory_options(
     a: InventoryArgs,
 ) -> Result<llmgw_agent::discovery::Options, ConfigError> {
-    let f = match &a.config {
-        Some(path) => load(path)?,
-        None => AgentFile::default(),
-    };
-    let skip_gpus = a.skip_gpus.or(f.skip_gpus).unwrap_or(false);
-    let nvidia_smi = a.nvidia_smi.or(f.nvidia_smi);
-    let no_nvml = a.no_nvml.or(f.no_nvml).unwrap_or(false);
-    if skip_gpus && (nvidia_smi.is_some() || no_nvml) {
-        return Err(ConfigError(
-            "--nvidia-smi and --no-nvml say how to find GPUs, and --skip-gpus reports none: give one"
-                .into(),
-        ));
+    let mut d = a.discovery;
+    if let Some(path) = &a.config {
+        merge_discovery(&mut d, &mut load(path)?)?;
     }
-    let mut model_dirs = if a.model_dirs.is_empty() {
-        f.model_dirs
-    } else {
-        a.model_dirs
-    };
-    let cache = a
-        .cache_dir
-        .or(f.cache_dir)
-        .unwrap_or_else(|| "/var/lib/llmgw-weights".into());
+    gpus_asked_once(&d)?;
+    let (mut options, cache) = d.options();
+    options.root = a.root;
     if cache.is_dir() {
-        model_dirs.push(cache);
+        options.model_dirs.push(cache);
     }
-    let fabrics = if a.fabrics.is_empty() {
-        f.fabrics.into_iter().collect()
-    } else {
-        a.fabrics.into_iter().collect()
-    };
-    Ok(llmgw_agent::discovery::Options {
-        root: a.root,
-        nvidia_smi,
-        skip_gpus,
-        prefer_nvml: !no_nvml,
-        model_dirs,
-        fabrics,
-    })
+    Ok(options)
 }
 
 /// A period the agent takes: positive and under a day.
@@ -317,11 +291,15 @@ fn check(a: &RunArgs) -> Result<(), ConfigError> {
     };
     llmgw_agent::session::server_urls(&a.servers, a.tls_ca.is_some() || joined)
         .map_err(|e| ConfigError(e.to_string()))?;
-    // A CPU node asks no one about GPUs: naming how to ask would do nothing.
-    if a.skip_gpus == Some(true) {
+    gpus_asked_once(&a.discovery)
+}
+
+/// A CPU node asks no one about GPUs: naming how to ask would do nothing.
+fn gpus_asked_once(d: &Discovery) -> Result<(), ConfigError> {
+    if d.skip_gpus == Some(true) {
         let set = [
-            (a.nvidia_smi.is_some(), "--nvidia-smi"),
-            (a.no_nvml == Some(true), "--no-nvml"),
+            (d.nvidia_smi.is_some(), "--nvidia-smi"),
+            (d.no_nvml == Some(true), "--no-nvml"),
         ];
         if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
             return Err(ConfigError(format!(
@@ -332,7 +310,29 @@ fn check(a: &RunArgs) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn merge(a: &mut RunArgs, f: AgentFile) -> Result<(), ConfigError> {
+/// The file's discovery settings under what the flags and variables gave
+/// (a list given there replaces the file's).
+fn merge_discovery(d: &mut Discovery, f: &mut AgentFile) -> Result<(), ConfigError> {
+    if d.model_dirs.is_empty() {
+        d.model_dirs = std::mem::take(&mut f.model_dirs);
+    }
+    if d.fabrics.is_empty() {
+        d.fabrics = std::mem::take(&mut f.fabrics).into_iter().collect();
+    }
+    if let Some((name, _)) = d.fabrics.iter().find(|(n, h)| n.is_empty() || h.is_empty()) {
+        return Err(ConfigError(format!(
+            "fabrics: {name:?} needs a name and at least one adapter"
+        )));
+    }
+    d.nvidia_smi = d.nvidia_smi.take().or(f.nvidia_smi.take());
+    d.skip_gpus = d.skip_gpus.or(f.skip_gpus);
+    d.no_nvml = d.no_nvml.or(f.no_nvml);
+    d.cache_dir = d.cache_dir.take().or(f.cache_dir.take());
+    Ok(())
+}
+
+fn merge(a: &mut RunArgs, mut f: AgentFile) -> Result<(), ConfigError> {
+    merge_discovery(&mut a.discovery, &mut f)?;
     fn or<T>(flag: &mut Option<T>, file: Option<T>) {
         if flag.is_none() {
             *flag = file;
@@ -347,17 +347,6 @@ fn merge(a: &mut RunArgs, f: AgentFile) -> Result<(), ConfigError> {
     }
     if a.labels.is_empty() {
         a.labels = f.labels.into_iter().collect();
-    }
-    if a.model_dirs.is_empty() {
-        a.model_dirs = f.model_dirs;
-    }
-    if a.fabrics.is_empty() {
-        a.fabrics = f.fabrics.into_iter().collect();
-    }
-    if let Some((name, _)) = a.fabrics.iter().find(|(n, h)| n.is_empty() || h.is_empty()) {
-        return Err(ConfigError(format!(
-            "fabrics: {name:?} needs a name and at least one adapter"
-        )));
     }
     if let Some(mode) = &f.vllm_launch_mode
         && !["ray", "mp"].contains(&mode.as_str())
@@ -376,15 +365,11 @@ fn merge(a: &mut RunArgs, f: AgentFile) -> Result<(), ConfigError> {
     or(&mut a.mgmt_addr, f.mgmt_addr);
     or(&mut a.heartbeat_s, f.heartbeat_s);
     or(&mut a.reconnect_max_s, f.reconnect_max_s);
-    or(&mut a.nvidia_smi, f.nvidia_smi);
-    or(&mut a.skip_gpus, f.skip_gpus);
-    or(&mut a.no_nvml, f.no_nvml);
     or(&mut a.work_dir, f.work_dir);
     or(&mut a.join, f.join);
     or(&mut a.tls_ca, f.tls_ca);
     or(&mut a.tls_cert, f.tls_cert);
     or(&mut a.tls_key, f.tls_key);
-    or(&mut a.cache_dir, f.cache_dir);
     or(&mut a.engine_bind, f.engine_bind);
     or(&mut a.stop_timeout_s, f.stop_timeout_s);
     or(&mut a.recheck_s, f.recheck_s);

@@ -71,12 +71,19 @@ impl ShardSpec {
         }
     }
 
-    /// The leader's rendezvous address, an IPv6 one bracketed.
+    /// The leader's rendezvous address.
     fn dist_init(&self) -> String {
-        match self.leader_addr.as_str() {
-            a if a.contains(':') && !a.starts_with('[') => format!("[{a}]:{}", self.leader_port),
-            a => format!("{a}:{}", self.leader_port),
-        }
+        host_port(&self.leader_addr, self.leader_port)
+    }
+}
+
+/// `host:port`, an IPv6 host bracketed (`2001:db8::5:8000` names no
+/// port): what a socket address, a URL or a rendezvous flag takes.
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 

@@ -38,11 +38,7 @@ impl Engine for Sim {
         let mut args = strings(&[
             "sim-engine",
             "--listen",
-            // An IPv6 host is bracketed, as a socket address needs.
-            &match s.host() {
-                h if h.contains(':') => format!("[{h}]:{}", s.http_port),
-                h => format!("{h}:{}", s.http_port),
-            },
+            &super::host_port(s.host(), s.http_port),
             "--model",
             &p.served_model_name,
             // Its own metric names, which the gateway's scraper expects of

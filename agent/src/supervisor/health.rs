@@ -45,11 +45,6 @@ impl Health {
         } else {
             timeout
         };
-        let host = if host.contains(':') && !host.starts_with('[') {
-            format!("[{host}]")
-        } else {
-            host.to_owned()
-        };
         Health {
             // An agent behind an HTTP proxy must still reach its own
             // engines directly.
@@ -58,7 +53,7 @@ impl Health {
                 .no_proxy()
                 .build()
                 .unwrap_or_default(),
-            base: format!("http://{host}:{port}"),
+            base: format!("http://{}", crate::engines::host_port(host, port)),
             model: model.filter(|m| !m.is_empty()),
         }
     }
