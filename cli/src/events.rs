@@ -614,7 +614,7 @@ async fn verify(
     json: bool,
     held: Option<(PathBuf, anchors::Held)>,
 ) -> anyhow::Result<Outcome> {
-    check_range(from, to, store.head().await?.0)?;
+    check_range(from, to, store.head().await?.0, "--to")?;
     let report = store.verify(from, to).await?;
     if let Some((path, held)) = &held {
         let mut out = std::io::stdout().lock();
@@ -713,7 +713,7 @@ async fn export(
         .map(|p| llmgw_eventstore::signing::SigningKey::read(&p))
         .transpose()?;
     let (head, _) = store.head().await?;
-    check_range(from, to, head)?;
+    check_range(from, to, head, "--to")?;
     let to = to.unwrap_or(head);
     let key = key.as_ref();
     let Some(path) = output else {
@@ -721,48 +721,51 @@ async fn export(
         write_export(store, from, to, head, key, &mut sink).await?;
         return Ok(Outcome::Ok);
     };
-    // Only a plain file is replaced by a rename; a device (/dev/null), a
-    // pipe or a link is written through, as any program would.
+    // A plain file (or none) is written aside and renamed once whole: a
+    // file already at the path is kept until then, and a failure halfway
+    // leaves no export without its trailer (which an import would take as
+    // whole). A device (/dev/null), a pipe or a link is written through,
+    // as any program would.
     let existing = std::fs::symlink_metadata(&path).ok();
-    if existing.as_ref().is_some_and(|m| !m.is_file()) {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        let mut sink = BufWriter::with_capacity(1 << 20, file);
-        let done = write_export(store, from, to, head, key, &mut sink).await?;
-        eprintln!("exported {} events to {}", done.events, path.display());
-        return Ok(Outcome::Ok);
-    }
-    // Written aside and renamed once whole: a file already at the path is
-    // kept until then, and a failure halfway leaves no export without its
-    // trailer (which an import would take as whole). The log holds
-    // tenancy data: a new export is its owner's alone, and a replaced one
-    // keeps the mode it had.
-    let mut aside = path.clone().into_os_string();
-    aside.push(".partial");
-    let aside = PathBuf::from(aside);
-    let mode = existing.map_or(0o600, |m| m.permissions().mode());
+    let aside = existing.as_ref().is_none_or(|m| m.is_file()).then(|| {
+        let mut aside = path.clone().into_os_string();
+        aside.push(".partial");
+        PathBuf::from(aside)
+    });
     let written = async {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&aside)
-            .with_context(|| format!("cannot create {}", aside.display()))?;
-        // The umask narrowed the mode at creation: set it outright.
-        file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("cannot set the mode of {}", aside.display()))?;
+        let file = match &aside {
+            // The log holds tenancy data: a new export is its owner's
+            // alone, and a replaced one keeps the mode it had.
+            Some(aside) => {
+                let mode = existing.map_or(0o600, |m| m.permissions().mode());
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(mode)
+                    .open(aside)
+                    .with_context(|| format!("cannot create {}", aside.display()))?;
+                // The umask narrowed the mode at creation: set it outright.
+                file.set_permissions(std::fs::Permissions::from_mode(mode))
+                    .with_context(|| format!("cannot set the mode of {}", aside.display()))?;
+                file
+            }
+            None => std::fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&path)
+                .with_context(|| format!("cannot open {}", path.display()))?,
+        };
         let mut sink = BufWriter::with_capacity(1 << 20, file);
         let done = write_export(store, from, to, head, key, &mut sink).await?;
-        sink.into_inner()
-            .map_err(|e| e.into_error())
-            .and_then(|f| f.sync_all())
-            .with_context(|| format!("cannot write {}", aside.display()))?;
-        std::fs::rename(&aside, &path)
-            .with_context(|| format!("cannot move the export into {}", path.display()))?;
+        if let Some(aside) = &aside {
+            sink.into_inner()
+                .map_err(|e| e.into_error())
+                .and_then(|f| f.sync_all())
+                .with_context(|| format!("cannot write {}", aside.display()))?;
+            std::fs::rename(aside, &path)
+                .with_context(|| format!("cannot move the export into {}", path.display()))?;
+        }
         anyhow::Ok(done)
     }
     .await;
@@ -772,22 +775,33 @@ async fn export(
             Ok(Outcome::Ok)
         }
         Err(e) => {
-            let _ = std::fs::remove_file(&aside);
+            if let Some(aside) = &aside {
+                let _ = std::fs::remove_file(aside);
+            }
             Err(e)
         }
     }
 }
 
-/// An explicit `--to` past the head, or before `--from`, is refused (exit
-/// 2, a bad question, apart from verify's 1, a tampered log): an auditor's
-/// "--to 500" on a log of 300 may mean the log was cut short, and is said
-/// rather than quietly answered as far as the log goes.
-fn check_range(from: u64, to: Option<u64>, head: u64) -> anyhow::Result<()> {
+/// An end (`--to`, or `to_flag`) past the head, or before `--from`, is
+/// refused (exit 2, a bad question, apart from verify's 1, a tampered
+/// log): an auditor's "--to 500" on a log of 300 may mean the log was cut
+/// short, and is said rather than quietly answered as far as the log
+/// goes. A time resolves to a position at most the head, so only one
+/// given outright can be past it.
+pub(crate) fn check_range(
+    from: u64,
+    to: Option<u64>,
+    head: u64,
+    to_flag: &str,
+) -> anyhow::Result<()> {
     let Some(to) = to else { return Ok(()) };
     let why = if to > head {
-        format!("--to {to} is past the log's head, position {head}")
+        format!("{to_flag} {to} is past the log's head, position {head}")
     } else if from > to {
-        format!("--from {from} comes after --to {to}: give the earlier position first")
+        format!(
+            "--from (position {from}) comes after {to_flag} (position {to}): give the earlier point first"
+        )
     } else {
         return Ok(());
     };

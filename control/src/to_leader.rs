@@ -50,11 +50,7 @@ impl ToLeader {
         let Some(holder) = info.holder.filter(|_| info.held) else {
             return Ok(None);
         };
-        let filter = EventFilter {
-            event_type: Some("LeadershipAcquired".to_owned()),
-            streams: vec!["leadership".to_owned()],
-            ..EventFilter::default()
-        };
+        let filter = acquired();
         let newest = self
             .store
             .read_backward_raw(&filter, 0..info.head + 1, 1)
@@ -79,11 +75,7 @@ impl ToLeader {
         if self.led.load(std::sync::atomic::Ordering::Relaxed) {
             return true;
         }
-        let filter = EventFilter {
-            event_type: Some("LeadershipAcquired".to_owned()),
-            streams: vec!["leadership".to_owned()],
-            ..EventFilter::default()
-        };
+        let filter = acquired();
         let led = match self.store.head().await {
             Ok((head, _)) => self
                 .store
@@ -94,6 +86,16 @@ impl ToLeader {
         };
         self.led.store(led, std::sync::atomic::Ordering::Relaxed);
         led
+    }
+}
+
+/// The leaders' taking office, read newest first through the stream's
+/// index.
+fn acquired() -> EventFilter {
+    EventFilter {
+        event_type: Some("LeadershipAcquired".to_owned()),
+        streams: vec!["leadership".to_owned()],
+        ..EventFilter::default()
     }
 }
 

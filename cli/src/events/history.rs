@@ -97,22 +97,6 @@ fn skipped(out: &mut impl Write, p: &Projections) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A position given outright past the log's head is refused: the view "at
-/// 500" of a log of 300 events is not what was asked for (a time past the
-/// head is the head: the log is as it stands).
-async fn past_head(store: &AnyStore, points: &[(&str, Point, u64)]) -> anyhow::Result<()> {
-    let (head, _) = store.head().await?;
-    for (flag, point, at) in points {
-        if matches!(point, Point::Position(_)) && *at > head {
-            return Err(crate::config::ConfigError(format!(
-                "{flag} {at} is past the log's head, position {head}"
-            ))
-            .into());
-        }
-    }
-    Ok(())
-}
-
 /// Every view as it stood at position `stop`.
 pub(crate) async fn fold(store: &AnyStore, stop: u64) -> anyhow::Result<Projections> {
     let mut p = Projections::default();
@@ -128,7 +112,7 @@ pub(crate) async fn replay(
 ) -> anyhow::Result<Outcome> {
     check_view(view)?;
     let stop = until.end(store).await?;
-    past_head(store, &[("--until", until, stop)]).await?;
+    super::check_range(0, Some(stop), store.head().await?.0, "--until")?;
     let p = fold(store, stop).await?;
     let value = p.view_json(view).context("view")?;
     let mut out = std::io::stdout().lock();
@@ -508,13 +492,7 @@ pub(crate) async fn diff(
 ) -> anyhow::Result<Outcome> {
     check_view(view)?;
     let (start, end) = (from.before(store).await?, to.end(store).await?);
-    past_head(store, &[("--from", from, start), ("--to", to, end)]).await?;
-    if start > end {
-        return Err(crate::config::ConfigError(format!(
-            "--from (position {start}) comes after --to (position {end}): give the earlier point first"
-        ))
-        .into());
-    }
+    super::check_range(start, Some(end), store.head().await?.0, "--to")?;
     let before = fold(store, start).await?;
     let after = fold(store, end).await?;
     let mut changes = Vec::new();
