@@ -623,13 +623,9 @@ async fn agent_listener(
             let join = llmgw_api::JoinServiceServer::new(llmgw_control::JoinSvc(cp.clone()));
             (Some(tls), routes.add_service(join))
         }
-        None if addr.ip().is_loopback() => {
-            tracing::info!(
-                %addr,
-                "agent listener: plaintext on loopback, for this host's agents"
-            );
-            (None, routes)
-        }
+        // On loopback, this host's agents: said where the default applied
+        // (server::agent_addr), and the address by the line that follows.
+        None if addr.ip().is_loopback() => (None, routes),
         None => {
             tracing::warn!(
                 %addr,
