@@ -363,13 +363,15 @@ async fn ask(
 }
 
 /// Joins as `node_id` through the first of `servers` that leads, asking
-/// again (every few seconds) while none can be reached or none leads;
+/// again while none can be reached or none leads (after `retry.0`,
+/// doubling up to `retry.1`: the same bounds as the agent's redials);
 /// stores the result in `work_dir`. A refusal of the token ends it.
 pub async fn join(
     servers: &[String],
     node_id: &str,
     token: &str,
     work_dir: &Path,
+    retry: (Duration, Duration),
 ) -> Result<Identity, JoinError> {
     let Some((_, pin)) = join_token::split(token) else {
         return Err(JoinError::Refused(
@@ -391,7 +393,8 @@ pub async fn join(
         .serialize_request(&key)
         .and_then(|r| r.pem())
         .map_err(|e| JoinError::Local(format!("cannot make a signing request: {e}")))?;
-    let mut wait = Duration::from_secs(1);
+    let (base, max) = retry;
+    let mut wait = base.min(max);
     loop {
         let mut order: Vec<String> = servers.to_vec();
         let mut last = String::new();
@@ -428,9 +431,9 @@ pub async fn join(
                 }
             }
         }
-        tracing::warn!(error = %last, retry_in_s = wait.as_secs(), "could not join yet");
+        tracing::warn!(error = %last, retry_in_s = wait.as_secs_f64(), "could not join yet");
         tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_secs(30));
+        wait = (wait * 2).min(max);
     }
 }
 

@@ -355,7 +355,7 @@ async fn identity(
         (Some(t), _) => {
             tracing::info!(node = %node, "joining the cluster with a token");
             tokio::select! {
-                r = join::join(&config.servers, node, t, work_dir) => r?,
+                r = join::join(&config.servers, node, t, work_dir, (config.reconnect_base, config.reconnect_max)) => r?,
                 _ = stopped => return Ok(None),
             }
         }
@@ -391,6 +391,14 @@ async fn run_agent(a: RunArgs) -> anyhow::Result<Outcome> {
     // Listening for a stop before saying ready: a stop that follows
     // READY=1 at once is still a clean one.
     let mut stopped = Box::pin(crate::sim::shutdown());
+    // The metrics page is up before any join, whose wait can be long: a
+    // port that is taken fails the start, and a scrape sees the agent
+    // not connected meanwhile.
+    let stats = std::sync::Arc::<llmgw_agent::metrics::AgentStats>::default();
+    let _metrics = match metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, stats.clone()).await?),
+        None => None,
+    };
     let mut ready = false;
     if !own_tls && (token.is_some() || llmgw_agent::join::stored(&work_dir)?.is_some()) {
         // Ready before joining, as before connecting: a control plane
@@ -403,11 +411,7 @@ async fn run_agent(a: RunArgs) -> anyhow::Result<Outcome> {
         }
     }
     let (tx, rx) = tokio::sync::watch::channel(false);
-    let agent = llmgw_agent::session::Agent::new(config, registry);
-    let _metrics = match metrics_listen {
-        Some(addr) => Some(serve_metrics(addr, agent.stats()).await?),
-        None => None,
-    };
+    let agent = llmgw_agent::session::Agent::new(config, registry).reporting_to(stats);
     let task = tokio::spawn(agent.run(rx));
     // Ready on start, not on the first connection: the agent redials for
     // ever and its engines serve meanwhile, so a control plane that is

@@ -408,9 +408,12 @@ impl Agent {
         }
     }
 
-    /// What the agent's metrics page shows, kept up to date while it runs.
-    pub fn stats(&self) -> Arc<crate::metrics::AgentStats> {
-        self.stats.clone()
+    /// Keeps `stats` (what the agent's metrics page shows) up to date
+    /// while it runs: a page served before the agent is made (while it
+    /// joins) shows it from then on.
+    pub fn reporting_to(mut self, stats: Arc<crate::metrics::AgentStats>) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// Tells the metrics page which shards are supervised now.

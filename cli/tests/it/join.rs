@@ -418,3 +418,33 @@ async fn a_token_from_a_standby_and_a_join_at_a_standby_reach_the_leader() {
     assert!(work.join("identity/node.pem").exists());
     drop(a);
 }
+
+/// While it cannot join (no server answers yet), an agent asks again as
+/// often as `--reconnect-max-s` lets its redials, and its metrics page is
+/// already up, saying it is not connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_agent_retries_within_its_reconnect_bound_and_serves_metrics_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    // Nothing listens here: every attempt fails to connect.
+    let url = format!("https://127.0.0.1:{}", free_port());
+    let token = llmgw_api::join_token::format(&"a".repeat(32), &"b".repeat(32));
+    let mut args = agent_args(&url, "j", "127.0.31.7", work.to_str().unwrap());
+    args.extend(["--join", &token, "--metrics-listen", "127.0.0.1:0"]);
+    let a = Child::spawn(&args);
+    let metrics = a.addr_after("metrics listening on ");
+    let page = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("llmgw_agent_connected 0"), "{page}");
+    // agent_args sets --reconnect-max-s 0.5: no wait between attempts is
+    // longer (the join's own doubling from 1 s up to 30 s was).
+    for _ in 0..3 {
+        let line = Child::expect(&a.stderr, "could not join yet");
+        assert!(line.contains("retry_in_s=0.5"), "{line}");
+    }
+    assert!(!work.join("identity/node.pem").exists());
+}
