@@ -32,8 +32,8 @@ pub(crate) struct FileConfig {
     pub endpoints: Vec<String>,
     #[serde(default)]
     pub fallbacks: HashMap<String, Vec<String>>,
-    #[serde(default)]
-    pub record_usage: bool,
+    /// Unset is off; `false` with keys on is refused, as the flag is.
+    pub record_usage: Option<bool>,
     /// `auth: true`, or the section; `true` is `{enabled: true}`.
     #[serde(default)]
     pub auth: AuthSection,
@@ -60,6 +60,7 @@ pub(crate) struct FileConfig {
     pub client_tls: Option<ClientTlsSection>,
     /// How long requests in flight get to finish on SIGTERM (as
     /// `--shutdown-grace`).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub shutdown_grace: Option<String>,
     /// Threads' trimming and capture, and the conversation sweep.
     #[serde(default)]
@@ -101,6 +102,7 @@ pub(crate) struct AuthSection {
     /// The price of a model the catalog does not price.
     pub default_price: Option<llmgw_domain::catalog::Price>,
     /// How often queued usage is appended.
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub flush_interval: Option<String>,
     /// Usage records appended at most per append.
     pub batch_size: Option<usize>,
@@ -110,14 +112,17 @@ pub(crate) struct AuthSection {
     /// an operator approves it). Default true.
     pub signup_open: Option<bool>,
     /// A browser session unused this long ends (default 8h).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub session_idle: Option<String>,
     /// A browser session ends this long after sign-in however busy
     /// (default 7d).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub session_max: Option<String>,
     /// Wrong passwords allowed for one email within `sign_in_window`
     /// before sign-in is refused for the rest of it (default 10).
     pub sign_in_attempts: Option<u32>,
     /// The window `sign_in_attempts` counts in (default 15m).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub sign_in_window: Option<String>,
 }
 
@@ -148,9 +153,12 @@ pub(crate) struct RouterSection {
     pub session_header: Option<String>,
     /// The largest request body, in bytes.
     pub body_limit: Option<usize>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub scrape_interval: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub connect_timeout: Option<String>,
     /// How long a request for an on-demand model waits for a replica.
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub on_demand_wait: Option<String>,
     pub breaker: Option<BreakerSection>,
     pub prefix: Option<PrefixSection>,
@@ -161,6 +169,7 @@ pub(crate) struct RouterSection {
 pub(crate) struct BreakerSection {
     /// Failures in a row that open an endpoint's breaker.
     pub threshold: Option<u32>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub cool_down: Option<String>,
 }
 
@@ -177,6 +186,7 @@ pub(crate) struct PrefixSection {
     pub balance_abs: Option<f64>,
     /// Load ratio that overrides affinity.
     pub balance_rel: Option<f64>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub ttl: Option<String>,
     /// Entries kept at most (prefix blocks and sessions each).
     pub max_nodes: Option<usize>,
@@ -187,7 +197,9 @@ pub(crate) struct PrefixSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ConnectionsSection {
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub idle_timeout: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub body_timeout: Option<String>,
     pub max: Option<MaxConnectionsSection>,
 }
@@ -213,6 +225,7 @@ pub(crate) struct AdmissionSection {
     pub kv_ceiling: Option<f64>,
     /// Requests waiting in an engine at which it counts as full.
     pub waiting_ceiling: Option<f64>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub max_wait: Option<String>,
     pub max_waiting: Option<usize>,
 }
@@ -298,20 +311,29 @@ impl TlsSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ControlSection {
-    /// Run the control plane even with no models in this file.
-    #[serde(default)]
-    pub enabled: bool,
+    /// Run the control plane even with no models in this file; `false`
+    /// with models is refused (a catalog needs it), not overridden.
+    pub enabled: Option<bool>,
     pub instance: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub interval: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub lease_ttl: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub unreachable_after: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub lost_after: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub base_backoff: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub max_backoff: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub drain_grace: Option<String>,
     /// Eviction guards: how young a replica is never evicted for an
     /// on-demand model, and how recently asked for.
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub min_lifetime: Option<String>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub evict_idle: Option<String>,
     pub port_range: Option<[u16; 2]>,
     pub mgmt_interface: Option<String>,
@@ -335,6 +357,7 @@ pub(crate) struct ControlSection {
 #[serde(deny_unknown_fields)]
 pub(crate) struct AnchorSection {
     pub every_events: Option<u64>,
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub every: Option<String>,
     /// A file each anchor is appended to, one JSON line each.
     pub file: Option<std::path::PathBuf>,
@@ -386,6 +409,43 @@ impl ControlSection {
             || signing_key.is_some()
             || anchors.is_some()
     }
+}
+
+/// A value written as text or as a bare number (`shutdown_grace: 30`, or
+/// `LLMGW_SHUTDOWN_GRACE=30`, which is read as YAML), as text: a duration's
+/// bare number is its seconds, a version's its name.
+pub(crate) fn number_or_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    struct Text;
+    impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("text or a number")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    d.deserialize_option(Text)
 }
 
 /// `500ms`, `5s`, `10m`, `1h`, `7d`, or a bare number of seconds.
@@ -509,6 +569,74 @@ fn overlay(tree: &mut serde_json::Value, env: &[(String, String)]) -> Result<(),
         }
     }
     Ok(())
+}
+
+/// Refuses an `LLMGW_…` variable that no command reads but that names a
+/// key of the file once its underscores are read as section breaks
+/// (`LLMGW_AUTH_ENABLED` for `auth.enabled`), or a key with no variable of
+/// its own (`LLMGW_MODELS`): such a typo would otherwise be dropped without
+/// a word, and a setting like `auth.enabled` silently left off. Variables
+/// that name no key (a shell's own, a test's) are left alone.
+pub(crate) fn stray_variables(
+    env: &[(String, String)],
+    known: &std::collections::HashSet<String>,
+) -> Result<(), ConfigError> {
+    for (name, _) in env {
+        let Some(rest) = name.strip_prefix("LLMGW_") else {
+            continue;
+        };
+        if rest.contains("__") || known.contains(name) || rest.is_empty() {
+            continue;
+        }
+        let words: Vec<String> = rest.split('_').map(str::to_lowercase).collect();
+        if let Some(path) = key_path(&words) {
+            return Err(ConfigError(if path.len() == 1 {
+                format!(
+                    "{name} is not a variable of llmgw: `{}` has none of its own; set it in the configuration file (--config)",
+                    path[0]
+                )
+            } else {
+                format!(
+                    "{name} is not a variable of llmgw: the key `{}` is set by LLMGW_{} (two underscores between a section and its key)",
+                    path.join("."),
+                    path.join("__").to_uppercase()
+                )
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// The first reading of `words` (joined by `_` or split between sections)
+/// that is a key of the file, if any; a key is one that reading a value
+/// there does not call unknown.
+fn key_path(words: &[String]) -> Option<Vec<String>> {
+    let breaks = words.len().saturating_sub(1).min(8);
+    for mask in 0u32..(1 << breaks) {
+        let mut path = vec![words[0].clone()];
+        for (i, w) in words[1..].iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                path.push(w.clone());
+            } else if let Some(last) = path.last_mut() {
+                last.push('_');
+                last.push_str(w);
+            }
+        }
+        let mut tree = serde_json::Value::Null;
+        for key in path.iter().rev() {
+            tree = serde_json::json!({ key.clone(): tree });
+        }
+        let mut ignored = false;
+        let unknown = match serde_ignored::deserialize::<_, _, FileConfig>(tree, |_| ignored = true)
+        {
+            Ok(_) => false,
+            Err(e) => e.to_string().contains("unknown field"),
+        };
+        if !unknown && !ignored {
+            return Some(path);
+        }
+    }
+    None
 }
 
 fn check_catalog(models: &[Model]) -> Result<(), String> {

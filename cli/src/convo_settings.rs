@@ -21,6 +21,7 @@ pub(crate) struct ConversationsSection {
     /// The most of a captured reply kept, in bytes (default 16384).
     pub capture_max_bytes: Option<usize>,
     /// How often expired threads and notes are deleted (default 1h).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub sweep_interval: Option<String>,
 }
 
@@ -91,6 +92,12 @@ pub(crate) fn convo_plan(
                 capture: t.capture,
                 retain_hours: t.retain_hours,
             });
+            // Read now, so that --check and the start refuse a bad
+            // address alike (exit 2), not the first open at run.
+            if let Some(address) = &t.store {
+                llmgw_eventstore::StoreAddress::parse(address)
+                    .map_err(|e| ConfigError(format!("threads.store: {e}")))?;
+            }
             plan.store = t.store.clone();
             plan.enabled = true;
         }

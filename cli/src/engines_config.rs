@@ -22,6 +22,7 @@ pub(crate) struct EnginesSection {
 #[serde(deny_unknown_fields)]
 pub(crate) struct EngineSection {
     /// The release tag (`b6000`).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub version: Option<String>,
     /// `github` (the default), an http(s) URL template with `{asset}`
     /// (and `{version}`, `{variant}`, `{arch}` where wanted), or

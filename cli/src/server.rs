@@ -94,8 +94,26 @@ pub(crate) struct StoreArg {
     pub named: bool,
 }
 
+/// Every variable some llmgw command reads (its flags' `env`).
+fn variables() -> std::collections::HashSet<String> {
+    fn walk(c: &clap::Command, out: &mut std::collections::HashSet<String>) {
+        for a in c.get_arguments() {
+            if let Some(e) = a.get_env() {
+                out.insert(e.to_string_lossy().into_owned());
+            }
+        }
+        for s in c.get_subcommands() {
+            walk(s, out);
+        }
+    }
+    let mut out = std::collections::HashSet::new();
+    walk(&<crate::Cli as clap::CommandFactory>::command(), &mut out);
+    out
+}
+
 fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, ConfigError> {
     let env: Vec<(String, String)> = std::env::vars().collect();
+    config::stray_variables(&env, &variables())?;
     let file = config::load(a.config.as_deref(), &env)?;
     let addr = |key: &str, v: Option<String>| -> Result<Option<SocketAddr>, ConfigError> {
         v.map(|s| listen_addr(&s).map_err(|e| ConfigError(format!("{key}: {e}"))))
@@ -108,14 +126,18 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         .map(config::TlsSection::read)
         .transpose()?;
     let client_tls = file.client_tls.as_ref().map(client_tls).transpose()?;
-    let endpoints: Vec<EndpointSpec> = if a.endpoints.is_empty() {
-        file.endpoints
-            .iter()
-            .map(|e| {
-                e.parse::<EndpointSpec>()
-                    .map_err(|why| ConfigError(format!("endpoints: {why}")))
-            })
-            .collect::<Result<_, _>>()?
+    // The file's list is read even when the flag's replaces it, so that a
+    // bad entry is refused whichever source wins today.
+    let from_file: Vec<EndpointSpec> = file
+        .endpoints
+        .iter()
+        .map(|e| {
+            e.parse::<EndpointSpec>()
+                .map_err(|why| ConfigError(format!("endpoints: {why}")))
+        })
+        .collect::<Result<_, _>>()?;
+    let endpoints = if a.endpoints.is_empty() {
+        from_file
     } else {
         a.endpoints
     };
@@ -168,7 +190,12 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             "--record-usage false (or LLMGW_RECORD_USAGE=false) with keys on: usage is always recorded then, since budgets are spent from it; leave it out".into(),
         ));
     }
-    let record_usage = auth || a.record_usage.unwrap_or(file.record_usage);
+    if auth && a.record_usage.is_none() && file.record_usage == Some(false) {
+        return Err(ConfigError(
+            "record_usage: false with keys on: usage is always recorded then, since budgets are spent from it; leave it out".into(),
+        ));
+    }
+    let record_usage = auth || a.record_usage.or(file.record_usage).unwrap_or(false);
     let usage = crate::serve::UsageSettings {
         flush: match &file.auth.flush_interval {
             Some(v) => config::duration("auth.flush_interval", v)?,
@@ -246,6 +273,10 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         (Some(from_file), false) => (true, from_file.clone()),
         (_, named) => (named, store.address.clone()),
     };
+    // Read now, so that --check and the start refuse a bad address alike
+    // (exit 2), not the first open at run.
+    llmgw_eventstore::StoreAddress::parse(&store)
+        .map_err(|e| ConfigError(format!("store: {e}")))?;
     let shutdown_grace = match a.shutdown_grace.as_ref().or(file.shutdown_grace.as_ref()) {
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
@@ -441,8 +472,14 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
 
 fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConfig>, ConfigError> {
     let c = &file.control;
-    if !c.enabled && file.models.is_empty() {
-        return Ok(None);
+    match (c.enabled, file.models.is_empty()) {
+        (Some(false), false) => {
+            return Err(ConfigError(
+                "control.enabled: false with a models: catalog, which only the control plane serves: remove models: to route to endpoints alone, or control.enabled".into(),
+            ));
+        }
+        (Some(true), _) | (None, false) => {}
+        (_, true) => return Ok(None),
     }
     let mut out = llmgw_control::ControlConfig::default();
     let set = |key: &str,
@@ -467,6 +504,23 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     set("drain_grace", &c.drain_grace, &mut out.drain_grace)?;
     set("min_lifetime", &c.min_lifetime, &mut out.min_lifetime)?;
     set("evict_idle", &c.evict_idle, &mut out.evict_idle)?;
+    // Zero would spin the reconciler, call every agent unreachable at
+    // once, or retry a failing model without pause.
+    for (key, v) in [
+        ("interval", out.interval),
+        ("unreachable_after", out.unreachable_after),
+        ("base_backoff", out.base_backoff),
+    ] {
+        if v.is_zero() {
+            return Err(ConfigError(format!("control.{key} must be longer than 0")));
+        }
+    }
+    if out.base_backoff > out.max_backoff {
+        return Err(ConfigError(format!(
+            "control.base_backoff ({:?}) must not be longer than control.max_backoff ({:?}), which caps every wait",
+            out.base_backoff, out.max_backoff
+        )));
+    }
     if out.lost_after <= out.unreachable_after {
         return Err(ConfigError(format!(
             "control.lost_after ({:?}) must be longer than control.unreachable_after ({:?})",

@@ -2037,6 +2037,61 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             vec![("LLMGW_CONTROL__SIGNING_KEY", key_file.as_str())],
             "control.signing_key signs the anchors",
         ),
+        // A variable no command reads but that names a key is a typo, not
+        // something to pass over: one underscore where two were meant, and
+        // a key that has no variable.
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL_LOST_AFTER", "90s")],
+            "the key `control.lost_after` is set by LLMGW_CONTROL__LOST_AFTER",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_AUTH_ENABLED", "true")],
+            "is set by LLMGW_AUTH__ENABLED",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_MODELS", "[]")],
+            "`models` has none of its own",
+        ),
+        // A catalog runs the control plane: false is refused, not passed
+        // over.
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__ENABLED", "false")],
+            "control.enabled: false with a models: catalog",
+        ),
+        // As the flag is, the file's false with keys on is refused.
+        (
+            format!("{good}\nrecord_usage: false\n"),
+            vec![("LLMGW_AUTH", "true")],
+            "record_usage: false with keys on",
+        ),
+        // A store address, of the log or of threads, is read before the
+        // start (--check refuses it too, below).
+        (
+            good.clone(),
+            vec![("LLMGW_STORE", "mysql://db/llmgw")],
+            "store: bad store address",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__INTERVAL", "0s")],
+            "control.interval must be longer than 0",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__BASE_BACKOFF", "20m")],
+            "must not be longer than control.max_backoff",
+        ),
+        // The file's endpoints are checked though the variable's replace
+        // them.
+        (
+            format!("{good}\nendpoints: [\"no equals\"]\n"),
+            vec![("LLMGW_ENDPOINTS", "e1=http://127.0.0.1:9=m")],
+            "endpoints:",
+        ),
     ];
     for (text, env, says) in cases {
         let out = run(&text, &env);
@@ -2045,6 +2100,37 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         assert!(err.contains(says), "expected {says:?} in {err}");
         assert_eq!(err.lines().count(), 1, "one clear line: {err}");
     }
+    let check = |text: &str, env: &[(&str, &str)]| {
+        let f = dir.path().join("c.yaml");
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["server", "--check", "--config", f.to_str().unwrap()])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // --check refuses what the start would: a bad address of the threads'
+    // store too.
+    let (code, err) = check(
+        &format!("{good}\nthreads: {{store: \"mysql://db/t\", retain_hours: 24}}\n"),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("threads.store: bad store address"), "{err}");
+    // Durations as bare numbers of seconds, in the file and in a variable
+    // (read as YAML, so a number).
+    let (code, err) = check(
+        &format!("{good}\nshutdown_grace: 30\n"),
+        &[("LLMGW_CONNECTIONS__IDLE_TIMEOUT", "60")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    // A variable that names no key is another program's, left alone.
+    let (code, err) = check(&good, &[("LLMGW_KEY", "sk-mine"), ("LLMGW_TEST_X", "1")]);
+    assert_eq!(code, Some(0), "{err}");
 }
 
 /// The README's "gateway alone" commands, run as a person pastes them (one
