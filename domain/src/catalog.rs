@@ -429,6 +429,17 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return bad(format!("checksum {c:?} must be sha256: and 64 hex digits"));
         }
+        // Only a download is checked: a hub id or a path a node already
+        // holds is not fetched, so a checksum there would be passed over.
+        let fetched = ["hf:", "http://", "https://", "mirror:"]
+            .iter()
+            .any(|p| m.source.starts_with(p));
+        if !fetched {
+            return bad(format!(
+                "checksum applies to a source that is downloaded (hf:, http(s)://, mirror:), not {:?}",
+                m.source
+            ));
+        }
     }
     if let Some(rest) = m.source.strip_prefix("mirror:") {
         // As the mirror names its files; anything else could never be
@@ -447,6 +458,9 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
                 m.source
             ));
         }
+    }
+    if m.scaling.max == 0 {
+        return bad("scaling max 0 could never serve it; remove the model instead".into());
     }
     if m.scaling.min > m.scaling.max {
         return bad(format!(

@@ -288,26 +288,26 @@ fn check_node<'a>(
     }
     let empty = Used::default();
     let used = used.unwrap_or(&empty);
+    // Host RAM, for a GPU profile too (an engine's own process, pinned
+    // buffers, a CPU swap space): honoured wherever it is given.
     let mut memory_free_mb = None;
-    let (free_gpus, take) = match &profile.gpu_class {
-        None => {
-            if profile.memory_mb > 0 && node.inventory.memory_total_mb > 0 {
-                let free = node
-                    .inventory
-                    .memory_total_mb
-                    .saturating_sub(used.memory_mb);
-                if free < profile.memory_mb {
-                    return Err(why(explain, || {
-                        format!(
-                            "needs {} MB of RAM, {free} MB of {} MB are free",
-                            profile.memory_mb, node.inventory.memory_total_mb
-                        )
-                    }));
-                }
-                memory_free_mb = Some(free);
-            }
-            (Vec::new(), Vec::new())
+    if profile.memory_mb > 0 && node.inventory.memory_total_mb > 0 {
+        let free = node
+            .inventory
+            .memory_total_mb
+            .saturating_sub(used.memory_mb);
+        if free < profile.memory_mb {
+            return Err(why(explain, || {
+                format!(
+                    "needs {} MB of RAM, {free} MB of {} MB are free",
+                    profile.memory_mb, node.inventory.memory_total_mb
+                )
+            }));
         }
+        memory_free_mb = Some(free);
+    }
+    let (free_gpus, take) = match &profile.gpu_class {
+        None => (Vec::new(), Vec::new()),
         Some(class) => {
             let of_class: Vec<_> = node
                 .inventory
@@ -575,11 +575,7 @@ fn shard(
         gpu_indices: fit.take.clone(),
         hcas,
         port: fit.port,
-        memory_mb: if profile.is_cpu() {
-            profile.memory_mb
-        } else {
-            0
-        },
+        memory_mb: profile.memory_mb,
     }
 }
 

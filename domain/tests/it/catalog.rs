@@ -145,6 +145,38 @@ fn a_mirror_source_names_a_model_a_version_and_a_file() {
     assert_eq!(c.decide(CatalogCommand::AddModel(m)).unwrap().len(), 1);
 }
 
+/// A checksum is checked on a download only; where nothing is downloaded
+/// it is refused, not passed over.
+#[test]
+fn a_checksum_needs_a_source_that_is_downloaded() {
+    let c = Catalog::default();
+    let sum = format!("sha256:{}", "a".repeat(64));
+    for source in ["Qwen/Qwen2.5-0.5B-Instruct", "/models/q.gguf", "./q.gguf"] {
+        let mut m = model("m");
+        m.source = source.into();
+        m.checksum = Some(sum.clone());
+        let why = reason(&c, CatalogCommand::AddModel(m));
+        assert!(
+            why.contains("checksum applies to a source that is downloaded"),
+            "{source}: {why}"
+        );
+    }
+    for source in [
+        "https://files.example/q.gguf",
+        "hf:Qwen/Qwen2.5/q.gguf",
+        "mirror:q/v1/q.gguf",
+    ] {
+        let mut m = model("m");
+        m.source = source.into();
+        m.checksum = Some(sum.clone());
+        assert_eq!(
+            c.decide(CatalogCommand::AddModel(m)).unwrap().len(),
+            1,
+            "{source}"
+        );
+    }
+}
+
 #[test]
 fn scaling_and_sizes_must_be_sane() {
     let c = Catalog::default();
@@ -155,6 +187,13 @@ fn scaling_and_sizes_must_be_sane() {
         idle_timeout_s: None,
     };
     assert!(reason(&c, CatalogCommand::AddModel(m)).contains("scaling min 3 exceeds max 1"));
+    let mut m = model("m");
+    m.scaling = Scaling {
+        min: 0,
+        max: 0,
+        idle_timeout_s: None,
+    };
+    assert!(reason(&c, CatalogCommand::AddModel(m)).contains("scaling max 0 could never serve it"));
     let mut m = model("m");
     m.context_length = Some(0);
     assert!(reason(&c, CatalogCommand::AddModel(m)).contains("context length 0"));

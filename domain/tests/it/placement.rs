@@ -348,6 +348,55 @@ fn cpu_replicas_spread_and_respect_memory() {
     assert_ne!(a, b, "CPU replicas spread");
 }
 
+/// A GPU profile's `memory_mb` (host RAM beside its GPUs) is a constraint
+/// too, and what a placed replica holds counts against the next.
+#[test]
+fn gpu_replicas_respect_host_memory_too() {
+    let mut small = node("small", vec![gpu(0, "a100"), gpu(1, "a100")], &[]);
+    small.inventory.memory_total_mb = 8_000;
+    let big = node("big", vec![gpu(0, "a100"), gpu(1, "a100")], &[]);
+    let mut p = profile("gpu", Some("a100"), 1, 1);
+    p.memory_mb = 40_000;
+    let m = model(vec![p]);
+    let n = nodes(vec![small, big]);
+    let mut r = Replicas::default();
+    let e = place(
+        &m,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r1"),
+        PlaceOptions::default(),
+    );
+    assert!(
+        reason(&e, "small").contains("needs 40000 MB of RAM"),
+        "{}",
+        reason(&e, "small")
+    );
+    assert_eq!(
+        e.chosen.as_ref().expect("placed").shards[0]
+            .node_id
+            .as_str(),
+        "big"
+    );
+    placed(&mut r, &e);
+    // big has a GPU left, but 24,000 MB of its 64,000 MB RAM.
+    let e2 = place(
+        &m,
+        &n,
+        &r,
+        &[],
+        &ReplicaId::from("r2"),
+        PlaceOptions::default(),
+    );
+    assert!(e2.chosen.is_none(), "{e2:?}");
+    assert!(
+        reason(&e2, "big").contains("24000 MB of 64000 MB are free"),
+        "{}",
+        reason(&e2, "big")
+    );
+}
+
 #[test]
 fn a_tp_group_stays_inside_one_nvlink_domain() {
     // Two NVLink domains of four; GPU 0 and 1 are taken.
