@@ -299,6 +299,12 @@ pub(crate) async fn run(
                 plane.demand(m)
             })));
         }
+        {
+            // How full a model's engines are, as admission reads it: the
+            // engines' own figures, so every server's traffic counts.
+            let gw = gw.clone();
+            plane.read_fullness_with(llmgw_control::Fullness(Box::new(move |m| gw.saturation(m))));
+        }
         if let Some(authority) = plan.listen.agent_tls.as_ref().and_then(|t| t.authority()) {
             plane.sign_with(authority?);
         }

@@ -141,6 +141,19 @@ pub struct ControlPlane {
     draining: std::sync::atomic::AtomicBool,
     /// Anchors recorded and sinks that failed, for the metrics page.
     pub anchor_stats: anchor::AnchorStats,
+    /// How full the engines serving a model are (1 or more: at the
+    /// gateway's ceilings); unset, load grows no model.
+    fullness: std::sync::OnceLock<Fullness>,
+}
+
+/// Reads how full the engines serving a model are, from the gateway's
+/// figures (the composition root wires it).
+pub struct Fullness(pub Box<dyn Fn(&str) -> f64 + Send + Sync>);
+
+impl std::fmt::Debug for Fullness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fullness")
+    }
 }
 
 impl ControlPlane {
@@ -175,7 +188,14 @@ impl ControlPlane {
             authority: std::sync::OnceLock::new(),
             draining: std::sync::atomic::AtomicBool::new(false),
             anchor_stats: anchor::AnchorStats::default(),
+            fullness: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets what says how full a model's engines are, so that load grows a
+    /// model up to its `scaling.max`; once, before [`ControlPlane::run`].
+    pub fn read_fullness_with(&self, fullness: Fullness) {
+        let _ = self.fullness.set(fullness);
     }
 
     /// The admin address other servers forward commands to while this one

@@ -36,6 +36,8 @@ pub(crate) async fn run(cp: Arc<ControlPlane>) {
     }
 }
 
+use crate::Fullness;
+
 impl ControlPlane {
     /// The reconciler's interval, shortened while a replica drains.
     fn next_pass_in(&self) -> std::time::Duration {
@@ -130,7 +132,8 @@ impl ControlPlane {
         let plan = self
             .decider
             .read_with_clocks(|state, clocks| {
-                let rt = self.runtime(clocks, now);
+                let mut rt = self.runtime(clocks, now);
+                self.grow(state, &mut rt);
                 reconcile::plan(state, &rt, &self.settings(), |_| replica_id())
             })
             .await?;
@@ -194,6 +197,35 @@ impl ControlPlane {
         }
         self.memory().rt.idle = idle;
         Ok(())
+    }
+
+    /// Notes which models' engines are full now and works out what load
+    /// asks of each; remembered for the next pass (and the status page).
+    fn grow(&self, state: &llmgw_domain::State, rt: &mut reconcile::Runtime) {
+        rt.full = match self.fullness.get() {
+            Some(Fullness(of)) => (state.catalog.models.values())
+                .filter(|m| m.scaling.max > m.scaling.min.max(1))
+                .filter(|m| of(&m.name) >= 1.0)
+                .map(|m| m.name.clone())
+                .collect(),
+            None => Default::default(),
+        };
+        for m in &rt.full {
+            rt.busy.insert(m.clone(), rt.now);
+        }
+        let grown = reconcile::grown(state, rt, &self.settings());
+        for (model, n) in &grown {
+            if rt.grown.get(model) != Some(n) {
+                tracing::info!(%model, replicas = n, full = rt.full.contains(model), "load asks for a different number of replicas");
+            }
+        }
+        for model in rt.grown.keys().filter(|m| !grown.contains_key(*m)) {
+            tracing::info!(%model, "quiet for its idle time: back to its floor");
+        }
+        rt.grown = grown;
+        let mut m = self.memory();
+        m.rt.busy = rt.busy.clone();
+        m.rt.grown = rt.grown.clone();
     }
 
     /// This pass's facts: the clocks read from the log (drains begun,

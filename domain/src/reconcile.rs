@@ -67,6 +67,16 @@ pub struct Runtime {
     pub held: Vec<Held>,
     /// Live replica → when it was placed, read from the log.
     pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
+    /// Models whose engines are full this pass (the gateway's saturation at
+    /// its ceilings: requests waiting, or the KV cache near full, on every
+    /// replica), read from the engines' own figures, so traffic through
+    /// every server counts.
+    pub full: BTreeSet<String>,
+    /// Model → when its engines were last seen full.
+    pub busy: BTreeMap<String, UnixMillis>,
+    /// Model → the replicas load has asked for (see [`grown`]); held in
+    /// memory, so a new leader starts from the floor and grows again.
+    pub grown: BTreeMap<String, u32>,
 }
 
 /// What one action's messages to agents need, decided with the plan so
@@ -165,24 +175,84 @@ pub struct Backoff {
     pub until: Option<UnixMillis>,
 }
 
-/// How many replicas a model should have now.
+/// How many replicas a model should have now: its floor (`scaling.min`,
+/// or one while an on-demand model is asked for), or what load has grown
+/// it to, never above `scaling.max`.
 pub fn desired(model: &Model, rt: &Runtime, settings: &Settings) -> u32 {
+    floor(model, rt, settings)
+        .max(rt.grown.get(&model.name).copied().unwrap_or(0))
+        .min(model.scaling.max)
+}
+
+fn floor(model: &Model, rt: &Runtime, settings: &Settings) -> u32 {
     if model.profiles.is_empty() {
         return 0;
     }
-    let idle = model
-        .scaling
-        .idle_timeout_s
-        .map_or(settings.default_idle_ms, |s| Millis::from(s) * 1000);
     let asked = rt
         .demand
         .get(&model.name)
-        .is_some_and(|at| rt.now - *at < idle);
+        .is_some_and(|at| rt.now - *at < idle_ms(model, settings));
     model
         .scaling
         .min
         .max(u32::from(asked))
         .min(model.scaling.max)
+}
+
+fn idle_ms(model: &Model, settings: &Settings) -> Millis {
+    model
+        .scaling
+        .idle_timeout_s
+        .map_or(settings.default_idle_ms, |s| Millis::from(s) * 1000)
+}
+
+/// What load asks of each model with room above its floor: one replica
+/// more while its engines are full and every replica it has is serving
+/// (one at a time: a replica still starting is waited for), the same while
+/// it was full within its idle time, and nothing after (its extra replicas
+/// are then drained, newest first). `rt.busy` must already hold this
+/// pass's `rt.full`.
+pub fn grown(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for model in state.catalog.models.values() {
+        let floor = floor(model, rt, settings);
+        if model.scaling.max <= floor.max(1) && !rt.grown.contains_key(&model.name) {
+            continue;
+        }
+        let before = rt.grown.get(&model.name).copied().unwrap_or(0);
+        let live: Vec<&Replica> = state
+            .replicas
+            .replicas
+            .values()
+            .filter(|r| r.placement.model == model.name)
+            .filter(|r| matches!(r.status, ReplicaStatus::Starting | ReplicaStatus::Ready))
+            .collect();
+        let serving = live.iter().all(|r| r.status == ReplicaStatus::Ready);
+        let count = live.len() as u32;
+        let quiet = rt
+            .busy
+            .get(&model.name)
+            .is_none_or(|at| rt.now - *at >= idle_ms(model, settings));
+        if quiet {
+            // A replica asked for and still starting is waited for: its
+            // empty engine reads as room, which is no sign of quiet.
+            if !serving && before > 0 {
+                out.insert(model.name.clone(), before);
+            }
+            continue;
+        }
+        let target = if rt.full.contains(&model.name)
+            && serving
+            && count >= floor.max(before)
+            && count > 0
+        {
+            (count + 1).min(model.scaling.max)
+        } else {
+            before.max(floor)
+        };
+        out.insert(model.name.clone(), target);
+    }
+    out
 }
 
 /// The jittered exponential backoff after `failures` failures in a row:

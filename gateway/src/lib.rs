@@ -207,6 +207,15 @@ impl Gateway {
         let _ = self.demand.set(hook);
     }
 
+    /// How full the engines serving `model` (canonical) are, as admission
+    /// reads it: 1 or more is at the ceilings (`admission.waiting_ceiling`,
+    /// `admission.kv_ceiling`) on every endpoint that serves it.
+    pub fn saturation(&self, model: &str) -> f64 {
+        let cfg = &self.admission.config;
+        self.endpoints
+            .saturation(model, cfg.waiting_ceiling, cfg.kv_ceiling)
+    }
+
     /// What `model` (canonical) is charged at: the catalog's price, else
     /// the configured default. For the usage batcher: `move |m|
     /// gw.price_of(m)`, called with the model that served.

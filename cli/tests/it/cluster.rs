@@ -724,6 +724,77 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     assert_eq!(r.status(), 404);
 }
 
+/// `scaling.max` above `min` is reached under load: while the engines of
+/// a model are full (requests waiting at the admission ceiling), the
+/// leader adds a replica, and drains it once the model has been quiet for
+/// its idle time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_grows_a_model_to_its_max_and_quiet_shrinks_it_back() {
+    let _sweep = EngineSweeper("127.0.81.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "grows", &store, port, 0);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    // One slot an engine, 20 tokens a second: three requests keep one
+    // waiting; the load read every 100 ms.
+    text = text.replace("models: []\n", "");
+    text.push_str(
+        "router:\n  scrape_interval: 100ms\nadmission:\n  waiting_ceiling: 1\nmodels:\n  - name: chat\n    scaling: {min: 1, max: 2, idle_timeout_s: 2}\n    profiles:\n      - name: sim\n        engine: sim\n        args: [\"--slots\", \"1\", \"--tps\", \"20\"]\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let server = start_server(&config);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.81.2");
+    let ready = |n: usize| {
+        let admin = server.admin.clone();
+        async move {
+            let rows = get(format!("{admin}/api/v1/replicas")).await;
+            let rows = rows.as_array().unwrap();
+            let ready = rows.iter().filter(|r| r["status"] == "ready").count();
+            (rows.len() == n && ready == n).then_some(())
+        }
+    };
+    until("one replica serves", || ready(1)).await;
+    let client = reqwest::Client::new();
+    let send = || {
+        let (client, base) = (client.clone(), server.base.clone());
+        tokio::spawn(async move {
+            client
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&json!({"model": "chat", "max_tokens": 40, "messages": [{"role": "user", "content": "busy"}]}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    // Kept busy until the second replica serves.
+    let mut load: Vec<tokio::task::JoinHandle<_>> = (0..4).map(|_| send()).collect();
+    let grown = until("load adds a replica", || {
+        load.retain(|t| !t.is_finished());
+        while load.len() < 4 {
+            load.push(send());
+        }
+        ready(2)
+    });
+    grown.await;
+    for t in load {
+        let _ = t.await;
+    }
+    // Quiet past its idle time: back to min.
+    until("the extra replica is drained", || ready(1)).await;
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    let stopped = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == "stopped")
+        .count();
+    assert!(
+        stopped >= 1,
+        "what load added was drained and stopped: {all}"
+    );
+}
+
 /// Issue 17 §4: a second on-demand model on a full node evicts the idle
 /// one and serves. Each model's profile takes 60% of the node's memory, so
 /// only one fits; the guards are shortened (min_lifetime 2s, evict_idle

@@ -4,7 +4,7 @@ use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
 use llmgw_domain::ids::{ReplicaId, ShardId};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, NodeEvent};
 use llmgw_domain::reconcile::{
-    Action, Backoff, Runtime, Settings, ShardOnNode, backoff, desired, plan,
+    Action, Backoff, Runtime, Settings, ShardOnNode, backoff, desired, grown, plan,
 };
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::{Event, State, UnixMillis};
@@ -260,6 +260,119 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
     let actions = settle(&mut s, &mut rt);
     assert!(actions.contains(&Action::FinishNodeDrain { node_id: node }));
     assert!(!s.replicas.replicas[&original].is_live());
+}
+
+/// One pass as the control plane runs it: this pass's full models noted,
+/// what load asks for worked out, then the plan, its placements applied.
+fn pass_with(s: &mut State, rt: &mut Runtime, full: bool, id: &str) -> Vec<Action> {
+    rt.full = if full {
+        ["chat".to_string()].into()
+    } else {
+        Default::default()
+    };
+    if full {
+        rt.busy.insert("chat".into(), rt.now);
+    }
+    rt.grown = grown(s, rt, &Settings::default());
+    let p = plan(s, rt, &Settings::default(), |_| id.into());
+    for a in &p.actions {
+        match a {
+            Action::Place { placement, .. } => s.evolve(&Event::Replica(
+                ReplicaEvent::ReplicaPlaced(placement.clone()),
+            )),
+            Action::Drain { replica_id, .. } => {
+                s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
+                    replica_id: replica_id.clone(),
+                }))
+            }
+            _ => {}
+        }
+    }
+    p.actions
+}
+
+/// `scaling.max` above the floor is reached under load: a full model gets
+/// one replica more once every replica it has serves, up to max, holds
+/// them while it was full within its idle time, and drains the extra ones
+/// after.
+#[test]
+fn load_grows_a_model_one_replica_at_a_time_up_to_max_and_idle_shrinks_it() {
+    let mut s = cluster(1, 3, &["a", "b", "c"]);
+    let mut rt = Runtime::default();
+    assert!(matches!(
+        &pass_with(&mut s, &mut rt, false, "r1")[..],
+        [Action::Place { .. }]
+    ));
+    ready_all(&mut s);
+    assert!(
+        pass_with(&mut s, &mut rt, false, "x").is_empty(),
+        "not full: the floor"
+    );
+    rt.now += 1_000;
+    assert!(matches!(
+        &pass_with(&mut s, &mut rt, true, "r2")[..],
+        [Action::Place { .. }]
+    ));
+    assert_eq!(
+        desired(&s.catalog.models["chat"], &rt, &Settings::default()),
+        2
+    );
+    // Still full while r2 starts: it is waited for, not doubled.
+    rt.now += 1_000;
+    assert!(pass_with(&mut s, &mut rt, true, "x").is_empty());
+    ready_all(&mut s);
+    rt.now += 1_000;
+    assert!(matches!(
+        &pass_with(&mut s, &mut rt, true, "r3")[..],
+        [Action::Place { .. }]
+    ));
+    ready_all(&mut s);
+    rt.now += 1_000;
+    assert!(pass_with(&mut s, &mut rt, true, "x").is_empty(), "max is 3");
+    assert_eq!(live(&s), 3);
+    // No longer full: held within the idle time (60 s here)...
+    rt.now += 30_000;
+    assert!(pass_with(&mut s, &mut rt, false, "x").is_empty());
+    // ...then the extra replicas drain, newest first, back to min.
+    rt.now += 31_000;
+    let drained = pass_with(&mut s, &mut rt, false, "x");
+    assert!(
+        matches!(&drained[..], [Action::Drain { replica_id, .. }] if replica_id.as_str() == "r3"),
+        "{drained:?}"
+    );
+    assert_eq!(
+        desired(&s.catalog.models["chat"], &rt, &Settings::default()),
+        1
+    );
+    // A replica load asked for is waited for while it starts, however
+    // long (its empty engine reads as room, no sign of quiet).
+    let mut slow = cluster(1, 2, &["a", "b"]);
+    let mut rt = Runtime::default();
+    pass_with(&mut slow, &mut rt, false, "s1");
+    ready_all(&mut slow);
+    assert!(matches!(
+        &pass_with(&mut slow, &mut rt, true, "s2")[..],
+        [Action::Place { .. }]
+    ));
+    rt.now += 120_000;
+    assert!(
+        pass_with(&mut slow, &mut rt, false, "x").is_empty(),
+        "s2 is waited for"
+    );
+    ready_all(&mut slow);
+    let drained = pass_with(&mut slow, &mut rt, false, "x");
+    assert!(
+        matches!(&drained[..], [Action::Drain { replica_id, .. }] if replica_id.as_str() == "s2"),
+        "{drained:?}"
+    );
+    // A model with no room above its floor never grows.
+    let mut fixed = cluster(2, 2, &["a", "b", "c"]);
+    let mut rt = Runtime::default();
+    pass_with(&mut fixed, &mut rt, false, "f1");
+    pass_with(&mut fixed, &mut rt, false, "f2");
+    ready_all(&mut fixed);
+    assert!(pass_with(&mut fixed, &mut rt, true, "x").is_empty());
+    assert!(rt.grown.is_empty());
 }
 
 #[test]
