@@ -88,12 +88,15 @@ impl Admission {
         if !self.config.enabled || saturation() < threshold(band) {
             return Ok(());
         }
+        // Counted off however the wait ends, a client that leaves (the
+        // future dropped) included: a count left behind would refuse
+        // requests that should wait, for good.
+        let _held = Waiting(&self.waiting);
         if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.config.max_waiting {
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
             return Err(Refused::QueueFull);
         }
         let deadline = Instant::now() + self.config.max_wait;
-        let outcome = loop {
+        loop {
             let notified = self.changed.notified();
             if saturation() < threshold(band) {
                 break Ok(());
@@ -105,9 +108,16 @@ impl Admission {
                     Err(Refused::Saturated)
                 };
             }
-        };
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        outcome
+        }
+    }
+}
+
+/// One held request in the count, until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -164,6 +174,29 @@ mod tests {
             adm.admit(Band::Platinum, || 1.1).await,
             Ok(()),
             "platinum passes a little past full"
+        );
+    }
+
+    /// A held request whose client leaves is no longer counted: the next
+    /// one is held, not refused as if the queue were full.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_leaves_frees_its_place() {
+        let adm = Arc::new(Admission::new(AdmissionConfig {
+            max_waiting: 1,
+            ..AdmissionConfig::default()
+        }));
+        let full = || 2.0;
+        let left = {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.admit(Band::Gold, full).await })
+        };
+        tokio::task::yield_now().await;
+        left.abort();
+        let _ = left.await;
+        assert_eq!(
+            adm.admit(Band::Gold, full).await,
+            Err(Refused::Saturated),
+            "held for its wait, then refused as saturated"
         );
     }
 }

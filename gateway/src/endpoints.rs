@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use crate::breaker::Breaker;
+use crate::breaker::{Breaker, Pass};
 use crate::scrape::{EngineKind, Load};
 
 /// What an endpoint is, as configured or as the router view says.
@@ -351,7 +351,7 @@ impl Endpoint {
 
 /// Counts a request against an endpoint until dropped.
 #[derive(Debug)]
-pub struct InFlight(Arc<Endpoint>);
+pub struct InFlight(Arc<Endpoint>, Option<u64>);
 
 impl InFlight {
     pub fn endpoint(&self) -> &Arc<Endpoint> {
@@ -362,6 +362,11 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.live.in_flight.fetch_sub(1, Ordering::Relaxed);
+        // A probe dropped before its outcome (the client left) frees the
+        // half-open slot; one with an outcome changes nothing here.
+        if let Some(n) = self.1 {
+            self.0.breaker().abandon(n);
+        }
     }
 }
 
@@ -486,11 +491,13 @@ impl Endpoints {
     /// Counts a request against `e`, unless its breaker just refused (a
     /// half-open breaker lets one probe through).
     pub fn take(&self, e: &Arc<Endpoint>) -> Option<InFlight> {
-        if !e.breaker().try_acquire() {
-            return None;
-        }
+        let probe = match e.breaker().try_acquire() {
+            Pass::Refused => return None,
+            Pass::Request => None,
+            Pass::Probe(n) => Some(n),
+        };
         e.live.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(InFlight(e.clone()))
+        Some(InFlight(e.clone(), probe))
     }
 
     /// The least-loaded candidate, counted.
@@ -638,6 +645,35 @@ mod tests {
         assert_eq!(now.len(), 3);
         drop(held);
         assert_eq!(set.snapshot()[0].in_flight(), 0);
+    }
+
+    /// A half-open probe whose request is dropped before its outcome (the
+    /// client hung up) lets the next request probe; before, the endpoint
+    /// got no traffic again until the gateway restarted.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_dropped_without_an_outcome_lets_the_next_request_probe() {
+        let set = Endpoints::new(
+            vec![spec("a", 0, 1)],
+            BreakerConfig {
+                threshold: 1,
+                cool_down: Duration::from_secs(1),
+            },
+            Duration::from_secs(6),
+        );
+        set.pick("m", &[]).unwrap().endpoint().record(false);
+        assert!(set.pick("m", &[]).is_none(), "open");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let probe = set.pick("m", &[]).expect("the probe");
+        assert!(set.pick("m", &[]).is_none(), "one probe at a time");
+        drop(probe);
+        let next = set.pick("m", &[]).expect("the next request probes");
+        next.endpoint().record(true);
+        drop(next);
+        assert!(!set.snapshot()[0].breaker_open());
+        assert!(
+            set.pick("m", &[]).is_some() && set.pick("m", &[]).is_some(),
+            "closed"
+        );
     }
 
     #[test]
