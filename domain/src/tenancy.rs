@@ -729,7 +729,10 @@ impl Tenancy {
             }
             C::Suspend { user_id, by } => match self.live_user(&user_id)?.status {
                 UserStatus::Suspended => vec![],
-                _ => vec![E::UserSuspended { user_id, by }],
+                _ => {
+                    self.not_the_last_admin(&user_id)?;
+                    vec![E::UserSuspended { user_id, by }]
+                }
             },
             C::Promote { user_id, by } => {
                 let user = self.user(&user_id)?;
@@ -752,7 +755,10 @@ impl Tenancy {
             }
             C::Erase { user_id, by } => match self.user(&user_id)?.status {
                 UserStatus::Erased => vec![],
-                _ => vec![E::UserErased { user_id, by }],
+                _ => {
+                    self.not_the_last_admin(&user_id)?;
+                    vec![E::UserErased { user_id, by }]
+                }
             },
             C::OfferClaim { key_id, by } => match self.keys.get(&key_id) {
                 None => return Err(Rejection::not_found(format!("no key {key_id}"))),
@@ -819,6 +825,23 @@ impl Tenancy {
         self.users
             .get(user_id)
             .ok_or_else(|| Rejection::not_found(format!("no user {user_id}")))
+    }
+
+    /// Refuses to take away the last active admin: the admin pages would
+    /// answer no one, and only the command line could mend it.
+    fn not_the_last_admin(&self, user_id: &str) -> Result<(), Rejection> {
+        let active_admin = |u: &User| u.admin && u.status == UserStatus::Active;
+        let last = self.users.get(user_id).is_some_and(active_admin)
+            && !self
+                .users
+                .iter()
+                .any(|(id, u)| id != user_id && active_admin(u));
+        if last {
+            return Err(Rejection::conflict(format!(
+                "user {user_id} is the last active admin: promote another person first (llmgw users promote)"
+            )));
+        }
+        Ok(())
     }
 
     /// A user whose personal data has not been erased.

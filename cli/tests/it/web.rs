@@ -498,13 +498,56 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     assert_eq!(refused.status, StatusCode::NOT_FOUND, "{}", refused.body);
     assert!(!refused.body.contains("llmgw-sk-"));
 
+    // The last active admin is not suspended: the admin pages would answer
+    // no one. With a second admin, she is.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .env_remove("LLMGW_ADMIN")
+        .args([
+            "--store", &store, "users", "--admin", &admin, "--as", "alice",
+        ])
+        .args(["suspend", &id])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("the last active admin"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let second = users(
+        &store,
+        &admin,
+        &[
+            "add",
+            "--email",
+            "bo@example.com",
+            "--name",
+            "Bo",
+            "--project",
+            "p",
+            "--password",
+            GOOD,
+        ],
+    );
+    let second = second
+        .split_whitespace()
+        .find(|w| w.starts_with("usr-"))
+        .unwrap()
+        .trim_end_matches(',');
+    users(&store, &admin, &["promote", second]);
     // Suspension closes the sessions; the keys keep working until revoked.
     users(&store, &admin, &["suspend", &id]);
     assert!(!ayse.signed_in().await);
     assert_eq!(api_chat(&base, &secret).await, StatusCode::OK);
 
-    // Erasure removes the personal data; the log still verifies.
+    // Erasure removes the personal data, and the person's own keys stop
+    // working; the log still verifies.
     users(&store, &admin, &["erase", &id]);
+    until("the erased person's key is refused", || async {
+        (api_chat(&base, &secret).await == StatusCode::UNAUTHORIZED).then_some(())
+    })
+    .await;
     let rows = user_rows(&store, &admin, false);
     let row = rows.iter().find(|r| r["user_id"] == id.as_str()).unwrap();
     assert_eq!(row["status"], "erased");

@@ -376,6 +376,38 @@ fn a_person_is_approved_into_a_project_and_an_erased_one_stays_powerless() {
         },
     );
     assert!(t.users["usr-1"].admin);
+    // The last active admin is neither suspended nor erased: the admin
+    // pages would answer no one.
+    for cmd in [
+        C::Suspend {
+            user_id: u(),
+            by: "ops".into(),
+        },
+        C::Erase {
+            user_id: u(),
+            by: "ops".into(),
+        },
+    ] {
+        let why = t.decide(cmd).unwrap_err().reason;
+        assert!(why.contains("the last active admin"), "{why}");
+    }
+    let other = || "usr-2".to_owned();
+    run(&mut t, C::SignUp { user_id: other() });
+    run(
+        &mut t,
+        C::Approve {
+            user_id: other(),
+            project_id: "p".into(),
+            by: "ops".into(),
+        },
+    );
+    run(
+        &mut t,
+        C::Promote {
+            user_id: other(),
+            by: "ops".into(),
+        },
+    );
     let erased = run(
         &mut t,
         C::Erase {
