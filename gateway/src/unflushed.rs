@@ -1,8 +1,10 @@
-//! This gateway's spend that the views do not hold yet: requests queued
-//! for the next flush, and batches on their way to the log (or in it, and
-//! not yet read back). Budget checks add it to the views' figures, so a key
-//! cannot overshoot its budget at this gateway however long the flush
-//! interval; other gateways' spend still counts once they flush.
+//! This gateway's spend that the views do not hold yet: requests still
+//! running (by their estimate, held from the budget check until they
+//! end), requests queued for the next flush, and batches on their way to
+//! the log (or in it, and not yet read back). Budget checks add it to the
+//! views' figures, so a key cannot overshoot its budget at this gateway
+//! however long the flush interval or however many requests it runs at
+//! once; other gateways' spend still counts once they flush.
 //!
 //! A batch leaves this tally exactly when the views count it: the usage
 //! view marks each gateway's newest batch counted (by its last request
@@ -132,6 +134,8 @@ struct Sent {
 
 #[derive(Debug, Default)]
 struct Ledger {
+    /// Requests running, by their estimate: what they may yet cost.
+    held: Tally,
     queued: Tally,
     /// Oldest first, as they are appended.
     sent: VecDeque<Sent>,
@@ -157,6 +161,15 @@ impl Unflushed {
 
     pub(crate) fn gateway(&self) -> Option<&str> {
         self.gateway.get().map(String::as_str)
+    }
+
+    /// A request's estimate, counted while it runs (until `release`).
+    pub(crate) fn hold(&self, s: &Spending) {
+        self.lock().held.add(s);
+    }
+
+    pub(crate) fn release(&self, s: &Spending) {
+        self.lock().held.take(s);
     }
 
     pub(crate) fn queued(&self, s: &Spending) {
@@ -207,7 +220,8 @@ impl Unflushed {
         }
         let start = period_start(budget.period, now_ms);
         let (scope, id, period) = (budget.scope, budget.scope_id.as_str(), budget.period);
-        let mut n = ledger.queued.get(scope, id, period, start);
+        let mut n = (ledger.queued.get(scope, id, period, start))
+            .saturating_add(ledger.held.get(scope, id, period, start));
         for b in &ledger.sent {
             n = n.saturating_add(b.tally.get(scope, id, period, start));
         }

@@ -29,6 +29,9 @@ pub(crate) struct Ticket {
     used: u64,
     /// The access line, written when the last of its holders lets go.
     pub(crate) access: crate::access::Access,
+    /// Its estimate in the budget figures, released after its usage is
+    /// queued (so it is never counted by neither).
+    _hold: Option<super::resolve::Hold>,
 }
 
 impl Ticket {
@@ -39,6 +42,7 @@ impl Ticket {
         admitted: super::admit::Admitted,
         started: tokio::time::Instant,
         access: crate::access::Access,
+        hold: Option<super::resolve::Hold>,
     ) -> Self {
         Ticket {
             gw,
@@ -49,6 +53,7 @@ impl Ticket {
             started,
             used: 0,
             access,
+            _hold: hold,
         }
     }
 }

@@ -121,7 +121,7 @@ async fn serve_body(
     let started = tokio::time::Instant::now();
     // One routing table for the whole request, however the view moves.
     let routes = gw.routes.load();
-    let plan = resolve::plan(gw, &routes, &caller, &request).map_err(|(l, e)| Refused(l, e))?;
+    let mut plan = resolve::plan(gw, &routes, &caller, &request).map_err(|(l, e)| Refused(l, e))?;
     let label = || Some(plan.asked.to_owned());
     let first = plan.candidates.first().copied().unwrap_or(plan.asked);
     let admitted = admit::admit(gw, &caller, first, request.token_estimate())
@@ -134,6 +134,7 @@ async fn serve_body(
         admitted,
         started,
         access.clone(),
+        plan.hold.take(),
     );
     resolve::wait_on_demand(gw, &routes, first).await;
     let session = caller.session.as_deref().or(request.user.as_deref());

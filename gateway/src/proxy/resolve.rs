@@ -5,6 +5,8 @@
 //! turns it to its fallbacks too. Every fallback obeys the key's allowlist
 //! and its budgets. Then, for an on-demand model, a bounded wait.
 
+use std::sync::Arc;
+
 use llmgw_domain::catalog::Price;
 use llmgw_domain::tenancy::BudgetLevel;
 
@@ -22,6 +24,30 @@ pub(crate) struct Plan<'a> {
     /// The canonical model the client asked for.
     pub(crate) asked: &'a str,
     pub(crate) candidates: Vec<&'a str>,
+    /// What the request may cost, held against its key's budgets while it
+    /// runs (the ticket keeps it to the end).
+    pub(crate) hold: Option<Hold>,
+}
+
+/// Completion tokens a request that sets no `max_tokens` is held at while
+/// it runs: enough that concurrent requests cannot each fit a budget's
+/// remainder on their prompts alone.
+const UNSET_COMPLETION_HELD: u64 = 4096;
+
+/// A running request's estimate in this gateway's budget figures, until
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    gw: Arc<Gateway>,
+    spending: crate::usage::Spending,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(q) = &self.gw.usage {
+            q.unflushed().release(&self.spending);
+        }
+    }
 }
 
 /// A known model's name (a metric label may be a model's name only if the
@@ -39,7 +65,7 @@ pub(crate) fn price(gw: &Gateway, routes: &Routes, model: &str) -> Price {
 /// key's, 429 `insufficient_quota` when a budget leaves nothing to serve.
 /// The error comes with the metric label to count it under.
 pub(crate) fn plan<'a>(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     routes: &'a Routes,
     caller: &Caller,
     request: &'a ClientRequest,
@@ -60,12 +86,31 @@ pub(crate) fn plan<'a>(
     if !permits(asked) {
         return Err((label(), ApiError::unknown_model(&request.model)));
     }
+    let mut hold = None;
     let (budgets, spent): (&[BudgetLevel], Vec<u64>) = match (&caller.key, &gw.keys) {
         (Some(k), Some(directory)) if !k.limits.budgets.is_empty() => {
             let unflushed = gw.usage.as_deref().map(|q| q.unflushed());
+            let now = now_ms();
+            // Held before the figures are read: two requests at once each
+            // see the other's estimate, so neither fits a remainder both
+            // would overrun. Its own estimate is then taken out again.
+            let held = price(gw, routes, asked).cost(
+                request.prompt_estimate,
+                request.max_completion.unwrap_or(UNSET_COMPLETION_HELD),
+            );
+            if let (Some(u), Some(spending)) = (unflushed, crate::usage::Spending::of(k, held, now))
+            {
+                u.hold(&spending);
+                hold = Some(Hold {
+                    gw: gw.clone(),
+                    spending,
+                });
+            }
+            let own = if hold.is_some() { held } else { 0 };
+            let spent = directory.budget_spend(k, unflushed, now);
             (
                 &k.limits.budgets,
-                directory.budget_spend(k, unflushed, now_ms()),
+                spent.into_iter().map(|s| s.saturating_sub(own)).collect(),
             )
         }
         _ => (&[], Vec::new()),
@@ -98,7 +143,11 @@ pub(crate) fn plan<'a>(
             .filter(fits)
             .map(String::as_str),
     );
-    Ok(Plan { asked, candidates })
+    Ok(Plan {
+        asked,
+        candidates,
+        hold,
+    })
 }
 
 fn budget_refusal(b: &BudgetLevel, spent: Option<u64>) -> ApiError {

@@ -672,6 +672,58 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
     );
 }
 
+/// Requests still running count against a budget by their estimate: two
+/// streams that together nearly spend it leave no room for a third sent
+/// while they run (before, each was checked against finished spend only,
+/// and any number at once passed). Once they end, what they cost counts.
+#[tokio::test]
+async fn requests_in_flight_count_against_a_budget_so_concurrency_cannot_overshoot_it() {
+    let mut t = Tenants::new().await;
+    let key = t.key("k", "p").await;
+    t.limit(
+        Scope::Project,
+        "p",
+        Limits {
+            budget_micros: Some(250),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    )
+    .await;
+    // Ten tokens a second: fifty take five seconds, so the first two are
+    // still streaming when the third is asked for.
+    let engine = sim(llmgw_sim::SimConfig {
+        models: vec!["big".into()],
+        tokens_per_s: 10,
+        ..support::sim_config()
+    })
+    .await;
+    let mut big = Model::named("big");
+    big.price = Some(Price {
+        prompt_per_1k: 1_000,
+        completion_per_1k: 2_000,
+    });
+    big.scaling.min = 1;
+    let view = support::router_view(vec![big], &[("big", engine)]);
+    let (queue, _usage) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw =
+        Gateway::with_keys(GatewayConfig::default(), Some(queue), Some(t.directory())).unwrap();
+    gw.apply_router_view(&view);
+    let gw = support::serve(gw).await;
+    let mut stream = chat("big", 50);
+    stream["stream"] = json!(true);
+    // About 105 micro-units each (50 completion tokens at 2, the prompt at
+    // 1): two fit 250, a third would not.
+    let first = call(&gw.base, Some(&key), &stream).await;
+    let second = call(&gw.base, Some(&key), &stream).await;
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    let third = call(&gw.base, Some(&key), &stream).await;
+    assert_eq!(third.status(), 429, "two running hold most of the budget");
+    let body: Value = third.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_quota", "{body}");
+    drop((first, second));
+}
+
 #[tokio::test]
 async fn me_shows_the_keys_limits_spend_and_models() {
     let mut t = Tenants::new().await;
