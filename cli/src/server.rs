@@ -265,6 +265,21 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     }
     gateway.fallbacks = file.fallbacks.clone();
     gateway.fallbacks.extend(a.fallbacks);
+    // Router-only, the endpoints are every model there is: a fallback to
+    // another name (a typo) would be passed over at every request. With a
+    // control plane the catalog can grow at run time (ctl model add).
+    if control.is_none() {
+        let served: std::collections::BTreeSet<&str> = (gateway.endpoints.iter())
+            .flat_map(|e| e.models.iter().map(String::as_str))
+            .collect();
+        for (model, list) in &gateway.fallbacks {
+            if let Some(f) = list.iter().find(|f| !served.contains(f.as_str())) {
+                return Err(ConfigError(format!(
+                    "fallbacks: {model:?} falls back to {f:?}, which no endpoint serves"
+                )));
+            }
+        }
+    }
     gateway.default_price = file.auth.default_price.unwrap_or_default();
     // The flag or the variable wins over the file, the file over the
     // default. A named store is opened in every mode; the default only by

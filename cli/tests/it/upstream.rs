@@ -127,3 +127,36 @@ fn a_key_on_the_command_line_or_a_missing_one_stops_the_start() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("HOSTED_KEY, which is not set"), "{err}");
 }
+
+/// Router-only, the endpoints are every model there is: a fallback to a
+/// name none serves (a typo) is refused at start, not passed over at every
+/// request.
+#[test]
+fn a_fallback_no_endpoint_serves_is_refused_router_only() {
+    let check = |fallback: &str| {
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args([
+                "server",
+                "--check",
+                "--endpoint",
+                "e=http://127.0.0.1:9=big,tiny",
+            ])
+            .args(["--fallback", fallback])
+            .output()
+            .unwrap()
+    };
+    let out = check("big=tinyy");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("\"big\" falls back to \"tinyy\", which no endpoint serves"),
+        "{err}"
+    );
+    let out = check("big=tiny");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -716,7 +716,10 @@ async fn requests_in_flight_count_against_a_budget_so_concurrency_cannot_oversho
     // 1): two fit 250, a third would not.
     let first = call(&gw.base, Some(&key), &stream).await;
     let second = call(&gw.base, Some(&key), &stream).await;
-    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
     let third = call(&gw.base, Some(&key), &stream).await;
     assert_eq!(third.status(), 429, "two running hold most of the budget");
     let body: Value = third.json().await.unwrap();
