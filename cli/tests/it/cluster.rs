@@ -724,6 +724,41 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     assert_eq!(r.status(), 404);
 }
 
+/// An on-demand model that is the fallback of a model with no capacity is
+/// started by a request for that model, which waits for it and is served
+/// by it (before, the request got 503 and the fallback was never asked
+/// for, nor kept up while it served fallback traffic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
+    let _sweep = EngineSweeper("127.0.82.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "falls", &store, port, 0);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replace("models: []\n", "");
+    // main fits nowhere (no node is on mars); od starts when asked.
+    text.push_str(
+        "models:\n  - name: main\n    fallbacks: [od]\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {zone: mars}\n  - name: od\n    scaling: {min: 0, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    let server = start_server(&config);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.82.2");
+    until("the node", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array().unwrap().len() == 1).then_some(())
+    })
+    .await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "main", "max_tokens": 2, "messages": [{"role": "user", "content": "anyone?"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert_eq!(r.headers()["x-llmgw-served-model"], "od");
+}
+
 /// `scaling.max` above `min` is reached under load: while the engines of
 /// a model are full (requests waiting at the admission ceiling), the
 /// leader adds a replica, and drains it once the model has been quiet for

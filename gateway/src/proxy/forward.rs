@@ -47,7 +47,14 @@ pub(crate) async fn forward(
             &rewritten
         };
         match attempt(gw, path, body, model, request, session, &mut ticket).await {
-            Ok(r) => return Ok(r),
+            Ok(r) => {
+                // An on-demand fallback serving is wanted as much as the
+                // model asked for: kept up for its idle time.
+                if *model != plan.asked {
+                    super::resolve::demand(gw, &gw.routes.load(), model);
+                }
+                return Ok(r);
+            }
             // No capacity: the next model of the plan.
             Err(None) => continue,
             Err(Some(why)) => {

@@ -136,7 +136,9 @@ async fn serve_body(
         access.clone(),
         plan.hold.take(),
     );
-    resolve::wait_on_demand(gw, &routes, first).await;
+    if let Some(model) = resolve::to_wait_for(gw, &routes, &plan) {
+        resolve::wait_on_demand(gw, &routes, model).await;
+    }
     let session = caller.session.as_deref().or(request.user.as_deref());
     forward::forward(gw, path, &request, session, &plan, ticket)
         .await

@@ -169,15 +169,41 @@ pub(crate) fn now_ms() -> i64 {
     llmgw_domain::UnixMillis::now().0
 }
 
+/// Tells the control plane an on-demand model is wanted (it keeps it up
+/// for its idle time); nothing for any other model.
+pub(crate) fn demand(gw: &Gateway, routes: &Routes, model: &str) {
+    if routes.on_demand(model)
+        && let Some(hook) = gw.demand.get()
+    {
+        (hook.0)(model);
+    }
+}
+
+/// The on-demand model a request waits for: the one asked for, or, when
+/// that has no endpoint to take it, the first on-demand fallback of the
+/// plan (else a fallback nothing started would never serve).
+pub(crate) fn to_wait_for<'a>(gw: &Gateway, routes: &Routes, plan: &Plan<'a>) -> Option<&'a str> {
+    let first = *plan.candidates.first()?;
+    if routes.on_demand(first) {
+        return Some(first);
+    }
+    let serving = gw.endpoints.routable_models();
+    if serving.iter().any(|m| m == first) {
+        return None;
+    }
+    plan.candidates[1..]
+        .iter()
+        .copied()
+        .find(|m| routes.on_demand(m) && !serving.iter().any(|s| s == m))
+}
+
 /// Tells the control plane the model is wanted and, while nothing serves
 /// it, waits (bounded) for a replica to come up.
 pub(crate) async fn wait_on_demand(gw: &Gateway, routes: &Routes, model: &str) {
     if !routes.on_demand(model) {
         return;
     }
-    if let Some(hook) = gw.demand.get() {
-        (hook.0)(model);
-    }
+    demand(gw, routes, model);
     let serving = || gw.endpoints.routable_models().iter().any(|m| m == model);
     let deadline = tokio::time::Instant::now() + gw.config.on_demand_wait;
     loop {
