@@ -82,9 +82,11 @@ pub(crate) fn free_port() -> u16 {
 }
 
 pub(crate) fn model_yaml(min: u32) -> String {
+    // min 0 is on demand (max 0 could never serve, and is refused).
+    let max = min.max(1);
     format!(
         r#"name: chat
-scaling: {{min: {min}, max: {min}}}
+scaling: {{min: {min}, max: {max}}}
 profiles:
   - name: sim
     engine: sim
