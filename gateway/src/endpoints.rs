@@ -513,12 +513,17 @@ impl Endpoints {
     }
 
     /// How full the pool serving `model` is: on its least saturated
-    /// endpoint, the worse of waiting requests and KV occupancy against
-    /// their ceilings. Endpoints without fresh figures count as empty.
+    /// endpoint of those requests go to (the highest priority), the worse
+    /// of waiting requests and KV occupancy against their ceilings.
+    /// Endpoints without fresh figures count as empty.
     pub fn saturation(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> f64 {
-        self.all()
-            .iter()
-            .filter(|e| e.serves(model) && !e.breaker_open())
+        let all = self.all();
+        let open = || all.iter().filter(|e| e.serves(model) && !e.breaker_open());
+        let Some(top) = open().map(|e| e.spec.priority).max() else {
+            return 0.0;
+        };
+        open()
+            .filter(|e| e.spec.priority == top)
             .map(|e| match e.load() {
                 Some(l) if l.at.elapsed() <= self.max_age => {
                     let queue = l.waiting / waiting_ceiling.max(f64::EPSILON);
@@ -621,6 +626,25 @@ mod tests {
             "a lower pool only when the higher has none"
         );
         assert!(set.pick("other", &[]).is_none());
+    }
+
+    /// Saturation is read where requests go: a lower pool that gets none
+    /// (a hosted fallback, say) does not make a full one look empty.
+    #[test]
+    fn saturation_reads_the_pool_requests_go_to() {
+        let set = Endpoints::new(
+            vec![spec("hi", 10, 1), spec("lo", 0, 1)],
+            BreakerConfig::default(),
+            Duration::from_secs(6),
+        );
+        set.snapshot()[0].scraped(Some(crate::scrape::Load {
+            running: 4.0,
+            waiting: 8.0,
+            kv_usage: None,
+            at: tokio::time::Instant::now(),
+        }));
+        assert_eq!(set.saturation("m", 8.0, 0.9), 1.0);
+        assert_eq!(set.saturation("other", 8.0, 0.9), 0.0);
     }
 
     #[test]

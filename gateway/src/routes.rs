@@ -187,7 +187,11 @@ impl Gateway {
                 models: vec![e.model.clone()],
                 pool: e.pool.clone(),
                 weight: e.weight.max(1),
-                priority: e.priority,
+                // A profile's priority chooses where to place, not where
+                // to route: every serving replica of a model shares its
+                // requests by weight (a replica placed on a lower profile
+                // got none while a higher one lived).
+                priority: 0,
                 engine: engine_kind(e.engine),
                 node: view.node_of(&e.replica_id).map(ToString::to_string),
                 api_key: None,
@@ -292,6 +296,40 @@ mod tests {
         let routes = gw.routes.load();
         assert_eq!(routes.fallbacks("big"), ["other", "small"]);
         assert_eq!(routes.fallbacks("mid"), ["small"], "the catalog's stay");
+    }
+
+    /// Replicas of a model placed on profiles of different priority share
+    /// its requests by weight: the priority chose where to place them.
+    #[test]
+    fn replicas_of_every_profile_share_a_models_requests() {
+        let mut view = RouterView::default();
+        for (id, priority, weight) in [("r-hi", 10, 1), ("r-lo", 0, 3)] {
+            view.endpoints.insert(
+                id.into(),
+                llmgw_projections::Endpoint {
+                    replica_id: id.into(),
+                    model: "m".into(),
+                    url: format!("http://{id}:8000"),
+                    pool: "p".into(),
+                    weight,
+                    priority,
+                    engine: llmgw_domain::catalog::Engine::Sim,
+                    profile: id.into(),
+                    profile_fp: String::new(),
+                    current: true,
+                },
+            );
+        }
+        let gw = Gateway::new(crate::GatewayConfig::default(), None).unwrap();
+        gw.apply_router_view(&view);
+        let first = gw.endpoints.pick("m", &[]).unwrap();
+        assert_eq!(
+            first.endpoint().spec.id,
+            "r-lo",
+            "weight 3 of the lower profile's"
+        );
+        let second = gw.endpoints.pick("m", &["r-lo".into()]).unwrap();
+        assert_eq!(second.endpoint().spec.id, "r-hi");
     }
 
     #[test]
