@@ -17,6 +17,10 @@ pub struct Lag {
     events: AtomicU64,
     /// The age in seconds, as f64 bits.
     seconds: AtomicU64,
+    /// When the store last answered a sample, and the lag it showed then:
+    /// while it cannot be read, the lag grows from there (the views may be
+    /// missing anything written since, a revoked key included).
+    answered: std::sync::Mutex<Option<(tokio::time::Instant, f64)>>,
 }
 
 /// Events not yet applied, and the age of the oldest of them (0 when
@@ -62,7 +66,19 @@ impl Lag {
         let (events, seconds) = lag_of(head, position, oldest, Utc::now());
         self.events.store(events, Ordering::Relaxed);
         self.seconds.store(seconds.to_bits(), Ordering::Relaxed);
+        *self.answered.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((tokio::time::Instant::now(), seconds));
         Ok(())
+    }
+
+    /// A sample the store did not answer: the lag is at least what it was
+    /// plus the time since (from now on if it never answered).
+    fn unanswered(&self) {
+        let now = tokio::time::Instant::now();
+        let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+        let (at, then) = *answered.get_or_insert((now, 0.0));
+        let seconds = then + now.duration_since(at).as_secs_f64();
+        self.seconds.store(seconds.to_bits(), Ordering::Relaxed);
     }
 
     /// Samples every `every` until dropped; `position` is the views'.
@@ -79,6 +95,7 @@ impl Lag {
             let at = *position.borrow();
             if let Err(e) = self.sample(&store, at).await {
                 tracing::debug!(error = %e, "cannot sample the views' lag");
+                self.unanswered();
             }
         }
     }
@@ -87,6 +104,23 @@ impl Lag {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store that stops answering makes the lag grow from its last
+    /// answer, so a server cut off from the log shows as behind (it read 0
+    /// for as long as the store was gone).
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_sample_grows_the_lag_from_the_last_answer() {
+        let lag = Lag::new();
+        lag.unanswered();
+        assert_eq!(lag.seconds(), 0.0, "never answered: counted from now");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        lag.unanswered();
+        assert_eq!(lag.seconds(), 3.0);
+        *lag.answered.lock().unwrap() = Some((tokio::time::Instant::now(), 1.5));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        lag.unanswered();
+        assert_eq!(lag.seconds(), 11.5);
+    }
 
     #[test]
     fn caught_up_is_zero_and_behind_is_the_oldest_unapplied_events_age() {
