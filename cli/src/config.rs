@@ -111,6 +111,10 @@ pub(crate) struct AuthSection {
     /// Anyone may sign up on `/signup` (a pending, powerless account until
     /// an operator approves it). Default true.
     pub signup_open: Option<bool>,
+    /// Sign-up pauses while this many accounts wait for approval
+    /// (default 1,000): a flood of sign-ups cannot grow the log and the
+    /// admin's list without end.
+    pub signup_pending_max: Option<usize>,
     /// A browser session unused this long ends (default 8h).
     #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub session_idle: Option<String>,

@@ -407,6 +407,7 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
     if !auth {
         let set = [
             (a.signup_open.is_some(), "auth.signup_open"),
+            (a.signup_pending_max.is_some(), "auth.signup_pending_max"),
             (a.session_idle.is_some(), "auth.session_idle"),
             (a.session_max.is_some(), "auth.session_max"),
             (a.sign_in_attempts.is_some(), "auth.sign_in_attempts"),
@@ -448,6 +449,12 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
             ));
         }
     }
+    if a.signup_pending_max == Some(0) {
+        return Err(ConfigError(
+            "auth.signup_pending_max must be at least 1 (to stop sign-up, auth.signup_open: false)"
+                .into(),
+        ));
+    }
     let l = &file.landing;
     let base_url = match &l.base_url {
         Some(u) => {
@@ -471,6 +478,7 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
         settings: llmgw_web::WebSettings {
             accounts: auth,
             signup_open: auth && a.signup_open.unwrap_or(true),
+            signup_pending_max: Some(a.signup_pending_max.unwrap_or(1_000)),
             contact: text(&l.contact),
             notice: text(&l.notice),
             // Served over HTTPS here or behind a proxy that terminates it.

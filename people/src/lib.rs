@@ -101,6 +101,10 @@ pub enum PeopleError {
     ClaimInvalid,
     #[error("no such person")]
     NoPerson,
+    #[error("the server is busy; try again in a moment")]
+    Busy,
+    #[error("sign-up is paused: many accounts are waiting for approval; try again later")]
+    TooManyPending,
     #[error("the people tables: {0}")]
     Store(String),
 }

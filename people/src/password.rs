@@ -130,10 +130,45 @@ fn hashing_turns() -> &'static std::sync::Arc<tokio::sync::Semaphore> {
     })
 }
 
+/// Callers waiting for a turn at most, per core: beyond them a sign-up or
+/// sign-in is told the server is busy at once, so that a flood of posts
+/// neither queues without end nor makes a real sign-in wait behind it for
+/// longer than a few hashings.
+const WAITING_PER_CORE: usize = 8;
+
+fn waiting() -> &'static std::sync::atomic::AtomicUsize {
+    static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    &WAITING
+}
+
+/// One caller in the queue, until it has its turn or goes away.
+struct Queued<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A place in a queue of at most `cap` waiting, or busy.
+fn queue(waiting: &std::sync::atomic::AtomicUsize, cap: usize) -> Result<Queued<'_>> {
+    let place = Queued(waiting);
+    if waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= cap {
+        return Err(PeopleError::Busy);
+    }
+    Ok(place)
+}
+
 /// A turn, held by the hashing itself: a caller that goes away (a client
 /// hanging up) does not free it while the hashing still runs.
 async fn turn() -> Result<tokio::sync::OwnedSemaphorePermit> {
-    hashing_turns()
+    let turns = hashing_turns();
+    if let Ok(turn) = turns.clone().try_acquire_owned() {
+        return Ok(turn);
+    }
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+    let _queued = queue(waiting(), cores * WAITING_PER_CORE)?;
+    turns
         .clone()
         .acquire_owned()
         .await
@@ -171,6 +206,19 @@ pub(crate) async fn verify_blocking(password: &str, stored: &str) -> Result<bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The queue for a turn holds `cap` callers; the next is told busy at
+    /// once, and a place given up (a turn had, a client gone) is free again.
+    #[test]
+    fn the_queue_for_a_turn_is_bounded() {
+        let waiting = std::sync::atomic::AtomicUsize::new(0);
+        let a = queue(&waiting, 2).unwrap();
+        let _b = queue(&waiting, 2).unwrap();
+        assert!(matches!(queue(&waiting, 2), Err(PeopleError::Busy)));
+        drop(a);
+        assert!(queue(&waiting, 2).is_ok());
+        assert_eq!(waiting.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
 
     /// With every turn taken, a hashing waits (it cannot start however long
     /// it is given); a turn given back lets it through.

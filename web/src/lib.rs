@@ -40,6 +40,9 @@ pub struct WebSettings {
     pub accounts: bool,
     /// `auth.signup_open`.
     pub signup_open: bool,
+    /// `auth.signup_pending_max`: sign-up pauses at this many pending
+    /// (None: no bound, as a page test may run).
+    pub signup_pending_max: Option<usize>,
     /// `landing.contact`: an email, an http(s) address, or plain text.
     pub contact: Option<String>,
     /// `landing.notice`: a line shown on `/`.

@@ -682,6 +682,60 @@ async fn sign_in_attempts_are_as_configured() {
     assert!(third.body.contains("too many attempts"), "{}", third.body);
 }
 
+/// Sign-up pauses while `auth.signup_pending_max` accounts wait for
+/// approval (503, said on the form), and goes on once one is approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_up_pauses_while_too_many_wait_for_approval() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let stage = Stage::new();
+    let extra = "auth:\n  enabled: true\n  signup_pending_max: 1\n";
+    let server = stage.start("pending", &store, Mode::RouterOnly, extra);
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    tree(&store, &admin);
+    let mut v = Visit::new(&base);
+    let first = sign_up(&mut v, &store, &admin, "one@example.com").await;
+    let mut later = Visit::new(&base);
+    let form = later.get("/signup").await;
+    let csrf = form.csrf();
+    let paused = later
+        .post(
+            "/signup",
+            &[
+                ("email", "two@example.com"),
+                ("name", "Two"),
+                ("password", GOOD),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(
+        paused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        paused.body
+    );
+    assert!(paused.body.contains("sign-up is paused"), "{}", paused.body);
+    assert_eq!(user_rows(&store, &admin, true).len(), 1, "nothing was made");
+    users(&store, &admin, &["approve", &first, "--project", "p"]);
+    until("the approval reaches the pages' view", || async {
+        let mut again = Visit::new(&base);
+        let csrf = again.get("/signup").await.csrf();
+        let done = again
+            .post(
+                "/signup",
+                &[
+                    ("email", "two@example.com"),
+                    ("name", "Two"),
+                    ("password", GOOD),
+                    ("csrf", &csrf),
+                ],
+            )
+            .await;
+        (done.status == StatusCode::OK).then_some(())
+    })
+    .await;
+}
+
 /// Account settings without accounts, and a base URL that is not one, stop
 /// the start.
 #[tokio::test]
@@ -691,6 +745,14 @@ async fn account_settings_without_auth_are_refused_at_start() {
         ("auth:\n  signup_open: true\n", "auth.signup_open"),
         ("auth:\n  session_max: 1h\n", "auth.session_max"),
         ("auth:\n  sign_in_attempts: 3\n", "auth.sign_in_attempts"),
+        (
+            "auth:\n  signup_pending_max: 5\n",
+            "auth.signup_pending_max",
+        ),
+        (
+            "auth:\n  enabled: true\n  signup_pending_max: 0\n",
+            "auth.signup_pending_max must be at least 1",
+        ),
         (
             "auth:\n  enabled: true\n  sign_in_attempts: 0\n",
             "auth.sign_in_attempts must be at least 1",

@@ -137,7 +137,7 @@ pub(super) async fn login(
                 email: form.email,
                 error: Some(e.to_string()),
             };
-            form_page(&web, &page, &form.csrf, StatusCode::UNPROCESSABLE_ENTITY)
+            form_page(&web, &page, &form.csrf, refused(&e))
         }
     }
 }
@@ -163,6 +163,15 @@ pub(super) async fn logout(
 }
 
 /// Sign-up exists only when accounts do and sign-up is open.
+/// A form's refusal: the person's mistake, or the server's state (try
+/// again later).
+fn refused(e: &PeopleError) -> StatusCode {
+    match e {
+        PeopleError::Busy | PeopleError::TooManyPending => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::UNPROCESSABLE_ENTITY,
+    }
+}
+
 fn signup_open(web: &Web) -> Result<&Arc<llmgw_people::People>, WebError> {
     let people = super::people(web)?;
     if web.settings.signup_open {
@@ -198,10 +207,21 @@ pub(super) async fn signup(
     let people = signup_open(&web)?;
     pre::check(&headers, &form.csrf)?;
     let chrome = Chrome::for_visitor(&web, &visitor);
-    match people
-        .sign_up(&form.email, &form.name, &form.password, Utc::now())
-        .await
+    let pending = (web.views().tenancy.tenancy.users.values())
+        .filter(|u| u.status == llmgw_domain::tenancy::UserStatus::Pending)
+        .count();
+    let outcome = if web
+        .settings
+        .signup_pending_max
+        .is_some_and(|max| pending >= max)
     {
+        Err(PeopleError::TooManyPending)
+    } else {
+        people
+            .sign_up(&form.email, &form.name, &form.password, Utc::now())
+            .await
+    };
+    match outcome {
         Ok(Some(user_id)) => {
             let event = Event::Tenancy(TenancyEvent::UserSignedUp {
                 user_id: user_id.clone(),
@@ -228,7 +248,7 @@ pub(super) async fn signup(
                 name: form.name,
                 error: Some(e.to_string()),
             };
-            form_page(&web, &page, &form.csrf, StatusCode::UNPROCESSABLE_ENTITY)
+            form_page(&web, &page, &form.csrf, refused(&e))
         }
     }
 }
