@@ -399,14 +399,30 @@ fn valid_name(s: &str) -> bool {
 
 /// What a model given now may not carry: a field the log's format keeps
 /// (the original product named it, and older logs may hold it) that
-/// nothing acts on. Refused here rather than in [`Catalog::validate`], so
-/// that a catalog already holding one still takes other changes.
+/// nothing acts on, or a value older versions took and passed over.
+/// Refused here rather than in [`Catalog::validate`], so that a catalog
+/// already holding one still takes other changes (a leader taking office
+/// applies its file to it).
 fn refuse_unhonoured(m: &Model) -> Result<(), Rejection> {
+    let bad = |why: String| Err(Rejection::invalid(format!("model {}: {why}", m.name)));
     if let Some(p) = &m.routing_profile {
-        return Err(Rejection::invalid(format!(
-            "model {}: routing_profile {p:?} is not supported: every model is routed alike (by load, session and prefix); remove it",
-            m.name
-        )));
+        return bad(format!(
+            "routing_profile {p:?} is not supported: every model is routed alike (by load, session and prefix); remove it"
+        ));
+    }
+    // Only a download is checked: a hub id or a path a node already holds
+    // is not fetched, so a checksum there would be passed over.
+    let fetched = ["hf:", "http://", "https://", "mirror:"]
+        .iter()
+        .any(|p| m.source.starts_with(p));
+    if m.checksum.is_some() && !fetched {
+        return bad(format!(
+            "checksum applies to a source that is downloaded (hf:, http(s)://, mirror:), not {:?}",
+            m.source
+        ));
+    }
+    if m.scaling.max == 0 {
+        return bad("scaling max 0 could never serve it; remove the model instead".into());
     }
     Ok(())
 }
@@ -429,17 +445,6 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
         if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return bad(format!("checksum {c:?} must be sha256: and 64 hex digits"));
         }
-        // Only a download is checked: a hub id or a path a node already
-        // holds is not fetched, so a checksum there would be passed over.
-        let fetched = ["hf:", "http://", "https://", "mirror:"]
-            .iter()
-            .any(|p| m.source.starts_with(p));
-        if !fetched {
-            return bad(format!(
-                "checksum applies to a source that is downloaded (hf:, http(s)://, mirror:), not {:?}",
-                m.source
-            ));
-        }
     }
     if let Some(rest) = m.source.strip_prefix("mirror:") {
         // As the mirror names its files; anything else could never be
@@ -458,9 +463,6 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
                 m.source
             ));
         }
-    }
-    if m.scaling.max == 0 {
-        return bad("scaling max 0 could never serve it; remove the model instead".into());
     }
     if m.scaling.min > m.scaling.max {
         return bad(format!(

@@ -295,13 +295,33 @@ fn a_routing_profile_is_refused_rather_than_ignored() {
     let c = with(vec![model("chat-8b")]);
     assert!(reason(&c, CatalogCommand::UpdateModel(m)).contains(why));
 
-    // A catalog whose history holds one still takes other changes.
+    // A catalog whose history holds one still takes other changes, and so
+    // does one holding what older versions took and passed over (max 0, a
+    // checksum nothing downloads): a leader taking office applies its file
+    // to it, and a refusal there would leave no leader.
     let mut old = model("old-8b");
     old.routing_profile = Some("batch".into());
+    let mut never = model("never");
+    never.scaling = Scaling {
+        min: 0,
+        max: 0,
+        idle_timeout_s: None,
+    };
+    let mut unchecked = model("unchecked");
+    unchecked.source = "Qwen/Qwen2.5-0.5B-Instruct".into();
+    unchecked.checksum = Some(format!("sha256:{}", "a".repeat(64)));
     let mut c = Catalog::default();
-    c.evolve(&CatalogEvent::ModelAdded { model: old });
+    for m in [old, never, unchecked] {
+        c.evolve(&CatalogEvent::ModelAdded { model: m });
+    }
     assert_eq!(
         c.decide(CatalogCommand::AddModel(model("new-8b")))
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        c.decide(CatalogCommand::ApplyModels(vec![model("new-8b")]))
             .unwrap()
             .len(),
         1
