@@ -303,7 +303,12 @@ pub(crate) async fn run(
             // How full a model's engines are, as admission reads it: the
             // engines' own figures, so every server's traffic counts.
             let gw = gw.clone();
-            plane.read_fullness_with(llmgw_control::Fullness(Box::new(move |m| gw.saturation(m))));
+            plane.read_fullness_with(llmgw_control::Fullness(Box::new(move |m| {
+                llmgw_control::ModelLoad {
+                    saturation: gw.saturation(m),
+                    in_use: gw.endpoints.in_use(m),
+                }
+            })));
         }
         if let Some(authority) = plan.listen.agent_tls.as_ref().and_then(|t| t.authority()) {
             plane.sign_with(authority?);

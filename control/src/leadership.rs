@@ -224,6 +224,13 @@ impl ControlPlane {
     async fn take_office(&self, token: &LeaseToken) -> Result<(), ControlError> {
         let state = self.decider.state().await?;
         self.observed.reset_clocks(state.nodes.nodes.keys());
+        {
+            // What load grew is taken over afresh, not from a term ago.
+            let mut m = self.memory();
+            m.rt.busy.clear();
+            m.rt.grown.clear();
+            m.adopt_load = true;
+        }
         self.telemetry.clear();
         let writer = Writer::Leader(token.clone());
         let acquired = llmgw_domain::event::LeadershipEvent::LeadershipAcquired {

@@ -95,6 +95,9 @@ const DEMAND_EVERY_MS: i64 = 5_000;
 #[derive(Debug, Default)]
 struct Memory {
     rt: llmgw_domain::reconcile::Runtime,
+    /// Set on taking office: the first pass takes over the replicas load
+    /// grew (`reconcile::adopted`) instead of draining them.
+    adopt_load: bool,
     /// Model → the last reason it could not be placed, logged on change.
     unplaced: BTreeMap<String, String>,
     /// Model → until when the last pass held it back after failures.
@@ -141,14 +144,24 @@ pub struct ControlPlane {
     draining: std::sync::atomic::AtomicBool,
     /// Anchors recorded and sinks that failed, for the metrics page.
     pub anchor_stats: anchor::AnchorStats,
-    /// How full the engines serving a model are (1 or more: at the
-    /// gateway's ceilings); unset, load grows no model.
+    /// How full the engines serving a model are, and whether they serve
+    /// anything; unset, load grows no model.
     fullness: std::sync::OnceLock<Fullness>,
 }
 
-/// Reads how full the engines serving a model are, from the gateway's
+/// The load on a model's engines, as the gateway reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelLoad {
+    /// 1 or more: at the admission ceilings on every endpoint requests go
+    /// to.
+    pub saturation: f64,
+    /// Anything running or waiting on any of them.
+    pub in_use: bool,
+}
+
+/// Reads the load on the engines serving a model, from the gateway's
 /// figures (the composition root wires it).
-pub struct Fullness(pub Box<dyn Fn(&str) -> f64 + Send + Sync>);
+pub struct Fullness(pub Box<dyn Fn(&str) -> ModelLoad + Send + Sync>);
 
 impl std::fmt::Debug for Fullness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

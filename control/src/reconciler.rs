@@ -202,16 +202,26 @@ impl ControlPlane {
     /// Notes which models' engines are full now and works out what load
     /// asks of each; remembered for the next pass (and the status page).
     fn grow(&self, state: &llmgw_domain::State, rt: &mut reconcile::Runtime) {
-        rt.full = match self.fullness.get() {
-            Some(Fullness(of)) => (state.catalog.models.values())
-                .filter(|m| m.scaling.max > m.scaling.min.max(1))
-                .filter(|m| of(&m.name) >= 1.0)
-                .map(|m| m.name.clone())
-                .collect(),
-            None => Default::default(),
-        };
-        for m in &rt.full {
-            rt.busy.insert(m.clone(), rt.now);
+        rt.full.clear();
+        if let Some(Fullness(of)) = self.fullness.get() {
+            let growable =
+                (state.catalog.models.values()).filter(|m| m.scaling.max > m.scaling.min.max(1));
+            for m in growable {
+                let load = of(&m.name);
+                if load.saturation >= 1.0 {
+                    rt.full.insert(m.name.clone());
+                }
+                if load.in_use || load.saturation >= 1.0 {
+                    rt.busy.insert(m.name.clone(), rt.now);
+                }
+            }
+        }
+        if std::mem::take(&mut self.memory().adopt_load) {
+            for (model, n) in reconcile::adopted(state, rt, &self.settings()) {
+                tracing::info!(%model, replicas = n, "taking over the replicas load grew");
+                rt.busy.insert(model.clone(), rt.now);
+                rt.grown.insert(model, n);
+            }
         }
         let grown = reconcile::grown(state, rt, &self.settings());
         for (model, n) in &grown {

@@ -72,7 +72,7 @@ pub struct Runtime {
     /// replica), read from the engines' own figures, so traffic through
     /// every server counts.
     pub full: BTreeSet<String>,
-    /// Model → when its engines were last seen full.
+    /// Model → when it was last seen in use (full, or serving anything).
     pub busy: BTreeMap<String, UnixMillis>,
     /// Model → the replicas load has asked for (see [`grown`]); held in
     /// memory, so a new leader starts from the floor and grows again.
@@ -206,12 +206,32 @@ fn idle_ms(model: &Model, settings: &Settings) -> Millis {
         .map_or(settings.default_idle_ms, |s| Millis::from(s) * 1000)
 }
 
+/// A model's replicas that serve or start and stay: not on a draining
+/// node nor running an edited profile (those are being replaced, and
+/// their replacements are counted instead).
+fn staying<'a>(state: &'a State, model: &'a Model) -> impl Iterator<Item = &'a Replica> {
+    state
+        .replicas
+        .replicas
+        .values()
+        .filter(|r| r.placement.model == model.name)
+        .filter(|r| matches!(r.status, ReplicaStatus::Starting | ReplicaStatus::Ready))
+        .filter(move |r| {
+            on_draining_node(state, r).is_none()
+                && model.profiles.iter().any(|p| {
+                    p.name == r.placement.profile && p.fingerprint() == r.placement.profile_fp
+                })
+        })
+}
+
 /// What load asks of each model with room above its floor: one replica
 /// more while its engines are full and every replica it has is serving
 /// (one at a time: a replica still starting is waited for), the same while
-/// it was full within its idle time, and nothing after (its extra replicas
-/// are then drained, newest first). `rt.busy` must already hold this
-/// pass's `rt.full`.
+/// the model was in use (full or serving anything) within its idle time,
+/// and nothing after (its extra replicas are then drained, newest first).
+/// A load that goes on below full keeps them: shrinking at "not full"
+/// would drain a replica the load still needs and grow it back, over and
+/// over. `rt.busy` must already hold this pass's use.
 pub fn grown(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
     for model in state.catalog.models.values() {
@@ -220,13 +240,7 @@ pub fn grown(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<Strin
             continue;
         }
         let before = rt.grown.get(&model.name).copied().unwrap_or(0);
-        let live: Vec<&Replica> = state
-            .replicas
-            .replicas
-            .values()
-            .filter(|r| r.placement.model == model.name)
-            .filter(|r| matches!(r.status, ReplicaStatus::Starting | ReplicaStatus::Ready))
-            .collect();
+        let live: Vec<&Replica> = staying(state, model).collect();
         let serving = live.iter().all(|r| r.status == ReplicaStatus::Ready);
         let count = live.len() as u32;
         let quiet = rt
@@ -253,6 +267,24 @@ pub fn grown(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<Strin
         out.insert(model.name.clone(), target);
     }
     out
+}
+
+/// What a new leader takes over of load's growth: each model with room
+/// above its floor that runs more replicas than its floor keeps them (its
+/// idle time counted from now), rather than having them drained at its
+/// first pass while the load that grew them goes on.
+pub fn adopted(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<String, u32> {
+    state
+        .catalog
+        .models
+        .values()
+        .filter_map(|model| {
+            let floor = floor(model, rt, settings);
+            let count = staying(state, model).count() as u32;
+            (model.scaling.max > floor.max(1) && count > floor)
+                .then(|| (model.name.clone(), count.min(model.scaling.max)))
+        })
+        .collect()
 }
 
 /// The jittered exponential backoff after `failures` failures in a row:

@@ -541,6 +541,17 @@ impl Endpoints {
     pub fn load_of(&self, e: &Endpoint) -> f64 {
         e.queue(self.max_age)
     }
+    /// Whether anything runs or waits on an endpoint of `model`: by this
+    /// gateway's count, or by the engine's own fresh figures (every
+    /// server's requests).
+    pub fn in_use(&self, model: &str) -> bool {
+        self.all().iter().filter(|e| e.serves(model)).any(|e| {
+            e.in_flight() > 0
+                || e.load()
+                    .is_some_and(|l| l.at.elapsed() <= self.max_age && l.running + l.waiting > 0.0)
+        })
+    }
+
 }
 
 #[cfg(test)]

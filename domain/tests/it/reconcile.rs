@@ -4,7 +4,7 @@ use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
 use llmgw_domain::ids::{ReplicaId, ShardId};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, NodeEvent};
 use llmgw_domain::reconcile::{
-    Action, Backoff, Runtime, Settings, ShardOnNode, backoff, desired, grown, plan,
+    Action, Backoff, Runtime, Settings, ShardOnNode, adopted, backoff, desired, grown, plan,
 };
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::{Event, State, UnixMillis};
@@ -330,7 +330,28 @@ fn load_grows_a_model_one_replica_at_a_time_up_to_max_and_idle_shrinks_it() {
     rt.now += 1_000;
     assert!(pass_with(&mut s, &mut rt, true, "x").is_empty(), "max is 3");
     assert_eq!(live(&s), 3);
-    // No longer full: held within the idle time (60 s here)...
+    // In use below full (the load spread over three): held however long,
+    // not drained and grown again over and over.
+    for _ in 0..5 {
+        rt.now += 50_000;
+        rt.busy.insert("chat".into(), rt.now);
+        assert!(pass_with(&mut s, &mut rt, false, "x").is_empty());
+    }
+    // A new leader takes the three over rather than draining them.
+    let mut fresh = Runtime {
+        now: rt.now,
+        ..Runtime::default()
+    };
+    assert_eq!(
+        adopted(&s, &fresh, &Settings::default()),
+        [("chat".to_string(), 3)].into()
+    );
+    fresh.grown = adopted(&s, &fresh, &Settings::default());
+    assert_eq!(
+        desired(&s.catalog.models["chat"], &fresh, &Settings::default()),
+        3
+    );
+    // Not used at all: held within the idle time (60 s here)...
     rt.now += 30_000;
     assert!(pass_with(&mut s, &mut rt, false, "x").is_empty());
     // ...then the extra replicas drain, newest first, back to min.
