@@ -34,7 +34,7 @@ pub(crate) struct ServerArgs {
     /// loopback.
     #[arg(long, env = "LLMGW_AGENT_PLAINTEXT", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     agent_plaintext: Option<bool>,
-    /// A static endpoint, `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]`;
+    /// A static endpoint, `id=URL=model[,model…][;engine=E][;weight=N][;priority=N]`;
     /// repeat for several. A hosted service's API key: `;key_env=VAR` or
     /// `;key_file=PATH` (never the key itself).
     #[arg(long = "endpoint", env = "LLMGW_ENDPOINTS", value_delimiter = ' ')]

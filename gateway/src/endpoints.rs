@@ -72,7 +72,7 @@ fn upstream_key(s: &str, k: &str, v: &str) -> Result<UpstreamKey, String> {
 impl std::str::FromStr for EndpointSpec {
     type Err = String;
 
-    /// `id=URL=model[,model…][;engine=E][;weight=N][;priority=N][;pool=P]
+    /// `id=URL=model[,model…][;engine=E][;weight=N][;priority=N]
     /// [;key_env=VAR|;key_file=PATH][;kv_events=tcp://H:P;tokenizer=T
     /// [;kv_replay=tcp://H:P]]`, as `llmgw server --endpoint` takes it.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -132,7 +132,12 @@ impl std::str::FromStr for EndpointSpec {
                     spec.priority = i32::try_from(num(v)?)
                         .map_err(|_| format!("{s:?}: priority must fit 32 bits"))?
                 }
-                "pool" => spec.pool = v.to_owned(),
+                // Never read by routing: refused rather than passed over.
+                "pool" => {
+                    return Err(format!(
+                        "{s:?}: pool= is not used: a model's endpoints are one pool, ranked by priority=N and shared by weight=N"
+                    ));
+                }
                 "key_env" | "key_file" => {
                     if spec.api_key.is_some() {
                         return Err(format!("{s:?}: give one of key_env and key_file"));
@@ -536,11 +541,6 @@ impl Endpoints {
             .unwrap_or(0.0)
     }
 
-    /// Requests on an endpoint by our count and the engine's, for affinity's
-    /// overload guard.
-    pub fn load_of(&self, e: &Endpoint) -> f64 {
-        e.queue(self.max_age)
-    }
     /// Whether anything runs or waits on an endpoint of `model`: by this
     /// gateway's count, or by the engine's own fresh figures (every
     /// server's requests).
@@ -552,6 +552,11 @@ impl Endpoints {
         })
     }
 
+    /// Requests on an endpoint by our count and the engine's, for affinity's
+    /// overload guard.
+    pub fn load_of(&self, e: &Endpoint) -> f64 {
+        e.queue(self.max_age)
+    }
 }
 
 #[cfg(test)]
@@ -609,6 +614,7 @@ mod tests {
                 "priority must fit 32 bits",
             ),
             ("a=http://x=m;weight=0", "weight must be positive"),
+            ("a=http://x=m;pool=gpu", "pool= is not used"),
         ] {
             let e = bad.parse::<EndpointSpec>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
