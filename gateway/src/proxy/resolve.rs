@@ -94,10 +94,18 @@ pub(crate) fn plan<'a>(
             // Held before the figures are read: two requests at once each
             // see the other's estimate, so neither fits a remainder both
             // would overrun. Its own estimate is then taken out again.
-            let held = price(gw, routes, asked).cost(
-                request.prompt_estimate,
-                request.max_completion.unwrap_or(UNSET_COMPLETION_HELD),
-            );
+            // At the dearest model the plan may reach: a fallback for
+            // capacity may cost more than the model asked for.
+            let held = std::iter::once(asked)
+                .chain(routes.fallbacks(asked).iter().map(String::as_str))
+                .map(|m| {
+                    price(gw, routes, m).cost(
+                        request.prompt_estimate,
+                        request.max_completion.unwrap_or(UNSET_COMPLETION_HELD),
+                    )
+                })
+                .max()
+                .unwrap_or(0);
             if let (Some(u), Some(spending)) = (unflushed, crate::usage::Spending::of(k, held, now))
             {
                 u.hold(&spending);
@@ -180,21 +188,24 @@ pub(crate) fn demand(gw: &Gateway, routes: &Routes, model: &str) {
 }
 
 /// The on-demand model a request waits for: the one asked for, or, when
-/// that has no endpoint to take it, the first on-demand fallback of the
-/// plan (else a fallback nothing started would never serve).
+/// that has no endpoint to take it, an on-demand fallback the plan reaches
+/// before any model that serves now (else a fallback nothing started would
+/// never serve; one behind a serving fallback is not needed).
 pub(crate) fn to_wait_for<'a>(gw: &Gateway, routes: &Routes, plan: &Plan<'a>) -> Option<&'a str> {
     let first = *plan.candidates.first()?;
     if routes.on_demand(first) {
         return Some(first);
     }
     let serving = gw.endpoints.routable_models();
-    if serving.iter().any(|m| m == first) {
-        return None;
+    for m in plan.candidates.iter().copied() {
+        if serving.iter().any(|s| s == m) {
+            return None;
+        }
+        if routes.on_demand(m) {
+            return Some(m);
+        }
     }
-    plan.candidates[1..]
-        .iter()
-        .copied()
-        .find(|m| routes.on_demand(m) && !serving.iter().any(|s| s == m))
+    None
 }
 
 /// Tells the control plane the model is wanted and, while nothing serves
