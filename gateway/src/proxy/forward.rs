@@ -160,6 +160,9 @@ async fn attempt(
         endpoint.record(true);
         let status = upstream.status();
         let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+        // A hosted service's 429 says when to come back; an SDK waits that
+        // long only if it is passed on.
+        let retry_after = upstream.headers().get(header::RETRY_AFTER).cloned();
         let (body, served) = if request.stream {
             let Some(t) = ticket.take() else {
                 return Err(last_error);
@@ -212,6 +215,9 @@ async fn attempt(
         let headers = response.headers_mut();
         if let Some(ct) = content_type {
             headers.insert(header::CONTENT_TYPE, ct);
+        }
+        if let Some(ra) = retry_after {
+            headers.insert(header::RETRY_AFTER, ra);
         }
         if let Some(v) = endpoint.model_header(model) {
             headers.insert(SERVED_MODEL, v);

@@ -77,6 +77,34 @@ async fn an_engines_redirect_is_relayed_as_its_answer_and_never_followed() {
     assert_eq!(header("accept"), Some("*/*"));
 }
 
+/// A hosted service's 429 reaches the client with its own Retry-After, so
+/// an SDK waits as long as the service asked.
+#[tokio::test]
+async fn an_upstreams_retry_after_is_passed_on() {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            (
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "17"), ("content-type", "application/json")],
+                r#"{"error": {"message": "slow down", "type": "rate_limit_error"}}"#,
+            )
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let gw = support::gateway(vec![spec("hosted", &engine, &["m"])]).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert_eq!(r.headers()["retry-after"], "17");
+}
+
 /// The client ends of the connections an engine was sent chats on.
 type Peers = Arc<Mutex<Vec<SocketAddr>>>;
 
