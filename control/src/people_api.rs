@@ -100,6 +100,9 @@ async fn add(
             ));
         }
         Err(llmgw_people::PeopleError::Store(why)) => return Err(internal(why)),
+        Err(e @ llmgw_people::PeopleError::Busy) => {
+            return Err(AdminError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()));
+        }
         Err(e) => return Err(bad(e.to_string())),
     };
     let by = origin(&headers).actor.name().to_owned();

@@ -66,11 +66,19 @@ impl People {
             Ok(_) => self.db.login(&email).await?,
             Err(_) => None,
         };
+        // A check the server was too busy to make costs no attempt: else
+        // a flood of others' posts would lock a person out.
+        let refund_if_busy = |r: Result<bool>| {
+            if matches!(r, Err(PeopleError::Busy)) {
+                self.attempts.refund(&email);
+            }
+            r
+        };
         let Some((user_id, hash)) = found else {
-            verify_blocking(password, password::DUMMY_HASH).await?;
+            refund_if_busy(verify_blocking(password, password::DUMMY_HASH).await)?;
             return Err(PeopleError::BadCredentials);
         };
-        if !verify_blocking(password, &hash).await? {
+        if !refund_if_busy(verify_blocking(password, &hash).await)? {
             return Err(PeopleError::BadCredentials);
         }
         // Only a right password learns the account's state.

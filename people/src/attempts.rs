@@ -98,6 +98,14 @@ impl Attempts {
         self.lock().windows.remove(key);
     }
 
+    /// An attempt that never got to check a password (the server was too
+    /// busy to hash) is not counted against the key.
+    pub(crate) fn refund(&self, key: &str) {
+        if let Some(w) = self.lock().windows.get_mut(key) {
+            w.count = w.count.saturating_sub(1);
+        }
+    }
+
     fn sweep(&self, inner: &mut Inner, now: DateTime<Utc>) {
         let window = self.window;
         inner
@@ -156,6 +164,19 @@ mod tests {
         assert!(!a.allow("e", t0()));
         a.clear("e");
         assert!(a.allow("e", t0()));
+    }
+
+    /// An attempt given back (the server was too busy to check it) leaves
+    /// room for one more; nothing is given back below zero.
+    #[test]
+    fn a_refunded_attempt_is_not_counted() {
+        let a = Attempts::new(1, Duration::from_secs(60));
+        assert!(a.allow("e", t0()));
+        a.refund("e");
+        assert!(a.allow("e", t0()), "the refunded one left room");
+        assert!(!a.allow("e", t0()));
+        a.refund("none");
+        assert!(a.allow("none", t0()));
     }
 
     #[test]
