@@ -93,9 +93,18 @@ impl Lag {
         loop {
             tick.tick().await;
             let at = *position.borrow();
-            if let Err(e) = self.sample(&store, at).await {
-                tracing::debug!(error = %e, "cannot sample the views' lag");
-                self.unanswered();
+            // A store that does not answer at all (a partition on an open
+            // connection) counts as one that fails.
+            match tokio::time::timeout(every, self.sample(&store, at)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot sample the views' lag");
+                    self.unanswered();
+                }
+                Err(_) => {
+                    tracing::debug!("the store did not answer the views' lag sample in time");
+                    self.unanswered();
+                }
             }
         }
     }
