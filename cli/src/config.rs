@@ -634,7 +634,12 @@ fn key_path(words: &[String]) -> Option<Vec<String>> {
         let unknown = match serde_ignored::deserialize::<_, _, FileConfig>(tree, |_| ignored = true)
         {
             Ok(_) => false,
-            Err(e) => e.to_string().contains("unknown field"),
+            // A section given where a value goes (`store.password`) is no
+            // key either.
+            Err(e) => {
+                let e = e.to_string();
+                e.contains("unknown field") || e.contains("invalid type: map")
+            }
         };
         if !unknown && !ignored {
             return Some(path);

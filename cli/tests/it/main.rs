@@ -1338,6 +1338,18 @@ fn the_example_server_configuration_parses() {
             .addr_after("client listening on ")
             .starts_with("127.0.0.1:")
     );
+    // Keys turned on by the variable its header names: nothing in the
+    // file contradicts them.
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--check", "--config", example.to_str().unwrap()])
+        .env("LLMGW_AUTH", "true")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
@@ -2129,7 +2141,15 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
     );
     assert_eq!(code, Some(0), "{err}");
     // A variable that names no key is another program's, left alone.
-    let (code, err) = check(&good, &[("LLMGW_KEY", "sk-mine"), ("LLMGW_TEST_X", "1")]);
+    let (code, err) = check(
+        &good,
+        &[
+            ("LLMGW_KEY", "sk-mine"),
+            ("LLMGW_TEST_X", "1"),
+            ("LLMGW_STORE_PASSWORD", "x"),
+            ("LLMGW_MODELS_DIR", "/m"),
+        ],
+    );
     assert_eq!(code, Some(0), "{err}");
 }
 
