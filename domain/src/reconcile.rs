@@ -75,7 +75,7 @@ pub struct Runtime {
     /// Model → when it was last seen in use (full, or serving anything).
     pub busy: BTreeMap<String, UnixMillis>,
     /// Model → the replicas load has asked for (see [`grown`]); held in
-    /// memory, so a new leader starts from the floor and grows again.
+    /// memory, so a new leader takes over what it finds ([`adopted`]).
     pub grown: BTreeMap<String, u32>,
 }
 
@@ -255,6 +255,9 @@ pub fn grown(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<Strin
             }
             continue;
         }
+        // Growth only: the floor is desired's own (kept here, an on-demand
+        // model evicted for another would be placed again at once, and a
+        // lowered min would not take).
         let target = if rt.full.contains(&model.name)
             && serving
             && count >= floor.max(before)
@@ -262,9 +265,11 @@ pub fn grown(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<Strin
         {
             (count + 1).min(model.scaling.max)
         } else {
-            before.max(floor)
+            before
         };
-        out.insert(model.name.clone(), target);
+        if target > 0 {
+            out.insert(model.name.clone(), target);
+        }
     }
     out
 }
@@ -281,7 +286,9 @@ pub fn adopted(state: &State, rt: &Runtime, settings: &Settings) -> BTreeMap<Str
         .filter_map(|model| {
             let floor = floor(model, rt, settings);
             let count = staying(state, model).count() as u32;
-            (model.scaling.max > floor.max(1) && count > floor)
+            // Above one too: an on-demand model's single replica is the
+            // demand's to keep, not load's.
+            (model.scaling.max > floor.max(1) && count > floor.max(1))
                 .then(|| (model.name.clone(), count.min(model.scaling.max)))
         })
         .collect()

@@ -386,6 +386,23 @@ fn load_grows_a_model_one_replica_at_a_time_up_to_max_and_idle_shrinks_it() {
         matches!(&drained[..], [Action::Drain { replica_id, .. }] if replica_id.as_str() == "s2"),
         "{drained:?}"
     );
+    // An on-demand model in use but never full holds nothing of load's:
+    // once its demand is taken back (evicted for another model), nothing
+    // asks for it again, and a new leader adopts no single replica of it.
+    let mut od = cluster(0, 2, &["a"]);
+    let mut rt = Runtime::default();
+    rt.demand.insert("chat".into(), rt.now);
+    pass_with(&mut od, &mut rt, false, "o1");
+    ready_all(&mut od);
+    rt.busy.insert("chat".into(), rt.now);
+    assert!(pass_with(&mut od, &mut rt, false, "x").is_empty());
+    assert!(rt.grown.is_empty(), "{:?}", rt.grown);
+    rt.demand.clear();
+    assert_eq!(
+        desired(&od.catalog.models["chat"], &rt, &Settings::default()),
+        0
+    );
+    assert!(adopted(&od, &rt, &Settings::default()).is_empty());
     // A model with no room above its floor never grows.
     let mut fixed = cluster(2, 2, &["a", "b", "c"]);
     let mut rt = Runtime::default();
