@@ -117,7 +117,11 @@ impl People {
         let Some(old) = self.db.password_hash(user_id).await? else {
             return Err(PeopleError::NoPerson);
         };
-        if !verify_blocking(current, &old).await? {
+        let verified = verify_blocking(current, &old).await;
+        if matches!(verified, Err(PeopleError::Busy)) {
+            self.attempts.refund(&key);
+        }
+        if !verified? {
             return Err(PeopleError::BadCredentials);
         }
         self.attempts.clear(&key);

@@ -98,6 +98,7 @@ pub(crate) fn plan<'a>(
             // capacity may cost more than the model asked for.
             let held = std::iter::once(asked)
                 .chain(routes.fallbacks(asked).iter().map(String::as_str))
+                .filter(|m| known(gw, routes, m) && permits(m))
                 .map(|m| {
                     price(gw, routes, m).cost(
                         request.prompt_estimate,
@@ -195,6 +196,11 @@ pub(crate) fn to_wait_for<'a>(gw: &Gateway, routes: &Routes, plan: &Plan<'a>) ->
     let first = *plan.candidates.first()?;
     if routes.on_demand(first) {
         return Some(first);
+    }
+    // The common case, read before the list of serving models is made: no
+    // fallback starts on demand.
+    if !plan.candidates[1..].iter().any(|m| routes.on_demand(m)) {
+        return None;
     }
     let serving = gw.endpoints.routable_models();
     for m in plan.candidates.iter().copied() {
