@@ -320,6 +320,8 @@ async fn set_limits(
 #[derive(Debug, Deserialize)]
 struct KeysQuery {
     project: Option<String>,
+    /// A person's own keys, in every project (their profile's list).
+    owner: Option<String>,
 }
 
 async fn list_keys(
@@ -333,6 +335,7 @@ async fn list_keys(
         .keys
         .values()
         .filter(|k| q.project.as_ref().is_none_or(|p| &k.project_id == p))
+        .filter(|k| q.owner.is_none() || k.owner == q.owner)
         .map(|k| {
             let last = views.usage.spend_of(Scope::Key, &k.key_id).last_at;
             api::KeyRow {

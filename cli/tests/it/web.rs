@@ -1055,6 +1055,37 @@ async fn an_operator_makes_a_key_for_a_person_and_it_shows_on_their_profile() {
     v.sign_in("dee@example.com", GOOD).await;
     let profile = v.get("/profile").await;
     assert!(profile.body.contains("for-dee"), "{}", profile.body);
+    // Moved to another project, Dee still sees the key left in p (it
+    // still works) and can revoke it.
+    users(&store, &admin, &["approve", &id, "--project", "p2"]);
+    let key_id = row["key_id"].as_str().unwrap().to_owned();
+    let moved = until("the move reaches the pages", || async {
+        let mut probe = Visit {
+            http: v.http.clone(),
+            base: v.base.clone(),
+            jar: v.jar.clone(),
+        };
+        let page = probe.get("/profile").await;
+        page.body.contains("p2").then_some(page)
+    })
+    .await;
+    assert!(moved.body.contains("for-dee"), "{}", moved.body);
+    let revoked = v
+        .post(
+            &format!("/profile/keys/{key_id}/revoke"),
+            &[("csrf", &moved.csrf())],
+        )
+        .await;
+    assert_eq!(revoked.status, StatusCode::SEE_OTHER, "{}", revoked.body);
+    let listed: Value =
+        serde_json::from_str(&keys_ok(&store, &admin, &["list", "--json"])).unwrap();
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "for-dee")
+        .unwrap();
+    assert_eq!(row["state"], "revoked", "{row}");
 }
 
 /// With sign-up closed an operator still adds people: `users add`

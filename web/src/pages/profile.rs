@@ -97,9 +97,11 @@ fn status_word(s: UserStatus) -> &'static str {
     }
 }
 
-/// The keys this person made for themselves in `project`.
-async fn own_keys(web: &Web, person: &Person, project: &str) -> Result<Vec<KeyRow>, WebError> {
-    let path = format!("/api/v1/keys?project={}", encode(project));
+/// The keys this person made for themselves (or were made for them), in
+/// every project: one left in a project they have since moved from still
+/// works, so it is theirs to see and revoke.
+async fn own_keys(web: &Web, person: &Person) -> Result<Vec<KeyRow>, WebError> {
+    let path = format!("/api/v1/keys?owner={}", encode(&person.user_id));
     let keys: Vec<KeyRow> =
         admin_api::call(web, Method::GET, &path, &person.user_id, None::<&()>).await?;
     Ok(keys
@@ -124,7 +126,7 @@ async fn profile_page(
     };
     let (project, status) = standing(web, &person.user_id);
     let keys = match &project {
-        Some(p) => own_keys(web, person, p).await?,
+        Some(_) => own_keys(web, person).await?,
         None => Vec::new(),
     };
     let page = Profile {
@@ -231,10 +233,10 @@ pub(super) async fn revoke_key(
     let person = signed_in(&web, &visitor)?;
     person.check_csrf(&form.csrf)?;
     // Only a key this person made: anyone else's, or none, is the same 404.
-    let (Some(project), _) = standing(&web, &person.user_id) else {
+    let (Some(_), _) = standing(&web, &person.user_id) else {
         return Err(WebError::NotFound);
     };
-    if !own_keys(&web, person, &project)
+    if !own_keys(&web, person)
         .await?
         .iter()
         .any(|k| k.key_id == key_id)
