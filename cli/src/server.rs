@@ -185,17 +185,18 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     let auth = a.auth.unwrap_or(file.auth.enabled);
     // Budgets are spent by usage records: with keys on, usage is recorded,
     // and a flag or variable that says not to is refused.
-    if auth && a.record_usage == Some(false) {
-        return Err(ConfigError(
-            "--record-usage false (or LLMGW_RECORD_USAGE=false) with keys on: usage is always recorded then, since budgets are spent from it; leave it out".into(),
-        ));
+    // Whichever says so (the flag or its variable win over the file).
+    let asked = match (a.record_usage, file.record_usage) {
+        (Some(v), _) => Some((v, "--record-usage false (or LLMGW_RECORD_USAGE=false)")),
+        (None, Some(v)) => Some((v, "record_usage: false")),
+        (None, None) => None,
+    };
+    if let (true, Some((false, said))) = (auth, asked) {
+        return Err(ConfigError(format!(
+            "{said} with keys on: usage is always recorded then, since budgets are spent from it; leave it out"
+        )));
     }
-    if auth && a.record_usage.is_none() && file.record_usage == Some(false) {
-        return Err(ConfigError(
-            "record_usage: false with keys on: usage is always recorded then, since budgets are spent from it; leave it out".into(),
-        ));
-    }
-    let record_usage = auth || a.record_usage.or(file.record_usage).unwrap_or(false);
+    let record_usage = auth || asked.is_some_and(|(v, _)| v);
     let usage = crate::serve::UsageSettings {
         flush: match &file.auth.flush_interval {
             Some(v) => config::duration("auth.flush_interval", v)?,

@@ -1963,15 +1963,16 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
     let key_file = dir.path().join("signing.key");
     std::fs::write(&key_file, llmgw_eventstore::signing::generate().unwrap()).unwrap();
     let key_file = key_file.display().to_string();
-    let run = |text: &str, env: &[(&str, &str)]| {
+    // The server on `text` with `env` and `extra` flags (`--check`).
+    let run = |text: &str, env: &[(&str, &str)], extra: &[&str]| {
         let f = dir.path().join("s.yaml");
         std::fs::write(&f, text).unwrap();
-        let mut c = Command::new(env!("CARGO_BIN_EXE_llmgw"));
-        c.args(["server", "--config", f.to_str().unwrap()]);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.output().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["server", "--config", f.to_str().unwrap()])
+            .args(extra)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
     };
     let cases: Vec<BadCase> = vec![
         (
@@ -2106,20 +2107,14 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
         ),
     ];
     for (text, env, says) in cases {
-        let out = run(&text, &env);
+        let out = run(&text, &env, &[]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{says}: {err}");
         assert!(err.contains(says), "expected {says:?} in {err}");
         assert_eq!(err.lines().count(), 1, "one clear line: {err}");
     }
     let check = |text: &str, env: &[(&str, &str)]| {
-        let f = dir.path().join("c.yaml");
-        std::fs::write(&f, text).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
-            .args(["server", "--check", "--config", f.to_str().unwrap()])
-            .envs(env.iter().copied())
-            .output()
-            .unwrap();
+        let out = run(text, env, &["--check"]);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),

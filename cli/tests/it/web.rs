@@ -694,20 +694,7 @@ async fn sign_up_pauses_while_too_many_wait_for_approval() {
     tree(&store, &admin);
     let mut v = Visit::new(&base);
     let first = sign_up(&mut v, &store, &admin, "one@example.com").await;
-    let mut later = Visit::new(&base);
-    let form = later.get("/signup").await;
-    let csrf = form.csrf();
-    let paused = later
-        .post(
-            "/signup",
-            &[
-                ("email", "two@example.com"),
-                ("name", "Two"),
-                ("password", GOOD),
-                ("csrf", &csrf),
-            ],
-        )
-        .await;
+    let paused = post_sign_up(&mut Visit::new(&base), "two@example.com").await;
     assert_eq!(
         paused.status,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -718,19 +705,7 @@ async fn sign_up_pauses_while_too_many_wait_for_approval() {
     assert_eq!(user_rows(&store, &admin, true).len(), 1, "nothing was made");
     users(&store, &admin, &["approve", &first, "--project", "p"]);
     until("the approval reaches the pages' view", || async {
-        let mut again = Visit::new(&base);
-        let csrf = again.get("/signup").await.csrf();
-        let done = again
-            .post(
-                "/signup",
-                &[
-                    ("email", "two@example.com"),
-                    ("name", "Two"),
-                    ("password", GOOD),
-                    ("csrf", &csrf),
-                ],
-            )
-            .await;
+        let done = post_sign_up(&mut Visit::new(&base), "two@example.com").await;
         (done.status == StatusCode::OK).then_some(())
     })
     .await;
@@ -863,11 +838,11 @@ async fn a_claim_link_lives_as_long_as_asked() {
     assert_eq!(names, [json!("short")], "no key for a refused link");
 }
 
-/// Signs up `email` on `visit`'s server; returns the new person's id.
-async fn sign_up(visit: &mut Visit, store: &str, admin: &str, email: &str) -> String {
-    let form = visit.get("/signup").await;
-    let csrf = form.csrf();
-    let done = visit
+/// The sign-up form, filled in for `email` (its own name) and posted: the
+/// answer, whatever it is.
+async fn post_sign_up(visit: &mut Visit, email: &str) -> Page {
+    let csrf = visit.get("/signup").await.csrf();
+    visit
         .post(
             "/signup",
             &[
@@ -877,7 +852,12 @@ async fn sign_up(visit: &mut Visit, store: &str, admin: &str, email: &str) -> St
                 ("csrf", &csrf),
             ],
         )
-        .await;
+        .await
+}
+
+/// Signs up `email` on `visit`'s server; returns the new person's id.
+async fn sign_up(visit: &mut Visit, store: &str, admin: &str, email: &str) -> String {
+    let done = post_sign_up(visit, email).await;
     assert_eq!(done.status, StatusCode::OK, "{}", done.body);
     user_rows(store, admin, true)
         .into_iter()
