@@ -161,6 +161,13 @@ pub(crate) struct RouterSection {
     pub scrape_interval: Option<String>,
     #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub connect_timeout: Option<String>,
+    /// The most an engine may take to start its answer (a plain one: to
+    /// finish it).
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
+    pub response_timeout: Option<String>,
+    /// The most a streamed answer may go without a byte from its engine.
+    #[serde(default, deserialize_with = "crate::config::number_or_text")]
+    pub stream_idle_timeout: Option<String>,
     /// How long a request for an on-demand model waits for a replica.
     #[serde(default, deserialize_with = "crate::config::number_or_text")]
     pub on_demand_wait: Option<String>,

@@ -70,6 +70,12 @@ pub(crate) fn gateway_config(
     if let Some(v) = &router.connect_timeout {
         g.connect_timeout = interval("router.connect_timeout", v)?;
     }
+    if let Some(v) = &router.response_timeout {
+        g.response_timeout = interval("router.response_timeout", v)?;
+    }
+    if let Some(v) = &router.stream_idle_timeout {
+        g.stream_idle_timeout = interval("router.stream_idle_timeout", v)?;
+    }
     if let Some(v) = &router.on_demand_wait {
         g.on_demand_wait = duration("router.on_demand_wait", v)?;
     }

@@ -80,6 +80,16 @@ impl ApiError {
         )
     }
 
+    /// Endpoints were tried and the last did not answer in time.
+    pub fn upstream_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "server_error",
+            "upstream_timeout",
+            message,
+        )
+    }
+
     /// `retry_after`: when capacity may be back (an open breaker's cool
     /// down), so that clients do not give up after their first quick
     /// retries.

@@ -75,6 +75,15 @@ pub struct GatewayConfig {
     pub migration_limit: u32,
     pub breaker: BreakerConfig,
     pub connect_timeout: Duration,
+    /// The most an engine may take to start its answer once the request
+    /// is sent (its headers; a plain answer: the whole of it), so a hung
+    /// engine is a failure like a refused connection: counted by its
+    /// breaker and the request sent elsewhere.
+    pub response_timeout: Duration,
+    /// The most a streamed answer may go without a byte from its engine;
+    /// then the engine is taken for dead and the answer is continued on
+    /// another replica (as when its connection breaks).
+    pub stream_idle_timeout: Duration,
     /// How often engine metrics are scraped; figures older than three
     /// intervals are stale.
     pub scrape_interval: Duration,
@@ -99,6 +108,12 @@ impl Default for GatewayConfig {
             migration_limit: 3,
             breaker: BreakerConfig::default(),
             connect_timeout: Duration::from_secs(2),
+            // As long as the OpenAI SDK's own default: a long answer that
+            // is not streamed arrives whole, and only at its end.
+            response_timeout: Duration::from_secs(600),
+            // Envoy's stream idle default; long enough for a request
+            // queued in a busy engine before its first token.
+            stream_idle_timeout: Duration::from_secs(300),
             scrape_interval: Duration::from_secs(2),
             affinity: affinity::AffinityConfig::default(),
             admission: admission::AdmissionConfig::default(),

@@ -2098,6 +2098,12 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             vec![("LLMGW_CONTROL__BASE_BACKOFF", "20m")],
             "must not be longer than control.max_backoff",
         ),
+        // A timeout of nothing would fail every engine over at once.
+        (
+            good.clone(),
+            vec![("LLMGW_ROUTER__STREAM_IDLE_TIMEOUT", "0s")],
+            "router.stream_idle_timeout must be above 0",
+        ),
         // The file's endpoints are checked though the variable's replace
         // them.
         (
@@ -2132,7 +2138,10 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
     // (read as YAML, so a number).
     let (code, err) = check(
         &format!("{good}\nshutdown_grace: 30\n"),
-        &[("LLMGW_CONNECTIONS__IDLE_TIMEOUT", "60")],
+        &[
+            ("LLMGW_CONNECTIONS__IDLE_TIMEOUT", "60"),
+            ("LLMGW_ROUTER__RESPONSE_TIMEOUT", "900"),
+        ],
     );
     assert_eq!(code, Some(0), "{err}");
     // A variable that names no key is another program's, left alone.

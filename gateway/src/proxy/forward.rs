@@ -1,5 +1,6 @@
 //! Stage three: the plan's models in order, the endpoints of each. A
-//! failure before the first byte is retried on another endpoint (and
+//! failure before the first byte (an engine that says nothing within
+//! `router.response_timeout` included) is retried on another endpoint (and
 //! counted by its breaker), and so is a plain answer that breaks off
 //! mid-body (the client has nothing of it yet); a stream that breaks after
 //! its first byte is continued on another replica ([`super::relay`]). A
@@ -66,18 +67,41 @@ pub(crate) async fn forward(
     Err(match failed {
         // The client is told no more than that: an endpoint's id (a
         // replica's, or the operator's label) and its errors are internals.
-        Some(why) => {
-            tracing::warn!(model = %plan.asked, last = %why, "no endpoint answered");
-            ApiError::upstream(
-                "no endpoint of the model answered; the x-request-id header names this request to the operator",
-            )
+        Some(last) => {
+            tracing::warn!(model = %plan.asked, last = %last.why, "no endpoint answered");
+            if last.timed_out {
+                ApiError::upstream_timeout(format!(
+                    "no endpoint of the model answered within {} s (router.response_timeout); the x-request-id header names this request to the operator",
+                    gw.config.response_timeout.as_secs_f64()
+                ))
+            } else {
+                ApiError::upstream(
+                    "no endpoint of the model answered; the x-request-id header names this request to the operator",
+                )
+            }
         }
         None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
     })
 }
 
+/// Why the last endpoint tried gave no answer.
+struct Failure {
+    why: String,
+    /// It said nothing within `router.response_timeout`.
+    timed_out: bool,
+}
+
+impl Failure {
+    fn said(why: String) -> Option<Failure> {
+        Some(Failure {
+            why,
+            timed_out: false,
+        })
+    }
+}
+
 /// Tries the endpoints of `model`, retrying before the first byte only.
-/// `Err(None)`: nothing could take it (no capacity); `Err(Some(why))`:
+/// `Err(None)`: nothing could take it (no capacity); `Err(Some(_))`:
 /// endpoints were tried and failed.
 async fn attempt(
     gw: &Arc<Gateway>,
@@ -87,7 +111,7 @@ async fn attempt(
     request: &ClientRequest,
     session: Option<&str>,
     ticket: &mut Option<Ticket>,
-) -> Result<Response, Option<String>> {
+) -> Result<Response, Option<Failure>> {
     let mut tried: Vec<String> = Vec::new();
     let mut last_error = None;
     // The engine logs the client's id, so one grep follows a request.
@@ -135,25 +159,34 @@ async fn attempt(
         if endpoint.spec.kv_events.is_some() {
             gw.kv_events.sent(&endpoint.spec.id);
         }
-        let sent = gw
-            .upstream
-            .send(&endpoint, path, &request_id.0, body.clone())
-            .await;
+        // One deadline for the answer's head and, of a plain answer, its
+        // whole body: engines send a plain answer's head at its end.
+        let deadline = tokio::time::Instant::now() + gw.config.response_timeout;
+        let sent = tokio::time::timeout_at(
+            deadline,
+            gw.upstream
+                .send(&endpoint, path, &request_id.0, body.clone()),
+        )
+        .await;
         let upstream = match sent {
-            Ok(r) if r.status().is_server_error() => {
+            Ok(Ok(r)) if r.status().is_server_error() => {
                 endpoint.record(false);
-                last_error = Some(format!(
+                last_error = Failure::said(format!(
                     "endpoint {} answered {}",
                     endpoint.spec.id,
                     r.status()
                 ));
                 continue;
             }
-            Ok(r) => r,
-            Err(e) => {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
                 endpoint.record(false);
                 tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
-                last_error = Some(format!("endpoint {} is unreachable", endpoint.spec.id));
+                last_error = Failure::said(format!("endpoint {} is unreachable", endpoint.spec.id));
+                continue;
+            }
+            Err(_) => {
+                last_error = Some(timed_out(&endpoint, gw.config.response_timeout));
                 continue;
             }
         };
@@ -185,18 +218,26 @@ async fn attempt(
                 sent: 0,
             });
             let splice = Splice::new(form, request.strip_usage, request.prompt_estimate);
-            let relayed = relay(upstream, flight, finish, splice, form, resume);
+            let idle = gw.config.stream_idle_timeout;
+            let relayed = relay(upstream, flight, finish, splice, form, idle, resume);
             (Body::from_stream(relayed), served)
         } else {
             // A plain answer is one JSON document: read it, note its usage.
             // Nothing has reached the client yet, so a break here is retried.
-            let bytes = match super::whole(upstream.into_body()).await {
-                Ok(b) => b,
-                Err(e) => {
+            let bytes = match tokio::time::timeout_at(deadline, super::whole(upstream.into_body()))
+                .await
+            {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
                     endpoint.record(false);
                     gw.metrics.migration(model, "retried");
                     tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
-                    last_error = Some(format!("endpoint {} broke off: {e}", endpoint.spec.id));
+                    last_error =
+                        Failure::said(format!("endpoint {} broke off: {e}", endpoint.spec.id));
+                    continue;
+                }
+                Err(_) => {
+                    last_error = Some(timed_out(&endpoint, gw.config.response_timeout));
                     continue;
                 }
             };
@@ -225,4 +266,15 @@ async fn attempt(
         return Ok(response);
     }
     Err(last_error)
+}
+
+/// An endpoint that said nothing in time: as good as down, so its breaker
+/// counts it, and the request goes elsewhere.
+fn timed_out(endpoint: &crate::Endpoint, after: std::time::Duration) -> Failure {
+    endpoint.record(false);
+    tracing::warn!(endpoint = %endpoint.spec.id, after_s = after.as_secs_f64(), "the endpoint did not answer within router.response_timeout; trying another");
+    Failure {
+        why: format!("endpoint {} did not answer in time", endpoint.spec.id),
+        timed_out: true,
+    }
 }

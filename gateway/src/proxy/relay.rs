@@ -1,5 +1,6 @@
 //! The streamed answer, relayed event by event, and carried over to
-//! another replica when its engine breaks mid-answer (request migration):
+//! another replica when its engine breaks mid-answer, or sends nothing for
+//! `router.stream_idle_timeout` (request migration):
 //! the answer so far goes to the next engine as the start of its answer
 //! ([`super::continuation`]), and its events are spliced into the client's
 //! stream as the same answer ([`super::splice`]). At most
@@ -86,11 +87,19 @@ impl Resume {
                 }
             };
             self.sent += 1;
-            let sent = self
-                .gw
-                .upstream
-                .send(&endpoint, &self.path, &self.request_id, body)
-                .await;
+            let sent = tokio::time::timeout(
+                self.gw.config.response_timeout,
+                self.gw
+                    .upstream
+                    .send(&endpoint, &self.path, &self.request_id, body),
+            )
+            .await;
+            let Ok(sent) = sent else {
+                endpoint.record(false);
+                tracing::warn!(endpoint = %endpoint.spec.id, "a continuation got no answer within router.response_timeout");
+                self.count("failed");
+                continue;
+            };
             match sent {
                 Ok(r) if r.status().is_success() => {
                     endpoint.record(true);
@@ -125,6 +134,8 @@ struct State {
     finish: Finish,
     splice: Splice,
     form: Form,
+    /// `router.stream_idle_timeout`.
+    idle: std::time::Duration,
     /// None for an answer that is not a success (an error's body): relayed
     /// as it is, never continued.
     resume: Option<Resume>,
@@ -137,6 +148,7 @@ pub(crate) fn relay(
     finish: Finish,
     splice: Splice,
     form: Form,
+    idle: std::time::Duration,
     resume: Option<Resume>,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
     let state = State {
@@ -145,6 +157,7 @@ pub(crate) fn relay(
         finish,
         splice,
         form,
+        idle,
         resume,
         done: false,
     };
@@ -153,8 +166,14 @@ pub(crate) fn relay(
             return None;
         }
         loop {
-            let broke = match st.upstream.next().await {
-                Some(Ok(chunk)) => {
+            let broke = match tokio::time::timeout(st.idle, st.upstream.next()).await {
+                // A hung engine (a stuck GPU, a route lost without a
+                // reset) is as dead as one whose connection broke.
+                Err(_) => format!(
+                    "no byte from the engine in {} s (router.stream_idle_timeout)",
+                    st.idle.as_secs_f64()
+                ),
+                Ok(Some(Ok(chunk))) => {
                     let out = st.splice.feed(&chunk);
                     st.note();
                     if !out.is_empty() {
@@ -162,12 +181,12 @@ pub(crate) fn relay(
                     }
                     continue;
                 }
-                Some(Err(e)) => e.to_string(),
+                Ok(Some(Err(e))) => e.to_string(),
                 // An answer that ends before its finish ended badly too.
-                None if st.resume.is_some() && st.splice.broken_off() => {
+                Ok(None) if st.resume.is_some() && st.splice.broken_off() => {
                     "the engine ended the stream before the answer".to_owned()
                 }
-                None => {
+                Ok(None) => {
                     st.done = true;
                     st.finish.end = Some(StreamEnd::Complete);
                     let rest = st.splice.finish();

@@ -419,3 +419,93 @@ async fn a_plain_answer_that_breaks_off_mid_body_is_sent_again_elsewhere() {
     let page = gw.admin_page().await;
     assert_eq!(count(&page, "retried"), 1.0, "{page}");
 }
+
+/// A hung engine (a stuck GPU, a route lost without a reset) keeps its
+/// connection and sends nothing more: after `router.stream_idle_timeout`
+/// the answer goes on elsewhere, as when the engine dies.
+#[tokio::test]
+async fn a_stream_whose_engine_goes_silent_goes_on_elsewhere() {
+    let (a, b) = (
+        sim(slow(Vocabulary::Vllm)).await,
+        sim(slow(Vocabulary::Vllm)).await,
+    );
+    let relay = Relay::start(a).await;
+    let gw = gateway_with(GatewayConfig {
+        endpoints: vec![
+            endpoint("a", &relay.addr, "vllm"),
+            endpoint("b", &b, "vllm"),
+        ],
+        // A token comes every 25 ms: a second of silence is no engine's
+        // pace.
+        stream_idle_timeout: std::time::Duration::from_secs(1),
+        ..GatewayConfig::default()
+    })
+    .await;
+    let want = uninterrupted(&b, "/v1/chat/completions", &chat(30)).await;
+    let mut body = start(&gw.base, "/v1/chat/completions", &chat(30)).await;
+    let mut raw = Vec::new();
+    until_text(&mut body, &mut raw, 7).await;
+    relay.freeze();
+    rest(body, &mut raw).await;
+    let got = Answer::parse(&raw);
+    assert!(got.errors().is_empty(), "{got:?}");
+    assert_eq!(got.text, want.text, "not a token lost or repeated");
+    assert!(got.done && got.one_identity(), "{got:?}");
+    let page = gw.admin_page().await;
+    assert_eq!(count(&page, "resumed"), 1.0, "{page}");
+}
+
+/// An engine that takes requests and never answers them is given
+/// `router.response_timeout`, then counted as failed and routed around;
+/// alone, it answers the client 504.
+#[tokio::test]
+async fn an_engine_that_never_answers_is_timed_out_and_routed_around() {
+    let hung = support::hung_engine().await;
+    let live = sim(support::sim_config()).await;
+    let config = |endpoints| GatewayConfig {
+        endpoints,
+        response_timeout: std::time::Duration::from_millis(500),
+        ..GatewayConfig::default()
+    };
+    // "a-hung" sorts first, so it is tried first until its breaker opens
+    // (three failures).
+    let gw = gateway_with(config(vec![
+        spec("a-hung", &hung, &["m"]),
+        spec("b", &live, &["m"]),
+    ]))
+    .await;
+    let client = reqwest::Client::new();
+    for stream in [false, true, false, false] {
+        let r = client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&json!({"model": "m", "stream": stream, "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "stream {stream}");
+        let text = r.text().await.unwrap();
+        assert!(text.contains("\"choices\""), "answered by b: {text}");
+    }
+    let page = gw.admin_page().await;
+    assert!(
+        page.contains("llmgw_endpoint_breaker_open{endpoint=\"a-hung\"} 1"),
+        "three timeouts open its breaker: {page}"
+    );
+
+    let alone = gateway_with(config(vec![spec("a-hung", &hung, &["m"])])).await;
+    let r = client
+        .post(format!("{}/v1/chat/completions", alone.base))
+        .json(&json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_timeout", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("router.response_timeout") && !message.contains("a-hung"),
+        "{body}"
+    );
+}

@@ -149,10 +149,12 @@ pub(crate) async fn metric(engine: &SocketAddr, name: &str) -> f64 {
 }
 
 /// A TCP relay in front of an engine that the test can cut, like a killed
-/// process: open connections drop and new ones are refused.
+/// process (open connections drop and new ones are refused), or freeze,
+/// like a hung one (connections stay open and nothing more passes).
 pub(crate) struct Relay {
     pub(crate) addr: SocketAddr,
     kill: Arc<Notify>,
+    freeze: tokio::sync::watch::Sender<bool>,
 }
 
 impl Relay {
@@ -160,6 +162,7 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let kill = Arc::new(Notify::new());
+        let (freeze, frozen) = tokio::sync::watch::channel(false);
         let k = kill.clone();
         tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
@@ -168,9 +171,14 @@ impl Relay {
                     _ = k.notified() => break,
                     accepted = listener.accept() => {
                         let Ok((mut inbound, _)) = accepted else { break };
+                        let mut frozen = frozen.clone();
                         conns.spawn(async move {
                             if let Ok(mut outbound) = TcpStream::connect(target).await {
-                                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                                tokio::select! {
+                                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                                    // Both ends held open, silent.
+                                    _ = async { frozen.wait_for(|f| *f).await.is_ok() } => std::future::pending::<()>().await,
+                                }
                             }
                         });
                     }
@@ -180,11 +188,15 @@ impl Relay {
             // goes with this task.
             conns.abort_all();
         });
-        Relay { addr, kill }
+        Relay { addr, kill, freeze }
     }
 
     pub(crate) fn kill(&self) {
         self.kill.notify_one();
+    }
+
+    pub(crate) fn freeze(&self) {
+        self.freeze.send_replace(true);
     }
 }
 
@@ -228,6 +240,29 @@ pub(crate) async fn breaking_engine() -> SocketAddr {
                 };
                 let _ = conn.write_all(answer).await;
                 let _ = conn.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// An engine that looks healthy to the scraper and takes every request,
+/// but never answers one: a hung engine.
+pub(crate) async fn hung_engine() -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let Some(head) = read_request(&mut conn).await else {
+                    return;
+                };
+                if head.starts_with("get /metrics") {
+                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 56\r\nconnection: close\r\n\r\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n").await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
             });
         }
     });
