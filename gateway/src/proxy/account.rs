@@ -58,6 +58,12 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    pub(crate) fn gateway(&self) -> &Arc<Gateway> {
+        &self.gw
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         // A finished request may let a held-back one in.

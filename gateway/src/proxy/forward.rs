@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
+use axum::http::response::Parts;
 use axum::http::{HeaderName, header};
 use axum::response::Response;
 
@@ -92,11 +93,11 @@ struct Failure {
 }
 
 impl Failure {
-    fn said(why: String) -> Option<Failure> {
-        Some(Failure {
+    fn said(why: String) -> Failure {
+        Failure {
             why,
             timed_out: false,
-        })
+        }
     }
 }
 
@@ -159,96 +160,70 @@ async fn attempt(
         if endpoint.spec.kv_events.is_some() {
             gw.kv_events.sent(&endpoint.spec.id);
         }
-        // One deadline for the answer's head and, of a plain answer, its
-        // whole body: engines send a plain answer's head at its end.
-        let deadline = tokio::time::Instant::now() + gw.config.response_timeout;
-        let sent = tokio::time::timeout_at(
-            deadline,
-            gw.upstream
-                .send(&endpoint, path, &request_id.0, body.clone()),
+        // A client that leaves while the engine has its request pays for
+        // its prompt, as one that leaves a stream does: the engine did that
+        // work (what it generated before it saw the client go is unknown).
+        let waiting = Waiting {
+            ticket: &mut *ticket,
+            model,
+            prompt: request.prompt_estimate,
+            armed: true,
+        };
+        let exchanged = exchange(
+            gw,
+            &endpoint,
+            path,
+            &request_id.0,
+            body,
+            model,
+            request.stream,
         )
         .await;
-        let upstream = match sent {
-            Ok(Ok(r)) if r.status().is_server_error() => {
-                endpoint.record(false);
-                last_error = Failure::said(format!(
-                    "endpoint {} answered {}",
-                    endpoint.spec.id,
-                    r.status()
-                ));
-                continue;
-            }
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                endpoint.record(false);
-                tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
-                last_error = Failure::said(format!("endpoint {} is unreachable", endpoint.spec.id));
-                continue;
-            }
-            Err(_) => {
-                last_error = Some(timed_out(&endpoint, gw.config.response_timeout));
+        waiting.disarm();
+        let (head, answer) = match exchanged {
+            Ok(a) => a,
+            Err(failure) => {
+                last_error = Some(failure);
                 continue;
             }
         };
-        endpoint.record(true);
-        let status = upstream.status();
-        let content_type = upstream.headers().get(header::CONTENT_TYPE).cloned();
+        let status = head.status;
+        let content_type = head.headers.get(header::CONTENT_TYPE).cloned();
         // A hosted service's 429 says when to come back; an SDK waits that
         // long only if it is passed on.
-        let retry_after = upstream.headers().get(header::RETRY_AFTER).cloned();
-        let (body, served) = if request.stream {
-            let Some(t) = ticket.take() else {
-                return Err(last_error);
-            };
-            let finish = Finish::new(t, model, status.as_u16());
-            let served = finish.served().clone();
-            let form = if path.ends_with("/chat/completions") {
-                Form::Chat
-            } else {
-                Form::Text
-            };
-            // Only an answer can be continued; an error's body is relayed.
-            let resume = status.is_success().then(|| Resume {
-                gw: gw.clone(),
-                path: path.to_owned(),
-                body: body.clone(),
-                model: model.to_owned(),
-                request_id: request_id.0.clone(),
-                tried: vec![endpoint.spec.id.clone()],
-                sent: 0,
-            });
-            let splice = Splice::new(form, request.strip_usage, request.prompt_estimate);
-            let idle = gw.config.stream_idle_timeout;
-            let relayed = relay(upstream, flight, finish, splice, form, idle, resume);
-            (Body::from_stream(relayed), served)
-        } else {
-            // A plain answer is one JSON document: read it, note its usage.
-            // Nothing has reached the client yet, so a break here is retried.
-            let bytes = match tokio::time::timeout_at(deadline, super::whole(upstream.into_body()))
-                .await
-            {
-                Ok(Ok(b)) => b,
-                Ok(Err(e)) => {
-                    endpoint.record(false);
-                    gw.metrics.migration(model, "retried");
-                    tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
-                    last_error =
-                        Failure::said(format!("endpoint {} broke off: {e}", endpoint.spec.id));
-                    continue;
-                }
-                Err(_) => {
-                    last_error = Some(timed_out(&endpoint, gw.config.response_timeout));
-                    continue;
-                }
-            };
-            let Some(t) = ticket.take() else {
-                return Err(last_error);
-            };
-            let mut finish = Finish::new(t, model, status.as_u16());
-            finish.tokens = crate::usage::Tokens::from_answer(&bytes);
-            let served = finish.served().clone();
-            drop((finish, flight));
-            (Body::from(bytes), served)
+        let retry_after = head.headers.get(header::RETRY_AFTER).cloned();
+        let Some(t) = ticket.take() else {
+            return Err(last_error);
+        };
+        let mut finish = Finish::new(t, model, status.as_u16());
+        let served = finish.served().clone();
+        let body = match answer {
+            Answer::Stream(upstream) => {
+                let form = if path.ends_with("/chat/completions") {
+                    Form::Chat
+                } else {
+                    Form::Text
+                };
+                // Only an answer can be continued; an error's body is relayed.
+                let resume = status.is_success().then(|| Resume {
+                    gw: gw.clone(),
+                    path: path.to_owned(),
+                    body: body.clone(),
+                    model: model.to_owned(),
+                    request_id: request_id.0.clone(),
+                    tried: vec![endpoint.spec.id.clone()],
+                    sent: 0,
+                });
+                let splice = Splice::new(form, request.strip_usage, request.prompt_estimate);
+                let idle = gw.config.stream_idle_timeout;
+                let relayed = relay(upstream, flight, finish, splice, form, idle, resume);
+                Body::from_stream(relayed)
+            }
+            Answer::Whole(bytes) => {
+                finish.tokens = crate::usage::Tokens::from_answer(&bytes);
+                drop((finish, flight));
+                Body::from(bytes)
+            }
         };
         gw.metrics.request(served, status.as_u16());
         let mut response = Response::new(body);
@@ -267,6 +242,109 @@ async fn attempt(
     }
     Err(last_error)
 }
+
+/// An engine's answer: a stream to relay, or a plain answer read whole
+/// (one JSON document, whose usage is noted).
+enum Answer {
+    Stream(super::upstream::Body),
+    Whole(Bytes),
+}
+
+/// Sends the request to `endpoint` and takes its answer's head and, for a
+/// plain answer, its body; any failure is counted by the endpoint's breaker.
+/// Nothing has reached the client yet, so a failure is retried elsewhere.
+async fn exchange(
+    gw: &Gateway,
+    endpoint: &crate::Endpoint,
+    path: &str,
+    request_id: &axum::http::HeaderValue,
+    body: &Bytes,
+    model: &str,
+    stream: bool,
+) -> Result<(Parts, Answer), Failure> {
+    // One deadline for the answer's head and, of a plain answer, its
+    // whole body: engines send a plain answer's head at its end.
+    let deadline = tokio::time::Instant::now() + gw.config.response_timeout;
+    let sent = tokio::time::timeout_at(
+        deadline,
+        gw.upstream.send(endpoint, path, request_id, body.clone()),
+    )
+    .await;
+    let upstream = match sent {
+        Ok(Ok(r)) if r.status().is_server_error() => {
+            endpoint.record(false);
+            return Err(Failure::said(format!(
+                "endpoint {} answered {}",
+                endpoint.spec.id,
+                r.status()
+            )));
+        }
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            endpoint.record(false);
+            tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
+            return Err(Failure::said(format!(
+                "endpoint {} is unreachable",
+                endpoint.spec.id
+            )));
+        }
+        Err(_) => return Err(timed_out(endpoint, gw.config.response_timeout)),
+    };
+    endpoint.record(true);
+    let (head, upstream) = upstream.into_parts();
+    if stream {
+        return Ok((head, Answer::Stream(upstream)));
+    }
+    match tokio::time::timeout_at(deadline, super::whole(upstream)).await {
+        Ok(Ok(bytes)) => Ok((head, Answer::Whole(bytes))),
+        Ok(Err(e)) => {
+            endpoint.record(false);
+            gw.metrics.migration(model, "retried");
+            tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
+            Err(Failure::said(format!(
+                "endpoint {} broke off: {e}",
+                endpoint.spec.id
+            )))
+        }
+        Err(_) => Err(timed_out(endpoint, gw.config.response_timeout)),
+    }
+}
+
+/// The request's account while an engine has it and nothing has come
+/// back. Dropped armed (its future dropped: the client went away), it
+/// records the request as given up (499) with its prompt's estimate and
+/// no completion; disarmed when the engine answered or failed.
+struct Waiting<'t> {
+    ticket: &'t mut Option<Ticket>,
+    model: &'t str,
+    prompt: u64,
+    armed: bool,
+}
+
+impl Waiting<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Some(t) = self.ticket.take() else { return };
+        let gw = t.gateway().clone();
+        let mut finish = Finish::new(t, self.model, GIVEN_UP);
+        finish.tokens = Some(crate::usage::Tokens {
+            prompt: self.prompt,
+            completion: 0,
+        });
+        gw.metrics.request(finish.served().clone(), GIVEN_UP);
+    }
+}
+
+/// A request its client gave up on, as proxies log it.
+const GIVEN_UP: u16 = 499;
 
 /// An endpoint that said nothing in time: as good as down, so its breaker
 /// counts it, and the request goes elsewhere.

@@ -143,7 +143,7 @@ struct State {
 }
 
 pub(crate) fn relay(
-    upstream: axum::http::Response<super::upstream::Body>,
+    upstream: super::upstream::Body,
     flight: InFlight,
     finish: Finish,
     splice: Splice,
@@ -152,7 +152,7 @@ pub(crate) fn relay(
     resume: Option<Resume>,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
     let state = State {
-        upstream: upstream.into_body().into_data_stream(),
+        upstream: upstream.into_data_stream(),
         flight,
         finish,
         splice,

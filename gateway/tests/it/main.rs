@@ -437,6 +437,61 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
     );
 }
 
+/// A plain request whose client leaves while the engine works pays for
+/// its prompt, as a stream's does (the engine did that work), and is
+/// counted as given up (499).
+#[tokio::test]
+async fn a_plain_request_the_client_leaves_pays_for_its_prompt() {
+    let engine = sim(llmgw_sim::SimConfig {
+        tokens_per_s: 5,
+        ..support::sim_config()
+    })
+    .await;
+    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = support::gateway_recording(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..Default::default()
+        },
+        Some(queue),
+    )
+    .await;
+    let asked = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("m", false, 1000))
+        .send();
+    let asked = tokio::spawn(asked);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metric(&engine, "vllm:num_requests_running").await < 1.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the engine took the request");
+    asked.abort();
+    let record = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a usage record in time")
+        .expect("a usage record");
+    assert!(
+        record.prompt_tokens > 0 && record.completion_tokens == 0 && record.status == 499,
+        "{record:?}"
+    );
+    let page = gw.admin_page().await;
+    assert!(
+        page.contains("llmgw_requests_total{model=\"m\",status=\"499\"} 1"),
+        "{page}"
+    );
+    // And the engine was told: its request was cancelled.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while metric(&engine, "vllm:num_requests_running").await > 0.0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the engine stopped generating");
+}
+
 #[tokio::test]
 async fn usage_records_reach_the_event_log_through_the_batcher() {
     use llmgw_eventstore::EventStore;
