@@ -21,6 +21,10 @@ pub struct ApiError {
     pub final_answer: bool,
 }
 
+/// When to ask again for an on-demand model that was not ready: often
+/// enough to be served soon after it is, rarely enough not to pile up.
+const ON_DEMAND_RETRY_S: u64 = 10;
+
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(
@@ -88,6 +92,25 @@ impl ApiError {
             "upstream_timeout",
             message,
         )
+    }
+
+    /// An on-demand model asked for was not serving within
+    /// `router.on_demand_wait`: it may still be starting (a large one
+    /// loads for minutes), or fit on no node; it is kept up for its idle
+    /// time once it serves.
+    pub fn not_ready(model: &str, waited: std::time::Duration) -> Self {
+        ApiError {
+            retry_after: Some(ON_DEMAND_RETRY_S),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "model_not_ready",
+                format!(
+                    "`{model}` is started on demand and was not serving within {} s (router.on_demand_wait); it may still be starting: retry later (`llmgw ctl explain-placement {model}` tells the operator whether it fits)",
+                    waited.as_secs_f64()
+                ),
+            )
+        }
     }
 
     /// `retry_after`: when capacity may be back (an open breaker's cool

@@ -81,7 +81,10 @@ pub(crate) async fn forward(
                 )
             }
         }
-        None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
+        None => match plan.not_started {
+            Some(model) => ApiError::not_ready(model, gw.config.on_demand_wait),
+            None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
+        },
     })
 }
 

@@ -136,8 +136,10 @@ async fn serve_body(
         access.clone(),
         plan.hold.take(),
     );
-    if let Some(model) = resolve::to_wait_for(gw, &routes, &plan) {
-        resolve::wait_on_demand(gw, &routes, model).await;
+    if let Some(model) = resolve::to_wait_for(gw, &routes, &plan)
+        && !resolve::wait_on_demand(gw, &routes, model).await
+    {
+        plan.not_started = Some(model);
     }
     let session = caller.session.as_deref().or(request.user.as_deref());
     forward::forward(gw, path, &request, session, &plan, ticket)

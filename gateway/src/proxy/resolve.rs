@@ -27,6 +27,9 @@ pub(crate) struct Plan<'a> {
     /// What the request may cost, held against its key's budgets while it
     /// runs (the ticket keeps it to the end).
     pub(crate) hold: Option<Hold>,
+    /// An on-demand model the request waited for in vain: with nothing
+    /// else to serve it, the client is told that, not "no capacity".
+    pub(crate) not_started: Option<&'a str>,
 }
 
 /// Completion tokens a request that sets no `max_tokens` is held at while
@@ -156,6 +159,7 @@ pub(crate) fn plan<'a>(
         asked,
         candidates,
         hold,
+        not_started: None,
     })
 }
 
@@ -215,10 +219,10 @@ pub(crate) fn to_wait_for<'a>(gw: &Gateway, routes: &Routes, plan: &Plan<'a>) ->
 }
 
 /// Tells the control plane the model is wanted and, while nothing serves
-/// it, waits (bounded) for a replica to come up.
-pub(crate) async fn wait_on_demand(gw: &Gateway, routes: &Routes, model: &str) {
+/// it, waits (bounded) for a replica to come up. False when none did.
+pub(crate) async fn wait_on_demand(gw: &Gateway, routes: &Routes, model: &str) -> bool {
     if !routes.on_demand(model) {
-        return;
+        return true;
     }
     demand(gw, routes, model);
     let serving = || gw.endpoints.routable_models().iter().any(|m| m == model);
@@ -228,10 +232,10 @@ pub(crate) async fn wait_on_demand(gw: &Gateway, routes: &Routes, model: &str) {
         tokio::pin!(changed);
         changed.as_mut().enable();
         if serving() {
-            return;
+            return true;
         }
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
-            return;
+            return serving();
         }
     }
 }

@@ -11,6 +11,7 @@ mod support;
 mod tenancy;
 mod upstream;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -435,6 +436,49 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
         record.completion_tokens >= 4 && record.completion_tokens < 1000,
         "{record:?}"
     );
+}
+
+/// An on-demand model that does not come up within `router.on_demand_wait`
+/// is answered as such (503 `model_not_ready`, with when to ask again),
+/// not as a model without capacity; the control plane was told it is
+/// wanted.
+#[tokio::test]
+async fn an_on_demand_model_that_does_not_come_up_is_answered_not_ready() {
+    let later = llmgw_domain::catalog::Model::named("later");
+    assert_eq!(later.scaling.min, 0, "started on demand");
+    let gw = llmgw_gateway::Gateway::new(
+        GatewayConfig {
+            on_demand_wait: Duration::from_millis(300),
+            ..GatewayConfig::default()
+        },
+        None,
+    )
+    .unwrap();
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let told = asked.clone();
+    gw.on_demand(llmgw_gateway::DemandHook(Box::new(move |m| {
+        told.lock().unwrap().push(m.to_owned())
+    })));
+    gw.apply_router_view(&support::router_view(vec![later], &[]));
+    let gw = support::serve(gw).await;
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.base))
+        .json(&chat("later", false, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "10");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_not_ready", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("router.on_demand_wait"),
+        "{body}"
+    );
+    assert_eq!(*asked.lock().unwrap(), vec!["later".to_string()]);
 }
 
 /// A plain request whose client leaves while the engine works pays for
