@@ -265,16 +265,29 @@ async fn exchange(
     model: &str,
     stream: bool,
 ) -> Result<(Parts, Answer), Failure> {
-    // One deadline for the answer's head and, of a plain answer, its
-    // whole body: engines send a plain answer's head at its end.
-    let deadline = tokio::time::Instant::now() + gw.config.response_timeout;
-    let sent = tokio::time::timeout_at(
-        deadline,
-        gw.upstream.send(endpoint, path, request_id, body.clone()),
-    )
-    .await;
-    let upstream = match sent {
-        Ok(Ok(r)) if r.status().is_server_error() => {
+    // One deadline (one timer) for the answer's head and, of a plain
+    // answer, its whole body: engines send a plain answer's head at its end.
+    let exchanged = exchange_unbounded(gw, endpoint, path, request_id, body, model, stream);
+    tokio::time::timeout(gw.config.response_timeout, exchanged)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(endpoint, gw.config.response_timeout)))
+}
+
+async fn exchange_unbounded(
+    gw: &Gateway,
+    endpoint: &crate::Endpoint,
+    path: &str,
+    request_id: &axum::http::HeaderValue,
+    body: &Bytes,
+    model: &str,
+    stream: bool,
+) -> Result<(Parts, Answer), Failure> {
+    let upstream = match gw
+        .upstream
+        .send(endpoint, path, request_id, body.clone())
+        .await
+    {
+        Ok(r) if r.status().is_server_error() => {
             endpoint.record(false);
             return Err(Failure::said(format!(
                 "endpoint {} answered {}",
@@ -282,8 +295,8 @@ async fn exchange(
                 r.status()
             )));
         }
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
+        Ok(r) => r,
+        Err(e) => {
             endpoint.record(false);
             tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
             return Err(Failure::said(format!(
@@ -291,16 +304,15 @@ async fn exchange(
                 endpoint.spec.id
             )));
         }
-        Err(_) => return Err(timed_out(endpoint, gw.config.response_timeout)),
     };
     endpoint.record(true);
     let (head, upstream) = upstream.into_parts();
     if stream {
         return Ok((head, Answer::Stream(upstream)));
     }
-    match tokio::time::timeout_at(deadline, super::whole(upstream)).await {
-        Ok(Ok(bytes)) => Ok((head, Answer::Whole(bytes))),
-        Ok(Err(e)) => {
+    match super::whole(upstream).await {
+        Ok(bytes) => Ok((head, Answer::Whole(bytes))),
+        Err(e) => {
             endpoint.record(false);
             gw.metrics.migration(model, "retried");
             tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
@@ -309,7 +321,6 @@ async fn exchange(
                 endpoint.spec.id
             )))
         }
-        Err(_) => Err(timed_out(endpoint, gw.config.response_timeout)),
     }
 }
 
