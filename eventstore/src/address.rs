@@ -16,8 +16,9 @@ pub enum StoreAddress {
 
 impl StoreAddress {
     pub fn parse(raw: &str) -> Result<Self, StoreError> {
+        // An error names the address, never its password.
         let bad = |reason: &str| StoreError::BadAddress {
-            address: raw.to_owned(),
+            address: redact_raw(raw),
             reason: reason.to_owned(),
         };
         let raw_trim = raw.trim();
@@ -44,6 +45,13 @@ impl StoreAddress {
                 .parse::<sqlx::postgres::PgConnectOptions>()
                 .map_err(|e| bad(&e.to_string()))?;
             return Ok(StoreAddress::Postgres(raw_trim.to_owned()));
+        }
+        if is_keyword_form(raw_trim) {
+            // libpq's `host=… dbname=…` would otherwise open a SQLite file
+            // of that name: a server meant for PostgreSQL alone on a disk.
+            return Err(bad(
+                "a PostgreSQL key=value string is not taken: write it as postgres://user:password@host:port/dbname",
+            ));
         }
         let path = if let Some(rest) = raw_trim.strip_prefix("sqlite://") {
             rest
@@ -95,6 +103,45 @@ impl std::fmt::Display for StoreAddress {
     }
 }
 
+/// libpq's keywords a connection string of the `key=value` form starts
+/// with; a file name rarely does.
+const LIBPQ_KEYWORDS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "sslmode",
+    "passfile",
+    "service",
+    "options",
+    "connect_timeout",
+    "application_name",
+];
+
+fn is_keyword_form(raw: &str) -> bool {
+    raw.split_whitespace().any(|word| {
+        word.split_once('=')
+            .is_some_and(|(key, _)| LIBPQ_KEYWORDS.contains(&key))
+    })
+}
+
+/// Any address as given, its password hidden (a URL's, or a `password=`
+/// word's).
+fn redact_raw(raw: &str) -> String {
+    if raw.contains("://") {
+        return redact_password(raw);
+    }
+    raw.split_whitespace()
+        .map(|word| match word.split_once('=') {
+            Some(("password", _)) => "password=***",
+            _ => word,
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn redact_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
@@ -133,6 +180,29 @@ fn redact_query_password(tail: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// libpq's key=value form is refused (it was a SQLite file of that
+    /// name), and no refusal shows a password.
+    #[test]
+    fn a_keyword_string_is_refused_and_no_error_shows_a_password() {
+        let e = StoreAddress::parse("host=127.0.0.1 user=postgres password=KvSecret3 dbname=x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("postgres://user:password@host") && !e.contains("KvSecret3"),
+            "{e}"
+        );
+        assert!(e.contains("password=***"), "{e}");
+        let e = StoreAddress::parse("postgres://u:UrlSecret@db:notaport/x")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("UrlSecret") && e.contains("u:***@db"), "{e}");
+        // A path that merely holds an `=` is still a path.
+        assert!(matches!(
+            StoreAddress::parse("/data/run=1/llmgw.db"),
+            Ok(StoreAddress::Sqlite(_))
+        ));
+    }
 
     #[test]
     fn schemes_pick_the_backend() {
