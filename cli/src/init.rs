@@ -125,12 +125,15 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
             .find_map(|l| l.trim().strip_prefix("LLMGW_STORE="))
             .map(|v| v.trim().trim_matches('"').to_owned())
             .with_context(|| format!("{} sets no LLMGW_STORE", env_file.display()))?;
+        // The same database with or without its password is the same
+        // store; the file's, password and all, is kept (and never shown).
         if let Some(g) = given
-            && g != named
+            && without_password(g) != without_password(&named)
         {
             bail!(
-                "{} names another store ({named}); edit it, or run without --store",
-                env_file.display()
+                "{} names another store ({}); edit it, or run without --store",
+                env_file.display(),
+                redact(&named)
             );
         }
         say.skipped(format!("{}: exists", env_file.display()))?;
@@ -175,11 +178,20 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
 
 /// A DSN's password is not printed.
 fn redact(store: &str) -> String {
+    with_password(store, ":***")
+}
+
+/// The address that names the same database whatever its password.
+fn without_password(store: &str) -> String {
+    with_password(store, "")
+}
+
+fn with_password(store: &str, shown: &str) -> String {
     match (store.find("://"), store.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &store[scheme + 3..at];
             match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &store[..scheme + 3], &store[at..]),
+                Some((user, _)) => format!("{}{user}{shown}{}", &store[..scheme + 3], &store[at..]),
                 None => store.to_owned(),
             }
         }

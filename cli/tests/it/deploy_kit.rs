@@ -408,6 +408,55 @@ async fn sign_in(base: &str, email: &str, password: &str) -> String {
     cookies(&signed).join("; ")
 }
 
+/// server.env's store is compared with `--store` as a database, not as
+/// text (its password may be left off), and never shown with its password.
+#[test]
+fn server_init_names_another_store_without_its_password() {
+    let root = tempfile::tempdir().unwrap();
+    let etc = root.path().join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(
+        etc.join("server.env"),
+        "LLMGW_STORE=postgres://llmgw:Hush3d@127.0.0.1:1/llmgw\n",
+    )
+    .unwrap();
+    let init = |store: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_CONFIG")
+            .current_dir(root.path())
+            .args([
+                "--store",
+                store,
+                "server",
+                "init",
+                "--admin",
+                "a@example.org",
+            ])
+            .arg("--dir")
+            .arg(&etc)
+            .arg("--state-dir")
+            .arg(root.path().join("state"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "no database at port 1");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let other = init("postgres://llmgw@127.0.0.1:1/elsewhere");
+    assert!(
+        other.contains("names another store (postgres://llmgw:***@127.0.0.1:1/llmgw)")
+            && !other.contains("Hush3d"),
+        "{other}"
+    );
+    // The same database without the password: on to the store (which is
+    // not there), not "another store".
+    let same = init("postgres://llmgw@127.0.0.1:1/llmgw");
+    assert!(
+        !same.contains("another store") && !same.contains("Hush3d"),
+        "{same}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     let root = tempfile::tempdir().unwrap();
