@@ -442,7 +442,9 @@ async fn drain(
     Path(node): Path<String>,
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
-    let done = format!("{node} is draining: each replica moves once its replacement serves");
+    let done = format!(
+        "{node} is draining: each replica moves once its replacement serves; one with nowhere to go keeps serving here (`llmgw ctl explain-placement MODEL` says why)"
+    );
     change(
         &cp,
         &origin,

@@ -22,8 +22,7 @@ use crate::{Millis, UnixMillis};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
     pub place: PlaceOptions,
-    /// How long a draining replica may finish in-flight work, and how long a
-    /// node drain waits for replacements before stopping originals anyway.
+    /// How long a draining replica may finish in-flight work.
     pub drain_grace_ms: Millis,
     /// Idle time after which an on-demand model without `idle_timeout_s` is
     /// stopped.
@@ -568,17 +567,18 @@ pub fn plan(
             .filter(|r| r.status == ReplicaStatus::Ready)
             .count() as u32;
         if let Some(first) = moving.first() {
-            // Rolling: the replacement serves before the original stops,
-            // unless the grace period ran out.
-            let since = match on_draining_node(state, first) {
-                Some(node) => rt.drain_since.nodes.get(node.as_str()),
-                None => rt
-                    .drain_since
-                    .replicas
-                    .get(first.placement.replica_id.as_str()),
-            };
-            let since = since.copied().unwrap_or(rt.now);
-            if ready_keep >= want || rt.now - since >= settings.drain_grace_ms {
+            // Rolling, the replacement serving first: an original stops
+            // only while what serves without it is still `want` (or it
+            // serves nothing). Without room for a replacement it keeps
+            // serving, and its node stays draining: a drain, or a profile
+            // edited, never takes a model down (engines load for minutes;
+            // a grace on the wait took single replicas down after it).
+            let serving_moving = moving
+                .iter()
+                .filter(|r| r.status == ReplicaStatus::Ready)
+                .count() as u32;
+            let first_serves = u32::from(first.status == ReplicaStatus::Ready);
+            if ready_keep + serving_moving - first_serves >= want || first_serves == 0 {
                 plan.actions.push(Action::Drain {
                     replica_id: first.placement.replica_id.clone(),
                     shards: shards_of(&first.placement),

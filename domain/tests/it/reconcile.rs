@@ -32,6 +32,18 @@ fn register(state: &mut State, id: &str) {
     }));
 }
 
+fn register_with_memory(state: &mut State, id: &str, memory_total_mb: u64) {
+    state.evolve(&Event::Node(NodeEvent::NodeRegistered {
+        node_id: id.into(),
+        inventory: Inventory {
+            hostname: id.into(),
+            memory_total_mb,
+            engines: [("sim".to_string(), "1".to_string())].into(),
+            ..Inventory::default()
+        },
+    }));
+}
+
 fn cluster(min: u32, max: u32, nodes: &[&str]) -> State {
     let mut s = State::default();
     s.evolve(&Event::Catalog(CatalogEvent::ModelAdded {
@@ -242,7 +254,11 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
     if let Action::Place { placement: pl, .. } = &p.actions[0] {
         s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
     }
-    // Not ready yet: the original keeps serving.
+    // Not ready yet: the original keeps serving, however long the engine
+    // loads (a real one takes minutes, past any drain grace).
+    let p = plan(&s, &rt, &Settings::default(), |_| "r901".into());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    rt.now += 10 * Settings::default().drain_grace_ms;
     let p = plan(&s, &rt, &Settings::default(), |_| "r901".into());
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     ready_all(&mut s);
@@ -260,6 +276,75 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
     let actions = settle(&mut s, &mut rt);
     assert!(actions.contains(&Action::FinishNodeDrain { node_id: node }));
     assert!(!s.replicas.replicas[&original].is_live());
+}
+
+/// A drain with no room for a replacement leaves the original serving and
+/// the node draining, and with room for some, stops only as many
+/// originals as have replacements serving: a drain never takes a model
+/// below what it serves.
+#[test]
+fn a_drain_without_room_for_replacements_keeps_the_originals_serving() {
+    let drain = |s: &mut State, rt: &mut Runtime, node: &str| {
+        s.evolve(&Event::Node(NodeEvent::NodeCordoned {
+            node_id: node.into(),
+            by: "ops".into(),
+            reason: "drain".into(),
+        }));
+        s.evolve(&Event::Node(NodeEvent::NodeDrainRequested {
+            node_id: node.into(),
+            by: "ops".into(),
+        }));
+        rt.drain_since.nodes.insert(node.into(), rt.now);
+    };
+    let serving = |s: &State| {
+        s.replicas
+            .replicas
+            .values()
+            .filter(|r| r.status == llmgw_domain::replicas::ReplicaStatus::Ready)
+            .count()
+    };
+    // One node: nowhere to go.
+    let mut s = cluster(1, 1, &["a"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    drain(&mut s, &mut rt, "a");
+    rt.now += 10 * Settings::default().drain_grace_ms;
+    let actions = settle(&mut s, &mut rt);
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Drain { .. } | Action::FinishNodeDrain { .. })),
+        "{actions:?}"
+    );
+    assert_eq!(serving(&s), 1);
+
+    // Two replicas on "a"; "b" cordoned while they were placed, then
+    // opened with room for one.
+    let mut model = sim_model(2, 2);
+    model.profiles[0].memory_mb = 1000;
+    let mut s = State::default();
+    s.evolve(&Event::Catalog(CatalogEvent::ModelAdded { model }));
+    register_with_memory(&mut s, "a", 2500);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    assert_eq!(serving(&s), 2);
+    register_with_memory(&mut s, "b", 1500);
+    drain(&mut s, &mut rt, "a");
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    rt.now += 10 * Settings::default().drain_grace_ms;
+    let actions = settle(&mut s, &mut rt);
+    let drained = actions
+        .iter()
+        .filter(|a| matches!(a, Action::Drain { .. }))
+        .count();
+    assert_eq!(
+        drained, 1,
+        "one replacement, one original stopped: {actions:?}"
+    );
+    assert_eq!(serving(&s), 2, "still two serving");
 }
 
 /// One pass as the control plane runs it: this pass's full models noted,
