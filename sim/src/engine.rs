@@ -250,6 +250,22 @@ impl Drop for Running {
     }
 }
 
+/// One more on a gauge while it lives.
+struct Counted<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn up(gauge: &'a std::sync::atomic::AtomicUsize) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Waits for a slot (or refuses when the queue is full), then looks the
 /// prompt up in the prefix cache to price its prefill.
 async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiError> {
@@ -265,9 +281,12 @@ async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiErr
             ),
         ));
     }
-    c.waiting.fetch_add(1, Ordering::Relaxed);
+    // Counted off however the wait ends: a request whose client goes
+    // away while it waits (its future dropped) left the gauge one up for
+    // good, and the control plane saw a model busy that served nothing.
+    let waiting = Counted::up(&c.waiting);
     let permit = state.slots.clone().acquire_owned().await;
-    c.waiting.fetch_sub(1, Ordering::Relaxed);
+    drop(waiting);
     let permit = permit.map_err(|_| {
         error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -276,8 +295,6 @@ async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiErr
             "the engine is stopping".into(),
         )
     })?;
-    c.running.fetch_add(1, Ordering::Relaxed);
-    c.requests.fetch_add(1, Ordering::Relaxed);
     let lookup = {
         let mut cache = state.cache.lock().await;
         let mut events = Vec::new();
@@ -288,6 +305,9 @@ async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiErr
         }
         lookup
     };
+    // From here to `Running`, which counts them off, nothing awaits.
+    c.running.fetch_add(1, Ordering::Relaxed);
+    c.requests.fetch_add(1, Ordering::Relaxed);
     c.kv_blocks_in_use
         .fetch_add(lookup.blocks, Ordering::Relaxed);
     c.prefix_queries

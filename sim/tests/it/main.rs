@@ -404,6 +404,43 @@ async fn a_client_that_goes_away_frees_its_slot() {
     );
 }
 
+/// A client that goes away while its request waits for a slot is no
+/// longer counted waiting (the gauge stayed one up, and a control plane
+/// reading it saw a busy model that served nothing).
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_the_queue_is_no_longer_counted_waiting() {
+    let (app, _) = engine(SimConfig {
+        slots: 1,
+        ..config()
+    });
+    let first = tokio::spawn(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 10, "a"))),
+    );
+    until_metric(&app, "vllm:num_requests_running{model_name=\"m\"} 1").await;
+    let queued = tokio::spawn(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 1, "b"))),
+    );
+    until_metric(&app, "vllm:num_requests_waiting{model_name=\"m\"} 1").await;
+    queued.abort();
+    // A few turns of the scheduler for the abort to land; no time passes.
+    let mut metrics = String::new();
+    for _ in 0..1000 {
+        metrics = metrics_of(&app).await;
+        if metrics.contains("vllm:num_requests_waiting{model_name=\"m\"} 0") {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        metrics.contains("vllm:num_requests_waiting{model_name=\"m\"} 0"),
+        "{metrics}"
+    );
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    until_metric(&app, "vllm:num_requests_running{model_name=\"m\"} 0").await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn bad_requests_get_the_openai_error_envelope() {
     let (app, _) = engine(config());
