@@ -117,6 +117,14 @@ async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
     })
 }
 
+/// An answer in HTML is a page, not the admin API's: the client listener
+/// (its pages and the OpenAI API) given as --admin, most often.
+pub(crate) fn not_admin(base: &str, status: reqwest::StatusCode) -> String {
+    format!(
+        "{base} answered {status} with a web page: it is not an llmgw admin API (the admin listener is `admin_listen`, 127.0.0.1:9090 by default)"
+    )
+}
+
 /// When the answer is the leader's, sent on by a router-only server or by
 /// this process, says so on stderr: "{how} the leader NAME at URL".
 /// Says on stderr which leader answered, when another server sent the
@@ -150,14 +158,22 @@ impl Api {
     /// log, perhaps.
     pub(crate) async fn connect(store: &str, to: &AdminArgs, named: Named) -> anyhow::Result<Api> {
         let store_only = named.store && !named.admin;
-        if !to.offline
-            && !store_only
-            && let Some(http) = remote(&to.admin).await?
-        {
-            return Ok(Api::Remote {
-                base: to.admin.clone(),
-                http,
-            });
+        if !to.offline && !store_only {
+            if let Some(http) = remote(&to.admin).await? {
+                return Ok(Api::Remote {
+                    base: to.admin.clone(),
+                    http,
+                });
+            }
+            // Said, not done quietly: a mistyped --admin or a stopped
+            // server otherwise reads (or makes) another log, perhaps a new
+            // empty one, and answers as if it were the cluster's.
+            let at = llmgw_eventstore::StoreAddress::parse(store)
+                .map_or_else(|_| store.to_owned(), |a| a.redacted());
+            eprintln!(
+                "nothing answers at {}: using the log at {at} (--store)",
+                to.admin
+            );
         }
         local(store, &to.admin, to.offline).await
     }
@@ -208,6 +224,14 @@ impl Api {
             if status == 404 && why.is_empty() {
                 bail!(
                     "the server at --admin keeps no keys: it runs without auth and record_usage (or is an older llmgw); pass --offline to write to --store instead"
+                );
+            }
+            if let Api::Remote { base, .. } = self
+                && why.trim_start().starts_with('<')
+            {
+                bail!(
+                    "{}",
+                    not_admin(base, reqwest::StatusCode::from_u16(status)?)
                 );
             }
             if let Api::Local { admin, offline, .. } = self

@@ -868,6 +868,16 @@ async fn a_store_on_the_command_line_is_where_keys_go_whatever_answers_nearby() 
     );
     let listed = keys_ok(&other, &closed, &["list", "--json"]);
     assert!(listed.contains("\"name\":\"elsewhere\""), "{listed}");
+    // With nothing at --admin, the log used instead is named: a mistyped
+    // address or a stopped server is not answered for quietly.
+    let said = keys(&other, &closed, &["list"]);
+    let said = String::from_utf8_lossy(&said.stderr);
+    assert!(
+        said.contains(&format!(
+            "nothing answers at {closed}: using the log at sqlite://"
+        )),
+        "{said}"
+    );
     let near = keys_ok(&served, &server.admin, &["list", "--json"]);
     assert!(!near.contains("elsewhere"), "{near}");
 }
