@@ -185,6 +185,9 @@ impl Admin {
             if status == reqwest::StatusCode::NOT_FOUND && why.is_empty() {
                 bail!("{} has no control plane (router-only mode)", self.base);
             }
+            if why.trim_start().starts_with('<') {
+                bail!("{}", crate::admin_client::not_admin(&self.base, status));
+            }
             bail!("{why}");
         }
         serde_json::from_slice(&body)

@@ -992,6 +992,12 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     // A model name that is none is a typo, said, not an empty table.
     let (ok, _, err) = ctl(admin, &["replicas", "--model", "caht"]);
     assert!(!ok && err.contains("no model or alias caht"), "{err}");
+    // The client port given as --admin: said in one line, not its page.
+    let (ok, _, err) = ctl(&server.base, &["status"]);
+    assert!(
+        !ok && err.contains("is not an llmgw admin API") && err.lines().count() == 1,
+        "{err}"
+    );
 
     let busy = rows[0]["shards"][0]["node"].as_str().unwrap().to_owned();
     let idle = if busy == "gpu-a" { "gpu-b" } else { "gpu-a" };
