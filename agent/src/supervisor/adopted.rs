@@ -39,9 +39,18 @@ async fn watch_adopted(
     let mut draining = false;
     let mut poll = tokio::time::interval(POLL);
     let mut probe = tokio::time::interval(o.probe_interval);
+    let mut alive = tokio::time::interval(o.liveness_interval);
+    alive.tick().await;
     loop {
         let waiting = !ready && !draining;
         tokio::select! {
+            _ = alive.tick(), if ready && !draining && readiness.liveness.is_some() => {
+                if let Some(error) = readiness.still_alive().await {
+                    groups::kill_groups(&pids, o.stop_timeout).await;
+                    fail(&tx, &log, error, None);
+                    return;
+                }
+            }
             msg = control.recv() => {
                 if obey(msg, &tx, &mut draining, groups::kill_groups(&pids, o.stop_timeout)).await {
                     return;

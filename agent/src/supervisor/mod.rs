@@ -107,6 +107,14 @@ pub struct SupervisorOptions {
     pub alive_grace: Duration,
     /// Not ready this long after the start: failed, with the log tail.
     pub startup_timeout: Option<Duration>,
+    /// Once a serving engine is ready, how often its `/health` is asked
+    /// whether it still answers (each ask waits at most this long, and
+    /// 3 s)...
+    pub liveness_interval: Duration,
+    /// ...and how many failed asks in a row fail the shard: a hung engine
+    /// (a stuck GPU, a stopped process) keeps its port and its process,
+    /// and nothing else would ever restart it.
+    pub liveness_failures: u32,
     /// Where the leader's rendezvous is, for commands that wait for it.
     pub leader: Option<(String, u16)>,
     pub rendezvous_timeout: Duration,
@@ -129,6 +137,8 @@ impl Default for SupervisorOptions {
             probe_interval: Duration::from_millis(500),
             alive_grace: Duration::from_secs(5),
             startup_timeout: None,
+            liveness_interval: Duration::from_secs(10),
+            liveness_failures: 3,
             leader: None,
             rendezvous_timeout: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
@@ -232,6 +242,10 @@ struct Readiness {
     health: Option<Health>,
     grace_over: Instant,
     last: Option<NotReady>,
+    /// `/health` alone, for a ready engine; None for a worker.
+    liveness: Option<Health>,
+    misses: u32,
+    failures: u32,
 }
 
 impl Readiness {
@@ -242,6 +256,34 @@ impl Readiness {
             }),
             grace_over: Instant::now() + o.alive_grace,
             last: None,
+            liveness: o.http_port.map(|port| {
+                let wait = o.liveness_interval.min(Duration::from_secs(3));
+                Health::new(&o.health_host, port, None, wait)
+            }),
+            misses: 0,
+            failures: o.liveness_failures.max(1),
+        }
+    }
+
+    /// Asks a ready engine whether it still answers; the shard's error
+    /// once it has failed `liveness_failures` asks in a row.
+    async fn still_alive(&mut self) -> Option<String> {
+        let h = self.liveness.as_ref()?;
+        match h.ready().await {
+            Ok(()) => {
+                self.misses = 0;
+                None
+            }
+            Err(e) => {
+                self.misses += 1;
+                tracing::warn!(misses = self.misses, error = %e, "a ready engine did not answer its health check");
+                (self.misses >= self.failures).then(|| {
+                    format!(
+                        "stopped answering its health check ({} in a row; last: {e}); restarted as hung",
+                        self.misses
+                    )
+                })
+            }
         }
     }
 
@@ -396,10 +438,19 @@ async fn supervise(
     let ready_by = o.startup_timeout.map(|t| Instant::now() + t);
     let mut probe = tokio::time::interval(o.probe_interval);
     probe.tick().await;
+    let mut alive = tokio::time::interval(o.liveness_interval);
+    alive.tick().await;
     let grace_over = readiness.grace_over;
     let exited = loop {
         let waiting = !ready && !draining;
         tokio::select! {
+            _ = alive.tick(), if ready && !draining && readiness.liveness.is_some() => {
+                if let Some(error) = readiness.still_alive().await {
+                    groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
+                    fail(&tx, &log, error, None);
+                    return;
+                }
+            }
             (i, status) = first_exit(&mut children) => break (i, status),
             msg = control.recv() => {
                 let pg = pgids(&tx);

@@ -348,6 +348,44 @@ async fn ready_means_healthy_and_serving_this_shards_model() {
     shard.stop().await;
 }
 
+/// A ready engine that stops answering its health check (hung: its
+/// process and port are still there) fails its shard after
+/// `liveness_failures` asks in a row, so that it is restarted.
+#[tokio::test]
+async fn a_ready_engine_that_stops_answering_its_health_check_fails_its_shard() {
+    let engine = fake_engine(200, &["m"]).await;
+    let options = SupervisorOptions {
+        http_port: Some(engine.port),
+        served_model: Some("m".into()),
+        liveness_interval: Duration::from_millis(50),
+        liveness_failures: 3,
+        ..quick()
+    };
+    let shard = start(vec![sh("engine", "exec sleep 30")], options);
+    let mut status = shard.status();
+    assert_eq!(until(&mut status, State::Ready).await.state, State::Ready);
+    let pgid = status.borrow().pids[0];
+    // Healthy for a while: asked, and still ready.
+    let asked = engine.probes.load(std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while engine.probes.load(std::sync::atomic::Ordering::SeqCst) < asked + 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("asked while ready");
+    assert_eq!(status.borrow().state, State::Ready);
+    *engine.health.lock().unwrap() = (500, vec!["m".into()]);
+    let failed = until(&mut status, State::Failed).await;
+    assert_eq!(failed.state, State::Failed);
+    let error = failed.error.unwrap_or_default();
+    assert!(
+        error.contains("stopped answering its health check (3 in a row"),
+        "{error}"
+    );
+    assert!(!group_alive(pgid), "the hung engine was stopped");
+}
+
 #[tokio::test]
 async fn a_shard_not_ready_within_its_startup_timeout_fails_with_its_output() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
