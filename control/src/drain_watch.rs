@@ -23,7 +23,9 @@ pub(crate) const SETTLE_MS: i64 = 1_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Target {
     pub replica_id: ReplicaId,
-    pub engine: Engine,
+    /// None when its model (or profile) has left the catalog: the page is
+    /// read in whichever engine's names it has.
+    pub engine: Option<Engine>,
     pub url: String,
 }
 
@@ -51,11 +53,9 @@ pub(crate) fn targets(
             let engine = state
                 .catalog
                 .models
-                .get(&p.model)?
-                .profiles
-                .iter()
-                .find(|f| f.name == p.profile)?
-                .engine;
+                .get(&p.model)
+                .and_then(|m| m.profiles.iter().find(|f| f.name == p.profile))
+                .map(|f| f.engine);
             let inv = &node.inventory;
             let host = if inv.mgmt_addr.is_empty() {
                 &inv.hostname
@@ -102,7 +102,14 @@ async fn ask(http: reqwest::Client, t: Target) -> Option<ReplicaId> {
         .text()
         .await
         .ok()?;
-    match engine_load::queued(&page, t.engine.vocabulary()) {
+    let queued = match t.engine {
+        Some(e) => engine_load::queued(&page, e.vocabulary()),
+        None => [Engine::Vllm, Engine::Sglang, Engine::Llamacpp, Engine::Sim]
+            .into_iter()
+            .find_map(|e| engine_load::queued(&page, e.vocabulary()).ok())
+            .ok_or_else(|| "the page has no engine's queue".to_owned()),
+    };
+    match queued {
         Ok(q) if q <= 0.0 => Some(t.replica_id),
         Ok(_) => None,
         Err(why) => {

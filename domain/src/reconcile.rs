@@ -418,13 +418,27 @@ pub fn plan(
             .models
             .get(&r.placement.model)
             .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile));
-        if profile.is_none() {
-            plan.actions.push(Action::Stop {
-                replica_id: id.clone(),
-                reason: "its model or profile left the catalog".into(),
-                failed: false,
-                shards: shards_of(&r.placement),
-            });
+        // A model removed: a serving replica is drained (its requests in
+        // flight finish, within drain_grace), one not serving yet stops;
+        // a draining one goes on draining, below. A profile removed from a
+        // model that stays is replaced first, like an edited one (below).
+        if profile.is_none()
+            && !state.catalog.models.contains_key(&r.placement.model)
+            && r.status != ReplicaStatus::Draining
+        {
+            if r.status == ReplicaStatus::Ready {
+                plan.actions.push(Action::Drain {
+                    replica_id: id.clone(),
+                    shards: shards_of(&r.placement),
+                });
+            } else {
+                plan.actions.push(Action::Stop {
+                    replica_id: id.clone(),
+                    reason: "its model left the catalog".into(),
+                    failed: false,
+                    shards: shards_of(&r.placement),
+                });
+            }
             touched.insert(id.clone());
             continue;
         }

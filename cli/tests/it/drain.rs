@@ -121,3 +121,66 @@ async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
         "the log says why it stopped early:\n{log}"
     );
 }
+
+/// A model removed while a replica answers: the answer finishes (the
+/// replica drains), then the replica stops; it used to be cut mid-stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_models_stream_in_flight_finishes() {
+    let _sweep = EngineSweeper("127.0.32.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "gone", &store, port, 0);
+    let yaml = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, yaml.replace("drain_grace: 1s", "drain_grace: 10m")).unwrap();
+    let server = start_server(&config);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.32.2");
+    let model = dir.path().join("chat.yaml");
+    std::fs::write(&model, model_yaml(1)).unwrap();
+    until("the node", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array().unwrap().len() == 1).then_some(())
+    })
+    .await;
+    let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let replica = until("a ready replica", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows).into_iter().next()
+    })
+    .await;
+    until("the gateway routes", || async {
+        let r = reqwest::get(format!("{}/ready", server.base)).await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    // About three seconds of answer (the sim makes 100 tokens a second).
+    let mut stream = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "chat", "stream": true, "max_tokens": 300,
+                      "messages": [{"role": "user", "content": "a long answer"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut body = String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).into_owned();
+    let (ok, _, err) = ctl(&server.admin, &["model", "remove", "chat"]);
+    assert!(ok, "{err}");
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        body.contains("[DONE]") && !body.contains("\"error\""),
+        "the answer finished: {body}"
+    );
+    assert!(body.matches("\"content\":").count() >= 300, "{body}");
+    let id = replica["id"].as_str().unwrap().to_owned();
+    until("the drained replica to stop", || async {
+        let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+        rows.as_array()?
+            .iter()
+            .any(|r| r["id"] == id.as_str() && r["status"] == "stopped")
+            .then_some(())
+    })
+    .await;
+}

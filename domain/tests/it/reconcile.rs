@@ -608,17 +608,114 @@ fn a_failed_replica_holds_its_model_back_in_the_pass_that_stops_it() {
     );
 }
 
+/// A removed model's serving replica is drained, so that what it is
+/// answering finishes (it stops once idle, or at the drain grace), not
+/// cut; one that serves nothing yet stops at once.
 #[test]
-fn replicas_whose_model_left_the_catalog_are_stopped() {
-    let mut s = cluster(1, 1, &["a"]);
+fn replicas_whose_model_left_the_catalog_are_drained_then_stopped() {
+    let mut s = cluster(2, 2, &["a", "b"]);
     let mut rt = Runtime::default();
     settle(&mut s, &mut rt);
+    let ids: Vec<ReplicaId> = s.replicas.replicas.keys().cloned().collect();
+    // One serves, the other is still starting.
+    let ready = ids[0].clone();
+    let shard = s.replicas.replicas[&ready]
+        .shards
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let events = s
+        .replicas
+        .decide(llmgw_domain::replicas::ReplicaCommand::ReportShard {
+            replica_id: ready.clone(),
+            shard_id: shard,
+            state: ShardState::Ready,
+            error: None,
+            exit_code: None,
+            log_tail: None,
+        })
+        .unwrap();
+    for e in events {
+        s.evolve(&Event::Replica(e));
+    }
     s.evolve(&Event::Catalog(CatalogEvent::ModelRemoved {
         name: "chat".into(),
     }));
     let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
     assert!(
-        matches!(&p.actions[..], [Action::Stop { reason, failed: false, .. }] if reason.contains("left the catalog"))
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Drain { replica_id, .. } if *replica_id == ready)),
+        "{:?}",
+        p.actions
+    );
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Stop { replica_id, reason, .. }
+            if *replica_id == ids[1] && reason.contains("left the catalog"))),
+        "{:?}",
+        p.actions
+    );
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
+        replica_id: ready.clone(),
+    }));
+    rt.drain_since.replicas.insert(ready.clone(), rt.now);
+    // Draining, not cut: nothing until idle or the grace.
+    let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Stop { replica_id, .. } if *replica_id == ready)),
+        "{:?}",
+        p.actions
+    );
+    rt.idle.insert(ready.clone());
+    let p = plan(&s, &rt, &Settings::default(), |_| "r".into());
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Stop { replica_id, .. } if *replica_id == ready)),
+        "{:?}",
+        p.actions
+    );
+}
+
+/// A profile renamed (the old one gone, the model kept) is rolled like an
+/// edited one: the new profile's replica serves before the old stops.
+#[test]
+fn a_renamed_profile_is_replaced_before_its_replica_stops() {
+    let mut s = cluster(1, 1, &["a", "b"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    ready_all(&mut s);
+    let original = s.replicas.replicas.keys().next().unwrap().clone();
+    let mut renamed = sim_model(1, 1);
+    renamed.profiles[0].name = "sim-v2".into();
+    s.evolve(&Event::Catalog(CatalogEvent::ModelUpdated {
+        model: renamed,
+    }));
+    let p = plan(&s, &rt, &Settings::default(), |_| "r-new".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.profile == "sim-v2"),
+        "placed first, nothing stopped: {:?}",
+        p.actions
+    );
+    let actions = settle(&mut s, &mut rt);
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Drain { replica_id, .. } if *replica_id == original)),
+        "not before the new one serves: {actions:?}"
+    );
+    ready_all(&mut s);
+    let actions = settle(&mut s, &mut rt);
+    assert!(
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Drain { replica_id, .. } if *replica_id == original)),
+        "{actions:?}"
     );
 }
 
