@@ -227,6 +227,38 @@ fn set(tx: &watch::Sender<Status>, state: State) {
 
 /// Reports the shard failed; callers stop its groups first, so that
 /// "failed", like "stopped", means nothing of it runs any more.
+/// The line of the output most likely to say why a command died, as
+/// `: LINE` (or nothing): the last that mentions an error (a Python
+/// exception, clap's `error:`, CUDA's out of memory), else the last that
+/// says anything. The error is what `ctl models` and `ctl replicas` show;
+/// the whole tail is in `ctl logs`.
+fn last_word(log: &LogTail) -> String {
+    const MAX: usize = 200;
+    let lines = log.tail(0);
+    // `[name] ` as the pump tags lines kept in memory.
+    let text = |l: &String| -> String {
+        let t = match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+            Some((name, rest)) if !name.contains(' ') => rest,
+            _ => l.as_str(),
+        };
+        t.trim().to_owned()
+    };
+    let said: Vec<String> = lines.iter().map(text).filter(|t| !t.is_empty()).collect();
+    let Some(line) = said
+        .iter()
+        .rev()
+        .find(|t| t.to_ascii_lowercase().contains("error"))
+        .or_else(|| said.last())
+    else {
+        return String::new();
+    };
+    let mut end = line.len().min(MAX);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(": {}", &line[..end])
+}
+
 fn fail(tx: &watch::Sender<Status>, log: &LogTail, error: String, exit_code: Option<i32>) {
     tx.send_modify(|s| {
         s.state = State::Failed;
@@ -506,13 +538,18 @@ async fn supervise(
         fail(
             &tx,
             &log,
-            format!("{name} exited unexpectedly ({how})"),
+            format!("{name} exited unexpectedly ({how}){}", last_word(&log)),
             code,
         );
     } else {
         // A sidecar (a Ray head, say) is part of the shard: without it the
         // engine cannot work, so the shard fails now rather than later.
-        fail(&tx, &log, format!("sidecar {name} exited ({how})"), code);
+        fail(
+            &tx,
+            &log,
+            format!("sidecar {name} exited ({how}){}", last_word(&log)),
+            code,
+        );
     }
 }
 

@@ -105,6 +105,11 @@ async fn output_goes_to_the_shards_log_file_and_its_tail_explains_a_failure() {
     };
     assert_eq!(s.exit_code, Some(3));
     assert!(s.log_tail.contains("CUDA out of memory"), "{}", s.log_tail);
+    // The error itself says why, as ctl models and replicas show it.
+    assert_eq!(
+        s.error.as_deref(),
+        Some("engine exited unexpectedly (exit status: 3): CUDA out of memory")
+    );
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         text.contains("loading") && text.contains("CUDA out of memory"),
