@@ -291,8 +291,19 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     };
     // Read now, so that --check and the start refuse a bad address alike
     // (exit 2), not the first open at run.
-    llmgw_eventstore::StoreAddress::parse(&store)
+    let address = llmgw_eventstore::StoreAddress::parse(&store)
         .map_err(|e| ConfigError(format!("store: {e}")))?;
+    // SQLite makes the file, not its directory: said now, not as "unable
+    // to open database file" once everything else has started.
+    if let llmgw_eventstore::StoreAddress::Sqlite(path) = &address
+        && let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(ConfigError(format!(
+            "store: {} is not a directory (SQLite makes the file, not its directory)",
+            dir.display()
+        )));
+    }
     let shutdown_grace = match a.shutdown_grace.as_ref().or(file.shutdown_grace.as_ref()) {
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,

@@ -638,6 +638,14 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
     );
     let missing = llmgw(&address, &["events", "log", "--node", "ghost"]);
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no events in stream node-ghost"));
+    // Nothing named is a usage error (2), as clap's are.
+    let unnamed = llmgw(&address, &["events", "log"]);
+    assert_eq!(
+        unnamed.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&unnamed.stderr)
+    );
 
     let diff = ok(
         &address,
@@ -2087,6 +2095,11 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             good.clone(),
             vec![("LLMGW_STORE", "mysql://db/llmgw")],
             "store: bad store address",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_STORE", "sqlite:///no/such/dir/llmgw.db")],
+            "store: /no/such/dir is not a directory",
         ),
         (
             good.clone(),
