@@ -39,7 +39,7 @@ pub(crate) enum EventsCommand {
         /// --from, all with it); with --type or --actor, how many of those.
         #[arg(long)]
         limit: Option<usize>,
-        /// Print JSON instead of a table.
+        /// Print JSON lines (one object a line) instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -158,6 +158,7 @@ pub(crate) enum EventsCommand {
         json: bool,
     },
     /// The history of one thing as a timeline: who did what, when.
+    #[command(group = clap::ArgGroup::new("thing").required(true))]
     Log {
         /// A stream id, such as node-gpu-a-01.
         #[arg(long, group = "thing")]
@@ -180,7 +181,7 @@ pub(crate) enum EventsCommand {
         /// about them, and the keys they made for themselves.
         #[arg(long, group = "thing")]
         user: Option<String>,
-        /// Print JSON instead of a table.
+        /// Print JSON lines (one object a line) instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -198,7 +199,7 @@ pub(crate) enum EventsCommand {
         /// router, cluster, tenancy or usage.
         #[arg(long)]
         view: String,
-        /// Print JSON instead of a table.
+        /// Print JSON lines (one object a line) instead of a table.
         #[arg(long)]
         json: bool,
     },
