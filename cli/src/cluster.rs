@@ -77,8 +77,9 @@ pub(crate) enum ClusterCommand {
         /// A shard id, or `agent` for the agent's own log.
         #[arg(long)]
         source: Option<String>,
-        /// How many of the last lines.
-        #[arg(long, default_value_t = 200)]
+        /// How many of the last lines (at least 1; at most what the agent
+        /// keeps).
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
         lines: u32,
         /// Keep printing new lines as they are written, until interrupted
         /// (needs --source).

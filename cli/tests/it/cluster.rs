@@ -1054,6 +1054,9 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     assert!(ok && lines.contains("listening on"), "{lines}{err}");
     let (ok, _, err) = ctl(admin, &["logs", &busy, "--source", "nope"]);
     assert!(!ok && err.contains("no log named nope"), "{err}");
+    // No lines asked for is a usage error, not every line.
+    let (ok, _, err) = ctl(admin, &["logs", &busy, "--source", &shard, "--lines", "0"]);
+    assert!(!ok && err.contains("--lines"), "{err}");
     // The agent's own log, at info level whatever its stderr shows.
     assert!(listed.contains("agent"), "{listed}");
     let (ok, lines, err) = ctl(admin, &["logs", &busy, "--source", "agent"]);
