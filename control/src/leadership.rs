@@ -256,6 +256,30 @@ impl ControlPlane {
         self.decider
             .execute(&writer, &origin, vec![Command::Catalog(apply)])
             .await?;
+        // The file adds and updates; it never removes (a standby whose file
+        // is older must not take models down as it takes office). Models
+        // it does not name are said, so that one deleted from the file
+        // and still serving is not a surprise.
+        if !self.config.models.is_empty() {
+            let elsewhere: Vec<String> = self
+                .decider
+                .read(|state| {
+                    state
+                        .catalog
+                        .models
+                        .keys()
+                        .filter(|name| !self.config.models.iter().any(|m| &m.name == *name))
+                        .cloned()
+                        .collect()
+                })
+                .await?;
+            if !elsewhere.is_empty() {
+                tracing::info!(
+                    models = %elsewhere.join(", "),
+                    "the catalog holds models this server's file does not name (added with ctl, or by an earlier file); they stay until `llmgw ctl model remove`"
+                );
+            }
+        }
         self.lease.send_replace(Some(token.clone()));
         self.wake.notify_one();
         Ok(())
