@@ -124,7 +124,8 @@ pub(crate) enum ModelCommand {
         /// A model in YAML (or JSON, for a .json file), as in the catalog.
         file: PathBuf,
     },
-    /// Remove a model; its replicas stop.
+    /// Remove a model; its replicas drain (answers in flight finish),
+    /// then stop.
     Remove {
         /// The model's name.
         name: String,
@@ -526,13 +527,28 @@ pub(crate) async fn run(
         ClusterCommand::Model(ModelCommand::Add { file }) => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            let model: serde_json::Value = if file.extension().is_some_and(|e| e == "json") {
+            let json_file = file.extension().is_some_and(|e| e == "json");
+            let model: serde_json::Value = if json_file {
                 serde_json::from_str(&text)
                     .with_context(|| format!("{} is not JSON", file.display()))?
             } else {
                 serde_norway::from_str(&text)
                     .with_context(|| format!("{} is not YAML", file.display()))?
             };
+            // Read as a model here first, so that a wrong value is placed
+            // in the file (its line and column), not in the JSON this sends.
+            let typed = if json_file {
+                serde_json::from_str::<llmgw_domain::catalog::Model>(&text)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            } else {
+                serde_norway::from_str::<llmgw_domain::catalog::Model>(&text)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            };
+            if let Err(e) = typed {
+                bail!("{} is not a model: {e}", file.display());
+            }
             let c: api::Changed = a
                 .answer(
                     a.http

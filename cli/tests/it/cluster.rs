@@ -1096,6 +1096,18 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
         !ok && err.contains("routing_profile \"batch\" is not supported"),
         "{err}"
     );
+    // A wrong value is placed in the file, not in the JSON sent.
+    let wrong = dir.path().join("wrong.yaml");
+    std::fs::write(
+        &wrong,
+        "name: typo2\nprofiles:\n  - name: p\n    engine: vlm\n",
+    )
+    .unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", wrong.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("wrong.yaml is not a model") && err.contains("line 4"),
+        "{err}"
+    );
     let (_, models, _) = ctl(admin, &["models"]);
     assert!(!models.contains("typo"), "{models}");
     // The file's models come back whenever a server takes office: a
