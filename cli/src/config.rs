@@ -520,6 +520,12 @@ pub(crate) fn load(
     if let Some(on) = tree.get("auth").and_then(serde_json::Value::as_bool) {
         tree["auth"] = serde_json::json!({ "enabled": on });
     }
+    let file_tree = tree.clone();
+    // A variable that makes a good file bad is named, not the file.
+    let invalid = |e: &dyn std::fmt::Display| match culprit(&file_tree, env) {
+        Some(var) => ConfigError(format!("{var} is not a valid setting: {e}")),
+        None => invalid(e),
+    };
     overlay(&mut tree, env).map_err(|e| invalid(&e))?;
     // Sections refuse unknown keys themselves; the catalog's types are also
     // read from events, where a newer writer's field must be skipped, so
@@ -550,6 +556,25 @@ pub(crate) fn load(
     }
     check_catalog(&config.models).map_err(|e| invalid(&e))?;
     Ok(config)
+}
+
+/// The `LLMGW_A__B` variable that, laid over a file that reads well
+/// alone, makes it read badly.
+fn culprit(file_tree: &serde_json::Value, env: &[(String, String)]) -> Option<String> {
+    let reads = |tree: serde_json::Value| {
+        let mut skipped = false;
+        serde_ignored::deserialize::<_, _, FileConfig>(tree, |_| skipped = true).is_ok() && !skipped
+    };
+    if !reads(file_tree.clone()) {
+        return None;
+    }
+    env.iter()
+        .filter(|(k, _)| k.starts_with("LLMGW_") && k.contains("__"))
+        .find(|(k, v)| {
+            let mut tree = file_tree.clone();
+            overlay(&mut tree, &[(k.clone(), v.clone())]).is_err() || !reads(tree)
+        })
+        .map(|(k, _)| k.clone())
 }
 
 /// `LLMGW_A__B=v` sets `a.b` to `v` (read as YAML, so numbers stay numbers).

@@ -2111,6 +2111,12 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             vec![("LLMGW_CONTROL__BASE_BACKOFF", "20m")],
             "must not be longer than control.max_backoff",
         ),
+        // A variable that names no key is blamed, not the file.
+        (
+            good.clone(),
+            vec![("LLMGW_CONTROL__BOGUS", "1")],
+            "LLMGW_CONTROL__BOGUS is not a valid setting: unknown field `bogus`",
+        ),
         // A timeout of nothing would fail every engine over at once.
         (
             good.clone(),
