@@ -481,7 +481,9 @@ async fn read_stream(
                 break;
             }
             Err(e) => {
-                tracing::info!(node = %node, error = %e, "agent stream broke");
+                // The status's message, not its Display, which dumps its
+                // source's Debug form into the journal.
+                tracing::info!(node = %node, code = %e.code(), error = %e.message(), "agent stream broke");
                 break;
             }
         };
