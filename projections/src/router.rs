@@ -63,6 +63,11 @@ pub struct RouterView {
     node_addrs: BTreeMap<NodeId, String>,
     lost_nodes: std::collections::BTreeSet<NodeId>,
     ready: std::collections::BTreeSet<ReplicaId>,
+    /// The engine each replica was placed with: what it runs while its
+    /// profile is edited to another engine, renamed or removed (it serves
+    /// until its replacement does).
+    #[serde(default)]
+    placed_engines: BTreeMap<ReplicaId, Engine>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +166,15 @@ impl RouterView {
                 .cloned()
                 .unwrap_or_else(|| rank0.node_id.to_string());
             let facts = self.profiles.get(&p.model).and_then(|m| m.get(&p.profile));
+            let current = facts.is_some_and(|f| f.fingerprint == p.profile_fp);
+            // An edited, renamed or removed profile's replica runs what it
+            // was placed with (the profile's engine now may be another).
+            let engine = match (facts, self.placed_engines.get(id)) {
+                (Some(f), _) if current => f.engine,
+                (_, Some(e)) => *e,
+                (Some(f), None) => f.engine,
+                (None, None) => Engine::Sim,
+            };
             endpoints.insert(
                 id.clone(),
                 Endpoint {
@@ -174,10 +188,10 @@ impl RouterView {
                     pool: p.pool.clone(),
                     weight: facts.map_or(1, |f| f.weight),
                     priority: facts.map_or(0, |f| f.priority),
-                    engine: facts.map_or(Engine::Sim, |f| f.engine),
+                    engine,
                     profile: p.profile.clone(),
                     profile_fp: p.profile_fp.clone(),
-                    current: facts.is_some_and(|f| f.fingerprint == p.profile_fp),
+                    current,
                 },
             );
         }
@@ -222,6 +236,10 @@ impl View for RouterView {
             Event::Node(NodeEvent::NodeLost { node_id }) => self.lost_nodes.insert(node_id.clone()),
             Event::Node(NodeEvent::NodeRecovered { node_id }) => self.lost_nodes.remove(node_id),
             Event::Replica(ReplicaEvent::ReplicaPlaced(p) | ReplicaEvent::ReplicaAdopted(p)) => {
+                let facts = self.profiles.get(&p.model).and_then(|m| m.get(&p.profile));
+                if let Some(f) = facts.filter(|f| f.fingerprint == p.profile_fp) {
+                    self.placed_engines.insert(p.replica_id.clone(), f.engine);
+                }
                 self.placements.insert(p.replica_id.clone(), p.clone());
                 false
             }
@@ -234,6 +252,7 @@ impl View for RouterView {
             ) => self.ready.remove(replica_id),
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
                 self.placements.remove(replica_id);
+                self.placed_engines.remove(replica_id);
                 self.ready.remove(replica_id)
             }
             _ => false,

@@ -59,6 +59,21 @@ fn router_routes_ready_replicas_by_name_or_alias_and_flags_edited_profiles() {
         (m.price.map(|p| p.completion_per_1k), m.description.as_str()),
         (Some(3), "a chat model")
     );
+    // Renamed, and to another engine: the running replica is still routed
+    // as the engine it runs (its load read, its answers continued, in
+    // that engine's terms) until its replacement serves.
+    let placed_with = router.endpoints["r1"].engine;
+    let mut renamed = crate::gpu_model("model-1");
+    renamed.profiles[0].name = "other".into();
+    renamed.profiles[0].engine = llmgw_domain::catalog::Engine::Llamacpp;
+    assert_ne!(placed_with, llmgw_domain::catalog::Engine::Llamacpp);
+    feed(
+        &mut router,
+        &mut state,
+        vec![Command::Catalog(CatalogCommand::UpdateModel(renamed))],
+    );
+    assert_eq!(router.endpoints["r1"].engine, placed_with);
+    assert!(!router.endpoints["r1"].current);
 
     feed(
         &mut router,
