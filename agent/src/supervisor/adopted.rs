@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    Control, LogTail, Readiness, Shard, State, Status, SupervisorOptions, fail, groups, log_for,
-    obey, set,
+    Control, Liveness, LogTail, Readiness, Shard, State, Status, SupervisorOptions, fail, groups,
+    log_for, obey, set,
 };
 
 /// How often an adopted shard's processes are checked for.
@@ -39,17 +39,16 @@ async fn watch_adopted(
     let mut draining = false;
     let mut poll = tokio::time::interval(POLL);
     let mut probe = tokio::time::interval(o.probe_interval);
-    let mut alive = tokio::time::interval(o.liveness_interval);
-    alive.tick().await;
+    let mut liveness = Liveness::new(&o);
     loop {
         let waiting = !ready && !draining;
+        let watched = ready && !draining && liveness.is_some();
         tokio::select! {
-            _ = alive.tick(), if ready && !draining && readiness.liveness.is_some() => {
-                if let Some(error) = readiness.still_alive().await {
-                    groups::kill_groups(&pids, o.stop_timeout).await;
-                    fail(&tx, &log, error, None);
-                    return;
-                }
+            error = async { liveness.as_mut()?.failed().await.into() }, if watched => {
+                let Some(error) = error else { continue };
+                groups::kill_groups(&pids, o.stop_timeout).await;
+                fail(&tx, &log, error, None);
+                return;
             }
             msg = control.recv() => {
                 if obey(msg, &tx, &mut draining, groups::kill_groups(&pids, o.stop_timeout)).await {

@@ -109,7 +109,7 @@ pub struct SupervisorOptions {
     pub startup_timeout: Option<Duration>,
     /// Once a serving engine is ready, how often its `/health` is asked
     /// whether it still answers (each ask waits at most this long, and
-    /// 3 s)...
+    /// 10 s: a busy engine may answer slowly)...
     pub liveness_interval: Duration,
     /// ...and how many failed asks in a row fail the shard: a hung engine
     /// (a stuck GPU, a stopped process) keeps its port and its process,
@@ -138,7 +138,9 @@ impl Default for SupervisorOptions {
             alive_grace: Duration::from_secs(5),
             startup_timeout: None,
             liveness_interval: Duration::from_secs(10),
-            liveness_failures: 3,
+            // A minute or two without an answer: a busy llama.cpp, its
+            // HTTP threads all taken by requests, can be slow to answer.
+            liveness_failures: 6,
             leader: None,
             rendezvous_timeout: Duration::from_secs(600),
             stop_timeout: Duration::from_secs(30),
@@ -225,16 +227,16 @@ fn set(tx: &watch::Sender<Status>, state: State) {
     tx.send_modify(|s| s.state = state);
 }
 
-/// Reports the shard failed; callers stop its groups first, so that
-/// "failed", like "stopped", means nothing of it runs any more.
 /// The line of the output most likely to say why a command died, as
-/// `: LINE` (or nothing): the last that mentions an error (a Python
-/// exception, clap's `error:`, CUDA's out of memory), else the last that
-/// says anything. The error is what `ctl models` and `ctl replicas` show;
-/// the whole tail is in `ctl logs`.
+/// `: LINE` (or nothing): of its last lines (an engine that ran for days
+/// logged errors of requests long before), the last that mentions an
+/// error (a Python exception, clap's `error:`), else the last that says
+/// anything. The error is what `ctl models` and `ctl replicas` show; the
+/// whole tail is in `ctl logs`.
 fn last_word(log: &LogTail) -> String {
     const MAX: usize = 200;
-    let lines = log.tail(0);
+    const LAST_LINES: usize = 20;
+    let lines = log.tail(LAST_LINES);
     // `[name] ` as the pump tags lines kept in memory.
     let text = |l: &String| -> String {
         let t = match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
@@ -259,6 +261,8 @@ fn last_word(log: &LogTail) -> String {
     format!(": {}", &line[..end])
 }
 
+/// Reports the shard failed; callers stop its groups first, so that
+/// "failed", like "stopped", means nothing of it runs any more.
 fn fail(tx: &watch::Sender<Status>, log: &LogTail, error: String, exit_code: Option<i32>) {
     tx.send_modify(|s| {
         s.state = State::Failed;
@@ -274,10 +278,6 @@ struct Readiness {
     health: Option<Health>,
     grace_over: Instant,
     last: Option<NotReady>,
-    /// `/health` alone, for a ready engine; None for a worker.
-    liveness: Option<Health>,
-    misses: u32,
-    failures: u32,
 }
 
 impl Readiness {
@@ -288,34 +288,6 @@ impl Readiness {
             }),
             grace_over: Instant::now() + o.alive_grace,
             last: None,
-            liveness: o.http_port.map(|port| {
-                let wait = o.liveness_interval.min(Duration::from_secs(3));
-                Health::new(&o.health_host, port, None, wait)
-            }),
-            misses: 0,
-            failures: o.liveness_failures.max(1),
-        }
-    }
-
-    /// Asks a ready engine whether it still answers; the shard's error
-    /// once it has failed `liveness_failures` asks in a row.
-    async fn still_alive(&mut self) -> Option<String> {
-        let h = self.liveness.as_ref()?;
-        match h.ready().await {
-            Ok(()) => {
-                self.misses = 0;
-                None
-            }
-            Err(e) => {
-                self.misses += 1;
-                tracing::warn!(misses = self.misses, error = %e, "a ready engine did not answer its health check");
-                (self.misses >= self.failures).then(|| {
-                    format!(
-                        "stopped answering its health check ({} in a row; last: {e}); restarted as hung",
-                        self.misses
-                    )
-                })
-            }
         }
     }
 
@@ -336,6 +308,64 @@ impl Readiness {
         self.last
             .as_ref()
             .map_or_else(|| "never probed".into(), ToString::to_string)
+    }
+}
+
+/// Asks a ready engine's `/health` whether it still answers, one ask at a
+/// time, beside whatever else the supervisor waits for (an ask that waits
+/// does not hold up a stop or an exit).
+struct Liveness {
+    health: Health,
+    every: tokio::time::Interval,
+    asking: Option<std::pin::Pin<Box<dyn Future<Output = Result<(), NotReady>> + Send>>>,
+    misses: u32,
+    failures: u32,
+}
+
+impl Liveness {
+    /// None for a shard that serves no HTTP (a worker).
+    fn new(o: &SupervisorOptions) -> Option<Liveness> {
+        let port = o.http_port?;
+        let wait = o.liveness_interval.min(Duration::from_secs(10));
+        let mut every = tokio::time::interval(o.liveness_interval);
+        // Ticks missed while the engine loaded are not made up in a burst.
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Some(Liveness {
+            health: Health::new(&o.health_host, port, None, wait),
+            every,
+            asking: None,
+            misses: 0,
+            failures: o.liveness_failures.max(1),
+        })
+    }
+
+    /// Resolves, with the shard's error, once `failures` asks in a row have
+    /// failed; cancelled and polled again at will (the ask in flight is
+    /// kept).
+    async fn failed(&mut self) -> String {
+        loop {
+            let Some(ask) = self.asking.as_mut() else {
+                self.every.tick().await;
+                let health = self.health.clone();
+                self.asking = Some(Box::pin(async move { health.ready().await }));
+                continue;
+            };
+            let answer = ask.await;
+            self.asking = None;
+            match answer {
+                Ok(()) => self.misses = 0,
+                Err(e) => {
+                    self.misses += 1;
+                    tracing::warn!(misses = self.misses, error = %e, "a ready engine did not answer its health check");
+                    if self.misses >= self.failures {
+                        return format!(
+                            "stopped answering its health check ({} in a row; last: {e}); restarted as hung",
+                            self.misses
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -470,18 +500,17 @@ async fn supervise(
     let ready_by = o.startup_timeout.map(|t| Instant::now() + t);
     let mut probe = tokio::time::interval(o.probe_interval);
     probe.tick().await;
-    let mut alive = tokio::time::interval(o.liveness_interval);
-    alive.tick().await;
+    let mut liveness = Liveness::new(&o);
     let grace_over = readiness.grace_over;
     let exited = loop {
         let waiting = !ready && !draining;
+        let watched = ready && !draining && liveness.is_some();
         tokio::select! {
-            _ = alive.tick(), if ready && !draining && readiness.liveness.is_some() => {
-                if let Some(error) = readiness.still_alive().await {
-                    groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
-                    fail(&tx, &log, error, None);
-                    return;
-                }
+            error = async { liveness.as_mut()?.failed().await.into() }, if watched => {
+                let Some(error) = error else { continue };
+                groups::stop_children(&mut children, &pgids(&tx), o.stop_timeout).await;
+                fail(&tx, &log, error, None);
+                return;
             }
             (i, status) = first_exit(&mut children) => break (i, status),
             msg = control.recv() => {
