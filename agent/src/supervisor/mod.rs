@@ -311,13 +311,16 @@ impl Readiness {
     }
 }
 
+/// One `/health` ask in flight.
+type Ask = std::pin::Pin<Box<dyn Future<Output = Result<(), NotReady>> + Send>>;
+
 /// Asks a ready engine's `/health` whether it still answers, one ask at a
 /// time, beside whatever else the supervisor waits for (an ask that waits
 /// does not hold up a stop or an exit).
 struct Liveness {
     health: Health,
     every: tokio::time::Interval,
-    asking: Option<std::pin::Pin<Box<dyn Future<Output = Result<(), NotReady>> + Send>>>,
+    asking: Option<Ask>,
     misses: u32,
     failures: u32,
 }
