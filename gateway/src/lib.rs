@@ -76,13 +76,14 @@ pub struct GatewayConfig {
     pub breaker: BreakerConfig,
     pub connect_timeout: Duration,
     /// The most an engine may take to start its answer once the request
-    /// is sent (its headers; a plain answer: the whole of it), so a hung
-    /// engine is a failure like a refused connection: counted by its
-    /// breaker and the request sent elsewhere.
+    /// is sent (its headers; a plain answer: the whole of it). A stream
+    /// not begun is a failure like a refused connection (counted by the
+    /// breaker, sent elsewhere); a plain answer not whole is given up
+    /// (504), neither counted nor sent again: it may only be long.
     pub response_timeout: Duration,
     /// The most a streamed answer may go without a byte from its engine;
-    /// then the engine is taken for dead and the answer is continued on
-    /// another replica (as when its connection breaks).
+    /// then the answer is continued on another replica (as when its
+    /// connection breaks), counted against the engine once it had begun.
     pub stream_idle_timeout: Duration,
     /// How often engine metrics are scraped; figures older than three
     /// intervals are stale.

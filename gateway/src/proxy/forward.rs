@@ -186,8 +186,14 @@ async fn attempt(
         let (head, answer) = match exchanged {
             Ok(a) => a,
             Err(failure) => {
+                let again = !failure.timed_out || request.stream;
                 last_error = Some(failure);
-                continue;
+                if again {
+                    continue;
+                }
+                // A plain answer past the timeout may only be slow: sent
+                // again it would cost another engine as much.
+                break;
             }
         };
         let status = head.status;
@@ -270,7 +276,7 @@ async fn exchange(
     let exchanged = exchange_unbounded(gw, endpoint, path, request_id, body, model, stream);
     tokio::time::timeout(gw.config.response_timeout, exchanged)
         .await
-        .unwrap_or_else(|_| Err(timed_out(endpoint, gw.config.response_timeout)))
+        .unwrap_or_else(|_| Err(timed_out(endpoint, gw.config.response_timeout, stream)))
 }
 
 async fn exchange_unbounded(
@@ -360,11 +366,18 @@ impl Drop for Waiting<'_> {
 /// A request its client gave up on, as proxies log it.
 const GIVEN_UP: u16 = 499;
 
-/// An endpoint that said nothing in time: as good as down, so its breaker
-/// counts it, and the request goes elsewhere.
-fn timed_out(endpoint: &crate::Endpoint, after: std::time::Duration) -> Failure {
-    endpoint.record(false);
-    tracing::warn!(endpoint = %endpoint.spec.id, after_s = after.as_secs_f64(), "the endpoint did not answer within router.response_timeout; trying another");
+/// An endpoint that said nothing in time. A stream's head comes at once
+/// from an engine that works, however busy: without it the engine is as
+/// good as down, so its breaker counts it and the request goes elsewhere.
+/// A plain answer comes whole at its end, so one past the timeout may only
+/// be a long answer on a busy engine: neither counted nor sent again.
+fn timed_out(endpoint: &crate::Endpoint, after: std::time::Duration, stream: bool) -> Failure {
+    if stream {
+        endpoint.record(false);
+        tracing::warn!(endpoint = %endpoint.spec.id, after_s = after.as_secs_f64(), "the endpoint did not begin a stream within router.response_timeout; trying another");
+    } else {
+        tracing::warn!(endpoint = %endpoint.spec.id, after_s = after.as_secs_f64(), "a plain answer took longer than router.response_timeout; given up, not sent again");
+    }
     Failure {
         why: format!("endpoint {} did not answer in time", endpoint.spec.id),
         timed_out: true,

@@ -166,13 +166,19 @@ pub(crate) fn relay(
             return None;
         }
         loop {
+            let mut queued = false;
             let broke = match tokio::time::timeout(st.idle, st.upstream.next()).await {
                 // A hung engine (a stuck GPU, a route lost without a
-                // reset) is as dead as one whose connection broke.
-                Err(_) => format!(
-                    "no byte from the engine in {} s (router.stream_idle_timeout)",
-                    st.idle.as_secs_f64()
-                ),
+                // reset) is as dead as one whose connection broke. Before
+                // its first token it may only be queued in a busy engine:
+                // moved on, but not held against its breaker.
+                Err(_) => {
+                    queued = !st.splice.saw_content;
+                    format!(
+                        "no byte from the engine in {} s (router.stream_idle_timeout)",
+                        st.idle.as_secs_f64()
+                    )
+                }
                 Ok(Some(Ok(chunk))) => {
                     let out = st.splice.feed(&chunk);
                     st.note();
@@ -193,7 +199,9 @@ pub(crate) fn relay(
                     return Some((Ok(rest), st));
                 }
             };
-            st.flight.endpoint().record(false);
+            if !queued {
+                st.flight.endpoint().record(false);
+            }
             tracing::warn!(endpoint = %st.flight.endpoint().spec.id, error = %broke, "the upstream broke mid-answer");
             let Some(resume) = st.resume.as_mut() else {
                 st.done = true;

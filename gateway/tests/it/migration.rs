@@ -455,9 +455,11 @@ async fn a_stream_whose_engine_goes_silent_goes_on_elsewhere() {
     assert_eq!(count(&page, "resumed"), 1.0, "{page}");
 }
 
-/// An engine that takes requests and never answers them is given
-/// `router.response_timeout`, then counted as failed and routed around;
-/// alone, it answers the client 504.
+/// An engine that takes requests and never answers them: a stream, whose
+/// head a working engine sends at once, is sent elsewhere after
+/// `router.response_timeout` and counted by the engine's breaker; a plain
+/// answer, which comes whole at its end, may only be slow: 504, neither
+/// sent again nor counted.
 #[tokio::test]
 async fn an_engine_that_never_answers_is_timed_out_and_routed_around() {
     let hung = support::hung_engine().await;
@@ -475,23 +477,35 @@ async fn an_engine_that_never_answers_is_timed_out_and_routed_around() {
     ]))
     .await;
     let client = reqwest::Client::new();
-    for stream in [false, true, false, false] {
-        let r = client
+    let ask = |stream: bool| {
+        client
             .post(format!("{}/v1/chat/completions", gw.base))
             .json(&json!({"model": "m", "stream": stream, "max_tokens": 4,
                 "messages": [{"role": "user", "content": "hi"}]}))
             .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "stream {stream}");
+    };
+    let plain = ask(false).await.unwrap();
+    assert_eq!(plain.status(), 504, "a plain answer is not sent again");
+    let body: Value = plain.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_timeout", "{body}");
+    assert_eq!(
+        metric(&live, "vllm:prefix_cache_queries_total").await,
+        0.0,
+        "b was not asked"
+    );
+    for _ in 0..3 {
+        let r = ask(true).await.unwrap();
+        assert_eq!(r.status(), 200);
         let text = r.text().await.unwrap();
-        assert!(text.contains("\"choices\""), "answered by b: {text}");
+        assert!(text.contains("[DONE]"), "answered by b: {text}");
     }
     let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_endpoint_breaker_open{endpoint=\"a-hung\"} 1"),
-        "three timeouts open its breaker: {page}"
+        "three streams' timeouts open its breaker: {page}"
     );
+    // Now the plain request goes straight to b.
+    assert_eq!(ask(false).await.unwrap().status(), 200);
 
     let alone = gateway_with(config(vec![spec("a-hung", &hung, &["m"])])).await;
     let r = client
