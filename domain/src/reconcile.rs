@@ -580,7 +580,13 @@ pub fn plan(
             .iter()
             .filter(|r| r.status == ReplicaStatus::Ready)
             .count() as u32;
-        if let Some(first) = moving.first() {
+        // One that serves nothing goes first: it may hold the room its
+        // replacement needs, and stopping it loses nothing.
+        let first = moving
+            .iter()
+            .find(|r| r.status != ReplicaStatus::Ready)
+            .or(moving.first());
+        if let Some(first) = first {
             // Rolling, the replacement serving first: an original stops
             // only while what serves without it is still `want` (or it
             // serves nothing). Without room for a replacement it keeps

@@ -347,6 +347,62 @@ fn a_drain_without_room_for_replacements_keeps_the_originals_serving() {
     assert_eq!(serving(&s), 2, "still two serving");
 }
 
+/// On a draining node with nowhere to go, a replica still starting is
+/// drained (it serves nothing, and may hold the room a replacement needs)
+/// while the serving one stays.
+#[test]
+fn a_drain_stops_first_what_serves_nothing() {
+    let mut s = cluster(2, 2, &["a"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    let ids: Vec<ReplicaId> = s.replicas.replicas.keys().cloned().collect();
+    assert_eq!(ids.len(), 2);
+    let serving = ids[0].clone();
+    let shard = s.replicas.replicas[&serving]
+        .shards
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let events = s
+        .replicas
+        .decide(llmgw_domain::replicas::ReplicaCommand::ReportShard {
+            replica_id: serving.clone(),
+            shard_id: shard,
+            state: ShardState::Ready,
+            error: None,
+            exit_code: None,
+            log_tail: None,
+        })
+        .unwrap();
+    for e in events {
+        s.evolve(&Event::Replica(e));
+    }
+    for e in [
+        NodeEvent::NodeCordoned {
+            node_id: "a".into(),
+            by: "ops".into(),
+            reason: "drain".into(),
+        },
+        NodeEvent::NodeDrainRequested {
+            node_id: "a".into(),
+            by: "ops".into(),
+        },
+    ] {
+        s.evolve(&Event::Node(e));
+    }
+    let p = plan(&s, &rt, &Settings::default(), |_| "r-new".into());
+    let drained: Vec<&ReplicaId> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Drain { replica_id, .. } => Some(replica_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(drained, vec![&ids[1]], "{:?}", p.actions);
+}
+
 /// One pass as the control plane runs it: this pass's full models noted,
 /// what load asks for worked out, then the plan, its placements applied.
 fn pass_with(s: &mut State, rt: &mut Runtime, full: bool, id: &str) -> Vec<Action> {
