@@ -106,6 +106,31 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
     all
 }
 
+/// One replica's shards report ready (the others' do not).
+fn ready_one(state: &mut State, replica: &ReplicaId) {
+    let shards: Vec<ShardId> = state.replicas.replicas[replica]
+        .shards
+        .keys()
+        .cloned()
+        .collect();
+    for shard in shards {
+        let events = state
+            .replicas
+            .decide(llmgw_domain::replicas::ReplicaCommand::ReportShard {
+                replica_id: replica.clone(),
+                shard_id: shard,
+                state: ShardState::Ready,
+                error: None,
+                exit_code: None,
+                log_tail: None,
+            })
+            .expect("accepted");
+        for e in events {
+            state.evolve(&Event::Replica(e));
+        }
+    }
+}
+
 fn ready_all(state: &mut State) {
     let ids: Vec<(ReplicaId, ShardId)> = state
         .replicas
@@ -358,26 +383,7 @@ fn a_drain_stops_first_what_serves_nothing() {
     let ids: Vec<ReplicaId> = s.replicas.replicas.keys().cloned().collect();
     assert_eq!(ids.len(), 2);
     let serving = ids[0].clone();
-    let shard = s.replicas.replicas[&serving]
-        .shards
-        .keys()
-        .next()
-        .unwrap()
-        .clone();
-    let events = s
-        .replicas
-        .decide(llmgw_domain::replicas::ReplicaCommand::ReportShard {
-            replica_id: serving.clone(),
-            shard_id: shard,
-            state: ShardState::Ready,
-            error: None,
-            exit_code: None,
-            log_tail: None,
-        })
-        .unwrap();
-    for e in events {
-        s.evolve(&Event::Replica(e));
-    }
+    ready_one(&mut s, &serving);
     for e in [
         NodeEvent::NodeCordoned {
             node_id: "a".into(),
@@ -675,26 +681,7 @@ fn replicas_whose_model_left_the_catalog_are_drained_then_stopped() {
     let ids: Vec<ReplicaId> = s.replicas.replicas.keys().cloned().collect();
     // One serves, the other is still starting.
     let ready = ids[0].clone();
-    let shard = s.replicas.replicas[&ready]
-        .shards
-        .keys()
-        .next()
-        .unwrap()
-        .clone();
-    let events = s
-        .replicas
-        .decide(llmgw_domain::replicas::ReplicaCommand::ReportShard {
-            replica_id: ready.clone(),
-            shard_id: shard,
-            state: ShardState::Ready,
-            error: None,
-            exit_code: None,
-            log_tail: None,
-        })
-        .unwrap();
-    for e in events {
-        s.evolve(&Event::Replica(e));
-    }
+    ready_one(&mut s, &ready);
     s.evolve(&Event::Catalog(CatalogEvent::ModelRemoved {
         name: "chat".into(),
     }));
