@@ -133,13 +133,23 @@ fn redact_raw(raw: &str) -> String {
     if raw.contains("://") {
         return redact_password(raw);
     }
-    raw.split_whitespace()
-        .map(|word| match word.split_once('=') {
-            Some(("password", _)) => "password=***",
-            _ => word,
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    let mut out: Vec<&str> = Vec::new();
+    // Inside a quoted password value (`password='a b'`): its words go too.
+    let mut quoted = false;
+    for word in raw.split_whitespace() {
+        if quoted {
+            quoted = !word.ends_with('\'');
+            continue;
+        }
+        match word.split_once('=') {
+            Some(("password", value)) => {
+                quoted = value.starts_with('\'') && (value.len() == 1 || !value.ends_with('\''));
+                out.push("password=***");
+            }
+            _ => out.push(word),
+        }
+    }
+    out.join(" ")
 }
 
 fn redact_password(url: &str) -> String {
@@ -193,6 +203,13 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("password=***"), "{e}");
+        let e = StoreAddress::parse("host=db password='two words' dbname=x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !e.contains("two") && !e.contains("words") && e.contains("password=*** dbname=x"),
+            "{e}"
+        );
         let e = StoreAddress::parse("postgres://u:UrlSecret@db:notaport/x")
             .unwrap_err()
             .to_string();
