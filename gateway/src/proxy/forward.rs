@@ -273,61 +273,51 @@ async fn exchange(
 ) -> Result<(Parts, Answer), Failure> {
     // One deadline (one timer) for the answer's head and, of a plain
     // answer, its whole body: engines send a plain answer's head at its end.
-    let exchanged = exchange_unbounded(gw, endpoint, path, request_id, body, model, stream);
+    let exchanged = async {
+        let upstream = match gw
+            .upstream
+            .send(endpoint, path, request_id, body.clone())
+            .await
+        {
+            Ok(r) if r.status().is_server_error() => {
+                endpoint.record(false);
+                return Err(Failure::said(format!(
+                    "endpoint {} answered {}",
+                    endpoint.spec.id,
+                    r.status()
+                )));
+            }
+            Ok(r) => r,
+            Err(e) => {
+                endpoint.record(false);
+                tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
+                return Err(Failure::said(format!(
+                    "endpoint {} is unreachable",
+                    endpoint.spec.id
+                )));
+            }
+        };
+        endpoint.record(true);
+        let (head, upstream) = upstream.into_parts();
+        if stream {
+            return Ok((head, Answer::Stream(upstream)));
+        }
+        match super::whole(upstream).await {
+            Ok(bytes) => Ok((head, Answer::Whole(bytes))),
+            Err(e) => {
+                endpoint.record(false);
+                gw.metrics.migration(model, "retried");
+                tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
+                Err(Failure::said(format!(
+                    "endpoint {} broke off: {e}",
+                    endpoint.spec.id
+                )))
+            }
+        }
+    };
     tokio::time::timeout(gw.config.response_timeout, exchanged)
         .await
         .unwrap_or_else(|_| Err(timed_out(endpoint, gw.config.response_timeout, stream)))
-}
-
-async fn exchange_unbounded(
-    gw: &Gateway,
-    endpoint: &crate::Endpoint,
-    path: &str,
-    request_id: &axum::http::HeaderValue,
-    body: &Bytes,
-    model: &str,
-    stream: bool,
-) -> Result<(Parts, Answer), Failure> {
-    let upstream = match gw
-        .upstream
-        .send(endpoint, path, request_id, body.clone())
-        .await
-    {
-        Ok(r) if r.status().is_server_error() => {
-            endpoint.record(false);
-            return Err(Failure::said(format!(
-                "endpoint {} answered {}",
-                endpoint.spec.id,
-                r.status()
-            )));
-        }
-        Ok(r) => r,
-        Err(e) => {
-            endpoint.record(false);
-            tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "upstream request failed; trying another endpoint");
-            return Err(Failure::said(format!(
-                "endpoint {} is unreachable",
-                endpoint.spec.id
-            )));
-        }
-    };
-    endpoint.record(true);
-    let (head, upstream) = upstream.into_parts();
-    if stream {
-        return Ok((head, Answer::Stream(upstream)));
-    }
-    match super::whole(upstream).await {
-        Ok(bytes) => Ok((head, Answer::Whole(bytes))),
-        Err(e) => {
-            endpoint.record(false);
-            gw.metrics.migration(model, "retried");
-            tracing::warn!(endpoint = %endpoint.spec.id, error = %e, "a plain answer broke off mid-body; sending it again elsewhere");
-            Err(Failure::said(format!(
-                "endpoint {} broke off: {e}",
-                endpoint.spec.id
-            )))
-        }
-    }
 }
 
 /// The request's account while an engine has it and nothing has come
