@@ -224,32 +224,21 @@ pub(crate) async fn failing_engine() -> SocketAddr {
 /// mid-body. Raw HTTP/1.1, so that what goes out before the close is
 /// exactly this.
 pub(crate) async fn breaking_engine() -> SocketAddr {
-    use tokio::io::AsyncWriteExt;
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let Some(head) = read_request(&mut conn).await else {
-                    return;
-                };
-                let answer: &[u8] = if head.starts_with("get /metrics") {
-                    b"HTTP/1.1 200 OK\r\ncontent-length: 56\r\nconnection: close\r\n\r\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                } else {
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"id\":\"cmpl-broken\","
-                };
-                let _ = conn.write_all(answer).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    addr
+    raw_engine(Some(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"id\":\"cmpl-broken\",")).await
 }
 
 /// An engine that looks healthy to the scraper and takes every request,
 /// but never answers one: a hung engine.
 pub(crate) async fn hung_engine() -> SocketAddr {
+    raw_engine(None).await
+}
+
+/// Raw HTTP/1.1: `/metrics` answered as an idle engine's; any other
+/// request read whole, then `answer` written and the connection closed,
+/// or, with None, the connection held open without a word.
+async fn raw_engine(answer: Option<&'static [u8]>) -> SocketAddr {
     use tokio::io::AsyncWriteExt;
+    const IDLE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 56\r\nconnection: close\r\n\r\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n";
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
@@ -258,11 +247,16 @@ pub(crate) async fn hung_engine() -> SocketAddr {
                 let Some(head) = read_request(&mut conn).await else {
                     return;
                 };
-                if head.starts_with("get /metrics") {
-                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 56\r\nconnection: close\r\n\r\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n").await;
+                let Some(answer) = (if head.starts_with("get /metrics") {
+                    Some(IDLE)
                 } else {
+                    answer
+                }) else {
                     std::future::pending::<()>().await;
-                }
+                    return;
+                };
+                let _ = conn.write_all(answer).await;
+                let _ = conn.shutdown().await;
             });
         }
     });
