@@ -1,46 +1,42 @@
-//! A drain with nothing left to finish does not wait out its grace.
+//! Drained replicas: one with nothing left to finish does not wait out
+//! its grace, and a removed model's answer in flight finishes.
 
 use serde_json::{Value, json};
 
 use super::Child;
 use super::cluster::{
-    EngineSweeper, ctl, free_port, get, model_yaml, ready_replicas, server_yaml, start_agent,
-    start_server, until,
+    EngineSweeper, ServerProc, ctl, free_port, get, model_yaml, ready_replicas, server_yaml,
+    start_agent, start_server, until,
 };
 
 fn node_of(replica: &Value) -> String {
     replica["shards"][0]["node"].as_str().unwrap().to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
-    let _sweep = EngineSweeper("127.0.31.".into());
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("llmgw.db");
-    let store = format!("sqlite://{}", db.display());
-    let port = free_port();
-    let config = server_yaml(dir.path(), "solo", &store, port, 0);
-    // A grace far longer than the test may take: a stop that waited for it
-    // would time the test out.
+/// A server whose drain grace is far longer than a test may take (a stop
+/// that waited for it would time the test out).
+/// Its store's address beside it.
+fn patient_server(dir: &std::path::Path, name: &str, port: u16) -> (ServerProc, String) {
+    let store = format!("sqlite://{}", dir.join("llmgw.db").display());
+    let config = server_yaml(dir, name, &store, port, 0);
     let yaml = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, yaml.replace("drain_grace: 1s", "drain_grace: 10m")).unwrap();
-    let server = start_server(&config);
-    let servers = format!("http://127.0.0.1:{port}");
-    let _agents: Vec<Child> = ["a", "b"]
-        .iter()
-        .enumerate()
-        .map(|(i, n)| start_agent(&servers, n, &format!("127.0.31.{}", i + 2)))
-        .collect();
-    until("two nodes", || async {
-        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
-        (nodes.as_array().unwrap().len() == 2).then_some(())
+    (start_server(&config), store)
+}
+
+/// Once `nodes` nodes are connected, adds the one-replica `chat` model and
+/// waits until the gateway routes to its replica; returns that replica.
+async fn serving_chat(server: &ServerProc, dir: &std::path::Path, nodes: usize) -> Value {
+    until("the nodes", || async {
+        let listed = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (listed.as_array().unwrap().len() == nodes).then_some(())
     })
     .await;
-    let model = dir.path().join("chat.yaml");
+    let model = dir.join("chat.yaml");
     std::fs::write(&model, model_yaml(1)).unwrap();
     let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
     assert!(ok, "{err}");
-    let original = until("a ready replica", || async {
+    let replica = until("a ready replica", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
         ready_replicas(&rows).into_iter().next()
     })
@@ -50,20 +46,45 @@ async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
         (r.status() == 200).then_some(())
     })
     .await;
+    replica
+}
 
-    // A stream of about five seconds (the sim makes 100 tokens a second)
-    // is running on the original when its node is drained.
-    let started = std::time::Instant::now();
+/// A stream of `tokens` (the sim makes 100 a second) under way: its
+/// response and its first chunk.
+async fn streaming(server: &ServerProc, tokens: u32) -> (reqwest::Response, String) {
     let mut stream = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
-        .json(&json!({"model": "chat", "stream": true, "max_tokens": 500,
-                      "messages": [{"role": "user", "content": "a long answer"}]}))
+        .json(
+            &json!({"model": "chat", "stream": true, "max_tokens": tokens,
+                      "messages": [{"role": "user", "content": "a long answer"}]}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(stream.status(), 200);
     let first = stream.chunk().await.unwrap().unwrap();
     assert!(!first.is_empty());
+    (stream, String::from_utf8_lossy(&first).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
+    let _sweep = EngineSweeper("127.0.31.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let (server, store) = patient_server(dir.path(), "solo", port);
+    let servers = format!("http://127.0.0.1:{port}");
+    let _agents: Vec<Child> = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| start_agent(&servers, n, &format!("127.0.31.{}", i + 2)))
+        .collect();
+    let original = serving_chat(&server, dir.path(), 2).await;
+
+    // A stream of about five seconds is running on the original when its
+    // node is drained.
+    let started = std::time::Instant::now();
+    let (mut stream, first) = streaming(&server, 500).await;
     let node = node_of(&original);
     let (ok, out, err) = ctl(&server.admin, &["drain", &node]);
     assert!(ok, "{out}{err}");
@@ -89,7 +110,7 @@ async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
     // later, the client (slowed by a status request a chunk) may still be
     // reading what the engine sent before it went idle and was stopped,
     // which is allowed: the tokens below show nothing was lost.
-    let mut body = String::from_utf8_lossy(&first).into_owned();
+    let mut body = first;
     while let Some(chunk) = stream.chunk().await.unwrap() {
         body.push_str(&String::from_utf8_lossy(&chunk));
         if started.elapsed() < std::time::Duration::from_secs(4) {
@@ -128,42 +149,12 @@ async fn a_drained_replica_stops_when_its_last_stream_ends_not_at_the_grace() {
 async fn a_removed_models_stream_in_flight_finishes() {
     let _sweep = EngineSweeper("127.0.32.".into());
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
     let port = free_port();
-    let config = server_yaml(dir.path(), "gone", &store, port, 0);
-    let yaml = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, yaml.replace("drain_grace: 1s", "drain_grace: 10m")).unwrap();
-    let server = start_server(&config);
+    let (server, _) = patient_server(dir.path(), "gone", port);
     let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.32.2");
-    let model = dir.path().join("chat.yaml");
-    std::fs::write(&model, model_yaml(1)).unwrap();
-    until("the node", || async {
-        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
-        (nodes.as_array().unwrap().len() == 1).then_some(())
-    })
-    .await;
-    let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    let replica = until("a ready replica", || async {
-        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
-        ready_replicas(&rows).into_iter().next()
-    })
-    .await;
-    until("the gateway routes", || async {
-        let r = reqwest::get(format!("{}/ready", server.base)).await.ok()?;
-        (r.status() == 200).then_some(())
-    })
-    .await;
-    // About three seconds of answer (the sim makes 100 tokens a second).
-    let mut stream = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", server.base))
-        .json(&json!({"model": "chat", "stream": true, "max_tokens": 300,
-                      "messages": [{"role": "user", "content": "a long answer"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
-    let mut body = String::from_utf8_lossy(&stream.chunk().await.unwrap().unwrap()).into_owned();
+    let replica = serving_chat(&server, dir.path(), 1).await;
+    // About three seconds of answer.
+    let (mut stream, mut body) = streaming(&server, 300).await;
     let (ok, _, err) = ctl(&server.admin, &["model", "remove", "chat"]);
     assert!(ok, "{err}");
     while let Some(chunk) = stream.chunk().await.unwrap() {

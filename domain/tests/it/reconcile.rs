@@ -106,6 +106,20 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
     all
 }
 
+/// An operator drains `node` (cordoned, then drained) now.
+fn drain_node(state: &mut State, rt: &mut Runtime, node: &str) {
+    state.evolve(&Event::Node(NodeEvent::NodeCordoned {
+        node_id: node.into(),
+        by: "ops".into(),
+        reason: "drain".into(),
+    }));
+    state.evolve(&Event::Node(NodeEvent::NodeDrainRequested {
+        node_id: node.into(),
+        by: "ops".into(),
+    }));
+    rt.drain_since.nodes.insert(node.into(), rt.now);
+}
+
 /// One replica's shards report ready (the others' do not).
 fn ready_one(state: &mut State, replica: &ReplicaId) {
     let shards: Vec<ShardId> = state.replicas.replicas[replica]
@@ -261,16 +275,7 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
     let node = s.replicas.replicas[&original].placement.shards[0]
         .node_id
         .clone();
-    s.evolve(&Event::Node(NodeEvent::NodeCordoned {
-        node_id: node.clone(),
-        by: "ops".into(),
-        reason: "drain".into(),
-    }));
-    s.evolve(&Event::Node(NodeEvent::NodeDrainRequested {
-        node_id: node.clone(),
-        by: "ops".into(),
-    }));
-    rt.drain_since.nodes.insert(node.clone(), rt.now);
+    drain_node(&mut s, &mut rt, &node);
     let p = plan(&s, &rt, &Settings::default(), |_| "r900".into());
     assert_eq!(p.actions.len(), 1, "{:?}", p.actions);
     assert!(
@@ -309,18 +314,6 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
 /// below what it serves.
 #[test]
 fn a_drain_without_room_for_replacements_keeps_the_originals_serving() {
-    let drain = |s: &mut State, rt: &mut Runtime, node: &str| {
-        s.evolve(&Event::Node(NodeEvent::NodeCordoned {
-            node_id: node.into(),
-            by: "ops".into(),
-            reason: "drain".into(),
-        }));
-        s.evolve(&Event::Node(NodeEvent::NodeDrainRequested {
-            node_id: node.into(),
-            by: "ops".into(),
-        }));
-        rt.drain_since.nodes.insert(node.into(), rt.now);
-    };
     let serving = |s: &State| {
         s.replicas
             .replicas
@@ -333,7 +326,7 @@ fn a_drain_without_room_for_replacements_keeps_the_originals_serving() {
     let mut rt = Runtime::default();
     settle(&mut s, &mut rt);
     ready_all(&mut s);
-    drain(&mut s, &mut rt, "a");
+    drain_node(&mut s, &mut rt, "a");
     rt.now += 10 * Settings::default().drain_grace_ms;
     let actions = settle(&mut s, &mut rt);
     assert!(
@@ -356,7 +349,7 @@ fn a_drain_without_room_for_replacements_keeps_the_originals_serving() {
     ready_all(&mut s);
     assert_eq!(serving(&s), 2);
     register_with_memory(&mut s, "b", 1500);
-    drain(&mut s, &mut rt, "a");
+    drain_node(&mut s, &mut rt, "a");
     settle(&mut s, &mut rt);
     ready_all(&mut s);
     rt.now += 10 * Settings::default().drain_grace_ms;
@@ -384,19 +377,7 @@ fn a_drain_stops_first_what_serves_nothing() {
     assert_eq!(ids.len(), 2);
     let serving = ids[0].clone();
     ready_one(&mut s, &serving);
-    for e in [
-        NodeEvent::NodeCordoned {
-            node_id: "a".into(),
-            by: "ops".into(),
-            reason: "drain".into(),
-        },
-        NodeEvent::NodeDrainRequested {
-            node_id: "a".into(),
-            by: "ops".into(),
-        },
-    ] {
-        s.evolve(&Event::Node(e));
-    }
+    drain_node(&mut s, &mut rt, "a");
     let p = plan(&s, &rt, &Settings::default(), |_| "r-new".into());
     let drained: Vec<&ReplicaId> = p
         .actions
