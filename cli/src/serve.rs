@@ -204,11 +204,9 @@ pub(crate) async fn run(
     };
     let default_price = plan.gateway.default_price;
     let mut batcher = None;
-    let mut usage_counts = None;
     let usage = match (&log, &views, plan.usage) {
         (Some(log), Some(v), Some(u)) => {
             let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(u.buffer);
-            usage_counts = Some(rx.counts());
             // Priced off the request path, from the catalog the views hold:
             // the model that served is what is charged.
             let prices = v.views.clone();
@@ -234,6 +232,7 @@ pub(crate) async fn run(
         _ => None,
     };
     let with_control = plan.control.is_some();
+    let usage_queue = usage.clone();
     let gw = Gateway::with_keys(plan.gateway, usage, keys)?;
 
     // The routing table follows the router view: with the control plane its
@@ -479,8 +478,6 @@ pub(crate) async fn run(
             Err(_) => tracing::warn!("connections still open after the grace period: closed"),
         }
     }
-    // The usage queue's sender lives in the gateway: once every holder of
-    // it is gone, the batcher flushes what it holds and ends.
     drop(serve);
     if let Some(r) = routes {
         r.abort();
@@ -492,16 +489,20 @@ pub(crate) async fn run(
     for s in [sweeper, convo_sweeper].into_iter().flatten() {
         s.abort();
     }
+    // The requests are done: the batcher appends what is queued and ends.
     if let Some(b) = batcher
-        && tokio::time::timeout(Duration::from_secs(5), b)
+        && let Some(queue) = usage_queue
+    {
+        queue.close();
+        if tokio::time::timeout(Duration::from_secs(5), b)
             .await
             .is_err()
-        && let Some(counts) = usage_counts
-    {
-        tracing::error!(
-            records = counts.held(),
-            "stopping with usage the log could not take; those records are lost"
-        );
+        {
+            tracing::error!(
+                records = queue.pending(),
+                "stopping with usage the log could not take; those records are lost"
+            );
+        }
     }
     Ok(Outcome::Ok)
 }

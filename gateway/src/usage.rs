@@ -123,8 +123,7 @@ struct Wake {
 
 impl Drop for UsageQueue {
     fn drop(&mut self) {
-        self.wake.closed.store(true, Ordering::Release);
-        self.wake.notify.notify_one();
+        self.close();
     }
 }
 
@@ -188,6 +187,15 @@ impl UsageQueue {
                 wake,
             },
         )
+    }
+
+    /// Nothing more will come: the batcher appends what is queued and
+    /// ends. A stop says so once its requests are done, rather than wait
+    /// for every holder of the queue to let go (with the control plane,
+    /// more than the gateway holds it, for as long as the process runs).
+    pub fn close(&self) {
+        self.wake.closed.store(true, Ordering::Release);
+        self.wake.notify.notify_one();
     }
 
     /// Never waits: a full queue loses the record and counts it.

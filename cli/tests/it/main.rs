@@ -1198,6 +1198,71 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
     assert_eq!(usage_rows_of(&copied), rows);
 }
 
+/// With the control plane too: a clean stop appends the usage still
+/// queued (its sender is held by more than the gateway there, and the
+/// batcher waited for them all to go: the stop took 5 s and lost it).
+#[tokio::test]
+async fn a_control_plane_server_flushes_queued_usage_on_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("log.db");
+    let store = store.to_str().unwrap();
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        "control: {enabled: true}\nagent_listen: \"127.0.0.1:0\"\nauth: {flush_interval: 1h}\n",
+    )
+    .unwrap();
+    let engine = tiny_engine();
+    let endpoint = format!("e1=http://{}=tiny", engine.addr_after("listening on "));
+    let mut server = Child::spawn(&[
+        "--store",
+        store,
+        "server",
+        "--config",
+        config.to_str().unwrap(),
+        "--record-usage",
+        "--endpoint",
+        &endpoint,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&json!({"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let pid = server.process.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(server.process.wait().unwrap().success());
+    let events = json_lines(&ok(
+        store,
+        &[
+            "events",
+            "tail",
+            "--type",
+            "UsageBatchRecorded",
+            "--from",
+            "1",
+            "--json",
+        ],
+    ));
+    assert_eq!(usage_rows_of(&events).len(), 3, "{events:?}");
+}
+
 /// The official OpenAI Python SDK, streaming and not, through the gateway.
 /// `scripts/test` installs the SDK; without it this fails and says how.
 #[tokio::test]
