@@ -155,8 +155,14 @@ impl Api {
     /// an admin address it names too, is where the command goes: through
     /// that log's leader, or decided here while none leads. A server that
     /// happens to answer at the default or ambient address keeps another
-    /// log, perhaps.
-    pub(crate) async fn connect(store: &str, to: &AdminArgs, named: Named) -> anyhow::Result<Api> {
+    /// log, perhaps. Only a command that `may_start_a_log` (the first
+    /// `keys init`, `users add`) makes a SQLite log where none is.
+    pub(crate) async fn connect(
+        store: &str,
+        to: &AdminArgs,
+        named: Named,
+        may_start_a_log: bool,
+    ) -> anyhow::Result<Api> {
         let store_only = named.store && !named.admin;
         if !to.offline && !store_only {
             if let Some(http) = remote(&to.admin).await? {
@@ -166,10 +172,23 @@ impl Api {
                 });
             }
             // Said, not done quietly: a mistyped --admin or a stopped
-            // server otherwise reads (or makes) another log, perhaps a new
-            // empty one, and answers as if it were the cluster's.
-            let at = llmgw_eventstore::StoreAddress::parse(store)
-                .map_or_else(|_| store.to_owned(), |a| a.redacted());
+            // server otherwise reads another log and answers as if it
+            // were the cluster's.
+            let address = llmgw_eventstore::StoreAddress::parse(store);
+            let at = (address.as_ref()).map_or_else(|_| store.to_owned(), |a| a.redacted());
+            // Nor is a new, empty log made to answer from where none was
+            // asked for (the default ./llmgw.db of whatever directory
+            // this runs in).
+            if let Ok(llmgw_eventstore::StoreAddress::Sqlite(path)) = &address
+                && !named.store
+                && !may_start_a_log
+                && !path.exists()
+            {
+                anyhow::bail!(
+                    "nothing answers at {} and there is no log at {at}: start the server, or name its admin API (--admin) or its log (--store)",
+                    to.admin
+                );
+            }
             eprintln!(
                 "nothing answers at {}: using the log at {at} (--store)",
                 to.admin

@@ -189,7 +189,8 @@ pub(crate) async fn run(
     named: crate::admin_client::Named,
     args: KeysArgs,
 ) -> anyhow::Result<Outcome> {
-    let api = Api::connect(store, &args.to, named).await?;
+    let starts = matches!(args.command, KeysCommand::Init { .. });
+    let api = Api::connect(store, &args.to, named, starts).await?;
     let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     use reqwest::Method;

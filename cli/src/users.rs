@@ -94,7 +94,8 @@ pub(crate) async fn run(
     named: crate::admin_client::Named,
     args: UsersArgs,
 ) -> anyhow::Result<Outcome> {
-    let api = Api::connect(store, &args.to, named).await?;
+    let starts = matches!(args.command, UsersCommand::Add { .. });
+    let api = Api::connect(store, &args.to, named, starts).await?;
     let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     let none: Option<&()> = None;

@@ -880,6 +880,25 @@ async fn a_store_on_the_command_line_is_where_keys_go_whatever_answers_nearby() 
     );
     let near = keys_ok(&served, &server.admin, &["list", "--json"]);
     assert!(!near.contains("elsewhere"), "{near}");
+    // Nothing at --admin and no log named: no empty ./llmgw.db is made
+    // and answered from, as if the cluster had no keys.
+    let here = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .current_dir(here.path())
+        .env_remove("LLMGW_STORE")
+        .env_remove("LLMGW_ADMIN")
+        .args(["keys", "list", "--admin", closed.as_str()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "nothing answers at {closed} and there is no log at sqlite://"
+        )),
+        "{said}"
+    );
+    assert!(!here.path().join("llmgw.db").exists());
 }
 
 /// A setting a mode cannot honour stops the start with one line.
