@@ -5,6 +5,10 @@
 //! and the main process's command line. The command line is the
 //! fingerprint: pids are reused, so a live pid whose `/proc/<pid>/cmdline`
 //! differs is somebody else's process and is never signalled.
+//!
+//! `<work_dir>/stopped-on-exit.json` names the shards an agent stopped
+//! itself on a clean exit, for its next run to tell the control plane
+//! (which would otherwise take them for failed).
 
 use std::path::{Path, PathBuf};
 
@@ -165,6 +169,32 @@ pub fn remove(dir: &Path, shard_id: &str) {
     if let Ok(p) = path(dir, shard_id) {
         let _ = std::fs::remove_file(p);
     }
+}
+
+/// The file naming the shards a clean exit stopped.
+const STOPPED_ON_EXIT: &str = "stopped-on-exit.json";
+
+/// Written by a clean exit that stopped `shard_ids` (replacing what an
+/// earlier exit wrote: that run's registration reported it).
+pub fn write_stopped_on_exit(dir: &Path, shard_ids: &[String]) -> Result<(), StateFileError> {
+    let path = dir.join(STOPPED_ON_EXIT);
+    let bytes = serde_json::to_vec(shard_ids).unwrap_or_default();
+    std::fs::write(&path, bytes).map_err(|source| StateFileError::Io { path, source })
+}
+
+/// The shards the last run stopped on its clean exit; the file goes, so
+/// that they are told once (an unreadable file tells nothing: those
+/// replicas are then taken for failed, as after a crash).
+pub fn take_stopped_on_exit(dir: &Path) -> Vec<String> {
+    let path = dir.join(STOPPED_ON_EXIT);
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Vec::new();
+    };
+    let _ = std::fs::remove_file(&path);
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        tracing::warn!(file = %path.display(), error = %e, "unreadable list of shards stopped on exit; ignored");
+        Vec::new()
+    })
 }
 
 /// Deletes the logs of shards that have no state file (their engines are

@@ -53,6 +53,10 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     std::fs::create_dir_all(&a.data_dir)
         .with_context(|| format!("cannot create {}", a.data_dir.display()))?;
     let data = a.data_dir.canonicalize()?;
+    // Two `up`s on one directory share its log and its agent's engines:
+    // the second would stand by, adopt the first one's engine and stop it
+    // on its way out.
+    let _one = lock(&data)?;
     let store = format!("sqlite://{}", data.join("llmgw.db").display());
     let control = llmgw_control::ControlConfig {
         instance: "up".into(),
@@ -134,11 +138,21 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
     let base = format!("http://{}", bound.client);
     let http = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(a.wait_s);
+    // Answered, not only routed: after a restart the log still routes to
+    // the engine the last run stopped until this run's agent says so.
     let ready = async {
+        let ask = serde_json::json!({
+            "model": MODEL,
+            "max_tokens": 1,
+            "messages": [{"role": "user", "content": "ready?"}],
+        });
         loop {
-            if let Ok(r) = http.get(format!("{base}/ready")).send().await
-                && r.status().is_success()
-            {
+            let asked = http
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&ask)
+                .send()
+                .await;
+            if asked.is_ok_and(|r| r.status().is_success()) {
                 return true;
             }
             if tokio::time::Instant::now() > deadline {
@@ -214,4 +228,27 @@ async fn stop<S, A>(
     let _ = agent_stop_tx.send(true);
     // Longer than the agent gives its engine to stop (30 s) before it kills it.
     let _ = tokio::time::timeout(Duration::from_secs(40), agent).await;
+}
+
+/// Held while `up` runs: refused when another `up` holds `data`.
+fn lock(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    let path = data.join("up.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    rustix::fs::flock(
+        file.as_fd(),
+        rustix::fs::FlockOperation::NonBlockingLockExclusive,
+    )
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "another llmgw up is running on {}: stop it first, or give this one another --data-dir",
+            data.display()
+        )
+    })?;
+    Ok(file)
 }

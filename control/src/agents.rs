@@ -616,6 +616,9 @@ impl ControlPlane {
             .iter()
             .map(convert::running_shard)
             .collect();
+        let stopped_on_exit: Vec<ShardId> = (reg.stopped_on_exit.iter())
+            .map(|s| s.as_str().into())
+            .collect();
         // Planned under a read of the state (no copy of it per
         // registration: a fleet registering at once would make that
         // quadratic) and under the lock of the groups awaiting adoption
@@ -625,7 +628,8 @@ impl ControlPlane {
             .decider
             .read(|state| {
                 self.observed.adopting(|gathered| {
-                    let mut plan = registration::plan(state, node, &running, gathered);
+                    let mut plan =
+                        registration::plan(state, node, &running, &stopped_on_exit, gathered);
                     let left = std::mem::take(&mut plan.adopting);
                     (plan, left)
                 })

@@ -111,6 +111,11 @@ pub(crate) fn register(r: &v1::Register) -> Result<(), String> {
     }
     storage(&r.storage)?;
     count("running shards", r.running_shards.len(), MAX_SHARDS)?;
+    count(
+        "shards stopped on exit",
+        r.stopped_on_exit.len(),
+        MAX_SHARDS,
+    )?;
     r.running_shards.iter().try_for_each(running)
 }
 

@@ -8,8 +8,9 @@
 //! control plane restarted, or this is a new leader). A replica spread
 //! over several nodes is adopted once every rank has been reported. Shards
 //! the log places on the node that the agent does not run are started (a
-//! pending one: starts are idempotent) or declared failed (one that had
-//! got further died with its agent).
+//! pending one: starts are idempotent), stopped (its agent says it stopped
+//! them itself on a clean exit, as `llmgw up` does: nothing failed) or
+//! declared failed (one that had got further died with its agent).
 //!
 //! Pure, like [`crate::reconcile::plan`]: the same state, node, shards and
 //! gathered groups give the same plan. The caller sends the stops and
@@ -111,12 +112,18 @@ pub struct Plan {
 /// back without it.
 pub const NOT_RUNNING: &str = "not running on its node after the agent reconnected";
 
-/// The plan for `node`'s registration with `running`, given the groups
-/// gathered from earlier registrations.
+/// Why a replica stops when its agent comes back saying it stopped the
+/// replica's shard itself, on a clean exit.
+pub const STOPPED_ON_EXIT: &str = "its agent stopped it on a clean exit";
+
+/// The plan for `node`'s registration with `running`, the shards its
+/// agent says it stopped on a clean exit (`stopped_on_exit`), given the
+/// groups gathered from earlier registrations.
 pub fn plan(
     state: &State,
     node: &NodeId,
     running: &[RunningShard],
+    stopped_on_exit: &[ShardId],
     mut adopting: Adopting,
 ) -> Plan {
     let mut plan = Plan::default();
@@ -148,9 +155,29 @@ pub fn plan(
         }
     }
     for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
+        let mut stopped = false;
         for shard in r.shards.values() {
             if *node != shard.placement.node_id || seen.contains(shard.placement.shard_id.as_str())
             {
+                continue;
+            }
+            // Stopped on purpose: the replica is stopped, not failed, so
+            // that its model is placed again at once (a failure would hold
+            // it back for the backoff) and no failure is recorded that did
+            // not happen. Once for the replica, however many its shards.
+            let serving_or_starting =
+                matches!(r.status, ReplicaStatus::Starting | ReplicaStatus::Ready);
+            if serving_or_starting
+                && shard.state != ShardState::Pending
+                && stopped_on_exit.contains(&shard.placement.shard_id)
+            {
+                if !stopped {
+                    stopped = true;
+                    plan.commands.push(Command::Replica(ReplicaCommand::Stop {
+                        replica_id: r.placement.replica_id.clone(),
+                        reason: STOPPED_ON_EXIT.into(),
+                    }));
+                }
                 continue;
             }
             match (r.status, shard.state) {

@@ -125,6 +125,7 @@ impl Agent {
             engines_probed: true,
             epoch_seen: self.epochs.highest(),
             heartbeat_ms: u64::try_from(self.config.heartbeat.as_millis()).unwrap_or(u64::MAX),
+            stopped_on_exit: self.stopped_on_exit.clone(),
         }
     }
 

@@ -36,6 +36,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::discovery::Options;
 use crate::engines::Registry;
+use crate::state_files;
 use crate::supervisor::{self, State};
 pub use provision::ProvisionSettings;
 
@@ -181,6 +182,10 @@ pub struct Agent {
     provisioner: Option<crate::provision::Provisioner>,
     /// The provisioning statuses this stream last sent.
     sent_provision: Vec<v1::ProvisionStatus>,
+    /// The shards the last run stopped on its clean exit, told in every
+    /// registration of this run (ids are never reused: a late repeat
+    /// names replicas already stopped).
+    stopped_on_exit: Vec<String>,
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
@@ -405,6 +410,7 @@ impl Agent {
             host: Default::default(),
             provisioner: None,
             sent_provision: Vec::new(),
+            stopped_on_exit: Vec::new(),
         }
     }
 
@@ -450,11 +456,18 @@ impl Agent {
         if self.config.stop_engines_on_exit {
             // Stops already under way finish first.
             while self.stop_tasks.join_next().await.is_some() {}
+            let mut stopped = Vec::new();
             for (id, mut r) in std::mem::take(&mut self.shards) {
                 if let Some(s) = r.shard.take() {
                     s.stop().await;
                 }
                 self.forget(&id);
+                stopped.push(id);
+            }
+            if let Some(dir) = &self.config.work_dir
+                && let Err(e) = state_files::write_stopped_on_exit(dir, &stopped)
+            {
+                tracing::warn!(error = %e, "cannot note the shards stopped on exit: the control plane will take them for failed");
             }
         }
     }

@@ -643,6 +643,27 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     // The engine listens on loopback only, like the rest of `up`; Ctrl-C
     // stops it with everything else.
     assert_eq!(sweep.engines().len(), 1, "one engine, on 127.0.0.1");
+    // A second `up` on the same data is refused (it used to stand by,
+    // adopt this one's engine and stop it on its way out).
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success() && said.contains("another llmgw up is running on"),
+        "{said}"
+    );
+    assert_eq!(sweep.engines().len(), 1, "the engine still runs");
+    let mut up = up;
     let _ = std::process::Command::new("kill")
         .args(["-INT", &up.process.id().to_string()])
         .status();
@@ -650,6 +671,42 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
         sweep.engines().is_empty().then_some(())
     })
     .await;
+    until("llmgw up exits on Ctrl-C", || {
+        let exited = up.process.try_wait().unwrap().is_some();
+        async move { exited.then_some(()) }
+    })
+    .await;
+
+    // Again, on the same data: the engine stopped on purpose is not taken
+    // for failed (a failure would also hold the model back ~10 s).
+    let again = self::up(&data, &[]);
+    assert!(Child::expect(&again.stdout, "llmgw is up").contains("serving"));
+    let store = format!("sqlite://{}", data.join("llmgw.db").display());
+    let events = super::json_lines(&super::ok(
+        &store,
+        &[
+            "events", "tail", "--type", "Replica*", "--from", "1", "--json",
+        ],
+    ));
+    let types: Vec<&str> = events
+        .iter()
+        .map(|e| e["event_type"].as_str().unwrap())
+        .collect();
+    assert!(!types.contains(&"ReplicaFailed"), "{events:#?}");
+    let stopped = events
+        .iter()
+        .find(|e| e["event_type"] == "ReplicaStopped")
+        .unwrap_or_else(|| panic!("no ReplicaStopped: {events:#?}"));
+    assert_eq!(
+        stopped["payload"]["reason"], "its agent stopped it on a clean exit",
+        "{stopped}"
+    );
+    assert_eq!(
+        types.iter().filter(|t| **t == "ReplicaReady").count(),
+        2,
+        "{types:?}"
+    );
+    drop(again);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

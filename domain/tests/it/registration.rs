@@ -5,7 +5,7 @@ use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile};
 use llmgw_domain::nodes::{Inventory, NodeEvent};
 use llmgw_domain::placement::Held;
 use llmgw_domain::registration::{
-    Adopting, NOT_RUNNING, RunningShard, StopReason, adopted_placement, plan,
+    Adopting, NOT_RUNNING, RunningShard, STOPPED_ON_EXIT, StopReason, adopted_placement, plan,
 };
 use llmgw_domain::replicas::{Placement, ReplicaCommand, ReplicaEvent, ShardPlacement, ShardState};
 use llmgw_domain::{Command, Event, State};
@@ -103,12 +103,18 @@ fn a_known_live_shard_is_reported_in_the_state_its_agent_gives() {
     let mut unknown_state = running("r1", 0, 1);
     unknown_state.state = None;
 
-    let p = plan(&s, &"n1".into(), &[running("r1", 0, 1)], Adopting::new());
+    let p = plan(
+        &s,
+        &"n1".into(),
+        &[running("r1", 0, 1)],
+        &[],
+        Adopting::new(),
+    );
     assert_eq!(p.commands, vec![report("r1", "r1-0", ShardState::Ready)]);
     assert!(p.stops.is_empty() && p.starts.is_empty() && p.adoptions.is_empty());
 
     // A state this server cannot read is not reported, nor stopped.
-    let p = plan(&s, &"n1".into(), &[unknown_state], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[unknown_state], &[], Adopting::new());
     assert_eq!(p, Default::default());
 }
 
@@ -121,7 +127,13 @@ fn a_shard_of_a_replica_the_log_stopped_is_stopped_and_its_resources_held() {
         reason: "scaled down".into(),
     }));
 
-    let p = plan(&s, &"n1".into(), &[running("r1", 0, 1)], Adopting::new());
+    let p = plan(
+        &s,
+        &"n1".into(),
+        &[running("r1", 0, 1)],
+        &[],
+        Adopting::new(),
+    );
     assert!(p.commands.is_empty());
     assert_eq!(p.stops.len(), 1);
     let stop = &p.stops[0];
@@ -147,7 +159,7 @@ fn a_live_replica_stops_a_shard_it_does_not_count() {
     let mut stray = running("r1", 0, 1);
     stray.shard_id = "r1-old".into();
 
-    let p = plan(&s, &"n1".into(), &[stray], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[stray], &[], Adopting::new());
     assert_eq!(p.stops.len(), 1);
     assert_eq!(p.stops[0].why, StopReason::ReplicaStopped);
 }
@@ -164,6 +176,7 @@ fn an_unknown_shard_whose_model_or_profile_left_the_catalog_is_stopped() {
         &s,
         &"n1".into(),
         &[gone_model, gone_profile],
+        &[],
         Adopting::new(),
     );
     let stopped: Vec<_> = p
@@ -184,7 +197,13 @@ fn an_unknown_shard_whose_model_or_profile_left_the_catalog_is_stopped() {
 #[test]
 fn an_unknown_single_node_shard_is_adopted_at_once() {
     let s = cluster();
-    let p = plan(&s, &"n1".into(), &[running("r9", 0, 1)], Adopting::new());
+    let p = plan(
+        &s,
+        &"n1".into(),
+        &[running("r9", 0, 1)],
+        &[],
+        Adopting::new(),
+    );
     assert_eq!(p.adoptions.len(), 1);
     let a = &p.adoptions[0];
     assert_eq!(a.placement.replica_id, "r9");
@@ -201,13 +220,31 @@ fn an_unknown_single_node_shard_is_adopted_at_once() {
 fn a_multi_node_replica_is_adopted_when_its_last_rank_registers() {
     let s = cluster();
     // Rank 1's node registers first, twice (a reconnect): one report kept.
-    let first = plan(&s, &"n2".into(), &[running("r9", 1, 2)], Adopting::new());
+    let first = plan(
+        &s,
+        &"n2".into(),
+        &[running("r9", 1, 2)],
+        &[],
+        Adopting::new(),
+    );
     assert!(first.adoptions.is_empty());
-    let again = plan(&s, &"n2".into(), &[running("r9", 1, 2)], first.adopting);
+    let again = plan(
+        &s,
+        &"n2".into(),
+        &[running("r9", 1, 2)],
+        &[],
+        first.adopting,
+    );
     assert!(again.adoptions.is_empty());
     assert_eq!(again.adopting["r9"].len(), 1);
 
-    let last = plan(&s, &"n1".into(), &[running("r9", 0, 2)], again.adopting);
+    let last = plan(
+        &s,
+        &"n1".into(),
+        &[running("r9", 0, 2)],
+        &[],
+        again.adopting,
+    );
     assert!(
         last.adopting.is_empty(),
         "a complete group is no longer kept"
@@ -242,7 +279,7 @@ fn a_pending_shard_the_agent_does_not_run_is_started_again() {
     let mut s = cluster();
     let p = placed(&mut s, "r1", &["n2", "n1"]);
 
-    let plan_n1 = plan(&s, &"n1".into(), &[], Adopting::new());
+    let plan_n1 = plan(&s, &"n1".into(), &[], &[], Adopting::new());
     assert_eq!(plan_n1.starts.len(), 1);
     let start = &plan_n1.starts[0];
     assert_eq!(start.shard, p.shards[1]);
@@ -252,7 +289,7 @@ fn a_pending_shard_the_agent_does_not_run_is_started_again() {
     assert_eq!(start.leader_addr, "n2.example");
     assert!(plan_n1.commands.is_empty());
 
-    let plan_n2 = plan(&s, &"n2".into(), &[], Adopting::new());
+    let plan_n2 = plan(&s, &"n2".into(), &[], &[], Adopting::new());
     assert_eq!(plan_n2.starts[0].shard, p.shards[0]);
     assert_eq!(plan_n2.starts[0].leader_addr, "n2.example");
 
@@ -261,7 +298,7 @@ fn a_pending_shard_the_agent_does_not_run_is_started_again() {
         name: "chat".into(),
     }));
     assert!(
-        plan(&s, &"n1".into(), &[], Adopting::new())
+        plan(&s, &"n1".into(), &[], &[], Adopting::new())
             .starts
             .is_empty()
     );
@@ -286,7 +323,7 @@ fn a_shard_that_had_got_further_and_is_not_running_has_failed() {
         reason: "scaled down".into(),
     }));
 
-    let p = plan(&s, &"n1".into(), &[], Adopting::new());
+    let p = plan(&s, &"n1".into(), &[], &[], Adopting::new());
     let failed = |r: &str| {
         Command::Replica(ReplicaCommand::ReportShard {
             replica_id: r.into(),
@@ -301,6 +338,42 @@ fn a_shard_that_had_got_further_and_is_not_running_has_failed() {
     assert!(p.starts.is_empty() && p.stops.is_empty());
 }
 
+/// `llmgw up` stopped: its agent stopped its engines and says so when it
+/// comes back. Those replicas stop (placed again at once, no failure on
+/// record); one it does not name still failed.
+#[test]
+fn shards_stopped_on_a_clean_exit_stop_their_replicas_instead_of_failing() {
+    let mut s = cluster();
+    placed(&mut s, "r1", &["n1"]);
+    shard_state(&mut s, "r1", "r1-0", ShardState::Ready);
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaReady {
+        replica_id: "r1".into(),
+    }));
+    placed(&mut s, "r2", &["n1"]);
+    shard_state(&mut s, "r2", "r2-0", ShardState::Loading);
+    placed(&mut s, "r3", &["n1"]);
+    shard_state(&mut s, "r3", "r3-0", ShardState::Ready);
+
+    let stopped = ["r1-0".into(), "r2-0".into()];
+    let p = plan(&s, &"n1".into(), &[], &stopped, Adopting::new());
+    let stop = |r: &str| {
+        Command::Replica(ReplicaCommand::Stop {
+            replica_id: r.into(),
+            reason: STOPPED_ON_EXIT.into(),
+        })
+    };
+    let failed = Command::Replica(ReplicaCommand::ReportShard {
+        replica_id: "r3".into(),
+        shard_id: "r3-0".into(),
+        state: ShardState::Failed,
+        error: Some(NOT_RUNNING.into()),
+        exit_code: None,
+        log_tail: None,
+    });
+    assert_eq!(p.commands, vec![stop("r1"), stop("r2"), failed]);
+    assert!(p.starts.is_empty() && p.stops.is_empty());
+}
+
 #[test]
 fn reports_come_before_failures_and_leave_groups_of_other_replicas_alone() {
     let mut s = cluster();
@@ -310,7 +383,13 @@ fn reports_come_before_failures_and_leave_groups_of_other_replicas_alone() {
     let mut gathered = Adopting::new();
     gathered.insert("r7".into(), vec![("n2".into(), running("r7", 1, 2))]);
 
-    let p = plan(&s, &"n1".into(), &[running("r1", 0, 1)], gathered.clone());
+    let p = plan(
+        &s,
+        &"n1".into(),
+        &[running("r1", 0, 1)],
+        &[],
+        gathered.clone(),
+    );
     assert_eq!(p.commands.len(), 2);
     assert_eq!(p.commands[0], report("r1", "r1-0", ShardState::Ready));
     assert!(matches!(
