@@ -90,6 +90,10 @@ pub struct ModelRow {
     /// replica is stopped at once, so this is where the reason stays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<String>,
+    /// Why it has fewer replicas than its `scaling.min`, when the reason
+    /// is that it fits nowhere now: placement's one-line summary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaced: Option<String>,
     /// Where its weights come from (a path, a hub id, a URL).
     #[serde(default)]
     pub source: String,

@@ -304,10 +304,16 @@ pub(crate) async fn run(
                 ]);
                 let failures: Vec<String> = rows
                     .iter()
-                    .filter_map(|m| {
-                        m.last_failure
-                            .as_ref()
-                            .map(|f| format!("{}: last failure {f}", m.name))
+                    .flat_map(|m| {
+                        let failure = (m.last_failure.as_ref())
+                            .map(|f| format!("{}: last failure {f}", m.name));
+                        let unplaced = m.unplaced.as_ref().map(|u| {
+                            format!(
+                                "{u}; `llmgw ctl explain-placement {}` shows each node's verdict",
+                                m.name
+                            )
+                        });
+                        failure.into_iter().chain(unplaced)
                     })
                     .collect();
                 for m in rows {

@@ -157,6 +157,24 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
 async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow>> {
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     let c = &views.cluster;
+    let held = cp.observed.held();
+    // Asked only of a model short of its floor: what the reconciler finds
+    // on its pass, which otherwise only the leader's log would say.
+    let unplaced = |m: &llmgw_domain::catalog::Model, live: usize| {
+        if live >= m.scaling.min as usize {
+            return None;
+        }
+        let options = llmgw_domain::placement::PlaceOptions {
+            port_range: cp.config.port_range,
+        };
+        let id = "explain".into();
+        llmgw_domain::placement::place_quiet(m, &c.nodes, &c.replicas, &held, &id, options)
+            .is_none()
+            .then(|| {
+                llmgw_domain::placement::place(m, &c.nodes, &c.replicas, &held, &id, options)
+                    .summary()
+            })
+    };
     let rows = c
         .catalog
         .models
@@ -193,6 +211,7 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
                         .map(|(_, e)| e)
                     })
                     .flatten(),
+                unplaced: unplaced(m, of().filter(|r| r.is_live()).count()),
                 source: m.source.clone(),
                 shapes: m
                     .profiles

@@ -64,12 +64,35 @@ impl Explanation {
         if self.profiles.is_empty() {
             return format!("{} has no profiles and is never started", self.model);
         }
-        let why: Vec<String> = self
-            .profiles
-            .iter()
-            .map(|p| format!("{}: {}", p.profile, p.outcome))
-            .collect();
+        let why: Vec<String> = self.profiles.iter().map(ProfileVerdict::summary).collect();
         format!("{} fits nowhere ({})", self.model, why.join("; "))
+    }
+}
+
+impl ProfileVerdict {
+    /// Its outcome, and the nodes' one reason when every node refused it
+    /// for the same one (a label or GPU class no node has is the common
+    /// case, and "no node fits" alone says nothing).
+    fn summary(&self) -> String {
+        let mut reasons = self
+            .candidates
+            .iter()
+            .map(|c| (!c.fits).then_some(&c.reason));
+        let Some(Some(first)) = reasons.next() else {
+            return format!("{}: {}", self.profile, self.outcome);
+        };
+        if !reasons.all(|r| r == Some(first)) {
+            return format!("{}: {}", self.profile, self.outcome);
+        }
+        match self.candidates.as_slice() {
+            [one] => format!("{}: {}, {}: {first}", self.profile, self.outcome, one.node),
+            all => format!(
+                "{}: {}, all {} nodes: {first}",
+                self.profile,
+                self.outcome,
+                all.len()
+            ),
+        }
     }
 }
 

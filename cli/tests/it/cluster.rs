@@ -816,6 +816,15 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
         .unwrap();
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     assert_eq!(r.headers()["x-llmgw-served-model"], "od");
+    // The operator sees why main has no replica without reading the
+    // leader's log; od, below no floor, is not called unplaced.
+    let (ok, table, err) = ctl(&server.admin, &["models"]);
+    assert!(ok, "{err}");
+    assert!(
+        table.contains("main fits nowhere (") && table.contains("zone"),
+        "{table}"
+    );
+    assert!(!table.contains("od fits nowhere"), "{table}");
 }
 
 /// `scaling.max` above `min` is reached under load: while the engines of

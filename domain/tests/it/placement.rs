@@ -130,6 +130,49 @@ fn the_highest_priority_profile_that_fits_wins_and_explain_says_why_others_did_n
     assert_eq!(p.shards[0].shard_id, "r1-0");
 }
 
+/// The one-line summary names the nodes' reason when they all give the
+/// same one (what `ctl models` and the leader's log print), and only the
+/// outcome when they differ.
+#[test]
+fn the_summary_names_the_one_reason_every_node_gives() {
+    let mut wants_b = profile("zoned", None, 0, 1);
+    wants_b.node_selector.insert("zone".into(), "b".into());
+    let summary = |n: &Nodes, p: &Profile| {
+        place(
+            &model(vec![p.clone()]),
+            n,
+            &Replicas::default(),
+            &[],
+            &ReplicaId::from("r1"),
+            PlaceOptions::default(),
+        )
+        .summary()
+    };
+    let one = nodes(vec![node("a", vec![], &[])]);
+    assert!(
+        summary(&one, &wants_b)
+            .ends_with("(zoned: no node fits, a: no label zone, the profile wants zone=b)"),
+        "{}",
+        summary(&one, &wants_b)
+    );
+    let two = nodes(vec![node("a", vec![], &[]), node("b", vec![], &[])]);
+    assert!(
+        summary(&two, &wants_b).ends_with(
+            "(zoned: no node fits, all 2 nodes: no label zone, the profile wants zone=b)"
+        ),
+        "{}",
+        summary(&two, &wants_b)
+    );
+    let mut cordoned = node("b", vec![], &[]);
+    cordoned.cordoned = true;
+    let mixed = nodes(vec![node("a", vec![], &[]), cordoned]);
+    assert!(
+        summary(&mixed, &wants_b).ends_with("(zoned: no node fits)"),
+        "{}",
+        summary(&mixed, &wants_b)
+    );
+}
+
 #[test]
 fn every_per_node_constraint_has_its_reason() {
     let mut cordoned = node("cordoned", vec![gpu(0, "h100-80g")], &[]);
