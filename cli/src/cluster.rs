@@ -45,7 +45,8 @@ pub(crate) enum ClusterCommand {
         /// The node's id.
         node: String,
     },
-    /// Let NODE take new placements again.
+    /// Let NODE take new placements again; on a draining node, this ends
+    /// the drain (the replicas still there stay).
     Uncordon {
         /// The node's id.
         node: String,

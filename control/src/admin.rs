@@ -462,7 +462,7 @@ async fn drain(
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
     let done = format!(
-        "{node} is draining: each replica moves once its replacement serves; one with nowhere to go keeps serving here (`llmgw ctl explain-placement MODEL` says why)"
+        "{node} is draining: each replica moves once its replacement serves; one with nowhere to go keeps serving here (`llmgw ctl explain-placement MODEL` says why; `llmgw ctl uncordon {node}` ends the drain)"
     );
     change(
         &cp,

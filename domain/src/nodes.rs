@@ -273,14 +273,11 @@ impl Nodes {
                     }]
                 }
             }
+            // Ends a drain too: one whose replicas have nowhere to go
+            // never finishes, and the operator needs a way back.
             C::Uncordon { node_id, by } => {
                 let node = known(&node_id)?;
-                if node.draining {
-                    return Err(Rejection::conflict(format!(
-                        "node {node_id} is draining; it stays cordoned until the drain is done"
-                    )));
-                }
-                if node.cordoned {
+                if node.cordoned || node.draining {
                     vec![E::NodeUncordoned { node_id, by }]
                 } else {
                     vec![]
@@ -340,7 +337,10 @@ impl Nodes {
             E::NodeLost { .. } => node.reachability = Reachability::Lost,
             E::NodeRecovered { .. } => node.reachability = Reachability::Ready,
             E::NodeCordoned { .. } => node.cordoned = true,
-            E::NodeUncordoned { .. } => node.cordoned = false,
+            E::NodeUncordoned { .. } => {
+                node.cordoned = false;
+                node.draining = false;
+            }
             E::NodeDrainRequested { .. } => node.draining = true,
             E::NodeDrained { .. } => node.draining = false,
         }

@@ -1,5 +1,6 @@
 //! Drained replicas: one with nothing left to finish does not wait out
-//! its grace, and a removed model's answer in flight finishes.
+//! its grace, and a removed model's answer in flight finishes; a drain
+//! with nowhere to go keeps serving and is ended by uncordon.
 
 use serde_json::{Value, json};
 
@@ -174,4 +175,37 @@ async fn a_removed_models_stream_in_flight_finishes() {
             .then_some(())
     })
     .await;
+}
+
+/// One node: a drain has nowhere to move the replica, which keeps
+/// serving; uncordon ends the drain (it used to be refused while the
+/// node drained, so such a node stayed cordoned for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_with_nowhere_to_go_keeps_serving_and_uncordon_ends_it() {
+    let _sweep = EngineSweeper("127.0.33.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let (server, _store) = patient_server(dir.path(), "lone", port);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.33.2");
+    let original = serving_chat(&server, dir.path(), 1).await;
+    let (ok, out, err) = ctl(&server.admin, &["drain", "a"]);
+    assert!(ok && out.contains("llmgw ctl uncordon a"), "{out}{err}");
+    let flags = || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (
+            nodes[0]["cordoned"].as_bool(),
+            nodes[0]["draining"].as_bool(),
+        )
+    };
+    assert_eq!(flags().await, (Some(true), Some(true)));
+    let (ok, out, err) = ctl(&server.admin, &["uncordon", "a"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(flags().await, (Some(false), Some(false)));
+    // The replica never stopped, and serves.
+    let (mut stream, _) = streaming(&server, 5).await;
+    while stream.chunk().await.unwrap().is_some() {}
+    let rows = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!(rows[0]["id"], original["id"]);
+    assert_eq!(rows[0]["status"], "ready");
 }
