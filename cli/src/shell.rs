@@ -27,8 +27,12 @@ pub(crate) struct ManArgs {
 
 pub(crate) fn completions(cmd: clap::Command, a: CompletionsArgs) -> anyhow::Result<Outcome> {
     let mut cmd = cmd;
+    // Made whole first: clap_complete panics when its writer fails, and a
+    // closed pipe (`llmgw completions bash | head`) is an ordinary end.
+    let mut script = Vec::new();
+    clap_complete::generate(a.shell, &mut cmd, "llmgw", &mut script);
     let mut out = std::io::stdout().lock();
-    clap_complete::generate(a.shell, &mut cmd, "llmgw", &mut out);
+    out.write_all(&script)?;
     out.flush()?;
     Ok(Outcome::Ok)
 }

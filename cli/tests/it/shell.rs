@@ -38,6 +38,21 @@ fn bash_completion_registers_and_offers_the_commands() {
     assert_eq!(bad.status.code(), Some(2));
 }
 
+/// Into a pipe already closed (`llmgw completions bash | head -1`): an
+/// ordinary end, not a panic.
+#[test]
+fn completions_into_a_closed_pipe_end_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["completions", "bash"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.is_empty(), "{said}");
+}
+
 /// One page per command, each naming its options as --help does.
 #[test]
 fn man_pages_cover_every_command() {
