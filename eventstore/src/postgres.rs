@@ -94,8 +94,10 @@ impl PgStore {
             })?
             .application_name("llmgw")
             // A writer waits this long for the control row before giving up
-            // with a transient error rather than hanging.
-            .options([("lock_timeout", "5s")]);
+            // with a transient error rather than hanging. Notices stay on
+            // the server: the schema's `IF NOT EXISTS` on every start
+            // otherwise logs "already exists, skipping" at INFO.
+            .options([("lock_timeout", "5s"), ("client_min_messages", "warning")]);
         // One connection up front, so that a wrong host, password or
         // database name is reported as such rather than as a pool timeout.
         let connect_err = |source| StoreError::Connect {
