@@ -113,6 +113,8 @@ pub fn discover(o: &Options) -> (Inventory, Option<DiscoveryError>) {
     (inv, None)
 }
 
+static NVML_FAILURE_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// NVML when asked for and usable, else nvidia-smi. `nvidia-smi` is the
 /// source once it was asked, even when it found no card (or is not on
 /// PATH): "looked, none here" rather than "not looked".
@@ -120,10 +122,15 @@ pub fn gpus(o: &Options) -> Result<(Vec<gpu::Gpu>, &'static str), smi::SmiError>
     if o.prefer_nvml && o.nvidia_smi.is_none() {
         match nvml::discover() {
             Ok(gpus) => return Ok((gpus, "nvml")),
-            Err(e) => tracing::warn!(
-                error = %e,
-                "NVML discovery failed, falling back to nvidia-smi; NVLink topology will be unavailable"
-            ),
+            // Said once: discovery runs again at every registration, and
+            // a CPU node (no driver) would repeat it at each reconnect.
+            Err(e) if !NVML_FAILURE_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) => {
+                tracing::warn!(
+                    error = %e,
+                    "NVML discovery failed, falling back to nvidia-smi; NVLink topology will be unavailable"
+                );
+            }
+            Err(e) => tracing::debug!(error = %e, "NVML discovery failed again"),
         }
     }
     Ok((smi::discover(o.nvidia_smi.as_deref())?, "nvidia-smi"))
