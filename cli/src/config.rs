@@ -531,20 +531,23 @@ pub(crate) fn load(
     // read from events, where a newer writer's field must be skipped, so
     // here a key they would skip is caught on the way through.
     let mut ignored = Vec::new();
+    let mut skipped = |path: serde_ignored::Path<'_>| ignored.push(path.to_string());
     let config: FileConfig =
-        serde_ignored::deserialize(tree, |path| ignored.push(path.to_string())).map_err(|e| {
-            // The merged tree has no lines; the file itself says where,
-            // when reading it alone fails the same way.
-            let located = yaml
-                .as_deref()
-                .and_then(|text| serde_norway::from_str::<FileConfig>(text).err())
-                .filter(|direct| direct.location().is_some())
-                .filter(|direct| direct.to_string().contains(&e.to_string()));
-            match located {
-                Some(direct) => invalid(&direct),
-                None => invalid(&e),
-            }
-        })?;
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(tree, &mut skipped))
+            .map_err(|e| {
+                let e = keyed(e);
+                // The merged tree has no lines; the file itself says where,
+                // when reading it alone fails the same way.
+                let located = yaml
+                    .as_deref()
+                    .and_then(|text| serde_norway::from_str::<FileConfig>(text).err())
+                    .filter(|direct| direct.location().is_some())
+                    .filter(|direct| direct.to_string().contains(&e));
+                match located {
+                    Some(direct) => invalid(&direct),
+                    None => invalid(&e),
+                }
+            })?;
     if let Some(path) = ignored.first() {
         let (at, key) = path.rsplit_once('.').unwrap_or(("", path));
         let whence = if at.is_empty() {
@@ -556,6 +559,20 @@ pub(crate) fn load(
     }
     check_catalog(&config.models).map_err(|e| invalid(&e))?;
     Ok(config)
+}
+
+/// The error with the key that holds the bad value (`router.retries:
+/// invalid value: integer \`-1\`, expected u32`), unless it names the key
+/// itself (an unknown field).
+fn keyed(e: serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = e.path().to_string();
+    let inner = e.into_inner().to_string();
+    let last = path.rsplit('.').next().unwrap_or_default();
+    if path == "." || inner.contains(&format!("`{last}`")) {
+        inner
+    } else {
+        format!("{path}: {inner}")
+    }
 }
 
 /// The `LLMGW_A__B` variable that, laid over a file that reads well

@@ -1401,6 +1401,19 @@ async fn server_settings_come_from_a_config_file_and_flags_win() {
         err.contains("auth.enabled: invalid type") && err.contains("at line 3 column 12"),
         "{err}"
     );
+    // A number out of range names its key too (the YAML reader gives no
+    // line for it, and the message named nothing).
+    std::fs::write(&wrong, "router:\n  retries: -1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--check", "--config", wrong.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("router.retries: invalid value: integer `-1`"),
+        "{err}"
+    );
 }
 
 #[test]
