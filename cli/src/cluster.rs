@@ -309,10 +309,14 @@ pub(crate) async fn run(
                         let failure = (m.last_failure.as_ref())
                             .map(|f| format!("{}: last failure {f}", m.name));
                         let unplaced = m.unplaced.as_ref().map(|u| {
-                            format!(
-                                "{u}; `llmgw ctl explain-placement {}` shows each node's verdict",
-                                m.name
-                            )
+                            if u.contains(" fits nowhere (") {
+                                format!(
+                                    "{u}; `llmgw ctl explain-placement {}` shows each node's verdict",
+                                    m.name
+                                )
+                            } else {
+                                u.clone()
+                            }
                         });
                         failure.into_iter().chain(unplaced)
                     })

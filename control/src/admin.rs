@@ -164,6 +164,9 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
         if live >= m.scaling.min as usize {
             return None;
         }
+        if c.nodes.nodes.is_empty() {
+            return Some(format!("{} waits for a node: none has registered", m.name));
+        }
         let options = llmgw_domain::placement::PlaceOptions {
             port_range: cp.config.port_range,
         };
