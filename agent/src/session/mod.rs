@@ -725,7 +725,14 @@ async fn open(
         }),
         Err(s) => Err(match Refusal::from_status(&s) {
             Some(r) => Ended::Refused(r),
-            None => Ended::Failed(format!("refused: {}", why::refused(&s, tls.is_some()))),
+            None => {
+                let failure = format!("refused: {}", why::refused(&s, tls.is_some()));
+                if why::answers_http1(&server).await {
+                    Ended::Failed(why::not_the_agent_listener(&server, &failure))
+                } else {
+                    Ended::Failed(failure)
+                }
+            }
         }),
     }
 }

@@ -68,6 +68,31 @@ pub(super) fn refused(s: &tonic::Status, tls: bool) -> String {
     with_meaning(chain_from(s.message().to_owned(), s.source()), tls)
 }
 
+/// Whether a plain HTTP server answers at `server` (the client listener
+/// or the admin API, given as --server by mistake): it answers an HTTP/1
+/// request, which the agent listener (gRPC over HTTP/2 only) closes on.
+/// Its gRPC stream, meanwhile, only saw the connection close.
+pub(super) async fn answers_http1(server: &str) -> bool {
+    if !server.starts_with("http://") {
+        return false;
+    }
+    let Ok(http) = reqwest::Client::builder()
+        .http1_only()
+        .timeout(std::time::Duration::from_secs(2))
+        .build()
+    else {
+        return false;
+    };
+    http.get(server).send().await.is_ok()
+}
+
+/// What `answers_http1` means, said with the failure.
+pub(super) fn not_the_agent_listener(server: &str, failure: &str) -> String {
+    format!(
+        "{server} answers plain HTTP: it is a server's client or admin listener, not its agent listener (agent_listen, 127.0.0.1:7443 without tls:, :7443 with it; the server prints \"agent listening on\") ({failure})"
+    )
+}
+
 fn with_meaning(text: String, tls: bool) -> String {
     // The close shows as any of these, by which end noticed it first:
     // "connection was not ready" when the request was not yet written.

@@ -553,3 +553,21 @@ async fn old_engine_logs_of_stopped_shards_are_pruned() {
     );
     assert!(!old.exists(), "the old log is gone from the work directory");
 }
+
+/// An agent given a server's client or admin address instead of its agent
+/// listener says so (it retried for ever on "connection closed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_pointed_at_the_wrong_listener_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = server(dir.path(), free_port(), "  enabled: true\n", "  []\n");
+    for (i, wrong) in [&server.base, &server.admin].into_iter().enumerate() {
+        let work = dir.path().join(format!("agent-{i}"));
+        let agent = start_agent_in(wrong, "lost", "127.0.0.1", &work);
+        let said = Child::expect(&agent.stderr, "no session with the control plane");
+        assert!(
+            said.contains(&format!("{wrong} answers plain HTTP"))
+                && said.contains("not its agent listener"),
+            "{said}"
+        );
+    }
+}
