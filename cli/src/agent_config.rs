@@ -88,6 +88,10 @@ const OLDER_NAMES: [&str; 3] = ["LLMGW_NODE_ID", "LLMGW_MGMT_ADDR", "LLMGW_JOIN_
 /// flags and variables gave, and checks the result; `mgmt_addr` defaults
 /// to this host's address on the route to the first server.
 pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let mut known = crate::server::variables();
+    known.extend(OLDER_NAMES.map(String::from));
+    crate::config::misspelt_variables(&env, &known)?;
     let older = |i: usize| std::env::var(OLDER_NAMES[i]).ok().filter(|v| !v.is_empty());
     a.node_id = a.node_id.or_else(|| older(0));
     a.mgmt_addr = a.mgmt_addr.or_else(|| older(1));

@@ -641,6 +641,7 @@ pub(crate) fn stray_variables(
         if rest.contains("__") || known.contains(name) || rest.is_empty() {
             continue;
         }
+        misspelt(name, known)?;
         let words: Vec<String> = rest.split('_').map(str::to_lowercase).collect();
         if let Some(path) = key_path(&words) {
             return Err(ConfigError(if path.len() == 1 {
@@ -658,6 +659,48 @@ pub(crate) fn stray_variables(
         }
     }
     Ok(())
+}
+
+/// Refuses every `LLMGW_…` variable a letter or two off one some command
+/// reads: a typo of it (LLMGW_ADMIN_LISTN), which would be passed over.
+pub(crate) fn misspelt_variables(
+    env: &[(String, String)],
+    known: &std::collections::HashSet<String>,
+) -> Result<(), ConfigError> {
+    env.iter()
+        .filter(|(name, _)| name.starts_with("LLMGW_") && !known.contains(name))
+        .try_for_each(|(name, _)| misspelt(name, known))
+}
+
+fn misspelt(name: &str, known: &std::collections::HashSet<String>) -> Result<(), ConfigError> {
+    match known
+        .iter()
+        .filter(|k| k.len() >= 10 && edits(k, name) <= 2)
+        .min_by_key(|k| (edits(k, name), k.as_str()))
+    {
+        Some(meant) => Err(ConfigError(format!(
+            "{name} is not a variable of llmgw; did you mean {meant}?"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// How many letters inserted, removed or changed make `a` into `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// The first reading of `words` (joined by `_` or split between sections)

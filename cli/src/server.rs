@@ -95,7 +95,7 @@ pub(crate) struct StoreArg {
 }
 
 /// Every variable some llmgw command reads (its flags' `env`).
-fn variables() -> std::collections::HashSet<String> {
+pub(crate) fn variables() -> std::collections::HashSet<String> {
     fn walk(c: &clap::Command, out: &mut std::collections::HashSet<String>) {
         for a in c.get_arguments() {
             if let Some(e) = a.get_env() {

@@ -304,6 +304,16 @@ fn check_refuses_what_the_start_would() {
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--no-nvml says how to find GPUs"), "{err}");
+    // A variable a letter off one the agent reads is refused, not passed
+    // over (the node would register under another name).
+    let (code, _, err) = check(&server, &[("LLMGW_AGENT_NODEID", "gpu-1")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(
+            "LLMGW_AGENT_NODEID is not a variable of llmgw; did you mean LLMGW_AGENT_NODE_ID?"
+        ),
+        "{err}"
+    );
     let (code, json, err) = check(
         &[&server[..], &["--skip-gpus", "--no-nvml=false"]].concat(),
         &[],

@@ -2170,6 +2170,12 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             vec![("LLMGW_MODELS", "[]")],
             "`models` has none of its own",
         ),
+        // A letter off a variable some command reads.
+        (
+            good.clone(),
+            vec![("LLMGW_ADMIN_LISTN", "127.0.0.1:9")],
+            "LLMGW_ADMIN_LISTN is not a variable of llmgw; did you mean LLMGW_ADMIN_LISTEN?",
+        ),
         // A catalog runs the control plane: false is refused, not passed
         // over.
         (
