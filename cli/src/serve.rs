@@ -299,6 +299,12 @@ pub(crate) async fn run(
             })));
         }
         {
+            let plane = plane.clone();
+            gw.placeable_with(llmgw_gateway::PlaceableHook(Box::new(move |m| {
+                plane.fits_as_built(m)
+            })));
+        }
+        {
             // How full a model's engines are, as admission reads it: the
             // engines' own figures, so every server's traffic counts.
             let gw = gw.clone();

@@ -272,6 +272,23 @@ impl ControlPlane {
     /// Somebody asked for an on-demand model: keep it up for its idle time.
     /// A standby records the request in the log (at most every few seconds
     /// per model), so that the leader sees it too.
+    /// Whether some node could take `model` were it free (false: none
+    /// could, whatever stops or comes back; `placement::fits_as_built`).
+    /// True for a model the catalog does not hold.
+    pub fn fits_as_built(&self, model: &str) -> bool {
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        let c = &views.cluster;
+        c.catalog.models.get(model).is_none_or(|m| {
+            llmgw_domain::placement::fits_as_built(
+                m,
+                &c.nodes,
+                llmgw_domain::placement::PlaceOptions {
+                    port_range: self.config.port_range,
+                },
+            )
+        })
+    }
+
     pub fn demand(self: &Arc<Self>, model: &str) {
         let now = self.now();
         let previous = self.memory().rt.demand.insert(model.to_owned(), now);

@@ -477,6 +477,36 @@ pub fn place_quiet(
     decide(model, nodes, replicas, held, replica_id, options, false).chosen
 }
 
+/// Whether `model` would fit some node of `nodes` were every node ready,
+/// uncordoned, healthy, with room on its disk, its engines installed and
+/// nothing placed: false means that no wait helps (the nodes' labels, GPU
+/// classes and counts, or memory rule it out), only an operator. True
+/// while no node has registered: one may be on its way.
+pub fn fits_as_built(model: &Model, nodes: &Nodes, options: PlaceOptions) -> bool {
+    if nodes.nodes.is_empty() {
+        return true;
+    }
+    let engines: BTreeSet<&str> = model.profiles.iter().map(|p| p.engine.name()).collect();
+    let bare = Nodes {
+        nodes: (nodes.nodes.iter())
+            .map(|(id, n)| {
+                let mut n = n.clone();
+                n.reachability = Reachability::Ready;
+                n.cordoned = false;
+                n.draining = false;
+                n.inventory.disk_free_gb = None;
+                for e in &engines {
+                    n.inventory.engines.entry((*e).to_owned()).or_default();
+                }
+                n.inventory.gpus.iter_mut().for_each(|g| g.problems.clear());
+                (id.clone(), n)
+            })
+            .collect(),
+    };
+    let id = ReplicaId::from("as-built");
+    place_quiet(model, &bare, &Replicas::default(), &[], &id, options).is_some()
+}
+
 /// With `explain` false the profiles carry no candidates and the refusals
 /// no reasons; the choice is the same either way.
 fn decide(

@@ -146,6 +146,9 @@ pub struct Gateway {
     /// Told of every request for an on-demand model (the control plane
     /// starts it and keeps it for its idle time).
     pub(crate) demand: std::sync::OnceLock<DemandHook>,
+    /// Asked, before a request waits for an on-demand model, whether any
+    /// node of the cluster could take it at all.
+    pub(crate) placeable: std::sync::OnceLock<PlaceableHook>,
     pub(crate) routes_changed: tokio::sync::Notify,
     pub(crate) rates: limits::RateLimits,
     /// When this gateway started (seconds since the epoch): the `created`
@@ -164,6 +167,16 @@ pub struct DemandHook(pub Box<dyn Fn(&str) + Send + Sync>);
 impl std::fmt::Debug for DemandHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DemandHook")
+    }
+}
+
+/// Whether some node of the cluster could ever take a model (canonical
+/// name): false only when no wait would help.
+pub struct PlaceableHook(pub Box<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for PlaceableHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlaceableHook")
     }
 }
 
@@ -208,6 +221,7 @@ impl Gateway {
             config,
             usage,
             demand: std::sync::OnceLock::new(),
+            placeable: std::sync::OnceLock::new(),
             routes_changed: tokio::sync::Notify::new(),
             rates: limits::RateLimits::default(),
             started_s: std::time::SystemTime::now()
@@ -221,6 +235,12 @@ impl Gateway {
     /// Sets what is told of requests for on-demand models; once.
     pub fn on_demand(&self, hook: DemandHook) {
         let _ = self.demand.set(hook);
+    }
+
+    /// Sets what says whether an on-demand model could be placed at all;
+    /// once. Without it every such request waits `router.on_demand_wait`.
+    pub fn placeable_with(&self, hook: PlaceableHook) {
+        let _ = self.placeable.set(hook);
     }
 
     /// How full the engines serving `model` (canonical) are, as admission

@@ -797,8 +797,10 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
     let mut text = std::fs::read_to_string(&config).unwrap();
     text = text.replace("models: []\n", "");
     // main fits nowhere (no node is on mars); od starts when asked.
+    // far, on demand, fits nowhere either: asked for, it is refused at
+    // once, not after the whole on_demand_wait.
     text.push_str(
-        "models:\n  - name: main\n    fallbacks: [od]\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {zone: mars}\n  - name: od\n    scaling: {min: 0, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n",
+        "router:\n  on_demand_wait: 10m\nmodels:\n  - name: main\n    fallbacks: [od]\n    scaling: {min: 1, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {zone: mars}\n  - name: od\n    scaling: {min: 0, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n  - name: far\n    scaling: {min: 0, max: 1}\n    profiles:\n      - name: sim\n        engine: sim\n        node_selector: {zone: mars}\n",
     );
     std::fs::write(&config, text).unwrap();
     let server = start_server(&config);
@@ -825,6 +827,22 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
         "{table}"
     );
     assert!(!table.contains("od fits nowhere"), "{table}");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .timeout(std::time::Duration::from_secs(60))
+        .json(&json!({"model": "far", "max_tokens": 2, "messages": [{"role": "user", "content": "anyone?"}]}))
+        .send()
+        .await
+        .expect("answered at once, not after router.on_demand_wait");
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_unplaceable", "{body}");
+    // The nodes and their labels are the operator's, not the client's.
+    let said = body["error"]["message"].as_str().unwrap();
+    assert!(
+        said.contains("explain-placement far") && !said.contains("mars"),
+        "{said}"
+    );
 }
 
 /// `scaling.max` above `min` is reached under load: while the engines of

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use llmgw_domain::catalog::{Engine, Model, Profile};
 use llmgw_domain::ids::ReplicaId;
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, Node, Nodes, Reachability};
-use llmgw_domain::placement::{Explanation, PlaceOptions, place, place_quiet};
+use llmgw_domain::placement::{Explanation, PlaceOptions, fits_as_built, place, place_quiet};
 use llmgw_domain::replicas::{ReplicaEvent, Replicas};
 use proptest::prelude::*;
 
@@ -170,6 +170,50 @@ fn the_summary_names_the_one_reason_every_node_gives() {
         summary(&mixed, &wants_b).ends_with("(zoned: no node fits)"),
         "{}",
         summary(&mixed, &wants_b)
+    );
+}
+
+/// What no wait changes: a label or a GPU class no node has. A node that
+/// is cordoned, lost, sick or full only fits later.
+#[test]
+fn as_built_a_model_fits_unless_no_node_could_ever_take_it() {
+    let opts = PlaceOptions::default();
+    let mut wants_b = profile("zoned", None, 0, 1);
+    wants_b.node_selector.insert("zone".into(), "b".into());
+    let tp2 = profile("tp2", Some("h100-80g"), 2, 1);
+    let mut busy = node("a", vec![gpu(0, "h100-80g"), gpu(1, "h100-80g")], &[]);
+    busy.cordoned = true;
+    busy.reachability = Reachability::Unreachable;
+    busy.inventory.gpus[0].problems.push("xid 79".into());
+    busy.inventory.engines.clear();
+    let fleet = nodes(vec![busy]);
+    assert!(
+        place_quiet(
+            &model(vec![tp2.clone()]),
+            &fleet,
+            &Replicas::default(),
+            &[],
+            &ReplicaId::from("r"),
+            opts
+        )
+        .is_none()
+    );
+    assert!(
+        fits_as_built(&model(vec![tp2.clone()]), &fleet, opts),
+        "fits once the node is back"
+    );
+    assert!(
+        !fits_as_built(&model(vec![wants_b.clone()]), &fleet, opts),
+        "no node is in zone b"
+    );
+    let tp8 = profile("tp8", Some("h100-80g"), 8, 1);
+    assert!(
+        !fits_as_built(&model(vec![tp8]), &fleet, opts),
+        "no node has 8 such GPUs"
+    );
+    assert!(
+        fits_as_built(&model(vec![wants_b]), &nodes(vec![]), opts),
+        "no node yet: one may come"
     );
 }
 

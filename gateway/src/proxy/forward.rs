@@ -82,7 +82,8 @@ pub(crate) async fn forward(
             }
         }
         None => match plan.not_started {
-            Some(model) => ApiError::not_ready(model, gw.config.on_demand_wait),
+            Some(n) if n.fits_nowhere => ApiError::fits_nowhere(n.model),
+            Some(n) => ApiError::not_ready(n.model, gw.config.on_demand_wait),
             None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
         },
     })

@@ -137,9 +137,9 @@ async fn serve_body(
         plan.hold.take(),
     );
     if let Some(model) = resolve::to_wait_for(gw, &routes, &plan)
-        && !resolve::wait_on_demand(gw, &routes, model).await
+        && let Err(why) = resolve::wait_on_demand(gw, &routes, model).await
     {
-        plan.not_started = Some(model);
+        plan.not_started = Some(why);
     }
     let session = caller.session.as_deref().or(request.user.as_deref());
     forward::forward(gw, path, &request, session, &plan, ticket)

@@ -29,7 +29,15 @@ pub(crate) struct Plan<'a> {
     pub(crate) hold: Option<Hold>,
     /// An on-demand model the request waited for in vain: with nothing
     /// else to serve it, the client is told that, not "no capacity".
-    pub(crate) not_started: Option<&'a str>,
+    pub(crate) not_started: Option<NotStarted<'a>>,
+}
+
+/// An on-demand model that did not serve in time, and whether it never
+/// could here (no node of the cluster could take it: not waited for).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NotStarted<'a> {
+    pub(crate) model: &'a str,
+    pub(crate) fits_nowhere: bool,
 }
 
 /// Completion tokens a request that sets no `max_tokens` is held at while
@@ -219,23 +227,39 @@ pub(crate) fn to_wait_for<'a>(gw: &Gateway, routes: &Routes, plan: &Plan<'a>) ->
 }
 
 /// Tells the control plane the model is wanted and, while nothing serves
-/// it, waits (bounded) for a replica to come up. False when none did.
-pub(crate) async fn wait_on_demand(gw: &Gateway, routes: &Routes, model: &str) -> bool {
+/// it, waits (bounded) for a replica to come up; not at all when no node
+/// of the cluster could ever take it. Why not, when none came up.
+pub(crate) async fn wait_on_demand<'a>(
+    gw: &Gateway,
+    routes: &Routes,
+    model: &'a str,
+) -> Result<(), NotStarted<'a>> {
     if !routes.on_demand(model) {
-        return true;
+        return Ok(());
     }
     demand(gw, routes, model);
     let serving = || gw.endpoints.routable_models().iter().any(|m| m == model);
+    let not_started = |fits_nowhere| NotStarted {
+        model,
+        fits_nowhere,
+    };
+    if !serving() && gw.placeable.get().is_some_and(|hook| !(hook.0)(model)) {
+        return Err(not_started(true));
+    }
     let deadline = tokio::time::Instant::now() + gw.config.on_demand_wait;
     loop {
         let changed = gw.routes_changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         if serving() {
-            return true;
+            return Ok(());
         }
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
-            return serving();
+            return if serving() {
+                Ok(())
+            } else {
+                Err(not_started(false))
+            };
         }
     }
 }
