@@ -369,14 +369,16 @@ impl Decider {
         let Actor::Operator(actor) = &origin.actor else {
             return;
         };
+        // An API key pasted where an id goes is not kept for good.
+        let redact = llmgw_domain::audit::redact_secrets;
         let event = Event::Audit(AuditEvent::CommandRefused {
             actor: actor.clone(),
-            command: command.describe(),
-            target: command.target(),
-            reason: rejection.reason.clone(),
+            command: redact(&command.describe()),
+            target: redact(&command.target()),
+            reason: redact(&rejection.reason),
         });
         if let Err(e) = self.observe(origin, vec![event]).await {
-            tracing::warn!(error = %e, command = %command.describe(), "could not record a refused command");
+            tracing::warn!(error = %e, command = %redact(&command.describe()), "could not record a refused command");
         }
     }
 }

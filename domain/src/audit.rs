@@ -39,6 +39,34 @@ impl AuditEvent {
     }
 }
 
+/// How every API key begins. A key is never an id and never goes into
+/// the log: a command that names one where an id goes (a key pasted for
+/// its id) is refused, and a refusal records it cut to this and three
+/// characters more, as `keys list` shows a key.
+pub const SECRET_PREFIX: &str = "llmgw-sk-";
+
+/// `text` with every API key in it cut to the prefix `keys list` shows.
+pub fn redact_secrets(text: &str) -> String {
+    let shown = SECRET_PREFIX.len() + 3;
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(SECRET_PREFIX) {
+        out.push_str(&rest[..at]);
+        let key = &rest[at..];
+        let end = key[SECRET_PREFIX.len()..]
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .map_or(key.len(), |e| e + SECRET_PREFIX.len());
+        let cut = key[..end].char_indices().nth(shown).map_or(end, |(i, _)| i);
+        out.push_str(&key[..cut]);
+        if cut < end {
+            out.push('…');
+        }
+        rest = &key[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn scoped(scope: Scope, id: &str) -> String {
     format!("{}-{id}", scope.name())
 }

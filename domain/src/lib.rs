@@ -126,6 +126,11 @@ pub enum Command {
 
 impl State {
     pub fn decide(&self, command: Command) -> Result<Vec<Event>, Rejection> {
+        if command.target().contains(audit::SECRET_PREFIX) {
+            return Err(Rejection::invalid(
+                "that is an API key itself, not its id (key-…): `llmgw keys list` shows each key's id",
+            ));
+        }
         Ok(match command {
             Command::Catalog(c) => self
                 .catalog

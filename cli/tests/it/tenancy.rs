@@ -1169,6 +1169,42 @@ async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
     assert!(stats.contains("ProjectCreated"), "{stats}");
 }
 
+/// A key pasted where its id goes is refused and does not go into the
+/// log, which keeps refusals for good: it used to record the whole key
+/// (still valid) in the refusal's command and stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_given_for_its_id_is_refused_and_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let store = format!("sqlite://{}", dir.path().join("keys.db").display());
+    tree(&store, &closed);
+    let (secret, _id) = new_key(&store, &closed, "pasted");
+    for args in [
+        vec!["revoke", secret.as_str()],
+        vec![
+            "limits",
+            "--scope",
+            "key",
+            "--id",
+            secret.as_str(),
+            "--rpm",
+            "5",
+        ],
+    ] {
+        let out = keys(&store, &closed, &args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains("that is an API key itself, not its id"),
+            "{said}"
+        );
+        assert!(!said.contains(&secret), "{said}");
+    }
+    let log = super::ok(&store, &["events", "export"]);
+    assert!(!log.contains(&secret), "the key is in the log");
+    assert!(log.contains("CommandRefused"), "the attempts are: {log}");
+}
+
 /// The admin listener answers the operator's tools, not a web page in the
 /// operator's browser: a write that carries Origin (every write a page
 /// sends does) is refused and decides nothing, and a name rebound to

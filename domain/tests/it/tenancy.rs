@@ -528,3 +528,21 @@ fn a_key_for_a_person_needs_the_person() {
     }
     assert_eq!(t.decide(C::IssueKey(theirs)).unwrap().len(), 1);
 }
+
+/// A key is cut to what `keys list` shows wherever it appears in a text
+/// bound for the log.
+#[test]
+fn keys_in_a_refusal_are_cut_to_their_prefix() {
+    use llmgw_domain::audit::redact_secrets;
+    let key = "llmgw-sk-b1f688d2a2ef4ff8a03ab5935bd0749b9facbc95a4bf4496";
+    assert_eq!(
+        redact_secrets(&format!("RevokeKey {key}")),
+        "RevokeKey llmgw-sk-b1f…"
+    );
+    assert_eq!(
+        redact_secrets(&format!("audit-key-{key} and {key}.")),
+        "audit-key-llmgw-sk-b1f… and llmgw-sk-b1f…."
+    );
+    assert_eq!(redact_secrets("no key key-12ab"), "no key key-12ab");
+    assert_eq!(redact_secrets("llmgw-sk-ab"), "llmgw-sk-ab");
+}
