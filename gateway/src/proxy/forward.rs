@@ -224,7 +224,14 @@ async fn attempt(
                     tried: vec![endpoint.spec.id.clone()],
                     sent: 0,
                 });
-                let splice = Splice::new(form, request.strip_usage, request.prompt_estimate);
+                // An error the engine sent did no work there: nothing is
+                // estimated for it (a plain error answer counts nothing too).
+                let estimate = if status.is_success() {
+                    request.prompt_estimate
+                } else {
+                    0
+                };
+                let splice = Splice::new(form, request.strip_usage, estimate);
                 let idle = gw.config.stream_idle_timeout;
                 let relayed = relay(upstream, flight, finish, splice, form, idle, resume);
                 Body::from_stream(relayed)

@@ -438,6 +438,42 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
     );
 }
 
+/// A request the engine refuses (400: a malformed message) did no work
+/// there and pays nothing, streamed or not: a streamed one used to pay
+/// its prompt's estimate, as if it had been answered and cut off.
+#[tokio::test]
+async fn a_request_the_engine_refuses_pays_nothing_streamed_or_not() {
+    let engine = sim(support::sim_config()).await;
+    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = support::gateway_recording(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..Default::default()
+        },
+        Some(queue),
+    )
+    .await;
+    let long = "a long system prompt ".repeat(500);
+    for stream in [false, true] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&json!({"model": "m", "stream": stream, "max_tokens": 4,
+                "messages": [{"role": "system", "content": long}, {"role": "user"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "stream {stream}");
+        let _ = r.text().await;
+        let record = rx.recv().await.expect("a usage record");
+        assert_eq!(record.status, 400, "{record:?}");
+        assert_eq!(
+            (record.prompt_tokens, record.completion_tokens),
+            (0, 0),
+            "stream {stream}: {record:?}"
+        );
+    }
+}
+
 /// An on-demand model that does not come up within `router.on_demand_wait`
 /// is answered as such (503 `model_not_ready`, with when to ask again),
 /// not as a model without capacity; the control plane was told it is
