@@ -238,7 +238,20 @@ impl ApiError {
 
     /// A budget is not spent yet, but has less left than this request may
     /// cost (its prompt and the completion it allows itself).
-    pub fn budget_short(scope: &str, id: &str, period: &str, left_micros: u64) -> Self {
+    /// `unset`: the request set no `max_tokens`, so it may cost as much
+    /// as 4,096 completion tokens.
+    pub fn budget_short(
+        scope: &str,
+        id: &str,
+        period: &str,
+        left_micros: u64,
+        unset: bool,
+    ) -> Self {
+        let fewer = if unset {
+            "set max_tokens (a request without it is counted at 4,096 completion tokens)"
+        } else {
+            "ask for fewer tokens"
+        };
         ApiError {
             final_answer: true,
             ..Self::new(
@@ -247,7 +260,7 @@ impl ApiError {
                 "insufficient_quota",
                 format!(
                     "the {period} budget of {scope} {id} has {left_micros} micro-units left, \
-                     less than this request may cost; ask for fewer tokens, or wait for the next {period}"
+                     less than this request may cost; {fewer}, or wait for the next {period}"
                 ),
             )
         }

@@ -141,7 +141,10 @@ pub(crate) fn plan<'a>(
             &spent,
             price(gw, routes, m),
             request.prompt_estimate,
-            request.max_completion.unwrap_or(0),
+            // What it may cost, as it is held: a request that sets no
+            // `max_tokens` may run to the context's end (it was checked as
+            // if it asked for none, and got past a remainder).
+            request.max_completion.unwrap_or(UNSET_COMPLETION_HELD),
         )
     };
     let fits = |m: &&String| known(gw, routes, m) && permits(m) && blocking(m).is_none();
@@ -152,7 +155,8 @@ pub(crate) fn plan<'a>(
             let first = routes.fallbacks(asked).iter().find(fits);
             if first.is_none() {
                 let i = budgets.iter().position(|x| x == b).unwrap_or(0);
-                return Err((label(), budget_refusal(b, spent.get(i).copied())));
+                let unset = request.max_completion.is_none();
+                return Err((label(), budget_refusal(b, spent.get(i).copied(), unset)));
             }
         }
     }
@@ -171,14 +175,14 @@ pub(crate) fn plan<'a>(
     })
 }
 
-fn budget_refusal(b: &BudgetLevel, spent: Option<u64>) -> ApiError {
+fn budget_refusal(b: &BudgetLevel, spent: Option<u64>, unset: bool) -> ApiError {
     let period = match b.period {
         llmgw_domain::tenancy::Period::Day => "day",
         llmgw_domain::tenancy::Period::Month => "month",
     };
     match spent {
         Some(s) if s < b.micros => {
-            ApiError::budget_short(b.scope.name(), &b.scope_id, period, b.micros - s)
+            ApiError::budget_short(b.scope.name(), &b.scope_id, period, b.micros - s, unset)
         }
         _ => ApiError::budget_spent(b.scope.name(), &b.scope_id, period),
     }

@@ -666,6 +666,14 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
         body.contains("day budget of project r has 1000 micro-units left"),
         "{body}"
     );
+    // So is one that sets no max_tokens: it may run to the context's end,
+    // and is counted at 4,096 completion tokens (it passed as if it asked
+    // for none).
+    let unbounded = json!({"model": "big", "messages": [{"role": "user", "content": "hi"}]});
+    let r = call(&gw.base, Some(&roomy), &unbounded).await;
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("set max_tokens"), "{body}");
     assert_eq!(
         call(&gw.base, Some(&roomy), &chat("big", 2)).await.status(),
         200
