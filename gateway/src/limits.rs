@@ -85,7 +85,7 @@ impl Window {
 
     /// Takes back up to `tokens` charged at `at` (nothing once its slot has
     /// aged out).
-    fn give_back(&mut self, at: Instant, tokens: u64) {
+    fn give_back(&mut self, at: Instant, requests: u64, tokens: u64) {
         // From the newest: the admission's slot is near the end of a
         // window that holds a minute of requests.
         let slot = self
@@ -98,6 +98,9 @@ impl Window {
             let take = tokens.min(s.tokens);
             s.tokens -= take;
             self.token_sum = self.token_sum.saturating_sub(take);
+            let take = requests.min(s.requests);
+            s.requests -= take;
+            self.request_sum = self.request_sum.saturating_sub(take);
         }
     }
 
@@ -245,8 +248,23 @@ impl RateLimits {
             if actual > charge.tokens {
                 w.charge(now, 0, actual - charge.tokens);
             } else {
-                w.give_back(at, charge.tokens - actual);
+                w.give_back(at, 0, charge.tokens - actual);
             }
+        }
+    }
+
+    /// A request admitted at `levels` and then not served (held back as
+    /// overloaded, or its client gone while it waited): its request and
+    /// its tokens are given back, so that a client told to retry shortly
+    /// has not spent its minute on answers it never got.
+    pub fn refund(&self, levels: &[RateLevel], charge: &Charge, now: Instant) {
+        let Some(at) = charge.at else { return };
+        let mut windows = self.lock();
+        for level in levels {
+            let w = window(&mut windows, level.scope, &level.scope_id);
+            w.expire(now);
+            let tokens = if level.tpm.is_some() { charge.tokens } else { 0 };
+            w.give_back(at, u64::from(level.rpm.is_some()), tokens);
         }
     }
 }
@@ -348,6 +366,25 @@ mod tests {
             .unwrap_err();
         assert_eq!(refused.wait, Duration::from_secs(58), "until 70 age out");
         assert!(rates.admit(&key, 10, now + Duration::from_secs(2)).is_ok());
+    }
+
+    /// A request admitted and then not served (overloaded: "retry
+    /// shortly") gives back its request and tokens at every level: a
+    /// client that retries as told has not spent its minute.
+    #[test]
+    fn a_request_not_served_is_refunded_whole() {
+        let rates = RateLimits::default();
+        let now = Instant::now();
+        let key = [
+            level(Scope::Key, "k", Some(1), Some(100)),
+            level(Scope::Team, "t", Some(1), None),
+        ];
+        let held_back = rates.admit(&key, 60, now).unwrap();
+        assert!(rates.admit(&key, 60, now).is_err(), "a minute of one");
+        rates.refund(&key, &held_back, now + Duration::from_secs(1));
+        let served = rates.admit(&key, 60, now + Duration::from_secs(1));
+        assert!(served.is_ok(), "{:?}", served.err());
+        assert!(rates.admit(&key, 1, now + Duration::from_secs(2)).is_err());
     }
 
     #[test]

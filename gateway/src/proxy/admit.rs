@@ -85,7 +85,7 @@ pub(crate) async fn admit(
         None => Charge::default(),
     };
     // Held back (or the client left while waiting): not served, so its
-    // tokens are given back.
+    // request and tokens are given back.
     let mut held = GiveBack(gw, caller.key.as_deref(), Some(charge));
     let cfg = &gw.admission.config;
     let saturation = || {
@@ -108,7 +108,7 @@ impl Drop for GiveBack<'_> {
     fn drop(&mut self) {
         if let (Some(key), Some(c)) = (self.1, &self.2) {
             let now = tokio::time::Instant::now();
-            self.0.rates.settle(&key.limits.rates, c, 0, now);
+            self.0.rates.refund(&key.limits.rates, c, now);
         }
     }
 }
