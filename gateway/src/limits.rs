@@ -263,7 +263,11 @@ impl RateLimits {
         for level in levels {
             let w = window(&mut windows, level.scope, &level.scope_id);
             w.expire(now);
-            let tokens = if level.tpm.is_some() { charge.tokens } else { 0 };
+            let tokens = if level.tpm.is_some() {
+                charge.tokens
+            } else {
+                0
+            };
             w.give_back(at, u64::from(level.rpm.is_some()), tokens);
         }
     }

@@ -295,6 +295,19 @@ async fn exchange(
                     r.status()
                 )));
             }
+            // The engine refused the gateway's credentials, not the
+            // client's: relayed, its 401 told the client its own key was
+            // bad (an SDK's AuthenticationError). The endpoint's key is
+            // the operator's to fix; another endpoint may serve meanwhile.
+            Ok(r) if matches!(r.status().as_u16(), 401 | 403) => {
+                endpoint.record(false);
+                tracing::warn!(endpoint = %endpoint.spec.id, status = %r.status(), "the engine refused the gateway's credentials: check the endpoint's api key; trying another endpoint");
+                return Err(Failure::said(format!(
+                    "endpoint {} refused the gateway's credentials ({})",
+                    endpoint.spec.id,
+                    r.status()
+                )));
+            }
             Ok(r) => r,
             Err(e) => {
                 endpoint.record(false);

@@ -474,6 +474,44 @@ async fn a_request_the_engine_refuses_pays_nothing_streamed_or_not() {
     }
 }
 
+/// An engine that refuses the gateway's credentials is an endpoint the
+/// operator must fix, not the client's bad key: another endpoint serves,
+/// and with none the client gets 502, not the engine's 401.
+#[tokio::test]
+async fn an_engine_refusing_the_gateways_key_is_not_the_clients_401() {
+    let locked = sim(llmgw_sim::SimConfig {
+        api_key: Some("engine-secret".into()),
+        ..support::sim_config()
+    })
+    .await;
+    let open = sim(support::sim_config()).await;
+    let gw = gateway(vec![
+        spec("locked", &locked, &["m"]),
+        spec("open", &open, &["m"]),
+    ])
+    .await;
+    let client = reqwest::Client::new();
+    for _ in 0..4 {
+        let r = client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&chat("m", false, 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "served by the open endpoint");
+    }
+    let alone = gateway(vec![spec("locked", &locked, &["m"])]).await;
+    let r = client
+        .post(format!("{}/v1/chat/completions", alone.base))
+        .json(&chat("m", false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("invalid_api_key"), "{body}");
+}
+
 /// An on-demand model that does not come up within `router.on_demand_wait`
 /// is answered as such (503 `model_not_ready`, with when to ask again),
 /// not as a model without capacity; the control plane was told it is
