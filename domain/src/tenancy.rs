@@ -671,6 +671,12 @@ impl Tenancy {
                         "a key's name is at most {MAX_NAME} characters, none of them control characters"
                     )));
                 }
+                // It tells the keys of a project apart in every list.
+                if key.name.trim().is_empty() {
+                    return Err(Rejection::invalid(
+                        "a key needs a name: what uses it (--name backend)",
+                    ));
+                }
                 // A key for a person shows on their profile and counts as
                 // theirs: the person must exist.
                 if let Some(owner) = &key.owner

@@ -272,8 +272,14 @@ fn a_live_key_name_is_unique_within_its_project() {
         refused.reason,
         "project p already has a key named ci-k: choose another name"
     );
-    // A name is a line's worth of text, and no control characters.
-    for name in ["x".repeat(101), "a\u{1b}[2Jb".to_owned()] {
+    // A name is a line's worth of text, and no control characters; and
+    // something: it tells the keys apart.
+    for name in [
+        "x".repeat(101),
+        "a\u{1b}[2Jb".to_owned(),
+        String::new(),
+        " ".to_owned(),
+    ] {
         let mut long = key("k9", "p");
         long.name = name;
         let refused = t.decide(C::IssueKey(long)).unwrap_err();
