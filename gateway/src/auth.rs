@@ -49,7 +49,7 @@ impl KeyDirectory {
         let presented = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer)
             .map(str::trim)
             .filter(|k| !k.is_empty())
             .ok_or_else(ApiError::invalid_key)?;
@@ -125,4 +125,12 @@ fn hex(bytes: &[u8]) -> String {
 /// The stored form of a key: what `KeyIssued` carries instead of the key.
 pub fn key_hash(key: &str) -> String {
     hex(&Sha256::digest(key.as_bytes()))
+}
+
+/// The credentials of a `Bearer` authorization, its scheme named in any
+/// case (RFC 9110: schemes are case-insensitive; some clients send
+/// `bearer`).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(rest)
 }

@@ -386,6 +386,14 @@ async fn a_keys_entry_outlives_usage_in_the_log_but_not_a_change_of_its_limits()
     );
     let first = keys.authenticate(&headers).unwrap();
     assert_eq!(first.limits.rpm, None);
+    // The scheme's case does not matter (RFC 9110); some clients send it
+    // in lower case.
+    let mut lower = axum::http::HeaderMap::new();
+    lower.insert(
+        axum::http::header::AUTHORIZATION,
+        format!("bearer {secret}").parse().unwrap(),
+    );
+    assert!(keys.authenticate(&lower).is_ok());
 
     // Usage moves the views but says nothing of keys: the entry composed
     // before is the one given, not made again.
