@@ -301,6 +301,17 @@ pub struct NewProject {
     pub name: Option<String>,
 }
 
+/// `POST /api/v1/tree`: an org, a team in it and a project in that, made
+/// (or found) together or not at all (`keys init`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewTree {
+    pub org: NewOrg,
+    /// Its `org` is the org above.
+    pub team: NewOrg,
+    /// Its `team` is the team above.
+    pub project: NewOrg,
+}
+
 /// `POST /api/v1/keys`: the server makes the secret and answers it once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewKey {

@@ -204,34 +204,24 @@ pub(crate) async fn run(
             team_name,
             project_name,
         } => {
-            let steps: [(&str, serde_json::Value); 3] = [
-                (
-                    "/api/v1/orgs",
-                    serde_json::to_value(api::NewOrg {
-                        id: org.clone(),
-                        name: org_name,
-                    })?,
-                ),
-                (
-                    "/api/v1/teams",
-                    serde_json::to_value(api::NewTeam {
-                        id: team.clone(),
-                        org,
-                        name: team_name,
-                    })?,
-                ),
-                (
-                    "/api/v1/projects",
-                    serde_json::to_value(api::NewProject {
-                        id: project.clone(),
-                        team,
-                        name: project_name,
-                    })?,
-                ),
-            ];
-            for (path, body) in steps {
-                let _: api::Changed = api.call(&origin, Method::POST, path, Some(&body)).await?;
-            }
+            // One change: a level refused makes none of them.
+            let tree = api::NewTree {
+                org: api::NewOrg {
+                    id: org,
+                    name: org_name,
+                },
+                team: api::NewOrg {
+                    id: team,
+                    name: team_name,
+                },
+                project: api::NewOrg {
+                    id: project.clone(),
+                    name: project_name,
+                },
+            };
+            let _: api::Changed = api
+                .call(&origin, Method::POST, "/api/v1/tree", Some(&tree))
+                .await?;
             writeln!(out, "project {project} is ready for keys")?;
         }
         KeysCommand::Create {

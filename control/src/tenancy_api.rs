@@ -38,6 +38,7 @@ pub fn router(door: Door, people: Arc<People>) -> Router {
         .route("/api/v1/orgs", post(create_org))
         .route("/api/v1/teams", post(create_team))
         .route("/api/v1/projects", post(create_project))
+        .route("/api/v1/tree", post(create_tree))
         .route("/api/v1/keys", get(list_keys).post(create_key))
         .route("/api/v1/keys/{key}/revoke", post(revoke_key))
         .route("/api/v1/limits", put(set_limits))
@@ -145,6 +146,43 @@ async fn create_project(
         name,
     };
     change(&door, &headers, vec![Command::Tenancy(c)], &done).await
+}
+
+/// The three as one change: a level refused (a team already in another
+/// org, a project in another team) makes none of them, where three calls
+/// left the levels before it made.
+async fn create_tree(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    Json(t): Json<api::NewTree>,
+) -> Result<api::Changed> {
+    let done = format!(
+        "project {} exists in team {} of org {}",
+        t.project.id, t.team.id, t.org.id
+    );
+    let api::NewTree { org, team, project } = t;
+    let org_name = (org.name).unwrap_or_else(|| name_held(&door, |g| &g.orgs, &org.id));
+    let team_name = (team.name).unwrap_or_else(|| name_held(&door, |g| &g.teams, &team.id));
+    let project_name =
+        (project.name).unwrap_or_else(|| name_held(&door, |g| &g.projects, &project.id));
+    let commands = vec![
+        T::CreateOrg {
+            org_id: org.id.clone(),
+            name: org_name,
+        },
+        T::CreateTeam {
+            team_id: team.id.clone(),
+            org_id: org.id,
+            name: team_name,
+        },
+        T::CreateProject {
+            project_id: project.id,
+            team_id: team.id,
+            name: project_name,
+        },
+    ];
+    let commands = commands.into_iter().map(Command::Tenancy).collect();
+    change(&door, &headers, commands, &done).await
 }
 
 pub(crate) fn random_hex(n: usize) -> String {

@@ -1169,6 +1169,35 @@ async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
     assert!(stats.contains("ProjectCreated"), "{stats}");
 }
 
+/// `keys init` refused at one level makes none: a project already in
+/// another team used to leave the new team (and org) made before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_keys_init_makes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let store = format!("sqlite://{}", dir.path().join("keys.db").display());
+    tree(&store, &closed);
+    let before = super::ok(&store, &["events", "export"]);
+    for args in [
+        ["init", "--org", "o", "--team", "t2", "--project", "p"],
+        ["init", "--org", "o2", "--team", "t", "--project", "p3"],
+    ] {
+        let out = keys(&store, &closed, &args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("already exists"),
+            "{said}"
+        );
+    }
+    let after = super::ok(&store, &["events", "export"]);
+    for made in ["\"t2\"", "\"o2\"", "\"p3\""] {
+        assert!(!after.contains(made), "{made} was made: {after}");
+    }
+    assert!(after.len() > before.len(), "the refusals are recorded");
+    // The same again, where it fits, is no change and no error.
+    tree(&store, &closed);
+}
+
 /// A key pasted where its id goes is refused and does not go into the
 /// log, which keeps refusals for good: it used to record the whole key
 /// (still valid) in the refusal's command and stream.
