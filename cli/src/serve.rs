@@ -510,6 +510,10 @@ pub(crate) async fn run(
             );
         }
     }
+    // Nothing writes any more: a copy of a SQLite file alone is the log.
+    if let Some(log) = &log {
+        log.fold_wal().await;
+    }
     Ok(Outcome::Ok)
 }
 

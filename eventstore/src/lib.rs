@@ -523,6 +523,15 @@ impl AnyStore {
             AnyStore::Sqlite(s) => s.group_stats(),
         }
     }
+
+    /// At a clean stop, when nothing writes any more: SQLite's write-ahead
+    /// log is folded into the database file, so that a copy of the file
+    /// alone holds every event. Nothing to do for PostgreSQL.
+    pub async fn fold_wal(&self) {
+        if let AnyStore::Sqlite(s) = self {
+            s.fold_wal().await;
+        }
+    }
 }
 
 macro_rules! delegate {

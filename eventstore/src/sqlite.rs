@@ -116,6 +116,18 @@ impl SqliteStore {
         }
     }
 
+    /// See [`crate::AnyStore::fold_wal`]. A checkpoint another process
+    /// keeps from finishing (a reader mid-read) leaves the rest in the WAL
+    /// file, where the next open finds it.
+    pub async fn fold_wal(&self) {
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&self.writer)
+            .await
+        {
+            tracing::warn!(error = %e, "could not fold the write-ahead log into the database file; it stays beside it");
+        }
+    }
+
     pub async fn open(address: &StoreAddress, options: OpenOptions) -> Result<Self> {
         let StoreAddress::Sqlite(path) = address else {
             return Err(StoreError::BadAddress {
