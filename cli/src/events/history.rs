@@ -97,8 +97,17 @@ fn skipped(out: &mut impl Write, p: &Projections) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every view as it stood at position `stop`.
+/// Every view as it stood at position `stop`. Refused on a store that
+/// begins part way (imported from an anchor): the views are built from the
+/// whole log, and from a part of it they show a past that never was (no
+/// nodes where there were some) as if it were true.
 pub(crate) async fn fold(store: &AnyStore, stop: u64) -> anyhow::Result<Projections> {
+    let (base, _) = store.base().await?;
+    if base > 0 {
+        anyhow::bail!(
+            "this store begins after position {base} (imported from an anchor): the views are built from the whole log, so they cannot be rebuilt here; replay on the store it came from"
+        );
+    }
     let mut p = Projections::default();
     llmgw_projections::replay_to(store, &mut p, stop).await?;
     Ok(p)

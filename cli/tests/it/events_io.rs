@@ -212,6 +212,19 @@ async fn a_range_joins_only_the_log_it_came_from(b: Backend) {
     );
     assert!(ok(&fresh, &["events", "stats"]).contains("begins   after position 6"));
     assert_eq!(chain_head(&fresh), chain_head(&source));
+    // Its views would lack what came before position 7: replaying them
+    // is refused rather than shown as the past (no nodes where there were).
+    for args in [
+        vec!["events", "replay", "--until", "12", "--view", "cluster"],
+        vec![
+            "events", "diff", "--from", "8", "--to", "12", "--view", "cluster",
+        ],
+    ] {
+        let out = llmgw(&fresh, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("begins after position 6"), "{err}");
+    }
     // Its own export names the same link, so it can be passed on.
     assert_eq!(export(&fresh, &[]), tail_text);
 }
