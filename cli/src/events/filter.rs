@@ -24,6 +24,34 @@ impl std::str::FromStr for TypePatterns {
                     "{s:?}: give event types separated by commas, each a name or a name's start followed by * (NodeLost,Replica*)"
                 ));
             }
+            // A typo would print nothing, and an auditor read "none such".
+            let known = || llmgw_domain::Event::types().map(|(t, _)| t);
+            if !known().any(|t| {
+                if prefix {
+                    t.starts_with(name)
+                } else {
+                    t == name
+                }
+            }) {
+                let lower = name.to_lowercase();
+                let meant = known().find(|t| {
+                    let t = t.to_lowercase();
+                    if prefix {
+                        t.starts_with(&lower)
+                    } else {
+                        t == lower
+                    }
+                });
+                return Err(match meant {
+                    Some(t) => format!(
+                        "no event type is {item}; did you mean {t}{}?",
+                        if prefix { "*" } else { "" }
+                    ),
+                    None => format!(
+                        "no event type is {item} (`llmgw events stats` counts the types in this log)"
+                    ),
+                });
+            }
             out.push((name.to_owned(), prefix));
         }
         Ok(TypePatterns(out))
@@ -68,7 +96,10 @@ impl Filter {
             && self
                 .actor
                 .as_ref()
-                .is_none_or(|a| llmgw_decider::actor_of(e).0 == *a)
+                // The name alone, or as the BY column shows it.
+                .is_none_or(|a| {
+                    llmgw_decider::actor_of(e).0 == *a || super::history::actor(e) == *a
+                })
     }
 }
 
@@ -93,6 +124,30 @@ mod tests {
         for bad in ["", "A,,B", "Re*plica", "*"] {
             assert!(bad.parse::<TypePatterns>().is_err(), "{bad:?}");
         }
+    }
+
+    /// `--actor` takes the name, or the BY column's text with its kind.
+    #[test]
+    fn an_actor_is_its_name_or_as_the_by_column_shows_it() {
+        let e = RecordedEvent {
+            position: 1,
+            stream_id: "leadership".into(),
+            stream_version: 1,
+            event_id: uuid::Uuid::nil(),
+            event_type: "LeadershipAcquired".into(),
+            schema_version: 1,
+            payload: serde_json::json!({}),
+            metadata: serde_json::json!({"actor": "up", "actor_kind": "leader"}),
+            epoch: 1,
+            recorded_at: DateTime::from_timestamp_micros(0).unwrap(),
+            hash: [0; 32],
+        };
+        let by = |a: &str| Filter {
+            types: None,
+            actor: Some(a.into()),
+        };
+        assert!(by("up").keeps(&e) && by("up (leader)").keeps(&e));
+        assert!(!by("up (gateway)").keeps(&e) && !by("Up").keeps(&e));
     }
 
     #[test]

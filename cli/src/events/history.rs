@@ -445,8 +445,9 @@ pub(crate) async fn log(store: &AnyStore, thing: &Thing, json: bool) -> anyhow::
     Ok(Outcome::Ok)
 }
 
-/// Who acted, with the kind when it is not a person.
-fn actor(e: &RecordedEvent) -> String {
+/// Who acted, with the kind when it is not a person: the BY column, which
+/// `--actor` also takes.
+pub(crate) fn actor(e: &RecordedEvent) -> String {
     match llmgw_decider::actor_of(e) {
         (a, _) if a.is_empty() => "-".to_owned(),
         (a, kind) if kind.is_empty() || kind == "operator" => a,

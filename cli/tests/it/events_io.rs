@@ -462,6 +462,20 @@ async fn a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor
     );
     let bad = llmgw(&lost, &["events", "tail", "--type", "Re*plica"]);
     assert_eq!(bad.status.code(), Some(2));
+    // A type no event has is a typo, not "none such": refused, with the
+    // name meant when only its case is off.
+    for (typo, says) in [
+        (
+            "nodecordoned",
+            "no event type is nodecordoned; did you mean NodeCordoned?",
+        ),
+        ("Nosuch*", "no event type is Nosuch*"),
+    ] {
+        let out = llmgw(&lost, &["events", "tail", "--type", typo]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
 
     let (key, _s3) = incident(b, "key-revoked-in-use").await;
     let by = |actor: &str| positions(&ok(&key, &["events", "tail", "--json", "--actor", actor]));
