@@ -174,23 +174,32 @@ pub fn remove(dir: &Path, shard_id: &str) {
 /// The file naming the shards a clean exit stopped.
 const STOPPED_ON_EXIT: &str = "stopped-on-exit.json";
 
-/// Written by a clean exit that stopped `shard_ids` (replacing what an
-/// earlier exit wrote: that run's registration reported it).
+/// Written by a clean exit: the shards it stopped, and those an earlier
+/// exit stopped that no control plane has heard of yet (none, once none
+/// is left, and the file goes).
 pub fn write_stopped_on_exit(dir: &Path, shard_ids: &[String]) -> Result<(), StateFileError> {
     let path = dir.join(STOPPED_ON_EXIT);
+    if shard_ids.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(StateFileError::Io { path, source: e })
+            }
+            _ => Ok(()),
+        };
+    }
     let bytes = serde_json::to_vec(shard_ids).unwrap_or_default();
     std::fs::write(&path, bytes).map_err(|source| StateFileError::Io { path, source })
 }
 
-/// The shards the last run stopped on its clean exit; the file goes, so
-/// that they are told once (an unreadable file tells nothing: those
+/// The shards the last clean exit stopped. The file stays until a clean
+/// exit after a registration replaces it: a run that stops or dies before
+/// it registers has told no one (an unreadable file tells nothing: those
 /// replicas are then taken for failed, as after a crash).
-pub fn take_stopped_on_exit(dir: &Path) -> Vec<String> {
+pub fn read_stopped_on_exit(dir: &Path) -> Vec<String> {
     let path = dir.join(STOPPED_ON_EXIT);
     let Ok(bytes) = std::fs::read(&path) else {
         return Vec::new();
     };
-    let _ = std::fs::remove_file(&path);
     serde_json::from_slice(&bytes).unwrap_or_else(|e| {
         tracing::warn!(file = %path.display(), error = %e, "unreadable list of shards stopped on exit; ignored");
         Vec::new()

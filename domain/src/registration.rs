@@ -177,6 +177,23 @@ pub fn plan(
                         replica_id: r.placement.replica_id.clone(),
                         reason: STOPPED_ON_EXIT.into(),
                     }));
+                    // Its ranks on other nodes are no use alone: they stop
+                    // too, holding their GPUs and ports until they have.
+                    plan.stops.extend(
+                        (r.placement.shards.iter())
+                            .filter(|s| s.node_id != *node)
+                            .map(|s| Stop {
+                                node_id: s.node_id.clone(),
+                                shard_id: s.shard_id.clone(),
+                                why: StopReason::ReplicaStopped,
+                                held: Held {
+                                    node_id: s.node_id.clone(),
+                                    replica_id: r.placement.replica_id.clone(),
+                                    port: s.port,
+                                    gpus: s.gpu_indices.clone(),
+                                },
+                            }),
+                    );
                 }
                 continue;
             }

@@ -22,7 +22,7 @@ impl Agent {
             return;
         }
         self.prune_logs();
-        self.stopped_on_exit = state_files::take_stopped_on_exit(&dir);
+        self.stopped_on_exit = state_files::read_stopped_on_exit(&dir);
         for found in state_files::scan(&dir) {
             match found {
                 state_files::Found::Adopt(r) => {

@@ -186,6 +186,9 @@ pub struct Agent {
     /// registration of this run (ids are never reused: a late repeat
     /// names replicas already stopped).
     stopped_on_exit: Vec<String>,
+    /// A control plane has taken a registration of this run (and so heard
+    /// of `stopped_on_exit`).
+    registered: bool,
 }
 
 type Fetched = (String, Result<String, crate::fetch::FetchError>);
@@ -411,6 +414,7 @@ impl Agent {
             provisioner: None,
             sent_provision: Vec::new(),
             stopped_on_exit: Vec::new(),
+            registered: false,
         }
     }
 
@@ -456,13 +460,22 @@ impl Agent {
         if self.config.stop_engines_on_exit {
             // Stops already under way finish first.
             while self.stop_tasks.join_next().await.is_some() {}
+            // Only engines that ran: one that had failed is the failure
+            // it was, not a clean stop. Those the last run stopped stay
+            // listed until a control plane has heard of them.
             let mut stopped = Vec::new();
+            if !self.registered {
+                stopped.append(&mut self.stopped_on_exit);
+            }
             for (id, mut r) in std::mem::take(&mut self.shards) {
+                let ran = !matches!(r.status.borrow().state, State::Failed | State::Stopped);
                 if let Some(s) = r.shard.take() {
                     s.stop().await;
+                    if ran {
+                        stopped.push(id.clone());
+                    }
                 }
                 self.forget(&id);
-                stopped.push(id);
             }
             if let Some(dir) = &self.config.work_dir
                 && let Err(e) = state_files::write_stopped_on_exit(dir, &stopped)
@@ -581,6 +594,7 @@ impl Agent {
             let _ = tx.try_send(AgentMessage { msg: Some(msg) });
         };
         tracing::info!(server, node = %self.config.node_id, "connected to the control plane");
+        self.registered = true;
         self.stats.stream_up();
         let up = Instant::now();
         let mut beat = tokio::time::interval(self.config.heartbeat);

@@ -372,6 +372,19 @@ fn shards_stopped_on_a_clean_exit_stop_their_replicas_instead_of_failing() {
     });
     assert_eq!(p.commands, vec![stop("r1"), stop("r2"), failed]);
     assert!(p.starts.is_empty() && p.stops.is_empty());
+
+    // A replica over two nodes: its rank on the other node is stopped too
+    // (alone it serves nothing, and it holds a GPU and a port).
+    placed(&mut s, "r4", &["n1", "n2"]);
+    shard_state(&mut s, "r4", "r4-0", ShardState::Ready);
+    let p = plan(&s, &"n1".into(), &[], &["r4-0".into()], Adopting::new());
+    assert!(p.commands.contains(&stop("r4")), "{:?}", p.commands);
+    let others: Vec<_> = p
+        .stops
+        .iter()
+        .map(|s| (s.node_id.as_str(), s.shard_id.as_str(), s.why))
+        .collect();
+    assert_eq!(others, [("n2", "r4-1", StopReason::ReplicaStopped)]);
 }
 
 #[test]
