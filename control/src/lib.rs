@@ -269,9 +269,6 @@ impl ControlPlane {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Somebody asked for an on-demand model: keep it up for its idle time.
-    /// A standby records the request in the log (at most every few seconds
-    /// per model), so that the leader sees it too.
     /// Whether some node could take `model` were it free (false: none
     /// could, whatever stops or comes back; `placement::fits_as_built`).
     /// True for a model the catalog does not hold.
@@ -289,6 +286,9 @@ impl ControlPlane {
         })
     }
 
+    /// Somebody asked for an on-demand model: keep it up for its idle time.
+    /// A standby records the request in the log (at most every few seconds
+    /// per model), so that the leader sees it too.
     pub fn demand(self: &Arc<Self>, model: &str) {
         let now = self.now();
         let previous = self.memory().rt.demand.insert(model.to_owned(), now);

@@ -256,6 +256,28 @@ fn why(explain: bool, reason: impl FnOnce() -> String) -> String {
     if explain { reason() } else { String::new() }
 }
 
+/// What a placement is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// The choice alone (the reconciler).
+    Quiet,
+    /// The choice with every node's verdict.
+    Explain,
+    /// Whether any node could take it as built (`fits_as_built`).
+    AsBuilt,
+}
+
+/// Which of a node's facts a placement weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// All of them, as they are now.
+    Now,
+    /// Only what no wait changes (labels, GPU classes and counts, memory):
+    /// as if the node were ready, uncordoned, healthy, with room on its
+    /// disk and its engines installed (`fits_as_built`).
+    AsBuilt,
+}
+
 fn check_node<'a>(
     node: &'a Node,
     weights: &Weights<'_>,
@@ -263,16 +285,19 @@ fn check_node<'a>(
     used: Option<&Used<'_>>,
     options: PlaceOptions,
     explain: bool,
+    look: Look,
 ) -> Result<Fit<'a>, String> {
+    let now = look == Look::Now;
     match node.reachability {
+        _ if !now => {}
         Reachability::Ready => {}
         Reachability::Unreachable => return Err("unreachable: no recent heartbeat".into()),
         Reachability::Lost => return Err("lost".into()),
     }
-    if node.draining {
+    if node.draining && now {
         return Err("draining".into());
     }
-    if node.cordoned {
+    if node.cordoned && now {
         return Err("cordoned".into());
     }
     for (k, v) in &profile.node_selector {
@@ -291,13 +316,14 @@ fn check_node<'a>(
         }
     }
     let engine = profile.engine.name();
-    if !node.inventory.engines.contains_key(engine) {
+    if now && !node.inventory.engines.contains_key(engine) {
         return Err(why(explain, || {
             format!("engine {engine} is not installed or not seen to run")
         }));
     }
     let holds = weights.held_by(node);
     if let Some(free) = node.inventory.disk_free_gb
+        && now
         && profile.min_disk_gb > 0
         && !holds
         && free < u64::from(profile.min_disk_gb)
@@ -364,7 +390,7 @@ fn check_node<'a>(
                     if explain {
                         notes.push(format!("GPU {} held by {r}", g.index));
                     }
-                } else if !g.problems.is_empty() {
+                } else if !g.problems.is_empty() && now {
                     if explain {
                         notes.push(format!("GPU {}: {}", g.index, g.problems.join(", ")));
                     }
@@ -460,7 +486,15 @@ pub fn place(
     replica_id: &ReplicaId,
     options: PlaceOptions,
 ) -> Explanation {
-    decide(model, nodes, replicas, held, replica_id, options, true)
+    decide(
+        model,
+        nodes,
+        replicas,
+        held,
+        replica_id,
+        options,
+        How::Explain,
+    )
 }
 
 /// The placement [`place`] would choose, without the per-node verdicts:
@@ -474,41 +508,38 @@ pub fn place_quiet(
     replica_id: &ReplicaId,
     options: PlaceOptions,
 ) -> Option<Placement> {
-    decide(model, nodes, replicas, held, replica_id, options, false).chosen
+    decide(
+        model,
+        nodes,
+        replicas,
+        held,
+        replica_id,
+        options,
+        How::Quiet,
+    )
+    .chosen
 }
 
 /// Whether `model` would fit some node of `nodes` were every node ready,
 /// uncordoned, healthy, with room on its disk, its engines installed and
 /// nothing placed: false means that no wait helps (the nodes' labels, GPU
 /// classes and counts, or memory rule it out), only an operator. True
-/// while no node has registered: one may be on its way.
+/// while fewer nodes have registered than a profile spans (none, at
+/// first): the rest may be on their way.
 pub fn fits_as_built(model: &Model, nodes: &Nodes, options: PlaceOptions) -> bool {
-    if nodes.nodes.is_empty() {
+    let spans = model.profiles.iter().map(|p| p.nodes.max(1)).max();
+    if spans.is_none_or(|n| nodes.nodes.len() < n as usize) {
         return true;
     }
-    let engines: BTreeSet<&str> = model.profiles.iter().map(|p| p.engine.name()).collect();
-    let bare = Nodes {
-        nodes: (nodes.nodes.iter())
-            .map(|(id, n)| {
-                let mut n = n.clone();
-                n.reachability = Reachability::Ready;
-                n.cordoned = false;
-                n.draining = false;
-                n.inventory.disk_free_gb = None;
-                for e in &engines {
-                    n.inventory.engines.entry((*e).to_owned()).or_default();
-                }
-                n.inventory.gpus.iter_mut().for_each(|g| g.problems.clear());
-                (id.clone(), n)
-            })
-            .collect(),
-    };
     let id = ReplicaId::from("as-built");
-    place_quiet(model, &bare, &Replicas::default(), &[], &id, options).is_some()
+    let none = Replicas::default();
+    decide(model, nodes, &none, &[], &id, options, How::AsBuilt)
+        .chosen
+        .is_some()
 }
 
-/// With `explain` false the profiles carry no candidates and the refusals
-/// no reasons; the choice is the same either way.
+/// Unless asked to explain, the profiles carry no candidates and the
+/// refusals no reasons; the choice is the same either way.
 fn decide(
     model: &Model,
     nodes: &Nodes,
@@ -516,8 +547,14 @@ fn decide(
     held: &[Held],
     replica_id: &ReplicaId,
     options: PlaceOptions,
-    explain: bool,
+    how: How,
 ) -> Explanation {
+    let explain = how == How::Explain;
+    let look = if how == How::AsBuilt {
+        Look::AsBuilt
+    } else {
+        Look::Now
+    };
     let used = usage(replicas, held);
     let weights = Weights::of(&model.source);
     let mut order: Vec<&Profile> = model.profiles.iter().collect();
@@ -545,7 +582,7 @@ fn decide(
             } else {
                 used.get(&node.id)
             };
-            let verdict = check_node(node, &weights, profile, node_used, options, explain);
+            let verdict = check_node(node, &weights, profile, node_used, options, explain, look);
             match verdict {
                 Ok(fit) => {
                     if explain {

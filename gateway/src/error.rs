@@ -96,17 +96,21 @@ impl ApiError {
 
     /// An on-demand model asked for that no node of the cluster could take
     /// (its labels, GPU classes and counts, memory): no wait helps, so
-    /// none is made and no retry is suggested. Which nodes refuse it and
-    /// why is the operator's to read, not the client's.
+    /// none is made. Which nodes refuse it and why is the operator's to
+    /// read, not the client's.
     pub fn fits_nowhere(model: &str) -> Self {
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "model_unplaceable",
-            format!(
-                "`{model}` is started on demand, but no node of this cluster can take it; the operator sees why with `llmgw ctl explain-placement {model}`"
-            ),
-        )
+        ApiError {
+            // Nodes may yet join (a cluster coming up): a retry is cheap.
+            retry_after: Some(ON_DEMAND_RETRY_S),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "model_unplaceable",
+                format!(
+                    "`{model}` is started on demand, but no node of this cluster can take it; the operator sees why with `llmgw ctl explain-placement {model}`"
+                ),
+            )
+        }
     }
 
     /// An on-demand model asked for was not serving within
