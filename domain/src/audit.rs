@@ -45,6 +45,46 @@ impl AuditEvent {
 /// characters more, as `keys list` shows a key.
 pub const SECRET_PREFIX: &str = "llmgw-sk-";
 
+/// Whether a tenancy command holds an API key where an id or a name goes
+/// (pasted for a key's id, or as a name): the log would keep it for good.
+pub fn names_a_key(c: &TenancyCommand) -> bool {
+    use TenancyCommand as T;
+    let named = match c {
+        T::CreateOrg { name, .. } | T::CreateTeam { name, .. } | T::CreateProject { name, .. } => {
+            name.contains(SECRET_PREFIX)
+        }
+        T::IssueKey(k) => k.name.contains(SECRET_PREFIX),
+        _ => false,
+    };
+    named || tenancy_target(c).contains(SECRET_PREFIX)
+}
+
+/// A tenancy command's stream, as [`Command::target`] names it.
+fn tenancy_target(c: &TenancyCommand) -> String {
+    use TenancyCommand as T;
+    match c {
+        T::CreateOrg { org_id, .. } => scoped(Scope::Org, org_id),
+        T::CreateTeam { team_id, .. } => scoped(Scope::Team, team_id),
+        T::CreateProject { project_id, .. }
+        | T::SetThreads { project_id, .. }
+        | T::SetMemory { project_id, .. } => scoped(Scope::Project, project_id),
+        T::SetLimits {
+            scope, scope_id, ..
+        } => scoped(*scope, scope_id),
+        T::IssueKey(k) => scoped(Scope::Key, &k.key_id),
+        T::RevokeKey { key_id, .. } | T::OfferClaim { key_id, .. } | T::Claim { key_id } => {
+            scoped(Scope::Key, key_id)
+        }
+        T::SignUp { user_id }
+        | T::Approve { user_id, .. }
+        | T::Suspend { user_id, .. }
+        | T::Promote { user_id, .. }
+        | T::ChangePassword { user_id }
+        | T::ResetPassword { user_id, .. }
+        | T::Erase { user_id, .. } => format!("user-{user_id}"),
+    }
+}
+
 /// `text` with every API key in it cut to the prefix `keys list` shows.
 pub fn redact_secrets(text: &str) -> String {
     let shown = SECRET_PREFIX.len() + 3;
@@ -77,7 +117,6 @@ impl Command {
     /// [`crate::Event::stream_id`] names it. `catalog` for a whole-catalog
     /// command.
     pub fn target(&self) -> String {
-        use TenancyCommand as T;
         match self {
             Command::Catalog(c) => match c {
                 CatalogCommand::AddModel(m) | CatalogCommand::UpdateModel(m) => {
@@ -95,27 +134,7 @@ impl Command {
                 }
                 JoinCommand::RemoveNode { node_id } => format!("node-{node_id}"),
             },
-            Command::Tenancy(c) => match c {
-                T::CreateOrg { org_id, .. } => scoped(Scope::Org, org_id),
-                T::CreateTeam { team_id, .. } => scoped(Scope::Team, team_id),
-                T::CreateProject { project_id, .. }
-                | T::SetThreads { project_id, .. }
-                | T::SetMemory { project_id, .. } => scoped(Scope::Project, project_id),
-                T::SetLimits {
-                    scope, scope_id, ..
-                } => scoped(*scope, scope_id),
-                T::IssueKey(k) => scoped(Scope::Key, &k.key_id),
-                T::RevokeKey { key_id, .. }
-                | T::OfferClaim { key_id, .. }
-                | T::Claim { key_id } => scoped(Scope::Key, key_id),
-                T::SignUp { user_id }
-                | T::Approve { user_id, .. }
-                | T::Suspend { user_id, .. }
-                | T::Promote { user_id, .. }
-                | T::ChangePassword { user_id }
-                | T::ResetPassword { user_id, .. }
-                | T::Erase { user_id, .. } => format!("user-{user_id}"),
-            },
+            Command::Tenancy(c) => tenancy_target(c),
         }
     }
 

@@ -126,9 +126,11 @@ pub enum Command {
 
 impl State {
     pub fn decide(&self, command: Command) -> Result<Vec<Event>, Rejection> {
-        if command.target().contains(audit::SECRET_PREFIX) {
+        if let Command::Tenancy(c) = &command
+            && audit::names_a_key(c)
+        {
             return Err(Rejection::invalid(
-                "that is an API key itself, not its id (key-…): `llmgw keys list` shows each key's id",
+                "that is an API key itself, not an id or a name (a key's id is key-…; `llmgw keys list` shows them)",
             ));
         }
         Ok(match command {

@@ -1219,12 +1219,13 @@ async fn a_key_given_for_its_id_is_refused_and_never_logged() {
             "--rpm",
             "5",
         ],
+        vec!["create", "--project", "p", "--name", secret.as_str()],
     ] {
         let out = keys(&store, &closed, &args);
         let said = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{said}");
         assert!(
-            said.contains("that is an API key itself, not its id"),
+            said.contains("that is an API key itself, not an id or a name"),
             "{said}"
         );
         assert!(!said.contains(&secret), "{said}");
