@@ -673,10 +673,16 @@ pub(crate) fn misspelt_variables(
 }
 
 fn misspelt(name: &str, known: &std::collections::HashSet<String>) -> Result<(), ConfigError> {
+    let rest = |n: &str| n.strip_prefix("LLMGW_").unwrap_or(n).to_owned();
+    let (typed, near) = (rest(name), |len: usize| if len < 8 { 1 } else { 2 });
+    // Counted after the prefix, and closer for short names: LLMGW_PATH is
+    // not a typo of LLMGW_AUTH, LLMGW_ADMIN_LISTN is one of
+    // LLMGW_ADMIN_LISTEN.
+    let distance = |k: &String| edits(&rest(k), &typed);
     match known
         .iter()
-        .filter(|k| k.len() >= 10 && edits(k, name) <= 2)
-        .min_by_key(|k| (edits(k, name), k.as_str()))
+        .filter(|k| rest(k).len() >= 4 && distance(k) <= near(rest(k).len()))
+        .min_by_key(|k| (distance(k), k.as_str()))
     {
         Some(meant) => Err(ConfigError(format!(
             "{name} is not a variable of llmgw; did you mean {meant}?"

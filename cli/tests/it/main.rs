@@ -2276,6 +2276,10 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             ("LLMGW_TEST_X", "1"),
             ("LLMGW_STORE_PASSWORD", "x"),
             ("LLMGW_MODELS_DIR", "/m"),
+            // Near a short name, not a letter off it: not a typo.
+            ("LLMGW_PATH", "/opt/llmgw"),
+            ("LLMGW_STATE", "x"),
+            ("LLMGW_LISTENER", "x"),
         ],
     );
     assert_eq!(code, Some(0), "{err}");
