@@ -496,14 +496,16 @@ pub(crate) async fn run(
         s.abort();
     }
     // The requests are done: the batcher appends what is queued and ends.
-    if let Some(b) = batcher
+    if let Some(mut b) = batcher
         && let Some(queue) = usage_queue
     {
         queue.close();
-        if tokio::time::timeout(Duration::from_secs(5), b)
+        if tokio::time::timeout(Duration::from_secs(5), &mut b)
             .await
             .is_err()
         {
+            // Its retries stop here: nothing writes once the log is folded.
+            b.abort();
             tracing::error!(
                 records = queue.pending(),
                 "stopping with usage the log could not take; those records are lost"

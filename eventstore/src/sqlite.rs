@@ -120,11 +120,19 @@ impl SqliteStore {
     /// keeps from finishing (a reader mid-read) leaves the rest in the WAL
     /// file, where the next open finds it.
     pub async fn fold_wal(&self) {
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .execute(&self.writer)
-            .await
-        {
-            tracing::warn!(error = %e, "could not fold the write-ahead log into the database file; it stays beside it");
+        // (busy, pages in the WAL, pages folded): busy when another
+        // process's reader keeps it from finishing.
+        let done = sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(TRUNCATE)")
+            .fetch_one(&self.writer)
+            .await;
+        match done {
+            Ok((0, _, _)) => {}
+            Ok(_) => tracing::warn!(
+                "another process is reading the log: its newest events stay in the write-ahead log beside the database file (llmgw.db-wal); copy both"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not fold the write-ahead log into the database file; it stays beside it")
+            }
         }
     }
 
