@@ -15,7 +15,10 @@ use crate::{DEFAULT_PAGE, EventStore, RecordedEvent, Result, StoreError, hash};
 /// The last line of an export, `{"trailer": {…}}`: where it came from and
 /// what it holds, so that a file cut short, or one whose end was altered,
 /// no longer matches it, and an auditor can compare it with the source.
+/// Unknown fields are refused: the signature covers the trailer, and a
+/// field it would not cover could be added to a signed file unnoticed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Trailer {
     /// The trailer's own format version.
     pub format: u32,
@@ -92,6 +95,7 @@ pub fn header_hash(header: &Value) -> [u8; 32] {
 }
 
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TrailerLine {
     trailer: Trailer,
 }

@@ -267,6 +267,11 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
     let resigned = signed.replace("\"head\":14", "\"head\":15");
     assert_ne!(signed, resigned);
     let bad_signature = write(&dir, "bad-signature.jsonl", &resigned);
+    // A field added to a signed trailer, which the signature does not
+    // cover: it passed as well signed.
+    let noted = signed.replace("{\"trailer\":{", "{\"trailer\":{\"note\":\"hello\",");
+    assert_ne!(signed, noted);
+    let added_field = write(&dir, "added-field.jsonl", &noted);
     let someone_else = write(
         &dir,
         "someone-else.jsonl",
@@ -344,6 +349,12 @@ async fn files_that_are_not_faithful_exports_are_refused_and_change_nothing(b: B
             nowhere,
             with_key(&someone_else),
             "not by the key given",
+        ),
+        (
+            "a field added to a signed trailer",
+            nowhere,
+            with_key(&added_field),
+            "unknown field `note`",
         ),
         (
             "not signed, and the key asks for a signature",
