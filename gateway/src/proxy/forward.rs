@@ -299,7 +299,9 @@ async fn exchange(
             // client's: relayed, its 401 told the client its own key was
             // bad (an SDK's AuthenticationError). The endpoint's key is
             // the operator's to fix; another endpoint may serve meanwhile.
-            Ok(r) if matches!(r.status().as_u16(), 401 | 403) => {
+            // (A 403 is relayed: it may be about this request or model
+            // alone, and must not open the endpoint's breaker.)
+            Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED => {
                 endpoint.record(false);
                 tracing::warn!(endpoint = %endpoint.spec.id, status = %r.status(), "the engine refused the gateway's credentials: check the endpoint's api key; trying another endpoint");
                 return Err(Failure::said(format!(
