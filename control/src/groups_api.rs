@@ -121,7 +121,7 @@ impl<'a> Tree<'a> {
         let (teams_of, org_of) = index(&t.teams);
         let (projects_of, team_of) = index(&t.projects);
         let mut live_keys = BTreeMap::new();
-        for k in t.keys.values().filter(|k| !k.revoked) {
+        for k in t.keys.values().filter(|k| t.key_works(k)) {
             let project = k.project_id.as_str();
             let team = team_of.get(project).copied();
             let org = team.and_then(|t| org_of.get(t).copied());

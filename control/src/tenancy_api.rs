@@ -382,7 +382,15 @@ async fn list_keys(
                 project: k.project_id.clone(),
                 name: k.name.clone(),
                 band: k.band.name().into(),
-                state: if k.revoked { "revoked" } else { "active" }.into(),
+                state: if k.revoked {
+                    "revoked"
+                } else if !t.key_works(k) {
+                    // Its person was erased: it opens nothing.
+                    "stopped"
+                } else {
+                    "active"
+                }
+                .into(),
                 owner: k.owner.clone(),
                 limits: t
                     .limits_at(Scope::Key, &k.key_id)

@@ -459,6 +459,24 @@ pub struct Tenancy {
 /// The longest name a key may have, in characters.
 pub const MAX_NAME: usize = 100;
 
+/// A character a name may not hold: a control character, or one that is
+/// invisible or reorders what follows (U+202E before `gpj.exe` shows it as
+/// `exe.jpg`), so that a name reads as it was written wherever shown.
+pub fn hidden_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
 fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
     if id.is_empty()
         || id.len() > 128
@@ -474,6 +492,19 @@ fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
 }
 
 impl Tenancy {
+    /// Whether `key` still opens the gateway: not revoked, and not a
+    /// person's own key whose person was erased (the id stays, powerless;
+    /// a suspension keeps it working, as the keys are the project's until
+    /// revoked).
+    pub fn key_works(&self, key: &Key) -> bool {
+        !key.revoked
+            && key.owner.as_ref().is_none_or(|o| {
+                self.users
+                    .get(o)
+                    .is_some_and(|u| u.status != UserStatus::Erased)
+            })
+    }
+
     fn exists(&self, scope: Scope, id: &str) -> bool {
         match scope {
             Scope::Org => self.orgs.contains_key(id),
@@ -666,9 +697,9 @@ impl Tenancy {
                 }
                 // A name is shown in lists and pages, and kept in the log
                 // for ever: a line's worth of text.
-                if key.name.chars().count() > MAX_NAME || key.name.chars().any(char::is_control) {
+                if key.name.chars().count() > MAX_NAME || key.name.chars().any(hidden_char) {
                     return Err(Rejection::invalid(format!(
-                        "a key's name is at most {MAX_NAME} characters, none of them control characters"
+                        "a key's name is at most {MAX_NAME} characters, none of them control, invisible or direction characters"
                     )));
                 }
                 // It tells the keys of a project apart in every list.
@@ -679,10 +710,17 @@ impl Tenancy {
                 }
                 // A key for a person shows on their profile and counts as
                 // theirs: the person must exist.
-                if let Some(owner) = &key.owner
-                    && !self.users.contains_key(owner)
-                {
-                    return Err(Rejection::not_found(format!("no person {owner}")));
+                if let Some(owner) = &key.owner {
+                    match self.users.get(owner) {
+                        None => return Err(Rejection::not_found(format!("no person {owner}"))),
+                        // Its key would never open anything.
+                        Some(u) if u.status == UserStatus::Erased => {
+                            return Err(Rejection::conflict(format!(
+                                "{owner} was erased: a key for them would never work"
+                            )));
+                        }
+                        Some(_) => {}
+                    }
                 }
                 // A name is how a person tells a project's keys apart (and
                 // revokes the right one), so live names do not repeat.

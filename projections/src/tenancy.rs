@@ -66,16 +66,9 @@ impl TenancyView {
 
     fn entry(&self, key_id: &str) -> Option<KeyEntry> {
         let key = self.tenancy.keys.get(key_id)?;
-        // A person's own key goes with them when they are erased (the id
-        // stays, powerless). A suspension keeps it working, as the keys
-        // are the project's until revoked (docs/people.md).
-        if let Some(owner) = &key.owner
-            && self
-                .tenancy
-                .users
-                .get(owner)
-                .is_none_or(|u| u.status == UserStatus::Erased)
-        {
+        // A person's own key goes with them when they are erased
+        // (docs/people.md).
+        if key.owner.is_some() && !self.tenancy.key_works(key) {
             return None;
         }
         let (team_id, org_id) = self.team_and_org(&key.project_id);

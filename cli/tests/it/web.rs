@@ -548,6 +548,26 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         (api_chat(&base, &secret).await == StatusCode::UNAUTHORIZED).then_some(())
     })
     .await;
+    // And say so: their key is listed as stopped, not active, and no key
+    // is made for them (it would never work).
+    let keys = super::tenancy::keys(&store, &admin, &["list", "--json"]);
+    let listed = String::from_utf8_lossy(&keys.stdout);
+    let theirs = listed
+        .lines()
+        .flat_map(|l| serde_json::from_str::<Vec<Value>>(l).unwrap_or_default())
+        .find(|k| k["owner"] == id.as_str())
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(theirs["state"], "stopped", "{theirs}");
+    let late = super::tenancy::keys(
+        &store,
+        &admin,
+        &["create", "--project", "p", "--name", "late", "--owner", &id],
+    );
+    let said = String::from_utf8_lossy(&late.stderr);
+    assert!(
+        !late.status.success() && said.contains("was erased"),
+        "{said}"
+    );
     let rows = user_rows(&store, &admin, false);
     let row = rows.iter().find(|r| r["user_id"] == id.as_str()).unwrap();
     assert_eq!(row["status"], "erased");

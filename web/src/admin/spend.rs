@@ -94,7 +94,8 @@ pub(crate) fn keys(
                 row.name.clone_from(&k.name);
                 row.project.clone_from(&k.project_id);
                 row.owner = k.owner.clone().unwrap_or_default();
-                row.revoked = k.revoked;
+                // An erased person's key no longer works either.
+                row.revoked = !views.tenancy.tenancy.key_works(k);
             }
             row
         })
