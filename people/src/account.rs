@@ -22,7 +22,7 @@ impl People {
         let name = match name.trim() {
             "" => email.as_str(),
             // Shown on the admin pages and kept until erased: a line.
-            n if n.chars().count() > 100 || n.chars().any(char::is_control) => {
+            n if n.chars().count() > 100 || n.chars().any(llmgw_domain::tenancy::hidden_char) => {
                 return Err(PeopleError::BadName);
             }
             n => n,

@@ -93,7 +93,9 @@ pub enum PeopleError {
     WeakPassword,
     #[error("that is the password you already have")]
     SamePassword,
-    #[error("a name is at most 100 characters, none of them control characters")]
+    #[error(
+        "a name is at most 100 characters, none of them control, invisible or direction characters"
+    )]
     BadName,
     #[error("not signed in")]
     NoSession,

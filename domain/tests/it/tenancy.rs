@@ -277,6 +277,8 @@ fn a_live_key_name_is_unique_within_its_project() {
     for name in [
         "x".repeat(101),
         "a\u{1b}[2Jb".to_owned(),
+        "evil\u{202E}gpj.exe".to_owned(),
+        "zero\u{200B}width".to_owned(),
         String::new(),
         " ".to_owned(),
     ] {

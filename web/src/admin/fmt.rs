@@ -15,11 +15,16 @@ pub(crate) fn count(n: u64) -> String {
     out
 }
 
-/// Micro-units as units with four decimals (prices are micro-units per
-/// 1,000 tokens, so a single request's cost is often below a cent).
+/// Micro-units as units with four decimals, rounded (prices are
+/// micro-units per 1,000 tokens, so a single request's cost is often below
+/// a cent); a spend too small to show is `<0.0001`, not nothing.
 pub(crate) fn money(micros: u64) -> String {
-    let whole = micros / 1_000_000;
-    let frac = (micros % 1_000_000) / 100;
+    if (1..50).contains(&micros) {
+        return "<0.0001".into();
+    }
+    let tenths_of_a_mil = micros.saturating_add(50) / 100;
+    let whole = tenths_of_a_mil / 10_000;
+    let frac = tenths_of_a_mil % 10_000;
     format!("{}.{frac:04}", count(whole))
 }
 
@@ -96,7 +101,13 @@ mod tests {
         assert_eq!(money(0), "0.0000");
         assert_eq!(money(240), "0.0002");
         assert_eq!(money(1_500_000), "1.5000");
-        assert_eq!(money(1_234_567_890), "1,234.5678");
+        // Rounded, not cut: 4,586 micro-units are 0.0046.
+        assert_eq!(money(4_586), "0.0046");
+        assert_eq!(money(1_234_567_890), "1,234.5679");
+        assert_eq!(money(999_950), "1.0000");
+        // Spent, if little: not shown as nothing.
+        assert_eq!(money(49), "<0.0001");
+        assert_eq!(money(50), "0.0001");
     }
 
     #[test]

@@ -276,12 +276,13 @@ async fn usage_per_key_is_paged_biggest_spender_first_and_a_person_counts_their_
     assert!(last.contains(">k-000<") && !last.contains(">k-119<"));
     assert!(last.contains("keys 101–120 of 120"));
 
-    // ada: her key (1,070 micros) and her chat (5), one error among two.
+    // ada: her key (1,070 micros) and her chat (5), one error among two;
+    // 1,075 micros show rounded.
     let row = first
         .split("<tr>")
         .find(|r| r.contains(">ada<"))
         .expect("ada's row");
-    assert!(row.contains(">2<") && row.contains(">0.0010<"), "{row}");
+    assert!(row.contains(">2<") && row.contains(">0.0011<"), "{row}");
 }
 
 #[tokio::test]
