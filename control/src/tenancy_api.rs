@@ -369,6 +369,16 @@ async fn list_keys(
     let views = door.views();
     let views = views.read().unwrap_or_else(|p| p.into_inner());
     let t = &views.tenancy.tenancy;
+    // A project that is not there is said, as `keys groups` says it: a
+    // typo is not "no key yet".
+    if let Some(p) = &q.project
+        && !t.projects.contains_key(p)
+    {
+        return Err(AdminError(
+            StatusCode::NOT_FOUND,
+            format!("no project {p}; `llmgw keys groups` lists them"),
+        ));
+    }
     let rows = t
         .keys
         .values()

@@ -1931,12 +1931,32 @@ async fn keys_are_issued_listed_used_and_revoked_from_the_cli() {
         "{secret}"
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("shown only now"));
+    ok(
+        &address,
+        &[
+            "keys",
+            "init",
+            "--org",
+            "acme",
+            "--team",
+            "ml",
+            "--project",
+            "quiet",
+        ],
+    );
     let empty: Value = serde_json::from_str(&ok(
         &address,
-        &["keys", "list", "--project", "none", "--json"],
+        &["keys", "list", "--project", "quiet", "--json"],
     ))
     .unwrap();
     assert_eq!(empty, json!([]), "one document, empty when nothing matches");
+    // A project that is not there is said, not listed as keyless.
+    let typo = llmgw(&address, &["keys", "list", "--project", "none"]);
+    let said = String::from_utf8_lossy(&typo.stderr);
+    assert!(
+        !typo.status.success() && said.contains("no project none"),
+        "{said}"
+    );
     let keys: Vec<Value> =
         serde_json::from_str(&ok(&address, &["keys", "list", "--json"])).unwrap();
     assert_eq!(keys.len(), 1);
