@@ -1152,14 +1152,22 @@ fn the_store_variable_wins_over_the_file() {
     assert!(!from_file.exists(), "the file's store was opened");
 }
 
+/// A SQLite log in a directory of its own with org o, team t and project
+/// p, made by `keys` with nothing at the admin address it is given
+/// (`closed`, for the next commands too): the directory, log and address.
+fn offline_tree() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let store = format!("sqlite://{}", dir.path().join("keys.db").display());
+    tree(&store, &closed);
+    (dir, store, closed)
+}
+
 /// `keys init` and `events import` give a fresh store its schema, as a
 /// server would, instead of failing on a missing table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
-    let dir = tempfile::tempdir().unwrap();
-    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
-    let keyed = format!("sqlite://{}", dir.path().join("keys.db").display());
-    tree(&keyed, &closed);
+    let (dir, keyed, _closed) = offline_tree();
     let exported = super::ok(&keyed, &["events", "export"]);
     let file = dir.path().join("log.jsonl");
     std::fs::write(&file, &exported).unwrap();
@@ -1173,10 +1181,7 @@ async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
 /// another team used to leave the new team (and org) made before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_keys_init_makes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
-    let store = format!("sqlite://{}", dir.path().join("keys.db").display());
-    tree(&store, &closed);
+    let (_dir, store, closed) = offline_tree();
     let before = super::ok(&store, &["events", "export"]);
     for args in [
         ["init", "--org", "o", "--team", "t2", "--project", "p"],
@@ -1203,10 +1208,7 @@ async fn a_refused_keys_init_makes_nothing() {
 /// (still valid) in the refusal's command and stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_given_for_its_id_is_refused_and_never_logged() {
-    let dir = tempfile::tempdir().unwrap();
-    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
-    let store = format!("sqlite://{}", dir.path().join("keys.db").display());
-    tree(&store, &closed);
+    let (_dir, store, closed) = offline_tree();
     let (secret, _id) = new_key(&store, &closed, "pasted");
     for args in [
         vec!["revoke", secret.as_str()],
