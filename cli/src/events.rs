@@ -796,7 +796,18 @@ pub(crate) fn check_range(
     head: u64,
     to_flag: &str,
 ) -> anyhow::Result<()> {
-    let Some(to) = to else { return Ok(()) };
+    let Some(to) = to else {
+        // The position after the head is where the next events will be
+        // (an export of what came since the last one, empty so far); one
+        // further is a mistake, which gave an empty file and a pass.
+        if from > head.saturating_add(1) {
+            return Err(crate::config::ConfigError(format!(
+                "--from {from} is past the log's head, position {head}"
+            ))
+            .into());
+        }
+        return Ok(());
+    };
     let why = if to > head {
         format!("{to_flag} {to} is past the log's head, position {head}")
     } else if from > to {

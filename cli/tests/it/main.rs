@@ -763,12 +763,23 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
             vec!["events", "export", "--from", "5", "--to", "2"],
             "comes after --to",
         ),
+        // A start past the head passed (verify) or wrote an empty file
+        // (export); the position just after it is where the next event
+        // goes, an empty export of what is new.
+        (vec!["events", "verify", "--from", &past], "--from"),
+        (
+            vec!["events", "export", "--from", &past],
+            "past the log's head",
+        ),
     ] {
         let out = llmgw(&address, &args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
     }
+    let next = (events.len() + 1).to_string();
+    let nothing_new = ok(&address, &["events", "export", "--from", &next]);
+    assert!(nothing_new.contains("\"events\":0"), "{nothing_new}");
     // An export to a file replaces it only once whole: a refused one
     // leaves it as it was (it was emptied before anything was checked).
     let dir = tempfile::tempdir().unwrap();
