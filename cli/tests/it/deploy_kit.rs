@@ -130,17 +130,6 @@ fn next_notification(rx: &std::sync::mpsc::Receiver<String>) -> String {
         .expect("a notification")
 }
 
-fn terminate(child: &Child) {
-    let pid = child.process.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
 #[tokio::test]
 async fn the_server_and_the_agent_tell_systemd_when_ready_and_when_stopping() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,7 +157,7 @@ async fn the_server_and_the_agent_tell_systemd_when_ready_and_when_stopping() {
     for addr in [&client, &metrics] {
         tokio::net::TcpStream::connect(addr).await.unwrap();
     }
-    terminate(&server);
+    server.terminate();
     assert_eq!(next_notification(&notes), "STOPPING=1");
     assert!(server.process.wait().unwrap().success());
 
@@ -192,7 +181,7 @@ async fn the_server_and_the_agent_tell_systemd_when_ready_and_when_stopping() {
         &[("NOTIFY_SOCKET", socket.display().to_string())],
     );
     assert_eq!(next_notification(&notes), "READY=1");
-    terminate(&agent);
+    agent.terminate();
     assert_eq!(next_notification(&notes), "STOPPING=1");
     assert!(agent.process.wait().unwrap().success());
 }
@@ -273,7 +262,7 @@ async fn a_stop_lets_a_stream_in_flight_finish_and_refuses_new_connections() {
     let (mut server, client) = gateway_to(&engine, &[]);
     // Thirty tokens at ten a second: three seconds of stream.
     let (resp, first) = stream_started(&client, 30).await;
-    terminate(&server);
+    server.terminate();
     Child::expect(&server.stdout, "stopping: no new connections");
     refuses_connections(&client).await;
     let (text, clean) = rest_of(resp, first).await;
@@ -326,7 +315,7 @@ async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
     })
     .await;
     let (resp, first) = stream_started(&client, 600).await;
-    terminate(&server);
+    server.terminate();
     Child::expect(&server.stdout, "requests in flight get up to 0.5s");
     let (text, clean) = rest_of(resp, first).await;
     assert!(
@@ -588,7 +577,7 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     assert!(!out.contains("password"), "{out}");
     // A clean stop gives the lease up.
     let mut server = server;
-    terminate(&server);
+    server.terminate();
     assert!(server.process.wait().unwrap().success());
     let made = init_bob();
     let out = String::from_utf8_lossy(&made.stdout);
