@@ -34,12 +34,7 @@ async fn chunks_stream_through_as_the_engine_produces_them() {
     .await;
     let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
     let start = Instant::now();
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", true, 6))
-        .send()
-        .await
-        .unwrap();
+    let resp = gw.chat(&chat("m", true, 6)).await;
     assert_eq!(
         resp.headers()["x-llmgw-served-model"],
         "m",
@@ -107,14 +102,8 @@ async fn a_failing_endpoint_is_retried_around_then_its_breaker_opens() {
         spec("b", &live, &["m"]),
     ])
     .await;
-    let client = reqwest::Client::new();
     for _ in 0..5 {
-        let r = client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&chat("m", false, 1))
-            .send()
-            .await
-            .unwrap();
+        let r = gw.chat(&chat("m", false, 1)).await;
         assert_eq!(r.status(), 200, "retried before the first byte");
     }
     let page = gw.admin_page().await;
@@ -284,12 +273,7 @@ async fn nothing_routable_means_not_ready() {
         "untried is not known dead"
     );
     for _ in 0..3 {
-        client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&chat("m", false, 1))
-            .send()
-            .await
-            .unwrap();
+        gw.chat(&chat("m", false, 1)).await;
     }
     assert_eq!(
         client
@@ -319,12 +303,7 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
     })
     .await;
     let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", true, 100))
-        .send()
-        .await
-        .unwrap();
+    let resp = gw.chat(&chat("m", true, 100)).await;
     let mut body = resp.bytes_stream();
     body.next().await.unwrap().unwrap();
     assert_eq!(metric(&engine, "vllm:num_requests_running").await, 1.0);
@@ -348,16 +327,7 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
 async fn usage_is_counted_even_when_the_client_did_not_ask_and_then_stripped() {
     let engine = sim(support::sim_config()).await;
     let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
-    let client = reqwest::Client::new();
-    let text = client
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", true, 4))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.chat(&chat("m", true, 4)).await.text().await.unwrap();
     assert!(
         !text.contains("\"usage\""),
         "the extra chunk was stripped: {text}"
@@ -365,28 +335,12 @@ async fn usage_is_counted_even_when_the_client_did_not_ask_and_then_stripped() {
     assert!(text.trim_end().ends_with("data: [DONE]"));
     let mut asked = chat("m", true, 4);
     asked["stream_options"] = json!({"include_usage": true});
-    let text = client
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&asked)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.chat(&asked).await.text().await.unwrap();
     assert!(
         text.contains("\"completion_tokens\":4"),
         "a client that asked keeps it: {text}"
     );
-    client
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", false, 2))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    gw.chat(&chat("m", false, 2)).await.text().await.unwrap();
     let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_tokens_total{direction=\"completion\"} 10"),
@@ -416,12 +370,7 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
         Some(queue),
     )
     .await;
-    let mut response = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("m", true, 1000))
-        .send()
-        .await
-        .unwrap();
+    let mut response = gw.chat(&chat("m", true, 1000)).await;
     let mut seen = 0;
     while seen < 5 {
         let chunk = response.chunk().await.unwrap().expect("more of the answer");
@@ -490,23 +439,12 @@ async fn an_engine_refusing_the_gateways_key_is_not_the_clients_401() {
         spec("open", &open, &["m"]),
     ])
     .await;
-    let client = reqwest::Client::new();
     for _ in 0..4 {
-        let r = client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&chat("m", false, 2))
-            .send()
-            .await
-            .unwrap();
+        let r = gw.chat(&chat("m", false, 2)).await;
         assert_eq!(r.status(), 200, "served by the open endpoint");
     }
     let alone = gateway(vec![spec("locked", &locked, &["m"])]).await;
-    let r = client
-        .post(format!("{}/v1/chat/completions", alone.base))
-        .json(&chat("m", false, 2))
-        .send()
-        .await
-        .unwrap();
+    let r = alone.chat(&chat("m", false, 2)).await;
     assert_eq!(r.status(), 502);
     let body = r.text().await.unwrap();
     assert!(!body.contains("invalid_api_key"), "{body}");
@@ -535,12 +473,7 @@ async fn an_on_demand_model_that_does_not_come_up_is_answered_not_ready() {
     })));
     gw.apply_router_view(&support::router_view(vec![later], &[]));
     let gw = support::serve(gw).await;
-    let r = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.base))
-        .json(&chat("later", false, 1))
-        .send()
-        .await
-        .unwrap();
+    let r = gw.chat(&chat("later", false, 1)).await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "10");
     let body: Value = r.json().await.unwrap();
@@ -636,17 +569,8 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
         Some(queue),
     )
     .await;
-    let client = reqwest::Client::new();
     for stream in [true, false, true] {
-        client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&chat("m", stream, 3))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        gw.chat(&chat("m", stream, 3)).await.text().await.unwrap();
     }
     let mut sub = store.subscribe(0);
     let mut usage = Vec::new();
@@ -912,14 +836,8 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
     let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
     llmgw_gateway::scrape::scrape_once(&gw.gateway).await;
     let before = metric(&b, "vllm:prefix_cache_queries_total").await;
-    let client = reqwest::Client::new();
     for _ in 0..3 {
-        let r = client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&chat("m", false, 1))
-            .send()
-            .await
-            .unwrap();
+        let r = gw.chat(&chat("m", false, 1)).await;
         assert_eq!(r.status(), 200);
     }
     assert_eq!(
@@ -953,12 +871,7 @@ async fn scraped_engine_load_steers_requests_and_stale_figures_are_routed_around
     llmgw_gateway::scrape::scrape_once(&gw.gateway).await;
     let before = metric(&c, "vllm:prefix_cache_queries_total").await;
     for _ in 0..3 {
-        client
-            .post(format!("{}/v1/chat/completions", gw.base))
-            .json(&chat("m", false, 1))
-            .send()
-            .await
-            .unwrap();
+        gw.chat(&chat("m", false, 1)).await;
     }
     assert_eq!(
         metric(&c, "vllm:prefix_cache_queries_total").await,
@@ -986,7 +899,6 @@ async fn a_shared_prefix_reaches_each_replica_and_a_conversation_keeps_to_its_ow
     };
     let (a, b) = (sim(slow.clone()).await, sim(slow).await);
     let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
-    let client = reqwest::Client::new();
     let system = "You are a careful assistant. ".repeat(24);
     let first = format!(
         "{} my printer jams on the second page",
@@ -1004,14 +916,7 @@ async fn a_shared_prefix_reaches_each_replica_and_a_conversation_keeps_to_its_ow
     let mut open = Vec::new();
     let mut send = async |body: &Value| {
         // Headers back means the gateway has chosen and counted it.
-        open.push(
-            client
-                .post(format!("{}/v1/chat/completions", gw.base))
-                .json(body)
-                .send()
-                .await
-                .unwrap(),
-        );
+        open.push(gw.chat(body).await);
     };
     // The conversation's first turn: a miss, to a. Another user's
     // question shares the system prompt with it, but b was sent nothing

@@ -52,6 +52,16 @@ pub(crate) struct Running {
 }
 
 impl Running {
+    /// `body` posted to the gateway's chat completions.
+    pub(crate) async fn chat(&self, body: &serde_json::Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// The gateway's admin /metrics page.
     pub(crate) async fn admin_page(&self) -> String {
         reqwest::get(format!("{}/metrics", self.admin))
