@@ -121,7 +121,7 @@ impl<'a> Tree<'a> {
         let (teams_of, org_of) = index(&t.teams);
         let (projects_of, team_of) = index(&t.projects);
         let mut live_keys = BTreeMap::new();
-        for k in t.keys.values().filter(|k| t.key_works(k)) {
+        for k in t.keys.values().filter(|k| t.key_works(k, now)) {
             let project = k.project_id.as_str();
             let team = team_of.get(project).copied();
             let org = team.and_then(|t| org_of.get(t).copied());
@@ -223,6 +223,7 @@ mod tests {
             routing_profile: None,
             revoked,
             owner: None,
+            claim_by: None,
         };
         let limits = Limits {
             rpm: Some(60),

@@ -12,6 +12,7 @@ use llmgw_api::admin as api;
 use llmgw_decider::{Actor, Origin};
 use llmgw_domain::Command;
 use llmgw_domain::tenancy::{Band, Key, Limits, Period, Scope, TenancyCommand as T};
+use llmgw_domain::time::UnixMillis;
 use llmgw_people::People;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -227,14 +228,19 @@ async fn create_key(
         routing_profile: None,
         revoked: false,
         owner: k.owner,
+        claim_by: None,
     };
     let (key_id, prefix) = (key.key_id.clone(), key.prefix.clone());
     let origin = origin(&headers);
     let mut commands = vec![Command::Tenancy(T::IssueKey(key))];
+    // One moment for the log's end of the link and the link's own.
+    let now = chrono::Utc::now();
     if k.claim {
+        let ends = people.claim_ends(now, claim_ttl);
         commands.push(Command::Tenancy(T::OfferClaim {
             key_id: key_id.clone(),
             by: origin.actor.name().to_owned(),
+            until: Some(UnixMillis(ends.timestamp_millis())),
         }));
     }
     let decided = door.execute(&origin, commands).await?;
@@ -242,7 +248,7 @@ async fn create_key(
     door.views_reach(decided.position).await;
     let (secret, claim) = if k.claim {
         let (token, ends) = people
-            .seal_claim(&key_id, &secret, chrono::Utc::now(), claim_ttl)
+            .seal_claim(&key_id, &secret, now, claim_ttl)
             .await
             .map_err(|e| AdminError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let ends = ends.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -379,6 +385,7 @@ async fn list_keys(
             format!("no project {p}; `llmgw keys groups` lists them"),
         ));
     }
+    let now = UnixMillis::now();
     let rows = t
         .keys
         .values()
@@ -394,9 +401,14 @@ async fn list_keys(
                 band: k.band.name().into(),
                 state: if k.revoked {
                     "revoked"
-                } else if !t.key_works(k) {
+                } else if !t.key_stands(k) {
                     // Its person was erased: it opens nothing.
                     "stopped"
+                } else if k.claim_lapsed(now) {
+                    // Its claim link ended unused: it opens nothing.
+                    "expired"
+                } else if k.claim_by.is_some() {
+                    "unclaimed"
                 } else {
                     "active"
                 }

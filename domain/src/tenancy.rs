@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Rejection;
 use crate::conversations::{MemorySetting, ThreadsSetting, check_retention};
+use crate::time::UnixMillis;
 
 /// Where a limit is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -246,6 +247,18 @@ pub struct Key {
     /// their use counts as theirs; None for a key an operator made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// While its claim link is unused: when the link ends. An unclaimed
+    /// key opens nothing from then on, so a link nobody opened does not
+    /// leave a live key whose secret no one holds (or someone found).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_by: Option<UnixMillis>,
+}
+
+impl Key {
+    /// Whether its claim link ended before anyone used it.
+    pub fn claim_lapsed(&self, now: UnixMillis) -> bool {
+        self.claim_by.is_some_and(|end| now >= end)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -334,10 +347,13 @@ pub enum TenancyCommand {
         user_id: String,
         by: String,
     },
-    /// The key's secret waits, sealed, behind a claim link.
+    /// The key's secret waits, sealed, behind a claim link that works
+    /// until `until` (None: as links made before links had an end in the
+    /// log, the key is not held to it).
     OfferClaim {
         key_id: String,
         by: String,
+        until: Option<UnixMillis>,
     },
     /// The claim link was used; the sealed copy is gone.
     Claim {
@@ -415,6 +431,9 @@ pub enum TenancyEvent {
     KeyClaimOffered {
         key_id: String,
         by: String,
+        /// When the link ends; absent in events from before it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        until: Option<UnixMillis>,
     },
     KeyClaimed {
         key_id: String,
@@ -492,11 +511,17 @@ fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
 }
 
 impl Tenancy {
-    /// Whether `key` still opens the gateway: not revoked, and not a
+    /// Whether `key` opens the gateway at `now`: not revoked, not a
     /// person's own key whose person was erased (the id stays, powerless;
     /// a suspension keeps it working, as the keys are the project's until
-    /// revoked).
-    pub fn key_works(&self, key: &Key) -> bool {
+    /// revoked), and not one whose claim link ended unused.
+    pub fn key_works(&self, key: &Key, now: UnixMillis) -> bool {
+        self.key_stands(key) && !key.claim_lapsed(now)
+    }
+
+    /// The half of [`Tenancy::key_works`] no clock changes: what a view
+    /// can hold; the gateway checks a claim's end as a request comes.
+    pub fn key_stands(&self, key: &Key) -> bool {
         !key.revoked
             && key.owner.as_ref().is_none_or(|o| {
                 self.users
@@ -804,12 +829,12 @@ impl Tenancy {
                     vec![E::UserErased { user_id, by }]
                 }
             },
-            C::OfferClaim { key_id, by } => match self.keys.get(&key_id) {
+            C::OfferClaim { key_id, by, until } => match self.keys.get(&key_id) {
                 None => return Err(Rejection::not_found(format!("no key {key_id}"))),
                 Some(k) if k.revoked => {
                     return Err(Rejection::conflict(format!("key {key_id} is revoked")));
                 }
-                Some(_) => vec![E::KeyClaimOffered { key_id, by }],
+                Some(_) => vec![E::KeyClaimOffered { key_id, by, until }],
             },
             C::Claim { key_id } => match self.keys.get(&key_id) {
                 None => return Err(Rejection::not_found(format!("no key {key_id}"))),
@@ -1015,10 +1040,17 @@ impl Tenancy {
                     self.memory.remove(project_id);
                 }
             },
-            E::PasswordChanged { .. }
-            | E::PasswordReset { .. }
-            | E::KeyClaimOffered { .. }
-            | E::KeyClaimed { .. } => {}
+            E::KeyClaimOffered { key_id, until, .. } => {
+                if let Some(k) = self.keys.get_mut(key_id) {
+                    k.claim_by = *until;
+                }
+            }
+            E::KeyClaimed { key_id } => {
+                if let Some(k) = self.keys.get_mut(key_id) {
+                    k.claim_by = None;
+                }
+            }
+            E::PasswordChanged { .. } | E::PasswordReset { .. } => {}
         }
     }
 }

@@ -189,6 +189,7 @@ async fn tenancy() -> (Tenancy, llmgw_gateway::usage::UsageReceiver) {
             routing_profile: None,
             revoked: false,
             owner: None,
+            claim_by: None,
         }),
     ];
     for (scope, id) in [

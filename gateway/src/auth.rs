@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use axum::http::HeaderMap;
+use llmgw_domain::time::UnixMillis;
 use llmgw_projections::{KeyEntry, Projections};
 use sha2::{Digest, Sha256};
 
@@ -61,16 +62,24 @@ impl KeyDirectory {
             cache.keys.clear();
             cache.revision = revision;
         }
-        if let Some(k) = cache.keys.get(&digest) {
-            return Ok(k.clone());
+        let key = match cache.keys.get(&digest) {
+            Some(k) => k.clone(),
+            None => {
+                let key = Arc::new(
+                    views
+                        .tenancy
+                        .lookup(&hex(&digest))
+                        .ok_or_else(ApiError::invalid_key)?,
+                );
+                cache.keys.insert(digest, key.clone());
+                key
+            }
+        };
+        // Only a key handed out by a claim link not yet used reads the
+        // clock: it stops when the link ends.
+        if key.claim_by.is_some() && !key.works_at(UnixMillis::now()) {
+            return Err(ApiError::invalid_key());
         }
-        let key = Arc::new(
-            views
-                .tenancy
-                .lookup(&hex(&digest))
-                .ok_or_else(ApiError::invalid_key)?,
-        );
-        cache.keys.insert(digest, key.clone());
         Ok(key)
     }
 }

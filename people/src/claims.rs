@@ -50,6 +50,18 @@ fn unseal(token: &str, key_id: &str, sealed: &[u8]) -> Option<String> {
 }
 
 impl People {
+    /// When a link made at `now` stops working: `ttl` from then, or the
+    /// configured lifetime without one. [`People::seal_claim`] given the
+    /// same `now` ends its link at this very moment, so the log can say
+    /// when the key's link ends before the link is made.
+    pub fn claim_ends(
+        &self,
+        now: DateTime<Utc>,
+        ttl: Option<std::time::Duration>,
+    ) -> DateTime<Utc> {
+        time::plus(time::exact(now), ttl.unwrap_or(self.config.claim_ttl))
+    }
+
     /// Seals `secret` with a fresh link token and keeps only its hash;
     /// returns the token and when the link stops working (`ttl` from now,
     /// or the configured lifetime without one).
@@ -60,10 +72,10 @@ impl People {
         now: DateTime<Utc>,
         ttl: Option<std::time::Duration>,
     ) -> Result<(String, DateTime<Utc>)> {
+        let expires_at = self.claim_ends(now, ttl);
         let now = time::exact(now);
         let token = secret::token()?;
         let sealed = seal(&token, key_id, secret)?;
-        let expires_at = time::plus(now, ttl.unwrap_or(self.config.claim_ttl));
         self.db
             .insert_claim(&NewClaim {
                 token_hash: &secret::token_hash(&token),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use llmgw_domain::Event;
 use llmgw_domain::catalog::CatalogEvent;
 use llmgw_domain::tenancy::{Band, Effective, Scope, Tenancy, TenancyEvent, UserStatus};
+use llmgw_domain::time::UnixMillis;
 use serde::{Deserialize, Serialize};
 
 use crate::{Stamp, View};
@@ -24,6 +25,19 @@ pub struct KeyEntry {
     pub band: Band,
     pub routing_profile: Option<String>,
     pub limits: Effective,
+    /// While its claim link is unused: when the link ends, from which
+    /// moment the key opens nothing (the gateway checks it per request,
+    /// as no event marks that moment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_by: Option<UnixMillis>,
+}
+
+impl KeyEntry {
+    /// Whether the key opens the gateway at `now`, as far as the clock
+    /// decides (the rest decided whether the view gave the entry).
+    pub fn works_at(&self, now: UnixMillis) -> bool {
+        self.claim_by.is_none_or(|end| now < end)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -68,7 +82,7 @@ impl TenancyView {
         let key = self.tenancy.keys.get(key_id)?;
         // A person's own key goes with them when they are erased
         // (docs/people.md).
-        if key.owner.is_some() && !self.tenancy.key_works(key) {
+        if key.owner.is_some() && !self.tenancy.key_stands(key) {
             return None;
         }
         let (team_id, org_id) = self.team_and_org(&key.project_id);
@@ -80,6 +94,7 @@ impl TenancyView {
             org_id,
             band: key.band,
             routing_profile: key.routing_profile.clone(),
+            claim_by: key.claim_by,
             limits: self.tenancy.effective(key_id, |m| {
                 self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
             }),
@@ -104,6 +119,7 @@ impl TenancyView {
             // As a key made without a band: chat is interactive.
             band: Band::Gold,
             routing_profile: None,
+            claim_by: None,
             limits: self.tenancy.project_effective(&project_id, |m| {
                 self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
             }),

@@ -518,6 +518,7 @@ mod tests {
             routing_profile: None,
             revoked: false,
             owner: owner.map(str::to_owned),
+            claim_by: None,
         }
     }
 

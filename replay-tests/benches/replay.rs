@@ -99,6 +99,7 @@ fn setup_events() -> Vec<Event> {
             routing_profile: None,
             revoked: false,
             owner: None,
+            claim_by: None,
         })));
     }
     out

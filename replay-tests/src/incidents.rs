@@ -416,6 +416,7 @@ async fn tenancy_tree(r: &mut Recorder, key_limits: Limits) -> anyhow::Result<()
             routing_profile: Some("chat".into()),
             revoked: false,
             owner: None,
+            claim_by: None,
         }),
         TenancyCommand::SetLimits {
             scope: Scope::Key,

@@ -342,6 +342,7 @@ fn setup_events() -> Vec<(Event, Value)> {
                 routing_profile: None,
                 revoked: false,
                 owner,
+                claim_by: None,
             })),
             operator(&by),
         ));

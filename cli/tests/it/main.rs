@@ -1496,6 +1496,7 @@ async fn the_server_with_auth_reads_keys_from_the_event_log() {
             routing_profile: None,
             revoked: false,
             owner: None,
+            claim_by: None,
         }),
     ];
     let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Recorder("test".into()));

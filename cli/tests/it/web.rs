@@ -467,6 +467,19 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         path
     };
     let path = claim_path("shared");
+    // Until its link is used, the list says so (past the link's end it
+    // says expired: the key opens nothing).
+    let state_of = |name: &str| {
+        let listed: serde_json::Value =
+            serde_json::from_str(&keys_ok(&store, &admin, &["list", "--json"])).unwrap();
+        let row = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == name);
+        row.unwrap()["state"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(state_of("shared"), "unclaimed");
     let mut visitor = Visit::new(&base);
     let offer = visitor.get(&path).await;
     assert_eq!(offer.status, StatusCode::OK);
@@ -475,6 +488,7 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     assert_eq!(revealed.status, StatusCode::OK, "{}", revealed.body);
     let claimed = secret_in(&revealed.body);
     assert_eq!(api_chat(&base, &claimed).await, StatusCode::OK);
+    assert_eq!(state_of("shared"), "active");
     let mut late = Visit::new(&base);
     assert_eq!(late.get(&path).await.status, StatusCode::NOT_FOUND);
 

@@ -41,6 +41,7 @@ pub(crate) fn key(id: &str, name: &str) -> Key {
         routing_profile: None,
         revoked: false,
         owner: None,
+        claim_by: None,
     }
 }
 

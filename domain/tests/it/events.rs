@@ -148,6 +148,7 @@ pub(crate) fn every_event() -> Vec<Event> {
         Event::Tenancy(TenancyEvent::KeyClaimOffered {
             key_id: "k".into(),
             by: "ops".into(),
+            until: Some(llmgw_domain::time::UnixMillis(1_800_000_000_000)),
         }),
         Event::Tenancy(TenancyEvent::KeyClaimed { key_id: "k".into() }),
         Event::Usage(UsageEvent::UsageRecorded(UsageRecorded {

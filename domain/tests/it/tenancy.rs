@@ -4,6 +4,7 @@ use llmgw_domain::tenancy::{
     Allowed, Band, Key, Limits, Period, Scope, Tenancy, TenancyCommand as C, TenancyEvent as E,
     compose,
 };
+use llmgw_domain::time::UnixMillis;
 
 pub(crate) fn key(id: &str, project: &str) -> Key {
     Key {
@@ -17,6 +18,7 @@ pub(crate) fn key(id: &str, project: &str) -> Key {
         routing_profile: None,
         revoked: false,
         owner: None,
+        claim_by: None,
     }
 }
 
@@ -458,6 +460,7 @@ fn a_claim_link_is_offered_and_claimed_only_for_a_live_key() {
         t.decide(C::OfferClaim {
             key_id: id.into(),
             by: "ops".into(),
+            until: None,
         })
     };
     let claim = |t: &Tenancy| t.decide(C::Claim { key_id: "k".into() });
@@ -478,6 +481,37 @@ fn a_claim_link_is_offered_and_claimed_only_for_a_live_key() {
     );
     assert!(offer(&t, "k").unwrap_err().reason.contains("revoked"));
     assert!(claim(&t).unwrap_err().reason.contains("revoked"));
+}
+
+#[test]
+fn a_key_whose_claim_link_ends_unused_opens_nothing_from_then_on() {
+    let end = UnixMillis(10_000);
+    let mut t = tree();
+    run(
+        &mut t,
+        C::OfferClaim {
+            key_id: "k".into(),
+            by: "ops".into(),
+            until: Some(end),
+        },
+    );
+    let works = |t: &Tenancy, at: i64| t.key_works(&t.keys["k"], UnixMillis(at));
+    assert!(works(&t, 9_999), "the link is open: the key works");
+    assert!(!works(&t, 10_000), "the link ended unused: the key stops");
+    assert!(t.key_stands(&t.keys["k"]), "no clock: it is not revoked");
+    run(&mut t, C::Claim { key_id: "k".into() });
+    assert!(works(&t, 1_000_000), "claimed: its holder keeps it");
+
+    // A link offered before links' ends were logged holds the key to none.
+    let old = r#"{"key_id": "k", "by": "ops"}"#;
+    let Ok(llmgw_domain::Event::Tenancy(old)) =
+        llmgw_domain::Event::decode_json("KeyClaimOffered", 1, old)
+    else {
+        panic!("a stored KeyClaimOffered without its end reads");
+    };
+    let mut t = tree();
+    t.evolve(&old);
+    assert!(works(&t, i64::MAX));
 }
 
 #[test]

@@ -108,6 +108,7 @@ impl Tenants {
             routing_profile: None,
             revoked: false,
             owner: None,
+            claim_by: None,
         }))
         .await;
         secret
@@ -429,6 +430,56 @@ async fn a_keys_entry_outlives_usage_in_the_log_but_not_a_change_of_its_limits()
     })
     .await;
     assert!(keys.authenticate(&headers).is_err());
+}
+
+#[tokio::test]
+async fn a_key_handed_out_by_a_claim_link_stops_when_the_link_ends_unused() {
+    let mut t = Tenants::new().await;
+    let now = llmgw_domain::time::UnixMillis::now();
+    let offer = |key: &str, until| T::OfferClaim {
+        key_id: key.into(),
+        by: "ops".into(),
+        until: Some(until),
+    };
+    let lapsed = t.key("lapsed", "p").await;
+    t.run(offer("lapsed", llmgw_domain::time::UnixMillis(now.0 - 1)))
+        .await;
+    let open = t.key("open", "p").await;
+    t.run(offer(
+        "open",
+        llmgw_domain::time::UnixMillis(now.0 + 3_600_000),
+    ))
+    .await;
+    let engine = sim(support::sim_config()).await;
+    let gw = Gateway::with_keys(
+        GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..GatewayConfig::default()
+        },
+        None,
+        Some(t.directory()),
+    )
+    .unwrap();
+    let gw = support::serve(gw).await;
+    let models = |secret: String| {
+        let base = gw.base.clone();
+        async move {
+            get(format!("{base}/v1/models"), Some(&secret))
+                .await
+                .status()
+        }
+    };
+    // Nobody opened its link in time: whoever finds the secret later
+    // gets the answer an unknown key gets.
+    assert_eq!(models(lapsed.clone()).await, 401);
+    assert_eq!(models(open.clone()).await, 200);
+    // A link used in its last moment is recorded just after it ended:
+    // the claim gives the key back to its holder.
+    t.run(T::Claim {
+        key_id: "lapsed".into(),
+    })
+    .await;
+    assert_eq!(models(lapsed).await, 200);
 }
 
 #[tokio::test]

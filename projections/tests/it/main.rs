@@ -122,6 +122,7 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
             routing_profile: None,
             revoked: false,
             owner: None,
+            claim_by: None,
         })),
     ]
 }

@@ -129,6 +129,7 @@ fn key(id: &str, name: &str, owner: Option<&str>) -> Event {
         routing_profile: None,
         revoked: false,
         owner: owner.map(str::to_owned),
+        claim_by: None,
     }))
 }
 

@@ -81,6 +81,7 @@ pub(crate) fn keys(
     // side of it.
     let pager = Pager::new(all.len(), per_page, page, href);
     let range = pager.range();
+    let now = llmgw_domain::time::UnixMillis::now();
     if range.end < all.len() {
         all.select_nth_unstable_by_key(range.end, rank);
         all.truncate(range.end);
@@ -94,8 +95,9 @@ pub(crate) fn keys(
                 row.name.clone_from(&k.name);
                 row.project.clone_from(&k.project_id);
                 row.owner = k.owner.clone().unwrap_or_default();
-                // An erased person's key no longer works either.
-                row.revoked = !views.tenancy.tenancy.key_works(k);
+                // An erased person's key, or one whose claim link
+                // ended unused, no longer works either.
+                row.revoked = !views.tenancy.tenancy.key_works(k, now);
             }
             row
         })
