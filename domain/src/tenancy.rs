@@ -747,18 +747,28 @@ impl Tenancy {
                         Some(_) => {}
                     }
                 }
-                // A name is how a person tells a project's keys apart (and
-                // revokes the right one), so live names do not repeat.
-                // Which key is not said: it may be another person's.
-                if self
-                    .keys
-                    .values()
-                    .any(|k| !k.revoked && k.project_id == key.project_id && k.name == key.name)
-                {
-                    return Err(Rejection::conflict(format!(
-                        "project {} already has a key named {}: choose another name",
-                        key.project_id, key.name
-                    )));
+                // A name is how a holder tells their keys apart (and
+                // revokes the right one), so one holder's live names in a
+                // project do not repeat: a person's own keys among theirs,
+                // the operators' among theirs (lists show the owner). Not
+                // across holders: a person making a key on their profile
+                // would learn the names of colleagues' keys by trying.
+                if self.keys.values().any(|k| {
+                    !k.revoked
+                        && k.project_id == key.project_id
+                        && k.owner == key.owner
+                        && k.name == key.name
+                }) {
+                    return Err(Rejection::conflict(match &key.owner {
+                        Some(owner) => format!(
+                            "{owner} already has a key named {} in project {}: choose another name",
+                            key.name, key.project_id
+                        ),
+                        None => format!(
+                            "project {} already has a key named {}: choose another name",
+                            key.project_id, key.name
+                        ),
+                    }));
                 }
                 vec![E::KeyIssued(key)]
             }

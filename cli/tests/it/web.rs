@@ -281,7 +281,13 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     assert_eq!(profile.status, StatusCode::OK);
     assert!(profile.body.contains("ayse@example.com"));
 
-    // A key made on the profile works on the API, and is shown once.
+    // A key made on the profile works on the API, and is shown once. A
+    // colleague's key of the same name neither stops it nor is revealed.
+    keys_ok(
+        &store,
+        &admin,
+        &["create", "--project", "p", "--name", "laptop"],
+    );
     let forged = ayse.post("/profile/keys", &[("name", "laptop")]).await;
     assert_eq!(forged.status, StatusCode::FORBIDDEN);
     let made = ayse
@@ -291,6 +297,15 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         )
         .await;
     assert_eq!(made.status, StatusCode::OK, "{}", made.body);
+    let csrf = ayse.get("/profile").await.csrf();
+    let twice = ayse
+        .post("/profile/keys", &[("name", "laptop"), ("csrf", &csrf)])
+        .await;
+    assert!(
+        twice.body.contains("already has a key named laptop"),
+        "her own second laptop: {}",
+        twice.body
+    );
     let secret = secret_in(&made.body);
     assert_eq!(api_chat(&base, &secret).await, StatusCode::OK);
     assert!(!ayse.get("/profile").await.body.contains(&secret));

@@ -305,6 +305,28 @@ fn a_live_key_name_is_unique_within_its_project() {
     let mut elsewhere = key("k4", "q");
     elsewhere.name = "ci-k".into();
     assert!(t.decide(C::IssueKey(elsewhere)).is_ok());
+    // A person's own keys are told apart among theirs: the name an
+    // operator's key has is theirs to use too, and a second of their own
+    // by that name is refused without naming anyone else's.
+    for e in t
+        .decide(C::SignUp {
+            user_id: "usr-a".into(),
+        })
+        .unwrap()
+    {
+        t.evolve(&e);
+    }
+    let mut own = key("k5", "p");
+    own.name = "ci-k".into();
+    own.owner = Some("usr-a".into());
+    for e in t.decide(C::IssueKey(own.clone())).unwrap() {
+        t.evolve(&e);
+    }
+    own.key_id = "k6".into();
+    assert_eq!(
+        t.decide(C::IssueKey(own)).unwrap_err().reason,
+        "usr-a already has a key named ci-k in project p: choose another name"
+    );
     // Once the holder of the name is revoked, the name is free again.
     for e in t
         .decide(C::RevokeKey {
