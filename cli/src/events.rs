@@ -258,7 +258,7 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
         let key = public_key.map(|k| k.0);
         return verify_file::run(file, against.as_deref(), anchor, key, *json).await;
     }
-    let store = crate::store::open(address).await?;
+    let store = crate::store::open_reading(address).await?;
     match cmd {
         EventsCommand::Tail {
             follow,
@@ -403,7 +403,7 @@ async fn tail(
         Ok(())
     };
     let mut sub = match from {
-        Some(0) => bail!("positions start at 1"),
+        Some(0) => return Err(crate::config::ConfigError("positions start at 1".into()).into()),
         Some(p) => {
             let limit = limit.unwrap_or(usize::MAX);
             let mut sub = store.subscribe(p - 1);
@@ -494,6 +494,9 @@ async fn newest(
 }
 
 async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Outcome> {
+    if position == 0 {
+        return Err(crate::config::ConfigError("positions start at 1".into()).into());
+    }
     let Some(e) = store.event_at(position).await? else {
         let (head, _) = store.head().await?;
         bail!("no event at position {position} (the log's head is {head})");
@@ -707,7 +710,7 @@ async fn export(
 ) -> anyhow::Result<Outcome> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if from == 0 {
-        bail!("positions start at 1");
+        return Err(crate::config::ConfigError("positions start at 1".into()).into());
     }
     // Read before anything is written: a bad key leaves no half file.
     let key = sign_key

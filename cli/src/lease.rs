@@ -17,7 +17,7 @@ pub(crate) enum LeaseCommand {
 }
 
 pub(crate) async fn run(address: &str, cmd: LeaseCommand) -> anyhow::Result<Outcome> {
-    let store = crate::store::open(address).await?;
+    let store = crate::store::open_reading(address).await?;
     let mut out = std::io::stdout().lock();
     match cmd {
         LeaseCommand::Show { json } => {

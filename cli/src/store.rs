@@ -31,10 +31,12 @@ pub(crate) async fn run(address: &str, cmd: StoreCommand) -> anyhow::Result<Outc
     }
 }
 
-/// Opens an existing, migrated store for the operator's commands.
-pub(crate) async fn open(address: &str) -> anyhow::Result<AnyStore> {
+/// Opens an existing, migrated store for the operator's reading
+/// commands: read only, so a backup or another user's copy is left as it
+/// was, and a read-only one can be read.
+pub(crate) async fn open_reading(address: &str) -> anyhow::Result<AnyStore> {
     let address = StoreAddress::parse(address)?;
-    Ok(AnyStore::open(&address, OpenOptions::default()).await?)
+    Ok(AnyStore::open(&address, OpenOptions::reading()).await?)
 }
 
 /// Opens a store for writing, creating or upgrading its schema first.

@@ -21,6 +21,9 @@ pub enum StoreError {
     )]
     NotMigrated { address: String },
 
+    #[error("there is no log at {address}: no such file")]
+    NoSuchFile { address: String },
+
     #[error("migration {version} ({name}) was changed after it was applied")]
     MigrationChanged { version: i64, name: String },
 

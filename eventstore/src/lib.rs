@@ -470,6 +470,10 @@ pub struct OpenOptions {
     pub create: bool,
     /// What to do about the schema on open.
     pub schema: Schema,
+    /// Only read: a SQLite file is opened `mode=ro` and keeps its journal
+    /// mode, so reading a backup, a read-only copy or another user's file
+    /// changes nothing in it (appends fail).
+    pub read_only: bool,
     pub max_connections: u32,
     pub poll_interval: Duration,
     pub upcasters: Upcasters,
@@ -482,6 +486,7 @@ impl Default for OpenOptions {
         OpenOptions {
             create: false,
             schema: Schema::Require,
+            read_only: false,
             max_connections: 8,
             poll_interval: Duration::from_millis(500),
             upcasters: Upcasters::new(),
@@ -496,6 +501,15 @@ impl OpenOptions {
         OpenOptions {
             create: true,
             schema: Schema::Migrate,
+            ..Self::default()
+        }
+    }
+
+    /// For the operator's reading commands (`events`, `lease show`): an
+    /// existing, migrated store, read and never written.
+    pub fn reading() -> Self {
+        OpenOptions {
+            read_only: true,
             ..Self::default()
         }
     }

@@ -86,7 +86,7 @@ impl PgStore {
                 reason: "not a postgres:// address".into(),
             });
         };
-        let connect = url
+        let mut connect = url
             .parse::<PgConnectOptions>()
             .map_err(|e| StoreError::BadAddress {
                 address: address.redacted(),
@@ -98,6 +98,10 @@ impl PgStore {
             // the server: the schema's `IF NOT EXISTS` on every start
             // otherwise logs "already exists, skipping" at INFO.
             .options([("lock_timeout", "5s"), ("client_min_messages", "warning")]);
+        if options.read_only {
+            // Reading: a write, were one tried, is refused by the server.
+            connect = connect.options([("default_transaction_read_only", "on")]);
+        }
         // One connection up front, so that a wrong host, password or
         // database name is reported as such rather than as a pool timeout.
         let connect_err = |source| StoreError::Connect {

@@ -17,7 +17,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Connection, Row};
+use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::watch;
 use uuid::Uuid;
 
@@ -144,17 +144,30 @@ impl SqliteStore {
             });
         };
         if !options.create && !path.exists() {
-            return Err(StoreError::NotMigrated {
+            return Err(StoreError::NoSuchFile {
                 address: address.redacted(),
             });
         }
-        let connect = SqliteConnectOptions::new()
+        let mut connect = SqliteConnectOptions::new()
             .filename(path)
-            .create_if_missing(options.create)
-            .journal_mode(SqliteJournalMode::Wal)
+            .create_if_missing(options.create && !options.read_only)
+            .read_only(options.read_only)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
+        // WAL (readers beside the writer) is set where a store is made or
+        // migrated, and the file keeps it; any other open keeps the mode
+        // the file has, so reading a copy does not rewrite it.
+        if options.create || options.schema == Schema::Migrate {
+            connect = connect.journal_mode(SqliteJournalMode::Wal);
+        }
+        // A WAL file read where its shared-memory file cannot be made (a
+        // read-only directory, another user's) opens only as immutable:
+        // safe while no write-ahead log beside it holds events the file
+        // lacks, and then nobody writes it either.
+        if options.read_only && !wal_beside(path) && !reads_read_only(path).await {
+            connect = connect.immutable(true);
+        }
         let connect_err = |source| StoreError::Connect {
             address: address.redacted(),
             source,
@@ -245,6 +258,32 @@ impl SqliteStore {
             h.at(point).await;
         }
     }
+}
+
+/// Whether a write-ahead log with anything in it lies beside `path`.
+fn wal_beside(path: &std::path::Path) -> bool {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(wal).is_ok_and(|m| m.len() > 0)
+}
+
+/// Whether `path` can be read with `mode=ro` as it lies: a WAL file needs
+/// its shared-memory file, which a read-only directory cannot take.
+async fn reads_read_only(path: &std::path::Path) -> bool {
+    let Ok(mut conn) = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .connect()
+        .await
+    else {
+        return false;
+    };
+    let read = sqlx::query("SELECT count(*) FROM sqlite_master")
+        .fetch_one(&mut conn)
+        .await
+        .is_ok();
+    let _ = conn.close().await;
+    read
 }
 
 /// Writes one chunk of an import inside its transaction, after checking

@@ -59,6 +59,17 @@ pub fn parse_time(text: &str, day_end: bool) -> Option<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Some(t.with_timezone(&Utc));
     }
+    // With a zone but not RFC 3339's every field: minutes only
+    // (`2026-12-02T20:21Z`), or a space for the `T`.
+    for format in [
+        "%Y-%m-%dT%H:%M%#z",
+        "%Y-%m-%d %H:%M%#z",
+        "%Y-%m-%d %H:%M:%S%.f%#z",
+    ] {
+        if let Ok(t) = DateTime::parse_from_str(text, format) {
+            return Some(t.with_timezone(&Utc));
+        }
+    }
     for format in [
         "%Y-%m-%dT%H:%M:%S%.f",
         "%Y-%m-%dT%H:%M",
@@ -135,6 +146,19 @@ mod tests {
         assert_eq!(
             span("2026-12-02").unwrap().1,
             "2026-12-02T23:59:59.999999+00:00"
+        );
+        // Minutes with a zone, as people shorten RFC 3339.
+        assert_eq!(
+            span("2026-12-02T20:21Z").unwrap(),
+            span("2026-12-02T20:21").unwrap()
+        );
+        assert_eq!(
+            span("2026-12-02T21:21+01:00").unwrap().1,
+            "2026-12-02T20:21:59.999999+00:00"
+        );
+        assert_eq!(
+            span("2026-12-02 21:21:30+01:00").unwrap().1,
+            "2026-12-02T20:21:30.999999+00:00"
         );
         assert_eq!(
             span("2026-12-02T20:21:30.123456789Z").unwrap().1,

@@ -121,6 +121,11 @@ impl ExportFile {
         let reader: Box<dyn Read + Send> = if input.as_os_str() == "-" {
             Box::new(std::io::stdin())
         } else {
+            // Said here, not found as a bad first line: what cannot be
+            // read is no evidence of tampering.
+            if input.is_dir() {
+                anyhow::bail!("{} is a directory, not an export", input.display());
+            }
             Box::new(
                 std::fs::File::open(input)
                     .with_context(|| format!("cannot open {}", input.display()))?,

@@ -45,10 +45,11 @@ impl std::str::FromStr for Point {
 
 pub(crate) fn check_view(view: &str) -> anyhow::Result<()> {
     if !VIEW_NAMES.contains(&view) {
-        bail!(
+        return Err(crate::config::ConfigError(format!(
             "unknown view {view:?}; the views are {}",
             VIEW_NAMES.join(", ")
-        );
+        ))
+        .into());
     }
     Ok(())
 }

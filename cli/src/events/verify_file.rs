@@ -107,7 +107,7 @@ pub(super) async fn run(
     if problem.is_none()
         && let Some(address) = against
     {
-        let store = crate::store::open(address).await?;
+        let store = crate::store::open_reading(address).await?;
         match compare(&store, &file).await? {
             Ok(p) => proven = Some(p),
             Err(p) => problem = Some(p),

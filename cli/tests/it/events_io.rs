@@ -555,6 +555,13 @@ async fn verify_file_proves_an_export_against_its_store_or_an_anchor(b: Backend)
             && said.contains("not proven"),
         "{said}"
     );
+    // What cannot be read is said so, not called tampered.
+    let (code, said) = verify_file(&["--file", dir.path().to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("is a directory, not an export") && !said.contains("TAMPERED"),
+        "{said}"
+    );
     // Against its store, or an anchor held from it: proven.
     let (code, said) = verify_file(&["--file", &whole, "--against", &source]);
     assert_eq!(code, Some(0), "{said}");

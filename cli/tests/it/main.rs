@@ -531,7 +531,7 @@ fn bad_addresses_fail_with_one_clear_line() {
         ),
         ("@/nonexistent/dsn", "cannot read /nonexistent/dsn"),
         ("sqlite://x.db?mode=ro", "takes no options"),
-        (missing.to_str().unwrap(), "run `llmgw store migrate"),
+        (missing.to_str().unwrap(), "there is no log at sqlite://"),
     ];
     for (address, says) in cases {
         let out = llmgw(address, &["events", "stats"]);
@@ -545,6 +545,79 @@ fn bad_addresses_fail_with_one_clear_line() {
         assert!(!stderr.contains("panicked"));
     }
     assert!(!missing.exists(), "a read command must not create a store");
+}
+
+/// Reading a log changes nothing in it: a copy in SQLite's rollback
+/// journal mode (a backup, another tool's) kept its bytes only until the
+/// first read switched it to WAL. And the commands that only use a log
+/// refuse a file that is not one, where they made it one.
+#[tokio::test]
+async fn reading_commands_leave_a_store_as_it_was_and_keys_make_none() {
+    let (address, scratch, store) = seeded(Backend::Sqlite, 5).await;
+    let (AnyStore::Sqlite(s), Scratch::Sqlite(dir)) = (&store, &scratch) else {
+        unreachable!("a SQLite scratch")
+    };
+    // Leaving WAL wants the file to itself.
+    s.read_pool().close().await;
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode=DELETE")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(mode, "delete");
+    s.pool().close().await;
+    let path = std::path::PathBuf::from(&address);
+    let bytes = || std::fs::read(&path).unwrap();
+    let before = bytes();
+    let out = dir.path().join("out.jsonl");
+    for args in [
+        &["events", "tail"][..],
+        &["events", "verify"],
+        &["events", "stats"],
+        &["events", "show", "3"],
+        &["events", "export", "-o", out.to_str().unwrap()],
+        &["events", "replay", "--until", "5", "--view", "router"],
+        &["lease", "show"],
+        &["keys", "list", "--offline"],
+        &["users", "list", "--offline"],
+    ] {
+        ok(&address, args);
+        assert!(bytes() == before, "{args:?} changed the file");
+        let wal = format!("{}-wal", path.display());
+        assert!(!std::path::Path::new(&wal).exists(), "{args:?} left {wal}");
+    }
+
+    // A typo in --store: no log is made to answer from.
+    let typo = dir.path().join("typo.db");
+    let typo_address = typo.to_str().unwrap();
+    for args in [
+        &["keys", "list", "--offline"][..],
+        &["users", "list", "--offline"],
+    ] {
+        let out = llmgw(typo_address, args);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(said.contains("there is no log at sqlite://"), "{said}");
+        assert!(said.contains("`llmgw keys init`"), "{said}");
+    }
+    assert!(!typo.exists(), "a command that only uses a log made one");
+    // Another program's database gets no llmgw tables.
+    let foreign = dir.path().join("shop.db");
+    let shop = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", foreign.display()))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE customers (name TEXT)")
+        .execute(&shop)
+        .await
+        .unwrap();
+    shop.close().await;
+    let before = std::fs::read(&foreign).unwrap();
+    let out = llmgw(foreign.to_str().unwrap(), &["keys", "list", "--offline"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("holds no llmgw log"), "{said}");
+    assert!(
+        std::fs::read(&foreign).unwrap() == before,
+        "tables were added"
+    );
 }
 
 #[test]
@@ -696,9 +769,15 @@ async fn history_commands_replay_log_and_diff_an_imported_incident(b: Backend) {
             vec!["events", "replay", "--until", "3", "--view", "routers"],
             "unknown view \"routers\"; the views are router, cluster, tenancy, usage",
         ),
+        (vec!["events", "show", "0"], "positions start at 1"),
+        (
+            vec!["events", "tail", "--from", "0"],
+            "positions start at 1",
+        ),
     ] {
+        // Each a usage error: exit 2, as clap's own.
         let out = llmgw(&address, &args);
-        assert_ne!(out.status.code(), Some(0));
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(
             String::from_utf8_lossy(&out.stderr).contains(says),
             "{:?}",
