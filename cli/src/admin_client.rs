@@ -27,7 +27,8 @@ pub(crate) struct AdminArgs {
         long,
         global = true,
         env = "LLMGW_ADMIN",
-        default_value = "http://127.0.0.1:9090"
+        default_value = "http://127.0.0.1:9090",
+        value_parser = admin_url
     )]
     pub admin: String,
     /// Write to --store directly even if a server answers at --admin.
@@ -78,12 +79,50 @@ async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
     }
 }
 
-async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
+/// An admin API's address as `--admin` takes it: http(s)://HOST:PORT.
+/// A malformed one is a usage error, not a server that cannot be reached.
+pub(crate) fn admin_url(s: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "{s:?} is not an admin API address: give http://HOST:PORT, e.g. http://127.0.0.1:9090"
+        )
+    };
+    let url = reqwest::Url::parse(s).map_err(|_| bad())?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err(bad());
+    }
+    Ok(s.to_owned())
+}
+
+async fn local(
+    store: &str,
+    admin: &str,
+    offline: bool,
+    may_start_a_log: bool,
+) -> anyhow::Result<Api> {
     let address = llmgw_eventstore::StoreAddress::parse(store)?;
-    // A fresh store gets its schema, as a server would give it.
-    let log =
-        llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
-            .await?;
+    // Only the first `keys init` or `users add` starts a log (and gives
+    // it its schema, as a server would). Any other command refuses a
+    // store that is not one: a typo in --store made an empty log to
+    // answer from, and another program's database got llmgw's tables.
+    let options = if may_start_a_log {
+        llmgw_eventstore::OpenOptions::migrating()
+    } else {
+        llmgw_eventstore::OpenOptions::default()
+    };
+    let log = match llmgw_eventstore::AnyStore::open(&address, options).await {
+        Err(llmgw_eventstore::StoreError::NoSuchFile { address }) => {
+            bail!(
+                "there is no log at {address}: no such file; `llmgw keys init` or `llmgw users add` starts one"
+            )
+        }
+        Err(llmgw_eventstore::StoreError::NotMigrated { address }) => {
+            bail!(
+                "{address} holds no llmgw log; `llmgw keys init` or `llmgw users add` starts one there"
+            )
+        }
+        opened => opened?,
+    };
     let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
     let door = llmgw_control::Door::Lease {
         store: log.clone(),
@@ -115,6 +154,28 @@ async fn local(store: &str, admin: &str, offline: bool) -> anyhow::Result<Api> {
         offline,
         _follower: follower,
     })
+}
+
+/// Whether `base` is an llmgw admin listener: asked only after a bare 404,
+/// which any HTTP service answers (an engine, another program); llmgw's
+/// admin listener serves its metrics, every series named `llmgw_…`.
+pub(crate) async fn is_llmgw_admin(http: &reqwest::Client, base: &str) -> bool {
+    let page = http
+        .get(format!("{}/metrics", base.trim_end_matches('/')))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    match page {
+        Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|t| t.contains("llmgw_")),
+        _ => false,
+    }
+}
+
+/// What to say of a bare 404 from `base` when it is not llmgw's.
+pub(crate) fn not_llmgw(base: &str) -> String {
+    format!(
+        "{base} is not an llmgw admin listener (it answers, but not as llmgw does); the admin listener is `admin_listen`, 127.0.0.1:9090 by default"
+    )
 }
 
 /// An answer in HTML is a page, not the admin API's: the client listener
@@ -194,7 +255,7 @@ impl Api {
                 to.admin
             );
         }
-        local(store, &to.admin, to.offline).await
+        local(store, &to.admin, to.offline, may_start_a_log).await
     }
 
     pub(crate) async fn call<T: DeserializeOwned>(
@@ -241,6 +302,11 @@ impl Api {
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
             if status == 404 && why.is_empty() {
+                if let Api::Remote { base, http } = self
+                    && !is_llmgw_admin(http, base).await
+                {
+                    bail!("{}", not_llmgw(base));
+                }
                 bail!(
                     "the server at --admin keeps no keys: it runs without auth and record_usage (or is an older llmgw); pass --offline to write to --store instead"
                 );

@@ -21,7 +21,7 @@ pub(crate) struct BenchArgs {
     /// The model to load (a name or alias the gateway serves).
     model: String,
     /// The gateway's client (OpenAI) API.
-    #[arg(long, env = "LLMGW_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "LLMGW_URL", default_value = "http://127.0.0.1:8080", value_parser = gateway_url)]
     url: String,
     /// An API key, when the gateway requires one.
     #[arg(long, env = "LLMGW_API_KEY", hide_env_values = true)]
@@ -40,10 +40,10 @@ pub(crate) struct BenchArgs {
     duration: String,
     /// Requests per level instead of a duration (at least one per
     /// concurrent client).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     requests: Option<u64>,
     /// Tokens each request asks for.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     max_tokens: u32,
 }
 
@@ -87,6 +87,9 @@ pub(crate) fn verdict(
     slo_ttft_ms: u64,
     slo_itl_ms: u64,
 ) -> Option<String> {
+    if l.requests == 0 {
+        return Some("no request finished in the level's time".into());
+    }
     if l.errors > 0 {
         return Some(format!(
             "{} of {} requests failed{}",
@@ -242,7 +245,15 @@ async fn level(
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
                     .is_ok()
             {
-                samples.push(one(&http, &args, &body).await);
+                let sample = one(&http, &args, &body).await;
+                // A failed request breaks the level whatever follows: a
+                // client stops at its first, rather than send thousands
+                // to an address that refuses them.
+                let failed = sample.error.is_some();
+                samples.push(sample);
+                if failed {
+                    break;
+                }
             }
             samples
         });
@@ -271,8 +282,23 @@ async fn level(
     (l, first_error)
 }
 
+/// The gateway's address as `--url` takes it: http(s)://HOST:PORT.
+fn gateway_url(s: &str) -> Result<String, String> {
+    match reqwest::Url::parse(s) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
+            Ok(s.to_owned())
+        }
+        _ => Err(format!(
+            "{s:?} is not the gateway's address: give http://HOST:PORT, e.g. http://127.0.0.1:8080"
+        )),
+    }
+}
+
 pub(crate) async fn run(json_out: bool, args: BenchArgs) -> anyhow::Result<Outcome> {
     let duration = crate::config::duration("--duration", &args.duration)?;
+    if duration.is_zero() {
+        return Err(crate::config::ConfigError("--duration must be more than 0".into()).into());
+    }
     let args = Arc::new(args);
     let http = reqwest::Client::builder()
         .build()
@@ -423,6 +449,13 @@ mod tests {
             verdict(&lvl(1, 100.0, 10.0), Some("503"), 200, 50)
                 .unwrap()
                 .contains("1 of 10 requests failed: 503")
+        );
+        let mut none = lvl(0, 0.0, 0.0);
+        none.requests = 0;
+        assert!(
+            verdict(&none, None, 200, 50)
+                .unwrap()
+                .contains("no request")
         );
         assert!(
             verdict(&lvl(0, 300.0, 10.0), None, 200, 50)

@@ -31,7 +31,7 @@ pub(crate) enum CertCommand {
         /// The certificate's name: NAME.pem and NAME-key.pem.
         name: String,
         /// A DNS name or IP address agents dial; repeat.
-        #[arg(long = "host", required = true)]
+        #[arg(long = "host", required = true, value_parser = host_name)]
         hosts: Vec<String>,
         /// Where the authority (ca.pem, ca-key.pem) is.
         #[arg(long, default_value = ".")]
@@ -300,4 +300,36 @@ pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
         }
     }
     Ok(Outcome::Ok)
+}
+
+/// A name a certificate may be issued for, as `--host` takes it: an IP
+/// address, or a DNS name (letters, digits, `-` and `_` in dot-separated
+/// labels of up to 63, a leading `*.` wildcard allowed). Refused before
+/// anything is written: a name with a space was issued, and no client
+/// could ever match it.
+pub(crate) fn host_name(s: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("{s:?} is not a DNS name or IP address: {why}");
+    if s.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(s.to_owned());
+    }
+    let name = s.strip_suffix('.').unwrap_or(s);
+    let name = name.strip_prefix("*.").unwrap_or(name);
+    if name.is_empty() || s.len() > 253 {
+        return Err(bad("empty, or longer than 253 characters"));
+    }
+    for label in name.split('.') {
+        let fits = !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !fits {
+            return Err(bad(&format!(
+                "the label {label:?} is not letters, digits, - and _ (1 to 63)"
+            )));
+        }
+    }
+    Ok(s.to_owned())
 }

@@ -186,6 +186,9 @@ impl Admin {
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
             if status == reqwest::StatusCode::NOT_FOUND && why.is_empty() {
+                if !crate::admin_client::is_llmgw_admin(&self.http, &self.base).await {
+                    bail!("{}", crate::admin_client::not_llmgw(&self.base));
+                }
                 bail!("{} has no control plane (router-only mode)", self.base);
             }
             if why.trim_start().starts_with('<') {
@@ -508,13 +511,21 @@ pub(crate) async fn run(
             follow,
             interval_s,
         } => {
-            let mut path = format!("/api/v1/logs?node={}&lines={lines}", q(&node));
-            if let Some(s) = &source {
-                path.push_str(&format!("&source={}", q(s)));
-            }
+            let source_q = source
+                .as_ref()
+                .map_or(String::new(), |s| format!("&source={}", q(s)));
+            let path = format!("/api/v1/logs?node={}&lines={lines}{source_q}", q(&node));
             if follow {
                 drop(out);
-                return follow_logs(&a, &path, json, interval(interval_s)?).await;
+                // After the first look, each asks for as much as an agent
+                // keeps, so that what was written between looks is all
+                // there to print, not only the last --lines of it.
+                let later = format!(
+                    "/api/v1/logs?node={}&lines={FOLLOW_WINDOW}{source_q}",
+                    q(&node)
+                );
+                let paths = [path.as_str(), later.as_str()];
+                return follow_logs(&a, paths, json, interval(interval_s)?).await;
             }
             let l: api::Logs = a.get(&path).await?;
             if json {
@@ -599,7 +610,7 @@ pub(crate) async fn run(
                     .as_ref()
                     .map_or(String::new(), |n| format!(" --node-id {n}"));
                 eprintln!(
-                    "join token {} for {}, single use, until {}; on the node (in the environment, not the arguments, which every local user can read):\n  LLMGW_AGENT_JOIN=TOKEN llmgw agent run --server {server}{node}",
+                    "join token {} for {}, single use, until {}; on the node (in the environment, not the arguments, which every local user can read):\n  LLMGW_AGENT_JOIN=TOKEN llmgw agent run --server {server}{node}\nwith a standby, give --server once for each server (this is the leader's): the agent follows whichever leads",
                     t.id,
                     t.node
                         .as_deref()
@@ -750,21 +761,34 @@ pub(crate) fn new_lines<'a>(prev: &[String], now: &'a [String]) -> &'a [String] 
     &now[shared..]
 }
 
-/// Prints a log's last lines, then the lines written since, every look;
-/// with `json`, each as `{"line": …}` on a line of its own.
+/// What each look after the first asks for: as many lines as an agent
+/// keeps of a log.
+const FOLLOW_WINDOW: usize = 2000;
+
+/// Prints a log's last lines (the first of `paths`), then the lines
+/// written since, every look (the second); with `json`, each as
+/// `{"line": …}` on a line of its own. When a look shares no line with
+/// the one before and is full, more was written between them than it
+/// holds: that is said where lines are missing.
 async fn follow_logs(
     a: &Admin,
-    path: &str,
+    [path, later]: [&str; 2],
     json: bool,
     every: std::time::Duration,
 ) -> anyhow::Result<Outcome> {
     let mut prev: Vec<String> = Vec::new();
     let mut first = true;
     loop {
-        match a.get::<api::Logs>(path).await {
+        match a.get::<api::Logs>(if first { path } else { later }).await {
             Ok(l) => {
                 let fresh = new_lines(&prev, &l.lines);
                 let mut out = std::io::stdout().lock();
+                if !prev.is_empty() && fresh.len() == l.lines.len() && fresh.len() >= FOLLOW_WINDOW
+                {
+                    eprintln!(
+                        "warning: more than {FOLLOW_WINDOW} lines were written since the last look; the lines before these are not shown (a shorter --interval-s keeps up)"
+                    );
+                }
                 for line in fresh {
                     if json {
                         json_line(&mut out, &serde_json::json!({ "line": line }))?;

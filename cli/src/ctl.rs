@@ -16,7 +16,8 @@ pub(crate) struct CtlArgs {
         long,
         global = true,
         env = "LLMGW_ADMIN",
-        default_value = "http://127.0.0.1:9090"
+        default_value = "http://127.0.0.1:9090",
+        value_parser = crate::admin_client::admin_url
     )]
     admin: String,
     /// One JSON document instead of a table.

@@ -25,7 +25,7 @@ pub(crate) struct InitArgs {
     /// Another DNS name or address clients and agents reach this server
     /// by (the hostname and every local address are included); repeat. A
     /// name the certificate lacks reissues it.
-    #[arg(long = "host", value_name = "NAME")]
+    #[arg(long = "host", value_name = "NAME", value_parser = crate::cert::host_name)]
     hosts: Vec<String>,
     /// The configuration directory: server.yaml, server.env, the
     /// authority and the server certificate.
@@ -67,6 +67,33 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
     let mut say = Report(std::io::stdout().lock());
     let admin = llmgw_people::check_email(&a.admin)
         .map_err(|e| anyhow::anyhow!("--admin {:?}: {e}", a.admin))?;
+    // `--store @FILE` keeps a password off the command line; the unit reads
+    // server.env as root but runs as llmgw, who may not read FILE (under
+    // /root, say): the address itself goes into the root-only server.env.
+    let given = (store != UNSET_STORE)
+        .then(|| match store.trim().strip_prefix('@') {
+            Some(file) => std::fs::read_to_string(file)
+                .map(|text| text.trim().to_owned())
+                .with_context(|| format!("--store @{file}: cannot read {file}")),
+            None => Ok(store.to_owned()),
+        })
+        .transpose()?;
+    // Checked before anything is written with it (the file may be empty,
+    // or name yet another file).
+    if let Some(g) = &given {
+        let address =
+            llmgw_eventstore::StoreAddress::parse(g).with_context(|| format!("--store {store}"))?;
+        // A SQLite file is made where its directory is.
+        if let llmgw_eventstore::StoreAddress::Sqlite(path) = &address
+            && let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
+            && !parent.is_dir()
+        {
+            bail!(
+                "--store {store}: there is no directory {}",
+                parent.display()
+            );
+        }
+    }
     for (what, dir) in [("configuration", &a.dir), ("state", &a.state_dir)] {
         if dir.is_dir() {
             say.skipped(format!("{what} directory {}: exists", dir.display()))?;
@@ -100,22 +127,6 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
     // The store's address lives in server.env, which systemd reads as root
     // (a PostgreSQL DSN carries a password); server.yaml holds no secret.
     let env_file = dir.join("server.env");
-    // `--store @FILE` keeps a password off the command line; the unit reads
-    // server.env as root but runs as llmgw, who may not read FILE (under
-    // /root, say): the address itself goes into the root-only server.env.
-    let given = (store != UNSET_STORE)
-        .then(|| match store.trim().strip_prefix('@') {
-            Some(file) => std::fs::read_to_string(file)
-                .map(|text| text.trim().to_owned())
-                .with_context(|| format!("--store @{file}: cannot read {file}")),
-            None => Ok(store.to_owned()),
-        })
-        .transpose()?;
-    // Checked before anything is written with it (the file may be empty,
-    // or name yet another file).
-    if let Some(g) = &given {
-        llmgw_eventstore::StoreAddress::parse(g).with_context(|| format!("--store {store}"))?;
-    }
     let given = given.as_deref();
     let store = if env_file.exists() {
         let text = std::fs::read_to_string(&env_file)
@@ -330,6 +341,8 @@ fn server_yaml(dir: &Path) -> String {
          listen: \":8080\"\n\
          admin_listen: \"127.0.0.1:9090\"\n\
          agent_listen: \":7443\"\n\
+         # With a second server: admin_listen on an address it reaches, and\n\
+         # advertise_admin: \"http://THAT:9090\" under control (docs/install.md).\n\
          control:\n  enabled: true\n\
          auth:\n  enabled: true\n\
          # Agents connect with mutual TLS: give each node a certificate with\n\

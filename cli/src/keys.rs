@@ -11,13 +11,14 @@ use anyhow::bail;
 use clap::{Args, Subcommand};
 use llmgw_api::admin as api;
 use llmgw_decider::Origin;
+use llmgw_domain::conversations::MAX_RETAIN_HOURS;
 
 use crate::Outcome;
 use crate::admin_client::{AdminArgs, Api};
 use crate::output::{Table, json_line};
 
 /// A claim link's base: an http(s) URL, without a trailing slash.
-fn claim_base(url: &str) -> anyhow::Result<String> {
+fn claim_base(url: &str) -> Result<String, String> {
     let trimmed = url.trim().trim_end_matches('/');
     let rest = trimmed
         .strip_prefix("https://")
@@ -26,8 +27,20 @@ fn claim_base(url: &str) -> anyhow::Result<String> {
         Some(host) if !host.is_empty() && !host.contains(char::is_whitespace) => {
             Ok(trimmed.to_owned())
         }
-        _ => bail!("--base-url {url:?} must be an http:// or https:// address"),
+        _ => Err(format!("{url:?} must be an http:// or https:// address")),
     }
+}
+
+/// A claim link's lifetime as `--expires-in` takes it: a duration of 1
+/// minute to 30 days, checked before any log is looked for.
+fn claim_lifetime(text: &str) -> Result<String, String> {
+    let d = crate::config::duration("--expires-in", text).map_err(|e| e.0)?;
+    if !(60..=30 * 24 * 3600).contains(&d.as_secs()) {
+        return Err(format!(
+            "{text}: a claim link works for 1 minute to 30 days"
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 #[derive(Debug, Args)]
@@ -66,22 +79,22 @@ pub(crate) enum KeysCommand {
         /// The project the key belongs to (`keys init` makes one).
         #[arg(long)]
         project: String,
-        /// Unique among the project's live keys.
+        /// Unique among the project's live keys made by operators.
         #[arg(long)]
         name: String,
         /// bronze, silver, gold or platinum.
-        #[arg(long, default_value = "gold")]
+        #[arg(long, default_value = "gold", value_parser = ["bronze", "silver", "gold", "platinum"])]
         band: String,
         /// Print a one-time claim link instead of the key: the key is
         /// sealed with the link's token and only the token's hash is kept.
         #[arg(long, requires = "base_url")]
         claim: bool,
         /// The address people open the link on (the client listener).
-        #[arg(long, value_name = "URL")]
+        #[arg(long, value_name = "URL", value_parser = claim_base)]
         base_url: Option<String>,
         /// How long the link works (30m, 24h, 7d; 1 minute to 30 days);
         /// seven days without it.
-        #[arg(long, requires = "claim", value_name = "DURATION")]
+        #[arg(long, requires = "claim", value_name = "DURATION", value_parser = claim_lifetime)]
         expires_in: Option<String>,
         /// The person the key is for (`users list` shows the id): it shows
         /// on their profile, and its use counts as theirs.
@@ -122,7 +135,7 @@ pub(crate) enum KeysCommand {
     /// rpm and tpm on a team or project count for the whole group.
     Limits {
         /// org, team, project or key.
-        #[arg(long)]
+        #[arg(long, value_parser = ["org", "team", "project", "key"])]
         scope: String,
         /// The org, team, project or key id the limits are set on.
         #[arg(long)]
@@ -143,7 +156,7 @@ pub(crate) enum KeysCommand {
         #[arg(long, requires = "period")]
         budget: Option<u64>,
         /// day or month.
-        #[arg(long, requires = "budget")]
+        #[arg(long, requires = "budget", value_parser = ["day", "month"])]
         period: Option<String>,
         /// Drop every limit set at this level first.
         #[arg(long)]
@@ -159,8 +172,9 @@ pub(crate) enum KeysCommand {
         /// clients send.
         #[arg(long, conflicts_with = "off")]
         capture: bool,
-        /// Hours a thread is kept after its last write.
-        #[arg(long, default_value_t = DEFAULT_THREAD_HOURS, conflicts_with = "off")]
+        /// Hours a thread is kept after its last write (1 to 87600: ten years).
+        #[arg(long, default_value_t = DEFAULT_THREAD_HOURS, conflicts_with = "off",
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RETAIN_HOURS)))]
         retain_hours: u32,
         /// Keep no more threads; the next sweep deletes them.
         #[arg(long)]
@@ -171,8 +185,10 @@ pub(crate) enum KeysCommand {
         /// The project whose notes are kept.
         #[arg(long)]
         project: String,
-        /// Hours a note is kept after its last write (mandatory).
-        #[arg(long, required_unless_present = "off", conflicts_with = "off")]
+        /// Hours a note is kept after its last write (mandatory; 1 to
+        /// 87600).
+        #[arg(long, required_unless_present = "off", conflicts_with = "off",
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_RETAIN_HOURS)))]
         retain_hours: Option<u32>,
         /// Keep no more notes; the next sweep deletes them.
         #[arg(long)]
@@ -233,10 +249,7 @@ pub(crate) async fn run(
             expires_in,
             owner,
         } => {
-            let base = match &base_url {
-                Some(b) => Some(claim_base(b)?),
-                None => None,
-            };
+            let base = base_url;
             let claim_ttl_secs = match &expires_in {
                 Some(d) => Some(crate::config::duration("--expires-in", d)?.as_secs()),
                 None => None,

@@ -36,7 +36,12 @@ pub(crate) struct AddArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct CatalogArgs {
     /// The control plane's admin API, whose catalog says what is in use.
-    #[arg(long, env = "LLMGW_ADMIN", default_value = "http://127.0.0.1:9090")]
+    #[arg(
+        long,
+        env = "LLMGW_ADMIN",
+        default_value = "http://127.0.0.1:9090",
+        value_parser = crate::admin_client::admin_url
+    )]
     admin: String,
     /// The byte path's address as catalog entries name it (as `serve
     /// --base`), so that URL sources count as well as mirror: ones.

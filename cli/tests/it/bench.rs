@@ -145,4 +145,38 @@ async fn bench_reports_the_last_level_before_requests_queue_for_a_slot() {
             .contains("the gateway answered 404"),
         "{v}"
     );
+    // Each client stops at its first failure (one client at level 1).
+    assert_eq!(v["levels"][0]["requests"], 1, "{v}");
+
+    // Nothing listening, for a level's whole time: it breaks, no weight.
+    let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args([
+            "ctl",
+            "bench",
+            "m",
+            "--url",
+            &closed,
+            "--duration",
+            "200ms",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["suggested_weight"].is_null(), "{v}");
+    assert!(
+        v["levels"][0]["broke"]
+            .as_str()
+            .unwrap()
+            .contains("cannot reach the gateway"),
+        "{v}"
+    );
+    // A malformed address is a usage error.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["ctl", "bench", "m", "--url", "notaurl"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

@@ -472,6 +472,12 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
+    // A bad name or store is refused before anything is written.
+    for extra in [&["--host", "a b"][..], &["--store", "no-such-dir/llmgw.db"]] {
+        let out = init_as("ada@example.org", extra);
+        assert!(!out.status.success(), "{extra:?}");
+        assert!(!etc.exists() && !state.exists(), "{extra:?} wrote files");
+    }
     let first = init(&[]);
     let password = first
         .lines()

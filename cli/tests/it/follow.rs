@@ -97,6 +97,39 @@ async fn replicas_watch_and_logs_follow_print_changes_as_they_happen() {
         "{seen:#?}"
     );
 
+    // More lines between two looks than --lines: every one is printed
+    // (--lines is how far back the first look goes, not a cap on a look).
+    let short = Child::spawn(&[
+        "ctl",
+        "logs",
+        "w1",
+        "--source",
+        &shard,
+        "--follow",
+        "--lines",
+        "1",
+        "--interval-s",
+        "0.5",
+        "--admin",
+        admin,
+    ]);
+    Child::expect(&short.stdout, "");
+    let burst = (1..=6).map(|i| {
+        http.post(format!("{}/v1/chat/completions", server.base))
+            .header("x-request-id", format!("burst-{i}"))
+            .json(&serde_json::json!({"model": "chat", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    });
+    for r in futures_util::future::join_all(burst).await {
+        assert!(r.unwrap().status().is_success());
+    }
+    let mut missing: std::collections::BTreeSet<String> =
+        (1..=6).map(|i| format!("burst-{i}")).collect();
+    while !missing.is_empty() {
+        let line = Child::expect(&short.stdout, "burst-");
+        missing.retain(|id| !line.contains(id.as_str()));
+    }
+
     // With --json, each line is a JSON document of its own.
     let json = Child::spawn(&[
         "ctl", "logs", "w1", "--source", &shard, "--follow", "--json", "--admin", admin,

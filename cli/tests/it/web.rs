@@ -829,7 +829,8 @@ async fn a_claim_link_needs_an_http_base_url() {
             "javascript:x",
         ],
     );
-    assert!(!out.status.success());
+    // A usage error, said before any log is looked for.
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--base-url"));
 }
 
@@ -841,16 +842,24 @@ async fn a_claim_link_lives_as_long_as_asked() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("c.db").display());
     let closed = format!("http://127.0.0.1:{}", super::cluster::free_port());
-    // Nothing yet: each listing says how to make its first row.
-    for (what, hint) in [("list", "keys create"), ("groups", "keys init")] {
+    // No log yet: a listing makes none, and says what starts one.
+    for what in ["list", "groups"] {
         let out = keys(&store, &closed, &[what]);
-        assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains(hint),
+            String::from_utf8_lossy(&out.stderr).contains("`llmgw keys init`"),
             "{out:?}"
         );
     }
+    assert!(!dir.path().join("c.db").exists());
     tree(&store, &closed);
+    // No key yet: the listing says how to make the first.
+    let out = keys(&store, &closed, &["list"]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("keys create"),
+        "{out:?}"
+    );
     let create = |name: &str, more: &[&str]| {
         let mut args = vec!["create", "--project", "p", "--name", name];
         args.extend_from_slice(more);
@@ -873,7 +882,7 @@ async fn a_claim_link_lives_as_long_as_asked() {
     );
 
     let out = create("long", &[&link[..], &["--expires-in", "40d"]].concat());
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("1 minute to 30 days"), "{err}");
     let out = create("bare", &["--expires-in", "2h"]);
