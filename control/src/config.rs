@@ -69,6 +69,19 @@ impl ControlConfig {
             drain_grace_ms: ms(self.drain_grace),
             anchor_every_events: self.anchors.every_events,
             anchor_every_ms: self.anchors.every.map(ms),
+            engines: self
+                .engines
+                .iter()
+                .map(|e| {
+                    let source = if e.source.is_empty() {
+                        "github"
+                    } else {
+                        &e.source
+                    };
+                    format!("{}@{} ({source})", e.engine, e.version)
+                })
+                .collect(),
+            mirror_url: self.mirror_url.clone(),
         }
     }
 }

@@ -164,7 +164,21 @@ pub async fn forward_writes(
             | "/api/v1/explain"
             | "/api/v1/weights"
     );
-    let forwarded = request.headers().contains_key(api::FORWARDED_HEADER);
+    let forwarded_by = request.headers().get(api::FORWARDED_HEADER);
+    let forwarded = forwarded_by.is_some();
+    if forwarded_by.is_some_and(|by| by.as_bytes() == cp.config.instance.as_bytes()) {
+        // Sent on by this very server: the leader recorded an admin
+        // address (a loopback default, most often) that here reaches this
+        // standby. No wait mends that; the sender says so at once.
+        return AdminError(
+            StatusCode::LOOP_DETECTED,
+            format!(
+                "{} forwarded a command to the leader's recorded admin address and reached itself",
+                cp.config.instance
+            ),
+        )
+        .into_response();
+    }
     if forwarded && !cp.is_leader() {
         // Sent here as to the leader, but this server does not lead: it is
         // taking office or stepping down this moment, or the leader
@@ -193,6 +207,7 @@ pub async fn forward_writes(
             && holder != cp.config.instance
             && let Ok(r) = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await
             && r.status() != StatusCode::LOCKED
+            && r.status() != StatusCode::LOOP_DETECTED
         {
             return r;
         }
@@ -215,6 +230,12 @@ pub async fn forward_writes(
                     // or any more). Asked again, until the deadline.
                     Ok(r) if r.status() == StatusCode::LOCKED => {
                         last_error = Some(Unsent::NotLeading(holder, url));
+                    }
+                    Ok(r) if r.status() == StatusCode::LOOP_DETECTED => {
+                        let said = format!(
+                            "this server is a standby, and the leader {holder}'s recorded admin address {url} reaches this server itself: set control.advertise_admin on each server to an address the others reach (the default is its loopback admin_listen)"
+                        );
+                        return AdminError(StatusCode::SERVICE_UNAVAILABLE, said).into_response();
                     }
                     Ok(r) => return r,
                     // Sent, perhaps decided: never sent again.

@@ -85,6 +85,8 @@ impl ControlPlane {
         let mut granted = None;
         let mut told = None;
         let mut compared = false;
+        // The leader whose settings were last compared with this server's.
+        let mut weighed = None;
         loop {
             let asked = tokio::time::Instant::now();
             let taken = self
@@ -109,6 +111,9 @@ impl ControlPlane {
                     }
                     if !std::mem::replace(&mut compared, true) {
                         self.compare_file_with_catalog();
+                    }
+                    if holder != self.config.instance && weighed.replace(epoch) != Some(epoch) {
+                        self.compare_settings_with_leader(&holder, epoch).await;
                     }
                     self.wait_for_lease().await;
                     continue;
@@ -204,6 +209,58 @@ impl ControlPlane {
         }
     }
 
+    /// The leader's settings are the cluster's while it leads (timings,
+    /// engines, the mirror); this server's own take over when it takes
+    /// office. A difference changes how the fleet is run at a failover,
+    /// so a standby says so as it stands by, naming each setting, as it
+    /// does for models. From the leader's `LeadershipAcquired`; older logs
+    /// recorded none, and then nothing is said.
+    async fn compare_settings_with_leader(&self, leader: &str, epoch: u64) {
+        let theirs = match self.recorded_settings(epoch).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the leader's settings to compare");
+                return;
+            }
+        };
+        let differ = settings_differ(&self.config.settings(), &theirs);
+        if !differ.is_empty() {
+            tracing::warn!(
+                leader,
+                settings = %differ.join("; "),
+                "this server's control settings differ from the leader's: they will change when this server takes office; keep every server's settings alike"
+            );
+        }
+    }
+
+    async fn recorded_settings(
+        &self,
+        epoch: u64,
+    ) -> Result<Option<llmgw_domain::event::ControlSettings>, StoreError> {
+        use llmgw_domain::Event;
+        use llmgw_domain::event::LeadershipEvent;
+        let mut after = 0;
+        let mut found = None;
+        loop {
+            let page = self.store.read_stream("leadership", after, 500).await?;
+            let Some(last) = page.last() else { break };
+            after = last.stream_version;
+            for r in &page {
+                if let Ok(Event::Leadership(LeadershipEvent::LeadershipAcquired {
+                    epoch: e,
+                    settings,
+                    ..
+                })) = Event::decode(&r.event_type, r.schema_version, &r.payload)
+                    && e == epoch
+                {
+                    found = settings;
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// Until the next attempt at the lease: its poll, or sooner when an
     /// agent at the door finds the lease run out (never more often than
     /// every [`NUDGE_GAP`], however many agents knock).
@@ -283,5 +340,57 @@ impl ControlPlane {
         self.lease.send_replace(Some(token.clone()));
         self.wake.notify_one();
         Ok(())
+    }
+}
+
+/// Each setting that differs, as `name: OURS here, THEIRS at the leader`,
+/// by the names the log records them under.
+fn settings_differ(
+    ours: &llmgw_domain::event::ControlSettings,
+    theirs: &llmgw_domain::event::ControlSettings,
+) -> Vec<String> {
+    let as_map = |s| match serde_json::to_value(s) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    let (ours, theirs) = (as_map(ours), as_map(theirs));
+    let mut names: Vec<&String> = ours.keys().chain(theirs.keys()).collect();
+    names.sort();
+    names.dedup();
+    let none = serde_json::Value::Null;
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let (a, b) = (ours.get(n).unwrap_or(&none), theirs.get(n).unwrap_or(&none));
+            (a != b).then(|| format!("{n}: {a} here, {b} at the leader"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use llmgw_domain::event::ControlSettings;
+
+    #[test]
+    fn each_setting_that_differs_is_named_with_both_values() {
+        let ours = ControlSettings {
+            lost_after_ms: 30_000,
+            engines: vec!["vllm@0.11.0 (github)".into()],
+            ..ControlSettings::default()
+        };
+        let theirs = ControlSettings {
+            lost_after_ms: 60_000,
+            mirror_url: Some("http://mirror:8090".into()),
+            ..ControlSettings::default()
+        };
+        assert_eq!(
+            super::settings_differ(&ours, &theirs),
+            vec![
+                "engines: [\"vllm@0.11.0 (github)\"] here, null at the leader".to_owned(),
+                "lost_after_ms: 30000 here, 60000 at the leader".to_owned(),
+                "mirror_url: null here, \"http://mirror:8090\" at the leader".to_owned(),
+            ]
+        );
+        assert!(super::settings_differ(&ours, &ours).is_empty());
     }
 }

@@ -71,6 +71,13 @@ pub struct ControlSettings {
     pub anchor_every_events: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor_every_ms: Option<u64>,
+    /// The engines the leader has every node install, as
+    /// `engine@version (source)` (absent in older logs, and with none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<String>,
+    /// The fleet's mirror the leader sends agents to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_url: Option<String>,
 }
 
 /// The stream of a gateway's usage batches is this and its writer name

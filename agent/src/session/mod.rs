@@ -229,6 +229,9 @@ struct Dial {
     /// Not dialled again before this.
     not_before: Instant,
     tried: Option<Instant>,
+    /// The leader this server last named that is not among the servers
+    /// dialled: warned about once, not at every refusal.
+    unlisted_leader: Option<String>,
 }
 
 /// How one attempt at a session ended.
@@ -341,6 +344,20 @@ fn replan(dials: &mut [Dial], i: usize, ended: Ended, base: Duration, max: Durat
                 retry_in_ms = wait.as_millis() as u64,
                 "a standby refused the stream: {}", r.message
             );
+            // A leader this agent does not dial is never reached: said
+            // once, as what to change, where the refusals repeat at info.
+            if leader.is_none()
+                && let Some(addr) = r.leader_agent.as_deref()
+                && dials[i].unlisted_leader.as_deref() != Some(addr)
+            {
+                tracing::warn!(
+                    server = %server,
+                    leader = r.leader.as_deref().unwrap_or("unknown"),
+                    leader_agent = addr,
+                    "the leader's agent address is not among --server, so this agent cannot connect; give --server every server (the standby and {addr})"
+                );
+                dials[i].unlisted_leader = Some(addr.to_owned());
+            }
             // A standby answered: no backoff against it.
             dials[i].failures = 0;
             dials[i].not_before = now + wait;
@@ -493,6 +510,7 @@ impl Agent {
                 failures: 0,
                 not_before: start,
                 tried: None,
+                unlisted_leader: None,
             })
             .collect();
         // Attempts run side by side, each until it has a stream or an
@@ -838,6 +856,7 @@ mod tests {
                 failures: 0,
                 not_before: now,
                 tried: Some(now - Duration::from_secs(1)),
+                unlisted_leader: None,
             })
             .collect()
     }
@@ -913,6 +932,17 @@ mod tests {
         );
         assert!(wait(&d[0]).is_zero(), "the leader is dialled at once");
         assert!(wait(&d[1]) > Duration::ZERO);
+    }
+
+    #[test]
+    fn a_leader_the_agent_does_not_dial_is_warned_about_once() {
+        let mut d = dials(&[B]);
+        replan(&mut d, 0, refusal(9_000, Some(A)), BASE, MAX);
+        assert_eq!(d[0].unlisted_leader.as_deref(), Some(A));
+        // A listed leader is dialled, not warned about.
+        let mut d = dials(&[A, B]);
+        replan(&mut d, 1, refusal(9_000, Some(A)), BASE, MAX);
+        assert_eq!(d[1].unlisted_leader, None);
     }
 
     #[test]

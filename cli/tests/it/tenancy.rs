@@ -740,8 +740,8 @@ async fn a_router_between_leaders_does_not_say_router_only() {
 
 /// The same through a standby: the leader recorded the standby's own
 /// address, so the standby's forward comes back to it. It does not answer
-/// it as the leader would (nor refuse it as a standby); it names the
-/// setting.
+/// it as the leader would (nor wait for a leader as if one were taking
+/// office); it names the setting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_whose_forward_comes_back_to_it_names_the_setting() {
     let (store, _scratch) = Scratch::new(Backend::Postgres).await;
@@ -761,7 +761,17 @@ async fn a_standby_whose_forward_comes_back_to_it_names_the_setting() {
         &store,
         Mode::Control,
         "auth: true\n",
-        &[("LLMGW_ADMIN_LISTEN", format!("127.0.0.1:{port}"))],
+        &[
+            ("LLMGW_ADMIN_LISTEN", format!("127.0.0.1:{port}")),
+            ("LLMGW_CONTROL__LOST_AFTER", "45s".into()),
+        ],
+    );
+    // A setting this standby would run the fleet with otherwise is said
+    // as it stands by, with both values.
+    let said = Child::expect(&b.child.stderr, "control settings differ");
+    assert!(
+        said.contains("lost_after_ms: 45000 here, 2500 at the leader"),
+        "{said}"
     );
     let out = keys(
         &store,
@@ -770,8 +780,9 @@ async fn a_standby_whose_forward_comes_back_to_it_names_the_setting() {
     );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
+    // Said at once: no wait for a leader mends an address that loops.
     assert!(
-        err.contains("does not lead") && err.contains("control.advertise_admin"),
+        err.contains("reaches this server itself") && err.contains("control.advertise_admin"),
         "{err}"
     );
 }
