@@ -61,6 +61,14 @@ pub(crate) fn continuation(
             .map(Bytes::from)
             .map_err(|_| bad("the body cannot be written"));
     }
+    // An engine holds only what it generates to a grammar: continued, it
+    // starts the structure again after the text sent, and the client's
+    // JSON comes out as two halves.
+    if constrained(obj) {
+        return Err(bad(
+            "an answer held to a schema or grammar cannot be continued",
+        ));
+    }
     match form {
         Form::Chat => chat(obj, text, engine)?,
         Form::Text => completion(obj, text)?,
@@ -68,6 +76,27 @@ pub(crate) fn continuation(
     serde_json::to_vec(&v)
         .map(Bytes::from)
         .map_err(|_| bad("the body cannot be written"))
+}
+
+/// Whether the request holds its answer to a structure: OpenAI's
+/// `response_format` (other than text), vLLM's `guided_*` and
+/// `structured_outputs`, llama.cpp's `grammar` and `json_schema`.
+fn constrained(obj: &serde_json::Map<String, Value>) -> bool {
+    let format = obj
+        .get("response_format")
+        .is_some_and(|f| !f.is_null() && f["type"] != "text");
+    let named = [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "grammar",
+        "json_schema",
+    ]
+    .iter()
+    .any(|k| obj.get(*k).is_some_and(|v| !v.is_null()));
+    format || named
 }
 
 fn chat(
@@ -150,6 +179,42 @@ mod tests {
         let l = cont(ask, Form::Chat, EngineKind::Llamacpp).unwrap();
         assert_eq!(l["messages"][1]["content"], "the old ");
         assert!(l.get("continue_final_message").is_none(), "{l}");
+    }
+
+    #[test]
+    fn an_answer_held_to_a_schema_or_grammar_is_not_continued() {
+        let ask = |extra: Value| {
+            let mut v = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            cont(v, Form::Chat, EngineKind::Vllm)
+        };
+        for held in [
+            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "w"}}}),
+            json!({"guided_json": {"type": "object"}}),
+            json!({"guided_choice": ["a", "b"]}),
+            json!({"grammar": "root ::= \"x\""}),
+        ] {
+            assert!(
+                matches!(ask(held.clone()), Err(NoContinuation::Unresumable(_))),
+                "{held}"
+            );
+        }
+        // Plain text is no structure.
+        assert!(ask(json!({"response_format": {"type": "text"}})).is_ok());
+        // Nothing sent yet: the request is sent again as it was.
+        let fresh = continuation(
+            json!({"model": "m", "response_format": {"type": "json_object"}, "messages": []})
+                .to_string()
+                .as_bytes(),
+            Form::Chat,
+            "",
+            0,
+            EngineKind::Vllm,
+        );
+        assert!(fresh.is_ok());
     }
 
     #[test]
