@@ -202,6 +202,9 @@ struct Live {
     /// A scrape has been tried at least once.
     scraped: std::sync::atomic::AtomicBool,
     contract_warned: std::sync::atomic::AtomicBool,
+    /// A fingerprint of the last request the engine answered a server
+    /// error: the same request failing again counts once.
+    last_erred: std::sync::atomic::AtomicU64,
 }
 
 /// The paths proxied to engines, whose URLs each endpoint keeps parsed.
@@ -261,6 +264,7 @@ impl Endpoint {
             load: Mutex::new(None),
             scraped: std::sync::atomic::AtomicBool::new(false),
             contract_warned: std::sync::atomic::AtomicBool::new(false),
+            last_erred: std::sync::atomic::AtomicU64::new(0),
         });
         Endpoint::with_live(spec, live)
     }
@@ -306,6 +310,22 @@ impl Endpoint {
 
     pub fn breaker_open(&self) -> bool {
         self.breaker().is_open()
+    }
+
+    /// The engine answered `body` a server error: counted against it
+    /// unless it is the request it failed last. One client's request that
+    /// the engine cannot take, sent again by the client's retries (an
+    /// SDK's two) and the gateway's, opened every endpoint's breaker, and
+    /// every client got 503s for the cool-down; an engine that fails every
+    /// request fails different ones.
+    pub fn record_erred(&self, body: &[u8]) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        body.hash(&mut h);
+        let print = h.finish();
+        if self.live.last_erred.swap(print, Ordering::Relaxed) != print {
+            self.record(false);
+        }
     }
 
     pub fn record(&self, ok: bool) {

@@ -84,6 +84,28 @@ impl ApiError {
         )
     }
 
+    /// Every endpoint tried answered a server error of its own (none
+    /// served the request): the engine's status, what it said, and when
+    /// it says to come back (a busy engine's 503).
+    pub fn engine_said(status: StatusCode, message: String, retry_after: Option<u64>) -> Self {
+        let code = if status == StatusCode::SERVICE_UNAVAILABLE {
+            "engine_busy"
+        } else {
+            "engine_error"
+        };
+        let message = if message.is_empty() {
+            format!(
+                "the engine answered {status}; the x-request-id header names this request to the operator"
+            )
+        } else {
+            format!("the engine answered {status}: {message}")
+        };
+        ApiError {
+            retry_after,
+            ..Self::new(status, "server_error", code, message)
+        }
+    }
+
     /// Endpoints were tried and the last did not answer in time.
     pub fn upstream_timeout(message: impl Into<String>) -> Self {
         Self::new(

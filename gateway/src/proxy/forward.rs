@@ -1,7 +1,10 @@
 //! Stage three: the plan's models in order, the endpoints of each. A
 //! failure before the first byte (an engine that says nothing within
 //! `router.response_timeout` included) is retried on another endpoint (and
-//! counted by its breaker), and so is a plain answer that breaks off
+//! counted by its breaker: a server error the engine answers when another
+//! endpoint serves the request, or once per request when none does, and a
+//! 503 not at all; when none serves, the engine's error is the client's
+//! answer), and so is a plain answer that breaks off
 //! mid-body (the client has nothing of it yet); a stream that breaks after
 //! its first byte is continued on another replica ([`super::relay`]). A
 //! model with no capacity at all passes the request to the next model of
@@ -70,7 +73,11 @@ pub(crate) async fn forward(
         // replica's, or the operator's label) and its errors are internals.
         Some(last) => {
             tracing::warn!(model = %plan.asked, last = %last.why, "no endpoint answered");
-            if last.timed_out {
+            if let Some(said) = last.answer {
+                // Every endpoint tried answered an error of its own: what
+                // the engine said is the client's answer.
+                ApiError::engine_said(said.status, said.message, said.retry_after)
+            } else if last.timed_out {
                 ApiError::upstream_timeout(format!(
                     "no endpoint of the model answered within {} s (router.response_timeout); the x-request-id header names this request to the operator",
                     gw.config.response_timeout.as_secs_f64()
@@ -94,6 +101,9 @@ struct Failure {
     why: String,
     /// It said nothing within `router.response_timeout`.
     timed_out: bool,
+    /// The last error an engine answered (a 5xx), when one did: relayed
+    /// when no endpoint serves the request.
+    answer: Option<EngineError>,
 }
 
 impl Failure {
@@ -101,6 +111,51 @@ impl Failure {
         Failure {
             why,
             timed_out: false,
+            answer: None,
+        }
+    }
+}
+
+/// A server error an engine answered: its status, its message and when it
+/// says to come back.
+struct EngineError {
+    status: axum::http::StatusCode,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+impl EngineError {
+    /// The message of an OpenAI-shaped error body (`error.message`), a
+    /// FastAPI one (`detail`), or its first line of text; cut to a line's
+    /// worth, and nothing of an HTML page.
+    fn read(status: axum::http::StatusCode, headers: &axum::http::HeaderMap, body: &[u8]) -> Self {
+        let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+        let from_json = json.as_ref().and_then(|v| {
+            [
+                &v["error"]["message"],
+                &v["message"],
+                &v["detail"],
+                &v["error"],
+            ]
+            .into_iter()
+            .find_map(|m| m.as_str().map(str::to_owned))
+        });
+        let text = String::from_utf8_lossy(body);
+        let text = text.trim();
+        let message = from_json
+            .or_else(|| {
+                (!text.starts_with('<')).then(|| text.lines().next().unwrap_or_default().to_owned())
+            })
+            .unwrap_or_default();
+        let message: String = message.chars().take(500).collect();
+        let retry_after = headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok());
+        EngineError {
+            status,
+            message,
+            retry_after,
         }
     }
 }
@@ -118,7 +173,12 @@ async fn attempt(
     ticket: &mut Option<Ticket>,
 ) -> Result<Response, Option<Failure>> {
     let mut tried: Vec<String> = Vec::new();
-    let mut last_error = None;
+    let mut last_error: Option<Failure> = None;
+    // The last server error an engine answered, relayed when no endpoint
+    // serves the request; and the endpoints that answered one (not a
+    // busy 503), counted against their breakers once the outcome is known.
+    let mut answer: Option<EngineError> = None;
+    let mut erred: Vec<Arc<crate::Endpoint>> = Vec::new();
     // The engine logs the client's id, so one grep follows a request.
     let request_id = ticket
         .as_ref()
@@ -184,10 +244,16 @@ async fn attempt(
         )
         .await;
         waiting.disarm();
-        let (head, answer) = match exchanged {
+        let (head, body_answer) = match exchanged {
             Ok(a) => a,
-            Err(failure) => {
+            Err(mut failure) => {
                 let again = !failure.timed_out || request.stream;
+                if let Some(said) = failure.answer.take() {
+                    if said.status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
+                        erred.push(endpoint.clone());
+                    }
+                    answer = Some(said);
+                }
                 last_error = Some(failure);
                 if again {
                     continue;
@@ -198,6 +264,12 @@ async fn attempt(
             }
         };
         let status = head.status;
+        // Another endpoint served what they failed: each is broken.
+        if status.is_success() {
+            for e in erred.drain(..) {
+                e.record(false);
+            }
+        }
         let content_type = head.headers.get(header::CONTENT_TYPE).cloned();
         // A hosted service's 429 says when to come back; an SDK waits that
         // long only if it is passed on.
@@ -207,7 +279,7 @@ async fn attempt(
         };
         let mut finish = Finish::new(t, model, status.as_u16());
         let served = finish.served().clone();
-        let body = match answer {
+        let body = match body_answer {
             Answer::Stream(upstream) => {
                 let form = if path.ends_with("/chat/completions") {
                     Form::Chat
@@ -257,7 +329,15 @@ async fn attempt(
         }
         return Ok(response);
     }
-    Err(last_error)
+    // None served it: the request may be what they fail on, so each
+    // counts it once however often it comes (`record_erred`).
+    for e in erred {
+        e.record_erred(body);
+    }
+    Err(last_error.map(|mut f| {
+        f.answer = answer;
+        f
+    }))
 }
 
 /// An engine's answer: a stream to relay, or a plain answer read whole
@@ -287,13 +367,20 @@ async fn exchange(
             .send(endpoint, path, request_id, body.clone())
             .await
         {
+            // Counted in `attempt`, once the request's outcome is known;
+            // never when the engine says it is busy (503): a full engine
+            // is not a broken one, and the client is told to come back
+            // when it says.
             Ok(r) if r.status().is_server_error() => {
-                endpoint.record(false);
-                return Err(Failure::said(format!(
-                    "endpoint {} answered {}",
-                    endpoint.spec.id,
-                    r.status()
-                )));
+                let status = r.status();
+                let (head, body) = r.into_parts();
+                let body = super::whole(body).await.unwrap_or_default();
+                let said = EngineError::read(status, &head.headers, &body);
+                tracing::warn!(endpoint = %endpoint.spec.id, %status, message = %said.message, "the engine answered a server error; trying another endpoint");
+                return Err(Failure {
+                    answer: Some(said),
+                    ..Failure::said(format!("endpoint {} answered {status}", endpoint.spec.id))
+                });
             }
             // The engine refused the gateway's credentials, not the
             // client's: relayed, its 401 told the client its own key was
@@ -394,5 +481,6 @@ fn timed_out(endpoint: &crate::Endpoint, after: std::time::Duration, stream: boo
     Failure {
         why: format!("endpoint {} did not answer in time", endpoint.spec.id),
         timed_out: true,
+        answer: None,
     }
 }

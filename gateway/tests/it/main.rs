@@ -1103,17 +1103,24 @@ async fn a_model_without_capacity_falls_back_and_says_so() {
     .await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", gw.base);
-    // A failing endpoint is a failure, not a lack of capacity: no fallback.
-    for _ in 0..3 {
-        assert_eq!(
-            client
-                .post(&url)
-                .json(&chat("big", false, 1))
-                .send()
-                .await
+    // A failing endpoint is a failure, not a lack of capacity: no
+    // fallback; the client is told what the engine said.
+    for n in 1..=3 {
+        let r = client
+            .post(&url)
+            .json(&chat("big", false, n))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500);
+        let said: Value = r.json().await.unwrap();
+        assert_eq!(said["error"]["code"], "engine_error", "{said}");
+        assert!(
+            said["error"]["message"]
+                .as_str()
                 .unwrap()
-                .status(),
-            502
+                .contains("engine crashed"),
+            "{said}"
         );
     }
     // Its breaker is open now: no capacity, so the fallback serves.
@@ -1130,6 +1137,84 @@ async fn a_model_without_capacity_falls_back_and_says_so() {
         reply["model"], "small",
         "the engine was asked for the fallback by name"
     );
+}
+
+/// An engine that fails one kind of request (500 for a prompt saying
+/// POISON), and says it is full (503, Retry-After 7) for one saying BUSY.
+async fn picky_engine() -> std::net::SocketAddr {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|body: String| async move {
+                if body.contains("POISON") {
+                    (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        axum::Json(json!({"error": {"message": "cannot tokenize this"}})),
+                    )
+                        .into_response()
+                } else if body.contains("BUSY") {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "7")],
+                        axum::Json(json!({"error": {"message": "queue_full"}})),
+                    )
+                        .into_response()
+                } else {
+                    axum::Json(json!({"id": "c", "object": "chat.completion", "model": "m",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
+                    .into_response()
+                }
+            }),
+        )
+        .route("/metrics", axum::routing::get(|| async { "" }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn one_clients_bad_request_retried_does_not_take_the_model_from_everyone() {
+    let engine = picky_engine().await;
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![spec("a", &engine, &["m"]), spec("b", &engine, &["m"])],
+        ..GatewayConfig::default()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let ask = |say: &str| {
+        client
+            .post(format!("{}/v1/chat/completions", gw.base))
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": say}]}))
+            .send()
+    };
+    // The same bad request, as a client's SDK retries it: the engine's
+    // own error each time, and its breakers stay closed.
+    for _ in 0..5 {
+        let r = ask("POISON").await.unwrap();
+        assert_eq!(r.status(), 500);
+        let said: Value = r.json().await.unwrap();
+        assert!(
+            said["error"]["message"]
+                .as_str()
+                .unwrap()
+                .ends_with("cannot tokenize this"),
+            "{said}"
+        );
+    }
+    assert_eq!(ask("hello").await.unwrap().status(), 200);
+    // A full engine is said so, with its own time to come back.
+    for _ in 0..4 {
+        let r = ask("BUSY").await.unwrap();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "7");
+        let said: Value = r.json().await.unwrap();
+        assert_eq!(said["error"]["code"], "engine_busy", "{said}");
+    }
+    assert_eq!(ask("hello").await.unwrap().status(), 200);
 }
 
 #[tokio::test]

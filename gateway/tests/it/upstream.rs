@@ -188,9 +188,9 @@ async fn one_connection_to_an_engine_carries_request_after_request() {
     let asked = [
         ("hi", false, 200),
         ("hi", true, 200),
-        // The engine's error is not relayed (one endpoint: nowhere else
-        // to go), and its connection, answered to the end, is kept.
-        ("fail", false, 502),
+        // The engine's error is relayed (one endpoint: nowhere else to
+        // go), and its connection, answered to the end, is kept.
+        ("fail", false, 500),
         ("hi", true, 200),
         ("hi", false, 200),
         // The engine closes this one after answering.
