@@ -280,6 +280,14 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/v1", axum::routing::any(unknown_route))
         .route("/v1/", axum::routing::any(unknown_route))
         .route("/v1/{*rest}", axum::routing::any(unknown_route))
+        // The API's paths without `/v1`: a client's base URL that lacks it
+        // (a common slip) is told so in the API's envelope, where the
+        // pages' HTML 404 left an SDK with a bare "404". (`/chat/
+        // completions` is the chat page's, which says the same to a key.)
+        .route("/models", axum::routing::any(without_v1))
+        .route("/models/{*id}", axum::routing::any(without_v1))
+        .route("/completions", axum::routing::any(without_v1))
+        .route("/embeddings", axum::routing::any(without_v1))
         .merge(convo::memory_routes())
         .merge(convo::mcp_routes())
         .route("/health", get(|| async { "ok" }))
@@ -300,6 +308,13 @@ fn api<S: Clone + Send + Sync + 'static>(
 
 async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
     ApiError::unknown_route(&method, uri.path())
+}
+
+async fn without_v1(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let mut e = ApiError::unknown_route(&method, uri.path());
+    e.message
+        .push_str(" The API is under /v1: give clients a base URL that ends in /v1.");
+    e
 }
 
 /// The admin routes (loopback by default): health and metrics for now.

@@ -142,12 +142,61 @@ pub(crate) struct ClientRequest {
     pub(crate) strip_usage: bool,
 }
 
+/// The fields a refusal may name as its `param`: the request's own.
+const FIELDS: [&str; 13] = [
+    "model",
+    "stream",
+    "stream_options",
+    "user",
+    "messages",
+    "prompt",
+    "input",
+    "max_tokens",
+    "max_completion_tokens",
+    "n",
+    "best_of",
+    "add_generation_prompt",
+    "continue_final_message",
+];
+
+/// Why a body that is JSON (or not) is refused: text that is not JSON is
+/// said to be; a field of the wrong type is named, as OpenAI names it in
+/// `param` (a string for `max_tokens` read as "not valid JSON"). The path
+/// is found only here, on the way out: reading every request with it
+/// would cost the path's bookkeeping each time.
+fn refusal(body: &[u8], e: &serde_json::Error) -> ApiError {
+    if e.classify() != serde_json::error::Category::Data {
+        return ApiError::bad_request(format!("the body is not valid JSON: {e}"));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let Err(found) = serde_path_to_error::deserialize::<_, Head>(&mut de) else {
+        return ApiError::bad_request(format!("the body does not fit the API: {e}"));
+    };
+    let path = found.path().to_string();
+    let inner = found.into_inner().to_string();
+    // serde_json's own position ("at line 1 column 78") says nothing to a
+    // client that sent no lines.
+    let inner = inner.split(" at line ").next().unwrap_or_default();
+    let field = path.split(['.', '[']).next().unwrap_or_default();
+    if path == "." || field.is_empty() {
+        // Not serde's words for the whole body: they name our own type.
+        return ApiError::bad_request(if inner.starts_with("duplicate field") {
+            format!("the body names a field twice: {inner}")
+        } else {
+            "the body must be one JSON object of the request's fields (model, messages, …)".into()
+        });
+    }
+    ApiError {
+        param: FIELDS.iter().copied().find(|f| *f == field),
+        ..ApiError::bad_request(format!("`{path}`: {inner}"))
+    }
+}
+
 impl ClientRequest {
     /// Reads the head of `body`; with `render`, the prompt's sim rendering
     /// too (asked for when an endpoint publishes KV events).
     pub(crate) fn parse(body: Bytes, render: bool) -> Result<Self, ApiError> {
-        let head: Head = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+        let head: Head = serde_json::from_slice(&body).map_err(|e| refusal(&body, &e))?;
         let model = head
             .model
             .as_ref()
@@ -255,6 +304,41 @@ pub(crate) fn with_model(body: &Bytes, model: &str) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_named_not_called_bad_json() {
+        let refused =
+            |body: &str| ClientRequest::parse(Bytes::from(body.to_owned()), false).unwrap_err();
+        let e = refused(r#"{"model": "m", "max_tokens": "abc", "messages": []}"#);
+        assert_eq!(e.param, Some("max_tokens"));
+        assert!(
+            e.message
+                .starts_with("`max_tokens`: invalid type: string \"abc\"")
+                && !e.message.contains("line 1"),
+            "{}",
+            e.message
+        );
+        let e = refused(r#"{"model": "m", "messages": "hi"}"#);
+        assert_eq!(e.param, Some("messages"));
+        assert!(
+            e.message.starts_with("`messages`: invalid type"),
+            "{}",
+            e.message
+        );
+        let e = refused("[]");
+        assert!(
+            e.message.starts_with("the body must be one JSON object"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("Head"), "{}", e.message);
+        let e = refused("{\"model\": ");
+        assert!(
+            e.message.starts_with("the body is not valid JSON"),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn the_estimate_counts_the_whole_prompt_and_the_completion_allowed() {

@@ -181,6 +181,19 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
             "unknown_url",
         ),
         (client.get(&url), 405, "method_not_supported"),
+        // A base URL without /v1: said in the envelope, naming the fix.
+        (
+            client.get(format!("{}/models", gw.base)),
+            404,
+            "unknown_url",
+        ),
+        (
+            client
+                .post(format!("{}/embeddings", gw.base))
+                .json(&json!({})),
+            404,
+            "unknown_url",
+        ),
         // A model named with a slash, as some clients send it.
         (
             client.get(format!("{}/v1/models/org/nope", gw.base)),
@@ -211,6 +224,9 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
             // Capacity may come back once the breaker cools down.
             "no_capacity" => assert_eq!(retry_after.unwrap(), "5", "{body}"),
             "model_not_found" => assert_eq!(body["error"]["param"], "model", "{body}"),
+            "unknown_url" if !message.contains("/v1/") => {
+                assert!(message.contains("base URL that ends in /v1"), "{body}")
+            }
             _ => {}
         }
     }
