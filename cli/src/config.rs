@@ -155,6 +155,9 @@ pub(crate) struct RouterSection {
     pub migration_limit: Option<u32>,
     /// The request header that pins a conversation to one endpoint.
     pub session_header: Option<String>,
+    /// Web pages on these origins may call the API from a browser (CORS);
+    /// `*` for any.
+    pub cors_origins: Option<Vec<String>>,
     /// The largest request body, in bytes.
     pub body_limit: Option<usize>,
     #[serde(default, deserialize_with = "crate::config::number_or_text")]

@@ -38,6 +38,27 @@ fn interval(key: &str, v: &str) -> Result<std::time::Duration, ConfigError> {
     Ok(d)
 }
 
+/// An origin as browsers send it: `scheme://host[:port]`, no path, no
+/// trailing slash (a browser's `Origin` never has one, so such an entry
+/// would match nothing); or `*`.
+fn cors_origin(o: &str) -> Result<(), &'static str> {
+    if o == "*" {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return Err("is not an origin: give scheme://host[:port], e.g. https://app.example.com");
+    };
+    if !matches!(scheme, "http" | "https") {
+        return Err("is not an http or https origin");
+    }
+    if rest.is_empty() || rest.contains(['/', '?', '#', ' ']) {
+        return Err(
+            "has a path or nothing after the scheme: an origin is scheme://host[:port] alone",
+        );
+    }
+    Ok(())
+}
+
 /// Defaults, then whatever the sections set.
 pub(crate) fn gateway_config(
     router: &RouterSection,
@@ -60,6 +81,19 @@ pub(crate) fn gateway_config(
             )));
         }
         g.session_header = h.to_ascii_lowercase();
+    }
+    if let Some(origins) = &router.cors_origins {
+        for o in origins {
+            cors_origin(o)
+                .map_err(|why| ConfigError(format!("router.cors_origins: {o:?} {why}")))?;
+        }
+        if origins.len() > 1 && origins.iter().any(|o| o == "*") {
+            return Err(ConfigError(
+                "router.cors_origins: `*` allows every origin; give it alone or list origins"
+                    .into(),
+            ));
+        }
+        g.cors_origins = origins.clone();
     }
     if let Some(n) = router.body_limit {
         g.body_limit = nonzero("router.body_limit", n)?;

@@ -17,6 +17,7 @@ pub mod affinity;
 pub mod auth;
 pub mod breaker;
 mod convo;
+mod cors;
 mod endpoints;
 mod error;
 mod info;
@@ -67,6 +68,9 @@ pub struct GatewayConfig {
     /// The header that names a conversation for session affinity
     /// (lowercase; the body's `user` when absent).
     pub session_header: String,
+    /// Origins whose web pages may call the API from a browser (`*`: any);
+    /// empty, no CORS headers are sent and preflights are not answered.
+    pub cors_origins: Vec<String>,
     /// Other endpoints tried after a failure before the first byte (and
     /// after a plain answer broke off mid-body).
     pub retries: u32,
@@ -105,6 +109,7 @@ impl Default for GatewayConfig {
             endpoints: Vec::new(),
             body_limit: 8 * 1024 * 1024,
             session_header: "x-session-id".into(),
+            cors_origins: Vec::new(),
             retries: 2,
             migration_limit: 3,
             breaker: BreakerConfig::default(),
@@ -265,7 +270,8 @@ impl Gateway {
 /// envelope, a path or a method it does not have included: an SDK then
 /// raises its own error with the reason rather than a bare status.
 pub fn client_app(gw: Arc<Gateway>) -> Router {
-    Router::new()
+    let cors = !gw.config.cors_origins.is_empty();
+    let app = Router::new()
         .route("/v1/chat/completions", api(post(proxy::handle)))
         .route("/v1/completions", api(post(proxy::handle)))
         .route("/v1/embeddings", api(post(proxy::handle)))
@@ -291,8 +297,17 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .merge(convo::memory_routes())
         .merge(convo::mcp_routes())
         .route("/health", get(|| async { "ok" }))
-        .route("/ready", get(info::ready))
-        .with_state(gw)
+        .route("/ready", get(info::ready));
+    // Off by default: a request's path then meets no layer of it.
+    let app = if cors {
+        app.layer(axum::middleware::from_fn_with_state(
+            gw.clone(),
+            cors::layer,
+        ))
+    } else {
+        app
+    };
+    app.with_state(gw)
 }
 
 /// An API route that answers a method it does not take in the envelope.

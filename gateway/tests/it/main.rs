@@ -1234,6 +1234,77 @@ async fn one_clients_bad_request_retried_does_not_take_the_model_from_everyone()
 }
 
 #[tokio::test]
+async fn a_listed_origins_page_may_call_the_api_from_a_browser() {
+    let engine = picky_engine().await;
+    let with = |origins: &[&str]| {
+        support::gateway_with(GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            cors_origins: origins.iter().map(|o| (*o).to_owned()).collect(),
+            ..GatewayConfig::default()
+        })
+    };
+    let client = reqwest::Client::new();
+    let app = "https://app.example.com";
+    let preflight = |base: &str, origin: &str| {
+        client
+            .request(
+                reqwest::Method::OPTIONS,
+                format!("{base}/v1/chat/completions"),
+            )
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    let post = |base: &str, origin: &str| {
+        client
+            .post(format!("{base}/v1/chat/completions"))
+            .header("origin", origin)
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+
+    let listed = with(&[app]).await;
+    let r = preflight(&listed.base, app).await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["access-control-allow-origin"], app);
+    assert_eq!(
+        r.headers()["access-control-allow-headers"],
+        "authorization, content-type"
+    );
+    assert!(
+        r.headers()
+            .get("access-control-allow-credentials")
+            .is_none()
+    );
+    let r = post(&listed.base, app).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], app);
+    assert_eq!(r.headers()["vary"], "origin");
+    // Another origin is not told it may read: the browser keeps the answer
+    // from its page.
+    let r = preflight(&listed.base, "https://evil.example")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+
+    let any = with(&["*"]).await;
+    let r = post(&any.base, "https://anywhere.example").await.unwrap();
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+
+    // Off (the default): no header, and a preflight is a method the API
+    // does not take.
+    let off = with(&[]).await;
+    let r = preflight(&off.base, app).await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}
+
+#[tokio::test]
 async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live_state() {
     use llmgw_domain::Event;
     use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile};

@@ -1,0 +1,83 @@
+//! Cross-origin requests (CORS), when `router.cors_origins` names any: a
+//! web page on one of those origins may call the API from a browser with
+//! its own key. Browsers ask first (a preflight `OPTIONS` naming the
+//! method and headers it will send); the answer says yes for the origins
+//! listed, and each answer then carries the origin it may be read by.
+//! No credentials are allowed: the API takes keys in a header, and the
+//! session cookie of the chat page stays its own origin's.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::Gateway;
+
+/// What a page's script may read of an answer beside the simple headers.
+const EXPOSED: HeaderValue =
+    HeaderValue::from_static("x-request-id, retry-after, x-llmgw-served-model");
+const METHODS: HeaderValue = HeaderValue::from_static("GET, POST, DELETE, OPTIONS");
+/// How long a browser may keep a preflight's yes: ten minutes.
+const MAX_AGE: HeaderValue = HeaderValue::from_static("600");
+
+pub(crate) async fn layer(
+    State(gw): State<Arc<Gateway>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let origins = &gw.config.cors_origins;
+    let any = origins.iter().any(|o| o == "*");
+    let Some(origin) = request
+        .headers()
+        .get(header::ORIGIN)
+        .filter(|o| {
+            any || origins
+                .iter()
+                .any(|allowed| o.as_bytes() == allowed.as_bytes())
+        })
+        .cloned()
+    else {
+        // Not a browser's cross-origin call, or an origin not listed: as
+        // if CORS were off (the browser then keeps the answer from the
+        // page).
+        return next.run(request).await;
+    };
+    let preflight = request.method() == Method::OPTIONS
+        && request
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut response = if preflight {
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        let h = r.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, METHODS);
+        // The headers the page will send (its key's Authorization,
+        // Content-Type, an SDK's own): whatever it names, as a key in a
+        // header is what the API expects.
+        if let Some(asked) = request
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        {
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
+        }
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, MAX_AGE);
+        r
+    } else {
+        next.run(request).await
+    };
+    let h = response.headers_mut();
+    if any {
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+    } else {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        // The answer differs by origin: a cache must not give one
+        // origin's to another.
+        h.append(header::VARY, HeaderValue::from_static("origin"));
+    }
+    h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, EXPOSED);
+    response
+}
