@@ -141,6 +141,15 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     } else {
         a.endpoints
     };
+    // An id names one endpoint in metrics, logs and breakers: two of one
+    // name would be told apart nowhere.
+    let mut ids = std::collections::BTreeSet::new();
+    if let Some(twice) = endpoints.iter().find(|e| !ids.insert(e.id.as_str())) {
+        return Err(ConfigError(format!(
+            "endpoints: the id {} is given twice; give each endpoint its own",
+            twice.id
+        )));
+    }
     let agent_listen = a
         .agent_listen
         .or(addr("agent_listen", file.agent_listen.clone())?);
@@ -304,6 +313,11 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             dir.display()
         )));
     }
+    // What lies at the path must be a SQLite file if anything is: said
+    // now (and by --check), not as "file is not a database" at the start.
+    if let llmgw_eventstore::StoreAddress::Sqlite(path) = &address {
+        not_sqlite(path).map_err(|why| ConfigError(format!("store: {why}")))?;
+    }
     let shutdown_grace = match a.shutdown_grace.as_ref().or(file.shutdown_grace.as_ref()) {
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
@@ -328,19 +342,27 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             "connections.max.metrics applies only with a metrics listener: set metrics_listen or remove it".into(),
         ));
     }
+    let client = a
+        .listen
+        .or(addr("listen", file.listen)?)
+        .unwrap_or_else(|| ([0, 0, 0, 0], 8080).into());
+    let admin = a
+        .admin_listen
+        .or(addr("admin_listen", file.admin_listen)?)
+        .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into());
+    distinct_listeners(&[
+        ("listen", Some(client)),
+        ("admin_listen", Some(admin)),
+        ("metrics_listen", metrics),
+        ("agent_listen", control.is_some().then_some(agent)),
+    ])?;
     Ok(crate::serve::Plan {
         store,
         store_named,
         listen: crate::serve::Listen {
-            client: a
-                .listen
-                .or(addr("listen", file.listen)?)
-                .unwrap_or_else(|| ([0, 0, 0, 0], 8080).into()),
+            client,
             client_tls,
-            admin: a
-                .admin_listen
-                .or(addr("admin_listen", file.admin_listen)?)
-                .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into()),
+            admin,
             metrics,
             agent,
             agent_tls,
@@ -355,6 +377,55 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         shutdown_grace,
         convo: crate::convo_settings::convo_plan(&file.conversations, file.threads.as_ref(), auth)?,
     })
+}
+
+/// Two listeners on one port (the same address, or one of them on every
+/// interface) cannot both bind: said by name now, where the start said
+/// only "Address already in use". Port 0 (any free port) never clashes.
+fn distinct_listeners(all: &[(&str, Option<SocketAddr>)]) -> Result<(), ConfigError> {
+    let given: Vec<(&str, SocketAddr)> = all
+        .iter()
+        .filter_map(|(name, a)| a.map(|a| (*name, a)))
+        .filter(|(_, a)| a.port() != 0)
+        .collect();
+    for (i, (first, a)) in given.iter().enumerate() {
+        for (second, b) in &given[i + 1..] {
+            let overlap = a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified();
+            if a.port() == b.port() && overlap {
+                return Err(ConfigError(format!(
+                    "{first} {a} and {second} {b} take the same port; give each listener its own"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why `path` cannot be the log's SQLite file, if it cannot: a directory,
+/// or a file that is neither empty nor a SQLite database. Nothing there
+/// is fine (the server makes it).
+fn not_sqlite(path: &std::path::Path) -> Result<(), String> {
+    use std::io::Read;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    if meta.is_dir() {
+        return Err(format!(
+            "{} is a directory, not a SQLite file",
+            path.display()
+        ));
+    }
+    let mut head = [0u8; 16];
+    let read = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if read == 0 || head == *b"SQLite format 3\0" {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is not a SQLite database (another program's file?)",
+        path.display()
+    ))
 }
 
 /// Where agents dial in. Without `tls:` nothing identifies an agent: any

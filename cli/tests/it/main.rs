@@ -2156,6 +2156,10 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
     let key_file = dir.path().join("signing.key");
     std::fs::write(&key_file, llmgw_eventstore::signing::generate().unwrap()).unwrap();
     let key_file = key_file.display().to_string();
+    let not_a_log = dir.path().join("notes.txt");
+    std::fs::write(&not_a_log, "shopping list").unwrap();
+    let not_a_log = not_a_log.display().to_string();
+    let a_dir = dir.path().display().to_string();
     // The server on `text` with `env` and `extra` flags (`--check`).
     let run = |text: &str, env: &[(&str, &str)], extra: &[&str]| {
         let f = dir.path().join("s.yaml");
@@ -2291,6 +2295,43 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             good.clone(),
             vec![("LLMGW_STORE", "sqlite:///no/such/dir/llmgw.db")],
             "store: /no/such/dir is not a directory",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_STORE", not_a_log.as_str())],
+            "is not a SQLite database",
+        ),
+        (
+            good.clone(),
+            vec![("LLMGW_STORE", a_dir.as_str())],
+            "is a directory, not a SQLite file",
+        ),
+        // Two listeners on one port, and one endpoint id twice: said by
+        // name, not found as "Address already in use" at the start.
+        (
+            good.clone(),
+            vec![
+                ("LLMGW_LISTEN", "127.0.0.1:18181"),
+                ("LLMGW_ADMIN_LISTEN", "127.0.0.1:18181"),
+            ],
+            "listen 127.0.0.1:18181 and admin_listen 127.0.0.1:18181 take the same port",
+        ),
+        (
+            good.clone(),
+            vec![(
+                "LLMGW_ENDPOINTS",
+                "e1=http://127.0.0.1:9=m e1=http://127.0.0.1:10=m",
+            )],
+            "the id e1 is given twice",
+        ),
+        // An origin with a path never matches a browser's Origin.
+        (
+            good.clone(),
+            vec![(
+                "LLMGW_ROUTER__CORS_ORIGINS",
+                "[\"https://app.example.com/\"]",
+            )],
+            "router.cors_origins: \"https://app.example.com/\" has a path",
         ),
         (
             good.clone(),
