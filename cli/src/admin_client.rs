@@ -79,6 +79,20 @@ async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
     }
 }
 
+/// Whether `address` holds an llmgw log, of whatever schema: its lease
+/// row reads.
+async fn is_older_log(address: &llmgw_eventstore::StoreAddress) -> bool {
+    use llmgw_eventstore::EventStore;
+    let options = llmgw_eventstore::OpenOptions {
+        schema: llmgw_eventstore::Schema::Unchecked,
+        ..llmgw_eventstore::OpenOptions::reading()
+    };
+    match llmgw_eventstore::AnyStore::open(address, options).await {
+        Ok(store) => store.lease_info().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
 /// An admin API's address as `--admin` takes it: http(s)://HOST:PORT.
 /// A malformed one is a usage error, not a server that cannot be reached.
 pub(crate) fn admin_url(s: &str) -> Result<String, String> {
@@ -116,10 +130,16 @@ async fn local(
                 "there is no log at {address}: no such file; `llmgw keys init` or `llmgw users add` starts one"
             )
         }
-        Err(llmgw_eventstore::StoreError::NotMigrated { address }) => {
-            bail!(
-                "{address} holds no llmgw log; `llmgw keys init` or `llmgw users add` starts one there"
-            )
+        // A log of an older schema (after an upgrade) is brought up to
+        // date, as a server would; anything else is not a log.
+        Err(llmgw_eventstore::StoreError::NotMigrated { address: said }) => {
+            if !is_older_log(&address).await {
+                bail!(
+                    "{said} holds no llmgw log; `llmgw keys init` or `llmgw users add` starts one there"
+                )
+            }
+            llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
+                .await?
         }
         opened => opened?,
     };
@@ -324,7 +344,7 @@ impl Api {
             {
                 if *offline {
                     bail!(
-                        "{why}; --offline writes only while no server holds the lease: leave it out to go through {admin}"
+                        "{why}; --offline writes only while no server holds the lease: leave it out, and the command goes to the leader (at --admin {admin} when a server answers there, else at the admin address the leader recorded)"
                     );
                 }
                 bail!(

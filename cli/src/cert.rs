@@ -253,8 +253,14 @@ pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let (_, pem) = x509_parser::pem::parse_x509_pem(&pem)
                 .map_err(|e| anyhow::anyhow!("{} is not a PEM certificate: {e}", file.display()))?;
-            let cert = pem.parse_x509().map_err(|e| {
-                anyhow::anyhow!("{} holds no readable certificate: {e}", file.display())
+            // x509-parser's error is a debug structure: the PEM's label
+            // says what the file holds instead (a key, most often).
+            let cert = pem.parse_x509().map_err(|_| {
+                anyhow::anyhow!(
+                    "{} holds no certificate (its PEM block is a {:?})",
+                    file.display(),
+                    pem.label
+                )
             })?;
             let names: Vec<String> = match cert.subject_alternative_name() {
                 Ok(Some(san)) => san.value.general_names.iter().map(general_name).collect(),

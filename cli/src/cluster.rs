@@ -514,19 +514,20 @@ pub(crate) async fn run(
             let source_q = source
                 .as_ref()
                 .map_or(String::new(), |s| format!("&source={}", q(s)));
-            let path = format!("/api/v1/logs?node={}&lines={lines}{source_q}", q(&node));
             if follow {
                 drop(out);
-                // After the first look, each asks for as much as an agent
-                // keeps, so that what was written between looks is all
-                // there to print, not only the last --lines of it.
-                let later = format!(
+                // Every look asks for as much as an agent keeps, so that
+                // what was written between looks is all there to print,
+                // not only the last --lines of it; the first prints its
+                // last --lines.
+                let path = format!(
                     "/api/v1/logs?node={}&lines={FOLLOW_WINDOW}{source_q}",
                     q(&node)
                 );
-                let paths = [path.as_str(), later.as_str()];
-                return follow_logs(&a, paths, json, interval(interval_s)?).await;
+                let shown = usize::try_from(lines).unwrap_or(usize::MAX);
+                return follow_logs(&a, &path, shown, json, interval(interval_s)?).await;
             }
+            let path = format!("/api/v1/logs?node={}&lines={lines}{source_q}", q(&node));
             let l: api::Logs = a.get(&path).await?;
             if json {
                 json_line(&mut out, &l)?;
@@ -761,27 +762,32 @@ pub(crate) fn new_lines<'a>(prev: &[String], now: &'a [String]) -> &'a [String] 
     &now[shared..]
 }
 
-/// What each look after the first asks for: as many lines as an agent
-/// keeps of a log.
+/// What each look asks for: as many lines as an agent keeps of a log.
 const FOLLOW_WINDOW: usize = 2000;
 
-/// Prints a log's last lines (the first of `paths`), then the lines
-/// written since, every look (the second); with `json`, each as
-/// `{"line": …}` on a line of its own. When a look shares no line with
-/// the one before and is full, more was written between them than it
-/// holds: that is said where lines are missing.
+/// Prints a log's last `shown` lines, then the lines written since,
+/// every look; with `json`, each as `{"line": …}` on a line of its own.
+/// Each look is as much as the agent keeps (`path` asks for it), so two
+/// looks overlap wherever fewer lines than that came between them; when a
+/// full look shares no line with the one before, more was written than it
+/// holds, and that is said where lines are missing.
 async fn follow_logs(
     a: &Admin,
-    [path, later]: [&str; 2],
+    path: &str,
+    shown: usize,
     json: bool,
     every: std::time::Duration,
 ) -> anyhow::Result<Outcome> {
     let mut prev: Vec<String> = Vec::new();
     let mut first = true;
     loop {
-        match a.get::<api::Logs>(if first { path } else { later }).await {
+        match a.get::<api::Logs>(path).await {
             Ok(l) => {
-                let fresh = new_lines(&prev, &l.lines);
+                let fresh = if first {
+                    &l.lines[l.lines.len().saturating_sub(shown)..]
+                } else {
+                    new_lines(&prev, &l.lines)
+                };
                 let mut out = std::io::stdout().lock();
                 if !prev.is_empty() && fresh.len() == l.lines.len() && fresh.len() >= FOLLOW_WINDOW
                 {

@@ -268,6 +268,11 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
             limit,
             json,
         } => {
+            if follow && store.is_snapshot() {
+                anyhow::bail!(
+                    "{address}: its directory cannot be written here, so the log is read as it is now, without a writer's newest events: --follow would wait for nothing. Run it as a user who may write the directory, or leave --follow out"
+                );
+            }
             let filter = filter::Filter { types, actor };
             tail(&store, follow, from, limit, json, &filter).await
         }

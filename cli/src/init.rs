@@ -83,10 +83,13 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
     if let Some(g) = &given {
         let address =
             llmgw_eventstore::StoreAddress::parse(g).with_context(|| format!("--store {store}"))?;
-        // A SQLite file is made where its directory is.
+        // A SQLite file is made where its directory is (the directories
+        // this makes count as there).
         if let llmgw_eventstore::StoreAddress::Sqlite(path) = &address
             && let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
             && !parent.is_dir()
+            && !parent.starts_with(&a.state_dir)
+            && !parent.starts_with(&a.dir)
         {
             bail!(
                 "--store {store}: there is no directory {}",

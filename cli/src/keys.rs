@@ -79,7 +79,8 @@ pub(crate) enum KeysCommand {
         /// The project the key belongs to (`keys init` makes one).
         #[arg(long)]
         project: String,
-        /// Unique among the project's live keys made by operators.
+        /// Unique among the live keys of the project that one holder has
+        /// (the operators', or --owner's).
         #[arg(long)]
         name: String,
         /// bronze, silver, gold or platinum.

@@ -69,20 +69,34 @@ impl ControlConfig {
             drain_grace_ms: ms(self.drain_grace),
             anchor_every_events: self.anchors.every_events,
             anchor_every_ms: self.anchors.every.map(ms),
+            // Addresses without the credentials one may carry: the log
+            // keeps them for good, and exports and `events tail` show it.
             engines: self
                 .engines
                 .iter()
                 .map(|e| {
                     let source = if e.source.is_empty() {
-                        "github"
+                        "github".to_owned()
                     } else {
-                        &e.source
+                        without_credentials(&e.source)
                     };
                     format!("{}@{} ({source})", e.engine, e.version)
                 })
                 .collect(),
-            mirror_url: self.mirror_url.clone(),
+            mirror_url: self.mirror_url.as_deref().map(without_credentials),
         }
+    }
+}
+
+/// `scheme://user:password@host/…` as `scheme://host/…`; other text as is.
+fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
     }
 }
 
@@ -110,5 +124,16 @@ impl Default for ControlConfig {
             mirror_url: None,
             engines: Vec::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_address_is_recorded_without_its_credentials() {
+        let cut = super::without_credentials;
+        assert_eq!(cut("http://u:p@mirror:8090/x"), "http://mirror:8090/x");
+        assert_eq!(cut("https://mirror/a@b"), "https://mirror/a@b");
+        assert_eq!(cut("github"), "github");
     }
 }

@@ -112,8 +112,13 @@ impl ControlPlane {
                     if !std::mem::replace(&mut compared, true) {
                         self.compare_file_with_catalog();
                     }
-                    if holder != self.config.instance && weighed.replace(epoch) != Some(epoch) {
-                        self.compare_settings_with_leader(&holder, epoch).await;
+                    // Once per leader, once its settings are in the log (a
+                    // leader taking office this moment records them next).
+                    if holder != self.config.instance
+                        && weighed != Some(epoch)
+                        && self.compare_settings_with_leader(&holder, epoch).await
+                    {
+                        weighed = Some(epoch);
                     }
                     self.wait_for_lease().await;
                     continue;
@@ -215,13 +220,14 @@ impl ControlPlane {
     /// so a standby says so as it stands by, naming each setting, as it
     /// does for models. From the leader's `LeadershipAcquired`; older logs
     /// recorded none, and then nothing is said.
-    async fn compare_settings_with_leader(&self, leader: &str, epoch: u64) {
+    /// Whether the leader's settings were found (and so compared).
+    async fn compare_settings_with_leader(&self, leader: &str, epoch: u64) -> bool {
         let theirs = match self.recorded_settings(epoch).await {
             Ok(Some(s)) => s,
-            Ok(None) => return,
+            Ok(None) => return false,
             Err(e) => {
                 tracing::debug!(error = %e, "could not read the leader's settings to compare");
-                return;
+                return false;
             }
         };
         let differ = settings_differ(&self.config.settings(), &theirs);
@@ -232,6 +238,7 @@ impl ControlPlane {
                 "this server's control settings differ from the leader's: they will change when this server takes office; keep every server's settings alike"
             );
         }
+        true
     }
 
     async fn recorded_settings(
@@ -241,7 +248,6 @@ impl ControlPlane {
         use llmgw_domain::Event;
         use llmgw_domain::event::LeadershipEvent;
         let mut after = 0;
-        let mut found = None;
         loop {
             let page = self.store.read_stream("leadership", after, 500).await?;
             let Some(last) = page.last() else { break };
@@ -254,11 +260,12 @@ impl ControlPlane {
                 })) = Event::decode(&r.event_type, r.schema_version, &r.payload)
                     && e == epoch
                 {
-                    found = settings;
+                    // One per epoch: nothing after it is asked for.
+                    return Ok(settings);
                 }
             }
         }
-        Ok(found)
+        Ok(None)
     }
 
     /// Until the next attempt at the lease: its poll, or sooner when an

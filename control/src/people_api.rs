@@ -167,14 +167,17 @@ async fn suspend(
     Path(id): Path<String>,
 ) -> Result<api::Changed> {
     let by = origin(&headers).actor.name().to_owned();
-    let done = format!("{id} is suspended; their keys work until revoked");
+    let done = format!("{id} is suspended");
     let c = T::Suspend {
         user_id: id.clone(),
         by,
     };
-    let changed = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
+    let Json(mut changed) = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
     s.people.close_sessions(&id).await.map_err(internal)?;
-    Ok(changed)
+    if !changed.events.is_empty() {
+        changed.message.push_str("; their keys work until revoked");
+    }
+    Ok(Json(changed))
 }
 
 async fn promote(

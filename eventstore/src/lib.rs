@@ -546,6 +546,13 @@ impl AnyStore {
             s.fold_wal().await;
         }
     }
+
+    /// Read as it was when opened, and never after: a SQLite file opened
+    /// `immutable` ([`OpenOptions::read_only`] where its directory cannot
+    /// be written). A follower of it would wait for events it cannot see.
+    pub fn is_snapshot(&self) -> bool {
+        matches!(self, AnyStore::Sqlite(s) if s.is_snapshot())
+    }
 }
 
 macro_rules! delegate {

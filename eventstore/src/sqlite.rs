@@ -48,6 +48,8 @@ pub struct SqliteStore {
     queue: Arc<Queue>,
     /// The head as this store's group writer last left it.
     head: Arc<Head>,
+    /// Opened `immutable`: see [`crate::AnyStore::is_snapshot`].
+    snapshot: bool,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -163,9 +165,10 @@ impl SqliteStore {
         }
         // A WAL file read where its shared-memory file cannot be made (a
         // read-only directory, another user's) opens only as immutable:
-        // safe while no write-ahead log beside it holds events the file
-        // lacks, and then nobody writes it either.
-        if options.read_only && !wal_beside(path) && !reads_read_only(path).await {
+        // safe while nothing lies beside it (no writer at work, no events
+        // the file lacks); it is then read as it is now (`is_snapshot`).
+        let snapshot = options.read_only && !wal_beside(path) && !reads_read_only(path).await;
+        if snapshot {
             connect = connect.immutable(true);
         }
         let connect_err = |source| StoreError::Connect {
@@ -208,6 +211,7 @@ impl SqliteStore {
             appended: signal_for(path),
             queue: Arc::default(),
             head: Arc::default(),
+            snapshot,
         };
         match options.schema {
             Schema::Migrate => {
@@ -222,6 +226,11 @@ impl SqliteStore {
     /// The groups this store (and its clones) has written so far.
     pub fn group_stats(&self) -> crate::GroupStats {
         self.queue.stats()
+    }
+
+    /// See [`crate::AnyStore::is_snapshot`].
+    pub fn is_snapshot(&self) -> bool {
+        self.snapshot
     }
 
     /// The writer pool, for tests and tools that inspect the tables directly.
@@ -260,11 +269,15 @@ impl SqliteStore {
     }
 }
 
-/// Whether a write-ahead log with anything in it lies beside `path`.
+/// Whether a write-ahead log or its shared memory lies beside `path`: a
+/// writer may be at work, or have left events the file lacks. Only a
+/// file alone (a clean stop folds and removes both) is read immutable.
 fn wal_beside(path: &std::path::Path) -> bool {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    std::fs::metadata(wal).is_ok_and(|m| m.len() > 0)
+    ["-wal", "-shm"].iter().any(|end| {
+        let mut beside = path.as_os_str().to_owned();
+        beside.push(end);
+        std::path::Path::new(&beside).exists()
+    })
 }
 
 /// Whether `path` can be read with `mode=ro` as it lies: a WAL file needs

@@ -478,7 +478,10 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
         assert!(!out.status.success(), "{extra:?}");
         assert!(!etc.exists() && !state.exists(), "{extra:?} wrote files");
     }
-    let first = init(&[]);
+    // A store in the state directory this makes, named: fine on a fresh
+    // machine (it is the default's place too).
+    let in_state = format!("sqlite://{}", state.join("llmgw.db").display());
+    let first = init(&["--store", &in_state]);
     let password = first
         .lines()
         .find_map(|l| l.strip_prefix("admin password (shown only now): "))

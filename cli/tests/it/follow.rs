@@ -125,9 +125,24 @@ async fn replicas_watch_and_logs_follow_print_changes_as_they_happen() {
     }
     let mut missing: std::collections::BTreeSet<String> =
         (1..=6).map(|i| format!("burst-{i}")).collect();
+    let mut printed = Vec::new();
     while !missing.is_empty() {
-        let line = Child::expect(&short.stdout, "burst-");
+        let line = Child::expect(&short.stdout, "");
         missing.retain(|id| !line.contains(id.as_str()));
+        printed.push(line);
+    }
+    // Only what came after the first look: the history before it (the
+    // engine's start, the earlier requests) is not printed again.
+    assert!(
+        printed
+            .iter()
+            .all(|l| !l.contains("listening on") && !l.contains("follow-me-")),
+        "{printed:#?}"
+    );
+    for i in 1..=6 {
+        let id = format!("burst-{i}");
+        let times = printed.iter().filter(|l| l.contains(&id)).count();
+        assert_eq!(times, 1, "{id}: {printed:#?}");
     }
 
     // With --json, each line is a JSON document of its own.

@@ -3,8 +3,8 @@
 //! `router.response_timeout` included) is retried on another endpoint (and
 //! counted by its breaker: a server error the engine answers when another
 //! endpoint serves the request, or once per request when none does, and a
-//! 503 not at all; when none serves, the engine's error is the client's
-//! answer), and so is a plain answer that breaks off
+//! busy 503 not at all; when none serves, the engine's error is the
+//! client's answer), and so is a plain answer that breaks off
 //! mid-body (the client has nothing of it yet); a stream that breaks after
 //! its first byte is continued on another replica ([`super::relay`]). A
 //! model with no capacity at all passes the request to the next model of
@@ -69,8 +69,9 @@ pub(crate) async fn forward(
         }
     }
     Err(match failed {
-        // The client is told no more than that: an endpoint's id (a
-        // replica's, or the operator's label) and its errors are internals.
+        // An endpoint's id (a replica's, or the operator's label) and why
+        // it could not be reached are internals; what an engine answered
+        // about the request is the client's, as its 4xx are.
         Some(last) => {
             tracing::warn!(model = %plan.asked, last = %last.why, "no endpoint answered");
             if let Some(said) = last.answer {
@@ -125,6 +126,11 @@ struct EngineError {
 }
 
 impl EngineError {
+    /// The engine says it is full for now, and when to come back.
+    fn busy(&self) -> bool {
+        self.status == axum::http::StatusCode::SERVICE_UNAVAILABLE && self.retry_after.is_some()
+    }
+
     /// The message of an OpenAI-shaped error body (`error.message`), a
     /// FastAPI one (`detail`), or its first line of text; cut to a line's
     /// worth, and nothing of an HTML page.
@@ -174,9 +180,10 @@ async fn attempt(
 ) -> Result<Response, Option<Failure>> {
     let mut tried: Vec<String> = Vec::new();
     let mut last_error: Option<Failure> = None;
-    // The last server error an engine answered, relayed when no endpoint
-    // serves the request; and the endpoints that answered one (not a
-    // busy 503), counted against their breakers once the outcome is known.
+    // The server error the last endpoint answered, relayed when no
+    // endpoint serves the request; and the endpoints that answered one
+    // (not a busy 503), counted against their breakers once the outcome
+    // is known.
     let mut answer: Option<EngineError> = None;
     let mut erred: Vec<Arc<crate::Endpoint>> = Vec::new();
     // The engine logs the client's id, so one grep follows a request.
@@ -248,11 +255,13 @@ async fn attempt(
             Ok(a) => a,
             Err(mut failure) => {
                 let again = !failure.timed_out || request.stream;
-                if let Some(said) = failure.answer.take() {
-                    if said.status != axum::http::StatusCode::SERVICE_UNAVAILABLE {
-                        erred.push(endpoint.clone());
-                    }
-                    answer = Some(said);
+                // The last failure's own answer, if it was one: an earlier
+                // engine's error does not stand for a later timeout.
+                answer = failure.answer.take();
+                if let Some(said) = &answer
+                    && !said.busy()
+                {
+                    erred.push(endpoint.clone());
                 }
                 last_error = Some(failure);
                 if again {
@@ -368,9 +377,10 @@ async fn exchange(
             .await
         {
             // Counted in `attempt`, once the request's outcome is known;
-            // never when the engine says it is busy (503): a full engine
-            // is not a broken one, and the client is told to come back
-            // when it says.
+            // never when the engine says it is busy (503 with when to come
+            // back): a full engine is not a broken one, and the client is
+            // told to come back when it says. A bare 503 (a proxy with no
+            // engine behind it) counts as any server error.
             Ok(r) if r.status().is_server_error() => {
                 let status = r.status();
                 let (head, body) = r.into_parts();
