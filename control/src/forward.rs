@@ -202,14 +202,22 @@ pub async fn forward_writes(
     };
     let rebuild = || Request::from_parts(parts.clone(), Body::from(body.clone()));
     if reading {
-        // One try at the leader; this server's own answer otherwise.
+        // One try at the leader; this server's own answer otherwise (and
+        // at once should this server take office meanwhile: the leader
+        // asked stopped answering).
         if let Ok(Some((holder, url))) = cp.leader_admin().await
             && holder != cp.config.instance
-            && let Ok(r) = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await
-            && r.status() != StatusCode::LOCKED
-            && r.status() != StatusCode::LOOP_DETECTED
         {
-            return r;
+            let asked = tokio::select! {
+                r = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()) => r.ok(),
+                () = taking_office(&cp) => None,
+            };
+            if let Some(r) = asked
+                && r.status() != StatusCode::LOCKED
+                && r.status() != StatusCode::LOOP_DETECTED
+            {
+                return r;
+            }
         }
         return next.run(rebuild()).await;
     }
@@ -225,7 +233,40 @@ pub async fn forward_writes(
         }
         match cp.leader_admin().await {
             Ok(Some((holder, url))) if holder != cp.config.instance => {
-                match forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()).await {
+                // Where the log stood when the command went: what the
+                // leader decides of it lies after.
+                let since = cp.store.head().await.ok().map(|(p, _)| p);
+                let sent = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone());
+                // A leader that hangs mid-command loses its lease, and this
+                // server may take office meanwhile: then the log says
+                // whether the command was decided, at once, where the
+                // forward waited out its 30 s and said "perhaps".
+                let answered = tokio::select! {
+                    r = sent => Some(r),
+                    () = taking_office(&cp) => None,
+                };
+                let Some(answered) = answered else {
+                    return match decided_since(&cp, &parts, since).await {
+                        // Never decided, and never will be there: the old
+                        // leader is fenced. This server decides it now.
+                        Ok(None) => next.run(rebuild()).await,
+                        Ok(Some(at)) => AdminError(
+                            StatusCode::BAD_GATEWAY,
+                            format!(
+                                "the leader {holder} stopped answering and this server took office; {holder} had decided the command (position {at}) before it stopped, but its answer is lost: `llmgw events show {at}` tells what it did; do not send it again"
+                            ),
+                        )
+                        .into_response(),
+                        Err(why) => AdminError(
+                            StatusCode::BAD_GATEWAY,
+                            format!(
+                                "the leader {holder} stopped answering and this server took office; whether {holder} decided the command first is not known ({why}): check `llmgw events tail` before sending it again"
+                            ),
+                        )
+                        .into_response(),
+                    };
+                };
+                match answered {
                     // Not decided there: that server does not lead (yet,
                     // or any more). Asked again, until the deadline.
                     Ok(r) if r.status() == StatusCode::LOCKED => {
@@ -269,6 +310,48 @@ pub async fn forward_writes(
         None => return next.run(rebuild()).await,
     };
     AdminError(StatusCode::SERVICE_UNAVAILABLE, said).into_response()
+}
+
+/// Until this server leads.
+async fn taking_office(cp: &ControlPlane) {
+    let mut leadership = cp.leadership();
+    while !cp.is_leader() {
+        if leadership.changed().await.is_err() {
+            // The control plane is going away: no office to take.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Where the command sent on was decided after `since`, by the events its
+/// id marks, if it was: read once this server leads, when the old leader
+/// can append nothing more. A command that came without an id cannot be
+/// found.
+async fn decided_since(
+    cp: &ControlPlane,
+    parts: &axum::http::request::Parts,
+    since: Option<u64>,
+) -> Result<Option<u64>, String> {
+    let id = parts
+        .headers
+        .get(api::COMMAND_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or("the command came without an id")?;
+    let mut after = since.ok_or("the log's head could not be read when it was sent")?;
+    loop {
+        let page = cp
+            .store
+            .read_all_raw(after, 1000)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(last) = page.last() else {
+            return Ok(None);
+        };
+        after = last.position;
+        if let Some(e) = page.iter().find(|e| e.metadata["command_id"] == id) {
+            return Ok(Some(e.position));
+        }
+    }
 }
 
 /// Why a command was not sent on (so that nothing was decided).

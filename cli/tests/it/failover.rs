@@ -242,10 +242,26 @@ async fn agents_follow_the_new_leader(stop: Stop, net: &str) {
                 .status();
         }
     }
+    // A command sent to the standby goes on to the frozen leader, which
+    // never answers; once the standby takes office, the log says it was
+    // not decided there, and the new leader decides it, at once (not
+    // after the forward's 30 s, as "may have been decided").
+    let forwarded = (stop == Stop::Freeze).then(|| {
+        let admin = second.admin.clone();
+        std::thread::spawn(move || super::cluster::ctl(&admin, &["cordon", "n1"]))
+    });
     until("the standby leads", || async {
         is_leader(&second.admin).await.then_some(())
     })
     .await;
+    if let Some(t) = forwarded {
+        let (ok, out, err) = t.join().unwrap();
+        assert!(ok, "{out}{err}");
+        assert!(!err.contains("may have been decided"), "{err}");
+        let nodes = get(format!("{}/api/v1/nodes", second.admin)).await;
+        let n1 = nodes.as_array().unwrap().iter().find(|n| n["id"] == "n1");
+        assert_eq!(n1.unwrap()["cordoned"], true, "{nodes}");
+    }
     until("every agent is on the new leader", || async {
         (connected_nodes(&second.admin).await.len() == 3).then_some(())
     })
