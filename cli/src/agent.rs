@@ -71,6 +71,14 @@ impl Discovery {
     /// Discovery's options, and the weights cache (which the caller
     /// scans: `run` makes it, `inventory` only reads it).
     pub(crate) fn options(self) -> (Options, PathBuf) {
+        // Said once, not refused: a mount may come after the agent starts,
+        // and its weights are found from then on.
+        for d in self.model_dirs.iter().filter(|d| !d.is_dir()) {
+            tracing::warn!(
+                dir = %d.display(),
+                "a model directory is not a directory here: no weights are found in it until it is"
+            );
+        }
         let options = Options {
             nvidia_smi: self.nvidia_smi,
             skip_gpus: self.skip_gpus.unwrap_or(false),

@@ -214,6 +214,16 @@ pub(crate) async fn run(admin: &str, json_out: bool, args: PlanArgs) -> anyhow::
                 .ok_or_else(|| bad(format!("--dtype {d:?}: use bf16, fp16, fp8, int8 or int4")))
         })
         .transpose()?;
+    // Said before the cluster is asked: a typo in --path is not a server
+    // that cannot be reached.
+    if let Some(p) = &args.path
+        && !p.is_dir()
+    {
+        return Err(bad(format!(
+            "--path {}: no such directory (give the model's directory, with its config.json)",
+            p.display()
+        )));
+    }
     let a = Admin::new(admin);
     let models: Vec<api::ModelRow> = a.get("/api/v1/models").await?;
     let row = models

@@ -186,6 +186,20 @@ async fn plan_sizes_a_model_against_the_fleets_gpu_classes_and_the_catalog() {
         "{err}"
     );
 
+    // A --path that is not there is said before the cluster is asked
+    // (here: at an address where nothing answers).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["ctl", "plan", "m", "--path", "/no/such/model", "--admin"])
+        .arg(format!("http://127.0.0.1:{}", super::cluster::free_port()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--path /no/such/model: no such directory"),
+        "{err}"
+    );
+
     // A model no class holds: exit 1, with every class saying so.
     let huge = dir.path().join("huge");
     write_model(&huge, 16384, 53248, 126, 128, 810_000_000_000);
