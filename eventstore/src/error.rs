@@ -102,6 +102,17 @@ pub enum StoreError {
         source: sqlx::Error,
     },
 
+    /// SQLite's file stayed locked by another process's write past the
+    /// wait (`busy_timeout`): a server, or another command, writing it.
+    #[error(
+        "the log is locked by another process writing it (a server, or another llmgw command) and stayed locked past the 5 s wait ({detail}); try again, or stop the other writer"
+    )]
+    Busy {
+        detail: String,
+        #[source]
+        source: sqlx::Error,
+    },
+
     #[error("database error: {0}")]
     Database(sqlx::Error),
 
@@ -124,9 +135,20 @@ impl From<sqlx::Error> for StoreError {
             },
             _ => None,
         };
-        match full {
-            Some(detail) => StoreError::Full { detail, source: e },
-            None => StoreError::Database(e),
+        // SQLITE_BUSY and its extended codes (BUSY_RECOVERY, _SNAPSHOT,
+        // _TIMEOUT), by SQLite's own numbers: PostgreSQL's are five
+        // characters and never these.
+        let busy = match &e {
+            sqlx::Error::Database(db) => {
+                matches!(db.code().as_deref(), Some("5" | "261" | "517" | "773"))
+                    .then(|| db.message().to_owned())
+            }
+            _ => None,
+        };
+        match (full, busy) {
+            (Some(detail), _) => StoreError::Full { detail, source: e },
+            (None, Some(detail)) => StoreError::Busy { detail, source: e },
+            (None, None) => StoreError::Database(e),
         }
     }
 }
@@ -136,6 +158,7 @@ impl StoreError {
     /// lost connections); false for refusals that a retry cannot change.
     pub fn is_transient(&self) -> bool {
         match self {
+            StoreError::Busy { .. } => true,
             StoreError::Database(e) => match e {
                 sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
                 sqlx::Error::Database(db) => {

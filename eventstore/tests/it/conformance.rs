@@ -961,3 +961,34 @@ async fn a_lease_under_ones_name_is_taken_back_only_at_ones_own_epoch(b: Backend
         3
     );
 }
+
+/// Another process holding SQLite's write lock past the wait is named as
+/// such, not as "database is locked", and counts as worth a retry.
+#[tokio::test]
+async fn a_sqlite_file_another_process_keeps_locked_is_said_to_be() {
+    use llmgw_eventstore::{EventStore, StoreError};
+    let t = TestStore::new(Backend::Sqlite).await;
+    let llmgw_eventstore::StoreAddress::Sqlite(path) = &t.address else {
+        unreachable!("a SQLite store")
+    };
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+    let mut other = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&options)
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let refused = t
+        .store
+        .acquire_lease("w", std::time::Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, StoreError::Busy { .. }), "{refused:?}");
+    assert!(
+        refused.to_string().contains("locked by another process"),
+        "{refused}"
+    );
+    assert!(refused.is_transient());
+    sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
+}
