@@ -15,15 +15,19 @@ pub struct ApiError {
     /// The request field at fault, when one is.
     pub param: Option<&'static str>,
     /// Seconds, sent as Retry-After.
-    pub retry_after: Option<u64>,
+    /// (u32: a day is 86,400; it keeps the error small.)
+    pub retry_after: Option<u32>,
     /// Sent as `x-should-retry: false`: OpenAI's SDKs otherwise retry
     /// every 429, and a spent budget does not come back in seconds.
     pub final_answer: bool,
+    /// Sent as `x-ratelimit-*`: the limit a 429 met, none of it left.
+    /// Boxed: only a 429 has it, and every other error stays small.
+    pub ratelimit: Option<Box<crate::limits::Headroom>>,
 }
 
 /// When to ask again for an on-demand model that was not ready: often
 /// enough to be served soon after it is, rarely enough not to pile up.
-const ON_DEMAND_RETRY_S: u64 = 10;
+const ON_DEMAND_RETRY_S: u32 = 10;
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -87,7 +91,7 @@ impl ApiError {
     /// Every endpoint tried answered a server error of its own (none
     /// served the request): the engine's status, what it said, and when
     /// it says to come back (a busy engine's 503).
-    pub fn engine_said(status: StatusCode, message: String, retry_after: Option<u64>) -> Self {
+    pub fn engine_said(status: StatusCode, message: String, retry_after: Option<u32>) -> Self {
         let code = if status == StatusCode::SERVICE_UNAVAILABLE {
             "engine_busy"
         } else {
@@ -159,7 +163,7 @@ impl ApiError {
     /// retries.
     pub fn no_capacity(model: &str, retry_after: std::time::Duration) -> Self {
         ApiError {
-            retry_after: Some(retry_after.as_secs().max(1)),
+            retry_after: Some(secs(retry_after)),
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",
@@ -221,6 +225,27 @@ impl ApiError {
             llmgw_domain::tenancy::Scope::Key => "",
             _ => " (all its keys together, at this gateway)",
         };
+        let none_left = crate::limits::Left {
+            limit: 0,
+            remaining: 0,
+            reset: refusal.wait,
+        };
+        let ratelimit = match refusal.exceeded {
+            Exceeded::Requests { rpm } => crate::limits::Headroom {
+                requests: Some(crate::limits::Left {
+                    limit: u64::from(rpm),
+                    ..none_left
+                }),
+                tokens: None,
+            },
+            Exceeded::Tokens { tpm } => crate::limits::Headroom {
+                requests: None,
+                tokens: Some(crate::limits::Left {
+                    limit: u64::from(tpm),
+                    ..none_left
+                }),
+            },
+        };
         let (kind, message) = match refusal.exceeded {
             Exceeded::Requests { rpm } => (
                 "requests",
@@ -236,7 +261,8 @@ impl ApiError {
             ),
         };
         ApiError {
-            retry_after: Some(refusal.wait.as_secs().max(1)),
+            retry_after: Some(secs(refusal.wait)),
+            ratelimit: Some(Box::new(ratelimit)),
             ..Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 kind,
@@ -330,8 +356,14 @@ impl ApiError {
             param: None,
             retry_after: None,
             final_answer: false,
+            ratelimit: None,
         }
     }
+}
+
+/// Whole seconds to wait, at least one.
+fn secs(d: std::time::Duration) -> u32 {
+    u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX)
 }
 
 impl IntoResponse for ApiError {
@@ -352,6 +384,9 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderName::from_static("x-should-retry"),
                 axum::http::HeaderValue::from_static("false"),
             );
+        }
+        if let Some(room) = self.ratelimit {
+            crate::limits::write_headroom(headers, *room);
         }
         response
     }

@@ -164,6 +164,73 @@ pub struct Refusal {
     pub wait: Duration,
 }
 
+/// What the tightest level leaves of one limit: OpenAI's `x-ratelimit-*`
+/// headers tell a client as much.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until the level's window is empty again (OpenAI's "reset").
+    pub reset: Duration,
+}
+
+/// The room a request leaves at its levels, of requests and of tokens
+/// (each `None` when no level limits it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Headroom {
+    pub requests: Option<Left>,
+    pub tokens: Option<Left>,
+}
+
+impl Headroom {
+    /// Keeps `left` where it leaves less than what is kept.
+    fn tighter(slot: &mut Option<Left>, left: Left) {
+        if slot.is_none_or(|l| left.remaining < l.remaining) {
+            *slot = Some(left);
+        }
+    }
+}
+
+/// OpenAI's rate-limit headers for `room`: limit, remaining and reset, of
+/// requests and of tokens, for what some level limits.
+pub fn write_headroom(headers: &mut axum::http::HeaderMap, room: Headroom) {
+    use axum::http::HeaderName;
+    const NAMES: [[HeaderName; 3]; 2] = [
+        [
+            HeaderName::from_static("x-ratelimit-limit-requests"),
+            HeaderName::from_static("x-ratelimit-remaining-requests"),
+            HeaderName::from_static("x-ratelimit-reset-requests"),
+        ],
+        [
+            HeaderName::from_static("x-ratelimit-limit-tokens"),
+            HeaderName::from_static("x-ratelimit-remaining-tokens"),
+            HeaderName::from_static("x-ratelimit-reset-tokens"),
+        ],
+    ];
+    for (left, [limit, remaining, reset]) in [room.requests, room.tokens].into_iter().zip(NAMES) {
+        let Some(l) = left else { continue };
+        headers.insert(limit, l.limit.into());
+        headers.insert(remaining, l.remaining.into());
+        if let Ok(v) = axum::http::HeaderValue::from_str(&reset_text(l.reset)) {
+            headers.insert(reset, v);
+        }
+    }
+}
+
+/// A reset as OpenAI writes it: `20ms`, `7s`, `1m0s`.
+fn reset_text(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let secs = d.as_secs() + u64::from(d.subsec_millis() > 0);
+    if secs < 60 {
+        format!("{secs}s")
+    } else {
+        format!("{}m{}s", secs / 60, secs % 60)
+    }
+}
+
 /// The tokens a request was charged when admitted, at each of its levels
 /// with a tpm; [`RateLimits::settle`], given the same levels, puts the
 /// real count in their place. The levels are not copied into the charge:
@@ -173,11 +240,17 @@ pub struct Refusal {
 pub struct Charge {
     tokens: u64,
     at: Option<Instant>,
+    room: Headroom,
 }
 
 impl Charge {
     pub fn tokens(&self) -> u64 {
         self.tokens
+    }
+
+    /// What the request left at its levels once charged.
+    pub fn headroom(&self) -> Headroom {
+        self.room
     }
 }
 
@@ -221,14 +294,31 @@ impl RateLimits {
                 });
             }
         }
+        let mut room = Headroom::default();
         for level in levels {
             let w = window(&mut windows, level.scope, &level.scope_id);
             let tokens = if level.tpm.is_some() { estimate } else { 0 };
             w.charge(now, u64::from(level.rpm.is_some()), tokens);
+            // The newest entry ages out last: then the window is empty.
+            let reset = w.slots.back().map_or(Duration::ZERO, |s| {
+                MINUTE.saturating_sub(now.saturating_duration_since(s.last))
+            });
+            let left = |limit: u32, used: u64| Left {
+                limit: u64::from(limit),
+                remaining: u64::from(limit).saturating_sub(used),
+                reset,
+            };
+            if let Some(rpm) = level.rpm {
+                Headroom::tighter(&mut room.requests, left(rpm, w.request_sum));
+            }
+            if let Some(tpm) = level.tpm {
+                Headroom::tighter(&mut room.tokens, left(tpm, w.token_sum));
+            }
         }
         Ok(Charge {
             tokens: estimate,
             at: Some(now),
+            room,
         })
     }
 
@@ -321,6 +411,14 @@ mod tests {
     use llmgw_domain::tenancy::Period;
 
     use super::*;
+
+    #[test]
+    fn a_reset_is_written_as_openai_writes_it() {
+        let ms = Duration::from_millis;
+        assert_eq!(reset_text(ms(20)), "20ms");
+        assert_eq!(reset_text(ms(6_200)), "7s");
+        assert_eq!(reset_text(ms(60_000)), "1m0s");
+    }
 
     fn level(scope: Scope, id: &str, rpm: Option<u32>, tpm: Option<u32>) -> RateLevel {
         RateLevel {

@@ -122,7 +122,7 @@ impl Failure {
 struct EngineError {
     status: axum::http::StatusCode,
     message: String,
-    retry_after: Option<u64>,
+    retry_after: Option<u32>,
 }
 
 impl EngineError {

@@ -127,6 +127,7 @@ async fn serve_body(
     let admitted = admit::admit(gw, &caller, first, request.token_estimate())
         .await
         .map_err(|e| Refused(label(), e))?;
+    let room = admitted.charge.headroom();
     let ticket = account::Ticket::open(
         gw.clone(),
         caller.key.as_ref(),
@@ -142,9 +143,15 @@ async fn serve_body(
         plan.not_started = Some(why);
     }
     let session = caller.session.as_deref().or(request.user.as_deref());
-    forward::forward(gw, path, &request, session, &plan, ticket)
+    let mut response = forward::forward(gw, path, &request, session, &plan, ticket)
         .await
-        .map_err(|e| Refused(label(), e))
+        .map_err(|e| Refused(label(), e))?;
+    // What the key's limits leave, as OpenAI's API says it (nothing for a
+    // key without rpm or tpm).
+    if room != crate::limits::Headroom::default() {
+        crate::limits::write_headroom(response.headers_mut(), room);
+    }
+    Ok(response)
 }
 
 /// A request's body, read only now (after its key was checked: a caller

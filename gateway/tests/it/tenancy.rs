@@ -295,13 +295,21 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
         },
     )
     .await;
-    for _ in 0..2 {
-        assert_eq!(call(base, Some(&secret), &chat("m", 1)).await.status(), 200);
+    // Each answer says what is left, as OpenAI's headers do.
+    for left in ["1", "0"] {
+        let r = call(base, Some(&secret), &chat("m", 1)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-ratelimit-limit-requests"], "2");
+        assert_eq!(r.headers()["x-ratelimit-remaining-requests"], left);
+        let reset = r.headers()["x-ratelimit-reset-requests"].to_str().unwrap();
+        assert!(reset.ends_with('s'), "{reset}");
+        assert!(r.headers().get("x-ratelimit-limit-tokens").is_none());
         usage.recv().await.unwrap();
     }
     let r = call(base, Some(&secret), &chat("m", 1)).await;
     assert_eq!(r.status(), 429);
     assert!((1..=60).contains(&retry_after(&r)));
+    assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
     let body = r.text().await.unwrap();
     assert!(
         body.contains("rate_limit_exceeded") && body.contains("key k1 may make 2 requests"),
