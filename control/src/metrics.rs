@@ -148,6 +148,14 @@ pub fn cluster_figures(view: &ClusterView) -> ClusterFigures {
         let state = node_state(n);
         out.nodes.insert(n.id.clone(), (state, state == "ready"));
     }
+    // A model kept up (scaling.min above 0) has its series whatever its
+    // replicas do: between a failed replica and its rebuild, on a lost
+    // node or with no node to fit, it reads 0 rather than vanishing (an
+    // absent series never fires `== 0`, and each gap restarted the
+    // alert's `for`).
+    for m in view.catalog.models.values().filter(|m| m.scaling.min > 0) {
+        out.replicas_ready.insert(m.name.clone(), 0);
+    }
     // Stopped replicas are history the log keeps for ever: counted, they
     // would only grow.
     for r in view.replicas.replicas.values() {
@@ -573,6 +581,13 @@ mod tests {
             vec![("chat".into(), 1), ("code".into(), 0)],
             "a model whose replicas all stopped has none placed"
         );
+        // A model kept up reads 0 with nothing placed: its failed replica
+        // stopped, waiting to be rebuilt.
+        let mut kept = llmgw_domain::catalog::Model::named("gone");
+        kept.scaling.min = 1;
+        view.catalog.models.insert("gone".into(), kept);
+        let f = cluster_figures(&view);
+        assert_eq!(f.replicas_ready.get("gone"), Some(&0));
         assert_eq!(
             f.replicas.into_iter().collect::<Vec<_>>(),
             vec![("failed", 1), ("ready", 1), ("starting", 1)],

@@ -205,6 +205,9 @@ struct Live {
     /// A fingerprint of the last request the engine answered a server
     /// error: the same request failing again counts once.
     last_erred: std::sync::atomic::AtomicU64,
+    /// Since when the scraper has found nothing listening (no answer of
+    /// any kind); None while the engine answers.
+    silent_since: Mutex<Option<std::time::Instant>>,
 }
 
 /// The paths proxied to engines, whose URLs each endpoint keeps parsed.
@@ -265,6 +268,7 @@ impl Endpoint {
             scraped: std::sync::atomic::AtomicBool::new(false),
             contract_warned: std::sync::atomic::AtomicBool::new(false),
             last_erred: std::sync::atomic::AtomicU64::new(0),
+            silent_since: Mutex::new(None),
         });
         Endpoint::with_live(spec, live)
     }
@@ -312,6 +316,17 @@ impl Endpoint {
         self.breaker().is_open()
     }
 
+    /// Whether the breaker is anything but closed: open, or cooled down
+    /// with no probe yet proving the endpoint (what the metric shows: a
+    /// breaker that reads closed five seconds after each failure made an
+    /// alert on it flap, and at low traffic never fire).
+    pub fn breaker_tripped(&self) -> bool {
+        !matches!(
+            self.breaker().state(),
+            crate::breaker::BreakerState::Closed { .. }
+        )
+    }
+
     /// The engine answered `body` a server error: counted against it
     /// unless it is the request it failed last. One client's request that
     /// the engine cannot take, sent again by the client's retries (an
@@ -345,6 +360,33 @@ impl Endpoint {
     /// True the first time only, so a broken contract is logged once.
     pub(crate) fn warn_contract_once(&self) -> bool {
         !self.live.contract_warned.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether the scraper reached the engine at all (any answer, its
+    /// metrics or not).
+    pub(crate) fn heard(&self, answered: bool) {
+        let mut since = self
+            .live
+            .silent_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match (answered, *since) {
+            (true, _) => *since = None,
+            (false, None) => *since = Some(std::time::Instant::now()),
+            (false, Some(_)) => {}
+        }
+    }
+
+    /// Nothing has answered the scraper at the engine's address for
+    /// longer than `max_age`: the engine is gone (not merely without a
+    /// metrics page, which a hosted API or an engine started without one
+    /// may be).
+    pub fn silent(&self, max_age: Duration) -> bool {
+        self.live
+            .silent_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t.elapsed() > max_age)
     }
 
     /// The last scraped load, if any.
@@ -454,6 +496,16 @@ impl Endpoints {
     /// request, and a snapshot cost an allocation each time.
     fn all(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Endpoint>>> {
         self.all.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether some endpoint's breaker lets traffic through and its
+    /// engine has not gone silent for `max_age`: what `/ready` asks (a
+    /// server cut off from its engines, with no traffic to open a
+    /// breaker, is not ready, and leaves a balancer's rotation).
+    pub fn any_ready(&self, max_age: Duration) -> bool {
+        self.all()
+            .iter()
+            .any(|e| !e.breaker_open() && !e.silent(max_age) && !e.spec.models.is_empty())
     }
 
     /// Models with at least one endpoint whose breaker lets traffic through.

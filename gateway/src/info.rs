@@ -148,7 +148,8 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
 }
 
 pub(crate) async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if gw.endpoints.routable_models().is_empty() {
+    // Three scrapes that found nothing listening, as stale figures are.
+    if !gw.endpoints.any_ready(gw.config.scrape_interval * 3) {
         (StatusCode::SERVICE_UNAVAILABLE, "nothing is routable").into_response()
     } else {
         (StatusCode::OK, Bytes::from_static(b"ready")).into_response()

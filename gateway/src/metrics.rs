@@ -87,8 +87,11 @@ type EndpointLabels = Vec<(&'static str, String)>;
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
+/// 5 ms to 328 s: a first token may wait for an on-demand model's start
+/// (`router.on_demand_wait`, 120 s by default) or a CPU engine's prefill,
+/// which all fell in `+Inf` past 41 s.
 fn ttft_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+    Histogram::new(exponential_buckets(0.005, 2.0, 17))
 }
 
 /// The gateway's counters and the process's registry.
@@ -353,7 +356,7 @@ impl Collector for Live {
             }
             breaker_open
                 .get_or_create(&labels)
-                .set(i64::from(e.breaker_open()));
+                .set(i64::from(e.breaker_tripped()));
             in_flight
                 .get_or_create(&labels)
                 .set(i64::from(e.in_flight()));

@@ -87,7 +87,9 @@ async fn scrape(gw: &Arc<Gateway>, e: &Arc<Endpoint>) {
     if let Some(key) = &e.spec.api_key {
         request = request.bearer_auth(key.expose());
     }
-    let page = match request.send().await {
+    let answer = request.send().await;
+    e.heard(answer.is_ok());
+    let page = match answer {
         Ok(r) if r.status().is_success() => r.text().await.ok(),
         _ => None,
     };

@@ -274,6 +274,37 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
     );
 }
 
+/// With no traffic to open a breaker, an engine gone silent (nothing
+/// listens at its address, scrape after scrape) still makes the server
+/// not ready: a balancer takes it out of rotation. An engine that answers
+/// without a metrics page (a hosted API) is not silent.
+#[tokio::test]
+async fn an_engine_nothing_answers_for_makes_the_server_not_ready() {
+    let answering = picky_engine().await;
+    let with = |addr: std::net::SocketAddr| {
+        support::gateway_with(GatewayConfig {
+            endpoints: vec![spec("e", &addr, &["m"])],
+            scrape_interval: Duration::from_millis(10),
+            ..GatewayConfig::default()
+        })
+    };
+    let ready = |gw: &support::Running| {
+        let url = format!("{}/ready", gw.base);
+        async move { reqwest::get(url).await.unwrap().status().as_u16() }
+    };
+    let dead = with(dead_url()).await;
+    let alive = with(answering).await;
+    let started = Instant::now();
+    // Scrapes over more than three intervals (30 ms), for both.
+    while started.elapsed() < Duration::from_millis(100) {
+        llmgw_gateway::scrape::scrape_once(&dead.gateway).await;
+        llmgw_gateway::scrape::scrape_once(&alive.gateway).await;
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(ready(&dead).await, 503);
+    assert_eq!(ready(&alive).await, 200);
+}
+
 #[tokio::test]
 async fn nothing_routable_means_not_ready() {
     let gw = gateway(vec![spec("dead", &dead_url(), &["m"])]).await;
