@@ -290,10 +290,26 @@ impl ControlPlane {
         self.observed.reset_clocks(state.nodes.nodes.keys());
         {
             // What load grew is taken over afresh, not from a term ago.
+            let now = self.now();
             let mut m = self.memory();
             m.rt.busy.clear();
             m.rt.grown.clear();
             m.adopt_load = true;
+            // When an on-demand model was last asked for is memory, not
+            // log: a new leader (or this one restarted) knew none, and
+            // stopped every running on-demand model at once. One that
+            // runs counts as asked for now: it stays its idle time.
+            for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
+                let model = &r.placement.model;
+                if state
+                    .catalog
+                    .models
+                    .get(model)
+                    .is_some_and(|c| c.on_demand())
+                {
+                    m.rt.demand.entry(model.clone()).or_insert(now);
+                }
+            }
         }
         self.telemetry.clear();
         let writer = Writer::Leader(token.clone());

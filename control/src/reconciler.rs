@@ -204,6 +204,15 @@ impl ControlPlane {
     fn grow(&self, state: &llmgw_domain::State, rt: &mut reconcile::Runtime) {
         rt.full.clear();
         if let Some(Fullness(of)) = self.fullness.get() {
+            // An on-demand model serving a request is asked for: a stream
+            // longer than its idle time was cut when only the request's
+            // arrival counted.
+            for m in state.catalog.models.values().filter(|m| m.on_demand()) {
+                if of(&m.name).in_use {
+                    rt.demand.insert(m.name.clone(), rt.now);
+                    self.memory().rt.demand.insert(m.name.clone(), rt.now);
+                }
+            }
             let growable =
                 (state.catalog.models.values()).filter(|m| m.scaling.max > m.scaling.min.max(1));
             for m in growable {

@@ -750,20 +750,39 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     std::fs::write(
         &model,
         json!({"name": "lazy", "scaling": {"min": 0, "max": 1, "idle_timeout_s": 1},
-               "profiles": [{"name": "sim", "engine": "sim"}]})
+               "profiles": [{"name": "sim", "engine": "sim", "args": ["--tps", "10"]}]})
         .to_string(),
     )
     .unwrap();
     let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(sweep.engines().is_empty(), "nothing runs before a request");
-    let r = reqwest::Client::new()
+    // A stream longer than the idle time (3 s at 10 tokens a second): the
+    // model serving it is in use, not idle, however long ago it was asked.
+    let mut r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
-        .json(&json!({"model": "lazy", "max_tokens": 2, "messages": [{"role": "user", "content": "wake up"}]}))
+        .json(&json!({"model": "lazy", "max_tokens": 30, "stream": true,
+            "messages": [{"role": "user", "content": "wake up"}]}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "the request waited for the model to start");
+    let mut text = String::new();
+    let mut looked = false;
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if !looked && text.matches("data: ").count() > 22 {
+            // Past two seconds of answer: twice the idle time.
+            looked = true;
+            let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+            assert_eq!(rows[0]["status"], "ready", "serving, not idle: {rows}");
+        }
+    }
+    assert!(looked, "{text}");
+    assert!(
+        text.trim_end().ends_with("data: [DONE]") && !text.contains("upstream_lost"),
+        "{text}"
+    );
     // Idle past its timeout: drained, then stopped.
     until("the idle replica is stopped", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
@@ -781,6 +800,62 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
+}
+
+/// A server restarted while an on-demand model serves keeps it up for its
+/// idle time: when it was last asked for is memory, not log, and a new
+/// term knew none, so it drained every running on-demand model at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_a_running_on_demand_model_up() {
+    let sweep = EngineSweeper("127.0.96.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "again", &store, port, 0);
+    let server = start_server(&config);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.96.2");
+    let model = dir.path().join("od.json");
+    std::fs::write(
+        &model,
+        json!({"name": "od", "scaling": {"min": 0, "max": 1, "idle_timeout_s": 600},
+               "profiles": [{"name": "sim", "engine": "sim"}]})
+        .to_string(),
+    )
+    .unwrap();
+    until("the node", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array().unwrap().len() == 1).then_some(())
+    })
+    .await;
+    let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let ask = |base: String| async move {
+        reqwest::Client::new()
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&json!({"model": "od", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(ask(server.base.clone()).await, 200);
+    let before = get(format!("{}/api/v1/replicas", server.admin)).await;
+    let engines = sweep.engines();
+    server.child.terminate();
+    drop(server);
+    let again = start_server(&config);
+    until("the restarted server leads", || async {
+        super::failover::is_leader(&again.admin).await.then_some(())
+    })
+    .await;
+    // From its first pass, the new term wants the running model kept.
+    let status = get(format!("{}/api/v1/status", again.admin)).await;
+    assert_eq!(status["replicas_wanted"], 1, "{status}");
+    let after = get(format!("{}/api/v1/replicas", again.admin)).await;
+    assert_eq!(after[0]["replica_id"], before[0]["replica_id"], "{after}");
+    assert_eq!(after[0]["status"], "ready", "not drained: {after}");
+    assert_eq!(sweep.engines(), engines, "the engine was kept");
+    assert_eq!(ask(again.base.clone()).await, 200);
 }
 
 /// An on-demand model that is the fallback of a model with no capacity is
