@@ -235,6 +235,8 @@ pub struct Changed {
 pub const ACTOR_HEADER: &str = "x-llmgw-actor";
 /// The command's id, recorded with its events: a retried command keeps it.
 pub const COMMAND_HEADER: &str = "x-llmgw-command-id";
+/// The longest command id kept; a longer (or empty) one is replaced.
+pub const COMMAND_ID_MAX: usize = 128;
 
 /// An operator's name as [`ACTOR_HEADER`] carries it: a header holds
 /// visible ASCII only, so every other byte (and `%`) is `%XX` (a `$USER`

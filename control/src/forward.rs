@@ -224,6 +224,9 @@ pub async fn forward_writes(
     if let Some(refused) = own_file_model(&cp, &parts, &body) {
         return refused.into_response();
     }
+    // Where the log stood before the command was first sent: what any
+    // leader decided of it lies after.
+    let since = cp.store.head().await.ok().map(|(p, _)| p);
     let deadline = tokio::time::Instant::now() + (cp.config.lease_ttl * 2).min(MAX_WAIT);
     let mut leadership = cp.leadership();
     let mut last_error = None;
@@ -233,15 +236,14 @@ pub async fn forward_writes(
         }
         match cp.leader_admin().await {
             Ok(Some((holder, url))) if holder != cp.config.instance => {
-                // Where the log stood when the command went: what the
-                // leader decides of it lies after.
-                let since = cp.store.head().await.ok().map(|(p, _)| p);
                 let sent = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone());
                 // A leader that hangs mid-command loses its lease, and this
                 // server may take office meanwhile: then the log says
                 // whether the command was decided, at once, where the
                 // forward waited out its 30 s and said "perhaps".
                 let answered = tokio::select! {
+                    // An answer that came is the answer, office or not.
+                    biased;
                     r = sent => Some(r),
                     () = taking_office(&cp) => None,
                 };
@@ -249,7 +251,10 @@ pub async fn forward_writes(
                     return match decided_since(&cp, &parts, since).await {
                         // Never decided, and never will be there: the old
                         // leader is fenced. This server decides it now.
-                        Ok(None) => next.run(rebuild()).await,
+                        Ok(None) => {
+                            tracing::info!(leader = %holder, "the leader stopped answering a command sent on to it, and this server took office: the log shows it undecided, so it is decided here");
+                            next.run(rebuild()).await
+                        }
                         Ok(Some(at)) => AdminError(
                             StatusCode::BAD_GATEWAY,
                             format!(
@@ -332,11 +337,15 @@ async fn decided_since(
     parts: &axum::http::request::Parts,
     since: Option<u64>,
 ) -> Result<Option<u64>, String> {
+    // As the leader's `origin()` takes it: an id it would have replaced
+    // with its own cannot be found by this one.
     let id = parts
         .headers
         .get(api::COMMAND_HEADER)
         .and_then(|v| v.to_str().ok())
-        .ok_or("the command came without an id")?;
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= api::COMMAND_ID_MAX)
+        .ok_or("the command came without an id the leader keeps")?;
     let mut after = since.ok_or("the log's head could not be read when it was sent")?;
     loop {
         let page = cp

@@ -299,7 +299,16 @@ impl ControlPlane {
             // log: a new leader (or this one restarted) knew none, and
             // stopped every running on-demand model at once. One that
             // runs counts as asked for now: it stays its idle time.
-            for r in state.replicas.replicas.values().filter(|r| r.is_live()) {
+            // Starting or ready only: one draining or failed was being
+            // let go (an idle drain, an eviction), and is not wanted.
+            let running = |r: &&llmgw_domain::replicas::Replica| {
+                matches!(
+                    r.status,
+                    llmgw_domain::replicas::ReplicaStatus::Starting
+                        | llmgw_domain::replicas::ReplicaStatus::Ready
+                )
+            };
+            for r in state.replicas.replicas.values().filter(running) {
                 let model = &r.placement.model;
                 if state
                     .catalog

@@ -136,7 +136,8 @@ fn replica_state(s: ReplicaStatus) -> &'static str {
 pub struct ClusterFigures {
     /// Node → (state, up).
     pub nodes: BTreeMap<NodeId, (&'static str, bool)>,
-    /// Ready replicas of every model with a replica placed (not stopped).
+    /// Ready replicas of every model kept up (scaling.min, with a
+    /// profile) and of any with a replica placed (not stopped).
     pub replicas_ready: BTreeMap<String, u64>,
     /// Replicas by state.
     pub replicas: BTreeMap<&'static str, u64>,
@@ -153,7 +154,9 @@ pub fn cluster_figures(view: &ClusterView) -> ClusterFigures {
     // node or with no node to fit, it reads 0 rather than vanishing (an
     // absent series never fires `== 0`, and each gap restarted the
     // alert's `for`).
-    for m in view.catalog.models.values().filter(|m| m.scaling.min > 0) {
+    // (Not one without profiles: it is catalogued, never started.)
+    for m in (view.catalog.models.values()).filter(|m| m.scaling.min > 0 && !m.profiles.is_empty())
+    {
         out.replicas_ready.insert(m.name.clone(), 0);
     }
     // Stopped replicas are history the log keeps for ever: counted, they
@@ -585,6 +588,13 @@ mod tests {
         // stopped, waiting to be rebuilt.
         let mut kept = llmgw_domain::catalog::Model::named("gone");
         kept.scaling.min = 1;
+        // Without profiles it is never started: no series to alert on.
+        view.catalog.models.insert("gone".into(), kept.clone());
+        assert_eq!(cluster_figures(&view).replicas_ready.get("gone"), None);
+        kept.profiles = vec![llmgw_domain::catalog::Profile::cpu(
+            "p",
+            llmgw_domain::catalog::Engine::Sim,
+        )];
         view.catalog.models.insert("gone".into(), kept);
         let f = cluster_figures(&view);
         assert_eq!(f.replicas_ready.get("gone"), Some(&0));

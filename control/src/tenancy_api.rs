@@ -57,7 +57,7 @@ pub(crate) fn origin(headers: &HeaderMap) -> Origin {
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
-            .filter(|v| !v.is_empty() && v.len() <= 128)
+            .filter(|v| !v.is_empty() && v.len() <= api::COMMAND_ID_MAX)
             .map(str::to_owned)
     };
     let actor = header(api::ACTOR_HEADER).and_then(|a| api::actor_from_header(&a));

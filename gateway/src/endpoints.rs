@@ -316,15 +316,21 @@ impl Endpoint {
         self.breaker().is_open()
     }
 
-    /// Whether the breaker is anything but closed: open, or cooled down
-    /// with no probe yet proving the endpoint (what the metric shows: a
-    /// breaker that reads closed five seconds after each failure made an
-    /// alert on it flap, and at low traffic never fire).
-    pub fn breaker_tripped(&self) -> bool {
-        !matches!(
-            self.breaker().state(),
-            crate::breaker::BreakerState::Closed { .. }
-        )
+    /// What the metric shows: open, or cooled down with no probe yet
+    /// while the scraper finds the engine gone or without fresh figures.
+    /// A breaker that read closed five seconds after each failure made an
+    /// alert on it flap, and at low traffic never fire; one cooled down
+    /// whose engine answers its metrics again is not held as open until
+    /// some request comes.
+    pub fn breaker_tripped(&self, max_age: Duration) -> bool {
+        use crate::breaker::BreakerState;
+        match self.breaker().state() {
+            BreakerState::Closed { .. } => false,
+            BreakerState::Open { .. } | BreakerState::HalfOpen { probing: true } => true,
+            BreakerState::HalfOpen { probing: false } => {
+                self.stale(max_age) || self.silent(max_age)
+            }
+        }
     }
 
     /// The engine answered `body` a server error: counted against it

@@ -356,7 +356,7 @@ impl Collector for Live {
             }
             breaker_open
                 .get_or_create(&labels)
-                .set(i64::from(e.breaker_tripped()));
+                .set(i64::from(e.breaker_tripped(gw.endpoints.max_age())));
             in_flight
                 .get_or_create(&labels)
                 .set(i64::from(e.in_flight()));

@@ -88,7 +88,9 @@ async fn scrape(gw: &Arc<Gateway>, e: &Arc<Endpoint>) {
         request = request.bearer_auth(key.expose());
     }
     let answer = request.send().await;
-    e.heard(answer.is_ok());
+    // Silent only when nothing listens there: a slow metrics page (an
+    // engine under load) timing out is an engine that is there.
+    e.heard(answer.as_ref().is_ok() || answer.as_ref().is_err_and(|e| !e.is_connect()));
     let page = match answer {
         Ok(r) if r.status().is_success() => r.text().await.ok(),
         _ => None,

@@ -290,6 +290,16 @@ async fn agents_follow_the_new_leader(stop: Stop, net: &str) {
         .rfind(|l| message(l).starts_with("leading (epoch"))
         .map(at)
         .expect("the new leader logs that it leads");
+    if stop == Stop::Freeze {
+        // The cordon went to the frozen leader and was settled from the
+        // log once this server took office (not sent after it led).
+        assert!(
+            server_log
+                .iter()
+                .any(|l| message(l).starts_with("the leader stopped answering a command")),
+            "{server_log:#?}"
+        );
+    }
     let secs = |d: chrono::TimeDelta| d.num_milliseconds() as f64 / 1000.0;
     let mut refusals = 0;
     let mut back = Vec::new();
