@@ -250,17 +250,28 @@ pub(crate) async fn wait_on_demand<'a>(
     if !serving() && gw.placeable.get().is_some_and(|hook| !(hook.0)(model)) {
         return Err(not_started(true));
     }
+    if serving() {
+        return Ok(());
+    }
+    // Asked for again once it serves: the request that started it counts
+    // as use of the replica placed for it (its first stamp came before
+    // the placement, and a model used only by the request that started it
+    // could never be evicted for another).
+    let started = || {
+        demand(gw, routes, model);
+        Ok(())
+    };
     let deadline = tokio::time::Instant::now() + gw.config.on_demand_wait;
     loop {
         let changed = gw.routes_changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         if serving() {
-            return Ok(());
+            return started();
         }
         if tokio::time::timeout_at(deadline, changed).await.is_err() {
             return if serving() {
-                Ok(())
+                started()
             } else {
                 Err(not_started(false))
             };
