@@ -332,11 +332,16 @@ impl ControlPlane {
                 // Its model is wanted again only when asked again: else the
                 // room would go back to it, or it would evict in its turn.
                 self.memory().rt.demand.remove(&model);
-                self.drain(replica_id, shards).await?;
+                let why = format!("evicted, idle, to make room for {for_model}");
+                self.drain(replica_id, shards, why).await?;
             }
-            Action::Drain { replica_id, shards } => {
-                tracing::info!(replica = %replica_id, "draining");
-                self.drain(replica_id, shards).await?;
+            Action::Drain {
+                replica_id,
+                shards,
+                why,
+            } => {
+                tracing::info!(replica = %replica_id, %why, "draining");
+                self.drain(replica_id, shards, why).await?;
             }
             Action::FinishNodeDrain { node_id } => {
                 tracing::info!(node = %node_id, "drain finished; the node stays cordoned");
@@ -356,10 +361,14 @@ impl ControlPlane {
         &self,
         replica_id: ReplicaId,
         shards: Vec<ShardOnNode>,
+        why: String,
     ) -> Result<(), crate::ControlError> {
         self.execute(
             &self.own(),
-            vec![Command::Replica(ReplicaCommand::Drain { replica_id })],
+            vec![Command::Replica(ReplicaCommand::Drain {
+                replica_id,
+                why: Some(why),
+            })],
         )
         .await?;
         for s in shards {

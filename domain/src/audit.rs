@@ -270,7 +270,7 @@ fn replica_id(c: &ReplicaCommand) -> &ReplicaId {
         ReplicaCommand::Place(p) | ReplicaCommand::Adopt(p) => &p.replica_id,
         ReplicaCommand::ReportShard { replica_id, .. }
         | ReplicaCommand::Fail { replica_id, .. }
-        | ReplicaCommand::Drain { replica_id }
+        | ReplicaCommand::Drain { replica_id, .. }
         | ReplicaCommand::Stop { replica_id, .. } => replica_id,
     }
 }

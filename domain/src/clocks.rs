@@ -70,7 +70,7 @@ impl Clocks {
                 .map(|r| r.placement.model.clone())
         };
         match event {
-            Event::Replica(ReplicaEvent::ReplicaDraining { replica_id }) => {
+            Event::Replica(ReplicaEvent::ReplicaDraining { replica_id, .. }) => {
                 self.drain_since
                     .replicas
                     .entry(replica_id.clone())
@@ -215,6 +215,7 @@ mod tests {
         let mut c = Clocks::default();
         let drain = Event::Replica(ReplicaEvent::ReplicaDraining {
             replica_id: "r1".into(),
+            why: None,
         });
         c.observe(&state, &drain, UnixMillis(1_000));
         c.observe(&state, &drain, UnixMillis(2_000));

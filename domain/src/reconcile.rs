@@ -108,6 +108,8 @@ pub enum Action {
     Drain {
         replica_id: ReplicaId,
         shards: Vec<ShardOnNode>,
+        /// Why, recorded in its `ReplicaDraining`.
+        why: String,
     },
     /// A draining node has nothing live left on it.
     FinishNodeDrain { node_id: NodeId },
@@ -430,6 +432,7 @@ pub fn plan(
                 plan.actions.push(Action::Drain {
                     replica_id: id.clone(),
                     shards: shards_of(&r.placement),
+                    why: "its model left the catalog".into(),
                 });
             } else {
                 plan.actions.push(Action::Stop {
@@ -602,6 +605,7 @@ pub fn plan(
                 plan.actions.push(Action::Drain {
                     replica_id: first.placement.replica_id.clone(),
                     shards: shards_of(&first.placement),
+                    why: "replaced: its profile changed, or its node drains".into(),
                 });
             }
         } else if keep.len() as u32 > want {
@@ -613,9 +617,15 @@ pub fn plan(
                 .find(|r| r.status == ReplicaStatus::Starting)
                 .or_else(|| keep.last());
             if let Some(v) = victim {
+                let why = if want == 0 {
+                    "not asked for within its idle time".to_owned()
+                } else {
+                    format!("{} replicas wanted now, {} placed", want, keep.len())
+                };
                 plan.actions.push(Action::Drain {
                     replica_id: v.placement.replica_id.clone(),
                     shards: shards_of(&v.placement),
+                    why,
                 });
             }
         }

@@ -112,6 +112,8 @@ pub enum ReplicaCommand {
     },
     Drain {
         replica_id: ReplicaId,
+        /// Why, for whoever reads the log (None: not said).
+        why: Option<String>,
     },
     Stop {
         replica_id: ReplicaId,
@@ -144,6 +146,10 @@ pub enum ReplicaEvent {
     },
     ReplicaDraining {
         replica_id: ReplicaId,
+        /// Why (an eviction, idle, a scale-down, a roll, the model
+        /// removed); absent in events from before it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
     },
     ReplicaStopped {
         replica_id: ReplicaId,
@@ -158,7 +164,7 @@ impl ReplicaEvent {
             ReplicaEvent::ShardStateChanged { replica_id, .. }
             | ReplicaEvent::ReplicaReady { replica_id }
             | ReplicaEvent::ReplicaFailed { replica_id, .. }
-            | ReplicaEvent::ReplicaDraining { replica_id }
+            | ReplicaEvent::ReplicaDraining { replica_id, .. }
             | ReplicaEvent::ReplicaStopped { replica_id, .. } => replica_id,
         }
     }
@@ -256,9 +262,9 @@ impl Replicas {
                 }
                 _ => vec![],
             },
-            C::Drain { replica_id } => match known(&replica_id)?.status {
+            C::Drain { replica_id, why } => match known(&replica_id)?.status {
                 ReplicaStatus::Starting | ReplicaStatus::Ready => {
-                    vec![E::ReplicaDraining { replica_id }]
+                    vec![E::ReplicaDraining { replica_id, why }]
                 }
                 _ => vec![],
             },
@@ -360,7 +366,7 @@ impl Replicas {
             }
             E::ReplicaReady { replica_id } => self.set(replica_id, ReplicaStatus::Ready),
             E::ReplicaFailed { replica_id, .. } => self.set(replica_id, ReplicaStatus::Failed),
-            E::ReplicaDraining { replica_id } => self.set(replica_id, ReplicaStatus::Draining),
+            E::ReplicaDraining { replica_id, .. } => self.set(replica_id, ReplicaStatus::Draining),
             E::ReplicaStopped { replica_id, .. } => self.set(replica_id, ReplicaStatus::Stopped),
         }
     }

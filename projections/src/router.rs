@@ -248,7 +248,7 @@ impl View for RouterView {
             }
             Event::Replica(
                 ReplicaEvent::ReplicaFailed { replica_id, .. }
-                | ReplicaEvent::ReplicaDraining { replica_id },
+                | ReplicaEvent::ReplicaDraining { replica_id, .. },
             ) => self.ready.remove(replica_id),
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
                 self.placements.remove(replica_id);

@@ -113,6 +113,7 @@ pub async fn record_frozen_v1() -> anyhow::Result<String> {
     r.run(shard("r1", 0, ShardState::Ready, None)).await?;
     r.run(Command::Replica(ReplicaCommand::Drain {
         replica_id: "r1".into(),
+        why: None,
     }))
     .await?;
     r.run(shard("r2", 0, ShardState::Failed, Some("exit 1")))
@@ -548,6 +549,7 @@ async fn model_edited_while_running(r: &mut Recorder) -> anyhow::Result<()> {
     r.run(shard("r2", 0, ShardState::Ready, None)).await?;
     r.run(Command::Replica(ReplicaCommand::Drain {
         replica_id: "r1".into(),
+        why: None,
     }))
     .await?;
     r.run(Command::Replica(ReplicaCommand::Stop {

@@ -792,6 +792,15 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
     assert_eq!(all[0]["status"], "stopped");
     assert_eq!(all[0]["shards"][0]["state"], "stopped", "{all}");
+    // The log says why it was drained.
+    let drained = super::ok(
+        &store,
+        &["events", "tail", "--type", "ReplicaDraining", "--json"],
+    );
+    assert!(
+        drained.contains("\"why\":\"not asked for within its idle time\""),
+        "{drained}"
+    );
     // An unknown model is still a 404.
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
@@ -1089,6 +1098,14 @@ models: []
     assert!(
         said.contains("second"),
         "it names the model made room for: {said}"
+    );
+    let drained = super::ok(
+        &store,
+        &["events", "tail", "--type", "ReplicaDraining", "--json"],
+    );
+    assert!(
+        drained.contains("evicted, idle, to make room for second"),
+        "the log says why: {drained}"
     );
 }
 

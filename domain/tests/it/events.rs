@@ -85,6 +85,7 @@ pub(crate) fn every_event() -> Vec<Event> {
         }),
         Event::Replica(ReplicaEvent::ReplicaDraining {
             replica_id: rid().into(),
+            why: None,
         }),
         Event::Replica(ReplicaEvent::ReplicaStopped {
             replica_id: rid().into(),

@@ -122,7 +122,8 @@ fn replica() -> impl Strategy<Value = Command> {
             }
         )),
         name("r", 4).prop_map(|replica_id| Command::Replica(ReplicaCommand::Drain {
-            replica_id: replica_id.into()
+            replica_id: replica_id.into(),
+            why: None,
         })),
         name("r", 4).prop_map(|replica_id| Command::Replica(ReplicaCommand::Stop {
             replica_id: replica_id.into(),

@@ -87,6 +87,7 @@ fn settle(state: &mut State, rt: &mut Runtime) -> Vec<Action> {
                     rt.drain_since.replicas.insert(replica_id.clone(), rt.now);
                     vec![ReplicaEvent::ReplicaDraining {
                         replica_id: replica_id.clone(),
+                        why: None,
                     }]
                 }
                 Action::FinishNodeDrain { node_id } => {
@@ -301,6 +302,7 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
                 node_id: node.clone(),
                 shard_id: format!("{original}-0").into(),
             }],
+            why: "replaced: its profile changed, or its node drains".into(),
         }]
     );
     let actions = settle(&mut s, &mut rt);
@@ -411,6 +413,7 @@ fn pass_with(s: &mut State, rt: &mut Runtime, full: bool, id: &str) -> Vec<Actio
             Action::Drain { replica_id, .. } => {
                 s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
                     replica_id: replica_id.clone(),
+                    why: None,
                 }))
             }
             _ => {}
@@ -566,10 +569,12 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
                 node_id: "a".into(),
                 shard_id: "r1-0".into(),
             }],
+            why: "not asked for within its idle time".into(),
         }]
     );
     s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
         replica_id: "r1".into(),
+        why: None,
     }));
     rt.drain_since.replicas.insert("r1".into(), rt.now);
     assert!(
@@ -684,6 +689,7 @@ fn replicas_whose_model_left_the_catalog_are_drained_then_stopped() {
     );
     s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
         replica_id: ready.clone(),
+        why: None,
     }));
     rt.drain_since.replicas.insert(ready.clone(), rt.now);
     // Draining, not cut: nothing until idle or the grace.
@@ -825,6 +831,7 @@ fn an_idle_on_demand_replica_is_evicted_for_one_asked_for_which_then_serves() {
     rt.demand.remove("old");
     s.evolve(&Event::Replica(ReplicaEvent::ReplicaDraining {
         replica_id: "r-old".into(),
+        why: None,
     }));
     rt.drain_since.replicas.insert("r-old".into(), rt.now);
     assert!(evictions(&s, &rt, &settings).is_empty());
@@ -987,6 +994,7 @@ fn a_stop_and_a_drain_name_every_shard_with_its_node() {
         vec![Action::Drain {
             replica_id: id.clone(),
             shards: expected.clone(),
+            why: "not asked for within its idle time".into(),
         }]
     );
     // Failed: stopped, on both nodes.

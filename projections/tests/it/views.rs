@@ -100,6 +100,7 @@ fn router_routes_ready_replicas_by_name_or_alias_and_flags_edited_profiles() {
         &mut state,
         vec![Command::Replica(ReplicaCommand::Drain {
             replica_id: "r1".into(),
+            why: None,
         })],
     );
     assert_eq!(
