@@ -230,6 +230,19 @@ impl ControlPlane {
                 return false;
             }
         };
+        // A loopback admin address reaches the leader only from its own
+        // machine: commands sent to this standby from elsewhere cannot go
+        // on to it. Said as the standby stands by, not when the first
+        // command fails.
+        if let Ok(Some((_, url))) = self.leader_admin().await
+            && loopback(&url)
+        {
+            tracing::warn!(
+                leader,
+                admin = %url,
+                "the leader recorded a loopback admin address: a command sent to this standby reaches it only if both run on one machine; set control.advertise_admin on every server to an address the others reach"
+            );
+        }
         let differ = settings_differ(&self.config.settings(), &theirs);
         if !differ.is_empty() {
             tracing::warn!(
@@ -375,6 +388,22 @@ impl ControlPlane {
     }
 }
 
+/// Whether `url`'s host is a loopback address (or `localhost`).
+fn loopback(url: &str) -> bool {
+    let host = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default();
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Each setting that differs, as `name: OURS here, THEIRS at the leader`,
 /// by the names the log records them under.
 fn settings_differ(
@@ -424,5 +453,19 @@ mod tests {
             ]
         );
         assert!(super::settings_differ(&ours, &ours).is_empty());
+    }
+
+    #[test]
+    fn a_loopback_admin_address_is_told_apart() {
+        for url in [
+            "http://127.0.0.1:9090",
+            "http://localhost:9090",
+            "http://[::1]:9090",
+        ] {
+            assert!(super::loopback(url), "{url}");
+        }
+        for url in ["http://10.0.0.11:9090", "https://cp-1.internal:9090"] {
+            assert!(!super::loopback(url), "{url}");
+        }
     }
 }

@@ -766,8 +766,11 @@ async fn a_standby_whose_forward_comes_back_to_it_names_the_setting() {
             ("LLMGW_CONTROL__LOST_AFTER", "45s".into()),
         ],
     );
-    // A setting this standby would run the fleet with otherwise is said
-    // as it stands by, with both values.
+    // The leader's loopback admin address is said as the standby stands
+    // by, and so is a setting it would run the fleet with otherwise, with
+    // both values.
+    let said = Child::expect(&b.child.stderr, "recorded a loopback admin address");
+    assert!(said.contains("control.advertise_admin"), "{said}");
     let said = Child::expect(&b.child.stderr, "control settings differ");
     assert!(
         said.contains("lost_after_ms: 45000 here, 2500 at the leader"),
