@@ -53,18 +53,14 @@ async fn replicas_watch_and_logs_follow_print_changes_as_they_happen() {
         .as_str()
         .unwrap()
         .to_owned();
-    let follow = Child::spawn(&[
-        "ctl",
-        "logs",
-        "w1",
-        "--source",
-        &shard,
-        "--follow",
-        "--interval-s",
-        "0.1",
-        "--admin",
-        admin,
-    ]);
+    // `ctl logs w1 --source SHARD --follow` with `extra`.
+    let follow_with = |extra: &[&str]| {
+        let mut args = vec!["ctl", "logs", "w1", "--source", &shard, "--follow"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--admin", admin]);
+        Child::spawn(&args)
+    };
+    let follow = follow_with(&["--interval-s", "0.1"]);
     let mut seen = vec![Child::expect(&follow.stdout, "listening on")];
     let http = reqwest::Client::new();
     for id in ["follow-me-1", "follow-me-2"] {
@@ -99,20 +95,7 @@ async fn replicas_watch_and_logs_follow_print_changes_as_they_happen() {
 
     // More lines between two looks than --lines: every one is printed
     // (--lines is how far back the first look goes, not a cap on a look).
-    let short = Child::spawn(&[
-        "ctl",
-        "logs",
-        "w1",
-        "--source",
-        &shard,
-        "--follow",
-        "--lines",
-        "1",
-        "--interval-s",
-        "0.5",
-        "--admin",
-        admin,
-    ]);
+    let short = follow_with(&["--lines", "1", "--interval-s", "0.5"]);
     Child::expect(&short.stdout, "");
     let burst = (1..=6).map(|i| {
         http.post(format!("{}/v1/chat/completions", server.base))
@@ -146,9 +129,7 @@ async fn replicas_watch_and_logs_follow_print_changes_as_they_happen() {
     }
 
     // With --json, each line is a JSON document of its own.
-    let json = Child::spawn(&[
-        "ctl", "logs", "w1", "--source", &shard, "--follow", "--json", "--admin", admin,
-    ]);
+    let json = follow_with(&["--json"]);
     let first: serde_json::Value =
         serde_json::from_str(&Child::expect(&json.stdout, "")).expect("a JSON line");
     assert!(first["line"].is_string(), "{first}");

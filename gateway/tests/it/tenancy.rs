@@ -162,6 +162,21 @@ impl Tenants {
     pub(crate) fn directory(&self) -> KeyDirectory {
         KeyDirectory::new(self.views.clone())
     }
+
+    /// A gateway with keys on, serving model `m` from `engine`, with no
+    /// usage queue.
+    async fn serve_keyed(&self, engine: &std::net::SocketAddr) -> support::Running {
+        let gw = Gateway::with_keys(
+            GatewayConfig {
+                endpoints: vec![spec("a", engine, &["m"])],
+                ..GatewayConfig::default()
+            },
+            None,
+            Some(self.directory()),
+        )
+        .unwrap();
+        support::serve(gw).await
+    }
 }
 
 fn chat(model: &str, max_tokens: u32) -> Value {
@@ -459,16 +474,7 @@ async fn a_key_handed_out_by_a_claim_link_stops_when_the_link_ends_unused() {
     ))
     .await;
     let engine = sim(support::sim_config()).await;
-    let gw = Gateway::with_keys(
-        GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..GatewayConfig::default()
-        },
-        None,
-        Some(t.directory()),
-    )
-    .unwrap();
-    let gw = support::serve(gw).await;
+    let gw = t.serve_keyed(&engine).await;
     let models = |secret: String| {
         let base = gw.base.clone();
         async move {
@@ -515,16 +521,7 @@ async fn a_team_limit_counts_every_key_of_the_team_and_says_so() {
     )
     .await;
     let engine = sim(support::sim_config()).await;
-    let gw = Gateway::with_keys(
-        GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..GatewayConfig::default()
-        },
-        None,
-        Some(t.directory()),
-    )
-    .unwrap();
-    let gw = support::serve(gw).await;
+    let gw = t.serve_keyed(&engine).await;
     // Two keys in two projects of the team share its three requests.
     for key in [&a, &b, &a] {
         assert_eq!(call(&gw.base, Some(key), &chat("m", 1)).await.status(), 200);
@@ -560,16 +557,7 @@ async fn tokens_are_charged_before_sending_so_a_burst_cannot_overshoot_tpm() {
         ..support::sim_config()
     })
     .await;
-    let gw = Gateway::with_keys(
-        GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..GatewayConfig::default()
-        },
-        None,
-        Some(t.directory()),
-    )
-    .unwrap();
-    let gw = support::serve(gw).await;
+    let gw = t.serve_keyed(&engine).await;
     let mut streamed = chat("m", 60);
     streamed["stream"] = json!(true);
     let first = call(&gw.base, Some(&key), &streamed).await;
