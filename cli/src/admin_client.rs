@@ -96,16 +96,23 @@ async fn is_older_log(address: &llmgw_eventstore::StoreAddress) -> bool {
 /// An admin API's address as `--admin` takes it: http(s)://HOST:PORT.
 /// A malformed one is a usage error, not a server that cannot be reached.
 pub(crate) fn admin_url(s: &str) -> Result<String, String> {
-    let bad = || {
-        format!(
-            "{s:?} is not an admin API address: give http://HOST:PORT, e.g. http://127.0.0.1:9090"
-        )
-    };
-    let url = reqwest::Url::parse(s).map_err(|_| bad())?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
-        return Err(bad());
+    http_address(s, "an admin API", "http://127.0.0.1:9090")
+}
+
+/// `s` if it is an http(s) URL with a host, else why not: `what` it should
+/// have been, and an `example`.
+pub(crate) fn http_address(s: &str, what: &str, example: &str) -> Result<String, String> {
+    match reqwest::Url::parse(s) {
+        Ok(u)
+            if matches!(u.scheme(), "http" | "https")
+                && u.host_str().is_some_and(|h| !h.is_empty()) =>
+        {
+            Ok(s.to_owned())
+        }
+        _ => Err(format!(
+            "{s:?} is not {what} address: give http://HOST:PORT, e.g. {example}"
+        )),
     }
-    Ok(s.to_owned())
 }
 
 async fn local(

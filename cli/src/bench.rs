@@ -284,14 +284,7 @@ async fn level(
 
 /// The gateway's address as `--url` takes it: http(s)://HOST:PORT.
 fn gateway_url(s: &str) -> Result<String, String> {
-    match reqwest::Url::parse(s) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
-            Ok(s.to_owned())
-        }
-        _ => Err(format!(
-            "{s:?} is not the gateway's address: give http://HOST:PORT, e.g. http://127.0.0.1:8080"
-        )),
-    }
+    crate::admin_client::http_address(s, "the gateway's", "http://127.0.0.1:8080")
 }
 
 pub(crate) async fn run(json_out: bool, args: BenchArgs) -> anyhow::Result<Outcome> {
