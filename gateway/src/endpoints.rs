@@ -742,6 +742,34 @@ mod tests {
         assert_eq!(set.saturation("other", 8.0, 0.9), 0.0);
     }
 
+    /// What `llmgw_endpoint_breaker_open` shows: a cooled-down breaker
+    /// with no probe yet stays tripped while the engine's figures are
+    /// stale, and reads closed once they are fresh again.
+    #[tokio::test(start_paused = true)]
+    async fn a_cooled_down_breaker_is_tripped_until_the_engine_shows_it_is_back() {
+        let max_age = Duration::from_secs(6);
+        let set = Endpoints::new(vec![spec("a", 0, 1)], BreakerConfig::default(), max_age);
+        let e = set.snapshot()[0].clone();
+        for _ in 0..3 {
+            e.record(false);
+        }
+        e.scraped(None);
+        assert!(e.breaker_tripped(max_age), "open");
+        tokio::time::advance(BreakerConfig::default().cool_down + Duration::from_millis(1)).await;
+        assert!(!e.breaker_open(), "cooled down: a probe may go");
+        assert!(
+            e.breaker_tripped(max_age),
+            "but nothing shows the engine back"
+        );
+        e.scraped(Some(crate::scrape::Load {
+            running: 0.0,
+            waiting: 0.0,
+            kv_usage: None,
+            at: tokio::time::Instant::now(),
+        }));
+        assert!(!e.breaker_tripped(max_age), "its figures are fresh again");
+    }
+
     #[test]
     fn an_update_keeps_the_live_state_of_surviving_endpoints() {
         let set = Endpoints::new(
