@@ -56,12 +56,7 @@ pub(crate) fn targets(
                 .get(&p.model)
                 .and_then(|m| m.profiles.iter().find(|f| f.name == p.profile))
                 .map(|f| f.engine);
-            let inv = &node.inventory;
-            let host = if inv.mgmt_addr.is_empty() {
-                &inv.hostname
-            } else {
-                &inv.mgmt_addr
-            };
+            let host = node.inventory.address();
             Some(Target {
                 replica_id: p.replica_id.clone(),
                 engine,

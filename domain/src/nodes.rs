@@ -371,6 +371,18 @@ fn check_inventory(inv: &Inventory) -> Result<(), Rejection> {
     Ok(())
 }
 
+impl Inventory {
+    /// Where the node's engines are reached: its management address, or
+    /// its host name when it reported none.
+    pub fn address(&self) -> &str {
+        if self.mgmt_addr.is_empty() {
+            &self.hostname
+        } else {
+            &self.mgmt_addr
+        }
+    }
+}
+
 /// A node's address as the host of a URL: an IPv6 address bracketed
 /// (`http://2001:db8::5:8000` names no port), anything else as it is.
 pub fn url_host(addr: &str) -> std::borrow::Cow<'_, str> {

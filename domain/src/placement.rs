@@ -610,6 +610,10 @@ fn decide(
         } else {
             multi_node(model, profile, fits, replica_id, &mut candidates)
         };
+        let outcome = outcome.and_then(|mut placement| {
+            share_host_ports(&mut placement, nodes, &used, options)?;
+            Ok(placement)
+        });
         match outcome {
             Ok(placement) => {
                 explanation.profiles.push(ProfileVerdict {
@@ -630,6 +634,59 @@ fn decide(
         }
     }
     explanation
+}
+
+/// Nodes that share an address share its ports: two agents on one machine
+/// were handed the same port, and the second engine could not bind. Each
+/// shard's port was chosen among its own node's; here it moves to the
+/// lowest port free on every node at its address (and not taken by an
+/// earlier shard of this placement there). Only the chosen shards pay the
+/// scan of the other nodes, not every candidate.
+fn share_host_ports(
+    placement: &mut Placement,
+    nodes: &Nodes,
+    used: &BTreeMap<&NodeId, Used<'_>>,
+    options: PlaceOptions,
+) -> Result<(), String> {
+    for i in 0..placement.shards.len() {
+        let (earlier, rest) = placement.shards.split_at_mut(i);
+        let shard = &mut rest[0];
+        let Some(host) = nodes
+            .nodes
+            .get(&shard.node_id)
+            .map(|n| n.inventory.address())
+        else {
+            continue;
+        };
+        let mut taken: BTreeSet<u16> = nodes
+            .nodes
+            .values()
+            .filter(|n| n.id != shard.node_id && n.inventory.address() == host)
+            .filter_map(|n| used.get(&n.id))
+            .flat_map(|u| u.ports.iter().copied())
+            .collect();
+        taken.extend(
+            earlier
+                .iter()
+                .filter(|s| {
+                    nodes
+                        .nodes
+                        .get(&s.node_id)
+                        .is_some_and(|n| n.inventory.address() == host)
+                })
+                .map(|s| s.port),
+        );
+        if !taken.contains(&shard.port) {
+            continue;
+        }
+        let own = used.get(&shard.node_id).map(|u| &u.ports);
+        shard.port = (options.port_range.0..=options.port_range.1)
+            .find(|p| !taken.contains(p) && !own.is_some_and(|o| o.contains(p)))
+            .ok_or_else(|| {
+                format!("every port in the engine port range is taken at {host}, which several nodes share")
+            })?;
+    }
+    Ok(())
 }
 
 fn offer(fit: &Fit<'_>) -> String {

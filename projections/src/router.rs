@@ -216,12 +216,8 @@ impl View for RouterView {
             }
             Event::Node(NodeEvent::NodeRegistered { node_id, inventory })
             | Event::Node(NodeEvent::NodeInventoryChanged { node_id, inventory }) => {
-                let addr = if inventory.mgmt_addr.is_empty() {
-                    &inventory.hostname
-                } else {
-                    &inventory.mgmt_addr
-                };
-                self.node_addrs.insert(node_id.clone(), addr.clone());
+                self.node_addrs
+                    .insert(node_id.clone(), inventory.address().to_owned());
                 // A removed node that joins again starts afresh.
                 if matches!(event, Event::Node(NodeEvent::NodeRegistered { .. })) {
                     self.lost_nodes.remove(node_id);

@@ -25,7 +25,7 @@ fn node(id: &str, gpus: Vec<Gpu>, fabrics: &[(&str, &[&str])]) -> Node {
         id: id.into(),
         inventory: Inventory {
             hostname: id.into(),
-            mgmt_addr: format!("10.0.0.{}", id.len()),
+            mgmt_addr: format!("{id}.example"),
             gpus,
             fabrics: fabrics
                 .iter()
@@ -433,6 +433,59 @@ fn cpu_replicas_spread_and_respect_memory() {
         e2.chosen.expect("2").shards[0].node_id.clone(),
     );
     assert_ne!(a, b, "CPU replicas spread");
+}
+
+/// Two agents on one machine report one address: an engine port one of
+/// them holds is not handed to the other (the second engine could not
+/// bind), while a node at another address still gets the lowest port.
+#[test]
+fn nodes_that_share_an_address_share_its_ports() {
+    let mut a = node("a", vec![], &[]);
+    let mut b = node("b", vec![], &[]);
+    a.inventory.mgmt_addr = "10.0.0.9".into();
+    b.inventory.mgmt_addr = "10.0.0.9".into();
+    let n = nodes(vec![a, b, node("c", vec![], &[])]);
+    let m = model(vec![profile("cpu", None, 1, 1)]);
+    let mut r = Replicas::default();
+    let mut seen = BTreeMap::new();
+    for i in 0..3 {
+        let e = place(
+            &m,
+            &n,
+            &r,
+            &[],
+            &format!("r{i}").into(),
+            PlaceOptions::default(),
+        );
+        let s = e.chosen.clone().expect("fits").shards[0].clone();
+        seen.insert(s.node_id.to_string(), s.port);
+        placed(&mut r, &e);
+    }
+    assert_eq!(
+        seen.len(),
+        3,
+        "CPU replicas spread over the three nodes: {seen:?}"
+    );
+    let shared: BTreeSet<u16> = [seen["a"], seen["b"]].into();
+    assert_eq!(shared, BTreeSet::from([20000, 20001]), "{seen:?}");
+    assert_eq!(seen["c"], 20000, "another address has its own ports");
+    // The quiet choice, the reconciler's, is the same.
+    let q = place_quiet(&m, &n, &r, &[], &"r3".into(), PlaceOptions::default()).expect("fits");
+    let e = place(&m, &n, &r, &[], &"r3".into(), PlaceOptions::default());
+    assert_eq!(Some(q), e.chosen);
+    // Two ports in the range, both held at the shared address: the node
+    // that has none of its own still cannot take one.
+    let two = PlaceOptions {
+        port_range: (20000, 20001),
+    };
+    let mut r = Replicas::default();
+    let only_ab = nodes(n.nodes.values().filter(|n| n.id != "c").cloned().collect());
+    for i in 0..2 {
+        let e = place(&m, &only_ab, &r, &[], &format!("r{i}").into(), two);
+        placed(&mut r, &e);
+    }
+    let e = place(&m, &only_ab, &r, &[], &"r2".into(), two);
+    assert!(e.chosen.is_none(), "{e:?}");
 }
 
 /// A GPU profile's `memory_mb` (host RAM beside its GPUs) is a constraint
