@@ -111,7 +111,9 @@ pub(crate) enum NodeCommand {
         node: Option<String>,
     },
     /// Remove NODE: its replicas are rebuilt elsewhere and its
-    /// certificates are refused until it joins again with a new token.
+    /// certificates are refused until it joins again with a new token (an
+    /// agent without a certificate registers again while it runs: stop it
+    /// first).
     Remove {
         /// The node's id.
         node: String,

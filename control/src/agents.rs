@@ -57,6 +57,9 @@ struct Session {
     /// Where the agent said its node is reached: a second agent claiming
     /// the node from elsewhere is another machine, not a restart.
     mgmt_addr: String,
+    /// Whether it came with a client certificate: only then does removing
+    /// the node keep it out (the deny list is of certificates).
+    certified: bool,
     tx: crate::outbox::Sender<Outgoing>,
 }
 
@@ -100,9 +103,10 @@ impl Registry {
         lock(&self.sessions).clear();
     }
 
-    /// Ends a node's stream (it was removed); true when it had one.
-    pub(crate) fn disconnect(&self, node: &NodeId) -> bool {
-        lock(&self.sessions).remove(node).is_some()
+    /// Ends a node's stream (it was removed); when it had one, whether
+    /// that stream came with a client certificate.
+    pub(crate) fn disconnect(&self, node: &NodeId) -> Option<bool> {
+        lock(&self.sessions).remove(node).map(|s| s.certified)
     }
 
     pub(crate) fn connected(&self, node: &NodeId) -> bool {
@@ -355,8 +359,8 @@ impl llmgw_api::AgentService for AgentSvc {
             Status::invalid_argument(format!("the registration of node {node:?}: {why}"))
         })?;
         heartbeat_fits(&node, reg.heartbeat_ms, cp.config.unreachable_after)?;
-        if let Some((cn, _)) = certified
-            && node != cn
+        if let Some((cn, _)) = &certified
+            && node != *cn
         {
             tracing::warn!(claimed = %node, certificate = %cn, "refused a stream whose node id is not its certificate's");
             return Err(Status::permission_denied(format!(
@@ -435,6 +439,7 @@ impl llmgw_api::AgentService for AgentSvc {
                     generation,
                     epoch: token.epoch,
                     mgmt_addr: reg.mgmt_addr.clone(),
+                    certified: certified.is_some(),
                     tx,
                 },
             );

@@ -108,13 +108,21 @@ pub(crate) async fn remove_node(
         )
         .await?;
     cp.views_reach(decided.position).await;
-    // Its stream ends now: the agent dials again and is refused.
-    if cp.agents.disconnect(&node) {
+    // Its stream ends now: the agent dials again and is refused, unless
+    // it came without a certificate, when nothing tells it from a new node.
+    let certified = cp.agents.disconnect(&node);
+    if certified.is_some() {
         tracing::info!(node = %node, "removed: its stream is closed");
     }
-    let done = format!(
-        "node {node} removed: its replicas are rebuilt elsewhere and its certificates are refused until it joins again with a new token"
-    );
+    let done = if certified == Some(false) {
+        format!(
+            "node {node} removed: its replicas are rebuilt elsewhere. Its agent connected without a client certificate, so nothing refuses it: while it runs it registers again as a new node. Stop it on the machine, or have agents join with certificates (`llmgw ctl node token`)"
+        )
+    } else {
+        format!(
+            "node {node} removed: its replicas are rebuilt elsewhere and its certificates are refused until it joins again with a new token"
+        )
+    };
     Ok(Json(crate::admin::changed(&decided, &done)))
 }
 

@@ -258,6 +258,61 @@ async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
     );
 }
 
+/// Two agents on one machine (one address) are never handed the same
+/// engine port: each node's replica serves on its own port at the first
+/// try, with no failed start between. Removing one of them, with no
+/// certificates in play, says that its agent registers again while it
+/// runs, rather than that it is refused.
+#[tokio::test]
+async fn two_agents_on_one_address_get_different_ports() {
+    let ip = "127.0.12.5";
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let models = "  - name: chat\n    scaling: {min: 2, max: 2}\n    profiles:\n      - name: sim\n        engine: sim\n";
+    let server = server(dir.path(), port, "  port_range: [30640, 30649]\n", models);
+    let twin = |node: &str| {
+        let home = dir.path().join(node);
+        std::fs::create_dir(&home).unwrap();
+        let _sweep = StateFileSweeper(home.join("work"));
+        (
+            agent(
+                port,
+                node,
+                &home,
+                &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
+            ),
+            _sweep,
+        )
+    };
+    let (_a, _sweep_a) = twin("twin-a");
+    let (_b, _sweep_b) = twin("twin-b");
+    let ports = until("two ready replicas", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        (ready.len() == 2).then(|| {
+            ready
+                .iter()
+                .map(|r| {
+                    (
+                        r["shards"][0]["node"].to_string(),
+                        r["shards"][0]["port"].as_u64(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    })
+    .await;
+    assert_ne!(ports[0].0, ports[1].0, "one replica per node: {ports:?}");
+    assert_ne!(ports[0].1, ports[1].1, "{ports:?}");
+    let all = get(format!("{}/api/v1/replicas?all=true", server.admin)).await;
+    assert_eq!(all.as_array().unwrap().len(), 2, "no start failed: {all}");
+
+    let (good, out, err) = ctl(&server.admin, &["node", "remove", "twin-b"]);
+    assert!(good, "{err}");
+    assert!(out.contains("without a client certificate"), "{out}");
+    assert!(out.contains("registers again"), "{out}");
+}
+
 /// GPU health is read again while the agent runs: a card that starts
 /// reporting uncorrected ECC errors leaves placement and comes back once
 /// it reports none; a card the driver no longer lists is out, and a driver
