@@ -154,6 +154,17 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     {
         a.node_id = llmgw_agent::join::node_of(&pem);
     }
+    // So does a certificate an earlier join stored; failing that, the
+    // machine's hostname. Resolved here so that `--check` shows it.
+    if a.node_id.is_none()
+        && a.tls_ca.is_none()
+        && let Some(work_dir) = &a.work_dir
+        && let Ok(Some(joined)) = llmgw_agent::join::stored(work_dir)
+    {
+        a.node_id = llmgw_agent::join::node_of(&joined.cert);
+    }
+    a.node_id
+        .get_or_insert_with(llmgw_agent::discovery::host::hostname);
     if a.mgmt_addr.is_none() {
         // Engines and other nodes reach this node where the control plane
         // does; loopback only when the control plane is on this host.

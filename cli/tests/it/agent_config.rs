@@ -496,4 +496,39 @@ fn a_certificate_names_the_node_by_default() {
     assert_eq!((code, &s["node_id"]), (0, &Value::from("gpu-n7")), "{err}");
     let (code, s, err) = check(&[&with_tls[..], &["--node-id", "other"]].concat(), &[]);
     assert_eq!((code, &s["node_id"]), (0, &Value::from("other")), "{err}");
+
+    // A certificate an earlier join stored in the work directory names
+    // the node the same way (`--check` showed null).
+    let work = dir.path().join("work");
+    let identity = work.join("identity");
+    std::fs::create_dir_all(&identity).unwrap();
+    for (from, to) in [
+        ("ca.pem", "ca.pem"),
+        ("gpu-n7.pem", "node.pem"),
+        ("gpu-n7-key.pem", "node-key.pem"),
+    ] {
+        std::fs::copy(tls(from), identity.join(to)).unwrap();
+    }
+    std::fs::write(identity.join("token.sha256"), "00\n").unwrap();
+    let joined = [
+        "--server",
+        "127.0.0.1:7443",
+        "--work-dir",
+        work.to_str().unwrap(),
+    ];
+    let (code, s, err) = check(&joined, &[]);
+    assert_eq!((code, &s["node_id"]), (0, &Value::from("gpu-n7")), "{err}");
+    // With nothing to name it, the node is the machine's hostname.
+    let bare = dir.path().join("bare");
+    let (code, s, err) = check(
+        &[
+            "--server",
+            "127.0.0.1:7443",
+            "--work-dir",
+            bare.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let host = llmgw_agent::discovery::host::hostname();
+    assert_eq!((code, &s["node_id"]), (0, &Value::from(host)), "{err}");
 }
