@@ -152,6 +152,15 @@ struct Inspected {
     purposes: Vec<String>,
 }
 
+/// Seconds since the epoch as RFC 3339 in UTC (`2026-12-07T06:50:10Z`),
+/// as the rest of the CLI writes times.
+fn iso(seconds: i64) -> String {
+    chrono::DateTime::from_timestamp(seconds, 0).map_or_else(
+        || seconds.to_string(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}
+
 fn general_name(n: &x509_parser::extensions::GeneralName) -> String {
     use x509_parser::extensions::GeneralName;
     match n {
@@ -279,8 +288,8 @@ pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
             let inspected = Inspected {
                 subject: cert.subject().to_string(),
                 issuer: cert.issuer().to_string(),
-                not_before: cert.validity().not_before.to_string(),
-                not_after: cert.validity().not_after.to_string(),
+                not_before: iso(cert.validity().not_before.timestamp()),
+                not_after: iso(cert.validity().not_after.timestamp()),
                 ca: cert.is_ca(),
                 names,
                 purposes: purposes.iter().map(|p| (*p).to_owned()).collect(),
@@ -290,10 +299,18 @@ pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
             } else {
                 writeln!(out, "subject   {}", inspected.subject)?;
                 writeln!(out, "issuer    {}", inspected.issuer)?;
+                let left = cert.validity().not_after.timestamp() - chrono::Utc::now().timestamp();
+                let days = left.abs() / 86_400;
                 writeln!(
                     out,
-                    "valid     {} to {}",
-                    inspected.not_before, inspected.not_after
+                    "valid     {} to {} ({})",
+                    inspected.not_before,
+                    inspected.not_after,
+                    if left < 0 {
+                        format!("expired {days} days ago")
+                    } else {
+                        format!("expires in {days} days")
+                    }
                 )?;
                 writeln!(out, "ca        {}", inspected.ca)?;
                 if !inspected.names.is_empty() {

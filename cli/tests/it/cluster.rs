@@ -1658,6 +1658,15 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
     assert_eq!(as_json["names"], json!(["127.0.0.1"]));
     assert_eq!(as_json["purposes"], json!(["server"]));
     assert_eq!(as_json["ca"], false);
+    // Dates as RFC 3339 in UTC, as everywhere else; the text says how long.
+    let not_after = chrono::DateTime::parse_from_rfc3339(as_json["not_after"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{as_json}: {e}"));
+    assert!(not_after > chrono::Utc::now(), "{as_json}");
+    assert!(
+        as_json["not_before"].as_str().unwrap().ends_with('Z'),
+        "{as_json}"
+    );
+    assert!(inspected.contains("expires in "), "{inspected}");
 
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
     let port = free_port();
