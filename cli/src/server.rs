@@ -322,6 +322,14 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         Some(v) => config::duration("shutdown_grace", v)?,
         None => crate::serve::DEFAULT_SHUTDOWN_GRACE,
     };
+    // A stop waits this long for streams; beyond an hour it is a typo (a
+    // unit or a pod is killed long before, losing the usage it holds).
+    if shutdown_grace > std::time::Duration::from_secs(3600) {
+        return Err(ConfigError(format!(
+            "shutdown_grace: {} s is more than an hour: a stop would wait that long for streams, and a service manager kills it first (the shipped unit's TimeoutStopSec is 60 s)",
+            shutdown_grace.as_secs()
+        )));
+    }
     // Without the control plane nothing listens for agents (and a setting
     // for it was refused above).
     let agent = match control {

@@ -2355,6 +2355,12 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             vec![("LLMGW_ROUTER__STREAM_IDLE_TIMEOUT", "0s")],
             "router.stream_idle_timeout must be above 0",
         ),
+        // A stop that would wait days for streams.
+        (
+            good.clone(),
+            vec![("LLMGW_SHUTDOWN_GRACE", "100h")],
+            "shutdown_grace: 360000 s is more than an hour",
+        ),
         // The file's endpoints are checked though the variable's replace
         // them.
         (
