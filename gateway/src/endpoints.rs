@@ -197,6 +197,10 @@ impl std::str::FromStr for EndpointSpec {
 #[derive(Debug)]
 struct Live {
     in_flight: AtomicU32,
+    /// Requests counted against it so far: among endpoints equally
+    /// loaded, the one sent fewest per unit of weight goes first, so
+    /// light traffic spreads rather than all going to the first id.
+    sent: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
     load: Mutex<Option<Load>>,
     /// A scrape has been tried at least once.
@@ -263,6 +267,7 @@ impl Endpoint {
     fn new(spec: EndpointSpec, breaker: &BreakerConfig) -> Self {
         let live = Arc::new(Live {
             in_flight: AtomicU32::new(0),
+            sent: std::sync::atomic::AtomicU64::new(0),
             breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
             load: Mutex::new(None),
             scraped: std::sync::atomic::AtomicBool::new(false),
@@ -543,7 +548,8 @@ impl Endpoints {
 
     /// Filter (serves the model, not excluded, breaker lets it through,
     /// figures fresh when any are), keep the highest-priority pool, and
-    /// order by load per unit of weight, least first (ties by id).
+    /// order by load per unit of weight, least first (ties by requests
+    /// sent per unit of weight, then by id).
     pub fn candidates(&self, model: &str, exclude: &[String]) -> Vec<(Arc<Endpoint>, f64)> {
         let mut candidates: Vec<(Arc<Endpoint>, bool)> = self
             .all()
@@ -567,7 +573,14 @@ impl Endpoints {
                 (e, score)
             })
             .collect();
-        scored.sort_by(|(a, x), (b, y)| x.total_cmp(y).then_with(|| a.spec.id.cmp(&b.spec.id)));
+        let turns = |e: &Endpoint| {
+            e.live.sent.load(Ordering::Relaxed) as f64 / f64::from(e.spec.weight.max(1))
+        };
+        scored.sort_by(|(a, x), (b, y)| {
+            x.total_cmp(y)
+                .then_with(|| turns(a).total_cmp(&turns(b)))
+                .then_with(|| a.spec.id.cmp(&b.spec.id))
+        });
         scored
     }
 
@@ -580,6 +593,7 @@ impl Endpoints {
             Pass::Probe(n) => Some(n),
         };
         e.live.in_flight.fetch_add(1, Ordering::Relaxed);
+        e.live.sent.fetch_add(1, Ordering::Relaxed);
         Some(InFlight(e.clone(), probe))
     }
 

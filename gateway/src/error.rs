@@ -288,6 +288,20 @@ impl ApiError {
         }
     }
 
+    /// A budget of nothing: only free models, for good (it never renews
+    /// into anything).
+    pub fn budget_none(scope: &str, id: &str) -> Self {
+        ApiError {
+            final_answer: true,
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "insufficient_quota",
+                "insufficient_quota",
+                format!("{scope} {id} has a budget of 0: it may use only models priced 0"),
+            )
+        }
+    }
+
     /// A budget is not spent yet, but has less left than this request may
     /// cost (its prompt and the completion it allows itself).
     /// `unset`: the request set no `max_tokens`, so it may cost as much

@@ -337,6 +337,17 @@ pub fn admin_app(gw: Arc<Gateway>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics::page))
+        // An empty 404 left a person, or an SDK pointed here by mistake,
+        // with nothing to go on.
+        .fallback(|uri: axum::http::Uri| async move {
+            (
+                axum::http::StatusCode::NOT_FOUND,
+                format!(
+                    "nothing at {} on the admin listener: its pages are under /admin, the admin API under /api/v1, with /metrics and /health; the OpenAI API is on the client listener\n",
+                    uri.path()
+                ),
+            )
+        })
         .with_state(gw)
 }
 

@@ -94,6 +94,9 @@ fn none() -> Arc<str> {
     NONE.get_or_init(|| Arc::from("")).clone()
 }
 
+/// A request its client gave up on, as proxies log it.
+pub(crate) const GIVEN_UP: u16 = 499;
+
 /// A served request: recorded when dropped, at the end of its stream or
 /// when the client goes away mid-stream.
 #[derive(Debug)]
@@ -106,6 +109,9 @@ pub(crate) struct Finish {
     /// How a stream ended, when it did (None: still running when
     /// dropped, so the client went away).
     pub(crate) end: Option<crate::access::StreamEnd>,
+    /// Relayed as a stream: one dropped before its end was cut off by
+    /// its client.
+    pub(crate) streamed: bool,
 }
 
 impl Finish {
@@ -124,6 +130,7 @@ impl Finish {
             first_content: None,
             tokens: None,
             end: None,
+            streamed: false,
         }
     }
 
@@ -174,7 +181,13 @@ impl Drop for Finish {
             model_served: self.served.clone(),
             prompt_tokens: tokens.prompt,
             completion_tokens: tokens.completion,
-            status: self.status,
+            // A stream its client left is recorded as given up, as a
+            // plain request left before its answer is.
+            status: if self.streamed && self.end.is_none() && self.status < 300 {
+                GIVEN_UP
+            } else {
+                self.status
+            },
             latency_ms: millis(t.started.elapsed()),
             ttft_ms: self.first_content.map(millis),
             band: t.band,

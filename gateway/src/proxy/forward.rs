@@ -17,7 +17,7 @@ use axum::http::response::Parts;
 use axum::http::{HeaderName, header};
 use axum::response::Response;
 
-use super::account::{Finish, Ticket};
+use super::account::{Finish, GIVEN_UP, Ticket};
 use super::relay::{Resume, relay};
 use super::request::{ClientRequest, with_model};
 use super::resolve::Plan;
@@ -312,6 +312,7 @@ async fn attempt(
                 } else {
                     0
                 };
+                finish.streamed = true;
                 let splice = Splice::new(form, request.strip_usage, estimate);
                 let idle = gw.config.stream_idle_timeout;
                 let relayed = relay(upstream, flight, finish, splice, form, idle, resume);
@@ -472,9 +473,6 @@ impl Drop for Waiting<'_> {
         gw.metrics.request(finish.served().clone(), GIVEN_UP);
     }
 }
-
-/// A request its client gave up on, as proxies log it.
-const GIVEN_UP: u16 = 499;
 
 /// An endpoint that said nothing in time. A stream's head comes at once
 /// from an engine that works, however busy: without it the engine is as

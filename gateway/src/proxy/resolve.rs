@@ -184,6 +184,7 @@ fn budget_refusal(b: &BudgetLevel, spent: Option<u64>, unset: bool) -> ApiError 
         Some(s) if s < b.micros => {
             ApiError::budget_short(b.scope.name(), &b.scope_id, period, b.micros - s, unset)
         }
+        _ if b.micros == 0 => ApiError::budget_none(b.scope.name(), &b.scope_id),
         _ => ApiError::budget_spent(b.scope.name(), &b.scope_id, period),
     }
 }

@@ -89,6 +89,32 @@ async fn concurrent_requests_spread_over_the_endpoints_of_a_model() {
     assert!(on_a > 0.0 && on_b > 0.0, "a {on_a}, b {on_b}");
 }
 
+/// One request at a time never loads either endpoint: they take turns,
+/// rather than the first id getting everything (a second machine added
+/// for a model got no traffic until the first was busy).
+#[tokio::test]
+async fn light_traffic_takes_turns_over_equal_endpoints() {
+    let (a, b) = (
+        sim(support::sim_config()).await,
+        sim(support::sim_config()).await,
+    );
+    let gw = gateway(vec![spec("a", &a, &["m"]), spec("b", &b, &["m"])]).await;
+    for _ in 0..6 {
+        let r = gw.chat(&chat("m", false, 2)).await;
+        assert_eq!(r.status(), 200);
+    }
+    let (on_a, on_b) = (
+        metric(&a, "vllm:generation_tokens_total").await,
+        metric(&b, "vllm:generation_tokens_total").await,
+    );
+    // Three each when nothing else weighs; a scrape that catches one
+    // engine mid-answer may shift one request.
+    assert!(
+        on_a >= 4.0 && on_b >= 4.0,
+        "two tokens a request, at least two requests each: a {on_a}, b {on_b}"
+    );
+}
+
 #[tokio::test]
 async fn a_failing_endpoint_is_retried_around_then_its_breaker_opens() {
     let live = sim(support::sim_config()).await;
@@ -432,6 +458,9 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
         record.completion_tokens >= 4 && record.completion_tokens < 1000,
         "{record:?}"
     );
+    // Recorded as given up, as a plain request the client leaves is: the
+    // usage tells a cut stream from a whole one.
+    assert_eq!(record.status, 499, "{record:?}");
 }
 
 /// A request the engine refuses (400: a malformed message) did no work

@@ -469,7 +469,8 @@ async fn an_engine_that_never_answers_is_timed_out_and_routed_around() {
         response_timeout: std::time::Duration::from_millis(500),
         ..GatewayConfig::default()
     };
-    // "a-hung" sorts first, so it is tried first until its breaker opens
+    // "a-hung" sorts first, so it is tried first; light traffic then takes
+    // turns, so it is tried every other request until its breaker opens
     // (three failures).
     let gw = gateway_with(config(vec![
         spec("a-hung", &hung, &["m"]),
@@ -493,7 +494,7 @@ async fn an_engine_that_never_answers_is_timed_out_and_routed_around() {
         0.0,
         "b was not asked"
     );
-    for _ in 0..3 {
+    for _ in 0..4 {
         let r = ask(true).await.unwrap();
         assert_eq!(r.status(), 200);
         let text = r.text().await.unwrap();
@@ -502,7 +503,7 @@ async fn an_engine_that_never_answers_is_timed_out_and_routed_around() {
     let page = gw.admin_page().await;
     assert!(
         page.contains("llmgw_endpoint_breaker_open{endpoint=\"a-hung\"} 1"),
-        "three streams' timeouts open its breaker: {page}"
+        "three streams' timeouts (of the four sent, the first went to b) open its breaker: {page}"
     );
     // Now the plain request goes straight to b.
     assert_eq!(ask(false).await.unwrap().status(), 200);

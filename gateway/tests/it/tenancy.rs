@@ -733,6 +733,28 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
         call(&gw.base, Some(&roomy), &chat("big", 2)).await.status(),
         200
     );
+    // A budget of 0 allows only free models: said so, not "spent, renews
+    // tomorrow" (it never does).
+    t.project("z").await;
+    t.limit(
+        Scope::Project,
+        "z",
+        Limits {
+            models: Some(vec!["big".into()]),
+            budget_micros: Some(0),
+            period: Some(Period::Day),
+            ..Limits::default()
+        },
+    )
+    .await;
+    let nothing = t.key("kz", "z").await;
+    let r = call(&gw.base, Some(&nothing), &chat("big", 2)).await;
+    assert_eq!(r.status(), 429);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("project z has a budget of 0: it may use only models priced 0"),
+        "{body}"
+    );
 }
 
 /// Requests still running count against a budget by their estimate: two
