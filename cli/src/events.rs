@@ -667,12 +667,15 @@ async fn verify(
     } else if report.checked == 0 && report.first_mismatch.is_none() {
         writeln!(out, "nothing to verify in {}..={}", report.from, report.to)?;
     } else if let Some(p) = report.first_mismatch {
+        let what = if report.missing {
+            "is missing: the log has no event there (a row was deleted)"
+        } else {
+            "does not match its hash"
+        };
         writeln!(
             out,
-            "TAMPERED: position {p} does not match its hash ({} of {}..={} checked before it)",
-            report.checked.saturating_sub(1),
-            report.from,
-            report.to
+            "TAMPERED: position {p} {what} ({} of {}..={} verified before it)",
+            report.checked, report.from, report.to
         )?;
     } else if report.head_matches == Some(false) {
         writeln!(

@@ -328,6 +328,20 @@ impl ControlPlane {
 
     /// Decides and appends as the leader on behalf of `origin`; wakes the
     /// reconciler.
+    /// Records an operator's command refused by a rule the log does not
+    /// hold (the leader's configuration file), as the decider records
+    /// the refusals it decides.
+    pub(crate) async fn record_refused(
+        &self,
+        origin: &Origin,
+        command: &Command,
+        rejection: &llmgw_domain::Rejection,
+    ) {
+        self.decider
+            .record_refused(origin, command, rejection)
+            .await;
+    }
+
     pub(crate) async fn execute(
         &self,
         origin: &Origin,

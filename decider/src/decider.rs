@@ -300,7 +300,7 @@ impl Decider {
                 Ok(events) => events,
                 Err((command, rejection)) => {
                     drop(inner);
-                    self.refused(origin, command, &rejection).await;
+                    self.record_refused(origin, command, &rejection).await;
                     return Err(DecideError::Rejected(rejection));
                 }
             };
@@ -359,8 +359,9 @@ impl Decider {
 
     /// Records an operator's refused command, so that an auditor sees
     /// attempts and not only successes. Best effort: the refusal itself is
-    /// what the caller needs.
-    async fn refused(
+    /// what the caller needs. Public for refusals decided beside the log
+    /// (a model the leader's configuration file defines).
+    pub async fn record_refused(
         &self,
         origin: &Origin,
         command: &Command,

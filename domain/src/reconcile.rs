@@ -605,7 +605,15 @@ pub fn plan(
                 plan.actions.push(Action::Drain {
                     replica_id: first.placement.replica_id.clone(),
                     shards: shards_of(&first.placement),
-                    why: "replaced: its profile changed, or its node drains".into(),
+                    why: match on_draining_node(state, first) {
+                        Some(node) if current_fp(first) => {
+                            format!("replaced: its node {node} drains")
+                        }
+                        Some(node) => {
+                            format!("replaced: its profile changed, and its node {node} drains")
+                        }
+                        None => "replaced: its profile changed".into(),
+                    },
                 });
             }
         } else if keep.len() as u32 > want {

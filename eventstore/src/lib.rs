@@ -351,6 +351,7 @@ pub trait EventStore: Clone + Send + Sync + 'static {
                 to,
                 checked: 0,
                 first_mismatch: None,
+                missing: false,
                 head_matches: None,
             };
             if from > to {
@@ -376,20 +377,22 @@ pub trait EventStore: Clone + Send + Sync + 'static {
                     }
                     if event.position != after + 1 {
                         report.first_mismatch = Some(after + 1);
+                        report.missing = true;
                         return Ok(report);
                     }
                     after = event.position;
-                    report.checked += 1;
                     let computed = hash::chain(&prev, &event);
                     if computed != event.hash {
                         report.first_mismatch = Some(event.position);
                         return Ok(report);
                     }
+                    report.checked += 1;
                     prev = computed;
                 }
             }
             if after < to {
                 report.first_mismatch = Some(after + 1);
+                report.missing = true;
             } else if to == head {
                 report.head_matches = Some(prev == head_hash);
             }

@@ -262,8 +262,13 @@ impl Stats {
 pub struct VerifyReport {
     pub from: u64,
     pub to: u64,
+    /// Events whose hash matched, before any break.
     pub checked: u64,
     pub first_mismatch: Option<u64>,
+    /// The break is a position that is not there (a row deleted), not
+    /// an event that does not match its hash.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missing: bool,
     /// True when the range reached the head and the control row's chain head
     /// matched the last event's hash.
     pub head_matches: Option<bool>,

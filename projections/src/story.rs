@@ -193,6 +193,17 @@ impl Redactor {
                 if let Some(Value::String(id)) = m.get("replica_id") {
                     self.replica(id);
                 }
+                // The views keep keys by their hash, which names a line of
+                // the story: named after the key, as the hash itself is
+                // blanked (it differs from one recording to the next).
+                if let (Some(Value::String(id)), Some(Value::String(hash))) =
+                    (m.get("key_id"), m.get("hash"))
+                {
+                    self.key(id);
+                    if let Some(name) = self.name(id).map(|n| format!("hash-of-{n}")) {
+                        self.give(hash, name);
+                    }
+                }
                 for (k, x) in m {
                     match (k.as_str(), x) {
                         ("replica_id", _) => {}
@@ -232,6 +243,14 @@ impl Redactor {
         }
         if let Some(v) = views.view_json("tenancy") {
             self.learn(&v);
+            // Keyed by hash, the entries do not hold it: named here.
+            for (hash, entry) in v.as_object().into_iter().flatten() {
+                if let Some(Value::String(id)) = entry.get("key_id")
+                    && let Some(name) = self.name(id).map(|n| format!("hash-of-{n}"))
+                {
+                    self.give(hash, name);
+                }
+            }
         }
     }
 
@@ -447,6 +466,20 @@ mod tests {
         );
         assert_eq!(r.stream("replica-0a2b"), "replica-R2");
         assert_eq!(relative(-250), "-0.250s");
+    }
+
+    /// The tenancy view keeps keys by their hash: a line's path names the
+    /// key, not the hash, which differs from one recording to the next.
+    #[test]
+    fn a_keys_hash_is_named_after_the_key_where_it_is_a_path() {
+        let mut r = Redactor::new(0);
+        let hash = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
+        let view = json!({hash: {"key_id": "k-9", "hash": hash, "prefix": "llmgw-5e88"}});
+        r.learn(&view);
+        assert_eq!(
+            r.redact(&view),
+            json!({"hash-of-K1": {"key_id": "K1", "hash": BLANK, "prefix": BLANK}})
+        );
     }
 
     #[test]

@@ -372,6 +372,14 @@ async fn streams_of(
     match thing {
         Thing::Stream(_) => {}
         Thing::Node(n) => {
+            // How it joined: the token's stream (who issued it, its use).
+            for joined in payloads_of(store, "NodeJoined").await? {
+                if text(&joined, "node_id").as_deref() == Some(n.as_str())
+                    && let Some(token) = text(&joined, "token_id")
+                {
+                    streams.push((format!("jointoken-{token}"), None));
+                }
+            }
             for p in placements(store).await? {
                 let here: Vec<String> = p
                     .shards

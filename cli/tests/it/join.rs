@@ -281,6 +281,16 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
         removed.payload["certificates"],
         json!([joined.payload["certificate"]])
     );
+    // The node's history says how it joined: the token issued, then used.
+    let history = ok(&["--store", &store, "events", "log", "--node", "a"]);
+    for what in [
+        "JoinTokenIssued",
+        "NodeJoined",
+        "NodeRegistered",
+        "NodeRemoved",
+    ] {
+        assert!(history.contains(what), "{what}: {history}");
+    }
     // Its replica no longer counts: it is failed, to be rebuilt elsewhere.
     until("the removed node's replica stopped", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;

@@ -302,7 +302,7 @@ fn a_node_drain_is_rolling_the_replacement_serves_first() {
                 node_id: node.clone(),
                 shard_id: format!("{original}-0").into(),
             }],
-            why: "replaced: its profile changed, or its node drains".into(),
+            why: format!("replaced: its node {node} drains"),
         }]
     );
     let actions = settle(&mut s, &mut rt);
@@ -744,7 +744,8 @@ fn a_renamed_profile_is_replaced_before_its_replica_stops() {
     assert!(
         actions
             .iter()
-            .any(|a| matches!(a, Action::Drain { replica_id, .. } if *replica_id == original)),
+            .any(|a| matches!(a, Action::Drain { replica_id, why, .. }
+            if *replica_id == original && why == "replaced: its profile changed")),
         "{actions:?}"
     );
 }

@@ -59,9 +59,32 @@ async fn verify_names_the_first_altered_position(b: Backend) {
     assert!(t.store.verify(5, None).await.unwrap().is_ok());
 
     t.raw(epoch).await.expect("tamper with the epoch");
+    let edited = t.store.verify(5, None).await.unwrap();
     assert_eq!(
-        t.store.verify(5, None).await.unwrap().first_mismatch,
-        Some(8)
+        (edited.first_mismatch, edited.missing, edited.checked),
+        (Some(8), false, 3),
+        "positions 5 to 7 verify before it"
+    );
+
+    // A row deleted: named as missing, not as an event that does not
+    // match its hash, with what verified before it.
+    let delete = match b {
+        Backend::Postgres => {
+            "ALTER TABLE es_events DISABLE TRIGGER es_events_immutable;
+             DELETE FROM es_events WHERE position = 6;
+             ALTER TABLE es_events ENABLE TRIGGER es_events_immutable;"
+        }
+        Backend::Sqlite => {
+            "DROP TRIGGER es_events_no_delete;
+             DELETE FROM es_events WHERE position = 6;"
+        }
+    };
+    t.raw(delete).await.expect("delete a row");
+    let gap = t.store.verify(5, None).await.unwrap();
+    assert_eq!(
+        (gap.first_mismatch, gap.missing, gap.checked),
+        (Some(6), true, 1),
+        "{gap:?}"
     );
 }
 

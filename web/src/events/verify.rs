@@ -41,10 +41,17 @@ impl Verified {
             } else {
                 String::new()
             };
-            format!(
-                "The chain breaks at position {p}: the event there does not match its stored \
-                 hash (or is missing), so it or its hash was changed after it was written.{before}"
-            )
+            if r.missing {
+                format!(
+                    "The chain breaks at position {p}: there is no event there, so one was \
+                     deleted after it was written.{before}"
+                )
+            } else {
+                format!(
+                    "The chain breaks at position {p}: the event there does not match its \
+                     stored hash, so it or its hash was changed after it was written.{before}"
+                )
+            }
         } else if r.head_matches == Some(false) {
             format!(
                 "Events {}..={} chain correctly, but the log's recorded chain head differs: \
@@ -136,8 +143,9 @@ mod tests {
             report: VerifyReport {
                 from: 1,
                 to: 10,
-                checked: first_mismatch.unwrap_or(10),
+                checked: first_mismatch.map_or(10, |p| p - 1),
                 first_mismatch,
+                missing: false,
                 head_matches,
             },
             at: Utc::now(),
