@@ -200,7 +200,12 @@ pub struct Status {
     pub nodes_ready: usize,
     /// Live replicas (placed, not stopped).
     pub replicas: usize,
+    /// Ready, on nodes that answer: what serves.
     pub replicas_ready: usize,
+    /// Ready when last heard of, on a node that has gone quiet (not yet
+    /// lost): not counted as serving.
+    #[serde(default)]
+    pub replicas_unreachable: usize,
     /// Replicas the catalog wants now (its minimums, and on-demand
     /// models asked for lately): more than `replicas` means some wait for
     /// a place.

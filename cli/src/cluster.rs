@@ -562,16 +562,7 @@ pub(crate) async fn run(
             };
             // Read as a model here first, so that a wrong value is placed
             // in the file (its line and column), not in the JSON this sends.
-            let typed = if json_file {
-                serde_json::from_str::<llmgw_domain::catalog::Model>(&text)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            } else {
-                serde_norway::from_str::<llmgw_domain::catalog::Model>(&text)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            };
-            if let Err(e) = typed {
+            if let Err(e) = read_model(&text, json_file) {
                 bail!("{} is not a model: {e}", file.display());
             }
             let c: api::Changed = a
@@ -818,9 +809,17 @@ async fn follow_logs(
 }
 
 fn replica_summary(s: &api::Status) -> String {
-    let starting = s.replicas.saturating_sub(s.replicas_ready);
+    let starting = s
+        .replicas
+        .saturating_sub(s.replicas_ready + s.replicas_unreachable);
     let waiting = s.replicas_wanted.saturating_sub(s.replicas);
     let mut text = format!("{} ready", s.replicas_ready);
+    if s.replicas_unreachable > 0 {
+        text.push_str(&format!(
+            ", {} on unreachable nodes",
+            s.replicas_unreachable
+        ));
+    }
     if starting > 0 {
         text.push_str(&format!(", {starting} starting"));
     }
@@ -838,6 +837,29 @@ fn changed(out: &mut impl Write, json: bool, c: api::Changed) -> anyhow::Result<
         writeln!(out, "{}", c.message)?;
         Ok(())
     }
+}
+
+/// Reads `text` as a model, for its error: with the first key met that a
+/// model does not have, as the likelier mistake (`engin: sim` fails as
+/// `engine` missing).
+fn read_model(text: &str, json: bool) -> Result<(), String> {
+    use llmgw_domain::catalog::Model;
+    let mut unknown = Vec::new();
+    let read = if json {
+        let mut de = serde_json::Deserializer::from_str(text);
+        serde_ignored::deserialize::<_, _, Model>(&mut de, |p| unknown.push(p.to_string()))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    } else {
+        let de = serde_norway::Deserializer::from_str(text);
+        serde_ignored::deserialize::<_, _, Model>(de, |p| unknown.push(p.to_string()))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    read.map_err(|e| match unknown.first() {
+        Some(k) => format!("{e} (`{k}` is a key llmgw does not know: misspelt?)"),
+        None => e,
+    })
 }
 
 #[cfg(test)]

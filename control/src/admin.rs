@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use llmgw_api::admin as api;
+use llmgw_decider::Origin;
 use llmgw_domain::catalog::{CatalogCommand, Model};
 use llmgw_domain::ids::NodeId;
 use llmgw_domain::nodes::{NodeCommand, Reachability};
@@ -486,7 +487,10 @@ async fn add_model(
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
     let model = model_of(&body)?;
-    from_config_file(&cp, &model.name, "changed")?;
+    from_config_file(&cp, &origin, &model.name, "changed", || {
+        Command::Catalog(CatalogCommand::UpdateModel(model.clone()))
+    })
+    .await?;
     let exists = cp
         .views
         .read()
@@ -495,7 +499,7 @@ async fn add_model(
         .catalog
         .models
         .contains_key(&model.name);
-    let (command, done) = if exists {
+    let (command, mut done) = if exists {
         (
             CatalogCommand::UpdateModel(model.clone()),
             format!("model {} updated", model.name),
@@ -506,6 +510,11 @@ async fn add_model(
             format!("model {} added", model.name),
         )
     };
+    if model.profiles.is_empty() {
+        done.push_str(
+            "; it has no profiles, so no node starts it: only a static endpoint that names it serves it",
+        );
+    }
     change(&cp, &origin, vec![Command::Catalog(command)], &done).await
 }
 
@@ -518,7 +527,15 @@ fn model_of(body: &[u8]) -> std::result::Result<Model, AdminError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let model: Model = serde_ignored::deserialize(&mut de, |path| unknown.push(path.to_string()))
         .and_then(|m| de.end().map(|()| m))
-        .map_err(|e| bad(format!("the body is not a model: {e}")))?;
+        .map_err(|e| {
+            // `engin: sim` fails as `engine` missing: the unknown key
+            // met before the failure is the likelier mistake.
+            let typo = unknown
+                .first()
+                .map(|k| format!(" (`{k}` is a key llmgw does not know: misspelt?)"))
+                .unwrap_or_default();
+            bad(format!("the body is not a model: {e}{typo}"))
+        })?;
     if let Some(path) = unknown.first() {
         let (at, key) = path.rsplit_once('.').unwrap_or(("", path));
         let whence = if at.is_empty() {
@@ -535,19 +552,22 @@ fn model_of(body: &[u8]) -> std::result::Result<Model, AdminError> {
 
 /// The configuration file's models are applied again whenever a server
 /// takes office, so a change made here would silently last only until
-/// then: it is refused, naming where the model is defined.
-fn from_config_file(
+/// then: it is refused, naming where the model is defined, and recorded
+/// as every refused operator command is (`command` is what was refused).
+async fn from_config_file(
     cp: &ControlPlane,
+    origin: &Origin,
     name: &str,
     verb: &str,
+    command: impl FnOnce() -> Command,
 ) -> std::result::Result<(), AdminError> {
     if cp.config.models.iter().any(|m| m.name == name) {
-        return Err(AdminError(
-            StatusCode::CONFLICT,
-            format!(
-                "model {name} is defined in the leader's configuration file, which wins whenever a server takes office: it cannot be {verb} with ctl; edit the file and restart the server instead"
-            ),
-        ));
+        let why = format!(
+            "model {name} is defined in the leader's configuration file, which wins whenever a server takes office: it cannot be {verb} with ctl; edit the file and restart the server instead"
+        );
+        let rejection = llmgw_domain::Rejection::conflict(why.clone());
+        cp.record_refused(origin, &command(), &rejection).await;
+        return Err(AdminError(StatusCode::CONFLICT, why));
     }
     Ok(())
 }
@@ -563,7 +583,12 @@ async fn remove_model(
     Query(q): Query<NameQuery>,
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
-    from_config_file(&cp, &q.name, "removed")?;
+    from_config_file(&cp, &origin, &q.name, "removed", || {
+        Command::Catalog(CatalogCommand::RemoveModel {
+            name: q.name.clone(),
+        })
+    })
+    .await?;
     let done = format!("model {} removed; its replicas stop", q.name);
     change(
         &cp,
@@ -696,8 +721,20 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         .values()
         .map(|m| llmgw_domain::reconcile::desired(m, &rt, &settings))
         .sum();
-    let ready_models: BTreeSet<&str> = live()
-        .filter(|r| r.status == ReplicaStatus::Ready)
+    // A replica on a node gone quiet is not serving, whatever it last
+    // said: the summary read "all serving" while the gateway had nothing
+    // to route to, until the node was declared lost.
+    let answers = |r: &llmgw_domain::replicas::Replica| {
+        r.placement.shards.iter().all(|s| {
+            c.nodes
+                .nodes
+                .get(&s.node_id)
+                .is_some_and(|n| n.reachability == Reachability::Ready)
+        })
+    };
+    let ready = || live().filter(|r| r.status == ReplicaStatus::Ready);
+    let ready_models: BTreeSet<&str> = ready()
+        .filter(|r| answers(r))
         .map(|r| r.placement.model.as_str())
         .collect();
     Ok(Json(api::Status {
@@ -712,7 +749,8 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
             .filter(|n| n.reachability == Reachability::Ready)
             .count(),
         replicas: live().count(),
-        replicas_ready: live().filter(|r| r.status == ReplicaStatus::Ready).count(),
+        replicas_ready: ready().filter(|r| answers(r)).count(),
+        replicas_unreachable: ready().filter(|r| !answers(r)).count(),
         replicas_wanted: wanted as usize,
         log_head: head,
         views_at: views.checkpoint.position,

@@ -299,6 +299,34 @@ fn scope_of(s: &str) -> std::result::Result<Scope, AdminError> {
     Scope::parse(s).ok_or_else(|| bad(format!("unknown scope {s:?}: org, team, project or key")))
 }
 
+/// An allowlist's names must be the catalog's models or aliases, when
+/// there is a catalog (a router-only server's models may be its static
+/// endpoints'): one typo locked the scope out of every model, and its
+/// requests got a 404 that hid why.
+fn known_models(door: &Door, models: &[String]) -> std::result::Result<(), AdminError> {
+    let views = door.views();
+    let views = views.read().unwrap_or_else(|p| p.into_inner());
+    let catalog = &views.cluster.catalog;
+    if catalog.models.is_empty() {
+        return Ok(());
+    }
+    let Some(unknown) = models
+        .iter()
+        .find(|m| !m.is_empty() && catalog.resolve(m).is_none())
+    else {
+        return Ok(());
+    };
+    let names: Vec<&str> = catalog.models.keys().map(String::as_str).collect();
+    let listed = if names.len() <= 12 {
+        names.join(", ")
+    } else {
+        "see `llmgw ctl models`".to_owned()
+    };
+    Err(bad(format!(
+        "--models: no model or alias {unknown:?} in the catalog ({listed}); add the model first"
+    )))
+}
+
 fn period_of(s: &str) -> std::result::Result<Period, AdminError> {
     Period::parse(s).ok_or_else(|| bad(format!("unknown period {s:?}: day or month")))
 }
@@ -343,8 +371,9 @@ async fn set_limits(
     }
     if s.all_models {
         limits.models = None;
-    } else if l.models.is_some() {
-        limits.models = l.models;
+    } else if let Some(models) = l.models {
+        known_models(&door, &models)?;
+        limits.models = Some(models);
     }
     if l.budget_micros.is_some() {
         limits.budget_micros = l.budget_micros;

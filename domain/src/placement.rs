@@ -556,6 +556,14 @@ fn decide(
         Look::Now
     };
     let used = usage(replicas, held);
+    // Nodes already running this model: another replica goes elsewhere
+    // when it can, so that one node lost does not take them all.
+    let with_model: BTreeSet<&NodeId> = replicas
+        .replicas
+        .values()
+        .filter(|r| r.is_live() && r.placement.model == model.name)
+        .flat_map(|r| r.placement.shards.iter().map(|s| &s.node_id))
+        .collect();
     let weights = Weights::of(&model.source);
     let mut order: Vec<&Profile> = model.profiles.iter().collect();
     // Highest priority first; the catalog's order breaks ties.
@@ -606,7 +614,7 @@ fn decide(
             }
         }
         let outcome = if profile.nodes <= 1 {
-            single_node(model, profile, fits, replica_id)
+            single_node(model, profile, fits, replica_id, &with_model)
         } else {
             multi_node(model, profile, fits, replica_id, &mut candidates)
         };
@@ -731,18 +739,28 @@ fn single_node(
     profile: &Profile,
     fits: Vec<Fit<'_>>,
     replica_id: &ReplicaId,
+    with_model: &BTreeSet<&NodeId>,
 ) -> Result<Placement, String> {
     // Weights on disk first (a fetch costs minutes), then: GPU replicas
     // bin-pack onto the fullest node that fits, keeping whole nodes free for
-    // big replicas; CPU replicas spread onto the least loaded node.
-    // Only the best is used: a minimum, not a sort, and keys that borrow
-    // the node id rather than clone it.
+    // big replicas; CPU replicas spread, onto a node without a replica of
+    // this model (replicas apart survive a node's loss), then the least
+    // loaded. Between nodes equal by those, one without the model. Only
+    // the best is used: a minimum, not a sort, and keys that borrow the
+    // node id rather than clone it.
+    let with = |f: &Fit<'_>| with_model.contains(&f.node.id);
     let best = if profile.is_cpu() {
         fits.iter()
-            .min_by_key(|f| (!f.holds_weights, f.shards, f.node.id.as_str()))
+            .min_by_key(|f| (!f.holds_weights, with(f), f.shards, f.node.id.as_str()))
     } else {
-        fits.iter()
-            .min_by_key(|f| (!f.holds_weights, f.free_gpus.len(), f.node.id.as_str()))
+        fits.iter().min_by_key(|f| {
+            (
+                !f.holds_weights,
+                f.free_gpus.len(),
+                with(f),
+                f.node.id.as_str(),
+            )
+        })
     };
     let Some(best) = best else {
         return Err("no node fits".into());

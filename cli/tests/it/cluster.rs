@@ -1298,6 +1298,29 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     std::fs::write(&edited, model_yaml(2)).unwrap();
     let (ok, _, err) = ctl(admin, &["model", "add", edited.to_str().unwrap()]);
     assert!(!ok && err.contains("edit the file"), "{err}");
+    // Both refusals are in the model's history, as every refused command
+    // is (they were left out: the attempt an auditor most wants to see).
+    let refused = super::ok(&store, &["events", "log", "--model", "chat", "--json"]);
+    let refusals: Vec<Value> = super::json_lines(&refused)
+        .into_iter()
+        .filter(|e| e["event_type"] == "CommandRefused")
+        .collect();
+    assert_eq!(refusals.len(), 2, "{refused}");
+    assert!(
+        refusals[0]["payload"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("leader's configuration file")),
+        "{refused}"
+    );
+    // A typo inside a profile is named, not reported as the key missing.
+    let typo = dir.path().join("typo.yaml");
+    std::fs::write(
+        &typo,
+        "name: typo3\nprofiles:\n  - name: p\n    engin: sim\n",
+    )
+    .unwrap();
+    let (ok, _, err) = ctl(admin, &["model", "add", typo.to_str().unwrap()]);
+    assert!(!ok && err.contains("`profiles.0.engin`"), "{err}");
     let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
     assert_eq!(ready_replicas(&rows).len(), 1, "nothing changed");
     drop(sweep);

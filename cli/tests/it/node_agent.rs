@@ -313,6 +313,57 @@ async fn two_agents_on_one_address_get_different_ports() {
     assert!(out.contains("registers again"), "{out}");
 }
 
+/// A node gone quiet (its agent stopped, not yet lost) does not count as
+/// serving in `ctl status`: it said every model was serving while the
+/// gateway had nothing to route to, until the node was declared lost.
+#[tokio::test]
+async fn status_does_not_count_replicas_on_a_quiet_node_as_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let control = "  unreachable_after: 1s\n  lost_after: 10m\n  port_range: [30650, 30659]\n";
+    let server = server(dir.path(), port, control, SIM_MODEL);
+    let _sweep = StateFileSweeper(dir.path().join("work"));
+    let agent = agent(
+        port,
+        "quiet",
+        dir.path(),
+        &[
+            "--skip-gpus",
+            "--engine-bind",
+            "127.0.12.6",
+            "--mgmt-addr",
+            "127.0.12.6",
+        ],
+    );
+    until("a ready replica", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        (ready_replicas(&rows).len() == 1).then_some(())
+    })
+    .await;
+    let (ok, status, err) = ctl(&server.admin, &["status"]);
+    assert!(
+        ok && status.contains("1 of 1 models serving"),
+        "{status}{err}"
+    );
+    let pid = agent.process.id().to_string();
+    let signal = |s: &str| {
+        let done = std::process::Command::new("kill")
+            .args([s, &pid])
+            .status()
+            .unwrap();
+        assert!(done.success());
+    };
+    signal("-STOP");
+    let status = until("the node to go quiet", || async {
+        let (_, status, _) = ctl(&server.admin, &["status"]);
+        status.contains("0/1 nodes ready").then_some(status)
+    })
+    .await;
+    signal("-CONT");
+    assert!(status.contains("0 of 1 models serving"), "{status}");
+    assert!(status.contains("1 on unreachable nodes"), "{status}");
+}
+
 /// GPU health is read again while the agent runs: a card that starts
 /// reporting uncorrected ECC errors leaves placement and comes back once
 /// it reports none; a card the driver no longer lists is out, and a driver

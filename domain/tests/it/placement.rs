@@ -435,6 +435,26 @@ fn cpu_replicas_spread_and_respect_memory() {
     assert_ne!(a, b, "CPU replicas spread");
 }
 
+/// A model's CPU replicas go to nodes apart, even where another node is
+/// as loaded with other models' work: both replicas of a `min: 2` model
+/// on one node were lost together with it.
+#[test]
+fn a_models_cpu_replicas_go_to_different_nodes() {
+    let n = nodes(vec![node("a", vec![], &[]), node("b", vec![], &[])]);
+    let m = model(vec![profile("cpu", None, 1, 1)]);
+    let mut other = m.clone();
+    other.name = "other".into();
+    let mut r = Replicas::default();
+    let first = place(&m, &n, &r, &[], &"m1".into(), PlaceOptions::default());
+    placed(&mut r, &first);
+    let o = place(&other, &n, &r, &[], &"o1".into(), PlaceOptions::default());
+    placed(&mut r, &o);
+    let second = place(&m, &n, &r, &[], &"m2".into(), PlaceOptions::default());
+    let on = |e: &Explanation| e.chosen.as_ref().expect("fits").shards[0].node_id.clone();
+    assert_ne!(on(&first), on(&o), "least loaded");
+    assert_ne!(on(&first), on(&second), "apart from its first replica");
+}
+
 /// Two agents on one machine report one address: an engine port one of
 /// them holds is not handed to the other (the second engine could not
 /// bind), while a node at another address still gets the lowest port.
