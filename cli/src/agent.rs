@@ -174,7 +174,7 @@ pub(crate) struct RunArgs {
     pub(crate) recheck_s: Option<f64>,
     /// Hours the logs of stopped shards are kept in --work-dir (0: for
     /// ever; default 168); a live shard's log is never removed.
-    #[arg(long, env = "LLMGW_AGENT_LOG_RETENTION_H")]
+    #[arg(long, env = "LLMGW_AGENT_ENGINE_LOG_RETENTION_H")]
     pub(crate) engine_log_retention_h: Option<f64>,
     /// Serve the agent's own metrics at `/metrics` here (`HOST:PORT`, or
     /// `:PORT` for every interface): whether its stream is up, reconnects,

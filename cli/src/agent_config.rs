@@ -82,7 +82,13 @@ pub(crate) fn load(path: &Path) -> Result<AgentFile, ConfigError> {
 
 /// The variables agents were configured with before every variable was
 /// `LLMGW_AGENT_…`; still read when the new one is not set.
-const OLDER_NAMES: [&str; 3] = ["LLMGW_NODE_ID", "LLMGW_MGMT_ADDR", "LLMGW_JOIN_TOKEN"];
+const OLDER_NAMES: [&str; 4] = [
+    "LLMGW_NODE_ID",
+    "LLMGW_MGMT_ADDR",
+    "LLMGW_JOIN_TOKEN",
+    // Every other flag's variable is its name; this one lacked ENGINE_.
+    "LLMGW_AGENT_LOG_RETENTION_H",
+];
 
 /// Lays the older variables, the file and the defaults under what the
 /// flags and variables gave, and checks the result; `mgmt_addr` defaults
@@ -96,6 +102,13 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     a.node_id = a.node_id.or_else(|| older(0));
     a.mgmt_addr = a.mgmt_addr.or_else(|| older(1));
     a.join = a.join.or_else(|| older(2));
+    if a.engine_log_retention_h.is_none()
+        && let Some(h) = older(3)
+    {
+        a.engine_log_retention_h = Some(h.trim().parse().map_err(|_| {
+            ConfigError(format!("{}={h:?} is not a number of hours", OLDER_NAMES[3]))
+        })?);
+    }
     if let Some(path) = a.config.clone() {
         merge(&mut a, load(&path)?)?;
     }
@@ -165,6 +178,22 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
     }
     a.node_id
         .get_or_insert_with(llmgw_agent::discovery::host::hostname);
+    // https:// with nothing to show the server: every dial fails, for
+    // ever, with a transport error that does not say why.
+    let token = a.join.as_deref().is_some_and(|t| !t.trim().is_empty());
+    let stored = a
+        .work_dir
+        .as_deref()
+        .is_some_and(|w| matches!(llmgw_agent::join::stored(w), Ok(Some(_))));
+    if a.tls_ca.is_none()
+        && !token
+        && !stored
+        && let Some(url) = a.servers.iter().find(|s| s.trim().starts_with("https://"))
+    {
+        return Err(ConfigError(format!(
+            "--server {url}: a TLS listener asks this node for a certificate, and it has none: join with a token (`llmgw ctl node token` on the server, then --join TOKEN), or give --tls-ca, --tls-cert and --tls-key; a plaintext listener is dialled with http://"
+        )));
+    }
     if a.mgmt_addr.is_none() {
         // Engines and other nodes reach this node where the control plane
         // does; loopback only when the control plane is on this host.
@@ -189,6 +218,20 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
         return Err(ConfigError(format!(
             "--mgmt-addr {mgmt:?} is not an address or a host name (no scheme, no port: the control plane picks engines' ports)"
         )));
+    }
+    // A bind address must be one this host holds: else every start on the
+    // node fails, found only once the control plane places work there.
+    if let Some(bind) = a.engine_bind.as_deref() {
+        let Some(at) = ip(bind) else {
+            return Err(ConfigError(format!(
+                "--engine-bind {bind:?} is not an IP address (engines listen on it; 0.0.0.0 is every interface)"
+            )));
+        };
+        if let Err(e) = std::net::TcpListener::bind((at, 0)) {
+            return Err(ConfigError(format!(
+                "--engine-bind {bind}: engines cannot listen there ({e}): give an address this host holds"
+            )));
+        }
     }
     if let (Some(bind), Some(reached)) = (a.engine_bind.as_deref().and_then(ip), ip(mgmt))
         && bind.is_loopback()

@@ -695,7 +695,7 @@ fn misspelt(name: &str, known: &std::collections::HashSet<String>) -> Result<(),
 }
 
 /// How many letters inserted, removed or changed make `a` into `b`.
-fn edits(a: &str, b: &str) -> usize {
+pub(crate) fn edits(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

@@ -178,7 +178,7 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
     if config.exists() {
         say.skipped(format!("{}: exists (never overwritten)", config.display()))?;
     } else {
-        write_new(&config, &server_yaml(&dir), 0o644)?;
+        write_new(&config, &server_yaml(&dir, &store), 0o644)?;
         say.done(config.display())?;
     }
 
@@ -335,12 +335,25 @@ fn local_addresses() -> BTreeSet<std::net::IpAddr> {
     out
 }
 
-fn server_yaml(dir: &Path) -> String {
+/// `store` goes in too when it carries no password, so that `llmgw server
+/// --config` run by hand opens the log the unit does (it opened a new
+/// `./llmgw.db`); a DSN with a password stays in server.env alone.
+fn server_yaml(dir: &Path, store: &str) -> String {
     let at = |f: &str| dir.join(f).display().to_string();
+    let store_line = if redact(store) == store {
+        format!("# The event log (LLMGW_STORE in server.env says the same).\nstore: {store:?}\n")
+    } else {
+        format!(
+            "# The event log's address holds a password: it is LLMGW_STORE in\n\
+             # {env} alone. By hand: sudo sh -c 'set -a; . {env}; llmgw server --config {yaml}'\n",
+            env = at("server.env"),
+            yaml = at("server.yaml"),
+        )
+    };
     format!(
         "# Written by `llmgw server init`; never overwritten by it. Every key:\n\
-         # docs/configuration.md. The event log's address is LLMGW_STORE in\n\
-         # server.env.\n\
+         # docs/configuration.md.\n\
+         {store_line}\
          listen: \":8080\"\n\
          admin_listen: \"127.0.0.1:9090\"\n\
          agent_listen: \":7443\"\n\

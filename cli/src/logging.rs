@@ -72,6 +72,10 @@ type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
 /// Installs the process's subscriber. A trace export that is asked for
 /// but cannot be honoured (another protocol, a bad endpoint) is refused.
 pub(crate) fn init(setup: Setup, runtime: &tokio::runtime::Handle) -> Result<Guard, ConfigError> {
+    if let Some(directives) = var("RUST_LOG") {
+        check_rust_log(&directives)?;
+    }
+    JSON.set(setup.format == LogFormat::Json).ok();
     let provider = match setup.service {
         Some(service) => exporter(service, runtime)?,
         None => None,
@@ -120,6 +124,58 @@ pub(crate) fn init(setup: Setup, runtime: &tokio::runtime::Handle) -> Result<Gua
         traces: provider,
         _lines: lines,
     })
+}
+
+/// Whether log lines are JSON: the lines a command says on stdout
+/// (where it listens, that it stops) follow, for a pipeline reading both.
+static JSON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// A line for stdout: itself, or with `--log-format json` a JSON object
+/// shaped as the log's (`timestamp`, `level`, `fields.message`, `target`).
+pub(crate) fn stdout_line(line: &str) -> String {
+    if JSON.get() != Some(&true) {
+        return line.to_owned();
+    }
+    serde_json::json!({
+        "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "level": "INFO",
+        "fields": {"message": line},
+        "target": "llmgw",
+    })
+    .to_string()
+}
+
+/// RUST_LOG as the filter would read it, refused where a typo would go
+/// unnoticed: a directive the filter cannot parse (it drops them), or a
+/// bare word a letter or two from a level (`inof` names a target, and
+/// every other line, errors too, goes unwritten).
+fn check_rust_log(directives: &str) -> Result<(), ConfigError> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    EnvFilter::builder()
+        .parse(directives)
+        .map_err(|e| ConfigError(format!("RUST_LOG={directives:?}: {e}")))?;
+    for word in directives.split(',').map(str::trim) {
+        let bare = !word.is_empty() && !word.contains(['=', ':', '[', '{']);
+        if !bare || LEVELS.iter().any(|l| l.eq_ignore_ascii_case(word)) {
+            continue;
+        }
+        let lower = word.to_ascii_lowercase();
+        let letters = |w: &str| {
+            let mut v: Vec<char> = w.chars().collect();
+            v.sort_unstable();
+            v
+        };
+        // A letter off, or the letters swapped: the typos people make.
+        if let Some(level) = LEVELS
+            .iter()
+            .find(|l| crate::config::edits(&lower, l) <= 1 || letters(&lower) == letters(l))
+        {
+            return Err(ConfigError(format!(
+                "RUST_LOG={directives:?}: {word:?} is not a level; did you mean {level}? (a bare name is read as a target, and nothing else would be logged)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A variable's value, when set to something.

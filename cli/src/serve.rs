@@ -88,6 +88,7 @@ pub(crate) struct WebPlan {
 }
 
 fn say(line: String) {
+    let line = crate::logging::stdout_line(&line);
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();

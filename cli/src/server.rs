@@ -247,6 +247,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         ));
     }
     let mut web = web_plan(&file, auth)?;
+    web.settings.router_only = control.is_none();
     if let Some(c) = &control {
         web.settings.place.port_range = c.port_range;
     }
@@ -289,6 +290,19 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
                 )));
             }
         }
+    }
+    // A catalog model without profiles is started on no node: only a
+    // static endpoint that names it can serve it. With none, every
+    // request for it would be told "no capacity right now", for ever.
+    if control.is_some()
+        && let Some(m) = file.models.iter().find(|m| {
+            m.profiles.is_empty() && !gateway.endpoints.iter().any(|e| e.models.contains(&m.name))
+        })
+    {
+        return Err(ConfigError(format!(
+            "models: {:?} has no profiles (nothing starts it) and no endpoint serves it: give it a profile, or an endpoint that names it",
+            m.name
+        )));
     }
     gateway.default_price = file.auth.default_price.unwrap_or_default();
     // The flag or the variable wins over the file, the file over the
@@ -579,6 +593,7 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
                     .is_some_and(|u| u.starts_with("https://")),
             base_url,
             place: Default::default(),
+            router_only: false,
         },
         people,
     })

@@ -50,7 +50,9 @@ fn meaning(text: &str) -> Option<&'static str> {
             "the server does not speak TLS at this address: dial it with http://, or give the server a tls: section",
         )
     } else if has("frame with invalid size") || has("invalid HTTP version") {
-        Some("plaintext to a TLS listener: dial https:// with --tls-ca, --tls-cert and --tls-key")
+        Some(
+            "plaintext to a TLS listener: dial https://, and join with a token (`llmgw ctl node token`, then --join TOKEN) or give --tls-ca, --tls-cert and --tls-key",
+        )
     } else {
         None
     }

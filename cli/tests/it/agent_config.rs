@@ -472,6 +472,41 @@ fn inventory_takes_the_agents_file_and_variables() {
     assert_eq!(weights(&[config, env_dirs], &[]), ["a.gguf"]);
 }
 
+/// Settings an agent could never work with are refused at start, not
+/// found after placement or in an endless redial: https:// with no
+/// certificate to show, a bind address that is none or that this host
+/// does not hold. The retention variable's older name still counts.
+#[test]
+fn an_agent_refuses_settings_it_could_never_work_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("work");
+    let w = w.to_str().unwrap();
+    let tls = ["--server", "https://127.0.0.1:7443", "--work-dir", w];
+    let (code, _, err) = check(&tls, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("join with a token"), "{err}");
+    let token = format!("llmgw-join-{}.{}", "ab".repeat(24), "0".repeat(32));
+    let (code, _, err) = check(&[&tls[..], &["--join", &token]].concat(), &[]);
+    assert_eq!(code, 0, "{err}");
+    let plain = ["--server", "127.0.0.1:7443", "--work-dir", w];
+    for (bind, says) in [
+        ("notanaddr", "is not an IP address"),
+        ("192.0.2.77", "engines cannot listen there"),
+    ] {
+        let (code, _, err) = check(&[&plain[..], &["--engine-bind", bind]].concat(), &[]);
+        assert_eq!(code, 2, "{bind}: {err}");
+        assert!(err.contains(says), "{bind}: {err}");
+    }
+    for (name, hours) in [
+        ("LLMGW_AGENT_ENGINE_LOG_RETENTION_H", 6.0),
+        ("LLMGW_AGENT_LOG_RETENTION_H", 5.0),
+    ] {
+        let (code, s, err) = check(&plain, &[(name, &hours.to_string())]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(s["engine_log_retention_h"], hours, "{name}: {s}");
+    }
+}
+
 /// With its own certificate and no --node-id, a node is the node its
 /// certificate names (as deploy/examples/agent.yaml says), not the
 /// hostname the server would refuse; --node-id still wins.

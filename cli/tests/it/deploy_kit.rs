@@ -541,14 +541,18 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
         "{names:?}"
     );
 
-    // The service starts on what init wrote (the unit reads server.env),
-    // and the admin signs in with the printed password.
+    // The service starts on what init wrote, and the admin signs in with
+    // the printed password: server.yaml names the store server.env does
+    // (the unit reads both), so a start by hand, without server.env,
+    // opens the same log (it made a new one in the working directory).
     let env = std::fs::read_to_string(etc.join("server.env")).unwrap();
     let store = env
         .lines()
         .find_map(|l| l.strip_prefix("LLMGW_STORE="))
         .unwrap()
         .to_owned();
+    let yaml = std::fs::read_to_string(etc.join("server.yaml")).unwrap();
+    assert!(yaml.contains(&format!("store: {store:?}")), "{yaml}");
     let server = Child::spawn_env(
         &[
             "server",
@@ -556,7 +560,6 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
             etc.join("server.yaml").to_str().unwrap(),
         ],
         &[
-            ("LLMGW_STORE", store),
             ("LLMGW_LISTEN", "127.0.0.1:0".into()),
             ("LLMGW_ADMIN_LISTEN", "127.0.0.1:0".into()),
             ("LLMGW_AGENT_LISTEN", "127.0.0.1:0".into()),

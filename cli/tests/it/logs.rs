@@ -136,6 +136,36 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
         "{start}"
     );
     assert!(start["timestamp"].is_string() && start["target"].is_string());
+    // What it says on stdout (where it listens) is JSON too, for a
+    // pipeline reading the journal's two streams.
+    let said = Child::expect(&server.stdout, "admin listening on");
+    let said: Value = serde_json::from_str(&said).unwrap_or_else(|e| panic!("{e}: {said}"));
+    let admin = said["fields"]["message"]
+        .as_str()
+        .and_then(|m| m.strip_prefix("admin listening on "))
+        .unwrap_or_else(|| panic!("{said}"))
+        .to_owned();
+    // The admin listener's root leads to its pages; a path it has not
+    // (an SDK pointed at it) is told where things are, not an empty 404.
+    let no_follow = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let root = no_follow
+        .get(format!("http://{admin}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(root.headers()["location"], "/admin");
+    let lost = reqwest::get(format!("http://{admin}/v1/models"))
+        .await
+        .unwrap();
+    assert_eq!(lost.status(), 404);
+    let said = lost.text().await.unwrap();
+    assert!(
+        said.contains("the OpenAI API is on the client listener"),
+        "{said}"
+    );
 
     // The client's id: returned, logged, and passed to the engine.
     let (id, status, _) = send(&base, Some("abc-123"), &chat(false)).await;

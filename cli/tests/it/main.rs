@@ -1048,8 +1048,14 @@ impl Child {
         );
     }
 
+    /// What follows `prefix` on the next stdout line that has it (the
+    /// line's message, for a process logging JSON).
     fn addr_after(&self, prefix: &str) -> String {
-        Child::expect(&self.stdout, prefix)
+        let line = Child::expect(&self.stdout, prefix);
+        serde_json::from_str::<Value>(&line)
+            .ok()
+            .and_then(|v| v["fields"]["message"].as_str().map(str::to_owned))
+            .unwrap_or(line)
             .trim_start_matches(prefix)
             .trim()
             .to_owned()
@@ -2354,6 +2360,23 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             good.clone(),
             vec![("LLMGW_ROUTER__STREAM_IDLE_TIMEOUT", "0s")],
             "router.stream_idle_timeout must be above 0",
+        ),
+        // A level mistyped: nothing at all would be logged.
+        (
+            good.clone(),
+            vec![("RUST_LOG", "inof")],
+            "\"inof\" is not a level; did you mean info?",
+        ),
+        (
+            good.clone(),
+            vec![("RUST_LOG", "llmgw=loud")],
+            "RUST_LOG=\"llmgw=loud\"",
+        ),
+        // A catalog model that nothing would ever serve.
+        (
+            good.replacen("\nmodels:\n", "\nmodels:\n  - name: bare\n", 1),
+            vec![],
+            "models: \"bare\" has no profiles (nothing starts it) and no endpoint serves it",
         ),
         // A stop that would wait days for streams.
         (
