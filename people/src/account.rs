@@ -60,7 +60,8 @@ impl People {
         let email = email::normalize_email(email);
         // Before the lookup, so that guessing at unknown addresses counts.
         if !self.attempts.allow(&email, now) {
-            return Err(PeopleError::TooManyTries);
+            let minutes = self.attempts.minutes_left(&email, now);
+            return Err(PeopleError::TooManyTries { minutes });
         }
         let found = match email::check_email(&email) {
             Ok(_) => self.db.login(&email).await?,
@@ -112,7 +113,8 @@ impl People {
         let now = time::exact(now);
         let key = format!("pw:{user_id}");
         if !self.attempts.allow(&key, now) {
-            return Err(PeopleError::TooManyTries);
+            let minutes = self.attempts.minutes_left(&key, now);
+            return Err(PeopleError::TooManyTries { minutes });
         }
         let Some(old) = self.db.password_hash(user_id).await? else {
             return Err(PeopleError::NoPerson);

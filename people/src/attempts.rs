@@ -93,6 +93,15 @@ impl Attempts {
         1 <= self.max
     }
 
+    /// How many whole minutes (at least one) until `key`'s window ends, for
+    /// a refusal to say when to come back.
+    pub(crate) fn minutes_left(&self, key: &str, now: DateTime<Utc>) -> u64 {
+        let since = self.lock().windows.get(key).map(|w| w.since);
+        let passed = since.map_or(0, |s| now.signed_duration_since(s).num_seconds().max(0));
+        let left = (self.window.as_secs() as i64 - passed).max(0) as u64;
+        left.div_ceil(60).max(1)
+    }
+
     /// A right password forgets the key's window.
     pub(crate) fn clear(&self, key: &str) {
         self.lock().windows.remove(key);

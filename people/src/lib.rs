@@ -85,8 +85,9 @@ pub enum PeopleError {
     NotApproved,
     #[error("this account has been suspended")]
     Suspended,
-    #[error("too many attempts; try again shortly")]
-    TooManyTries,
+    /// Locked, the right password too, until the attempt window ends.
+    #[error("too many attempts: try again in {minutes} minutes")]
+    TooManyTries { minutes: u64 },
     #[error("that does not look like an email address")]
     InvalidEmail,
     #[error("a password must be at least 12 characters")]

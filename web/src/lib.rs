@@ -54,6 +54,10 @@ pub struct WebSettings {
     /// The control plane's placement ranges, so the dashboard explains a
     /// placement as `llmgw ctl explain-placement` does.
     pub place: llmgw_domain::placement::PlaceOptions,
+    /// No control plane here: the dashboard shows the static endpoints
+    /// that serve, and says that the cluster it reads from the log (if
+    /// any) is as a control plane last left it, not live.
+    pub router_only: bool,
 }
 
 /// Everything a page reads or asks for.
@@ -106,6 +110,11 @@ pub fn client_routes(web: Arc<Web>) -> Router {
 /// The admin listener's pages: the same `/admin/…`, read-only, no sign-in.
 pub fn admin_routes(web: Arc<Web>) -> Router {
     Router::new()
+        // The pages' "llmgw" link, and a person opening the address.
+        .route(
+            "/",
+            axum::routing::get(|| async { axum::response::Redirect::to("/admin") }),
+        )
         .merge(statics())
         .merge(admin_pages())
         .layer(axum::middleware::from_fn(session::local_viewer))

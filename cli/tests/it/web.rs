@@ -302,8 +302,8 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         .post("/profile/keys", &[("name", "laptop"), ("csrf", &csrf)])
         .await;
     assert!(
-        twice.body.contains("already has a key named laptop"),
-        "her own second laptop: {}",
+        twice.body.contains("you already have a key named laptop"),
+        "her own second laptop, said to her (not by her id): {}",
         twice.body
     );
     let secret = secret_in(&made.body);
@@ -418,7 +418,11 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
             ],
         )
         .await;
-    assert!(wrong.body.contains("do not match"), "{}", wrong.body);
+    assert!(
+        wrong.body.contains("that is not your current password"),
+        "{}",
+        wrong.body
+    );
     assert!(other.signed_in().await);
     let changed = ayse
         .post(
@@ -729,6 +733,12 @@ async fn sign_in_attempts_are_as_configured() {
     let third = attempt(GOOD).await;
     assert_eq!(third.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(third.body.contains("too many attempts"), "{}", third.body);
+    // It says when to come back: the window (an hour here) from the first.
+    assert!(
+        third.body.contains("try again in 60 minutes"),
+        "{}",
+        third.body
+    );
 }
 
 /// Sign-up pauses while `auth.signup_pending_max` accounts wait for

@@ -31,6 +31,10 @@ pub(crate) struct DashboardQuery {
 struct Dashboard {
     chrome: Chrome,
     position: u64,
+    /// No control plane: what the log says of the cluster is as one last
+    /// left it, and the static endpoints are what serves.
+    router_only: bool,
+    endpoints: Vec<EndpointRow>,
     nodes: Vec<NodeRow>,
     replicas: Vec<ReplicaRow>,
     models: Vec<ModelRow>,
@@ -45,6 +49,31 @@ struct Dashboard {
     groups_more: bool,
     /// Why the groups could not be read, when they could not.
     groups_error: String,
+}
+
+/// A static endpoint, as a router-only server routes to it.
+struct EndpointRow {
+    id: String,
+    url: String,
+    models: String,
+    /// `open` while its breaker refuses requests, else `serving`.
+    state: &'static str,
+    in_flight: u32,
+}
+
+fn endpoints(web: &Web) -> Vec<EndpointRow> {
+    web.gateway
+        .endpoints
+        .snapshot()
+        .iter()
+        .map(|e| EndpointRow {
+            id: e.spec.id.clone(),
+            url: e.spec.url.clone(),
+            models: e.spec.models.join(", "),
+            state: if e.breaker_open() { "open" } else { "serving" },
+            in_flight: e.in_flight(),
+        })
+        .collect()
 }
 
 pub(crate) async fn page(
@@ -105,6 +134,12 @@ pub(crate) async fn page(
         Dashboard {
             chrome: Chrome::for_viewer(&web, &viewer),
             position: views.checkpoint.position,
+            router_only: web.settings.router_only,
+            endpoints: if web.settings.router_only {
+                endpoints(&web)
+            } else {
+                Vec::new()
+            },
             nodes: cluster::nodes(c, &api_nodes),
             replicas: cluster::replicas(c),
             models: cluster::models(c),

@@ -318,10 +318,57 @@ async fn the_usage_page_draws_charts_by_group_and_range() {
 
     let (_, people) = get(&app, "/admin/usage?by=person&range=30d").await;
     assert!(people.contains(">ada</text>"));
-    let (_, none) = get(&app, "/admin/usage?by=team&range=nonsense").await;
+    let (_, none) = get(&app, "/admin/usage?by=team").await;
+    assert!(none.contains("aria-current=\"page\">7d<"), "no range is 7d");
+    // A mistyped address is said to be, not shown as the default view.
+    for (query, says) in [
+        ("range=nonsense", "nonsense&#34;: one of 24h, 7d, 30d"),
+        ("by=nonsense", "nonsense&#34;: one of org, team, project"),
+        ("until=notadate", "is not a day: write YYYY-MM-DD"),
+    ] {
+        let (status, body) = get(&app, &format!("/admin/usage?{query}")).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{query}");
+        assert!(body.contains(says), "{query}: {body}");
+    }
+}
+
+/// Router-only, the dashboard shows the static endpoints that serve, and
+/// says that the cluster the log holds is as a control plane last left it
+/// (an operator read stale nodes and replicas as live).
+#[tokio::test]
+async fn a_router_only_dashboard_shows_its_endpoints_and_says_the_cluster_is_not_live() {
+    let mut views = Projections::default();
+    feed(&mut views, cluster());
+    let endpoint: llmgw_gateway::EndpointSpec =
+        "e0=http://127.0.0.1:9=demo".parse().expect("endpoint");
+    let gateway = llmgw_gateway::Gateway::new(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![endpoint],
+            ..llmgw_gateway::GatewayConfig::default()
+        },
+        None,
+    )
+    .expect("gateway");
+    let web = Arc::new(Web {
+        settings: WebSettings {
+            router_only: true,
+            ..WebSettings::default()
+        },
+        views: Arc::new(RwLock::new(views)),
+        store: None,
+        people: None,
+        gateway,
+        admin: Router::new(),
+        decider: None,
+        instance: "test".into(),
+    });
+    let (status, body) = get(&crate::admin_routes(web), "/admin").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("This server is router-only"), "{body}");
+    assert!(body.contains("not what runs now"), "{body}");
     assert!(
-        none.contains("aria-current=\"page\">7d<"),
-        "an unknown range is 7d"
+        body.contains("<td class=\"mono\">e0</td>") && body.contains("http://127.0.0.1:9"),
+        "{body}"
     );
 }
 

@@ -237,11 +237,32 @@ pub(crate) async fn page(
     viewer: Viewer,
     Query(q): Query<UsageQuery>,
 ) -> Result<Response, WebError> {
-    let by =
-        q.by.as_deref()
-            .and_then(GroupBy::parse)
-            .unwrap_or(GroupBy::Project);
-    let range = Range::parse(q.range.as_deref());
+    // A mistyped address said so, rather than showing the default view
+    // as if it were what was asked (as the event log's pages do).
+    let by = match q.by.as_deref().filter(|b| !b.is_empty()) {
+        None => GroupBy::Project,
+        Some(b) => GroupBy::parse(b).ok_or_else(|| {
+            let names: Vec<&str> = GroupBy::ALL.iter().map(|g| g.name()).collect();
+            WebError::Bad(format!("by={b:?}: one of {}", names.join(", ")))
+        })?,
+    };
+    let range = match q.range.as_deref().filter(|r| !r.is_empty()) {
+        Some(r) if !RANGES.iter().any(|x| x.name == r) => {
+            let names: Vec<&str> = RANGES.iter().map(|x| x.name).collect();
+            return Err(WebError::Bad(format!(
+                "range={r:?}: one of {}",
+                names.join(", ")
+            )));
+        }
+        r => Range::parse(r),
+    };
+    if let Some(u) = q.until.as_deref().filter(|u| !u.is_empty())
+        && chrono::NaiveDate::parse_from_str(u, "%Y-%m-%d").is_err()
+    {
+        return Err(WebError::Bad(format!(
+            "until={u:?} is not a day: write YYYY-MM-DD"
+        )));
+    }
     // People's names live outside the log; shown when this server has them.
     let mut people = BTreeMap::new();
     if by == GroupBy::Person

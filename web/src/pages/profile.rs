@@ -200,6 +200,11 @@ pub(super) async fn create_key(
     {
         Ok(made) => made,
         Err(WebError::Bad(why)) => {
+            // The rule names the owner by id: here the owner is the reader.
+            let why = why.replace(
+                &format!("{} already has", person.user_id),
+                "you already have",
+            );
             return profile_page(&web, person, chrome, refuse(why)).await;
         }
         Err(e) => return Err(e),
@@ -267,8 +272,13 @@ pub(super) async fn change_password(
             return Err(WebError::Internal(format!("changing a password: {why}")));
         }
         Err(e) => {
+            // No email was typed here: the sign-in's wording would puzzle.
+            let why = match e {
+                PeopleError::BadCredentials => "that is not your current password".to_owned(),
+                e => e.to_string(),
+            };
             let said = Said {
-                password_error: Some(e.to_string()),
+                password_error: Some(why),
                 ..Said::default()
             };
             return profile_page(&web, person, chrome, said).await;

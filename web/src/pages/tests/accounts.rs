@@ -312,7 +312,12 @@ async fn a_password_change_keeps_this_browser_and_signs_out_the_others() {
         )
         .await;
     assert_eq!(wrong.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(wrong.body.contains("do not match"), "{}", wrong.body);
+    // Said of the password typed, with no email in sight.
+    assert!(
+        wrong.body.contains("that is not your current password"),
+        "{}",
+        wrong.body
+    );
     assert_eq!(other.get(&site, "/profile").await.status, StatusCode::OK);
 
     let old_session = browser.cookies.get("llmgw_session").cloned();
