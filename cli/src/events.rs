@@ -354,6 +354,29 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
     }
 }
 
+/// The whole log of `store` into the store at `to` (made or migrated),
+/// through an export file written aside and removed after, so that the
+/// copy passes the checks an import makes of a file (every hash, the
+/// chain, the trailer).
+pub(crate) async fn copy_log(store: &AnyStore, to: &str) -> anyhow::Result<Outcome> {
+    let (head, _) = store.head().await?;
+    if head == 0 {
+        println!("the log is empty: no event to copy");
+        return Ok(Outcome::Ok);
+    }
+    let path = std::env::temp_dir().join(format!(
+        "llmgw-copy-{}-{}.jsonl",
+        std::process::id(),
+        chrono::Utc::now().timestamp_micros()
+    ));
+    let copied = match export(store, 1, Some(head), Some(path.clone()), None).await {
+        Ok(_) => import_into(to, &path, false, &[], None).await,
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&path);
+    copied
+}
+
 /// An import may be the first thing a store receives: it gets its schema,
 /// as a server would give it; but a refused import into a SQLite file it
 /// created leaves no file behind.

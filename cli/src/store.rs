@@ -7,10 +7,22 @@ use crate::Outcome;
 pub(crate) enum StoreCommand {
     /// Create the schema, or bring it up to date (safe to run again).
     Migrate,
+    /// Copy this store (--store) into a new one: the log, checked event
+    /// for event as an import checks a file, then the people (their
+    /// passwords' hashes too) and claim links; sessions stay behind, so
+    /// people sign in again. For moving from SQLite to PostgreSQL: stop
+    /// every server on the store first.
+    Copy {
+        /// The new store: a SQLite file or `postgres://…`. Made or
+        /// migrated; it must hold no event and no person.
+        #[arg(long)]
+        to: String,
+    },
 }
 
 pub(crate) async fn run(address: &str, cmd: StoreCommand) -> anyhow::Result<Outcome> {
     match cmd {
+        StoreCommand::Copy { to } => copy(address, &to).await,
         StoreCommand::Migrate => {
             let address = StoreAddress::parse(address)?;
             let options = OpenOptions {
@@ -29,6 +41,67 @@ pub(crate) async fn run(address: &str, cmd: StoreCommand) -> anyhow::Result<Outc
             Ok(Outcome::Ok)
         }
     }
+}
+
+/// `store copy`: refused before anything is written where the copy could
+/// not be whole (a server writes the source, the source is a range, the
+/// destination holds something).
+async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
+    let (source, dest) = (StoreAddress::parse(from)?, StoreAddress::parse(to)?);
+    if source.redacted() == dest.redacted() {
+        anyhow::bail!("--to names the store being copied");
+    }
+    let store = open_reading(from).await?;
+    let lease = store.lease_info().await?;
+    if lease.held {
+        anyhow::bail!(
+            "{} holds the append lease of {}: stop every server on it first (a copy taken while they write misses what they write after)",
+            lease.holder.as_deref().unwrap_or("a server"),
+            source.redacted()
+        );
+    }
+    let (base, _) = store.base().await?;
+    if base > 0 {
+        anyhow::bail!(
+            "this log begins after position {base} (an imported range): copy the store it came from"
+        );
+    }
+    {
+        let target = open_migrating(to).await?;
+        let (head, _) = target.head().await?;
+        if head > 0 {
+            anyhow::bail!(
+                "{} already holds {head} events: copy into a new, empty store",
+                dest.redacted()
+            );
+        }
+    }
+    let rows = llmgw_people::People::new(&store, Default::default())
+        .dump()
+        .await?;
+    let convo = llmgw_convo::Convo::new(&store).dump().await?;
+    crate::events::copy_log(&store, to).await?;
+    let target = open_migrating(to).await?;
+    let half = |what: &str, e: String| {
+        anyhow::anyhow!(
+            "the log was copied, {what} not: {e}; drop {} and copy again",
+            dest.redacted()
+        )
+    };
+    llmgw_people::People::new(&target, Default::default())
+        .load(&rows)
+        .await
+        .map_err(|e| half("the people were", e.to_string()))?;
+    llmgw_convo::Convo::new(&target)
+        .load(&convo)
+        .await
+        .map_err(|e| half("the people were, the threads and notes were", e.to_string()))?;
+    let ((people, claims), (threads, notes)) = (rows.counts(), convo.counts());
+    println!(
+        "copied {people} people, {claims} claim links, {threads} threads and {notes} notes into {} (sessions stay behind: people sign in again)",
+        dest.redacted()
+    );
+    Ok(Outcome::Ok)
 }
 
 /// Opens an existing, migrated store for the operator's reading

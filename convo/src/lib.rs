@@ -14,6 +14,8 @@
 pub mod limits;
 mod store;
 
+pub use store::Rows;
+
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
@@ -166,6 +168,18 @@ impl Convo {
     /// Whether there was such a thread.
     pub async fn delete_thread(&self, project: &str, thread: &str) -> Result<bool> {
         self.db.delete_thread(project, thread).await
+    }
+
+    /// Every thread, turn and note, for a copy of the store (`llmgw store
+    /// copy`).
+    pub async fn dump(&self) -> Result<Rows> {
+        self.db.dump().await
+    }
+
+    /// Puts `rows` from another store's `dump` here, in one transaction;
+    /// refused where a thread or a note is here already.
+    pub async fn load(&self, rows: &Rows) -> Result<()> {
+        self.db.load(rows).await
     }
 
     /// Deletes what has outlived its project's retention, and everything

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use llmgw_domain::tenancy::UserStatus;
 
 use crate::password::{self, check_strength, hash_blocking, verify_blocking};
-use crate::store::{NewPassword, NewPerson};
+use crate::store::{NewPassword, NewPerson, Rows};
 use crate::{Opened, People, PeopleError, Person, Result, email, secret, time};
 
 impl People {
@@ -178,5 +178,17 @@ impl People {
     /// Everyone, oldest first.
     pub async fn people(&self) -> Result<Vec<Person>> {
         self.db.people().await
+    }
+
+    /// Every person (with their password's hash) and claim link, for a
+    /// copy of the store: `llmgw store copy`.
+    pub async fn dump(&self) -> Result<Rows> {
+        self.db.dump().await
+    }
+
+    /// Puts `rows` from another store's `dump` here, in one transaction;
+    /// refused where anyone is here already.
+    pub async fn load(&self, rows: &Rows) -> Result<()> {
+        self.db.load(rows).await
     }
 }

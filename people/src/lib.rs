@@ -25,6 +25,7 @@ use chrono::{DateTime, Utc};
 use llmgw_eventstore::AnyStore;
 
 pub use email::{check_email, normalize_email};
+pub use store::Rows;
 
 /// 32 bytes from the operating system's CSPRNG, lowercase hex: for tokens
 /// made outside these tables (the pages' pre-session CSRF token).

@@ -1136,6 +1136,69 @@ async fn an_operator_makes_a_key_for_a_person_and_it_shows_on_their_profile() {
     assert_eq!(row["state"], "revoked", "{row}");
 }
 
+/// `store copy` moves a SQLite store to PostgreSQL with its people: the
+/// copy verifies, and a person added on SQLite signs in, with the same
+/// password, to a server on the copy (an export and import left everyone
+/// without an account). A copy into a store that holds events, or of a
+/// store a server leads, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_copied_to_postgres_keeps_its_people() {
+    let (from, _a) = Scratch::new(Backend::Sqlite).await;
+    let (to, _b) = Scratch::new(Backend::Postgres).await;
+    // Nothing answers there: the commands decide under the store's lease.
+    let offline = "http://127.0.0.1:9";
+    tree(&from, offline);
+    let llmgw = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_ADMIN")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let added = llmgw(&[
+        "--store",
+        &from,
+        "users",
+        "--admin",
+        offline,
+        "add",
+        "--email",
+        "eve@example.com",
+        "--project",
+        "p",
+        "--password",
+        GOOD,
+    ]);
+    assert!(added.status.success(), "{added:?}");
+    let copied = llmgw(&["--store", &from, "store", "copy", "--to", &to]);
+    let said = String::from_utf8_lossy(&copied.stdout).into_owned();
+    assert!(copied.status.success(), "{copied:?}");
+    assert!(said.contains("copied 1 people"), "{said}");
+    let verified = llmgw(&["--store", &to, "events", "verify"]);
+    assert!(verified.status.success(), "{verified:?}");
+    let again = llmgw(&["--store", &from, "store", "copy", "--to", &to]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already holds"),
+        "{again:?}"
+    );
+
+    let stage = Stage::new();
+    let server = stage.start("copied", &to, Mode::Control, "auth:\n  enabled: true\n");
+    let mut v = Visit::new(&server.base);
+    v.sign_in("eve@example.com", GOOD).await;
+    assert!(v.signed_in().await);
+    // The copy now has a leader writing it: copying it is refused.
+    let elsewhere = format!("sqlite://{}/elsewhere.db", std::env::temp_dir().display());
+    let led = llmgw(&["--store", &to, "store", "copy", "--to", &elsewhere]);
+    assert!(!led.status.success());
+    assert!(
+        String::from_utf8_lossy(&led.stderr).contains("holds the append lease"),
+        "{led:?}"
+    );
+}
+
 /// With sign-up closed an operator still adds people: `users add`
 /// approves them to a project at once and prints their id; they sign in
 /// with the password given. A taken address, a weak password and an

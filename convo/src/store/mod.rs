@@ -37,6 +37,23 @@ pub(crate) fn note_of((key, text, tags, created_at, updated_at): NoteRow) -> Res
     })
 }
 
+/// Every thread, turn and note of a store, as `llmgw store copy` moves
+/// them to another: the same columns on both backends (a note's tags as
+/// JSON text).
+#[derive(Debug, Default)]
+pub struct Rows {
+    pub(crate) threads: Vec<(String, String, i64, i64, i64)>,
+    pub(crate) turns: Vec<(String, String, i64, String)>,
+    pub(crate) notes: Vec<(String, String, String, String, String, i64, i64)>,
+}
+
+impl Rows {
+    /// Threads, then notes.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.threads.len(), self.notes.len())
+    }
+}
+
 macro_rules! each {
     ($self:ident, $f:ident($($arg:expr),*)) => {
         match $self {
@@ -47,6 +64,14 @@ macro_rules! each {
 }
 
 impl Db {
+    pub(crate) async fn dump(&self) -> Result<Rows> {
+        each!(self, dump())
+    }
+
+    pub(crate) async fn load(&self, rows: &Rows) -> Result<()> {
+        each!(self, load(rows))
+    }
+
     pub(crate) fn new(store: &AnyStore) -> Self {
         match store {
             AnyStore::Postgres(s) => Db::Pg(s.pool().clone()),

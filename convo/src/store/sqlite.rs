@@ -256,3 +256,87 @@ pub(super) async fn sweep_notes(pool: &SqlitePool, project: &str, before: i64) -
         .map_err(db_err)?;
     Ok(done.rows_affected())
 }
+
+pub(super) async fn dump(pool: &SqlitePool) -> Result<super::Rows> {
+    let threads = sqlx::query_as(
+        "SELECT project_id, thread_id, created_at, updated_at, next_seq FROM convo_threads",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    let turns = sqlx::query_as("SELECT project_id, thread_id, seq, message FROM convo_turns")
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    let notes = sqlx::query_as(
+        "SELECT project_id, agent, key, body, tags, created_at, updated_at FROM convo_notes",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    Ok(super::Rows {
+        threads,
+        turns,
+        notes,
+    })
+}
+
+/// In one transaction; refused where the destination holds a thread or
+/// a note already.
+pub(super) async fn load(pool: &SqlitePool, rows: &super::Rows) -> Result<()> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await.map_err(db_err)?;
+    let there: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM convo_threads) + (SELECT count(*) FROM convo_notes)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db_err)?;
+    if there > 0 {
+        return Err(ConvoError::Store(
+            "the destination already holds threads or notes: copy into a new store".into(),
+        ));
+    }
+    for (project, thread, created, updated, next) in &rows.threads {
+        sqlx::query(
+            "INSERT INTO convo_threads (project_id, thread_id, created_at, updated_at, next_seq)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(project)
+        .bind(thread)
+        .bind(created)
+        .bind(updated)
+        .bind(next)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    for (project, thread, seq, message) in &rows.turns {
+        sqlx::query(
+            "INSERT INTO convo_turns (project_id, thread_id, seq, message) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(project)
+        .bind(thread)
+        .bind(seq)
+        .bind(message)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    for (project, agent, key, body, tags, created, updated) in &rows.notes {
+        sqlx::query(
+            "INSERT INTO convo_notes (project_id, agent, key, body, tags, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(project)
+        .bind(agent)
+        .bind(key)
+        .bind(body)
+        .bind(tags)
+        .bind(created)
+        .bind(updated)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    tx.commit().await.map_err(db_err)
+}

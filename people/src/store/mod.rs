@@ -64,6 +64,41 @@ pub(crate) struct NewPassword<'a> {
     pub reopen: Option<&'a NewSession>,
 }
 
+/// Every person and claim link of a store, as `llmgw store copy` moves
+/// them to another. Sessions stay behind: people sign in again.
+#[derive(Debug, Default)]
+pub struct Rows {
+    pub(crate) people: Vec<PersonRow>,
+    pub(crate) claims: Vec<ClaimRow>,
+}
+
+impl Rows {
+    /// People, then claim links.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.people.len(), self.claims.len())
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct PersonRow {
+    pub user_id: String,
+    pub email: String,
+    pub name: String,
+    pub password_hash: String,
+    pub created_at: DateTime<Utc>,
+    pub last_login_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ClaimRow {
+    pub token_hash: String,
+    pub key_id: String,
+    pub sealed: Option<Vec<u8>>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub claimed_at: Option<DateTime<Utc>>,
+}
+
 pub(crate) fn db_err(e: sqlx::Error) -> PeopleError {
     PeopleError::Store(e.to_string())
 }
@@ -160,6 +195,16 @@ impl Db {
         now: DateTime<Utc>,
     ) -> Result<Option<(String, Vec<u8>)>> {
         each!(self, take_claim(token_hash, now))
+    }
+
+    pub(crate) async fn dump(&self) -> Result<Rows> {
+        each!(self, dump())
+    }
+
+    /// Inserts `rows` in one transaction; refused (nothing written) where
+    /// any person is already there.
+    pub(crate) async fn load(&self, rows: &Rows) -> Result<()> {
+        each!(self, load(rows))
     }
 
     pub(crate) async fn sweep(

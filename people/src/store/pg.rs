@@ -3,8 +3,10 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Row, postgres::PgRow};
 
-use super::{NewClaim, NewPassword, NewPerson, NewSession, SessionRow, db_err};
-use crate::{Person, Result, Swept};
+use super::{
+    ClaimRow, NewClaim, NewPassword, NewPerson, NewSession, PersonRow, Rows, SessionRow, db_err,
+};
+use crate::{PeopleError, Person, Result, Swept};
 
 type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
 
@@ -311,4 +313,103 @@ pub(super) async fn sweep(
         sessions: sessions.rows_affected(),
         claims: claims.rows_affected(),
     })
+}
+
+pub(super) async fn dump(pool: &PgPool) -> Result<Rows> {
+    let people = sqlx::query(
+        "SELECT user_id, email, name, password_hash, created_at, last_login_at
+         FROM people ORDER BY user_id",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    let claims = sqlx::query(
+        "SELECT token_hash, key_id, sealed, created_at, expires_at, claimed_at
+         FROM key_claims ORDER BY token_hash",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    let person = |r: &PgRow| -> std::result::Result<PersonRow, sqlx::Error> {
+        Ok(PersonRow {
+            user_id: r.try_get("user_id")?,
+            email: r.try_get("email")?,
+            name: r.try_get("name")?,
+            password_hash: r.try_get("password_hash")?,
+            created_at: r.try_get("created_at")?,
+            last_login_at: r.try_get("last_login_at")?,
+        })
+    };
+    let claim = |r: &PgRow| -> std::result::Result<ClaimRow, sqlx::Error> {
+        Ok(ClaimRow {
+            token_hash: r.try_get("token_hash")?,
+            key_id: r.try_get("key_id")?,
+            sealed: r.try_get("sealed")?,
+            created_at: r.try_get("created_at")?,
+            expires_at: r.try_get("expires_at")?,
+            claimed_at: r.try_get("claimed_at")?,
+        })
+    };
+    Ok(Rows {
+        people: people
+            .iter()
+            .map(person)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err)?,
+        claims: claims
+            .iter()
+            .map(claim)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(db_err)?,
+    })
+}
+
+pub(super) async fn load(pool: &PgPool, rows: &Rows) -> Result<()> {
+    let mut tx: Tx = pool.begin().await.map_err(db_err)?;
+    // Two copies into one store at once: the second waits, then finds the
+    // first's people.
+    sqlx::query("LOCK TABLE people IN EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    let there: i64 = sqlx::query_scalar("SELECT count(*) FROM people")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    if there > 0 {
+        return Err(PeopleError::Store(format!(
+            "the destination already has {there} people: copy into a new store"
+        )));
+    }
+    for p in &rows.people {
+        sqlx::query(
+            "INSERT INTO people (user_id, email, name, password_hash, created_at, last_login_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&p.user_id)
+        .bind(&p.email)
+        .bind(&p.name)
+        .bind(&p.password_hash)
+        .bind(p.created_at)
+        .bind(p.last_login_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    for c in &rows.claims {
+        sqlx::query(
+            "INSERT INTO key_claims (token_hash, key_id, sealed, created_at, expires_at, claimed_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&c.token_hash)
+        .bind(&c.key_id)
+        .bind(c.sealed.as_deref())
+        .bind(c.created_at)
+        .bind(c.expires_at)
+        .bind(c.claimed_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    tx.commit().await.map_err(db_err)
 }

@@ -3,7 +3,9 @@
 use chrono::{DateTime, Utc};
 use sqlx::{Row, SqlitePool, sqlite::SqliteRow};
 
-use super::{NewClaim, NewPassword, NewPerson, NewSession, SessionRow, db_err};
+use super::{
+    ClaimRow, NewClaim, NewPassword, NewPerson, NewSession, PersonRow, Rows, SessionRow, db_err,
+};
 use crate::time::{from_micros, to_micros};
 use crate::{PeopleError, Person, Result, Swept};
 
@@ -321,4 +323,102 @@ pub(super) async fn sweep(
         sessions: sessions.rows_affected(),
         claims: claims.rows_affected(),
     })
+}
+
+pub(super) async fn dump(pool: &SqlitePool) -> Result<Rows> {
+    let people = sqlx::query(
+        "SELECT user_id, email, name, password_hash, created_at, last_login_at
+         FROM people ORDER BY user_id",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    let claims = sqlx::query(
+        "SELECT token_hash, key_id, sealed, created_at, expires_at, claimed_at
+         FROM key_claims ORDER BY token_hash",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    let at = |r: &SqliteRow, c: &str| -> Result<Option<DateTime<Utc>>> {
+        r.try_get::<Option<i64>, _>(c)
+            .map_err(db_err)?
+            .map(instant)
+            .transpose()
+    };
+    let need = |t: Option<DateTime<Utc>>| {
+        t.ok_or_else(|| PeopleError::Store("a required instant is missing".into()))
+    };
+    Ok(Rows {
+        people: people
+            .iter()
+            .map(|r| {
+                Ok(PersonRow {
+                    user_id: r.try_get("user_id").map_err(db_err)?,
+                    email: r.try_get("email").map_err(db_err)?,
+                    name: r.try_get("name").map_err(db_err)?,
+                    password_hash: r.try_get("password_hash").map_err(db_err)?,
+                    created_at: need(at(r, "created_at")?)?,
+                    last_login_at: at(r, "last_login_at")?,
+                })
+            })
+            .collect::<Result<_>>()?,
+        claims: claims
+            .iter()
+            .map(|r| {
+                Ok(ClaimRow {
+                    token_hash: r.try_get("token_hash").map_err(db_err)?,
+                    key_id: r.try_get("key_id").map_err(db_err)?,
+                    sealed: r.try_get("sealed").map_err(db_err)?,
+                    created_at: need(at(r, "created_at")?)?,
+                    expires_at: need(at(r, "expires_at")?)?,
+                    claimed_at: at(r, "claimed_at")?,
+                })
+            })
+            .collect::<Result<_>>()?,
+    })
+}
+
+pub(super) async fn load(pool: &SqlitePool, rows: &Rows) -> Result<()> {
+    let mut tx = begin(pool).await?;
+    let there: i64 = sqlx::query_scalar("SELECT count(*) FROM people")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    if there > 0 {
+        return Err(PeopleError::Store(format!(
+            "the destination already has {there} people: copy into a new store"
+        )));
+    }
+    for p in &rows.people {
+        sqlx::query(
+            "INSERT INTO people (user_id, email, name, password_hash, created_at, last_login_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&p.user_id)
+        .bind(&p.email)
+        .bind(&p.name)
+        .bind(&p.password_hash)
+        .bind(to_micros(p.created_at))
+        .bind(p.last_login_at.map(to_micros))
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    for c in &rows.claims {
+        sqlx::query(
+            "INSERT INTO key_claims (token_hash, key_id, sealed, created_at, expires_at, claimed_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&c.token_hash)
+        .bind(&c.key_id)
+        .bind(c.sealed.as_deref())
+        .bind(to_micros(c.created_at))
+        .bind(to_micros(c.expires_at))
+        .bind(c.claimed_at.map(to_micros))
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
+    }
+    tx.commit().await.map_err(db_err)
 }

@@ -171,3 +171,40 @@ async fn signing_in_notes_the_last_login(b: Backend) {
     let p = fx.people.person(&id).await.unwrap().unwrap();
     assert_eq!(p.last_login_at, Some(at(30)));
 }
+
+/// People copied into a store of the other backend (`llmgw store copy`)
+/// sign in there with the same password, their times kept to the
+/// microsecond; a second copy into the same store is refused whole.
+#[tokio::test]
+async fn people_copied_to_the_other_backend_sign_in_alike() {
+    for (from, to) in [
+        (Backend::Sqlite, Backend::Postgres),
+        (Backend::Postgres, Backend::Sqlite),
+    ] {
+        let (a, b) = (Fx::new(from).await, Fx::new(to).await);
+        let id = a.pending().await;
+        a.set(&id, UserStatus::Active);
+        a.sign_in(AYSE, GOOD, at(1)).await.unwrap();
+        let rows = a.people.dump().await.unwrap();
+        assert_eq!(rows.counts(), (1, 0));
+        b.people.load(&rows).await.unwrap();
+        b.set(&id, UserStatus::Active);
+        let opened = b.sign_in(AYSE, GOOD, at(2)).await.unwrap();
+        assert_eq!(opened.user_id, id, "{from:?} to {to:?}");
+        let there = b.people.people().await.unwrap();
+        assert_eq!(
+            there,
+            a.people
+                .people()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|mut p| {
+                    p.last_login_at = Some(at(2));
+                    p
+                })
+                .collect::<Vec<_>>()
+        );
+        assert!(b.people.load(&rows).await.is_err(), "a store with people");
+    }
+}
