@@ -197,10 +197,11 @@ impl std::str::FromStr for EndpointSpec {
 #[derive(Debug)]
 struct Live {
     in_flight: AtomicU32,
-    /// Requests counted against it so far: among endpoints equally
-    /// loaded, the one sent fewest per unit of weight goes first, so
-    /// light traffic spreads rather than all going to the first id.
-    sent: std::sync::atomic::AtomicU64,
+    /// When it was last picked (a stamp of [`PICKS`]; 0: never): among
+    /// endpoints equally loaded, the one picked longest ago goes first, so
+    /// light traffic takes turns rather than all going to the first id (a
+    /// new endpoint gets one turn, not every request until it catches up).
+    picked: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
     load: Mutex<Option<Load>>,
     /// A scrape has been tried at least once.
@@ -213,6 +214,9 @@ struct Live {
     /// any kind); None while the engine answers.
     silent_since: Mutex<Option<std::time::Instant>>,
 }
+
+/// Picks so far, process-wide: the stamps of [`Live::picked`].
+static PICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The paths proxied to engines, whose URLs each endpoint keeps parsed.
 const PROXIED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
@@ -267,7 +271,7 @@ impl Endpoint {
     fn new(spec: EndpointSpec, breaker: &BreakerConfig) -> Self {
         let live = Arc::new(Live {
             in_flight: AtomicU32::new(0),
-            sent: std::sync::atomic::AtomicU64::new(0),
+            picked: std::sync::atomic::AtomicU64::new(0),
             breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
             load: Mutex::new(None),
             scraped: std::sync::atomic::AtomicBool::new(false),
@@ -548,8 +552,8 @@ impl Endpoints {
 
     /// Filter (serves the model, not excluded, breaker lets it through,
     /// figures fresh when any are), keep the highest-priority pool, and
-    /// order by load per unit of weight, least first (ties by requests
-    /// sent per unit of weight, then by id).
+    /// order by load per unit of weight, least first (the least loaded
+    /// picked longest ago first, other ties by id).
     pub fn candidates(&self, model: &str, exclude: &[String]) -> Vec<(Arc<Endpoint>, f64)> {
         let mut candidates: Vec<(Arc<Endpoint>, bool)> = self
             .all()
@@ -573,14 +577,21 @@ impl Endpoints {
                 (e, score)
             })
             .collect();
-        let turns = |e: &Endpoint| {
-            e.live.sent.load(Ordering::Relaxed) as f64 / f64::from(e.spec.weight.max(1))
-        };
-        scored.sort_by(|(a, x), (b, y)| {
-            x.total_cmp(y)
-                .then_with(|| turns(a).total_cmp(&turns(b)))
-                .then_with(|| a.spec.id.cmp(&b.spec.id))
-        });
+        scored.sort_by(|(a, x), (b, y)| x.total_cmp(y).then_with(|| a.spec.id.cmp(&b.spec.id)));
+        // Among the least loaded, the one picked longest ago goes first.
+        // Each stamp is read once: requests move them while this runs, and
+        // a sort's comparator must see one order.
+        if let Some(least) = scored.first().map(|(_, s)| *s) {
+            let equal = scored.iter().take_while(|(_, s)| *s == least).count();
+            if equal > 1 {
+                let oldest = scored[..equal]
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, (e, _))| e.live.picked.load(Ordering::Relaxed))
+                    .map_or(0, |(i, _)| i);
+                scored[..equal].rotate_left(oldest);
+            }
+        }
         scored
     }
 
@@ -593,7 +604,9 @@ impl Endpoints {
             Pass::Probe(n) => Some(n),
         };
         e.live.in_flight.fetch_add(1, Ordering::Relaxed);
-        e.live.sent.fetch_add(1, Ordering::Relaxed);
+        e.live
+            .picked
+            .store(PICKS.fetch_add(1, Ordering::Relaxed) + 1, Ordering::Relaxed);
         Some(InFlight(e.clone(), probe))
     }
 

@@ -340,13 +340,17 @@ pub fn admin_app(gw: Arc<Gateway>) -> Router {
         // An empty 404 left a person, or an SDK pointed here by mistake,
         // with nothing to go on.
         .fallback(|uri: axum::http::Uri| async move {
-            (
-                axum::http::StatusCode::NOT_FOUND,
+            // Under /api/ a bare 404 stays: `ctl` reads it as a server
+            // with no control plane (router-only) and says so.
+            let text = if uri.path().starts_with("/api/") {
+                String::new()
+            } else {
                 format!(
                     "nothing at {} on the admin listener: its pages are under /admin, the admin API under /api/v1, with /metrics and /health; the OpenAI API is on the client listener\n",
                     uri.path()
-                ),
-            )
+                )
+            };
+            (axum::http::StatusCode::NOT_FOUND, text)
         })
         .with_state(gw)
 }

@@ -461,6 +461,17 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
     // Recorded as given up, as a plain request the client leaves is: the
     // usage tells a cut stream from a whole one.
     assert_eq!(record.status, 499, "{record:?}");
+    // A client that hangs up as soon as it reads `[DONE]` took it all.
+    let mut response = gw.chat(&chat("m", true, 3)).await;
+    loop {
+        let chunk = response.chunk().await.unwrap().expect("more of the answer");
+        if String::from_utf8_lossy(&chunk).contains("[DONE]") {
+            break;
+        }
+    }
+    drop(response);
+    let record = rx.recv().await.expect("a usage record");
+    assert_eq!(record.status, 200, "{record:?}");
 }
 
 /// A request the engine refuses (400: a malformed message) did no work
