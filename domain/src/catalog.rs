@@ -138,10 +138,7 @@ impl Default for Scaling {
 }
 
 /// Micro-units per 1,000 tokens, prompt and completion priced apart.
-/// Unknown fields are refused: `completion_per_1K` was reported as the
-/// right name missing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Price {
     pub prompt_per_1k: u64,
     pub completion_per_1k: u64,

@@ -614,14 +614,33 @@ fn decide(
             }
         }
         let outcome = if profile.nodes <= 1 {
-            single_node(model, profile, fits, replica_id, &with_model)
+            // A node whose address has no port left for it (others there
+            // hold the rest) is passed over for the next best.
+            let mut fits = fits;
+            loop {
+                let chosen = single_node(model, profile, &fits, replica_id, &with_model);
+                let Ok(mut placement) = chosen else {
+                    break chosen;
+                };
+                match share_host_ports(&mut placement, nodes, &used, options) {
+                    Ok(()) => break Ok(placement),
+                    Err(why) => {
+                        let node = &placement.shards[0].node_id;
+                        fits.retain(|f| f.node.id != *node);
+                        if fits.is_empty() {
+                            break Err(why);
+                        }
+                    }
+                }
+            }
         } else {
-            multi_node(model, profile, fits, replica_id, &mut candidates)
+            multi_node(model, profile, fits, replica_id, &mut candidates).and_then(
+                |mut placement| {
+                    share_host_ports(&mut placement, nodes, &used, options)?;
+                    Ok(placement)
+                },
+            )
         };
-        let outcome = outcome.and_then(|mut placement| {
-            share_host_ports(&mut placement, nodes, &used, options)?;
-            Ok(placement)
-        });
         match outcome {
             Ok(placement) => {
                 explanation.profiles.push(ProfileVerdict {
@@ -737,7 +756,7 @@ fn shard(
 fn single_node(
     model: &Model,
     profile: &Profile,
-    fits: Vec<Fit<'_>>,
+    fits: &[Fit<'_>],
     replica_id: &ReplicaId,
     with_model: &BTreeSet<&NodeId>,
 ) -> Result<Placement, String> {
@@ -768,10 +787,10 @@ fn single_node(
     let why = format!(
         "on {} ({}){}",
         best.node.id,
-        if profile.is_cpu() {
-            "least loaded"
-        } else {
-            "fullest node that fits"
+        match (profile.is_cpu(), with_model.is_empty() || with(best)) {
+            (true, true) => "least loaded",
+            (true, false) => "without a replica of the model, least loaded",
+            (false, _) => "fullest node that fits",
         },
         if best.holds_weights {
             ", which holds the weights"

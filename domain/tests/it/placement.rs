@@ -506,6 +506,21 @@ fn nodes_that_share_an_address_share_its_ports() {
     }
     let e = place(&m, &only_ab, &r, &[], &"r2".into(), two);
     assert!(e.chosen.is_none(), "{e:?}");
+    // With a node elsewhere, that node takes it: an address out of ports
+    // is passed over, not the whole profile refused (a and b come first
+    // by id, all three holding one replica).
+    let mut r = Replicas::default();
+    for i in 0..3 {
+        let e = place(&m, &n, &r, &[], &format!("r{i}").into(), two);
+        placed(&mut r, &e);
+    }
+    let e = place(&m, &n, &r, &[], &"r3".into(), two);
+    let chosen = e.chosen.expect("c fits");
+    assert_eq!(
+        (chosen.shards[0].node_id.as_str(), chosen.shards[0].port),
+        ("c", 20001),
+        "{chosen:?}"
+    );
 }
 
 /// A GPU profile's `memory_mb` (host RAM beside its GPUs) is a constraint
