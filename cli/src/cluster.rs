@@ -857,7 +857,10 @@ fn read_model(text: &str, json: bool) -> Result<(), String> {
             .map_err(|e| e.to_string())
     };
     read.map_err(|e| match unknown.first() {
-        Some(k) => format!("{e} (`{k}` is a key llmgw does not know: misspelt?)"),
+        Some(k) => format!(
+            "{e} (`{}` is a key llmgw does not know: misspelt?)",
+            k.replace(".?", "")
+        ),
         None => e,
     })
 }

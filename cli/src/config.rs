@@ -546,9 +546,20 @@ pub(crate) fn load(
                     .and_then(|text| serde_norway::from_str::<FileConfig>(text).err())
                     .filter(|direct| direct.location().is_some())
                     .filter(|direct| direct.to_string().contains(&e));
-                match located {
+                let said = match located {
                     Some(direct) => invalid(&direct),
                     None => invalid(&e),
+                };
+                // `completion_per_1K` fails as the right name missing: the
+                // unknown key met first is the likelier mistake.
+                match ignored.first() {
+                    // `?` marks an optional value on the path: not a key.
+                    Some(k) => ConfigError(format!(
+                        "{} (`{}` is a key llmgw does not know: misspelt?)",
+                        said.0,
+                        k.replace(".?", "")
+                    )),
+                    None => said,
                 }
             })?;
     if let Some(path) = ignored.first() {

@@ -511,9 +511,10 @@ async fn add_model(
         )
     };
     if model.profiles.is_empty() {
-        done.push_str(
-            "; it has no profiles, so no node starts it: only a static endpoint that names it serves it",
-        );
+        done.push_str(&format!(
+            "; it has no profiles, so no node starts it until it has one (`llmgw ctl plan {}` suggests some); a static endpoint that names it serves it meanwhile",
+            model.name
+        ));
     }
     change(&cp, &origin, vec![Command::Catalog(command)], &done).await
 }
@@ -532,7 +533,10 @@ fn model_of(body: &[u8]) -> std::result::Result<Model, AdminError> {
             // met before the failure is the likelier mistake.
             let typo = unknown
                 .first()
-                .map(|k| format!(" (`{k}` is a key llmgw does not know: misspelt?)"))
+                .map(|k| {
+                    let k = k.replace(".?", "");
+                    format!(" (`{k}` is a key llmgw does not know: misspelt?)")
+                })
                 .unwrap_or_default();
             bad(format!("the body is not a model: {e}{typo}"))
         })?;

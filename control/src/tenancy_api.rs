@@ -299,32 +299,29 @@ fn scope_of(s: &str) -> std::result::Result<Scope, AdminError> {
     Scope::parse(s).ok_or_else(|| bad(format!("unknown scope {s:?}: org, team, project or key")))
 }
 
-/// An allowlist's names must be the catalog's models or aliases, when
-/// there is a catalog (a router-only server's models may be its static
-/// endpoints'): one typo locked the scope out of every model, and its
-/// requests got a 404 that hid why.
-fn known_models(door: &Door, models: &[String]) -> std::result::Result<(), AdminError> {
+/// An allowlist's name that is no model or alias of the catalog, said
+/// beside the change (one typo locks the scope out of the model, with a
+/// 404 that hides why). Not refused: a static endpoint's model is in no
+/// catalog, and a model may be added after.
+fn unknown_model(door: &Door, models: &[String]) -> Option<String> {
     let views = door.views();
     let views = views.read().unwrap_or_else(|p| p.into_inner());
     let catalog = &views.cluster.catalog;
     if catalog.models.is_empty() {
-        return Ok(());
+        return None;
     }
-    let Some(unknown) = models
+    let unknown = models
         .iter()
-        .find(|m| !m.is_empty() && catalog.resolve(m).is_none())
-    else {
-        return Ok(());
-    };
+        .find(|m| !m.is_empty() && catalog.resolve(m).is_none())?;
     let names: Vec<&str> = catalog.models.keys().map(String::as_str).collect();
     let listed = if names.len() <= 12 {
         names.join(", ")
     } else {
         "see `llmgw ctl models`".to_owned()
     };
-    Err(bad(format!(
-        "--models: no model or alias {unknown:?} in the catalog ({listed}); add the model first"
-    )))
+    Some(format!(
+        "{unknown:?} is no model or alias of the catalog ({listed}); requests for it are refused unless a static endpoint serves it"
+    ))
 }
 
 fn period_of(s: &str) -> std::result::Result<Period, AdminError> {
@@ -363,6 +360,7 @@ async fn set_limits(
             .unwrap_or_default()
     };
     let l = s.limits;
+    let mut unknown = None;
     if l.rpm.is_some() {
         limits.rpm = l.rpm;
     }
@@ -372,7 +370,7 @@ async fn set_limits(
     if s.all_models {
         limits.models = None;
     } else if let Some(models) = l.models {
-        known_models(&door, &models)?;
+        unknown = unknown_model(&door, &models);
         limits.models = Some(models);
     }
     if l.budget_micros.is_some() {
@@ -381,7 +379,10 @@ async fn set_limits(
     if let Some(p) = &l.period {
         limits.period = Some(period_of(p)?);
     }
-    let done = format!("limits of {} {} are set", s.scope, s.id);
+    let mut done = format!("limits of {} {} are set", s.scope, s.id);
+    if let Some(note) = unknown {
+        done.push_str(&format!("; note: {note}"));
+    }
     let c = T::SetLimits {
         scope,
         scope_id: s.id,

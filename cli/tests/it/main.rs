@@ -2372,11 +2372,16 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             vec![("RUST_LOG", "llmgw=loud")],
             "RUST_LOG=\"llmgw=loud\"",
         ),
-        // A catalog model that nothing would ever serve.
+        // A price's key mistyped is named, not reported as the right one
+        // missing.
         (
-            good.replacen("\nmodels:\n", "\nmodels:\n  - name: bare\n", 1),
+            good.replacen(
+                "\nmodels:\n",
+                "\nmodels:\n  - name: priced\n    price: {prompt_per_1k: 1, completion_per_1K: 2}\n    profiles: [{name: p, engine: sim}]\n",
+                1,
+            ),
             vec![],
-            "models: \"bare\" has no profiles (nothing starts it) and no endpoint serves it",
+            "`models.0.price.completion_per_1K` is a key llmgw does not know",
         ),
         // A stop that would wait days for streams.
         (
