@@ -241,6 +241,15 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
             "--engine-bind {bind} is loopback, but engines are reached at --mgmt-addr {reached}: the gateway could never reach them; leave --engine-bind out (engines then listen on the management address)"
         )));
     }
+    // Behind NAT the two differ on purpose; elsewhere the gateway dials an
+    // address nothing listens on, and every request for the node's
+    // replicas fails while they read ready.
+    if let (Some(bind), Some(reached)) = (a.engine_bind.as_deref().and_then(ip), ip(mgmt))
+        && !bind.is_unspecified()
+        && bind != reached
+    {
+        tracing::warn!(engine_bind = %bind, mgmt_addr = %reached, "engines listen on --engine-bind but the gateway reaches them at --mgmt-addr: unless a NAT forwards one to the other, requests for this node's replicas fail");
+    }
     // Not refused: a network mount may come up after the agent; but a typo
     // would otherwise leave the node reporting no weights without a word.
     for dir in a.discovery.model_dirs.iter().filter(|d| !d.is_dir()) {

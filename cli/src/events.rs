@@ -364,16 +364,27 @@ pub(crate) async fn copy_log(store: &AnyStore, to: &str) -> anyhow::Result<Outco
         println!("the log is empty: no event to copy");
         return Ok(Outcome::Ok);
     }
-    let path = std::env::temp_dir().join(format!(
-        "llmgw-copy-{}-{}.jsonl",
+    // In a directory of its own, made here (it fails if the name is
+    // taken), readable by this user alone: the log holds tenancy data,
+    // and nothing another user placed there is written through.
+    let dir = std::env::temp_dir().join(format!(
+        "llmgw-copy-{}-{}",
         std::process::id(),
         chrono::Utc::now().timestamp_micros()
     ));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let path = dir.join("log.jsonl");
     let copied = match export(store, 1, Some(head), Some(path.clone()), None).await {
         Ok(_) => import_into(to, &path, false, &[], None).await,
         Err(e) => Err(e),
     };
-    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_dir_all(&dir);
     copied
 }
 

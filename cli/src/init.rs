@@ -335,16 +335,22 @@ fn local_addresses() -> BTreeSet<std::net::IpAddr> {
     out
 }
 
-/// `store` goes in too when it carries no password, so that `llmgw server
-/// --config` run by hand opens the log the unit does (it opened a new
-/// `./llmgw.db`); a DSN with a password stays in server.env alone.
+/// A SQLite `store` goes in too, so that `llmgw server --config` run by
+/// hand opens the log the unit does (it opened a new `./llmgw.db`); a
+/// database's address, which may hold a password, stays in server.env.
 fn server_yaml(dir: &Path, store: &str) -> String {
     let at = |f: &str| dir.join(f).display().to_string();
-    let store_line = if redact(store) == store {
+    // SQLite alone is sure to hold no secret: a DSN's password may be in
+    // its query (`?password=`) as well as before the host.
+    let sqlite = matches!(
+        llmgw_eventstore::StoreAddress::parse(store),
+        Ok(llmgw_eventstore::StoreAddress::Sqlite(_))
+    );
+    let store_line = if sqlite {
         format!("# The event log (LLMGW_STORE in server.env says the same).\nstore: {store:?}\n")
     } else {
         format!(
-            "# The event log's address holds a password: it is LLMGW_STORE in\n\
+            "# The event log's address may hold a password: it is LLMGW_STORE in\n\
              # {env} alone. By hand: sudo sh -c 'set -a; . {env}; llmgw server --config {yaml}'\n",
             env = at("server.env"),
             yaml = at("server.yaml"),

@@ -291,18 +291,15 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             }
         }
     }
-    // A catalog model without profiles is started on no node: only a
-    // static endpoint that names it can serve it. With none, every
-    // request for it would be told "no capacity right now", for ever.
-    if control.is_some()
-        && let Some(m) = file.models.iter().find(|m| {
+    // A catalog model without profiles is started on no node (`ctl plan`
+    // sizes one from its source, to suggest profiles): said, as every
+    // request for it is told "no capacity right now" until it has one.
+    if control.is_some() {
+        for m in file.models.iter().filter(|m| {
             m.profiles.is_empty() && !gateway.endpoints.iter().any(|e| e.models.contains(&m.name))
-        })
-    {
-        return Err(ConfigError(format!(
-            "models: {:?} has no profiles (nothing starts it) and no endpoint serves it: give it a profile, or an endpoint that names it",
-            m.name
-        )));
+        }) {
+            tracing::warn!(model = %m.name, "a model with no profiles and no endpoint: nothing serves it until it has one (`llmgw ctl plan {}` suggests profiles)", m.name);
+        }
     }
     gateway.default_price = file.auth.default_price.unwrap_or_default();
     // The flag or the variable wins over the file, the file over the
@@ -312,6 +309,30 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         (Some(from_file), false) => (true, from_file.clone()),
         (_, named) => (named, store.address.clone()),
     };
+    // `server init` keeps a database's address (it may hold a password)
+    // in server.env beside server.yaml, which the unit reads: a start by
+    // hand without it would make a new, empty ./llmgw.db and lead that.
+    if !store_named
+        && let Some(env) = a
+            .config
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .map(|d| d.join("server.env"))
+            .filter(|f| {
+                std::fs::read_to_string(f)
+                    .map(|t| {
+                        t.lines()
+                            .any(|l| l.trim_start().starts_with("LLMGW_STORE="))
+                    })
+                    .unwrap_or(f.exists())
+            })
+    {
+        return Err(ConfigError(format!(
+            "no store is named, but {} names one (LLMGW_STORE), which the service reads: run as the unit does, `sudo sh -c 'set -a; . {}; llmgw server --config …'`, or give --store",
+            env.display(),
+            env.display()
+        )));
+    }
     // Read now, so that --check and the start refuse a bad address alike
     // (exit 2), not the first open at run.
     let address = llmgw_eventstore::StoreAddress::parse(&store)

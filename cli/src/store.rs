@@ -9,9 +9,9 @@ pub(crate) enum StoreCommand {
     Migrate,
     /// Copy this store (--store) into a new one: the log, checked event
     /// for event as an import checks a file, then the people (their
-    /// passwords' hashes too) and claim links; sessions stay behind, so
-    /// people sign in again. For moving from SQLite to PostgreSQL: stop
-    /// every server on the store first.
+    /// passwords' hashes too), claim links, threads and memory notes;
+    /// sessions stay behind, so people sign in again. For moving from
+    /// SQLite to PostgreSQL: stop every server on the store first.
     Copy {
         /// The new store: a SQLite file or `postgres://…`. Made or
         /// migrated; it must hold no event and no person.
@@ -69,10 +69,16 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
     {
         let target = open_migrating(to).await?;
         let (head, _) = target.head().await?;
-        if head > 0 {
+        let (people, _) = llmgw_people::People::new(&target, Default::default())
+            .dump()
+            .await?
+            .counts();
+        let (threads, notes) = llmgw_convo::Convo::new(&target).dump().await?.counts();
+        if head > 0 || people > 0 || threads + notes > 0 {
             anyhow::bail!(
-                "{} already holds {head} events: copy into a new, empty store",
-                dest.redacted()
+                "{} already holds {head} events, {people} people and {} threads or notes: copy into a new, empty store",
+                dest.redacted(),
+                threads + notes
             );
         }
     }
@@ -80,7 +86,16 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
         .dump()
         .await?;
     let convo = llmgw_convo::Convo::new(&store).dump().await?;
+    let (before, _) = store.head().await?;
     crate::events::copy_log(&store, to).await?;
+    // A router-only server holds no lease, and writes usage all the same.
+    let (after, _) = store.head().await?;
+    if after != before {
+        anyhow::bail!(
+            "the source grew from {before} to {after} events during the copy: a server still writes it (a router-only one holds no lease). Stop every server on it, drop {} and copy again",
+            dest.redacted()
+        );
+    }
     let target = open_migrating(to).await?;
     let half = |what: &str, e: String| {
         anyhow::anyhow!(

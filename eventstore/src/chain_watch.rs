@@ -85,6 +85,10 @@ impl ChainWatch {
                     let key = (r.first_mismatch, r.head_matches);
                     if logged != Some(key) {
                         match r.first_mismatch {
+                            Some(p) if r.missing => tracing::error!(
+                                position = p,
+                                "the event log's hash chain is broken: there is no event at this position (a row was deleted; see `llmgw events verify`)"
+                            ),
                             Some(p) => tracing::error!(
                                 position = p,
                                 "the event log's hash chain is broken: the event at this position does not match its hash (see `llmgw events verify`)"

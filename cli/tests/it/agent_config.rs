@@ -403,9 +403,17 @@ fn write_agent_yaml(path: &Path, host: &str, port: u16, work: &Path, cache: &Pat
 fn the_example_agent_file_is_accepted() {
     let example =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/agent.yaml");
-    let (code, s, err) = check(&["--config", example.to_str().unwrap()], &[]);
+    // Its servers are https://: the first start joins with the token
+    // agent.env gives (LLMGW_AGENT_JOIN), later ones with what it stored.
+    let token = format!("llmgw-join-{}.{}", "ab".repeat(24), "0".repeat(32));
+    let example = example.to_str().unwrap();
+    let (code, s, err) = check(&["--config", example], &[("LLMGW_AGENT_JOIN", &token)]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(s["node_id"], "gpu-01");
+    // Without it, it is refused at once, naming the way in.
+    let (code, _, err) = check(&["--config", example], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("join with a token"), "{err}");
     assert_eq!(s["fabrics"]["ib-a"][1], "mlx5_1");
 }
 

@@ -446,6 +446,48 @@ fn server_init_names_another_store_without_its_password() {
     );
 }
 
+/// Beside a server.env that names the store (a database's address, kept
+/// out of server.yaml for its password), a start by hand without it is
+/// refused: it made a new, empty ./llmgw.db and led that.
+#[test]
+fn a_start_without_the_store_its_server_env_names_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("server.yaml");
+    std::fs::write(
+        &yaml,
+        "listen: \"127.0.0.1:0\"\ncontrol:\n  enabled: true\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("server.env"),
+        "LLMGW_STORE=postgres://llmgw:secret@127.0.0.1:1/llmgw\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .current_dir(dir.path())
+            .args(["server", "--config", yaml.to_str().unwrap(), "--check"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("server.env names one (LLMGW_STORE)"), "{err}");
+    assert!(!err.contains("secret"), "the password is not shown: {err}");
+    assert!(!dir.path().join("llmgw.db").exists());
+    // Naming a store is enough.
+    let here = format!("sqlite://{}", dir.path().join("here.db").display());
+    let out = run(&["--store", &here]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
     let root = tempfile::tempdir().unwrap();

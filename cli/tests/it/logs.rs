@@ -166,6 +166,16 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
         said.contains("the OpenAI API is on the client listener"),
         "{said}"
     );
+    // But `ctl` still reads a router without a store as router-only.
+    let ctl = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["ctl", "status", "--admin", &format!("http://{admin}")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&ctl.stderr);
+    assert!(
+        !ctl.status.success() && err.contains("router-only"),
+        "{err}"
+    );
 
     // The client's id: returned, logged, and passed to the engine.
     let (id, status, _) = send(&base, Some("abc-123"), &chat(false)).await;

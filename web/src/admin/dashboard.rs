@@ -1,5 +1,6 @@
 //! `/admin`: the cluster and who uses it.
 
+use llmgw_eventstore::EventStore;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
@@ -31,9 +32,12 @@ pub(crate) struct DashboardQuery {
 struct Dashboard {
     chrome: Chrome,
     position: u64,
-    /// No control plane: what the log says of the cluster is as one last
-    /// left it, and the static endpoints are what serves.
+    /// No control plane here: the static endpoints are what serves.
     router_only: bool,
+    /// The control plane that leads this store from another server, if
+    /// one does: then the cluster below is live (else it is as one last
+    /// left it).
+    led_by: String,
     endpoints: Vec<EndpointRow>,
     nodes: Vec<NodeRow>,
     replicas: Vec<ReplicaRow>,
@@ -122,6 +126,16 @@ pub(crate) async fn page(
         page_number(q.page.as_deref()),
         page_number(q.people.as_deref()),
     );
+    let led_by = match (&web.store, web.settings.router_only) {
+        (Some(store), true) => store
+            .lease_info()
+            .await
+            .ok()
+            .filter(|l| l.held)
+            .and_then(|l| l.holder)
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
     let page = {
         let views = web.views();
         let c = &views.cluster;
@@ -135,6 +149,7 @@ pub(crate) async fn page(
             chrome: Chrome::for_viewer(&web, &viewer),
             position: views.checkpoint.position,
             router_only: web.settings.router_only,
+            led_by,
             endpoints: if web.settings.router_only {
                 endpoints(&web)
             } else {
