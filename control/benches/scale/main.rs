@@ -585,6 +585,19 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // Five quiet placements on 10,000 nodes and nothing else: for
+    // callgrind (`--toggle-collect='*place_quiet*'`), whose instruction
+    // counts hold where timings on a loaded machine move by a factor of two.
+    if args.iter().any(|a| a == "--count-placements") {
+        let (nodes, replicas) = cluster(10_000);
+        let m = model("big", 8, 1);
+        for i in 0..5 {
+            let id = ReplicaId::from(format!("probe-{i}"));
+            let chosen = place_quiet(&m, &nodes, &replicas, &[], &id, PlaceOptions::default());
+            assert!(chosen.is_some(), "the probe fits");
+        }
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--fleet") {
         rt.block_on(fleet(
             &args[i + 1],
