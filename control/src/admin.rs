@@ -155,6 +155,18 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
     Ok(Json(rows))
 }
 
+/// Whether every node of a replica answers: one on a node gone quiet is
+/// not serving, whatever it last said (the summaries read "all serving"
+/// while the gateway had nothing to route to, until the node was lost).
+fn answers(nodes: &llmgw_domain::nodes::Nodes, r: &llmgw_domain::replicas::Replica) -> bool {
+    r.placement.shards.iter().all(|s| {
+        nodes
+            .nodes
+            .get(&s.node_id)
+            .is_some_and(|n| n.reachability == Reachability::Ready)
+    })
+}
+
 async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow>> {
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     let c = &views.cluster;
@@ -198,7 +210,9 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
                 max: m.scaling.max,
                 on_demand: m.on_demand(),
                 replicas: of().filter(|r| r.is_live()).count(),
-                ready: of().filter(|r| r.status == ReplicaStatus::Ready).count(),
+                ready: of()
+                    .filter(|r| r.status == ReplicaStatus::Ready && answers(&c.nodes, r))
+                    .count(),
                 // The newest failure, even while a retry is loading.
                 last_failure: of()
                     .all(|r| r.status != ReplicaStatus::Ready)
@@ -725,17 +739,7 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         .values()
         .map(|m| llmgw_domain::reconcile::desired(m, &rt, &settings))
         .sum();
-    // A replica on a node gone quiet is not serving, whatever it last
-    // said: the summary read "all serving" while the gateway had nothing
-    // to route to, until the node was declared lost.
-    let answers = |r: &llmgw_domain::replicas::Replica| {
-        r.placement.shards.iter().all(|s| {
-            c.nodes
-                .nodes
-                .get(&s.node_id)
-                .is_some_and(|n| n.reachability == Reachability::Ready)
-        })
-    };
+    let answers = |r: &llmgw_domain::replicas::Replica| answers(&c.nodes, r);
     let ready = || live().filter(|r| r.status == ReplicaStatus::Ready);
     let ready_models: BTreeSet<&str> = ready()
         .filter(|r| answers(r))

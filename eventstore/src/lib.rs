@@ -362,7 +362,13 @@ pub trait EventStore: Clone + Send + Sync + 'static {
             } else {
                 match self.event_at(from - 1).await? {
                     Some(e) => e.hash,
-                    None => hash::GENESIS,
+                    // The link into the range is gone: that is the break
+                    // (the range's first event would be blamed for it).
+                    None => {
+                        report.first_mismatch = Some(from - 1);
+                        report.missing = true;
+                        return Ok(report);
+                    }
                 }
             };
             let mut after = from - 1;

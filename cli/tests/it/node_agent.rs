@@ -359,9 +359,12 @@ async fn status_does_not_count_replicas_on_a_quiet_node_as_serving() {
         status.contains("0/1 nodes ready").then_some(status)
     })
     .await;
+    let (_, models, _) = ctl(&server.admin, &["models", "--json"]);
     signal("-CONT");
     assert!(status.contains("0 of 1 models serving"), "{status}");
     assert!(status.contains("1 on unreachable nodes"), "{status}");
+    // `ctl models` agrees: none ready.
+    assert!(models.contains("\"ready\":0"), "{models}");
 }
 
 /// GPU health is read again while the agent runs: a card that starts

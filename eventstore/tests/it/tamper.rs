@@ -86,6 +86,13 @@ async fn verify_names_the_first_altered_position(b: Backend) {
         (Some(6), true, 1),
         "{gap:?}"
     );
+    // A range that starts just after it names it too, not its own first.
+    let after = t.store.verify(7, Some(7)).await.unwrap();
+    assert_eq!(
+        (after.first_mismatch, after.missing),
+        (Some(6), true),
+        "{after:?}"
+    );
 }
 
 /// The watch checks only what is new on each pass, and a break found is
