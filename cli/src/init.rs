@@ -190,9 +190,10 @@ pub(crate) async fn run(store: &str, a: InitArgs) -> anyhow::Result<Outcome> {
     Ok(Outcome::Ok)
 }
 
-/// A DSN's password is not printed.
+/// A DSN's password is not printed, in its user part or its query.
 fn redact(store: &str) -> String {
-    with_password(store, ":***")
+    llmgw_eventstore::StoreAddress::parse(store)
+        .map_or_else(|_| with_password(store, ":***"), |a| a.redacted())
 }
 
 /// The address that names the same database whatever its password.

@@ -312,7 +312,11 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     // `server init` keeps a database's address (it may hold a password)
     // in server.env beside server.yaml, which the unit reads: a start by
     // hand without it would make a new, empty ./llmgw.db and lead that.
+    // (Not under --check, which opens nothing and which the deploy
+    // guides run by hand, and not for a plain router, which opens none.)
     if !store_named
+        && !a.check
+        && (control.is_some() || auth)
         && let Some(env) = a
             .config
             .as_deref()

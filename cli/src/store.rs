@@ -82,17 +82,24 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
             );
         }
     }
+    // A router-only server holds no lease, and writes usage, sign-ups,
+    // threads and notes all the same: what it adds meanwhile is caught by
+    // reading it all again after.
+    let (before, _) = store.head().await?;
     let rows = llmgw_people::People::new(&store, Default::default())
         .dump()
         .await?;
     let convo = llmgw_convo::Convo::new(&store).dump().await?;
-    let (before, _) = store.head().await?;
     crate::events::copy_log(&store, to).await?;
-    // A router-only server holds no lease, and writes usage all the same.
     let (after, _) = store.head().await?;
-    if after != before {
+    let people_after = llmgw_people::People::new(&store, Default::default())
+        .dump()
+        .await?
+        .counts();
+    let convo_after = llmgw_convo::Convo::new(&store).dump().await?.counts();
+    if after != before || people_after != rows.counts() || convo_after != convo.counts() {
         anyhow::bail!(
-            "the source grew from {before} to {after} events during the copy: a server still writes it (a router-only one holds no lease). Stop every server on it, drop {} and copy again",
+            "the source changed during the copy: a server still writes it (a router-only one holds no lease). Stop every server on it, drop {} and copy again",
             dest.redacted()
         );
     }

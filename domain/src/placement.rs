@@ -625,8 +625,12 @@ fn decide(
                 match share_host_ports(&mut placement, nodes, &used, options) {
                     Ok(()) => break Ok(placement),
                     Err(why) => {
+                        // Every node there has the same ports taken.
                         let node = &placement.shards[0].node_id;
-                        fits.retain(|f| f.node.id != *node);
+                        let at = nodes.nodes.get(node).map(|n| n.inventory.address());
+                        fits.retain(|f| {
+                            f.node.id != *node && Some(f.node.inventory.address()) != at
+                        });
                         if fits.is_empty() {
                             break Err(why);
                         }

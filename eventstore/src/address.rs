@@ -161,7 +161,8 @@ fn redact_password(url: &str) -> String {
         None => (rest, ""),
     };
     let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
+        // No user part, but the query may carry `password=`.
+        return format!("{scheme}://{authority}{}", redact_query_password(tail));
     };
     let user = userinfo.split(':').next().unwrap_or_default();
     let userinfo = if userinfo.contains(':') {
@@ -190,6 +191,15 @@ fn redact_query_password(tail: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A password given in the query alone, with no user part, is hidden.
+    #[test]
+    fn a_password_in_the_query_alone_is_redacted() {
+        let a = StoreAddress::parse("postgres://db.internal/llmgw?user=u&password=s3cret").unwrap();
+        let shown = a.redacted();
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("user=u"), "{shown}");
+    }
 
     /// libpq's key=value form is refused (it was a SQLite file of that
     /// name), and no refusal shows a password.

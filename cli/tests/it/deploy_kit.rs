@@ -467,7 +467,7 @@ fn a_start_without_the_store_its_server_env_names_is_refused() {
         Command::new(env!("CARGO_BIN_EXE_llmgw"))
             .env_remove("LLMGW_STORE")
             .current_dir(dir.path())
-            .args(["server", "--config", yaml.to_str().unwrap(), "--check"])
+            .args(["server", "--config", yaml.to_str().unwrap()])
             .args(extra)
             .output()
             .unwrap()
@@ -478,14 +478,17 @@ fn a_start_without_the_store_its_server_env_names_is_refused() {
     assert!(err.contains("server.env names one (LLMGW_STORE)"), "{err}");
     assert!(!err.contains("secret"), "the password is not shown: {err}");
     assert!(!dir.path().join("llmgw.db").exists());
-    // Naming a store is enough.
+    // --check, which the deploy guides run by hand and which opens
+    // nothing, and a named store, pass.
     let here = format!("sqlite://{}", dir.path().join("here.db").display());
-    let out = run(&["--store", &here]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for extra in [&["--check"][..], &["--store", &here, "--check"]] {
+        let out = run(extra);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -254,11 +254,16 @@ impl State {
         // streamed counts: a client that leaves early pays for the prompt
         // and the tokens it was sent.
         self.finish.tokens = Some(self.splice.tokens());
-        // Whole once its finish reached the client: a client that hangs
-        // up at `[DONE]`, before the engine's connection ends, took all of
-        // it (it was recorded as given up).
-        if (self.splice.finished || self.splice.done) && self.finish.end.is_none() {
-            self.finish.end = Some(StreamEnd::Complete);
+        // Ended once `[DONE]` reached the client (every choice's finish
+        // comes before it): a client that hangs up there, before the
+        // engine's connection ends, took all of it (it was recorded as
+        // given up). After an engine's error event it ended badly.
+        if self.splice.done && self.finish.end.is_none() {
+            self.finish.end = Some(if self.splice.engine_errored() {
+                StreamEnd::UpstreamError
+            } else {
+                StreamEnd::Complete
+            });
         }
     }
 }

@@ -66,6 +66,11 @@ pub(crate) struct Splice {
 }
 
 impl Splice {
+    /// The engine sent an error event (its `[DONE]` may follow).
+    pub(crate) fn engine_errored(&self) -> bool {
+        self.engine_error
+    }
+
     pub(crate) fn new(form: Form, strip_usage: bool, prompt_estimate: u64) -> Self {
         Splice {
             form,

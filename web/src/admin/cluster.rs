@@ -250,7 +250,18 @@ fn counting(c: &ClusterView, model: &str) -> (usize, usize) {
     let live = of()
         .filter(|r| matches!(r.status, ReplicaStatus::Starting | ReplicaStatus::Ready))
         .count();
-    let ready = of().filter(|r| r.status == ReplicaStatus::Ready).count();
+    // Ready on nodes that answer, as `ctl status` and `ctl models` count.
+    let ready = of()
+        .filter(|r| {
+            r.status == ReplicaStatus::Ready
+                && r.placement.shards.iter().all(|s| {
+                    c.nodes
+                        .nodes
+                        .get(&s.node_id)
+                        .is_some_and(|n| n.reachability == llmgw_domain::nodes::Reachability::Ready)
+                })
+        })
+        .count();
     (live, ready)
 }
 
