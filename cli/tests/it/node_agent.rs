@@ -267,25 +267,39 @@ async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
 async fn two_agents_on_one_address_get_different_ports() {
     let ip = "127.0.12.5";
     let dir = tempfile::tempdir().unwrap();
+    // Declared first, so dropped last: after the agents and the server,
+    // so that no engine is started again after the sweep (one was, and
+    // held its port into the next run).
+    let homes = [dir.path().join("twin-a"), dir.path().join("twin-b")];
+    let _sweeps = homes.clone().map(|h| StateFileSweeper(h.join("work")));
     let port = free_port();
-    let models = "  - name: chat\n    scaling: {min: 2, max: 2}\n    profiles:\n      - name: sim\n        engine: sim\n";
-    let server = server(dir.path(), port, "  port_range: [30640, 30649]\n", models);
-    let twin = |node: &str| {
-        let home = dir.path().join(node);
-        std::fs::create_dir(&home).unwrap();
-        let _sweep = StateFileSweeper(home.join("work"));
-        (
-            agent(
-                port,
-                node,
-                &home,
-                &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
-            ),
-            _sweep,
+    let control = "  enabled: true\n  port_range: [30640, 30649]\n";
+    let server = server(dir.path(), port, control, "  []\n");
+    let twin = |home: &std::path::Path, node: &str| {
+        std::fs::create_dir(home).unwrap();
+        agent(
+            port,
+            node,
+            home,
+            &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
         )
     };
-    let (_a, _sweep_a) = twin("twin-a");
-    let (_b, _sweep_b) = twin("twin-b");
+    let _a = twin(&homes[0], "twin-a");
+    let _b = twin(&homes[1], "twin-b");
+    // Both registered before the model asks for two replicas: one each.
+    until("two nodes", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes.as_array()?.len() == 2).then_some(())
+    })
+    .await;
+    let model = dir.path().join("chat.yaml");
+    std::fs::write(
+        &model,
+        "name: chat\nscaling: {min: 2, max: 2}\nprofiles:\n  - name: sim\n    engine: sim\n",
+    )
+    .unwrap();
+    let (good, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(good, "{err}");
     let ports = until("two ready replicas", || async {
         let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
         let ready = ready_replicas(&rows);
