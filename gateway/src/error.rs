@@ -272,34 +272,34 @@ impl ApiError {
         }
     }
 
-    /// A budget on the key's way up (key, project, team or org) is spent
-    /// for its period.
-    pub fn budget_spent(scope: &str, id: &str, period: &str) -> Self {
+    /// A budget refusal: 429 `insufficient_quota`, final (no other
+    /// endpoint or retry changes it).
+    fn quota(message: String) -> Self {
         ApiError {
             final_answer: true,
             ..Self::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "insufficient_quota",
                 "insufficient_quota",
-                format!(
-                    "the {period} budget of {scope} {id} is spent; it renews with the next {period}"
-                ),
+                message,
             )
         }
+    }
+
+    /// A budget on the key's way up (key, project, team or org) is spent
+    /// for its period.
+    pub fn budget_spent(scope: &str, id: &str, period: &str) -> Self {
+        Self::quota(format!(
+            "the {period} budget of {scope} {id} is spent; it renews with the next {period}"
+        ))
     }
 
     /// A budget of nothing: only free models, for good (it never renews
     /// into anything).
     pub fn budget_none(scope: &str, id: &str) -> Self {
-        ApiError {
-            final_answer: true,
-            ..Self::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "insufficient_quota",
-                "insufficient_quota",
-                format!("{scope} {id} has a budget of 0: it may use only models priced 0"),
-            )
-        }
+        Self::quota(format!(
+            "{scope} {id} has a budget of 0: it may use only models priced 0"
+        ))
     }
 
     /// A budget is not spent yet, but has less left than this request may
@@ -318,18 +318,10 @@ impl ApiError {
         } else {
             "ask for fewer tokens"
         };
-        ApiError {
-            final_answer: true,
-            ..Self::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "insufficient_quota",
-                "insufficient_quota",
-                format!(
-                    "the {period} budget of {scope} {id} has {left_micros} micro-units left, \
-                     less than this request may cost; {fewer}, or wait for the next {period}"
-                ),
-            )
-        }
+        Self::quota(format!(
+            "the {period} budget of {scope} {id} has {left_micros} micro-units left, \
+             less than this request may cost; {fewer}, or wait for the next {period}"
+        ))
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
