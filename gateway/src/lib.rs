@@ -27,6 +27,7 @@ mod listen;
 pub mod log_lines;
 mod metrics;
 mod proxy;
+mod responses;
 mod routes;
 pub mod scrape;
 mod shutdown;
@@ -275,6 +276,13 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/v1/chat/completions", api(post(proxy::handle)))
         .route("/v1/completions", api(post(proxy::handle)))
         .route("/v1/embeddings", api(post(proxy::handle)))
+        .route(responses::PATH, api(post(proxy::handle)))
+        // Responses are not kept, so none can be read, cancelled or
+        // deleted by id: said in the API's envelope.
+        .route(
+            "/v1/responses/{*id}",
+            axum::routing::any(responses::not_kept),
+        )
         .route("/v1/models", api(get(info::models)))
         // A model's name may hold a `/` (`org/model`), sent as is.
         .route("/v1/models/{*id}", api(get(info::model)))

@@ -112,7 +112,14 @@ pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, String> {
     for m in closed {
         rendered.push_str(m["role"].as_str().ok_or("a message without a `role`")?);
         rendered.push_str(": ");
-        rendered.push_str(&text_of(&m["content"]).ok_or("malformed `content`")?);
+        // A turn that only called tools has no content, as OpenAI's API
+        // and the engines allow.
+        let content = if m["content"].is_null() && m["tool_calls"].is_array() {
+            String::new()
+        } else {
+            text_of(&m["content"]).ok_or("malformed `content`")?
+        };
+        rendered.push_str(&content);
         rendered.push('\n');
     }
     let tokens = tokens_of(rendered.len());

@@ -68,16 +68,75 @@ def main() -> None:
     except openai.NotFoundError as e:
         assert e.body["code"] == "model_not_found", e.body
 
-    # A route the gateway does not have is an error the SDK can read (the
-    # Responses API, which some agent frameworks use by default).
-    try:
-        client.responses.create(model=model, input="hi")
-        raise AssertionError("the gateway has no Responses API")
-    except openai.NotFoundError as e:
-        assert e.body["code"] == "unknown_url", e.body
-        assert "/v1/responses" in e.body["message"], e.body
+    responses(client, model, first)
 
     print("ok")
+
+
+def responses(client: openai.OpenAI, model: str, first: str) -> None:
+    """The Responses API, which agent frameworks use by default, served as
+    the chat completion it turns into: the same words for the same
+    conversation."""
+    r = client.responses.create(model=model, input="hello", max_output_tokens=3)
+    assert r.output_text == first, r
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+    assert r.usage.output_tokens == 3 and r.usage.input_tokens > 0, r.usage
+    assert r.id.startswith("resp_") and r.output[0].id.startswith("msg_"), r
+
+    # Streamed, through the SDK's own accumulating helper, which checks
+    # that every event fits the one before (the sim stops by itself).
+    deltas = []
+    with client.responses.stream(model=model, input="hello") as s:
+        for event in s:
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+        final = s.get_final_response()
+    assert "".join(deltas) == final.output_text and final.status == "completed", (deltas, final)
+    assert final.output_text.startswith(first), final
+    words = len(final.output_text.split())
+    assert final.usage is not None and final.usage.output_tokens == words, final.usage
+    # Cut at its limit, a stream ends incomplete, as OpenAI's does.
+    events = list(client.responses.create(model=model, input="hello", max_output_tokens=4, stream=True))
+    assert events[-1].type == "response.incomplete", events[-1]
+    assert len(events[-1].response.output_text.split()) == 4, events[-1]
+    assert events[-1].response.usage.output_tokens == 4, events[-1]
+
+    # A function tool: the model calls it, the client runs it and sends
+    # the call and its output back.
+    weather = {"type": "function", "name": "weather", "description": "today's weather",
+               "parameters": {"type": "object", "properties": {}}}
+    asked = [{"role": "user", "content": "weather?"}]
+    r = client.responses.create(model=model, input=asked, tools=[weather], instructions="be brief")
+    call = r.output[0]
+    assert call.type == "function_call" and call.name == "weather", r.output
+    assert r.instructions == "be brief" and r.tools[0].name == "weather", r
+    turn = asked + [
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
+    r = client.responses.create(model=model, input=turn, tools=[weather], tool_choice="none",
+                                max_output_tokens=2)
+    assert r.output[0].type == "message" and len(r.output_text.split()) == 2, r.output
+    events = list(client.responses.create(model=model, input=asked, tools=[weather], stream=True))
+    assert events[-1].type == "response.completed", events[-1]
+    assert events[-1].response.output[0].name == "weather", events[-1]
+
+    # What needs responses kept is refused by name, not ignored.
+    try:
+        client.responses.create(model=model, input="hi", previous_response_id=r.id)
+        raise AssertionError("no response is kept to continue")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+    try:
+        client.responses.retrieve(r.id)
+        raise AssertionError("no response is kept to read")
+    except openai.NotFoundError as e:
+        assert "keeps none" in e.body["message"], e.body
+    try:
+        client.responses.create(model="nope", input="x")
+        raise AssertionError("an unknown model must fail")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "model_not_found", e.body
 
 
 if __name__ == "__main__":

@@ -82,18 +82,35 @@ async fn route(
     }
     let thread = crate::convo::thread_header(request.headers())?;
     let body = body_within(request, gw.config.body_limit).await?;
-    let Some(thread) = thread else {
-        return serve_body(gw, path, caller, body, access).await;
+    // A Responses request goes the whole way as the chat completion it
+    // is turned into, and its answer is turned back.
+    let (path, body, asked) = if path == crate::responses::PATH {
+        let (chat, asked) = crate::responses::to_chat(&body)?;
+        (CHAT, chat, Some(asked))
+    } else {
+        (path, body, None)
     };
-    if path != "/v1/chat/completions" {
-        return Err(
-            ApiError::bad_request("x-llmgw-thread names a chat completion's thread").into(),
-        );
-    }
-    let turn = crate::convo::Turn::open(gw, caller.key.as_deref(), thread, body).await?;
-    let body = turn.body.clone();
-    Ok(turn.close(serve_body(gw, path, caller, body, access).await?))
+    let answer = match thread {
+        None => serve_body(gw, path, caller, body, access).await?,
+        Some(_) if path != CHAT => {
+            return Err(ApiError::bad_request(
+                "x-llmgw-thread names a chat completion's or a response's thread",
+            )
+            .into());
+        }
+        Some(thread) => {
+            let turn = crate::convo::Turn::open(gw, caller.key.as_deref(), thread, body).await?;
+            let body = turn.body.clone();
+            turn.close(serve_body(gw, path, caller, body, access).await?)
+        }
+    };
+    Ok(match asked {
+        Some(asked) => crate::responses::answer(answer, asked).await,
+        None => answer,
+    })
 }
+
+const CHAT: &str = "/v1/chat/completions";
 
 /// A chat completion on a signed-in person's behalf (the chat page): no
 /// key is presented; `key` stands for the person's project (None with
@@ -104,7 +121,7 @@ pub async fn chat_as(gw: Arc<Gateway>, key: Option<KeyEntry>, body: Bytes) -> Re
         access.key(k.key_id.clone());
     }
     let caller = admit::Caller::standing_for(key);
-    let answer = serve_body(&gw, "/v1/chat/completions", caller, body, &access).await;
+    let answer = serve_body(&gw, CHAT, caller, body, &access).await;
     refusal_counted(&gw, answer, &access)
 }
 

@@ -1,0 +1,96 @@
+//! OpenAI's Responses API (`POST /v1/responses`), served as a chat
+//! completion: the request is turned into one ([`request`]), goes the
+//! whole request path as one (keys, limits, budgets, routing, fallbacks,
+//! usage, threads), and its answer is turned back, whole ([`answer`]) or
+//! event by event ([`stream`]). Every engine serves chat, so every engine
+//! serves this; what needs a store of responses (`previous_response_id`,
+//! `store: true`, retrieval by id) is refused by name.
+//!
+//! Errors are the API's one envelope on both paths, so a refusal passes
+//! through untouched.
+
+mod answer;
+mod request;
+mod stream;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+
+pub(crate) use request::Asked;
+
+use crate::ApiError;
+
+pub(crate) const PATH: &str = "/v1/responses";
+
+/// The chat completion's body for a Responses request, and what its answer
+/// repeats.
+pub(crate) fn to_chat(body: &[u8]) -> Result<(Bytes, Asked), ApiError> {
+    request::to_chat(body).map(|(b, a)| (Bytes::from(b), a))
+}
+
+/// The chat completion's answer as the Responses API's: an error as it is.
+pub(crate) async fn answer(response: Response, asked: Asked) -> Response {
+    if !response.status().is_success() {
+        return response;
+    }
+    let streamed = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    if streamed {
+        let events = stream::Events::new(asked);
+        let chunks = body.into_data_stream();
+        // Each chunk's events as it comes; the terminal event, if the
+        // chat stream ended without one, when it ends.
+        let turned = futures_util::stream::unfold(Some((chunks, events)), |state| async move {
+            let (mut chunks, mut events) = state?;
+            match chunks.next().await {
+                Some(Ok(b)) => {
+                    let out = events.feed(&b);
+                    Some((Ok(Bytes::from(out)), Some((chunks, events))))
+                }
+                Some(Err(e)) => Some((Err(e), None)),
+                None => Some((Ok(Bytes::from(events.end())), None)),
+            }
+        })
+        .filter(|c| std::future::ready(c.as_ref().map_or(true, |b| !b.is_empty())));
+        return Response::from_parts(parts, Body::from_stream(turned));
+    }
+    let whole = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::upstream("the engine's answer broke off before its end")
+                .into_response();
+        }
+    };
+    let turned = serde_json::from_slice(&whole)
+        .ok()
+        .and_then(|chat| answer::from_chat(&asked, &chat));
+    let Some(turned) = turned else {
+        tracing::warn!("an engine's chat answer could not be read as one");
+        return ApiError::upstream("the engine's answer was not a chat completion").into_response();
+    };
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, Body::from(turned.to_string()))
+}
+
+/// `/v1/responses/{id}` and what hangs under it (retrieve, cancel,
+/// delete, input items): nothing is kept, so there is nothing to find.
+pub(crate) async fn not_kept(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    if uri.path() == "/v1/responses/input_tokens" {
+        // Counting a request's tokens: no engine offers it the same way.
+        return ApiError::unknown_route(&method, uri.path());
+    }
+    ApiError::not_found(format!(
+        "{} names a kept response, and this gateway keeps none (store is false): carry the conversation in `input`",
+        uri.path()
+    ))
+}

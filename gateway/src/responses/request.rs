@@ -1,0 +1,533 @@
+//! A Responses API request as the chat completion every engine serves.
+//! What has no chat form (stored responses, hosted tools, files) is
+//! refused by name, never dropped: a client must not believe it was
+//! honoured.
+
+use serde_json::{Map, Value, json};
+
+use crate::ApiError;
+
+/// What the answer repeats of the request: OpenAI's response object
+/// carries the settings it was made with.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Asked {
+    /// The settings as the client gave them, by their Responses names.
+    pub(crate) echo: Map<String, Value>,
+}
+
+/// The fields read, and those accepted as hints the engines have no use
+/// for. Anything else is refused, as OpenAI refuses it.
+const READ: [&str; 14] = [
+    "model",
+    "input",
+    "instructions",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "user",
+    "metadata",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "text",
+    "reasoning",
+];
+const HINTS: [&str; 7] = [
+    "include",
+    "truncation",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "stream_options",
+    "store",
+];
+/// Fields whose every non-null value asks for what is not here.
+const NOT_HERE: [(&str, &str); 6] = [
+    (
+        "previous_response_id",
+        "this gateway keeps no responses, so none can be continued by id: send the conversation so far in `input` (or name a thread with the x-llmgw-thread header)",
+    ),
+    (
+        "conversation",
+        "this gateway keeps no conversations by id: send the conversation so far in `input` (or name a thread with the x-llmgw-thread header)",
+    ),
+    (
+        "background",
+        "background responses are not served here: ask with stream instead",
+    ),
+    (
+        "prompt",
+        "stored prompt templates are not served here: send the instructions and input themselves",
+    ),
+    (
+        "max_tool_calls",
+        "max_tool_calls is not served here: the gateway serves function tools, which the client calls",
+    ),
+    (
+        "top_logprobs",
+        "top_logprobs is not served on /v1/responses here: ask /v1/chat/completions with logprobs",
+    ),
+];
+
+fn refused(param: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        param: Some(param),
+        ..ApiError::bad_request(message)
+    }
+}
+
+/// The chat completion's body, and what the answer repeats.
+pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(mut fields) = v else {
+        return Err(ApiError::bad_request(
+            "the body must be one JSON object of the request's fields (model, input, …)",
+        ));
+    };
+    // An explicit null is the field left out, as OpenAI reads it.
+    fields.retain(|_, v| !v.is_null());
+    for name in fields.keys() {
+        if let Some((param, why)) = NOT_HERE.iter().find(|(n, _)| n == name) {
+            let asks = match (&**name, &fields[name.as_str()]) {
+                ("background", v) => v.as_bool() == Some(true),
+                ("top_logprobs", v) => v.as_u64() != Some(0),
+                _ => true,
+            };
+            if asks {
+                return Err(refused(param, *why));
+            }
+        } else if !READ.contains(&name.as_str()) && !HINTS.contains(&name.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "Unknown parameter: '{name}'."
+            )));
+        }
+    }
+    if fields.get("store").and_then(Value::as_bool) == Some(true) {
+        return Err(refused(
+            "store",
+            "this gateway keeps no responses (store: true): leave store out or send false, and carry the conversation in `input`",
+        ));
+    }
+    let model = match fields.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(_) => return Err(refused("model", "`model` must be a model's name")),
+        None => return Err(refused("model", "missing field `model`")),
+    };
+    let mut messages = Vec::new();
+    if let Some(i) = fields.get("instructions") {
+        let Value::String(text) = i else {
+            return Err(refused("instructions", "`instructions` must be a string"));
+        };
+        messages.push(json!({"role": "system", "content": text}));
+    }
+    match fields.get("input") {
+        Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                input_item(i, item, &mut messages)?;
+            }
+        }
+        Some(_) => {
+            return Err(refused(
+                "input",
+                "`input` must be a string or a list of input items",
+            ));
+        }
+        None => return Err(refused("input", "missing field `input`")),
+    }
+    let stream = match fields.get("stream") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(refused("stream", "`stream` must be true or false")),
+    };
+    let mut chat = Map::new();
+    chat.insert("model".into(), json!(model));
+    chat.insert("messages".into(), Value::Array(messages));
+    if stream {
+        chat.insert("stream".into(), json!(true));
+        // The usage ends the answer's last event, and the response's.
+        chat.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    if let Some(n) = fields.get("max_output_tokens") {
+        if n.as_u64().is_none() {
+            return Err(refused(
+                "max_output_tokens",
+                "`max_output_tokens` must be a whole number",
+            ));
+        }
+        chat.insert("max_tokens".into(), n.clone());
+    }
+    for (name, param) in [
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
+    ] {
+        if let Some(v) = fields.get(name) {
+            let fits = if name == "parallel_tool_calls" {
+                v.is_boolean()
+            } else {
+                v.is_number()
+            };
+            if !fits {
+                return Err(refused(param, format!("`{name}` has the wrong type")));
+            }
+            chat.insert(name.into(), v.clone());
+        }
+    }
+    match fields.get("user").or(fields.get("prompt_cache_key")) {
+        Some(Value::String(u)) => {
+            // The session the gateway keeps a caller's requests together by.
+            chat.insert("user".into(), json!(u));
+        }
+        Some(_) => return Err(refused("user", "`user` must be a string")),
+        None => {}
+    }
+    if let Some(m) = fields.get("metadata")
+        && !m.is_object()
+    {
+        return Err(refused("metadata", "`metadata` must be an object"));
+    }
+    if let Some(t) = fields.get("tools") {
+        chat.insert("tools".into(), tools(t)?);
+    }
+    if let Some(c) = fields.get("tool_choice") {
+        chat.insert("tool_choice".into(), tool_choice(c)?);
+    }
+    if let Some(t) = fields.get("text")
+        && let Some(format) = text_format(t)?
+    {
+        chat.insert("response_format".into(), format);
+    }
+    if let Some(r) = fields.get("reasoning") {
+        let Value::Object(r) = r else {
+            return Err(refused("reasoning", "`reasoning` must be an object"));
+        };
+        if let Some(effort) = r.get("effort").filter(|e| !e.is_null()) {
+            chat.insert("reasoning_effort".into(), effort.clone());
+        }
+    }
+    let echo = fields
+        .into_iter()
+        .filter(|(k, _)| k != "input" && k != "model" && k != "stream")
+        .collect();
+    let body = serde_json::to_vec(&Value::Object(chat)).unwrap_or_default();
+    Ok((body, Asked { echo }))
+}
+
+/// One item of `input` as chat messages: a message, a function call the
+/// model made (its assistant turn), or the call's output (a tool turn).
+fn input_item(i: usize, item: &Value, messages: &mut Vec<Value>) -> Result<(), ApiError> {
+    let at = |what: &str| refused("input", format!("`input[{i}]`: {what}"));
+    let Value::Object(o) = item else {
+        return Err(at("an input item must be an object"));
+    };
+    let text = |key: &str| o.get(key).and_then(Value::as_str);
+    match text("type") {
+        None | Some("message") => {
+            let role = match text("role") {
+                Some("developer") | Some("system") => "system",
+                Some(r @ ("user" | "assistant")) => r,
+                Some(other) => return Err(at(&format!("no role `{other}`"))),
+                None => return Err(at("a message needs a role")),
+            };
+            let content = match o.get("content") {
+                Some(Value::String(s)) => json!(s),
+                Some(Value::Array(parts)) => content(i, parts)?,
+                _ => {
+                    return Err(at(
+                        "a message needs its content, a string or a list of parts",
+                    ));
+                }
+            };
+            messages.push(json!({"role": role, "content": content}));
+        }
+        Some("function_call") => {
+            let (Some(call), Some(name)) = (text("call_id"), text("name")) else {
+                return Err(at("a function_call needs its call_id and name"));
+            };
+            let call = json!({"id": call, "type": "function",
+                "function": {"name": name, "arguments": text("arguments").unwrap_or("{}")}});
+            // The calls of one turn are one assistant message.
+            match messages.last_mut() {
+                Some(m) if m["role"] == "assistant" && m.get("tool_calls").is_some() => {
+                    if let Some(calls) = m["tool_calls"].as_array_mut() {
+                        calls.push(call);
+                    }
+                }
+                Some(m) if m["role"] == "assistant" => {
+                    m["tool_calls"] = json!([call]);
+                }
+                _ => messages
+                    .push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+            }
+        }
+        Some("function_call_output") => {
+            let Some(call) = text("call_id") else {
+                return Err(at("a function_call_output needs its call_id"));
+            };
+            let output = match o.get("output") {
+                Some(Value::String(s)) => json!(s),
+                Some(Value::Array(parts)) => content(i, parts)?,
+                _ => return Err(at("a function_call_output needs its output")),
+            };
+            messages.push(json!({"role": "tool", "tool_call_id": call, "content": output}));
+        }
+        // The model's reasoning in an earlier turn: chat templates take
+        // none back.
+        Some("reasoning") => {}
+        Some("item_reference") => {
+            return Err(at(
+                "this gateway keeps no items, so none can be referenced: send the item itself",
+            ));
+        }
+        Some(other) => {
+            return Err(at(&format!(
+                "input items of type `{other}` are not served here"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A message's parts as chat content: text alone becomes one string (every
+/// engine's template reads that), images stay parts.
+fn content(i: usize, parts: &[Value]) -> Result<Value, ApiError> {
+    let at = |what: String| refused("input", format!("`input[{i}]`: {what}"));
+    let mut out = Vec::with_capacity(parts.len());
+    for part in parts {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "input_text" | "output_text" | "text" => {
+                let Some(t) = part.get("text").and_then(Value::as_str) else {
+                    return Err(at(format!("a part of type `{kind}` needs its text")));
+                };
+                out.push(json!({"type": "text", "text": t}));
+            }
+            "refusal" => {
+                let t = part.get("refusal").and_then(Value::as_str).unwrap_or("");
+                out.push(json!({"type": "text", "text": t}));
+            }
+            "input_image" => {
+                let Some(url) = part.get("image_url").and_then(Value::as_str) else {
+                    return Err(at(
+                        "an input_image needs an image_url (files are not kept here)".into(),
+                    ));
+                };
+                let mut image = json!({"url": url});
+                if let Some(d) = part.get("detail").filter(|d| d.is_string()) {
+                    image["detail"] = d.clone();
+                }
+                out.push(json!({"type": "image_url", "image_url": image}));
+            }
+            other => {
+                return Err(at(format!(
+                    "content parts of type `{other}` are not served here"
+                )));
+            }
+        }
+    }
+    if out.iter().all(|p| p["type"] == "text") {
+        let texts: Vec<&str> = out.iter().filter_map(|p| p["text"].as_str()).collect();
+        return Ok(json!(texts.join("\n")));
+    }
+    Ok(Value::Array(out))
+}
+
+/// Function tools in chat's form; hosted tools (web search, files, code)
+/// have no engine here to run them.
+fn tools(t: &Value) -> Result<Value, ApiError> {
+    let Value::Array(list) = t else {
+        return Err(refused("tools", "`tools` must be a list"));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for tool in list {
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "function" {
+            return Err(refused(
+                "tools",
+                format!(
+                    "tools of type `{kind}` are not served here: the gateway serves function tools, which the client runs"
+                ),
+            ));
+        }
+        let Some(name) = tool.get("name").and_then(Value::as_str) else {
+            return Err(refused("tools", "a function tool needs its name"));
+        };
+        let mut function = Map::new();
+        function.insert("name".into(), json!(name));
+        for key in ["description", "parameters", "strict"] {
+            if let Some(v) = tool.get(key).filter(|v| !v.is_null()) {
+                function.insert(key.into(), v.clone());
+            }
+        }
+        out.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(out))
+}
+
+fn tool_choice(c: &Value) -> Result<Value, ApiError> {
+    match c {
+        Value::String(s) if matches!(s.as_str(), "auto" | "none" | "required") => Ok(c.clone()),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o.get("name").and_then(Value::as_str).ok_or_else(|| {
+                refused(
+                    "tool_choice",
+                    "a function tool_choice needs the function's name",
+                )
+            })?;
+            Ok(json!({"type": "function", "function": {"name": name}}))
+        }
+        _ => Err(refused(
+            "tool_choice",
+            "`tool_choice` is auto, none, required or a function by name here",
+        )),
+    }
+}
+
+/// `text.format` as chat's `response_format` (None for plain text).
+fn text_format(t: &Value) -> Result<Option<Value>, ApiError> {
+    let Some(format) = t.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let (Some(name), Some(schema)) = (
+                format.get("name").and_then(Value::as_str),
+                format.get("schema"),
+            ) else {
+                return Err(refused(
+                    "text",
+                    "a json_schema format needs its name and schema",
+                ));
+            };
+            let mut spec = json!({"name": name, "schema": schema});
+            for key in ["strict", "description"] {
+                if let Some(v) = format.get(key).filter(|v| !v.is_null()) {
+                    spec[key] = v.clone();
+                }
+            }
+            Ok(Some(json!({"type": "json_schema", "json_schema": spec})))
+        }
+        _ => Err(refused(
+            "text",
+            "`text.format` is text, json_object or json_schema",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(v: Value) -> Value {
+        let (body, _) = to_chat(v.to_string().as_bytes()).unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    fn refusal(v: Value) -> ApiError {
+        to_chat(v.to_string().as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn a_string_input_with_instructions_is_a_system_and_a_user_message() {
+        let c = chat(
+            json!({"model": "m", "input": "hi", "instructions": "be brief",
+            "max_output_tokens": 5, "temperature": 0.2, "stream": true}),
+        );
+        assert_eq!(
+            c,
+            json!({"model": "m", "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "hi"}],
+                "stream": true, "stream_options": {"include_usage": true},
+                "max_tokens": 5, "temperature": 0.2})
+        );
+    }
+
+    #[test]
+    fn a_turn_of_tool_calls_and_their_outputs_reads_as_chat_does() {
+        let c = chat(json!({"model": "m", "input": [
+            {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+            {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "what is"},
+                {"type": "input_text", "text": "the weather"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\":\"Oslo\"}"},
+            {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{\"city\":\"Rome\"}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+            {"type": "function_call_output", "call_id": "c2", "output": "sun"},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "and this?"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"}]},
+        ], "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}, "strict": null}],
+           "tool_choice": {"type": "function", "name": "weather"},
+           "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}, "strict": true}},
+           "reasoning": {"effort": "low"}}));
+        assert_eq!(
+            c["messages"],
+            json!([
+                {"role": "system", "content": "rules"},
+                {"role": "user", "content": "what is\nthe weather"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Rome\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+                {"role": "tool", "tool_call_id": "c2", "content": "sun"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "and this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}}]},
+            ])
+        );
+        assert_eq!(
+            c["tools"],
+            json!([{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(
+            c["tool_choice"],
+            json!({"type": "function", "function": {"name": "weather"}})
+        );
+        assert_eq!(
+            c["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": true}})
+        );
+        assert_eq!(c["reasoning_effort"], "low");
+    }
+
+    #[test]
+    fn what_has_no_chat_form_is_refused_by_name() {
+        let base = || json!({"model": "m", "input": "hi"});
+        let with = |k: &str, v: Value| {
+            let mut b = base();
+            b[k] = v;
+            refusal(b)
+        };
+        let e = with("previous_response_id", json!("resp_1"));
+        assert_eq!(e.param, Some("previous_response_id"));
+        assert!(e.message.contains("keeps no responses"), "{}", e.message);
+        assert_eq!(with("store", json!(true)).param, Some("store"));
+        assert_eq!(with("background", json!(true)).param, Some("background"));
+        let e = with("tools", json!([{"type": "web_search"}]));
+        assert!(e.message.contains("`web_search`"), "{}", e.message);
+        let e = with("input", json!([{"type": "item_reference", "id": "msg_1"}]));
+        assert!(e.message.starts_with("`input[0]`"), "{}", e.message);
+        let e = with(
+            "input",
+            json!([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]),
+        );
+        assert!(e.message.contains("`input_file`"), "{}", e.message);
+        let e = with("temprature", json!(1));
+        assert_eq!(e.message, "Unknown parameter: 'temprature'.");
+        assert_eq!(refusal(json!({"input": "x"})).param, Some("model"));
+        assert_eq!(refusal(json!({"model": "m"})).param, Some("input"));
+        // Null is absent; false and the defaults ask for nothing missing.
+        let c = chat(
+            json!({"model": "m", "input": "x", "store": false, "background": false,
+            "previous_response_id": null, "top_logprobs": 0, "include": ["reasoning.encrypted_content"]}),
+        );
+        assert_eq!(c["messages"], json!([{"role": "user", "content": "x"}]));
+    }
+}
