@@ -1513,3 +1513,60 @@ fn finished(
         at: llmgw_domain::UnixMillis(1_780_000_000_000),
     }
 }
+
+/// A Responses API request is the chat completion it turns into: counted
+/// with the engine's tokens, whole or streamed, and refused in the API's
+/// one envelope.
+#[tokio::test]
+async fn a_response_is_counted_as_its_chat_completion() {
+    let engine = sim(support::sim_config()).await;
+    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = support::gateway_recording(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![spec("a", &engine, &["m"])],
+            ..Default::default()
+        },
+        Some(queue),
+    )
+    .await;
+    let ask = |body: Value| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/responses", gw.base))
+            .json(&body)
+            .send()
+    };
+    let r = ask(json!({"model": "m", "input": "tell me a story", "max_output_tokens": 5}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["object"], "response");
+    assert_eq!(answer["usage"]["output_tokens"], 5, "{answer}");
+    let record = rx.recv().await.expect("a usage record");
+    assert_eq!((record.completion_tokens, record.status), (5, 200));
+    assert_eq!(
+        answer["usage"]["input_tokens"].as_u64(),
+        Some(record.prompt_tokens)
+    );
+
+    let r = ask(json!({"model": "m", "input": "tell me a story", "max_output_tokens": 3, "stream": true}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.starts_with("event: response.created\n"), "{text}");
+    assert!(!text.contains("[DONE]"), "no chat frame leaks: {text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: response.incomplete\n"), "{last}");
+    let record = rx.recv().await.expect("a usage record");
+    assert_eq!((record.completion_tokens, record.status), (3, 200));
+
+    let r = ask(json!({"model": "nope", "input": "x"})).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "model_not_found");
+    let r = ask(json!({"model": "m", "input": "x", "store": true})).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "store");
+}
