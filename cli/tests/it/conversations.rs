@@ -291,6 +291,31 @@ async fn threads_story(backend: Backend) {
         "q's thread is untouched"
     );
 
+    // The Responses API keeps its turns in a thread too: its input is the
+    // new turn, and its reply (kept as the chat reply is) is history the
+    // next turn, on either API, is sent.
+    let r = c
+        .http
+        .post(format!("{}/v1/responses", c.base))
+        .bearer_auth(&kp)
+        .header("x-llmgw-thread", "r1")
+        .json(&json!({"model": "paid", "input": "hello", "max_output_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-llmgw-thread-trimmed"], "0");
+    let v: Value = r.json().await.unwrap();
+    let reply = v["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, tokens, _) = c.turn(&kp, "r1", "paid", hello.clone()).await;
+    assert_eq!(
+        tokens,
+        sim_tokens(&[("user", "hello"), ("assistant", &reply), ("user", "hello")])
+    );
+
     // Switched off: refused again, and the next sweep deletes p's threads.
     keys_ok(
         &store,

@@ -1549,9 +1549,11 @@ async fn a_response_is_counted_as_its_chat_completion() {
         Some(record.prompt_tokens)
     );
 
-    let r = ask(json!({"model": "m", "input": "tell me a story", "max_output_tokens": 3, "stream": true}))
-        .await
-        .unwrap();
+    let r = ask(
+        json!({"model": "m", "input": "tell me a story", "max_output_tokens": 3, "stream": true}),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     assert!(text.starts_with("event: response.created\n"), "{text}");
@@ -1565,7 +1567,9 @@ async fn a_response_is_counted_as_its_chat_completion() {
     assert_eq!(r.status(), 404);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "model_not_found");
-    let r = ask(json!({"model": "m", "input": "x", "store": true})).await.unwrap();
+    let r = ask(json!({"model": "m", "input": "x", "store": true}))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "store");
