@@ -14,6 +14,7 @@ mod file;
 mod filter;
 mod history;
 mod import;
+mod usage;
 mod verify_file;
 
 #[derive(Debug, Subcommand)]
@@ -226,6 +227,37 @@ pub(crate) enum EventsCommand {
         #[arg(long, value_name = "PATH", env = "LLMGW_SIGNING_KEY")]
         sign_key: Option<PathBuf>,
     },
+    /// Requests, tokens and cost from the log's usage, added up by key,
+    /// project, model (the one that served) or UTC day, over a window: a
+    /// table with a total, CSV or JSON lines. Errors are answers with a
+    /// status of 400 or more.
+    Usage {
+        /// The first moment counted: a time (2026-12-01T10:00:00Z,
+        /// "2026-12-01 10:00:00" in UTC), a date, or a span back from now
+        /// (24h, 7d). Default: the log's beginning.
+        #[arg(long, value_name = "TIME")]
+        since: Option<usage::Moment>,
+        /// The last moment counted, written as for --since; a date counts
+        /// that whole day. Default: now.
+        #[arg(long, value_name = "TIME")]
+        until: Option<usage::Moment>,
+        /// What a row stands for: key, project, model, day, or several,
+        /// comma-separated.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "project,model"
+        )]
+        by: Vec<usage::By>,
+        /// Print CSV (a header line, then a line a row; cost in micro-dollars
+        /// and dollars) instead of a table.
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
+        /// Print JSON lines (one object a row) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Event count, head position, the chain head as HASH@POSITION (an
     /// anchor for `events import --anchor`), and counts per event type.
     Stats {
@@ -308,6 +340,20 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
         } => export(&store, from, to, output, sign_key).await,
         EventsCommand::Import { .. } => unreachable!("handled above"),
         EventsCommand::Stats { json } => stats(&store, json).await,
+        EventsCommand::Usage {
+            since,
+            until,
+            by,
+            csv,
+            json,
+        } => {
+            let format = match (csv, json) {
+                (true, _) => usage::Format::Csv,
+                (_, true) => usage::Format::Json,
+                _ => usage::Format::Table,
+            };
+            usage::report(&store, since, until, &by, format).await
+        }
         EventsCommand::Capture {
             name,
             from,

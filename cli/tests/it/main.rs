@@ -1299,6 +1299,63 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
     assert!(line.contains(&tokens) && line.contains("200"), "{shown}");
     assert!(!shown.contains("\"names\""), "{shown}");
 
+    // `events usage` adds the rows up: by model by default with the
+    // project; as CSV per model and day; a window that holds none.
+    let sum = |args: &[&str]| {
+        let mut all = vec!["events", "usage"];
+        all.extend_from_slice(args);
+        ok(store, &all)
+    };
+    let prompt: u64 = rows
+        .iter()
+        .map(|u| u["prompt_tokens"].as_u64().unwrap())
+        .sum();
+    let table = sum(&[]);
+    let line = table
+        .lines()
+        .find(|l| l.contains("tiny"))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cells[2..6], ["2", "0", &prompt.to_string(), "6"], "{table}");
+    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    let csv = sum(&["--by", "model,day", "--csv"]);
+    assert_eq!(
+        csv.lines().collect::<Vec<_>>(),
+        [
+            "model,day,requests,errors,prompt_tokens,completion_tokens,cost_micros,cost_usd",
+            &format!(
+                "tiny,{today},2,0,{prompt},6,{},{}",
+                rows_cost(&rows),
+                usd(rows_cost(&rows))
+            ),
+        ],
+        "{csv}"
+    );
+    let json = json_lines(&sum(&[
+        "--by", "key", "--json", "--since", "24h", "--until", &today,
+    ]));
+    assert_eq!(json.len(), 1, "{json:?}");
+    assert_eq!(
+        (
+            json[0]["requests"].as_u64(),
+            json[0]["completion_tokens"].as_u64()
+        ),
+        (Some(2), Some(6))
+    );
+    let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1))
+        .format("%Y-%m-%d")
+        .to_string();
+    assert_eq!(
+        sum(&["--since", &tomorrow, "--json"]),
+        "",
+        "nothing after today"
+    );
+    let bad = llmgw(store, &["events", "usage", "--by", "team"]);
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("possible values: key, project, model, day")
+    );
+
     // Batches travel like any event: exported, imported into PostgreSQL,
     // and the copy's chain verifies and holds the same rows.
     let file = dir.path().join("export.jsonl");
@@ -1309,6 +1366,16 @@ async fn the_server_records_usage_in_the_event_log_and_flushes_it_on_stop() {
     ok(&copy, &["events", "verify"]);
     let copied = json_lines(&ok(&copy, &["events", "tail", "--json"]));
     assert_eq!(usage_rows_of(&copied), rows);
+}
+
+fn rows_cost(rows: &[Value]) -> u64 {
+    rows.iter()
+        .map(|u| u["cost_micros"].as_u64().unwrap())
+        .sum()
+}
+
+fn usd(micros: u64) -> String {
+    format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
 /// With the control plane too: a clean stop appends the usage still
