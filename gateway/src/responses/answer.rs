@@ -154,8 +154,25 @@ pub(crate) fn status_of(finish: Option<&str>) -> Status {
     match finish {
         Some("length") => Status::Incomplete("max_output_tokens"),
         Some("content_filter") => Status::Incomplete("content_filter"),
+        // vLLM's for an aborted request or one its engine failed.
+        Some("abort" | "error") => Status::Failed,
         _ => Status::Completed,
     }
+}
+
+/// An item's own status once the answer ends: cut short with it.
+pub(crate) fn item_status(status: Status) -> &'static str {
+    match status {
+        Status::Completed | Status::InProgress => "completed",
+        Status::Incomplete(_) | Status::Failed => "incomplete",
+    }
+}
+
+/// The error a response failed with when its engine said no more than
+/// its finish reason.
+pub(crate) fn finish_error(finish: Option<&str>) -> Value {
+    json!({"code": "server_error",
+        "message": format!("the engine ended the answer ({})", finish.unwrap_or("no finish reason"))})
 }
 
 pub(crate) fn message_item(id: &str, text: &str, status: &str) -> Value {
@@ -207,29 +224,36 @@ pub(crate) fn from_chat(asked: &Asked, chat: &Value) -> Option<Value> {
         .and_then(Value::as_array)
         .map(Vec::as_slice)
         .unwrap_or_default();
+    let finish = choice.get("finish_reason").and_then(Value::as_str);
+    let status = status_of(finish);
+    let state = item_status(status);
     let text = message.get("content").and_then(Value::as_str).unwrap_or("");
-    if !text.is_empty() || calls.is_empty() {
-        output.push(message_item(&ids.item("msg", 0), text, "completed"));
+    if !text.trim().is_empty() || calls.is_empty() {
+        output.push(message_item(&ids.item("msg", output.len()), text, state));
     }
-    for (n, call) in calls.iter().enumerate() {
+    for call in calls {
         let f = &call["function"];
-        let call_id = call["id"].as_str().unwrap_or_default();
+        let n = output.len();
+        let call_id = call["id"]
+            .as_str()
+            .filter(|c| !c.is_empty())
+            .map_or_else(|| ids.item("call", n), str::to_owned);
         output.push(call_item(
             &ids.item("fc", n),
-            call_id,
+            &call_id,
             f["name"].as_str().unwrap_or_default(),
             f["arguments"].as_str().unwrap_or("{}"),
-            "completed",
+            state,
         ));
     }
-    let status = status_of(choice.get("finish_reason").and_then(Value::as_str));
+    let error = (status == Status::Failed).then(|| finish_error(finish));
     Some(response(
         asked,
         &head,
         status,
         output,
         chat.get("usage").and_then(usage),
-        None,
+        error,
     ))
 }
 
@@ -261,7 +285,7 @@ mod tests {
             json!([
                 {"type": "reasoning", "id": "rs_abc_0", "summary": [],
                  "content": [{"type": "reasoning_text", "text": "think"}]},
-                {"type": "function_call", "id": "fc_abc_0", "call_id": "call_1", "name": "f",
+                {"type": "function_call", "id": "fc_abc_1", "call_id": "call_1", "name": "f",
                  "arguments": "{\"a\":1}", "status": "completed"},
             ])
         );
@@ -281,6 +305,7 @@ mod tests {
             json!({"reason": "max_output_tokens"})
         );
         assert_eq!(r["output"][0]["content"][0]["text"], "a b");
+        assert_eq!(r["output"][0]["status"], "incomplete");
         assert_eq!(from_chat(&Asked::default(), &json!({"error": {}})), None);
     }
 }

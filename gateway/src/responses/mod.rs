@@ -52,9 +52,17 @@ pub(crate) async fn answer(response: Response, asked: Asked) -> Response {
             match chunks.next().await {
                 Some(Ok(b)) => {
                     let out = events.feed(&b);
-                    Some((Ok(Bytes::from(out)), Some((chunks, events))))
+                    Some((
+                        Ok::<_, axum::Error>(Bytes::from(out)),
+                        Some((chunks, events)),
+                    ))
                 }
-                Some(Err(e)) => Some((Err(e), None)),
+                // Said as the response failing, not as a cut body.
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "a response's stream broke off");
+                    let out = events.broke("the answer broke off; ask again");
+                    Some((Ok(Bytes::from(out)), None))
+                }
                 None => Some((Ok(Bytes::from(events.end())), None)),
             }
         })
@@ -85,8 +93,9 @@ pub(crate) async fn answer(response: Response, asked: Asked) -> Response {
 /// `/v1/responses/{id}` and what hangs under it (retrieve, cancel,
 /// delete, input items): nothing is kept, so there is nothing to find.
 pub(crate) async fn not_kept(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
-    if uri.path() == "/v1/responses/input_tokens" {
-        // Counting a request's tokens: no engine offers it the same way.
+    // Counting a request's tokens, compacting a conversation: no engine
+    // offers either.
+    if ["/v1/responses/input_tokens", "/v1/responses/compact"].contains(&uri.path()) {
         return ApiError::unknown_route(&method, uri.path());
     }
     ApiError::not_found(format!(

@@ -33,14 +33,43 @@ const READ: [&str; 14] = [
     "text",
     "reasoning",
 ];
-const HINTS: [&str; 7] = [
+const HINTS: [&str; 9] = [
     "include",
     "truncation",
     "service_tier",
     "prompt_cache_key",
+    "prompt_cache_retention",
     "safety_identifier",
     "stream_options",
     "store",
+    "context_management",
+];
+/// Sampling settings chat has under the same names (vLLM's and
+/// llama.cpp's extras among them, which clients send through `extra_body`):
+/// passed on as they are.
+const SAMPLING: [&str; 8] = [
+    "seed",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+];
+/// Tools the platform runs for the model (search, files, code, images,
+/// remote MCP servers): no engine here runs them, so the model is not
+/// offered them, as a model without such a tool would not be.
+const HOSTED: [&str; 9] = [
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "computer_use",
+    "tool_search",
+    "mcp",
 ];
 /// Fields whose every non-null value asks for what is not here.
 const NOT_HERE: [(&str, &str); 6] = [
@@ -98,7 +127,10 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
             if asks {
                 return Err(refused(param, *why));
             }
-        } else if !READ.contains(&name.as_str()) && !HINTS.contains(&name.as_str()) {
+        } else if ![&READ[..], &HINTS, &SAMPLING]
+            .iter()
+            .any(|l| l.contains(&name.as_str()))
+        {
             return Err(ApiError::bad_request(format!(
                 "Unknown parameter: '{name}'."
             )));
@@ -137,6 +169,7 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
         }
         None => return Err(refused("input", "missing field `input`")),
     }
+    let messages = one_system(messages);
     let stream = match fields.get("stream") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -176,24 +209,51 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
             chat.insert(name.into(), v.clone());
         }
     }
-    match fields.get("user").or(fields.get("prompt_cache_key")) {
-        Some(Value::String(u)) => {
-            // The session the gateway keeps a caller's requests together by.
-            chat.insert("user".into(), json!(u));
+    // The session the gateway keeps a caller's requests together by: the
+    // cache key names it most closely.
+    for (name, param) in [("prompt_cache_key", "prompt_cache_key"), ("user", "user")] {
+        match fields.get(name) {
+            Some(Value::String(u)) => {
+                chat.insert("user".into(), json!(u));
+                break;
+            }
+            Some(_) => return Err(refused(param, format!("`{name}` must be a string"))),
+            None => {}
         }
-        Some(_) => return Err(refused("user", "`user` must be a string")),
-        None => {}
+    }
+    for name in SAMPLING {
+        if let Some(v) = fields.get(name) {
+            chat.insert(name.into(), v.clone());
+        }
     }
     if let Some(m) = fields.get("metadata")
         && !m.is_object()
     {
         return Err(refused("metadata", "`metadata` must be an object"));
     }
-    if let Some(t) = fields.get("tools") {
-        chat.insert("tools".into(), tools(t)?);
-    }
-    if let Some(c) = fields.get("tool_choice") {
-        chat.insert("tool_choice".into(), tool_choice(c)?);
+    let offered = match fields.get("tools") {
+        Some(t) => tools(t)?,
+        None => Vec::new(),
+    };
+    let choice = match fields.get("tool_choice") {
+        Some(c) => Some(tool_choice(c)?),
+        None => None,
+    };
+    // Without a tool to offer, a choice among them means nothing, and
+    // vLLM refuses a `tool_choice` without `tools`.
+    if offered.is_empty() {
+        chat.remove("parallel_tool_calls");
+        if choice.as_ref().is_some_and(|c| c != "none" && c != "auto") {
+            return Err(refused(
+                "tool_choice",
+                "`tool_choice` asks for a tool, and no function tool is offered",
+            ));
+        }
+    } else {
+        chat.insert("tools".into(), Value::Array(offered));
+        if let Some(c) = choice {
+            chat.insert("tool_choice".into(), c);
+        }
     }
     if let Some(t) = fields.get("text")
         && let Some(format) = text_format(t)?
@@ -204,8 +264,22 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
         let Value::Object(r) = r else {
             return Err(refused("reasoning", "`reasoning` must be an object"));
         };
-        if let Some(effort) = r.get("effort").filter(|e| !e.is_null()) {
-            chat.insert("reasoning_effort".into(), effort.clone());
+        // The engines know low, medium and high; the platform's finer
+        // steps go to the nearest.
+        let effort = match r.get("effort").and_then(Value::as_str) {
+            Some("minimal" | "low") => Some("low"),
+            Some("medium") => Some("medium"),
+            Some("high" | "xhigh") => Some("high"),
+            Some("none") | None => None,
+            Some(other) => {
+                return Err(refused(
+                    "reasoning",
+                    format!("`reasoning.effort` has no step `{other}`"),
+                ));
+            }
+        };
+        if let Some(e) = effort {
+            chat.insert("reasoning_effort".into(), json!(e));
         }
     }
     let echo = fields
@@ -214,6 +288,38 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
         .collect();
     let body = serde_json::to_vec(&Value::Object(chat)).unwrap_or_default();
     Ok((body, Asked { echo }))
+}
+
+/// The system messages before the conversation (the instructions, then
+/// any the input starts with) as one, and a later one as the user's: chat
+/// templates take one system message, first.
+fn one_system(messages: Vec<Value>) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    let mut leading = Vec::new();
+    for mut m in messages {
+        if m["role"] != "system" {
+            out.push(m);
+            continue;
+        }
+        if out.is_empty() {
+            leading.push(m);
+        } else {
+            m["role"] = json!("user");
+            out.push(m);
+        }
+    }
+    if leading.len() > 1 {
+        let texts: Vec<String> = leading
+            .iter()
+            .map(|m| match &m["content"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        leading = vec![json!({"role": "system", "content": texts.join("\n\n")})];
+    }
+    leading.extend(out);
+    leading
 }
 
 /// One item of `input` as chat messages: a message, a function call the
@@ -336,14 +442,18 @@ fn content(i: usize, parts: &[Value]) -> Result<Value, ApiError> {
 }
 
 /// Function tools in chat's form; hosted tools (web search, files, code)
-/// have no engine here to run them.
-fn tools(t: &Value) -> Result<Value, ApiError> {
+/// have no engine here to run them and are not offered; tools with item
+/// types of their own (custom grammars, a local shell) are refused.
+fn tools(t: &Value) -> Result<Vec<Value>, ApiError> {
     let Value::Array(list) = t else {
         return Err(refused("tools", "`tools` must be a list"));
     };
     let mut out = Vec::with_capacity(list.len());
     for tool in list {
         let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+        if HOSTED.contains(&kind) {
+            continue;
+        }
         if kind != "function" {
             return Err(refused(
                 "tools",
@@ -364,7 +474,7 @@ fn tools(t: &Value) -> Result<Value, ApiError> {
         }
         out.push(json!({"type": "function", "function": function}));
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 fn tool_choice(c: &Value) -> Result<Value, ApiError> {
@@ -497,6 +607,61 @@ mod tests {
         assert_eq!(c["reasoning_effort"], "low");
     }
 
+    /// What Codex CLI sends by default: instructions, developer messages
+    /// (one mid-conversation), a hosted web search beside its functions, a
+    /// reasoning effort of its own, the cache key.
+    #[test]
+    fn a_codex_shaped_request_reads_as_one_chat() {
+        let c = chat(json!({"model": "m", "instructions": "you are a coder",
+            "input": [
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox: read-only"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
+                {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox: write"}]},
+            ],
+            "tools": [{"type": "web_search", "external_web_access": false},
+                      {"type": "function", "name": "shell", "parameters": {"type": "object"}}],
+            "tool_choice": "auto", "parallel_tool_calls": false, "reasoning": {"effort": "xhigh", "summary": "auto"},
+            "store": false, "stream": true, "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "session-1", "text": {"verbosity": "low"}, "seed": 7}));
+        assert_eq!(
+            c["messages"],
+            json!([
+                {"role": "system", "content": "you are a coder\n\nsandbox: read-only"},
+                {"role": "user", "content": "fix it"},
+                {"role": "user", "content": "sandbox: write"},
+            ])
+        );
+        assert_eq!(c["tools"].as_array().unwrap().len(), 1, "{c}");
+        assert_eq!(c["tools"][0]["function"]["name"], "shell");
+        assert_eq!(
+            (
+                &c["reasoning_effort"],
+                &c["user"],
+                &c["seed"],
+                &c["parallel_tool_calls"]
+            ),
+            (
+                &json!("high"),
+                &json!("session-1"),
+                &json!(7),
+                &json!(false)
+            )
+        );
+        // With no function tool, no choice among tools is sent (vLLM
+        // refuses one), and naming one is refused.
+        let c = chat(
+            json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}],
+            "tool_choice": "auto", "parallel_tool_calls": true}),
+        );
+        assert!(
+            c.get("tools").is_none() && c.get("tool_choice").is_none(),
+            "{c}"
+        );
+        assert!(c.get("parallel_tool_calls").is_none(), "{c}");
+        let e = refusal(json!({"model": "m", "input": "x", "tool_choice": "required"}));
+        assert_eq!(e.param, Some("tool_choice"));
+    }
+
     #[test]
     fn what_has_no_chat_form_is_refused_by_name() {
         let base = || json!({"model": "m", "input": "hi"});
@@ -510,8 +675,8 @@ mod tests {
         assert!(e.message.contains("keeps no responses"), "{}", e.message);
         assert_eq!(with("store", json!(true)).param, Some("store"));
         assert_eq!(with("background", json!(true)).param, Some("background"));
-        let e = with("tools", json!([{"type": "web_search"}]));
-        assert!(e.message.contains("`web_search`"), "{}", e.message);
+        let e = with("tools", json!([{"type": "custom", "name": "apply_patch"}]));
+        assert!(e.message.contains("`custom`"), "{}", e.message);
         let e = with("input", json!([{"type": "item_reference", "id": "msg_1"}]));
         assert!(e.message.starts_with("`input[0]`"), "{}", e.message);
         let e = with(

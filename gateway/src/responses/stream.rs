@@ -44,6 +44,9 @@ pub(crate) struct Events {
     output: Vec<Value>,
     finish: Option<String>,
     usage: Option<Value>,
+    /// Blank text no message holds yet: sent once words follow it, dropped
+    /// when a tool call does (a model's newlines before its call).
+    blank: String,
     /// A terminal event was sent: nothing follows it.
     ended: bool,
 }
@@ -60,6 +63,7 @@ impl Events {
             output: Vec::new(),
             finish: None,
             usage: None,
+            blank: String::new(),
             ended: false,
         }
     }
@@ -99,7 +103,23 @@ impl Events {
             self.event(&data, &mut out);
         }
         if !self.ended {
-            self.done(&mut out);
+            if self.finish.is_some() {
+                self.done(&mut out);
+            } else {
+                let e = json!({"code": "upstream_lost",
+                    "message": "the engine's answer ended before its finish"});
+                self.fail(&e, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The events for a stream that broke off (the gateway could not carry
+    /// the answer on): the response failed, said rather than cut.
+    pub(crate) fn broke(&mut self, why: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        if !self.ended {
+            self.fail(&json!({"code": "upstream_lost", "message": why}), &mut out);
         }
         out
     }
@@ -187,10 +207,15 @@ impl Events {
 
     fn reasoning(&mut self, delta: &str, out: &mut Vec<u8>) {
         if !matches!(self.open, Some(Open::Reasoning { .. })) {
-            self.close(out);
-            let id = self.ids().item("rs", self.output.len());
+            self.close(out, "completed");
+            let index = self.output.len();
+            let id = self.ids().item("rs", index);
             let item = json!({"type": "reasoning", "id": id, "summary": [], "content": []});
             self.added(out, item);
+            let part = json!({"type": "reasoning_text", "text": ""});
+            let fields =
+                json!({"item_id": id, "output_index": index, "content_index": 0, "part": part});
+            self.send(out, "response.content_part.added", fields);
             self.open = Some(Open::Reasoning {
                 id,
                 text: String::new(),
@@ -206,42 +231,63 @@ impl Events {
     }
 
     fn text(&mut self, delta: &str, out: &mut Vec<u8>) {
-        if !matches!(self.open, Some(Open::Message { .. })) {
-            self.close(out);
-            let id = self.ids().item("msg", self.output.len());
-            let item = json!({"type": "message", "id": id, "status": "in_progress",
-                "role": "assistant", "content": []});
-            self.added(out, item);
-            let fields = json!({"item_id": id, "output_index": self.output.len(),
-                "content_index": 0, "part": answer::text_part("")});
-            self.send(out, "response.content_part.added", fields);
-            self.open = Some(Open::Message {
-                id,
-                text: String::new(),
-            });
+        let open = matches!(self.open, Some(Open::Message { .. }));
+        if !open && delta.trim().is_empty() {
+            self.blank.push_str(delta);
+            return;
+        }
+        let delta = if self.blank.is_empty() {
+            delta.to_owned()
+        } else {
+            std::mem::take(&mut self.blank) + delta
+        };
+        if !open {
+            self.open_message(out);
         }
         let index = self.output.len();
         if let Some(Open::Message { id, text }) = &mut self.open {
-            text.push_str(delta);
+            text.push_str(&delta);
             let fields = json!({"item_id": id, "output_index": index, "content_index": 0,
                 "delta": delta, "logprobs": []});
             self.send(out, "response.output_text.delta", fields);
         }
     }
 
+    fn open_message(&mut self, out: &mut Vec<u8>) {
+        self.close(out, "completed");
+        let index = self.output.len();
+        let id = self.ids().item("msg", index);
+        let item = json!({"type": "message", "id": id, "status": "in_progress",
+            "role": "assistant", "content": []});
+        self.added(out, item);
+        let fields = json!({"item_id": id, "output_index": index,
+            "content_index": 0, "part": answer::text_part("")});
+        self.send(out, "response.content_part.added", fields);
+        self.open = Some(Open::Message {
+            id,
+            text: String::new(),
+        });
+    }
+
     /// A tool call's piece: its first names the call (id and function),
     /// the rest carry its arguments.
     fn call(&mut self, call: &Value, out: &mut Vec<u8>) {
         let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-        let same = matches!(&self.open, Some(Open::Call { index: i, .. }) if *i == index);
+        let named = call
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|c| !c.is_empty());
+        // A new index, or on the same one a new id (engines that number
+        // every call 0), starts another call.
+        let same = matches!(&self.open, Some(Open::Call { index: i, call_id, .. })
+            if *i == index && named.is_none_or(|n| n == call_id));
         if !same {
-            self.close(out);
+            // A model's blank lines before its call are no message.
+            self.blank.clear();
+            self.close(out, "completed");
             let n = self.output.len();
             let id = self.ids().item("fc", n);
-            let call_id = call
-                .get("id")
-                .and_then(Value::as_str)
-                .map_or_else(|| format!("call_{n}"), str::to_owned);
+            let call_id = named.map_or_else(|| self.ids().item("call", n), str::to_owned);
             let name = call
                 .pointer("/function/name")
                 .and_then(Value::as_str)
@@ -279,8 +325,8 @@ impl Events {
     }
 
     /// Closes the item being grown: its done events, and it joins the
-    /// output.
-    fn close(&mut self, out: &mut Vec<u8>) {
+    /// output with `state` (`incomplete` when the answer was cut in it).
+    fn close(&mut self, out: &mut Vec<u8>, state: &str) {
         let Some(open) = self.open.take() else {
             return;
         };
@@ -290,6 +336,10 @@ impl Events {
                 let fields =
                     json!({"item_id": id, "output_index": index, "content_index": 0, "text": text});
                 self.send(out, "response.reasoning_text.done", fields);
+                let part = json!({"type": "reasoning_text", "text": text});
+                let fields =
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part});
+                self.send(out, "response.content_part.done", fields);
                 answer::reasoning_item(&id, &text)
             }
             Open::Message { id, text } => {
@@ -299,7 +349,7 @@ impl Events {
                 let fields = json!({"item_id": id, "output_index": index, "content_index": 0,
                     "part": answer::text_part(&text)});
                 self.send(out, "response.content_part.done", fields);
-                answer::message_item(&id, &text, "completed")
+                answer::message_item(&id, &text, state)
             }
             Open::Call {
                 id,
@@ -311,7 +361,7 @@ impl Events {
                 let fields = json!({"item_id": id, "output_index": index, "name": name,
                     "arguments": arguments});
                 self.send(out, "response.function_call_arguments.done", fields);
-                answer::call_item(&id, &call_id, &name, &arguments, "completed")
+                answer::call_item(&id, &call_id, &name, &arguments, state)
             }
         };
         let fields = json!({"output_index": index, "item": item});
@@ -321,8 +371,21 @@ impl Events {
 
     fn done(&mut self, out: &mut Vec<u8>) {
         self.begin(&Value::Null, out);
-        self.close(out);
         let status = answer::status_of(self.finish.as_deref());
+        if status == Status::Failed {
+            let e = answer::finish_error(self.finish.as_deref());
+            self.fail(&e, out);
+            return;
+        }
+        // An answer of no words is still one message, as a whole one is.
+        if self.open.is_none() && self.output.is_empty() {
+            let blank = std::mem::take(&mut self.blank);
+            self.open_message(out);
+            if let Some(Open::Message { text, .. }) = &mut self.open {
+                text.push_str(&blank);
+            }
+        }
+        self.close(out, answer::item_status(status));
         let kind = match status {
             Status::Incomplete(_) => "response.incomplete",
             _ => "response.completed",
@@ -335,7 +398,8 @@ impl Events {
     /// The engine's error (or the gateway's, when no replica could take
     /// the answer over) ends the response as failed.
     fn fail(&mut self, e: &Value, out: &mut Vec<u8>) {
-        self.close(out);
+        self.begin(&Value::Null, out);
+        self.close(out, "incomplete");
         let error = json!({
             "code": e.get("code").and_then(Value::as_str).unwrap_or("server_error"),
             "message": e.get("message").and_then(Value::as_str).unwrap_or("the engine failed"),
@@ -489,6 +553,66 @@ mod tests {
         assert_eq!(
             e.last().unwrap()["response"]["incomplete_details"]["reason"],
             "max_output_tokens"
+        );
+    }
+
+    /// Engines that number every call 0 tell calls apart by their ids;
+    /// blank text before a call is no message; reasoning's text is a part.
+    #[test]
+    fn calls_on_one_index_blank_text_and_reasoning_parts() {
+        let chat = sse(&[
+            json!({"id": "c", "choices": [{"delta": {"reasoning_content": "hm"}}]}),
+            json!({"id": "c", "choices": [{"delta": {"content": "\n\n"}}]}),
+            json!({"id": "c", "choices": [{"delta": {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{}"}}]}}]}),
+            json!({"id": "c", "choices": [{"delta": {"tool_calls": [{"index": 0, "id": "b", "function": {"name": "g", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]}),
+        ]);
+        let e = events(&chat, 9);
+        let output = &e.last().unwrap()["response"]["output"];
+        let types: Vec<&str> = output
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            types,
+            ["reasoning", "function_call", "function_call"],
+            "{output}"
+        );
+        assert_eq!(
+            (&output[1]["name"], &output[2]["name"]),
+            (&json!("f"), &json!("g"))
+        );
+        let parts: Vec<&str> = kinds(&e)
+            .into_iter()
+            .filter(|k| k.contains("content_part"))
+            .collect();
+        assert_eq!(
+            parts,
+            ["response.content_part.added", "response.content_part.done"]
+        );
+    }
+
+    #[test]
+    fn an_empty_answer_is_one_empty_message_and_a_cut_one_fails() {
+        let empty = sse(&[json!({"id": "c", "choices": [{"delta": {}, "finish_reason": "stop"}]})]);
+        let e = events(&empty, 100);
+        let done = &e.last().unwrap()["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"][0]["content"][0]["text"], "");
+        // No finish and no [DONE]: the engine's answer broke off.
+        let cut = "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+        let e = events(cut, 100);
+        let last = e.last().unwrap();
+        assert_eq!(last["type"], "response.failed");
+        assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+        // vLLM's finish for an aborted request fails the response.
+        let aborted = sse(&[
+            json!({"id": "c", "choices": [{"delta": {"content": "a"}, "finish_reason": "abort"}]}),
+        ]);
+        assert_eq!(
+            events(&aborted, 100).last().unwrap()["type"],
+            "response.failed"
         );
     }
 }
