@@ -306,7 +306,11 @@ pub async fn forward_writes(
     let said = match last_error {
         Some(Unsent::Failed(holder, url, why)) => format!(
             "this server is a standby: {}",
-            why.say(&holder, &url, "try again once a new leader is elected")
+            why.say(
+                &holder,
+                &url,
+                &format!("if {holder} is up, set its control.advertise_admin to an address this server reaches; if it is down, try again once a new leader is elected")
+            )
         ),
         Some(Unsent::NotLeading(holder, url)) => format!(
             "this server is a standby, and what answers at the leader {holder}'s recorded admin address {url} does not lead: set control.advertise_admin on each server to an address the others reach"

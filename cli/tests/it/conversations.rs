@@ -316,6 +316,60 @@ async fn threads_story(backend: Backend) {
         sim_tokens(&[("user", "hello"), ("assistant", &reply), ("user", "hello")])
     );
 
+    // A reply that called a tool is kept with its call: the next turn's
+    // output answers it (a tool message with no call before it is refused
+    // by the engines).
+    let tools = json!([{"type": "function", "name": "weather", "parameters": {"type": "object"}}]);
+    let respond = |input: Value| {
+        c.http
+            .post(format!("{}/v1/responses", c.base))
+            .bearer_auth(&kp)
+            .header("x-llmgw-thread", "tools-1")
+            .json(&json!({"model": "paid", "input": input, "tools": tools, "stream": true}))
+            .send()
+    };
+    let text = respond(json!("weather?"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let call = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "response.output_item.done")
+        .expect("an item")["item"]
+        .clone();
+    assert_eq!(call["type"], "function_call", "{text}");
+    let output =
+        json!([{"type": "function_call_output", "call_id": call["call_id"], "output": "rain"}]);
+    // Kept once the answer has been read whole.
+    let r = respond(output).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("response.completed"));
+    let kept: Value = c
+        .http
+        .get(format!("{}/v1/threads/tools-1", c.base))
+        .bearer_auth(&kp)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let messages = kept["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[1]["tool_calls"][0]["id"], call["call_id"],
+        "{kept}"
+    );
+    assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "weather");
+    assert_eq!(
+        (&messages[2]["role"], &messages[2]["tool_call_id"]),
+        (&json!("tool"), &call["call_id"]),
+        "{kept}"
+    );
+
     // Switched off: refused again, and the next sweep deletes p's threads.
     keys_ok(
         &store,

@@ -154,13 +154,20 @@ pub(crate) async fn open_turn(
     })
 }
 
-/// The reply's text, scanned from the answer as it passes, capped.
+/// The reply's text, scanned from the answer as it passes, capped, and
+/// the tools it called: the next turn answers them, and a `tool` message
+/// with no call before it is refused by the engines.
 #[derive(Debug, Default)]
 struct Reply {
     stream: bool,
     /// A streamed answer's unfinished line; a whole answer's bytes.
     pending: Vec<u8>,
     text: String,
+    /// The calls made so far (id, name, arguments), grown by a stream's
+    /// pieces.
+    calls: Vec<(String, String, String)>,
+    /// Which call each stream index last started.
+    started: Vec<(u64, usize)>,
     cap: usize,
     /// A whole answer larger than this is not parsed (its text is lost).
     raw_cap: usize,
@@ -192,21 +199,80 @@ impl Reply {
             let Some(data) = line.trim().strip_prefix("data:") else {
                 continue;
             };
-            if let Ok(v) = serde_json::from_str::<Value>(data.trim())
-                && let Some(t) = v["choices"][0]["delta"]["content"].as_str()
-            {
+            let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
+                continue;
+            };
+            let delta = &v["choices"][0]["delta"];
+            if let Some(t) = delta["content"].as_str() {
                 self.push_text(t);
+            }
+            for piece in delta["tool_calls"].as_array().into_iter().flatten() {
+                self.call_piece(piece);
             }
         }
     }
 
-    fn finish(&mut self) -> Option<String> {
+    /// A streamed call's piece: one with an id starts a call, the rest
+    /// add to the arguments of the newest call started at their index (an
+    /// engine that numbers every call 0 grows the newest).
+    fn call_piece(&mut self, piece: &Value) {
+        let f = &piece["function"];
+        let index = piece["index"].as_u64().unwrap_or(0);
+        if let Some(id) = piece["id"].as_str().filter(|i| !i.is_empty()) {
+            let name = f["name"].as_str().unwrap_or_default().to_owned();
+            self.calls.push((id.to_owned(), name, String::new()));
+            self.started.retain(|(i, _)| *i != index);
+            self.started.push((index, self.calls.len() - 1));
+        }
+        let at = self
+            .started
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, at)| *at);
+        if let (Some(at), Some(args)) = (at, f["arguments"].as_str())
+            && let Some(call) = self.calls.get_mut(at)
+        {
+            call.2.push_str(args);
+        }
+    }
+
+    /// The assistant's message as the thread keeps it: its text, its
+    /// calls; None for an answer of neither.
+    fn finish(&mut self) -> Option<Value> {
         if !self.stream && !self.overflow {
             let v: Value = serde_json::from_slice(&self.pending).ok()?;
-            let t = v["choices"][0]["message"]["content"].as_str()?.to_owned();
-            self.push_text(&t);
+            let m = &v["choices"][0]["message"];
+            if let Some(t) = m["content"].as_str() {
+                self.push_text(t);
+            }
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                let f = &c["function"];
+                self.calls.push((
+                    c["id"].as_str().unwrap_or_default().to_owned(),
+                    f["name"].as_str().unwrap_or_default().to_owned(),
+                    f["arguments"].as_str().unwrap_or("{}").to_owned(),
+                ));
+            }
         }
-        (!self.text.is_empty()).then(|| std::mem::take(&mut self.text))
+        if self.calls.is_empty() {
+            return (!self.text.is_empty())
+                .then(|| json!({"role": "assistant", "content": std::mem::take(&mut self.text)}));
+        }
+        let calls: Vec<Value> = self
+            .calls
+            .drain(..)
+            .map(|(id, name, arguments)| {
+                json!({"id": id, "type": "function",
+                    "function": {"name": name, "arguments": arguments}})
+            })
+            .collect();
+        let text = std::mem::take(&mut self.text);
+        let content = if text.is_empty() {
+            Value::Null
+        } else {
+            json!(text)
+        };
+        Some(json!({"role": "assistant", "content": content, "tool_calls": calls}))
     }
 }
 
@@ -257,10 +323,8 @@ impl Turn {
         let keep = futures_util::stream::once(async move {
             let mut messages = self.keep;
             if self.capture {
-                let text = reply.lock().unwrap_or_else(|p| p.into_inner()).finish();
-                if let Some(text) = text {
-                    messages.push(json!({"role": "assistant", "content": text}));
-                }
+                let said = reply.lock().unwrap_or_else(|p| p.into_inner()).finish();
+                messages.extend(said);
             }
             if let Err(e) = self
                 .keeper
@@ -374,13 +438,54 @@ mod tests {
         r.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"hel\"}}]}\n\ndata: {\"choi");
         r.feed(b"ces\":[{\"delta\":{\"content\":\"lo w\xc3\xb6rld\"}}]}\n\ndata: [DONE]\n\n");
         // Capped at 8 bytes, on a character boundary.
-        assert_eq!(r.finish().as_deref(), Some("hello w"));
+        assert_eq!(r.finish().unwrap()["content"], "hello w");
         let mut r = Reply {
             cap: 100,
             raw_cap: 1 << 20,
             ..Reply::default()
         };
         r.feed(br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#);
-        assert_eq!(r.finish().as_deref(), Some("hi"));
+        assert_eq!(r.finish().unwrap()["content"], "hi");
+    }
+
+    /// The calls a reply made are kept with it: the next turn's tool
+    /// messages answer them.
+    #[test]
+    fn a_replys_tool_calls_are_kept_streamed_or_whole() {
+        let mut r = Reply {
+            stream: true,
+            cap: 100,
+            raw_cap: 1 << 20,
+            ..Reply::default()
+        };
+        let piece = |p: Value| {
+            format!(
+                "data: {}\n\n",
+                json!({"choices": [{"delta": {"tool_calls": [p]}}]})
+            )
+        };
+        r.feed(
+            piece(json!({"index": 0, "id": "a", "function": {"name": "f", "arguments": "{\"x\""}}))
+                .as_bytes(),
+        );
+        r.feed(piece(json!({"index": 0, "function": {"arguments": ":1}"}})).as_bytes());
+        r.feed(
+            piece(json!({"index": 1, "id": "b", "function": {"name": "g", "arguments": "{}"}}))
+                .as_bytes(),
+        );
+        let m = r.finish().unwrap();
+        assert_eq!(
+            m,
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
+                {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})
+        );
+        let mut r = Reply {
+            cap: 100,
+            raw_cap: 1 << 20,
+            ..Reply::default()
+        };
+        r.feed(br#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"h","arguments":"{}"}}]}}]}"#);
+        assert_eq!(r.finish().unwrap()["tool_calls"][0]["id"], "c");
     }
 }

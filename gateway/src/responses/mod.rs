@@ -92,7 +92,16 @@ pub(crate) async fn answer(response: Response, asked: Asked) -> Response {
 
 /// `/v1/responses/{id}` and what hangs under it (retrieve, cancel,
 /// delete, input items): nothing is kept, so there is nothing to find.
-pub(crate) async fn not_kept(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+/// Asked with a key, as every path of the API is.
+pub(crate) async fn not_kept(
+    axum::extract::State(gw): axum::extract::State<std::sync::Arc<crate::Gateway>>,
+    method: axum::http::Method,
+    headers: axum::http::HeaderMap,
+    uri: axum::http::Uri,
+) -> ApiError {
+    if let Err(e) = crate::proxy::identify(&gw, &headers) {
+        return e;
+    }
     // Counting a request's tokens, compacting a conversation: no engine
     // offers either.
     if ["/v1/responses/input_tokens", "/v1/responses/compact"].contains(&uri.path()) {

@@ -136,6 +136,17 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
             )));
         }
     }
+    // What `include` asks for beside the answer: the engines' log
+    // probabilities are not turned; reasoning's encrypted form (Codex asks
+    // for it) is simply not there, as for a model that keeps none.
+    if let Some(Value::Array(asked)) = fields.get("include")
+        && asked.iter().any(|i| i == "message.output_text.logprobs")
+    {
+        return Err(refused(
+            "include",
+            "log probabilities are not served on /v1/responses here: ask /v1/chat/completions with logprobs",
+        ));
+    }
     if fields.get("store").and_then(Value::as_bool) == Some(true) {
         return Err(refused(
             "store",
@@ -156,6 +167,12 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
     }
     match fields.get("input") {
         Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(refused(
+                "input",
+                "`input` is empty: there is nothing to answer",
+            ));
+        }
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 input_item(i, item, &mut messages)?;
@@ -184,10 +201,10 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
         chat.insert("stream_options".into(), json!({"include_usage": true}));
     }
     if let Some(n) = fields.get("max_output_tokens") {
-        if n.as_u64().is_none() {
+        if n.as_u64().is_none_or(|n| n == 0) {
             return Err(refused(
                 "max_output_tokens",
-                "`max_output_tokens` must be a whole number",
+                "`max_output_tokens` must be a whole number above 0",
             ));
         }
         chat.insert("max_tokens".into(), n.clone());
@@ -688,6 +705,16 @@ mod tests {
         assert_eq!(e.message, "Unknown parameter: 'temprature'.");
         assert_eq!(refusal(json!({"input": "x"})).param, Some("model"));
         assert_eq!(refusal(json!({"model": "m"})).param, Some("input"));
+        assert_eq!(
+            refusal(json!({"model": "m", "input": []})).param,
+            Some("input")
+        );
+        assert_eq!(
+            with("max_output_tokens", json!(0)).param,
+            Some("max_output_tokens")
+        );
+        let e = with("include", json!(["message.output_text.logprobs"]));
+        assert_eq!(e.param, Some("include"));
         // Null is absent; false and the defaults ask for nothing missing.
         let c = chat(
             json!({"model": "m", "input": "x", "store": false, "background": false,
