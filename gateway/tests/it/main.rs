@@ -201,10 +201,18 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
         // that an SDK says why.
         (
             client
-                .post(format!("{}/v1/responses", gw.base))
+                .post(format!("{}/v1/audio/speech", gw.base))
                 .json(&json!({})),
             404,
             "unknown_url",
+        ),
+        // The Responses API refuses a body without its fields by name.
+        (
+            client
+                .post(format!("{}/v1/responses", gw.base))
+                .json(&json!({"input": "hi"})),
+            400,
+            "invalid_request",
         ),
         (client.get(&url), 405, "method_not_supported"),
         // A base URL without /v1: said in the envelope, naming the fix.
