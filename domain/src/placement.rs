@@ -647,6 +647,9 @@ fn decide(
         };
         match outcome {
             Ok(placement) => {
+                if explain {
+                    shared_ports_said(&placement, &mut candidates);
+                }
                 explanation.profiles.push(ProfileVerdict {
                     profile: profile.name.clone(),
                     priority: profile.priority,
@@ -718,6 +721,29 @@ fn share_host_ports(
             })?;
     }
     Ok(())
+}
+
+/// A chosen node's verdict names the port the placement gives it: moved
+/// off the node's own lowest free one when another node at its address
+/// holds that.
+fn shared_ports_said(placement: &Placement, candidates: &mut [Candidate]) {
+    for shard in &placement.shards {
+        let Some(c) = candidates
+            .iter_mut()
+            .find(|c| c.fits && c.node == shard.node_id)
+        else {
+            continue;
+        };
+        let Some((before, own)) = c.reason.rsplit_once("port ") else {
+            continue;
+        };
+        if own != shard.port.to_string() {
+            c.reason = format!(
+                "{before}port {} ({own} is another node's at its address)",
+                shard.port
+            );
+        }
+    }
 }
 
 fn offer(fit: &Fit<'_>) -> String {

@@ -206,6 +206,17 @@ impl ApiError {
         )
     }
 
+    /// A request this gateway sent an engine came back to it: an
+    /// endpoint names the gateway's own address.
+    pub fn loop_detected() -> Self {
+        Self::new(
+            StatusCode::LOOP_DETECTED,
+            "server_error",
+            "loop_detected",
+            "an endpoint of this gateway points back at the gateway itself: the request came back to it instead of reaching an engine; the operator should check the endpoints' URLs",
+        )
+    }
+
     /// The one answer to a missing, unknown or revoked key.
     pub fn invalid_key() -> Self {
         Self::new(

@@ -302,6 +302,8 @@ pub fn client_app(gw: Arc<Gateway>) -> Router {
         .route("/models/{*id}", axum::routing::any(without_v1))
         .route("/completions", axum::routing::any(without_v1))
         .route("/embeddings", axum::routing::any(without_v1))
+        .route("/responses", axum::routing::any(without_v1))
+        .route("/responses/{*id}", axum::routing::any(without_v1))
         .merge(convo::memory_routes())
         .merge(convo::mcp_routes())
         .route("/health", get(|| async { "ok" }))

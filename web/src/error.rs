@@ -54,16 +54,65 @@ impl IntoResponse for WebError {
             WebError::Internal(_) => "something went wrong on our side".to_owned(),
             other => other.to_string(),
         };
-        let page = crate::chrome::ErrorPage {
-            chrome: crate::Chrome::default(),
-            status: status.as_u16(),
-            text,
-        };
-        match askama::Template::render(&page) {
-            Ok(html) => (status, Html(html)).into_response(),
-            Err(_) => (status, "error").into_response(),
-        }
+        let mut response = page(crate::Chrome::default(), status, text.clone());
+        // Dressed in the visitor's navigation by [`dressed`], which knows
+        // who asked.
+        response.extensions_mut().insert(Refusal { status, text });
+        response
     }
+}
+
+/// What a refusal said, for [`dressed`] to render again.
+#[derive(Debug, Clone)]
+struct Refusal {
+    status: StatusCode,
+    text: String,
+}
+
+fn page(chrome: crate::Chrome, status: StatusCode, text: String) -> Response {
+    let page = crate::chrome::ErrorPage {
+        chrome,
+        status: status.as_u16(),
+        text,
+    };
+    match askama::Template::render(&page) {
+        Ok(html) => (status, Html(html)).into_response(),
+        Err(_) => (status, "error").into_response(),
+    }
+}
+
+/// An error page with the navigation of whoever asked (a signed-in person
+/// kept their menu and sign-out; the admin listener its read-only view),
+/// where the error alone cannot know who that is. Only an error pays for
+/// finding out.
+pub(crate) async fn dressed(
+    axum::extract::State(web): axum::extract::State<std::sync::Arc<crate::Web>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let viewer = request.extensions().get::<crate::Viewer>().cloned();
+    let mut cookies = axum::http::HeaderMap::new();
+    for c in request.headers().get_all(axum::http::header::COOKIE) {
+        cookies.append(axum::http::header::COOKIE, c.clone());
+    }
+    let mut response = next.run(request).await;
+    let Some(refusal) = response.extensions_mut().remove::<Refusal>() else {
+        return response;
+    };
+    let chrome = match viewer {
+        Some(v) => crate::Chrome::for_viewer(&web, &v),
+        None => crate::Chrome::for_visitor(&web, &crate::session::resolve(&web, &cookies).await),
+    };
+    let (dressed, body) = page(chrome, refusal.status, refusal.text).into_parts();
+    // What the handler set beside its page (cookies, headers) stays.
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    if let Some(kind) = dressed.headers.get(axum::http::header::CONTENT_TYPE) {
+        parts
+            .headers
+            .insert(axum::http::header::CONTENT_TYPE, kind.clone());
+    }
+    Response::from_parts(parts, body)
 }
 
 /// Renders a template into a page response.

@@ -103,6 +103,10 @@ pub fn client_routes(web: Arc<Web>) -> Router {
         .merge(statics())
         .merge(pages::routes())
         .merge(admin_pages)
+        .layer(axum::middleware::from_fn_with_state(
+            web.clone(),
+            error::dressed,
+        ))
         .layer(axum::middleware::from_fn(headers::secure))
         .with_state(web)
 }
@@ -117,6 +121,10 @@ pub fn admin_routes(web: Arc<Web>) -> Router {
         )
         .merge(statics())
         .merge(admin_pages())
+        .layer(axum::middleware::from_fn_with_state(
+            web.clone(),
+            error::dressed,
+        ))
         .layer(axum::middleware::from_fn(session::local_viewer))
         .layer(axum::middleware::from_fn(headers::secure))
         .with_state(web)

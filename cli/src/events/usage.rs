@@ -8,7 +8,7 @@ use std::io::Write;
 use chrono::{DateTime, Duration, Utc};
 use clap::ValueEnum;
 use llmgw_domain::Event;
-use llmgw_eventstore::{AnyStore, DEFAULT_PAGE, EventFilter, EventStore};
+use llmgw_eventstore::{AnyStore, EventFilter, EventStore};
 use serde::Serialize;
 
 use crate::Outcome;
@@ -57,18 +57,18 @@ impl std::str::FromStr for Moment {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let ago = |n: &str, unit: fn(i64) -> Duration| {
-            n.parse::<i64>().ok().map(|n| {
-                let at = Utc::now() - unit(n);
-                Moment {
-                    first: at,
-                    last: at,
-                }
+        // Checked throughout: the number is anyone's to type.
+        let ago = |n: &str, unit: fn(i64) -> Option<Duration>| {
+            let back = unit(n.parse::<u32>().ok()?.into())?;
+            let at = Utc::now().checked_sub_signed(back)?;
+            Some(Moment {
+                first: at,
+                last: at,
             })
         };
         let relative = match s.char_indices().last() {
-            Some((i, 'h')) => ago(&s[..i], Duration::hours),
-            Some((i, 'd')) => ago(&s[..i], Duration::days),
+            Some((i, 'h')) => ago(&s[..i], Duration::try_hours),
+            Some((i, 'd')) => ago(&s[..i], Duration::try_days),
             _ => None,
         };
         relative
@@ -82,6 +82,10 @@ impl std::str::FromStr for Moment {
             })
     }
 }
+
+/// Usage events read at a time: each holds a flush's rows (hundreds, up
+/// to `MAX_BATCH_ROWS`), all decoded at once.
+const PAGE: usize = 16;
 
 /// One row's sums.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -150,9 +154,14 @@ pub(crate) async fn report(
     by: &[By],
     format: Format,
 ) -> anyhow::Result<Outcome> {
+    // In the order asked, each once.
     let mut by = by.to_vec();
-    by.sort();
-    by.dedup();
+    let mut seen = Vec::new();
+    by.retain(|b| {
+        let first = !seen.contains(b);
+        seen.push(*b);
+        first
+    });
     let from = since.map(|m| m.first);
     let to = until.map(|m| m.last);
     if let (Some(f), Some(t)) = (from, to)
@@ -238,9 +247,7 @@ async fn sums(
         };
         let mut below = head + 1;
         while below > 1 {
-            let page = store
-                .read_backward_raw(&filter, 0..below, DEFAULT_PAGE)
-                .await?;
+            let page = store.read_backward_raw(&filter, 0..below, PAGE).await?;
             let Some(last) = page.last() else {
                 break;
             };
@@ -306,6 +313,10 @@ mod tests {
         assert!(back >= Duration::days(7) && back < Duration::days(7) + Duration::minutes(1));
         let e = "last week".parse::<Moment>().unwrap_err();
         assert!(e.contains("24h, 7d"), "{e}");
+        // Too far back, or forward, is no time rather than a panic.
+        for far in ["99999999999999999d", "4000000000d", "-5d"] {
+            assert!(far.parse::<Moment>().is_err(), "{far}");
+        }
         assert_eq!(usd(1_234_567), "1.234567");
         assert_eq!(usd(7), "0.000007");
         assert_eq!(csv_field("a,b"), "\"a,b\"");

@@ -478,6 +478,15 @@ fn nodes_that_share_an_address_share_its_ports() {
             PlaceOptions::default(),
         );
         let s = e.chosen.clone().expect("fits").shards[0].clone();
+        // `explain` names the port the placement gives, not the node's
+        // own lowest free one that the other node there holds.
+        let said = &e.profiles[0]
+            .candidates
+            .iter()
+            .find(|c| c.node == s.node_id)
+            .expect("a verdict")
+            .reason;
+        assert!(said.contains(&format!("port {}", s.port)), "{said}");
         seen.insert(s.node_id.to_string(), s.port);
         placed(&mut r, &e);
     }

@@ -118,7 +118,9 @@ pub(crate) async fn open_turn(
         .history(&project, &thread)
         .await
         .map_err(convo_error)?;
-    // A system message the client sends each turn is kept once.
+    // A system message the client sends each turn (a Responses client's
+    // instructions) is kept once, and sent once, first, where the history
+    // has it: templates refuse a second one.
     let keep: Vec<Value> = new
         .iter()
         .filter(|m| !(is_system(m) && history.contains(m)))
@@ -129,14 +131,14 @@ pub(crate) async fn open_turn(
     // may differ, but its context is within the budget too); else the
     // estimate, which never undercounts.
     let counted = match super::tokenize::Tokenizer::for_model(gw, &canonical) {
-        Some(t) => super::tokenize::trim_counted(&history, &new, budget, &t).await,
+        Some(t) => super::tokenize::trim_counted(&history, &keep, budget, &t).await,
         None => None,
     };
     let (mut messages, trimmed) = match counted {
         Some(done) => done,
-        None => trim(history, &new, budget),
+        None => trim(history, &keep, budget),
     };
-    messages.extend(new);
+    messages.extend(keep.iter().cloned());
     if let Some(obj) = request.as_object_mut() {
         obj.insert("messages".into(), Value::Array(messages));
     }
@@ -168,6 +170,10 @@ struct Reply {
     calls: Vec<(String, String, String)>,
     /// Which call each stream index last started.
     started: Vec<(u64, usize)>,
+    /// The streamed calls' argument bytes so far.
+    call_bytes: usize,
+    /// The answer's id, which names a call the engine gave no id.
+    chat_id: Option<String>,
     cap: usize,
     /// A whole answer larger than this is not parsed (its text is lost).
     raw_cap: usize,
@@ -202,6 +208,9 @@ impl Reply {
             let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
                 continue;
             };
+            if self.chat_id.is_none() {
+                self.chat_id = v["id"].as_str().map(str::to_owned);
+            }
             let delta = &v["choices"][0]["delta"];
             if let Some(t) = delta["content"].as_str() {
                 self.push_text(t);
@@ -212,27 +221,40 @@ impl Reply {
         }
     }
 
-    /// A streamed call's piece: one with an id starts a call, the rest
-    /// add to the arguments of the newest call started at their index (an
-    /// engine that numbers every call 0 grows the newest).
+    /// A streamed call's piece: a new index, or a new id on one, starts a
+    /// call (engines that number every call 0 tell them apart by id); the
+    /// rest add to the arguments of the newest call at their index. A call
+    /// without an id is named as the Responses API names it to its client.
     fn call_piece(&mut self, piece: &Value) {
         let f = &piece["function"];
         let index = piece["index"].as_u64().unwrap_or(0);
-        if let Some(id) = piece["id"].as_str().filter(|i| !i.is_empty()) {
-            let name = f["name"].as_str().unwrap_or_default().to_owned();
-            self.calls.push((id.to_owned(), name, String::new()));
-            self.started.retain(|(i, _)| *i != index);
-            self.started.push((index, self.calls.len() - 1));
-        }
-        let at = self
+        let id = piece["id"].as_str().filter(|i| !i.is_empty());
+        let newest = self
             .started
             .iter()
             .find(|(i, _)| *i == index)
             .map(|(_, at)| *at);
-        if let (Some(at), Some(args)) = (at, f["arguments"].as_str())
-            && let Some(call) = self.calls.get_mut(at)
-        {
-            call.2.push_str(args);
+        let at = match newest {
+            Some(at) if id.is_none_or(|id| self.calls[at].0 == id) => at,
+            _ => {
+                let k = self.calls.len();
+                let id = id.map_or_else(
+                    || crate::responses::call_id(self.chat_id.as_deref(), k),
+                    str::to_owned,
+                );
+                let name = f["name"].as_str().unwrap_or_default().to_owned();
+                self.calls.push((id, name, String::new()));
+                self.started.retain(|(i, _)| *i != index);
+                self.started.push((index, k));
+                k
+            }
+        };
+        if let Some(args) = f["arguments"].as_str() {
+            // Bounded as a whole answer is: past it the calls are not kept.
+            self.call_bytes = self.call_bytes.saturating_add(args.len());
+            if self.call_bytes <= self.raw_cap {
+                self.calls[at].2.push_str(args);
+            }
         }
     }
 
@@ -245,14 +267,25 @@ impl Reply {
             if let Some(t) = m["content"].as_str() {
                 self.push_text(t);
             }
-            for c in m["tool_calls"].as_array().into_iter().flatten() {
+            let chat_id = v["id"].as_str();
+            for (k, c) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
                 let f = &c["function"];
                 self.calls.push((
-                    c["id"].as_str().unwrap_or_default().to_owned(),
+                    c["id"]
+                        .as_str()
+                        .filter(|i| !i.is_empty())
+                        .map_or_else(|| crate::responses::call_id(chat_id, k), str::to_owned),
                     f["name"].as_str().unwrap_or_default().to_owned(),
                     f["arguments"].as_str().unwrap_or("{}").to_owned(),
                 ));
             }
+        }
+        if self.call_bytes > self.raw_cap {
+            tracing::warn!(
+                bytes = self.call_bytes,
+                "a reply's tool calls are too large to keep in its thread"
+            );
+            self.calls.clear();
         }
         if self.calls.is_empty() {
             return (!self.text.is_empty())

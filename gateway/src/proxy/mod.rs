@@ -76,6 +76,9 @@ async fn route(
     request: Request,
     access: &Access,
 ) -> Result<Response, Refused> {
+    if request.headers().get(upstream::HOP) == Some(upstream::hop()) {
+        return Err(ApiError::loop_detected().into());
+    }
     let caller = admit::identify(gw, request.headers())?;
     if let Some(k) = &caller.key {
         access.key(k.key_id.clone());

@@ -145,7 +145,8 @@ pub(crate) fn usage(chat: &Value) -> Option<Value> {
         "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": u.get("total_tokens").and_then(Value::as_u64).unwrap_or(input + output),
+        "total_tokens": u.get("total_tokens").and_then(Value::as_u64)
+            .unwrap_or_else(|| input.saturating_add(output)),
     }))
 }
 
@@ -231,13 +232,13 @@ pub(crate) fn from_chat(asked: &Asked, chat: &Value) -> Option<Value> {
     if !text.trim().is_empty() || calls.is_empty() {
         output.push(message_item(&ids.item("msg", output.len()), text, state));
     }
-    for call in calls {
+    for (k, call) in calls.iter().enumerate() {
         let f = &call["function"];
         let n = output.len();
         let call_id = call["id"]
             .as_str()
             .filter(|c| !c.is_empty())
-            .map_or_else(|| ids.item("call", n), str::to_owned);
+            .map_or_else(|| ids.item("call", k), str::to_owned);
         output.push(call_item(
             &ids.item("fc", n),
             &call_id,

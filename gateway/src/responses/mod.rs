@@ -10,6 +10,7 @@
 //! through untouched.
 
 mod answer;
+mod input;
 mod request;
 mod stream;
 
@@ -23,6 +24,13 @@ pub(crate) use request::Asked;
 use crate::ApiError;
 
 pub(crate) const PATH: &str = "/v1/responses";
+
+/// The id the `k`th tool call of the chat answer `chat_id` is given when
+/// its engine gave none: the same here and in a thread that keeps it, so
+/// that the client's output names a call the thread holds.
+pub(crate) fn call_id(chat_id: Option<&str>, k: usize) -> String {
+    answer::Ids::from_chat(chat_id).item("call", k)
+}
 
 /// The chat completion's body for a Responses request, and what its answer
 /// repeats.

@@ -97,7 +97,12 @@ impl Events {
     /// The events the stream's end makes: the terminal one, if the chat
     /// stream ended without its `[DONE]`.
     pub(crate) fn end(&mut self) -> Vec<u8> {
-        let mut out = Vec::new();
+        // A last line without its newline is a line still.
+        let mut out = if self.partial.is_empty() {
+            Vec::new()
+        } else {
+            self.feed(b"\n")
+        };
         let data = std::mem::take(&mut self.data);
         if !data.is_empty() {
             self.event(&data, &mut out);
@@ -287,7 +292,12 @@ impl Events {
             self.close(out, "completed");
             let n = self.output.len();
             let id = self.ids().item("fc", n);
-            let call_id = named.map_or_else(|| self.ids().item("call", n), str::to_owned);
+            let k = self
+                .output
+                .iter()
+                .filter(|o| o["type"] == "function_call")
+                .count();
+            let call_id = named.map_or_else(|| self.ids().item("call", k), str::to_owned);
             let name = call
                 .pointer("/function/name")
                 .and_then(Value::as_str)
@@ -377,8 +387,11 @@ impl Events {
             self.fail(&e, out);
             return;
         }
-        // An answer of no words is still one message, as a whole one is.
-        if self.open.is_none() && self.output.is_empty() {
+        // An answer of no words and no calls is still one message, as a
+        // whole one is.
+        let said = |o: &Value| o["type"] == "message" || o["type"] == "function_call";
+        let open_says = matches!(self.open, Some(Open::Message { .. } | Open::Call { .. }));
+        if !open_says && !self.output.iter().any(said) {
             let blank = std::mem::take(&mut self.blank);
             self.open_message(out);
             if let Some(Open::Message { text, .. }) = &mut self.open {

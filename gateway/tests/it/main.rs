@@ -1582,3 +1582,23 @@ async fn a_response_is_counted_as_its_chat_completion() {
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "store");
 }
+
+/// An endpoint that names the gateway's own address: the request that
+/// comes back is refused with why (it was forwarded to itself until the
+/// connections ran out), and the client hears it.
+#[tokio::test]
+async fn an_endpoint_that_is_the_gateway_itself_is_a_loop_said_not_followed() {
+    let gw = support::gateway(vec![]).await;
+    let own: std::net::SocketAddr = gw.base.trim_start_matches("http://").parse().unwrap();
+    gw.gateway.endpoints.update(vec![spec("me", &own, &["m"])]);
+    let r = gw.chat(&chat("m", false, 1)).await;
+    assert_eq!(r.status(), 508);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("points back at the gateway itself"),
+        "{e}"
+    );
+}

@@ -121,6 +121,7 @@ impl Client {
                 .post(format!("{}{path}", endpoint.spec.url))
                 .header(CONTENT_TYPE, "application/json")
                 .header(crate::access::REQUEST_ID, request_id.clone())
+                .header(HOP, hop().clone())
                 .body(body);
             if let Some(key) = &endpoint.spec.api_key {
                 r = r.bearer_auth(key.expose());
@@ -141,6 +142,7 @@ impl Client {
         headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(crate::access::REQUEST_ID, request_id.clone());
+        headers.insert(HOP, hop().clone());
         if let Some(key) = &endpoint.spec.api_key {
             let mut bearer =
                 HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(Error::Key)?;
@@ -150,6 +152,29 @@ impl Client {
         let answer = self.plain.send(address, uri, request).await?;
         Ok(answer.map(|b| b.map_err(Error::Body).boxed_unsync()))
     }
+}
+
+/// Marks what this gateway sends an engine, so that a request that comes
+/// back to it (an endpoint that names the gateway's own address) is told
+/// apart and refused, not forwarded to itself until connections run out.
+pub(crate) const HOP: axum::http::HeaderName = axum::http::HeaderName::from_static("x-llmgw-hop");
+
+/// This process's mark: random, so that one gateway in front of another is
+/// no loop.
+pub(crate) fn hop() -> &'static HeaderValue {
+    static HOP_VALUE: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+    HOP_VALUE.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        HeaderValue::from(h.finish())
+    })
 }
 
 /// The connector with reqwest's connect timeout: over name resolution and

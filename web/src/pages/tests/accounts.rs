@@ -271,6 +271,8 @@ async fn a_person_manages_their_own_keys_from_the_profile() {
             )
             .await;
         assert_eq!(page.status, StatusCode::NOT_FOUND, "{key}");
+        // The error page keeps the signed-in person's navigation.
+        assert!(page.body.contains("Sign out"), "{}", page.body);
     }
     let revoked = browser
         .post(&site, "/profile/keys/key-mine/revoke", &[("csrf", &csrf)])
