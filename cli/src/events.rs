@@ -229,8 +229,9 @@ pub(crate) enum EventsCommand {
     },
     /// Requests, tokens and cost from the log's usage, added up by key,
     /// project, model (the one that served) or UTC day, over a window: a
-    /// table with a total, CSV or JSON lines. Errors are answers with a
-    /// status of 400 or more.
+    /// table with a total, CSV or JSON lines. The requests are those usage
+    /// records (routed to a model; a refusal before that, of a key or an
+    /// unknown model, is not); errors are those answered 400 or more.
     Usage {
         /// The first moment counted: a time (2026-12-01T10:00:00Z,
         /// "2026-12-01 10:00:00" in UTC), a date, or a span back from now

@@ -245,6 +245,11 @@ fn body(stream: bool) -> String {
     json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "say hello to the benchmark"}]}).to_string()
 }
 
+/// The same question on OpenAI's Responses API.
+fn responses_body(stream: bool) -> String {
+    json!({"model": "m", "stream": stream, "input": "say hello to the benchmark"}).to_string()
+}
+
 async fn one(client: &reqwest::Client, url: &str, stream: bool) -> Duration {
     one_since(client, url, stream, Instant::now()).await
 }
@@ -256,7 +261,11 @@ async fn one_since(client: &reqwest::Client, url: &str, stream: bool, t: Instant
         .post(url)
         .header("authorization", format!("Bearer {}", key()))
         .header("content-type", "application/json")
-        .body(body(stream))
+        .body(if url.ends_with("/v1/responses") {
+            responses_body(stream)
+        } else {
+            body(stream)
+        })
         .send()
         .await
         .unwrap();
@@ -691,6 +700,20 @@ fn main() {
                 pct(&mut d, 0.5),
                 pct(&mut g, 0.5),
                 100.0 * g_rate / d_rate
+            );
+        }
+        // The Responses API: the same request turned into a chat
+        // completion and its answer turned back, against chat, both all off.
+        let responses = format!("http://{gw}/v1/responses");
+        saturate(&client, &responses, 8, 1, false).await;
+        for (stream, label) in [(false, "plain"), (true, "streaming (time to first byte)")] {
+            let (c_rate, mut c) = saturate(&client, &via, 32, 3, stream).await;
+            let (r_rate, mut r) = saturate(&client, &responses, 32, 3, stream).await;
+            println!(
+                "saturated, 32 clients, {label}: chat {c_rate:.0} req/s (p50 {:.3} ms), Responses API {r_rate:.0} req/s (p50 {:.3} ms): {:.0}% of chat",
+                pct(&mut c, 0.5),
+                pct(&mut r, 0.5),
+                100.0 * r_rate / c_rate
             );
         }
         // Auth, limits at four levels, budgets and usage recording on,

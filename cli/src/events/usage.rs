@@ -184,6 +184,7 @@ pub(crate) async fn report(
                 if let serde_json::Value::Object(sums) = serde_json::to_value(s)? {
                     line.extend(sums);
                 }
+                line.insert("cost_usd".into(), usd(s.cost_micros).into());
                 json_line(&mut out, &line)?;
             }
         }

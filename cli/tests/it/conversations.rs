@@ -316,6 +316,66 @@ async fn threads_story(backend: Backend) {
         sim_tokens(&[("user", "hello"), ("assistant", &reply), ("user", "hello")])
     );
 
+    // Instructions sent every turn are sent once, first; new ones take the
+    // old ones' place (templates take one system message, first).
+    let instructed = |instructions: &'static str, input: &'static str| {
+        c.http
+            .post(format!("{}/v1/responses", c.base))
+            .bearer_auth(&kp)
+            .header("x-llmgw-thread", "r2")
+            .json(
+                &json!({"model": "paid", "instructions": instructions, "input": input,
+                "max_output_tokens": 2}),
+            )
+            .send()
+    };
+    let first: Value = instructed("be brief", "one")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let said = first["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let again: Value = instructed("be brief", "two")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reply = again["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        again["usage"]["input_tokens"].as_u64().unwrap(),
+        sim_tokens(&[
+            ("system", "be brief"),
+            ("user", "one"),
+            ("assistant", &said),
+            ("user", "two")
+        ])
+    );
+    let changed: Value = instructed("be kind", "three")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        changed["usage"]["input_tokens"].as_u64().unwrap(),
+        sim_tokens(&[
+            ("system", "be kind"),
+            ("user", "one"),
+            ("assistant", &said),
+            ("user", "two"),
+            ("assistant", &reply),
+            ("user", "three")
+        ])
+    );
+
     // A reply that called a tool is kept with its call: the next turn's
     // output answers it (a tool message with no call before it is refused
     // by the engines).

@@ -113,7 +113,7 @@ pub(crate) async fn open_turn(
         .iter()
         .find_map(|f| request.get(*f).and_then(Value::as_u64))
         .unwrap_or(0);
-    let history = keeper
+    let mut history = keeper
         .store
         .history(&project, &thread)
         .await
@@ -126,19 +126,36 @@ pub(crate) async fn open_turn(
         .filter(|m| !(is_system(m) && history.contains(m)))
         .cloned()
         .collect();
+    // One set of instructions is sent, first: those the turn opens with,
+    // else the thread's newest (every one stays kept in the thread).
+    let opening = keep.iter().take_while(|m| is_system(m)).count();
+    let newest: Vec<Value> = if opening > 0 {
+        keep[..opening].to_vec()
+    } else {
+        history
+            .iter()
+            .rev()
+            .find(|m| is_system(m))
+            .cloned()
+            .into_iter()
+            .collect()
+    };
+    history.retain(|m| !is_system(m));
+    let history: Vec<Value> = newest.into_iter().chain(history).collect();
+    let sent = keep[opening..].to_vec();
     let budget = u64::from(context).saturating_sub(reserve);
     // The asked model's engine counts when it can (a fallback's tokenizer
     // may differ, but its context is within the budget too); else the
     // estimate, which never undercounts.
     let counted = match super::tokenize::Tokenizer::for_model(gw, &canonical) {
-        Some(t) => super::tokenize::trim_counted(&history, &keep, budget, &t).await,
+        Some(t) => super::tokenize::trim_counted(&history, &sent, budget, &t).await,
         None => None,
     };
     let (mut messages, trimmed) = match counted {
         Some(done) => done,
-        None => trim(history, &keep, budget),
+        None => trim(history, &sent, budget),
     };
-    messages.extend(keep.iter().cloned());
+    messages.extend(sent);
     if let Some(obj) = request.as_object_mut() {
         obj.insert("messages".into(), Value::Array(messages));
     }

@@ -76,7 +76,11 @@ pub(crate) async fn forward(
             tracing::warn!(model = %plan.asked, last = %last.why, "no endpoint answered");
             if let Some(said) = last.answer {
                 // Every endpoint tried answered an error of its own: what
-                // the engine said is the client's answer.
+                // the engine said is the client's answer. A 508 came from
+                // this gateway itself, which an endpoint names.
+                if said.status == axum::http::StatusCode::LOOP_DETECTED {
+                    return Err(ApiError::loop_detected());
+                }
                 ApiError::engine_said(said.status, said.message, said.retry_after)
             } else if last.timed_out {
                 ApiError::upstream_timeout(format!(

@@ -1594,6 +1594,7 @@ async fn an_endpoint_that_is_the_gateway_itself_is_a_loop_said_not_followed() {
     let r = gw.chat(&chat("m", false, 1)).await;
     assert_eq!(r.status(), 508);
     let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "loop_detected", "{e}");
     assert!(
         e["error"]["message"]
             .as_str()
