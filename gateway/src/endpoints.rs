@@ -204,6 +204,9 @@ struct Live {
     picked: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
     load: Mutex<Option<Load>>,
+    /// Our own requests in flight when `load` was read: the engine's count
+    /// holds them, and they may be done since.
+    ours_at_scrape: AtomicU32,
     /// A scrape has been tried at least once.
     scraped: std::sync::atomic::AtomicBool,
     contract_warned: std::sync::atomic::AtomicBool,
@@ -274,6 +277,7 @@ impl Endpoint {
             picked: std::sync::atomic::AtomicU64::new(0),
             breaker: Mutex::new(Breaker::new(breaker.threshold, breaker.cool_down)),
             load: Mutex::new(None),
+            ours_at_scrape: AtomicU32::new(0),
             scraped: std::sync::atomic::AtomicBool::new(false),
             contract_warned: std::sync::atomic::AtomicBool::new(false),
             last_erred: std::sync::atomic::AtomicU64::new(0),
@@ -368,7 +372,11 @@ impl Endpoint {
     pub(crate) fn scraped(&self, load: Option<Load>) {
         self.live.scraped.store(true, Ordering::Relaxed);
         if let Some(load) = load {
-            *self.live.load.lock().unwrap_or_else(|p| p.into_inner()) = Some(load);
+            let mut held = self.live.load.lock().unwrap_or_else(|p| p.into_inner());
+            self.live
+                .ours_at_scrape
+                .store(self.in_flight(), Ordering::Relaxed);
+            *held = Some(load);
         }
     }
 
@@ -416,12 +424,17 @@ impl Endpoint {
             && self.load().is_none_or(|l| l.at.elapsed() > max_age)
     }
 
-    /// Requests on the engine: ours in flight, or what it reports running
-    /// and waiting (other gateways' too), whichever is more.
+    /// Requests on the engine: ours in flight now, and the others its
+    /// figures report (running and waiting, less ours when they were read:
+    /// a scrape that caught our own answer made the engine look busy until
+    /// the next one, and light traffic all went elsewhere meanwhile).
     fn queue(&self, max_age: Duration) -> f64 {
         let ours = f64::from(self.in_flight());
         match self.load() {
-            Some(l) if l.at.elapsed() <= max_age => ours.max(l.running + l.waiting),
+            Some(l) if l.at.elapsed() <= max_age => {
+                let then = f64::from(self.live.ours_at_scrape.load(Ordering::Relaxed));
+                ours + (l.running + l.waiting - then).max(0.0)
+            }
             _ => ours,
         }
     }
@@ -748,6 +761,43 @@ mod tests {
             "a lower pool only when the higher has none"
         );
         assert!(set.pick("other", &[]).is_none());
+    }
+
+    /// A scrape that caught our own answer on an engine counts that answer
+    /// only while it runs: done, the engine is as free as the other (it
+    /// looked busy until the next scrape, and light traffic all went to
+    /// the other); another gateway's requests it reports still count.
+    #[test]
+    fn our_own_requests_in_a_scrape_count_only_while_they_run() {
+        let set = Endpoints::new(
+            vec![spec("a", 0, 1), spec("b", 0, 1)],
+            BreakerConfig::default(),
+            Duration::from_secs(6),
+        );
+        let load = |running: f64| {
+            Some(crate::scrape::Load {
+                running,
+                waiting: 0.0,
+                kv_usage: None,
+                at: tokio::time::Instant::now(),
+            })
+        };
+        let held = set.pick("m", &[]).unwrap();
+        assert_eq!(held.endpoint().spec.id, "a");
+        let now = set.snapshot();
+        now[0].scraped(load(1.0));
+        now[1].scraped(load(0.0));
+        assert_eq!(set.load_of(&now[0]), 1.0, "ours, running");
+        drop(held);
+        assert_eq!(set.load_of(&now[0]), 0.0, "ours, done");
+        // Equally free, b's turn; two more than ours at its scrape are
+        // another gateway's, still there once ours is done.
+        let held = set.pick("m", &[]).unwrap();
+        assert_eq!(held.endpoint().spec.id, "b");
+        now[1].scraped(load(3.0));
+        assert_eq!(set.load_of(&now[1]), 3.0);
+        drop(held);
+        assert_eq!(set.load_of(&now[1]), 2.0);
     }
 
     /// Saturation is read where requests go: a lower pool that gets none

@@ -121,6 +121,13 @@ def responses(client: openai.OpenAI, model: str, first: str) -> None:
     assert events[-1].type == "response.completed", events[-1]
     assert events[-1].response.output[0].name == "weather", events[-1]
 
+    # The engine's own settings pass as on chat (vLLM's extras through
+    # extra_body), and log probabilities may be asked for as the SDKs do.
+    r = client.responses.create(model=model, input="hello", max_output_tokens=3,
+                                top_logprobs=0, include=["message.output_text.logprobs"],
+                                extra_body={"top_k": 5, "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.output_text == first, r
+
     # What needs responses kept is refused by name, not ignored.
     try:
         client.responses.create(model=model, input="hi", previous_response_id=r.id)

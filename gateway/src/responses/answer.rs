@@ -176,13 +176,24 @@ pub(crate) fn finish_error(finish: Option<&str>) -> Value {
         "message": format!("the engine ended the answer ({})", finish.unwrap_or("no finish reason"))})
 }
 
-pub(crate) fn message_item(id: &str, text: &str, status: &str) -> Value {
+pub(crate) fn message_item(id: &str, text: &str, logprobs: &[Value], status: &str) -> Value {
     json!({"type": "message", "id": id, "status": status, "role": "assistant",
-        "content": [text_part(text)]})
+        "content": [text_part(text, logprobs)]})
 }
 
-pub(crate) fn text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+/// The text and its tokens' log probabilities: chat's `logprobs.content`
+/// entries (token, logprob, bytes, top_logprobs) are the Responses API's
+/// in the same shape.
+pub(crate) fn text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
+}
+
+/// A choice's (or a chunk's choice's) log probabilities, if it has any.
+pub(crate) fn logprobs_of(choice: &Value) -> &[Value] {
+    choice
+        .pointer("/logprobs/content")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 pub(crate) fn reasoning_item(id: &str, text: &str) -> Value {
@@ -230,7 +241,13 @@ pub(crate) fn from_chat(asked: &Asked, chat: &Value) -> Option<Value> {
     let state = item_status(status);
     let text = message.get("content").and_then(Value::as_str).unwrap_or("");
     if !text.trim().is_empty() || calls.is_empty() {
-        output.push(message_item(&ids.item("msg", output.len()), text, state));
+        let logprobs = logprobs_of(choice);
+        output.push(message_item(
+            &ids.item("msg", output.len()),
+            text,
+            logprobs,
+            state,
+        ));
     }
     for (k, call) in calls.iter().enumerate() {
         let f = &call["function"];

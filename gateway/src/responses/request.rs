@@ -18,8 +18,11 @@ pub(crate) struct Asked {
 }
 
 /// The fields read, and those accepted as hints the engines have no use
-/// for. Anything else is refused, as OpenAI refuses it.
-const READ: [&str; 14] = [
+/// for. Any other is passed to the engine as it is, as chat completions
+/// pass every field (vLLM's and SGLang's extras, which clients send
+/// through `extra_body`: `chat_template_kwargs`, `top_k`, `seed`, …),
+/// except chat's own names for what this API names otherwise.
+const READ: [&str; 15] = [
     "model",
     "input",
     "instructions",
@@ -34,9 +37,11 @@ const READ: [&str; 14] = [
     "parallel_tool_calls",
     "text",
     "reasoning",
+    "top_logprobs",
 ];
-const HINTS: [&str; 9] = [
+const HINTS: [&str; 10] = [
     "include",
+    "prompt_cache_options",
     "truncation",
     "service_tier",
     "prompt_cache_key",
@@ -46,18 +51,20 @@ const HINTS: [&str; 9] = [
     "store",
     "context_management",
 ];
-/// Sampling settings chat has under the same names (vLLM's and
-/// llama.cpp's extras among them, which clients send through `extra_body`):
-/// passed on as they are.
-const SAMPLING: [&str; 8] = [
-    "seed",
-    "stop",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
+/// Chat's fields for what this API names otherwise, or has not: sent
+/// here, they would clash with the chat completion made of the request.
+const CHAT_OWN: [&str; 11] = [
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "response_format",
+    "reasoning_effort",
+    "logprobs",
+    "n",
+    "best_of",
+    "functions",
+    "function_call",
+    "echo",
 ];
 /// Tools the platform runs for the model (search, files, code, images,
 /// remote MCP servers): no engine here runs them, so the model is not
@@ -74,7 +81,7 @@ const HOSTED: [&str; 9] = [
     "mcp",
 ];
 /// Fields whose every non-null value asks for what is not here.
-const NOT_HERE: [(&str, &str); 6] = [
+const NOT_HERE: [(&str, &str); 5] = [
     (
         "previous_response_id",
         "this gateway keeps no responses, so none can be continued by id: send the conversation so far in `input` (or name a thread with the x-llmgw-thread header)",
@@ -94,10 +101,6 @@ const NOT_HERE: [(&str, &str); 6] = [
     (
         "max_tool_calls",
         "max_tool_calls is not served here: the gateway serves function tools, which the client calls",
-    ),
-    (
-        "top_logprobs",
-        "top_logprobs is not served on /v1/responses here: ask /v1/chat/completions with logprobs",
     ),
 ];
 
@@ -121,33 +124,18 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
     fields.retain(|_, v| !v.is_null());
     for name in fields.keys() {
         if let Some((param, why)) = NOT_HERE.iter().find(|(n, _)| n == name) {
-            let asks = match (&**name, &fields[name.as_str()]) {
-                ("background", v) => v.as_bool() == Some(true),
-                ("top_logprobs", v) => v.as_u64() != Some(0),
-                _ => true,
-            };
+            let asks = name != "background" || fields[name.as_str()].as_bool() == Some(true);
             if asks {
                 return Err(refused(param, *why));
             }
-        } else if ![&READ[..], &HINTS, &SAMPLING]
-            .iter()
-            .any(|l| l.contains(&name.as_str()))
-        {
-            return Err(ApiError::bad_request(format!(
-                "Unknown parameter: '{name}'."
-            )));
+        } else if let Some(own) = CHAT_OWN.iter().find(|c| *c == name) {
+            return Err(refused(
+                own,
+                format!(
+                    "`{own}` is a chat completions field: the Responses API has its own (max_output_tokens, text.format, reasoning.effort, include for log probabilities; docs/api.md), or ask /v1/chat/completions"
+                ),
+            ));
         }
-    }
-    // What `include` asks for beside the answer: the engines' log
-    // probabilities are not turned; reasoning's encrypted form (Codex asks
-    // for it) is simply not there, as for a model that keeps none.
-    if let Some(Value::Array(asked)) = fields.get("include")
-        && asked.iter().any(|i| i == "message.output_text.logprobs")
-    {
-        return Err(refused(
-            "include",
-            "log probabilities are not served on /v1/responses here: ask /v1/chat/completions with logprobs",
-        ));
     }
     if fields.get("store").and_then(Value::as_bool) == Some(true) {
         return Err(refused(
@@ -240,9 +228,35 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
             None => {}
         }
     }
-    for name in SAMPLING {
-        if let Some(v) = fields.get(name) {
-            chat.insert(name.into(), v.clone());
+    // Log probabilities, asked by `include` (the SDKs add it with
+    // `top_logprobs`), in chat's form; they come back on the text.
+    let top = match fields.get("top_logprobs") {
+        None => 0,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= 20 => n,
+            _ => {
+                return Err(refused(
+                    "top_logprobs",
+                    "`top_logprobs` is a whole number from 0 to 20",
+                ));
+            }
+        },
+    };
+    let logprobs = top > 0
+        || fields
+            .get("include")
+            .and_then(Value::as_array)
+            .is_some_and(|i| i.iter().any(|i| i == "message.output_text.logprobs"));
+    if logprobs {
+        chat.insert("logprobs".into(), json!(true));
+        chat.insert("top_logprobs".into(), json!(top));
+    }
+    // Everything else, as it came: the engine's own settings.
+    let known =
+        |k: &str| READ.contains(&k) || HINTS.contains(&k) || NOT_HERE.iter().any(|(n, _)| *n == k);
+    for (name, v) in &fields {
+        if !known(name) && !chat.contains_key(name.as_str()) {
+            chat.insert(name.clone(), v.clone());
         }
     }
     if let Some(m) = fields.get("metadata")
@@ -561,8 +575,14 @@ mod tests {
             json!([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]),
         );
         assert!(e.message.contains("`input_file`"), "{}", e.message);
-        let e = with("temprature", json!(1));
-        assert_eq!(e.message, "Unknown parameter: 'temprature'.");
+        let e = with("messages", json!([]));
+        assert_eq!(e.param, Some("messages"), "chat's own field");
+        // The engine's own settings pass, as on chat completions.
+        let c = chat(json!({"model": "m", "input": "x", "top_k": 5,
+            "chat_template_kwargs": {"enable_thinking": false}, "background": false}));
+        assert_eq!(c["top_k"], 5);
+        assert_eq!(c["chat_template_kwargs"]["enable_thinking"], false);
+        assert!(c.get("background").is_none(), "{c}");
         assert_eq!(refusal(json!({"input": "x"})).param, Some("model"));
         assert_eq!(refusal(json!({"model": "m"})).param, Some("input"));
         assert_eq!(
@@ -573,8 +593,14 @@ mod tests {
             with("max_output_tokens", json!(0)).param,
             Some("max_output_tokens")
         );
-        let e = with("include", json!(["message.output_text.logprobs"]));
-        assert_eq!(e.param, Some("include"));
+        // Log probabilities, as the SDKs ask for them.
+        let c = chat(json!({"model": "m", "input": "x", "top_logprobs": 0,
+            "include": ["message.output_text.logprobs"]}));
+        assert_eq!(
+            (&c["logprobs"], &c["top_logprobs"]),
+            (&json!(true), &json!(0))
+        );
+        assert_eq!(with("top_logprobs", json!(21)).param, Some("top_logprobs"));
         // Null is absent; false and the defaults ask for nothing missing.
         let c = chat(
             json!({"model": "m", "input": "x", "store": false, "background": false,

@@ -20,6 +20,7 @@ enum Open {
     Message {
         id: String,
         text: String,
+        logprobs: Vec<Value>,
     },
     Call {
         index: u64,
@@ -163,7 +164,7 @@ impl Events {
         if let Some(t) = delta.get("content").and_then(Value::as_str)
             && !t.is_empty()
         {
-            self.text(t, out);
+            self.text(t, answer::logprobs_of(choice), out);
         }
         for call in delta
             .get("tool_calls")
@@ -235,9 +236,10 @@ impl Events {
         }
     }
 
-    fn text(&mut self, delta: &str, out: &mut Vec<u8>) {
+    fn text(&mut self, delta: &str, logprobs: &[Value], out: &mut Vec<u8>) {
         let open = matches!(self.open, Some(Open::Message { .. }));
-        if !open && delta.trim().is_empty() {
+        // (Tokens with log probabilities are the answer's, blank or not.)
+        if !open && delta.trim().is_empty() && logprobs.is_empty() {
             self.blank.push_str(delta);
             return;
         }
@@ -250,10 +252,16 @@ impl Events {
             self.open_message(out);
         }
         let index = self.output.len();
-        if let Some(Open::Message { id, text }) = &mut self.open {
+        if let Some(Open::Message {
+            id,
+            text,
+            logprobs: all,
+        }) = &mut self.open
+        {
             text.push_str(&delta);
+            all.extend_from_slice(logprobs);
             let fields = json!({"item_id": id, "output_index": index, "content_index": 0,
-                "delta": delta, "logprobs": []});
+                "delta": delta, "logprobs": logprobs});
             self.send(out, "response.output_text.delta", fields);
         }
     }
@@ -266,11 +274,12 @@ impl Events {
             "role": "assistant", "content": []});
         self.added(out, item);
         let fields = json!({"item_id": id, "output_index": index,
-            "content_index": 0, "part": answer::text_part("")});
+            "content_index": 0, "part": answer::text_part("", &[])});
         self.send(out, "response.content_part.added", fields);
         self.open = Some(Open::Message {
             id,
             text: String::new(),
+            logprobs: Vec::new(),
         });
     }
 
@@ -352,14 +361,14 @@ impl Events {
                 self.send(out, "response.content_part.done", fields);
                 answer::reasoning_item(&id, &text)
             }
-            Open::Message { id, text } => {
+            Open::Message { id, text, logprobs } => {
                 let fields = json!({"item_id": id, "output_index": index, "content_index": 0,
-                    "text": text, "logprobs": []});
+                    "text": text, "logprobs": logprobs});
                 self.send(out, "response.output_text.done", fields);
                 let fields = json!({"item_id": id, "output_index": index, "content_index": 0,
-                    "part": answer::text_part(&text)});
+                    "part": answer::text_part(&text, &logprobs)});
                 self.send(out, "response.content_part.done", fields);
-                answer::message_item(&id, &text, state)
+                answer::message_item(&id, &text, &logprobs, state)
             }
             Open::Call {
                 id,
@@ -627,5 +636,30 @@ mod tests {
             events(&aborted, 100).last().unwrap()["type"],
             "response.failed"
         );
+    }
+
+    /// An engine's log probabilities ride on the text, delta by delta and
+    /// whole at the end, in the shape chat gives them.
+    #[test]
+    fn log_probabilities_ride_on_the_text() {
+        let lp = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": [], "top_logprobs": []});
+        let chat = sse(&[
+            json!({"id": "c", "choices": [{"delta": {"content": "a"}, "logprobs": {"content": [lp("a")]}}]}),
+            json!({"id": "c", "choices": [{"delta": {"content": " "}, "logprobs": {"content": [lp(" ")]}, "finish_reason": "stop"}]}),
+        ]);
+        let e = events(&chat, 100);
+        let deltas: Vec<&Value> = e
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .collect();
+        assert_eq!(
+            deltas.len(),
+            2,
+            "a blank token with its probability is the answer's"
+        );
+        assert_eq!(deltas[1]["logprobs"][0]["token"], " ");
+        let text = &e.last().unwrap()["response"]["output"][0]["content"][0];
+        assert_eq!(text["text"], "a ");
+        assert_eq!(text["logprobs"].as_array().unwrap().len(), 2);
     }
 }
