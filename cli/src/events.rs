@@ -230,16 +230,19 @@ pub(crate) enum EventsCommand {
     /// Requests, tokens and cost from the log's usage, added up by key,
     /// project, model (the one that served) or UTC day, over a window: a
     /// table with a total, CSV or JSON lines. The requests are those usage
-    /// records (routed to a model; a refusal before that, of a key or an
-    /// unknown model, is not); errors are those answered 400 or more.
+    /// records: each an engine answered (a refusal before, and a request no
+    /// engine answered, cost nothing and are not there); errors are those
+    /// answered 400 or more, a client leaving mid-answer (499) among them.
     Usage {
         /// The first moment counted: a time (2026-12-01T10:00:00Z,
         /// "2026-12-01 10:00:00" in UTC), a date, or a span back from now
         /// (24h, 7d). Default: the log's beginning.
         #[arg(long, value_name = "TIME")]
         since: Option<usage::Moment>,
-        /// The last moment counted, written as for --since; a date counts
-        /// that whole day. Default: now.
+        /// The last moment counted, written as for --since, through the
+        /// unit written: a date counts that whole day, a time that whole
+        /// second. Adjacent windows start the next unit (--until
+        /// 2026-11-30, then --since 2026-12-01). Default: now.
         #[arg(long, value_name = "TIME")]
         until: Option<usage::Moment>,
         /// What a row stands for: key, project, model, day, or several,

@@ -325,7 +325,7 @@ impl ApiError {
         unset: bool,
     ) -> Self {
         let fewer = if unset {
-            "set max_tokens (a request without it is counted at 4,096 completion tokens)"
+            "set a completion limit, max_tokens (max_output_tokens on /v1/responses): a request without one is counted at 4,096 completion tokens"
         } else {
             "ask for fewer tokens"
         };

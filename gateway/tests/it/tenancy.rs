@@ -728,7 +728,10 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
     let r = call(&gw.base, Some(&roomy), &unbounded).await;
     assert_eq!(r.status(), 429);
     let body = r.text().await.unwrap();
-    assert!(body.contains("set max_tokens"), "{body}");
+    assert!(
+        body.contains("max_tokens (max_output_tokens on /v1/responses)"),
+        "{body}"
+    );
     assert_eq!(
         call(&gw.base, Some(&roomy), &chat("big", 2)).await.status(),
         200
