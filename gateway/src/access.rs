@@ -118,6 +118,9 @@ struct Line {
     ttft: Option<Duration>,
     stream: bool,
     end: Option<StreamEnd>,
+    /// The id of the request's usage row, when usage is recorded: the
+    /// line joins the client's request id to what was billed.
+    usage_id: Option<String>,
 }
 
 /// A client's model name, bounded for the log.
@@ -145,6 +148,7 @@ impl Access {
             ttft: None,
             stream: false,
             end: None,
+            usage_id: None,
         })))
     }
 
@@ -183,11 +187,13 @@ impl Access {
         tokens: Option<Tokens>,
         ttft: Option<Duration>,
         end: Option<StreamEnd>,
+        usage_id: Option<&str>,
     ) {
         self.with(|l| {
             l.tokens = tokens;
             l.ttft = ttft;
             l.end = end;
+            l.usage_id = usage_id.map(str::to_owned);
         });
     }
 }
@@ -216,6 +222,7 @@ impl Drop for Line {
             duration_ms = ms(self.started.elapsed()),
             stream = self.stream,
             stream_end,
+            usage_id = self.usage_id.as_deref(),
             "request"
         );
     }

@@ -375,3 +375,34 @@ async fn a_server_with_an_otlp_endpoint_exports_the_request_span() {
         "{attributes:?}"
     );
 }
+
+/// An auditor joins a client's request id to what was billed: the access
+/// line names the request's usage row, and the row is in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_names_the_requests_usage_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("log.db");
+    let store = store.to_str().unwrap().to_owned();
+    let engine = tiny_engine();
+    let (mut server, base) = server(
+        &engine,
+        &["--log-format", "json", "--record-usage", "--store", &store],
+        &[],
+    );
+    let (id, status, _) = send(&base, Some("audit-1"), &chat(false)).await;
+    assert_eq!((id.as_str(), status), ("audit-1", 200));
+    let line = access_line(&server, "audit-1");
+    let usage_id = line["fields"]["usage_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{line}"));
+    server.terminate();
+    assert!(server.process.wait().unwrap().success());
+    let out = command(&["--store", &store, "events", "show", "1"], &[])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.lines().any(|l| l.starts_with(usage_id)),
+        "{usage_id} in {shown}"
+    );
+}

@@ -147,9 +147,14 @@ impl Finish {
 impl Drop for Finish {
     fn drop(&mut self) {
         let gw = &self.ticket.gw;
-        self.ticket
-            .access
-            .finished(self.tokens, self.first_content, self.end);
+        // Named before the access line is written, which carries it.
+        let usage_id = gw.usage.as_ref().map(|_| request_id());
+        self.ticket.access.finished(
+            self.tokens,
+            self.first_content,
+            self.end,
+            usage_id.as_deref(),
+        );
         let tokens = self.tokens.unwrap_or_default();
         gw.metrics.tokens(tokens.prompt, tokens.completion);
         // The ticket, dropped after this, settles the rates to this count.
@@ -157,7 +162,9 @@ impl Drop for Finish {
         if let Some(t) = self.first_content {
             gw.metrics.ttft(&self.served, t.as_secs_f64());
         }
-        let Some(q) = &gw.usage else { return };
+        let (Some(q), Some(request_id)) = (&gw.usage, usage_id) else {
+            return;
+        };
         let t = &self.ticket;
         let millis = |d: Duration| d.as_millis().min(u128::from(u32::MAX)) as u32;
         let at = llmgw_domain::UnixMillis::now();
@@ -174,7 +181,7 @@ impl Drop for Finish {
                 crate::usage::Spending::of(k, cost, at.0)
             });
         let request = llmgw_domain::usage::FinishedRequest {
-            request_id: request_id(),
+            request_id,
             key_id: t.key.as_ref().map_or_else(none, |k| k.key_id.clone()),
             project_id: t.key.as_ref().map_or_else(none, |k| k.project_id.clone()),
             model_asked: t.asked.clone(),
