@@ -89,6 +89,19 @@ impl KeyDirectory {
     /// in the order of `key.limits.budgets`: what the views hold (every
     /// gateway's flushed usage) and, when given, this gateway's own spend
     /// not in them yet. Nothing is read when it has none.
+    /// What the key itself has cost in the current UTC day and month, as
+    /// the log holds it (up to one flush behind): a key without a budget
+    /// reads its own use too.
+    pub fn key_spend(&self, key: &KeyEntry, now_ms: i64) -> (u64, u64) {
+        use llmgw_domain::tenancy::{Period, Scope};
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        let spend = views.usage.spend_of(Scope::Key, &key.key_id);
+        (
+            spend.in_period(Period::Day, now_ms),
+            spend.in_period(Period::Month, now_ms),
+        )
+    }
+
     pub fn budget_spend(
         &self,
         key: &KeyEntry,

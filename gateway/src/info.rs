@@ -131,6 +131,7 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
             })
         })
         .collect();
+    let (day, month) = directory.key_spend(&key, now);
     let routes = gw.routes.load();
     let models = models_for(&gw, &routes, Some(&*key));
     axum::Json(json!({
@@ -142,6 +143,7 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         "band": key.band,
         "limits": key.limits,
         "spend": spend,
+        "used": {"day_micros": day, "month_micros": month},
         "models": models,
     }))
     .into_response()

@@ -882,6 +882,9 @@ async fn me_shows_the_keys_limits_spend_and_models() {
                 "budget_micros": 10_000, "spent_micros": spent, "left_micros": 10_000 - spent}])
     );
     assert_eq!(me["models"], json!(["big", "later"]));
+    // Its own use, budget or none.
+    assert_eq!(me["used"]["day_micros"], spent, "{me}");
+    assert_eq!(me["used"]["month_micros"], spent, "{me}");
 
     // With authentication off there is no `me`.
     let open = support::gateway(vec![]).await;
