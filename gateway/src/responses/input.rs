@@ -66,7 +66,11 @@ pub(super) fn input_item(
                     ));
                 }
             };
-            messages.push(json!({"role": role, "content": content}));
+            // The turn the reasoning before it was for.
+            match messages.last_mut() {
+                Some(m) if role == "assistant" && reasoned_only(m) => m["content"] = content,
+                _ => messages.push(json!({"role": role, "content": content})),
+            }
         }
         Some("function_call") => {
             let (Some(call), Some(name)) = (text("call_id"), text("name")) else {
@@ -99,9 +103,29 @@ pub(super) fn input_item(
             };
             messages.push(json!({"role": "tool", "tool_call_id": call, "content": output}));
         }
-        // The model's reasoning in an earlier turn: chat templates take
-        // none back.
-        Some("reasoning") => {}
+        // The model's reasoning in an earlier turn, on the assistant turn
+        // it led to: vLLM gives gpt-oss it back as `reasoning`, Qwen3's
+        // template and llama.cpp read `reasoning_content`; its encrypted
+        // form is the platform's alone.
+        Some("reasoning") => {
+            let texts = |key: &str| {
+                o.get(key)
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+            };
+            let mut said = texts("content");
+            if said.is_empty() {
+                said = texts("summary");
+            }
+            if !said.is_empty() {
+                let said = said.join("\n");
+                messages.push(json!({"role": "assistant", "content": null,
+                    "reasoning": said, "reasoning_content": said}));
+            }
+        }
         Some("item_reference") => {
             return Err(at(
                 "this gateway keeps no items, so none can be referenced: send the item itself",
@@ -114,6 +138,18 @@ pub(super) fn input_item(
         }
     }
     Ok(())
+}
+
+/// An assistant turn that holds only reasoning so far: the message or
+/// the calls that follow it are its.
+fn reasoned_only(m: &Value) -> bool {
+    m["role"] == "assistant" && m["content"].is_null() && m.get("tool_calls").is_none()
+}
+
+/// Reasoning that led to no turn (a client that kept the reasoning and
+/// dropped the answer): no chat message is only reasoning.
+pub(super) fn without_bare_reasoning(messages: &mut Vec<Value>) {
+    messages.retain(|m| !reasoned_only(m));
 }
 
 /// A message's parts as chat content: text alone becomes one string (every

@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::input::{input_item, one_system};
+use super::input::{self, input_item, one_system};
 use crate::ApiError;
 
 /// What the answer repeats of the request: OpenAI's response object
@@ -176,6 +176,7 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
         }
         None => return Err(refused("input", "missing field `input`")),
     }
+    input::without_bare_reasoning(&mut messages);
     let messages = one_system(messages);
     let stream = match fields.get("stream") {
         None => false,
@@ -456,7 +457,8 @@ mod tests {
             {"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": "what is"},
                 {"type": "input_text", "text": "the weather"}]},
-            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "look it up"}]},
             {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\":\"Oslo\"}"},
             {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{\"city\":\"Rome\"}"},
             {"type": "function_call_output", "call_id": "c1", "output": "rain"},
@@ -473,7 +475,8 @@ mod tests {
             json!([
                 {"role": "system", "content": "rules"},
                 {"role": "user", "content": "what is\nthe weather"},
-                {"role": "assistant", "content": null, "tool_calls": [
+                {"role": "assistant", "content": null,
+                 "reasoning": "look it up", "reasoning_content": "look it up", "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Oslo\"}"}},
                     {"id": "c2", "type": "function", "function": {"name": "weather", "arguments": "{\"city\":\"Rome\"}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "rain"},
@@ -496,6 +499,27 @@ mod tests {
             json!({"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": true}})
         );
         assert_eq!(c["reasoning_effort"], "low");
+    }
+
+    /// Earlier reasoning rides on the turn it led to (its summary where
+    /// the engine gave no text); reasoning that led to none is dropped.
+    #[test]
+    fn earlier_reasoning_goes_back_on_its_turn() {
+        let c = chat(json!({"model": "m", "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "greet"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hello"}]},
+            {"type": "reasoning", "id": "rs_2", "content": [{"type": "reasoning_text", "text": "lost"}]},
+            {"role": "user", "content": "again"},
+        ]}));
+        assert_eq!(
+            c["messages"],
+            json!([
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello", "reasoning": "greet", "reasoning_content": "greet"},
+                {"role": "user", "content": "again"},
+            ])
+        );
     }
 
     /// What Codex CLI sends by default: instructions, developer messages
