@@ -51,6 +51,33 @@ impl Client {
             .unwrap()
     }
 
+    /// A Responses API turn on `thread`.
+    async fn respond(&self, key: &str, thread: &str, body: Value) -> reqwest::Response {
+        self.http
+            .post(format!("{}/v1/responses", self.base))
+            .bearer_auth(key)
+            .header("x-llmgw-thread", thread)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// A whole Responses turn: its text and the input tokens the engine
+    /// counted.
+    async fn responded(&self, key: &str, thread: &str, body: Value) -> (String, u64) {
+        let r = self.respond(key, thread, body).await;
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        (
+            v["output"][0]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            v["usage"]["input_tokens"].as_u64().unwrap(),
+        )
+    }
+
     /// A whole (not streamed) turn: the reply's text and the prompt tokens
     /// the engine counted, and how many turns were trimmed.
     async fn turn(
@@ -295,14 +322,12 @@ async fn threads_story(backend: Backend) {
     // new turn, and its reply (kept as the chat reply is) is history the
     // next turn, on either API, is sent.
     let r = c
-        .http
-        .post(format!("{}/v1/responses", c.base))
-        .bearer_auth(&kp)
-        .header("x-llmgw-thread", "r1")
-        .json(&json!({"model": "paid", "input": "hello", "max_output_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
+        .respond(
+            &kp,
+            "r1",
+            json!({"model": "paid", "input": "hello", "max_output_tokens": 4}),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-llmgw-thread-trimmed"], "0");
     let v: Value = r.json().await.unwrap();
@@ -319,38 +344,14 @@ async fn threads_story(backend: Backend) {
     // Instructions sent every turn are sent once, first; new ones take the
     // old ones' place (templates take one system message, first).
     let instructed = |instructions: &'static str, input: &'static str| {
-        c.http
-            .post(format!("{}/v1/responses", c.base))
-            .bearer_auth(&kp)
-            .header("x-llmgw-thread", "r2")
-            .json(
-                &json!({"model": "paid", "instructions": instructions, "input": input,
-                "max_output_tokens": 2}),
-            )
-            .send()
+        let body = json!({"model": "paid", "instructions": instructions, "input": input,
+            "max_output_tokens": 2});
+        c.responded(&kp, "r2", body)
     };
-    let first: Value = instructed("be brief", "one")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let said = first["output"][0]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let again: Value = instructed("be brief", "two")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let reply = again["output"][0]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (said, _) = instructed("be brief", "one").await;
+    let (reply, tokens) = instructed("be brief", "two").await;
     assert_eq!(
-        again["usage"]["input_tokens"].as_u64().unwrap(),
+        tokens,
         sim_tokens(&[
             ("system", "be brief"),
             ("user", "one"),
@@ -358,14 +359,9 @@ async fn threads_story(backend: Backend) {
             ("user", "two")
         ])
     );
-    let changed: Value = instructed("be kind", "three")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, tokens) = instructed("be kind", "three").await;
     assert_eq!(
-        changed["usage"]["input_tokens"].as_u64().unwrap(),
+        tokens,
         sim_tokens(&[
             ("system", "be kind"),
             ("user", "one"),
@@ -381,19 +377,10 @@ async fn threads_story(backend: Backend) {
     // by the engines).
     let tools = json!([{"type": "function", "name": "weather", "parameters": {"type": "object"}}]);
     let respond = |input: Value| {
-        c.http
-            .post(format!("{}/v1/responses", c.base))
-            .bearer_auth(&kp)
-            .header("x-llmgw-thread", "tools-1")
-            .json(&json!({"model": "paid", "input": input, "tools": tools, "stream": true}))
-            .send()
+        let body = json!({"model": "paid", "input": input, "tools": tools, "stream": true});
+        c.respond(&kp, "tools-1", body)
     };
-    let text = respond(json!("weather?"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = respond(json!("weather?")).await.text().await.unwrap();
     let call = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
@@ -405,7 +392,7 @@ async fn threads_story(backend: Backend) {
     let output =
         json!([{"type": "function_call_output", "call_id": call["call_id"], "output": "rain"}]);
     // Kept once the answer has been read whole.
-    let r = respond(output).await.unwrap();
+    let r = respond(output).await;
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("response.completed"));
     let kept: Value = c

@@ -442,15 +442,7 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
         ..support::sim_config()
     })
     .await;
-    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
-    let gw = support::gateway_recording(
-        llmgw_gateway::GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..Default::default()
-        },
-        Some(queue),
-    )
-    .await;
+    let (gw, mut rx) = support::recording_one(&engine).await;
     let mut response = gw.chat(&chat("m", true, 1000)).await;
     let mut seen = 0;
     while seen < 5 {
@@ -488,15 +480,7 @@ async fn a_stream_the_client_leaves_is_counted_as_far_as_it_went() {
 #[tokio::test]
 async fn a_request_the_engine_refuses_pays_nothing_streamed_or_not() {
     let engine = sim(support::sim_config()).await;
-    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
-    let gw = support::gateway_recording(
-        llmgw_gateway::GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..Default::default()
-        },
-        Some(queue),
-    )
-    .await;
+    let (gw, mut rx) = support::recording_one(&engine).await;
     let long = "a long system prompt ".repeat(500);
     for stream in [false, true] {
         let r = reqwest::Client::new()
@@ -593,15 +577,7 @@ async fn a_plain_request_the_client_leaves_pays_for_its_prompt() {
         ..support::sim_config()
     })
     .await;
-    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
-    let gw = support::gateway_recording(
-        llmgw_gateway::GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..Default::default()
-        },
-        Some(queue),
-    )
-    .await;
+    let (gw, mut rx) = support::recording_one(&engine).await;
     let asked = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", gw.base))
         .json(&chat("m", false, 1000))
@@ -1528,15 +1504,7 @@ fn finished(
 #[tokio::test]
 async fn a_response_is_counted_as_its_chat_completion() {
     let engine = sim(support::sim_config()).await;
-    let (queue, mut rx) = llmgw_gateway::usage::UsageQueue::new(16);
-    let gw = support::gateway_recording(
-        llmgw_gateway::GatewayConfig {
-            endpoints: vec![spec("a", &engine, &["m"])],
-            ..Default::default()
-        },
-        Some(queue),
-    )
-    .await;
+    let (gw, mut rx) = support::recording_one(&engine).await;
     let ask = |body: Value| {
         reqwest::Client::new()
             .post(format!("{}/v1/responses", gw.base))

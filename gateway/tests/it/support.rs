@@ -94,6 +94,23 @@ pub(crate) async fn gateway_recording(
     serve(Gateway::new(config, usage).unwrap()).await
 }
 
+/// A gateway with one endpoint `a` serving `m` on `engine`, and what it
+/// records as usage.
+pub(crate) async fn recording_one(
+    engine: &SocketAddr,
+) -> (Running, llmgw_gateway::usage::UsageReceiver) {
+    let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = gateway_recording(
+        GatewayConfig {
+            endpoints: vec![spec("a", engine, &["m"])],
+            ..Default::default()
+        },
+        Some(queue),
+    )
+    .await;
+    (gw, rx)
+}
+
 /// Serves a gateway on loopback ports.
 pub(crate) async fn serve(gw: Arc<Gateway>) -> Running {
     serve_limited(gw, llmgw_gateway::ConnectionLimits::default()).await
