@@ -234,7 +234,11 @@ pub(crate) fn say_forwarded(headers: &reqwest::header::HeaderMap, how: &str) -> 
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Named {
     pub store: bool,
+    /// --admin on the command line.
     pub admin: bool,
+    /// --admin on the command line or in `LLMGW_ADMIN`: a server was
+    /// meant, so a new log is never started in its place.
+    pub admin_chosen: bool,
 }
 
 impl Api {
@@ -267,9 +271,12 @@ impl Api {
             // Nor is a new, empty log made to answer from where none was
             // asked for (the default ./llmgw.db of whatever directory
             // this runs in).
+            // Nor where a server was named: a mistyped --admin on the
+            // first `keys init` made a log of its own, which no server
+            // reads.
             if let Ok(llmgw_eventstore::StoreAddress::Sqlite(path)) = &address
                 && !named.store
-                && !may_start_a_log
+                && (!may_start_a_log || named.admin_chosen)
                 && !path.exists()
             {
                 anyhow::bail!(

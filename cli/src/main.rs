@@ -215,6 +215,10 @@ fn main() -> ExitCode {
             .subcommand_matches(command)
             .and_then(|m| m.value_source("admin"))
             == Some(clap::parser::ValueSource::CommandLine),
+        admin_chosen: matches
+            .subcommand_matches(command)
+            .and_then(|m| m.value_source("admin"))
+            .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue),
     };
     let result = runtime.block_on(async {
         match cli.command {

@@ -926,6 +926,37 @@ async fn a_store_on_the_command_line_is_where_keys_go_whatever_answers_nearby() 
         "{said}"
     );
     assert!(!here.path().join("llmgw.db").exists());
+    // Nor does the first `keys init` start a log of its own when the
+    // server it names does not answer (a mistyped --admin, here or in
+    // LLMGW_ADMIN): no server would read it.
+    let init = [
+        "keys",
+        "init",
+        "--org",
+        "o",
+        "--team",
+        "t",
+        "--project",
+        "p",
+    ];
+    for (flag, env) in [(true, None), (false, Some(closed.as_str()))] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_llmgw"));
+        c.current_dir(here.path())
+            .env_remove("LLMGW_STORE")
+            .args(init);
+        match env {
+            Some(a) => c.env("LLMGW_ADMIN", a),
+            None => c.env_remove("LLMGW_ADMIN"),
+        };
+        if flag {
+            c.args(["--admin", closed.as_str()]);
+        }
+        let out = c.output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(said.contains("and there is no log at sqlite://"), "{said}");
+        assert!(!here.path().join("llmgw.db").exists());
+    }
 }
 
 /// A setting a mode cannot honour stops the start with one line.
