@@ -42,6 +42,10 @@ pub struct SimState {
     pub(crate) counters: Counters,
     /// Where the cache's changes are published, when they are.
     kv_events: Option<KvSink>,
+    /// This engine's part of every answer's id: two engines numbering
+    /// their answers alike gave a client behind a gateway the same id for
+    /// different answers (and the Responses API's ids are made from it).
+    mark: u32,
 }
 
 impl SimState {
@@ -52,6 +56,13 @@ impl SimState {
             counters: Counters::default(),
             config,
             kv_events: None,
+            mark: {
+                use std::hash::{BuildHasher, Hasher};
+                // RandomState is seeded afresh for each one made.
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u32(std::process::id());
+                h.finish() as u32
+            },
         }
     }
 
@@ -378,7 +389,8 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
     };
     let per_token = Duration::from_secs_f64(1.0 / f64::from(state.config.tokens_per_s));
     let id = format!(
-        "cmpl-sim-{}",
+        "cmpl-sim-{:08x}-{}",
+        state.mark,
         state.counters.requests.load(Ordering::Relaxed)
     );
     let created = std::time::SystemTime::now()

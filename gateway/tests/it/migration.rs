@@ -204,7 +204,11 @@ async fn a_chat_whose_engine_dies_goes_on_elsewhere_as_the_same_exact_answer() {
         got.done && got.one_identity() && got.roles() == 1,
         "{got:?}"
     );
-    assert_eq!(got.events[0]["id"], "cmpl-sim-1", "the first engine's id");
+    let (first, second) = (got.events[0]["id"].as_str(), want.events[0]["id"].as_str());
+    assert!(
+        first.is_some_and(|id| id.ends_with("-1")) && first != second,
+        "the first engine's id, its first answer: {first:?} (the second's {second:?})"
+    );
     let usage = got.usage().unwrap();
     let expected = want.usage().unwrap();
     assert_eq!(

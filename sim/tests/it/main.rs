@@ -169,6 +169,25 @@ async fn without_include_usage_there_is_no_usage_chunk_and_a_plain_reply_has_usa
     );
 }
 
+/// Two engines' answers have different ids, and one engine's answers
+/// too: a client behind a gateway saw one id for two answers.
+#[tokio::test(start_paused = true)]
+async fn every_answer_has_its_own_id_across_engines() {
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (app, _) = engine(config());
+        for _ in 0..2 {
+            let request = post("/v1/chat/completions", chat(false, 1, "hi"));
+            let (_, reply) = json_of(app.clone().oneshot(request).await.unwrap()).await;
+            ids.push(reply["id"].as_str().unwrap().to_owned());
+        }
+    }
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "{ids:?}");
+}
+
 /// The text of a chat answer, streamed or not.
 async fn answer(app: &axum::Router, body: Value) -> (String, Value) {
     let stream = body["stream"].as_bool().unwrap_or(false);
