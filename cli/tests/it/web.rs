@@ -366,6 +366,10 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     // The admin pages are not there for a person who is not an admin.
     assert_eq!(ayse.get("/admin").await.status, StatusCode::NOT_FOUND);
     assert_eq!(
+        ayse.get("/admin/usage.csv").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
         ayse.get("/admin/events").await.status,
         StatusCode::NOT_FOUND
     );
@@ -375,6 +379,28 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         assert_eq!(p.status, StatusCode::OK, "{page}: {}", p.body);
     }
     assert!(ayse.get("/admin/usage").await.body.contains("<svg"));
+    // The usage as a file: the chat above, counted as hers, to the
+    // micro-unit; not there for someone who is not an admin.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let csv = loop {
+        let got = ayse.get("/admin/usage.csv?by=person&range=24h").await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+        let row = got.body.lines().find(|l| l.contains(&format!(",{id},")));
+        if let Some(row) = row {
+            break row.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", got.body);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let cells: Vec<&str> = csv.split(',').collect();
+    assert_eq!(cells.len(), 8, "{csv}");
+    // Her chats: the one above and the page's first (512 tokens above).
+    assert!(cells[3] == "Ayşe" && cells[4] != "0", "{csv}");
+    assert!(cells[5].parse::<u64>().is_ok_and(|t| t > 512), "{csv}");
+    assert!(
+        cells[7].split_once('.').is_some_and(|(_, f)| f.len() == 6),
+        "{csv}"
+    );
     // The groups with what is set on them, from the admin API.
     keys_ok(
         &store,

@@ -34,6 +34,7 @@ pub(crate) fn routes() -> Router<Arc<Web>> {
         .route("/admin/users/{id}/approve", post(users::approve))
         .route("/admin/users/{id}/suspend", post(users::suspend))
         .route("/admin/usage", get(usage::page))
+        .route("/admin/usage.csv", get(usage::csv))
         .route("/static/admin.css", get(css))
 }
 

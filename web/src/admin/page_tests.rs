@@ -316,6 +316,32 @@ async fn the_usage_page_draws_charts_by_group_and_range() {
     assert!(body.contains("3.0000"), "the range's spend");
     assert!(!body.contains("<script"), "no script, inline or not");
 
+    // The same figures as a file: every bar with requests, to the
+    // micro-unit, linked from the page with its grouping and range.
+    assert!(
+        body.contains("href=\"/admin/usage.csv?by=org&#38;range=24h\" download"),
+        "{body}"
+    );
+    let request = Request::get("/admin/usage.csv?by=org&range=24h")
+        .body(Body::empty())
+        .expect("request");
+    let (status, csv, headers) = send(&app, request).await;
+    assert_eq!(status, StatusCode::OK, "{csv}");
+    assert_eq!(headers[header::CONTENT_TYPE], "text/csv; charset=utf-8");
+    assert!(
+        headers[header::CONTENT_DISPOSITION]
+            .to_str()
+            .is_ok_and(|d| d.starts_with("attachment; filename=\"llmgw-usage-by-org-24h-to-")),
+        "{headers:?}"
+    );
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], "start,end,org,name,requests,tokens,errors,spend");
+    assert_eq!(lines.len(), 3, "one row an hour that had requests: {csv}");
+    assert!(lines[1].ends_with(",acme,Acme,1,120,0,1.000000"), "{csv}");
+    assert!(lines[2].ends_with(",acme,Acme,1,120,0,2.000000"), "{csv}");
+    let (status, _) = get(&app, "/admin/usage.csv?range=nonsense").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
     let (_, people) = get(&app, "/admin/usage?by=person&range=30d").await;
     assert!(people.contains(">ada</text>"));
     let (_, none) = get(&app, "/admin/usage?by=team").await;

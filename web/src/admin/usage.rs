@@ -16,6 +16,9 @@ use super::chart::{self, Chart, OTHER};
 use super::{Pager, fmt, page_number};
 use crate::{Chrome, Viewer, Web, WebError, render};
 
+mod csv;
+pub(crate) use csv::csv;
+
 /// Groups drawn on their own; the rest are stacked as "other".
 const TOP: usize = 6;
 const PER_PAGE: usize = 50;
@@ -149,6 +152,8 @@ struct UsagePage {
     to: String,
     earlier: String,
     later: Option<String>,
+    /// The same range and grouping as a CSV file.
+    csv: String,
 }
 
 /// One group's name as people know it: the tree's names, a person's
@@ -232,13 +237,11 @@ fn row(id: &str, name: String, b: &Bucket) -> GroupRow {
     }
 }
 
-pub(crate) async fn page(
-    State(web): State<Arc<Web>>,
-    viewer: Viewer,
-    Query(q): Query<UsageQuery>,
-) -> Result<Response, WebError> {
-    // A mistyped address said so, rather than showing the default view
-    // as if it were what was asked (as the event log's pages do).
+/// What the address asks: the grouping, the range, and the end of the
+/// range (exclusive, ms) when it ends before now. A mistyped address is
+/// said to be, rather than shown as the default view as if it were what
+/// was asked (as the event log's pages do).
+pub(super) fn asked(q: &UsageQuery, now: i64) -> Result<(GroupBy, Range, Option<i64>), WebError> {
     let by = match q.by.as_deref().filter(|b| !b.is_empty()) {
         None => GroupBy::Project,
         Some(b) => GroupBy::parse(b).ok_or_else(|| {
@@ -263,7 +266,15 @@ pub(crate) async fn page(
             "until={u:?} is not a day: write YYYY-MM-DD"
         )));
     }
-    // People's names live outside the log; shown when this server has them.
+    Ok((by, range, until_end(q.until.as_deref(), now)))
+}
+
+/// People's names by id, when grouping by person and this server has
+/// them (they live outside the log).
+pub(super) async fn people_names(
+    web: &Web,
+    by: GroupBy,
+) -> Result<BTreeMap<String, String>, WebError> {
     let mut people = BTreeMap::new();
     if by == GroupBy::Person
         && let Some(p) = &web.people
@@ -277,8 +288,17 @@ pub(crate) async fn page(
             people.insert(p.user_id, name);
         }
     }
+    Ok(people)
+}
+
+pub(crate) async fn page(
+    State(web): State<Arc<Web>>,
+    viewer: Viewer,
+    Query(q): Query<UsageQuery>,
+) -> Result<Response, WebError> {
     let now = Utc::now().timestamp_millis();
-    let until = until_end(q.until.as_deref(), now);
+    let (by, range, until) = asked(&q, now)?;
+    let people = people_names(&web, by).await?;
     let (start, end) = range.window(until.map_or(now, |e| e - 1));
     let buckets: Vec<String> = (0..range.buckets)
         .map(|i| range.label(start + i * range.step_ms))
@@ -398,6 +418,7 @@ pub(crate) async fn page(
             to: fmt::when(end),
             earlier,
             later,
+            csv: href(by.name(), range.name).replacen("/admin/usage?", "/admin/usage.csv?", 1),
         }
     };
     render(&page)
