@@ -52,7 +52,14 @@ struct Cli {
     /// or @FILE to read the address from FILE (keeps passwords off the
     /// command line). For events, store, lease, keys, users and server;
     /// refused by the commands that do not read the log.
-    #[arg(long, global = true, env = "LLMGW_STORE", default_value = "llmgw.db")]
+    // The variable's value may hold a password: `--help` names it only.
+    #[arg(
+        long,
+        global = true,
+        env = "LLMGW_STORE",
+        hide_env_values = true,
+        default_value = "llmgw.db"
+    )]
     store: String,
 
     /// How log lines are written to stderr: text, or json (one object a

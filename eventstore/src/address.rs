@@ -41,9 +41,9 @@ impl StoreAddress {
         }
         if raw_trim.starts_with("postgres://") || raw_trim.starts_with("postgresql://") {
             // Validate now, so a typo is reported before any connection attempt.
-            raw_trim
-                .parse::<sqlx::postgres::PgConnectOptions>()
-                .map_err(|e| bad(&e.to_string()))?;
+            if let Err(e) = raw_trim.parse::<sqlx::postgres::PgConnectOptions>() {
+                return Err(unreadable_url(raw_trim, &e.to_string()));
+            }
             return Ok(StoreAddress::Postgres(raw_trim.to_owned()));
         }
         if is_keyword_form(raw_trim) {
@@ -152,6 +152,35 @@ fn redact_raw(raw: &str) -> String {
     out.join(" ")
 }
 
+/// A PostgreSQL URL the parser refused. Its authority cannot be trusted
+/// to end where a URL's does: a password's raw `/` or `?` ended it early,
+/// and the password was shown whole. Everything before the last `@` is
+/// taken for the user part here, and hidden but for the user's name.
+fn unreadable_url(raw: &str, reason: &str) -> StoreError {
+    let (scheme, rest) = raw.split_once("://").unwrap_or(("postgres", raw));
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return StoreError::BadAddress {
+            address: redact_raw(raw),
+            reason: reason.to_owned(),
+        };
+    };
+    let user = userinfo.split(':').next().unwrap_or_default();
+    let hidden = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        user.to_owned()
+    };
+    let hint = if userinfo.contains(['/', '?', '#', '@']) {
+        " (a password's `/`, `?`, `#` or `@` is written percent-encoded: %2F, %3F, %23, %40)"
+    } else {
+        ""
+    };
+    StoreError::BadAddress {
+        address: format!("{scheme}://{hidden}@{}", redact_query_password(host)),
+        reason: format!("{reason}{hint}"),
+    }
+}
+
 fn redact_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
@@ -191,6 +220,21 @@ fn redact_query_password(tail: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A password with a raw `/` or `?` makes the URL unreadable; the
+    /// error hides it all the same, and says how to write it.
+    #[test]
+    fn an_unreadable_urls_password_is_hidden_and_the_fix_named() {
+        for raw in [
+            "postgres://llmgw:k8J/x2+Qz9@db.internal:5432/llmgw",
+            "postgresql://llmgw:a?b/c@db.internal/llmgw",
+        ] {
+            let e = StoreAddress::parse(raw).unwrap_err().to_string();
+            assert!(!e.contains("x2+Qz9") && !e.contains("b/c"), "{e}");
+            assert!(e.contains("llmgw:***@db.internal"), "{e}");
+            assert!(e.contains("percent-encoded: %2F, %3F"), "{e}");
+        }
+    }
 
     /// A password given in the query alone, with no user part, is hidden.
     #[test]
