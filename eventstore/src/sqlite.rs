@@ -150,6 +150,12 @@ impl SqliteStore {
                 address: address.redacted(),
             });
         }
+        if options.create && !options.read_only {
+            private_file(path).map_err(|e| StoreError::BadAddress {
+                address: address.redacted(),
+                reason: format!("cannot create the file: {e}"),
+            })?;
+        }
         let mut connect = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(options.create && !options.read_only)
@@ -992,5 +998,22 @@ impl EventStore for SqliteStore {
 
     async fn wakeups(&self) -> Result<Wakeups> {
         Ok(Wakeups::Local(self.appended.subscribe()))
+    }
+}
+
+/// Makes the store's file, if it is not there, readable by its owner
+/// alone: it holds people's emails and password hashes, and the
+/// conversations kept, and SQLite made it as the umask said (0644
+/// usually, any local user's to read). SQLite gives its `-wal` and `-shm`
+/// files the database file's mode.
+fn private_file(path: &std::path::Path) -> std::io::Result<()> {
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    match open.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
     }
 }

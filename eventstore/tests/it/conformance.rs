@@ -992,3 +992,25 @@ async fn a_sqlite_file_another_process_keeps_locked_is_said_to_be() {
     assert!(refused.is_transient());
     sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
 }
+
+/// A new SQLite store, and the files SQLite keeps beside it, are readable
+/// by their owner alone: they hold people's emails and password hashes
+/// and the conversations kept.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_new_sqlite_store_is_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = TestStore::new(Backend::Sqlite).await;
+    let llmgw_eventstore::StoreAddress::Sqlite(path) = &t.address else {
+        unreachable!("a SQLite store")
+    };
+    t.store
+        .acquire_lease("w", std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let wal = std::path::PathBuf::from(format!("{}-wal", path.display()));
+    for file in [path.clone(), wal] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+}
