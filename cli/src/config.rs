@@ -26,6 +26,8 @@ pub(crate) struct FileConfig {
     pub agent_listen: Option<String>,
     /// Agents on other machines may dial a listener without `tls:`.
     pub agent_plaintext: Option<bool>,
+    /// The admin listener may be off loopback (it has no authentication).
+    pub admin_open: Option<bool>,
     /// The event log's address (as `--store`).
     pub store: Option<String>,
     #[serde(default)]

@@ -181,9 +181,6 @@ pub(crate) async fn run(
 ) -> anyhow::Result<Outcome> {
     survive_file_size_limit();
     fit_open_files(&mut plan)?;
-    if !plan.listen.admin.ip().is_loopback() {
-        tracing::warn!(addr = %plan.listen.admin, "the admin listener is not on loopback");
-    }
     let instance = instance(&plan);
     let needs_log = plan.store_named || plan.control.is_some() || plan.auth || plan.usage.is_some();
     let log = if needs_log {

@@ -45,6 +45,12 @@ pub(crate) struct ServerArgs {
     /// The admin listener (default 127.0.0.1:9090): keep it on loopback.
     #[arg(long, env = "LLMGW_ADMIN_LISTEN", value_parser = listen_addr)]
     admin_listen: Option<SocketAddr>,
+    /// Let the admin listener be off loopback, where a firewall keeps it
+    /// to the servers and the operators: it has no authentication, so
+    /// whoever reaches it is an operator. Without it, an admin address
+    /// off loopback is refused.
+    #[arg(long, env = "LLMGW_ADMIN_OPEN", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    admin_open: Option<bool>,
     /// A metrics-only listener, off unless given.
     #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
     metrics_listen: Option<SocketAddr>,
@@ -397,6 +403,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         .admin_listen
         .or(addr("admin_listen", file.admin_listen)?)
         .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into());
+    admin_reach(admin, a.admin_open.or(file.admin_open))?;
     distinct_listeners(&[
         ("listen", Some(client)),
         ("admin_listen", Some(admin)),
@@ -473,6 +480,27 @@ fn not_sqlite(path: &std::path::Path) -> Result<(), String> {
         "{} is not a SQLite database (another program's file?)",
         path.display()
     ))
+}
+
+/// The admin API has no authentication of its own: whoever reaches it
+/// issues keys, adds people and changes the catalog. Off loopback (`:9090`
+/// included, every interface) it is refused unless `admin_open` says a
+/// firewall keeps it to the servers and the operators; a warning only was
+/// logged, and a copied `admin_listen: ":9090"` opened it to the network.
+fn admin_reach(admin: SocketAddr, open: Option<bool>) -> Result<(), ConfigError> {
+    match (admin.ip().is_loopback(), open == Some(true)) {
+        (false, false) => Err(ConfigError(format!(
+            "admin_listen {admin} is off loopback: the admin API has no authentication, so anything that reaches it could issue keys, add people and change the catalog. Listen on loopback, or set admin_open: true (--admin-open) where a firewall keeps it to the servers and your operators (a second server's standby needs to reach it: docs/install.md)"
+        ))),
+        (true, true) => Err(ConfigError(format!(
+            "admin_open applies only with admin_listen off loopback ({admin} is on it): remove it"
+        ))),
+        (false, true) => {
+            tracing::warn!(addr = %admin, "admin listener off loopback (admin_open): it has no authentication; keep it firewalled to the servers and operators");
+            Ok(())
+        }
+        (true, false) => Ok(()),
+    }
 }
 
 /// Where agents dial in. Without `tls:` nothing identifies an agent: any

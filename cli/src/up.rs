@@ -47,6 +47,14 @@ fn demo_model() -> Model {
 }
 
 pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
+    // The admin API has no authentication; `server` takes it off
+    // loopback only with admin_open, which a try-out has no need of.
+    if !a.admin_listen.ip().is_loopback() {
+        anyhow::bail!(
+            "--admin-listen {} is off loopback: the admin API has no authentication; `up` keeps it on loopback (`llmgw server` with admin_open can open it)",
+            a.admin_listen
+        );
+    }
     // Listening from the start: a Ctrl-C while the model comes up stops
     // everything too (an agent left behind would keep its engine running).
     let mut signal = std::pin::pin!(crate::sim::shutdown());

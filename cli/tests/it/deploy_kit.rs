@@ -893,6 +893,8 @@ async fn the_ha_example_runs_two_servers_on_one_postgresql() {
                 ("LLMGW_STORE", store.clone()),
                 ("LLMGW_LISTEN", "127.0.0.1:0".into()),
                 ("LLMGW_ADMIN_LISTEN", admin.clone()),
+                // On loopback here, where admin_open is refused.
+                ("LLMGW_ADMIN_OPEN", "false".into()),
                 ("LLMGW_METRICS_LISTEN", "127.0.0.1:0".into()),
                 ("LLMGW_AGENT_LISTEN", "127.0.0.1:0".into()),
                 ("LLMGW_CONTROL__ADVERTISE_ADMIN", format!("http://{admin}")),

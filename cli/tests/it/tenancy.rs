@@ -1130,6 +1130,49 @@ fn a_plaintext_agent_listener_off_loopback_needs_agent_plaintext() {
     assert!(out.contains("agent_plaintext with tls"), "{out}");
 }
 
+/// The admin API has no authentication: off loopback (every interface
+/// too) it is refused unless `admin_open` (key, flag or variable) says a
+/// firewall keeps it to the servers and operators; said on loopback, the
+/// opt-in is refused as doing nothing.
+#[test]
+fn an_admin_listener_off_loopback_needs_admin_open() {
+    for mode in [Mode::RouterOnly, Mode::Control] {
+        let everywhere = [("LLMGW_ADMIN_LISTEN", ":0")];
+        let (code, out) = check_in(mode, "", &everywhere, &[]);
+        assert_eq!(code, Some(2), "{out}");
+        assert!(
+            out.contains("admin_listen 0.0.0.0:0 is off loopback")
+                && out.contains("admin_open: true"),
+            "{out}"
+        );
+        for (extra, env, args) in [
+            ("admin_open: true\n", &everywhere[..], &[][..]),
+            ("", &[everywhere[0], ("LLMGW_ADMIN_OPEN", "1")][..], &[][..]),
+            ("", &everywhere[..], &["--admin-open"][..]),
+        ] {
+            let (code, out) = check_in(mode, extra, env, args);
+            assert_eq!(code, Some(0), "{extra:?} {env:?} {args:?}: {out}");
+        }
+        let (code, out) = check_in(mode, "admin_open: true\n", &[], &[]);
+        assert_eq!(code, Some(2), "{out}");
+        assert!(
+            out.contains("admin_open applies only with admin_listen off loopback"),
+            "{out}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["up", "--admin-listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is off loopback"),
+        "{err}"
+    );
+}
+
 /// A flag or its variable wins over the file in both directions: it can
 /// turn off what the file turns on, and the kv_events an endpoint flag
 /// names are refused when the file turns prefix routing off.
