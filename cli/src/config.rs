@@ -509,9 +509,11 @@ pub(crate) fn load(
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
             if path.extension().is_some_and(|e| e == "toml") {
-                toml::from_str(&text).map_err(|e| invalid(&e))?
+                let tree: toml::Value = toml::from_str(&text).map_err(|e| invalid(&e))?;
+                finite_toml(&tree, "").map_err(|e| invalid(&e))?;
+                serde_json::to_value(tree).map_err(|e| invalid(&e))?
             } else {
-                let tree = serde_norway::from_str(&text).map_err(|e| invalid(&e))?;
+                let tree = yaml_tree(&text).map_err(|e| invalid(&e))?;
                 yaml = Some(text);
                 tree
             }
@@ -610,6 +612,66 @@ fn culprit(file_tree: &serde_json::Value, env: &[(String, String)]) -> Option<St
         .map(|(k, _)| k.clone())
 }
 
+/// YAML as the tree the settings are read from. Read through YAML's own
+/// values first: a key given twice is refused (a later `router:` dropped
+/// the whole earlier section unsaid), and so is `.inf` or `.nan`, which
+/// the tree cannot hold (they read as unset, and the default applied).
+fn yaml_tree(text: &str) -> Result<serde_json::Value, String> {
+    let tree: serde_norway::Value = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+    finite_yaml(&tree, "")?;
+    serde_json::to_value(tree).map_err(|e| e.to_string())
+}
+
+fn finite_yaml(v: &serde_norway::Value, at: &str) -> Result<(), String> {
+    use serde_norway::Value;
+    match v {
+        Value::Number(n) if n.as_f64().is_some_and(|f| !f.is_finite()) => Err(not_finite(at, n)),
+        Value::Sequence(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| finite_yaml(item, &child(at, &i.to_string()))),
+        Value::Mapping(m) => m.iter().try_for_each(|(k, item)| {
+            let key = match k {
+                Value::String(s) => s.clone(),
+                other => serde_norway::to_string(other)
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned(),
+            };
+            finite_yaml(item, &child(at, &key))
+        }),
+        Value::Tagged(t) => finite_yaml(&t.value, at),
+        _ => Ok(()),
+    }
+}
+
+fn finite_toml(v: &toml::Value, at: &str) -> Result<(), String> {
+    match v {
+        toml::Value::Float(f) if !f.is_finite() => Err(not_finite(at, f)),
+        toml::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, item)| finite_toml(item, &child(at, &i.to_string()))),
+        toml::Value::Table(t) => t
+            .iter()
+            .try_for_each(|(k, item)| finite_toml(item, &child(at, k))),
+        _ => Ok(()),
+    }
+}
+
+fn child(at: &str, key: &str) -> String {
+    if at.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{at}.{key}")
+    }
+}
+
+fn not_finite(at: &str, n: impl std::fmt::Display) -> String {
+    let at = if at.is_empty() { "the value" } else { at };
+    format!("{at}: {n} is not a finite number")
+}
+
 /// `LLMGW_A__B=v` sets `a.b` to `v` (read as YAML, so numbers stay numbers).
 /// Only nested keys: top-level settings have their own variables.
 fn overlay(tree: &mut serde_json::Value, env: &[(String, String)]) -> Result<(), String> {
@@ -621,8 +683,11 @@ fn overlay(tree: &mut serde_json::Value, env: &[(String, String)]) -> Result<(),
             continue;
         }
         let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
-        let value: serde_json::Value =
-            serde_norway::from_str(v).map_err(|e| format!("{k}: {e}"))?;
+        // Empty read as unset, and erased the file's value unsaid.
+        if v.trim().is_empty() {
+            return Err(format!("{k} is empty: give it a value, or unset it"));
+        }
+        let value = yaml_tree(v).map_err(|e| format!("{k}: {e}"))?;
         let mut at = &mut *tree;
         for (i, key) in path.iter().enumerate() {
             let obj = at

@@ -170,7 +170,8 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         }
         let needs_control = [
             (agent_listen.is_some(), "agent_listen"),
-            (agent_plaintext.is_some(), "agent_plaintext"),
+            // `false`, the default, asks nothing (a shared env file may say it).
+            (agent_plaintext == Some(true), "agent_plaintext"),
             (agent_tls.is_some(), "tls"),
             (file.control.is_set(), "control.*"),
             // Only agents fetch from it, and only the control plane has agents.

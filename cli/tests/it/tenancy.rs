@@ -1173,6 +1173,63 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
     );
 }
 
+/// What a file or a variable says is read whole or refused: a key given
+/// twice dropped the earlier one (a whole section), a non-finite number
+/// read as unset and an empty variable erased the file's value, each
+/// unsaid, and the default applied.
+#[test]
+fn a_key_twice_a_number_not_finite_or_an_empty_variable_is_refused() {
+    let cases: [(&str, &[(&str, &str)], &str); 4] = [
+        (
+            "router: {body_limit: 100}\nlanding: {notice: hi}\nrouter: {retries: 1}\n",
+            &[],
+            "duplicate entry with key \"router\"",
+        ),
+        (
+            "router: {prefix: {balance_abs: .inf}}\n",
+            &[],
+            "router.prefix.balance_abs: .inf is not a finite number",
+        ),
+        (
+            "",
+            &[("LLMGW_ADMISSION__KV_CEILING", ".nan")],
+            "LLMGW_ADMISSION__KV_CEILING: the value: .nan is not a finite number",
+        ),
+        (
+            "router: {retries: 0}\n",
+            &[("LLMGW_ROUTER__RETRIES", "")],
+            "LLMGW_ROUTER__RETRIES is empty",
+        ),
+    ];
+    for (extra, env, says) in cases {
+        let (code, out) = check_with(extra, env, &[]);
+        assert_eq!(code, Some(2), "{extra:?} {env:?}: {out}");
+        assert!(out.contains(says), "expected {says:?}: {out}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("s.toml");
+    std::fs::write(
+        &toml,
+        "endpoints = [\"e=http://127.0.0.1:9=m\"]\n[router.prefix]\nbalance_abs = nan\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--check", "--config"])
+        .arg(&toml)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("router.prefix.balance_abs: NaN is not a finite number"),
+        "{err}"
+    );
+    // A default said is no setting a mode must refuse: an env file shared
+    // with the control plane's servers starts a router too.
+    let (code, out) = check_with("", &[("LLMGW_AGENT_PLAINTEXT", "false")], &[]);
+    assert_eq!(code, Some(0), "{out}");
+}
+
 /// A flag or its variable wins over the file in both directions: it can
 /// turn off what the file turns on, and the kv_events an endpoint flag
 /// names are refused when the file turns prefix routing off.
