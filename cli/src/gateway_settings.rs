@@ -137,7 +137,7 @@ pub(crate) fn gateway_config(
         ];
         if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
             return Err(ConfigError(format!(
-                "{what} applies only with prefix routing on: remove it or router.prefix.enabled: false"
+                "{what} applies only with prefix routing on, which router.prefix.enabled: false turns off: remove one"
             )));
         }
     }
@@ -178,7 +178,7 @@ pub(crate) fn gateway_config(
         ];
         if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
             return Err(ConfigError(format!(
-                "{what} applies only with admission on: remove it or admission.enabled: false"
+                "{what} applies only with admission on, which admission.enabled: false turns off: remove one"
             )));
         }
     }

@@ -291,6 +291,13 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             .flat_map(|e| e.models.iter().map(String::as_str))
             .collect();
         for (model, list) in &gateway.fallbacks {
+            // A model no endpoint serves is never asked for here: its
+            // list would never be read (a typo in the name, say).
+            if !served.contains(model.as_str()) {
+                return Err(ConfigError(format!(
+                    "fallbacks: {model:?} is served by no endpoint, so its fallbacks would never be tried: name a model an endpoint serves"
+                )));
+            }
             if let Some(f) = list.iter().find(|f| !served.contains(f.as_str())) {
                 return Err(ConfigError(format!(
                     "fallbacks: {model:?} falls back to {f:?}, which no endpoint serves"
@@ -746,10 +753,17 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
         }
         out.advertise_agent = Some(url.trim_end_matches('/').to_owned());
     }
-    out.instance = c
-        .instance
-        .clone()
-        .unwrap_or_else(crate::serve::default_instance);
+    out.instance = match &c.instance {
+        // Refused by the store at every try to lead, so the server stood
+        // by for ever, saying the store could not be reached.
+        Some(i) if i.trim().is_empty() => {
+            return Err(ConfigError(
+                "control.instance is empty: name this server in the lease (or leave it out: the host name)".into(),
+            ));
+        }
+        Some(i) => i.clone(),
+        None => crate::serve::default_instance(),
+    };
     out.models = file.models.clone();
     out.anchors = anchor_config(c)?;
     out.mirror_url = crate::config::mirror_url(file.mirror.as_ref())?;
@@ -856,8 +870,9 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     } else {
         s.to_owned()
     };
-    full.parse()
-        .map_err(|_| format!("{s:?} is not HOST:PORT or :PORT"))
+    full.parse().map_err(|_| {
+        format!("{s:?} is not IP:PORT or :PORT (an IP address: names are not looked up)")
+    })
 }
 
 pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<Outcome> {

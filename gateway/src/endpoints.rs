@@ -90,6 +90,13 @@ impl std::str::FromStr for EndpointSpec {
                 "{s:?}: the URL must start with http:// or https://"
             ));
         }
+        // The API's paths are added to the URL: a base URL as OpenAI's
+        // clients write it sent every request to /v1/v1/…, answered 404.
+        if url.trim_end_matches('/').ends_with("/v1") {
+            return Err(format!(
+                "{s:?}: give the engine's root URL, without /v1: the API's paths (/v1/chat/completions, /metrics) are added to it"
+            ));
+        }
         let models: Vec<String> = models
             .split(',')
             .map(str::trim)
@@ -733,6 +740,8 @@ mod tests {
             ),
             ("a=http://x=m;weight=0", "weight must be positive"),
             ("a=http://x=m;pool=gpu", "pool= is not used"),
+            ("a=http://x:8000/v1=m", "without /v1"),
+            ("a=https://x/proxy/v1/=m", "without /v1"),
         ] {
             let e = bad.parse::<EndpointSpec>().unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");

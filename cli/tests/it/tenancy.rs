@@ -1028,6 +1028,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "threads: {retain_hours: 24, capture: false}\nconversations: {capture_max_bytes: 10}\n",
             "conversations.capture_max_bytes applies only where replies are captured",
         ),
+        (
+            "fallbacks: {piad: [free]}\n",
+            "fallbacks: \"piad\" is served by no endpoint",
+        ),
     ];
     for (extra, says) in cases {
         let path = config(
@@ -1228,6 +1232,20 @@ fn a_key_twice_a_number_not_finite_or_an_empty_variable_is_refused() {
     // with the control plane's servers starts a router too.
     let (code, out) = check_with("", &[("LLMGW_AGENT_PLAINTEXT", "false")], &[]);
     assert_eq!(code, Some(0), "{out}");
+}
+
+/// A server named by nothing cannot lead: refused at start, not left
+/// standing by for ever, warning that the store cannot be reached.
+#[test]
+fn an_empty_instance_name_is_refused() {
+    let (code, out) = check_in(
+        Mode::Control,
+        "",
+        &[("LLMGW_CONTROL__INSTANCE", "\"\"")],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("control.instance is empty"), "{out}");
 }
 
 /// A flag or its variable wins over the file in both directions: it can
