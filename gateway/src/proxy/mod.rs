@@ -115,6 +115,13 @@ async fn route(
 
 const CHAT: &str = "/v1/chat/completions";
 
+/// A request's body within `router.body_limit`, or the API's refusal (the
+/// chat page reads its turns so: it took any body of up to 2 MiB, whatever
+/// the limit, and answered one above in plain text).
+pub async fn body_of(gw: &Gateway, request: Request) -> Result<Bytes, ApiError> {
+    body_within(request, gw.config.body_limit).await
+}
+
 /// A chat completion on a signed-in person's behalf (the chat page): no
 /// key is presented; `key` stands for the person's project (None with
 /// authentication off). Everything after identification is the API's.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use llmgw_gateway::{ApiError, ModelCard};
 use serde_json::{Map, Value};
@@ -62,9 +62,9 @@ fn refuse(status: StatusCode, code: &'static str, message: &str) -> Response {
 pub(super) async fn completions(
     State(web): State<Arc<Web>>,
     visitor: Visitor,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Response {
+    let headers = request.headers().clone();
     // The page never sends a bearer key (a proxy's Basic credentials may
     // come along); an API client does, when its base URL lacks `/v1` (a
     // common slip): it would otherwise be answered here, its key ignored
@@ -109,6 +109,10 @@ pub(super) async fn completions(
         }
     } else {
         None
+    };
+    let body = match llmgw_gateway::body_of(&web.gateway, request).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
     };
     match rewrite(&body) {
         Ok(body) => llmgw_gateway::chat_as(web.gateway.clone(), key, body).await,

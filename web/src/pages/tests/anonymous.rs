@@ -168,6 +168,54 @@ async fn a_chat_turn_reaches_the_model_capped_at_512_tokens() {
     assert_eq!(status, StatusCode::OK, "{answer}");
 }
 
+/// A turn is held to `router.body_limit`, as the API's requests are, and
+/// one above it refused in the API's envelope, which the script shows
+/// (the page took up to 2 MiB whatever the limit, and answered one above
+/// in plain text).
+#[tokio::test]
+async fn a_chat_turn_is_held_to_the_body_limit() {
+    let (url, seen) = engine().await;
+    let gateway = llmgw_gateway::Gateway::new(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![endpoint(&url, "llama-8b")],
+            body_limit: 2_000,
+            ..llmgw_gateway::GatewayConfig::default()
+        },
+        None,
+    )
+    .expect("gateway");
+    let site = web(WebSettings::default(), Vec::new());
+    let site = std::sync::Arc::new(crate::Web {
+        gateway,
+        settings: site.settings.clone(),
+        views: site.views.clone(),
+        store: None,
+        people: None,
+        admin: site.admin.clone(),
+        decider: None,
+        instance: site.instance.clone(),
+    });
+    let app = client_routes(site);
+    let turn = |words: usize| {
+        let body = serde_json::json!({
+            "model": "llama-8b",
+            "messages": [{"role": "user", "content": "word ".repeat(words)}],
+        });
+        Request::post("/chat/completions")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .expect("request")
+    };
+    let (status, answer, _) = send(&app, turn(200)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(seen.lock().expect("lock").len(), 1);
+    let (status, answer, _) = send(&app, turn(600)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+    let v: serde_json::Value = serde_json::from_str(&answer).expect("the API's envelope");
+    assert!(v["error"]["message"].is_string(), "{answer}");
+    assert_eq!(seen.lock().expect("lock").len(), 1, "not sent on");
+}
+
 #[tokio::test]
 async fn a_chat_turn_that_is_not_json_is_refused_in_the_apis_envelope() {
     let app = client_routes(web(WebSettings::default(), Vec::new()));
