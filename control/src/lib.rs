@@ -286,6 +286,12 @@ impl ControlPlane {
         })
     }
 
+    /// How many asks for on-demand models the views have read.
+    fn demands_read(&self) -> u64 {
+        let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        views.cluster.demands_read
+    }
+
     /// Somebody asked for an on-demand model: keep it up for its idle time.
     /// A standby records the request in the log (at most every few seconds
     /// per model), so that the leader sees it too.

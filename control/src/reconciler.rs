@@ -16,14 +16,31 @@ use crate::{ControlPlane, drain_watch};
 
 /// Passes every `interval`, and sooner when an append wakes it.
 pub(crate) async fn run(cp: Arc<ControlPlane>) {
+    let mut views_at = cp.views_at.clone();
+    let mut demands = cp.demands_read();
+    // Kept across the views' other changes (usage batches, every flush),
+    // which would otherwise put the interval's pass off for ever.
+    let mut next: Option<tokio::time::Instant> = None;
     loop {
+        let due = *next.get_or_insert_with(|| tokio::time::Instant::now() + cp.next_pass_in());
         tokio::select! {
-            _ = tokio::time::sleep(cp.next_pass_in()) => {}
+            _ = tokio::time::sleep_until(due) => {}
             _ = cp.wake.notified() => {
                 // A burst of appends (a fleet registering) makes one pass.
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
+            // Another server recorded an ask for an on-demand model: the
+            // client waits for it, so the leader does not wait for its
+            // interval (a cold start through a standby took 8 s more).
+            Ok(()) = views_at.changed() => {
+                let now = cp.demands_read();
+                if now == demands {
+                    continue;
+                }
+                demands = now;
+            }
         }
+        next = None;
         if !cp.is_leader() {
             continue;
         }
@@ -123,8 +140,19 @@ impl ControlPlane {
 
     pub(crate) async fn pass(&self) -> Result<(), crate::ControlError> {
         let now = self.now();
-        for model in self.decider.take_demanded().await {
-            self.memory().rt.demand.insert(model, now);
+        // Read to the log's head first: a demand recorded since the last
+        // pass is acted on in this one. Stamped when it was asked for: an
+        // idle model a new leader read a demand for, recorded before its
+        // replica idled out and stopped, was started again on taking
+        // office and kept for another idle time.
+        let demanded = self.decider.take_demanded().await?;
+        {
+            let mut m = self.memory();
+            for (model, at) in demanded {
+                let at = at.min(now);
+                let stamp = m.rt.demand.entry(model).or_insert(at);
+                *stamp = (*stamp).max(at);
+            }
         }
         self.watch_drains(now).await?;
         // Planned under a read of the state; the plan carries everything

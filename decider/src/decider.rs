@@ -64,8 +64,9 @@ struct Inner {
     dirty: bool,
     /// The reconciler's clocks, as of `position`.
     clocks: Clocks,
-    /// On-demand models another server's gateway was asked for, recently.
-    demanded: Vec<String>,
+    /// On-demand models another server's gateway was asked for, recently,
+    /// with when the log recorded each ask.
+    demanded: Vec<(String, llmgw_domain::UnixMillis)>,
 }
 
 impl Inner {
@@ -165,7 +166,7 @@ impl Decider {
                         // reason to start a model now.
                         let age = chrono::Utc::now() - r.recorded_at;
                         if age < chrono::Duration::minutes(2) {
-                            inner.demanded.push(model);
+                            inner.demanded.push((model, at));
                         }
                     }
                     Ok(e) => {
@@ -183,9 +184,15 @@ impl Decider {
         }
     }
 
-    /// On-demand models other servers recorded since the last call.
-    pub async fn take_demanded(&self) -> Vec<String> {
-        std::mem::take(&mut self.inner.lock().await.demanded)
+    /// On-demand models other servers recorded up to the log's head, each
+    /// with when it was asked for (the log's time: a demand read back by a
+    /// new leader counts from then, not from its taking office).
+    pub async fn take_demanded(
+        &self,
+    ) -> Result<Vec<(String, llmgw_domain::UnixMillis)>, StoreError> {
+        let mut inner = self.inner.lock().await;
+        self.catch_up(&mut inner).await?;
+        Ok(std::mem::take(&mut inner.demanded))
     }
 
     /// The decision state as of the log's head, copied.

@@ -27,6 +27,15 @@ pub struct ClusterView {
     /// list of removed nodes' certificates, checked when a stream opens.
     #[serde(default, skip_serializing_if = "Joining::is_empty")]
     pub joining: Joining,
+    /// How many `ModelDemanded` this view has read: a leader's reconciler
+    /// passes when it moves, so a cold start asked of a standby is not
+    /// left until the next interval.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub demands_read: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ClusterView {
@@ -82,6 +91,7 @@ impl View for ClusterView {
                 self.replicas.evolve(e);
                 self.reallocate(e.replica_id());
             }
+            Event::Demand(_) => self.demands_read += 1,
             _ => {}
         }
     }
