@@ -211,6 +211,11 @@ pub struct Status {
     /// a place.
     #[serde(default)]
     pub replicas_wanted: usize,
+    /// Replicas wanted that have no place yet, model by model (one
+    /// model's extra replica, replacing another, does not hide another
+    /// model's missing one). None from a server that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_waiting: Option<usize>,
     /// Events in the log, and how far this server's views have read.
     pub log_head: u64,
     pub views_at: u64,

@@ -812,7 +812,9 @@ fn replica_summary(s: &api::Status) -> String {
     let starting = s
         .replicas
         .saturating_sub(s.replicas_ready + s.replicas_unreachable);
-    let waiting = s.replicas_wanted.saturating_sub(s.replicas);
+    let waiting = s
+        .replicas_waiting
+        .unwrap_or_else(|| s.replicas_wanted.saturating_sub(s.replicas));
     let mut text = format!("{} ready", s.replicas_ready);
     if s.replicas_unreachable > 0 {
         text.push_str(&format!(

@@ -733,12 +733,25 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     let c = &views.cluster;
     let live = || c.replicas.replicas.values().filter(|r| r.is_live());
-    let wanted: u32 = c
-        .catalog
-        .models
-        .values()
-        .map(|m| llmgw_domain::reconcile::desired(m, &rt, &settings))
-        .sum();
+    let mut live_of: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    for r in live() {
+        *live_of.entry(r.placement.model.as_str()).or_default() += 1;
+    }
+    // What the asks for on-demand models and load want is the leader's
+    // alone (in its memory): a standby counts a running on-demand replica
+    // as wanted, as the leader does while it is asked for, rather than
+    // answer that fewer are wanted than run.
+    let standing_by = !cp.is_leader();
+    let (mut wanted, mut waiting) = (0u32, 0u32);
+    for m in c.catalog.models.values() {
+        let live = live_of.get(m.name.as_str()).copied().unwrap_or(0);
+        let mut desired = llmgw_domain::reconcile::desired(m, &rt, &settings);
+        if standing_by && m.on_demand() {
+            desired = desired.max(live.min(m.scaling.max));
+        }
+        wanted += desired;
+        waiting += desired.saturating_sub(live);
+    }
     let answers = |r: &llmgw_domain::replicas::Replica| answers(&c.nodes, r);
     let ready = || live().filter(|r| r.status == ReplicaStatus::Ready);
     let ready_models: BTreeSet<&str> = ready()
@@ -760,6 +773,7 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         replicas_ready: ready().filter(|r| answers(r)).count(),
         replicas_unreachable: ready().filter(|r| !answers(r)).count(),
         replicas_wanted: wanted as usize,
+        replicas_waiting: Some(waiting as usize),
         log_head: head,
         views_at: views.checkpoint.position,
     }))

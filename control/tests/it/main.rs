@@ -516,3 +516,41 @@ async fn a_new_leader_does_not_start_a_model_whose_ask_has_idled_out() {
     assert_eq!(a.next_start().await.model, "lazy");
     second.stop().await;
 }
+
+/// `status` counts what waits for a place model by model, and a standby,
+/// which cannot know the leader's asks for on-demand models, counts a
+/// running one as wanted: one model's running replica hid another's
+/// missing one, and the standby said fewer were wanted than ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_what_waits_model_by_model_on_either_server() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let mut big = sim_model("big", 1);
+    big.profiles[0]
+        .node_selector
+        .insert("zone".into(), "mars".into());
+    let models = vec![sim_model("lazy", 0), big];
+    let leader = Server::start(&addr, fast("first", models.clone())).await;
+    leader.wait_leader().await;
+    let standby = Server::start(&addr, fast("second", models)).await;
+    let mut a = Agent::connect(leader.agent_addr, register("n1"))
+        .await
+        .unwrap();
+    a.keep_alive();
+    leader.cp.demand("lazy");
+    let start = a.next_start().await;
+    a.report(&start, Wire::Ready).await;
+    for s in [&leader, &standby] {
+        let status = eventually(s, "the on-demand replica ready", || async {
+            let st = s.get("/api/v1/status").await;
+            (st["replicas_ready"] == 1).then_some(st)
+        })
+        .await;
+        assert_eq!(
+            (&status["replicas_wanted"], &status["replicas_waiting"]),
+            (&serde_json::json!(2), &serde_json::json!(1)),
+            "{status}"
+        );
+    }
+    standby.stop().await;
+    leader.stop().await;
+}
