@@ -1183,7 +1183,8 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
 /// unsaid, and the default applied.
 #[test]
 fn a_key_twice_a_number_not_finite_or_an_empty_variable_is_refused() {
-    let cases: [(&str, &[(&str, &str)], &str); 4] = [
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
         (
             "router: {body_limit: 100}\nlanding: {notice: hi}\nrouter: {retries: 1}\n",
             &[],
