@@ -162,7 +162,11 @@ impl SqliteStore {
             .read_only(options.read_only)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // A row deleted (an erased person, a swept conversation) is
+            // overwritten with zeros, not left in the file's free space
+            // for anyone with a copy of it to read.
+            .pragma("secure_delete", "ON");
         // WAL (readers beside the writer) is set where a store is made or
         // migrated, and the file keeps it; any other open keeps the mode
         // the file has, so reading a copy does not rewrite it.

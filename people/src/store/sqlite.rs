@@ -197,6 +197,16 @@ pub(super) async fn erase(pool: &SqlitePool, user_id: &str) -> Result<bool> {
         .await
         .map_err(db_err)?;
     tx.commit().await.map_err(db_err)?;
+    // The write-ahead log still holds the pages as they were: copied into
+    // the file (whose deleted rows are zeroed) and emptied, so that no
+    // copy of the person's data is left in it. A reader in the way leaves
+    // it for the next checkpoint, which SQLite makes on its own.
+    if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(pool)
+        .await
+    {
+        tracing::warn!(error = %e, "the write-ahead log could not be emptied after an erasure");
+    }
     Ok(done.rows_affected() == 1)
 }
 

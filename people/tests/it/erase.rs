@@ -6,6 +6,34 @@ use crate::support::{AYSE, Backend, Fx, GOOD, at, both_backends};
 
 both_backends!(erasing_removes_the_person, erasing_leaves_others_alone);
 
+/// On SQLite the erased person's bytes are gone from the files too: the
+/// deleted row's space was left as it was, and the write-ahead log kept
+/// copies, for anyone with the file or a backup of it to read.
+#[tokio::test]
+async fn an_erased_person_is_not_left_in_the_sqlite_files() {
+    let fx = Fx::new(Backend::Sqlite).await;
+    let id = fx.active().await;
+    fx.sign_in(AYSE, GOOD, at(1)).await.unwrap();
+    let llmgw_eventstore::StoreAddress::Sqlite(path) = &fx.address else {
+        unreachable!("a SQLite store")
+    };
+    let files = [
+        path.clone(),
+        std::path::PathBuf::from(format!("{}-wal", path.display())),
+    ];
+    let holding = || {
+        files
+            .iter()
+            .filter(|f| {
+                std::fs::read(f).is_ok_and(|b| b.windows(AYSE.len()).any(|w| w == AYSE.as_bytes()))
+            })
+            .count()
+    };
+    assert!(holding() > 0, "the address is there before");
+    assert!(fx.people.erase(&id).await.unwrap());
+    assert_eq!(holding(), 0, "the address is in no file after");
+}
+
 async fn erasing_removes_the_person(b: Backend) {
     let fx = Fx::new(b).await;
     let id = fx.active().await;

@@ -29,6 +29,7 @@ pub(crate) fn at(secs: i64) -> DateTime<Utc> {
 pub(crate) struct Fx {
     pub people: People,
     pub store: AnyStore,
+    pub address: StoreAddress,
     states: Mutex<HashMap<String, UserStatus>>,
     _scratch: Scratch,
 }
@@ -52,15 +53,14 @@ impl Fx {
 
     pub(crate) async fn with(backend: Backend, config: PeopleConfig) -> Fx {
         let (address, scratch) = Scratch::new(backend).await;
-        let store = AnyStore::open(
-            &StoreAddress::parse(&address).unwrap(),
-            OpenOptions::migrating(),
-        )
-        .await
-        .unwrap();
+        let address = StoreAddress::parse(&address).unwrap();
+        let store = AnyStore::open(&address, OpenOptions::migrating())
+            .await
+            .unwrap();
         Fx {
             people: People::new(&store, config),
             store,
+            address,
             states: Mutex::new(HashMap::new()),
             _scratch: scratch,
         }
