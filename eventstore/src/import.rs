@@ -74,6 +74,9 @@ pub struct ChainCheck {
     first_linked: bool,
     /// The hash of the file's header line, if it has one.
     header: Option<[u8; 32]>,
+    /// An anchor at the position before the first event matched the hash
+    /// the file names there.
+    anchored_start: bool,
 }
 
 impl ChainCheck {
@@ -136,7 +139,32 @@ impl ChainCheck {
                 }
                 _ => Some(hash::GENESIS),
             },
-            None => self.start,
+            None => {
+                // An anchor at the position just before the file's first
+                // is checked against the hash the file says precedes it
+                // (an auditor's "everything since my last anchor"), and
+                // so vouches for the whole file.
+                if let Some(want) = self.anchors.get(&(e.position - 1)) {
+                    match self.start {
+                        Some(h) if h == *want => self.anchored_start = true,
+                        Some(h) => {
+                            return Err(format!(
+                                "the file says {} precedes position {}, not the anchor's {}: it comes from another log, or was altered",
+                                short(&h),
+                                e.position,
+                                short(want)
+                            ));
+                        }
+                        None => {
+                            return Err(format!(
+                                "the anchor is at {}, just before the file's first event, but the file names no hash before it",
+                                e.position - 1
+                            ));
+                        }
+                    }
+                }
+                self.start
+            }
         };
         let payload = hash::canonical_string(&e.payload);
         let metadata = hash::canonical_string(&e.metadata);
@@ -202,7 +230,13 @@ impl ChainCheck {
                 None => format!("the file holds no events, and the anchor is at {at}"),
             });
         }
-        if let Some((&at, _)) = self.anchors.range(..self.first.unwrap_or(1)).next_back() {
+        let first = self.first.unwrap_or(1);
+        let checked = if self.anchored_start {
+            first - 1
+        } else {
+            first
+        };
+        if let Some((&at, _)) = self.anchors.range(..checked).next_back() {
             return Err(format!(
                 "the anchor at {at} is before the file's first position {}",
                 self.first.unwrap_or(1)
@@ -668,6 +702,27 @@ mod tests {
                 .unwrap_err()
                 .contains("ends at position 4, before the anchor at 6")
         );
+    }
+
+    /// An anchor at the position just before a range is checked against
+    /// the hash the range names there: "everything since my anchor".
+    #[test]
+    fn an_anchor_just_before_a_range_vouches_for_it() {
+        let events = log(6);
+        let run = |prev: Option<[u8; 32]>, anchor: [u8; 32]| {
+            let mut c = ChainCheck::new(prev, &[(2, anchor)]);
+            events[2..].iter().try_for_each(|e| c.push(e))?;
+            c.finish()
+        };
+        assert_eq!(run(Some(events[1].hash), events[1].hash), Ok(()));
+        let other = run(Some(events[1].hash), events[0].hash).unwrap_err();
+        assert!(other.contains("not the anchor's"), "{other}");
+        let unnamed = run(None, events[1].hash).unwrap_err();
+        assert!(unnamed.contains("names no hash before it"), "{unnamed}");
+        // Earlier than that, it is still no proof of this range.
+        let mut c = ChainCheck::new(Some(events[1].hash), &[(1, events[0].hash)]);
+        events[2..].iter().for_each(|e| c.push(e).unwrap());
+        assert!(c.finish().unwrap_err().contains("before the file's first"));
     }
 
     #[test]

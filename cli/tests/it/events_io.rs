@@ -572,6 +572,21 @@ async fn verify_file_proves_an_export_against_its_store_or_an_anchor(b: Backend)
         said.contains("matches") && !said.contains("not proven"),
         "{said}"
     );
+    // Everything since an anchor, checked against it: the anchor is the
+    // hash the range names before its first event.
+    let since = write(
+        &dir,
+        "since.jsonl",
+        &export_whole(&source, &["--from", "9"]),
+    );
+    let eighth = format!("{}@8", json_lines(&whole_text)[7]["hash"].as_str().unwrap());
+    let (code, said) = verify_file(&["--file", &since, "--anchor", &eighth]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(!said.contains("TAMPERED"), "{said}");
+    let seventh = format!("{}@8", json_lines(&whole_text)[6]["hash"].as_str().unwrap());
+    let (code, said) = verify_file(&["--file", &since, "--anchor", &seventh]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("not the anchor's"), "{said}");
 
     // A rechained edit passes on its own, and nowhere else.
     let forged = write(
