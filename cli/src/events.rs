@@ -692,6 +692,10 @@ fn tampered(
     if json {
         let mut value = serde_json::to_value(report)?;
         value[field] = why.into();
+        // One verdict a script reads, whatever failed: first_mismatch and
+        // head_matches alone passed a rewritten log.
+        value["ok"] = false.into();
+        value["problem"] = why.into();
         json_line(&mut out, &value)?;
     } else {
         writeln!(out, "TAMPERED: {why}")?;
@@ -738,6 +742,17 @@ async fn verify(
         let mut value = serde_json::to_value(&report)?;
         if let Some((_, h)) = &held {
             value["anchors"] = serde_json::json!({"matched": h.matched, "proven": h.proven});
+        }
+        value["ok"] = report.is_ok().into();
+        if let Some(p) = report.first_mismatch {
+            value["problem"] = if report.missing {
+                format!("position {p} is missing")
+            } else {
+                format!("position {p} does not match its hash")
+            }
+            .into();
+        } else if report.head_matches == Some(false) {
+            value["problem"] = "the log's recorded chain head differs".into();
         }
         if let Some(a) = &anchor {
             value["last_anchor"] = serde_json::json!({

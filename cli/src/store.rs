@@ -66,6 +66,19 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
             "this log begins after position {base} (an imported range): copy the store it came from"
         );
     }
+    // A SQLite file made here and left empty by a copy that failed (a
+    // source whose chain breaks, say) is removed: it looked like a store.
+    let made_here = match &dest {
+        StoreAddress::Sqlite(path) => (!path.exists()).then(|| path.clone()),
+        StoreAddress::Postgres(_) => None,
+    };
+    let remove_made = || {
+        if let Some(path) = &made_here {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    };
     {
         let target = open_migrating(to).await?;
         let (head, _) = target.head().await?;
@@ -90,7 +103,10 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
         .dump()
         .await?;
     let convo = llmgw_convo::Convo::new(&store).dump().await?;
-    crate::events::copy_log(&store, to).await?;
+    if let Err(e) = crate::events::copy_log(&store, to).await {
+        remove_made();
+        return Err(e);
+    }
     let (after, _) = store.head().await?;
     let people_after = llmgw_people::People::new(&store, Default::default())
         .dump()

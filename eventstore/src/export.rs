@@ -203,6 +203,13 @@ pub async fn export<S: EventStore>(
         last_hash: None,
     };
     let mut after = from - 1;
+    // The chain is checked on the way out: a store edited behind its back
+    // was exported as if whole, and the file then blamed for it.
+    let mut prev = if from == 1 {
+        Some(crate::hash::GENESIS)
+    } else {
+        store.hash_at(from - 1).await?
+    };
     let mut line = Vec::with_capacity(1024);
     while after < to {
         let page = store.read_all_raw(after, DEFAULT_PAGE).await?;
@@ -211,6 +218,15 @@ pub async fn export<S: EventStore>(
         };
         after = last.position;
         for e in page.iter().take_while(|e| e.position <= to) {
+            if let Some(p) = prev
+                && crate::hash::chain(&p, e) != e.hash
+            {
+                return Err(StoreError::Invalid(format!(
+                    "the store's chain breaks at position {}: its hash does not match its content and the hash before it (the store was altered; `llmgw events verify` says more), so no export of it is made",
+                    e.position
+                )));
+            }
+            prev = Some(e.hash);
             line.clear();
             if done.events == 0 && e.position > 1 {
                 serde_json::to_writer(&mut line, &first_line(store, e).await?)

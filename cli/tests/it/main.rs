@@ -431,6 +431,8 @@ async fn verify_exits_1_and_names_a_tampered_position(b: Backend) {
         ok(&address, &["events", "verify"]).trim(),
         "ok: 5 events in 1..=5 verified"
     );
+    let whole = &json_lines(&ok(&address, &["events", "verify", "--json"]))[0];
+    assert_eq!(whole["ok"], json!(true), "{whole}");
     let sql = match b {
         Backend::Postgres => {
             "ALTER TABLE es_events DISABLE TRIGGER es_events_immutable;
@@ -457,8 +459,32 @@ async fn verify_exits_1_and_names_a_tampered_position(b: Backend) {
     ))[0];
     assert_eq!(report["first_mismatch"], json!(2));
     assert_eq!(
+        (&report["ok"], &report["problem"]),
+        (&json!(false), &json!("position 2 does not match its hash"))
+    );
+    assert_eq!(
         ok(&address, &["events", "verify", "--from", "3"]).trim(),
         "ok: 3 events in 3..=5 verified"
+    );
+    // Nor is it exported or copied as if whole (the file was then blamed).
+    let dir = tempfile::tempdir().unwrap();
+    let out = llmgw(&address, &["events", "export"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the store's chain breaks at position 2"),
+        "{err}"
+    );
+    let copy = format!("sqlite://{}", dir.path().join("copy.db").display());
+    let out = llmgw(&address, &["store", "copy", "--to", &copy]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("chain breaks at position 2"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("copy.db").exists(),
+        "no empty store left behind"
     );
 }
 
