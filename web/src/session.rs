@@ -1,8 +1,11 @@
 //! Who is looking. A browser session is a random token in an HttpOnly,
-//! SameSite=Strict cookie (only its hash is stored, by `llmgw-people`);
+//! SameSite=Lax cookie (only its hash is stored, by `llmgw-people`);
 //! the CSRF token its forms carry sits in a second such cookie, so a
 //! server-rendered form can include it and a post can prove it came from
-//! one of our pages. A session counts only while its person is active in
+//! one of our pages. Lax, not Strict: a link from an email or a wiki to
+//! `/admin/users` or `/chat` must open signed in (Strict leaves the cookie
+//! off that first navigation); no GET changes anything, and every post
+//! checks its CSRF token, which another site cannot read. A session counts only while its person is active in
 //! the log, so a suspension takes effect even before its sessions are
 //! closed.
 
@@ -77,6 +80,7 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 }
 
 /// A `Set-Cookie` value for one of our cookies; `None` clears it.
+/// `SameSite=Lax` for the reason in the module's comment.
 pub(crate) fn set_cookie(web: &Web, name: &str, value: Option<&str>) -> String {
     let secure = if web.settings.secure_cookies {
         "; Secure"
@@ -84,8 +88,8 @@ pub(crate) fn set_cookie(web: &Web, name: &str, value: Option<&str>) -> String {
         ""
     };
     match value {
-        Some(v) => format!("{name}={v}; Path=/; HttpOnly; SameSite=Strict{secure}"),
-        None => format!("{name}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
+        Some(v) => format!("{name}={v}; Path=/; HttpOnly; SameSite=Lax{secure}"),
+        None => format!("{name}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0{secure}"),
     }
 }
 

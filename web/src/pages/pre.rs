@@ -1,8 +1,9 @@
 //! CSRF before there is a session (sign-in, sign-up, claim links): a
-//! random token in an HttpOnly, SameSite=Strict cookie and the same token
+//! random token in an HttpOnly, SameSite=Lax cookie and the same token
 //! in the form. Another site can make a browser post our form but can
-//! neither read the cookie nor make the browser send it cross-site, so a
-//! post whose field matches the cookie came from one of our pages.
+//! neither read the cookie nor make the browser send it with a
+//! cross-site post, so a post whose field matches the cookie came from one
+//! of our pages.
 
 use axum::http::HeaderMap;
 
