@@ -34,11 +34,15 @@ impl IntoResponse for WebError {
             WebError::NotFound => StatusCode::NOT_FOUND,
             WebError::Csrf => StatusCode::FORBIDDEN,
             WebError::SignIn => {
-                return (
+                let mut response = (
                     StatusCode::SEE_OTHER,
                     [(axum::http::header::LOCATION, "/login")],
                 )
                     .into_response();
+                // [`dressed`] knows the page that was asked for, and adds
+                // it for the sign-in to return to.
+                response.extensions_mut().insert(SignInFirst);
+                return response;
             }
             WebError::Bad(_) => StatusCode::UNPROCESSABLE_ENTITY,
             WebError::Unavailable(why) => {
@@ -61,6 +65,10 @@ impl IntoResponse for WebError {
         response
     }
 }
+
+/// A redirect to `/login` that [`dressed`] may point back at the page.
+#[derive(Debug, Clone, Copy)]
+struct SignInFirst;
 
 /// What a refusal said, for [`dressed`] to render again.
 #[derive(Debug, Clone)]
@@ -95,7 +103,23 @@ pub(crate) async fn dressed(
     for c in request.headers().get_all(axum::http::header::COOKIE) {
         cookies.append(axum::http::header::COOKIE, c.clone());
     }
+    // Only a page can be returned to: a form's post, asked again as a GET,
+    // would not be there.
+    let asked = (request.method() == axum::http::Method::GET)
+        .then(|| request.uri().path_and_query().map(|p| p.to_string()))
+        .flatten();
     let mut response = next.run(request).await;
+    if response.extensions_mut().remove::<SignInFirst>().is_some() {
+        if let Some(location) = asked
+            .and_then(|page| crate::pages::local_path(&page).map(crate::pages::login_to_return))
+            .and_then(|l| axum::http::HeaderValue::from_str(&l).ok())
+        {
+            response
+                .headers_mut()
+                .insert(axum::http::header::LOCATION, location);
+        }
+        return response;
+    }
     let Some(refusal) = response.extensions_mut().remove::<Refusal>() else {
         return response;
     };

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use axum::Form;
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use chrono::Utc;
@@ -24,6 +25,8 @@ struct Login {
     pre: String,
     email: String,
     error: Option<String>,
+    /// The page to return to after signing in (empty: the profile).
+    next: String,
 }
 
 #[derive(Debug, askama::Template)]
@@ -50,6 +53,27 @@ pub(super) struct LoginForm {
     email: String,
     #[serde(default)]
     password: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `/login?next=…`: the page that sent the person to sign in.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct NextQuery {
+    #[serde(default)]
+    next: String,
+}
+
+/// Where a sign-in leads: back to the page that asked for it when that is
+/// an address on this site, else the profile (a link crafted elsewhere
+/// cannot send a person on to another site).
+fn return_to(next: &str) -> &str {
+    super::local_path(next).unwrap_or("/profile")
+}
+
+/// What the form carries on: only a page the sign-in would return to.
+fn kept(next: &str) -> String {
+    super::local_path(next).unwrap_or_default().to_owned()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -85,10 +109,12 @@ pub(super) async fn login_form(
     State(web): State<Arc<Web>>,
     visitor: Visitor,
     headers: HeaderMap,
+    query: Result<Query<NextQuery>, QueryRejection>,
 ) -> Result<Response, WebError> {
     super::people(&web)?;
+    let next = query.map(|q| q.0.next).unwrap_or_default();
     if let Visitor::Person(_) = visitor {
-        return Ok(see_other("/profile"));
+        return Ok(see_other(return_to(&next)));
     }
     let token = pre::token(&headers)?;
     let page = Login {
@@ -96,6 +122,7 @@ pub(super) async fn login_form(
         pre: token.clone(),
         email: String::new(),
         error: None,
+        next: kept(&next),
     };
     form_page(&web, &page, &token, StatusCode::OK)
 }
@@ -126,7 +153,7 @@ pub(super) async fn login(
                 set_cookie(&web, CSRF_COOKIE, Some(&opened.csrf)),
                 pre::clear(&web),
             ];
-            with_cookies(see_other("/profile"), &cookies)
+            with_cookies(see_other(return_to(&form.next)), &cookies)
         }
         Err(PeopleError::Store(why)) => Err(WebError::Internal(format!("signing in: {why}"))),
         // The people errors are written for the person at the form.
@@ -136,6 +163,7 @@ pub(super) async fn login(
                 pre: form.csrf.clone(),
                 email: form.email,
                 error: Some(e.to_string()),
+                next: kept(&form.next),
             };
             form_page(&web, &page, &form.csrf, refused(&e))
         }

@@ -125,6 +125,28 @@ fn encode(s: &str) -> String {
     out
 }
 
+/// `page` when it is an address on this site (one `/`, then no second
+/// `/` or `\`, nothing but printable ASCII), so that a sign-in never
+/// sends anyone to another site (`//evil.example`, `https://…`).
+pub(crate) fn local_path(page: &str) -> Option<&str> {
+    let rest = page.strip_prefix('/')?;
+    let local = !rest.starts_with('/')
+        && !page.contains('\\')
+        && page.len() <= 2048
+        && page.bytes().all(|b| b.is_ascii_graphic());
+    local.then_some(page)
+}
+
+/// The sign-in page that returns to `page` afterwards (plain `/login`
+/// where it would return to the profile anyway, or to itself).
+pub(crate) fn login_to_return(page: &str) -> String {
+    if page == "/profile" || page.starts_with("/login") {
+        "/login".to_owned()
+    } else {
+        format!("/login?next={}", encode(page))
+    }
+}
+
 /// Appends `Set-Cookie` values to a response.
 fn with_cookies(mut response: Response, cookies: &[String]) -> Result<Response, WebError> {
     for c in cookies {

@@ -181,6 +181,67 @@ async fn signup_is_not_there_when_closed() {
     assert_eq!(post.status, StatusCode::NOT_FOUND);
 }
 
+/// Signs in from `/login?next=<asked>` with the form's `next` set to
+/// `next`; the answer to the post.
+async fn sign_in_to(site: &Site, browser: &mut Browser, password: &str, next: &str) -> Page {
+    let asked = format!("/login?next={}", crate::pages::encode(next));
+    let csrf = browser.get(site, &asked).await.field("csrf");
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("email", "ada@example.org"),
+        ("password", password),
+        ("next", next),
+    ];
+    browser.post(site, "/login", &form).await
+}
+
+#[tokio::test]
+async fn signing_in_returns_to_the_page_that_asked_for_it_and_never_off_the_site() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    let user_id = sign_up(&site, &mut browser, "ada@example.org").await;
+    site.approve(&user_id, "p1").await;
+
+    let away = browser.get(&site, "/chat?model=a%20b").await;
+    assert_eq!(away.status, StatusCode::SEE_OTHER);
+    let login = away.location().expect("a redirect").to_owned();
+    assert_eq!(login, "/login?next=%2Fchat%3Fmodel%3Da%2520b");
+    let form = browser.get(&site, &login).await;
+    assert_eq!(form.status, StatusCode::OK);
+    assert_eq!(form.field("next"), "/chat?model=a%20b");
+
+    // A wrong password keeps the page to return to.
+    let wrong = sign_in_to(&site, &mut browser, "not the password", "/chat").await;
+    assert_eq!(wrong.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(wrong.field("next"), "/chat");
+
+    // Anywhere off this site leads to the profile instead.
+    for hostile in [
+        "//evil.example/chat",
+        "https://evil.example/",
+        "/\\evil.example",
+        "evil.example",
+        "javascript:alert(1)",
+    ] {
+        let mut stranger = Browser::default();
+        let page = sign_in_to(&site, &mut stranger, PASSWORD, hostile).await;
+        assert_eq!(
+            page.status,
+            StatusCode::SEE_OTHER,
+            "{hostile}: {}",
+            page.body
+        );
+        assert_eq!(page.location(), Some("/profile"), "{hostile}");
+    }
+
+    let page = sign_in_to(&site, &mut browser, PASSWORD, "/chat?model=a%20b").await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    assert_eq!(page.location(), Some("/chat?model=a%20b"));
+    // Already signed in, a sign-in link goes straight on.
+    let again = browser.get(&site, "/login?next=%2Fchat").await;
+    assert_eq!(again.location(), Some("/chat"));
+}
+
 #[tokio::test]
 async fn a_sign_in_form_from_elsewhere_is_refused() {
     let site = Site::open(true, Vec::new()).await;
@@ -465,7 +526,10 @@ async fn chat_stands_for_the_persons_project_with_no_key_in_the_browser() {
     let (url, seen) = engine().await;
     let site = Site::open(true, vec![endpoint(&url, "llama-8b")]).await;
     let mut browser = Browser::default();
-    assert_eq!(browser.get(&site, "/chat").await.location(), Some("/login"));
+    assert_eq!(
+        browser.get(&site, "/chat").await.location(),
+        Some("/login?next=%2Fchat")
+    );
     let turn = json!({"model": "llama-8b", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 100});
     let anonymous = browser
         .post_json(&site, "/chat/completions", None, &turn)
