@@ -205,8 +205,11 @@ pub async fn export<S: EventStore>(
     let mut after = from - 1;
     // The chain is checked on the way out: a store edited behind its back
     // was exported as if whole, and the file then blamed for it.
-    let mut prev = if from == 1 {
-        Some(crate::hash::GENESIS)
+    // A log imported from a later start begins at its base, whose hash
+    // was taken on trust.
+    let (base, base_hash) = store.base().await?;
+    let mut prev = if from - 1 <= base {
+        Some(base_hash)
     } else {
         store.hash_at(from - 1).await?
     };

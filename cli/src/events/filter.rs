@@ -34,19 +34,30 @@ impl std::str::FromStr for TypePatterns {
                 }
             }) {
                 let lower = name.to_lowercase();
-                let meant = known().find(|t| {
-                    let t = t.to_lowercase();
-                    if prefix {
-                        t.starts_with(&lower)
-                    } else {
-                        t == lower
-                    }
-                });
+                let meant = if prefix {
+                    // The prefix in the types' own case: `key*` means
+                    // `Key*` (KeyIssued and KeyRevoked), not the first
+                    // type that starts so.
+                    known()
+                        .find(|t| t.to_lowercase().starts_with(&lower))
+                        .and_then(|t| t.get(..name.len()))
+                        .map(|p| format!("{p}*"))
+                } else {
+                    // The same name in another case, else the nearest a
+                    // letter or two away (KeyIsued, KeyIssue).
+                    known()
+                        .find(|t| t.to_lowercase() == lower)
+                        .or_else(|| {
+                            known()
+                                .map(|t| (crate::config::edits(&t.to_lowercase(), &lower), t))
+                                .filter(|(d, _)| *d <= 2)
+                                .min_by_key(|(d, _)| *d)
+                                .map(|(_, t)| t)
+                        })
+                        .map(str::to_owned)
+                };
                 return Err(match meant {
-                    Some(t) => format!(
-                        "no event type is {item}; did you mean {t}{}?",
-                        if prefix { "*" } else { "" }
-                    ),
+                    Some(t) => format!("no event type is {item}; did you mean {t}?"),
                     None => format!(
                         "no event type is {item} (`llmgw events stats` counts the types in this log)"
                     ),

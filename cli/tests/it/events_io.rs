@@ -481,6 +481,17 @@ async fn a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor
             "no event type is nodecordoned; did you mean NodeCordoned?",
         ),
         ("Nosuch*", "no event type is Nosuch*"),
+        // A prefix in the wrong case means every type it starts, not the
+        // first; a letter or two off is the type meant.
+        ("key*", "no event type is key*; did you mean Key*?"),
+        (
+            "KeyIsued",
+            "no event type is KeyIsued; did you mean KeyIssued?",
+        ),
+        (
+            "KeyIssue",
+            "no event type is KeyIssue; did you mean KeyIssued?",
+        ),
     ] {
         let out = llmgw(&lost, &["events", "tail", "--type", typo]);
         let err = String::from_utf8_lossy(&out.stderr);
