@@ -530,6 +530,14 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
         if p.weight == 0 {
             return bad("weight must be at least 1".into());
         }
+        // The agent read 0 as "no limit": a start that hangs was waited
+        // on for ever, where the setting reads as "fail at once".
+        if p.startup_timeout_s == Some(0) {
+            return bad(
+                "startup_timeout_s 0: give the seconds a start may take (leave it out for 600)"
+                    .into(),
+            );
+        }
     }
     Ok(())
 }

@@ -41,6 +41,21 @@ pub struct GpuLook {
 /// The problem a registered GPU gets when the node no longer sees it.
 pub const GPU_NOT_SEEN: &str = "not seen by the node's last look at its GPUs";
 
+/// Whether free disk moved enough to record: a gigabyte where little is
+/// left (placement weighs it there), two elsewhere. Free space hovering at
+/// a whole gigabyte's edge, on a disk other work shares, appended an
+/// inventory change every few heartbeats.
+fn disk_moved(was: Option<u64>, now: Option<u64>) -> bool {
+    const SCARCE_GB: u64 = 10;
+    match (was, now) {
+        (Some(was), Some(now)) => {
+            let moved = was.abs_diff(now);
+            moved >= 2 || (moved == 1 && was.min(now) < SCARCE_GB)
+        }
+        (was, now) => was != now,
+    }
+}
+
 /// The commands a heartbeat of `node` asks for: none when nothing changed.
 /// The decider re-checks each against the log, so a view a moment behind
 /// costs at most a no-op.
@@ -65,7 +80,9 @@ pub fn plan(node: &Node, hb: &Heartbeat) -> Vec<Command> {
         }
     }
     let changed = hb.memory_total_mb.is_some_and(|m| m != cur.memory_total_mb)
-        || hb.disk_free_gb.is_some_and(|d| d != cur.disk_free_gb)
+        || hb
+            .disk_free_gb
+            .is_some_and(|d| disk_moved(cur.disk_free_gb, d))
         || hb.weights.as_ref().is_some_and(|w| *w != cur.weights)
         || hb.engines.as_ref().is_some_and(|e| *e != cur.engines)
         || gpus != cur.gpus;

@@ -2287,6 +2287,11 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             "tp × pp",
         ),
         (
+            good.replace("gpus_per_node: 2", "gpus_per_node: 2\n        startup_timeout_s: 0"),
+            vec![],
+            "startup_timeout_s 0",
+        ),
+        (
             good.replace("fallbacks: [qwen-0.5b]", "fallbacks: [nope]"),
             vec![],
             "fallback nope",

@@ -66,6 +66,23 @@ fn a_beat_that_repeats_what_the_log_knows_asks_for_nothing() {
     assert!(plan(&n, &same).is_empty());
 }
 
+/// Free disk at a gigabyte's edge is not news: a move of two is, or of
+/// one where under ten are left.
+#[test]
+fn free_disk_wobbling_by_a_gigabyte_asks_for_nothing_unless_it_is_scarce() {
+    let mut n = node();
+    let beat = |gb| Heartbeat {
+        disk_free_gb: Some(Some(gb)),
+        ..Heartbeat::default()
+    };
+    assert!(plan(&n, &beat(499)).is_empty());
+    assert!(plan(&n, &beat(501)).is_empty());
+    assert_eq!(inventory_of(&plan(&n, &beat(498))).disk_free_gb, Some(498));
+    n.inventory.disk_free_gb = Some(9);
+    assert_eq!(inventory_of(&plan(&n, &beat(8))).disk_free_gb, Some(8));
+    assert_eq!(inventory_of(&plan(&n, &beat(10))).disk_free_gb, Some(10));
+}
+
 #[test]
 fn a_node_not_ready_is_revived_by_its_beat() {
     let mut n = node();
