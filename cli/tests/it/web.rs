@@ -299,8 +299,13 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let twice = ayse
         .post("/profile/keys", &[("name", "laptop"), ("csrf", &csrf)])
         .await;
+    // The same form again (a reload of the new key's page, or a second
+    // laptop): said to her (not by her id), with why no secret is shown.
+    assert_eq!(twice.status, StatusCode::CONFLICT, "{}", twice.body);
     assert!(
-        twice.body.contains("you already have a key named laptop"),
+        twice.body.contains("You already have a key “laptop”")
+            && twice.body.contains("shown only once")
+            && !twice.body.contains(&id),
         "her own second laptop, said to her (not by her id): {}",
         twice.body
     );

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use axum::Form;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::Response;
 use chrono::Utc;
@@ -45,6 +46,25 @@ struct KeyMade {
     secret: String,
     base: String,
     curl: String,
+}
+
+/// A resubmitted key form (a reload of the new key's page), or a name
+/// the person already uses: the key exists and its secret cannot be shown
+/// again.
+#[derive(Debug, askama::Template)]
+#[template(path = "pages/key_exists.html")]
+struct KeyExists {
+    chrome: Chrome,
+    name: String,
+    prefix: String,
+}
+
+/// `/profile?changed=password`: where a password change leads, so that a
+/// reload asks for the page again rather than posting the form again.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ProfileQuery {
+    #[serde(default)]
+    changed: String,
 }
 
 /// What the last post left to say on the page.
@@ -153,10 +173,15 @@ async fn profile_page(
 pub(super) async fn page(
     State(web): State<Arc<Web>>,
     visitor: Visitor,
+    query: Result<Query<ProfileQuery>, QueryRejection>,
 ) -> Result<Response, WebError> {
     let person = signed_in(&web, &visitor)?;
     let chrome = Chrome::for_visitor(&web, &visitor);
-    profile_page(&web, person, chrome, Said::default()).await
+    let said = Said {
+        password_changed: query.is_ok_and(|q| q.changed == "password"),
+        ..Said::default()
+    };
+    profile_page(&web, person, chrome, said).await
 }
 
 pub(super) async fn create_key(
@@ -200,6 +225,21 @@ pub(super) async fn create_key(
     {
         Ok(made) => made,
         Err(WebError::Bad(why)) => {
+            // Most often the new key's page reloaded, which posts its form
+            // again: say that the key exists and why its secret is gone,
+            // rather than "choose another name".
+            let mine = own_keys(&web, person).await?;
+            if let Some(k) = mine
+                .iter()
+                .find(|k| k.state == "active" && k.name == name && k.project == body.project)
+            {
+                let page = KeyExists {
+                    chrome,
+                    name,
+                    prefix: k.prefix.clone(),
+                };
+                return Ok(with_status(render(&page)?, StatusCode::CONFLICT));
+            }
             // The rule names the owner by id: here the owner is the reader.
             let why = why.replace(
                 &format!("{} already has", person.user_id),
@@ -262,7 +302,7 @@ pub(super) async fn change_password(
     let person = signed_in(&web, &visitor)?;
     person.check_csrf(&form.csrf)?;
     let people = super::people(&web)?;
-    let mut chrome = Chrome::for_visitor(&web, &visitor);
+    let chrome = Chrome::for_visitor(&web, &visitor);
     let opened = match people
         .change_password(&person.user_id, &form.current, &form.next, Utc::now())
         .await
@@ -292,17 +332,12 @@ pub(super) async fn change_password(
         // only the log's note of it is missing.
         tracing::error!(user_id = %person.user_id, error = %why, "recording a password change");
     }
-    // This browser stays signed in, on the new session; the page's forms
-    // carry the new session's token.
-    chrome.csrf = opened.csrf.clone();
-    let said = Said {
-        password_changed: true,
-        ..Said::default()
-    };
-    let page = profile_page(&web, person, chrome, said).await?;
+    // This browser stays signed in, on the new session. A redirect, not
+    // the page: a reload then shows the profile again instead of posting
+    // the old password once more (which now fails).
     let cookies = [
         set_cookie(&web, SESSION_COOKIE, Some(&opened.token)),
         set_cookie(&web, CSRF_COOKIE, Some(&opened.csrf)),
     ];
-    with_cookies(page, &cookies)
+    with_cookies(see_other("/profile?changed=password"), &cookies)
 }

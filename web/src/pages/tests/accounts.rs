@@ -130,12 +130,13 @@ async fn signing_up_waits_for_approval_and_a_taken_address_gets_the_same_answer(
     );
     assert!(weak.body.contains(r#"value="bob@example.org""#));
 
-    // Pending: powerless, and told so.
+    // Pending: powerless, and told no more than a wrong password is
+    // (whoever signed up chose the password).
     site.catch_up().await;
     let pending = sign_in(&site, &mut browser, "ada@example.org", PASSWORD).await;
     assert_eq!(pending.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
-        pending.body.contains("waiting for approval"),
+        pending.body.contains("once an operator approves it"),
         "{}",
         pending.body
     );
@@ -307,6 +308,25 @@ async fn a_person_manages_their_own_keys_from_the_profile() {
             .contains("Authorization: Bearer sk-new-0123456789abcdef")
     );
     assert!(made.body.contains("http://gw.example/v1/chat/completions"));
+    // Reloading the new key's page posts its form again: told that the
+    // key exists and its secret is not shown twice, not "choose another
+    // name".
+    let reloaded = browser
+        .post(
+            &site,
+            "/profile/keys",
+            &[("csrf", &csrf), ("name", "laptop")],
+        )
+        .await;
+    assert_eq!(reloaded.status, StatusCode::CONFLICT, "{}", reloaded.body);
+    assert!(
+        reloaded.body.contains("shown only once"),
+        "{}",
+        reloaded.body
+    );
+    assert!(!reloaded.body.contains("sk-new-0123456789abcdef"));
+    assert!(!reloaded.body.contains("choose another name"));
+    assert!(reloaded.body.contains(r#"href="/profile""#));
     let asked_to_make: Vec<_> = site
         .asked
         .lock()
@@ -315,7 +335,8 @@ async fn a_person_manages_their_own_keys_from_the_profile() {
         .filter(|(what, _, _)| what == "POST keys")
         .cloned()
         .collect();
-    assert_eq!(asked_to_make.len(), 1);
+    // The second ask was refused (the name is taken): one key made.
+    assert_eq!(asked_to_make.len(), 2);
     assert_eq!(asked_to_make[0].1, user_id);
     assert_eq!(
         asked_to_make[0].2,
@@ -395,15 +416,18 @@ async fn a_password_change_keeps_this_browser_and_signs_out_the_others() {
             ],
         )
         .await;
-    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
-    assert!(changed.body.contains("Your password has changed"));
+    // A redirect, so that reloading the page does not post the form again.
+    assert_eq!(changed.status, StatusCode::SEE_OTHER, "{}", changed.body);
+    assert_eq!(changed.location(), Some("/profile?changed=password"));
     assert_ne!(browser.cookies.get("llmgw_session"), old_session.as_ref());
+    let told = browser.get(&site, "/profile?changed=password").await;
+    assert_eq!(told.status, StatusCode::OK, "{}", told.body);
+    assert!(told.body.contains("Your password has changed"));
     // The page's forms carry the new session's token.
-    assert_eq!(
-        browser.cookies.get("llmgw_csrf"),
-        Some(&changed.field("csrf"))
-    );
-    assert_eq!(browser.get(&site, "/profile").await.status, StatusCode::OK);
+    assert_eq!(browser.cookies.get("llmgw_csrf"), Some(&told.field("csrf")));
+    let plain = browser.get(&site, "/profile").await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert!(!plain.body.contains("Your password has changed"));
     let signed_out = other.get(&site, "/profile").await;
     assert_eq!(signed_out.location(), Some("/login"));
 

@@ -126,6 +126,10 @@ fn admin_api(asked: Asked) -> Router {
         last_used: None,
     };
     let (list, made, revoked) = (asked.clone(), asked.clone(), asked);
+    // The keys made through it, listed afterwards; a name made twice by
+    // the same owner in a project is refused as the domain refuses it.
+    let keys: Arc<Mutex<Vec<NewKey>>> = Arc::default();
+    let (listed, kept) = (keys.clone(), keys);
     Router::new()
         .route(
             "/api/v1/keys",
@@ -138,13 +142,18 @@ fn admin_api(asked: Asked) -> Router {
                         who.clone(),
                         Value::Null,
                     ));
-                    async move {
-                        axum::Json(vec![
-                            row("key-mine", &project, Some(who)),
-                            row("key-theirs", &project, Some("usr-someone-else".into())),
-                            row("key-ops", &project, None),
-                        ])
+                    let mut rows = vec![
+                        row("key-mine", &project, Some(who)),
+                        row("key-theirs", &project, Some("usr-someone-else".into())),
+                        row("key-ops", &project, None),
+                    ];
+                    for k in listed.lock().expect("lock").iter() {
+                        rows.push(KeyRow {
+                            name: k.name.clone(),
+                            ..row("key-new", &k.project, k.owner.clone())
+                        });
                     }
+                    async move { axum::Json(rows) }
                 },
             )
             .post(move |h: HeaderMap, axum::Json(body): axum::Json<NewKey>| {
@@ -153,15 +162,36 @@ fn admin_api(asked: Asked) -> Router {
                     actor(&h),
                     serde_json::to_value(&body).expect("json"),
                 ));
-                async move {
-                    axum::Json(KeyCreated {
+                let mut keys = kept.lock().expect("lock");
+                let taken = keys.iter().any(|k| {
+                    (&k.project, &k.owner, &k.name) == (&body.project, &body.owner, &body.name)
+                });
+                let answer = if taken {
+                    let why = format!(
+                        "{} already has a key named {} in project {}: choose another name",
+                        body.owner.clone().unwrap_or_default(),
+                        body.name,
+                        body.project
+                    );
+                    (
+                        StatusCode::CONFLICT,
+                        axum::Json(serde_json::json!({ "error": why })),
+                    )
+                } else {
+                    keys.push(body);
+                    let made = KeyCreated {
                         key_id: "key-new".into(),
                         prefix: "sk-new".into(),
                         secret: Some("sk-new-0123456789abcdef".into()),
                         claim_token: None,
                         claim_expires_at: None,
-                    })
-                }
+                    };
+                    (
+                        StatusCode::OK,
+                        axum::Json(serde_json::to_value(made).expect("json")),
+                    )
+                };
+                async move { answer }
             }),
         )
         .route(
