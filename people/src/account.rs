@@ -82,12 +82,13 @@ impl People {
         if !refund_if_busy(verify_blocking(password, &hash).await)? {
             return Err(PeopleError::BadCredentials);
         }
-        // Only a right password learns the account's state.
+        // Only a right password learns the account's state, and only of an
+        // account that was approved once: a pending one is answered as a
+        // wrong password (and counted as one), since whoever signed up
+        // chose that password, perhaps for someone else's address.
         match status(&user_id) {
-            None | Some(UserStatus::Erased) => return Err(PeopleError::BadCredentials),
-            Some(UserStatus::Pending) => {
-                self.attempts.clear(&email);
-                return Err(PeopleError::NotApproved);
+            None | Some(UserStatus::Erased) | Some(UserStatus::Pending) => {
+                return Err(PeopleError::BadCredentials);
             }
             Some(UserStatus::Suspended) => {
                 self.attempts.clear(&email);

@@ -80,10 +80,14 @@ impl PeopleConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PeopleError {
-    #[error("that email and password do not match an account")]
+    /// A pending account says the same, right password or not: anyone
+    /// may sign up with an address and a password of their own, and
+    /// "waiting for approval" after it told a new address from a taken
+    /// one.
+    #[error(
+        "that email and password do not match an account that may sign in (a new account may once an operator approves it)"
+    )]
     BadCredentials,
-    #[error("this account is waiting for approval")]
-    NotApproved,
     #[error("this account has been suspended")]
     Suspended,
     /// Locked, the right password too, until the attempt window ends.

@@ -242,7 +242,7 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         .await;
     assert_ne!(refused.status, StatusCode::SEE_OTHER);
     assert!(
-        refused.body.contains("waiting for approval"),
+        refused.body.contains("once an operator approves it"),
         "{}",
         refused.body
     );

@@ -27,7 +27,7 @@ async fn approval_is_what_makes_an_account_work(b: Backend) {
     let fx = Fx::new(b).await;
     let id = fx.pending().await;
     is(fx.sign_in(AYSE, GOOD, at(1)).await, |e| {
-        matches!(e, PeopleError::NotApproved)
+        matches!(e, PeopleError::BadCredentials)
     });
     fx.set(&id, UserStatus::Active);
     // Any spelling of the address.
