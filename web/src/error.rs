@@ -16,6 +16,9 @@ pub(crate) enum WebError {
     SignIn,
     #[error("{0}")]
     Bad(String),
+    /// A method the address does not take (see [`wrong_method`]).
+    #[error("{0}")]
+    Method(&'static str),
     /// The leader, which decides every change, could not be reached (a
     /// standby between leaders, say); the reason is logged, not shown
     /// (it names internal addresses).
@@ -45,6 +48,7 @@ impl IntoResponse for WebError {
                 return response;
             }
             WebError::Bad(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            WebError::Method(_) => StatusCode::METHOD_NOT_ALLOWED,
             WebError::Unavailable(why) => {
                 tracing::warn!(error = %why, "a page's change could not reach the leader");
                 StatusCode::SERVICE_UNAVAILABLE
@@ -64,6 +68,19 @@ impl IntoResponse for WebError {
         response.extensions_mut().insert(Refusal { status, text });
         response
     }
+}
+
+/// A visit to an address that only receives forms (a link to
+/// `/profile/password`, say), or a form sent to a page: a 405 as a page in
+/// the site's chrome, where it was an empty answer a browser shows blank.
+pub(crate) async fn wrong_method(method: axum::http::Method) -> WebError {
+    WebError::Method(
+        if method == axum::http::Method::GET || method == axum::http::Method::HEAD {
+            "this address receives a form sent from one of the pages and has nothing to show: go back to the page the form is on"
+        } else {
+            "this page cannot receive that request"
+        },
+    )
 }
 
 /// A redirect to `/login` that [`dressed`] may point back at the page.

@@ -132,7 +132,11 @@ pub fn admin_routes(web: Arc<Web>) -> Router {
 
 /// Every `/admin/…` page; who may see it is the listener's concern.
 fn admin_pages() -> Router<Arc<Web>> {
-    admin::routes().merge(events::routes())
+    // Set here, under the layers the listeners add: a 405 must not tell a
+    // stranger that an `/admin/…` address exists.
+    admin::routes()
+        .merge(events::routes())
+        .method_not_allowed_fallback(error::wrong_method)
 }
 
 fn statics() -> Router<Arc<Web>> {

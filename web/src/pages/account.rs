@@ -40,6 +40,12 @@ struct Signup {
 }
 
 #[derive(Debug, askama::Template)]
+#[template(path = "pages/logout.html")]
+struct Logout {
+    chrome: Chrome,
+}
+
+#[derive(Debug, askama::Template)]
 #[template(path = "pages/signup_done.html")]
 struct SignupDone {
     chrome: Chrome,
@@ -167,6 +173,21 @@ pub(super) async fn login(
             };
             form_page(&web, &page, &form.csrf, refused(&e))
         }
+    }
+}
+
+/// `GET /logout` (a typed address, a bookmark): a button that signs out,
+/// since a visit must not sign anyone out by itself (a link elsewhere could
+/// do it); someone signed out has nothing to do here.
+pub(super) async fn logout_page(
+    State(web): State<Arc<Web>>,
+    visitor: Visitor,
+) -> Result<Response, WebError> {
+    match &visitor {
+        Visitor::Person(_) => render(&Logout {
+            chrome: Chrome::for_visitor(&web, &visitor),
+        }),
+        Visitor::Anonymous => Ok(see_other("/")),
     }
 }
 

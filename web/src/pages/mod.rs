@@ -33,7 +33,7 @@ pub(crate) fn routes() -> Router<Arc<Web>> {
     Router::new()
         .route("/", get(landing::page))
         .route("/login", get(account::login_form).post(account::login))
-        .route("/logout", post(account::logout))
+        .route("/logout", get(account::logout_page).post(account::logout))
         .route("/signup", get(account::signup_form).post(account::signup))
         .route("/profile", get(profile::page))
         .route("/profile/keys", post(profile::create_key))
@@ -44,6 +44,7 @@ pub(crate) fn routes() -> Router<Arc<Web>> {
         .route("/chat/completions", post(chat::completions))
         .route("/static/chat.js", get(chat::script))
         .route("/static/pages.css", get(chat::style))
+        .method_not_allowed_fallback(crate::error::wrong_method)
 }
 
 /// The people tables, when this server has accounts; otherwise the pages

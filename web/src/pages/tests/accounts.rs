@@ -582,3 +582,41 @@ async fn chat_stands_for_the_persons_project_with_no_key_in_the_browser() {
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0]["max_tokens"], 100);
 }
+
+/// `/logout` typed or bookmarked: a button for the signed in, the start
+/// page for anyone else; a visit to a form's address is a page saying so,
+/// and never reveals an admin address to a stranger.
+#[tokio::test]
+async fn visiting_a_forms_address_gets_a_page_not_an_empty_405() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut stranger = Browser::default();
+    let away = stranger.get(&site, "/logout").await;
+    assert_eq!(away.status, StatusCode::SEE_OTHER);
+    assert_eq!(away.location(), Some("/"));
+    let hidden = stranger.get(&site, "/admin/users/usr-x/approve").await;
+    assert_eq!(hidden.status, StatusCode::NOT_FOUND);
+
+    let mut browser = Browser::default();
+    signed_in(&site, &mut browser, "ada@example.org").await;
+    let page = browser.get(&site, "/logout").await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(page.body.contains(r#"id="sign-out""#), "{}", page.body);
+    // Visiting it signs no one out; its button does.
+    assert!(browser.cookies.contains_key("llmgw_session"));
+    let csrf = page.field("csrf");
+    assert_eq!(browser.cookies.get("llmgw_csrf"), Some(&csrf));
+    let out = browser.post(&site, "/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    assert!(!browser.cookies.contains_key("llmgw_session"));
+
+    sign_in(&site, &mut browser, "ada@example.org", PASSWORD).await;
+    let visit = browser.get(&site, "/profile/password").await;
+    assert_eq!(visit.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(
+        visit.body.contains("go back to the page the form is on"),
+        "{}",
+        visit.body
+    );
+    // In the site's chrome: the person keeps their navigation.
+    assert!(visit.body.contains("Sign out"), "{}", visit.body);
+}
