@@ -286,3 +286,23 @@ async fn a_server_without_a_log_says_so() {
         assert!(html.contains("keeps no event log"), "{path}");
     }
 }
+
+/// The payload column keeps a readable width: breaking anywhere alone let
+/// the table squeeze it to a sliver (~100px at 1280px) beside the other
+/// columns. A browser's layout is not at hand here; the rule that keeps
+/// the floor is.
+#[tokio::test]
+async fn the_payload_column_has_a_floor() {
+    let (router, _store, _scratch) = pages().await;
+    let (status, html) = get(&router, "/admin/events").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains(r#"<td class="payload">"#) && html.contains("<details>"));
+    let (status, css) = get(&router, "/static/events.css").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        css.lines()
+            .any(|l| l.starts_with("table.events td.payload details")
+                && l.contains("min-width: 20rem")),
+        "{css}"
+    );
+}
