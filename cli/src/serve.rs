@@ -94,6 +94,29 @@ fn say(line: String) {
     let _ = out.flush();
 }
 
+/// Says at start what the client listener offers to whoever reaches it
+/// off loopback, when that is more than an operator may have meant (`:8080`
+/// is every interface): models without keys, or keys and passwords over
+/// plain HTTP. Not refused: a TLS proxy in front, or a private network,
+/// makes either sound.
+fn warn_exposure(plan: &Plan) {
+    let client = plan.listen.client;
+    if client.ip().is_loopback() {
+        return;
+    }
+    if !plan.auth {
+        tracing::warn!(
+            %client,
+            "auth is off: anyone who reaches this listener may use every model (auth.enabled: true asks for keys)"
+        );
+    } else if plan.listen.client_tls.is_none() {
+        tracing::warn!(
+            %client,
+            "no client_tls: API keys, passwords and sessions cross the network in the clear unless a TLS proxy stands in front"
+        );
+    }
+}
+
 /// This server's name in the lease and in what it appends.
 fn instance(plan: &Plan) -> String {
     match &plan.control {
@@ -181,6 +204,7 @@ pub(crate) async fn run(
 ) -> anyhow::Result<Outcome> {
     survive_file_size_limit();
     fit_open_files(&mut plan)?;
+    warn_exposure(&plan);
     let instance = instance(&plan);
     let needs_log = plan.store_named || plan.control.is_some() || plan.auth || plan.usage.is_some();
     let log = if needs_log {

@@ -1095,6 +1095,33 @@ impl Drop for Child {
     }
 }
 
+/// A client listener off loopback says at start what it offers there:
+/// every model without a key, or keys and passwords over plain HTTP.
+#[test]
+fn a_client_listener_off_loopback_says_what_it_exposes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("s.db").display());
+    for (auth, says) in [
+        ("false", "auth is off: anyone who reaches this listener"),
+        ("true", "no client_tls: API keys, passwords and sessions"),
+    ] {
+        let server = Child::spawn(&[
+            "--store",
+            &store,
+            "server",
+            "--endpoint",
+            "e=http://127.0.0.1:1=m",
+            "--listen",
+            "0.0.0.0:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--auth",
+            auth,
+        ]);
+        Child::expect(&server.stderr, says);
+    }
+}
+
 #[tokio::test]
 async fn sim_engine_answers_openai_clients_over_a_socket() {
     let engine = tiny_engine();
