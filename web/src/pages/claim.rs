@@ -115,7 +115,7 @@ pub(super) async fn reveal(
     let base = super::base_url(&web, &headers);
     // One the revealed key may use.
     let entry = web.views().tenancy.key_entry(&claimed.key_id);
-    let model = super::landing::example_model(entry.map_or_else(Vec::new, |k| {
+    let model = super::landing::example_model(&entry.map_or_else(Vec::new, |k| {
         llmgw_gateway::model_cards(&web.gateway, Some(&k))
     }));
     let page = Revealed {

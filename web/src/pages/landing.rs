@@ -32,8 +32,8 @@ pub(super) async fn page(
     let keys = web.settings.accounts;
     let person = visitor.person().ok().map(|p| p.user_id.as_str());
     let models = distinct(models_of_person(&web, person));
-    let first = models.first().map_or("MODEL", |m| m.id.as_str());
-    let curl = super::curl_example(&base, keys.then_some("$LLMGW_KEY"), first);
+    let model = example_model(&models);
+    let curl = super::curl_example(&base, keys.then_some("$LLMGW_KEY"), &model);
     let page = Landing {
         chrome: Chrome::for_visitor(&web, &visitor),
         keys,
@@ -64,12 +64,16 @@ pub(super) fn models_of_person(web: &Web, user_id: Option<&str>) -> Vec<ModelCar
     })
 }
 
-/// The first of `models` for a curl example, or a placeholder.
-pub(super) fn example_model(models: Vec<ModelCard>) -> String {
+/// The model for a curl example: the first that serves now (the first
+/// alphabetically may be one that only starts on demand, and a first try
+/// that waits minutes for it reads as broken), else the first, else a
+/// placeholder.
+pub(super) fn example_model(models: &[ModelCard]) -> String {
     models
-        .into_iter()
-        .next()
-        .map_or_else(|| "MODEL".to_owned(), |m| m.id)
+        .iter()
+        .find(|m| !m.loading_on_demand)
+        .or(models.first())
+        .map_or_else(|| "MODEL".to_owned(), |m| m.id.clone())
 }
 
 /// Each model once, in the order given.

@@ -253,7 +253,7 @@ pub(super) async fn create_key(
         .secret
         .ok_or_else(|| WebError::Internal("the admin API made a key without a secret".into()))?;
     let base = super::base_url(&web, &headers);
-    let model = super::landing::example_model(super::landing::models_of_person(
+    let model = super::landing::example_model(&super::landing::models_of_person(
         &web,
         Some(&person.user_id),
     ));

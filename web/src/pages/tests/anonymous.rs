@@ -243,3 +243,34 @@ fn curl_quotes_what_the_shell_would_split() {
          -d '{\"messages\":[{\"content\":\"Hello!\",\"role\":\"user\"}],\"model\":\"it'\\''s\"}'"
     );
 }
+
+/// The curl example names a model that serves now: the first
+/// alphabetically (here one that only starts on demand) made a first try
+/// wait for a model to load, or fail.
+#[tokio::test]
+async fn the_example_names_a_model_that_serves() {
+    use llmgw_domain::Event;
+    use llmgw_domain::catalog::{CatalogEvent, Model};
+    use llmgw_projections::{RouterView, Stamp, View};
+
+    let web = web(
+        WebSettings::default(),
+        vec![endpoint("http://127.0.0.1:9", "zeta-8b")],
+    );
+    let mut model = Model::named("alpha-70b");
+    model.profiles = vec![
+        serde_json::from_value(serde_json::json!({"name": "p", "engine": "sim"})).expect("profile"),
+    ];
+    let mut view = RouterView::default();
+    let stamp = Stamp {
+        position: 1,
+        recorded_at_ms: 0,
+    };
+    view.apply_event(stamp, &Event::Catalog(CatalogEvent::ModelAdded { model }));
+    web.gateway.apply_router_view(&view);
+    let app = client_routes(web);
+    let (status, html, _) = get(&app, "/", "gw.example").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(html.contains("alpha-70b"), "both are listed: {html}");
+    assert!(html.contains("&#34;model&#34;:&#34;zeta-8b&#34;"), "{html}");
+}
