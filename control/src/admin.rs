@@ -536,7 +536,7 @@ async fn add_model(
 /// The model a body describes. A key the model does not have is refused,
 /// as the configuration file refuses it: skipped, a misspelt `scaling` or
 /// `gpu_class` would leave its default in place and report success.
-fn model_of(body: &[u8]) -> std::result::Result<Model, AdminError> {
+pub(crate) fn model_of(body: &[u8]) -> std::result::Result<Model, AdminError> {
     let bad = |why: String| AdminError(StatusCode::BAD_REQUEST, why);
     let mut unknown = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(body);

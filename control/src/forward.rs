@@ -221,7 +221,14 @@ pub async fn forward_writes(
         }
         return next.run(rebuild()).await;
     }
-    if let Some(refused) = own_file_model(&cp, &parts, &body) {
+    if let Some((refused, command)) = own_file_model(&cp, &parts, &body) {
+        // Recorded as the leader records its own file's refusals: an
+        // operator's refused command is in the log whichever server said no.
+        if let Some(command) = command {
+            let origin = crate::tenancy_api::origin(&parts.headers);
+            let rejection = llmgw_domain::Rejection::conflict(refused.1.clone());
+            cp.record_refused(&origin, &command, &rejection).await;
+        }
         return refused.into_response();
     }
     // Where the log stood before the command was first sent: what any
@@ -381,35 +388,47 @@ fn own_file_model(
     cp: &ControlPlane,
     parts: &axum::http::request::Parts,
     body: &[u8],
-) -> Option<AdminError> {
+) -> Option<(AdminError, Option<llmgw_domain::Command>)> {
+    use llmgw_domain::Command;
+    use llmgw_domain::catalog::CatalogCommand;
     if parts.uri.path() != "/api/v1/models" {
         return None;
     }
-    let name = match parts.method {
-        Method::POST => serde_json::from_slice::<serde_json::Value>(body)
-            .ok()?
-            .get("name")?
-            .as_str()?
-            .to_owned(),
+    let (name, command) = match parts.method {
+        Method::POST => {
+            let name = serde_json::from_slice::<serde_json::Value>(body)
+                .ok()?
+                .get("name")?
+                .as_str()?
+                .to_owned();
+            let model = crate::admin::model_of(body).ok();
+            (
+                name,
+                model.map(|m| Command::Catalog(CatalogCommand::UpdateModel(m))),
+            )
+        }
         Method::DELETE => {
             #[derive(serde::Deserialize)]
             struct Named {
                 name: String,
             }
-            axum::extract::Query::<Named>::try_from_uri(&parts.uri)
+            let name = axum::extract::Query::<Named>::try_from_uri(&parts.uri)
                 .ok()?
                 .0
-                .name
+                .name;
+            let remove = Command::Catalog(CatalogCommand::RemoveModel { name: name.clone() });
+            (name, Some(remove))
         }
         _ => return None,
     };
     cp.config.models.iter().any(|m| m.name == name).then(|| {
-        AdminError(
+        let refused = AdminError(
             StatusCode::CONFLICT,
             format!(
                 "model {name} is defined in this server's configuration file, which is applied whenever this server takes office: it cannot be changed with ctl; edit every server's file and restart them"
             ),
-        )
+        );
+        (refused, command)
     })
 }
 

@@ -2062,6 +2062,19 @@ async fn a_standby_refuses_ctl_changes_to_a_model_its_own_file_defines() {
         models.contains("other") && !models.contains("chat"),
         "{models}"
     );
+    // Both refusals are in the log, as the leader's own are.
+    let refused = super::ok(
+        &db.url,
+        &["events", "tail", "--type", "CommandRefused", "--json"],
+    );
+    let rows = super::json_lines(&refused);
+    assert_eq!(rows.len(), 2, "{refused}");
+    assert!(
+        rows.iter().all(|r| r["payload"]["reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("defined in this server's configuration file"))),
+        "{refused}"
+    );
 }
 
 /// A catalog that wants a replica and a cluster with no node yet: the
