@@ -823,3 +823,59 @@ async fn the_dashboard_shows_each_groups_limits_spend_and_what_it_keeps() {
     );
     assert!(!body.contains("No org has been made"));
 }
+
+/// A key that no longer works says why, as `llmgw keys list` does: every
+/// one read "revoked", a claim link's key that ran out included.
+#[tokio::test]
+async fn usage_per_key_says_why_a_key_stopped() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let past = llmgw_domain::UnixMillis(Utc::now().timestamp_millis() - 60_000);
+    let future = llmgw_domain::UnixMillis(Utc::now().timestamp_millis() + 3_600_000);
+    let claim = |id: &str, by| match key(id, id, None) {
+        Event::Tenancy(TenancyEvent::KeyIssued(mut k)) => {
+            k.claim_by = Some(by);
+            Event::Tenancy(TenancyEvent::KeyIssued(k))
+        }
+        _ => unreachable!("key makes a KeyIssued"),
+    };
+    feed(
+        &mut views,
+        [
+            key("k-live", "k-live", None),
+            key("k-gone", "k-gone", None),
+            Event::Tenancy(TenancyEvent::KeyRevoked {
+                key_id: "k-gone".into(),
+                by: "alice".into(),
+            }),
+            claim("k-lapsed", past),
+            claim("k-waiting", future),
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: "bo".into(),
+            }),
+            key("k-erased", "k-erased", Some("bo")),
+            Event::Tenancy(TenancyEvent::UserErased {
+                user_id: "bo".into(),
+                by: "alice".into(),
+            }),
+        ],
+    );
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (status, page) = get(&app, "/admin").await;
+    assert_eq!(status, StatusCode::OK);
+    let badge = |id: &str| {
+        let row = page
+            .split("<tr>")
+            .find(|r| r.contains(&format!(">{id}<")))
+            .unwrap_or_else(|| panic!("{id}'s row: {page}"));
+        row.split(r#"<span class="badge bad">"#)
+            .nth(1)
+            .and_then(|b| b.split('<').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(badge("k-live"), None);
+    assert_eq!(badge("k-waiting"), None);
+    assert_eq!(badge("k-gone").as_deref(), Some("revoked"));
+    assert_eq!(badge("k-lapsed").as_deref(), Some("expired"));
+    assert_eq!(badge("k-erased").as_deref(), Some("stopped"));
+}

@@ -17,7 +17,9 @@ pub(crate) struct UsageRow {
     pub project: String,
     /// The key's owner, or empty for an operator's key.
     pub owner: String,
-    pub revoked: bool,
+    /// Why a key no longer works, in `llmgw keys list`'s words (revoked,
+    /// stopped, expired); empty while it works.
+    pub ended: &'static str,
     pub requests: String,
     pub tokens: String,
     pub errors: String,
@@ -35,7 +37,7 @@ impl UsageRow {
             name: String::new(),
             project: String::new(),
             owner: String::new(),
-            revoked: false,
+            ended: "",
             requests: fmt::count(s.requests),
             tokens: fmt::count(s.total_tokens),
             errors: fmt::count(s.errors),
@@ -95,14 +97,32 @@ pub(crate) fn keys(
                 row.name.clone_from(&k.name);
                 row.project.clone_from(&k.project_id);
                 row.owner = k.owner.clone().unwrap_or_default();
-                // An erased person's key, or one whose claim link
-                // ended unused, no longer works either.
-                row.revoked = !views.tenancy.tenancy.key_works(k, now);
+                row.ended = ended(&views.tenancy.tenancy, k, now);
             }
             row
         })
         .collect();
     (rows, pager)
+}
+
+/// Why `key` no longer works, as `llmgw keys list` says it: every key that
+/// stopped working read "revoked", an unclaimed link's key included.
+fn ended(
+    tenancy: &llmgw_domain::tenancy::Tenancy,
+    key: &llmgw_domain::tenancy::Key,
+    now: llmgw_domain::time::UnixMillis,
+) -> &'static str {
+    if key.revoked {
+        "revoked"
+    } else if !tenancy.key_stands(key) {
+        // Its person was erased.
+        "stopped"
+    } else if key.claim_lapsed(now) {
+        // Its claim link ended unused.
+        "expired"
+    } else {
+        ""
+    }
 }
 
 /// One page of people: their own keys' use and their chat, together.
@@ -153,7 +173,7 @@ pub(crate) fn models(views: &Projections) -> Vec<UsageRow> {
                 name: String::new(),
                 project: String::new(),
                 owner: String::new(),
-                revoked: false,
+                ended: "",
                 requests: fmt::count(m.requests),
                 tokens: fmt::count(m.prompt_tokens.saturating_add(m.completion_tokens)),
                 errors: fmt::count(m.errors),
