@@ -205,21 +205,47 @@ pub async fn forward_writes(
         // One try at the leader; this server's own answer otherwise (and
         // at once should this server take office meanwhile: the leader
         // asked stopped answering).
+        let mut silent = None;
         if let Ok(Some((holder, url))) = cp.leader_admin().await
             && holder != cp.config.instance
         {
             let asked = tokio::select! {
-                r = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()) => r.ok(),
+                r = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()) => Some(r),
                 () = taking_office(&cp) => None,
             };
-            if let Some(r) = asked
-                && r.status() != StatusCode::LOCKED
-                && r.status() != StatusCode::LOOP_DETECTED
-            {
-                return r;
+            match asked {
+                Some(Ok(r))
+                    if r.status() != StatusCode::LOCKED
+                        && r.status() != StatusCode::LOOP_DETECTED =>
+                {
+                    return r;
+                }
+                Some(Err(_)) => silent = Some((holder, url)),
+                _ => {}
             }
         }
-        return next.run(rebuild()).await;
+        let answer = next.run(rebuild()).await;
+        // What only the leader knows, asked while it does not answer: said
+        // so, with when another may take over, rather than "send it to the
+        // leader", which is what was tried.
+        if let Some((holder, url)) = silent
+            && answer.status() == StatusCode::SERVICE_UNAVAILABLE
+            && !cp.is_leader()
+        {
+            let free = cp
+                .office(tokio::time::Instant::now())
+                .await
+                .map(|o| o.until_free().as_secs())
+                .unwrap_or_default();
+            return AdminError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "only the leader can answer this, and the leader {holder} does not answer at {url}; its lease runs out in {free} s if it does not renew it, and then a server takes office: try again then"
+                ),
+            )
+            .into_response();
+        }
+        return answer;
     }
     if let Some((refused, command)) = own_file_model(&cp, &parts, &body) {
         // Recorded as the leader records its own file's refusals: an

@@ -2171,3 +2171,43 @@ fn huge_pages_kib(pid: u32) -> u64 {
         .unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
+
+/// What only the leader knows, asked of a standby while the leader is
+/// gone but its lease runs: the standby says the leader does not answer
+/// and when its lease runs out, not "send the command to the leader".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_says_when_the_leader_it_would_ask_does_not_answer() {
+    let db = llmgw_testkit::TestDb::create().await;
+    let dir = tempfile::tempdir().unwrap();
+    let long_lease = |path: String| {
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("lease_ttl: 2s", "lease_ttl: 60s")).unwrap();
+        path
+    };
+    let leader = start_server(&long_lease(server_yaml(
+        dir.path(),
+        "gone",
+        &db.url,
+        free_port(),
+        0,
+    )));
+    until("the first server leads", || async {
+        (get(format!("{}/api/v1/leader", leader.admin)).await["is_leader"] == true).then_some(())
+    })
+    .await;
+    let standby = start_server(&long_lease(server_yaml(
+        dir.path(),
+        "left",
+        &db.url,
+        free_port(),
+        0,
+    )));
+    // Killed, not stopped: its lease runs on.
+    drop(leader);
+    let (ok, _, err) = ctl(&standby.admin, &["logs", "n1"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("the leader gone does not answer at") && err.contains("its lease runs out in"),
+        "{err}"
+    );
+}
