@@ -136,7 +136,7 @@ pub(crate) async fn page(
             .unwrap_or_default(),
         _ => String::new(),
     };
-    let page = {
+    let mut page = {
         let views = web.views();
         let c = &views.cluster;
         let (keys, keys_pager) = spend::keys(&views, PER_PAGE, key_page, |n| {
@@ -169,5 +169,28 @@ pub(crate) async fn page(
             groups_error,
         }
     };
+    name_people(&web, &mut page.people).await;
     render(&page)
+}
+
+/// Each row's person by name (or email), as `/admin/usage` shows them: ids
+/// alone told an admin nothing. Names live in the people tables, outside
+/// the log, so only the page's rows are looked up. Without them (no
+/// accounts here, a read that fails) the ids stay, and the page still
+/// shows.
+async fn name_people(web: &Web, rows: &mut [UsageRow]) {
+    let Some(people) = &web.people else {
+        return;
+    };
+    for row in rows {
+        match people.person(&row.id).await {
+            Ok(Some(p)) => row.name = if p.name.is_empty() { p.email } else { p.name },
+            // Erased: nothing left to name them by.
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the dashboard could not read people's names");
+                return;
+            }
+        }
+    }
 }

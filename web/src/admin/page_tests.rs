@@ -879,3 +879,29 @@ async fn usage_per_key_says_why_a_key_stopped() {
     assert_eq!(badge("k-lapsed").as_deref(), Some("expired"));
     assert_eq!(badge("k-erased").as_deref(), Some("stopped"));
 }
+
+/// Usage per person names each person (their name, escaped), as
+/// `/admin/usage` does: the ids alone told an admin nothing.
+#[tokio::test]
+async fn usage_per_person_names_people() {
+    let s = signed_in_admin().await;
+    let (status, body) = s.get("/admin").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let section = body
+        .split(r#"id="people""#)
+        .nth(1)
+        .and_then(|b| b.split(r#"id="keys""#).next())
+        .expect("the people table");
+    let row = |id: &str| {
+        section
+            .split("<tr>")
+            .find(|r| r.contains(id))
+            .unwrap_or_else(|| panic!("{id}'s row: {section}"))
+            .to_owned()
+    };
+    assert!(row(&s.admin_id).contains("Root"), "{section}");
+    assert!(
+        row(&s.pending_id).contains("New &#60;b&#62;Person&#60;/b&#62;"),
+        "{section}"
+    );
+}
