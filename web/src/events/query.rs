@@ -61,6 +61,9 @@ impl LogQuery {
         ] {
             blank_to_none(v);
         }
+        if let Some(t) = &mut params.event_type {
+            *t = known_type(t)?.to_owned();
+        }
         let thing = params.thing.as_deref().map(Thing::parse).transpose()?;
         let stream = params.stream.as_deref().map(|s| match s.strip_suffix('*') {
             Some(prefix) => StreamMatch::Prefix(prefix.to_owned()),
@@ -157,6 +160,22 @@ impl LogQuery {
     }
 }
 
+/// The event type `asked` names, in its own case (`keyissued` is
+/// KeyIssued); a name no event has is refused with the names there are,
+/// where it quietly showed no events, which read as "none such happened".
+fn known_type(asked: &str) -> Result<&'static str, WebError> {
+    let types = || llmgw_domain::Event::types().map(|(t, _)| t);
+    types()
+        .find(|t| *t == asked)
+        .or_else(|| types().find(|t| t.eq_ignore_ascii_case(asked)))
+        .ok_or_else(|| {
+            WebError::Bad(format!(
+                "no event type is {asked:?}: the types are {}",
+                types().collect::<Vec<_>>().join(", ")
+            ))
+        })
+}
+
 /// `/admin/events?k=v&…` for the pairs that have a value.
 pub(crate) fn query_string(pairs: &[(&str, Option<&str>)]) -> String {
     let mut out = String::from("/admin/events");
@@ -247,12 +266,31 @@ mod tests {
         assert!(bad(params(|p| p.from = Some("soon".into()))).contains("RFC 3339"));
         assert!(bad(params(|p| p.before = Some("-1".into()))).contains("position"));
         assert!(bad(params(|p| p.thing = Some("gpu".into()))).contains("node:NAME"));
+        let typo = bad(params(|p| p.event_type = Some("KeyIsued".into())));
+        assert!(
+            typo.contains(r#""KeyIsued""#) && typo.contains("KeyIssued, KeyRevoked"),
+            "{typo}"
+        );
         assert!(
             bad(params(|p| {
                 p.from = Some("2026-12-02".into());
                 p.to = Some("2026-12-01".into());
             }))
             .contains("empty")
+        );
+    }
+
+    #[test]
+    fn a_type_in_another_case_is_the_type() {
+        let q =
+            LogQuery::parse(params(|p| p.event_type = Some("keyissued".into()))).expect("valid");
+        assert_eq!(q.params.event_type.as_deref(), Some("KeyIssued"));
+        assert_eq!(
+            q.filter(Vec::new())
+                .expect("a filter")
+                .event_type
+                .as_deref(),
+            Some("KeyIssued")
         );
     }
 

@@ -178,6 +178,8 @@ async fn the_log_is_newest_first_filtered_and_paged_by_position() {
 
     let (_, html) = get(&router, "/admin/events?type=NodeRegistered").await;
     assert_eq!(positions(&html), vec![3, 2]);
+    let (_, html) = get(&router, "/admin/events?type=noderegistered").await;
+    assert_eq!(positions(&html), vec![3, 2], "any case");
     let (_, html) = get(&router, "/admin/events?stream=node-*").await;
     assert_eq!(positions(&html), vec![6, 3, 2]);
     let (_, html) = get(&router, "/admin/events?stream=node-gpu-a").await;
@@ -212,6 +214,10 @@ async fn bad_input_gets_a_4xx_page_that_says_what_to_write() {
         ("/admin/events?to=2026-02-30", "RFC 3339"),
         ("/admin/events?before=top", "not a position"),
         ("/admin/events?thing=gpu-a", "node:NAME"),
+        (
+            "/admin/events?type=NodeRegistred",
+            "no event type is &#34;NodeRegistred&#34;: the types are ModelAdded",
+        ),
         (
             "/admin/events/replay?view=nodes",
             "the views are router, cluster",
