@@ -50,6 +50,16 @@
     return text || response.status + " " + response.statusText;
   }
 
+  // The gateway's refusals end by pointing an API client at the
+  // x-request-id header, which a person in a browser cannot see: the page
+  // names the id itself, for them to give to the operator.
+  const headerClause = /[;,]?\s*the x-request-id header names this request to the operator/;
+
+  function explain(message, requestId) {
+    const text = message.replace(headerClause, "");
+    return requestId ? text + " (request id: " + requestId + ")" : text;
+  }
+
   // Reads the server-sent events, calling onDelta with each piece of text.
   async function readStream(body, onDelta) {
     const reader = body.getReader();
@@ -114,11 +124,12 @@
     busy = true;
     send.disabled = true;
     input.value = "";
-    addTurn("user", content);
+    const question = addTurn("user", content);
     history.push({ role: "user", content: content });
     say(onDemand ? "loading " + model + "…" : "waiting for " + model + "…", "muted");
     const answer = addTurn("assistant", "");
     let text = "";
+    let requestId = null;
 
     try {
       const response = await fetch("/chat/completions", {
@@ -132,6 +143,7 @@
           max_tokens: maxTokens,
         }),
       });
+      requestId = response.headers.get("x-request-id");
       if (!response.ok) {
         throw new Error(await refusal(response));
       }
@@ -147,13 +159,20 @@
       say("", "muted");
     } catch (error) {
       if (text === "") {
-        // Unanswered: the question leaves the conversation, to be asked again.
+        // Unanswered: the question leaves the conversation and the page,
+        // and goes back into the box to be sent again (unless something
+        // new was typed meanwhile). A bubble left on screen read as asked,
+        // though the next turn no longer carried it.
         history.pop();
         answer.remove();
+        question.remove();
+        if (input.value.trim() === "") {
+          input.value = content;
+        }
       } else {
         history.push({ role: "assistant", content: text });
       }
-      say(error && error.message ? error.message : String(error), "error");
+      say(explain(error && error.message ? error.message : String(error), requestId), "error");
     } finally {
       busy = false;
       send.disabled = false;

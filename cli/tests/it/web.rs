@@ -1291,3 +1291,61 @@ async fn an_operator_adds_a_person_while_sign_up_is_closed() {
     assert_eq!(v.get("/signup").await.status, StatusCode::NOT_FOUND);
     v.sign_in("eve@example.com", GOOD).await;
 }
+
+/// A chat turn that fails, in a real browser (headless Chromium): the
+/// question goes back into the box and off the page (it stayed on screen
+/// though the next turn no longer carried it, and the box was empty), and
+/// the error names the request's id, where it pointed at a header a person
+/// in a browser cannot see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_chat_turn_gives_the_question_back_with_its_request_id() {
+    use std::time::Duration;
+    const WAIT: Duration = Duration::from_secs(20);
+    // Nothing listens on the discard port: every turn fails at once.
+    let server = super::Child::spawn(&[
+        "server",
+        "--endpoint",
+        "e1=http://127.0.0.1:9=dead",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let b = llmgw_testkit::Browser::start()
+        .await
+        .expect("a browser (chromium, chromium-driver)");
+    b.goto(&format!("{base}/chat")).await.unwrap();
+    let input = b.wait_for("#chat-input", WAIT).await.unwrap();
+    input.send_keys("hello there").await.unwrap();
+    b.find("#chat-send").await.unwrap().click().await.unwrap();
+
+    let status = b
+        .wait_text("#chat-status", "request id: ", WAIT)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!status.contains("x-request-id header"), "{status}");
+    let id = status
+        .split("request id: ")
+        .nth(1)
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("an id in {status:?}"));
+    assert!(!id.is_empty(), "{status}");
+    assert_eq!(
+        b.find("#chat-input")
+            .await
+            .unwrap()
+            .property("value")
+            .await
+            .unwrap(),
+        json!("hello there")
+    );
+    assert!(
+        b.find_all("#chat-log .turn").await.unwrap().is_empty(),
+        "no bubble of a question that was not asked"
+    );
+    b.quit().await.unwrap();
+}
