@@ -89,6 +89,58 @@ fn logged_path(path: &str) -> &str {
     }
 }
 
+/// Whether a request on the client listener gets a plain access line
+/// from the edge: not inference (its own line names the key, models and
+/// tokens), nor a balancer's health checks and the pages' static files,
+/// which would bury the rest. Sign-ins, the memory and thread routes, MCP
+/// and `/me` were in no line at all: a client refused there left no trace.
+pub(crate) fn plain_line(path: &str) -> bool {
+    !matches!(
+        path,
+        "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/responses"
+            | "/chat/completions"
+            | "/health"
+            | "/ready"
+    ) && !path.starts_with("/static/")
+}
+
+/// A request's plain access line: method, path, status and time.
+pub(crate) struct Plain {
+    id: Option<RequestId>,
+    method: axum::http::Method,
+    path: String,
+    started: Instant,
+}
+
+impl Plain {
+    pub(crate) fn start(request: &Request) -> Self {
+        Plain {
+            id: request.extensions().get::<RequestId>().cloned(),
+            method: request.method().clone(),
+            path: logged_path(request.uri().path()).to_owned(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Names the request's id itself: outside `/v1` the request's span
+    /// is kept for debugging, and at info it names nothing.
+    pub(crate) fn finish(self, status: u16) {
+        let ms = (self.started.elapsed().as_micros() as f64) / 1000.0;
+        tracing::info!(
+            target: "llmgw::access",
+            request_id = self.id.as_ref().map_or("-", RequestId::as_str),
+            method = %self.method,
+            path = self.path,
+            status,
+            duration_ms = ms,
+            "request"
+        );
+    }
+}
+
 /// How a streamed answer ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StreamEnd {

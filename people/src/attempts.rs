@@ -78,6 +78,16 @@ impl Attempts {
             && !time::more_than(w.since, now, self.window)
         {
             w.count = w.count.saturating_add(1);
+            if w.count == self.max + 1 {
+                // Once, as the lock begins: someone is guessing. The
+                // address is not named (a log is read by more people
+                // than the people table, and kept longer).
+                tracing::warn!(
+                    tries = self.max,
+                    window_s = self.window.as_secs(),
+                    "sign-in locked for an address after its tries in the window (passwords guessed?)"
+                );
+            }
             return w.count <= self.max;
         }
         inner.windows.insert(

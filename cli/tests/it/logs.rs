@@ -250,10 +250,22 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     // And /health, every few seconds from a balancer, writes nothing.
     let health = reqwest::get(format!("{base}/health")).await.unwrap();
     assert!(health.headers().contains_key("x-request-id"));
-    // The pages and an unknown path answer with an id too.
-    for path in ["/", "/no-such-page"] {
+    // The pages and an unknown path answer with an id too, and leave a
+    // plain line: method, path, status (a refused sign-in, a key refused
+    // at /me or /mcp left nothing before).
+    for (path, status) in [("/", 200), ("/no-such-page", 404)] {
         let r = reqwest::get(format!("{base}{path}")).await.unwrap();
-        assert!(r.headers().contains_key("x-request-id"), "{path}");
+        let id = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+        let line = access_line(&server, &id);
+        assert_eq!(
+            (
+                &line["fields"]["path"],
+                &line["fields"]["status"],
+                &line["fields"]["method"]
+            ),
+            (&json!(path), &json!(status), &json!("GET")),
+            "{line}"
+        );
     }
     let (id, _, _) = send(&base, Some("last-1"), &chat(false)).await;
     let next = json_line(&server, "\"request_id\"");

@@ -61,6 +61,10 @@ where
             }
             false => (tracing::Span::none(), None),
         };
+        // Inference writes its own, fuller line; anything else on the
+        // client listener gets a plain one here.
+        let plain = (self.request_ids && access::plain_line(request.uri().path()))
+            .then(|| access::Plain::start(&request));
         if self.cut.fired() {
             return Box::pin(std::future::ready(Ok(with_id(shutdown::stopping(), id))));
         }
@@ -90,6 +94,9 @@ where
                 Some(late) => late.settle(response),
                 None => response,
             };
+            if let Some(plain) = plain {
+                plain.finish(response.status().as_u16());
+            }
             Ok(with_id(response, id))
         };
         Box::pin(answered.instrument(span))
