@@ -27,9 +27,15 @@ const MAX_ID: usize = 128;
 
 /// The id of the request being served (a request extension).
 #[derive(Debug, Clone)]
-pub(crate) struct RequestId(pub(crate) HeaderValue);
+pub struct RequestId(pub(crate) HeaderValue);
 
 impl RequestId {
+    /// The id the client listener gave `request` (and returns on its
+    /// answer), for a handler that hands the request on in another form.
+    pub fn of<B>(request: &axum::http::Request<B>) -> Option<RequestId> {
+        request.extensions().get::<RequestId>().cloned()
+    }
+
     /// The client's id when sane (1 to 128 visible ASCII characters, so it
     /// cannot split a log line or smuggle a header), else a new one.
     pub(crate) fn from_client(value: Option<&HeaderValue>) -> Self {

@@ -42,6 +42,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 
+pub use access::RequestId;
 pub use convo::{ConvoSettings, sweep_every as sweep_conversations};
 pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight, UpstreamKey};
 pub use error::ApiError;

@@ -267,6 +267,19 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
             "{line}"
         );
     }
+    // The chat page's turn is named by the id its answer carries (the
+    // page shows it to the person), in the inference line.
+    let page = reqwest::Client::new()
+        .post(format!("{base}/chat/completions"))
+        .header("x-request-id", "page-1")
+        .json(&chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["x-request-id"], "page-1");
+    let line = access_line(&server, "page-1");
+    assert_eq!(line["fields"]["model_asked"], json!("tiny"), "{line}");
     let (id, _, _) = send(&base, Some("last-1"), &chat(false)).await;
     let next = json_line(&server, "\"request_id\"");
     assert_eq!(next["fields"]["request_id"], json!(id), "{next}");

@@ -125,8 +125,15 @@ pub async fn body_of(gw: &Gateway, request: Request) -> Result<Bytes, ApiError> 
 /// A chat completion on a signed-in person's behalf (the chat page): no
 /// key is presented; `key` stands for the person's project (None with
 /// authentication off). Everything after identification is the API's.
-pub async fn chat_as(gw: Arc<Gateway>, key: Option<KeyEntry>, body: Bytes) -> Response {
-    let access = Access::start(None);
+/// `id` is the request's own, which the page's answer carries: the access
+/// line names it, so what the page shows a person finds the line.
+pub async fn chat_as(
+    gw: Arc<Gateway>,
+    key: Option<KeyEntry>,
+    body: Bytes,
+    id: Option<RequestId>,
+) -> Response {
+    let access = Access::start(id.as_ref());
     if let Some(k) = &key {
         access.key(k.key_id.clone());
     }

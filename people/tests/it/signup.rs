@@ -56,7 +56,9 @@ async fn signup_does_not_reveal_existing_accounts(b: Backend) {
     // chose, is answered word for word as for the taken one: signing up
     // then signing in tells no one which addresses have accounts.
     let fresh = "new@example.com";
-    let made = fx.people.sign_up(fresh, "New", "another long passphrase", at(4));
+    let made = fx
+        .people
+        .sign_up(fresh, "New", "another long passphrase", at(4));
     assert!(made.await.unwrap().is_some());
     let new = fx
         .sign_in(fresh, "another long passphrase", at(5))

@@ -110,12 +110,13 @@ pub(super) async fn completions(
     } else {
         None
     };
+    let id = llmgw_gateway::RequestId::of(&request);
     let body = match llmgw_gateway::body_of(&web.gateway, request).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
     match rewrite(&body) {
-        Ok(body) => llmgw_gateway::chat_as(web.gateway.clone(), key, body).await,
+        Ok(body) => llmgw_gateway::chat_as(web.gateway.clone(), key, body, id).await,
         Err(why) => refuse(StatusCode::BAD_REQUEST, "invalid_request", &why),
     }
 }
