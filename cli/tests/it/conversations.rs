@@ -245,25 +245,20 @@ async fn threads_story(backend: Backend) {
         "the second model got the whole history, the first model's reply included"
     );
 
-    // Turn 3 no longer fits 220 tokens: the oldest turn goes, the system
-    // message and the new turn stay. The engine counted (the sim answers
-    // vLLM's /tokenize): turn 2, 165 tokens, was sent whole, where the
-    // gateway's estimate (three bytes a token of the JSON) would have
-    // trimmed it.
+    // Turn 3 no longer fits 220 tokens: the oldest turn goes whole (its
+    // question and its reply: a reply left without its question is
+    // refused by chat templates), the system message and the new turn
+    // stay. The engine counted (the sim answers vLLM's /tokenize): turn
+    // 2, 165 tokens, was sent whole, where the gateway's estimate (three
+    // bytes a token of the JSON) would have trimmed it.
     let u3 = "3".repeat(300);
     let (_, tokens, trimmed) = c
         .turn(&kp, "t1", "paid", json!([{"role": "user", "content": u3}]))
         .await;
-    assert_eq!(trimmed, "1");
+    assert_eq!(trimmed, "2");
     assert_eq!(
         tokens,
-        sim_tokens(&[
-            sys,
-            ("assistant", &a1),
-            ("user", &u2),
-            ("assistant", &a2),
-            ("user", &u3)
-        ])
+        sim_tokens(&[sys, ("user", &u2), ("assistant", &a2), ("user", &u3)])
     );
 
     // Project q's thread of the same id is its own (and q keeps no replies).
@@ -590,10 +585,32 @@ async fn memory_story(backend: Backend) {
         ("/big", note(&big, &[]), "at most 16 KiB"),
         ("/tags", note("x", &too_many), "at most 16 tags"),
         ("/tag", note("x", &["Ops"]), "a-z, 0-9, _ and -"),
+        // PostgreSQL holds no NUL: refused on both, not "try again".
+        ("/nul", note("a\u{0}b", &[]), "no NUL"),
+        // `tag` for `tags` kept a note without them.
+        (
+            "/typo",
+            Some(json!({"text": "x", "tag": ["ops"]})),
+            "unknown field `tag`",
+        ),
+        // axum's own refusal was plain text, not the API's envelope.
+        ("/a%FFb", note("x", &[]), "the address"),
     ] {
         let (status, v) = c.memory(&kp, None, Method::PUT, path, body).await;
         assert_eq!(status, 400, "{path}: {v}");
         assert!(message(&v).contains(says), "{path}: {v}");
+    }
+    // A search's limit is refused out of range, as MCP's recall refuses it
+    // (0 and 500 were read as 1 and 100), in the envelope.
+    for limit in ["0", "500", "-1", "abc"] {
+        let (status, v) = c
+            .memory(&kp, None, Method::GET, &format!("?q=x&limit={limit}"), None)
+            .await;
+        assert_eq!(status, 400, "{limit}: {v}");
+        assert!(
+            message(&v).contains("limit is a whole number from 1 to 100"),
+            "{limit}: {v}"
+        );
     }
     let (status, v) = c
         .memory(&kp, Some("bad agent!"), Method::GET, "/x", None)
@@ -908,7 +925,7 @@ models:
     };
     let sys = ("system", "be brief");
     let (u1, u2, u3) = ("1".repeat(300), "2".repeat(300), "3".repeat(300));
-    let (a1, _, _) = c
+    let _ = c
         .turn(
             &kp,
             "t",
@@ -924,18 +941,12 @@ models:
         .turn(&kp, "t", "paid", json!([{"role": "user", "content": u3}]))
         .await;
     assert_eq!(
-        trimmed, "1",
+        trimmed, "2",
         "220 tokens from the catalog, not the default's 100000"
     );
     assert_eq!(
         tokens,
-        sim_tokens(&[
-            sys,
-            ("assistant", &a1),
-            ("user", &u2),
-            ("assistant", &a2),
-            ("user", &u3)
-        ])
+        sim_tokens(&[sys, ("user", &u2), ("assistant", &a2), ("user", &u3)])
     );
     let events = super::ok(
         &store,
@@ -1070,4 +1081,72 @@ async fn two_servers_share_threads_and_notes_and_the_standby_forwards_the_switch
         );
         assert_eq!(switch["metadata"]["actor"], "alice");
     }
+}
+
+/// An answer that breaks off keeps nothing of its turn, so the client's
+/// retry does not repeat it: the engine is killed mid-stream, the client
+/// is told in the stream, and the thread holds nothing (it held the
+/// question and the partial reply, and a retry doubled the question).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_answer_breaks_off_is_not_kept() {
+    use tokio_stream::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let mut slow = super::Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "paid",
+        "--tps",
+        "40",
+    ]);
+    let e = slow.addr_after("listening on ");
+    let extra = "auth: {enabled: true, flush_interval: 50ms}\n";
+    let server = start(&config(
+        dir.path(),
+        "cut",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        extra,
+    ));
+    keys_ok(
+        &store,
+        &server.admin,
+        &["init", "--org", "o", "--team", "t", "--project", "p"],
+    );
+    keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--capture"],
+    );
+    let kp = key_for(&store, &server.admin, "p");
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let ask = json!({"model": "paid", "stream": true, "max_tokens": 200,
+        "messages": [{"role": "user", "content": "tell me a long story"}]});
+    let r = c.chat(&kp, "cut", ask).await;
+    assert_eq!(r.status(), 200);
+    let mut body = Box::pin(r.bytes_stream());
+    let mut raw = Vec::new();
+    while !String::from_utf8_lossy(&raw).contains("\"content\"") {
+        raw.extend_from_slice(&body.next().await.expect("more").unwrap());
+    }
+    slow.process.kill().unwrap();
+    while let Some(Ok(chunk)) = body.next().await {
+        raw.extend_from_slice(&chunk);
+    }
+    let said = String::from_utf8_lossy(&raw);
+    assert!(said.contains("\"error\""), "told in the stream: {said}");
+    let kept = c
+        .http
+        .get(format!("{}/v1/threads/cut", c.base))
+        .bearer_auth(&kp)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), 404, "{}", kept.text().await.unwrap());
 }

@@ -71,7 +71,9 @@ fn answer(r: Result<Response, ApiError>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// Unknown fields refused: `tag` for `tags` stored a note without them.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct NoteBody {
     text: String,
     #[serde(default)]
@@ -80,12 +82,13 @@ struct NoteBody {
 
 async fn write(
     State(gw): State<Arc<Gateway>>,
-    Path(key): Path<String>,
+    key: Result<Path<String>, axum::extract::rejection::PathRejection>,
     request: axum::extract::Request,
 ) -> Response {
     let headers = request.headers().clone();
     answer(
         async {
+            let key = path_key(key)?;
             let caller = crate::proxy::identify(&gw, &headers)?;
             let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             // Read only once the key is known to be good.
@@ -118,10 +121,11 @@ async fn write(
 async fn read(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
-    Path(key): Path<String>,
+    key: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
     answer(
         async {
+            let key = path_key(key)?;
             let caller = crate::proxy::identify(&gw, &headers)?;
             let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             let note = keeper(&gw)?
@@ -139,10 +143,11 @@ async fn read(
 async fn forget(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
-    Path(key): Path<String>,
+    key: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
     answer(
         async {
+            let key = path_key(key)?;
             let caller = crate::proxy::identify(&gw, &headers)?;
             let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             if keeper(&gw)?
@@ -164,16 +169,28 @@ async fn forget(
 struct SearchQuery {
     q: Option<String>,
     tag: Option<String>,
-    limit: Option<u32>,
+    /// Read here, so a bad one is refused in the API's envelope.
+    limit: Option<String>,
+}
+
+/// A path's key, or the API's refusal (axum's is plain text: a key that
+/// is not UTF-8, say).
+pub(super) fn path_key(
+    key: Result<Path<String>, axum::extract::rejection::PathRejection>,
+) -> Result<String, ApiError> {
+    key.map(|Path(k)| k)
+        .map_err(|e| ApiError::bad_request(format!("the address: {}", e.body_text())))
 }
 
 async fn search(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
-    Query(q): Query<SearchQuery>,
+    q: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     answer(
         async {
+            let Query(q) =
+                q.map_err(|e| ApiError::bad_request(format!("the query: {}", e.body_text())))?;
             let caller = crate::proxy::identify(&gw, &headers)?;
             let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
             let how = search_by(
@@ -181,7 +198,20 @@ async fn search(
                 q.tag.as_deref(),
                 "search with one of ?q=words or ?tag=name",
             )?;
-            let limit = q.limit.unwrap_or(20).clamp(1, MAX_RESULTS);
+            // Refused as MCP's recall refuses it: 0 or 500 were read as 1
+            // and 100 unsaid.
+            let limit = match q.limit.as_deref() {
+                None => 20,
+                Some(l) => l
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|l| (1..=MAX_RESULTS).contains(l))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "limit is a whole number from 1 to {MAX_RESULTS}"
+                        ))
+                    })?,
+            };
             let notes = keeper(&gw)?
                 .store
                 .search(&owner, &how, limit)

@@ -27,7 +27,8 @@ pub(crate) fn thread_header(headers: &HeaderMap) -> Result<Option<String>, ApiEr
     let Some(v) = headers.get(THREAD_HEADER) else {
         return Ok(None);
     };
-    let id = v.to_str().unwrap_or("?").trim().to_owned();
+    // Not ASCII: named as its bytes read, not as "?".
+    let id = String::from_utf8_lossy(v.as_bytes()).trim().to_owned();
     llmgw_convo::limits::check_name("thread", &id).map_err(convo_error)?;
     Ok(Some(id))
 }
@@ -65,17 +66,52 @@ pub(super) fn is_system(m: &Value) -> bool {
 /// that is not enough, everything droppable is dropped and the rest sent.
 pub(crate) fn trim(history: Vec<Value>, new: &[Value], budget: u64) -> (Vec<Value>, usize) {
     let mut total: u64 = history.iter().chain(new).map(cost).sum();
-    let mut dropped = 0;
-    let mut kept = Vec::with_capacity(history.len());
-    for m in history {
-        if total > budget && !is_system(&m) {
-            total -= cost(&m);
-            dropped += 1;
-        } else {
-            kept.push(m);
+    let mut k = 0;
+    for m in history.iter().filter(|m| !is_system(m)) {
+        if total <= budget {
+            break;
         }
+        total -= cost(m);
+        k += 1;
     }
-    (kept, dropped)
+    let k = whole_turns(&history, k);
+    (drop_oldest(&history, k), k)
+}
+
+/// `k` messages dropped, oldest first, rounded up to whole turns: what is
+/// left starts with a person's message. A reply left without its question,
+/// or a tool's result without the call it answers, is refused by the
+/// engines' chat templates (vLLM's among them).
+pub(crate) fn whole_turns(history: &[Value], k: usize) -> usize {
+    if k == 0 {
+        return 0;
+    }
+    let mut rest = history.iter().filter(|m| !is_system(m)).skip(k);
+    let mut k = k;
+    while rest
+        .next()
+        .is_some_and(|m| m.get("role").and_then(Value::as_str) != Some("user"))
+    {
+        k += 1;
+    }
+    k
+}
+
+/// The history without its `k` oldest messages that are not system ones.
+pub(crate) fn drop_oldest(history: &[Value], k: usize) -> Vec<Value> {
+    let mut dropped = 0;
+    history
+        .iter()
+        .filter(|m| {
+            if dropped < k && !is_system(m) {
+                dropped += 1;
+                false
+            } else {
+                true
+            }
+        })
+        .cloned()
+        .collect()
 }
 
 /// Reads the thread, trims it to the model's context and builds the body.
@@ -179,6 +215,14 @@ pub(crate) async fn open_turn(
 #[derive(Debug, Default)]
 struct Reply {
     stream: bool,
+    /// Keep the reply's text and calls (the project captures); without,
+    /// a stream is still read for how it ended.
+    capture: bool,
+    /// A stream said it was done: a finish reason, or `[DONE]`.
+    finished: bool,
+    /// The answer carried an error (an engine's, or the gateway's word
+    /// that the engine broke off), or a piece of it failed to arrive.
+    failed: bool,
     /// A streamed answer's unfinished line; a whole answer's bytes.
     pending: Vec<u8>,
     text: String,
@@ -208,7 +252,7 @@ impl Reply {
     }
 
     fn feed(&mut self, chunk: &[u8]) {
-        if self.overflow {
+        if self.overflow || (!self.stream && !self.capture) {
             return;
         }
         self.pending.extend_from_slice(chunk);
@@ -222,9 +266,23 @@ impl Reply {
             let Some(data) = line.trim().strip_prefix("data:") else {
                 continue;
             };
-            let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
+            let data = data.trim();
+            if data == "[DONE]" {
+                self.finished = true;
+                continue;
+            }
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
                 continue;
             };
+            if v.get("error").is_some() {
+                self.failed = true;
+            }
+            if v["choices"][0]["finish_reason"].is_string() {
+                self.finished = true;
+            }
+            if !self.capture {
+                continue;
+            }
             if self.chat_id.is_none() {
                 self.chat_id = v["id"].as_str().map(str::to_owned);
             }
@@ -355,6 +413,7 @@ impl Turn {
         let cap = self.keeper.settings.capture_max_bytes;
         let reply = Arc::new(Mutex::new(Reply {
             stream,
+            capture: self.capture,
             cap,
             raw_cap: cap.saturating_mul(8).saturating_add(64 * 1024),
             ..Reply::default()
@@ -362,19 +421,29 @@ impl Turn {
         let (parts, body) = response.into_parts();
         let scanning = {
             let reply = reply.clone();
-            let capture = self.capture;
             body.into_data_stream().map(move |chunk| {
-                if let (true, Ok(bytes)) = (capture, &chunk) {
-                    reply.lock().unwrap_or_else(|p| p.into_inner()).feed(bytes);
+                let mut r = reply.lock().unwrap_or_else(|p| p.into_inner());
+                match &chunk {
+                    Ok(bytes) => r.feed(bytes),
+                    Err(_) => r.failed = true,
                 }
                 chunk
             })
         };
         let keep = futures_util::stream::once(async move {
             let mut messages = self.keep;
-            if self.capture {
-                let said = reply.lock().unwrap_or_else(|p| p.into_inner()).finish();
-                messages.extend(said);
+            {
+                let mut r = reply.lock().unwrap_or_else(|p| p.into_inner());
+                // An answer that broke off, or ended in an error, keeps
+                // nothing: a retry would repeat the turn (and a partial
+                // reply, or none, was kept with it).
+                if r.failed || (r.stream && !r.finished) {
+                    tracing::debug!(thread = %self.thread, "an answer that did not finish: its turn is not kept");
+                    return None;
+                }
+                if self.capture {
+                    messages.extend(r.finish());
+                }
             }
             if let Err(e) = self
                 .keeper
@@ -409,8 +478,12 @@ fn callers_threads(
 pub(crate) async fn read(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
-    Path(thread): Path<String>,
+    thread: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let thread = match super::memory::path_key(thread) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     let kept = async {
         let (project, keeper) = callers_threads(&gw, &headers)?;
         keeper
@@ -433,8 +506,12 @@ pub(crate) async fn read(
 pub(crate) async fn delete(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
-    Path(thread): Path<String>,
+    thread: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let thread = match super::memory::path_key(thread) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     let gone = async {
         let (project, keeper) = callers_threads(&gw, &headers)?;
         keeper
@@ -477,9 +554,65 @@ mod tests {
         assert_eq!((kept, dropped), (vec![sys], 6));
     }
 
+    /// Dropped whole: what is sent starts with a person's message, never a
+    /// reply without its question or a tool's result without its call.
+    #[test]
+    fn trimming_drops_whole_turns() {
+        let user = |i: u32| json!({"role": "user", "content": format!("q{i}")});
+        let calls = json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        let result = json!({"role": "tool", "tool_call_id": "c", "content": "42"});
+        let answer = json!({"role": "assistant", "content": "it is 42"});
+        let history = vec![
+            user(1),
+            calls,
+            result,
+            answer,
+            user(2),
+            json!({"role": "assistant", "content": "ok"}),
+        ];
+        // One message too many: the whole first turn goes, four messages.
+        assert_eq!(whole_turns(&history, 1), 4);
+        assert_eq!(whole_turns(&history, 4), 4);
+        assert_eq!(whole_turns(&history, 5), 6, "no person's message left");
+        assert_eq!(drop_oldest(&history, 4)[0], user(2));
+        let new = [user(3)];
+        let all: u64 = history.iter().chain(&new).map(cost).sum();
+        let (kept, dropped) = trim(history.clone(), &new, all - 1);
+        assert_eq!((kept[0].clone(), dropped), (user(2), 4));
+    }
+
+    /// A stream that broke off, or carried an error, is not kept; one
+    /// that finished is, captured or not.
+    #[test]
+    fn an_unfinished_or_failed_stream_is_told_apart() {
+        let stream = |capture| Reply {
+            stream: true,
+            capture,
+            cap: 100,
+            raw_cap: 1 << 20,
+            ..Reply::default()
+        };
+        let delta = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        for capture in [true, false] {
+            let mut cut = stream(capture);
+            cut.feed(delta);
+            assert!(!cut.finished && !cut.failed);
+            let mut erred = stream(capture);
+            erred.feed(delta);
+            erred.feed(b"data: {\"error\":{\"code\":\"upstream_lost\"}}\n\n");
+            assert!(erred.failed);
+            let mut done = stream(capture);
+            done.feed(delta);
+            done.feed(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
+            assert!(done.finished && !done.failed);
+        }
+    }
+
     #[test]
     fn a_reply_is_read_from_a_stream_or_a_whole_answer_and_capped() {
         let mut r = Reply {
+            capture: true,
             stream: true,
             cap: 8,
             raw_cap: 1 << 20,
@@ -490,6 +623,7 @@ mod tests {
         // Capped at 8 bytes, on a character boundary.
         assert_eq!(r.finish().unwrap()["content"], "hello w");
         let mut r = Reply {
+            capture: true,
             cap: 100,
             raw_cap: 1 << 20,
             ..Reply::default()
@@ -503,6 +637,7 @@ mod tests {
     #[test]
     fn a_replys_tool_calls_are_kept_streamed_or_whole() {
         let mut r = Reply {
+            capture: true,
             stream: true,
             cap: 100,
             raw_cap: 1 << 20,
@@ -531,6 +666,7 @@ mod tests {
                 {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]})
         );
         let mut r = Reply {
+            capture: true,
             cap: 100,
             raw_cap: 1 << 20,
             ..Reply::default()

@@ -124,20 +124,9 @@ pub(crate) async fn trim_counted(
         .iter()
         .filter(|m| !super::threads::is_system(m))
         .count();
+    // Whole turns only: what is left starts with a person's message.
     let keep = |k: usize| -> Vec<Value> {
-        let mut dropped = 0;
-        history
-            .iter()
-            .filter(|m| {
-                if dropped < k && !super::threads::is_system(m) {
-                    dropped += 1;
-                    false
-                } else {
-                    true
-                }
-            })
-            .cloned()
-            .collect()
+        super::threads::drop_oldest(history, super::threads::whole_turns(history, k))
     };
     let prompt = |k: usize| {
         let mut all = keep(k);
@@ -157,5 +146,5 @@ pub(crate) async fn trim_counted(
             lo = mid + 1;
         }
     }
-    Some((keep(lo), lo))
+    Some((keep(lo), super::threads::whole_turns(history, lo)))
 }
