@@ -37,6 +37,13 @@ pub fn check_key(key: &str) -> Result<(), ConvoError> {
 }
 
 pub fn check_text(text: &str) -> Result<(), ConvoError> {
+    // PostgreSQL's text holds no NUL: refused for every store alike, so
+    // a client is told, not answered "try again" for ever.
+    if text.contains('\0') {
+        return Err(ConvoError::Invalid(
+            "a note's text has no NUL characters (\\u0000)".into(),
+        ));
+    }
     if text.len() > MAX_TEXT_BYTES {
         return Err(ConvoError::Invalid(format!(
             "a note's text is at most 16 KiB ({MAX_TEXT_BYTES} bytes); this one has {}",
@@ -96,6 +103,24 @@ pub fn check_name(kind: &str, name: &str) -> Result<(), ConvoError> {
     }
 }
 
+/// Latin letters with accents, lower then upper case, and what each folds
+/// to: SQLite's unicode61 tokenizer folds them, and PostgreSQL's index of
+/// a note (migration 0007) translates by this same table, so `cafe` finds
+/// `café` on both.
+pub const FOLD_FROM: &str = "áàâäãåāçćčéèêëēěíìîïīñńňóòôöõōśšşúùûüūůýÿźžżğřťďÁÀÂÄÃÅĀÇĆČÉÈÊËĒĚÍÌÎÏĪÑŃŇÓÒÔÖÕŌŚŠŞÚÙÛÜŪŮÝŸŹŽŻĞŘŤĎ";
+/// See [`FOLD_FROM`].
+pub const FOLD_TO: &str = "aaaaaaaccceeeeeeiiiiinnnoooooosssuuuuuuyyzzzgrtdaaaaaaaccceeeeeeiiiiinnnoooooosssuuuuuuyyzzzgrtd";
+
+/// `word` with its accents folded by [`FOLD_FROM`].
+pub fn fold(word: &str) -> String {
+    word.chars()
+        .map(|c| match FOLD_FROM.chars().position(|f| f == c) {
+            Some(i) => FOLD_TO.chars().nth(i).unwrap_or(c),
+            None => c,
+        })
+        .collect()
+}
+
 /// The words of a search, lower-cased: runs of letters and digits, as both
 /// backends' tokenizers split text (SQLite's unicode61, PostgreSQL's
 /// 'simple' configuration), so that a query means the same on both.
@@ -103,7 +128,7 @@ pub fn query_words(q: &str) -> Result<Vec<String>, ConvoError> {
     let words: Vec<String> = q
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
-        .map(str::to_lowercase)
+        .map(|w| fold(&w.to_lowercase()))
         .collect();
     if words.is_empty() {
         return Err(ConvoError::Invalid(
@@ -129,6 +154,15 @@ mod tests {
         assert!(msg(check_key(&"k".repeat(201))).contains("200 bytes"));
         assert!(check_key(&"k".repeat(200)).is_ok());
         assert!(msg(check_text(&"t".repeat(16 * 1024 + 1))).contains("16 KiB"));
+        assert!(msg(check_text("a\0b")).contains("no NUL"));
+        assert_eq!(
+            query_words("Café NAÏVE v1.2").unwrap(),
+            ["cafe", "naive", "v1", "2"]
+        );
+        // PostgreSQL's index folds by the same table.
+        let pg = include_str!("../../migrations/postgres/0007_notes_search.sql");
+        assert!(pg.contains(FOLD_FROM) && pg.contains(FOLD_TO));
+        assert_eq!(FOLD_FROM.chars().count(), FOLD_TO.chars().count());
         assert!(check_text(&"t".repeat(16 * 1024)).is_ok());
         let tags: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
         assert!(

@@ -52,6 +52,11 @@ pub const POSTGRES: &[Migration] = &[
         name: "snapshots_compressed",
         sql: include_str!("../postgres/0006_snapshots_compressed.sql"),
     },
+    Migration {
+        version: 7,
+        name: "notes_search",
+        sql: include_str!("../postgres/0007_notes_search.sql"),
+    },
 ];
 
 /// Migrations for SQLite, oldest first.
@@ -85,6 +90,11 @@ pub const SQLITE: &[Migration] = &[
         version: 6,
         name: "snapshots_compressed",
         sql: include_str!("../sqlite/0006_snapshots_compressed.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "notes_search",
+        sql: include_str!("../sqlite/0007_notes_search.sql"),
     },
 ];
 

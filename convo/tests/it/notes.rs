@@ -33,6 +33,12 @@ const NOTES: &[(&str, &str, &[&str])] = &[
         "Rolling restarts: NODES first, then the gateway",
         &["ops"],
     ),
+    // What PostgreSQL's parser kept whole, or with its accents.
+    (
+        "contacts",
+        "see example.com and v1.2.3, mail ops@acme.io, pi 3.14, /usr/local/bin, Café NAÏVE",
+        &[],
+    ),
 ];
 
 async fn keys_found(fx: &Fx, s: &Search) -> Vec<String> {
@@ -59,6 +65,14 @@ async fn full_text_search_finds_the_same_notes_on_both_backends() {
         "mixed case",
         "a100",
         "absent",
+        "example",
+        "example.com",
+        "acme",
+        "v1",
+        "14",
+        "local bin",
+        "cafe",
+        "café naive",
     ];
     let mut per_backend = Vec::new();
     for backend in BOTH {
@@ -95,6 +109,18 @@ async fn full_text_search_finds_the_same_notes_on_both_backends() {
     assert_eq!(get("roll"), &["deploy-plan"]);
     assert_eq!(get("mixed case"), &["Mixed_Case"]);
     assert_eq!(get("absent"), &[] as &[String]);
+    for q in [
+        "example",
+        "example.com",
+        "acme",
+        "v1",
+        "14",
+        "local bin",
+        "cafe",
+        "café naive",
+    ] {
+        assert_eq!(get(q), &["contacts"], "{q}");
+    }
     assert_eq!(get("#ops"), &["Mixed_Case", "runbook", "deploy-plan"]);
 }
 
