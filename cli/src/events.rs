@@ -11,7 +11,7 @@ use crate::output::{EVENT_HEADER, Table, event_cells, event_line, json_line};
 mod anchors;
 mod capture;
 mod file;
-mod filter;
+pub(crate) mod filter;
 mod history;
 mod import;
 mod usage;
@@ -174,7 +174,8 @@ pub(crate) enum EventsCommand {
         /// failed, stopped).
         #[arg(long, group = "thing")]
         model: Option<String>,
-        /// An API key, by id: its stream (issued, limited, revoked) and refusals.
+        /// An API key, by id: its stream (issued, limited, revoked), refusals,
+        /// and its owner's erasure, which stops it.
         #[arg(long, group = "thing")]
         key: Option<String>,
         /// A person, by user id (`users list` shows it): their stream
@@ -719,12 +720,18 @@ async fn verify(
             return tampered(&report, json, "anchors_problem", why);
         }
         if !json {
+            // Without --public-key no signature was checked: "0 signed"
+            // read as if the sink's signed lines were forged.
+            let signed = if held.keyed {
+                format!(" ({} signed by the key given)", held.proven)
+            } else {
+                " (signatures not checked: give --public-key)".to_owned()
+            };
             writeln!(
                 out,
-                "{} anchors in {} match the log ({} signed by the key given)",
+                "{} anchors in {} match the log{signed}",
                 held.matched,
                 path.display(),
-                held.proven
             )?;
         }
     }

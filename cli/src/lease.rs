@@ -35,7 +35,7 @@ pub(crate) async fn run(address: &str, cmd: LeaseCommand) -> anyhow::Result<Outc
                     info.holder.clone().unwrap_or_else(|| "-".into()),
                     info.epoch.to_string(),
                     info.expires_at
-                        .map_or_else(|| "-".into(), |t| t.to_rfc3339()),
+                        .map_or_else(|| "-".into(), crate::events::filter::when),
                     state.into(),
                 ]);
                 t.print(&mut out)?;

@@ -19,6 +19,8 @@ pub(crate) struct Held {
     pub(crate) matched: usize,
     /// Of those, the ones signed by the key given.
     pub(crate) proven: usize,
+    /// Whether a key was given to check signatures with.
+    pub(crate) keyed: bool,
     /// The first line that does not hold, and why.
     pub(crate) problem: Option<String>,
 }
@@ -30,7 +32,10 @@ pub(crate) async fn check(
 ) -> anyhow::Result<Held> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-    let mut held = Held::default();
+    let mut held = Held {
+        keyed: key.is_some(),
+        ..Held::default()
+    };
     for (i, line) in text
         .lines()
         .enumerate()

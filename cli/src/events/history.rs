@@ -434,6 +434,18 @@ pub(crate) async fn log(store: &AnyStore, thing: &Thing, json: bool) -> anyhow::
         }
         events.extend(these);
     }
+    // A key its owner's erasure stopped: that erasure is part of the key's
+    // history, which showed it issued and nothing after while it answered
+    // 401 (the person's other events are theirs, not the key's).
+    if own.starts_with("key-")
+        && let Some(owner) = events
+            .iter()
+            .find(|e| e.event_type == "KeyIssued")
+            .and_then(|e| text(&e.payload, "owner"))
+    {
+        let theirs = read_stream(store, &format!("user-{owner}")).await?;
+        events.extend(theirs.into_iter().filter(|e| e.event_type == "UserErased"));
+    }
     events.sort_by_key(|e| e.position);
     if events.is_empty() {
         bail!("no events in stream {own}");

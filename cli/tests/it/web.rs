@@ -620,6 +620,18 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
         .find(|k| k["owner"] == id.as_str())
         .unwrap_or_else(|| panic!("{listed}"));
     assert_eq!(theirs["state"], "stopped", "{theirs}");
+    // The key's own history says what stopped it.
+    let history = super::ok(
+        &store,
+        &[
+            "events",
+            "log",
+            "--key",
+            theirs["key_id"].as_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(history.contains("\"UserErased\""), "{history}");
     let late = super::tenancy::keys(
         &store,
         &admin,
