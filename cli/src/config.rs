@@ -527,6 +527,18 @@ pub(crate) fn load(
     if let Some(on) = tree.get("auth").and_then(serde_json::Value::as_bool) {
         tree["auth"] = serde_json::json!({ "enabled": on });
     }
+    // Named as a person writes it, not as the type it fails to be ("expected
+    // struct AuthSection").
+    if let Some(v) = tree.get("auth").filter(|v| !(v.is_object() || v.is_null())) {
+        return Err(invalid(&format!(
+            "auth is true, false or a section (auth: {{enabled: true, …}}), not {v}"
+        )));
+    }
+    if !(tree.is_object()) {
+        return Err(invalid(
+            &"the file is a mapping of settings (listen: …, auth: …), not a list or a value",
+        ));
+    }
     let file_tree = tree.clone();
     // A variable that makes a good file bad is named, not the file.
     let invalid = |e: &dyn std::fmt::Display| match culprit(&file_tree, env) {

@@ -234,10 +234,13 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             )));
         }
     }
-    if usage.batch == 0 || usage.buffer == 0 {
-        return Err(ConfigError(
-            "auth.batch_size and auth.buffer_size must be at least 1".into(),
-        ));
+    for (n, key) in [
+        (usage.batch, "auth.batch_size"),
+        (usage.buffer, "auth.buffer_size"),
+    ] {
+        if n == 0 {
+            return Err(ConfigError(format!("{key} must be at least 1")));
+        }
     }
     if usage.batch > llmgw_domain::usage::MAX_BATCH_ROWS {
         return Err(ConfigError(format!(

@@ -315,7 +315,9 @@ impl Catalog {
         for m in self.models.values() {
             for a in &m.aliases {
                 if let Some(other) = owner.insert(a, &m.name) {
-                    return Err(Rejection::invalid(if other == a {
+                    return Err(Rejection::invalid(if other == a && a == &m.name {
+                        format!("model {a} names itself as an alias: remove it from its aliases")
+                    } else if other == a {
                         format!("alias {a} of {} is the name of another model", m.name)
                     } else {
                         format!("alias {a} is claimed by both {other} and {}", m.name)

@@ -91,7 +91,7 @@ pub enum PeopleError {
     #[error("this account has been suspended")]
     Suspended,
     /// Locked, the right password too, until the attempt window ends.
-    #[error("too many attempts: try again in {minutes} minutes")]
+    #[error("too many attempts: try again in {minutes} minute{}", if *minutes == 1 { "" } else { "s" })]
     TooManyTries { minutes: u64 },
     #[error("that does not look like an email address")]
     InvalidEmail,

@@ -1553,7 +1553,7 @@ async fn server_settings_come_from_a_config_file_and_flags_win() {
         &config,
         format!(
             "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:0\"\n\
-             endpoints = [\"e1=http://{engine_addr}=tiny;engine=vllm\"]\n[fallbacks]\nbig = [\"tiny\"]\n"
+             endpoints = [\"e1=http://{engine_addr}=tiny,big;engine=vllm\"]\n[fallbacks]\nbig = [\"tiny\"]\n"
         ),
     )
     .unwrap();

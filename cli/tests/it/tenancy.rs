@@ -1184,7 +1184,12 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
 #[test]
 fn a_key_twice_a_number_not_finite_or_an_empty_variable_is_refused() {
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
+        (
+            "auth: yes\n",
+            &[],
+            "auth is true, false or a section (auth: {enabled: true, …}), not \"yes\"",
+        ),
         (
             "router: {body_limit: 100}\nlanding: {notice: hi}\nrouter: {retries: 1}\n",
             &[],

@@ -92,6 +92,12 @@ fn aliases_are_unique_and_never_another_models_name() {
         reason(&c, CatalogCommand::AddModel(d))
             .contains("alias qwen-7b of mistral-7b is the name of another model")
     );
+    let mut e = model("mistral-7b");
+    e.aliases = vec!["mistral-7b".into()];
+    assert!(
+        reason(&c, CatalogCommand::AddModel(e))
+            .contains("model mistral-7b names itself as an alias")
+    );
     assert_eq!(
         c.resolve("llama").map(|m| m.name.as_str()),
         Some("llama-8b")
