@@ -340,7 +340,9 @@ async fn replicas(
                 profile: r.placement.profile.clone(),
                 status: lower(&r.status),
                 adopted: r.adopted,
-                outdated: current.is_some_and(|fp| fp != r.placement.profile_fp),
+                // A stopped replica is replaced by nothing: the note
+                // read as if its profile edit were under way.
+                outdated: r.is_live() && current.is_some_and(|fp| fp != r.placement.profile_fp),
                 fabric: r.placement.fabric.clone(),
                 shards,
             }
