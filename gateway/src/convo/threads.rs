@@ -22,6 +22,22 @@ use crate::{ApiError, Gateway};
 const THREAD_HEADER: &str = "x-llmgw-thread";
 const TRIMMED_HEADER: HeaderName = HeaderName::from_static("x-llmgw-thread-trimmed");
 
+/// The largest whole (not streamed) answer whose reply a thread keeps.
+const WHOLE_ANSWER_MAX: usize = 4 * 1024 * 1024;
+
+/// The bytes of an answer read for its reply, `cap` being what is kept of
+/// its text. A whole answer is read only once it is all here: held up to
+/// 4 MiB (a 208 KB answer, past the 192 KiB a stream's calls are bounded
+/// by, kept nothing of its reply); a stream keeps its capped text as it
+/// goes.
+fn raw_cap(stream: bool, cap: usize) -> usize {
+    if stream {
+        cap.saturating_mul(8).saturating_add(64 * 1024)
+    } else {
+        cap.saturating_mul(8).max(WHOLE_ANSWER_MAX)
+    }
+}
+
 /// The thread a request names, checked; None when it names none.
 pub(crate) fn thread_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get(THREAD_HEADER) else {
@@ -336,6 +352,12 @@ impl Reply {
     /// The assistant's message as the thread keeps it: its text, its
     /// calls; None for an answer of neither.
     fn finish(&mut self) -> Option<Value> {
+        if self.overflow {
+            tracing::warn!(
+                bytes = self.raw_cap,
+                "a whole answer too large to read: its reply is not kept in its thread"
+            );
+        }
         if !self.stream && !self.overflow {
             let v: Value = serde_json::from_slice(&self.pending).ok()?;
             let m = &v["choices"][0]["message"];
@@ -415,7 +437,7 @@ impl Turn {
             stream,
             capture: self.capture,
             cap,
-            raw_cap: cap.saturating_mul(8).saturating_add(64 * 1024),
+            raw_cap: raw_cap(stream, cap),
             ..Reply::default()
         }));
         let (parts, body) = response.into_parts();
@@ -607,6 +629,24 @@ mod tests {
             done.feed(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n");
             assert!(done.finished && !done.failed);
         }
+    }
+
+    /// A long whole answer keeps its reply, capped, as a streamed one
+    /// does (one of 208 KB kept nothing).
+    #[test]
+    fn a_long_whole_answer_keeps_its_reply_capped() {
+        let cap = 16 * 1024;
+        let mut r = Reply {
+            capture: true,
+            cap,
+            raw_cap: raw_cap(false, cap),
+            ..Reply::default()
+        };
+        let long = "word ".repeat(60_000);
+        let answer = json!({"choices": [{"message": {"role": "assistant", "content": long}}]});
+        r.feed(answer.to_string().as_bytes());
+        let kept = r.finish().unwrap();
+        assert_eq!(kept["content"].as_str().unwrap().len(), cap);
     }
 
     #[test]
