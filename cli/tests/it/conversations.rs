@@ -751,6 +751,23 @@ async fn mcp_story(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(r.status(), 403, "a foreign origin is refused");
+    // A page on a name rebound to this address names itself as host and
+    // origin alike: refused all the same (it was let through).
+    let host = c.base.trim_start_matches("http://");
+    let r = c
+        .http
+        .post(format!("{}/mcp", c.base))
+        .bearer_auth(&kp)
+        .header("origin", format!("http://{host}"))
+        .json(&initialize)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        403,
+        "an origin no cors_origins names is refused"
+    );
 
     keys_ok(
         &store,

@@ -46,7 +46,7 @@ async fn no_stream() -> Response {
 
 async fn handle(State(gw): State<Arc<Gateway>>, request: axum::extract::Request) -> Response {
     let headers = request.headers().clone();
-    if let Some(refusal) = foreign_origin(&headers) {
+    if let Some(refusal) = foreign_origin(&gw, &headers) {
         return refusal;
     }
     // The key is checked before the body is read: a caller without one
@@ -92,17 +92,19 @@ async fn handle(State(gw): State<Arc<Gateway>>, request: axum::extract::Request)
     }
 }
 
-/// A browser page on another site must not reach this server through the
-/// user's network (DNS rebinding): an `Origin` that is not this host is
-/// refused. Clients that are not browsers send none.
-fn foreign_origin(headers: &HeaderMap) -> Option<Response> {
+/// A browser page must not reach this server through the user's network
+/// (DNS rebinding): a request with an `Origin` is refused unless
+/// `router.cors_origins` names that origin. Clients that are not browsers
+/// send none. (Comparing it with `Host` let a rebound name through: the
+/// page's own name is both.)
+fn foreign_origin(gw: &Gateway, headers: &HeaderMap) -> Option<Response> {
     let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
-    (origin_host != host).then(|| {
+    let allowed = gw
+        .config
+        .cors_origins
+        .iter()
+        .any(|o| o == "*" || o == origin);
+    (!allowed).then(|| {
         (
             StatusCode::FORBIDDEN,
             format!("requests from the origin {origin:?} are refused"),
