@@ -589,6 +589,12 @@ async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Out
     }
     let Some(e) = store.event_at(position).await? else {
         let (head, _) = store.head().await?;
+        let (base, _) = store.base().await?;
+        if position <= base {
+            bail!(
+                "no event at position {position}: this log begins after position {base} (it was imported from a later start)"
+            );
+        }
         bail!("no event at position {position} (the log's head is {head})");
     };
     let mut out = std::io::stdout().lock();

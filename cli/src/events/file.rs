@@ -84,6 +84,9 @@ pub(crate) struct ExportFile {
     recent: std::collections::VecDeque<(u64, [u8; 32])>,
     /// The last `AnchorRecorded` read, and whether its hash was checked.
     pub(crate) last_anchor: Option<LogAnchor>,
+    /// Every event's hash, in order: a file compared with its store names
+    /// the first position where they part (32 bytes an event).
+    pub(crate) hashes: Vec<[u8; 32]>,
 }
 
 /// An anchor the log recorded (`AnchorRecorded`), as a check found it.
@@ -149,6 +152,7 @@ impl ExportFile {
             trusted,
             recent: std::collections::VecDeque::with_capacity(RECENT),
             last_anchor: None,
+            hashes: Vec::new(),
         })
     }
 
@@ -256,6 +260,7 @@ impl ExportFile {
             self.recent.pop_front();
         }
         self.recent.push_back((e.position, e.hash));
+        self.hashes.push(e.hash);
         Ok(())
     }
 

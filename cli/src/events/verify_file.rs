@@ -24,6 +24,26 @@ fn short(h: &[u8; 32]) -> String {
     hash::to_hex(&h[..6])
 }
 
+/// The first position in `a..=b` whose hash the store does not share with
+/// the file, `b`'s being known to differ. A chain parts once: equal at a
+/// position, equal before it; different, different after. So a bisection
+/// finds it, where the last position alone sent an incident engineer to
+/// the file's end rather than to the edit.
+async fn first_parting(store: &AnyStore, file: &ExportFile, a: u64, b: u64) -> anyhow::Result<u64> {
+    let (mut lo, mut hi) = (a, b);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let theirs = file.hashes.get((mid - a) as usize).copied();
+        let stored = store.hash_at(mid).await?;
+        if stored.is_some() && stored == theirs {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
 /// Whether the store holds the file's events exactly: what was proven, or
 /// why not.
 async fn compare(store: &AnyStore, file: &ExportFile) -> anyhow::Result<Result<String, String>> {
@@ -45,8 +65,9 @@ async fn compare(store: &AnyStore, file: &ExportFile) -> anyhow::Result<Result<S
             )));
         }
         Some(h) if h != last_hash => {
+            let p = first_parting(store, file, a, b).await?;
             return Ok(Err(format!(
-                "position {b} differs from the store's (hash {} there, {} in the file): the file was altered, or comes from another log",
+                "position {p} is the first that differs from the store's (at {b}, the file's last, hash {} there, {} in the file): the file was altered there, or comes from another log",
                 short(&h),
                 short(&last_hash)
             )));
