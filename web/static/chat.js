@@ -60,15 +60,17 @@
     return requestId ? text + " (request id: " + requestId + ")" : text;
   }
 
-  // Reads the server-sent events, calling onDelta with each piece of text.
+  // Reads the server-sent events, calling onDelta with each piece of text;
+  // returns why the answer ended (its finish_reason), if it said.
   async function readStream(body, onDelta) {
     const reader = body.getReader();
     const decoder = new TextDecoder();
     let buffer = "";
+    let finish = null;
     for (;;) {
       const { value, done } = await reader.read();
       if (done) {
-        return;
+        return finish;
       }
       buffer += decoder.decode(value, { stream: true });
       const lines = buffer.split("\n");
@@ -80,7 +82,7 @@
         }
         const data = line.slice(5).trim();
         if (data === "[DONE]") {
-          return;
+          return finish;
         }
         let chunk;
         try {
@@ -92,6 +94,9 @@
           throw new Error(chunk.error.message || String(chunk.error));
         }
         const choice = chunk.choices && chunk.choices[0];
+        if (choice && choice.finish_reason) {
+          finish = choice.finish_reason;
+        }
         const piece = choice && choice.delta && choice.delta.content;
         if (typeof piece === "string" && piece.length > 0) {
           onDelta(piece);
@@ -147,7 +152,7 @@
       if (!response.ok) {
         throw new Error(await refusal(response));
       }
-      await readStream(response.body, function (piece) {
+      const finish = await readStream(response.body, function (piece) {
         if (text === "") {
           say("", "muted");
         }
@@ -156,7 +161,14 @@
         log.scrollTop = log.scrollHeight;
       });
       history.push({ role: "assistant", content: text });
-      say("", "muted");
+      // Cut at the page's limit, not finished: said, or the answer read as
+      // ending mid-word for no reason.
+      say(
+        finish === "length"
+          ? "the answer stops here: this page gives a turn at most " + maxTokens + " tokens (the API, with a key, has no such limit)"
+          : "",
+        "muted",
+      );
     } catch (error) {
       if (text === "") {
         // Unanswered: the question leaves the conversation and the page,

@@ -1361,3 +1361,39 @@ async fn a_failed_chat_turn_gives_the_question_back_with_its_request_id() {
     );
     b.quit().await.unwrap();
 }
+
+/// An answer cut at the chat page's limit says so, in a real browser: it
+/// ended mid-word, unsaid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_answer_cut_at_the_pages_limit_says_so() {
+    use std::time::Duration;
+    const WAIT: Duration = Duration::from_secs(30);
+    let engine = super::tenancy::engine();
+    let e = engine.addr_after("listening on ");
+    let server = super::Child::spawn(&[
+        "server",
+        "--endpoint",
+        &format!("e1=http://{e}=paid"),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", server.addr_after("client listening on "));
+    let b = llmgw_testkit::Browser::start()
+        .await
+        .expect("a browser (chromium, chromium-driver)");
+    b.goto(&format!("{base}/chat")).await.unwrap();
+    let input = b.wait_for("#chat-input", WAIT).await.unwrap();
+    input.send_keys("tell me everything").await.unwrap();
+    b.find("#chat-send").await.unwrap().click().await.unwrap();
+    let status = b
+        .wait_text("#chat-status", "the answer stops here", WAIT)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(status.contains("at most 512 tokens"), "{status}");
+    b.quit().await.unwrap();
+}
