@@ -383,8 +383,9 @@ pub(crate) struct AnchorSection {
 }
 
 impl ControlSection {
-    /// Whether any setting besides `enabled` is given.
-    pub(crate) fn is_set(&self) -> bool {
+    /// The first setting besides `enabled` that is given, by its name: a
+    /// refusal names the key, not the section (`control.*`).
+    pub(crate) fn first_set(&self) -> Option<&'static str> {
         let ControlSection {
             enabled: _,
             instance,
@@ -405,25 +406,25 @@ impl ControlSection {
             anchors,
         } = self;
         [
-            instance,
-            interval,
-            lease_ttl,
-            unreachable_after,
-            lost_after,
-            base_backoff,
-            max_backoff,
-            drain_grace,
-            min_lifetime,
-            evict_idle,
-            mgmt_interface,
-            advertise_admin,
-            advertise_agent,
+            (instance.is_some(), "control.instance"),
+            (interval.is_some(), "control.interval"),
+            (lease_ttl.is_some(), "control.lease_ttl"),
+            (unreachable_after.is_some(), "control.unreachable_after"),
+            (lost_after.is_some(), "control.lost_after"),
+            (base_backoff.is_some(), "control.base_backoff"),
+            (max_backoff.is_some(), "control.max_backoff"),
+            (drain_grace.is_some(), "control.drain_grace"),
+            (min_lifetime.is_some(), "control.min_lifetime"),
+            (evict_idle.is_some(), "control.evict_idle"),
+            (port_range.is_some(), "control.port_range"),
+            (mgmt_interface.is_some(), "control.mgmt_interface"),
+            (advertise_admin.is_some(), "control.advertise_admin"),
+            (advertise_agent.is_some(), "control.advertise_agent"),
+            (signing_key.is_some(), "control.signing_key"),
+            (anchors.is_some(), "control.anchors"),
         ]
-        .iter()
-        .any(|v| v.is_some())
-            || port_range.is_some()
-            || signing_key.is_some()
-            || anchors.is_some()
+        .into_iter()
+        .find_map(|(set, name)| set.then_some(name))
     }
 }
 

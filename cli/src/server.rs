@@ -173,7 +173,10 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             // `false`, the default, asks nothing (a shared env file may say it).
             (agent_plaintext == Some(true), "agent_plaintext"),
             (agent_tls.is_some(), "tls"),
-            (file.control.is_set(), "control.*"),
+            (
+                file.control.first_set().is_some(),
+                file.control.first_set().unwrap_or("control"),
+            ),
             // Only agents fetch from it, and only the control plane has agents.
             (file.mirror.is_some(), "mirror"),
             // Only the leader tells agents what to install.

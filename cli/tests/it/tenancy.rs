@@ -976,7 +976,7 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
         ),
         (
             "control: {lease_ttl: 5s}\n",
-            "control.* needs the control plane",
+            "control.lease_ttl needs the control plane",
         ),
         (
             "auth: {flush_interval: 1s}\n",
