@@ -103,15 +103,19 @@ pub(crate) fn convo_plan(
         }
         (None, true) => plan.enabled = true,
         (None, false) => {
-            let set = c.default_context.is_some()
-                || c.capture_max_bytes.is_some()
-                || c.sweep_interval.is_some();
-            if set {
-                return Err(ConfigError(
-                    "conversations.* applies only where conversations are kept: \
+            let set = [
+                (c.default_context.is_some(), "conversations.default_context"),
+                (
+                    c.capture_max_bytes.is_some(),
+                    "conversations.capture_max_bytes",
+                ),
+                (c.sweep_interval.is_some(), "conversations.sweep_interval"),
+            ];
+            if let Some((_, key)) = set.iter().find(|(s, _)| *s) {
+                return Err(ConfigError(format!(
+                    "{key} applies only where conversations are kept: \
                      set auth.enabled (per-project switches) or a threads: block"
-                        .into(),
-                ));
+                )));
             }
         }
     }

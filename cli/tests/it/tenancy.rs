@@ -1032,6 +1032,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "fallbacks: {piad: [free]}\n",
             "fallbacks: \"piad\" is served by no endpoint",
         ),
+        (
+            "conversations: {default_context: 100}\n",
+            "conversations.default_context applies only where conversations are kept",
+        ),
     ];
     for (extra, says) in cases {
         let path = config(
