@@ -478,6 +478,10 @@ pub struct Tenancy {
 /// The longest name a key may have, in characters.
 pub const MAX_NAME: usize = 100;
 
+/// Live keys one person may hold (their own, made on their profile or for
+/// them by an operator).
+pub const MAX_KEYS_PER_PERSON: usize = 25;
+
 /// A character a name may not hold: a control character, or one that is
 /// invisible or reorders what follows (U+202E before `gpj.exe` shows it as
 /// `exe.jpg`), so that a name reads as it was written wherever shown.
@@ -769,6 +773,20 @@ impl Tenancy {
                             key.project_id, key.name
                         ),
                     }));
+                }
+                // A person's own keys are bounded: each is in the log for
+                // good, and a profile's button made them without end.
+                if let Some(owner) = &key.owner {
+                    let held = self
+                        .keys
+                        .values()
+                        .filter(|k| !k.revoked && k.owner.as_ref() == Some(owner))
+                        .count();
+                    if held >= MAX_KEYS_PER_PERSON {
+                        return Err(Rejection::conflict(format!(
+                            "{owner} already has {held} live keys, the most one person may hold: revoke one first"
+                        )));
+                    }
                 }
                 vec![E::KeyIssued(key)]
             }

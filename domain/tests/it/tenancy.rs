@@ -324,9 +324,36 @@ fn a_live_key_name_is_unique_within_its_project() {
     }
     own.key_id = "k6".into();
     assert_eq!(
-        t.decide(C::IssueKey(own)).unwrap_err().reason,
+        t.decide(C::IssueKey(own.clone())).unwrap_err().reason,
         "usr-a already has a key named ci-k in project p: choose another name"
     );
+    // A person holds a bounded number of live keys (each is in the log for
+    // good); a revoked one frees its place.
+    for i in 1..llmgw_domain::tenancy::MAX_KEYS_PER_PERSON {
+        let mut more = own.clone();
+        more.key_id = format!("own-{i}");
+        more.name = format!("laptop {i}");
+        for e in t.decide(C::IssueKey(more)).unwrap() {
+            t.evolve(&e);
+        }
+    }
+    let mut one_more = own.clone();
+    one_more.key_id = "own-extra".into();
+    one_more.name = "one more".into();
+    assert_eq!(
+        t.decide(C::IssueKey(one_more.clone())).unwrap_err().reason,
+        "usr-a already has 25 live keys, the most one person may hold: revoke one first"
+    );
+    for e in t
+        .decide(C::RevokeKey {
+            key_id: "own-1".into(),
+            by: "usr-a".into(),
+        })
+        .unwrap()
+    {
+        t.evolve(&e);
+    }
+    assert!(t.decide(C::IssueKey(one_more)).is_ok());
     // Once the holder of the name is revoked, the name is free again.
     for e in t
         .decide(C::RevokeKey {
