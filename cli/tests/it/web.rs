@@ -1304,20 +1304,14 @@ async fn an_operator_adds_a_person_while_sign_up_is_closed() {
     v.sign_in("eve@example.com", GOOD).await;
 }
 
-/// A chat turn that fails, in a real browser (headless Chromium): the
-/// question goes back into the box and off the page (it stayed on screen
-/// though the next turn no longer carried it, and the box was empty), and
-/// the error names the request's id, where it pointed at a header a person
-/// in a browser cannot see.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_chat_turn_gives_the_question_back_with_its_request_id() {
-    use std::time::Duration;
-    const WAIT: Duration = Duration::from_secs(20);
-    // Nothing listens on the discard port: every turn fails at once.
+/// A router-only server without keys in front of `endpoint`, its chat
+/// page open in headless Chromium with `words` sent: the server (kept
+/// alive by the caller) and the browser.
+async fn chat_page_sent(endpoint: &str, words: &str) -> (super::Child, llmgw_testkit::Browser) {
     let server = super::Child::spawn(&[
         "server",
         "--endpoint",
-        "e1=http://127.0.0.1:9=dead",
+        endpoint,
         "--listen",
         "127.0.0.1:0",
         "--admin-listen",
@@ -1328,9 +1322,26 @@ async fn a_failed_chat_turn_gives_the_question_back_with_its_request_id() {
         .await
         .expect("a browser (chromium, chromium-driver)");
     b.goto(&format!("{base}/chat")).await.unwrap();
-    let input = b.wait_for("#chat-input", WAIT).await.unwrap();
-    input.send_keys("hello there").await.unwrap();
+    let input = b
+        .wait_for("#chat-input", std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    input.send_keys(words).await.unwrap();
     b.find("#chat-send").await.unwrap().click().await.unwrap();
+    (server, b)
+}
+
+/// A chat turn that fails, in a real browser (headless Chromium): the
+/// question goes back into the box and off the page (it stayed on screen
+/// though the next turn no longer carried it, and the box was empty), and
+/// the error names the request's id, where it pointed at a header a person
+/// in a browser cannot see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_chat_turn_gives_the_question_back_with_its_request_id() {
+    use std::time::Duration;
+    const WAIT: Duration = Duration::from_secs(20);
+    // Nothing listens on the discard port: every turn fails at once.
+    let (_server, b) = chat_page_sent("e1=http://127.0.0.1:9=dead", "hello there").await;
 
     let status = b
         .wait_text("#chat-status", "request id: ", WAIT)
@@ -1370,23 +1381,8 @@ async fn a_chat_answer_cut_at_the_pages_limit_says_so() {
     const WAIT: Duration = Duration::from_secs(30);
     let engine = super::tenancy::engine();
     let e = engine.addr_after("listening on ");
-    let server = super::Child::spawn(&[
-        "server",
-        "--endpoint",
-        &format!("e1=http://{e}=paid"),
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-    ]);
-    let base = format!("http://{}", server.addr_after("client listening on "));
-    let b = llmgw_testkit::Browser::start()
-        .await
-        .expect("a browser (chromium, chromium-driver)");
-    b.goto(&format!("{base}/chat")).await.unwrap();
-    let input = b.wait_for("#chat-input", WAIT).await.unwrap();
-    input.send_keys("tell me everything").await.unwrap();
-    b.find("#chat-send").await.unwrap().click().await.unwrap();
+    let endpoint = format!("e1=http://{e}=paid");
+    let (_server, b) = chat_page_sent(&endpoint, "tell me everything").await;
     let status = b
         .wait_text("#chat-status", "the answer stops here", WAIT)
         .await
