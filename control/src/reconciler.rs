@@ -67,6 +67,21 @@ impl ControlPlane {
     }
 }
 
+/// The asks other servers recorded, each kept as asked when the log
+/// recorded it (never later than `now`, whatever the clocks say), and a
+/// newer stamp already held kept.
+fn note_asks(
+    demand: &mut BTreeMap<String, llmgw_domain::UnixMillis>,
+    asks: Vec<(String, llmgw_domain::UnixMillis)>,
+    now: llmgw_domain::UnixMillis,
+) {
+    for (model, at) in asks {
+        let at = at.min(now);
+        let stamp = demand.entry(model).or_insert(at);
+        *stamp = (*stamp).max(at);
+    }
+}
+
 /// How often passes come while a replica drains.
 const DRAINING_PASS: std::time::Duration = std::time::Duration::from_millis(250);
 
@@ -146,14 +161,7 @@ impl ControlPlane {
         // replica idled out and stopped, was started again on taking
         // office and kept for another idle time.
         let demanded = self.decider.take_demanded().await?;
-        {
-            let mut m = self.memory();
-            for (model, at) in demanded {
-                let at = at.min(now);
-                let stamp = m.rt.demand.entry(model).or_insert(at);
-                *stamp = (*stamp).max(at);
-            }
-        }
+        note_asks(&mut self.memory().rt.demand, demanded, now);
         self.watch_drains(now).await?;
         // Planned under a read of the state; the plan carries everything
         // its messages need, so nothing of the state is copied out.
@@ -408,5 +416,49 @@ impl ControlPlane {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use llmgw_domain::UnixMillis;
+
+    use super::*;
+
+    /// An ask read back by a server taking office counts from when it was
+    /// made: older than the model's idle time, it starts nothing (it was
+    /// stamped with the moment of reading, and an idled-out model started
+    /// again on every failover). A newer stamp held here is kept, and an
+    /// ask from a clock ahead of this one counts as now.
+    #[test]
+    fn an_ask_counts_from_when_the_log_recorded_it() {
+        let now = UnixMillis(100_000);
+        let mut demand = BTreeMap::from([("held".to_owned(), UnixMillis(99_000))]);
+        note_asks(
+            &mut demand,
+            vec![
+                ("old".into(), UnixMillis(10_000)),
+                ("held".into(), UnixMillis(50_000)),
+                ("ahead".into(), UnixMillis(200_000)),
+            ],
+            now,
+        );
+        assert_eq!(demand["old"], UnixMillis(10_000));
+        assert_eq!(demand["held"], UnixMillis(99_000));
+        assert_eq!(demand["ahead"], now);
+        // The plan's floor reads it so: a model idle 60 s asked for 90 s
+        // ago wants no replica.
+        let mut lazy = llmgw_domain::catalog::Model::named("old");
+        lazy.scaling.idle_timeout_s = Some(60);
+        lazy.profiles.push(llmgw_domain::catalog::Profile::cpu(
+            "sim",
+            llmgw_domain::catalog::Engine::Sim,
+        ));
+        let rt = reconcile::Runtime {
+            now,
+            demand,
+            ..reconcile::Runtime::default()
+        };
+        assert_eq!(reconcile::desired(&lazy, &rt, &Settings::default()), 0);
     }
 }

@@ -475,21 +475,18 @@ async fn a_demand_recorded_by_a_standby_is_acted_on_at_once() {
     leader.stop().await;
 }
 
-/// A server taking office reads back the asks for on-demand models, and
-/// counts each from when it was made: one older than the model's idle
-/// time starts nothing (an idled-out model was started again by every
-/// failover within two minutes of its last ask, and held for another
-/// idle time).
+/// A server taking office reads back the asks for on-demand models with
+/// the times the log recorded them: one made moments ago, within the
+/// model's idle time, starts the model there. (That one older than the
+/// idle time starts nothing is `reconciler::tests`: it needs the clock
+/// to pass.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_leader_does_not_start_a_model_whose_ask_has_idled_out() {
+async fn a_new_leader_starts_a_model_asked_for_lately_by_the_logs_time() {
     let (addr, _db) = Scratch::new(Backend::Postgres).await;
-    let mut lazy = sim_model("lazy", 0);
-    lazy.scaling.idle_timeout_s = Some(1);
-    let first = Server::start(&addr, fast("first", vec![lazy.clone()])).await;
+    let first = Server::start(&addr, fast("first", vec![sim_model("lazy", 0)])).await;
     first.wait_leader().await;
-    let second = Server::start(&addr, fast("second", vec![lazy])).await;
-    // Asked of the standby while no node can take it, then left idle for
-    // longer than its idle time.
+    let second = Server::start(&addr, fast("second", vec![sim_model("lazy", 0)])).await;
+    // Asked of the standby while no node can take it.
     second.cp.demand("lazy");
     eventually(&first, "the ask is in the log", || async {
         types(&first.events().await)
@@ -497,22 +494,12 @@ async fn a_new_leader_does_not_start_a_model_whose_ask_has_idled_out() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     first.stop().await;
     second.wait_leader().await;
     let mut a = Agent::connect(second.agent_addr, register("n1"))
         .await
         .unwrap();
     a.keep_alive();
-    assert!(matches!(a.next().await, Msg::Ack(_)));
-    second.passes(3).await;
-    assert_eq!(
-        count(&second, "ReplicaPlaced").await,
-        0,
-        "nothing asked for now"
-    );
-    // Asked again, now, it starts.
-    second.cp.demand("lazy");
     assert_eq!(a.next_start().await.model, "lazy");
     second.stop().await;
 }
