@@ -168,15 +168,13 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
                 "nothing to serve: give at least one endpoint (--endpoint id=URL=model, or endpoints in --config), or a models: catalog for the control plane".into(),
             ));
         }
+        let control_set = file.control.first_set();
         let needs_control = [
             (agent_listen.is_some(), "agent_listen"),
             // `false`, the default, asks nothing (a shared env file may say it).
             (agent_plaintext == Some(true), "agent_plaintext"),
             (agent_tls.is_some(), "tls"),
-            (
-                file.control.first_set().is_some(),
-                file.control.first_set().unwrap_or("control"),
-            ),
+            (control_set.is_some(), control_set.unwrap_or("control")),
             // Only agents fetch from it, and only the control plane has agents.
             (file.mirror.is_some(), "mirror"),
             // Only the leader tells agents what to install.

@@ -421,18 +421,18 @@ fn own_file_model(
         return None;
     }
     let (name, command) = match parts.method {
-        Method::POST => {
-            let name = serde_json::from_slice::<serde_json::Value>(body)
-                .ok()?
-                .get("name")?
-                .as_str()?
-                .to_owned();
-            let model = crate::admin::model_of(body).ok();
-            (
-                name,
-                model.map(|m| Command::Catalog(CatalogCommand::UpdateModel(m))),
-            )
-        }
+        // A whole model is recorded as the change refused; one the leader
+        // would refuse anyway is still told apart by its name.
+        Method::POST => match crate::admin::model_of(body) {
+            Ok(m) => (
+                m.name.clone(),
+                Some(Command::Catalog(CatalogCommand::UpdateModel(m))),
+            ),
+            Err(_) => {
+                let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+                (v.get("name")?.as_str()?.to_owned(), None)
+            }
+        },
         Method::DELETE => {
             #[derive(serde::Deserialize)]
             struct Named {

@@ -41,20 +41,18 @@ struct Client {
 
 impl Client {
     async fn chat(&self, key: &str, thread: &str, body: Value) -> reqwest::Response {
-        self.http
-            .post(format!("{}/v1/chat/completions", self.base))
-            .bearer_auth(key)
-            .header("x-llmgw-thread", thread)
-            .json(&body)
-            .send()
+        self.post_on("/v1/chat/completions", key, thread, body)
             .await
-            .unwrap()
     }
 
     /// A Responses API turn on `thread`.
     async fn respond(&self, key: &str, thread: &str, body: Value) -> reqwest::Response {
+        self.post_on("/v1/responses", key, thread, body).await
+    }
+
+    async fn post_on(&self, path: &str, key: &str, thread: &str, body: Value) -> reqwest::Response {
         self.http
-            .post(format!("{}/v1/responses", self.base))
+            .post(format!("{}{path}", self.base))
             .bearer_auth(key)
             .header("x-llmgw-thread", thread)
             .json(&body)

@@ -41,6 +41,19 @@ const NOTES: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// Searches that find the `contacts` note only once its words are split
+/// at punctuation and its accents folded, as SQLite's tokenizer does.
+const SPLIT: [&str; 8] = [
+    "example",
+    "example.com",
+    "acme",
+    "v1",
+    "14",
+    "local bin",
+    "cafe",
+    "café naive",
+];
+
 async fn keys_found(fx: &Fx, s: &Search) -> Vec<String> {
     fx.convo
         .search(&owner("p", "a"), s, 50)
@@ -65,15 +78,8 @@ async fn full_text_search_finds_the_same_notes_on_both_backends() {
         "mixed case",
         "a100",
         "absent",
-        "example",
-        "example.com",
-        "acme",
-        "v1",
-        "14",
-        "local bin",
-        "cafe",
-        "café naive",
     ];
+    let queries = queries.iter().chain(&SPLIT);
     let mut per_backend = Vec::new();
     for backend in BOTH {
         let fx = Fx::new(backend).await;
@@ -93,8 +99,8 @@ async fn full_text_search_finds_the_same_notes_on_both_backends() {
             .await
             .unwrap();
         let mut found = Vec::new();
-        for q in queries {
-            found.push((q, keys_found(&fx, &words(q)).await));
+        for q in queries.clone() {
+            found.push((*q, keys_found(&fx, &words(q)).await));
         }
         found.push(("#ops", keys_found(&fx, &Search::Tag("ops".into())).await));
         per_backend.push(found);
@@ -109,16 +115,7 @@ async fn full_text_search_finds_the_same_notes_on_both_backends() {
     assert_eq!(get("roll"), &["deploy-plan"]);
     assert_eq!(get("mixed case"), &["Mixed_Case"]);
     assert_eq!(get("absent"), &[] as &[String]);
-    for q in [
-        "example",
-        "example.com",
-        "acme",
-        "v1",
-        "14",
-        "local bin",
-        "cafe",
-        "café naive",
-    ] {
+    for q in SPLIT {
         assert_eq!(get(q), &["contacts"], "{q}");
     }
     assert_eq!(get("#ops"), &["Mixed_Case", "runbook", "deploy-plan"]);

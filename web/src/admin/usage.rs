@@ -241,7 +241,7 @@ fn row(id: &str, name: String, b: &Bucket) -> GroupRow {
 /// range (exclusive, ms) when it ends before now. A mistyped address is
 /// said to be, rather than shown as the default view as if it were what
 /// was asked (as the event log's pages do).
-pub(super) fn asked(q: &UsageQuery, now: i64) -> Result<(GroupBy, Range, Option<i64>), WebError> {
+fn asked(q: &UsageQuery, now: i64) -> Result<(GroupBy, Range, Option<i64>), WebError> {
     let by = match q.by.as_deref().filter(|b| !b.is_empty()) {
         None => GroupBy::Project,
         Some(b) => GroupBy::parse(b).ok_or_else(|| {
@@ -271,10 +271,7 @@ pub(super) fn asked(q: &UsageQuery, now: i64) -> Result<(GroupBy, Range, Option<
 
 /// People's names by id, when grouping by person and this server has
 /// them (they live outside the log).
-pub(super) async fn people_names(
-    web: &Web,
-    by: GroupBy,
-) -> Result<BTreeMap<String, String>, WebError> {
+async fn people_names(web: &Web, by: GroupBy) -> Result<BTreeMap<String, String>, WebError> {
     let mut people = BTreeMap::new();
     if by == GroupBy::Person
         && let Some(p) = &web.people
@@ -291,15 +288,48 @@ pub(super) async fn people_names(
     Ok(people)
 }
 
+/// What the page and its file show: the question asked, the window it
+/// covers (`[start, end)`, ms) and the people's names it needs.
+pub(super) struct Shown {
+    pub(super) now: i64,
+    pub(super) by: GroupBy,
+    pub(super) range: Range,
+    pub(super) until: Option<i64>,
+    pub(super) start: i64,
+    pub(super) end: i64,
+    pub(super) people: BTreeMap<String, String>,
+}
+
+pub(super) async fn shown(web: &Web, q: &UsageQuery) -> Result<Shown, WebError> {
+    let now = Utc::now().timestamp_millis();
+    let (by, range, until) = asked(q, now)?;
+    let people = people_names(web, by).await?;
+    let (start, end) = range.window(until.map_or(now, |e| e - 1));
+    Ok(Shown {
+        now,
+        by,
+        range,
+        until,
+        start,
+        end,
+        people,
+    })
+}
+
 pub(crate) async fn page(
     State(web): State<Arc<Web>>,
     viewer: Viewer,
     Query(q): Query<UsageQuery>,
 ) -> Result<Response, WebError> {
-    let now = Utc::now().timestamp_millis();
-    let (by, range, until) = asked(&q, now)?;
-    let people = people_names(&web, by).await?;
-    let (start, end) = range.window(until.map_or(now, |e| e - 1));
+    let Shown {
+        now,
+        by,
+        range,
+        until,
+        start,
+        end,
+        people,
+    } = shown(&web, &q).await?;
     let buckets: Vec<String> = (0..range.buckets)
         .map(|i| range.label(start + i * range.step_ms))
         .collect();

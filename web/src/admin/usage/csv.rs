@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use llmgw_projections::Bucket;
 
-use super::{UsageQuery, asked, day_of, display_name, people_names};
+use super::{Shown, UsageQuery, day_of, display_name, shown};
 use crate::{Viewer, Web, WebError};
 
 pub(crate) async fn csv(
@@ -21,10 +21,14 @@ pub(crate) async fn csv(
     _viewer: Viewer,
     Query(q): Query<UsageQuery>,
 ) -> Result<Response, WebError> {
-    let now = Utc::now().timestamp_millis();
-    let (by, range, until) = asked(&q, now)?;
-    let people = people_names(&web, by).await?;
-    let (start, end) = range.window(until.map_or(now, |e| e - 1));
+    let Shown {
+        by,
+        range,
+        start,
+        end,
+        people,
+        ..
+    } = shown(&web, &q).await?;
     let mut out = format!(
         "start,end,{},name,requests,tokens,errors,spend\n",
         by.name()
