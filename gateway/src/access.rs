@@ -12,6 +12,7 @@
 //! status, tokens, time to first token); the last of them to let go
 //! writes the line.
 
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,9 +26,10 @@ pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id"
 /// Longest client request id kept; a longer one is replaced.
 const MAX_ID: usize = 128;
 
-/// The id of the request being served (a request extension).
+/// The id of the request being served and the address it came from (a
+/// request extension): what every line about the request names.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub(crate) HeaderValue);
+pub struct RequestId(pub(crate) HeaderValue, Option<IpAddr>);
 
 impl RequestId {
     /// The id the client listener gave `request` (and returns on its
@@ -40,7 +42,7 @@ impl RequestId {
     /// cannot split a log line or smuggle a header), else a new one.
     pub(crate) fn from_client(value: Option<&HeaderValue>) -> Self {
         match value {
-            Some(v) if sane(v.as_bytes()) => RequestId(v.clone()),
+            Some(v) if sane(v.as_bytes()) => RequestId(v.clone(), None),
             _ => RequestId::new(),
         }
     }
@@ -53,7 +55,13 @@ impl RequestId {
         let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
         uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
         let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text));
-        RequestId(value.unwrap_or(HeaderValue::from_static("-")))
+        RequestId(value.unwrap_or(HeaderValue::from_static("-")), None)
+    }
+
+    /// The peer's address, as the connection saw it (a proxy in front
+    /// is the peer: its own log joins by the request id).
+    pub(crate) fn client(&self) -> Option<IpAddr> {
+        self.1
     }
 
     pub(crate) fn as_str(&self) -> &str {
@@ -69,15 +77,17 @@ fn sane(id: &[u8]) -> bool {
 /// A client request's id (the client's, or a new one), put on the
 /// request, and its span: what [`crate::listen::edge`] opens every client
 /// request with. The id goes back on the answer.
-pub(crate) fn open(request: &mut Request) -> (tracing::Span, HeaderValue) {
-    let id = RequestId::from_client(request.headers().get(&REQUEST_ID));
+pub(crate) fn open(request: &mut Request, client: Option<IpAddr>) -> (tracing::Span, HeaderValue) {
+    let mut id = RequestId::from_client(request.headers().get(&REQUEST_ID));
+    id.1 = client;
     let path = logged_path(request.uri().path());
+    let client = client.map(tracing::field::display);
     // Health checks come every few seconds from every balancer: their
     // spans are kept for debugging, out of an operator's traces.
     let span = if path.starts_with("/v1/") {
-        tracing::info_span!("request", request_id = id.as_str(), method = %request.method(), path)
+        tracing::info_span!("request", request_id = id.as_str(), client, method = %request.method(), path)
     } else {
-        tracing::debug_span!("request", request_id = id.as_str(), method = %request.method(), path)
+        tracing::debug_span!("request", request_id = id.as_str(), client, method = %request.method(), path)
     };
     let header = id.0.clone();
     request.extensions_mut().insert(id);
@@ -138,6 +148,7 @@ impl Plain {
         tracing::info!(
             target: "llmgw::access",
             request_id = self.id.as_ref().map_or("-", RequestId::as_str),
+            client = self.id.as_ref().and_then(RequestId::client).map(tracing::field::display),
             method = %self.method,
             path = self.path,
             status,
@@ -270,6 +281,7 @@ impl Drop for Line {
         tracing::info!(
             target: "llmgw::access",
             request_id = self.id.as_str(),
+            client = self.id.client().map(tracing::field::display),
             key_id = self.key_id.as_deref(),
             model_asked = self.asked.as_deref(),
             model_served = self.served.as_deref(),
@@ -303,7 +315,7 @@ mod tests {
             |buf| tracing_subscriber::fmt::layer().with_writer(buf),
             tracing_subscriber::filter::LevelFilter::DEBUG,
             &|| {
-                let (span, _) = open(&mut request.lock().unwrap());
+                let (span, _) = open(&mut request.lock().unwrap(), None);
                 span.in_scope(|| tracing::debug!("inside the request"));
             },
         );

@@ -517,6 +517,7 @@ pub async fn serve_with(
         cut: grace_over.clone(),
         body_timeout,
         request_ids,
+        peer: None,
     };
     // Request ids over the pages too: every answer of the client
     // listener, a refusal or a 404 included, has one.

@@ -205,6 +205,9 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     assert!(f.get("key_id").is_none(), "no key without auth: {line}");
     assert_eq!(line["span"]["name"], "request", "{line}");
     assert_eq!(line["span"]["request_id"], "abc-123", "{line}");
+    // Who sent it: the connection's peer, in the line and its span.
+    assert_eq!(f["client"], json!("127.0.0.1"), "{line}");
+    assert_eq!(line["span"]["client"], json!("127.0.0.1"), "{line}");
     let received = Child::expect(&engine.stderr, "abc-123");
     assert!(received.contains("request received"), "{received}");
 
@@ -261,9 +264,15 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
             (
                 &line["fields"]["path"],
                 &line["fields"]["status"],
-                &line["fields"]["method"]
+                &line["fields"]["method"],
+                &line["fields"]["client"]
             ),
-            (&json!(path), &json!(status), &json!("GET")),
+            (
+                &json!(path),
+                &json!(status),
+                &json!("GET"),
+                &json!("127.0.0.1")
+            ),
             "{line}"
         );
     }
@@ -280,6 +289,7 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     assert_eq!(page.headers()["x-request-id"], "page-1");
     let line = access_line(&server, "page-1");
     assert_eq!(line["fields"]["model_asked"], json!("tiny"), "{line}");
+    assert_eq!(line["fields"]["client"], json!("127.0.0.1"), "{line}");
     let (id, _, _) = send(&base, Some("last-1"), &chat(false)).await;
     let next = json_line(&server, "\"request_id\"");
     assert_eq!(next["fields"]["request_id"], json!(id), "{next}");

@@ -35,6 +35,9 @@ pub(crate) struct Edge {
     pub(crate) body_timeout: Option<Duration>,
     /// Give each request an id and a span (the client listener).
     pub(crate) request_ids: bool,
+    /// The connection's peer, which every request on it came from (set
+    /// by the serving loop on the connection's own copy).
+    pub(crate) peer: Option<std::net::IpAddr>,
 }
 
 type Answer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
@@ -56,7 +59,7 @@ where
         let mut request = request.map(Body::new);
         let (span, id) = match self.request_ids {
             true => {
-                let (span, id) = access::open(&mut request);
+                let (span, id) = access::open(&mut request, self.peer);
                 (span, Some(id))
             }
             false => (tracing::Span::none(), None),

@@ -81,7 +81,7 @@ pub(crate) async fn serve_http<L>(
     idle_timeout: Duration,
     drain: impl Future<Output = ()>,
 ) where
-    L: axum::serve::Listener,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     let stop = Signal::default();
     // Every connection holds a receiver; the sender's `closed` says when
@@ -89,12 +89,14 @@ pub(crate) async fn serve_http<L>(
     let (open_tx, open_rx) = watch::channel(());
     let mut drain = std::pin::pin!(drain);
     loop {
-        let (io, _peer) = tokio::select! {
+        let (io, peer) = tokio::select! {
             c = listener.accept() => c,
             () = &mut drain => break,
         };
         let (stop, cut) = (stop.clone(), app.cut.clone());
-        let service = TowerToHyperService::new(app.clone());
+        let mut app = app.clone();
+        app.peer = Some(peer.ip().to_canonical());
+        let service = TowerToHyperService::new(app);
         let open = open_rx.clone();
         tokio::spawn(async move {
             // HTTP/1 on purpose for the cut: hyper's HTTP/1 dispatcher
