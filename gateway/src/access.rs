@@ -26,10 +26,16 @@ pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id"
 /// Longest client request id kept; a longer one is replaced.
 const MAX_ID: usize = 128;
 
-/// The id of the request being served and the address it came from (a
-/// request extension): what every line about the request names.
+/// The id of the request being served and where it came from (a request
+/// extension): the address every line about the request names, and the
+/// gateways it came through, which the engine's request names on.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub(crate) HeaderValue, Option<IpAddr>);
+pub struct RequestId {
+    pub(crate) value: HeaderValue,
+    client: Option<IpAddr>,
+    /// The client's `x-llmgw-hop`: the gateways it passed before this one.
+    via: Option<HeaderValue>,
+}
 
 impl RequestId {
     /// The id the client listener gave `request` (and returns on its
@@ -42,7 +48,7 @@ impl RequestId {
     /// cannot split a log line or smuggle a header), else a new one.
     pub(crate) fn from_client(value: Option<&HeaderValue>) -> Self {
         match value {
-            Some(v) if sane(v.as_bytes()) => RequestId(v.clone(), None),
+            Some(v) if sane(v.as_bytes()) => RequestId::of_value(v.clone()),
             _ => RequestId::new(),
         }
     }
@@ -55,18 +61,31 @@ impl RequestId {
         let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
         uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
         let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text));
-        RequestId(value.unwrap_or(HeaderValue::from_static("-")), None)
+        RequestId::of_value(value.unwrap_or(HeaderValue::from_static("-")))
+    }
+
+    fn of_value(value: HeaderValue) -> Self {
+        RequestId {
+            value,
+            client: None,
+            via: None,
+        }
     }
 
     /// The peer's address, as the connection saw it (a proxy in front
     /// is the peer: its own log joins by the request id).
     pub(crate) fn client(&self) -> Option<IpAddr> {
-        self.1
+        self.client
+    }
+
+    /// The gateways the request passed before this one, as their marks.
+    pub(crate) fn via(&self) -> Option<&HeaderValue> {
+        self.via.as_ref()
     }
 
     pub(crate) fn as_str(&self) -> &str {
         // Sane ids and uuids are ASCII.
-        self.0.to_str().unwrap_or("-")
+        self.value.to_str().unwrap_or("-")
     }
 }
 
@@ -79,7 +98,8 @@ fn sane(id: &[u8]) -> bool {
 /// request with. The id goes back on the answer.
 pub(crate) fn open(request: &mut Request, client: Option<IpAddr>) -> (tracing::Span, HeaderValue) {
     let mut id = RequestId::from_client(request.headers().get(&REQUEST_ID));
-    id.1 = client;
+    id.client = client;
+    id.via = request.headers().get(crate::proxy::upstream::HOP).cloned();
     let path = logged_path(request.uri().path());
     let client = client.map(tracing::field::display);
     // Health checks come every few seconds from every balancer: their
@@ -89,7 +109,7 @@ pub(crate) fn open(request: &mut Request, client: Option<IpAddr>) -> (tracing::S
     } else {
         tracing::debug_span!("request", request_id = id.as_str(), client, method = %request.method(), path)
     };
-    let header = id.0.clone();
+    let header = id.value.clone();
     request.extensions_mut().insert(id);
     (span, header)
 }
@@ -331,7 +351,7 @@ mod tests {
     fn only_short_visible_ascii_ids_are_kept() {
         let kept = |s: &[u8]| {
             let v = HeaderValue::from_bytes(s).unwrap();
-            RequestId::from_client(Some(&v)).0 == v
+            RequestId::from_client(Some(&v)).value == v
         };
         assert!(kept(b"abc-123"));
         assert!(kept(&[b'a'; 128]));

@@ -213,7 +213,7 @@ impl ApiError {
             StatusCode::LOOP_DETECTED,
             "server_error",
             "loop_detected",
-            "an endpoint of this gateway points back at the gateway itself: the request came back to it instead of reaching an engine; the operator should check the endpoints' URLs",
+            "an endpoint of this gateway, or of a gateway it forwards to, points back at the gateway itself: the request came back to it instead of reaching an engine; the operator should check the endpoints' URLs",
         )
     }
 

@@ -37,11 +37,15 @@ async fn chat(base: &str) -> (u16, serde_json::Value) {
 }
 
 fn server(endpoint: &str, env: &[(&str, String)]) -> Child {
+    server_on("127.0.0.1:0", endpoint, env)
+}
+
+fn server_on(listen: &str, endpoint: &str, env: &[(&str, String)]) -> Child {
     Child::spawn_env(
         &[
             "server",
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--admin-listen",
             "127.0.0.1:0",
             "--endpoint",
@@ -159,4 +163,34 @@ fn a_fallback_no_endpoint_serves_is_refused_router_only() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Two gateways that each name the other as an endpoint: the request that
+/// comes round to the first is refused as a loop (each took the other's
+/// mark for a stranger's, and they passed it back and forth until
+/// connections ran out). A gateway in front of another still serves.
+#[tokio::test]
+async fn two_gateways_that_name_each_other_refuse_the_loop() {
+    let a_listen = format!("127.0.0.1:{}", super::cluster::free_port());
+    let b = server(&format!("a=http://{a_listen}=gpt-x"), &[]);
+    let b_addr = b.addr_after("client listening on ");
+    let a = server_on(&a_listen, &format!("b=http://{b_addr}=gpt-x"), &[]);
+    assert_eq!(a.addr_after("client listening on "), a_listen);
+    let (status, body) = chat(&format!("http://{a_listen}")).await;
+    assert_eq!(status, 508, "{body}");
+    assert_eq!(body["error"]["code"], "loop_detected", "{body}");
+
+    let (_engine, engine) = hosted("k");
+    let back = server(
+        &format!("e=http://{engine}=gpt-x;key_env=K"),
+        &[("K", "k".into())],
+    );
+    let back = back.addr_after("client listening on ");
+    let front = server(&format!("back=http://{back}=gpt-x"), &[]);
+    let (status, body) = chat(&format!(
+        "http://{}",
+        front.addr_after("client listening on ")
+    ))
+    .await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -76,7 +76,7 @@ async fn route(
     request: Request,
     access: &Access,
 ) -> Result<Response, Refused> {
-    if request.headers().get(upstream::HOP) == Some(upstream::hop()) {
+    if upstream::came_back(request.headers().get(upstream::HOP)) {
         return Err(ApiError::loop_detected().into());
     }
     let caller = admit::identify(gw, request.headers())?;

@@ -32,7 +32,7 @@ pub(crate) struct Resume {
     pub(crate) body: Bytes,
     /// The model that serves (the metric's label).
     pub(crate) model: String,
-    pub(crate) request_id: axum::http::HeaderValue,
+    pub(crate) request_id: crate::access::RequestId,
     /// Endpoints this answer has been on: never sent a continuation.
     pub(crate) tried: Vec<String>,
     /// Continuations sent so far.

@@ -112,16 +112,17 @@ impl Client {
         &self,
         endpoint: &Endpoint,
         path: &str,
-        request_id: &HeaderValue,
+        id: &crate::access::RequestId,
         body: Bytes,
     ) -> Result<Response<Body>, Error> {
+        let request_id = &id.value;
         let Some(target) = endpoint.target(path) else {
             let mut r = self
                 .other
                 .post(format!("{}{path}", endpoint.spec.url))
                 .header(CONTENT_TYPE, "application/json")
                 .header(crate::access::REQUEST_ID, request_id.clone())
-                .header(HOP, hop().clone())
+                .header(HOP, onward(id.via()))
                 .body(body);
             if let Some(key) = &endpoint.spec.api_key {
                 r = r.bearer_auth(key.expose());
@@ -142,7 +143,7 @@ impl Client {
         headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(crate::access::REQUEST_ID, request_id.clone());
-        headers.insert(HOP, hop().clone());
+        headers.insert(HOP, onward(id.via()));
         if let Some(key) = &endpoint.spec.api_key {
             let mut bearer =
                 HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(Error::Key)?;
@@ -155,9 +156,46 @@ impl Client {
 }
 
 /// Marks what this gateway sends an engine, so that a request that comes
-/// back to it (an endpoint that names the gateway's own address) is told
-/// apart and refused, not forwarded to itself until connections run out.
+/// back to it (an endpoint that names the gateway's own address, or one of
+/// another gateway that names this one) is told apart and refused, not
+/// forwarded round until connections run out. The value is the marks of
+/// every gateway the request passed, comma-separated, this one's last.
 pub(crate) const HOP: axum::http::HeaderName = axum::http::HeaderName::from_static("x-llmgw-hop");
+
+/// More gateways than this in a row is taken for a loop whose marks are
+/// lost (a proxy between that drops or rewrites the header would hide it
+/// from the check of marks alone only if it kept a growing chain, so this
+/// bounds what a client can make a gateway carry too).
+const MOST_HOPS: usize = 8;
+
+/// Whether a request that came with `via` (its `x-llmgw-hop`) has been
+/// here before, or through more gateways than any sane chain.
+pub(crate) fn came_back(via: Option<&HeaderValue>) -> bool {
+    let Some(via) = via else {
+        return false;
+    };
+    let mine = hop().as_bytes();
+    let mut marks = 0;
+    for mark in via.as_bytes().split(|b| *b == b',') {
+        marks += 1;
+        if mark.trim_ascii() == mine || marks >= MOST_HOPS {
+            return true;
+        }
+    }
+    false
+}
+
+/// What this gateway sends on: the marks it was given, then its own.
+fn onward(via: Option<&HeaderValue>) -> HeaderValue {
+    let Some(via) = via else {
+        return hop().clone();
+    };
+    let mut chain = Vec::with_capacity(via.len() + 2 + hop().len());
+    chain.extend_from_slice(via.as_bytes());
+    chain.extend_from_slice(b", ");
+    chain.extend_from_slice(hop().as_bytes());
+    HeaderValue::from_bytes(&chain).unwrap_or_else(|_| hop().clone())
+}
 
 /// This process's mark: random, so that one gateway in front of another is
 /// no loop.
