@@ -31,6 +31,30 @@ fn claim_base(url: &str) -> Result<String, String> {
     }
 }
 
+/// A `--models` list: names separated by commas, each trimmed; exactly
+/// "" is the empty list, which suspends the level. A list that names no
+/// model otherwise (",", " ") is refused: it would suspend silently.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelList(Vec<String>);
+
+fn model_list(text: &str) -> Result<ModelList, String> {
+    if text.is_empty() {
+        return Ok(ModelList(Vec::new()));
+    }
+    let names: Vec<String> = (text.split(','))
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if names.is_empty() {
+        return Err(format!(
+            "{text:?} names no model; to suspend, give --models \"\" (no model \
+             allowed), and --all-models allows every model again"
+        ));
+    }
+    Ok(ModelList(names))
+}
+
 /// A claim link's lifetime as `--expires-in` takes it: a duration of 1
 /// minute to 30 days, checked before any log is looked for.
 fn claim_lifetime(text: &str) -> Result<String, String> {
@@ -148,8 +172,8 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         tpm: Option<u32>,
         /// The models allowed, comma-separated; "" allows none (suspends).
-        #[arg(long, conflicts_with = "all_models")]
-        models: Option<String>,
+        #[arg(long, conflicts_with = "all_models", value_parser = model_list)]
+        models: Option<ModelList>,
         /// Drop this level's model list: every model again.
         #[arg(long)]
         all_models: bool,
@@ -345,13 +369,7 @@ pub(crate) async fn run(
             period,
             clear,
         } => {
-            let models = models.map(|m| {
-                m.split(',')
-                    .map(str::trim)
-                    .filter(|m| !m.is_empty())
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-            });
+            let models = models.map(|ModelList(names)| names);
             let body = api::SetLimits {
                 scope,
                 id,

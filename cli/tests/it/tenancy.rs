@@ -1457,3 +1457,36 @@ async fn the_admin_listener_takes_no_writes_from_web_pages() {
     keys_ok(&store, &server.admin, &["revoke", &id]);
     status_becomes(&server.base, Some(&secret), "free", 401).await;
 }
+
+/// `--models ","` names no model: it is refused, and says how to suspend,
+/// where it used to suspend the key silently as `--models ""` does;
+/// names are still trimmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_list_of_only_commas_is_refused_and_says_how_to_suspend() {
+    let (_dir, store, closed) = offline_tree();
+    let (_secret, id) = new_key(&store, &closed, "laptop");
+    let limits = |models: &str| {
+        keys(
+            &store,
+            &closed,
+            &["limits", "--scope", "key", "--id", &id, "--models", models],
+        )
+    };
+    for nothing in [",", " , "] {
+        let out = limits(nothing);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains("names no model") && said.contains(r#"--models """#),
+            "{said}"
+        );
+    }
+    let log = super::ok(&store, &["events", "export"]);
+    assert!(!log.contains("LimitsSet"), "{log}");
+    assert!(limits(" tiny, big").status.success());
+    let rows: Value = serde_json::from_str(&keys_ok(&store, &closed, &["list", "--json"])).unwrap();
+    assert_eq!(rows[0]["limits"]["models"], json!(["tiny", "big"]));
+    assert!(limits("").status.success());
+    let rows: Value = serde_json::from_str(&keys_ok(&store, &closed, &["list", "--json"])).unwrap();
+    assert_eq!(rows[0]["limits"]["models"], json!([]), "\"\" suspends");
+}
