@@ -685,7 +685,7 @@ impl ControlPlane {
     }
 
     /// Tells a node to stop a shard; what its process holds is kept in
-    /// `held` until the node registers again.
+    /// `held` until the node says the shard stopped, or registers again.
     fn stop_shard(&self, stop: registration::Stop, held: &mut Vec<llmgw_domain::placement::Held>) {
         if stop.why == StopReason::LeftCatalog {
             tracing::info!(node = %stop.node_id, shard = %stop.shard_id, replica = %stop.held.replica_id, "stopping a shard whose model or profile left the catalog");
@@ -754,10 +754,14 @@ impl ControlPlane {
         {
             self.observed.port_taken(node, port);
         }
+        let replica_id = ReplicaId::from(st.replica_id.as_str());
+        if matches!(state, ShardState::Stopped | ShardState::Failed) {
+            self.observed.released(node, &replica_id);
+        }
         let tail = (!st.last_output.is_empty()).then(|| st.last_output.join("\n"));
         let error = crate::wire::clip(&st.error, crate::wire::MAX_ERROR);
         let command = Command::Replica(ReplicaCommand::ReportShard {
-            replica_id: ReplicaId::from(st.replica_id.as_str()),
+            replica_id,
             shard_id,
             state,
             error: (!error.is_empty()).then_some(error),

@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use llmgw_api::admin::ProvisionRow;
-use llmgw_domain::ids::{NodeId, ShardId};
+use llmgw_domain::ids::{NodeId, ReplicaId, ShardId};
 use llmgw_domain::placement::Held;
 use llmgw_domain::registration::Adopting;
 use tokio::time::Instant;
@@ -75,6 +75,15 @@ impl Observed {
     /// last registration.
     pub(crate) fn set_held(&self, node: &NodeId, held: Vec<Held>) {
         self.lock().held.insert(node.clone(), held);
+    }
+
+    /// A shard its node says has stopped: what its process held is free
+    /// (a node back from lost stops its orphans; its GPUs were held until
+    /// it registered again, and a model that fits only there waited).
+    pub(crate) fn released(&self, node: &NodeId, replica: &ReplicaId) {
+        if let Some(held) = self.lock().held.get_mut(node) {
+            held.retain(|h| h.replica_id != *replica);
+        }
     }
 
     /// Everything placement must leave alone beyond the log's replicas:

@@ -162,6 +162,63 @@ async fn a_silent_node_goes_unreachable_then_lost_and_its_replica_is_rebuilt() {
     s.stop().await;
 }
 
+/// A node back from lost is told to stop its orphaned engine; once it says
+/// the engine stopped, the engine's GPU is free and the model that fits
+/// only there is placed on it again (its GPU was held until the agent
+/// registered once more: the model stayed down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_an_orphan_held_is_free_once_its_node_says_it_stopped() {
+    let (addr, _db) = Scratch::new(Backend::Sqlite).await;
+    let mut model = sim_model("g", 1);
+    model.profiles[0].gpu_class = Some("h100-80g".into());
+    model.profiles[0].gpus_per_node = 1;
+    let s = Server::start(&addr, fast("a", vec![model])).await;
+    s.wait_leader().await;
+    let mut reg = register("a");
+    reg.gpus = vec![llmgw_api::v1::Gpu {
+        index: 0,
+        memory_total_mb: 81_559,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        class: "h100-80g".into(),
+        ..llmgw_api::v1::Gpu::default()
+    }];
+    let mut a = Agent::connect(s.agent_addr, reg.clone()).await.unwrap();
+    a.keep_alive();
+    let first = a.next_start().await;
+    assert_eq!(first.gpu_indices, vec![0]);
+    a.report(&first, Wire::Ready).await;
+    eventually(&s, "ready", || async {
+        (s.get("/api/v1/status").await["replicas_ready"] == 1).then_some(())
+    })
+    .await;
+    a.silence();
+    eventually(&s, "the node lost and its replica stopped", || async {
+        (count(&s, "ReplicaStopped").await == 1).then_some(())
+    })
+    .await;
+    drop(a);
+
+    // Back, with the old engine still running: told to stop it.
+    reg.running_shards = vec![running(&first)];
+    let mut a = Agent::connect(s.agent_addr, reg).await.unwrap();
+    a.keep_alive();
+    loop {
+        match a.next().await {
+            Msg::Stop(stop) => {
+                assert_eq!(stop.shard_id, first.shard_id);
+                break;
+            }
+            Msg::Ack(_) => {}
+            other => panic!("expected the orphan's stop, got {other:?}"),
+        }
+    }
+    a.report(&first, Wire::Stopped).await;
+    let again = a.next_start().await;
+    assert_ne!(again.replica_id, first.replica_id);
+    assert_eq!(again.gpu_indices, vec![0]);
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_control_plane_adopts_running_shards_instead_of_restarting_them() {
     let (addr, _db) = Scratch::new(Backend::Postgres).await;
