@@ -686,6 +686,11 @@ impl Tenancy {
                         scope.name()
                     )));
                 }
+                // A revoked key opens nothing again: limits set on it would
+                // be a change that changes nothing, recorded as if it did.
+                if scope == Scope::Key && self.keys.get(&scope_id).is_some_and(|k| k.revoked) {
+                    return Err(Rejection::conflict(format!("key {scope_id} is revoked")));
+                }
                 limits.check()?;
                 if self.limits_at(scope, &scope_id) == Some(&limits) {
                     vec![]

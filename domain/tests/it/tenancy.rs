@@ -251,6 +251,22 @@ fn keys_are_only_hashes_and_revocation_is_soft() {
         t.evolve(e);
     }
     assert!(t.keys["k"].revoked, "kept, marked revoked");
+    // Limits on it would change nothing: refused, where LimitsSet was
+    // written (and said "are set"), a clear included.
+    for limits in [
+        Limits {
+            rpm: Some(5),
+            ..Limits::default()
+        },
+        Limits::default(),
+    ] {
+        let set = t.decide(C::SetLimits {
+            scope: Scope::Key,
+            scope_id: "k".into(),
+            limits,
+        });
+        assert_eq!(set.unwrap_err().reason, "key k is revoked");
+    }
     assert_eq!(
         t.decide(C::RevokeKey {
             key_id: "k".into(),
