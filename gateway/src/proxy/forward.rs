@@ -385,8 +385,15 @@ async fn exchange(
             // never when the engine says it is busy (503 with when to come
             // back): a full engine is not a broken one, and the client is
             // told to come back when it says. A bare 503 (a proxy with no
-            // engine behind it) counts as any server error.
-            Ok(r) if r.status().is_server_error() => {
+            // engine behind it) counts as any server error. A 501 is the
+            // engine saying what it does not do (llama.cpp's embeddings
+            // without --embeddings): about the request, relayed as it
+            // is, never the engine's health; three of them, any client's,
+            // opened the breaker and took the model from everyone.
+            Ok(r)
+                if r.status().is_server_error()
+                    && r.status() != reqwest::StatusCode::NOT_IMPLEMENTED =>
+            {
                 let status = r.status();
                 let (head, body) = r.into_parts();
                 let body = super::whole(body).await.unwrap_or_default();

@@ -1211,7 +1211,9 @@ async fn a_model_without_capacity_falls_back_and_says_so() {
 }
 
 /// An engine that fails one kind of request (500 for a prompt saying
-/// POISON), and says it is full (503, Retry-After 7) for one saying BUSY.
+/// POISON), says it is full (503, Retry-After 7) for one saying BUSY, and
+/// that it does not do what one saying UNSUPPORTED asks (501, as
+/// llama.cpp answers embeddings it was not started for).
 async fn picky_engine() -> std::net::SocketAddr {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
@@ -1223,6 +1225,12 @@ async fn picky_engine() -> std::net::SocketAddr {
                     (
                         StatusCode::INTERNAL_SERVER_ERROR,
                         axum::Json(json!({"error": {"message": "cannot tokenize this"}})),
+                    )
+                        .into_response()
+                } else if body.contains("UNSUPPORTED") {
+                    (
+                        StatusCode::NOT_IMPLEMENTED,
+                        axum::Json(json!({"error": {"message": "This server does not support embeddings"}})),
                     )
                         .into_response()
                 } else if body.contains("BUSY") {
@@ -1273,6 +1281,22 @@ async fn one_clients_bad_request_retried_does_not_take_the_model_from_everyone()
                 .as_str()
                 .unwrap()
                 .ends_with("cannot tokenize this"),
+            "{said}"
+        );
+    }
+    assert_eq!(ask("hello").await.unwrap().status(), 200);
+    // What the engine does not do, asked by any number of different
+    // requests: relayed, and no breaker opens (three took the model from
+    // everyone for the cool-down).
+    for n in 0..6 {
+        let r = ask(&format!("UNSUPPORTED {n}")).await.unwrap();
+        assert_eq!(r.status(), 501);
+        let said: Value = r.json().await.unwrap();
+        assert!(
+            said["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("does not support embeddings"),
             "{said}"
         );
     }
