@@ -55,6 +55,19 @@ fn model_list(text: &str) -> Result<ModelList, String> {
     Ok(ModelList(names))
 }
 
+/// An rpm or tpm: 1 to `u32::MAX`, as the domain takes it (0 is refused
+/// there, so the range says 1, not 0).
+fn per_minute(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{text} is not a whole number in 1..={}; leave it out for no limit, or give \
+             --models \"\" to suspend",
+            u32::MAX
+        )),
+    }
+}
+
 /// A claim link's lifetime as `--expires-in` takes it: a duration of 1
 /// minute to 30 days, checked before any log is looked for.
 fn claim_lifetime(text: &str) -> Result<String, String> {
@@ -166,10 +179,10 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         id: String,
         /// Requests per minute.
-        #[arg(long)]
+        #[arg(long, value_parser = per_minute)]
         rpm: Option<u32>,
         /// Tokens per minute (prompt and completion).
-        #[arg(long)]
+        #[arg(long, value_parser = per_minute)]
         tpm: Option<u32>,
         /// The models allowed, comma-separated; "" allows none (suspends).
         #[arg(long, conflicts_with = "all_models", value_parser = model_list)]

@@ -1490,3 +1490,38 @@ async fn a_model_list_of_only_commas_is_refused_and_says_how_to_suspend() {
     let rows: Value = serde_json::from_str(&keys_ok(&store, &closed, &["list", "--json"])).unwrap();
     assert_eq!(rows[0]["limits"]["models"], json!([]), "\"\" suspends");
 }
+
+/// rpm and tpm are 1 or more: past u32 the message said 0..=4294967295,
+/// yet 0 is refused too; both now name 1..=4294967295 and nothing is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_rpm_or_tpm_out_of_range_names_the_range_from_one() {
+    let (_dir, store, closed) = offline_tree();
+    for (flag, value) in [("--tpm", "5000000000"), ("--rpm", "0")] {
+        let out = keys(
+            &store,
+            &closed,
+            &["limits", "--scope", "project", "--id", "p", flag, value],
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains("1..=4294967295") && !said.contains("0..="),
+            "{said}"
+        );
+    }
+    let log = super::ok(&store, &["events", "export"]);
+    assert!(!log.contains("LimitsSet"), "{log}");
+    keys_ok(
+        &store,
+        &closed,
+        &[
+            "limits",
+            "--scope",
+            "project",
+            "--id",
+            "p",
+            "--tpm",
+            "4294967295",
+        ],
+    );
+}
