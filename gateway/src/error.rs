@@ -378,9 +378,13 @@ impl ApiError {
     }
 }
 
-/// Whole seconds to wait, at least one.
+/// Whole seconds to wait, rounded up and at least one: a client that
+/// waits what `Retry-After` says must find the request passes (rounded
+/// down, it came back a moment early to a second 429), and the header
+/// agrees with `x-ratelimit-reset-*`, which rounds up too.
 fn secs(d: std::time::Duration) -> u32 {
-    u32::try_from(d.as_secs().max(1)).unwrap_or(u32::MAX)
+    let up = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    u32::try_from(up.max(1)).unwrap_or(u32::MAX)
 }
 
 impl IntoResponse for ApiError {
@@ -406,5 +410,19 @@ impl IntoResponse for ApiError {
             crate::limits::write_headroom(headers, *room);
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// Waiting what Retry-After says is enough: never a moment short.
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(super::secs(Duration::from_millis(59_200)), 60);
+        assert_eq!(super::secs(Duration::from_secs(5)), 5);
+        assert_eq!(super::secs(Duration::from_millis(300)), 1);
+        assert_eq!(super::secs(Duration::ZERO), 1);
     }
 }

@@ -324,6 +324,15 @@ async fn with_keys_on_the_key_decides_who_gets_in_which_band_and_which_models() 
     let r = call(base, Some(&secret), &chat("m", 1)).await;
     assert_eq!(r.status(), 429);
     assert!((1..=60).contains(&retry_after(&r)));
+    // Both say when the request passes, the same whole second (rounded
+    // up: one rounded down sent a client back a moment early).
+    let reset = r.headers()["x-ratelimit-reset-requests"].to_str().unwrap();
+    let (m, s) = match reset.split_once('m') {
+        Some((m, s)) => (m.parse::<u64>().unwrap(), s),
+        None => (0, reset),
+    };
+    let reset_s = m * 60 + s.trim_end_matches('s').parse::<u64>().unwrap();
+    assert_eq!(retry_after(&r), reset_s, "{reset}");
     assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
     let body = r.text().await.unwrap();
     assert!(
