@@ -500,6 +500,29 @@ pub fn hidden_char(c: char) -> bool {
         )
 }
 
+/// Why creating `kind id` again is refused: what differs from the one
+/// made (its parent, its name), as it stands, so the operator can give
+/// that or choose another id.
+fn clash(kind: &str, id: &str, made: &Named, name: &str, parent: Option<&str>) -> String {
+    let moved = made.parent.as_deref() != parent;
+    let renamed = made.name != name;
+    let mut said = format!("{kind} {id} already exists");
+    if let (true, Some(held)) = (moved, &made.parent) {
+        let above = if kind == "project" { "team" } else { "org" };
+        said.push_str(&format!(" in {above} {held}"));
+    }
+    if renamed {
+        said.push_str(&format!(" named {:?}", made.name));
+    }
+    let cannot = match (moved, renamed) {
+        (true, true) => "move or rename",
+        (true, false) => "move",
+        _ => "rename",
+    };
+    said.push_str(&format!("; creating it again cannot {cannot} it"));
+    said
+}
+
 fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
     if id.is_empty()
         || id.len() > 128
@@ -611,9 +634,7 @@ impl Tenancy {
                 match existing {
                     None => Ok(true),
                     Some(n) if n.name == name && n.parent.as_deref() == parent => Ok(false),
-                    Some(_) => Err(Rejection::conflict(format!(
-                        "{kind} {id} already exists with other details"
-                    ))),
+                    Some(n) => Err(Rejection::conflict(clash(kind, id, n, name, parent))),
                 }
             };
         Ok(match command {

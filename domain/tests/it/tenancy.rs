@@ -403,7 +403,39 @@ fn creating_the_same_thing_twice_is_a_no_op_and_a_clash_is_refused() {
             name: "Other".into(),
         })
         .unwrap_err();
-    assert!(clash.reason.contains("org o already exists"));
+    // It names what differs, as it stands: it said "with other details".
+    assert_eq!(
+        clash.reason,
+        r#"org o already exists named "Acme"; creating it again cannot rename it"#
+    );
+    let mut t = t;
+    run(
+        &mut t,
+        C::CreateTeam {
+            team_id: "t2".into(),
+            org_id: "o".into(),
+            name: "Ops".into(),
+        },
+    );
+    let moved = t
+        .decide(C::CreateProject {
+            project_id: "p".into(),
+            team_id: "t2".into(),
+            name: "chat".into(),
+        })
+        .unwrap_err();
+    assert_eq!(
+        moved.reason,
+        "project p already exists in team t; creating it again cannot move it"
+    );
+    let both = t
+        .decide(C::CreateTeam {
+            team_id: "t".into(),
+            org_id: "o".into(),
+            name: "Ops".into(),
+        })
+        .unwrap_err();
+    assert!(both.reason.contains(r#"team t already exists named "ML""#));
     let orphan = t.decide(C::CreateProject {
         project_id: "q".into(),
         team_id: "ghost".into(),
