@@ -92,14 +92,28 @@ impl KeyDirectory {
     /// What the key itself has cost in the current UTC day and month, as
     /// the log holds it (up to one flush behind): a key without a budget
     /// reads its own use too.
-    pub fn key_spend(&self, key: &KeyEntry, now_ms: i64) -> (u64, u64) {
+    /// What the key spent today and this month: the views', and this
+    /// server's unflushed requests of a key under a budget (the only ones
+    /// it tallies), as its budgets' figures count them.
+    pub fn key_spend(
+        &self,
+        key: &KeyEntry,
+        unflushed: Option<&Unflushed>,
+        now_ms: i64,
+    ) -> (u64, u64) {
         use llmgw_domain::tenancy::{Period, Scope};
         let views = self.views.read().unwrap_or_else(|p| p.into_inner());
+        let mark = unflushed
+            .and_then(Unflushed::gateway)
+            .and_then(|g| views.usage.flushed(g));
         let spend = views.usage.spend_of(Scope::Key, &key.key_id);
-        (
-            spend.in_period(Period::Day, now_ms),
-            spend.in_period(Period::Month, now_ms),
-        )
+        let in_period = |period| {
+            let own = unflushed.map_or(0, |u| {
+                u.pending_in(mark, (Scope::Key, &key.key_id, period), now_ms)
+            });
+            spend.in_period(period, now_ms).saturating_add(own)
+        };
+        (in_period(Period::Day), in_period(Period::Month))
     }
 
     pub fn budget_spend(

@@ -131,7 +131,7 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
             })
         })
         .collect();
-    let (day, month) = directory.key_spend(&key, now);
+    let (day, month) = directory.key_spend(&key, unflushed, now);
     let routes = gw.routes.load();
     let models = models_for(&gw, &routes, Some(&*key));
     axum::Json(json!({

@@ -55,16 +55,22 @@ impl Spending {
     }
 
     /// (scope, id, period, the period's start) of each budget it counts
-    /// against.
-    fn pools(&self) -> impl Iterator<Item = (Scope, &String, Period, i64)> {
+    /// against, and of its key's own day and month where no budget of the
+    /// key is one (what `/me` says the key used, beside its budgets).
+    fn pools(&self) -> impl Iterator<Item = (Scope, &str, Period, i64)> {
+        let start = |period| match period {
+            Period::Day => self.day_start,
+            Period::Month => self.month_start,
+        };
         let budgets = self.key.limits.budgets.iter();
-        budgets.map(|b| {
-            let start = match b.period {
-                Period::Day => self.day_start,
-                Period::Month => self.month_start,
-            };
-            (b.scope, &b.scope_id, b.period, start)
-        })
+        let key = &*self.key.key_id;
+        let own = [Period::Day, Period::Month].into_iter().filter(move |p| {
+            !(self.key.limits.budgets.iter())
+                .any(|b| b.scope == Scope::Key && b.period == *p && b.scope_id == key)
+        });
+        budgets
+            .map(move |b| (b.scope, b.scope_id.as_str(), b.period, start(b.period)))
+            .chain(own.map(move |p| (Scope::Key, key, p, start(p))))
     }
 }
 
@@ -77,9 +83,9 @@ struct Tally(FastMap<String, Vec<(Scope, Period, i64, u64)>>);
 impl Tally {
     fn add(&mut self, s: &Spending) {
         for (scope, id, period, start) in s.pools() {
-            let pools = match self.0.get_mut(id.as_str()) {
+            let pools = match self.0.get_mut(id) {
                 Some(pools) => pools,
-                None => self.0.entry(id.clone()).or_default(),
+                None => self.0.entry(id.to_owned()).or_default(),
             };
             match pools
                 .iter_mut()
@@ -93,7 +99,7 @@ impl Tally {
 
     fn take(&mut self, s: &Spending) {
         for (scope, id, period, start) in s.pools() {
-            let Some(pools) = self.0.get_mut(id.as_str()) else {
+            let Some(pools) = self.0.get_mut(id) else {
                 continue;
             };
             if let Some(p) = pools
@@ -104,7 +110,7 @@ impl Tally {
             }
             pools.retain(|p| p.3 > 0);
             if pools.is_empty() {
-                self.0.remove(id.as_str());
+                self.0.remove(id);
             }
         }
     }
@@ -210,6 +216,21 @@ impl Unflushed {
     /// under the views' read lock, so that the mark and the figures it is
     /// added to are of the same moment.
     pub fn pending(&self, flushed: Option<&str>, budget: &BudgetLevel, now_ms: i64) -> u64 {
+        self.pending_in(
+            flushed,
+            (budget.scope, &budget.scope_id, budget.period),
+            now_ms,
+        )
+    }
+
+    /// As [`Unflushed::pending`], of one pool by its scope, id and period:
+    /// a budget's, or a budgeted key's own day or month.
+    pub fn pending_in(
+        &self,
+        flushed: Option<&str>,
+        (scope, id, period): (Scope, &str, Period),
+        now_ms: i64,
+    ) -> u64 {
         let mut ledger = self.lock();
         // Batches land one after another: the mark's batch and every one
         // before it are in the views.
@@ -218,8 +239,7 @@ impl Unflushed {
         {
             ledger.sent.drain(..=i);
         }
-        let start = period_start(budget.period, now_ms);
-        let (scope, id, period) = (budget.scope, budget.scope_id.as_str(), budget.period);
+        let start = period_start(period, now_ms);
         let mut n = (ledger.queued.get(scope, id, period, start))
             .saturating_add(ledger.held.get(scope, id, period, start));
         for b in &ledger.sent {

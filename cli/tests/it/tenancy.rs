@@ -527,6 +527,13 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     );
     let pending = spent(base, &budgeted).await.unwrap();
     assert!(pending > 0, "its own unflushed spend counts");
+    // What it used says the same, in one answer (it said the log's 0).
+    let used = &me(base, &budgeted).await.unwrap()["used"];
+    assert_eq!(
+        (&used["day_micros"], &used["month_micros"]),
+        (&json!(pending), &json!(pending)),
+        "{used}"
+    );
 
     // Another key's request fills the batch, which goes to the log.
     let (other, other_id) = new_key(&store, admin, "other");
@@ -555,6 +562,8 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     .await;
     let now = spent(base, &budgeted).await.unwrap();
     assert_eq!(now, logged, "the flushed batch counts once");
+    let used = &me(base, &budgeted).await.unwrap()["used"];
+    assert_eq!(used["month_micros"], json!(logged), "once: {used}");
     assert_eq!(chat(base, Some(&budgeted), "paid").await.status(), 429);
     drop(server);
 }
