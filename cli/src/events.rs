@@ -237,7 +237,7 @@ pub(crate) enum EventsCommand {
     Usage {
         /// The first moment counted: a time (2026-12-01T10:00:00Z,
         /// "2026-12-01 10:00:00" in UTC), a date, or a span back from now
-        /// (24h, 7d). Default: the log's beginning.
+        /// (30s, 10m, 24h, 7d). Default: the log's beginning.
         #[arg(long, value_name = "TIME")]
         since: Option<usage::Moment>,
         /// The last moment counted, written as for --since, through the

@@ -46,7 +46,7 @@ impl By {
 }
 
 /// A moment as the options take it: a time or a date (as `events diff`
-/// reads them), or a span back from now (`24h`, `7d`).
+/// reads them), or a span back from now (`30s`, `10m`, `24h`, `7d`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Moment {
     first: DateTime<Utc>,
@@ -67,6 +67,8 @@ impl std::str::FromStr for Moment {
             })
         };
         let relative = match s.char_indices().last() {
+            Some((i, 's')) => ago(&s[..i], Duration::try_seconds),
+            Some((i, 'm')) => ago(&s[..i], Duration::try_minutes),
             Some((i, 'h')) => ago(&s[..i], Duration::try_hours),
             Some((i, 'd')) => ago(&s[..i], Duration::try_days),
             _ => None,
@@ -77,7 +79,7 @@ impl std::str::FromStr for Moment {
             })
             .ok_or_else(|| {
                 format!(
-                    "{s:?} is not a time: 2026-12-01T10:00:00Z, \"2026-12-01 10:00:00\" in UTC, a date, or a span back from now (24h, 7d)"
+                    "{s:?} is not a time: 2026-12-01T10:00:00Z, \"2026-12-01 10:00:00\" in UTC, a date, or a span back from now (30s, 10m, 24h, 7d)"
                 )
             })
     }
@@ -312,8 +314,16 @@ mod tests {
         let m: Moment = "7d".parse().unwrap();
         let back = Utc::now() - m.first;
         assert!(back >= Duration::days(7) && back < Duration::days(7) + Duration::minutes(1));
-        let e = "last week".parse::<Moment>().unwrap_err();
-        assert!(e.contains("24h, 7d"), "{e}");
+        let m: Moment = "10m".parse().unwrap();
+        let back = Utc::now() - m.first;
+        assert!(back >= Duration::minutes(10) && back < Duration::minutes(11));
+        let m: Moment = "90s".parse().unwrap();
+        let back = Utc::now() - m.first;
+        assert!(back >= Duration::seconds(90) && back < Duration::seconds(150));
+        for garbage in ["last week", "10x", "m", "1.5h"] {
+            let e = garbage.parse::<Moment>().unwrap_err();
+            assert!(e.contains("30s, 10m, 24h, 7d"), "{e}");
+        }
         // Too far back, or forward, is no time rather than a panic.
         for far in ["99999999999999999d", "4000000000d", "-5d"] {
             assert!(far.parse::<Moment>().is_err(), "{far}");

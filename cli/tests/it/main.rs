@@ -1431,6 +1431,25 @@ fn usd(micros: u64) -> String {
     format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
+/// `events usage --since` takes minutes and seconds back from now as it
+/// takes hours and days ("10m" was not a time); what is none is refused
+/// with the forms it takes.
+#[tokio::test]
+async fn usage_since_takes_minutes_and_seconds_back() {
+    let (store, _scratch, _log) = seeded(Backend::Sqlite, 1).await;
+    for span in ["10m", "90s", "1h"] {
+        let said = ok(&store, &["events", "usage", "--since", span, "--json"]);
+        assert_eq!(said, "", "no usage in the last {span}");
+    }
+    let bad = llmgw(&store, &["events", "usage", "--since", "10x"]);
+    assert_eq!(bad.status.code(), Some(2), "a usage error");
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        said.contains("a span back from now (30s, 10m, 24h, 7d)"),
+        "{said}"
+    );
+}
+
 /// With the control plane too: a clean stop appends the usage still
 /// queued (its sender is held by more than the gateway there, and the
 /// batcher waited for them all to go: the stop took 5 s and lost it).
