@@ -185,6 +185,8 @@ pub(crate) enum StreamEnd {
     Complete,
     /// The engine broke off mid-stream.
     UpstreamError,
+    /// The client went away before its end.
+    ClientGone,
 }
 
 /// The facts of one request's access line; shared by the stages that
@@ -292,11 +294,13 @@ impl Drop for Line {
         let _in = self.span.enter();
         // Milliseconds to the microsecond: enough, and short to read.
         let ms = |d: Duration| (d.as_micros() as f64) / 1000.0;
-        let stream_end = match (self.stream, self.status, self.end) {
-            (false, _, _) | (true, None, _) => None,
-            (true, Some(_), Some(StreamEnd::Complete)) => Some("complete"),
-            (true, Some(_), Some(StreamEnd::UpstreamError)) => Some("upstream_error"),
-            (true, Some(_), None) => Some("client_gone"),
+        // Only of an answer relayed as a stream: a refusal or an error
+        // answered whole has no stream to end (it read client_gone).
+        let stream_end = match self.end {
+            None => None,
+            Some(StreamEnd::Complete) => Some("complete"),
+            Some(StreamEnd::UpstreamError) => Some("upstream_error"),
+            Some(StreamEnd::ClientGone) => Some("client_gone"),
         };
         tracing::info!(
             target: "llmgw::access",

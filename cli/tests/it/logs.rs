@@ -242,14 +242,22 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     }
 
     // A refusal has its id and its line too.
-    let (id, status, _) = send(&base, Some("lost-1"), &json!({"model": "nope"})).await;
+    // A stream refused was answered, not left by its client: no stream
+    // end (it said client_gone).
+    let nope = json!({"model": "nope", "stream": true});
+    let (id, status, _) = send(&base, Some("lost-1"), &nope).await;
     assert_eq!((id.as_str(), status), ("lost-1", 404));
     let line = access_line(&server, "lost-1");
     assert_eq!(
-        (&line["fields"]["status"], &line["fields"]["model_asked"]),
-        (&json!(404), &json!("nope")),
+        (
+            &line["fields"]["status"],
+            &line["fields"]["model_asked"],
+            &line["fields"]["stream"]
+        ),
+        (&json!(404), &json!("nope"), &json!(true)),
         "{line}"
     );
+    assert!(line["fields"].get("stream_end").is_none(), "{line}");
     // And /health, every few seconds from a balancer, writes nothing.
     let health = reqwest::get(format!("{base}/health")).await.unwrap();
     assert!(health.headers().contains_key("x-request-id"));

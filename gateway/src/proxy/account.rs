@@ -149,12 +149,14 @@ impl Drop for Finish {
         let gw = &self.ticket.gw;
         // Named before the access line is written, which carries it.
         let usage_id = gw.usage.as_ref().map(|_| request_id());
-        self.ticket.access.finished(
-            self.tokens,
-            self.first_content,
-            self.end,
-            usage_id.as_deref(),
-        );
+        let end = match (self.streamed, self.end) {
+            (false, _) => None,
+            (true, None) => Some(crate::access::StreamEnd::ClientGone),
+            (true, end) => end,
+        };
+        self.ticket
+            .access
+            .finished(self.tokens, self.first_content, end, usage_id.as_deref());
         let tokens = self.tokens.unwrap_or_default();
         gw.metrics.tokens(tokens.prompt, tokens.completion);
         // The ticket, dropped after this, settles the rates to this count.
