@@ -17,7 +17,7 @@ use crate::Gateway;
 
 /// What a page's script may read of an answer beside the simple headers.
 const EXPOSED: HeaderValue = HeaderValue::from_static(
-    "x-request-id, retry-after, x-llmgw-served-model, x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens",
+    "x-request-id, retry-after, x-should-retry, x-llmgw-served-model, x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens",
 );
 const METHODS: HeaderValue = HeaderValue::from_static("GET, POST, DELETE, OPTIONS");
 /// How long a browser may keep a preflight's yes: ten minutes.

@@ -1363,6 +1363,18 @@ async fn a_listed_origins_page_may_call_the_api_from_a_browser() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["access-control-allow-origin"], app);
     assert_eq!(r.headers()["vary"], "origin");
+    // Its script may read what a client decides on: when to come back
+    // and whether to at all (a spent budget's x-should-retry: false).
+    let exposed = r.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    for h in [
+        "retry-after",
+        "x-should-retry",
+        "x-ratelimit-remaining-tokens",
+    ] {
+        assert!(exposed.split(", ").any(|e| e == h), "{h}: {exposed}");
+    }
     // Another origin is not told it may read: the browser keeps the answer
     // from its page.
     let r = preflight(&listed.base, "https://evil.example")
