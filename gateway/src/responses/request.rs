@@ -156,7 +156,15 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Vec<u8>, Asked), ApiError> {
         messages.push(json!({"role": "system", "content": text}));
     }
     match fields.get("input") {
-        Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::String(text)) if !text.trim().is_empty() => {
+            messages.push(json!({"role": "user", "content": text}));
+        }
+        Some(Value::String(_)) => {
+            return Err(refused(
+                "input",
+                "`input` is empty: there is nothing to answer",
+            ));
+        }
         Some(Value::Array(items)) if items.is_empty() => {
             return Err(refused(
                 "input",
@@ -609,10 +617,12 @@ mod tests {
         assert!(c.get("background").is_none(), "{c}");
         assert_eq!(refusal(json!({"input": "x"})).param, Some("model"));
         assert_eq!(refusal(json!({"model": "m"})).param, Some("input"));
-        assert_eq!(
-            refusal(json!({"model": "m", "input": []})).param,
-            Some("input")
-        );
+        // Nothing to answer, as a list or as text (docs/api.md).
+        for empty in [json!([]), json!(""), json!("  \n")] {
+            let e = refusal(json!({"model": "m", "input": empty}));
+            assert_eq!(e.param, Some("input"), "{empty}");
+            assert!(e.message.contains("is empty"), "{}", e.message);
+        }
         assert_eq!(
             with("max_output_tokens", json!(0)).param,
             Some("max_output_tokens")
