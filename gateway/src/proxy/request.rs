@@ -197,13 +197,19 @@ impl ClientRequest {
     /// too (asked for when an endpoint publishes KV events).
     pub(crate) fn parse(body: Bytes, render: bool) -> Result<Self, ApiError> {
         let head: Head = serde_json::from_slice(&body).map_err(|e| refusal(&body, &e))?;
-        let model = head
-            .model
-            .as_ref()
-            .map(|m| &*m.0)
-            .filter(|m| !m.is_empty())
-            .ok_or_else(|| ApiError::bad_request("missing field `model`"))?
-            .to_owned();
+        let model = match head.model.as_ref().map(|m| &*m.0) {
+            Some(m) if !m.is_empty() => m.to_owned(),
+            found => {
+                let said = match found {
+                    None => "missing field `model`",
+                    Some(_) => "`model` is empty: name a model (GET /v1/models lists them)",
+                };
+                return Err(ApiError {
+                    param: Some("model"),
+                    ..ApiError::bad_request(said)
+                });
+            }
+        };
         let asked = head
             .stream_options
             .as_ref()
@@ -318,6 +324,16 @@ mod tests {
             "{}",
             e.message
         );
+        // No model, or an empty name: the field is named, and each is said
+        // as what it is.
+        let e = refused(r#"{"messages": []}"#);
+        assert_eq!(
+            (e.param, &*e.message),
+            (Some("model"), "missing field `model`")
+        );
+        let e = refused(r#"{"model": "", "messages": []}"#);
+        assert_eq!(e.param, Some("model"));
+        assert!(e.message.starts_with("`model` is empty"), "{}", e.message);
         let e = refused(r#"{"model": "m", "messages": "hi"}"#);
         assert_eq!(e.param, Some("messages"));
         assert!(
