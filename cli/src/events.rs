@@ -281,7 +281,11 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
     } = cmd
     {
         let key = public_key.map(|k| k.0);
-        return import_into(address, &input, from_anchor, &anchor, key).await;
+        match import_into(address, &input, from_anchor, &anchor, key).await? {
+            Some(done) => import::tell(&done),
+            None => println!("nothing to import"),
+        }
+        return Ok(Outcome::Ok);
     }
     if let EventsCommand::Verify {
         file: Some(file),
@@ -408,12 +412,15 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
 /// The whole log of `store` into the store at `to` (made or migrated),
 /// through an export file written aside and removed after, so that the
 /// copy passes the checks an import makes of a file (every hash, the
-/// chain, the trailer).
-pub(crate) async fn copy_log(store: &AnyStore, to: &str) -> anyhow::Result<Outcome> {
+/// chain, the trailer). What was written, for the caller to say (the
+/// file is gone by then, so it is never named); None: the log is empty.
+pub(crate) async fn copy_log(
+    store: &AnyStore,
+    to: &str,
+) -> anyhow::Result<Option<llmgw_eventstore::Imported>> {
     let (head, _) = store.head().await?;
     if head == 0 {
-        println!("the log is empty: no event to copy");
-        return Ok(Outcome::Ok);
+        return Ok(None);
     }
     // In a directory of its own, made here (it fails if the name is
     // taken), readable by this user alone: the log holds tenancy data,
@@ -431,7 +438,7 @@ pub(crate) async fn copy_log(store: &AnyStore, to: &str) -> anyhow::Result<Outco
             .with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let path = dir.join("log.jsonl");
-    let copied = match export(store, 1, Some(head), Some(path.clone()), None).await {
+    let copied = match export_file(store, 1, head, head, None, &path).await {
         Ok(_) => import_into(to, &path, false, &[], None).await,
         Err(e) => Err(e),
     };
@@ -439,26 +446,35 @@ pub(crate) async fn copy_log(store: &AnyStore, to: &str) -> anyhow::Result<Outco
     copied
 }
 
+/// The chain head an import left, as HASH@POSITION (an anchor).
+pub(crate) fn head_of(done: &llmgw_eventstore::Imported) -> String {
+    file::Anchor {
+        position: done.head,
+        hash: done.head_hash,
+    }
+    .to_string()
+}
+
 /// An import may be the first thing a store receives: it gets its schema,
 /// as a server would give it; but a refused import into a SQLite file it
-/// created leaves no file behind.
+/// created leaves no file behind. None: the file holds no event.
 async fn import_into(
     address: &str,
     input: &std::path::Path,
     from_anchor: bool,
     anchors: &[file::Anchor],
     key: Option<llmgw_eventstore::signing::PublicKey>,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<Option<llmgw_eventstore::Imported>> {
     let Some(lines) = import::open(input, anchors, key)? else {
-        println!("nothing to import");
-        return Ok(Outcome::Ok);
+        return Ok(None);
     };
     let created = import::new_sqlite_file(address);
     let result = async {
         let store = crate::store::open_migrating(address).await?;
         import::run(&store, lines, from_anchor, anchors).await
     }
-    .await;
+    .await
+    .map(Some);
     if result.is_err()
         && let Some(path) = created
     {
@@ -828,7 +844,6 @@ async fn export(
     output: Option<PathBuf>,
     sign_key: Option<PathBuf>,
 ) -> anyhow::Result<Outcome> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if from == 0 {
         return Err(crate::config::ConfigError("positions start at 1".into()).into());
     }
@@ -845,14 +860,29 @@ async fn export(
         write_export(store, from, to, head, key, &mut sink).await?;
         return Ok(Outcome::Ok);
     };
+    let done = export_file(store, from, to, head, key, &path).await?;
+    eprintln!("exported {} events to {}", done.events, path.display());
+    Ok(Outcome::Ok)
+}
+
+/// The events `from..=to` and the trailer into the file at `path`.
+async fn export_file(
+    store: &AnyStore,
+    from: u64,
+    to: u64,
+    head: u64,
+    key: Option<&llmgw_eventstore::signing::SigningKey>,
+    path: &std::path::Path,
+) -> anyhow::Result<llmgw_eventstore::Exported> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     // A plain file (or none) is written aside and renamed once whole: a
     // file already at the path is kept until then, and a failure halfway
     // leaves no export without its trailer (which an import would take as
     // whole). A device (/dev/null), a pipe or a link is written through,
     // as any program would.
-    let existing = std::fs::symlink_metadata(&path).ok();
+    let existing = std::fs::symlink_metadata(path).ok();
     let aside = existing.as_ref().is_none_or(|m| m.is_file()).then(|| {
-        let mut aside = path.clone().into_os_string();
+        let mut aside = path.as_os_str().to_owned();
         aside.push(".partial");
         PathBuf::from(aside)
     });
@@ -877,7 +907,7 @@ async fn export(
             None => std::fs::OpenOptions::new()
                 .write(true)
                 .truncate(true)
-                .open(&path)
+                .open(path)
                 .with_context(|| format!("cannot open {}", path.display()))?,
         };
         let mut sink = BufWriter::with_capacity(1 << 20, file);
@@ -887,24 +917,18 @@ async fn export(
                 .map_err(|e| e.into_error())
                 .and_then(|f| f.sync_all())
                 .with_context(|| format!("cannot write {}", aside.display()))?;
-            std::fs::rename(aside, &path)
+            std::fs::rename(aside, path)
                 .with_context(|| format!("cannot move the export into {}", path.display()))?;
         }
         anyhow::Ok(done)
     }
     .await;
-    match written {
-        Ok(done) => {
-            eprintln!("exported {} events to {}", done.events, path.display());
-            Ok(Outcome::Ok)
-        }
-        Err(e) => {
-            if let Some(aside) = &aside {
-                let _ = std::fs::remove_file(aside);
-            }
-            Err(e)
-        }
+    if written.is_err()
+        && let Some(aside) = &aside
+    {
+        let _ = std::fs::remove_file(aside);
     }
+    written
 }
 
 /// An end (`--to`, or `to_flag`) past the head, or before `--from`, is

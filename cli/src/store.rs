@@ -103,10 +103,13 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
         .dump()
         .await?;
     let convo = llmgw_convo::Convo::new(&store).dump().await?;
-    if let Err(e) = crate::events::copy_log(&store, to).await {
-        remove_made();
-        return Err(e);
-    }
+    let log = match crate::events::copy_log(&store, to).await {
+        Ok(log) => log,
+        Err(e) => {
+            remove_made();
+            return Err(e);
+        }
+    };
     let (after, _) = store.head().await?;
     let people_after = llmgw_people::People::new(&store, Default::default())
         .dump()
@@ -135,6 +138,20 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
         .await
         .map_err(|e| half("the people were, the threads and notes were", e.to_string()))?;
     let ((people, claims), (threads, notes)) = (rows.counts(), convo.counts());
+    // Said once whole: the export file it went through is gone.
+    match log {
+        Some(log) => println!(
+            "copied {} events from {} to {} (the chain head is {})",
+            log.written,
+            source.redacted(),
+            dest.redacted(),
+            crate::events::head_of(&log)
+        ),
+        None => println!(
+            "the log of {} is empty: no event to copy",
+            source.redacted()
+        ),
+    }
     println!(
         "copied {people} people, {claims} claim links, {threads} threads and {notes} notes into {} (sessions stay behind: people sign in again)",
         dest.redacted()

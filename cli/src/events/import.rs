@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use llmgw_eventstore::signing::PublicKey;
 use llmgw_eventstore::{
-    AnyStore, EventStore, ImportOptions, RecordedEvent, StoreAddress, StoreError,
+    AnyStore, EventStore, ImportOptions, Imported, RecordedEvent, StoreAddress, StoreError,
 };
 
 use super::file::{Anchor, ExportFile};
-use crate::Outcome;
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -85,7 +84,7 @@ pub(super) async fn run(
     lines: Lines,
     from_anchor: bool,
     anchors: &[Anchor],
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<Imported> {
     let prev_hash = lines.file.prev_hash;
 
     let holder = format!("import-{}", std::process::id());
@@ -105,7 +104,12 @@ pub(super) async fn run(
     let result = store.import(&lease.token, &options, lines).await;
     // The import ends the lease itself when the events carry a newer epoch.
     store.release_lease(&lease.token).await?;
-    let done = result?;
+    Ok(result?)
+}
+
+/// What `events import` says of an import: what was written where, and
+/// the head to anchor the next one on.
+pub(super) fn tell(done: &Imported) {
     let head = Anchor {
         position: done.head,
         hash: done.head_hash,
@@ -125,5 +129,4 @@ pub(super) async fn run(
             "the log begins after position {p}, whose hash the file named and nothing here could check (--from-anchor)"
         );
     }
-    Ok(Outcome::Ok)
 }

@@ -1431,6 +1431,33 @@ fn usd(micros: u64) -> String {
     format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
 }
 
+/// `store copy` says what it copied, from where to where; it named the
+/// export file it went through, removed by the time anyone read it.
+#[tokio::test]
+async fn store_copy_says_what_it_copied_and_names_no_temporary_file() {
+    let (from, _scratch, _log) = seeded(Backend::Sqlite, 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let to = format!("sqlite://{}", dir.path().join("copy.db").display());
+    let out = llmgw(&from, &["store", "copy", "--to", &to]);
+    let (said, told) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{told}");
+    let line = said.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with("copied 3 events from sqlite://") && line.contains(&format!(" to {to} ")),
+        "{said}"
+    );
+    for temporary in ["llmgw-copy-", "log.jsonl", "exported"] {
+        assert!(
+            !said.contains(temporary) && !told.contains(temporary),
+            "{said}{told}"
+        );
+    }
+    ok(&to, &["events", "verify"]);
+}
+
 /// `events usage --since` takes minutes and seconds back from now as it
 /// takes hours and days ("10m" was not a time); what is none is refused
 /// with the forms it takes.
