@@ -378,13 +378,16 @@ impl Agent {
         weights: Option<String>,
     ) -> Option<v1::ShardStatus> {
         let shard_id = start.shard_id.clone();
-        let fail = |error: String| v1::ShardStatus {
-            node_id: self.config.node_id.clone(),
-            replica_id: start.replica_id.clone(),
-            shard_id: shard_id.clone(),
-            state: wire_state(State::Failed),
-            error,
-            ..v1::ShardStatus::default()
+        let fail = |error: String| {
+            tracing::warn!(shard = %shard_id, error, "failed before launch");
+            v1::ShardStatus {
+                node_id: self.config.node_id.clone(),
+                replica_id: start.replica_id.clone(),
+                shard_id: shard_id.clone(),
+                state: wire_state(State::Failed),
+                error,
+                ..v1::ShardStatus::default()
+            }
         };
         let Some(p) = start.profile.clone() else {
             return Some(fail("StartShard carries no profile".into()));
@@ -536,11 +539,16 @@ impl Agent {
         let changes = self.changes_tx.clone();
         tokio::spawn(async move {
             let mut rewritten = false;
+            let mut was = status.borrow().state;
             while status.changed().await.is_ok() {
                 let (pids, state) = {
                     let s = status.borrow();
+                    if s.state != was {
+                        said(&id, &s);
+                    }
                     (s.pids.clone(), s.state)
                 };
+                was = state;
                 // Written once every command runs, and again once ready
                 // with the command line as the kernel shows it then (a
                 // script's interpreter, or a wrapper that exec'd).
@@ -587,5 +595,22 @@ impl Agent {
         if !gone.is_empty() {
             tracing::info!(shards = ?gone, "removed the logs of shards stopped longer than the retention");
         }
+    }
+}
+
+/// A shard's turn, in the agent's own journal: the control plane records
+/// it, but an operator reading the node's log saw nothing when an engine
+/// died or finished stopping.
+fn said(shard: &str, s: &supervisor::Status) {
+    match s.state {
+        State::Ready => tracing::info!(shard, "ready"),
+        State::Stopped => tracing::info!(shard, exit_code = s.exit_code, "stopped"),
+        State::Failed => tracing::warn!(
+            shard,
+            exit_code = s.exit_code,
+            error = s.error.as_deref().unwrap_or("-"),
+            "failed"
+        ),
+        _ => {}
     }
 }

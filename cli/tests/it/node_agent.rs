@@ -175,7 +175,7 @@ async fn an_engine_installed_while_the_agent_runs_is_reported() {
 /// nothing else on the machine takes them meanwhile.
 struct Squat {
     // Dropped in this order: the agent and server before their directory.
-    _agent: Child,
+    agent: Child,
     server: ServerProc,
     _squatter: std::net::TcpListener,
     dir: tempfile::TempDir,
@@ -199,7 +199,7 @@ impl Squat {
             &["--skip-gpus", "--engine-bind", ip, "--mgmt-addr", ip],
         );
         Squat {
-            _agent: agent,
+            agent,
             server,
             _squatter: squatter,
             dir,
@@ -219,6 +219,13 @@ async fn a_shard_whose_port_is_taken_fails_with_the_reason() {
     assert!(
         error.contains(&format!("port {taken} is not free on this node")),
         "{error}"
+    );
+    // The agent's own journal says so too (it said nothing of a shard
+    // that failed, nor of one that finished stopping).
+    let said = Child::expect(&squat.agent.stderr, "failed");
+    assert!(
+        said.contains("WARN") && said.contains("is not free on this node"),
+        "{said}"
     );
     // The failed replica is stopped at once; the model keeps the reason.
     let (ok, table, err) = ctl(&server.admin, &["models"]);
@@ -256,6 +263,12 @@ async fn a_squatted_port_is_avoided_and_the_model_serves_on_another() {
             .any(|r| r["shards"][0]["port"] == taken),
         "the taken port was tried first: {all}"
     );
+    // Each turn is in the agent's journal: the refusal, then the engine
+    // on the next port ready.
+    let said = Child::expect(&squat.agent.stderr, "failed before launch");
+    assert!(said.contains("is not free"), "{said}");
+    let said = Child::expect(&squat.agent.stderr, " ready");
+    assert!(said.contains("INFO") && said.contains("shard="), "{said}");
 }
 
 /// Two agents on one machine (one address) are never handed the same
