@@ -310,9 +310,19 @@ pub async fn forward_writes(
                     Ok(r) if r.status() == StatusCode::LOCKED => {
                         last_error = Some(Unsent::NotLeading(holder, url));
                     }
+                    // Either this server's own run before a crash, whose
+                    // lease has not run out (one server restarted: nothing
+                    // to set), or another server that recorded this one's
+                    // address (a setting to mend). Both are said, with
+                    // when the lease frees.
                     Ok(r) if r.status() == StatusCode::LOOP_DETECTED => {
+                        let free = cp
+                            .office(tokio::time::Instant::now())
+                            .await
+                            .map(|o| o.until_free().as_secs().max(1))
+                            .unwrap_or(1);
                         let said = format!(
-                            "this server is a standby, and the leader {holder}'s recorded admin address {url} reaches this server itself: set control.advertise_admin on each server to an address the others reach (the default is its loopback admin_listen)"
+                            "this server is a standby, and the leader {holder}'s recorded admin address {url} reaches this server itself. If {holder} was this server before a restart (it stopped without giving up its lease), its lease runs out in {free} s and this server takes office: try again then. Otherwise set control.advertise_admin on each server to an address the others reach (the default is its loopback admin_listen)"
                         );
                         return AdminError(StatusCode::SERVICE_UNAVAILABLE, said).into_response();
                     }

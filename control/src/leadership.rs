@@ -233,15 +233,30 @@ impl ControlPlane {
         // A loopback admin address reaches the leader only from its own
         // machine: commands sent to this standby from elsewhere cannot go
         // on to it. Said as the standby stands by, not when the first
-        // command fails.
+        // command fails. This server's own address is most often this
+        // server's run before a restart, whose lease it waits out: said
+        // as that first.
+        let own = self
+            .admin_url
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         if let Ok(Some((_, url))) = self.leader_admin().await
             && loopback(&url)
         {
-            tracing::warn!(
-                leader,
-                admin = %url,
-                "the leader recorded a loopback admin address: a command sent to this standby reaches it only if both run on one machine; set control.advertise_admin on every server to an address the others reach"
-            );
+            if own.as_deref() == Some(url.as_str()) {
+                tracing::warn!(
+                    leader,
+                    admin = %url,
+                    "the leader recorded this server's own admin address: if it was this server before a restart, this server takes office once its lease runs out; if another server runs, set control.advertise_admin on every server to an address the others reach"
+                );
+            } else {
+                tracing::warn!(
+                    leader,
+                    admin = %url,
+                    "the leader recorded a loopback admin address: a command sent to this standby reaches it only if both run on one machine; set control.advertise_admin on every server to an address the others reach"
+                );
+            }
         }
         let differ = settings_differ(&self.config.settings(), &theirs);
         if !differ.is_empty() {
