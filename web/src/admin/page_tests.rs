@@ -905,3 +905,71 @@ async fn usage_per_person_names_people() {
         "{section}"
     );
 }
+
+/// A person whose keys span projects shows every project their use was
+/// in, most requests first: the row named only the project they were
+/// approved into (Dee · chatbot · 6 requests, 3 of them in search).
+#[tokio::test]
+async fn usage_per_person_names_every_project_used() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let in_search = |id: &str| match key(id, id, Some("dee")) {
+        Event::Tenancy(TenancyEvent::KeyIssued(mut k)) => {
+            k.project_id = "search".into();
+            Event::Tenancy(TenancyEvent::KeyIssued(k))
+        }
+        _ => unreachable!("key makes a KeyIssued"),
+    };
+    let now = Utc::now().timestamp_millis();
+    let mut events = vec![
+        Event::Tenancy(TenancyEvent::UserSignedUp {
+            user_id: "dee".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserApproved {
+            user_id: "dee".into(),
+            project_id: "chatbot".into(),
+            by: "op".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserSignedUp {
+            user_id: "eli".into(),
+        }),
+        Event::Tenancy(TenancyEvent::UserApproved {
+            user_id: "eli".into(),
+            project_id: "chatbot".into(),
+            by: "op".into(),
+        }),
+        key("k-chat", "k-chat", Some("dee")),
+        in_search("k-search"),
+    ];
+    for i in 0..4 {
+        events.push(used("k-search", 10, now + i, 200));
+    }
+    for i in 0..2 {
+        events.push(used("k-chat", 10, now + i, 200));
+    }
+    feed(&mut views, events);
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (status, page) = get(&app, "/admin").await;
+    assert_eq!(status, StatusCode::OK);
+    let section = page
+        .split(r#"id="people""#)
+        .nth(1)
+        .and_then(|b| b.split(r#"id="keys""#).next())
+        .expect("the people table");
+    let row = |id: &str| {
+        section
+            .split("<tr>")
+            .find(|r| r.contains(&format!(">{id}<")))
+            .unwrap_or_else(|| panic!("{id}'s row: {section}"))
+            .to_owned()
+    };
+    let dee = row("dee");
+    assert!(
+        dee.contains(r#"<td class="mono">search, chatbot</td>"#),
+        "{dee}"
+    );
+    assert!(dee.contains(">6<"), "{dee}");
+    // No use yet: the project they were approved into.
+    let eli = row("eli");
+    assert!(eli.contains(r#"<td class="mono">chatbot</td>"#), "{eli}");
+}

@@ -2,6 +2,7 @@
 //! page at a time.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 
 use llmgw_domain::tenancy::Scope;
 use llmgw_projections::{ModelStats, Projections, Spend};
@@ -148,17 +149,64 @@ pub(crate) fn people(
     );
     all.sort_unstable_by_key(rank);
     let pager = Pager::new(all.len(), per_page, page, href);
-    let rows = all[pager.range()]
+    let shown = &all[pager.range()];
+    let mut used_in = projects_used(views, shown.iter().map(|(id, _)| id.as_str()));
+    let rows = shown
         .iter()
         .map(|(id, s)| {
             let mut row = UsageRow::new(id, s);
-            if let Some(u) = users.get(*id) {
-                row.project = u.project_id.clone().unwrap_or_default();
-            }
+            row.project = match used_in.remove(id.as_str()) {
+                Some(projects) => projects_line(projects),
+                // No use yet: the project they were approved into.
+                None => (users.get(*id))
+                    .and_then(|u| u.project_id.clone())
+                    .unwrap_or_default(),
+            };
             row
         })
         .collect();
     (rows, pager)
+}
+
+/// The projects each of `people` used, with their requests: their own
+/// keys' projects and, for their chat, the project they stand for. A
+/// person's keys may span projects (the row said only the one they were
+/// approved into).
+fn projects_used<'a>(
+    views: &'a Projections,
+    people: impl Iterator<Item = &'a str>,
+) -> BTreeMap<&'a str, BTreeMap<&'a str, u64>> {
+    let tenancy = &views.tenancy.tenancy;
+    let mut used: BTreeMap<&str, BTreeMap<&str, u64>> =
+        people.map(|p| (p, BTreeMap::new())).collect();
+    let Some(spend) = views.usage.spend.get(&Scope::Key) else {
+        return BTreeMap::new();
+    };
+    for (key_id, s) in spend.iter().filter(|(_, s)| s.requests > 0) {
+        let Some(person) = views.usage.person_of_key(key_id) else {
+            continue;
+        };
+        let Some(projects) = used.get_mut(person) else {
+            continue;
+        };
+        let project = match tenancy.keys.get(key_id) {
+            Some(k) => Some(k.project_id.as_str()),
+            None => (tenancy.users.get(person)).and_then(|u| u.project_id.as_deref()),
+        };
+        if let Some(project) = project {
+            *projects.entry(project).or_default() += s.requests;
+        }
+    }
+    used.retain(|_, projects| !projects.is_empty());
+    used
+}
+
+/// Projects as a row names them: most requests first, then by id.
+fn projects_line(projects: BTreeMap<&str, u64>) -> String {
+    let mut projects: Vec<(&str, u64)> = projects.into_iter().collect();
+    projects.sort_by_key(|&(p, n)| (Reverse(n), p));
+    let names: Vec<&str> = projects.into_iter().map(|(p, _)| p).collect();
+    names.join(", ")
 }
 
 /// Every model that served a request.
