@@ -927,6 +927,10 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
         said.contains("explain-placement far") && !said.contains("mars"),
         "{said}"
     );
+    // Refused, it is not asked for: the status waits for main's place
+    // alone (far's ask kept one more waiting for its idle time).
+    let status = get(format!("{}/api/v1/status", server.admin)).await;
+    assert_eq!(status["replicas_waiting"], 1, "{status}");
 }
 
 /// `scaling.max` above `min` is reached under load: while the engines of

@@ -242,15 +242,18 @@ pub(crate) async fn wait_on_demand<'a>(
     if !routes.on_demand(model) {
         return Ok(());
     }
-    demand(gw, routes, model);
     let serving = || gw.endpoints.routable_models().iter().any(|m| m == model);
     let not_started = |fits_nowhere| NotStarted {
         model,
         fits_nowhere,
     };
+    // Not asked for when no node could ever take it: the ask kept a
+    // replica "waiting for a place" in `ctl status` for the model's idle
+    // time after one refused request.
     if !serving() && gw.placeable.get().is_some_and(|hook| !(hook.0)(model)) {
         return Err(not_started(true));
     }
+    demand(gw, routes, model);
     if serving() {
         return Ok(());
     }
