@@ -139,6 +139,23 @@ impl ApiError {
         }
     }
 
+    /// A model kept up (a floor of replicas) that has none because no node
+    /// of the cluster could take it: the same code as an on-demand one,
+    /// which no wait helps either.
+    pub fn unplaced(model: &str) -> Self {
+        ApiError {
+            retry_after: Some(ON_DEMAND_RETRY_S),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "model_unplaceable",
+                format!(
+                    "`{model}` has no replica: no node of this cluster can take it; the operator sees why with `llmgw ctl explain-placement {model}`"
+                ),
+            )
+        }
+    }
+
     /// An on-demand model asked for was not serving within
     /// `router.on_demand_wait`: it may still be starting (a large one
     /// loads for minutes), or fit on no node; it is kept up for its idle

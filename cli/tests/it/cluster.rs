@@ -931,6 +931,39 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
     // alone (far's ask kept one more waiting for its idle time).
     let status = get(format!("{}/api/v1/status", server.admin)).await;
     assert_eq!(status["replicas_waiting"], 1, "{status}");
+
+    // A model added that no node can take is said so at once; a client
+    // asking for it, with no replica and nothing to fall back to, is told
+    // it has no place (it got no_capacity, "right now", retried for ever).
+    let file = dir.path().join("stuck.yaml");
+    std::fs::write(
+        &file,
+        "name: stuck\nscaling: {min: 1, max: 1}\nprofiles:\n  - name: sim\n    engine: sim\n    node_selector: {zone: mars}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = ctl(&server.admin, &["model", "add", file.to_str().unwrap()]);
+    assert!(
+        ok && out.contains("model stuck added")
+            && out.contains("no node of this cluster can take it")
+            && out.contains("explain-placement stuck"),
+        "{out}{err}"
+    );
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "stuck", "max_tokens": 2, "messages": [{"role": "user", "content": "anyone?"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_unplaceable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("has no replica"),
+        "{body}"
+    );
 }
 
 /// `scaling.max` above `min` is reached under load: while the engines of
