@@ -390,9 +390,24 @@ async fn explain(
             port_range: cp.config.port_range,
         },
     );
+    // What it says is where one more replica would go: of a model that
+    // runs already, said as such (a model at its max read "fits nowhere").
+    let live = (c.replicas.replicas.values())
+        .filter(|r| r.is_live() && r.placement.model == model.name)
+        .count();
+    let summary = match live {
+        0 => e.summary(),
+        n => format!(
+            "{} runs {n} replica{} (at most {}); a further one: {}",
+            model.name,
+            if n == 1 { "" } else { "s" },
+            model.scaling.max,
+            e.summary()
+        ),
+    };
     Ok(Json(api::Explanation {
         model: e.model.clone(),
-        summary: e.summary(),
+        summary,
         profiles: e
             .profiles
             .iter()

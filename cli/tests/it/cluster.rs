@@ -1222,6 +1222,12 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
         explained.contains(idle) && explained.contains("cordoned"),
         "{explained}"
     );
+    // Of a model that runs, the verdict is about one more replica: said
+    // so, not "chat fits nowhere" over a model that serves.
+    assert!(
+        explained.starts_with("chat runs 1 replica (at most 1); a further one: chat "),
+        "{explained}"
+    );
     let (_, json, _) = ctl(admin, &["explain-placement", "chat", "--json"]);
     let e: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(e["profiles"][0]["candidates"].as_array().unwrap().len(), 2);
