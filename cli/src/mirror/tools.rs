@@ -2,7 +2,9 @@
 //! its directory. `unused` and `remove` ask the control plane's catalog:
 //! a file is in use when a model's source is `mirror:<m>/<v>/<file>` or
 //! the byte path's URL of it (`--base`), or when the fleet's `engines:`
-//! take their archives from its version; an unreachable control plane is
+//! take their archives from its version; a version's `config.json` and
+//! weight index are in use while any of its files is (`ctl plan --mirror`
+//! sizes the model from them); an unreachable control plane is
 //! never taken for an empty catalog.
 
 use std::io::Write;
@@ -246,13 +248,29 @@ async fn in_use_by(c: &CatalogArgs) -> anyhow::Result<InUse> {
     Ok(InUse { sources, versions })
 }
 
+/// The files a version's weights are sized from (`ctl plan --mirror`
+/// reads them): in use whenever any file of their version is.
+const SIZING: [&str; 2] = ["config.json", "model.safetensors.index.json"];
+
 fn in_use(used: &InUse, base: Option<&str>, m: &str, v: &str, f: &str) -> bool {
-    let tail = format!("{m}/{v}/{f}");
-    used.versions.iter().any(|mv| *mv == format!("{m}/{v}"))
-        || used.sources.iter().any(|s| {
-            s.strip_prefix("mirror:") == Some(tail.as_str())
-                || base.is_some_and(|b| *s == format!("{}/{tail}", b.trim_end_matches('/')))
-        })
+    let version = format!("{m}/{v}");
+    used.versions.contains(&version)
+        || used
+            .sources
+            .iter()
+            .filter_map(|s| file_of(s, base, &version))
+            .any(|named| named == f || SIZING.contains(&f))
+}
+
+/// The file of `version` (`<model>/<version>`) that a catalog source names,
+/// as `mirror:` or as the byte path's URL under `base`.
+fn file_of<'a>(source: &'a str, base: Option<&str>, version: &str) -> Option<&'a str> {
+    let tail = source.strip_prefix("mirror:").or_else(|| {
+        source
+            .strip_prefix(base?.trim_end_matches('/'))?
+            .strip_prefix('/')
+    })?;
+    tail.strip_prefix(version)?.strip_prefix('/')
 }
 
 pub(crate) async fn unused(a: UnusedArgs) -> anyhow::Result<Outcome> {
@@ -311,8 +329,13 @@ pub(crate) async fn remove(a: RemoveArgs) -> anyhow::Result<Outcome> {
             .await
             .context("(--force removes it without asking)")?;
         if in_use(&sources, a.catalog.base.as_deref(), m, v, f) {
+            let why = if SIZING.contains(&f.as_str()) {
+                " (ctl plan --mirror sizes the model from it while any file of its version is in the catalog)"
+            } else {
+                ""
+            };
             bail!(
-                "{m}/{v}/{f} is in use by the catalog or the fleet's engines: retire the entry (or change engines:) first, let the fleet settle, then remove (or --force)"
+                "{m}/{v}/{f} is in use by the catalog or the fleet's engines{why}: retire the entry (or change engines:) first, let the fleet settle, then remove (or --force)"
             );
         }
     }

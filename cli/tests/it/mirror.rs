@@ -1085,6 +1085,102 @@ async fn unused_and_remove_go_by_the_catalog_and_refuse_without_it() {
     assert!(ok && !table.contains("a.gguf"), "{table}");
 }
 
+/// A version's config.json and weight index are what `ctl plan --mirror`
+/// sizes the model from: while the catalog names any file of the version,
+/// `unused` does not list them and `remove` refuses them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_versions_config_and_index_are_in_use_with_its_weights() {
+    let up = Upstream::start().await;
+    let files = [
+        ("model.safetensors", pattern(4096, 1)),
+        ("config.json", br#"{"hidden_size": 64}"#.to_vec()),
+        (
+            "model.safetensors.index.json",
+            br#"{"weight_map": {}}"#.to_vec(),
+        ),
+        ("README.md", b"notes".to_vec()),
+    ];
+    let sources: Vec<String> = files
+        .iter()
+        .map(|(name, body)| up.hf(name, body, Some(&sha(body))))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models");
+    let d = models.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mut add = vec![
+        "mirror",
+        "add",
+        "--dir",
+        d,
+        "--model",
+        "llama8b",
+        "--version",
+        "v1",
+    ];
+    add.extend(sources.iter().map(String::as_str));
+    let (ok, _, err) = run(&add);
+    assert!(ok, "{err}");
+
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let server = start_server(&server_yaml(dir.path(), "catalog", &store, free_port(), 0));
+    let model = dir.path().join("m.json");
+    std::fs::write(
+        &model,
+        json!({"name": "llama8b", "source": "mirror:llama8b/v1/model.safetensors", "profiles": []})
+            .to_string(),
+    )
+    .unwrap();
+    let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&[
+        "mirror",
+        "unused",
+        "--dir",
+        d,
+        "--admin",
+        &server.admin,
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let unused: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        unused,
+        json!([{"model": "llama8b", "version": "v1", "file": "README.md", "size": 5}])
+    );
+    for file in ["config.json", "model.safetensors.index.json"] {
+        let (ok, _, err) = run(&[
+            "mirror",
+            "remove",
+            "--dir",
+            d,
+            "--model",
+            "llama8b",
+            "--version",
+            "v1",
+            "--file",
+            file,
+            "--admin",
+            &server.admin,
+        ]);
+        assert!(
+            !ok && err.contains("in use") && err.contains("ctl plan"),
+            "{err}"
+        );
+        assert!(models.join("llama8b/v1").join(file).exists());
+    }
+}
+
 /// The management API starts downloads and deletes versions: without the
 /// fleet's CA it serves on loopback only, and another address is refused
 /// at start, saying what to give.
