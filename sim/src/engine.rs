@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use crate::SimConfig;
 use crate::cache::PrefixCache;
 use crate::kv_events::{KvEvent, KvPublisher, KvPublisherTask, KvSink};
-use crate::text::{Generator, Prompt};
+use crate::text::{Generator, Invalid, Prompt};
 
 /// Counters and gauges the metrics page reads.
 #[derive(Debug, Default)]
@@ -121,24 +121,27 @@ async fn require_key(
     }
     (
         axum::http::StatusCode::UNAUTHORIZED,
-        axum::Json(serde_json::json!({"error": {"message": "invalid api key", "type": "invalid_request_error", "code": "invalid_api_key"}})),
+        axum::Json(serde_json::json!({"error": {"message": "invalid api key", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}})),
     )
         .into_response()
 }
 
-/// The engine's one error type, rendered in the OpenAI envelope.
+/// The engine's one error type, rendered in the OpenAI envelope: with
+/// `param` naming the field to blame (null when none is), as OpenAI's and
+/// vLLM's errors do, so that a client says which field was wrong.
 #[derive(Debug)]
 struct ApiError {
     status: StatusCode,
     kind: &'static str,
     code: &'static str,
+    param: Option<String>,
     message: String,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body =
-            json!({ "error": { "message": self.message, "type": self.kind, "code": self.code } });
+        let body = json!({ "error": { "message": self.message, "type": self.kind,
+                                      "param": self.param, "code": self.code } });
         (self.status, axum::Json(body)).into_response()
     }
 }
@@ -148,6 +151,7 @@ fn error(status: StatusCode, kind: &'static str, code: &'static str, message: St
         status,
         kind,
         code,
+        param: None,
         message,
     }
 }
@@ -161,13 +165,33 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     )
 }
 
+/// A 400 that names the field.
+fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
+    ApiError {
+        param: Some(param.into()),
+        ..bad_request(message)
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> Self {
+        ApiError {
+            param: e.param,
+            ..bad_request(e.message)
+        }
+    }
+}
+
 fn unknown_model(model: &str) -> ApiError {
-    error(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "model_not_found",
-        format!("The model `{model}` does not exist."),
-    )
+    ApiError {
+        param: Some("model".into()),
+        ..error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "model_not_found",
+            format!("The model `{model}` does not exist."),
+        )
+    }
 }
 
 /// What the engine needs from a completion request.
@@ -188,7 +212,7 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
     let model = v["model"]
         .as_str()
-        .ok_or_else(|| bad_request("missing field `model`"))?
+        .ok_or_else(|| invalid("model", "missing field `model`"))?
         .to_owned();
     if !state.config.models.contains(&model) {
         return Err(unknown_model(&model));
@@ -198,8 +222,7 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         // assistant prefill); vLLM and SGLang are asked to.
         Kind::Chat => crate::text::chat(&v, state.config.vocabulary == crate::Vocabulary::Llamacpp),
         Kind::Text => crate::text::completion(&v),
-    }
-    .map_err(bad_request)?;
+    }?;
     let max_tokens = v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
@@ -532,8 +555,7 @@ async fn tokenize(State(state): State<Arc<SimState>>, body: Bytes) -> Result<Res
         crate::text::chat(&v, false)
     } else {
         crate::text::completion(&v)
-    }
-    .map_err(bad_request)?;
+    }?;
     Ok(axum::Json(json!({
         "count": prompt.tokens,
         "tokens": (0..prompt.tokens).collect::<Vec<u64>>(),
@@ -550,7 +572,7 @@ async fn embeddings(
         serde_json::from_slice(&body).map_err(|e| bad_request(format!("invalid JSON: {e}")))?;
     let model = v["model"]
         .as_str()
-        .ok_or_else(|| bad_request("missing field `model`"))?;
+        .ok_or_else(|| invalid("model", "missing field `model`"))?;
     if !state.config.models.iter().any(|m| m == model) {
         return Err(unknown_model(model));
     }
@@ -565,7 +587,8 @@ async fn embeddings(
         _ => Vec::new(),
     };
     if inputs.is_empty() {
-        return Err(bad_request(
+        return Err(invalid(
+            "input",
             "`input` must be a string or a non-empty list of strings",
         ));
     }

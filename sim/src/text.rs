@@ -66,6 +66,69 @@ pub(crate) struct Prompt {
     pub(crate) echo: Option<String>,
 }
 
+/// Why a request cannot be served, and the field to blame (OpenAI's
+/// `param`: `messages[1].role`, `prompt`, …).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Invalid {
+    pub(crate) param: Option<String>,
+    pub(crate) message: String,
+}
+
+impl Invalid {
+    pub(crate) fn new(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Invalid {
+            param: Some(param.into()),
+            message: message.into(),
+        }
+    }
+}
+
+/// The roles OpenAI's chat API takes.
+const ROLES: [&str; 6] = [
+    "system",
+    "assistant",
+    "user",
+    "function",
+    "tool",
+    "developer",
+];
+
+/// Every message is an object with a known `role`, and there is one at
+/// least: an engine that rendered `bogus: …` or an empty chat answered a
+/// request OpenAI (and vLLM's chat template) refuses.
+fn check_messages(messages: &[Value]) -> Result<(), Invalid> {
+    if messages.is_empty() {
+        return Err(Invalid::new(
+            "messages",
+            "`messages` must be a non-empty list of messages",
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let param = format!("messages[{i}].role");
+        match m["role"].as_str() {
+            Some(role) if ROLES.contains(&role) => {}
+            Some(role) => {
+                return Err(Invalid::new(
+                    param,
+                    format!(
+                        "Invalid value: '{role}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'."
+                    ),
+                ));
+            }
+            None if m["role"].is_null() => {
+                return Err(Invalid::new(
+                    param.clone(),
+                    format!("Missing required parameter: '{param}'."),
+                ));
+            }
+            None => {
+                return Err(Invalid::new(param, "a message's `role` must be a string"));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn text_of(content: &Value) -> Option<String> {
     match content {
         Value::String(s) => Some(s.clone()),
@@ -82,42 +145,54 @@ fn text_of(content: &Value) -> Option<String> {
 /// original answer was; as in vLLM, the two options exclude each other.
 /// `prefill` continues a last assistant message without being asked, as
 /// llama.cpp's server does.
-pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, String> {
+pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, Invalid> {
     let messages = v["messages"]
         .as_array()
-        .ok_or("missing or malformed `messages`")?;
+        .ok_or_else(|| Invalid::new("messages", "missing or malformed `messages`"))?;
+    check_messages(messages)?;
+    let malformed = |i: usize| {
+        Invalid::new(
+            format!("messages[{i}].content"),
+            "malformed `content`: a string or a list of content parts",
+        )
+    };
     let assistant_last = messages.last().is_some_and(|m| m["role"] == "assistant");
     let asked = v["continue_final_message"].as_bool().unwrap_or(false);
     let prefilled = prefill && assistant_last;
     let continues = asked || prefilled;
     let generation_prompt = !prefilled && v["add_generation_prompt"].as_bool().unwrap_or(true);
     if asked && generation_prompt {
-        return Err(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.".into(),
-        );
+        return Err(Invalid::new(
+            "continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ));
     }
     let (closed, open) = match messages.split_last() {
         Some((last, rest)) if continues => {
             if last["role"] != "assistant" {
-                return Err("`continue_final_message` needs an assistant message last".into());
+                return Err(Invalid::new(
+                    "continue_final_message",
+                    "`continue_final_message` needs an assistant message last",
+                ));
             }
             (
                 rest,
-                Some(text_of(&last["content"]).ok_or("malformed `content`")?),
+                Some(text_of(&last["content"]).ok_or_else(|| malformed(rest.len()))?),
             )
         }
         _ => (&messages[..], None),
     };
     let mut rendered = String::new();
-    for m in closed {
-        rendered.push_str(m["role"].as_str().ok_or("a message without a `role`")?);
+    for (i, m) in closed.iter().enumerate() {
+        // Checked above.
+        rendered.push_str(m["role"].as_str().unwrap_or_default());
         rendered.push_str(": ");
         // A turn that only called tools has no content, as OpenAI's API
         // and the engines allow.
         let content = if m["content"].is_null() && m["tool_calls"].is_array() {
             String::new()
         } else {
-            text_of(&m["content"]).ok_or("malformed `content`")?
+            text_of(&m["content"]).ok_or_else(|| malformed(i))?
         };
         rendered.push_str(&content);
         rendered.push('\n');
@@ -137,7 +212,7 @@ pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, String> {
 }
 
 /// A completion's prompt: a string, or strings joined by newlines.
-pub(crate) fn completion(v: &Value) -> Result<Prompt, String> {
+pub(crate) fn completion(v: &Value) -> Result<Prompt, Invalid> {
     let context = match &v["prompt"] {
         Value::String(s) => s.clone(),
         Value::Array(items) => items
@@ -145,8 +220,8 @@ pub(crate) fn completion(v: &Value) -> Result<Prompt, String> {
             .map(|i| i.as_str())
             .collect::<Option<Vec<_>>>()
             .map(|p| p.join("\n"))
-            .ok_or("malformed `prompt`")?,
-        _ => return Err("missing or malformed `prompt`".into()),
+            .ok_or_else(|| Invalid::new("prompt", "malformed `prompt`"))?,
+        _ => return Err(Invalid::new("prompt", "missing or malformed `prompt`")),
     };
     Ok(Prompt {
         tokens: tokens_of(context.len()),
@@ -214,7 +289,12 @@ mod tests {
         assert!(chat(&user_last, false).is_err());
         let both = json!({"messages": [{"role": "assistant", "content": "x"}],
             "continue_final_message": true});
-        assert!(chat(&both, false).unwrap_err().contains("Cannot set both"));
+        assert!(
+            chat(&both, false)
+                .unwrap_err()
+                .message
+                .contains("Cannot set both")
+        );
         // llama.cpp's way: a last assistant message is continued unasked.
         let prefilled = json!({"messages": [{"role": "user", "content": "x"},
             {"role": "assistant", "content": "the "}]});

@@ -516,6 +516,101 @@ async fn bad_requests_get_the_openai_error_envelope() {
     }
 }
 
+/// A request OpenAI refuses is refused here too, naming the field in
+/// `param`: an empty chat and a made-up role were answered, and the
+/// errors left `param` out, so a client could not say what was wrong.
+#[tokio::test(start_paused = true)]
+async fn a_refused_field_is_named_in_param() {
+    let (app, _) = engine(config());
+    let chat_with = |messages: Value| json!({"model": "m", "messages": messages});
+    let cases = vec![
+        (
+            "/v1/chat/completions",
+            chat_with(json!([])),
+            StatusCode::BAD_REQUEST,
+            json!("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_with(json!([{"role": "bogus", "content": "x"}])),
+            StatusCode::BAD_REQUEST,
+            json!("messages[0].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_with(json!([{"role": "user", "content": "x"}, {"content": "y"}])),
+            StatusCode::BAD_REQUEST,
+            json!("messages[1].role"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_with(json!([{"role": "user", "content": 3}])),
+            StatusCode::BAD_REQUEST,
+            json!("messages[0].content"),
+        ),
+        (
+            "/v1/chat/completions",
+            chat_with(json!("hi")),
+            StatusCode::BAD_REQUEST,
+            json!("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            json!("model"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::NOT_FOUND,
+            json!("model"),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": 3}),
+            StatusCode::BAD_REQUEST,
+            json!("prompt"),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": "m", "input": 3}),
+            StatusCode::BAD_REQUEST,
+            json!("input"),
+        ),
+        (
+            "/tokenize",
+            chat_with(json!([{"role": "bogus", "content": "x"}])),
+            StatusCode::BAD_REQUEST,
+            json!("messages[0].role"),
+        ),
+    ];
+    for (path, body, status, param) in cases {
+        let (got, reply) = json_of(app.clone().oneshot(post(path, body)).await.unwrap()).await;
+        assert_eq!((got, &reply["error"]["param"]), (status, &param), "{reply}");
+        assert!(reply["error"]["message"].is_string(), "{reply}");
+    }
+    // Every role OpenAI knows is served.
+    let roles = json!([{"role": "developer", "content": "a"}, {"role": "system", "content": "b"},
+        {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"},
+        {"role": "tool", "content": "e", "tool_call_id": "1"}, {"role": "function", "content": "f", "name": "g"},
+        {"role": "user", "content": "h"}]);
+    let (status, reply) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat_with(roles)))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    // An error with no field to blame still has `param`, as null.
+    let raw = Request::post("/v1/chat/completions")
+        .body(Body::from("{not json"))
+        .unwrap();
+    let (_, reply) = json_of(app.oneshot(raw).await.unwrap()).await;
+    assert_eq!(reply["error"].get("param"), Some(&Value::Null), "{reply}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn embeddings_models_and_health() {
     let (app, _) = engine(config());
