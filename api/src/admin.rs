@@ -216,6 +216,12 @@ pub struct Status {
     /// model's missing one). None from a server that predates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas_waiting: Option<usize>,
+    /// Nodes that take no new work: cordoned (and not draining), and
+    /// draining (their work moving off).
+    #[serde(default)]
+    pub nodes_cordoned: usize,
+    #[serde(default)]
+    pub nodes_draining: usize,
     /// Events in the log, and how far this server's views have read.
     pub log_head: u64,
     pub views_at: u64,

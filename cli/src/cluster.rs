@@ -418,8 +418,12 @@ pub(crate) async fn run(
             } else {
                 writeln!(
                     out,
-                    "{} of {} models serving, on {}/{} nodes ready",
-                    s.models_ready, s.models, s.nodes_ready, s.nodes
+                    "{} of {} models serving, on {}/{} nodes ready{}",
+                    s.models_ready,
+                    s.models,
+                    s.nodes_ready,
+                    s.nodes,
+                    closed_nodes(&s)
                 )?;
                 writeln!(out, "replicas  {}", replica_summary(&s))?;
                 let role = if s.leader.is_leader {
@@ -805,6 +809,23 @@ async fn follow_logs(
             Err(e) => eprintln!("warning: {e:#}"),
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// The nodes that take no new work, said beside the ready count (a node
+/// cordoned or draining is ready, yet nothing new goes there).
+fn closed_nodes(s: &api::Status) -> String {
+    let parts: Vec<String> = [
+        (s.nodes_cordoned, "cordoned"),
+        (s.nodes_draining, "draining"),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    match parts.is_empty() {
+        true => String::new(),
+        false => format!(" ({}: `llmgw ctl nodes`)", parts.join(", ")),
     }
 }
 

@@ -808,6 +808,10 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         replicas_unreachable: ready().filter(|r| !answers(r)).count(),
         replicas_wanted: wanted as usize,
         replicas_waiting: Some(waiting as usize),
+        nodes_cordoned: (c.nodes.nodes.values())
+            .filter(|n| n.cordoned && !n.draining)
+            .count(),
+        nodes_draining: c.nodes.nodes.values().filter(|n| n.draining).count(),
         log_head: head,
         views_at: views.checkpoint.position,
     }))

@@ -1217,6 +1217,12 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
     let idle = if busy == "gpu-a" { "gpu-b" } else { "gpu-a" };
     let (ok, out, _) = ctl(admin, &["cordon", idle]);
     assert!(ok && out.contains("cordoned"), "{out}");
+    // The status says a node takes no new work, beside the ready count.
+    let (_, status, _) = ctl(admin, &["status"]);
+    assert!(
+        status.contains("on 2/2 nodes ready (1 cordoned: `llmgw ctl nodes`)"),
+        "{status}"
+    );
     let (_, explained, _) = ctl(admin, &["explain-placement", "chat"]);
     assert!(
         explained.contains(idle) && explained.contains("cordoned"),
