@@ -89,11 +89,12 @@ fn write_new(path: &Path, text: &str, secret: bool) -> anyhow::Result<()> {
 }
 
 fn load_ca(dir: &Path) -> anyhow::Result<Issuer<'static, KeyPair>> {
+    // The fleet most likely has an authority elsewhere: a second one would
+    // sign certificates nothing in the fleet trusts, so it is named last.
     let cert = std::fs::read_to_string(dir.join("ca.pem")).with_context(|| {
         format!(
-            "no authority in {}: run `llmgw ctl cert init-ca --dir {}` first",
-            dir.display(),
-            dir.display()
+            "no authority in {d} (ca.pem and ca-key.pem): give --dir where your fleet's CA is (`llmgw server init` puts it in /etc/llmgw), or, for a new fleet only, `llmgw ctl cert init-ca --dir {d}`",
+            d = dir.display(),
         )
     })?;
     let key = std::fs::read_to_string(dir.join("ca-key.pem"))

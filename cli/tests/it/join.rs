@@ -382,6 +382,39 @@ async fn a_server_that_cannot_sign_says_so_at_start_or_when_asked() {
     );
 }
 
+/// Issuing from a directory without the authority points at the fleet's
+/// CA first: a new one (`init-ca`) would sign what the fleet does not trust.
+#[test]
+fn issuing_without_an_authority_asks_for_the_fleets_not_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_str().unwrap();
+    for args in [
+        &["ctl", "cert", "issue-client", "gpu-a-01", "--dir", p][..],
+        &[
+            "ctl",
+            "cert",
+            "issue-server",
+            "mirror",
+            "--host",
+            "models.internal",
+            "--dir",
+            p,
+        ][..],
+    ] {
+        let out = llmgw(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            err.contains(&format!("no authority in {p} (ca.pem and ca-key.pem)"))
+                && err.contains("give --dir where your fleet's CA is")
+                && err.contains("/etc/llmgw")
+                && err.contains("for a new fleet only"),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
 fn pki_other(dir: &Path) -> String {
     let p = dir.to_str().unwrap().to_owned();
     ok(&["ctl", "cert", "init-ca", "--dir", &p]);
