@@ -148,11 +148,10 @@ impl ChainCheck {
                     match self.start {
                         Some(h) if h == *want => self.anchored_start = true,
                         Some(h) => {
+                            let (h, want) = shorts(&h, want);
                             return Err(format!(
-                                "the file says {} precedes position {}, not the anchor's {}: it comes from another log, or was altered",
-                                short(&h),
+                                "the file says {h} precedes position {}, not the anchor's {want}: it comes from another log, or was altered",
                                 e.position,
-                                short(want)
                             ));
                         }
                         None => {
@@ -203,10 +202,9 @@ impl ChainCheck {
         if let Some(want) = self.anchors.get(&e.position)
             && *want != e.hash
         {
+            let (its, want) = shorts(&e.hash, want);
             return Err(format!(
-                "its hash is {}, not the anchor's {}: the file was altered at or before position {} (and its later hashes recomputed), or it comes from another log",
-                short(&e.hash),
-                short(want),
+                "its hash is {its}, not the anchor's {want}: the file was altered at or before position {} (and its later hashes recomputed), or it comes from another log",
                 e.position
             ));
         }
@@ -313,6 +311,17 @@ pub(crate) fn short(h: &[u8; 32]) -> String {
     hash::to_hex(&h[..6])
 }
 
+/// Two hashes a message says differ, as `short` unless their short forms
+/// are equal (a change past the 12th digit): then in full, so the reader
+/// sees the difference.
+pub(crate) fn shorts(a: &[u8; 32], b: &[u8; 32]) -> (String, String) {
+    if a[..6] == b[..6] {
+        (hash::to_hex(a), hash::to_hex(b))
+    } else {
+        (short(a), short(b))
+    }
+}
+
 /// The store's control row as the import found it, under its lock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StoreHead {
@@ -397,12 +406,11 @@ impl Run {
             // Already in the store: the chain proves the file and the store
             // agree up to a position where their hashes are equal.
             if p == head && event.hash != self.store.hash {
+                let (here, there) = shorts(&self.store.hash, &event.hash);
                 return Err(refused(
                     p,
                     format!(
-                        "the file's event differs from this store's (hash {} here, {} in the file): they are different logs, or one was altered",
-                        short(&self.store.hash),
-                        short(&event.hash)
+                        "the file's event differs from this store's (hash {here} here, {there} in the file): they are different logs, or one was altered"
                     ),
                 ));
             }
@@ -460,14 +468,17 @@ impl Run {
         if p == head + 1 {
             let named = self.prev_hash.filter(|h| *h != head_hash);
             if named.is_some() || hash::chain(&head_hash, e) != e.hash {
-                let said = named.map_or(String::new(), |h| {
-                    format!(" (the file names {} before it)", short(&h))
-                });
+                let (ours, said) = match named {
+                    Some(h) => {
+                        let (ours, theirs) = shorts(&head_hash, &h);
+                        (ours, format!(" (the file names {theirs} before it)"))
+                    }
+                    None => (short(&head_hash), String::new()),
+                };
                 return Err(refused(
                     p,
                     format!(
-                        "does not follow this store's head at {head} (hash {}){said}: the file continues another log (a foreign start)",
-                        short(&head_hash)
+                        "does not follow this store's head at {head} (hash {ours}){said}: the file continues another log (a foreign start)"
                     ),
                 ));
             }
@@ -566,14 +577,15 @@ impl Run {
         let stored = stored.or((p == self.store.base).then_some(self.store.base_hash));
         match stored {
             Some(h) if h == want => Ok(()),
-            Some(h) => Err(refused(
-                p,
-                format!(
-                    "the file's event differs from this store's (hash {} here, {} in the file): they are different logs, or one was altered",
-                    short(&h),
-                    short(&want)
-                ),
-            )),
+            Some(h) => {
+                let (here, there) = shorts(&h, &want);
+                Err(refused(
+                    p,
+                    format!(
+                        "the file's event differs from this store's (hash {here} here, {there} in the file): they are different logs, or one was altered"
+                    ),
+                ))
+            }
             None => Err(refused(
                 p,
                 format!(
@@ -701,6 +713,28 @@ mod tests {
             c.finish()
                 .unwrap_err()
                 .contains("ends at position 4, before the anchor at 6")
+        );
+    }
+
+    /// Hashes said to differ are shown differing: in full when their first
+    /// 12 digits agree.
+    #[test]
+    fn hashes_that_differ_past_their_short_form_are_shown_whole() {
+        let events = log(3);
+        let mut anchor = events[2].hash;
+        anchor[31] ^= 1;
+        let mut c = ChainCheck::new(None, &[(3, anchor)]);
+        let err = events.iter().try_for_each(|e| c.push(e)).unwrap_err();
+        let (its, want) = (hash::to_hex(&events[2].hash), hash::to_hex(&anchor));
+        assert!(
+            err.starts_with(&format!("its hash is {its}, not the anchor's {want}:")),
+            "{err}"
+        );
+        let mut other = events[2].hash;
+        other[0] ^= 1;
+        assert_eq!(
+            shorts(&events[2].hash, &other),
+            (short(&events[2].hash), short(&other))
         );
     }
 
