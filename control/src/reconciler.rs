@@ -168,7 +168,7 @@ impl ControlPlane {
         let plan = self
             .decider
             .read_with_clocks(|state, clocks| {
-                let mut rt = self.runtime(clocks, now);
+                let mut rt = self.runtime(state, clocks, now);
                 self.grow(state, &mut rt);
                 reconcile::plan(state, &rt, &self.settings(), |_| replica_id())
             })
@@ -286,9 +286,15 @@ impl ControlPlane {
     /// This pass's facts: the clocks read from the log (drains begun,
     /// backoffs after failures) and, from memory, on-demand requests and
     /// the processes agents hold.
-    fn runtime(&self, clocks: &Clocks, now: llmgw_domain::UnixMillis) -> reconcile::Runtime {
+    fn runtime(
+        &self,
+        state: &llmgw_domain::State,
+        clocks: &Clocks,
+        now: llmgw_domain::UnixMillis,
+    ) -> reconcile::Runtime {
         let mut m = self.memory();
         m.rt.now = now;
+        reconcile::asked_at_change(state, &clocks.changed_at, &mut m.rt.demand);
         m.rt.drain_since = clocks.drain_since.clone();
         m.rt.placed_at = clocks.placed_at.clone();
         m.rt.not_before = clocks.backoffs(

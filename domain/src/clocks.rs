@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::catalog::CatalogEvent;
 use crate::event::Event;
 use crate::ids::{NodeId, ReplicaId};
 use crate::nodes::NodeEvent;
@@ -38,6 +39,8 @@ pub struct Clocks {
     /// Live replica → when it was placed (adopted ones are not here: their
     /// age is unknown, and unknown is never old enough to evict).
     pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
+    /// Model → when the catalog last added or changed it.
+    pub changed_at: BTreeMap<String, UnixMillis>,
 }
 
 impl Clocks {
@@ -47,6 +50,9 @@ impl Clocks {
         matches!(
             event_type,
             "ReplicaPlaced"
+                | "ModelAdded"
+                | "ModelUpdated"
+                | "ModelRemoved"
                 | "ReplicaDraining"
                 | "ReplicaStopped"
                 | "ReplicaFailed"
@@ -78,6 +84,14 @@ impl Clocks {
             }
             Event::Replica(ReplicaEvent::ReplicaPlaced(p)) => {
                 self.placed_at.insert(p.replica_id.clone(), at);
+            }
+            Event::Catalog(
+                CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model },
+            ) => {
+                self.changed_at.insert(model.name.clone(), at);
+            }
+            Event::Catalog(CatalogEvent::ModelRemoved { name }) => {
+                self.changed_at.remove(name);
             }
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
                 self.drain_since.replicas.remove(replica_id.as_str());

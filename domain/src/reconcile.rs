@@ -200,6 +200,30 @@ fn floor(model: &Model, rt: &Runtime, settings: &Settings) -> u32 {
         .min(model.scaling.max)
 }
 
+/// A model changed to start on demand (its `min` lowered to 0) while its
+/// replicas ran counts as asked for at the change: kept for its idle time
+/// from then, as the change's reason says, not drained at once as "not
+/// asked for within its idle time" (it was never asked for: requests to a
+/// model with a floor are not asks). Stamps `demand` for each such model
+/// the change is newer than its last ask.
+pub fn asked_at_change(
+    state: &State,
+    changed_at: &BTreeMap<String, UnixMillis>,
+    demand: &mut BTreeMap<String, UnixMillis>,
+) {
+    for (name, at) in changed_at {
+        let Some(model) = state.catalog.models.get(name) else {
+            continue;
+        };
+        let runs = || {
+            (state.replicas.replicas.values()).any(|r| r.is_live() && r.placement.model == *name)
+        };
+        if model.on_demand() && demand.get(name).is_none_or(|asked| asked < at) && runs() {
+            demand.insert(name.clone(), *at);
+        }
+    }
+}
+
 fn idle_ms(model: &Model, settings: &Settings) -> Millis {
     model
         .scaling

@@ -4,7 +4,8 @@ use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
 use llmgw_domain::ids::{ReplicaId, ShardId};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, NodeEvent};
 use llmgw_domain::reconcile::{
-    Action, Backoff, Runtime, Settings, ShardOnNode, adopted, backoff, desired, grown, plan,
+    Action, Backoff, Runtime, Settings, ShardOnNode, adopted, asked_at_change, backoff, desired,
+    grown, plan,
 };
 use llmgw_domain::replicas::{ReplicaEvent, ShardState};
 use llmgw_domain::{Event, State, UnixMillis};
@@ -1013,4 +1014,51 @@ fn a_stop_and_a_drain_name_every_shard_with_its_node() {
             shards: expected,
         }]
     );
+}
+
+/// A model whose floor is lowered to 0 while it runs is kept for its idle
+/// time from the change, then idles out; it was drained at once, "not
+/// asked for within its idle time", though never asked for (requests to a
+/// model with a floor are not asks). One that does not run is not
+/// started by a change, nor is a newer ask moved back.
+#[test]
+fn a_running_model_made_on_demand_is_kept_for_its_idle_time_from_the_change() {
+    let mut s = cluster(1, 1, &["a"]);
+    let mut rt = Runtime::default();
+    let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
+    if let Action::Place { placement: pl, .. } = &p.actions[0] {
+        s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
+    }
+    ready_all(&mut s);
+    let on_demand = sim_model(0, 1);
+    s.evolve(&Event::Catalog(CatalogEvent::ModelUpdated {
+        model: on_demand.clone(),
+    }));
+    let changed = UnixMillis(100_000);
+    let changed_at = [("chat".to_owned(), changed)].into();
+    rt.now = changed + 1_000;
+    asked_at_change(&s, &changed_at, &mut rt.demand);
+    assert_eq!(rt.demand.get("chat"), Some(&changed));
+    assert!(
+        plan(&s, &rt, &Settings::default(), |_| "r2".into())
+            .actions
+            .is_empty(),
+        "kept within its idle time of the change"
+    );
+    rt.now = changed + 61_000; // past the 60 s idle timeout
+    let p = plan(&s, &rt, &Settings::default(), |_| "r2".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Drain { why, .. }] if why == "not asked for within its idle time"),
+        "{:?}",
+        p.actions
+    );
+    // A newer ask stands.
+    rt.demand.insert("chat".into(), changed + 5_000);
+    asked_at_change(&s, &changed_at, &mut rt.demand);
+    assert_eq!(rt.demand.get("chat"), Some(&(changed + 5_000)));
+    // Nothing runs: a change is no ask.
+    let idle = cluster(0, 1, &["a"]);
+    let mut demand = std::collections::BTreeMap::new();
+    asked_at_change(&idle, &changed_at, &mut demand);
+    assert!(demand.is_empty(), "{demand:?}");
 }
