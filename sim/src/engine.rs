@@ -1,5 +1,6 @@
 //! The HTTP surface and the timing model.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use crate::SimConfig;
 use crate::cache::PrefixCache;
 use crate::kv_events::{KvEvent, KvPublisher, KvPublisherTask, KvSink};
-use crate::text::{Generator, Invalid, Prompt};
+use crate::text::{Decoder, Generator, Invalid, Prompt};
 
 /// Counters and gauges the metrics page reads.
 #[derive(Debug, Default)]
@@ -202,6 +203,8 @@ struct Ask {
     include_usage: bool,
     /// New tokens at most, when the request says.
     max_tokens: Option<u32>,
+    /// Where the answer ends, before the first of them (none empty).
+    stops: Vec<String>,
     /// The first tool a chat request offers (unless `tool_choice` is
     /// `none`): the one a tool-calling answer calls.
     tool: Option<String>,
@@ -228,6 +231,19 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         .or_else(|| v.get("max_tokens"))
         .and_then(Value::as_u64)
         .map(|n| n.min(1_000_000) as u32);
+    let not_stop = || invalid("stop", "`stop` must be a string or a list of strings");
+    let mut stops: Vec<String> = match &v["stop"] {
+        Value::Null => Vec::new(),
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(not_stop)?,
+        _ => return Err(not_stop()),
+    };
+    // An empty one would end every answer before it began.
+    stops.retain(|s| !s.is_empty());
     let tool = match kind {
         Kind::Chat if v["tool_choice"] != "none" => v["tools"]
             .as_array()
@@ -240,6 +256,7 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         model,
         prompt,
         tool,
+        stops,
         stream: v["stream"].as_bool().unwrap_or(false),
         include_usage: v["stream_options"]["include_usage"]
             .as_bool()
@@ -419,113 +436,225 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (object, chunk_object) = match kind {
-        Kind::Chat => ("chat.completion", "chat.completion.chunk"),
-        Kind::Text => ("text_completion", "text_completion"),
+    let object = match kind {
+        Kind::Chat => "chat.completion",
+        Kind::Text => "text_completion",
     };
     if let Some(name) = ask.tool.clone()
         && state.config.tools != ToolCalls::Ignore
     {
         return tool_answer(state.config.tools, &name, &ask, run, &id, created).await;
     }
-    let (max, finish) = ask.length(state.config.default_max_tokens);
-    let mut words = Generator::new(&ask.prompt.context);
-    let echo = ask.prompt.echo.clone();
+    let (max, natural) = ask.length(state.config.default_max_tokens);
+    let choices = vec![Choice {
+        index: 0,
+        echo: ask.prompt.echo.clone(),
+        decoder: Decoder::new(
+            Generator::new(&ask.prompt.context),
+            ask.stops.clone(),
+            max,
+            natural,
+        ),
+    }];
+    let framer = Framer {
+        id,
+        created,
+        model: ask.model.clone(),
+        kind,
+    };
     if !ask.stream {
-        tokio::time::sleep(run.prefill + per_token * max).await;
-        let text: String = echo
-            .into_iter()
-            .chain((0..max).map(|_| words.next_token().to_owned()))
-            .collect();
-        state
-            .counters
-            .generation_tokens
-            .fetch_add(u64::from(max), Ordering::Relaxed);
-        let choice = match kind {
-            Kind::Chat => {
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
-            }
-            Kind::Text => json!({"index": 0, "text": text, "finish_reason": finish}),
-        };
-        let body = json!({
-            "id": id, "object": object, "created": created, "model": ask.model,
-            "choices": [choice], "usage": usage(&run, max),
-        });
-        return axum::Json(body).into_response();
+        return whole_answer(&state, run, choices, &framer, per_token, object).await;
     }
-
-    // Streaming: one SSE event per token, produced as it is generated.
-    let delta = move |text: Option<&str>, finish: Option<&str>| match kind {
-        Kind::Chat => {
-            let d = match text {
-                Some(t) => json!({"content": t}),
-                None => json!({"role": "assistant", "content": ""}),
-            };
-            json!({"index": 0, "delta": d, "finish_reason": finish})
-        }
-        Kind::Text => {
-            json!({"index": 0, "text": text.unwrap_or_default(), "finish_reason": finish})
-        }
+    let stream = Streaming {
+        run,
+        choices,
+        framer,
+        per_token,
+        include_usage: ask.include_usage,
+        pending: VecDeque::new(),
+        started: false,
+        ended: false,
     };
-    let frame = move |choices: Value, usage: Option<Value>| {
-        let mut chunk = json!({"id": id, "object": chunk_object, "created": created, "model": ask.model, "choices": choices});
-        if let Some(u) = usage {
-            chunk["usage"] = u;
-        }
-        Bytes::from(format!("data: {chunk}\n\n"))
-    };
-    let include_usage = ask.include_usage;
-    // Steps: 0 = role (after prefill), 1..=max tokens, then finish, usage, done.
-    // The echo, if any, comes with the first token.
-    let state = (run, 0u32, (words, echo));
-    let stream = futures_util::stream::unfold(state, move |(run, step, (mut words, mut echo))| {
-        let (delta, frame) = (delta, frame.clone());
-        async move {
-            let out = if step == 0 {
-                tokio::time::sleep(run.prefill).await;
-                match kind {
-                    Kind::Chat => frame(json!([delta(None, None)]), None),
-                    Kind::Text => {
-                        return Some((
-                            Ok::<_, std::convert::Infallible>(Bytes::new()),
-                            (run, 1, (words, echo)),
-                        ));
-                    }
-                }
-            } else if step <= max {
-                tokio::time::sleep(per_token).await;
-                run.state
-                    .counters
-                    .generation_tokens
-                    .fetch_add(1, Ordering::Relaxed);
-                let token = words.next_token();
-                let text = match echo.take() {
-                    Some(e) => format!("{e}{token}"),
-                    None => token.to_owned(),
-                };
-                frame(json!([delta(Some(&text), None)]), None)
-            } else if step == max + 1 {
-                frame(json!([delta(Some(""), Some(finish))]), None)
-            } else if step == max + 2 && include_usage {
-                frame(json!([]), Some(usage(&run, max)))
-            } else if step <= max + 3 {
-                Bytes::from_static(b"data: [DONE]\n\n")
-            } else {
-                return None;
-            };
-            let next = if step == max + 1 && !include_usage {
-                max + 3
-            } else {
-                step + 1
-            };
-            Some((Ok(out), (run, next, (words, echo))))
-        }
+    let stream = futures_util::stream::unfold(stream, |mut s| async move {
+        let out = s.next().await?;
+        Some((Ok::<_, std::convert::Infallible>(out), s))
     });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// One of an answer's choices, as it is generated.
+struct Choice {
+    index: u32,
+    /// Text the choice starts with before its new tokens.
+    echo: Option<String>,
+    decoder: Decoder,
+}
+
+/// The answer's frame: its id, model and kind.
+struct Framer {
+    id: String,
+    created: u64,
+    model: String,
+    kind: Kind,
+}
+
+impl Framer {
+    fn chunk_object(&self) -> &'static str {
+        match self.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Text => "text_completion",
+        }
+    }
+
+    /// One SSE event of the stream.
+    fn event(&self, choices: Value, usage: Option<Value>) -> Bytes {
+        let mut chunk = json!({"id": self.id, "object": self.chunk_object(), "created": self.created,
+                               "model": self.model, "choices": choices});
+        if let Some(u) = usage {
+            chunk["usage"] = u;
+        }
+        Bytes::from(format!("data: {chunk}\n\n"))
+    }
+
+    /// A choice's delta: the role first (chat; `text` None), then text,
+    /// then the finish reason.
+    fn delta(&self, index: u32, text: Option<&str>, finish: Option<&str>) -> Bytes {
+        let choice = match self.kind {
+            Kind::Chat => {
+                let d = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({"role": "assistant", "content": ""}),
+                };
+                json!({"index": index, "delta": d, "finish_reason": finish})
+            }
+            Kind::Text => {
+                json!({"index": index, "text": text.unwrap_or_default(), "finish_reason": finish})
+            }
+        };
+        self.event(json!([choice]), None)
+    }
+}
+
+/// The answer whole, after the time its longest choice takes.
+async fn whole_answer(
+    state: &SimState,
+    run: Running,
+    choices: Vec<Choice>,
+    framer: &Framer,
+    per_token: Duration,
+    object: &str,
+) -> Response {
+    let mut out = Vec::with_capacity(choices.len());
+    let (mut longest, mut total) = (0, 0);
+    for mut c in choices {
+        let (text, finish) = c.decoder.finish_all();
+        let text = format!("{}{text}", c.echo.unwrap_or_default());
+        longest = longest.max(c.decoder.generated);
+        total += c.decoder.generated;
+        out.push(match framer.kind {
+            Kind::Chat => {
+                json!({"index": c.index, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
+            }
+            Kind::Text => json!({"index": c.index, "text": text, "finish_reason": finish}),
+        });
+    }
+    tokio::time::sleep(run.prefill + per_token * longest).await;
+    state
+        .counters
+        .generation_tokens
+        .fetch_add(u64::from(total), Ordering::Relaxed);
+    let body = json!({
+        "id": framer.id, "object": object, "created": framer.created, "model": framer.model,
+        "choices": out, "usage": usage(&run, total),
+    });
+    axum::Json(body).into_response()
+}
+
+/// A streamed answer: one SSE event per choice's token, produced as it is
+/// generated (the role first for a chat, each choice's finish once it
+/// ends, then the usage when asked for, then `[DONE]`).
+struct Streaming {
+    run: Running,
+    choices: Vec<Choice>,
+    framer: Framer,
+    per_token: Duration,
+    include_usage: bool,
+    /// Events made and not yet sent.
+    pending: VecDeque<Bytes>,
+    started: bool,
+    ended: bool,
+}
+
+impl Streaming {
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(event);
+            }
+            if self.ended {
+                return None;
+            }
+            if !self.started {
+                tokio::time::sleep(self.run.prefill).await;
+                self.started = true;
+                for c in &mut self.choices {
+                    if let Kind::Chat = self.framer.kind {
+                        self.pending
+                            .push_back(self.framer.delta(c.index, None, None));
+                    }
+                    // Asked for no tokens: the echo alone, then the end.
+                    if let Some(finish) = c.decoder.finish() {
+                        if let Some(echo) = c.echo.take().filter(|e| !e.is_empty()) {
+                            self.pending
+                                .push_back(self.framer.delta(c.index, Some(&echo), None));
+                        }
+                        self.pending
+                            .push_back(self.framer.delta(c.index, Some(""), Some(finish)));
+                    }
+                }
+                continue;
+            }
+            if self.choices.iter().all(|c| c.decoder.finish().is_some()) {
+                if self.include_usage {
+                    let total = self.choices.iter().map(|c| c.decoder.generated).sum();
+                    self.pending
+                        .push_back(self.framer.event(json!([]), Some(usage(&self.run, total))));
+                }
+                self.pending
+                    .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                self.ended = true;
+                continue;
+            }
+            tokio::time::sleep(self.per_token).await;
+            for c in &mut self.choices {
+                if c.decoder.finish().is_some() {
+                    continue;
+                }
+                let step = c.decoder.step();
+                self.run
+                    .state
+                    .counters
+                    .generation_tokens
+                    .fetch_add(1, Ordering::Relaxed);
+                let text = match c.echo.take() {
+                    Some(e) => format!("{e}{}", step.text),
+                    None => step.text,
+                };
+                if !text.is_empty() {
+                    self.pending
+                        .push_back(self.framer.delta(c.index, Some(&text), None));
+                }
+                if let Some(finish) = step.finish {
+                    self.pending
+                        .push_back(self.framer.delta(c.index, Some(""), Some(finish)));
+                }
+            }
+        }
+    }
 }
 
 /// vLLM's `/reset_prefix_cache`: the cache emptied, announced as

@@ -46,6 +46,118 @@ impl Generator {
     }
 }
 
+/// One answer as its client receives it: tokens generated up to `max`, or
+/// up to the first of the stop sequences, which ends the text and is not
+/// part of it (OpenAI's `stop`; finish reason `stop`). Text that may be
+/// the start of a stop sequence is held back until it is known not to be,
+/// as vLLM does, so a stream never sends what the stop then takes back.
+#[derive(Debug, Clone)]
+pub(crate) struct Decoder {
+    words: Generator,
+    stops: Vec<String>,
+    max: u32,
+    /// Tokens generated so far: what the answer's usage counts.
+    pub(crate) generated: u32,
+    text: String,
+    /// Bytes of `text` handed out.
+    released: usize,
+    /// Why the answer ends where it does, when not at a stop sequence.
+    natural: &'static str,
+    finish: Option<&'static str>,
+}
+
+/// What one more token gives the client.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// The text released (empty while it may be a stop sequence's start).
+    pub(crate) text: String,
+    /// The finish reason, when the answer ended with this token.
+    pub(crate) finish: Option<&'static str>,
+}
+
+impl Decoder {
+    /// `stops` must hold no empty string.
+    pub(crate) fn new(
+        words: Generator,
+        stops: Vec<String>,
+        max: u32,
+        natural: &'static str,
+    ) -> Self {
+        Decoder {
+            words,
+            stops,
+            max,
+            generated: 0,
+            text: String::new(),
+            released: 0,
+            natural,
+            finish: (max == 0).then_some(natural),
+        }
+    }
+
+    /// The finish reason once the answer has ended.
+    pub(crate) fn finish(&self) -> Option<&'static str> {
+        self.finish
+    }
+
+    /// One more token (the answer must not have ended).
+    pub(crate) fn step(&mut self) -> Step {
+        let word = self.words.next_token();
+        self.generated += 1;
+        self.text.push_str(word);
+        // Held-back text is the start of any stop sequence to come, so
+        // none can begin before what was released.
+        let cut = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text[self.released..].find(s.as_str()))
+            .min()
+            .map(|at| self.released + at);
+        let end = match cut {
+            Some(at) => {
+                self.text.truncate(at);
+                self.finish = Some("stop");
+                at
+            }
+            None if self.generated >= self.max => {
+                self.finish = Some(self.natural);
+                self.text.len()
+            }
+            None => self.text.len() - self.held(),
+        };
+        let text = self.text[self.released..end].to_owned();
+        self.released = end;
+        Step {
+            text,
+            finish: self.finish,
+        }
+    }
+
+    /// The longest unreleased tail that a stop sequence starts with. The
+    /// generated text is ASCII, so every byte is a boundary.
+    fn held(&self) -> usize {
+        let pending = &self.text[self.released..];
+        (1..=pending.len())
+            .rev()
+            .find(|&k| {
+                let tail = &pending[pending.len() - k..];
+                self.stops.iter().any(|s| s.starts_with(tail))
+            })
+            .unwrap_or(0)
+    }
+
+    /// The whole answer: its text and its finish reason.
+    pub(crate) fn finish_all(&mut self) -> (String, &'static str) {
+        let mut text = String::new();
+        loop {
+            if let Some(finish) = self.finish {
+                return (text, finish);
+            }
+            text.push_str(&self.step().text);
+        }
+    }
+}
+
 /// Tokens in a text: roughly four bytes a token, as for English.
 pub(crate) fn tokens_of(bytes: usize) -> u64 {
     bytes.div_ceil(4).max(1) as u64
@@ -280,6 +392,35 @@ mod tests {
             answer(Generator::new(&other.context), 12),
             answer(Generator::new(&p.context), 12)
         );
+    }
+
+    #[test]
+    fn a_stop_sequence_ends_the_text_before_it_and_nothing_after_it_is_sent() {
+        let g = Generator::new("once upon");
+        let whole = answer(g.clone(), 12);
+        let plain = Decoder::new(g.clone(), Vec::new(), 12, "length").finish_all();
+        assert_eq!(plain, (whole.clone(), "length"), "no stop, the same text");
+        // A stop across two tokens: the text before it, then the end.
+        let at = 9;
+        let stop = whole[at..at + 3].to_owned();
+        let first = whole.find(&stop).unwrap();
+        let mut d = Decoder::new(g.clone(), vec!["zzz".into(), stop.clone()], 12, "length");
+        let mut sent = String::new();
+        let mut steps = 0;
+        while d.finish().is_none() {
+            let step = d.step();
+            // Nothing released is ever taken back.
+            assert!(!format!("{sent}{}", step.text).contains(&stop));
+            sent.push_str(&step.text);
+            steps += 1;
+        }
+        assert_eq!((sent.as_str(), d.finish()), (&whole[..first], Some("stop")));
+        assert_eq!(d.generated, steps);
+        assert_eq!(u64::from(d.generated), (first as u64 + 3).div_ceil(4));
+        // A held-back start that turns out not to be a stop is sent.
+        let tail = format!("{}X", &whole[44..]);
+        let (text, finish) = Decoder::new(g, vec![tail], 12, "length").finish_all();
+        assert_eq!((text, finish), (whole, "length"));
     }
 
     #[test]

@@ -223,6 +223,112 @@ async fn answer(app: &axum::Router, body: Value) -> (String, Value) {
     (text, usage)
 }
 
+/// Each choice's text and finish reason, by index, and the usage: from a
+/// whole answer or from a stream's chunks, chat or completions.
+async fn choices_of(app: &axum::Router, path: &str, body: Value) -> (Vec<(String, String)>, Value) {
+    fn put(out: &mut Vec<(String, String)>, c: &Value, text: &str) {
+        let i = usize::try_from(c["index"].as_u64().unwrap()).unwrap();
+        if out.len() <= i {
+            out.resize(i + 1, Default::default());
+        }
+        out[i].0.push_str(text);
+        if let Some(f) = c["finish_reason"].as_str() {
+            assert!(out[i].1.is_empty(), "one finish a choice: {c}");
+            out[i].1 = f.to_owned();
+        }
+    }
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let resp = app.clone().oneshot(post(path, body)).await.unwrap();
+    let mut out = Vec::new();
+    if !stream {
+        let (status, v) = json_of(resp).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        for c in v["choices"].as_array().unwrap() {
+            let text = c["message"]["content"].as_str().or(c["text"].as_str());
+            put(&mut out, c, text.unwrap());
+        }
+        return (out, v["usage"].clone());
+    }
+    let mut usage = Value::Null;
+    for (_, e) in events(resp, Instant::now()).await {
+        if e == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&e).unwrap();
+        if let Some(u) = v.get("usage") {
+            usage = u.clone();
+        }
+        for c in v["choices"].as_array().unwrap() {
+            let text = c["delta"]["content"].as_str().or(c["text"].as_str());
+            put(&mut out, c, text.unwrap_or_default());
+        }
+    }
+    (out, usage)
+}
+
+/// The same ask on chat or on completions.
+fn ask(path: &str, extra: Value) -> Value {
+    let mut body = if path.ends_with("chat/completions") {
+        json!({"model": "m", "max_tokens": 12, "stream_options": {"include_usage": true},
+               "messages": [{"role": "user", "content": "tell me"}]})
+    } else {
+        json!({"model": "m", "max_tokens": 12, "stream_options": {"include_usage": true},
+               "prompt": "tell me"})
+    };
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// `stop` ends the answer before the first stop sequence, as OpenAI's
+/// does (finish reason `stop`, the sequence not in the text), streamed or
+/// not: the sim ignored it, and "sun" came after `stop: ["sun"]`.
+#[tokio::test(start_paused = true)]
+async fn a_stop_sequence_ends_the_answer_before_it() {
+    let (app, _) = engine(config());
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let (whole, _) = choices_of(&app, path, ask(path, json!({}))).await;
+        let whole = &whole[0];
+        assert_eq!((whole.0.len(), whole.1.as_str()), (48, "length"));
+        // The fourth token's word, without its space: met first there or before.
+        let stop = whole.0[12..15].to_owned();
+        let at = whole.0.find(&stop).unwrap();
+        // Tokens up to the one that completes it.
+        let generated = (at as u64 + 3).div_ceil(4);
+        for stream in [false, true] {
+            for stops in [json!(stop), json!(["zzz", stop])] {
+                let body = ask(path, json!({"stop": stops, "stream": stream}));
+                let start = Instant::now();
+                let (got, usage) = choices_of(&app, path, body).await;
+                assert_eq!(
+                    got,
+                    vec![(whole.0[..at].to_owned(), "stop".to_owned())],
+                    "{path} stream {stream}, stop {stop:?}"
+                );
+                assert_eq!(usage["completion_tokens"], generated, "{usage}");
+                // It ends there, sooner.
+                let ms = start.elapsed().as_millis();
+                assert!(about(ms, 100 + 100 * u128::from(generated)), "{ms}");
+            }
+        }
+        // A stop sequence never met changes nothing.
+        let (got, _) = choices_of(&app, path, ask(path, json!({"stop": ["zzz"]}))).await;
+        assert_eq!(&got[0], whole);
+        let (status, err) = json_of(
+            app.clone()
+                .oneshot(post(path, ask(path, json!({"stop": 3}))))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, &err["error"]["param"]),
+            (StatusCode::BAD_REQUEST, &json!("stop"))
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_answer_cut_and_continued_from_its_text_is_the_uninterrupted_one() {
     let (app, _) = engine(config());
