@@ -35,8 +35,9 @@ pub(crate) enum UsersCommand {
         json: bool,
     },
     /// Add a person (sign-up may be closed), approved to a project at
-    /// once; prints their id. The password is read from stdin unless
-    /// --password; tell it to them out of band.
+    /// once; prints their id alone (what was done goes to stderr). The
+    /// password is read from stdin unless --password; tell it to them out
+    /// of band.
     Add {
         /// Their email, which they sign in with.
         #[arg(long)]
@@ -145,8 +146,18 @@ pub(crate) async fn run(
                 password,
                 project,
             };
-            api.call(&origin, Method::POST, "/api/v1/users", Some(&body))
-                .await?
+            let added: Added = api
+                .call(&origin, Method::POST, "/api/v1/users", Some(&body))
+                .await?;
+            // The id alone on stdout, so `U=$(llmgw users add …)` holds it.
+            match added.user_id {
+                Some(id) => {
+                    writeln!(out, "{id}")?;
+                    eprintln!("{}", added.message);
+                }
+                None => writeln!(out, "{}", added.message)?,
+            }
+            return Ok(Outcome::Ok);
         }
         UsersCommand::ResetPassword { id, password } => {
             let password = match password {
@@ -169,6 +180,14 @@ pub(crate) async fn run(
     };
     writeln!(out, "{}", changed.message)?;
     Ok(Outcome::Ok)
+}
+
+/// What the server answers to an added person: the id, which a server
+/// older than this command does not send.
+#[derive(serde::Deserialize)]
+struct Added {
+    message: String,
+    user_id: Option<String>,
 }
 
 /// One line from stdin, without its line ending.

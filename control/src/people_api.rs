@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use llmgw_api::admin as api;
 use llmgw_domain::Command;
 use llmgw_domain::tenancy::{TenancyCommand as T, UserStatus};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::admin::{AdminError, Result};
 use crate::tenancy_api::{TenancyState, bad, change, origin};
@@ -77,6 +77,15 @@ async fn list(
     Ok(Json(rows))
 }
 
+/// What `POST /api/v1/users` answers: what changed, and the new person's
+/// id on its own, for `users add` to print alone.
+#[derive(Debug, Serialize)]
+struct Added {
+    #[serde(flatten)]
+    changed: api::Changed,
+    user_id: String,
+}
+
 /// A person added by an operator, approved to a project in the same
 /// decision. Their personal data is stored first, as a sign-up's is; a
 /// decision the log refuses (no such project, a server that leads
@@ -86,7 +95,7 @@ async fn add(
     State(s): State<TenancyState>,
     headers: HeaderMap,
     Json(u): Json<api::NewUser>,
-) -> Result<api::Changed> {
+) -> Result<Added> {
     let user_id = match s
         .people
         .sign_up(&u.email, &u.name, &u.password, chrono::Utc::now())
@@ -121,7 +130,7 @@ async fn add(
         }),
     ];
     match change(&s.door, &headers, commands, &done).await {
-        Ok(changed) => Ok(changed),
+        Ok(Json(changed)) => Ok(Json(Added { changed, user_id })),
         // A refusal (no such project, a server leading elsewhere): the log
         // holds nothing of them, so neither does the people table.
         Err(refused) if refused.0.is_client_error() => {

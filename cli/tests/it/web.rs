@@ -1302,7 +1302,14 @@ async fn an_operator_adds_a_person_while_sign_up_is_closed() {
         (&json!("active"), &json!("p")),
         "{eve}"
     );
-    assert!(said.contains(eve["user_id"].as_str().unwrap()), "{said}");
+    // The id alone on stdout (`U=$(llmgw users add …)`), what was done on
+    // stderr.
+    assert_eq!(said, format!("{}\n", eve["user_id"].as_str().unwrap()));
+    let told = String::from_utf8_lossy(&added.stderr);
+    assert!(
+        told.contains("eve@example.com is usr-") && told.contains("may use project p"),
+        "{told}"
+    );
     let twice = add("eve@example.com", GOOD, "p");
     assert!(String::from_utf8_lossy(&twice.stderr).contains("has an account already"));
     let mut v = Visit::new(&base);
