@@ -216,6 +216,10 @@ pub struct Status {
     /// model's missing one). None from a server that predates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas_waiting: Option<usize>,
+    /// Replicas wanted of models the reconciler holds back after their
+    /// failures, until their backoff ends (not waiting for a place).
+    #[serde(default)]
+    pub replicas_backing_off: usize,
     /// Nodes that take no new work: cordoned (and not draining), and
     /// draining (their work moving off).
     #[serde(default)]

@@ -849,6 +849,12 @@ fn replica_summary(s: &api::Status) -> String {
     if waiting > 0 {
         text.push_str(&format!(", {waiting} waiting for a place"));
     }
+    if s.replicas_backing_off > 0 {
+        text.push_str(&format!(
+            ", {} backing off after failures (`llmgw ctl models` says why)",
+            s.replicas_backing_off
+        ));
+    }
     text.push_str(&format!(" ({} wanted)", s.replicas_wanted));
     text
 }

@@ -226,7 +226,12 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
                             Some((r.placement.replica_id.as_str(), error))
                         })
                         .max_by(|a, b| a.0.cmp(b.0))
-                        .map(|(_, e)| e)
+                        .map(|(_, e)| match cp.next_try_s(&m.name) {
+                            Some(s) => {
+                                format!("{e}; tried again in {s} s (backing off after failures)")
+                            }
+                            None => e,
+                        })
                     })
                     .flatten(),
                 unplaced: unplaced(m, of().filter(|r| r.is_live()).count()),
@@ -776,7 +781,7 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
     // as wanted, as the leader does while it is asked for, rather than
     // answer that fewer are wanted than run.
     let standing_by = !cp.is_leader();
-    let (mut wanted, mut waiting) = (0u32, 0u32);
+    let (mut wanted, mut waiting, mut backing_off) = (0u32, 0u32, 0u32);
     for m in c.catalog.models.values() {
         let live = live_of.get(m.name.as_str()).copied().unwrap_or(0);
         let mut desired = llmgw_domain::reconcile::desired(m, &rt, &settings);
@@ -784,7 +789,11 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
             desired = desired.max(live.min(m.scaling.max));
         }
         wanted += desired;
-        waiting += desired.saturating_sub(live);
+        // Held back after failures, it has a place: it waits for its time.
+        match cp.next_try_s(&m.name) {
+            Some(_) => backing_off += desired.saturating_sub(live),
+            None => waiting += desired.saturating_sub(live),
+        }
     }
     let answers = |r: &llmgw_domain::replicas::Replica| answers(&c.nodes, r);
     let ready = || live().filter(|r| r.status == ReplicaStatus::Ready);
@@ -808,6 +817,7 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         replicas_unreachable: ready().filter(|r| !answers(r)).count(),
         replicas_wanted: wanted as usize,
         replicas_waiting: Some(waiting as usize),
+        replicas_backing_off: backing_off as usize,
         nodes_cordoned: (c.nodes.nodes.values())
             .filter(|n| n.cordoned && !n.draining)
             .count(),

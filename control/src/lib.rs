@@ -265,6 +265,13 @@ impl ControlPlane {
         llmgw_domain::UnixMillis::now()
     }
 
+    /// Seconds until `model` is tried again, while the reconciler holds
+    /// it back after failures.
+    pub(crate) fn next_try_s(&self, model: &str) -> Option<i64> {
+        let until = (*self.memory().backing_off.get(model)?)?;
+        Some(((until - self.now()).max(0) + 999) / 1000)
+    }
+
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
