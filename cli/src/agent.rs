@@ -278,7 +278,7 @@ pub(crate) fn session_config(a: RunArgs) -> anyhow::Result<llmgw_agent::session:
         _ if joined => None,
         _ => {
             tracing::warn!(
-                "the stream to the control plane is plaintext: for a trusted network only (see `llmgw ctl node token` and --join)"
+                "the stream to the control plane is plaintext: for a trusted network only (see `llmgw ctl node token` and LLMGW_AGENT_JOIN)"
             );
             None
         }
@@ -367,7 +367,9 @@ async fn identity(
                 _ = stopped => return Ok(None),
             }
         }
-        (None, None) => anyhow::bail!("no certificates to dial with: join with --join TOKEN"),
+        (None, None) => anyhow::bail!(
+            "no certificates to dial with: join with a token in LLMGW_AGENT_JOIN (`llmgw ctl node token`)"
+        ),
     };
     match join::node_of(&identity.cert) {
         Some(n) if &n == node => Ok(Some(identity)),

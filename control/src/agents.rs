@@ -316,7 +316,7 @@ impl llmgw_api::AgentService for AgentSvc {
             _ if tls => {
                 tracing::warn!(%peer, "refused a stream without a client certificate");
                 return Err(Status::unauthenticated(
-                    "this server requires a client certificate: join the node with a token (`llmgw ctl node token`, then `llmgw agent run --join TOKEN`) or give --tls-ca, --tls-cert and --tls-key",
+                    "this server requires a client certificate: join the node with a token (`llmgw ctl node token`, then `LLMGW_AGENT_JOIN=TOKEN llmgw agent run …` on the node) or give --tls-ca, --tls-cert and --tls-key",
                 ));
             }
             _ => None,

@@ -189,12 +189,12 @@ impl Joining {
     pub fn refusal(&self, node_id: &NodeId, fingerprint: &str) -> Option<String> {
         if let Some(n) = self.revoked.get(fingerprint) {
             return Some(format!(
-                "this certificate was revoked when node {n} was removed from the cluster: join again with a new token (`llmgw ctl node token --node {n}`, then `llmgw agent run --join TOKEN`)"
+                "this certificate was revoked when node {n} was removed from the cluster: join again with a new token (`llmgw ctl node token --node {n}`, then `LLMGW_AGENT_JOIN=TOKEN llmgw agent run …` on the node)"
             ));
         }
         self.removed.contains(node_id).then(|| {
             format!(
-                "node {node_id} was removed from the cluster: its certificates are refused until it joins again with a new token (`llmgw ctl node token --node {node_id}`, then `llmgw agent run --join TOKEN`)"
+                "node {node_id} was removed from the cluster: its certificates are refused until it joins again with a new token (`llmgw ctl node token --node {node_id}`, then `LLMGW_AGENT_JOIN=TOKEN llmgw agent run …` on the node)"
             )
         })
     }

@@ -265,6 +265,11 @@ pub(crate) async fn a_node_joins_with_one_token_and_once_removed_its_certificate
     assert!(out.contains("node a removed"), "{out}");
     let said = Child::expect(&a.stderr, "node a was removed from the cluster");
     assert!(said.contains("no session with the control plane"), "{said}");
+    // The way back keeps the token out of the arguments.
+    assert!(
+        said.contains("`LLMGW_AGENT_JOIN=TOKEN llmgw agent run …`") && !said.contains("--join"),
+        "{said}"
+    );
     let logged = Child::expect(&server.child.stderr, "refused a removed node's certificate");
     assert!(logged.contains("127.0.0.1"), "{logged}");
     let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;

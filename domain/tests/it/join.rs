@@ -141,11 +141,16 @@ fn a_removed_node_is_refused_until_it_joins_again_and_its_old_certificate_for_ev
         })]
     );
     assert_eq!(removed[0].stream_id(), "node-a");
+    // The way back passes the token in the environment, never as --join,
+    // which shows it to every local user.
+    let back = "`LLMGW_AGENT_JOIN=TOKEN llmgw agent run …`";
     let why = s.joining.refusal(&"a".into(), &hash(100)).expect("refused");
     assert!(why.contains("revoked when node a was removed"), "{why}");
+    assert!(why.contains(back) && !why.contains("--join"), "{why}");
     // Any certificate naming it (one issued by hand too).
     let why = s.joining.refusal(&"a".into(), &hash(7)).expect("refused");
     assert!(why.contains("node a was removed from the cluster"), "{why}");
+    assert!(why.contains(back) && !why.contains("--join"), "{why}");
     assert_eq!(s.joining.refusal(&"b".into(), &hash(7)), None);
     // Removing it again changes nothing; an unknown node is not found.
     assert!(
