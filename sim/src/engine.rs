@@ -203,6 +203,8 @@ struct Ask {
     include_usage: bool,
     /// New tokens at most, when the request says.
     max_tokens: Option<u32>,
+    /// Choices asked for (`n`).
+    n: u32,
     /// Where the answer ends, before the first of them (none empty).
     stops: Vec<String>,
     /// The first tool a chat request offers (unless `tool_choice` is
@@ -231,6 +233,14 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         .or_else(|| v.get("max_tokens"))
         .and_then(Value::as_u64)
         .map(|n| n.min(1_000_000) as u32);
+    let n = match &v["n"] {
+        Value::Null => 1,
+        n => n
+            .as_u64()
+            .filter(|n| (1..=128).contains(n))
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| invalid("n", "`n` must be a whole number from 1 to 128"))?,
+    };
     let not_stop = || invalid("stop", "`stop` must be a string or a list of strings");
     let mut stops: Vec<String> = match &v["stop"] {
         Value::Null => Vec::new(),
@@ -256,6 +266,7 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         model,
         prompt,
         tool,
+        n,
         stops,
         stream: v["stream"].as_bool().unwrap_or(false),
         include_usage: v["stream_options"]["include_usage"]
@@ -446,16 +457,18 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
         return tool_answer(state.config.tools, &name, &ask, run, &id, created).await;
     }
     let (max, natural) = ask.length(state.config.default_max_tokens);
-    let choices = vec![Choice {
-        index: 0,
-        echo: ask.prompt.echo.clone(),
-        decoder: Decoder::new(
-            Generator::new(&ask.prompt.context),
-            ask.stops.clone(),
-            max,
-            natural,
-        ),
-    }];
+    let choices = (0..ask.n)
+        .map(|i| Choice {
+            index: i,
+            echo: ask.prompt.echo.clone(),
+            decoder: Decoder::new(
+                Generator::for_choice(&ask.prompt.context, i),
+                ask.stops.clone(),
+                max,
+                natural,
+            ),
+        })
+        .collect();
     let framer = Framer {
         id,
         created,
@@ -776,21 +789,27 @@ async fn tool_answer(
     created: u64,
 ) -> Response {
     tokio::time::sleep(run.prefill).await;
-    let call = json!({"id": format!("call-{id}"), "type": "function",
-                      "function": {"name": name, "arguments": "{}"}});
+    // Each of the `n` choices makes the same call, under an id of its own.
+    let call = |i: u32| {
+        let call_id = match i {
+            0 => format!("call-{id}"),
+            i => format!("call-{id}-{i}"),
+        };
+        json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}})
+    };
     let text = format!(
         "<tool_call>\n{}\n</tool_call>",
         json!({"name": name, "arguments": {}})
     );
-    // About what the call's JSON takes in tokens.
-    let completion = 12;
+    // About what the call's JSON takes in tokens, each choice.
+    let completion = 12 * ask.n;
     run.state
         .counters
         .generation_tokens
         .fetch_add(u64::from(completion), Ordering::Relaxed);
-    let (message, finish) = match mode {
+    let answer = |i: u32| match mode {
         ToolCalls::Native => (
-            json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+            json!({"role": "assistant", "content": null, "tool_calls": [call(i)]}),
             "tool_calls",
         ),
         ToolCalls::Text | ToolCalls::Ignore => {
@@ -798,18 +817,18 @@ async fn tool_answer(
         }
     };
     if !ask.stream {
+        let choices: Vec<Value> = (0..ask.n)
+            .map(|i| {
+                let (message, finish) = answer(i);
+                json!({"index": i, "message": message, "finish_reason": finish})
+            })
+            .collect();
         return axum::Json(json!({
             "id": id, "object": "chat.completion", "created": created, "model": ask.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "choices": choices,
             "usage": usage(&run, completion),
         }))
         .into_response();
-    }
-    let mut delta = message;
-    if let Some(calls) = delta["tool_calls"].as_array_mut() {
-        for (i, c) in calls.iter_mut().enumerate() {
-            c["index"] = json!(i);
-        }
     }
     let frame = |choices: Value, usage: Option<Value>| {
         let mut chunk = json!({"id": id, "object": "chat.completion.chunk", "created": created,
@@ -819,14 +838,23 @@ async fn tool_answer(
         }
         format!("data: {chunk}\n\n")
     };
-    let mut body = frame(
-        json!([{"index": 0, "delta": delta, "finish_reason": null}]),
-        None,
-    );
-    body.push_str(&frame(
-        json!([{"index": 0, "delta": {}, "finish_reason": finish}]),
-        None,
-    ));
+    let mut body = String::new();
+    for i in 0..ask.n {
+        let (mut delta, finish) = answer(i);
+        if let Some(calls) = delta["tool_calls"].as_array_mut() {
+            for (i, c) in calls.iter_mut().enumerate() {
+                c["index"] = json!(i);
+            }
+        }
+        body.push_str(&frame(
+            json!([{"index": i, "delta": delta, "finish_reason": null}]),
+            None,
+        ));
+        body.push_str(&frame(
+            json!([{"index": i, "delta": {}, "finish_reason": finish}]),
+            None,
+        ));
+    }
     if ask.include_usage {
         body.push_str(&frame(json!([]), Some(usage(&run, completion))));
     }

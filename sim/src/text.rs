@@ -30,6 +30,18 @@ impl Generator {
         g
     }
 
+    /// The generator of an answer's choice `index` (of `n`): choice 0
+    /// is the answer itself, the one `n` = 1 gives; another starts from the
+    /// context and a mark of its number, so that the choices differ, as
+    /// sampled ones do, and each is the same on every ask.
+    pub(crate) fn for_choice(context: &str, index: u32) -> Self {
+        let mut g = Generator::new(context);
+        if index > 0 {
+            g.feed(format!("\0choice {index}").as_bytes());
+        }
+        g
+    }
+
     fn feed(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);

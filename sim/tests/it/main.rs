@@ -329,6 +329,77 @@ async fn a_stop_sequence_ends_the_answer_before_it() {
     }
 }
 
+/// `n` asks for that many choices, each with its own index, the first
+/// the answer `n` = 1 gives, the others different, as sampled ones are;
+/// the usage counts the prompt once and every choice's tokens. The sim
+/// gave one choice whatever `n` said.
+#[tokio::test(start_paused = true)]
+async fn n_gives_that_many_choices_and_usage_counts_them_all() {
+    let (app, _) = engine(config());
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let (one, one_usage) = choices_of(&app, path, ask(path, json!({}))).await;
+        let mut seen = Vec::new();
+        for stream in [false, true] {
+            let start = Instant::now();
+            let (three, usage) =
+                choices_of(&app, path, ask(path, json!({"n": 3, "stream": stream}))).await;
+            assert_eq!(three.len(), 3, "{three:?}");
+            assert_eq!(three[0], one[0], "{path}: the first choice is the answer");
+            assert!(three.iter().all(|(t, f)| t.len() == 48 && f == "length"));
+            assert!(
+                three[1].0 != three[0].0 && three[2].0 != three[1].0,
+                "{three:?}"
+            );
+            assert_eq!(usage["prompt_tokens"], one_usage["prompt_tokens"]);
+            assert_eq!(usage["completion_tokens"], 36, "{usage}");
+            assert_eq!(
+                usage["total_tokens"],
+                one_usage["prompt_tokens"].as_u64().unwrap() + 36
+            );
+            // Generated side by side, as one batch: as long as one choice.
+            let ms = start.elapsed().as_millis();
+            assert!(about(ms, 100 + 1200), "{ms}");
+            seen.push(three);
+        }
+        assert_eq!(seen[0], seen[1], "{path}: streamed, the same choices");
+        for bad in [json!(0), json!(1.5), json!("2"), json!(1000)] {
+            let (status, err) = json_of(
+                app.clone()
+                    .oneshot(post(path, ask(path, json!({"n": bad}))))
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(
+                (status, &err["error"]["param"]),
+                (StatusCode::BAD_REQUEST, &json!("n"))
+            );
+        }
+    }
+    // A tool call, once a choice.
+    let tools = json!([{"type": "function", "function": {"name": "weather", "parameters": {}}}]);
+    let body = ask("/v1/chat/completions", json!({"n": 2, "tools": tools}));
+    let (_, reply) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", body))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let calls: Vec<&Value> = reply["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            assert_eq!(c["index"], i);
+            &c["message"]["tool_calls"][0]["id"]
+        })
+        .collect();
+    assert!(calls.len() == 2 && calls[0] != calls[1], "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 24, "{reply}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_answer_cut_and_continued_from_its_text_is_the_uninterrupted_one() {
     let (app, _) = engine(config());
