@@ -771,6 +771,14 @@ fn control_config(file: &FileConfig) -> Result<Option<llmgw_control::ControlConf
     out.models = file.models.clone();
     out.anchors = anchor_config(c)?;
     out.mirror_url = crate::config::mirror_url(file.mirror.as_ref())?;
+    if out.mirror_url.is_none()
+        && let Some(m) = out.models.iter().find(|m| m.source.starts_with("mirror:"))
+    {
+        return Err(ConfigError(format!(
+            "model {} has a mirror source ({}), but no mirror.url says where the mirror is: its nodes could not fetch it",
+            m.name, m.source
+        )));
+    }
     out.engines = crate::engines_config::wants(&file.engines, out.mirror_url.as_deref())?;
     Ok(Some(out))
 }

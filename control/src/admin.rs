@@ -523,6 +523,17 @@ async fn add_model(
 ) -> Result<api::Changed> {
     let origin = crate::tenancy_api::origin(&headers);
     let model = model_of(&body)?;
+    // Its every start would fail at the fetch, and requests for it wait
+    // out their on-demand wait: refused now, with why.
+    if model.source.starts_with("mirror:") && cp.config.mirror_url.is_none() {
+        return Err(AdminError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "model {} has a mirror source ({}), but this server names no mirror (mirror.url in server.yaml): its nodes could not fetch it",
+                model.name, model.source
+            ),
+        ));
+    }
     from_config_file(&cp, &origin, &model.name, "changed", || {
         Command::Catalog(CatalogCommand::UpdateModel(model.clone()))
     })

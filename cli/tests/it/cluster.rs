@@ -964,6 +964,20 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
             .contains("has no replica"),
         "{body}"
     );
+    // A model on the mirror, where the server names no mirror: refused,
+    // not added to fail every start while its requests wait.
+    std::fs::write(
+        &file,
+        "name: mirrored\nsource: mirror:tiny/v1/tiny.gguf\nscaling: {min: 0, max: 1}\nprofiles:\n  - name: cpu\n    engine: llamacpp\n",
+    )
+    .unwrap();
+    let (ok, out, err) = ctl(&server.admin, &["model", "add", file.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("names no mirror (mirror.url in server.yaml)"),
+        "{out}{err}"
+    );
+    let (_, models, _) = ctl(&server.admin, &["models"]);
+    assert!(!models.contains("mirrored"), "{models}");
 }
 
 /// `scaling.max` above `min` is reached under load: while the engines of

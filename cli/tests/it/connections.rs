@@ -176,6 +176,34 @@ fn an_agent_listener_cap_without_the_control_plane_is_refused() {
     );
 }
 
+/// A model of the file whose source is on the mirror, where no mirror.url
+/// says where that is: refused at start (each start would fail at the
+/// fetch while its requests waited).
+#[test]
+fn a_mirror_source_without_a_mirror_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("server.yaml");
+    let store = dir.path().join("m.db");
+    std::fs::write(
+        &config,
+        format!(
+            "store: {}\nmodels:\n  - name: tiny\n    source: mirror:tiny/v1/tiny.gguf\n    scaling: {{min: 0, max: 1}}\n    profiles:\n      - name: cpu\n        engine: llamacpp\n",
+            store.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--check", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("model tiny has a mirror source") && err.contains("mirror.url"),
+        "{err}"
+    );
+}
+
 /// `llmgw server --config CONFIG` with its open files limited (soft,
 /// hard) by prlimit(1), which sets its own limit and runs the server in
 /// its place, so the child's pid is the server's.
