@@ -138,3 +138,19 @@ fn a_misspelt_flag_or_command_is_caught() {
     assert!(check("llmgw --store x.db events verify --from 3").is_none());
     assert!(check("llmgw server init --admin a@b.c --host h").is_none());
 }
+
+/// docs/README.md is the way into the documents: every page under docs/
+/// is in its index.
+#[test]
+fn every_page_is_in_the_docs_index() {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let index = std::fs::read_to_string(docs.join("README.md")).unwrap();
+    let mut missing: Vec<String> = std::fs::read_dir(&docs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md") && n != "README.md")
+        .filter(|n| !index.contains(&format!("]({n})")))
+        .collect();
+    missing.sort();
+    assert!(missing.is_empty(), "not in docs/README.md: {missing:?}");
+}
