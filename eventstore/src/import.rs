@@ -48,6 +48,11 @@ pub struct Imported {
     pub written: u64,
     /// Events of the file that the store already held (checked by hash).
     pub present: u64,
+    /// Events of the file at or before `base`, where a store begun on
+    /// trust (`--from-anchor`) starts: neither held nor written.
+    pub before: u64,
+    /// The position the store's log begins after (0 for a whole log).
+    pub base: u64,
     /// The positions written, if any.
     pub positions: Option<(u64, u64)>,
     /// The store's head and chain head afterwards.
@@ -360,6 +365,7 @@ pub(crate) struct Run {
     prev_hash: Option<[u8; 32]>,
     anchored: Option<(u64, [u8; 32])>,
     present: u64,
+    before: u64,
     last_present: Option<(u64, [u8; 32])>,
     written: Option<(u64, u64, [u8; 32])>,
     max_epoch: u64,
@@ -381,6 +387,7 @@ impl Run {
             prev_hash: options.prev_hash,
             anchored: None,
             present: 0,
+            before: 0,
             last_present: None,
             written: None,
             max_epoch: 0,
@@ -414,7 +421,12 @@ impl Run {
                     ),
                 ));
             }
-            self.present += 1;
+            // A store begun on trust holds nothing up to its base.
+            if p <= self.store.base {
+                self.before += 1;
+            } else {
+                self.present += 1;
+            }
             self.last_present = Some((p, event.hash));
             return Ok(None);
         }
@@ -615,6 +627,8 @@ impl Run {
         Imported {
             written: self.written.map_or(0, |(f, l, _)| l - f + 1),
             present: self.present,
+            before: self.before,
+            base: self.anchored.map_or(self.store.base, |(p, _)| p),
             positions: self.written.map(|(f, l, _)| (f, l)),
             head,
             head_hash,

@@ -114,13 +114,26 @@ pub(super) fn tell(done: &Imported) {
         position: done.head,
         hash: done.head_hash,
     };
+    // Events before a store's first (one begun --from-anchor) are neither
+    // in it nor written: said apart from those it holds.
+    let before = match done.before {
+        0 => String::new(),
+        n => format!(
+            "; {n} lie before this store's first event (its log begins after position {})",
+            done.base
+        ),
+    };
     match done.positions {
         Some((f, l)) => println!(
-            "imported {} events at positions {f}..={l}; {} were already present; the chain head is {head}",
+            "imported {} events at positions {f}..={l}; {} were already present{before}; the chain head is {head}",
             done.written, done.present
         ),
-        None => println!(
+        None if done.before == 0 => println!(
             "imported nothing; all {} events were already present; the chain head is {head}",
+            done.present
+        ),
+        None => println!(
+            "imported nothing; {} events were already present{before}; the chain head is {head}",
             done.present
         ),
     }

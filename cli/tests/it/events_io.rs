@@ -228,6 +228,16 @@ async fn a_range_joins_only_the_log_it_came_from(b: Backend) {
         assert!(!out.status.success(), "{args:?}");
         assert!(err.contains("begins after position 6"), "{err}");
     }
+    // The whole log again: what it holds is checked, and what lies before
+    // its start is not counted as present.
+    let whole = write(&dir, "whole.jsonl", &export(&source, &[]));
+    let said = ok(&fresh, &["events", "import", &whole]);
+    assert!(
+        said.starts_with(
+            "imported nothing; 10 events were already present; 6 lie before this store's first event (its log begins after position 6)"
+        ),
+        "{said}"
+    );
     // Its own export names the same link, so it can be passed on.
     assert_eq!(export(&fresh, &[]), tail_text);
 }
