@@ -198,7 +198,9 @@ fn unknown_model(model: &str) -> ApiError {
 /// What the engine needs from a completion request.
 struct Ask {
     model: String,
-    prompt: Prompt,
+    /// The prompts: a chat's one, or each of a completion's list (each
+    /// answered with `n` choices of its own).
+    prompts: Vec<Prompt>,
     stream: bool,
     include_usage: bool,
     /// New tokens at most, when the request says.
@@ -222,12 +224,15 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
     if !state.config.models.contains(&model) {
         return Err(unknown_model(&model));
     }
-    let prompt = match kind {
+    let prompts = match kind {
         // llama-server continues a last assistant message by itself (its
         // assistant prefill); vLLM and SGLang are asked to.
-        Kind::Chat => crate::text::chat(&v, state.config.vocabulary == crate::Vocabulary::Llamacpp),
-        Kind::Text => crate::text::completion(&v),
-    }?;
+        Kind::Chat => vec![crate::text::chat(
+            &v,
+            state.config.vocabulary == crate::Vocabulary::Llamacpp,
+        )?],
+        Kind::Text => crate::text::completion(&v)?,
+    };
     let max_tokens = v
         .get("max_completion_tokens")
         .or_else(|| v.get("max_tokens"))
@@ -264,7 +269,7 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
     };
     Ok(Ask {
         model,
-        prompt,
+        prompts,
         tool,
         n,
         stops,
@@ -281,11 +286,11 @@ impl Ask {
     /// asked for (`length`), else the answer's natural end (`stop`), which
     /// for a chat counts an assistant message being continued, so an
     /// answer cut and continued is as long as the uninterrupted one.
-    fn length(&self, default: u32) -> (u32, &'static str) {
+    fn length(&self, prompt: &Prompt, default: u32) -> (u32, &'static str) {
         match self.max_tokens {
             Some(n) => (n, "length"),
             None => {
-                let continued = u32::try_from(self.prompt.continued).unwrap_or(u32::MAX);
+                let continued = u32::try_from(prompt.continued).unwrap_or(u32::MAX);
                 (default.saturating_sub(continued), "stop")
             }
         }
@@ -329,8 +334,8 @@ impl Drop for Counted<'_> {
 }
 
 /// Waits for a slot (or refuses when the queue is full), then looks the
-/// prompt up in the prefix cache to price its prefill.
-async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiError> {
+/// prompts up in the prefix cache to price their prefill.
+async fn admit(state: &Arc<SimState>, prompts: &[Prompt]) -> Result<Running, ApiError> {
     let c = &state.counters;
     if c.waiting.load(Ordering::Relaxed) >= state.config.queue {
         return Err(error(
@@ -357,27 +362,30 @@ async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiErr
             "the engine is stopping".into(),
         )
     })?;
-    let lookup = {
+    // Each prompt's blocks, and its tokens found cached.
+    let (mut blocks, mut hits, mut cached_tokens) = (0, 0, 0);
+    {
         let mut cache = state.cache.lock().await;
-        let mut events = Vec::new();
-        let lookup = cache.admit(prompt.context.as_bytes(), &mut events);
-        // Sent under the lock, so batches go out in the cache's order.
-        if let Some(sink) = &state.kv_events {
-            sink.send(events);
+        for prompt in prompts {
+            let mut events = Vec::new();
+            let lookup = cache.admit(prompt.context.as_bytes(), &mut events);
+            // Sent under the lock, so batches go out in the cache's order.
+            if let Some(sink) = &state.kv_events {
+                sink.send(events);
+            }
+            blocks += lookup.blocks;
+            hits += lookup.hits;
+            cached_tokens +=
+                ((lookup.hits * state.config.block_bytes) as u64 / 4).min(prompt.tokens);
         }
-        lookup
-    };
+    }
     // From here to `Running`, which counts them off, nothing awaits.
     c.running.fetch_add(1, Ordering::Relaxed);
     c.requests.fetch_add(1, Ordering::Relaxed);
-    c.kv_blocks_in_use
-        .fetch_add(lookup.blocks, Ordering::Relaxed);
-    c.prefix_queries
-        .fetch_add(lookup.blocks as u64, Ordering::Relaxed);
-    c.prefix_hits
-        .fetch_add(lookup.hits as u64, Ordering::Relaxed);
-    let prompt_tokens = prompt.tokens;
-    let cached_tokens = ((lookup.hits * state.config.block_bytes) as u64 / 4).min(prompt_tokens);
+    c.kv_blocks_in_use.fetch_add(blocks, Ordering::Relaxed);
+    c.prefix_queries.fetch_add(blocks as u64, Ordering::Relaxed);
+    c.prefix_hits.fetch_add(hits as u64, Ordering::Relaxed);
+    let prompt_tokens = prompts.iter().map(|p| p.tokens).sum();
     c.prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
     c.cached_prompt_tokens
         .fetch_add(cached_tokens, Ordering::Relaxed);
@@ -387,7 +395,7 @@ async fn admit(state: &Arc<SimState>, prompt: &Prompt) -> Result<Running, ApiErr
     Ok(Running {
         _permit: permit,
         state: state.clone(),
-        blocks: lookup.blocks,
+        blocks,
         prompt_tokens,
         cached_tokens,
         prefill,
@@ -434,7 +442,7 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
         Err(e) => return e.into_response(),
     };
     received(headers, &ask.model, ask.stream);
-    let run = match admit(&state, &ask.prompt).await {
+    let run = match admit(&state, &ask.prompts).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
@@ -456,19 +464,24 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
     {
         return tool_answer(state.config.tools, &name, &ask, run, &id, created).await;
     }
-    let (max, natural) = ask.length(state.config.default_max_tokens);
-    let choices = (0..ask.n)
-        .map(|i| Choice {
-            index: i,
-            echo: ask.prompt.echo.clone(),
-            decoder: Decoder::new(
-                Generator::for_choice(&ask.prompt.context, i),
-                ask.stops.clone(),
-                max,
-                natural,
-            ),
-        })
-        .collect();
+    // A prompt's choices together, in the order of the prompts, as OpenAI
+    // numbers them.
+    let mut choices = Vec::new();
+    for prompt in &ask.prompts {
+        let (max, natural) = ask.length(prompt, state.config.default_max_tokens);
+        for i in 0..ask.n {
+            choices.push(Choice {
+                index: u32::try_from(choices.len()).unwrap_or(u32::MAX),
+                echo: prompt.echo.clone(),
+                decoder: Decoder::new(
+                    Generator::for_choice(&prompt.context, i),
+                    ask.stops.clone(),
+                    max,
+                    natural,
+                ),
+            });
+        }
+    }
     let framer = Framer {
         id,
         created,
@@ -693,14 +706,14 @@ async fn tokenize(State(state): State<Arc<SimState>>, body: Bytes) -> Result<Res
     {
         return Err(unknown_model(model));
     }
-    let prompt = if v.get("messages").is_some() {
-        crate::text::chat(&v, false)
+    let tokens: u64 = if v.get("messages").is_some() {
+        crate::text::chat(&v, false)?.tokens
     } else {
-        crate::text::completion(&v)
-    }?;
+        crate::text::completion(&v)?.iter().map(|p| p.tokens).sum()
+    };
     Ok(axum::Json(json!({
-        "count": prompt.tokens,
-        "tokens": (0..prompt.tokens).collect::<Vec<u64>>(),
+        "count": tokens,
+        "tokens": (0..tokens).collect::<Vec<u64>>(),
     }))
     .into_response())
 }

@@ -184,7 +184,8 @@ pub(crate) struct Prompt {
     /// Tokens of an assistant answer being continued: they count toward
     /// the answer's natural length.
     pub(crate) continued: u64,
-    /// Text the answer repeats before its new tokens: llama.cpp's server
+    /// Text the answer repeats before its new tokens: a completion's
+    /// prompt with `echo`, or, for a chat, as llama.cpp's server
     /// answers a prefilled assistant message with that message's text
     /// first, then what it generated (seen on llama-server b11434).
     pub(crate) echo: Option<String>,
@@ -335,24 +336,44 @@ pub(crate) fn chat(v: &Value, prefill: bool) -> Result<Prompt, Invalid> {
     })
 }
 
-/// A completion's prompt: a string, or strings joined by newlines.
-pub(crate) fn completion(v: &Value) -> Result<Prompt, Invalid> {
-    let context = match &v["prompt"] {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => items
+/// A completion's prompts: a string, or a list of strings, each a prompt
+/// of its own (answered with choices of its own, as OpenAI and vLLM do).
+/// With `echo`, each answer repeats its prompt first.
+pub(crate) fn completion(v: &Value) -> Result<Vec<Prompt>, Invalid> {
+    let texts: Vec<&str> = match &v["prompt"] {
+        Value::String(s) => vec![s],
+        Value::Array(items) if !items.is_empty() => items
             .iter()
-            .map(|i| i.as_str())
-            .collect::<Option<Vec<_>>>()
-            .map(|p| p.join("\n"))
-            .ok_or_else(|| Invalid::new("prompt", "malformed `prompt`"))?,
+            .map(Value::as_str)
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                Invalid::new(
+                    "prompt",
+                    "`prompt` must be a string or a list of strings (this engine takes no token ids)",
+                )
+            })?,
+        Value::Array(_) => {
+            return Err(Invalid::new(
+                "prompt",
+                "`prompt` must not be an empty list",
+            ));
+        }
         _ => return Err(Invalid::new("prompt", "missing or malformed `prompt`")),
     };
-    Ok(Prompt {
-        tokens: tokens_of(context.len()),
-        context,
-        continued: 0,
-        echo: None,
-    })
+    let echo = match &v["echo"] {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        _ => return Err(Invalid::new("echo", "`echo` must be true or false")),
+    };
+    Ok(texts
+        .into_iter()
+        .map(|context| Prompt {
+            tokens: tokens_of(context.len()),
+            context: context.to_owned(),
+            continued: 0,
+            echo: echo.then(|| context.to_owned()),
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -382,9 +403,13 @@ mod tests {
             whole
         );
 
-        let text = completion(&json!({"prompt": "once upon"})).unwrap();
+        let text = completion(&json!({"prompt": "once upon"}))
+            .unwrap()
+            .remove(0);
         let whole = answer(Generator::new(&text.context), 6);
-        let later = completion(&json!({"prompt": format!("once upon{}", &whole[..8])})).unwrap();
+        let later = completion(&json!({"prompt": format!("once upon{}", &whole[..8])}))
+            .unwrap()
+            .remove(0);
         assert_eq!(later.tokens, text.tokens + 2);
         assert_eq!(
             format!(

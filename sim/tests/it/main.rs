@@ -400,6 +400,79 @@ async fn n_gives_that_many_choices_and_usage_counts_them_all() {
     assert_eq!(reply["usage"]["completion_tokens"], 24, "{reply}");
 }
 
+/// A list of prompts is answered prompt by prompt, each with its `n`
+/// choices (numbered prompt after prompt, as OpenAI does), and `echo`
+/// repeats each choice's prompt before its text: the sim joined the list
+/// into one prompt and one choice, and ignored `echo`.
+#[tokio::test(start_paused = true)]
+async fn each_prompt_of_a_list_has_its_choices_and_echo_repeats_it() {
+    let (app, _) = engine(config());
+    let path = "/v1/completions";
+    let alone = |prompt: &str, extra: Value| {
+        let mut body = ask(path, extra);
+        body["prompt"] = json!(prompt);
+        body
+    };
+    let (tell, tell_usage) = choices_of(&app, path, alone("tell me", json!({"n": 2}))).await;
+    let (once, once_usage) = choices_of(&app, path, alone("once upon", json!({}))).await;
+    for stream in [false, true] {
+        let both = ask(
+            path,
+            json!({"prompt": ["tell me", "once upon"], "stream": stream}),
+        );
+        let (got, usage) = choices_of(&app, path, both).await;
+        assert_eq!(
+            got,
+            vec![tell[0].clone(), once[0].clone()],
+            "stream {stream}"
+        );
+        let prompt_tokens = tell_usage["prompt_tokens"].as_u64().unwrap()
+            + once_usage["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(usage["prompt_tokens"], prompt_tokens, "{usage}");
+        assert_eq!(usage["completion_tokens"], 24, "{usage}");
+
+        let twice = ask(
+            path,
+            json!({"prompt": ["tell me", "once upon"], "n": 2, "stream": stream}),
+        );
+        let (got, _) = choices_of(&app, path, twice).await;
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[..2], tell[..], "the first prompt's choices first");
+        assert_eq!(got[2], once[0]);
+
+        // Echoed: the prompt, then the same answer; the usage unchanged.
+        let echoed = ask(
+            path,
+            json!({"prompt": ["tell me", "once upon"], "echo": true, "stream": stream}),
+        );
+        let (got, echo_usage) = choices_of(&app, path, echoed).await;
+        assert_eq!(got[0].0, format!("tell me{}", tell[0].0));
+        assert_eq!(got[1].0, format!("once upon{}", once[0].0));
+        assert_eq!(echo_usage, usage);
+        // With no tokens to generate, the prompt alone.
+        let nothing = alone(
+            "tell me",
+            json!({"echo": true, "max_tokens": 0, "stream": stream}),
+        );
+        let (got, _) = choices_of(&app, path, nothing).await;
+        assert_eq!(got, vec![("tell me".to_owned(), "length".to_owned())]);
+    }
+    for (field, bad) in [
+        ("prompt", json!([])),
+        ("prompt", json!([1, 2])),
+        ("prompt", json!([["a"]])),
+        ("echo", json!("yes")),
+    ] {
+        let mut body = ask(path, json!({}));
+        body[field] = bad;
+        let (status, err) = json_of(app.clone().oneshot(post(path, body)).await.unwrap()).await;
+        assert_eq!(
+            (status, &err["error"]["param"]),
+            (StatusCode::BAD_REQUEST, &json!(field))
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_answer_cut_and_continued_from_its_text_is_the_uninterrupted_one() {
     let (app, _) = engine(config());
