@@ -136,6 +136,9 @@ pub struct ReplicaRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<String>,
     pub shards: Vec<ShardRow>,
+    /// Why it failed or stopped, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
 }
 
 /// One node's verdict for one profile.

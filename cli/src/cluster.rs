@@ -672,9 +672,12 @@ fn replicas_table(rows: Vec<api::ReplicaRow>) -> Table {
         let note = [
             yes(r.adopted, "adopted"),
             yes(r.outdated, "profile edited: being replaced"),
+            // A shard's own error says most; else why the replica ended
+            // (a lost node's replica was stopped with no word).
             r.shards
                 .iter()
                 .find_map(|s| s.error.clone())
+                .or(r.ended.clone())
                 .unwrap_or_default(),
         ]
         .into_iter()

@@ -350,6 +350,7 @@ async fn replicas(
                 outdated: r.is_live() && current.is_some_and(|fp| fp != r.placement.profile_fp),
                 fabric: r.placement.fabric.clone(),
                 shards,
+                ended: r.ended.clone(),
             }
         })
         .collect();

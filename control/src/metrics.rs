@@ -543,6 +543,7 @@ mod tests {
             status,
             shards: BTreeMap::new(),
             adopted: false,
+            ended: None,
         }
     }
 

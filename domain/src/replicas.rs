@@ -83,6 +83,10 @@ pub struct Replica {
     pub shards: BTreeMap<ShardId, Shard>,
     /// Adopted after a control-plane restart rather than placed by it.
     pub adopted: bool,
+    /// Why it failed or stopped (its failure first: a lost node's replica
+    /// is failed, then stopped), for whoever lists it; None while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
 }
 
 impl Replica {
@@ -345,6 +349,7 @@ impl Replicas {
                         status: ReplicaStatus::Starting,
                         shards,
                         adopted: matches!(event, E::ReplicaAdopted(_)),
+                        ended: None,
                     },
                 );
             }
@@ -365,9 +370,24 @@ impl Replicas {
                 }
             }
             E::ReplicaReady { replica_id } => self.set(replica_id, ReplicaStatus::Ready),
-            E::ReplicaFailed { replica_id, .. } => self.set(replica_id, ReplicaStatus::Failed),
+            E::ReplicaFailed { replica_id, reason } => {
+                self.set(replica_id, ReplicaStatus::Failed);
+                self.ended(replica_id, reason);
+            }
             E::ReplicaDraining { replica_id, .. } => self.set(replica_id, ReplicaStatus::Draining),
-            E::ReplicaStopped { replica_id, .. } => self.set(replica_id, ReplicaStatus::Stopped),
+            E::ReplicaStopped { replica_id, reason } => {
+                self.set(replica_id, ReplicaStatus::Stopped);
+                self.ended(replica_id, reason);
+            }
+        }
+    }
+
+    /// Keeps the first reason it ended for.
+    fn ended(&mut self, replica_id: &ReplicaId, reason: &str) {
+        if let Some(r) = self.replicas.get_mut(replica_id)
+            && r.ended.is_none()
+        {
+            r.ended = Some(reason.to_owned());
         }
     }
 

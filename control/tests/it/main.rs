@@ -152,6 +152,18 @@ async fn a_silent_node_goes_unreachable_then_lost_and_its_replica_is_rebuilt() {
     };
     assert!(at("NodeUnreachable") < at("NodeLost"));
     assert!(at("NodeLost") < at("ReplicaFailed"));
+    // The replica listed says why it ended (it read "stopped" and nothing).
+    let all = s.get("/api/v1/replicas?all=true").await;
+    let ended = (all.as_array().unwrap().iter())
+        .find(|r| r["id"] == first.replica_id.as_str())
+        .map(|r| r["ended"].clone());
+    assert!(
+        ended
+            .as_ref()
+            .and_then(|e| e.as_str())
+            .is_some_and(|e| e.contains("node a is lost")),
+        "{all}"
+    );
     // A heartbeat revives the node.
     a.keep_alive();
     eventually(&s, "recovered", || async {
