@@ -347,17 +347,20 @@ async fn set_limits(
     Json(s): Json<api::SetLimits>,
 ) -> Result<api::Changed> {
     let scope = scope_of(&s.scope)?;
-    let mut limits = if s.clear {
-        Limits::default()
-    } else {
+    let mut limits = {
         let views = door.views();
         let views = views.read().unwrap_or_else(|p| p.into_inner());
-        views
-            .tenancy
-            .tenancy
-            .limits_at(scope, &s.id)
-            .cloned()
-            .unwrap_or_default()
+        let tenancy = &views.tenancy.tenancy;
+        // A key whose claim link lapsed is refused as a revoked one is;
+        // the decision has no clock to tell.
+        tenancy
+            .limits_refusal_at(scope, &s.id, UnixMillis::now())
+            .map_err(|r| AdminError::from(crate::ControlError::Rejected(r)))?;
+        if s.clear {
+            Limits::default()
+        } else {
+            tenancy.limits_at(scope, &s.id).cloned().unwrap_or_default()
+        }
     };
     let l = s.limits;
     let mut unknown = None;

@@ -557,6 +557,27 @@ impl Tenancy {
             })
     }
 
+    /// What [`decide`](Tenancy::decide) cannot see of setting limits, as
+    /// it has no clock: a key whose claim link ended unused opens nothing
+    /// again (as a revoked one), so limits set on it would be recorded as
+    /// a change that changes nothing. The caller checks it with the time it
+    /// read before it sends `SetLimits`.
+    pub fn limits_refusal_at(
+        &self,
+        scope: Scope,
+        scope_id: &str,
+        now: UnixMillis,
+    ) -> Result<(), Rejection> {
+        match self.keys.get(scope_id) {
+            Some(k) if scope == Scope::Key && !k.revoked && k.claim_lapsed(now) => {
+                Err(Rejection::conflict(format!(
+                    "key {scope_id}'s claim link expired unclaimed: it opens nothing; make a new key for whoever missed the link"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn exists(&self, scope: Scope, id: &str) -> bool {
         match scope {
             Scope::Org => self.orgs.contains_key(id),

@@ -1540,3 +1540,79 @@ async fn an_rpm_or_tpm_out_of_range_names_the_range_from_one() {
         ],
     );
 }
+
+/// `keys limits` on a key whose claim link ended unused is refused, as on
+/// a revoked key: it opens nothing, so limits on it would change nothing.
+/// Offline, against the log (nothing answers at --admin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_on_a_key_whose_claim_link_lapsed_are_refused() {
+    use llmgw_domain::Command as C;
+    use llmgw_domain::tenancy::{Band, Key, TenancyCommand as T};
+    use llmgw_domain::time::UnixMillis;
+    use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let nobody = "http://127.0.0.1:9";
+    tree(&store, nobody);
+    let key = |id: &str| {
+        T::IssueKey(Key {
+            key_id: id.into(),
+            project_id: "p".into(),
+            name: id.into(),
+            hash: format!("{:0>64}", id.len()),
+            prefix: "llmgw-sk-x".into(),
+            band: Band::Gold,
+            routing_profile: None,
+            revoked: false,
+            owner: None,
+            claim_by: None,
+        })
+    };
+    let offer = |id: &str, until: i64| T::OfferClaim {
+        key_id: id.into(),
+        by: "alice".into(),
+        until: Some(UnixMillis(until)),
+    };
+    let later = UnixMillis::now().0 + 3_600_000;
+    let log = AnyStore::open(
+        &StoreAddress::parse(&store).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Recorder("test".into()));
+    let commands = [
+        key("lapsed"),
+        offer("lapsed", 1_000),
+        key("waiting"),
+        offer("waiting", later),
+    ];
+    llmgw_decider::offline::execute(
+        &log,
+        &origin,
+        commands.into_iter().map(C::Tenancy).collect(),
+    )
+    .await
+    .unwrap();
+    drop(log);
+    let limits = |id: &str| {
+        keys(
+            &store,
+            nobody,
+            &["limits", "--scope", "key", "--id", id, "--rpm", "5"],
+        )
+    };
+    let out = limits("lapsed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("key lapsed's claim link expired unclaimed"),
+        "{err}"
+    );
+    // A link still open: the key may be limited before it is handed out.
+    let out = limits("waiting");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -596,8 +596,20 @@ fn a_key_whose_claim_link_ends_unused_opens_nothing_from_then_on() {
     assert!(works(&t, 9_999), "the link is open: the key works");
     assert!(!works(&t, 10_000), "the link ended unused: the key stops");
     assert!(t.key_stands(&t.keys["k"]), "no clock: it is not revoked");
+    // Limits on it are refused once the link has ended, as on a revoked key.
+    let limits = |t: &Tenancy, at: i64| t.limits_refusal_at(Scope::Key, "k", UnixMillis(at));
+    assert_eq!(limits(&t, 9_999), Ok(()));
+    assert_eq!(
+        limits(&t, 10_000).unwrap_err().reason,
+        "key k's claim link expired unclaimed: it opens nothing; make a new key for whoever missed the link"
+    );
+    assert_eq!(
+        t.limits_refusal_at(Scope::Project, "k", UnixMillis(10_000)),
+        Ok(())
+    );
     run(&mut t, C::Claim { key_id: "k".into() });
     assert!(works(&t, 1_000_000), "claimed: its holder keeps it");
+    assert_eq!(limits(&t, 1_000_000), Ok(()));
 
     // A link offered before links' ends were logged holds the key to none.
     let old = r#"{"key_id": "k", "by": "ops"}"#;
