@@ -19,7 +19,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 use crate::SimConfig;
 use crate::cache::PrefixCache;
 use crate::kv_events::{KvEvent, KvPublisher, KvPublisherTask, KvSink};
-use crate::text::{Decoder, Generator, Invalid, Prompt};
+use crate::text::{Decoder, Generator, Invalid, Prompt, Scored};
 
 /// Counters and gauges the metrics page reads.
 #[derive(Debug, Default)]
@@ -205,6 +205,10 @@ struct Ask {
     include_usage: bool,
     /// New tokens at most, when the request says.
     max_tokens: Option<u32>,
+    /// Log probabilities asked for, with this many of the likeliest
+    /// tokens at each place (chat's `logprobs` and `top_logprobs`,
+    /// completions' `logprobs`).
+    logprobs: Option<u32>,
     /// Choices asked for (`n`).
     n: u32,
     /// Where the answer ends, before the first of them (none empty).
@@ -246,6 +250,46 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
             .and_then(|n| u32::try_from(n).ok())
             .ok_or_else(|| invalid("n", "`n` must be a whole number from 1 to 128"))?,
     };
+    let logprobs = match kind {
+        Kind::Chat => {
+            let asked = match &v["logprobs"] {
+                Value::Null => false,
+                Value::Bool(b) => *b,
+                _ => return Err(invalid("logprobs", "`logprobs` must be true or false")),
+            };
+            let top = match &v["top_logprobs"] {
+                Value::Null => 0,
+                t => t
+                    .as_u64()
+                    .filter(|t| *t <= 20)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .ok_or_else(|| {
+                        invalid(
+                            "top_logprobs",
+                            "`top_logprobs` must be a whole number from 0 to 20",
+                        )
+                    })?,
+            };
+            if top > 0 && !asked {
+                return Err(invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs` set to true",
+                ));
+            }
+            asked.then_some(top)
+        }
+        Kind::Text => match &v["logprobs"] {
+            Value::Null => None,
+            n => Some(
+                n.as_u64()
+                    .filter(|n| *n <= 20)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        invalid("logprobs", "`logprobs` must be a whole number from 0 to 20")
+                    })?,
+            ),
+        },
+    };
     let not_stop = || invalid("stop", "`stop` must be a string or a list of strings");
     let mut stops: Vec<String> = match &v["stop"] {
         Value::Null => Vec::new(),
@@ -271,6 +315,7 @@ fn parse(state: &SimState, body: &Bytes, kind: Kind) -> Result<Ask, ApiError> {
         model,
         prompts,
         tool,
+        logprobs,
         n,
         stops,
         stream: v["stream"].as_bool().unwrap_or(false),
@@ -470,15 +515,20 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
     for prompt in &ask.prompts {
         let (max, natural) = ask.length(prompt, state.config.default_max_tokens);
         for i in 0..ask.n {
+            let decoder = Decoder::new(
+                Generator::for_choice(&prompt.context, i),
+                ask.stops.clone(),
+                max,
+                natural,
+            );
             choices.push(Choice {
                 index: u32::try_from(choices.len()).unwrap_or(u32::MAX),
                 echo: prompt.echo.clone(),
-                decoder: Decoder::new(
-                    Generator::for_choice(&prompt.context, i),
-                    ask.stops.clone(),
-                    max,
-                    natural,
-                ),
+                echo_len: prompt.echo.as_ref().map_or(0, String::len),
+                decoder: match ask.logprobs {
+                    Some(_) => decoder.scored(),
+                    None => decoder,
+                },
             });
         }
     }
@@ -487,6 +537,7 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
         created,
         model: ask.model.clone(),
         kind,
+        logprobs: ask.logprobs,
     };
     if !ask.stream {
         return whole_answer(&state, run, choices, &framer, per_token, object).await;
@@ -515,17 +566,22 @@ async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: 
 /// One of an answer's choices, as it is generated.
 struct Choice {
     index: u32,
-    /// Text the choice starts with before its new tokens.
+    /// Text the choice starts with before its new tokens (taken once
+    /// sent).
     echo: Option<String>,
+    /// Its length: where the new tokens start in the choice's text.
+    echo_len: usize,
     decoder: Decoder,
 }
 
-/// The answer's frame: its id, model and kind.
+/// The answer's frame: its id, model and kind, and the log
+/// probabilities asked for.
 struct Framer {
     id: String,
     created: u64,
     model: String,
     kind: Kind,
+    logprobs: Option<u32>,
 }
 
 impl Framer {
@@ -546,10 +602,76 @@ impl Framer {
         Bytes::from(format!("data: {chunk}\n\n"))
     }
 
+    /// The log probabilities of text (when asked for), in OpenAI's shape:
+    /// a chat's `content` list of tokens with their likeliest
+    /// alternatives, or a completion's lists of tokens, their log
+    /// probabilities, their likeliest alternatives and where each starts
+    /// in the choice's text (an echoed prompt's tokens first, the first of
+    /// them without a log probability, as OpenAI gives).
+    fn logprobs(&self, echo: Option<&str>, base: usize, tokens: &[(usize, Scored)]) -> Value {
+        let Some(top) = self.logprobs else {
+            return Value::Null;
+        };
+        let top = top as usize;
+        match self.kind {
+            Kind::Chat => {
+                let entry = |token: &str, logprob: f64| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+                let content: Vec<Value> = tokens
+                    .iter()
+                    .map(|(_, t)| {
+                        let mut e = entry(t.token, t.logprob);
+                        e["top_logprobs"] = t
+                            .top
+                            .iter()
+                            .take(top)
+                            .map(|(w, lp)| entry(w, *lp))
+                            .collect();
+                        e
+                    })
+                    .collect();
+                json!({"content": content, "refusal": null})
+            }
+            Kind::Text => {
+                let (mut words, mut logprobs, mut tops, mut offsets) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for (start, piece, logprob) in
+                    echo.map(crate::text::prompt_tokens).unwrap_or_default()
+                {
+                    words.push(json!(piece));
+                    logprobs.push(json!(logprob));
+                    tops.push(logprob.map_or(Value::Null, |lp| json!({ piece: lp })));
+                    offsets.push(json!(start));
+                }
+                for (start, t) in tokens {
+                    words.push(json!(t.token));
+                    logprobs.push(json!(t.logprob));
+                    // The token chosen is always among them.
+                    let likeliest: serde_json::Map<String, Value> = t
+                        .top
+                        .iter()
+                        .take(top.max(1))
+                        .map(|(w, lp)| ((*w).to_owned(), json!(lp)))
+                        .collect();
+                    tops.push(Value::Object(likeliest));
+                    offsets.push(json!(base + start));
+                }
+                json!({"tokens": words, "token_logprobs": logprobs,
+                       "top_logprobs": tops, "text_offset": offsets})
+            }
+        }
+    }
+
     /// A choice's delta: the role first (chat; `text` None), then text,
-    /// then the finish reason.
-    fn delta(&self, index: u32, text: Option<&str>, finish: Option<&str>) -> Bytes {
-        let choice = match self.kind {
+    /// then the finish reason; with `logprobs` (null on the role's and
+    /// the finish's) when they are asked for.
+    fn delta(
+        &self,
+        index: u32,
+        text: Option<&str>,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Bytes {
+        let mut choice = match self.kind {
             Kind::Chat => {
                 let d = match text {
                     Some(t) => json!({"content": t}),
@@ -561,6 +683,9 @@ impl Framer {
                 json!({"index": index, "text": text.unwrap_or_default(), "finish_reason": finish})
             }
         };
+        if self.logprobs.is_some() {
+            choice["logprobs"] = logprobs;
+        }
         self.event(json!([choice]), None)
     }
 }
@@ -577,16 +702,21 @@ async fn whole_answer(
     let mut out = Vec::with_capacity(choices.len());
     let (mut longest, mut total) = (0, 0);
     for mut c in choices {
-        let (text, finish) = c.decoder.finish_all();
+        let (text, finish, tokens) = c.decoder.finish_all();
+        let logprobs = framer.logprobs(c.echo.as_deref(), c.echo_len, &tokens);
         let text = format!("{}{text}", c.echo.unwrap_or_default());
         longest = longest.max(c.decoder.generated);
         total += c.decoder.generated;
-        out.push(match framer.kind {
+        let mut choice = match framer.kind {
             Kind::Chat => {
                 json!({"index": c.index, "message": {"role": "assistant", "content": text}, "finish_reason": finish})
             }
             Kind::Text => json!({"index": c.index, "text": text, "finish_reason": finish}),
-        });
+        };
+        if framer.logprobs.is_some() {
+            choice["logprobs"] = logprobs;
+        }
+        out.push(choice);
     }
     tokio::time::sleep(run.prefill + per_token * longest).await;
     state
@@ -629,17 +759,20 @@ impl Streaming {
                 self.started = true;
                 for c in &mut self.choices {
                     if let Kind::Chat = self.framer.kind {
-                        self.pending
-                            .push_back(self.framer.delta(c.index, None, None));
+                        let role = self.framer.delta(c.index, None, None, Value::Null);
+                        self.pending.push_back(role);
                     }
                     // Asked for no tokens: the echo alone, then the end.
                     if let Some(finish) = c.decoder.finish() {
                         if let Some(echo) = c.echo.take().filter(|e| !e.is_empty()) {
-                            self.pending
-                                .push_back(self.framer.delta(c.index, Some(&echo), None));
+                            let logprobs = self.framer.logprobs(Some(&echo), 0, &[]);
+                            let delta = self.framer.delta(c.index, Some(&echo), None, logprobs);
+                            self.pending.push_back(delta);
                         }
-                        self.pending
-                            .push_back(self.framer.delta(c.index, Some(""), Some(finish)));
+                        let end = self
+                            .framer
+                            .delta(c.index, Some(""), Some(finish), Value::Null);
+                        self.pending.push_back(end);
                     }
                 }
                 continue;
@@ -666,17 +799,23 @@ impl Streaming {
                     .counters
                     .generation_tokens
                     .fetch_add(1, Ordering::Relaxed);
-                let text = match c.echo.take() {
+                let echo = c.echo.take();
+                let text = match &echo {
                     Some(e) => format!("{e}{}", step.text),
                     None => step.text,
                 };
                 if !text.is_empty() {
-                    self.pending
-                        .push_back(self.framer.delta(c.index, Some(&text), None));
+                    let logprobs = self
+                        .framer
+                        .logprobs(echo.as_deref(), c.echo_len, &step.tokens);
+                    let delta = self.framer.delta(c.index, Some(&text), None, logprobs);
+                    self.pending.push_back(delta);
                 }
                 if let Some(finish) = step.finish {
-                    self.pending
-                        .push_back(self.framer.delta(c.index, Some(""), Some(finish)));
+                    let end = self
+                        .framer
+                        .delta(c.index, Some(""), Some(finish), Value::Null);
+                    self.pending.push_back(end);
                 }
             }
         }

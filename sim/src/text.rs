@@ -49,13 +49,86 @@ impl Generator {
         }
     }
 
+    /// Where in the vocabulary the next token is.
+    fn pick(&self) -> usize {
+        // The high bits of an FNV hash mix better than its low ones.
+        ((self.0 >> 40) ^ (self.0 >> 13)) as usize % WORDS.len()
+    }
+
     /// The next token, which then becomes part of the context.
     pub(crate) fn next_token(&mut self) -> &'static str {
-        // The high bits of an FNV hash mix better than its low ones.
-        let word = WORDS[((self.0 >> 40) ^ (self.0 >> 13)) as usize % WORDS.len()];
+        let word = WORDS[self.pick()];
         self.feed(word.as_bytes());
         word
     }
+
+    /// The next token with its log probability and the vocabulary's
+    /// other tokens at its place, likeliest first: the token chosen is the
+    /// likeliest, as at temperature 0, at a probability from 0.5 to 0.95,
+    /// and each other one half as likely as the one before it, in an order
+    /// of the context's choosing.
+    pub(crate) fn next_scored(&mut self) -> Scored {
+        let h = self.0;
+        let at = self.pick();
+        let p = 0.5 + 0.45 * ((h >> 24) & 0xffff) as f64 / 65536.0;
+        // Odd, so that it steps through the whole vocabulary (16 words).
+        let stride = 2 * ((h >> 4) & 7) as usize + 1;
+        let mut rest = 1.0 - p;
+        let mut top = vec![(WORDS[at], rounded(p.ln()))];
+        for k in 1..WORDS.len() {
+            rest /= 2.0;
+            top.push((WORDS[(at + k * stride) % WORDS.len()], rounded(rest.ln())));
+        }
+        let token = self.next_token();
+        Scored {
+            token,
+            logprob: top[0].1,
+            top,
+        }
+    }
+}
+
+/// A log probability to four decimals.
+fn rounded(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// A token generated, scored.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Scored {
+    pub(crate) token: &'static str,
+    pub(crate) logprob: f64,
+    /// Every token of the vocabulary at its place, likeliest first (the
+    /// token itself).
+    pub(crate) top: Vec<(&'static str, f64)>,
+}
+
+/// An echoed prompt as tokens of four bytes at most (whole characters),
+/// each with where it starts and its log probability: none for the
+/// first, as OpenAI's echo gives, then a value of the text before it.
+pub(crate) fn prompt_tokens(text: &str) -> Vec<(usize, &str, Option<f64>)> {
+    let mut out = Vec::new();
+    let mut g = Generator::new("");
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + 4).min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == start {
+            // One character longer than four bytes: whole.
+            end = start + text[start..].chars().next().map_or(1, char::len_utf8);
+        }
+        let piece = &text[start..end];
+        let logprob = (start > 0).then(|| {
+            let p = 0.05 + 0.9 * ((g.0 >> 24) & 0xffff) as f64 / 65536.0;
+            rounded(p.ln())
+        });
+        out.push((start, piece, logprob));
+        g.feed(piece.as_bytes());
+        start = end;
+    }
+    out
 }
 
 /// One answer as its client receives it: tokens generated up to `max`, or
@@ -73,16 +146,23 @@ pub(crate) struct Decoder {
     text: String,
     /// Bytes of `text` handed out.
     released: usize,
+    /// Score the tokens (for `logprobs`).
+    scored: bool,
+    /// Tokens scored and not handed out, with where each starts in `text`.
+    unreleased: std::collections::VecDeque<(usize, Scored)>,
     /// Why the answer ends where it does, when not at a stop sequence.
     natural: &'static str,
     finish: Option<&'static str>,
 }
 
 /// What one more token gives the client.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct Step {
     /// The text released (empty while it may be a stop sequence's start).
     pub(crate) text: String,
+    /// The tokens (when scored) whose text starts in what is released by
+    /// now, with where each starts in the answer.
+    pub(crate) tokens: Vec<(usize, Scored)>,
     /// The finish reason, when the answer ended with this token.
     pub(crate) finish: Option<&'static str>,
 }
@@ -102,9 +182,17 @@ impl Decoder {
             generated: 0,
             text: String::new(),
             released: 0,
+            scored: false,
+            unreleased: std::collections::VecDeque::new(),
             natural,
             finish: (max == 0).then_some(natural),
         }
+    }
+
+    /// Scores the tokens, for `logprobs`.
+    pub(crate) fn scored(mut self) -> Self {
+        self.scored = true;
+        self
     }
 
     /// The finish reason once the answer has ended.
@@ -114,7 +202,15 @@ impl Decoder {
 
     /// One more token (the answer must not have ended).
     pub(crate) fn step(&mut self) -> Step {
-        let word = self.words.next_token();
+        let start = self.text.len();
+        let word = if self.scored {
+            let scored = self.words.next_scored();
+            let word = scored.token;
+            self.unreleased.push_back((start, scored));
+            word
+        } else {
+            self.words.next_token()
+        };
         self.generated += 1;
         self.text.push_str(word);
         // Held-back text is the start of any stop sequence to come, so
@@ -139,8 +235,15 @@ impl Decoder {
         };
         let text = self.text[self.released..end].to_owned();
         self.released = end;
+        let mut tokens = Vec::new();
+        while let Some((start, _)) = self.unreleased.front()
+            && *start < end
+        {
+            tokens.extend(self.unreleased.pop_front());
+        }
         Step {
             text,
+            tokens,
             finish: self.finish,
         }
     }
@@ -158,14 +261,18 @@ impl Decoder {
             .unwrap_or(0)
     }
 
-    /// The whole answer: its text and its finish reason.
-    pub(crate) fn finish_all(&mut self) -> (String, &'static str) {
+    /// The whole answer: its text, its finish reason and its tokens
+    /// (when scored).
+    pub(crate) fn finish_all(&mut self) -> (String, &'static str, Vec<(usize, Scored)>) {
         let mut text = String::new();
+        let mut tokens = Vec::new();
         loop {
             if let Some(finish) = self.finish {
-                return (text, finish);
+                return (text, finish, tokens);
             }
-            text.push_str(&self.step().text);
+            let step = self.step();
+            text.push_str(&step.text);
+            tokens.extend(step.tokens);
         }
     }
 }
@@ -436,7 +543,11 @@ mod tests {
         let g = Generator::new("once upon");
         let whole = answer(g.clone(), 12);
         let plain = Decoder::new(g.clone(), Vec::new(), 12, "length").finish_all();
-        assert_eq!(plain, (whole.clone(), "length"), "no stop, the same text");
+        assert_eq!(
+            plain,
+            (whole.clone(), "length", Vec::new()),
+            "no stop, the same text"
+        );
         // A stop across two tokens: the text before it, then the end.
         let at = 9;
         let stop = whole[at..at + 3].to_owned();
@@ -456,8 +567,48 @@ mod tests {
         assert_eq!(u64::from(d.generated), (first as u64 + 3).div_ceil(4));
         // A held-back start that turns out not to be a stop is sent.
         let tail = format!("{}X", &whole[44..]);
-        let (text, finish) = Decoder::new(g, vec![tail], 12, "length").finish_all();
+        let (text, finish, _) = Decoder::new(g, vec![tail], 12, "length").finish_all();
         assert_eq!((text, finish), (whole, "length"));
+    }
+
+    #[test]
+    fn scored_tokens_are_the_same_tokens_likeliest_first() {
+        let g = Generator::new("once upon");
+        let whole = answer(g.clone(), 12);
+        let stop = whole[20..23].to_owned();
+        let at = whole.find(&stop).unwrap();
+        let (text, _, tokens) = Decoder::new(g.clone(), vec![stop], 12, "length")
+            .scored()
+            .finish_all();
+        assert_eq!(text, whole[..at]);
+        // The tokens cover the text, each at its place.
+        let mut covered = String::new();
+        for (start, t) in &tokens {
+            assert_eq!(*start, covered.len());
+            covered.push_str(t.token);
+            assert_eq!((t.top[0].0, t.top[0].1), (t.token, t.logprob));
+            assert!(t.logprob < 0.0 && t.logprob >= 0.5f64.ln() - 1e-4, "{t:?}");
+            assert!(t.top.windows(2).all(|w| w[0].1 > w[1].1), "{t:?}");
+            let mut words: Vec<&str> = t.top.iter().map(|(w, _)| *w).collect();
+            words.sort_unstable();
+            words.dedup();
+            assert_eq!(words.len(), WORDS.len(), "every word once");
+            let mass: f64 = t.top.iter().map(|(_, lp)| lp.exp()).sum();
+            assert!(mass <= 1.0 + 1e-3, "{mass}");
+        }
+        assert!(covered.starts_with(&text) && covered.len() - text.len() < 4);
+        // Scored or not, the same answer.
+        let mut again = Decoder::new(g, vec![], 12, "length").scored();
+        assert_eq!(again.finish_all().0, whole);
+        let echoed = prompt_tokens("héllo wörld");
+        assert_eq!(echoed[0].2, None);
+        assert!(
+            echoed[1..]
+                .iter()
+                .all(|(_, _, lp)| lp.is_some_and(|l| l < 0.0))
+        );
+        let joined: String = echoed.iter().map(|(_, p, _)| *p).collect();
+        assert_eq!(joined, "héllo wörld");
     }
 
     #[test]

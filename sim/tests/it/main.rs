@@ -473,6 +473,209 @@ async fn each_prompt_of_a_list_has_its_choices_and_echo_repeats_it() {
     }
 }
 
+/// Each choice's `logprobs`, from a whole answer or gathered from a
+/// stream's chunks (lists joined; the role's and the finish's null).
+async fn logprobs_of(app: &axum::Router, path: &str, body: Value) -> (Vec<Value>, Vec<String>) {
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let resp = app.clone().oneshot(post(path, body)).await.unwrap();
+    if !stream {
+        let (status, v) = json_of(resp).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let choices = v["choices"].as_array().unwrap();
+        let texts = choices
+            .iter()
+            .map(|c| {
+                c["message"]["content"]
+                    .as_str()
+                    .or(c["text"].as_str())
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        return (
+            choices.iter().map(|c| c["logprobs"].clone()).collect(),
+            texts,
+        );
+    }
+    let (mut out, mut texts): (Vec<Value>, Vec<String>) = (Vec::new(), Vec::new());
+    for (_, e) in events(resp, Instant::now()).await {
+        let Ok(v) = serde_json::from_str::<Value>(&e) else {
+            continue;
+        };
+        for c in v["choices"].as_array().unwrap() {
+            let i = usize::try_from(c["index"].as_u64().unwrap()).unwrap();
+            if out.len() <= i {
+                out.resize(i + 1, Value::Null);
+                texts.resize(i + 1, String::new());
+            }
+            let text = c["delta"]["content"]
+                .as_str()
+                .or(c["text"].as_str())
+                .unwrap_or_default();
+            texts[i].push_str(text);
+            let lp = c
+                .get("logprobs")
+                .expect("asked for, every chunk has logprobs");
+            if text.is_empty() {
+                assert!(lp.is_null(), "{c}");
+                continue;
+            }
+            let lp = lp.as_object().unwrap();
+            if out[i].is_null() {
+                out[i] = Value::Object(lp.clone());
+                continue;
+            }
+            for (k, v) in lp {
+                if let Some(list) = v.as_array() {
+                    out[i][k]
+                        .as_array_mut()
+                        .unwrap()
+                        .extend(list.iter().cloned());
+                }
+            }
+        }
+    }
+    (out, texts)
+}
+
+/// Log probabilities come in OpenAI's shape when asked for, the same on
+/// every ask and streamed or not, the token chosen the likeliest (as at
+/// temperature 0): the sim answered `logprobs` with none.
+#[tokio::test(start_paused = true)]
+async fn logprobs_come_as_openai_gives_them() {
+    let (app, _) = engine(config());
+    let path = "/v1/chat/completions";
+    let (plain, _) = choices_of(&app, path, ask(path, json!({}))).await;
+    let mut seen = Vec::new();
+    for stream in [false, true] {
+        let body = ask(
+            path,
+            json!({"logprobs": true, "top_logprobs": 3, "stream": stream}),
+        );
+        let (lps, texts) = logprobs_of(&app, path, body).await;
+        assert_eq!(texts[0], plain[0].0, "the same answer");
+        let content = lps[0]["content"].as_array().unwrap();
+        assert_eq!(content.len(), 12);
+        let mut joined = String::new();
+        for e in content {
+            let token = e["token"].as_str().unwrap();
+            joined.push_str(token);
+            assert_eq!(e["bytes"], json!(token.as_bytes()));
+            let lp = e["logprob"].as_f64().unwrap();
+            assert!(lp < 0.0, "{e}");
+            let top = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3, "{e}");
+            assert_eq!(
+                (&top[0]["token"], &top[0]["logprob"]),
+                (&e["token"], &e["logprob"])
+            );
+            assert!(
+                top.windows(2)
+                    .all(|w| w[0]["logprob"].as_f64() > w[1]["logprob"].as_f64())
+            );
+            assert!(top.iter().all(|t| t["bytes"].is_array()));
+        }
+        assert_eq!(joined, texts[0]);
+        seen.push(lps[0].clone());
+    }
+    assert_eq!(seen[0], seen[1], "streamed, the same log probabilities");
+    let (lps, _) = logprobs_of(&app, path, ask(path, json!({"logprobs": true}))).await;
+    assert_eq!(lps[0], {
+        let mut bare = seen[0].clone();
+        for e in bare["content"].as_array_mut().unwrap() {
+            e["top_logprobs"] = json!([]);
+        }
+        bare
+    });
+
+    let path = "/v1/completions";
+    let (plain, _) = choices_of(&app, path, ask(path, json!({}))).await;
+    let mut seen = Vec::new();
+    for stream in [false, true] {
+        let body = ask(path, json!({"logprobs": 2, "stream": stream}));
+        let (lps, texts) = logprobs_of(&app, path, body).await;
+        assert_eq!(texts[0], plain[0].0);
+        let lp = &lps[0];
+        let tokens = lp["tokens"].as_array().unwrap();
+        assert_eq!(tokens.len(), 12, "{lp}");
+        for (i, token) in tokens.iter().enumerate() {
+            let token = token.as_str().unwrap();
+            let at = usize::try_from(lp["text_offset"][i].as_u64().unwrap()).unwrap();
+            assert_eq!(&texts[0][at..at + token.len()], token);
+            let top = lp["top_logprobs"][i].as_object().unwrap();
+            assert_eq!(top.len(), 2, "{lp}");
+            assert_eq!(top[token], lp["token_logprobs"][i]);
+            assert!(
+                top.values()
+                    .all(|v| v.as_f64() <= lp["token_logprobs"][i].as_f64())
+            );
+        }
+        seen.push(lp.clone());
+    }
+    assert_eq!(seen[0], seen[1], "streamed, the same log probabilities");
+    // Echoed, the prompt's tokens come first, the first without one.
+    for stream in [false, true] {
+        let body = ask(
+            path,
+            json!({"logprobs": 0, "echo": true, "max_tokens": 2, "stream": stream}),
+        );
+        let (lps, texts) = logprobs_of(&app, path, body).await;
+        let lp = &lps[0];
+        let tokens: Vec<&str> = lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(tokens.concat(), texts[0]);
+        assert!(texts[0].starts_with("tell me"));
+        assert_eq!(
+            (&lp["token_logprobs"][0], &lp["top_logprobs"][0]),
+            (&Value::Null, &Value::Null)
+        );
+        assert!(
+            lp["token_logprobs"][1].as_f64().is_some_and(|l| l < 0.0),
+            "{lp}"
+        );
+        assert_eq!(lp["text_offset"][1], tokens[0].len());
+        assert_eq!(
+            lp["top_logprobs"][tokens.len() - 1]
+                .as_object()
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    for (path, field, bad) in [
+        ("/v1/chat/completions", "logprobs", json!({"logprobs": 3})),
+        (
+            "/v1/chat/completions",
+            "top_logprobs",
+            json!({"logprobs": true, "top_logprobs": 21}),
+        ),
+        (
+            "/v1/chat/completions",
+            "top_logprobs",
+            json!({"top_logprobs": 2}),
+        ),
+        ("/v1/completions", "logprobs", json!({"logprobs": true})),
+        ("/v1/completions", "logprobs", json!({"logprobs": 21})),
+    ] {
+        let (status, err) = json_of(
+            app.clone()
+                .oneshot(post(path, ask(path, bad)))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (status, &err["error"]["param"]),
+            (StatusCode::BAD_REQUEST, &json!(field))
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_answer_cut_and_continued_from_its_text_is_the_uninterrupted_one() {
     let (app, _) = engine(config());
