@@ -50,15 +50,20 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     /// Where the event log lives: postgres://…, sqlite://PATH, a file path,
     /// or @FILE to read the address from FILE (keeps passwords off the
-    /// command line). For events, store, lease, keys, users and server;
-    /// refused by the commands that do not read the log.
+    /// command line). For events, store, lease, keys, users and server
+    /// (default: llmgw.db here; `server init`: the store its server.env
+    /// names, else SQLite in --state-dir); refused by the commands that do
+    /// not read the log.
     // The variable's value may hold a password: `--help` names it only.
+    // The default is said in words: shown by clap on every command, it
+    // read as one on those that refuse the flag, and as `server init`'s.
     #[arg(
         long,
         global = true,
         env = "LLMGW_STORE",
         hide_env_values = true,
-        default_value = "llmgw.db"
+        default_value = "llmgw.db",
+        hide_default_value = true
     )]
     store: String,
 

@@ -103,6 +103,18 @@ fn store_is_refused_where_it_would_be_ignored() {
     assert!(err.contains("--against"), "{err}");
     let out = llmgw(&["sim-engine", "--store", "x.db", "--help"]);
     assert!(out.status.success(), "help still shows");
+    // The help of a command that refuses --store, or of `server init`
+    // (whose store is its server.env's), shows no default as if it used
+    // one; the flag's text says where the default applies.
+    for command in [&["up", "--help"][..], &["server", "init", "--help"]] {
+        let out = llmgw(command);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(!help.contains("[default: llmgw.db]"), "{help}");
+        assert!(
+            help.contains("default: llmgw.db here; `server init`"),
+            "{help}"
+        );
+    }
     let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .env("LLMGW_STORE", "x.db")
         .args(["ctl", "--admin", "http://127.0.0.1:1", "status"])
