@@ -68,11 +68,11 @@ impl Generator {
     /// and each other one half as likely as the one before it, in an order
     /// of the context's choosing.
     pub(crate) fn next_scored(&mut self) -> Scored {
-        let h = self.0;
+        let h = mix(self.0);
         let at = self.pick();
-        let p = 0.5 + 0.45 * ((h >> 24) & 0xffff) as f64 / 65536.0;
+        let p = 0.5 + 0.45 * unit(h);
         // Odd, so that it steps through the whole vocabulary (16 words).
-        let stride = 2 * ((h >> 4) & 7) as usize + 1;
+        let stride = 2 * (h & 7) as usize + 1;
         let mut rest = 1.0 - p;
         let mut top = vec![(WORDS[at], rounded(p.ln()))];
         for k in 1..WORDS.len() {
@@ -86,6 +86,19 @@ impl Generator {
             top,
         }
     }
+}
+
+/// SplitMix64's finalizer: every bit of the state in every bit out, so
+/// that contexts that differ little (two short prompts) score unalike.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A number in [0, 1) from the high bits.
+fn unit(h: u64) -> f64 {
+    (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A log probability to four decimals.
@@ -121,7 +134,7 @@ pub(crate) fn prompt_tokens(text: &str) -> Vec<(usize, &str, Option<f64>)> {
         }
         let piece = &text[start..end];
         let logprob = (start > 0).then(|| {
-            let p = 0.05 + 0.9 * ((g.0 >> 24) & 0xffff) as f64 / 65536.0;
+            let p = 0.05 + 0.9 * unit(mix(g.0));
             rounded(p.ln())
         });
         out.push((start, piece, logprob));
