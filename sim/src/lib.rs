@@ -5,8 +5,9 @@
 //! (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 //! `/v1/models`, `/health`, `/metrics`), its timing model (a time to first
 //! token shortened by prefix-cache hits, a decode rate, concurrency slots and
-//! a bounded waiting queue), its deterministic text (an interrupted answer
-//! continues exactly), its metrics in the vocabulary of the engine it
+//! a bounded waiting queue), the request fields OpenAI's API serves (`stop`,
+//! `n`, list prompts, `echo`, `logprobs`; errors naming their `param`), its
+//! deterministic text (an interrupted answer continues exactly), its metrics in the vocabulary of the engine it
 //! imitates, and multi-node rendezvous. What must not: anything the gateway
 //! or the agent would depend on; they talk to it over HTTP like a real engine.
 
