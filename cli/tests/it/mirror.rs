@@ -940,6 +940,16 @@ async fn an_agent_fetches_a_mirror_source_resuming_and_refusing_a_corrupt_copy()
     drop(sweep);
 }
 
+/// A server whose catalog may name mirror: sources (a mirror.url is set;
+/// nothing is fetched from it here).
+fn mirrored_yaml(dir: &std::path::Path, store: &str) -> String {
+    let config = server_yaml(dir, "catalog", store, free_port(), 0);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("mirror:\n  url: http://127.0.0.1:1\n");
+    std::fs::write(&config, text).unwrap();
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unused_and_remove_go_by_the_catalog_and_refuse_without_it() {
     let up = Upstream::start().await;
@@ -1051,7 +1061,7 @@ async fn unused_and_remove_go_by_the_catalog_and_refuse_without_it() {
     assert!(!ok && err.contains("--force"), "{err}");
 
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let server = start_server(&server_yaml(dir.path(), "catalog", &store, free_port(), 0));
+    let server = start_server(&mirrored_yaml(dir.path(), &store));
     let model = dir.path().join("m.json");
     std::fs::write(
         &model,
@@ -1133,7 +1143,7 @@ async fn a_versions_config_and_index_are_in_use_with_its_weights() {
     assert!(ok, "{err}");
 
     let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
-    let server = start_server(&server_yaml(dir.path(), "catalog", &store, free_port(), 0));
+    let server = start_server(&mirrored_yaml(dir.path(), &store));
     let model = dir.path().join("m.json");
     std::fs::write(
         &model,
