@@ -120,11 +120,15 @@ impl ApiError {
         )
     }
 
-    /// An on-demand model asked for that no node of the cluster could take
-    /// (its labels, GPU classes and counts, memory): no wait helps, so
-    /// none is made. Which nodes refuse it and why is the operator's to
-    /// read, not the client's.
-    pub fn fits_nowhere(model: &str) -> Self {
+    /// A model no node of the cluster could take (its labels, GPU classes
+    /// and counts, memory): an on-demand one asked for, or one kept up
+    /// that has no replica. No wait helps, so none is made. Which nodes
+    /// refuse it and why is the operator's to read, not the client's.
+    pub fn fits_nowhere(model: &str, on_demand: bool) -> Self {
+        let what = match on_demand {
+            true => "is started on demand, but",
+            false => "has no replica:",
+        };
         ApiError {
             // Nodes may yet join (a cluster coming up): a retry is cheap.
             retry_after: Some(ON_DEMAND_RETRY_S),
@@ -133,24 +137,7 @@ impl ApiError {
                 "server_error",
                 "model_unplaceable",
                 format!(
-                    "`{model}` is started on demand, but no node of this cluster can take it; the operator sees why with `llmgw ctl explain-placement {model}`"
-                ),
-            )
-        }
-    }
-
-    /// A model kept up (a floor of replicas) that has none because no node
-    /// of the cluster could take it: the same code as an on-demand one,
-    /// which no wait helps either.
-    pub fn unplaced(model: &str) -> Self {
-        ApiError {
-            retry_after: Some(ON_DEMAND_RETRY_S),
-            ..Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "model_unplaceable",
-                format!(
-                    "`{model}` has no replica: no node of this cluster can take it; the operator sees why with `llmgw ctl explain-placement {model}`"
+                    "`{model}` {what} no node of this cluster can take it; the operator sees why with `llmgw ctl explain-placement {model}`"
                 ),
             )
         }

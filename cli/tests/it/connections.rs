@@ -140,6 +140,17 @@ async fn caps_and_timeouts_from_the_file_hold_in_every_mode() {
     }
 }
 
+/// What `server --check` says of `config`, which it must refuse (exit 2).
+fn refused_at_check(config: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(["server", "--check", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    err
+}
+
 #[test]
 fn an_agent_listener_cap_without_the_control_plane_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -149,12 +160,7 @@ fn an_agent_listener_cap_without_the_control_plane_is_refused() {
         "endpoints: [\"a=http://127.0.0.1:9=m\"]\nconnections:\n  max: {agent: 10}\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args(["server", "--check", "--config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_at_check(&config);
     assert!(
         err.contains("connections.max.agent needs the control plane"),
         "{err}"
@@ -164,12 +170,7 @@ fn an_agent_listener_cap_without_the_control_plane_is_refused() {
         "endpoints: [\"a=http://127.0.0.1:9=m\"]\nconnections:\n  max: {client: 0}\n",
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args(["server", "--check", "--config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_at_check(&config);
     assert!(
         err.contains("connections.max.client must be at least 1"),
         "{err}"
@@ -192,12 +193,7 @@ fn a_mirror_source_without_a_mirror_is_refused_at_start() {
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
-        .args(["server", "--check", "--config", config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_at_check(&config);
     assert!(
         err.contains("model tiny has a mirror source") && err.contains("mirror.url"),
         "{err}"

@@ -94,11 +94,11 @@ pub(crate) async fn forward(
             }
         }
         None => match plan.not_started {
-            Some(n) if n.fits_nowhere => ApiError::fits_nowhere(n.model),
+            Some(n) if n.fits_nowhere => ApiError::fits_nowhere(n.model, true),
             Some(n) => ApiError::not_ready(n.model, gw.config.on_demand_wait),
             // No replica at all, and none could be placed as the cluster
             // stands: said so, not "right now" with a retry for ever.
-            None if unplaceable(gw, plan.asked) => ApiError::unplaced(plan.asked),
+            None if unplaceable(gw, plan.asked) => ApiError::fits_nowhere(plan.asked, false),
             None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
         },
     })
