@@ -45,7 +45,7 @@ use llmgw_projections::Projections;
 use tokio::sync::{Notify, watch};
 
 pub use agents::AgentSvc;
-pub use config::ControlConfig;
+pub use config::{AdminSecret, ControlConfig};
 pub use door::Door;
 pub use forward::forward_writes;
 pub use join::JoinSvc;
@@ -102,6 +102,9 @@ struct Memory {
     unplaced: BTreeMap<String, String>,
     /// Model → until when the last pass held it back after failures.
     backing_off: BTreeMap<String, Option<llmgw_domain::UnixMillis>>,
+    /// The changes to on-demand the reconciler has taken as asks
+    /// (`reconcile::asked_at_change`), each once.
+    made_on_demand_taken: BTreeMap<String, llmgw_domain::UnixMillis>,
 }
 
 #[derive(Debug)]
@@ -270,6 +273,11 @@ impl ControlPlane {
     pub(crate) fn next_try_s(&self, model: &str) -> Option<i64> {
         let until = (*self.memory().backing_off.get(model)?)?;
         Some(((until - self.now()).max(0) + 999) / 1000)
+    }
+
+    /// The admin token this server sends with a command it forwards.
+    pub(crate) fn admin_token(&self) -> Option<&str> {
+        self.config.admin_token.as_ref().map(|t| t.0.as_str())
     }
 
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {

@@ -294,7 +294,13 @@ impl ControlPlane {
     ) -> reconcile::Runtime {
         let mut m = self.memory();
         m.rt.now = now;
-        reconcile::asked_at_change(state, &clocks.changed_at, &mut m.rt.demand);
+        let m = &mut *m;
+        reconcile::asked_at_change(
+            state,
+            &clocks.made_on_demand,
+            &mut m.made_on_demand_taken,
+            &mut m.rt.demand,
+        );
         m.rt.drain_since = clocks.drain_since.clone();
         m.rt.placed_at = clocks.placed_at.clone();
         m.rt.not_before = clocks.backoffs(

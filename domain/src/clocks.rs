@@ -39,8 +39,12 @@ pub struct Clocks {
     /// Live replica → when it was placed (adopted ones are not here: their
     /// age is unknown, and unknown is never old enough to evict).
     pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
-    /// Model → when the catalog last added or changed it.
-    pub changed_at: BTreeMap<String, UnixMillis>,
+    /// Model → when a change lowered its floor (`scaling.min`) to 0: it
+    /// starts on demand from then. Gone once its floor is raised again.
+    pub made_on_demand: BTreeMap<String, UnixMillis>,
+    /// Model → its floor as the catalog last said it (to tell the change
+    /// that lowers it to 0).
+    floors: BTreeMap<String, u32>,
 }
 
 impl Clocks {
@@ -88,10 +92,17 @@ impl Clocks {
             Event::Catalog(
                 CatalogEvent::ModelAdded { model } | CatalogEvent::ModelUpdated { model },
             ) => {
-                self.changed_at.insert(model.name.clone(), at);
+                let min = model.scaling.min;
+                let before = self.floors.insert(model.name.clone(), min);
+                if min > 0 {
+                    self.made_on_demand.remove(&model.name);
+                } else if before.is_some_and(|b| b > 0) {
+                    self.made_on_demand.insert(model.name.clone(), at);
+                }
             }
             Event::Catalog(CatalogEvent::ModelRemoved { name }) => {
-                self.changed_at.remove(name);
+                self.floors.remove(name);
+                self.made_on_demand.remove(name);
             }
             Event::Replica(ReplicaEvent::ReplicaStopped { replica_id, .. }) => {
                 self.drain_since.replicas.remove(replica_id.as_str());

@@ -204,21 +204,23 @@ fn floor(model: &Model, rt: &Runtime, settings: &Settings) -> u32 {
 /// replicas ran counts as asked for at the change: kept for its idle time
 /// from then, as the change's reason says, not drained at once as "not
 /// asked for within its idle time" (it was never asked for: requests to a
-/// model with a floor are not asks). Stamps `demand` for each such model
-/// the change is newer than its last ask.
+/// model with a floor are not asks). Each change (`made_on_demand`, from
+/// the clocks) is taken once (`taken` remembers them): an ask the
+/// reconciler drops later (an eviction) is not brought back by it.
 pub fn asked_at_change(
     state: &State,
-    changed_at: &BTreeMap<String, UnixMillis>,
+    made_on_demand: &BTreeMap<String, UnixMillis>,
+    taken: &mut BTreeMap<String, UnixMillis>,
     demand: &mut BTreeMap<String, UnixMillis>,
 ) {
-    for (name, at) in changed_at {
-        let Some(model) = state.catalog.models.get(name) else {
+    for (name, at) in made_on_demand {
+        if taken.get(name) == Some(at) {
             continue;
-        };
-        let runs = || {
-            (state.replicas.replicas.values()).any(|r| r.is_live() && r.placement.model == *name)
-        };
-        if model.on_demand() && demand.get(name).is_none_or(|asked| asked < at) && runs() {
+        }
+        taken.insert(name.clone(), *at);
+        let runs =
+            (state.replicas.replicas.values()).any(|r| r.is_live() && r.placement.model == *name);
+        if runs && demand.get(name).is_none_or(|asked| asked < at) {
             demand.insert(name.clone(), *at);
         }
     }

@@ -1,6 +1,7 @@
 //! The reconciler's plan: what a pass does for a given cluster.
 
 use llmgw_domain::catalog::{CatalogEvent, Engine, Model, Profile, Scaling};
+use llmgw_domain::clocks::Clocks;
 use llmgw_domain::ids::{ReplicaId, ShardId};
 use llmgw_domain::nodes::{FabricAttachment, Gpu, Inventory, NodeEvent};
 use llmgw_domain::reconcile::{
@@ -1019,8 +1020,10 @@ fn a_stop_and_a_drain_name_every_shard_with_its_node() {
 /// A model whose floor is lowered to 0 while it runs is kept for its idle
 /// time from the change, then idles out; it was drained at once, "not
 /// asked for within its idle time", though never asked for (requests to a
-/// model with a floor are not asks). One that does not run is not
-/// started by a change, nor is a newer ask moved back.
+/// model with a floor are not asks). The clocks tell the change from the
+/// log; it is taken once (an ask dropped later, as an eviction drops it,
+/// stays dropped), and one that does not run is not started by it, nor is
+/// a newer ask moved back.
 #[test]
 fn a_running_model_made_on_demand_is_kept_for_its_idle_time_from_the_change() {
     let mut s = cluster(1, 1, &["a"]);
@@ -1030,14 +1033,22 @@ fn a_running_model_made_on_demand_is_kept_for_its_idle_time_from_the_change() {
         s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(pl.clone())));
     }
     ready_all(&mut s);
-    let on_demand = sim_model(0, 1);
-    s.evolve(&Event::Catalog(CatalogEvent::ModelUpdated {
-        model: on_demand.clone(),
-    }));
+    let mut clocks = Clocks::default();
+    let added = Event::Catalog(CatalogEvent::ModelAdded {
+        model: sim_model(1, 1),
+    });
+    clocks.observe(&s, &added, UnixMillis(1_000));
+    assert!(clocks.made_on_demand.is_empty(), "added with a floor");
+    let lowered = Event::Catalog(CatalogEvent::ModelUpdated {
+        model: sim_model(0, 1),
+    });
+    s.evolve(&lowered);
     let changed = UnixMillis(100_000);
-    let changed_at = [("chat".to_owned(), changed)].into();
+    clocks.observe(&s, &lowered, changed);
+    assert_eq!(clocks.made_on_demand.get("chat"), Some(&changed));
+    let mut taken = std::collections::BTreeMap::new();
     rt.now = changed + 1_000;
-    asked_at_change(&s, &changed_at, &mut rt.demand);
+    asked_at_change(&s, &clocks.made_on_demand, &mut taken, &mut rt.demand);
     assert_eq!(rt.demand.get("chat"), Some(&changed));
     assert!(
         plan(&s, &rt, &Settings::default(), |_| "r2".into())
@@ -1052,13 +1063,24 @@ fn a_running_model_made_on_demand_is_kept_for_its_idle_time_from_the_change() {
         "{:?}",
         p.actions
     );
-    // A newer ask stands.
-    rt.demand.insert("chat".into(), changed + 5_000);
-    asked_at_change(&s, &changed_at, &mut rt.demand);
-    assert_eq!(rt.demand.get("chat"), Some(&(changed + 5_000)));
+    // Taken once: an ask dropped since is not brought back.
+    rt.demand.clear();
+    asked_at_change(&s, &clocks.made_on_demand, &mut taken, &mut rt.demand);
+    assert!(rt.demand.is_empty(), "{:?}", rt.demand);
     // Nothing runs: a change is no ask.
     let idle = cluster(0, 1, &["a"]);
     let mut demand = std::collections::BTreeMap::new();
-    asked_at_change(&idle, &changed_at, &mut demand);
+    asked_at_change(
+        &idle,
+        &clocks.made_on_demand,
+        &mut Default::default(),
+        &mut demand,
+    );
     assert!(demand.is_empty(), "{demand:?}");
+    // A floor raised again is no longer a change to on-demand.
+    let raised = Event::Catalog(CatalogEvent::ModelUpdated {
+        model: sim_model(1, 1),
+    });
+    clocks.observe(&s, &raised, changed + 70_000);
+    assert!(clocks.made_on_demand.is_empty());
 }
