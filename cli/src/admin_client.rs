@@ -22,7 +22,8 @@ pub(crate) struct AdminArgs {
     /// the leader's recorded address, or is decided here, on --store,
     /// under the append lease while no server leads. A --store given on
     /// the command line (and no --admin there) sends the command to that
-    /// log that way, whatever answers here.
+    /// log that way, whatever answers here. A server with admin_token is
+    /// sent LLMGW_ADMIN_TOKEN (the token, or @FILE).
     #[arg(
         long,
         global = true,
@@ -54,9 +55,33 @@ pub(crate) enum Api {
     },
 }
 
+/// The admin API's token the operator gave (`LLMGW_ADMIN_TOKEN`: the
+/// token, or `@FILE` holding it), for a server with `admin_token` set.
+pub(crate) fn admin_token() -> anyhow::Result<Option<String>> {
+    match std::env::var("LLMGW_ADMIN_TOKEN") {
+        Ok(v) if !v.trim().is_empty() => {
+            Ok(Some(crate::config::secret_value("LLMGW_ADMIN_TOKEN", &v)?))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Headers every request to an admin API carries: its token, when given.
+pub(crate) fn token_headers() -> anyhow::Result<reqwest::header::HeaderMap> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = admin_token()? {
+        let mut bearer = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            .context("LLMGW_ADMIN_TOKEN cannot be sent in a header")?;
+        bearer.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, bearer);
+    }
+    Ok(headers)
+}
+
 /// A server that answers at `admin`, or None when nothing listens there.
 async fn remote(admin: &str) -> anyhow::Result<Option<reqwest::Client>> {
     let http = reqwest::Client::builder()
+        .default_headers(token_headers()?)
         .timeout(Duration::from_secs(30))
         .no_proxy()
         .build()?;
@@ -174,7 +199,8 @@ async fn local(
             if offline {
                 routes
             } else {
-                llmgw_control::ToLeader::new(log.clone(), "cli".to_owned()).around(routes)
+                let token = admin_token()?;
+                llmgw_control::ToLeader::new(log.clone(), "cli".to_owned(), token).around(routes)
             }
         },
         admin: admin.to_owned(),

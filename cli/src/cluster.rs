@@ -144,19 +144,21 @@ pub(crate) struct Admin {
 }
 
 impl Admin {
-    pub(crate) fn new(base: &str) -> Admin {
-        Admin {
+    pub(crate) fn new(base: &str) -> anyhow::Result<Admin> {
+        Ok(Admin {
             base: base.trim_end_matches('/').to_owned(),
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .default_headers(crate::admin_client::token_headers()?)
+                .build()?,
             told: Default::default(),
-        }
+        })
     }
 
     /// Sends every request as `operator`'s one command, so that what it
     /// changes is recorded as theirs (as keys and users record theirs),
     /// not as the admin API's.
     fn by(base: &str, operator: &llmgw_decider::Origin) -> anyhow::Result<Admin> {
-        let mut headers = reqwest::header::HeaderMap::new();
+        let mut headers = crate::admin_client::token_headers()?;
         let actor = api::actor_to_header(operator.actor.name());
         headers.insert(api::ACTOR_HEADER, actor.parse()?);
         headers.insert(api::COMMAND_HEADER, operator.command_id.parse()?);

@@ -28,6 +28,8 @@ pub(crate) struct FileConfig {
     pub agent_plaintext: Option<bool>,
     /// The admin listener may be off loopback (it has no authentication).
     pub admin_open: Option<bool>,
+    /// The token every admin request must carry: the token, or `@FILE`.
+    pub admin_token: Option<String>,
     /// The event log's address (as `--store`).
     pub store: Option<String>,
     #[serde(default)]
@@ -847,6 +849,25 @@ fn check_catalog(models: &[Model]) -> Result<(), String> {
         .map_err(|r| r.reason)
 }
 
+/// A secret given as itself or as `@FILE` holding it (kept off command
+/// lines and out of the configuration file), checked to be one: at least
+/// 16 visible ASCII characters, which a header can carry.
+pub(crate) fn secret_value(name: &str, given: &str) -> Result<String, ConfigError> {
+    let value = match given.trim().strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file)
+            .map_err(|e| ConfigError(format!("{name}: cannot read {file}: {e}")))?
+            .trim()
+            .to_owned(),
+        None => given.trim().to_owned(),
+    };
+    if value.len() < 16 || !value.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+        return Err(ConfigError(format!(
+            "{name} must be at least 16 visible ASCII characters, without spaces (`openssl rand -hex 32` makes one)"
+        )));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 #[path = "config_docs.rs"]
 mod docs;
@@ -864,5 +885,33 @@ mod tests {
         assert!(d("99999999999999999999d").unwrap_err().contains("too long"));
         assert!(d("-5s").unwrap_err().contains("not a duration"));
         assert!(d("5w").unwrap_err().contains("unknown unit"));
+    }
+
+    /// A secret is itself or @FILE's content, trimmed, and long enough to
+    /// be one; what is refused says how to make one.
+    #[test]
+    fn a_secret_is_given_or_read_and_refused_when_short_or_spaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t");
+        std::fs::write(&file, "0123456789abcdef0123\n").unwrap();
+        let at = format!("@{}", file.display());
+        assert_eq!(
+            secret_value("t", &at).map_err(|e| e.0),
+            Ok("0123456789abcdef0123".to_owned())
+        );
+        assert_eq!(
+            secret_value("t", " 0123456789abcdef ").map_err(|e| e.0),
+            Ok("0123456789abcdef".to_owned())
+        );
+        for bad in ["short", "0123456789 abcdef0", "@/no/such/file"] {
+            let e = secret_value("admin_token", bad).unwrap_err().0;
+            assert!(e.starts_with("admin_token"), "{e}");
+        }
+        assert!(
+            secret_value("t", "short")
+                .unwrap_err()
+                .0
+                .contains("openssl rand")
+        );
     }
 }

@@ -11,7 +11,8 @@ use crate::output::Table;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct CtlArgs {
-    /// The server's admin API (keep it on loopback).
+    /// The server's admin API (keep it on loopback). A server with
+    /// admin_token is sent LLMGW_ADMIN_TOKEN (the token, or @FILE).
     #[arg(
         long,
         global = true,

@@ -365,7 +365,8 @@ fn server_yaml(dir: &Path, store: &str) -> String {
          admin_listen: \"127.0.0.1:9090\"\n\
          agent_listen: \":7443\"\n\
          # With a second server: admin_listen on an address it reaches,\n\
-         # admin_open: true (it has no authentication: firewall it), and\n\
+         # admin_token: \"@/etc/llmgw/admin-token\" (one token on both servers;\n\
+         # operators export LLMGW_ADMIN_TOKEN=@that file), and\n\
          # advertise_admin: \"http://THAT:9090\" under control (docs/install.md).\n\
          control:\n  enabled: true\n\
          auth:\n  enabled: true\n\

@@ -224,7 +224,7 @@ pub(crate) async fn run(admin: &str, json_out: bool, args: PlanArgs) -> anyhow::
             p.display()
         )));
     }
-    let a = Admin::new(admin);
+    let a = Admin::new(admin)?;
     let models: Vec<api::ModelRow> = a.get("/api/v1/models").await?;
     let row = models
         .iter()

@@ -32,6 +32,9 @@ pub(crate) struct Listen {
     /// HTTPS on the client listener; None is plain HTTP.
     pub client_tls: Option<llmgw_gateway::ServerTls>,
     pub admin: SocketAddr,
+    /// What every admin request but `/health` must carry (`admin_token`),
+    /// and what this server sends with a command it forwards to a leader.
+    pub admin_token: Option<llmgw_control::AdminSecret>,
     pub metrics: Option<SocketAddr>,
     pub agent: SocketAddr,
     /// Mutual TLS on the agent listener; None is plaintext.
@@ -311,8 +314,10 @@ pub(crate) async fn run(
         .control
         .as_ref()
         .and_then(|c| c.advertise_agent.clone());
-    if let (Some(control), Some(log), Some(v), Some(people)) = (plan.control, &log, &views, &people)
+    if let (Some(mut control), Some(log), Some(v), Some(people)) =
+        (plan.control, &log, &views, &people)
     {
+        control.admin_token = plan.listen.admin_token.clone();
         let plane = ControlPlane::new(log.clone(), v.views.clone(), v.position.clone(), control);
         {
             let plane = plane.clone();
@@ -369,7 +374,8 @@ pub(crate) async fn run(
         // No control plane here: each command is decided under the lease,
         // or sent on to the leader while a control plane holds it, and so
         // is every control plane route (`llmgw ctl`) this server lacks.
-        admin_routes = llmgw_control::ToLeader::new(log.clone(), instance.clone()).around(
+        let token = plan.listen.admin_token.as_ref().map(|t| t.0.clone());
+        admin_routes = llmgw_control::ToLeader::new(log.clone(), instance.clone(), token).around(
             llmgw_control::tenancy_api::router(
                 llmgw_control::Door::Lease {
                     store: log.clone(),
@@ -417,6 +423,8 @@ pub(crate) async fn run(
             client: plan.listen.client,
             client_tls: plan.listen.client_tls.clone(),
             admin: plan.listen.admin,
+            admin_token: (plan.listen.admin_token.as_ref())
+                .map(|t| llmgw_gateway::AdminToken::new(&t.0)),
             metrics: plan.listen.metrics,
             connections: plan.listen.connections,
         },

@@ -51,6 +51,16 @@ pub(crate) struct ServerArgs {
     /// off loopback is refused.
     #[arg(long, env = "LLMGW_ADMIN_OPEN", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     admin_open: Option<bool>,
+    /// The token every admin request but /health must carry (Bearer, or a
+    /// browser's Basic password): `@FILE` holding it keeps it off the
+    /// command line. With it the admin listener may be off loopback.
+    #[arg(
+        long,
+        env = "LLMGW_ADMIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN|@FILE"
+    )]
+    admin_token: Option<String>,
     /// A metrics-only listener, off unless given.
     #[arg(long, env = "LLMGW_METRICS_LISTEN", value_parser = listen_addr)]
     metrics_listen: Option<SocketAddr>,
@@ -415,7 +425,18 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
         .admin_listen
         .or(addr("admin_listen", file.admin_listen)?)
         .unwrap_or_else(|| ([127, 0, 0, 1], 9090).into());
-    admin_reach(admin, a.admin_open.or(file.admin_open))?;
+    let admin_token = match a.admin_token.as_ref().or(file.admin_token.as_ref()) {
+        Some(t) => Some(llmgw_control::AdminSecret(crate::config::secret_value(
+            "admin_token",
+            t,
+        )?)),
+        None => None,
+    };
+    admin_reach(
+        admin,
+        a.admin_open.or(file.admin_open),
+        admin_token.is_some(),
+    )?;
     distinct_listeners(&[
         ("listen", Some(client)),
         ("admin_listen", Some(admin)),
@@ -429,6 +450,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             client,
             client_tls,
             admin,
+            admin_token,
             metrics,
             agent,
             agent_tls,
@@ -494,24 +516,29 @@ fn not_sqlite(path: &std::path::Path) -> Result<(), String> {
     ))
 }
 
-/// The admin API has no authentication of its own: whoever reaches it
-/// issues keys, adds people and changes the catalog. Off loopback (`:9090`
-/// included, every interface) it is refused unless `admin_open` says a
-/// firewall keeps it to the servers and the operators; a warning only was
-/// logged, and a copied `admin_listen: ":9090"` opened it to the network.
-fn admin_reach(admin: SocketAddr, open: Option<bool>) -> Result<(), ConfigError> {
-    match (admin.ip().is_loopback(), open == Some(true)) {
-        (false, false) => Err(ConfigError(format!(
-            "admin_listen {admin} is off loopback: the admin API has no authentication, so anything that reaches it could issue keys, add people and change the catalog. Listen on loopback, or set admin_open: true (--admin-open) where a firewall keeps it to the servers and your operators (a second server's standby needs to reach it: docs/install.md)"
+/// Without `admin_token` the admin API has no authentication: whoever
+/// reaches it issues keys, adds people and changes the catalog. Off
+/// loopback (`:9090` included, every interface) it is refused unless
+/// `admin_open` says a firewall keeps it to the servers and the operators,
+/// or a token guards it; a warning only was logged, and a copied
+/// `admin_listen: ":9090"` opened it to the network.
+fn admin_reach(admin: SocketAddr, open: Option<bool>, token: bool) -> Result<(), ConfigError> {
+    match (admin.ip().is_loopback(), open == Some(true), token) {
+        (false, false, false) => Err(ConfigError(format!(
+            "admin_listen {admin} is off loopback: without admin_token the admin API has no authentication, so anything that reaches it could issue keys, add people and change the catalog. Listen on loopback, set admin_token (every request then carries it), or set admin_open: true (--admin-open) where a firewall keeps it to the servers and your operators (a second server's standby needs to reach it: docs/install.md)"
         ))),
-        (true, true) => Err(ConfigError(format!(
+        (true, true, _) => Err(ConfigError(format!(
             "admin_open applies only with admin_listen off loopback ({admin} is on it): remove it"
         ))),
-        (false, true) => {
+        (false, _, true) => {
+            tracing::warn!(addr = %admin, "admin listener off loopback, guarded by admin_token: it is plain HTTP, so the token crosses the network in clear; keep the listener on a network you trust");
+            Ok(())
+        }
+        (false, true, false) => {
             tracing::warn!(addr = %admin, "admin listener off loopback (admin_open): it has no authentication; keep it firewalled to the servers and operators");
             Ok(())
         }
-        (true, false) => Ok(()),
+        (true, false, _) => Ok(()),
     }
 }
 

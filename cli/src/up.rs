@@ -78,6 +78,8 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
         client: a.listen,
         client_tls: None,
         admin: a.admin_listen,
+        // On loopback, for this machine's user: no token.
+        admin_token: None,
         metrics: None,
         agent: ([127, 0, 0, 1], 0).into(),
         agent_tls: None,

@@ -36,6 +36,9 @@ pub struct ControlConfig {
     /// The admin address standbys forward commands to while this server
     /// leads (default: `http://` and the admin listener's address).
     pub advertise_admin: Option<String>,
+    /// The admin API's token (`admin_token`), which this server sends with
+    /// a command it forwards to the leader's admin API.
+    pub admin_token: Option<AdminSecret>,
     /// The agent address standbys name to agents while this server leads
     /// (default: the agent listener's address, the host's name when it
     /// listens on every interface).
@@ -105,6 +108,7 @@ impl Default for ControlConfig {
         ControlConfig {
             instance: format!("llmgw-{}", std::process::id()),
             advertise_admin: None,
+            admin_token: None,
             advertise_agent: None,
             lease_ttl: Duration::from_secs(10),
             lease_poll: Duration::from_millis(500),
@@ -135,5 +139,16 @@ mod tests {
         assert_eq!(cut("http://u:p@mirror:8090/x"), "http://mirror:8090/x");
         assert_eq!(cut("https://mirror/a@b"), "https://mirror/a@b");
         assert_eq!(cut("github"), "github");
+    }
+}
+
+/// A token kept out of what is printed: `{:?}` of a configuration shows
+/// that one is set, never what it is.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminSecret(pub String);
+
+impl std::fmt::Debug for AdminSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminSecret(…)")
     }
 }

@@ -209,8 +209,9 @@ pub async fn forward_writes(
         if let Ok(Some((holder, url))) = cp.leader_admin().await
             && holder != cp.config.instance
         {
+            let who = (cp.config.instance.as_str(), cp.admin_token());
             let asked = tokio::select! {
-                r = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone()) => Some(r),
+                r = forward(&cp.http, who, &url, &parts, body.clone()) => Some(r),
                 () = taking_office(&cp) => None,
             };
             match asked {
@@ -269,7 +270,8 @@ pub async fn forward_writes(
         }
         match cp.leader_admin().await {
             Ok(Some((holder, url))) if holder != cp.config.instance => {
-                let sent = forward(&cp.http, &cp.config.instance, &url, &parts, body.clone());
+                let who = (cp.config.instance.as_str(), cp.admin_token());
+                let sent = forward(&cp.http, who, &url, &parts, body.clone());
                 // A leader that hangs mid-command loses its lease, and this
                 // server may take office meanwhile: then the log says
                 // whether the command was decided, at once, where the
@@ -531,7 +533,7 @@ pub(crate) fn client() -> reqwest::Client {
 
 pub(crate) async fn forward(
     http: &reqwest::Client,
-    instance: &str,
+    (instance, token): (&str, Option<&str>),
     leader: &str,
     parts: &axum::http::request::Parts,
     body: axum::body::Bytes,
@@ -553,6 +555,11 @@ pub(crate) async fn forward(
         .request(method, format!("{}{path}", leader.trim_end_matches('/')))
         .header(api::FORWARDED_HEADER, instance)
         .body(body);
+    // The servers share the admin token (admin_token): the leader's admin
+    // API wants it of a forward as of an operator.
+    if let Some(token) = token {
+        out = out.bearer_auth(token);
+    }
     for (name, value) in &parts.headers {
         let keep = [
             axum::http::header::CONTENT_TYPE.as_str(),

@@ -27,16 +27,19 @@ use crate::forward::{buffered, client, forward};
 pub struct ToLeader {
     store: AnyStore,
     instance: String,
+    /// The leader's admin token (admin_token), sent with what is forwarded.
+    token: Option<String>,
     http: reqwest::Client,
     /// A control plane has led this store (see [`ToLeader::ever_led`]).
     led: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ToLeader {
-    pub fn new(store: AnyStore, instance: String) -> Arc<ToLeader> {
+    pub fn new(store: AnyStore, instance: String, token: Option<String>) -> Arc<ToLeader> {
         Arc::new(ToLeader {
             store,
             instance,
+            token,
             http: client(),
             led: Default::default(),
         })
@@ -125,7 +128,13 @@ impl ToLeader {
             Ok(None) => return None,
             Err(e) => return Some(AdminError::from(crate::ControlError::from(e)).into_response()),
         };
-        Some(match forward(&self.http, &self.instance, &url, parts, body).await {
+        Some(match forward(
+            &self.http,
+            (&self.instance, self.token.as_deref()),
+            &url,
+            parts,
+            body,
+        ).await {
             // What answers at the recorded address does not lead: most
             // often this very server, or another one's loopback, because
             // the leader recorded a loopback address.

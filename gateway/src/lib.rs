@@ -48,6 +48,7 @@ pub use endpoints::{BreakerConfig, Endpoint, EndpointSpec, Endpoints, InFlight, 
 pub use error::ApiError;
 pub use info::{ModelCard, model_cards};
 pub use listen::ConnectionLimits;
+pub use listen::admin_guard::AdminToken;
 pub use listen::conn::{Acceptor, Conn, ConnectionStats, Which};
 pub use listen::grpc::serve_grpc;
 pub use metrics::Metrics;
@@ -405,6 +406,7 @@ pub async fn serve(
         client,
         client_tls: None,
         admin,
+        admin_token: None,
         metrics,
         connections: ConnectionLimits::default(),
     };
@@ -432,6 +434,8 @@ pub struct Listen {
     /// HTTPS on the client listener when set.
     pub client_tls: Option<ServerTls>,
     pub admin: SocketAddr,
+    /// The token every admin request but `/health` must carry, when set.
+    pub admin_token: Option<AdminToken>,
     /// Metrics only, when set.
     pub metrics: Option<SocketAddr>,
     /// Caps and timeouts of every listener.
@@ -541,11 +545,12 @@ pub async fn serve_with(
         ))),
     };
     let loopback = listen.admin.ip().is_loopback();
+    let token = listen.admin_token.clone();
     let admin_app = edge(
         admin_app(gw.clone())
             .merge(extra.admin)
             .layer(axum::middleware::from_fn(move |request, next| {
-                listen::admin_guard::guard(loopback, request, next)
+                listen::admin_guard::guard(loopback, token.clone(), request, next)
             })),
         Some(limits.body_timeout),
         false,

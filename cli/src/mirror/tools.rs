@@ -37,7 +37,8 @@ pub(crate) struct AddArgs {
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct CatalogArgs {
-    /// The control plane's admin API, whose catalog says what is in use.
+    /// The control plane's admin API, whose catalog says what is in use
+    /// (sent LLMGW_ADMIN_TOKEN where it has admin_token).
     #[arg(
         long,
         env = "LLMGW_ADMIN",
@@ -201,6 +202,7 @@ struct InUse {
 /// be read (then nothing can be called unused).
 async fn in_use_by(c: &CatalogArgs) -> anyhow::Result<InUse> {
     let http = reqwest::Client::builder()
+        .default_headers(crate::admin_client::token_headers()?)
         .timeout(Duration::from_secs(30))
         .no_proxy()
         .build()?;

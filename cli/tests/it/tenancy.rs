@@ -310,6 +310,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
         admin,
         &["limits", "--scope", "key", "--id", &id, "--tpm", "100000"],
     );
+    // A limit of nothing is refused before anything is sent.
     let out = keys(
         &store,
         admin,
@@ -317,7 +318,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
     );
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("rpm and tpm must be positive"),
+        String::from_utf8_lossy(&out.stderr).contains("not a whole number in 1..=4294967295"),
         "{out:?}"
     );
     // With a catalog, an allowlist's typo is said: it locked the key out
@@ -335,6 +336,17 @@ async fn auth_on(mode: Mode, backend: Backend) {
     }
     keys_ok(&store, admin, &["revoke", &id]);
     status_becomes(base, Some(&secret), "free", 401).await;
+    // Limits on a revoked key are refused by the decision, and recorded.
+    let out = keys(
+        &store,
+        admin,
+        &["limits", "--scope", "key", "--id", &id, "--rpm", "5"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is revoked"),
+        "{out:?}"
+    );
     let history = super::ok(&store, &["events", "log", "--key", &id]);
     for needle in ["KeyIssued", "LimitsSet", "KeyRevoked", "CommandRefused"] {
         let row = history.lines().find(|l| l.contains(needle));
@@ -818,6 +830,98 @@ async fn a_standby_whose_forward_comes_back_to_it_names_the_setting() {
     );
 }
 
+/// With `admin_token`, every admin request but `/health` carries the
+/// token: `keys` (and `ctl`) send `LLMGW_ADMIN_TOKEN`, a browser its Basic
+/// password, and a standby forwarding a command to the leader its own.
+/// Two servers on PostgreSQL, the token read from a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_token_guards_the_admin_api_and_goes_with_forwards() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let stage = Stage::new();
+    let token = "0123456789abcdef0123456789abcdef";
+    let file = stage.dir.path().join("admin-token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let setting = format!("auth: true\nadmin_token: \"@{}\"\n", file.display());
+    let a = stage.start("cp-a", &store, Mode::Control, &setting);
+    let http = reqwest::Client::new();
+    let leader = format!("{}/api/v1/leader", a.admin);
+    until("the server to lead", || async {
+        let r = http.get(&leader).bearer_auth(token).send().await.ok()?;
+        let v: Value = r.json().await.ok()?;
+        (v["is_leader"] == true).then_some(())
+    })
+    .await;
+    let b = stage.start("cp-b", &store, Mode::Control, &setting);
+
+    // Without it: 401, saying what to send; a wrong one is told apart.
+    let r = http.get(&leader).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(
+        r.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .starts_with("Basic")
+    );
+    let said: Value = r.json().await.unwrap();
+    assert!(
+        said["error"]
+            .as_str()
+            .unwrap()
+            .contains("LLMGW_ADMIN_TOKEN"),
+        "{said}"
+    );
+    let r = http
+        .get(&leader)
+        .bearer_auth("not-the-token-0123456789")
+        .send()
+        .await
+        .unwrap();
+    let said: Value = r.json().await.unwrap();
+    assert!(
+        said["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not this admin API's"),
+        "{said}"
+    );
+    // A balancer's look needs nothing; a browser's Basic password will do.
+    let health = http
+        .get(format!("{}/health", a.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let r = http
+        .get(&leader)
+        .basic_auth("me", Some(token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // keys through the standby, which forwards to the leader with its own
+    // token: refused without the operator's, done with it.
+    let init = ["init", "--org", "o", "--team", "t", "--project", "p"];
+    let out = keys(&store, &b.admin, &init);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("LLMGW_ADMIN_TOKEN"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .env("LLMGW_ADMIN_TOKEN", format!("@{}", file.display()))
+        .args([
+            "--store", &store, "keys", "--admin", &b.admin, "--as", "alice",
+        ])
+        .args(init)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // Decided by the leader: the standby sent it on with its own token.
+    assert!(out.status.success(), "{err}");
+}
+
 /// Two `keys create` for one name at once: exactly one wins, through a
 /// server and with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1153,10 +1257,11 @@ fn a_plaintext_agent_listener_off_loopback_needs_agent_plaintext() {
     assert!(out.contains("agent_plaintext with tls"), "{out}");
 }
 
-/// The admin API has no authentication: off loopback (every interface
-/// too) it is refused unless `admin_open` (key, flag or variable) says a
-/// firewall keeps it to the servers and operators; said on loopback, the
-/// opt-in is refused as doing nothing.
+/// Without a token the admin API has no authentication: off loopback
+/// (every interface too) it is refused unless `admin_open` (key, flag or
+/// variable) says a firewall keeps it to the servers and operators, or
+/// `admin_token` guards it; said on loopback, the opt-in is refused as
+/// doing nothing.
 #[test]
 fn an_admin_listener_off_loopback_needs_admin_open() {
     for mode in [Mode::RouterOnly, Mode::Control] {
@@ -1168,14 +1273,22 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
                 && out.contains("admin_open: true"),
             "{out}"
         );
+        assert!(out.contains("set admin_token"), "{out}");
+        // A token guards it as well: no admin_open needed then. One too
+        // short to be secret is refused, with how to make one.
+        let token = ("LLMGW_ADMIN_TOKEN", "0123456789abcdef0123");
         for (extra, env, args) in [
             ("admin_open: true\n", &everywhere[..], &[][..]),
             ("", &[everywhere[0], ("LLMGW_ADMIN_OPEN", "1")][..], &[][..]),
             ("", &everywhere[..], &["--admin-open"][..]),
+            ("", &[everywhere[0], token][..], &[][..]),
         ] {
             let (code, out) = check_in(mode, extra, env, args);
             assert_eq!(code, Some(0), "{extra:?} {env:?} {args:?}: {out}");
         }
+        let (code, out) = check_in(mode, "admin_token: short\n", &everywhere, &[]);
+        assert_eq!(code, Some(2), "{out}");
+        assert!(out.contains("openssl rand"), "{out}");
         let (code, out) = check_in(mode, "admin_open: true\n", &[], &[]);
         assert_eq!(code, Some(2), "{out}");
         assert!(

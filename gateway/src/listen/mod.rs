@@ -10,7 +10,7 @@
 //! - Each listener holds at most its cap of connections; more wait until
 //!   one closes ([`conn`]).
 
-pub(crate) mod admin_guard;
+pub mod admin_guard;
 pub(crate) mod body;
 pub mod conn;
 pub(crate) mod edge;

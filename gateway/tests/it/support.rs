@@ -129,6 +129,7 @@ pub(crate) async fn serve_limited(
         client: any,
         client_tls: None,
         admin: any,
+        admin_token: None,
         metrics: None,
         connections,
     };
