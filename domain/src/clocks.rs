@@ -33,9 +33,11 @@ impl Drains {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Clocks {
     pub drain_since: Drains,
-    /// Model → its replicas' failures since it last had one ready, and
-    /// when the last failure was recorded.
+    /// Model → its replicas' failures since it last had one ready for
+    /// [`STEADY_MS`], and when the last failure was recorded.
     pub failures: BTreeMap<String, (u32, UnixMillis)>,
+    /// Model → when a replica of it last became ready.
+    ready_at: BTreeMap<String, UnixMillis>,
     /// Live replica → when it was placed (adopted ones are not here: their
     /// age is unknown, and unknown is never old enough to evict).
     pub placed_at: BTreeMap<ReplicaId, UnixMillis>,
@@ -110,13 +112,27 @@ impl Clocks {
             }
             Event::Replica(ReplicaEvent::ReplicaFailed { replica_id, .. }) => {
                 if let Some(m) = model(replica_id) {
-                    let n = self.failures.get(&m).map_or(0, |(n, _)| *n);
+                    // Ready a while since its last failure, it is a new
+                    // run of failures; ready only a moment (an engine that
+                    // dies seconds after it loads), the same run goes on,
+                    // and its backoff grows instead of restarting each time.
+                    // (Ready since the last failure, that is: another
+                    // replica ready long ago does not end the run.)
+                    let n = match (self.failures.get(&m), self.ready_at.get(&m)) {
+                        (Some((_, last)), Some(ready))
+                            if ready >= last && at - *ready >= STEADY_MS =>
+                        {
+                            0
+                        }
+                        (Some((n, _)), _) => *n,
+                        (None, _) => 0,
+                    };
                     self.failures.insert(m, (n + 1, at));
                 }
             }
             Event::Replica(ReplicaEvent::ReplicaReady { replica_id }) => {
                 if let Some(m) = model(replica_id) {
-                    self.failures.remove(&m);
+                    self.ready_at.insert(m, at);
                 }
             }
             Event::Node(NodeEvent::NodeDrainRequested { node_id, .. }) => {
@@ -140,6 +156,11 @@ impl Clocks {
     /// since it last served.
     pub fn not_before(&self, model: &str, base_ms: Millis, max_ms: Millis) -> Option<UnixMillis> {
         let (n, at) = self.failures.get(model)?;
+        // Ready since its last failure: nothing holds it back now (the
+        // count is kept for a failure that follows soon).
+        if self.ready_at.get(model).is_some_and(|ready| ready >= at) {
+            return None;
+        }
         Some(*at + backoff(*n, base_ms, max_ms, unit(model, *n)))
     }
 
@@ -151,6 +172,11 @@ impl Clocks {
             .collect()
     }
 }
+
+/// How long a model's replica must have been ready for its next failure
+/// to start a new run of failures (backoff from the base again) rather
+/// than go on with the last run's.
+pub const STEADY_MS: Millis = 60_000;
 
 /// A number in [0, 1) that depends only on `model` and `failures`
 /// (FNV-1a), standing in for a random draw every server must agree on.
@@ -232,6 +258,27 @@ mod tests {
         );
         assert_eq!(c.not_before("chat", 100, 10_000), None);
         assert!(c.backoffs(100, 10_000).is_empty());
+        // Dying seconds after it became ready goes on with the run (an
+        // engine that crashes once loaded was retried every few seconds
+        // for ever); a failure after a steady minute starts a new one.
+        placed(&mut state, "r5", "chat");
+        c.observe(&state, &failed("r4"), UnixMillis(7_000));
+        assert_eq!(c.failures["chat"], (4, UnixMillis(7_000)));
+        assert!(c.not_before("chat", 100, 10_000).is_some());
+        c.observe(
+            &state,
+            &Event::Replica(ReplicaEvent::ReplicaReady {
+                replica_id: "r5".into(),
+            }),
+            UnixMillis(8_000),
+        );
+        c.observe(&state, &failed("r5"), UnixMillis(8_000 + STEADY_MS));
+        assert_eq!(c.failures["chat"], (1, UnixMillis(8_000 + STEADY_MS)));
+        // A replica ready long ago does not end the run of another that
+        // keeps failing: only a ready after the last failure does.
+        placed(&mut state, "r6", "chat");
+        c.observe(&state, &failed("r6"), UnixMillis(200_000));
+        assert_eq!(c.failures["chat"], (2, UnixMillis(200_000)));
     }
 
     #[test]
