@@ -558,30 +558,22 @@ async fn add_model(
             format!("model {} added", model.name),
         )
     };
+    let fits = {
+        let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
+        cp.fits_on(&model, &views.cluster.nodes)
+    };
     if model.profiles.is_empty() {
         done.push_str(&format!(
             "; it has no profiles, so no node starts it until it has one (`llmgw ctl plan {}` suggests some); a static endpoint that names it serves it meanwhile",
             model.name
         ));
-    } else if !fits_any_node(&cp, &model) {
+    } else if !fits {
         done.push_str(&format!(
             "; but no node of this cluster can take it as it stands, so it does not run (`llmgw ctl explain-placement {}` says why for each node)",
             model.name
         ));
     }
     change(&cp, &origin, vec![Command::Catalog(command)], &done).await
-}
-
-/// Whether some registered node could take `model` were it free.
-fn fits_any_node(cp: &ControlPlane, model: &Model) -> bool {
-    let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
-    llmgw_domain::placement::fits_as_built(
-        model,
-        &views.cluster.nodes,
-        llmgw_domain::placement::PlaceOptions {
-            port_range: cp.config.port_range,
-        },
-    )
 }
 
 /// The model a body describes. A key the model does not have is refused,

@@ -290,15 +290,19 @@ impl ControlPlane {
     pub fn fits_as_built(&self, model: &str) -> bool {
         let views = self.views.read().unwrap_or_else(|p| p.into_inner());
         let c = &views.cluster;
-        c.catalog.models.get(model).is_none_or(|m| {
-            llmgw_domain::placement::fits_as_built(
-                m,
-                &c.nodes,
-                llmgw_domain::placement::PlaceOptions {
-                    port_range: self.config.port_range,
-                },
-            )
-        })
+        (c.catalog.models.get(model)).is_none_or(|m| self.fits_on(m, &c.nodes))
+    }
+
+    /// Whether some node of `nodes` could take `model` were it free.
+    pub(crate) fn fits_on(
+        &self,
+        model: &llmgw_domain::catalog::Model,
+        nodes: &llmgw_domain::nodes::Nodes,
+    ) -> bool {
+        let options = llmgw_domain::placement::PlaceOptions {
+            port_range: self.config.port_range,
+        };
+        llmgw_domain::placement::fits_as_built(model, nodes, options)
     }
 
     /// How many asks for on-demand models the views have read.

@@ -251,6 +251,12 @@ impl Gateway {
         let _ = self.placeable.set(hook);
     }
 
+    /// Whether the control plane says no node could ever take `model`
+    /// (false without one: a router-only server cannot tell).
+    pub(crate) fn fits_nowhere(&self, model: &str) -> bool {
+        self.placeable.get().is_some_and(|hook| !(hook.0)(model))
+    }
+
     /// How full the engines serving `model` (canonical) are, as admission
     /// reads it: 1 or more is at the ceilings (`admission.waiting_ceiling`,
     /// `admission.kv_ceiling`) on every endpoint that serves it.

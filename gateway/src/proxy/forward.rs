@@ -98,16 +98,12 @@ pub(crate) async fn forward(
             Some(n) => ApiError::not_ready(n.model, gw.config.on_demand_wait),
             // No replica at all, and none could be placed as the cluster
             // stands: said so, not "right now" with a retry for ever.
-            None if unplaceable(gw, plan.asked) => ApiError::fits_nowhere(plan.asked, false),
+            None if !gw.endpoints.knows_model(plan.asked) && gw.fits_nowhere(plan.asked) => {
+                ApiError::fits_nowhere(plan.asked, false)
+            }
             None => ApiError::no_capacity(plan.asked, gw.config.breaker.cool_down),
         },
     })
-}
-
-/// Whether `model` has no endpoint at all and no node of the cluster could
-/// take it (a control plane's catalog model whose profiles fit nowhere).
-fn unplaceable(gw: &Gateway, model: &str) -> bool {
-    !gw.endpoints.knows_model(model) && gw.placeable.get().is_some_and(|hook| !(hook.0)(model))
 }
 
 /// Why the last endpoint tried gave no answer.

@@ -250,7 +250,7 @@ pub(crate) async fn wait_on_demand<'a>(
     // Not asked for when no node could ever take it: the ask kept a
     // replica "waiting for a place" in `ctl status` for the model's idle
     // time after one refused request.
-    if !serving() && gw.placeable.get().is_some_and(|hook| !(hook.0)(model)) {
+    if !serving() && gw.fits_nowhere(model) {
         return Err(not_started(true));
     }
     demand(gw, routes, model);
