@@ -78,8 +78,9 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
         client: a.listen,
         client_tls: None,
         admin: a.admin_listen,
-        // On loopback, for this machine's user: no token.
-        admin_token: None,
+        // Honoured as by `llmgw server` (ignored, it left the admin API
+        // open while ctl sent a token it was never asked for).
+        admin_token: crate::admin_client::admin_token()?.map(llmgw_control::AdminSecret),
         metrics: None,
         agent: ([127, 0, 0, 1], 0).into(),
         agent_tls: None,

@@ -601,6 +601,40 @@ fn up(data: &std::path::Path, more: &[&str]) -> Child {
 /// the agent's first engine port, where the tests count engines.
 static UP: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// `up` honours LLMGW_ADMIN_TOKEN as `server` does: it was ignored, the
+/// admin API left open while `ctl` sent a token nothing asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llmgw_up_guards_its_admin_api_with_the_token_given() {
+    let _one = UP.lock().await;
+    let sweep = EngineSweeper("127.0.0.1:20".into());
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let token = "0123456789abcdef0123";
+    let up = Child::spawn_env(
+        &[
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data,
+        ],
+        &[("LLMGW_ADMIN_TOKEN", token.to_owned())],
+    );
+    let status = format!(
+        "http://{}/api/v1/status",
+        up.addr_after("admin listening on ")
+    );
+    let http = reqwest::Client::new();
+    let bare = http.get(&status).send().await.unwrap();
+    assert_eq!(bare.status(), 401);
+    let with = http.get(&status).bearer_auth(token).send().await.unwrap();
+    assert_eq!(with.status(), 200);
+    drop(up);
+    drop(sweep);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     let _one = UP.lock().await;
