@@ -355,6 +355,31 @@ pub struct NewKey {
     /// seven days, without one); only with `claim`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_ttl_secs: Option<u64>,
+    /// How long the key works, in seconds from its making (1 hour to 10
+    /// years); without it, until revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_for_secs: Option<u64>,
+}
+
+/// `POST /api/v1/keys/{id}/rotate`: a new secret for the key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RotateKey {
+    /// How long the old secret keeps working, in seconds (1 minute to 30
+    /// days), for the time it takes to deploy the new one; without it,
+    /// the old one stops at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_secs: Option<u64>,
+}
+
+/// The answer to a rotation, given once: the log keeps the new hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRotated {
+    pub key_id: String,
+    pub prefix: String,
+    pub secret: String,
+    /// Until when the old secret works (RFC 3339); None: it stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_until: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -458,7 +483,7 @@ pub struct KeyRow {
     pub project: String,
     pub name: String,
     pub band: String,
-    /// active or revoked.
+    /// active, unclaimed, expired, stopped (its person erased) or revoked.
     pub state: String,
     /// The person who made it for themselves, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -468,6 +493,12 @@ pub struct KeyRow {
     /// RFC 3339, from the usage the log holds; None when never used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used: Option<String>,
+    /// When it stops working (RFC 3339), for a key made to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// After a rotation with a grace: until when the old secret works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_until: Option<String>,
 }
 
 /// `POST /api/v1/join-tokens`: a single-use token for one node to join.

@@ -80,6 +80,28 @@ fn claim_lifetime(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
+/// A duration flag checked against its bounds before any log is looked
+/// for, as seconds: `what` names the bounds' subject.
+fn bounded(flag: &str, text: &str, min: u64, max: u64, bounds: &str) -> Result<u64, String> {
+    let d = crate::config::duration(flag, text).map_err(|e| e.0)?;
+    if !(min..=max).contains(&d.as_secs()) {
+        return Err(format!("{text}: {bounds}"));
+    }
+    Ok(d.as_secs())
+}
+
+/// `--valid-for`: 1 hour to 10 years.
+fn key_lifetime(text: &str) -> Result<u64, String> {
+    let bounds = "a key works for 1 hour to 10 years (3650d)";
+    bounded("--valid-for", text, 3600, 3650 * 86_400, bounds)
+}
+
+/// `--grace`: 1 minute to 30 days.
+fn grace(text: &str) -> Result<u64, String> {
+    let bounds = "an old secret keeps working for 1 minute to 30 days";
+    bounded("--grace", text, 60, 30 * 86_400, bounds)
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct KeysArgs {
     #[command(flatten)]
@@ -138,11 +160,25 @@ pub(crate) enum KeysCommand {
         /// on their profile, and its use counts as theirs.
         #[arg(long, value_name = "ID")]
         owner: Option<String>,
+        /// How long the key works (24h, 90d; 1 hour to 10 years), after
+        /// which it opens nothing; without it, until revoked.
+        #[arg(long, value_name = "DURATION", value_parser = key_lifetime)]
+        valid_for: Option<u64>,
     },
     /// Revoke a key by its id; it stops working once the views see it.
     Revoke {
         /// The key's id (`keys list` shows it), not the key itself.
         key_id: String,
+    },
+    /// Give a key a new secret, printed once; its id, limits, owner and
+    /// history stay. The old secret stops at once, or after --grace.
+    Rotate {
+        /// The key's id (`keys list` shows it), not the key itself.
+        key_id: String,
+        /// How long the old secret keeps working (10m, 24h; 1 minute to
+        /// 30 days), while the new one is deployed.
+        #[arg(long, value_name = "DURATION", value_parser = grace)]
+        grace: Option<u64>,
     },
     /// Keys with their project, band, limits, state and last use.
     List {
@@ -286,6 +322,7 @@ pub(crate) async fn run(
             base_url,
             expires_in,
             owner,
+            valid_for,
         } => {
             let base = base_url;
             let claim_ttl_secs = match &expires_in {
@@ -299,6 +336,7 @@ pub(crate) async fn run(
                 owner,
                 claim,
                 claim_ttl_secs,
+                valid_for_secs: valid_for,
             };
             let created: api::KeyCreated = api
                 .call(&origin, Method::POST, "/api/v1/keys", Some(&body))
@@ -326,6 +364,21 @@ pub(crate) async fn run(
                 }
                 _ => bail!("the server answered neither a key nor a claim link"),
             }
+        }
+        KeysCommand::Rotate { key_id, grace } => {
+            let path = format!("/api/v1/keys/{key_id}/rotate");
+            let body = api::RotateKey { grace_secs: grace };
+            let rotated: api::KeyRotated =
+                api.call(&origin, Method::POST, &path, Some(&body)).await?;
+            writeln!(out, "{}", rotated.secret)?;
+            let old = match &rotated.previous_until {
+                Some(t) => format!("the old one works until {t}"),
+                None => "the old one no longer works".to_owned(),
+            };
+            eprintln!(
+                "rotated {}; the key above is shown only now, {old}",
+                rotated.key_id
+            );
         }
         KeysCommand::Revoke { key_id } => {
             let path = format!("/api/v1/keys/{key_id}/revoke");
@@ -491,6 +544,7 @@ fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> 
         "MODELS",
         "BUDGET",
         "LAST USED",
+        "EXPIRES",
     ]);
     for k in rows {
         let mut cells = vec![
@@ -504,7 +558,17 @@ fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> 
         ];
         cells.extend(limit_cells(&k.limits));
         cells.push(or_dash(k.last_used.clone()));
+        cells.push(or_dash(k.expires_at.clone()));
         t.row(cells);
+        // A rotated key's old secret in its grace, on a line of its own:
+        // whoever deploys the new one sees until when the old works.
+        if let Some(until) = &k.previous_until {
+            let mut cells = vec![String::new(); 13];
+            cells[1] = "(old secret)".to_owned();
+            cells[5] = "grace".to_owned();
+            cells[12] = until.clone();
+            t.row(cells);
+        }
     }
     t.print(out)
 }

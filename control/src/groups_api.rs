@@ -224,6 +224,8 @@ mod tests {
             revoked,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         };
         let limits = Limits {
             rpm: Some(60),

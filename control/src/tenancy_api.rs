@@ -42,6 +42,7 @@ pub fn router(door: Door, people: Arc<People>) -> Router {
         .route("/api/v1/tree", post(create_tree))
         .route("/api/v1/keys", get(list_keys).post(create_key))
         .route("/api/v1/keys/{key}/revoke", post(revoke_key))
+        .route("/api/v1/keys/{key}/rotate", post(rotate_key))
         .route("/api/v1/limits", put(set_limits))
         .route("/api/v1/groups", get(crate::groups_api::list))
         .merge(crate::people_api::routes())
@@ -213,11 +214,10 @@ async fn create_key(
 ) -> Result<api::KeyCreated> {
     let band = band_of(k.band.as_deref())?;
     let claim_ttl = claim_ttl(&k)?;
-    let secret = format!("llmgw-sk-{}", random_hex(48));
-    let hash: String = Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let valid_for = bounded_secs(k.valid_for_secs, MIN_VALID_SECS, MAX_VALID_SECS, "a key")?;
+    // One moment for the log's end of the link and the link's own.
+    let now = chrono::Utc::now();
+    let (secret, hash) = new_secret();
     let key = Key {
         key_id: format!("key-{}", random_hex(12)),
         project_id: k.project,
@@ -229,12 +229,12 @@ async fn create_key(
         revoked: false,
         owner: k.owner,
         claim_by: None,
+        expires_at: valid_for.map(|s| after(now, s)),
+        previous: None,
     };
     let (key_id, prefix) = (key.key_id.clone(), key.prefix.clone());
     let origin = origin(&headers);
     let mut commands = vec![Command::Tenancy(T::IssueKey(key))];
-    // One moment for the log's end of the link and the link's own.
-    let now = chrono::Utc::now();
     if k.claim {
         let ends = people.claim_ends(now, claim_ttl);
         commands.push(Command::Tenancy(T::OfferClaim {
@@ -263,6 +263,107 @@ async fn create_key(
         secret,
         claim_token,
         claim_expires_at,
+    }))
+}
+
+/// A new key's secret and the hash the log keeps.
+fn new_secret() -> (String, String) {
+    let secret = format!("{}{}", llmgw_domain::audit::SECRET_PREFIX, random_hex(48));
+    let hash = Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    (secret, hash)
+}
+
+/// `secs` after `now`, as the log keeps a moment.
+fn after(now: chrono::DateTime<chrono::Utc>, secs: u64) -> UnixMillis {
+    UnixMillis(now.timestamp_millis()) + i64::try_from(secs).unwrap_or(i64::MAX / 1000) * 1000
+}
+
+fn rfc3339(at: UnixMillis) -> Option<String> {
+    chrono::DateTime::from_timestamp_millis(at.0)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+}
+
+/// A key made to end works at least an hour (less is a typo of units) and
+/// at most ten years.
+const MIN_VALID_SECS: u64 = 3600;
+const MAX_VALID_SECS: u64 = 3650 * 24 * 3600;
+
+/// The most an old secret may keep working after a rotation: as a claim
+/// link, a month.
+const MAX_GRACE_SECS: u64 = 30 * 24 * 3600;
+
+/// A lifetime in seconds within its bounds, or the refusal naming them.
+fn bounded_secs(
+    secs: Option<u64>,
+    min: u64,
+    max: u64,
+    what: &str,
+) -> std::result::Result<Option<u64>, AdminError> {
+    match secs {
+        Some(s) if !(min..=max).contains(&s) => Err(bad(format!(
+            "{what} works for {} to {}, not {s} s",
+            span(min),
+            span(max)
+        ))),
+        _ => Ok(secs),
+    }
+}
+
+/// 60 → "1 minute", 3600 → "1 hour", 2592000 → "30 days".
+fn span(secs: u64) -> String {
+    let (n, unit) = match secs {
+        s if s % 86_400 == 0 => (s / 86_400, "day"),
+        s if s % 3600 == 0 => (s / 3600, "hour"),
+        s if s % 60 == 0 => (s / 60, "minute"),
+        s => (s, "second"),
+    };
+    let plural = if n == 1 { "" } else { "s" };
+    format!("{n} {unit}{plural}")
+}
+
+/// A new secret for a key that keeps its id, limits, owner and history;
+/// the old one works for the grace asked, or stops at once.
+async fn rotate_key(
+    State(door): State<Door>,
+    headers: HeaderMap,
+    axum::extract::Path(key_id): axum::extract::Path<String>,
+    Json(r): Json<api::RotateKey>,
+) -> Result<api::KeyRotated> {
+    let grace = bounded_secs(r.grace_secs, 60, MAX_GRACE_SECS, "an old secret")?;
+    {
+        let views = door.views();
+        let views = views.read().unwrap_or_else(|p| p.into_inner());
+        let tenancy = &views.tenancy.tenancy;
+        if let Some(key) = tenancy.keys.get(&key_id) {
+            tenancy
+                .ended_refusal(key, UnixMillis::now())
+                .map_err(|r| AdminError::from(crate::ControlError::Rejected(r)))?;
+        }
+    }
+    let (secret, hash) = new_secret();
+    let prefix = secret[..12].to_owned();
+    let previous_until = grace.map(|s| after(chrono::Utc::now(), s));
+    let origin = origin(&headers);
+    let command = T::RotateKey {
+        key_id: key_id.clone(),
+        hash,
+        prefix: prefix.clone(),
+        previous_until,
+        by: origin.actor.name().to_owned(),
+    };
+    let decided = door
+        .execute(&origin, vec![Command::Tenancy(command)])
+        .await?;
+    // The new secret works on this server once its views hold it.
+    door.views_reach(decided.position).await;
+    Ok(Json(api::KeyRotated {
+        key_id,
+        prefix,
+        secret,
+        previous_until: previous_until.and_then(rfc3339),
     }))
 }
 
@@ -437,8 +538,9 @@ async fn list_keys(
                 } else if !t.key_stands(k) {
                     // Its person was erased: it opens nothing.
                     "stopped"
-                } else if k.claim_lapsed(now) {
-                    // Its claim link ended unused: it opens nothing.
+                } else if k.ended(now) {
+                    // Its claim link ended unused, or its own end came:
+                    // it opens nothing.
                     "expired"
                 } else if k.claim_by.is_some() {
                     "unclaimed"
@@ -451,10 +553,12 @@ async fn list_keys(
                     .limits_at(Scope::Key, &k.key_id)
                     .map(level)
                     .unwrap_or_default(),
-                last_used: (last > 0)
-                    .then(|| chrono::DateTime::from_timestamp_millis(last))
-                    .flatten()
-                    .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                last_used: (last > 0).then(|| rfc3339(UnixMillis(last))).flatten(),
+                expires_at: k.expires_at.and_then(rfc3339),
+                previous_until: (k.previous.as_ref())
+                    .map(|p| p.until)
+                    .filter(|u| *u > now)
+                    .and_then(rfc3339),
             }
         })
         .collect();

@@ -72,9 +72,10 @@ fn tenancy_target(c: &TenancyCommand) -> String {
             scope, scope_id, ..
         } => scoped(*scope, scope_id),
         T::IssueKey(k) => scoped(Scope::Key, &k.key_id),
-        T::RevokeKey { key_id, .. } | T::OfferClaim { key_id, .. } | T::Claim { key_id } => {
-            scoped(Scope::Key, key_id)
-        }
+        T::RevokeKey { key_id, .. }
+        | T::RotateKey { key_id, .. }
+        | T::OfferClaim { key_id, .. }
+        | T::Claim { key_id } => scoped(Scope::Key, key_id),
         T::SignUp { user_id }
         | T::Approve { user_id, .. }
         | T::Suspend { user_id, .. }
@@ -214,6 +215,7 @@ impl Command {
                     k.key_id, k.name, k.project_id
                 ),
                 T::RevokeKey { key_id, .. } => format!("RevokeKey {key_id}"),
+                T::RotateKey { key_id, .. } => format!("RotateKey {key_id}"),
                 T::SignUp { user_id } => format!("SignUp {user_id}"),
                 T::Approve {
                     user_id,

@@ -144,6 +144,7 @@ const TYPES: &[(&str, Area, u32)] = &[
     ("LimitsSet", Area::Tenancy, 1),
     ("KeyIssued", Area::Tenancy, 1),
     ("KeyRevoked", Area::Tenancy, 1),
+    ("KeyRotated", Area::Tenancy, 1),
     ("UserSignedUp", Area::Tenancy, 1),
     ("UserApproved", Area::Tenancy, 1),
     ("UserSuspended", Area::Tenancy, 1),
@@ -317,6 +318,7 @@ impl Event {
                 },
                 T::KeyIssued(k) => format!("key-{}", k.key_id),
                 T::KeyRevoked { key_id, .. }
+                | T::KeyRotated { key_id, .. }
                 | T::KeyClaimOffered { key_id, .. }
                 | T::KeyClaimed { key_id } => format!("key-{key_id}"),
                 T::UserSignedUp { user_id }

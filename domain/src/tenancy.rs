@@ -252,12 +252,35 @@ pub struct Key {
     /// leave a live key whose secret no one holds (or someone found).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_by: Option<UnixMillis>,
+    /// When it stops opening anything, for a key made to end
+    /// (`keys create --expires`): a key handed to a contractor or a demo
+    /// should not outlive the need by being forgotten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<UnixMillis>,
+    /// After a rotation that gave the old secret time to be replaced
+    /// where it is deployed: that secret, until its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<PreviousSecret>,
+}
+
+/// A rotated key's old secret while it still works.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousSecret {
+    /// Hex SHA-256, as the key's own.
+    pub hash: String,
+    pub prefix: String,
+    pub until: UnixMillis,
 }
 
 impl Key {
     /// Whether its claim link ended before anyone used it.
     pub fn claim_lapsed(&self, now: UnixMillis) -> bool {
         self.claim_by.is_some_and(|end| now >= end)
+    }
+
+    /// Whether it ended: its claim link lapsed, or its own end came.
+    pub fn ended(&self, now: UnixMillis) -> bool {
+        self.claim_lapsed(now) || self.expires_at.is_some_and(|end| now >= end)
     }
 }
 
@@ -316,6 +339,15 @@ pub enum TenancyCommand {
     IssueKey(Key),
     RevokeKey {
         key_id: String,
+        by: String,
+    },
+    /// A new secret for the key, which keeps its id, limits, owner and
+    /// history; the old one works until `previous_until` (None: no more).
+    RotateKey {
+        key_id: String,
+        hash: String,
+        prefix: String,
+        previous_until: Option<UnixMillis>,
         by: String,
     },
     SignUp {
@@ -398,6 +430,16 @@ pub enum TenancyEvent {
     KeyIssued(Key),
     KeyRevoked {
         key_id: String,
+        by: String,
+    },
+    KeyRotated {
+        key_id: String,
+        /// The new secret's hash and display prefix.
+        hash: String,
+        prefix: String,
+        /// Until when the old secret still works; absent: it stopped.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        previous_until: Option<UnixMillis>,
         by: String,
     },
     UserSignedUp {
@@ -523,6 +565,24 @@ fn clash(kind: &str, id: &str, made: &Named, name: &str, parent: Option<&str>) -
     said
 }
 
+fn check_hash(hash: &str) -> Result<(), Rejection> {
+    if hash.len() != 64 || !hash.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(Rejection::invalid(
+            "a key is stored as its hex SHA-256 hash, never in full",
+        ));
+    }
+    Ok(())
+}
+
+fn check_prefix(prefix: &str) -> Result<(), Rejection> {
+    if prefix.len() > 12 {
+        return Err(Rejection::invalid(
+            "a key's display prefix is at most 12 characters",
+        ));
+    }
+    Ok(())
+}
+
 fn check_id(kind: &str, id: &str) -> Result<(), Rejection> {
     if id.is_empty()
         || id.len() > 128
@@ -541,9 +601,10 @@ impl Tenancy {
     /// Whether `key` opens the gateway at `now`: not revoked, not a
     /// person's own key whose person was erased (the id stays, powerless;
     /// a suspension keeps it working, as the keys are the project's until
-    /// revoked), and not one whose claim link ended unused.
+    /// revoked), and not one whose claim link ended unused or whose own
+    /// end came.
     pub fn key_works(&self, key: &Key, now: UnixMillis) -> bool {
-        self.key_stands(key) && !key.claim_lapsed(now)
+        self.key_stands(key) && !key.ended(now)
     }
 
     /// The half of [`Tenancy::key_works`] no clock changes: what a view
@@ -574,6 +635,20 @@ impl Tenancy {
                     "key {scope_id}'s claim link expired unclaimed: it opens nothing; make a new key for whoever missed the link"
                 )))
             }
+            Some(k) if scope == Scope::Key => self.ended_refusal(k, now),
+            _ => Ok(()),
+        }
+    }
+
+    /// A key whose own end came is refused a change as a revoked one is
+    /// (limits, a new secret): it opens nothing, and no command revives
+    /// it. The decision has no clock to tell.
+    pub fn ended_refusal(&self, key: &Key, now: UnixMillis) -> Result<(), Rejection> {
+        match key.expires_at {
+            Some(end) if !key.revoked && now >= end => Err(Rejection::conflict(format!(
+                "key {} has expired: it opens nothing; make a new key",
+                key.key_id
+            ))),
             _ => Ok(()),
         }
     }
@@ -758,18 +833,12 @@ impl Tenancy {
                         key.project_id
                     )));
                 }
-                if key.hash.len() != 64 || !key.hash.chars().all(|c| c.is_ascii_hexdigit()) {
+                check_hash(&key.hash)?;
+                check_prefix(&key.prefix)?;
+                if key.revoked || key.previous.is_some() {
                     return Err(Rejection::invalid(
-                        "a key is stored as its hex SHA-256 hash, never in full",
+                        "a key is issued unrevoked, with one secret",
                     ));
-                }
-                if key.prefix.len() > 12 {
-                    return Err(Rejection::invalid(
-                        "a key's display prefix is at most 12 characters",
-                    ));
-                }
-                if key.revoked {
-                    return Err(Rejection::invalid("a key is issued unrevoked"));
                 }
                 // A name is shown in lists and pages, and kept in the log
                 // for ever: a line's worth of text.
@@ -842,6 +911,45 @@ impl Tenancy {
                 Some(k) if k.revoked => vec![],
                 Some(_) => vec![E::KeyRevoked { key_id, by }],
             },
+            C::RotateKey {
+                key_id,
+                hash,
+                prefix,
+                previous_until,
+                by,
+            } => {
+                let key = match self.keys.get(&key_id) {
+                    None => return Err(Rejection::not_found(format!("no key {key_id}"))),
+                    Some(k) => k,
+                };
+                if key.revoked {
+                    return Err(Rejection::conflict(format!(
+                        "{key_id} is revoked: make a new key"
+                    )));
+                }
+                // The sealed secret behind the link would be the old one.
+                if key.claim_by.is_some() {
+                    return Err(Rejection::conflict(format!(
+                        "{key_id}'s claim link is unused: revoke the key and make another"
+                    )));
+                }
+                check_hash(&hash)?;
+                check_prefix(&prefix)?;
+                if self
+                    .keys
+                    .values()
+                    .any(|k| k.hash == hash || k.previous.as_ref().is_some_and(|p| p.hash == hash))
+                {
+                    return Err(Rejection::conflict("that secret is already in use"));
+                }
+                vec![E::KeyRotated {
+                    key_id,
+                    hash,
+                    prefix,
+                    previous_until,
+                    by,
+                }]
+            }
             C::SignUp { user_id } => {
                 check_id("user", &user_id)?;
                 if self.users.contains_key(&user_id) {
@@ -1052,6 +1160,26 @@ impl Tenancy {
             E::KeyRevoked { key_id, .. } => {
                 if let Some(k) = self.keys.get_mut(key_id) {
                     k.revoked = true;
+                    k.previous = None;
+                }
+            }
+            E::KeyRotated {
+                key_id,
+                hash,
+                prefix,
+                previous_until,
+                ..
+            } => {
+                if let Some(k) = self.keys.get_mut(key_id) {
+                    let old_hash = std::mem::replace(&mut k.hash, hash.clone());
+                    let old_prefix = std::mem::replace(&mut k.prefix, prefix.clone());
+                    // One old secret at most: a second rotation ends the
+                    // first one's grace.
+                    k.previous = previous_until.map(|until| PreviousSecret {
+                        hash: old_hash,
+                        prefix: old_prefix,
+                        until,
+                    });
                 }
             }
             E::UserSignedUp { user_id } => {

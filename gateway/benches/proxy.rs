@@ -190,6 +190,8 @@ async fn tenancy() -> (Tenancy, llmgw_gateway::usage::UsageReceiver) {
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         }),
     ];
     for (scope, id) in [

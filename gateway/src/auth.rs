@@ -75,9 +75,10 @@ impl KeyDirectory {
                 key
             }
         };
-        // Only a key handed out by a claim link not yet used reads the
-        // clock: it stops when the link ends.
-        if key.claim_by.is_some() && !key.works_at(UnixMillis::now()) {
+        // Only a key that can end by the clock reads it: one handed out by
+        // a claim link not yet used, one made to expire, a rotated key's
+        // old secret in its grace.
+        if key.ends() && !key.works_at(UnixMillis::now()) {
             return Err(ApiError::invalid_key());
         }
         Ok(key)

@@ -30,13 +30,25 @@ pub struct KeyEntry {
     /// as no event marks that moment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_by: Option<UnixMillis>,
+    /// When the secret it was found by stops opening anything: the key's
+    /// own end, or a rotated key's old secret's end of grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<UnixMillis>,
 }
 
 impl KeyEntry {
     /// Whether the key opens the gateway at `now`, as far as the clock
     /// decides (the rest decided whether the view gave the entry).
     pub fn works_at(&self, now: UnixMillis) -> bool {
-        self.claim_by.is_none_or(|end| now < end)
+        [self.claim_by, self.until]
+            .into_iter()
+            .flatten()
+            .all(|end| now < end)
+    }
+
+    /// Whether only the clock can end it, so a request need not read it.
+    pub fn ends(&self) -> bool {
+        self.claim_by.is_some() || self.until.is_some()
     }
 }
 
@@ -66,7 +78,17 @@ impl TenancyView {
     /// The live key with this hash and what it may do.
     pub fn lookup(&self, hash: &str) -> Option<KeyEntry> {
         let key_id = self.by_hash.get(hash)?;
-        self.entry(key_id)
+        let mut entry = self.entry(key_id)?;
+        // The old secret of a rotated key, in its grace.
+        if let Some(old) = self.tenancy.keys[key_id.as_str()]
+            .previous
+            .as_ref()
+            .filter(|p| p.hash == hash)
+        {
+            entry.until = Some(entry.until.map_or(old.until, |u| u.min(old.until)));
+            entry.prefix.clone_from(&old.prefix);
+        }
+        Some(entry)
     }
 
     /// A live key's entry, by its id (a page showing a key just made).
@@ -95,6 +117,7 @@ impl TenancyView {
             band: key.band,
             routing_profile: key.routing_profile.clone(),
             claim_by: key.claim_by,
+            until: key.expires_at,
             limits: self.tenancy.effective(key_id, |m| {
                 self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
             }),
@@ -120,6 +143,7 @@ impl TenancyView {
             band: Band::Gold,
             routing_profile: None,
             claim_by: None,
+            until: None,
             limits: self.tenancy.project_effective(&project_id, |m| {
                 self.aliases.get(m).cloned().unwrap_or_else(|| m.to_owned())
             }),
@@ -142,8 +166,8 @@ impl TenancyView {
     /// Live keys by hash, as `events replay --view tenancy` prints them.
     pub fn report(&self) -> BTreeMap<String, KeyEntry> {
         self.by_hash
-            .iter()
-            .filter_map(|(hash, id)| self.entry(id).map(|e| (hash.clone(), e)))
+            .keys()
+            .filter_map(|hash| self.lookup(hash).map(|e| (hash.clone(), e)))
             .collect()
     }
 }
@@ -162,6 +186,26 @@ impl View for TenancyView {
                     }
                     TenancyEvent::KeyRevoked { key_id, .. } => {
                         self.by_hash.retain(|_, id| id != key_id)
+                    }
+                    TenancyEvent::KeyRotated {
+                        key_id,
+                        hash,
+                        previous_until,
+                        ..
+                    } => {
+                        // What evolve kept: the new secret, and the old one
+                        // while it has a grace (an older one's ends now).
+                        let kept = self
+                            .tenancy
+                            .keys
+                            .get(key_id)
+                            .and_then(|k| k.previous.clone());
+                        self.by_hash.retain(|h, id| {
+                            id != key_id
+                                || (previous_until.is_some()
+                                    && kept.as_ref().is_some_and(|p| &p.hash == h))
+                        });
+                        self.by_hash.insert(hash.clone(), key_id.clone());
                     }
                     _ => {}
                 }

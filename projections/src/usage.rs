@@ -519,6 +519,8 @@ mod tests {
             revoked: false,
             owner: owner.map(str::to_owned),
             claim_by: None,
+            expires_at: None,
+            previous: None,
         }
     }
 

@@ -100,6 +100,8 @@ fn setup_events() -> Vec<Event> {
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         })));
     }
     out

@@ -418,6 +418,8 @@ async fn tenancy_tree(r: &mut Recorder, key_limits: Limits) -> anyhow::Result<()
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         }),
         TenancyCommand::SetLimits {
             scope: Scope::Key,

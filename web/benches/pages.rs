@@ -343,6 +343,8 @@ fn setup_events() -> Vec<(Event, Value)> {
                 revoked: false,
                 owner,
                 claim_by: None,
+                expires_at: None,
+                previous: None,
             })),
             operator(&by),
         ));

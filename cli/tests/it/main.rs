@@ -1748,6 +1748,8 @@ async fn the_server_with_auth_reads_keys_from_the_event_log() {
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         }),
     ];
     let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Recorder("test".into()));

@@ -1678,6 +1678,8 @@ async fn limits_on_a_key_whose_claim_link_lapsed_are_refused() {
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         })
     };
     let offer = |id: &str, until: i64| T::OfferClaim {

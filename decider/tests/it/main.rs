@@ -42,6 +42,8 @@ pub(crate) fn key(id: &str, name: &str) -> Key {
         revoked: false,
         owner: None,
         claim_by: None,
+        expires_at: None,
+        previous: None,
     }
 }
 

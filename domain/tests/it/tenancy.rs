@@ -19,6 +19,8 @@ pub(crate) fn key(id: &str, project: &str) -> Key {
         revoked: false,
         owner: None,
         claim_by: None,
+        expires_at: None,
+        previous: None,
     }
 }
 
@@ -696,4 +698,86 @@ fn keys_in_a_refusal_are_cut_to_their_prefix() {
     );
     assert_eq!(redact_secrets("no key key-12ab"), "no key key-12ab");
     assert_eq!(redact_secrets("llmgw-sk-ab"), "llmgw-sk-ab");
+}
+
+#[test]
+fn a_key_made_to_end_opens_nothing_from_its_end() {
+    let mut t = tree();
+    let mut k = key("e", "p");
+    k.expires_at = Some(UnixMillis(5_000));
+    run(&mut t, C::IssueKey(k));
+    let works = |t: &Tenancy, at: i64| t.key_works(&t.keys["e"], UnixMillis(at));
+    assert!(works(&t, 4_999));
+    assert!(!works(&t, 5_000), "its end came");
+    let limits = |at: i64| t.limits_refusal_at(Scope::Key, "e", UnixMillis(at));
+    assert_eq!(limits(4_999), Ok(()));
+    assert_eq!(
+        limits(5_000).unwrap_err().reason,
+        "key e has expired: it opens nothing; make a new key"
+    );
+}
+
+#[test]
+fn a_rotated_key_keeps_its_id_and_its_old_secret_only_for_the_grace() {
+    let mut t = tree();
+    let rotate = |hash: &str, until: Option<i64>| C::RotateKey {
+        key_id: "k".into(),
+        hash: hash.repeat(32),
+        prefix: "llmgw-sk-new".into(),
+        previous_until: until.map(UnixMillis),
+        by: "ops".into(),
+    };
+    let events = run(&mut t, rotate("cd", Some(9_000)));
+    assert!(matches!(&events[..], [E::KeyRotated { key_id, .. }] if key_id == "k"));
+    let k = &t.keys["k"];
+    assert_eq!(
+        (k.hash.as_str(), k.prefix.as_str()),
+        (&*"cd".repeat(32), "llmgw-sk-new")
+    );
+    let old = k.previous.as_ref().expect("the old secret, in its grace");
+    assert_eq!(
+        (old.hash.as_str(), old.until),
+        (&*"ab".repeat(32), UnixMillis(9_000))
+    );
+
+    // A second rotation ends the first one's grace; one without a grace
+    // keeps no old secret at all.
+    run(&mut t, rotate("ef", None));
+    assert_eq!(t.keys["k"].previous, None);
+    assert_eq!(t.keys["k"].hash, "ef".repeat(32));
+
+    // A secret in use, a revoked key, a key behind an unused claim link
+    // and an unknown one are refused.
+    let taken = t.decide(rotate("ef", None)).unwrap_err();
+    assert_eq!(taken.reason, "that secret is already in use");
+    assert!(t.decide(rotate("zz", None)).is_err(), "not a hash");
+    run(
+        &mut t,
+        C::OfferClaim {
+            key_id: "k".into(),
+            by: "ops".into(),
+            until: Some(UnixMillis(50_000)),
+        },
+    );
+    let sealed = t.decide(rotate("01", None)).unwrap_err();
+    assert!(
+        sealed.reason.contains("claim link is unused"),
+        "{}",
+        sealed.reason
+    );
+    run(&mut t, C::Claim { key_id: "k".into() });
+    run(
+        &mut t,
+        C::RevokeKey {
+            key_id: "k".into(),
+            by: "ops".into(),
+        },
+    );
+    let revoked = t.decide(rotate("01", None)).unwrap_err();
+    assert_eq!(revoked.reason, "k is revoked: make a new key");
+    let mut unknown = rotate("01", None);
+    if let C::RotateKey { key_id, .. } = &mut unknown {
+        *key_id = "nope".into();
+    }
+    assert_eq!(t.decide(unknown).unwrap_err().reason, "no key nope");
 }

@@ -109,6 +109,8 @@ impl Tenants {
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         }))
         .await;
         secret

@@ -123,6 +123,8 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
             revoked: false,
             owner: None,
             claim_by: None,
+            expires_at: None,
+            previous: None,
         })),
     ]
 }

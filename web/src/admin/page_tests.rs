@@ -130,6 +130,8 @@ fn key(id: &str, name: &str, owner: Option<&str>) -> Event {
         revoked: false,
         owner: owner.map(str::to_owned),
         claim_by: None,
+        expires_at: None,
+        previous: None,
     }))
 }
 

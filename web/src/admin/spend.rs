@@ -118,8 +118,8 @@ fn ended(
     } else if !tenancy.key_stands(key) {
         // Its person was erased.
         "stopped"
-    } else if key.claim_lapsed(now) {
-        // Its claim link ended unused.
+    } else if key.ended(now) {
+        // Its claim link ended unused, or its own end came.
         "expired"
     } else {
         ""

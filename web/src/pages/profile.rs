@@ -213,6 +213,7 @@ pub(super) async fn create_key(
         owner: Some(person.user_id.clone()),
         claim: false,
         claim_ttl_secs: None,
+        valid_for_secs: None,
     };
     let made: KeyCreated = match admin_api::call(
         &web,

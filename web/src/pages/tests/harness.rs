@@ -124,6 +124,8 @@ fn admin_api(asked: Asked) -> Router {
         owner,
         limits: LevelLimits::default(),
         last_used: None,
+        expires_at: None,
+        previous_until: None,
     };
     let (list, made, revoked) = (asked.clone(), asked.clone(), asked);
     // The keys made through it, listed afterwards; a name made twice by
