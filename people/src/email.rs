@@ -12,12 +12,18 @@ pub fn normalize_email(raw: &str) -> String {
 }
 
 /// The normalised address, or `InvalidEmail` unless it has exactly one `@`
-/// with something before and after it, no spaces, line breaks, `<`, `>` or
-/// `"`, and a `.` in the domain.
+/// with something before and after it, no spaces, `<`, `>` or `"`, no
+/// control, invisible or direction character, and a `.` in the domain.
+///
+/// The address is printed where an operator reads it (`llmgw users list`
+/// in a terminal, the admin pages): an escape sequence in it recoloured
+/// or retitled the operator's terminal, and U+202E made it read as
+/// another address. Names and key names refuse the same characters.
 pub fn check_email(raw: &str) -> Result<String> {
     let email = normalize_email(raw);
     let ok = email.len() <= MAX_EMAIL_LEN
-        && !email.contains([' ', '\t', '\r', '\n', '<', '>', '"'])
+        && !email.contains([' ', '<', '>', '"'])
+        && !email.chars().any(llmgw_domain::tenancy::hidden_char)
         && matches!(email.split_once('@'),
             Some((local, domain)) if !local.is_empty() && !domain.contains('@') && domain.contains('.'));
     if ok {
@@ -53,6 +59,14 @@ mod tests {
             "<a@b.com>",
             "\"a\"@b.com",
             "a@b\n.com",
+            "a\tb@example.com",
+            "eve\x1b[31mred\x1b]0;pwned\x07@x.com",
+            "mallory\u{202e}@x.com",
+            "zero\u{200b}width@x.com",
+            "soft\u{00ad}hyphen@x.com",
+            "bom\u{feff}@x.com",
+            "del\u{7f}@x.com",
+            "c1\u{9b}31m@x.com",
         ] {
             assert!(
                 matches!(check_email(bad), Err(PeopleError::InvalidEmail)),

@@ -93,7 +93,9 @@ pub enum PeopleError {
     /// Locked, the right password too, until the attempt window ends.
     #[error("too many attempts: try again in {minutes} minute{}", if *minutes == 1 { "" } else { "s" })]
     TooManyTries { minutes: u64 },
-    #[error("that does not look like an email address")]
+    #[error(
+        "that does not look like an email address: it needs one @ and a dot after it, and may hold no spaces, quotes, angle brackets, or control, invisible or direction characters"
+    )]
     InvalidEmail,
     #[error("a password must be at least 12 characters")]
     WeakPassword,

@@ -9,6 +9,7 @@ both_backends!(
     signup_does_not_reveal_existing_accounts,
     short_passwords_are_refused_at_signup,
     obvious_non_addresses_are_refused,
+    addresses_that_would_steer_a_terminal_are_refused,
     an_empty_name_becomes_the_address,
     people_are_listed_oldest_first,
 );
@@ -109,6 +110,30 @@ async fn obvious_non_addresses_are_refused(b: Backend) {
         .unwrap_err();
     assert!(matches!(err, PeopleError::InvalidEmail), "{err}");
     assert!(fx.people.people().await.unwrap().is_empty());
+}
+
+/// `llmgw users list` prints addresses to an operator's terminal: an
+/// escape sequence in one recoloured and retitled it, and U+202E made an
+/// address read as another. Refused as names are; nothing is stored.
+async fn addresses_that_would_steer_a_terminal_are_refused(b: Backend) {
+    let fx = Fx::new(b).await;
+    for bad in [
+        "eve\x1b[31mRED\x1b]0;pwned\x07@x.com",
+        "mallory\u{202e}@x.com",
+        "zero\u{200b}width@x.com",
+        "c1\u{9b}@x.com",
+    ] {
+        let err = fx.people.sign_up(bad, "x", GOOD, t0()).await.unwrap_err();
+        assert!(matches!(err, PeopleError::InvalidEmail), "{bad:?}: {err}");
+        assert!(
+            err.to_string().contains("control, invisible or direction"),
+            "{err}"
+        );
+    }
+    assert!(fx.people.people().await.unwrap().is_empty());
+    // Letters beyond ASCII are addresses (RFC 6531).
+    let ok = fx.people.sign_up("ayşe@örnek.com.tr", "", GOOD, t0()).await;
+    assert!(ok.unwrap().is_some());
 }
 
 async fn an_empty_name_becomes_the_address(b: Backend) {

@@ -143,6 +143,31 @@ async fn signing_up_waits_for_approval_and_a_taken_address_gets_the_same_answer(
     assert!(!browser.cookies.contains_key("llmgw_session"));
 }
 
+/// An address is printed to an operator's terminal (`llmgw users list`):
+/// one carrying escape sequences or a direction mark was taken, and
+/// later recoloured and retitled that terminal. The form says why not.
+#[tokio::test]
+async fn a_sign_up_address_with_hidden_characters_is_refused_with_a_reason() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    let csrf = browser.get(&site, "/signup").await.field("csrf");
+    for bad in [
+        "eve\x1b[31mRED\x1b]0;pwned\x07@x.com",
+        "mallory\u{202e}@x.com",
+    ] {
+        let page = post_signup(&site, &mut browser, &csrf, bad, PASSWORD).await;
+        assert_eq!(page.status, StatusCode::UNPROCESSABLE_ENTITY, "{bad:?}");
+        assert!(
+            page.body
+                .contains("may hold no spaces, quotes, angle brackets, or control, invisible or direction characters"),
+            "{bad:?}: {}",
+            page.body
+        );
+    }
+    assert!(site.people.people().await.expect("people").is_empty());
+    assert_eq!(count(&site.events().await, "UserSignedUp"), 0);
+}
+
 #[tokio::test]
 async fn a_sign_up_the_log_does_not_take_leaves_no_personal_data() {
     let site = Site::open(true, Vec::new()).await;
