@@ -303,6 +303,71 @@ async fn auth_on(mode: Mode, backend: Backend) {
     // What was set on each group reads back, with the spend the log holds.
     groups_read_back(&store, admin).await;
 
+    // A rotation with a grace: both secrets open the gateway, the key's
+    // id (its limits, its history) stays; one without ends every old one.
+    let rotated = |grace: &[&str]| {
+        let out = keys(&store, admin, &[&["rotate", id.as_str()], grace].concat());
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{said}");
+        (
+            String::from_utf8(out.stdout).unwrap().trim().to_owned(),
+            said,
+        )
+    };
+    let (second, said) = rotated(&["--grace", "1h"]);
+    assert!(said.contains("the old one works until"), "{said}");
+    status_becomes(base, Some(&second), "free", 200).await;
+    assert_eq!(chat(base, Some(&secret), "free").await.status(), 200);
+    let listed = keys_ok(&store, admin, &["list"]);
+    assert!(listed.contains("(old secret)"), "{listed}");
+    let (third, said) = rotated(&[]);
+    assert!(said.contains("the old one no longer works"), "{said}");
+    status_becomes(base, Some(&third), "free", 200).await;
+    for old in [&secret, &second] {
+        assert_eq!(chat(base, Some(old), "free").await.status(), 401);
+    }
+    // A key made to end says when.
+    let out = keys(
+        &store,
+        admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "demo",
+            "--valid-for",
+            "2h",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let listed = keys_ok(&store, admin, &["list", "--json"]);
+    let demo: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    let demo = demo.iter().find(|k| k["name"] == "demo").unwrap();
+    assert!(
+        demo["expires_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{demo}"
+    );
+    let out = keys(
+        &store,
+        admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "typo",
+            "--valid-for",
+            "90s",
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a key works for 1 hour to 10 years"),
+        "{out:?}"
+    );
+
     // Who issued, limited and revoked the key is on the record, and so is
     // a refused command.
     keys_ok(
@@ -335,7 +400,7 @@ async fn auth_on(mode: Mode, backend: Backend) {
         );
     }
     keys_ok(&store, admin, &["revoke", &id]);
-    status_becomes(base, Some(&secret), "free", 401).await;
+    status_becomes(base, Some(&third), "free", 401).await;
     // Limits on a revoked key are refused by the decision, and recorded.
     let out = keys(
         &store,
@@ -348,7 +413,13 @@ async fn auth_on(mode: Mode, backend: Backend) {
         "{out:?}"
     );
     let history = super::ok(&store, &["events", "log", "--key", &id]);
-    for needle in ["KeyIssued", "LimitsSet", "KeyRevoked", "CommandRefused"] {
+    for needle in [
+        "KeyIssued",
+        "LimitsSet",
+        "KeyRotated",
+        "KeyRevoked",
+        "CommandRefused",
+    ] {
         let row = history.lines().find(|l| l.contains(needle));
         assert!(
             row.is_some_and(|r| r.contains("alice")),

@@ -97,6 +97,16 @@ impl Tenants {
 
     /// Issues key `id` in `project`; returns its secret.
     pub(crate) async fn key(&mut self, id: &str, project: &str) -> String {
+        self.key_until(id, project, None).await
+    }
+
+    /// Issues key `id` in `project` that ends at `expires_at`.
+    async fn key_until(
+        &mut self,
+        id: &str,
+        project: &str,
+        expires_at: Option<llmgw_domain::time::UnixMillis>,
+    ) -> String {
         let secret = format!("llmgw-sk-{id}-0123456789");
         self.run(T::IssueKey(Key {
             key_id: id.into(),
@@ -109,7 +119,7 @@ impl Tenants {
             revoked: false,
             owner: None,
             claim_by: None,
-            expires_at: None,
+            expires_at,
             previous: None,
         }))
         .await;
@@ -505,6 +515,52 @@ async fn a_key_handed_out_by_a_claim_link_stops_when_the_link_ends_unused() {
     })
     .await;
     assert_eq!(models(lapsed).await, 200);
+}
+
+#[tokio::test]
+async fn a_key_stops_at_its_end_and_a_rotated_one_s_old_secret_at_its_grace() {
+    use llmgw_domain::time::UnixMillis;
+    let mut t = Tenants::new().await;
+    let now = UnixMillis::now();
+    let ended = t.key_until("ended", "p", Some(UnixMillis(now.0 - 1))).await;
+    let ending = t
+        .key_until("ending", "p", Some(UnixMillis(now.0 + 3_600_000)))
+        .await;
+    let rotate = |secret: &str, until: Option<i64>| T::RotateKey {
+        key_id: "ending".into(),
+        hash: key_hash(secret),
+        prefix: secret[..10].into(),
+        previous_until: until.map(UnixMillis),
+        by: "ops".into(),
+    };
+    let engine = sim(support::sim_config()).await;
+    let gw = t.serve_keyed(&engine).await;
+    let models = |secret: String| {
+        let base = gw.base.clone();
+        async move {
+            get(format!("{base}/v1/models"), Some(&secret))
+                .await
+                .status()
+        }
+    };
+    assert_eq!(models(ended).await, 401, "its end came");
+    assert_eq!(models(ending.clone()).await, 200);
+
+    // In its grace the old secret works beside the new one; after it, or
+    // after a rotation with none, only the newest does.
+    let second = "llmgw-sk-second-0123456789".to_owned();
+    t.run(rotate(&second, Some(now.0 + 3_600_000))).await;
+    assert_eq!(models(ending.clone()).await, 200);
+    assert_eq!(models(second.clone()).await, 200);
+    let third = "llmgw-sk-third-0123456789".to_owned();
+    t.run(rotate(&third, Some(now.0 - 1))).await;
+    assert_eq!(models(second).await, 401, "its grace ended");
+    assert_eq!(
+        models(ending).await,
+        401,
+        "a second rotation ends the first's"
+    );
+    assert_eq!(models(third).await, 200);
 }
 
 #[tokio::test]
