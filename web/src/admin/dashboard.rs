@@ -60,12 +60,13 @@ struct EndpointRow {
     id: String,
     url: String,
     models: String,
-    /// `open` while its breaker refuses requests, else `serving`.
+    /// What [`endpoint_state`] makes of it.
     state: &'static str,
     in_flight: u32,
 }
 
 fn endpoints(web: &Web) -> Vec<EndpointRow> {
+    let max_age = web.gateway.endpoints.max_age();
     web.gateway
         .endpoints
         .snapshot()
@@ -74,10 +75,28 @@ fn endpoints(web: &Web) -> Vec<EndpointRow> {
             id: e.spec.id.clone(),
             url: e.spec.url.clone(),
             models: e.spec.models.join(", "),
-            state: if e.breaker_open() { "open" } else { "serving" },
+            state: endpoint_state(e, max_age),
             in_flight: e.in_flight(),
         })
         .collect()
+}
+
+/// An endpoint's state as `/metrics` reads it, in a word. The breaker
+/// alone said `serving` for a dead engine between its cool-downs, while
+/// `llmgw_endpoint_breaker_open` and `llmgw_endpoint_metrics_stale` both
+/// said 1: `down` when nothing answers at its address, `open` while the
+/// breaker counts as tripped (what the metric shows), `stale` while its
+/// figures are too old to route by (it is routed around).
+fn endpoint_state(e: &llmgw_gateway::Endpoint, max_age: std::time::Duration) -> &'static str {
+    if e.silent(max_age) {
+        "down"
+    } else if e.breaker_tripped(max_age) {
+        "open"
+    } else if e.stale(max_age) {
+        "stale"
+    } else {
+        "serving"
+    }
 }
 
 pub(crate) async fn page(

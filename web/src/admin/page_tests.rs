@@ -400,6 +400,129 @@ async fn a_router_only_dashboard_shows_its_endpoints_and_says_the_cluster_is_not
     );
 }
 
+/// Checks `check` every 20 ms until it answers, for up to 30 seconds.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(20));
+    loop {
+        every.tick().await;
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+    }
+}
+
+/// A stand-in engine whose `/metrics` page is `page`; its address.
+async fn metrics_page(page: &'static str) -> String {
+    let app = Router::new().route("/metrics", axum::routing::get(move || async move { page }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+/// An address nothing listens on.
+async fn dead_address() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    format!("http://{}", listener.local_addr().expect("addr"))
+}
+
+/// The state the Endpoints table shows for `id`.
+fn endpoint_state<'a>(body: &'a str, id: &str) -> Option<&'a str> {
+    let row = &body[body.find(&format!("<td class=\"mono\">{id}</td>"))?..];
+    let row = &row[..row.find("</tr>")?];
+    let badge = &row[row.find("<span class=\"badge")?..];
+    let text = &badge[badge.find('>')? + 1..];
+    Some(&text[..text.find('<')?])
+}
+
+/// The Endpoints table says what `/metrics` says of each endpoint: a dead
+/// engine read `serving` there (the breaker alone was asked, closed again
+/// five seconds after each cool-down) while `llmgw_endpoint_breaker_open`
+/// and `llmgw_endpoint_metrics_stale` said 1.
+#[tokio::test]
+async fn the_router_only_dashboard_says_which_endpoints_are_down_stale_or_open() {
+    let live = metrics_page(
+        "vllm:num_requests_running{model_name=\"demo\"} 0\nvllm:num_requests_waiting{model_name=\"demo\"} 0\n",
+    )
+    .await;
+    let mute = metrics_page("# no figures here\n").await;
+    let dead = dead_address().await;
+    let spec = |id: &str, url: &str| -> llmgw_gateway::EndpointSpec {
+        format!("{id}={url}=demo").parse().expect("endpoint")
+    };
+    let gateway = llmgw_gateway::Gateway::new(
+        llmgw_gateway::GatewayConfig {
+            endpoints: vec![
+                spec("e-live", &live),
+                spec("e-mute", &mute),
+                spec("e-dead", &dead),
+                spec("e-failing", &live),
+            ],
+            // Figures older than 0.6 s are stale; a breaker stays open
+            // for the whole test.
+            scrape_interval: std::time::Duration::from_millis(200),
+            breaker: llmgw_gateway::BreakerConfig {
+                threshold: 3,
+                cool_down: std::time::Duration::from_secs(3600),
+            },
+            ..llmgw_gateway::GatewayConfig::default()
+        },
+        None,
+    )
+    .expect("gateway");
+    let failing = (gateway.endpoints.snapshot().into_iter())
+        .find(|e| e.spec.id == "e-failing")
+        .expect("e-failing");
+    for _ in 0..3 {
+        failing.record(false);
+    }
+    let web = Arc::new(Web {
+        settings: WebSettings {
+            router_only: true,
+            ..WebSettings::default()
+        },
+        views: Arc::new(RwLock::new(Projections::default())),
+        store: None,
+        people: None,
+        gateway: gateway.clone(),
+        admin: Router::new(),
+        decider: None,
+        instance: "test".into(),
+    });
+    let app = crate::admin_routes(web);
+    let want = [
+        ("e-live", "serving"),
+        ("e-mute", "stale"),
+        ("e-dead", "down"),
+        ("e-failing", "open"),
+    ];
+    let body = until("each endpoint's state", || async {
+        llmgw_gateway::scrape::scrape_once(&gateway).await;
+        let (status, body) = get(&app, "/admin").await;
+        assert_eq!(status, StatusCode::OK);
+        want.iter()
+            .all(|(id, state)| endpoint_state(&body, id) == Some(state))
+            .then_some(body)
+    })
+    .await;
+    assert!(body.contains("nothing answers at its address"), "{body}");
+}
+
 #[tokio::test]
 async fn the_admin_listener_shows_people_without_forms_and_refuses_to_act() {
     let mut views = Projections::default();
