@@ -426,6 +426,14 @@ fn refuse_unhonoured(m: &Model) -> Result<(), Rejection> {
     if m.scaling.max == 0 {
         return bad("scaling max 0 could never serve it; remove the model instead".into());
     }
+    if let Some(idle) = m.scaling.idle_timeout_s
+        && m.scaling.min == m.scaling.max
+    {
+        return bad(format!(
+            "scaling idle_timeout_s {idle} would never act: it stops an on-demand model (min 0) or drains replicas added under load (max above min), and min = max = {} has neither; remove it",
+            m.scaling.min
+        ));
+    }
     Ok(())
 }
 
@@ -505,6 +513,20 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
                 if p.gpus_per_node != 0 {
                     return bad("a CPU profile (no gpu_class) cannot ask for GPUs".into());
                 }
+                // One process on one node: the agent refused more at every
+                // placement, for ever, after the catalog took it.
+                if p.pp > 1 || p.nodes > 1 {
+                    return bad(format!(
+                        "a CPU profile (no gpu_class) runs on one node in one stage: pp {} and nodes {} must be 1",
+                        p.pp, p.nodes
+                    ));
+                }
+                if p.tp > 1 && p.engine == Engine::Sim {
+                    return bad(format!(
+                        "the sim engine splits nothing on a CPU: tp {} would be ignored; leave it out",
+                        p.tp
+                    ));
+                }
             }
             Some(class) => {
                 if class.trim().is_empty() {
@@ -519,6 +541,14 @@ fn validate_model(m: &Model) -> Result<(), Rejection> {
                     ));
                 }
             }
+        }
+        // As the agent's llama.cpp adapter refuses them, at start rather
+        // than at every placement.
+        if p.engine == Engine::Llamacpp && (p.tp > 1 || p.nodes > 1) {
+            return bad(format!(
+                "llamacpp runs on one node without tensor parallelism: tp {} and nodes {} must be 1 (vllm or sglang do more)",
+                p.tp, p.nodes
+            ));
         }
         if p.min_disk_gb > MAX_DISK_GB {
             return bad(format!(

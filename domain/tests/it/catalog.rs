@@ -72,7 +72,35 @@ fn cpu_profiles_only_for_engines_that_serve_on_a_cpu() {
     let why = reason(&c, CatalogCommand::AddModel(m.clone()));
     assert!(why.contains("vllm cannot serve on a CPU"), "{why}");
     m.profiles[0].engine = Engine::Llamacpp;
-    assert!(c.decide(CatalogCommand::AddModel(m)).is_ok());
+    assert!(c.decide(CatalogCommand::AddModel(m.clone())).is_ok());
+
+    // What the agent refused at every placement, for ever, is refused
+    // when the model is given.
+    let mut split = m.clone();
+    split.profiles[0].pp = 3;
+    let why = reason(&c, CatalogCommand::AddModel(split));
+    assert!(
+        why.contains("runs on one node in one stage: pp 3 and nodes 1"),
+        "{why}"
+    );
+    let mut tp = m.clone();
+    tp.profiles[0].tp = 2;
+    let why = reason(&c, CatalogCommand::AddModel(tp.clone()));
+    assert!(
+        why.contains("llamacpp runs on one node without tensor parallelism"),
+        "{why}"
+    );
+    tp.profiles[0].engine = Engine::Sim;
+    let why = reason(&c, CatalogCommand::AddModel(tp.clone()));
+    assert!(
+        why.contains("the sim engine splits nothing on a CPU"),
+        "{why}"
+    );
+    tp.profiles[0].engine = Engine::Sglang;
+    assert!(
+        c.decide(CatalogCommand::AddModel(tp)).is_ok(),
+        "SGLang's CPU tp"
+    );
 }
 
 #[test]
@@ -200,6 +228,20 @@ fn scaling_and_sizes_must_be_sane() {
         idle_timeout_s: None,
     };
     assert!(reason(&c, CatalogCommand::AddModel(m)).contains("scaling max 0 could never serve it"));
+    // An idle time where nothing can be idle is refused, not ignored.
+    let mut m = model("m");
+    m.scaling = Scaling {
+        min: 1,
+        max: 1,
+        idle_timeout_s: Some(60),
+    };
+    let why = reason(&c, CatalogCommand::AddModel(m.clone()));
+    assert!(why.contains("idle_timeout_s 60 would never act"), "{why}");
+    for (min, max) in [(0, 1), (1, 2)] {
+        m.scaling.min = min;
+        m.scaling.max = max;
+        assert!(c.decide(CatalogCommand::AddModel(m.clone())).is_ok());
+    }
     let mut m = model("m");
     m.context_length = Some(0);
     assert!(reason(&c, CatalogCommand::AddModel(m)).contains("context length 0"));

@@ -115,6 +115,13 @@ pub(crate) fn every_event() -> Vec<Event> {
             },
         }),
         Event::Tenancy(TenancyEvent::KeyIssued(crate::tenancy::key("k", "p"))),
+        Event::Tenancy(TenancyEvent::KeyRotated {
+            key_id: "k".into(),
+            hash: "cd".repeat(32),
+            prefix: "llmgw-sk-new".into(),
+            previous_until: Some(llmgw_domain::time::UnixMillis(1_000)),
+            by: "ops".into(),
+        }),
         Event::Tenancy(TenancyEvent::KeyRevoked {
             key_id: "k".into(),
             by: "ops".into(),
@@ -345,12 +352,13 @@ fn streams_group_events_by_the_thing_they_are_about() {
     assert_eq!(streams[12], "replica-r1");
     assert_eq!(streams[22], "project-p");
     assert_eq!(streams[23], "key-k");
-    assert_eq!(streams[30], "user-usr-1");
-    assert_eq!(streams[32], "key-k");
-    assert_eq!(streams[34], "usage-k");
-    assert_eq!(streams[35], "usage-batches-gateway-a");
-    assert_eq!(streams[36], "leadership");
-    assert_eq!(streams[38], "anchors");
+    assert_eq!(streams[24], "key-k", "a rotation");
+    assert_eq!(streams[31], "user-usr-1");
+    assert_eq!(streams[33], "key-k");
+    assert_eq!(streams[35], "usage-k");
+    assert_eq!(streams[36], "usage-batches-gateway-a");
+    assert_eq!(streams[37], "leadership");
+    assert_eq!(streams[39], "anchors");
 }
 
 #[test]
