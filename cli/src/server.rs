@@ -319,6 +319,21 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             }
         }
     }
+    // An alias is a name for a catalog model; one that is also the name an
+    // endpoint here serves means two things (the endpoint wins, so the
+    // alias would be dead): refused while both are in one file.
+    for m in &file.models {
+        if let Some((alias, e)) = m.aliases.iter().find_map(|a| {
+            (gateway.endpoints.iter())
+                .find(|e| e.models.contains(a))
+                .map(|e| (a, e))
+        }) {
+            return Err(ConfigError(format!(
+                "models: {}'s alias {alias:?} is the model endpoint {} serves: requests for it would go to the endpoint; give the alias another name",
+                m.name, e.id
+            )));
+        }
+    }
     // A catalog model without profiles is started on no node (`ctl plan`
     // sizes one from its source, to suggest profiles): said, as every
     // request for it is told "no capacity right now" until it has one.

@@ -223,7 +223,12 @@ impl Gateway {
             upstream,
             affinity: affinity::Affinity::new(config.affinity.clone()),
             kv_events: kv_events::KvIndex::default(),
-            routes: routes::RouteTable::new(config.fallbacks.clone()),
+            routes: routes::RouteTable::new(
+                config.fallbacks.clone(),
+                (config.endpoints.iter())
+                    .flat_map(|e| e.models.iter().cloned())
+                    .collect(),
+            ),
             keys,
             admission: admission::Admission::new(config.admission.clone()),
             config,

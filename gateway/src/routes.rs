@@ -47,8 +47,18 @@ impl Routes {
     /// The table the router view describes. A model's fallbacks in this
     /// server's configuration win over the catalog's: they are the more
     /// particular setting, and a setting given is never dropped.
-    fn from_view(view: &RouterView, configured: &HashMap<String, Vec<String>>) -> Self {
-        let aliases: HashMap<String, String> = view.aliases.clone().into_iter().collect();
+    fn from_view(view: &RouterView, configured: &Configured) -> Self {
+        // A name a configured endpoint serves is that endpoint's, even
+        // where the catalog made it another model's alias: taken as the
+        // alias, every request for it went to the other model (or, with
+        // no replica of that, failed) while the endpoint sat unused.
+        let aliases: HashMap<String, String> = view
+            .aliases
+            .iter()
+            .filter(|(alias, _)| !configured.served.contains(*alias))
+            .map(|(a, m)| (a.clone(), m.clone()))
+            .collect();
+        let configured = &configured.fallbacks;
         let canonical = |n: &String| aliases.get(n).cloned().unwrap_or_else(|| n.clone());
         let mut fallbacks: HashMap<String, Vec<String>> = view
             .models
@@ -134,19 +144,52 @@ impl Routes {
     }
 }
 
+/// What this server's configuration says of names, whatever the view.
+#[derive(Debug, Default)]
+struct Configured {
+    fallbacks: HashMap<String, Vec<String>>,
+    /// The models its configured endpoints serve.
+    served: HashSet<String>,
+    /// The catalog's aliases last found naming one of them, so that each
+    /// is said once, not at every update of the view.
+    shadowed: std::sync::Mutex<Vec<String>>,
+}
+
 /// The current table, replaced whole.
 #[derive(Debug, Default)]
 pub(crate) struct RouteTable {
     current: RwLock<Arc<Routes>>,
-    configured: HashMap<String, Vec<String>>,
+    configured: Configured,
 }
 
 impl RouteTable {
-    pub(crate) fn new(fallbacks: HashMap<String, Vec<String>>) -> Self {
+    pub(crate) fn new(fallbacks: HashMap<String, Vec<String>>, served: HashSet<String>) -> Self {
         RouteTable {
             current: RwLock::new(Arc::new(Routes::configured(fallbacks.clone()))),
-            configured: fallbacks,
+            configured: Configured {
+                fallbacks,
+                served,
+                shadowed: Default::default(),
+            },
         }
+    }
+
+    /// Says, once each, which of the catalog's aliases are names this
+    /// server's endpoints serve (they are routed to the endpoints).
+    fn say_shadowed(&self, view: &RouterView) {
+        let served = &self.configured.served;
+        let now: Vec<String> = (view.aliases.iter())
+            .filter(|(alias, _)| served.contains(*alias))
+            .map(|(alias, model)| format!("{alias} (an alias of {model})"))
+            .collect();
+        let mut said = (self.configured.shadowed.lock()).unwrap_or_else(|p| p.into_inner());
+        if *said != now && !now.is_empty() {
+            tracing::warn!(
+                names = now.join(", "),
+                "the catalog names as an alias a model this server's endpoints serve: requests for it go to the endpoints; rename the alias to route it to the catalog's model"
+            );
+        }
+        *said = now;
     }
 
     /// The table as of now; a request keeps it for its whole way.
@@ -199,6 +242,7 @@ impl Gateway {
             }))
             .collect();
         self.endpoints.update(specs);
+        self.routes.say_shadowed(view);
         self.routes
             .swap(Routes::from_view(view, &self.routes.configured));
         self.routes_changed.notify_waiters();
@@ -209,6 +253,7 @@ impl Gateway {
     /// for a gateway with a store but no control plane, where nothing keeps
     /// the view's endpoints true and nothing starts a model on demand.
     pub fn apply_catalog(&self, view: &RouterView) {
+        self.routes.say_shadowed(view);
         let mut routes = Routes::from_view(view, &self.routes.configured);
         routes.on_demand.clear();
         self.routes.swap(routes);
@@ -296,6 +341,37 @@ mod tests {
         let routes = gw.routes.load();
         assert_eq!(routes.fallbacks("big"), ["other", "small"]);
         assert_eq!(routes.fallbacks("mid"), ["small"], "the catalog's stay");
+    }
+
+    /// A configured endpoint's model is its own even where the catalog
+    /// makes the name another model's alias: the alias took every request
+    /// for it away from the endpoint.
+    #[test]
+    fn a_name_a_configured_endpoint_serves_is_no_alias() {
+        let mut view = RouterView::default();
+        let mut b = Model::named("b");
+        b.aliases = vec!["m1".into(), "b-latest".into()];
+        view.apply_event(
+            Stamp {
+                position: 0,
+                recorded_at_ms: 0,
+            },
+            &Event::Catalog(CatalogEvent::ModelAdded { model: b }),
+        );
+        let gw = Gateway::new(
+            crate::GatewayConfig {
+                endpoints: vec!["e1=http://127.0.0.1:9=m1".parse().unwrap()],
+                ..crate::GatewayConfig::default()
+            },
+            None,
+        )
+        .unwrap();
+        for apply in [Gateway::apply_router_view, Gateway::apply_catalog] {
+            apply(&gw, &view);
+            let routes = gw.routes.load();
+            assert_eq!(routes.canonical("m1"), "m1", "the endpoint's");
+            assert_eq!(routes.canonical("b-latest"), "b");
+        }
     }
 
     /// Replicas of a model placed on profiles of different priority share

@@ -1247,6 +1247,27 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
     }
 }
 
+/// A catalog alias that is the name an endpoint serves would take the
+/// endpoint's requests (or, now that the endpoint wins, be dead): refused
+/// at start, naming both.
+#[test]
+fn an_alias_that_is_an_endpoints_model_is_refused_at_start() {
+    let alias = "  - name: b\n    aliases: [m1]\n    scaling: {min: 0, max: 1}\n    profiles: [{name: sim, engine: sim}]\n";
+    let (code, out) = check_in(
+        Mode::Control,
+        alias,
+        &[],
+        &["--endpoint", "e2=http://127.0.0.1:9=m1"],
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("models: b's alias \"m1\" is the model endpoint e2 serves"),
+        "{out}"
+    );
+    let (code, out) = check_in(Mode::Control, alias, &[], &[]);
+    assert_eq!(code, Some(0), "no endpoint serves m1: {out}");
+}
+
 /// `--check` of a router-only file with `extra` under `env` and `args`:
 /// its exit status and what it printed.
 fn check_with(extra: &str, env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
