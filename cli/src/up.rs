@@ -46,7 +46,51 @@ fn demo_model() -> Model {
     m
 }
 
+/// What `up` reads of the environment besides its flags: the admin token
+/// (as `server` does) and how to write its log lines.
+const HONOURED: [&str; 2] = ["LLMGW_ADMIN_TOKEN", "LLMGW_LOG_FORMAT"];
+
+/// Refuses a variable that sets a server, an agent or the store: `up`
+/// builds its own from its flags, and passed over such a setting (auth,
+/// a listener, the store) with nothing said.
+fn refuse_settings(env: &[(String, String)]) -> anyhow::Result<()> {
+    let cli = <crate::Cli as clap::CommandFactory>::command();
+    let mut settings = std::collections::HashSet::new();
+    let mut every = crate::server::variables();
+    for name in ["server", "agent"] {
+        let Some(c) = cli.find_subcommand(name) else {
+            continue;
+        };
+        let mut stack = vec![c];
+        while let Some(c) = stack.pop() {
+            settings.extend(
+                (c.get_arguments())
+                    .filter_map(|a| a.get_env())
+                    .map(|e| e.to_string_lossy().into_owned()),
+            );
+            stack.extend(c.get_subcommands());
+        }
+    }
+    settings.insert("LLMGW_STORE".to_owned());
+    every.extend(settings.iter().cloned());
+    for (name, _) in env {
+        let Some(rest) = name.strip_prefix("LLMGW_") else {
+            continue;
+        };
+        if HONOURED.contains(&name.as_str()) {
+            continue;
+        }
+        if rest.contains("__") || settings.contains(name) {
+            anyhow::bail!(
+                "{name} is a setting of `llmgw server` or `llmgw agent`, which `llmgw up` does not read: it takes only its flags (--listen, --admin-listen, --data-dir, --wait-s) and LLMGW_ADMIN_TOKEN; unset it, or run `llmgw server` for a server configured your way"
+            );
+        }
+    }
+    crate::config::misspelt_variables(env, &every).map_err(|e| anyhow::anyhow!(e.0))
+}
+
 pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
+    refuse_settings(&std::env::vars().collect::<Vec<_>>())?;
     // The admin API has no authentication; `server` takes it off
     // loopback only with admin_open, which a try-out has no need of.
     if !a.admin_listen.ip().is_loopback() {

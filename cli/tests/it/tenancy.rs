@@ -1401,6 +1401,47 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
     );
 }
 
+/// `llmgw up` builds its server from its flags: a variable that sets a
+/// server, an agent or the store is refused, not passed over (auth was
+/// off and the listener elsewhere than the variables said), and a typo of
+/// one is named; the admin token and the log format are read.
+#[test]
+fn up_refuses_the_settings_of_a_server_it_does_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = |var: (&str, &str)| {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env(var.0, var.1)
+            // Refused before anything listens, whatever the ports.
+            .args(["up", "--admin-listen", "0.0.0.0:0", "--data-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for var in [
+        ("LLMGW_AUTH", "true"),
+        ("LLMGW_ROUTER__BODY_LIMIT", "100"),
+        ("LLMGW_CONFIG", "/etc/llmgw/server.yaml"),
+        ("LLMGW_STORE", "postgres://db/llmgw"),
+        ("LLMGW_AGENT_JOIN", "llmgw-join-x"),
+    ] {
+        let err = up(var);
+        assert!(
+            err.contains(&format!(
+                "{} is a setting of `llmgw server` or `llmgw agent`",
+                var.0
+            )),
+            "{var:?}: {err}"
+        );
+    }
+    let err = up(("LLMGW_ADMIN_LISTN", "127.0.0.1:1"));
+    assert!(err.contains("did you mean LLMGW_ADMIN_LISTEN?"), "{err}");
+    // Read by `up`: on to the next check (the admin listener's).
+    let err = up(("LLMGW_LOG_FORMAT", "json"));
+    assert!(err.contains("is off loopback"), "{err}");
+}
+
 /// What a file or a variable says is read whole or refused: a key given
 /// twice dropped the earlier one (a whole section), a non-finite number
 /// read as unset and an empty variable erased the file's value, each
