@@ -972,11 +972,29 @@ impl Tenancy {
                 {
                     vec![]
                 } else {
-                    vec![E::UserApproved {
+                    // Moved out of a project, a person's own keys there go
+                    // with them: they kept opening it, counted against it,
+                    // while every page said they were elsewhere. Keys an
+                    // operator gave them in other projects stay.
+                    let left = user.project_id.as_ref().filter(|p| **p != project_id);
+                    let revoked = (self.keys.values())
+                        .filter(|k| {
+                            !k.revoked
+                                && k.owner.as_ref() == Some(&user_id)
+                                && Some(&k.project_id) == left
+                        })
+                        .map(|k| E::KeyRevoked {
+                            key_id: k.key_id.clone(),
+                            by: by.clone(),
+                        })
+                        .collect::<Vec<_>>();
+                    let mut events = vec![E::UserApproved {
                         user_id,
                         project_id,
                         by,
-                    }]
+                    }];
+                    events.extend(revoked);
+                    events
                 }
             }
             C::Suspend { user_id, by } => match self.live_user(&user_id)?.status {

@@ -781,3 +781,60 @@ fn a_rotated_key_keeps_its_id_and_its_old_secret_only_for_the_grace() {
     }
     assert_eq!(t.decide(unknown).unwrap_err().reason, "no key nope");
 }
+
+#[test]
+fn a_person_moved_to_another_project_loses_their_own_keys_in_the_old_one() {
+    let mut t = tree();
+    for project_id in ["q", "r"] {
+        run(
+            &mut t,
+            C::CreateProject {
+                project_id: project_id.into(),
+                team_id: "t".into(),
+                name: project_id.into(),
+            },
+        );
+    }
+    run(
+        &mut t,
+        C::SignUp {
+            user_id: "usr-1".into(),
+        },
+    );
+    let approve = |project: &str| C::Approve {
+        user_id: "usr-1".into(),
+        project_id: project.into(),
+        by: "ops".into(),
+    };
+    run(&mut t, approve("p"));
+    let mut own = |id: &str, project: &str| {
+        let mut k = key(id, project);
+        k.owner = Some("usr-1".into());
+        run(&mut t, C::IssueKey(k));
+    };
+    own("mine-p", "p");
+    own("given-r", "r");
+    // Suspended and approved again into the same project: nothing moves.
+    run(
+        &mut t,
+        C::Suspend {
+            user_id: "usr-1".into(),
+            by: "ops".into(),
+        },
+    );
+    assert_eq!(run(&mut t, approve("p")).len(), 1);
+    assert!(!t.keys["mine-p"].revoked);
+    // Moved: their own key in the project they left is revoked, by whoever
+    // moved them; one an operator gave them elsewhere is not.
+    let events = run(&mut t, approve("q"));
+    assert_eq!(
+        events[1..],
+        [E::KeyRevoked {
+            key_id: "mine-p".into(),
+            by: "ops".into()
+        }]
+    );
+    assert!(t.keys["mine-p"].revoked);
+    assert!(!t.keys["given-r"].revoked);
+    assert!(!t.keys["k"].revoked, "an operator's key of p stays");
+}
