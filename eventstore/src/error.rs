@@ -46,7 +46,10 @@ pub enum StoreError {
         current_epoch: u64,
     },
 
-    #[error("the append lease is held by {holder} (epoch {epoch}) until {expires_at}")]
+    #[error(
+        "the append lease is held by {holder} (epoch {epoch}) until {}",
+        expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    )]
     LeaseHeld {
         holder: String,
         epoch: u64,
@@ -194,3 +197,25 @@ impl StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Times in messages are written as the docs and every table write
+    /// them: RFC 3339, to the millisecond, in UTC with its Z.
+    #[test]
+    fn a_held_lease_says_until_when_as_rfc_3339() {
+        let e = StoreError::LeaseHeld {
+            holder: "server-a".into(),
+            epoch: 3,
+            expires_at: DateTime::parse_from_rfc3339("2026-12-07T18:30:21.993637Z")
+                .unwrap()
+                .with_timezone(&Utc),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the append lease is held by server-a (epoch 3) until 2026-12-07T18:30:21.993Z"
+        );
+    }
+}

@@ -225,7 +225,7 @@ pub async fn export<S: EventStore>(
                 && crate::hash::chain(&p, e) != e.hash
             {
                 return Err(StoreError::Invalid(format!(
-                    "the store's chain breaks at position {}: its hash does not match its content and the hash before it (the store was altered; `llmgw events verify` says more), so no export of it is made",
+                    "the store's chain breaks at position {}: its hash does not match its content and the hash before it (the store was altered; `llmgw events verify` says more): a log that does not verify is neither exported nor copied",
                     e.position
                 )));
             }
@@ -251,18 +251,63 @@ pub async fn export<S: EventStore>(
     Ok(done)
 }
 
+/// The first line of a range that starts after position 1: the event,
+/// its fields in the order of every other line's, then `prev_hash`.
+#[derive(Serialize)]
+struct FirstLine<'e> {
+    #[serde(flatten)]
+    event: &'e RecordedEvent,
+    prev_hash: String,
+}
+
 /// The first event of a range that starts after position 1, with the
 /// hash of the event before it as `prev_hash`.
-async fn first_line<S: EventStore>(store: &S, e: &RecordedEvent) -> Result<Value> {
+async fn first_line<'e, S: EventStore>(store: &S, e: &'e RecordedEvent) -> Result<FirstLine<'e>> {
     let prev = store.hash_at(e.position - 1).await?.ok_or_else(|| {
         StoreError::Invalid(format!(
             "no event at position {} to link the export to",
             e.position - 1
         ))
     })?;
-    let mut value = serde_json::to_value(e).map_err(|e| StoreError::Export(e.into()))?;
-    if let Value::Object(m) = &mut value {
-        m.insert("prev_hash".into(), hash::to_hex(&prev).into());
+    Ok(FirstLine {
+        event: e,
+        prev_hash: hash::to_hex(&prev),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Its keys in the order of every other line's, `prev_hash` last: a
+    /// ranged export's first line had them in alphabetical order.
+    #[test]
+    fn a_ranged_exports_first_line_keeps_the_order_of_the_others() {
+        let e = RecordedEvent {
+            position: 7,
+            stream_id: "node-a".into(),
+            stream_version: 2,
+            event_id: uuid::Uuid::nil(),
+            event_type: "NodeCordoned".into(),
+            schema_version: 1,
+            payload: serde_json::json!({"node_id": "a"}),
+            metadata: serde_json::json!({"actor": "alice"}),
+            epoch: 1,
+            recorded_at: DateTime::<Utc>::UNIX_EPOCH,
+            hash: [7; 32],
+        };
+        let plain = serde_json::to_string(&e).unwrap();
+        let first = serde_json::to_string(&FirstLine {
+            event: &e,
+            prev_hash: hash::to_hex(&[1; 32]),
+        })
+        .unwrap();
+        let plain = plain.strip_suffix('}').unwrap();
+        assert_eq!(
+            first,
+            format!("{plain},\"prev_hash\":\"{}\"}}", hash::to_hex(&[1; 32]))
+        );
+        let back: RecordedEvent = serde_json::from_str(&first).unwrap();
+        assert_eq!(back, e);
     }
-    Ok(value)
 }

@@ -24,6 +24,17 @@ use crate::{RecordedEvent, Result, StoreError, append, hash};
 /// Events written per statement inside the import's transaction.
 pub(crate) const CHUNK: usize = 1000;
 
+/// A chunk is written early once its events' text reaches this: a
+/// thousand events of a few MiB each (usage batches at their size) were
+/// held at once before their statement.
+pub(crate) const CHUNK_BYTES: usize = 16 << 20;
+
+/// Whether `chunk` is to be written now: `CHUNK` events, or
+/// `CHUNK_BYTES` of their text.
+pub(crate) fn chunk_full(chunk: &[Pending], bytes: usize) -> bool {
+    chunk.len() >= CHUNK || bytes >= CHUNK_BYTES
+}
+
 /// How an import may begin and what it must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImportOptions {
@@ -342,6 +353,13 @@ pub(crate) struct Pending {
     pub(crate) event: RecordedEvent,
     pub(crate) payload: String,
     pub(crate) metadata: String,
+}
+
+impl Pending {
+    /// The bytes of its text a chunk holds (the parsed event besides).
+    pub(crate) fn bytes(&self) -> usize {
+        self.payload.len() + self.metadata.len()
+    }
 }
 
 /// The control row after the import.

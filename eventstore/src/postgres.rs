@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::append::{self, Existing, Locked, Planned, Prepared};
 use crate::browse::{self, Arg, Dialect};
 use crate::group::{self, GroupWriter, Parked, Queue};
-use crate::import::{CHUNK, Pending, Run, StoreHead};
+use crate::import::{CHUNK, Pending, Run, StoreHead, chunk_full};
 use crate::known::Head;
 use crate::{
     AppendHook, AppendPoint, Appended, Checkpoint, EventFilter, EventStore, ImportOptions,
@@ -765,13 +765,16 @@ impl EventStore for PgStore {
             options,
         );
         let mut chunk = Vec::with_capacity(CHUNK);
+        let mut bytes = 0;
         for event in events {
             if let Some(p) = run.accept(event?)? {
+                bytes += p.bytes();
                 chunk.push(p);
             }
-            if chunk.len() == CHUNK {
+            if chunk_full(&chunk, bytes) {
                 import_chunk(&mut tx, &mut run, &chunk).await?;
                 chunk.clear();
+                bytes = 0;
             }
         }
         if !chunk.is_empty() {

@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::append::{self, Existing, Locked, Prepared};
 use crate::browse::{self, Arg, Dialect};
 use crate::group::{self, GroupWriter, Queue};
-use crate::import::{CHUNK, Pending, Run, StoreHead};
+use crate::import::{CHUNK, Pending, Run, StoreHead, chunk_full};
 use crate::known::Head;
 use crate::page_text;
 use crate::{
@@ -775,13 +775,16 @@ impl EventStore for SqliteStore {
             options,
         );
         let mut chunk = Vec::with_capacity(CHUNK);
+        let mut bytes = 0;
         for event in events {
             if let Some(p) = run.accept(event?)? {
+                bytes += p.bytes();
                 chunk.push(p);
             }
-            if chunk.len() == CHUNK {
+            if chunk_full(&chunk, bytes) {
                 import_chunk(&mut tx, &mut run, &chunk).await?;
                 chunk.clear();
+                bytes = 0;
             }
         }
         if !chunk.is_empty() {
