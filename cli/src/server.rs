@@ -676,6 +676,15 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
                     "landing.base_url {u:?} must be an http:// or https:// address"
                 )));
             }
+            // The pages and the API are served from the root: a path here
+            // was shown doubled (…/v1/v1/chat/completions), and the pages'
+            // own links ignored it.
+            let host = u.split_once("://").map_or(u, |(_, rest)| rest);
+            if host.is_empty() || host.contains(['/', '?', '#']) {
+                return Err(ConfigError(format!(
+                    "landing.base_url {u:?} must be the address alone (https://llm.example.com), without /v1 or another path: the pages and the API are served from its root"
+                )));
+            }
             Some(u.to_owned())
         }
         None => None,

@@ -1226,6 +1226,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "conversations: {default_context: 100}\n",
             "conversations.default_context applies only where conversations are kept",
         ),
+        (
+            "landing: {base_url: \"https://llm.example.com/v1/\"}\n",
+            "without /v1 or another path",
+        ),
     ];
     for (extra, says) in cases {
         let path = config(
