@@ -17,6 +17,9 @@ pub(crate) struct Chrome {
     pub local: bool,
     /// The token every form posts back; empty when not signed in.
     pub csrf: String,
+    /// Whether anyone is signed in cannot be told (the account store is
+    /// unreachable): no sign-in and no sign-out are offered.
+    pub unsure: bool,
 }
 
 impl Chrome {
@@ -31,12 +34,24 @@ impl Chrome {
                 admin: p.admin,
                 local: false,
                 csrf: p.csrf.clone(),
+                unsure: false,
             },
             Visitor::Anonymous => Chrome {
                 accounts: s.accounts,
                 signup_open: s.signup_open,
                 ..Chrome::default()
             },
+        }
+    }
+
+    /// For a page shown while the account store cannot say who is
+    /// looking: offering to sign in would tell a signed-in person that
+    /// they were signed out.
+    pub(crate) fn unsure(web: &crate::Web) -> Chrome {
+        Chrome {
+            accounts: web.settings.accounts,
+            unsure: true,
+            ..Chrome::default()
         }
     }
 
@@ -60,4 +75,6 @@ pub(crate) struct ErrorPage {
     pub chrome: Chrome,
     pub status: u16,
     pub text: String,
+    /// The request's id (`x-request-id`), for a person to quote.
+    pub request_id: Option<String>,
 }

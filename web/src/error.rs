@@ -26,13 +26,50 @@ pub(crate) enum WebError {
         "the change could not be made just now (the cluster's leader did not answer, or is being elected): try again in a few seconds"
     )]
     Unavailable(String),
+    /// The people tables (accounts, sessions) could not be read or
+    /// written: the store is unreachable. Not "signed out": a signed-in
+    /// person sent to `/login` thought their session gone, and signing in
+    /// answered a bare 500. The reason is logged, not shown.
+    #[error(
+        "the account store cannot be reached just now, so this server cannot tell who you are or sign you in; nothing about your account has changed: try again in a minute"
+    )]
+    StoreDown(String),
     /// Something on our side; logged where it is turned into a response.
     #[error("{0}")]
     Internal(String),
 }
 
+impl WebError {
+    /// A people error that is not the visitor's to mend: the store
+    /// unreachable (a 503 that says so), or ours.
+    pub(crate) fn people(doing: &str, e: llmgw_people::PeopleError) -> WebError {
+        match e {
+            llmgw_people::PeopleError::Store(why) => WebError::StoreDown(format!("{doing}: {why}")),
+            other => WebError::Internal(format!("{doing}: {other}")),
+        }
+    }
+}
+
+impl WebError {
+    /// Logs what the visitor is not shown (our side's reasons), once,
+    /// where the error becomes an answer.
+    pub(crate) fn log(&self) {
+        match self {
+            WebError::Unavailable(why) => {
+                tracing::warn!(error = %why, "a page's change could not reach the leader");
+            }
+            WebError::StoreDown(why) => {
+                tracing::error!(error = %why, "a page could not reach the account store");
+            }
+            WebError::Internal(why) => tracing::error!(error = %why, "a page failed"),
+            _ => {}
+        }
+    }
+}
+
 impl IntoResponse for WebError {
     fn into_response(self) -> Response {
+        self.log();
         let status = match &self {
             WebError::NotFound => StatusCode::NOT_FOUND,
             WebError::Csrf => StatusCode::FORBIDDEN,
@@ -49,20 +86,14 @@ impl IntoResponse for WebError {
             }
             WebError::Bad(_) => StatusCode::UNPROCESSABLE_ENTITY,
             WebError::Method(_) => StatusCode::METHOD_NOT_ALLOWED,
-            WebError::Unavailable(why) => {
-                tracing::warn!(error = %why, "a page's change could not reach the leader");
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            WebError::Internal(why) => {
-                tracing::error!(error = %why, "a page failed");
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            WebError::Unavailable(_) | WebError::StoreDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            WebError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let text = match &self {
             WebError::Internal(_) => "something went wrong on our side".to_owned(),
             other => other.to_string(),
         };
-        let mut response = page(crate::Chrome::default(), status, text.clone());
+        let mut response = page(crate::Chrome::default(), status, text.clone(), None);
         // Dressed in the visitor's navigation by [`dressed`], which knows
         // who asked.
         response.extensions_mut().insert(Refusal { status, text });
@@ -94,11 +125,17 @@ struct Refusal {
     text: String,
 }
 
-fn page(chrome: crate::Chrome, status: StatusCode, text: String) -> Response {
+fn page(
+    chrome: crate::Chrome,
+    status: StatusCode,
+    text: String,
+    request_id: Option<String>,
+) -> Response {
     let page = crate::chrome::ErrorPage {
         chrome,
         status: status.as_u16(),
         text,
+        request_id,
     };
     match askama::Template::render(&page) {
         Ok(html) => (status, Html(html)).into_response(),
@@ -116,6 +153,7 @@ pub(crate) async fn dressed(
     next: axum::middleware::Next,
 ) -> Response {
     let viewer = request.extensions().get::<crate::Viewer>().cloned();
+    let request_id = request_id(&request);
     let mut cookies = axum::http::HeaderMap::new();
     for c in request.headers().get_all(axum::http::header::COOKIE) {
         cookies.append(axum::http::header::COOKIE, c.clone());
@@ -142,9 +180,14 @@ pub(crate) async fn dressed(
     };
     let chrome = match viewer {
         Some(v) => crate::Chrome::for_viewer(&web, &v),
-        None => crate::Chrome::for_visitor(&web, &crate::session::resolve(&web, &cookies).await),
+        None => match crate::session::resolve(&web, &cookies).await {
+            Ok(visitor) => crate::Chrome::for_visitor(&web, &visitor),
+            // The store is down (the refusal itself says so, and was
+            // logged): neither signed in nor out.
+            Err(_) => crate::Chrome::unsure(&web),
+        },
     };
-    let (dressed, body) = page(chrome, refusal.status, refusal.text).into_parts();
+    let (dressed, body) = page(chrome, refusal.status, refusal.text, request_id).into_parts();
     // What the handler set beside its page (cookies, headers) stays.
     let (mut parts, _) = response.into_parts();
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);
@@ -154,6 +197,33 @@ pub(crate) async fn dressed(
             .insert(axum::http::header::CONTENT_TYPE, kind.clone());
     }
     Response::from_parts(parts, body)
+}
+
+/// The id the client listener gave the request, which its answer carries
+/// in `x-request-id` and every log line about it names: an error page
+/// shows it, so that a person can quote it to whoever runs the server.
+/// `None` on the admin listener, which gives none.
+fn request_id(request: &axum::extract::Request) -> Option<String> {
+    let id = llmgw_gateway::RequestId::of(request)?;
+    // The client's own id is kept when sane (the gateway's rule: 1 to 128
+    // visible ASCII characters), and is then the header as sent.
+    if let Some(given) = (request.headers().get("x-request-id"))
+        .map(|v| v.as_bytes())
+        .filter(|v| (1..=128).contains(&v.len()) && v.iter().all(|b| (0x21..=0x7e).contains(b)))
+    {
+        return String::from_utf8(given.to_vec()).ok();
+    }
+    // Else the gateway made a UUID, which it keeps to itself but for its
+    // Debug form (`RequestId { value: "…", … }`); a UUID needs no
+    // unescaping there. Should that form change, the page shows no id
+    // rather than a wrong one.
+    let shown = format!("{id:?}");
+    let start = shown.find("value: \"")? + "value: \"".len();
+    let uuid: String = shown[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_hexdigit() || *c == '-')
+        .collect();
+    (uuid.len() == 36 && shown[start + 36..].starts_with('"')).then_some(uuid)
 }
 
 /// Renders a template into a page response.

@@ -18,6 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use llmgw_domain::tenancy::UserStatus;
+use llmgw_people::PeopleError;
 
 use crate::{Web, WebError};
 
@@ -93,36 +94,43 @@ pub(crate) fn set_cookie(web: &Web, name: &str, value: Option<&str>) -> String {
     }
 }
 
-/// The person behind the request's session cookie, if any and active.
-pub(crate) async fn resolve(web: &Web, headers: &HeaderMap) -> Visitor {
+/// The person behind the request's session cookie, if any and active;
+/// `StoreDown` when the account store cannot say. An outage answered as
+/// "signed out" sent people to `/login` with nothing logged, where signing
+/// in failed too, while their sessions were intact all along.
+pub(crate) async fn resolve(web: &Web, headers: &HeaderMap) -> Result<Visitor, WebError> {
     let (Some(people), Some(token)) = (&web.people, cookie(headers, SESSION_COOKIE)) else {
-        return Visitor::Anonymous;
+        return Ok(Visitor::Anonymous);
     };
-    let Ok(session) = people.resolve(token, Utc::now()).await else {
-        return Visitor::Anonymous;
+    let session = match people.resolve(token, Utc::now()).await {
+        Ok(session) => session,
+        Err(PeopleError::Store(why)) => {
+            return Err(WebError::StoreDown(format!("reading a session: {why}")));
+        }
+        Err(_) => return Ok(Visitor::Anonymous),
     };
     let admin = {
         let views = web.views();
         match views.tenancy.tenancy.users.get(&session.user_id) {
             Some(u) if u.status == UserStatus::Active => u.admin,
-            _ => return Visitor::Anonymous,
+            _ => return Ok(Visitor::Anonymous),
         }
     };
     let csrf = cookie(headers, CSRF_COOKIE)
         .filter(|c| session.csrf_ok(c))
         .unwrap_or_default()
         .to_owned();
-    Visitor::Person(Person {
+    Ok(Visitor::Person(Person {
         user_id: session.user_id.clone(),
         admin,
         csrf,
         session,
         token: token.to_owned(),
-    })
+    }))
 }
 
 impl FromRequestParts<Arc<Web>> for Visitor {
-    type Rejection = std::convert::Infallible;
+    type Rejection = WebError;
 
     async fn from_request_parts(
         parts: &mut Parts,
@@ -131,7 +139,7 @@ impl FromRequestParts<Arc<Web>> for Visitor {
         if let Some(v) = parts.extensions.get::<Visitor>() {
             return Ok(v.clone());
         }
-        Ok(resolve(web, &parts.headers).await)
+        resolve(web, &parts.headers).await
     }
 }
 
@@ -175,11 +183,14 @@ pub(crate) async fn admins_only(
     next: Next,
 ) -> Response {
     match resolve(&web, request.headers()).await {
-        Visitor::Person(p) if p.admin => {
+        Ok(Visitor::Person(p)) if p.admin => {
             request.extensions_mut().insert(Viewer::Admin(p));
             next.run(request).await
         }
-        _ => WebError::NotFound.into_response(),
+        Ok(_) => WebError::NotFound.into_response(),
+        // Only a request with a session cookie gets here: it cannot be
+        // told whether an admin sent it.
+        Err(e) => e.into_response(),
     }
 }
 

@@ -279,7 +279,7 @@ async fn people_names(web: &Web, by: GroupBy) -> Result<BTreeMap<String, String>
         let persons = p
             .people()
             .await
-            .map_err(|e| WebError::Internal(e.to_string()))?;
+            .map_err(|e| WebError::people("naming people", e))?;
         for p in persons {
             let name = if p.name.is_empty() { p.email } else { p.name };
             people.insert(p.user_id, name);

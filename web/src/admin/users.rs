@@ -67,7 +67,7 @@ pub(crate) async fn page(
         Some(people) => people
             .people()
             .await
-            .map_err(|e| WebError::Internal(e.to_string()))?,
+            .map_err(|e| WebError::people("listing people", e))?,
         None => Vec::new(),
     };
     let by_id: BTreeMap<&str, &llmgw_people::Person> =

@@ -161,7 +161,7 @@ pub(super) async fn login(
             ];
             with_cookies(see_other(return_to(&form.next)), &cookies)
         }
-        Err(PeopleError::Store(why)) => Err(WebError::Internal(format!("signing in: {why}"))),
+        Err(e @ PeopleError::Store(_)) => Err(WebError::people("signing in", e)),
         // The people errors are written for the person at the form.
         Err(e) => {
             let page = Login {
@@ -202,7 +202,7 @@ pub(super) async fn logout(
         people
             .sign_out(&person.token)
             .await
-            .map_err(|e| WebError::Internal(format!("signing out: {e}")))?;
+            .map_err(|e| WebError::people("signing out", e))?;
     }
     let cookies = [
         set_cookie(&web, SESSION_COOKIE, None),
@@ -288,7 +288,7 @@ pub(super) async fn signup(
         // A taken address gets the same answer as a new account, so the
         // form does not tell who has one.
         Ok(None) => render(&SignupDone { chrome }),
-        Err(PeopleError::Store(why)) => Err(WebError::Internal(format!("signing up: {why}"))),
+        Err(e @ PeopleError::Store(_)) => Err(WebError::people("signing up", e)),
         Err(e) => {
             let page = Signup {
                 chrome,

@@ -61,9 +61,22 @@ fn refuse(status: StatusCode, code: &'static str, message: &str) -> Response {
 
 pub(super) async fn completions(
     State(web): State<Arc<Web>>,
-    visitor: Visitor,
+    visitor: Result<Visitor, WebError>,
     request: axum::extract::Request,
 ) -> Response {
+    // In the API's envelope, which the script shows, not as a page.
+    let visitor = match visitor {
+        Ok(v) => v,
+        Err(e @ WebError::StoreDown(_)) => {
+            e.log();
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                &e.to_string(),
+            );
+        }
+        Err(e) => return e.into_response(),
+    };
     let headers = request.headers().clone();
     // The page never sends a bearer key (a proxy's Basic credentials may
     // come along); an API client does, when its base URL lacks `/v1` (a

@@ -62,7 +62,7 @@ pub(super) async fn page(
     let open = people
         .claim_open(&token, Utc::now())
         .await
-        .map_err(|e| WebError::Internal(format!("looking up a claim link: {}", safe(&e))))?;
+        .map_err(|e| failed("looking up a claim link", &e))?;
     if !open {
         return gone(&web, &visitor);
     }
@@ -87,9 +87,7 @@ pub(super) async fn reveal(
     let claimed = match people.claim(&token, Utc::now()).await {
         Ok(c) => c,
         Err(PeopleError::ClaimInvalid) => return gone(&web, &visitor),
-        Err(e) => {
-            return Err(WebError::Internal(format!("claiming a key: {}", safe(&e))));
-        }
+        Err(e) => return Err(failed("claiming a key", &e)),
     };
     // A key revoked since the link was made is dead: its secret is not
     // shown, and the link (wiped by the take above) is used up.
@@ -134,5 +132,14 @@ fn safe(e: &PeopleError) -> String {
     match e {
         PeopleError::Store(_) => "the people tables failed".to_owned(),
         other => other.to_string(),
+    }
+}
+
+/// The answer to a failed look-up or claim: the store unreachable says
+/// so (503), anything else is ours (500).
+fn failed(doing: &str, e: &PeopleError) -> WebError {
+    match e {
+        PeopleError::Store(_) => WebError::StoreDown(format!("{doing}: {}", safe(e))),
+        _ => WebError::Internal(format!("{doing}: {}", safe(e))),
     }
 }

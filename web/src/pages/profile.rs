@@ -140,7 +140,7 @@ async fn profile_page(
     let Some(me) = people
         .person(&person.user_id)
         .await
-        .map_err(|e| WebError::Internal(format!("reading a person: {e}")))?
+        .map_err(|e| WebError::people("reading a person", e))?
     else {
         return Err(WebError::SignIn);
     };
@@ -309,8 +309,8 @@ pub(super) async fn change_password(
         .await
     {
         Ok(opened) => opened,
-        Err(PeopleError::Store(why)) => {
-            return Err(WebError::Internal(format!("changing a password: {why}")));
+        Err(e @ PeopleError::Store(_)) => {
+            return Err(WebError::people("changing a password", e));
         }
         Err(e) => {
             // No email was typed here: the sign-in's wording would puzzle.

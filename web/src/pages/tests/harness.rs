@@ -244,8 +244,23 @@ impl Site {
             SITES.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let address =
-            StoreAddress::parse(&dir.join("log.db").display().to_string()).expect("address");
+        let address = dir.join("log.db").display().to_string();
+        Site::on(&address, dir, signup_open, endpoints).await
+    }
+
+    /// A server whose log and people tables are the PostgreSQL database
+    /// at `url` (a test's own, perhaps through a relay it can cut).
+    pub(super) async fn on_postgres(url: &str, signup_open: bool) -> Site {
+        Site::on(url, std::path::PathBuf::new(), signup_open, Vec::new()).await
+    }
+
+    async fn on(
+        address: &str,
+        dir: std::path::PathBuf,
+        signup_open: bool,
+        endpoints: Vec<EndpointSpec>,
+    ) -> Site {
+        let address = StoreAddress::parse(address).expect("address");
         let store = AnyStore::open(&address, OpenOptions::migrating())
             .await
             .expect("store");
@@ -273,6 +288,51 @@ impl Site {
             asked,
             position: Mutex::new(0),
             dir,
+        }
+    }
+
+    /// Serves this site as `llmgw server` does: the gateway's listeners
+    /// with the pages beside its routes (request ids, the edge), on
+    /// ports bound to 0; stops with the value.
+    pub(super) async fn serve(&self) -> Served {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let listen = llmgw_gateway::Listen {
+            client: "127.0.0.1:0".parse().expect("address"),
+            client_tls: None,
+            admin: "127.0.0.1:0".parse().expect("address"),
+            admin_token: None,
+            metrics: None,
+            connections: llmgw_gateway::ConnectionLimits::default(),
+        };
+        let extra = llmgw_gateway::Extra {
+            client: client_routes(self.web.clone()),
+            admin: crate::admin_routes(self.web.clone()),
+        };
+        let stop = llmgw_gateway::Stop {
+            signal: Box::pin(std::future::pending()),
+            grace: std::time::Duration::ZERO,
+        };
+        let task = tokio::spawn(llmgw_gateway::serve_with(
+            self.web.gateway.clone(),
+            listen,
+            extra,
+            stop,
+            move |bound| {
+                let _ = tx.send(bound);
+            },
+        ));
+        let (mut client, mut admin) = (None, None);
+        while client.is_none() || admin.is_none() {
+            match rx.recv().await.expect("the server binds its listeners") {
+                llmgw_gateway::Listener::Client(a) => client = Some(a),
+                llmgw_gateway::Listener::Admin(a) => admin = Some(a),
+                llmgw_gateway::Listener::Metrics(_) => {}
+            }
+        }
+        Served {
+            client: client.expect("client listener"),
+            admin: admin.expect("admin listener"),
+            task,
         }
     }
 
@@ -343,6 +403,84 @@ impl Site {
     }
 }
 
+/// A site served on real listeners (see [`Site::serve`]).
+pub(super) struct Served {
+    pub client: std::net::SocketAddr,
+    pub admin: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<Result<(), llmgw_gateway::ServeError>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An answer read off the wire.
+#[derive(Debug)]
+pub(super) struct Wire {
+    pub status: u16,
+    /// Header names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Wire {
+    pub(super) fn header(&self, name: &str) -> Option<&str> {
+        (self.headers.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection to `addr`: `head` is the
+/// request line and any headers (each ending in CRLF), `body` a form.
+pub(super) async fn wire(addr: std::net::SocketAddr, head: &str, body: &str) -> Wire {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "{head}host: localhost\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read");
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = raw.split_once("\r\n\r\n").expect("an answer's head");
+    let mut lines = head.split("\r\n");
+    let status = (lines.next().and_then(|l| l.split(' ').nth(1)))
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let chunked = (headers.iter()).any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        unchunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    Wire {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn unchunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 || after.len() < size {
+            break;
+        }
+        body.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    body
+}
+
 /// A browser: keeps the cookies it is given, sends them back.
 #[derive(Debug, Default)]
 pub(super) struct Browser {
@@ -408,18 +546,21 @@ impl Browser {
         self.send(site, request.expect("request")).await
     }
 
+    /// The `Cookie` header's value this browser sends.
+    pub(super) fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     fn request(&self, builder: axum::http::request::Builder) -> axum::http::request::Builder {
         let builder = builder.header(header::HOST, "gw.example");
         if self.cookies.is_empty() {
             return builder;
         }
-        let jar = self
-            .cookies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("; ");
-        builder.header(header::COOKIE, jar)
+        builder.header(header::COOKIE, self.cookie_header())
     }
 
     async fn send(&mut self, site: &Site, request: Request<Body>) -> Page {

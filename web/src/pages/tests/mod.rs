@@ -5,3 +5,4 @@
 mod accounts;
 mod anonymous;
 mod harness;
+mod outage;
