@@ -347,6 +347,18 @@ fn on_lost_node(state: &State, r: &Replica) -> Option<String> {
         })
 }
 
+/// Why a replica beyond what its model wants now is drained, `placed`
+/// being how many it has.
+fn scale_down_why(model: &Model, want: u32, placed: usize) -> String {
+    if want == 0 && model.profiles.is_empty() {
+        "its model has no profile left to run".to_owned()
+    } else if want == 0 {
+        "not asked for within its idle time".to_owned()
+    } else {
+        format!("{want} replicas wanted now, {placed} placed")
+    }
+}
+
 fn on_draining_node(state: &State, r: &Replica) -> Option<NodeId> {
     r.placement.shards.iter().find_map(|s| {
         state
@@ -628,10 +640,14 @@ pub fn plan(
                 .count() as u32;
             let first_serves = u32::from(first.status == ReplicaStatus::Ready);
             if ready_keep + serving_moving - first_serves >= want || first_serves == 0 {
-                plan.actions.push(Action::Drain {
-                    replica_id: first.placement.replica_id.clone(),
-                    shards: shards_of(&first.placement),
-                    why: match on_draining_node(state, first) {
+                // Nothing wanted (an on-demand model idle): it stops for
+                // that, as it would on a node not draining, and nothing
+                // replaces it; "replaced" would send the operator looking
+                // for a replacement that was never placed.
+                let why = if want == 0 {
+                    scale_down_why(model, want, keep.len() + moving.len())
+                } else {
+                    match on_draining_node(state, first) {
                         Some(node) if current_fp(first) => {
                             format!("replaced: its node {node} drains")
                         }
@@ -639,7 +655,12 @@ pub fn plan(
                             format!("replaced: its profile changed, and its node {node} drains")
                         }
                         None => "replaced: its profile changed".into(),
-                    },
+                    }
+                };
+                plan.actions.push(Action::Drain {
+                    replica_id: first.placement.replica_id.clone(),
+                    shards: shards_of(&first.placement),
+                    why,
                 });
             }
         } else if keep.len() as u32 > want {
@@ -651,11 +672,7 @@ pub fn plan(
                 .find(|r| r.status == ReplicaStatus::Starting)
                 .or_else(|| keep.last());
             if let Some(v) = victim {
-                let why = if want == 0 {
-                    "not asked for within its idle time".to_owned()
-                } else {
-                    format!("{} replicas wanted now, {} placed", want, keep.len())
-                };
+                let why = scale_down_why(model, want, keep.len());
                 plan.actions.push(Action::Drain {
                     replica_id: v.placement.replica_id.clone(),
                     shards: shards_of(&v.placement),

@@ -603,6 +603,58 @@ fn scale_down_drains_before_it_stops_and_on_demand_idles_out() {
     );
 }
 
+/// An on-demand model's replica on a draining node whose replacement
+/// failed to start, once not asked for within its idle time, is drained
+/// for that: nothing replaced it, and the event says so (it said
+/// "replaced: its node … drains", sending the operator after a
+/// replacement that never ran). Nothing new is placed for it.
+#[test]
+fn an_idle_on_demand_replica_on_a_draining_node_is_drained_as_idle_not_replaced() {
+    let mut s = cluster(0, 1, &["a", "b"]);
+    let mut rt = Runtime::default();
+    rt.demand.insert("chat".into(), UnixMillis(0));
+    let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
+    let [Action::Place { placement, .. }] = &p.actions[..] else {
+        panic!("placed on demand: {:?}", p.actions);
+    };
+    let node = placement.shards[0].node_id.clone();
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(
+        placement.clone(),
+    )));
+    ready_all(&mut s);
+    drain_node(&mut s, &mut rt, &node);
+    // Still asked for: a replacement goes elsewhere, and fails to start.
+    let p = plan(&s, &rt, &Settings::default(), |_| "r2".into());
+    let [Action::Place { placement, .. }] = &p.actions[..] else {
+        panic!("a replacement first: {:?}", p.actions);
+    };
+    assert_ne!(placement.shards[0].node_id, node);
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaPlaced(
+        placement.clone(),
+    )));
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaFailed {
+        replica_id: "r2".into(),
+        reason: "exited".into(),
+    }));
+    s.evolve(&Event::Replica(ReplicaEvent::ReplicaStopped {
+        replica_id: "r2".into(),
+        reason: "failed; it is rebuilt".into(),
+    }));
+    rt.now = UnixMillis(61_000); // past the 60 s idle timeout
+    let p = plan(&s, &rt, &Settings::default(), |_| "r3".into());
+    assert_eq!(
+        p.actions,
+        vec![Action::Drain {
+            replica_id: "r1".into(),
+            shards: vec![ShardOnNode {
+                node_id: node,
+                shard_id: "r1-0".into(),
+            }],
+            why: "not asked for within its idle time".into(),
+        }]
+    );
+}
+
 #[test]
 fn backoff_doubles_from_the_base_up_to_the_cap_with_jitter() {
     let (base, max) = (10_000, 600_000);
