@@ -276,8 +276,68 @@ pub fn actor_to_header(name: &str) -> String {
     out
 }
 
-/// [`actor_to_header`] undone; None for what it never writes.
+/// [`actor_to_header`] undone; None for what it never writes, and for a
+/// name [`actor_refusal`] refuses: such a name is never recorded, by any
+/// route (a server answers 400 with the refusal where it checks first).
 pub fn actor_from_header(value: &str) -> Option<String> {
+    decode_actor(value).filter(|name| actor_refusal(name).is_none())
+}
+
+/// The longest operator name recorded, in characters: a label in a log's
+/// BY column, not a text.
+pub const ACTOR_MAX_CHARS: usize = 64;
+
+/// Why `name` cannot be recorded as an operator's, or None when it can.
+/// `events log` prints the name on one line of a table: a newline in it
+/// forged a second line ("…KeyRevoked alice"), an escape sequence cleared
+/// or recoloured the auditor's terminal, and a direction mark reordered
+/// the line. The characters are llmgw_domain::tenancy::hidden_char's
+/// (this crate has no domain; a control-plane test holds them equal).
+pub fn actor_refusal(name: &str) -> Option<String> {
+    if let Some(c) = name.chars().find(|c| hidden(*c)) {
+        return Some(format!(
+            "the operator's name (--as NAME, else the OS user) holds U+{:04X}, a control, invisible or direction character, which would print as something else in the log: give a plain name",
+            u32::from(c)
+        ));
+    }
+    if name.chars().count() > ACTOR_MAX_CHARS || actor_to_header(name).len() > COMMAND_ID_MAX {
+        return Some(format!(
+            "the operator's name (--as NAME, else the OS user) is too long: at most {ACTOR_MAX_CHARS} characters (fewer outside ASCII, at most {COMMAND_ID_MAX} bytes as %XX-escaped in the {ACTOR_HEADER} header)"
+        ));
+    }
+    None
+}
+
+/// Why an [`ACTOR_HEADER`] value is refused, or None when it names an
+/// operator who may be recorded.
+pub fn actor_header_refusal(value: &str) -> Option<String> {
+    match decode_actor(value.trim()) {
+        None => Some(format!(
+            "the {ACTOR_HEADER} header is not an operator's name as llmgw writes it (visible ASCII, every other byte %XX, UTF-8)"
+        )),
+        Some(name) => actor_refusal(&name),
+    }
+}
+
+/// Control characters (C0, DEL, C1), invisible ones and the marks that
+/// turn a line's direction.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{061C}'
+                | '\u{180E}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{FEFF}'
+                | '\u{FFF9}'..='\u{FFFB}'
+        )
+}
+
+/// The `%XX` decoding alone.
+fn decode_actor(value: &str) -> Option<String> {
     let bytes = value.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -293,6 +353,48 @@ pub fn actor_from_header(value: &str) -> Option<String> {
     }
     String::from_utf8(out).ok()
 }
+
+#[cfg(test)]
+mod actor_tests {
+    use super::*;
+
+    #[test]
+    fn a_name_goes_through_the_header_and_back() {
+        for name in ["alice", "jürgen", "ops team", "50%"] {
+            let sent = actor_to_header(name);
+            assert!(sent.bytes().all(|b| b.is_ascii_graphic()), "{sent}");
+            assert_eq!(actor_from_header(&sent).as_deref(), Some(name));
+            assert_eq!(actor_header_refusal(&sent), None);
+        }
+    }
+
+    #[test]
+    fn a_name_that_prints_as_something_else_is_refused() {
+        let forged = "bob\n2026-12-07T18:00:00.000Z  1  key-K  KeyRevoked  alice";
+        for name in [
+            forged,
+            "\u{1b}[2Jbob",
+            "bob\u{202E}ecila",
+            "a\u{200B}b",
+            "x\u{9b}y",
+        ] {
+            let sent = actor_to_header(name);
+            assert_eq!(actor_from_header(&sent), None, "{name:?}");
+            let why = actor_header_refusal(&sent).unwrap();
+            assert!(why.contains("control, invisible or direction"), "{why}");
+        }
+        let long = "a".repeat(ACTOR_MAX_CHARS + 1);
+        assert_eq!(actor_from_header(&long), None);
+        assert!(actor_refusal(&long).unwrap().contains("too long"));
+        assert_eq!(actor_refusal(&"a".repeat(ACTOR_MAX_CHARS)), None);
+        assert!(
+            actor_header_refusal("%ZZ")
+                .unwrap()
+                .contains("not an operator's name")
+        );
+    }
+}
+
 /// Set on a command a standby forwarded to the leader, so that it is
 /// forwarded at most once.
 pub const FORWARDED_HEADER: &str = "x-llmgw-forwarded-by";

@@ -14,6 +14,7 @@ mod file;
 pub(crate) mod filter;
 mod history;
 mod import;
+mod shown;
 mod usage;
 mod verify_file;
 
@@ -282,7 +283,10 @@ pub(crate) async fn run(address: &str, cmd: EventsCommand) -> anyhow::Result<Out
     {
         let key = public_key.map(|k| k.0);
         match import_into(address, &input, from_anchor, &anchor, key).await? {
-            Some(done) => import::tell(&done),
+            Some(done) => {
+                import::tell(&done.imported);
+                import::tell_erased(&done.erased);
+            }
             None => println!("nothing to import"),
         }
         return Ok(Outcome::Ok);
@@ -439,7 +443,9 @@ pub(crate) async fn copy_log(
     }
     let path = dir.join("log.jsonl");
     let copied = match export_file(store, 1, head, head, None, &path).await {
-        Ok(_) => import_into(to, &path, false, &[], None).await,
+        Ok(_) => {
+            (import_into(to, &path, false, &[], None).await).map(|done| done.map(|d| d.imported))
+        }
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_dir_all(&dir);
@@ -455,36 +461,50 @@ pub(crate) fn head_of(done: &llmgw_eventstore::Imported) -> String {
     .to_string()
 }
 
+/// What an import wrote, and whose personal data it then deleted.
+struct ImportDone {
+    imported: llmgw_eventstore::Imported,
+    erased: Vec<String>,
+}
+
 /// An import may be the first thing a store receives: it gets its schema,
 /// as a server would give it; but a refused import into a SQLite file it
-/// created leaves no file behind. None: the file holds no event.
+/// created leaves no file behind. The people table then follows the
+/// file's erasures. None: the file holds no event.
 async fn import_into(
     address: &str,
     input: &std::path::Path,
     from_anchor: bool,
     anchors: &[file::Anchor],
     key: Option<llmgw_eventstore::signing::PublicKey>,
-) -> anyhow::Result<Option<llmgw_eventstore::Imported>> {
+) -> anyhow::Result<Option<ImportDone>> {
     let Some(lines) = import::open(input, anchors, key)? else {
         return Ok(None);
     };
+    let erased = lines.erased();
     let created = import::new_sqlite_file(address);
     let result = async {
         let store = crate::store::open_migrating(address).await?;
-        import::run(&store, lines, from_anchor, anchors).await
+        let imported = import::run(&store, lines, from_anchor, anchors).await?;
+        anyhow::Ok((store, imported))
     }
-    .await
-    .map(Some);
-    if result.is_err()
-        && let Some(path) = created
-    {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = path.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
+    .await;
+    let (store, imported) = match result {
+        Ok(done) => done,
+        Err(e) => {
+            if let Some(path) = created {
+                for suffix in ["", "-wal", "-shm"] {
+                    let mut p = path.clone().into_os_string();
+                    p.push(suffix);
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            return Err(e);
         }
-    }
-    result
+    };
+    // After the events are in: a failure here keeps them (and the file).
+    let erased = import::apply_erasures(&store, &erased).await?;
+    Ok(Some(ImportDone { imported, erased }))
 }
 
 async fn tail(
@@ -502,9 +522,9 @@ async fn tail(
         if json {
             json_line(out, e)?;
         } else if follow {
-            writeln!(out, "{}", event_line(e))?;
+            writeln!(out, "{}", shown::printable(&event_line(e)))?;
         } else {
-            table.row(event_cells(e));
+            table.row(shown::cells(event_cells(e)));
         }
         Ok(())
     };
@@ -552,7 +572,7 @@ async fn tail(
         if json {
             json_line(&mut out, &e)?;
         } else {
-            writeln!(out, "{}", event_line(&e))?;
+            writeln!(out, "{}", shown::printable(&event_line(&e)))?;
         }
         out.flush()?;
     }
@@ -634,20 +654,24 @@ async fn show(store: &AnyStore, position: u64, json: bool) -> anyhow::Result<Out
             ("metadata", e.metadata.to_string()),
         ];
         for (k, v) in fields {
-            writeln!(out, "{k:<12} {v}")?;
+            writeln!(out, "{k:<12} {}", shown::printable(&v))?;
         }
         match crate::output::usage_rows(&e) {
             // Columns of hundreds of entries read badly one per line: a
             // batch is shown as its requests, one a line (`--json` prints
             // the payload as stored).
             Some((gateway, rows)) => {
-                writeln!(out, "gateway      {gateway}")?;
+                writeln!(out, "gateway      {}", shown::printable(&gateway))?;
                 writeln!(out, "requests     {}", rows.len())?;
-                crate::output::usage_table(&rows).print(&mut out)?;
+                let mut table = Vec::new();
+                crate::output::usage_table(&rows).print(&mut table)?;
+                write!(out, "{}", shown::lines(&String::from_utf8_lossy(&table)))?;
             }
             None => {
+                // JSON escapes a newline in a string, not U+202E or C1.
                 writeln!(out, "payload")?;
-                writeln!(out, "{}", serde_json::to_string_pretty(&e.payload)?)?;
+                let pretty = serde_json::to_string_pretty(&e.payload)?;
+                write!(out, "{}", shown::lines(&pretty))?;
             }
         }
     }
@@ -734,6 +758,10 @@ async fn verify(
     json: bool,
     held: Option<(PathBuf, anchors::Held)>,
 ) -> anyhow::Result<Outcome> {
+    // As export and tail say: a --from 0 was taken as 1 here alone.
+    if from == 0 {
+        return Err(crate::config::ConfigError("positions start at 1".into()).into());
+    }
     check_range(from, to, store.head().await?.0, "--to")?;
     let report = store.verify(from, to).await?;
     if let Some((path, held)) = &held {

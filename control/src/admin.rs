@@ -46,7 +46,32 @@ pub fn router(cp: Arc<ControlPlane>) -> Router {
         .route("/api/v1/weights", get(weights))
         .route("/api/v1/engines", get(engines))
         .route("/api/v1/weights/collect", post(collect_weights))
+        .layer(axum::middleware::from_fn(refuse_unprintable_actor))
         .with_state(cp)
+}
+
+/// Answers 400 to a request whose operator name ([`api::ACTOR_HEADER`])
+/// could not be recorded as given (see [`api::actor_refusal`]): a newline
+/// in `--as` forged a line of `events log`, an escape sequence cleared the
+/// auditor's terminal. Refused rather than recorded under another name, so
+/// the operator learns why.
+pub async fn refuse_unprintable_actor(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(why) = actor_refusal(request.headers()) {
+        return AdminError(StatusCode::BAD_REQUEST, why).into_response();
+    }
+    next.run(request).await
+}
+
+/// Why the request's operator name is refused, if it is.
+fn actor_refusal(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers.get(api::ACTOR_HEADER)?;
+    match value.to_str() {
+        Ok(text) => api::actor_header_refusal(text),
+        Err(_) => api::actor_header_refusal("%"),
+    }
 }
 
 pub(crate) struct AdminError(pub(crate) StatusCode, pub(crate) String);
@@ -829,4 +854,45 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         log_head: head,
         views_at: views.checkpoint.position,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::*;
+
+    /// The API crate keeps its own copy of the characters a name may not
+    /// hold (it has no domain): the same as the domain's, every one.
+    #[test]
+    fn an_operator_name_refuses_the_characters_names_refuse() {
+        for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+            let refused = api::actor_refusal(&format!("a{c}b")).is_some();
+            assert_eq!(
+                refused,
+                llmgw_domain::tenancy::hidden_char(c),
+                "U+{:04X}",
+                u32::from(c)
+            );
+        }
+    }
+
+    #[test]
+    fn a_header_that_cannot_be_recorded_is_refused() {
+        let with = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(api::ACTOR_HEADER, HeaderValue::from_str(value).unwrap());
+            actor_refusal(&h)
+        };
+        assert_eq!(actor_refusal(&HeaderMap::new()), None);
+        assert_eq!(with(&api::actor_to_header("jürgen")), None);
+        let forged = with(&api::actor_to_header("bob\nKeyRevoked alice")).unwrap();
+        assert!(forged.contains("U+000A"), "{forged}");
+        let mut raw = HeaderMap::new();
+        raw.insert(
+            api::ACTOR_HEADER,
+            HeaderValue::from_bytes(b"bob\xff").unwrap(),
+        );
+        assert!(actor_refusal(&raw).is_some());
+    }
 }

@@ -24,6 +24,9 @@ pub(crate) fn routes() -> Router<TenancyState> {
         .route("/api/v1/users/{id}/promote", post(promote))
         .route("/api/v1/users/{id}/reset-password", post(reset_password))
         .route("/api/v1/users/{id}/erase", post(erase))
+        .layer(axum::middleware::from_fn(
+            crate::admin::refuse_unprintable_actor,
+        ))
 }
 
 fn internal(e: impl std::fmt::Display) -> AdminError {
@@ -103,10 +106,9 @@ async fn add(
     {
         Ok(Some(id)) => id,
         Ok(None) => {
-            return Err(AdminError(
-                StatusCode::CONFLICT,
-                format!("{} has an account already", u.email),
-            ));
+            let why = format!("{} has an account already", u.email);
+            record_taken_address(&s, &headers, &u.email).await;
+            return Err(AdminError(StatusCode::CONFLICT, why));
         }
         Err(llmgw_people::PeopleError::Store(why)) => return Err(internal(why)),
         Err(e @ llmgw_people::PeopleError::Busy) => {
@@ -148,6 +150,59 @@ async fn add(
                 u.email
             ),
         )),
+    }
+}
+
+/// `users add` refused for an address that has an account: recorded as
+/// every refused operator command is, though the refusal came before any
+/// decision (the people table knows the address, the log does not). The
+/// log never holds personal data, so the refusal names the account the
+/// address belongs to, in that person's stream (`events log --user`
+/// shows it), never the address.
+async fn record_taken_address(s: &TenancyState, headers: &HeaderMap, email: &str) {
+    let address = llmgw_people::normalize_email(email);
+    let holder = match s.people.people().await {
+        Ok(people) => people.into_iter().find(|p| p.email == address),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record a refused users add");
+            return;
+        }
+    };
+    // Erased between the two reads: the next try adds them, nothing to say.
+    let Some(holder) = holder else {
+        return;
+    };
+    let command = Command::Tenancy(T::SignUp {
+        user_id: holder.user_id.clone(),
+    });
+    let rejection = llmgw_domain::Rejection::conflict(format!(
+        "users add: the email given has an account already, {} (the address is not recorded here)",
+        holder.user_id
+    ));
+    record_refused(&s.door, &origin(headers), &command, &rejection).await;
+}
+
+/// A refusal made before the decider, recorded through the decider's own
+/// path for refusals (`CommandRefused` in `audit-<target>`, no lease).
+async fn record_refused(
+    door: &crate::Door,
+    origin: &llmgw_decider::Origin,
+    command: &Command,
+    rejection: &llmgw_domain::Rejection,
+) {
+    match door {
+        crate::Door::Control(cp) => cp.record_refused(origin, command, rejection).await,
+        // As a decision under the lease would name its writer.
+        crate::Door::Lease { store, .. } => {
+            let instance = format!(
+                "{}{}",
+                llmgw_decider::offline::CLI_HOLDER_PREFIX,
+                std::process::id()
+            );
+            llmgw_decider::Decider::new(store.clone(), instance)
+                .record_refused(origin, command, rejection)
+                .await;
+        }
     }
 }
 
@@ -238,7 +293,15 @@ async fn erase(
         user_id: id.clone(),
         by,
     };
-    let changed = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
-    s.people.erase(&id).await.map_err(internal)?;
-    Ok(changed)
+    let Json(mut changed) = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
+    let deleted = s.people.erase(&id).await.map_err(internal)?;
+    // Erased in the log already (a copy brought up to date by an import
+    // before imports applied erasures), yet the table still held them:
+    // "nothing to change" read as if their data were gone.
+    if changed.events.is_empty() && deleted {
+        changed.message = format!(
+            "{id} was erased in the log already, but this store's people table still held their personal data: deleted now"
+        );
+    }
+    Ok(Json(changed))
 }

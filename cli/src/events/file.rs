@@ -100,6 +100,13 @@ pub(crate) struct LogAnchor {
     pub(crate) checked: bool,
 }
 
+/// The longest line an export may hold. The largest real event, a usage
+/// batch at its 100,000 requests, is ~9 MiB in columns (~30 MiB in the
+/// older list of objects); a line past this is no export, and reading it
+/// whole held the whole of it (a 400 MB line took 970 MB before its
+/// refusal).
+pub(crate) const MAX_LINE: usize = 64 << 20;
+
 /// How many recent hashes a file check keeps for the log's anchors.
 const RECENT: usize = 4096;
 
@@ -159,14 +166,15 @@ impl ExportFile {
     /// The next event, checked; `None` at the end of the file (with the
     /// trailer, if there was one, checked too).
     pub(crate) fn next_event(&mut self) -> Result<Option<RecordedEvent>, String> {
-        let mut text = String::new();
+        let mut bytes = Vec::new();
         loop {
-            text.clear();
+            bytes.clear();
             self.line += 1;
-            let n = self
-                .reader
-                .read_line(&mut text)
-                .map_err(|e| format!("line {}: cannot read: {e}", self.line))?;
+            let n = read_line(&mut self.reader, &mut bytes, MAX_LINE)
+                .map_err(|e| format!("line {}: {e}", self.line))?;
+            let text = std::str::from_utf8(&bytes).map_err(|e| {
+                format!("line {}: not an exported event: not UTF-8 ({e})", self.line)
+            })?;
             if n == 0 {
                 self.check
                     .finish()
@@ -182,7 +190,7 @@ impl ExportFile {
             if text.trim().is_empty() {
                 continue;
             }
-            let parsed = parse_line(&text).map_err(|e| {
+            let parsed = parse_line(text).map_err(|e| {
                 let cut = if e.is_eof() {
                     " (the file was cut short?)"
                 } else {
@@ -220,7 +228,7 @@ impl ExportFile {
                 ExportLine::Event(e) => *e,
             };
             if self.first.is_none() {
-                self.start(&text, &event)?;
+                self.start(text, &event)?;
             }
             self.check
                 .push(&event)
@@ -279,5 +287,54 @@ impl ExportFile {
         self.check.set_predecessor(self.prev_hash);
         self.first = Some(event.clone());
         Ok(())
+    }
+}
+
+/// One line of `reader` into `line` (its newline kept), at most `max`
+/// bytes: a longer one is refused once `max` bytes are read, without
+/// reading on. How many bytes were read; 0 at the end.
+fn read_line(reader: &mut impl BufRead, line: &mut Vec<u8>, max: usize) -> Result<usize, String> {
+    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
+    let n = reader
+        .take(limit)
+        .read_until(b'\n', line)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if n > max {
+        return Err(format!(
+            "longer than {} MiB, which no exported event is: the file is not an export, or was damaged",
+            max >> 20
+        ));
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_longer_than_the_limit_is_refused_without_reading_it_all() {
+        let text = format!("short\n{}\nafter\n", "x".repeat(3 << 20));
+        let mut reader = std::io::Cursor::new(text.into_bytes());
+        let mut line = Vec::new();
+        assert_eq!(read_line(&mut reader, &mut line, 2 << 20), Ok(6));
+        line.clear();
+        let refused = read_line(&mut reader, &mut line, 2 << 20).unwrap_err();
+        assert!(refused.contains("longer than 2 MiB"), "{refused}");
+        // Read as far as the limit, and no further.
+        assert_eq!(line.len(), (2 << 20) + 1);
+        assert_eq!(reader.position(), 6 + (2 << 20) + 1);
+    }
+
+    #[test]
+    fn a_line_at_the_limit_and_the_last_without_a_newline_are_read() {
+        let mut reader = std::io::Cursor::new(b"abcd\nxy".to_vec());
+        let mut line = Vec::new();
+        assert_eq!(read_line(&mut reader, &mut line, 5), Ok(5));
+        line.clear();
+        assert_eq!(read_line(&mut reader, &mut line, 5), Ok(2));
+        assert_eq!(line, b"xy");
+        line.clear();
+        assert_eq!(read_line(&mut reader, &mut line, 5), Ok(0));
     }
 }

@@ -458,7 +458,7 @@ pub(crate) async fn log(store: &AnyStore, thing: &Thing, json: bool) -> anyhow::
     } else {
         let mut t = Table::new(vec!["WHEN", "POSITION", "STREAM", "WHAT", "BY", "DETAILS"]);
         for e in &events {
-            t.row(timeline_row(e));
+            t.row(super::shown::cells(timeline_row(e)));
         }
         t.print(&mut out)?;
     }

@@ -24,6 +24,30 @@ pub(super) struct Lines {
     file: ExportFile,
     pending: Option<RecordedEvent>,
     done: bool,
+    /// The people the file's `UserErased` events erased, as they pass
+    /// (those already present too): the store takes the lines by value.
+    erased: Erased,
+}
+
+/// User ids of the `UserErased` events read, shared with the import.
+type Erased = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+impl Lines {
+    /// The people whose erasure the file holds, read so far (all of them
+    /// once the import is done).
+    pub(super) fn erased(&self) -> Erased {
+        self.erased.clone()
+    }
+
+    fn note(&self, e: &RecordedEvent) {
+        if e.event_type != "UserErased" {
+            return;
+        }
+        if let Some(id) = e.payload.get("user_id").and_then(|v| v.as_str()) {
+            let mut erased = self.erased.lock().unwrap_or_else(|p| p.into_inner());
+            erased.push(id.to_owned());
+        }
+    }
 }
 
 impl Iterator for Lines {
@@ -34,10 +58,14 @@ impl Iterator for Lines {
             return None;
         }
         if let Some(first) = self.pending.take() {
+            self.note(&first);
             return Some(Ok(first));
         }
         match self.file.next_event() {
-            Ok(Some(e)) => Some(Ok(e)),
+            Ok(Some(e)) => {
+                self.note(&e);
+                Some(Ok(e))
+            }
             Ok(None) => {
                 self.done = true;
                 None
@@ -76,6 +104,7 @@ pub(super) fn open(
         file,
         pending: Some(first),
         done: false,
+        erased: Erased::default(),
     }))
 }
 
@@ -105,6 +134,55 @@ pub(super) async fn run(
     // The import ends the lease itself when the events carry a newer epoch.
     store.release_lease(&lease.token).await?;
     Ok(result?)
+}
+
+/// The people table follows the log's erasures: an erasure imported into
+/// a copy (a standby's store, a restored backup) left the person's email
+/// and name there, listed by `users list`, while the log said they were
+/// erased. Each person a `UserErased` of the file names (written now, or
+/// present from an earlier import) loses what the table still holds of
+/// them. Who lost it, for the caller to say.
+pub(super) async fn apply_erasures(
+    store: &AnyStore,
+    erased: &Erased,
+) -> anyhow::Result<Vec<String>> {
+    let ids: std::collections::BTreeSet<String> = erased
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .cloned()
+        .collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let people = llmgw_people::People::new(store, Default::default());
+    let mut deleted = Vec::new();
+    for id in ids {
+        let gone = people.erase(&id).await.map_err(|e| {
+            anyhow::anyhow!(
+                "the events are imported, but {id}'s personal data could not be deleted from the people table ({e}); run `llmgw users erase {id}`"
+            )
+        })?;
+        if gone {
+            deleted.push(id);
+        }
+    }
+    Ok(deleted)
+}
+
+/// What an import did to the people table, said after what it wrote.
+pub(super) fn tell_erased(deleted: &[String]) {
+    if deleted.is_empty() {
+        return;
+    }
+    println!(
+        "deleted the personal data of {} the imported log erased ({}) from this store's people table",
+        match deleted.len() {
+            1 => "1 person".to_owned(),
+            n => format!("{n} people"),
+        },
+        deleted.join(", ")
+    );
 }
 
 /// What `events import` says of an import: what was written where, and

@@ -67,7 +67,7 @@ async fn compare(store: &AnyStore, file: &ExportFile) -> anyhow::Result<Result<S
         Some(h) if h != last_hash => {
             let p = first_parting(store, file, a, b).await?;
             return Ok(Err(format!(
-                "position {p} is the first that differs from the store's (at {b}, the file's last, hash {} there, {} in the file): the file was altered there, or comes from another log",
+                "position {p} is the first that differs from the store's (at {b}, the file's last, hash {} there, {} in the file): from there the file and the store part, and either may be the one altered (`events verify` on the store checks its own chain), or the file comes from another log",
                 short(&h),
                 short(&last_hash)
             )));
@@ -81,7 +81,7 @@ async fn compare(store: &AnyStore, file: &ExportFile) -> anyhow::Result<Result<S
             Some(prev) if hash::chain(&prev, first) == first.hash => {}
             Some(_) => {
                 return Ok(Err(format!(
-                    "position {a} does not follow the store's event at {}: the file's first event was altered",
+                    "position {a} does not follow the store's event at {}: the file's first event, or the store's event before it, was altered",
                     a - 1
                 )));
             }
@@ -99,7 +99,7 @@ async fn compare(store: &AnyStore, file: &ExportFile) -> anyhow::Result<Result<S
         && store.hash_at(t.head).await? != t.head_hash
     {
         return Ok(Err(format!(
-            "the trailer names a head at {} that the store does not have: the trailer was altered, or comes from another log",
+            "the trailer names a head at {} that the store does not have: the trailer or the store's log was altered since the export, or the file comes from another log",
             t.head
         )));
     }

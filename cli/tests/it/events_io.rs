@@ -5,7 +5,7 @@
 
 use llmgw_eventstore::{RecordedEvent, hash};
 use llmgw_testkit::{Backend, Scratch};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{fixture, json_lines, llmgw, ok};
 
@@ -22,6 +22,9 @@ both_backends!(
     a_range_joins_only_the_log_it_came_from,
     files_that_are_not_faithful_exports_are_refused_and_change_nothing,
     a_node_or_a_model_shows_its_replicas_and_tail_filters_by_type_and_actor,
+    an_operator_name_that_would_print_as_something_else_is_refused_and_never_printed_raw,
+    an_imported_erasure_deletes_the_persons_data_from_the_copy,
+    an_add_refused_for_a_taken_address_is_recorded_without_it,
 );
 
 fn other(b: Backend) -> Backend {
@@ -97,11 +100,19 @@ fn write(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
 /// The file's events with an edit at `line` (1-based) and every later
 /// hash recomputed, as a forger would: consistent in itself.
 fn rechained_edit(text: &str, line: usize) -> String {
+    rechained_with(text, line, |e| {
+        e.metadata = serde_json::json!({"actor": "someone else"});
+    })
+}
+
+/// The file's events with `edit` made to the one at `line` (1-based) and
+/// every later hash recomputed.
+fn rechained_with(text: &str, line: usize, edit: impl FnOnce(&mut RecordedEvent)) -> String {
     let mut events: Vec<RecordedEvent> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    events[line - 1].metadata = serde_json::json!({"actor": "someone else"});
+    edit(&mut events[line - 1]);
     let mut prev = hash::GENESIS;
     for e in &mut events {
         e.hash = hash::chain(&prev, e);
@@ -697,4 +708,328 @@ async fn verify_file_proves_an_export_against_its_store_or_an_anchor(b: Backend)
     );
     let (code, said) = verify_file(&["--against", &source]);
     assert_eq!(code, Some(2), "--against needs --file: {said}");
+}
+
+const PASSWORD: &str = "correct horse battery staple";
+
+/// `users …` run as `--as NAME` against the store itself (no server
+/// answers at the address the tests give).
+fn users(store: &str, actor: &str, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["users", "--as", actor];
+    all.extend_from_slice(args);
+    llmgw(store, &all)
+}
+
+/// A person added to project p by alice: their id.
+fn add_person(store: &str, email: &str) -> String {
+    let out = users(
+        store,
+        "alice",
+        &[
+            "add",
+            "--email",
+            email,
+            "--name",
+            "Gina",
+            "--project",
+            "p",
+            "--password",
+            PASSWORD,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// `users list --json`: each person's row by id.
+fn people(store: &str) -> Vec<Value> {
+    let out = users(store, "alice", &["list", "--json"]);
+    assert!(out.status.success());
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn person<'a>(rows: &'a [Value], id: &str) -> &'a Value {
+    rows.iter().find(|r| r["user_id"] == id).unwrap()
+}
+
+/// A store with org o, team t and project p, made by alice.
+async fn tree(b: Backend) -> (String, Scratch) {
+    let (store, scratch) = Scratch::new(b).await;
+    ok(
+        &store,
+        &[
+            "keys",
+            "--as",
+            "alice",
+            "init",
+            "--org",
+            "o",
+            "--team",
+            "t",
+            "--project",
+            "p",
+        ],
+    );
+    (store, scratch)
+}
+
+/// Whether `text` holds a character that a terminal would not print as
+/// itself: a control (the line breaks of `lines` aside), an invisible one
+/// or a direction mark.
+fn holds_hidden(text: &str) -> bool {
+    text.lines()
+        .any(|l| l.chars().any(llmgw_domain::tenancy::hidden_char))
+}
+
+async fn an_operator_name_that_would_print_as_something_else_is_refused_and_never_printed_raw(
+    b: Backend,
+) {
+    let forged_line =
+        "bob\n2026-12-07T18:00:00.000Z  1  key-K  KeyRevoked  alice  {\"forged\":true}";
+    let (store, _s1) = tree(b).await;
+    let before = export(&store, &[]);
+    for (actor, says) in [
+        (
+            forged_line,
+            "U+000A, a control, invisible or direction character",
+        ),
+        ("\u{1b}[2Jbob", "U+001B"),
+        ("bob\u{202E}ecila", "U+202E"),
+        (&"b".repeat(65) as &str, "too long: at most 64 characters"),
+    ] {
+        let out = users(
+            &store,
+            actor,
+            &[
+                "add",
+                "--email",
+                "gina@example.com",
+                "--project",
+                "p",
+                "--password",
+                PASSWORD,
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{actor:?}: {err}");
+        assert!(err.contains(says), "{actor:?}: {err}");
+        assert!(!holds_hidden(&err), "the refusal printed it raw: {err:?}");
+        assert_eq!(export(&store, &[]), before, "{actor:?} was recorded");
+    }
+    assert!(people(&store).is_empty(), "a refused add left an account");
+
+    // A log written before names were checked (or imported from one):
+    // its text is printed escaped, one event a line.
+    let crafted = rechained_with(&before, 1, |e| {
+        e.metadata["actor"] = forged_line.into();
+        e.payload["name"] = "\u{1b}[2Jacme\u{202E}gro".into();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(&dir, "older.jsonl", &crafted);
+    let (older, _s2) = Scratch::new(b).await;
+    ok(&older, &["events", "import", &file]);
+    let first: RecordedEvent = serde_json::from_str(crafted.lines().next().unwrap()).unwrap();
+    let events = crafted.lines().count();
+
+    let log = ok(&older, &["events", "log", "--stream", &first.stream_id]);
+    assert!(!holds_hidden(&log), "{log:?}");
+    let in_stream = crafted
+        .lines()
+        .filter(|l| l.contains(&format!("\"stream_id\":\"{}\"", first.stream_id)))
+        .count();
+    assert_eq!(log.lines().count(), in_stream + 1, "a row an event: {log}");
+    let row = log.lines().nth(1).unwrap();
+    assert!(
+        row.contains("bob\\n2026-12-07T18:00:00.000Z  1  key-K  KeyRevoked  alice"),
+        "{row}"
+    );
+    let tail = ok(&older, &["events", "tail"]);
+    assert!(!holds_hidden(&tail), "{tail:?}");
+    assert_eq!(tail.lines().count(), events + 1, "{tail}");
+    assert!(tail.contains("acme\\u{202e}gro"), "{tail}");
+    let shown = ok(&older, &["events", "show", "1"]);
+    assert!(!holds_hidden(&shown), "{shown:?}");
+    assert!(shown.contains("\\u{202e}"), "{shown}");
+    // JSON is for programs, and carries the text as stored.
+    let json = json_lines(&ok(&older, &["events", "tail", "--json"]));
+    assert_eq!(json[0]["metadata"]["actor"], forged_line);
+}
+
+async fn an_imported_erasure_deletes_the_persons_data_from_the_copy(b: Backend) {
+    let (source, _s1) = tree(b).await;
+    let gina = add_person(&source, "gina@example.com");
+    let hank = add_person(&source, "hank@example.com");
+    // A copy, people and all, made before the erasure; and one brought up
+    // to date by an older llmgw, which wrote the events alone.
+    let (copy, _s2) = Scratch::new(b).await;
+    ok(&source, &["store", "copy", "--to", &copy]);
+    let (older, _s3) = Scratch::new(b).await;
+    ok(&source, &["store", "copy", "--to", &older]);
+
+    let erased = users(&source, "alice", &["erase", &gina]);
+    assert!(erased.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(&dir, "since.jsonl", &export_whole(&source, &[]));
+    let said = ok(&copy, &["events", "import", &file]);
+    assert!(
+        said.contains(&format!(
+            "deleted the personal data of 1 person the imported log erased ({gina}) from this store's people table"
+        )),
+        "{said}"
+    );
+    let rows = people(&copy);
+    let (g, h) = (person(&rows, &gina), person(&rows, &hank));
+    assert_eq!(
+        (&g["status"], &g["email"], &g["name"]),
+        (&json!("erased"), &json!(""), &json!("")),
+        "{g}"
+    );
+    assert_eq!(h["email"], "hank@example.com", "{h}");
+    // Again: nothing written, nothing left to delete, nothing said of it.
+    let again = ok(&copy, &["events", "import", &file]);
+    assert!(!again.contains("deleted"), "{again}");
+
+    // The older copy: the log erased gina, the table still has her.
+    import_events_alone(&older, &export(&source, &[])).await;
+    assert_eq!(person(&people(&older), &gina)["email"], "gina@example.com");
+    let out = users(&older, "alice", &["erase", &gina]);
+    assert!(out.status.success(), "{out:?}");
+    let told = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        told.contains(&format!(
+            "{gina} was erased in the log already, but this store's people table still held their personal data: deleted now"
+        )),
+        "{told}"
+    );
+    assert_eq!(person(&people(&older), &gina)["email"], "");
+    let out = users(&older, "alice", &["erase", &gina]);
+    let told = String::from_utf8_lossy(&out.stdout);
+    assert!(told.contains("nothing to change"), "{told}");
+}
+
+/// The events of `text` imported into `address` as an llmgw before
+/// imports applied erasures did it: the log alone.
+async fn import_events_alone(address: &str, text: &str) {
+    use llmgw_eventstore::{AnyStore, EventStore, ImportOptions, OpenOptions, StoreAddress};
+    let store = AnyStore::open(
+        &StoreAddress::parse(address).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    let lease = store
+        .acquire_lease("older-llmgw", std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let events: Vec<RecordedEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    store
+        .import(
+            &lease.token,
+            &ImportOptions::default(),
+            events.into_iter().map(Ok),
+        )
+        .await
+        .unwrap();
+    store.release_lease(&lease.token).await.unwrap();
+}
+
+async fn an_add_refused_for_a_taken_address_is_recorded_without_it(b: Backend) {
+    let (store, _s1) = tree(b).await;
+    let gina = add_person(&store, "gina@example.com");
+    let out = users(
+        &store,
+        "carol",
+        &[
+            "add",
+            "--email",
+            "Gina@Example.com",
+            "--name",
+            "G",
+            "--project",
+            "p",
+            "--password",
+            PASSWORD,
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("has an account already"), "{err}");
+    // In the log as every refused operator command is: who, what, why, in
+    // the stream of the person the address belongs to.
+    let log = json_lines(&ok(&store, &["events", "log", "--user", &gina, "--json"]));
+    let refused: Vec<&Value> = log
+        .iter()
+        .filter(|e| e["event_type"] == "CommandRefused")
+        .collect();
+    assert_eq!(refused.len(), 1, "{log:?}");
+    let r = refused[0];
+    assert_eq!(r["metadata"]["actor"], "carol", "{r}");
+    assert!(
+        r["payload"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the email given has an account already, {gina}")),
+        "{r}"
+    );
+    let table = ok(&store, &["events", "log", "--user", &gina]);
+    assert!(
+        table.contains("CommandRefused") && table.contains("carol"),
+        "{table}"
+    );
+    // Personal data never enters the log: not the address, in any case.
+    let whole = export(&store, &[]).to_lowercase();
+    assert!(!whole.contains("gina@example.com"), "{whole}");
+}
+
+/// A line longer than any event is refused by its number, by import and
+/// by verify --file alike, without reading the rest of it.
+#[tokio::test]
+async fn a_line_longer_than_any_event_is_refused_by_its_number() {
+    let (source, _s1) = incident(Backend::Sqlite, "two-node-shard-failure").await;
+    let text = export(&source, &[]);
+    let first = text.lines().next().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.jsonl");
+    {
+        use std::io::Write;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        writeln!(f, "{first}").unwrap();
+        // A 65 MiB "event": an object with one long string.
+        f.write_all(b"{\"payload\":\"").unwrap();
+        let block = vec![b'x'; 1 << 20];
+        for _ in 0..65 {
+            f.write_all(&block).unwrap();
+        }
+        f.write_all(b"\"}\n").unwrap();
+    }
+    let file = path.to_str().unwrap();
+    let (copy, _s2) = Scratch::new(Backend::Sqlite).await;
+    let out = llmgw(&copy, &["events", "import", file]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("line 2: longer than 64 MiB, which no exported event is"),
+        "{err}"
+    );
+    assert!(
+        !std::path::Path::new(&copy).exists(),
+        "the refusal left a store"
+    );
+    let (code, said) = verify_file(&["--file", file]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("TAMPERED: line 2: longer than 64 MiB"),
+        "{said}"
+    );
 }
