@@ -778,6 +778,23 @@ async fn an_admin_approves_a_pending_person_into_a_project_from_the_page() {
     );
 }
 
+/// Every row had the same "Approve" and "Suspend": a screen reader could
+/// not tell whom each acted on. Each names its person.
+#[tokio::test]
+async fn each_persons_buttons_name_whom_they_act_on() {
+    let s = signed_in_admin().await;
+    let (status, body) = s.get("/admin/users").await;
+    assert_eq!(status, StatusCode::OK);
+    let new = "New &#60;b&#62;Person&#60;/b&#62; (new@example.org)";
+    for label in [
+        format!(r#"aria-label="Approve {new}">Approve</button>"#),
+        format!(r#"aria-label="Suspend {new}">Suspend</button>"#),
+        r#"aria-label="Suspend Root (root@example.org)">Suspend</button>"#.to_owned(),
+    ] {
+        assert!(body.contains(&label), "{label}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn a_form_without_this_sessions_token_is_refused_and_nothing_is_asked() {
     let s = signed_in_admin().await;

@@ -42,6 +42,19 @@ pub(crate) struct UserRow {
     /// Approve (pending), reinstate (suspended): the project picker.
     pub approvable: bool,
     pub suspendable: bool,
+    /// Whom the row's buttons act on, for their accessible names: a
+    /// screen reader heard a column of identical "Approve" and "Suspend".
+    pub who: String,
+}
+
+/// A person as a button names them: name and email, the email alone, or
+/// (erased, or no people tables here) the id.
+fn who(id: &str, person: Option<&llmgw_people::Person>) -> String {
+    match person {
+        Some(p) if !p.name.is_empty() && p.name != p.email => format!("{} ({})", p.name, p.email),
+        Some(p) if !p.email.is_empty() => p.email.clone(),
+        _ => id.to_owned(),
+    }
 }
 
 #[derive(askama::Template)]
@@ -120,6 +133,7 @@ pub(crate) async fn page(
                     .unwrap_or_else(|| "never".into()),
                 approvable: matches!(u.status, UserStatus::Pending | UserStatus::Suspended),
                 suspendable: matches!(u.status, UserStatus::Pending | UserStatus::Active),
+                who: who(&u.user_id, *p),
             })
             .collect();
         UsersPage {

@@ -287,6 +287,40 @@ async fn a_sign_in_form_from_elsewhere_is_refused() {
     assert_eq!(page.status, StatusCode::FORBIDDEN);
 }
 
+/// A screen reader heard a column of identical "Revoke" buttons, and a
+/// refused sign-in was not announced: each button names its key, and a
+/// form's error is an alert.
+#[tokio::test]
+async fn revoke_buttons_name_their_key_and_form_errors_are_announced() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    signed_in(&site, &mut browser, "ada@example.org").await;
+    let profile = browser.get(&site, "/profile").await;
+    assert_eq!(profile.status, StatusCode::OK, "{}", profile.body);
+    assert!(
+        profile.body.contains(
+            r#"aria-label="Revoke the key key-mine name (sk-key-mine…)">Revoke</button>"#
+        ),
+        "{}",
+        profile.body
+    );
+    let wrong = sign_in(
+        &site,
+        &mut Browser::default(),
+        "ada@example.org",
+        "not the password",
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        wrong
+            .body
+            .contains(r#"<p class="error" id="form-error" role="alert">"#),
+        "{}",
+        wrong.body
+    );
+}
+
 #[tokio::test]
 async fn a_person_manages_their_own_keys_from_the_profile() {
     let site = Site::open(true, Vec::new()).await;
