@@ -219,7 +219,7 @@ pub async fn forward_writes(
                     if r.status() != StatusCode::LOCKED
                         && r.status() != StatusCode::LOOP_DETECTED =>
                 {
-                    return r;
+                    return token_refused(r, &cp.config.instance, &holder, &url);
                 }
                 Some(Err(_)) => silent = Some((holder, url)),
                 _ => {}
@@ -328,7 +328,7 @@ pub async fn forward_writes(
                         );
                         return AdminError(StatusCode::SERVICE_UNAVAILABLE, said).into_response();
                     }
-                    Ok(r) => return r,
+                    Ok(r) => return token_refused(r, &cp.config.instance, &holder, &url),
                     // Sent, perhaps decided: never sent again.
                     Err(why) if why.sent => {
                         let said = why.say(&holder, &url, "");
@@ -364,6 +364,25 @@ pub async fn forward_writes(
         None => return next.run(rebuild()).await,
     };
     AdminError(StatusCode::SERVICE_UNAVAILABLE, said).into_response()
+}
+
+/// The leader's answer to a command this server sent on, except a 401:
+/// the leader refused the admin token this server sent with it (its own
+/// admin_token), not the operator's, which this server took. Handed back
+/// as it was, it told the operator their token was wrong ("check
+/// LLMGW_ADMIN_TOKEN") when it is the servers' tokens that differ. Nothing
+/// was decided: the leader's guard refuses before anything runs.
+pub(crate) fn token_refused(answer: Response, instance: &str, holder: &str, url: &str) -> Response {
+    if answer.status() != StatusCode::UNAUTHORIZED {
+        return answer;
+    }
+    AdminError(
+        StatusCode::BAD_GATEWAY,
+        format!(
+            "the leader {holder} at {url} refused the admin token this server ({instance}) sent on with the command: the servers' admin_token settings differ, so nothing was done. Give every server the same admin_token (LLMGW_ADMIN_TOKEN) and restart the one that differs, or send the command to the leader's admin API at {url} with its token"
+        ),
+    )
+    .into_response()
 }
 
 /// Until this server leads.

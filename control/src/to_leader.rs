@@ -19,7 +19,10 @@ use llmgw_domain::event::LeadershipEvent;
 use llmgw_eventstore::{AnyStore, EventFilter, EventStore, StoreError};
 
 use crate::admin::AdminError;
-use crate::forward::{buffered, client, forward};
+use crate::forward::{buffered, client, forward, token_refused};
+
+/// How the CLI names itself in a forward's mark (`admin_client.rs`).
+const CLI: &str = "cli";
 
 /// The store whose lease tells who leads, and how this process names
 /// itself in the forward's mark.
@@ -153,7 +156,15 @@ impl ToLeader {
                 )
                 .into_response()
             }
-            Ok(mut answer) => {
+            Ok(answer) => {
+                // The CLI (named `cli`) sends the operator's own token,
+                // which the leader's refusal rightly blames; a server sends
+                // its own admin_token, in place of the operator's.
+                let mut answer = if self.instance == CLI {
+                    answer
+                } else {
+                    token_refused(answer, &self.instance, &holder, &url)
+                };
                 if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
                     answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
                 }

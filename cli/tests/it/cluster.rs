@@ -2308,3 +2308,113 @@ async fn a_standby_says_when_the_leader_it_would_ask_does_not_answer() {
         "{err}"
     );
 }
+
+/// Two servers started with different admin tokens: an operator's command
+/// through the standby (or a router-only server), with that server's own
+/// token, was refused by the leader, which gets the forwarding server's
+/// token, and the operator read "the token sent is not this admin API's:
+/// check LLMGW_ADMIN_TOKEN" of a token that was right. Now it says the
+/// leader, at its address, refused the server's token: the servers'
+/// tokens differ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_refusing_a_standbys_admin_token_says_the_servers_tokens_differ() {
+    use super::tenancy::{Mode, Stage};
+    let (store, _scratch) = llmgw_testkit::Scratch::new(llmgw_testkit::Backend::Postgres).await;
+    let stage = Stage::new();
+    let token = |t: &str| vec![("LLMGW_ADMIN_TOKEN", t.to_owned())];
+    let (lead_token, standby_token, router_token) = (
+        "leader-token-0123456789abcdef01",
+        "standby-token-0123456789abcdef0",
+        "router-token-0123456789abcdef01",
+    );
+    let leader = stage.start_env(
+        "cp-b",
+        &store,
+        Mode::Control,
+        "auth: true\n",
+        &token(lead_token),
+    );
+    until("cp-b to lead", || async {
+        let v: Value = reqwest::Client::new()
+            .get(format!("{}/api/v1/leader", leader.admin))
+            .bearer_auth(lead_token)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (v["is_leader"] == true).then_some(())
+    })
+    .await;
+    let standby = stage.start_env(
+        "cp-a",
+        &store,
+        Mode::Control,
+        "auth: true\n",
+        &token(standby_token),
+    );
+    let router = stage.start_env(
+        "ro",
+        &store,
+        Mode::RouterOnly,
+        "auth: true\n",
+        &token(router_token),
+    );
+    let llmgw = |server_token: &str, args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env_remove("LLMGW_ADMIN")
+            .env("LLMGW_ADMIN_TOKEN", server_token)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} was done");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let init = ["init", "--org", "o", "--team", "t", "--project", "p"];
+    let keys = |admin: &str| {
+        let mut a = vec!["--store", &store, "keys", "--admin", admin, "--as", "alice"];
+        a.extend(init);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let said = |args: Vec<String>, server_token: &str| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        llmgw(server_token, &args)
+    };
+    // The leader's address as it recorded it (its loopback admin_listen).
+    let at = format!("the leader cp-b at {}", leader.admin);
+    for (what, err) in [
+        (
+            "keys init via the standby",
+            said(keys(&standby.admin), standby_token),
+        ),
+        (
+            "ctl nodes via the standby",
+            llmgw(standby_token, &["ctl", "nodes", "--admin", &standby.admin]),
+        ),
+        (
+            "ctl cordon via the standby",
+            llmgw(
+                standby_token,
+                &["ctl", "cordon", "node1", "--admin", &standby.admin],
+            ),
+        ),
+        (
+            "keys init via a router-only server",
+            said(keys(&router.admin), router_token),
+        ),
+    ] {
+        assert!(
+            err.contains(&at)
+                && err.contains("refused the admin token this server")
+                && err.contains("the servers' admin_token settings differ"),
+            "{what}: {err}"
+        );
+        assert!(!err.contains("is not this admin API's"), "{what}: {err}");
+    }
+    // The operator's own token was right for the server asked: that one
+    // is still told apart (a wrong token at the standby itself).
+    let err = llmgw(lead_token, &["ctl", "nodes", "--admin", &standby.admin]);
+    assert!(err.contains("is not this admin API's"), "{err}");
+}
