@@ -80,6 +80,29 @@ pub(crate) struct Plan {
     pub convo: crate::convo_settings::ConvoPlan,
 }
 
+impl Plan {
+    /// Whether the server opens the log: a store named, the control
+    /// plane, keys or usage.
+    pub(crate) fn needs_log(&self) -> bool {
+        self.store_named || self.control.is_some() || self.auth || self.usage.is_some()
+    }
+
+    /// The stores a start opens (the log, and where conversations are kept
+    /// when that is elsewhere), with what `--check` reaches first.
+    pub(crate) fn stores(&self) -> Vec<&str> {
+        let mut stores = Vec::new();
+        if self.needs_log() {
+            stores.push(self.store.as_str());
+        }
+        if self.convo.enabled
+            && let Some(other) = self.convo.store.as_deref()
+        {
+            stores.push(other);
+        }
+        stores
+    }
+}
+
 /// `shutdown_grace` when none is configured.
 pub(crate) const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -209,8 +232,7 @@ pub(crate) async fn run(
     fit_open_files(&mut plan)?;
     warn_exposure(&plan);
     let instance = instance(&plan);
-    let needs_log = plan.store_named || plan.control.is_some() || plan.auth || plan.usage.is_some();
-    let log = if needs_log {
+    let log = if plan.needs_log() {
         let address = llmgw_eventstore::StoreAddress::parse(&plan.store)?;
         Some(
             llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())

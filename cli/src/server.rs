@@ -938,6 +938,50 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// `--check` of a PostgreSQL store: the start fails before it binds when
+/// the server or the database cannot be reached, so the check does too.
+/// Nothing is created or migrated (a SQLite path was checked with the
+/// settings, without opening it, as that would make the file).
+async fn reach(store: &str) -> Result<(), ConfigError> {
+    let address = llmgw_eventstore::StoreAddress::parse(store)
+        .map_err(|e| ConfigError(format!("store: {e}")))?;
+    if !matches!(address, llmgw_eventstore::StoreAddress::Postgres(_)) {
+        return Ok(());
+    }
+    let options = llmgw_eventstore::OpenOptions {
+        schema: llmgw_eventstore::Schema::Unchecked,
+        read_only: true,
+        max_connections: 1,
+        ..Default::default()
+    };
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        llmgw_eventstore::AnyStore::open(&address, options),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => {
+            // The store's error names the address; its causes say why.
+            let mut said = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                // Some causes repeat their own cause in their text.
+                let text = c.to_string();
+                if !said.contains(&text) {
+                    said.push_str(&format!(": {text}"));
+                }
+                cause = c.source();
+            }
+            Err(ConfigError(format!("store: {said}")))
+        }
+        Err(_) => Err(ConfigError(format!(
+            "store: {} did not answer within 10 s",
+            address.redacted()
+        ))),
+    }
+}
+
 pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<Outcome> {
     if let Some(ServerCommand::Init(init)) = a.command.take() {
         return crate::init::run(&store.address, init).await;
@@ -948,6 +992,9 @@ pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<O
         // Run where the server runs (a unit's ExecStartPre, say), this
         // sees the limit the server will.
         crate::serve::fit_open_files(&mut plan)?;
+        for store in plan.stores() {
+            reach(store).await?;
+        }
         let mode = match (&plan.control, plan.auth) {
             (Some(_), true) => "control plane, keys required",
             (Some(_), false) => "control plane, no keys",

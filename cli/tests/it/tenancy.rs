@@ -1405,6 +1405,43 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
     );
 }
 
+/// `--check` reaches a PostgreSQL store as the start would: a database
+/// that is not there was "configuration ok" and then a start that failed
+/// before binding. Nothing is made in one that is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reaches_a_postgres_store_and_makes_nothing_there() {
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let missing = llmgw_testkit::with_database(
+        &llmgw_testkit::admin_url(),
+        &format!("llmgw_none_{}", std::process::id()),
+    );
+    let check = |store: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .args(["server", "--check", "--auth", "--store", store])
+            .args(["--endpoint", "e=http://127.0.0.1:9=m"])
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), said)
+    };
+    let (code, said) = check(&missing);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("does not exist"), "{said}");
+    let (code, said) = check(&store);
+    assert_eq!(code, Some(0), "{said}");
+    let read = super::llmgw(&store, &["events", "tail"]);
+    let said = String::from_utf8_lossy(&read.stderr);
+    assert!(
+        said.contains("has no llmgw schema yet"),
+        "not migrated: {said}"
+    );
+}
+
 /// `llmgw up` builds its server from its flags: a variable that sets a
 /// server, an agent or the store is refused, not passed over (auth was
 /// off and the listener elsewhere than the variables said), and a typo of
