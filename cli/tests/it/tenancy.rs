@@ -1651,6 +1651,25 @@ fn offline_tree() -> (tempfile::TempDir, String, String) {
     (dir, store, closed)
 }
 
+/// An operator's name with a newline forged a second line in `events
+/// log`: a keys command naming one is refused, and nothing is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_command_by_an_unprintable_name_is_refused() {
+    let (_dir, store, closed) = offline_tree();
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .args(["--store", &store, "keys", "--admin", &closed])
+        .args(["--as", "bob\n2026-12-07  1  key-x  KeyRevoked  alice"])
+        .args(["limits", "--scope", "project", "--id", "p", "--rpm", "5"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("holds U+000A"), "{said}");
+    let log = super::ok(&store, &["events", "log", "--stream", "project-p"]);
+    assert!(!log.contains("LimitsSet"), "{log}");
+}
+
 /// `keys init` and `events import` give a fresh store its schema, as a
 /// server would, instead of failing on a missing table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
