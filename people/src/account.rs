@@ -60,8 +60,7 @@ impl People {
         let email = email::normalize_email(email);
         // Before the lookup, so that guessing at unknown addresses counts.
         if !self.attempts.allow(&email, now) {
-            let minutes = self.attempts.minutes_left(&email, now);
-            return Err(PeopleError::TooManyTries { minutes });
+            return Err(self.attempts.locked(&email, now));
         }
         let found = match email::check_email(&email) {
             Ok(_) => self.db.login(&email).await?,
@@ -114,8 +113,7 @@ impl People {
         let now = time::exact(now);
         let key = format!("pw:{user_id}");
         if !self.attempts.allow(&key, now) {
-            let minutes = self.attempts.minutes_left(&key, now);
-            return Err(PeopleError::TooManyTries { minutes });
+            return Err(self.attempts.locked(&key, now));
         }
         let Some(old) = self.db.password_hash(user_id).await? else {
             return Err(PeopleError::NoPerson);

@@ -103,13 +103,22 @@ impl Attempts {
         1 <= self.max
     }
 
-    /// How many whole minutes (at least one) until `key`'s window ends, for
-    /// a refusal to say when to come back.
-    pub(crate) fn minutes_left(&self, key: &str, now: DateTime<Utc>) -> u64 {
+    /// How many seconds (at least one) until `key`'s window ends, for a
+    /// refusal to say when to come back (a page's `Retry-After`).
+    pub(crate) fn seconds_left(&self, key: &str, now: DateTime<Utc>) -> u64 {
         let since = self.lock().windows.get(key).map(|w| w.since);
         let passed = since.map_or(0, |s| now.signed_duration_since(s).num_seconds().max(0));
-        let left = (self.window.as_secs() as i64 - passed).max(0) as u64;
-        left.div_ceil(60).max(1)
+        ((self.window.as_secs() as i64 - passed).max(0) as u64).max(1)
+    }
+
+    /// The refusal for a locked `key`: when it ends, in seconds and in
+    /// whole minutes (at least one) for the sentence.
+    pub(crate) fn locked(&self, key: &str, now: DateTime<Utc>) -> crate::PeopleError {
+        let seconds = self.seconds_left(key, now);
+        crate::PeopleError::TooManyTries {
+            minutes: seconds.div_ceil(60),
+            seconds,
+        }
     }
 
     /// A right password forgets the key's window.
@@ -174,6 +183,37 @@ mod tests {
         // Strictly more than the window after the first attempt: fresh.
         assert!(a.allow("e", t0() + TimeDelta::seconds(61)));
         assert!(a.allow("other", t0()));
+    }
+
+    /// A lockout says when it ends: in seconds for `Retry-After`, in
+    /// whole minutes for the sentence.
+    #[test]
+    fn a_lockout_says_when_it_ends() {
+        let a = Attempts::new(1, Duration::from_secs(900));
+        assert!(a.allow("e", t0()));
+        assert!(!a.allow("e", t0() + TimeDelta::seconds(100)));
+        let e = a.locked("e", t0() + TimeDelta::seconds(100));
+        assert!(
+            matches!(
+                e,
+                crate::PeopleError::TooManyTries {
+                    minutes: 14,
+                    seconds: 800
+                }
+            ),
+            "{e:?}"
+        );
+        let e = a.locked("e", t0() + TimeDelta::seconds(900));
+        assert!(
+            matches!(
+                e,
+                crate::PeopleError::TooManyTries {
+                    minutes: 1,
+                    seconds: 1
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -90,9 +90,10 @@ pub enum PeopleError {
     BadCredentials,
     #[error("this account has been suspended")]
     Suspended,
-    /// Locked, the right password too, until the attempt window ends.
+    /// Locked, the right password too, until the attempt window ends:
+    /// `seconds` from now (a page's `Retry-After`), `minutes` rounded up.
     #[error("too many attempts: try again in {minutes} minute{}", if *minutes == 1 { "" } else { "s" })]
-    TooManyTries { minutes: u64 },
+    TooManyTries { minutes: u64, seconds: u64 },
     #[error(
         "that does not look like an email address: it needs one @ and a dot after it, and may hold no spaces, quotes, angle brackets, or control, invisible or direction characters"
     )]

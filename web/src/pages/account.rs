@@ -111,6 +111,23 @@ fn form_page(
     with_cookies(response, &[pre::set(web, token)])
 }
 
+/// A form page refusing `e`: its status, and when a refusal of the
+/// server's state ends, that in `Retry-After`.
+fn refusal_page(
+    web: &Web,
+    page: &impl askama::Template,
+    token: &str,
+    e: &PeopleError,
+) -> Result<Response, WebError> {
+    let mut response = form_page(web, page, token, refused(e))?;
+    if let Some(seconds) = retry_after(e) {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, seconds.into());
+    }
+    Ok(response)
+}
+
 pub(super) async fn login_form(
     State(web): State<Arc<Web>>,
     visitor: Visitor,
@@ -171,7 +188,7 @@ pub(super) async fn login(
                 error: Some(e.to_string()),
                 next: kept(&form.next),
             };
-            form_page(&web, &page, &form.csrf, refused(&e))
+            refusal_page(&web, &page, &form.csrf, &e)
         }
     }
 }
@@ -211,16 +228,33 @@ pub(super) async fn logout(
     with_cookies(see_other("/"), &cookies)
 }
 
-/// Sign-up exists only when accounts do and sign-up is open.
-/// A form's refusal: the person's mistake, or the server's state (try
-/// again later).
+/// A form's refusal: the person's mistake, too many tries (429: the
+/// lockout answered 422, as if the password were wrong), or the server's
+/// state (try again later).
 fn refused(e: &PeopleError) -> StatusCode {
     match e {
+        PeopleError::TooManyTries { .. } => StatusCode::TOO_MANY_REQUESTS,
         PeopleError::Busy | PeopleError::TooManyPending => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::UNPROCESSABLE_ENTITY,
     }
 }
 
+/// How long the password checks' queue is given to drain before a retry:
+/// it holds eight checks a core, each a fraction of a second.
+const BUSY_RETRY_S: u64 = 5;
+
+/// When a retry may succeed, in seconds: the lockout's end, or a moment
+/// for a busy server. Sign-up paused for pending accounts ends when an
+/// operator approves some, which no one can say.
+fn retry_after(e: &PeopleError) -> Option<u64> {
+    match e {
+        PeopleError::TooManyTries { seconds, .. } => Some(*seconds),
+        PeopleError::Busy => Some(BUSY_RETRY_S),
+        _ => None,
+    }
+}
+
+/// Sign-up exists only when accounts do and sign-up is open.
 fn signup_open(web: &Web) -> Result<&Arc<llmgw_people::People>, WebError> {
     let people = super::people(web)?;
     if web.settings.signup_open {
@@ -297,7 +331,41 @@ pub(super) async fn signup(
                 name: form.name,
                 error: Some(e.to_string()),
             };
-            form_page(&web, &page, &form.csrf, refused(&e))
+            refusal_page(&web, &page, &form.csrf, &e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hashing queue full answered 503 with no word of when to come
+    /// back; filling the real one would make every test beside this one
+    /// busy, so the answer is built from the error.
+    #[test]
+    fn a_busy_refusal_says_when_to_retry() {
+        let web = crate::pages::tests::harness::web(crate::WebSettings::default(), Vec::new());
+        let page = Login {
+            chrome: Chrome::default(),
+            pre: "t".into(),
+            email: String::new(),
+            error: Some(PeopleError::Busy.to_string()),
+            next: String::new(),
+        };
+        let response = refusal_page(&web, &page, "t", &PeopleError::Busy).expect("page");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.headers().get(axum::http::header::RETRY_AFTER),
+            Some(&axum::http::HeaderValue::from(BUSY_RETRY_S))
+        );
+        let wrong = refusal_page(&web, &page, "t", &PeopleError::BadCredentials).expect("page");
+        assert_eq!(wrong.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(
+            wrong
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_none()
+        );
     }
 }

@@ -182,6 +182,49 @@ async fn a_sign_up_the_log_does_not_take_leaves_no_personal_data() {
     assert_eq!(site.people.people().await.expect("people").len(), 1);
 }
 
+/// The lockout after ten tries answered 422, as a wrong password does,
+/// with nothing saying when to come back: now 429 with `Retry-After`,
+/// the seconds until the window ends.
+#[tokio::test]
+async fn a_locked_sign_in_is_429_with_the_seconds_until_it_ends() {
+    let site = Site::open(true, Vec::new()).await;
+    let mut browser = Browser::default();
+    let tries = llmgw_people::PeopleConfig::default().max_attempts;
+    for _ in 0..tries {
+        let wrong = sign_in(&site, &mut browser, "ada@example.org", "not the password").await;
+        assert_eq!(
+            wrong.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            wrong.body
+        );
+        assert!(wrong.headers.get("retry-after").is_none());
+    }
+    let locked = sign_in(&site, &mut browser, "ada@example.org", "not the password").await;
+    assert_eq!(
+        locked.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        locked.body
+    );
+    assert!(
+        locked.body.contains("try again in 15 minutes"),
+        "{}",
+        locked.body
+    );
+    let window = llmgw_people::PeopleConfig::default()
+        .attempt_window
+        .as_secs();
+    let seconds: u64 = (locked.headers.get("retry-after"))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!(
+        (window - 60..=window).contains(&seconds),
+        "{seconds} of {window}"
+    );
+}
+
 #[tokio::test]
 async fn signup_is_not_there_when_closed() {
     let site = Site::open(false, Vec::new()).await;

@@ -36,7 +36,7 @@ pub(super) fn gateway(endpoints: Vec<EndpointSpec>) -> Arc<Gateway> {
 }
 
 /// A server without accounts.
-pub(super) fn web(settings: WebSettings, endpoints: Vec<EndpointSpec>) -> Arc<Web> {
+pub(crate) fn web(settings: WebSettings, endpoints: Vec<EndpointSpec>) -> Arc<Web> {
     Arc::new(Web {
         settings,
         views: Arc::new(RwLock::new(Projections::default())),

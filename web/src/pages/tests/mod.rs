@@ -4,5 +4,5 @@
 
 mod accounts;
 mod anonymous;
-mod harness;
+pub(super) mod harness;
 mod outage;
