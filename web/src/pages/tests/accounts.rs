@@ -380,6 +380,12 @@ async fn a_person_manages_their_own_keys_from_the_profile() {
     assert!(profile.body.contains("ada@example.org"));
     assert!(profile.body.contains("p1"));
     assert!(profile.body.contains("keeps working until it is revoked"));
+    // Key names outlive an erasure (the log keeps them): said where typed.
+    assert!(
+        profile.body.contains("put no personal data in it"),
+        "{}",
+        profile.body
+    );
     // Only their own key is listed.
     assert!(profile.body.contains("key-mine name"));
     assert!(!profile.body.contains("key-theirs"));
