@@ -232,6 +232,11 @@ pub struct Status {
     /// Events in the log, and how far this server's views have read.
     pub log_head: u64,
     pub views_at: u64,
+    /// Why the store could not be read for this answer: the figures are
+    /// this server's views as they stand, the lease as this server last
+    /// knew it, and `log_head` its views' position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
 }
 
 /// `ctl logs`: the tail of one of a node's logs.

@@ -433,22 +433,33 @@ pub(crate) async fn run(
                 } else {
                     "standby"
                 };
-                writeln!(
-                    out,
-                    "this      {} ({role}); lease {} at epoch {}",
-                    s.leader.instance,
-                    s.leader
-                        .holder
-                        .as_deref()
-                        .filter(|_| s.leader.held)
-                        .unwrap_or("free"),
-                    s.leader.epoch
-                )?;
-                writeln!(
-                    out,
-                    "log       head {}, views at {}",
-                    s.log_head, s.views_at
-                )?;
+                if let Some(why) = &s.store_error {
+                    // Answered from this server's memory: what it knows
+                    // of the lease is its own.
+                    writeln!(out, "this      {} ({role})", s.leader.instance)?;
+                    writeln!(
+                        out,
+                        "store     cannot be read ({why}): the figures above are this server's views, at {}",
+                        s.views_at
+                    )?;
+                } else {
+                    writeln!(
+                        out,
+                        "this      {} ({role}); lease {} at epoch {}",
+                        s.leader.instance,
+                        s.leader
+                            .holder
+                            .as_deref()
+                            .filter(|_| s.leader.held)
+                            .unwrap_or("free"),
+                        s.leader.epoch
+                    )?;
+                    writeln!(
+                        out,
+                        "log       head {}, views at {}",
+                        s.log_head, s.views_at
+                    )?;
+                }
             }
         }
         ClusterCommand::Leader => {

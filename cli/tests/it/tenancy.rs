@@ -1405,6 +1405,41 @@ fn an_admin_listener_off_loopback_needs_admin_open() {
     );
 }
 
+/// `ctl status` is wanted most in an incident: with the store unreachable
+/// it failed outright, though the server held its views. It answers from
+/// them now, and says the store cannot be read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_status_answers_from_the_views_while_the_store_cannot_be_read() {
+    use sqlx::{Connection, Executor};
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let server = start(&config(dir.path(), "cp-s", &store, &e, Mode::Control, ""));
+    leads(&server.admin).await;
+    let db = store.rsplit('/').next().unwrap().to_owned();
+    let mut pg = sqlx::PgConnection::connect(&llmgw_testkit::admin_url())
+        .await
+        .unwrap();
+    let mut closed = |allow: bool| format!("ALTER DATABASE {db} ALLOW_CONNECTIONS {allow}");
+    pg.execute(closed(false).as_str()).await.unwrap();
+    pg.execute(
+        format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+            .as_str(),
+    )
+    .await
+    .unwrap();
+    let said = until("status to say the store cannot be read", || async {
+        let (ok, out, _) = super::cluster::ctl(&server.admin, &["status"]);
+        (ok && out.contains("store     cannot be read")).then_some(out)
+    })
+    .await;
+    assert!(said.contains("models serving"), "{said}");
+    assert!(said.contains("this server's views, at"), "{said}");
+    pg.execute(closed(true).as_str()).await.unwrap();
+    drop(server);
+}
+
 /// `--check` reaches a PostgreSQL store as the start would: a database
 /// that is not there was "configuration ok" and then a start that failed
 /// before binding. Nothing is made in one that is.
