@@ -152,12 +152,15 @@ pub async fn forward_writes(
     // come over its agent's stream, which the leader holds, and so do the
     // downloads in progress and the processes that hold GPUs and ports
     // (which explain weighs, and weights collection asks); the engines in
-    // use are those of the leader's file. `status` stays this server's:
-    // it says how far this server's views have read.
+    // use are those of the leader's file; a model held back after its
+    // failures, and until when, is the leader's reconciler's (a standby
+    // said such a model waited for a place). `status` stays this
+    // server's: it says how far this server's views have read.
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
     let leaders_only = matches!(
         request.uri().path(),
         "/api/v1/logs"
+            | "/api/v1/models"
             | "/api/v1/engines"
             | "/api/v1/nodes"
             | "/api/v1/replicas"

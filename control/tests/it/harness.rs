@@ -58,6 +58,16 @@ pub struct Server {
 
 impl Server {
     pub async fn start(address: &str, config: ControlConfig) -> Server {
+        Self::start_as(address, config, false).await
+    }
+
+    /// As [`Server::start`], its admin address advertised as `llmgw server`
+    /// does: a standby then sends commands and the leader's reads to it.
+    pub async fn start_advertised(address: &str, config: ControlConfig) -> Server {
+        Self::start_as(address, config, true).await
+    }
+
+    async fn start_as(address: &str, config: ControlConfig, advertised: bool) -> Server {
         let store = AnyStore::open(
             &StoreAddress::parse(address).unwrap(),
             OpenOptions::migrating(),
@@ -71,6 +81,11 @@ impl Server {
                 .unwrap();
         let views_at = runner.watch_position();
         let cp = ControlPlane::new(store.clone(), runner.views(), views_at.clone(), config);
+        let admin_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = format!("http://{}", admin_l.local_addr().unwrap());
+        if advertised {
+            cp.advertise_admin(admin.clone());
+        }
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(async move {
             let _ = runner.follow().await;
@@ -91,9 +106,14 @@ impl Server {
                 )
                 .await;
         }));
-        let admin_l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin = format!("http://{}", admin_l.local_addr().unwrap());
-        let app = llmgw_control::admin::router(cp.clone());
+        let mut app = llmgw_control::admin::router(cp.clone());
+        if advertised {
+            // As the composition root layers it.
+            app = app.layer(axum::middleware::from_fn_with_state(
+                cp.clone(),
+                llmgw_control::forward_writes,
+            ));
+        }
         tasks.push(tokio::spawn(async move {
             let _ = axum::serve(admin_l, app).await;
         }));
@@ -360,6 +380,23 @@ impl Agent {
                         bytes_done: done,
                         bytes_total: total,
                     }),
+                    ..v1::ShardStatus::default()
+                })),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The shard failed, saying `error`.
+    pub async fn report_failed(&self, start: &v1::StartShard, error: &str) {
+        self.tx
+            .send(AgentMessage {
+                msg: Some(agent_message::Msg::Shard(v1::ShardStatus {
+                    node_id: self.node.clone(),
+                    replica_id: start.replica_id.clone(),
+                    shard_id: start.shard_id.clone(),
+                    state: v1::shard_status::State::Failed as i32,
+                    error: error.into(),
                     ..v1::ShardStatus::default()
                 })),
             })

@@ -382,6 +382,34 @@ async fn a_standby_refuses_agents_and_changes_and_takes_over_when_the_leader_sto
     standby.stop().await;
 }
 
+/// A model held back after failures is the leader's reconciler's to
+/// know: a standby said it waited for a place. `ctl models` at a standby
+/// asks the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_says_a_model_backs_off_as_the_leader_does() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let leader = Server::start_advertised(&addr, fast("first", vec![sim_model("chat", 1)])).await;
+    leader.wait_leader().await;
+    let standby = Server::start_advertised(&addr, fast("second", vec![sim_model("chat", 1)])).await;
+    let mut a = Agent::connect(leader.agent_addr, register("n1"))
+        .await
+        .unwrap();
+    a.keep_alive();
+    let start = a.next_start().await;
+    a.report_failed(&start, "the engine exited").await;
+    async fn backing_off(s: &Server) -> Option<String> {
+        let rows = s.get("/api/v1/models").await;
+        let failure = rows[0]["last_failure"].as_str()?.to_owned();
+        failure
+            .contains("backing off after failures")
+            .then_some(failure)
+    }
+    eventually(&leader, "the leader to back off", || backing_off(&leader)).await;
+    eventually(&standby, "the standby to say so", || backing_off(&standby)).await;
+    standby.stop().await;
+    leader.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cordon_stops_new_placement_and_drain_moves_the_replica_replacement_first() {
     let (addr, _db) = Scratch::new(Backend::Postgres).await;
