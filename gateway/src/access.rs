@@ -83,7 +83,8 @@ impl RequestId {
         self.via.as_ref()
     }
 
-    pub(crate) fn as_str(&self) -> &str {
+    /// The id as the answer's `x-request-id` carries it.
+    pub fn as_str(&self) -> &str {
         // Sane ids and uuids are ASCII.
         self.value.to_str().unwrap_or("-")
     }

@@ -204,26 +204,7 @@ pub(crate) async fn dressed(
 /// shows it, so that a person can quote it to whoever runs the server.
 /// `None` on the admin listener, which gives none.
 fn request_id(request: &axum::extract::Request) -> Option<String> {
-    let id = llmgw_gateway::RequestId::of(request)?;
-    // The client's own id is kept when sane (the gateway's rule: 1 to 128
-    // visible ASCII characters), and is then the header as sent.
-    if let Some(given) = (request.headers().get("x-request-id"))
-        .map(|v| v.as_bytes())
-        .filter(|v| (1..=128).contains(&v.len()) && v.iter().all(|b| (0x21..=0x7e).contains(b)))
-    {
-        return String::from_utf8(given.to_vec()).ok();
-    }
-    // Else the gateway made a UUID, which it keeps to itself but for its
-    // Debug form (`RequestId { value: "…", … }`); a UUID needs no
-    // unescaping there. Should that form change, the page shows no id
-    // rather than a wrong one.
-    let shown = format!("{id:?}");
-    let start = shown.find("value: \"")? + "value: \"".len();
-    let uuid: String = shown[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_hexdigit() || *c == '-')
-        .collect();
-    (uuid.len() == 36 && shown[start + 36..].starts_with('"')).then_some(uuid)
+    llmgw_gateway::RequestId::of(request).map(|id| id.as_str().to_owned())
 }
 
 /// Renders a template into a page response.

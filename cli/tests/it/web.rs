@@ -778,7 +778,8 @@ async fn sign_in_attempts_are_as_configured() {
         assert!(!wrong.body.contains("too many attempts"), "{}", wrong.body);
     }
     let third = attempt(GOOD).await;
-    assert_eq!(third.status, StatusCode::UNPROCESSABLE_ENTITY);
+    // Locked out: a 429, as any "too many", saying when to come back.
+    assert_eq!(third.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(third.body.contains("too many attempts"), "{}", third.body);
     // It says when to come back: the window (an hour here) from the first.
     assert!(
