@@ -219,7 +219,20 @@ async fn approve(
         project_id: a.project,
         by,
     };
-    change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await
+    let Json(mut changed) = change(&s.door, &headers, vec![Command::Tenancy(c)], &done).await?;
+    // Moved from another project: their own keys there were revoked.
+    let revoked = changed.events.iter().filter(|e| *e == "KeyRevoked").count();
+    if revoked > 0 {
+        let (keys, are) = if revoked == 1 {
+            ("key", "is")
+        } else {
+            ("keys", "are")
+        };
+        changed.message.push_str(&format!(
+            "; their {revoked} own {keys} in the project they left {are} revoked"
+        ));
+    }
+    Ok(Json(changed))
 }
 
 /// Suspended in the log first (which already stops the sessions from
