@@ -511,7 +511,10 @@ pub(crate) fn load(
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
-            if path.extension().is_some_and(|e| e == "toml") {
+            if path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
+            {
                 let tree: toml::Value = toml::from_str(&text).map_err(|e| invalid(&e))?;
                 finite_toml(&tree, "").map_err(|e| invalid(&e))?;
                 serde_json::to_value(tree).map_err(|e| invalid(&e))?

@@ -190,6 +190,12 @@ pub(crate) fn gateway_config(
         })?;
     }
     if let Some(v) = admission.kv_ceiling {
+        // 0 made any KV use count as full: every engine, always.
+        if v == 0.0 {
+            return Err(ConfigError(
+                "admission.kv_ceiling: 0 would count every engine as full at its first token; give the occupancy (above 0, at most 1) at which an engine is full".into(),
+            ));
+        }
         ad.kv_ceiling = ratio("admission.kv_ceiling", v)?;
     }
     if let Some(v) = admission.waiting_ceiling {

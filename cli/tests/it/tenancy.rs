@@ -1230,6 +1230,10 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "landing: {base_url: \"https://llm.example.com/v1/\"}\n",
             "without /v1 or another path",
         ),
+        (
+            "admission: {kv_ceiling: 0}\n",
+            "admission.kv_ceiling: 0 would count every engine as full",
+        ),
     ];
     for (extra, says) in cases {
         let path = config(
@@ -1558,7 +1562,8 @@ fn a_key_twice_a_number_not_finite_or_an_empty_variable_is_refused() {
         assert!(out.contains(says), "expected {says:?}: {out}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let toml = dir.path().join("s.toml");
+    // Upper case too: read as YAML, it failed with a message about mappings.
+    let toml = dir.path().join("s.TOML");
     std::fs::write(
         &toml,
         "endpoints = [\"e=http://127.0.0.1:9=m\"]\n[router.prefix]\nbalance_abs = nan\n",
