@@ -1425,7 +1425,7 @@ async fn ctl_status_answers_from_the_views_while_the_store_cannot_be_read() {
     let mut pg = sqlx::PgConnection::connect(&llmgw_testkit::admin_url())
         .await
         .unwrap();
-    let mut closed = |allow: bool| format!("ALTER DATABASE {db} ALLOW_CONNECTIONS {allow}");
+    let closed = |allow: bool| format!("ALTER DATABASE {db} ALLOW_CONNECTIONS {allow}");
     pg.execute(closed(false).as_str()).await.unwrap();
     pg.execute(
         format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
