@@ -256,6 +256,11 @@ impl Gateway {
         self.routes.say_shadowed(view);
         let mut routes = Routes::from_view(view, &self.routes.configured);
         routes.on_demand.clear();
+        // Nothing here starts a catalog model: one no endpoint of this
+        // server serves is unknown here (404, as /v1/models leaves it
+        // out), not "no capacity right now" for ever.
+        let served = &self.routes.configured.served;
+        routes.catalog.retain(|m| served.contains(m));
         self.routes.swap(routes);
         self.routes_changed.notify_waiters();
     }
@@ -438,10 +443,23 @@ mod tests {
             None,
         )
         .unwrap();
+        let mut elsewhere = Model::named("elsewhere");
+        elsewhere.scaling.min = 1;
+        view.apply_event(
+            Stamp {
+                position: 1,
+                recorded_at_ms: 0,
+            },
+            &Event::Catalog(CatalogEvent::ModelAdded { model: elsewhere }),
+        );
         gw.apply_catalog(&view);
         assert_eq!(gw.endpoints.snapshot().len(), 1);
         let routes = gw.routes.load();
         assert!(routes.catalogued("m") && !routes.on_demand("m"));
+        assert!(
+            !routes.catalogued("elsewhere"),
+            "nothing here serves or starts it"
+        );
         assert_eq!(gw.price_of("m").prompt_per_1k, 1);
     }
 }
