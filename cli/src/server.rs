@@ -319,6 +319,28 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             }
         }
     }
+    // With a control plane the catalog can grow at run time, so a fallback
+    // to a name nothing knows yet is taken, but said: it is most often a
+    // typo, passed over at every request.
+    if control.is_some() {
+        let known = |name: &str| {
+            file.models
+                .iter()
+                .any(|m| m.name == name || m.aliases.iter().any(|a| a == name))
+                || gateway
+                    .endpoints
+                    .iter()
+                    .any(|e| e.models.iter().any(|m| m == name))
+        };
+        for (model, list) in &gateway.fallbacks {
+            for name in std::iter::once(model).chain(list).filter(|n| !known(n)) {
+                tracing::warn!(
+                    fallbacks = %model,
+                    "fallbacks name {name:?}, which is no model of the file's catalog and no endpoint's: skipped until a model of that name is added (`llmgw ctl model add`)"
+                );
+            }
+        }
+    }
     // An alias is a name for a catalog model; one that is also the name an
     // endpoint here serves means two things (the endpoint wins, so the
     // alias would be dead): refused while both are in one file.

@@ -1274,6 +1274,14 @@ fn an_alias_that_is_an_endpoints_model_is_refused_at_start() {
     );
     let (code, out) = check_in(Mode::Control, alias, &[], &[]);
     assert_eq!(code, Some(0), "no endpoint serves m1: {out}");
+    // A fallback to a name nothing knows is taken (the catalog may grow)
+    // but said: most often a typo.
+    let (code, out) = check_in(Mode::Control, "fallbacks: {paid: [fre]}\n", &[], &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("fallbacks name \"fre\", which is no model of the file's catalog"),
+        "{out}"
+    );
 }
 
 /// `--check` of a router-only file with `extra` under `env` and `args`:
