@@ -165,7 +165,7 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
                 connected: cp.agents.connected(&n.id),
                 last_heartbeat_s: cp
                     .observed
-                    .last_seen(&n.id)
+                    .last_heard(&n.id)
                     .filter(|_| cp.is_leader())
                     .map(|t| t.elapsed().as_secs_f64()),
                 gpu_classes: gpu_classes(&n.inventory.gpus),

@@ -31,6 +31,10 @@ pub(crate) struct Observed(Mutex<Inner>);
 #[derive(Debug, Default)]
 struct Inner {
     last_seen: HashMap<NodeId, Instant>,
+    /// Nodes heard from in this office: the others' `last_seen` is the
+    /// office's start, which the reachability timers count from but no
+    /// page should show as a heartbeat.
+    heard: std::collections::HashSet<NodeId>,
     /// Processes agents reported that the log does not count as live, by
     /// node (replaced at each registration of the node).
     held: BTreeMap<NodeId, Vec<Held>>,
@@ -58,17 +62,37 @@ impl Observed {
         let now = Instant::now();
         let mut inner = self.lock();
         inner.last_seen.clear();
+        inner.heard.clear();
         for n in nodes {
             inner.last_seen.insert(n.clone(), now);
         }
     }
 
     pub(crate) fn seen(&self, node: &NodeId) {
+        let mut inner = self.lock();
+        inner.last_seen.insert(node.clone(), Instant::now());
+        inner.heard.insert(node.clone());
+    }
+
+    /// Starts a node's clock without its being heard from (a node the
+    /// views hold that no clock counted yet).
+    pub(crate) fn start_clock(&self, node: &NodeId) {
         self.lock().last_seen.insert(node.clone(), Instant::now());
     }
 
     pub(crate) fn last_seen(&self, node: &NodeId) -> Option<Instant> {
         self.lock().last_seen.get(node).copied()
+    }
+
+    /// When the node was last heard from in this office; None before it
+    /// has been (a new leader has not heard from it yet).
+    pub(crate) fn last_heard(&self, node: &NodeId) -> Option<Instant> {
+        let inner = self.lock();
+        inner
+            .heard
+            .contains(node)
+            .then(|| inner.last_seen.get(node).copied())
+            .flatten()
     }
 
     /// What a node's processes hold that the log does not count, as of its

@@ -114,7 +114,7 @@ fn due_marks(cp: &ControlPlane) -> Vec<Command> {
     let views = cp.views.read().unwrap_or_else(|p| p.into_inner());
     for node in views.cluster.nodes.nodes.values() {
         let Some(seen) = cp.observed.last_seen(&node.id) else {
-            cp.observed.seen(&node.id);
+            cp.observed.start_clock(&node.id);
             continue;
         };
         let age = seen.elapsed();

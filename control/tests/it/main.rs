@@ -382,6 +382,43 @@ async fn a_standby_refuses_agents_and_changes_and_takes_over_when_the_leader_sto
     standby.stop().await;
 }
 
+/// A new leader had heard from no node yet, but showed every one as
+/// heartbeating a moment ago (its clocks start at its office): it shows
+/// none until the node's agent reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_shows_no_heartbeat_it_has_not_heard() {
+    let (addr, _db) = Scratch::new(Backend::Postgres).await;
+    let first = Server::start(&addr, fast("first", vec![])).await;
+    first.wait_leader().await;
+    let second = Server::start(&addr, fast("second", vec![])).await;
+    let a = Agent::connect(first.agent_addr, register("n1"))
+        .await
+        .unwrap();
+    eventually(&first, "a heartbeat", || async {
+        first.get("/api/v1/nodes").await[0]["last_heartbeat_s"]
+            .as_f64()
+            .map(|_| ())
+    })
+    .await;
+    drop(a);
+    first.stop().await;
+    second.wait_leader().await;
+    let nodes = second.get("/api/v1/nodes").await;
+    assert_eq!(nodes[0]["id"], "n1", "{nodes}");
+    assert!(nodes[0]["last_heartbeat_s"].is_null(), "{nodes}");
+    let mut a = Agent::connect(second.agent_addr, register("n1"))
+        .await
+        .unwrap();
+    a.keep_alive();
+    eventually(&second, "the node heard by the new leader", || async {
+        second.get("/api/v1/nodes").await[0]["last_heartbeat_s"]
+            .as_f64()
+            .map(|_| ())
+    })
+    .await;
+    second.stop().await;
+}
+
 /// A model held back after failures is the leader's reconciler's to
 /// know: a standby said it waited for a place. `ctl models` at a standby
 /// asks the leader.
