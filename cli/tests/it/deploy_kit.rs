@@ -322,6 +322,12 @@ async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
         !clean && !text.contains("[DONE]"),
         "the stream must break, not look complete: {text}"
     );
+    // Cut between two events, it is told why first, as an SDK reads it.
+    assert!(
+        text.trim_end()
+            .ends_with(r#""type":"server_error","code":"server_stopping"}}"#),
+        "{text}"
+    );
     Child::expect(&server.stderr, "the shutdown grace period is over");
     let (status, body) = plain.await.unwrap();
     let body: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
