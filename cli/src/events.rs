@@ -230,11 +230,12 @@ pub(crate) enum EventsCommand {
         sign_key: Option<PathBuf>,
     },
     /// Requests, tokens and cost from the log's usage, added up by key,
-    /// project, model (the one that served) or UTC day, over a window: a
-    /// table with a total, CSV or JSON lines. The requests are those usage
-    /// records: each an engine answered (a refusal before, and a request no
-    /// engine answered, cost nothing and are not there); errors are those
-    /// answered 400 or more, a client leaving mid-answer (499) among them.
+    /// project, person, model (the one that served) or UTC day, over a
+    /// window: a table with a total, CSV or JSON lines. The requests are
+    /// those usage records: each an engine answered (a refusal before, and
+    /// a request no engine answered, cost nothing and are not there);
+    /// errors are those answered 400 or more, a client leaving mid-answer
+    /// (499) among them.
     Usage {
         /// The first moment counted: a time (2026-12-01T10:00:00Z,
         /// "2026-12-01 10:00:00" in UTC), a date, or a span back from now
@@ -247,8 +248,10 @@ pub(crate) enum EventsCommand {
         /// 2026-11-30, then --since 2026-12-01). Default: now.
         #[arg(long, value_name = "TIME")]
         until: Option<usage::Moment>,
-        /// What a row stands for: key, project, model, day, or several,
-        /// comma-separated.
+        /// What a row stands for: key, project, model, day, person, or
+        /// several, comma-separated. A person's row is their own keys and
+        /// their chat on the pages together (as the admin usage page counts
+        /// them); keys made without an owner are together as (operators).
         #[arg(
             long,
             value_enum,

@@ -1,6 +1,6 @@
 //! `events usage`: what the log says was used, added up by key, project,
-//! model or day over a window; a table, CSV or JSON lines, for chargeback
-//! and for checking a bill against the log itself.
+//! person, model or day over a window; a table, CSV or JSON lines, for
+//! chargeback and for checking a bill against the log itself.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -8,7 +8,9 @@ use std::io::Write;
 use chrono::{DateTime, Duration, Utc};
 use clap::ValueEnum;
 use llmgw_domain::Event;
+use llmgw_domain::tenancy::TenancyEvent;
 use llmgw_eventstore::{AnyStore, EventFilter, EventStore};
+use llmgw_projections::SESSION_KEY_PREFIX;
 use serde::Serialize;
 
 use crate::Outcome;
@@ -23,7 +25,16 @@ pub(crate) enum By {
     Model,
     /// The UTC day.
     Day,
+    /// The person a request counts for, as the admin usage page counts
+    /// them: their own keys (`keys create --owner`, or made on their
+    /// profile) and their chat on the pages (`session:<id>`) together;
+    /// keys made without an owner together as [`OPERATORS`].
+    Person,
 }
+
+/// The group of every key made without an owner: an operator's (no
+/// person's id has parentheses, so it cannot be taken for one).
+pub(crate) const OPERATORS: &str = "(operators)";
 
 impl By {
     fn header(self) -> &'static str {
@@ -32,6 +43,7 @@ impl By {
             By::Project => "PROJECT",
             By::Model => "MODEL",
             By::Day => "DAY",
+            By::Person => "PERSON",
         }
     }
 
@@ -41,6 +53,7 @@ impl By {
             By::Project => "project",
             By::Model => "model",
             By::Day => "day",
+            By::Person => "person",
         }
     }
 }
@@ -219,6 +232,12 @@ pub(crate) async fn report(
                 t.row(cells.into_iter().chain(total.cells()).collect());
             }
             t.print(&mut out)?;
+            if by.contains(&By::Person) && rows.keys().any(|g| g.iter().any(|c| c == OPERATORS)) {
+                writeln!(
+                    out,
+                    "{OPERATORS}: every key made without an owner (an operator's), together"
+                )?;
+            }
         }
     }
     out.flush()?;
@@ -240,6 +259,11 @@ async fn sums(
         to.map_or(i64::MAX, |t| t.timestamp_millis()),
     );
     let (head, _) = store.head().await?;
+    let owners = if by.contains(&By::Person) {
+        owners(store, head).await?
+    } else {
+        BTreeMap::new()
+    };
     let mut rows: BTreeMap<Vec<String>, Sums> = BTreeMap::new();
     // The single-row events of logs written before batches, and batches.
     for kind in ["UsageRecorded", "UsageBatchRecorded"] {
@@ -267,7 +291,7 @@ async fn sums(
                     if !(from_ms..=to_ms).contains(&u.at.0) {
                         continue;
                     }
-                    let group = by.iter().map(|b| group_of(*b, u)).collect();
+                    let group = by.iter().map(|b| group_of(*b, u, &owners)).collect();
                     rows.entry(group).or_default().add(u);
                 }
             }
@@ -276,7 +300,58 @@ async fn sums(
     Ok(rows)
 }
 
-fn group_of(by: By, u: &llmgw_domain::usage::UsageRecorded) -> String {
+/// Each person's own keys (key id → person id), from the keys issued up
+/// to `head`: a key's owner is set when it is made and never changes.
+async fn owners(store: &AnyStore, head: u64) -> anyhow::Result<BTreeMap<String, String>> {
+    let filter = EventFilter {
+        event_type: Some("KeyIssued".to_owned()),
+        ..EventFilter::default()
+    };
+    let mut owners = BTreeMap::new();
+    let mut below = head + 1;
+    while below > 1 {
+        let page = store
+            .read_backward_raw(&filter, 0..below, PAGE * 64)
+            .await?;
+        let Some(last) = page.last() else {
+            break;
+        };
+        below = last.position;
+        for e in store.upcasters().upcast_all(page)? {
+            let event =
+                Event::decode(&e.event_type, e.schema_version, &e.payload).map_err(|err| {
+                    anyhow::anyhow!("the key issued at position {}: {err}", e.position)
+                })?;
+            if let Event::Tenancy(TenancyEvent::KeyIssued(k)) = event
+                && let Some(owner) = k.owner
+            {
+                owners.insert(k.key_id, owner);
+            }
+        }
+    }
+    Ok(owners)
+}
+
+/// Who a request counts for: the person of a chat, a key's owner, else
+/// the operators (a key made without one); `-` for a request without a
+/// key (a server without authentication).
+fn person_of(key_id: &str, owners: &BTreeMap<String, String>) -> String {
+    if key_id.is_empty() {
+        return "-".to_owned();
+    }
+    key_id
+        .strip_prefix(SESSION_KEY_PREFIX)
+        .or_else(|| owners.get(key_id).map(String::as_str))
+        .filter(|p| !p.is_empty())
+        .unwrap_or(OPERATORS)
+        .to_owned()
+}
+
+fn group_of(
+    by: By,
+    u: &llmgw_domain::usage::UsageRecorded,
+    owners: &BTreeMap<String, String>,
+) -> String {
     let or_dash = |s: &str| {
         if s.is_empty() {
             "-".to_owned()
@@ -288,6 +363,7 @@ fn group_of(by: By, u: &llmgw_domain::usage::UsageRecorded) -> String {
         By::Key => or_dash(&u.key_id),
         By::Project => or_dash(&u.project_id),
         By::Model => or_dash(&u.model_served),
+        By::Person => person_of(&u.key_id, owners),
         By::Day => DateTime::from_timestamp_millis(u.at.0)
             .map_or_else(|| "-".to_owned(), |t| t.format("%Y-%m-%d").to_string()),
     }
@@ -332,5 +408,14 @@ mod tests {
         assert_eq!(usd(7), "0.000007");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+    }
+
+    #[test]
+    fn a_request_counts_for_its_chats_person_its_keys_owner_or_the_operators() {
+        let owners = BTreeMap::from([("key-g".to_owned(), "usr-g".to_owned())]);
+        assert_eq!(person_of("session:usr-h", &owners), "usr-h");
+        assert_eq!(person_of("key-g", &owners), "usr-g");
+        assert_eq!(person_of("key-ops", &owners), OPERATORS);
+        assert_eq!(person_of("", &owners), "-");
     }
 }

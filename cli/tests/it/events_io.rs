@@ -25,6 +25,7 @@ both_backends!(
     an_operator_name_that_would_print_as_something_else_is_refused_and_never_printed_raw,
     an_imported_erasure_deletes_the_persons_data_from_the_copy,
     an_add_refused_for_a_taken_address_is_recorded_without_it,
+    usage_by_person_counts_their_keys_and_chat_together_and_the_operators_apart,
 );
 
 fn other(b: Backend) -> Backend {
@@ -1031,5 +1032,147 @@ async fn a_line_longer_than_any_event_is_refused_by_its_number() {
     assert!(
         said.contains("TAMPERED: line 2: longer than 64 MiB"),
         "{said}"
+    );
+}
+
+/// A key made by alice in project p, for `owner` when given: its id.
+fn key_in_p(store: &str, name: &str, owner: Option<&str>) -> String {
+    let mut args = vec![
+        "keys",
+        "--as",
+        "alice",
+        "create",
+        "--project",
+        "p",
+        "--name",
+        name,
+    ];
+    if let Some(o) = owner {
+        args.extend(["--owner", o]);
+    }
+    let out = llmgw(store, &args);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    said.split_whitespace()
+        .skip_while(|w| *w != "issued")
+        .nth(1)
+        .map(|id| id.trim_end_matches(';').to_owned())
+        .unwrap_or_else(|| panic!("{said}"))
+}
+
+/// Requests a gateway finished, appended as it appends them: one batch,
+/// each request `(key id, prompt tokens, completion tokens)`, priced at
+/// 1,000 micro-units per 1,000 tokens each way (a token costs 1).
+async fn served(store: &str, requests: &[(&str, u64, u64)]) {
+    use llmgw_decider::{Actor, Decider, Origin};
+    use llmgw_domain::catalog::Price;
+    use llmgw_domain::usage::{FinishedRequest, record_batch};
+    use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
+    let log = AnyStore::open(&StoreAddress::parse(store).unwrap(), OpenOptions::default())
+        .await
+        .unwrap();
+    let now = llmgw_domain::time::UnixMillis::now();
+    let finished = requests
+        .iter()
+        .enumerate()
+        .map(|(i, (key, prompt, completion))| FinishedRequest {
+            request_id: format!("req-{i}"),
+            key_id: (*key).into(),
+            project_id: "p".into(),
+            model_asked: "tiny".into(),
+            model_served: "tiny".into(),
+            prompt_tokens: *prompt,
+            completion_tokens: *completion,
+            status: 200,
+            latency_ms: 10,
+            ttft_ms: None,
+            band: llmgw_domain::tenancy::Band::Gold,
+            at: now,
+        });
+    let price = Price {
+        prompt_per_1k: 1000,
+        completion_per_1k: 1000,
+    };
+    let (batch, refused) = record_batch("gw-1", finished, |_| price);
+    assert!(refused.is_empty(), "{refused:?}");
+    Decider::new(log, "gw-1".into())
+        .observe(
+            &Origin::new(Actor::Gateway("gw-1".into())),
+            vec![llmgw_domain::Event::Usage(batch.unwrap())],
+        )
+        .await
+        .unwrap();
+}
+
+/// `events usage --by person` counts a person's own keys and their chat
+/// on the pages together, as the admin usage page does, and every key
+/// made without an owner together as the operators', which the table
+/// says; another person is a row of their own.
+async fn usage_by_person_counts_their_keys_and_chat_together_and_the_operators_apart(b: Backend) {
+    let (store, _s1) = tree(b).await;
+    let gina = add_person(&store, "gina@example.com");
+    let hank = add_person(&store, "hank@example.com");
+    let laptop = key_in_p(&store, "laptop", Some(&gina));
+    let phone = key_in_p(&store, "phone", Some(&gina));
+    let hanks = key_in_p(&store, "laptop", Some(&hank));
+    let ci = key_in_p(&store, "ci", None);
+    let deploy = key_in_p(&store, "deploy", None);
+    let gina_chat = format!("session:{gina}");
+    served(
+        &store,
+        &[
+            (&laptop, 10, 1),
+            (&phone, 20, 2),
+            (&gina_chat, 30, 3),
+            (&hanks, 40, 4),
+            (&ci, 50, 5),
+            (&deploy, 60, 6),
+        ],
+    )
+    .await;
+
+    let rows = json_lines(&ok(
+        &store,
+        &["events", "usage", "--by", "person", "--json"],
+    ));
+    let row = |who: &str| {
+        let r = rows
+            .iter()
+            .find(|r| r["person"] == who)
+            .unwrap_or_else(|| panic!("no row for {who}: {rows:?}"));
+        (
+            r["requests"].as_u64().unwrap(),
+            r["prompt_tokens"].as_u64().unwrap(),
+            r["completion_tokens"].as_u64().unwrap(),
+            r["cost_micros"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(row(&gina), (3, 60, 6, 66), "two keys and the chat");
+    assert_eq!(row(&hank), (1, 40, 4, 44));
+    assert_eq!(row("(operators)"), (2, 110, 11, 121), "both unowned keys");
+
+    // Beside another grouping; and the table says what the operators' row is.
+    let by_key = json_lines(&ok(
+        &store,
+        &["events", "usage", "--by", "person,key", "--json"],
+    ));
+    assert!(
+        by_key
+            .iter()
+            .any(|r| r["person"] == gina.as_str() && r["key"] == gina_chat.as_str()),
+        "{by_key:?}"
+    );
+    let table = ok(&store, &["events", "usage", "--by", "person"]);
+    assert!(table.contains("PERSON"), "{table}");
+    assert!(
+        table.contains("(operators): every key made without an owner (an operator's), together"),
+        "{table}"
+    );
+    let csv = ok(&store, &["events", "usage", "--by", "person", "--csv"]);
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with(&format!("{gina},3,0,60,6,66,"))),
+        "{csv}"
     );
 }
