@@ -7,14 +7,14 @@
 //! Every page reads the views in memory and renders one page of each long
 //! list, so that 10,000 keys cost a sort, not 10,000 rows of markup.
 
-mod chart;
+pub(crate) mod chart;
 mod cluster;
 mod dashboard;
-mod fmt;
+pub(crate) mod fmt;
 mod groups;
 #[cfg(test)]
 mod page_tests;
-mod spend;
+pub(crate) mod spend;
 mod usage;
 mod users;
 

@@ -108,7 +108,7 @@ pub(crate) fn keys(
 
 /// Why `key` no longer works, as `llmgw keys list` says it: every key that
 /// stopped working read "revoked", an unclaimed link's key included.
-fn ended(
+pub(crate) fn ended(
     tenancy: &llmgw_domain::tenancy::Tenancy,
     key: &llmgw_domain::tenancy::Key,
     now: llmgw_domain::time::UnixMillis,
@@ -166,6 +166,17 @@ pub(crate) fn people(
         })
         .collect();
     (rows, pager)
+}
+
+/// The keys whose use counts for `person`, with that use: their own keys
+/// and their chat (`session:<id>`), by the rule the people rows above add
+/// them up by, so that a person's own page shows what admins see of them.
+pub(crate) fn keys_of_person<'a>(
+    views: &'a Projections,
+    person: &'a str,
+) -> impl Iterator<Item = (&'a String, &'a Spend)> {
+    (views.usage.spend.get(&Scope::Key).into_iter().flatten())
+        .filter(move |(id, _)| views.usage.person_of_key(id) == Some(person))
 }
 
 /// The projects each of `people` used, with their requests: their own

@@ -1,6 +1,6 @@
 //! The pages people see on the client listener: how to connect (`/`),
-//! sign-in and sign-up, the profile (keys, password), claim links and
-//! chat.
+//! sign-in and sign-up, the profile (keys, password, and the person's own
+//! usage and limits), claim links and chat.
 //!
 //! A person's facts (signed up, changed a password, claimed a key) are
 //! observed through the decider; keys are made and revoked by asking the
@@ -16,6 +16,7 @@ mod pre;
 mod profile;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ pub(crate) fn routes() -> Router<Arc<Web>> {
         .route("/logout", get(account::logout_page).post(account::logout))
         .route("/signup", get(account::signup_form).post(account::signup))
         .route("/profile", get(profile::page))
+        .route("/profile/usage", get(usage::page))
         .route("/profile/keys", post(profile::create_key))
         .route("/profile/keys/{key_id}/revoke", post(profile::revoke_key))
         .route("/profile/password", post(profile::change_password))

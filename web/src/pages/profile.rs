@@ -1,4 +1,5 @@
-//! `/profile`: who you are, your keys (made once-shown, revoked) and your
+//! `/profile`: who you are, your use today and this month (with a link to
+//! `/profile/usage`), your keys (made once-shown, revoked) and your
 //! password.
 
 use std::sync::Arc;
@@ -32,6 +33,10 @@ struct Profile {
     status: &'static str,
     active: bool,
     keys: Vec<KeyRow>,
+    /// Their use today and this month (keys and chat): the usage page
+    /// has the rest.
+    used_today: super::usage::Figures,
+    used_month: super::usage::Figures,
     key_error: Option<String>,
     password_error: Option<String>,
     password_changed: bool,
@@ -149,6 +154,7 @@ async fn profile_page(
         Some(_) => own_keys(web, person).await?,
         None => Vec::new(),
     };
+    let (used_today, used_month) = super::usage::summary(web, &person.user_id);
     let page = Profile {
         chrome,
         email: me.email,
@@ -158,6 +164,8 @@ async fn profile_page(
         status: status_word(status),
         active: status == UserStatus::Active,
         keys,
+        used_today,
+        used_month,
         key_error: said.key_error,
         password_error: said.password_error,
         password_changed: said.password_changed,

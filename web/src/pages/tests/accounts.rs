@@ -66,7 +66,7 @@ async fn sign_in(site: &Site, browser: &mut Browser, email: &str, password: &str
 }
 
 /// A person approved into `p1` and signed in; their id.
-async fn signed_in(site: &Site, browser: &mut Browser, email: &str) -> String {
+pub(super) async fn signed_in(site: &Site, browser: &mut Browser, email: &str) -> String {
     let user_id = sign_up(site, browser, email).await;
     site.approve(&user_id, "p1").await;
     let page = sign_in(site, browser, email, PASSWORD).await;

@@ -6,3 +6,4 @@ mod accounts;
 mod anonymous;
 pub(super) mod harness;
 mod outage;
+mod usage;
