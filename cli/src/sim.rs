@@ -43,6 +43,11 @@ pub(crate) struct SimArgs {
     /// Completion length when a request names none.
     #[arg(long, default_value_t = 16)]
     max_tokens: u32,
+    /// The model's context in tokens, as vLLM's flag: a request whose
+    /// prompt and completion exceed it is refused (400), and /v1/models
+    /// says it. None without it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_model_len: Option<u32>,
     /// Nodes in a multi-node group; rank 0 serves once all have joined.
     #[arg(long, default_value_t = 1)]
     nnodes: u32,
@@ -100,6 +105,7 @@ pub(crate) async fn run(a: SimArgs) -> anyhow::Result<Outcome> {
         kv_blocks: a.kv_blocks,
         block_bytes: a.block_bytes,
         default_max_tokens: a.max_tokens,
+        max_model_len: a.max_model_len,
         api_key: a.api_key,
         tools: a.tools,
         kv_events: a.kv_events.map(|publish| llmgw_sim::KvEventsConfig {

@@ -338,12 +338,11 @@ async fn replicas(
         .filter(|r| q.all || r.is_live())
         .filter(|r| wanted.as_ref().is_none_or(|m| &r.placement.model == m))
         .map(|r| {
-            let current = c
-                .catalog
-                .models
-                .get(&r.placement.model)
-                .and_then(|m| m.profiles.iter().find(|p| p.name == r.placement.profile))
-                .map(|p| p.fingerprint());
+            let current = c.catalog.models.get(&r.placement.model).and_then(|m| {
+                (m.profiles.iter())
+                    .find(|p| p.name == r.placement.profile)
+                    .map(|p| m.profile_fp(p))
+            });
             let mut shards: Vec<api::ShardRow> =
                 r.shards
                     .values()

@@ -156,6 +156,7 @@ pub(crate) fn start_shard(start: &Start, mgmt_interface: &str) -> v1::StartShard
                 model.source.clone()
             },
             served_model_name: model.name.clone(),
+            context_length: model.context_length.unwrap_or(0),
         }),
         startup_timeout_ms: i64::from(profile.startup_timeout_s.unwrap_or(600)) * 1000,
         pool: placement.pool.clone(),

@@ -195,6 +195,22 @@ impl Model {
     pub fn on_demand(&self) -> bool {
         self.scaling.min == 0 && !self.profiles.is_empty()
     }
+
+    /// What a replica of this model on `profile` is started with, as a
+    /// fingerprint: a replica whose own differs is outdated and replaced.
+    /// The model's context length goes to the engine, so it counts; a
+    /// model without one has its profile's own fingerprint, as before the
+    /// length was passed (running replicas stay current).
+    pub fn profile_fp(&self, profile: &Profile) -> String {
+        match self.context_length {
+            None => profile.fingerprint(),
+            Some(c) => {
+                let bytes = serde_json::to_vec(&(profile, c)).expect("profiles serialise");
+                let digest = Sha256::digest(bytes);
+                digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

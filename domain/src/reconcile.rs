@@ -246,7 +246,7 @@ fn staying<'a>(state: &'a State, model: &'a Model) -> impl Iterator<Item = &'a R
         .filter(move |r| {
             on_draining_node(state, r).is_none()
                 && model.profiles.iter().any(|p| {
-                    p.name == r.placement.profile && p.fingerprint() == r.placement.profile_fp
+                    p.name == r.placement.profile && model.profile_fp(p) == r.placement.profile_fp
                 })
         })
 }
@@ -554,7 +554,7 @@ pub fn plan(
                 .profiles
                 .iter()
                 .find(|p| p.name == r.placement.profile)
-                .is_some_and(|p| p.fingerprint() == r.placement.profile_fp)
+                .is_some_and(|p| model.profile_fp(p) == r.placement.profile_fp)
         };
         // Replicas to move: on a draining node, or running an edited profile.
         let (moving, keep): (Vec<&Replica>, Vec<&Replica>) = live

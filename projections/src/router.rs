@@ -105,7 +105,7 @@ impl RouterView {
                     weight: p.weight,
                     priority: p.priority,
                     engine: p.engine,
-                    fingerprint: p.fingerprint(),
+                    fingerprint: m.profile_fp(p),
                 },
             );
         }
@@ -122,7 +122,7 @@ impl RouterView {
                 profiles: m
                     .profiles
                     .iter()
-                    .map(|p| (p.name.clone(), p.fingerprint()))
+                    .map(|p| (p.name.clone(), m.profile_fp(p)))
                     .collect(),
                 added_ms,
                 context_length: m.context_length,

@@ -481,12 +481,45 @@ enum Kind {
     Text,
 }
 
+/// Whether each prompt and its completion fit the model's context, as vLLM
+/// refuses one that does not (400, OpenAI's `context_length_exceeded`).
+fn fits(ask: &Ask, limit: u32, default_max: u32, kind: Kind) -> Result<(), ApiError> {
+    for prompt in &ask.prompts {
+        let (completion, _) = ask.length(prompt, default_max);
+        let asked = prompt.tokens.saturating_add(u64::from(completion));
+        if asked > u64::from(limit) {
+            let (param, what) = match kind {
+                Kind::Chat => ("messages", "messages"),
+                Kind::Text => ("prompt", "prompt"),
+            };
+            return Err(ApiError {
+                param: Some(param.into()),
+                ..error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "context_length_exceeded",
+                    format!(
+                        "This model's maximum context length is {limit} tokens. However, you requested {asked} tokens ({} in the {what}, {completion} in the completion). Please reduce the length of the {what} or completion.",
+                        prompt.tokens
+                    ),
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
 async fn generate(state: Arc<SimState>, headers: &HeaderMap, body: Bytes, kind: Kind) -> Response {
     let ask = match parse(&state, &body, kind) {
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
     received(headers, &ask.model, ask.stream);
+    if let Some(limit) = state.config.max_model_len
+        && let Err(e) = fits(&ask, limit, state.config.default_max_tokens, kind)
+    {
+        return e.into_response();
+    }
     let run = match admit(&state, &ask.prompts).await {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -923,7 +956,15 @@ async fn models(State(state): State<Arc<SimState>>) -> Response {
         .config
         .models
         .iter()
-        .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "llmgw-sim"}))
+        .map(|m| {
+            let mut model =
+                json!({"id": m, "object": "model", "created": 0, "owned_by": "llmgw-sim"});
+            // As vLLM says its context.
+            if let Some(len) = state.config.max_model_len {
+                model["max_model_len"] = json!(len);
+            }
+            model
+        })
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }

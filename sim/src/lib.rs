@@ -92,6 +92,10 @@ pub struct SimConfig {
     pub tools: ToolCalls,
     /// Publish the prefix cache's changes as vLLM's KV-cache events.
     pub kv_events: Option<KvEventsConfig>,
+    /// The model's context, in tokens (vLLM's `--max-model-len`): a
+    /// request whose prompt and completion would not fit is refused, as
+    /// vLLM refuses it. None: no limit.
+    pub max_model_len: Option<u32>,
 }
 
 /// How the engine answers a chat request that offers tools: as an engine
@@ -135,6 +139,7 @@ impl Default for SimConfig {
             api_key: None,
             tools: ToolCalls::Native,
             kv_events: None,
+            max_model_len: None,
         }
     }
 }

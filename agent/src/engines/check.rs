@@ -23,6 +23,7 @@ pub fn flags_used(engine: &dyn Engine) -> BTreeSet<String> {
             nodes: 1,
             model_path: "/nonexistent/model.gguf".into(),
             served_model_name: "model".into(),
+            context_length: 4096,
             ..Profile::default()
         },
         ..ShardSpec::default()

@@ -146,6 +146,7 @@ impl Engine for LlamaCpp {
         if !p.served_model_name.is_empty() {
             args.extend(strings(&["--alias", &p.served_model_name]));
         }
+        args.extend(super::context_args(p, &["--ctx-size", "-c"]));
         if !has_flag(&p.args, &["--parallel", "-np"]) {
             let n = if self.parallel > 0 { self.parallel } else { 4 };
             args.extend(strings(&["--parallel", &n.to_string()]));

@@ -33,6 +33,9 @@ pub struct Profile {
     pub env: BTreeMap<String, String>,
     pub model_path: String,
     pub served_model_name: String,
+    /// The context the engine is started with, in tokens; 0 leaves the
+    /// engine's own.
+    pub context_length: u32,
 }
 
 /// One rank of a replica, as placed.
@@ -268,6 +271,15 @@ pub(crate) fn quantization_of(args: &[String]) -> String {
 }
 
 /// An argument equal to `name` or starting with `name=`.
+/// The catalog's context length as `flag N`, unless the profile's own
+/// args set it (they are passed last and would win anyway).
+fn context_args(p: &Profile, names: &[&str]) -> Vec<String> {
+    if p.context_length == 0 || has_flag(&p.args, names) {
+        return Vec::new();
+    }
+    vec![names[0].to_owned(), p.context_length.to_string()]
+}
+
 pub(crate) fn has_flag(args: &[String], names: &[&str]) -> bool {
     args.iter().any(|a| {
         names

@@ -53,6 +53,7 @@ impl Engine for Sglang {
         if !p.served_model_name.is_empty() {
             args.extend(strings(&["--served-model-name", &p.served_model_name]));
         }
+        args.extend(super::context_args(p, &["--context-length"]));
         if s.nnodes > 1 {
             args.extend(strings(&[
                 "--nnodes",

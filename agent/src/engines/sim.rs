@@ -55,6 +55,7 @@ impl Engine for Sim {
             ]));
             args.extend(strings(&["--dist-init-addr", &s.dist_init()]));
         }
+        args.extend(super::context_args(p, &["--max-model-len"]));
         args.extend(p.args.iter().cloned());
         Ok(vec![Command {
             name: "sim-engine".into(),

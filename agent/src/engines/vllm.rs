@@ -74,6 +74,7 @@ impl Engine for Vllm {
         if !p.served_model_name.is_empty() {
             args.extend(strings(&["--served-model-name", &p.served_model_name]));
         }
+        args.extend(super::context_args(p, &["--max-model-len"]));
         let multi = s.nnodes > 1;
         if multi {
             env.insert("VLLM_HOST_IP".into(), s.leader_addr.clone());

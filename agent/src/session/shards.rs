@@ -418,6 +418,7 @@ impl Agent {
                 env: p.env.clone().into_iter().collect(),
                 model_path: weights.clone().unwrap_or_else(|| p.model_path.clone()),
                 served_model_name: p.served_model_name.clone(),
+                context_length: p.context_length,
             },
             bind_addr: self.config.engine_bind.clone().unwrap_or_default(),
         };

@@ -549,3 +549,43 @@ fn the_sim_engine_carries_its_rendezvous_and_stays_on_its_fabric() {
         "defaults to the running binary"
     );
 }
+
+/// The catalog's context length reaches each engine as its own flag, and
+/// a profile's args that set it themselves are left to (they come last).
+#[test]
+fn each_engine_is_started_with_the_catalogs_context_length() {
+    let with = |mut s: ShardSpec, args: &[&str]| {
+        s.profile.context_length = 4096;
+        s.profile.args = args.iter().map(|a| a.to_string()).collect();
+        s
+    };
+    let sg = Sglang {
+        python: Some("python3".into()),
+    };
+    let sim = Sim {
+        bin: Some("/usr/local/bin/llmgw".into()),
+    };
+    let cases: [(&dyn Engine, ShardSpec, &str); 4] = [
+        (&vllm("mp"), single_node(), "--max-model-len 4096"),
+        (&sg, single_node(), "--context-length 4096"),
+        (&LlamaCpp::default(), llama_spec(&[]), "--ctx-size 4096"),
+        (&sim, sim_spec(0, 1), "--max-model-len 4096"),
+    ];
+    for (engine, spec, flag) in cases {
+        let first = &engine.commands(&with(spec.clone(), &[])).unwrap()[0];
+        assert!(
+            joined(&first.args).contains(flag),
+            "{}: {}",
+            engine.name(),
+            joined(&first.args)
+        );
+        let own = flag.split(' ').next().unwrap();
+        let given = engine.commands(&with(spec, &[own, "128"])).unwrap();
+        let args = joined(&given[0].args);
+        assert!(
+            !args.contains(flag) && args.ends_with(&format!("{own} 128")),
+            "{}: {args}",
+            engine.name()
+        );
+    }
+}

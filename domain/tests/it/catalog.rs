@@ -375,3 +375,19 @@ fn a_routing_profile_is_refused_rather_than_ignored() {
         1
     );
 }
+
+/// A model's context length is passed to its engine, so a change to it
+/// makes running replicas outdated as a profile change does; without one,
+/// a replica's fingerprint is its profile's, as before it was passed.
+#[test]
+fn a_models_context_length_is_part_of_what_its_replicas_run() {
+    let mut m = model("m");
+    let p = m.profiles[0].clone();
+    assert_eq!(m.profile_fp(&p), p.fingerprint());
+    m.context_length = Some(8192);
+    let long = m.profile_fp(&p);
+    assert_ne!(long, p.fingerprint());
+    m.context_length = Some(4096);
+    assert_ne!(m.profile_fp(&p), long);
+    assert_eq!(m.profile_fp(&p).len(), p.fingerprint().len());
+}

@@ -1265,3 +1265,61 @@ async fn tools_are_called_as_the_mode_says() {
             .contains("<tool_call>")
     );
 }
+
+/// With the model's context set (as the agent starts it from the
+/// catalog's `context_length`), a prompt and completion that do not fit
+/// are refused as vLLM refuses them, and /v1/models says the length.
+#[tokio::test(start_paused = true)]
+async fn a_request_past_the_models_context_is_refused_as_vllm_refuses_it() {
+    let (app, _) = engine(SimConfig {
+        max_model_len: Some(64),
+        ..config()
+    });
+    // "be brief" and 20 bytes of question: well under 64 tokens with 8 more.
+    let (status, _) = json_of(
+        app.clone()
+            .oneshot(post(
+                "/v1/chat/completions",
+                chat(false, 8, "what is the time now"),
+            ))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let long = "word ".repeat(60);
+    let (status, err) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 8, &long)))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert_eq!(
+        (&err["error"]["code"], &err["error"]["param"]),
+        (&json!("context_length_exceeded"), &json!("messages"))
+    );
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "This model's maximum context length is 64 tokens. However, you requested"
+        ),
+        "{message}"
+    );
+    // The completion counts too: a short prompt asking for too much.
+    let (status, _) = json_of(
+        app.clone()
+            .oneshot(post("/v1/chat/completions", chat(false, 100, "hi")))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let models = app
+        .oneshot(Request::get("/v1/models").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (_, models) = json_of(models).await;
+    assert_eq!(models["data"][0]["max_model_len"], 64, "{models}");
+}
