@@ -1974,7 +1974,7 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
     // A llama-server whose help lacks --jinja (an old build, or a truncated help).
     let dir = tempfile::tempdir().unwrap();
     let help = dir.path().join("help.txt");
-    std::fs::write(&help, "--model FNAME\n--host HOST\n--port PORT\n--metrics\n--alias NAME\n--parallel N\n--n-gpu-layers N\n--jinja-ish\n").unwrap();
+    std::fs::write(&help, "--model FNAME\n--host HOST\n--port PORT\n--metrics\n--alias NAME\n--parallel N\n--n-gpu-layers N\n--ctx-size N\n--jinja-ish\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .args([
             "ctl",
@@ -1992,7 +1992,7 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
             .any(|l| l.starts_with("--jinja") && l.ends_with("MISSING")),
         "a longer flag is not the flag: {text}"
     );
-    assert!(text.contains("7 of 8 flags found"), "{text}");
+    assert!(text.contains("8 of 9 flags found"), "{text}");
     let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
         .args(["ctl", "engine-check", "llamacpp", "--json", "--help-output"])
         .arg(&help)
@@ -2002,7 +2002,7 @@ fn engine_check_compares_the_flags_llmgw_passes_with_the_engines_help() {
     let v: Value = serde_json::from_slice(&out.stdout).expect("--json prints one document");
     assert_eq!(
         (v["engine"].as_str(), v["found"].as_u64()),
-        (Some("llamacpp"), Some(7))
+        (Some("llamacpp"), Some(8))
     );
     let jinja = v["flags"]
         .as_array()
