@@ -5,12 +5,16 @@
 //! and stops from the control plane carried out by the supervisor. The
 //! stream is redialled forever through every configured server: a server
 //! that cannot be reached is tried again after a jittered backoff of its
-//! own; a standby's refusal says whom to dial (the leader, tried at once)
-//! and when to ask it again (when the lease runs out, asked at least every
-//! second), and never grows a backoff; a stream that ends sends the agent
-//! to the other servers at once. Attempts at different servers run side
-//! by side, so one that hangs (a frozen leader, a machine gone: HTTP/2
-//! pings find a dead stream within seconds) holds up none of the others.
+//! own; one that answers but cannot take the stream now (its store out of
+//! reach, it is stopping) is asked again within `BUSY_MAX`, never backed
+//! off from as if it were gone; a standby's refusal says whom to dial (the
+//! leader, tried at once, and at once whatever failed there before when it
+//! is newly in office) and when to ask it again (when the lease runs out,
+//! asked at least every second), and never grows a backoff; a stream that
+//! ends sends the agent to the other servers at once. Attempts at
+//! different servers run side by side, so one that hangs (a frozen leader,
+//! a machine gone: HTTP/2 pings find a dead stream within seconds) holds
+//! up none of the others.
 //! Only the current leader is obeyed: a message from a lower lease epoch
 //! than the highest seen (`epoch.rs`) is refused and the stream left.
 //! Engines outlive both the stream and the agent: a stop signal ends the
@@ -217,15 +221,30 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
 const REFUSAL_FLUSH: Duration = Duration::from_secs(1);
 /// One server is never dialled more often than this.
 const MIN_GAP: Duration = Duration::from_millis(100);
+/// The longest wait before asking again a server that answered but could
+/// not take the stream (its store out of reach, a moment of stepping
+/// down): it is up, and takes the stream the moment its store is back,
+/// within a node's `unreachable_after` (15 s by default), so a wait that
+/// grew up to `--reconnect-max-s` as for a server gone kept nodes away
+/// from a leader long after a store outage and got them marked
+/// unreachable.
+const BUSY_MAX: Duration = Duration::from_secs(5);
 
 /// One configured server, as the dialling loop sees it.
 #[derive(Debug)]
 struct Dial {
     url: String,
-    /// Attempts in a row that got no stream and no standby's answer (the
-    /// server could not be reached, or refused for another reason), or
-    /// streams that ended soon after they began.
+    /// Attempts in a row that got no stream and no answer from the server
+    /// (it could not be reached, or refused this agent), or streams that
+    /// ended soon after they began.
     failures: u32,
+    /// Answers in a row that the server cannot take the stream now
+    /// ([`Ended::Busy`]).
+    busy: u32,
+    /// The highest lease epoch under which a standby named this server
+    /// the leader: a higher one is a new term, which earlier failures
+    /// here say nothing about.
+    led_at: u64,
     /// Not dialled again before this.
     not_before: Instant,
     tried: Option<Instant>,
@@ -242,6 +261,10 @@ enum Ended {
     Served(Duration, Option<String>),
     /// A standby refused, saying whom and when.
     Refused(Refusal),
+    /// The server answered that it cannot take a stream now (UNAVAILABLE
+    /// without a standby's refusal: its store is out of reach, it is
+    /// stopping, its lease is in doubt): up, and asked again soon.
+    Busy(String),
     /// No stream.
     Failed(String),
 }
@@ -326,6 +349,7 @@ fn replan(dials: &mut [Dial], i: usize, ended: Ended, base: Duration, max: Durat
                 d.not_before = d.not_before.min(now);
             }
             let d = &mut dials[i];
+            d.busy = 0;
             d.failures = if lasted > max { 0 } else { d.failures + 1 };
             d.not_before = now + backoff(base, max, d.failures.max(1));
         }
@@ -360,16 +384,43 @@ fn replan(dials: &mut [Dial], i: usize, ended: Ended, base: Duration, max: Durat
             }
             // A standby answered: no backoff against it.
             dials[i].failures = 0;
+            dials[i].busy = 0;
             dials[i].not_before = now + wait;
-            // The leader it names is dialled next, unless it is a server
-            // this agent cannot reach (its own backoff stands).
-            if let Some(j) = leader.filter(|&j| j != i && dials[j].failures == 0) {
+            // The leader it names is dialled next. A leader newly in office
+            // (a higher epoch than any it was named under) is dialled
+            // whatever failed there before: that was another term (a
+            // restart, a store outage). One named again in the same term
+            // that this agent cannot reach keeps its own backoff.
+            if let Some(j) = leader.filter(|&j| j != i) {
                 let d = &mut dials[j];
-                d.not_before = d.tried.map_or(now, |t| (t + MIN_GAP).max(now));
+                let new_term = r.epoch > d.led_at;
+                if new_term {
+                    d.led_at = r.epoch;
+                    d.failures = 0;
+                }
+                if new_term || d.failures == 0 {
+                    d.not_before = d.tried.map_or(now, |t| (t + MIN_GAP).max(now));
+                }
             }
+        }
+        Ended::Busy(e) => {
+            // Up, and answering: not backed off from as from a server
+            // gone, only paced (doubling up to BUSY_MAX).
+            let d = &mut dials[i];
+            d.failures = 0;
+            d.busy += 1;
+            let wait = backoff(base, max.min(BUSY_MAX), d.busy);
+            d.not_before = now + wait;
+            tracing::warn!(
+                server = %server,
+                error = %e,
+                retry_in_ms = wait.as_millis() as u64,
+                "no session with the control plane: the server answered but cannot take the stream now"
+            );
         }
         Ended::Failed(e) => {
             let d = &mut dials[i];
+            d.busy = 0;
             d.failures += 1;
             let wait = backoff(base, max, d.failures);
             d.not_before = now + wait;
@@ -508,6 +559,8 @@ impl Agent {
             .map(|url| Dial {
                 url: url.clone(),
                 failures: 0,
+                busy: 0,
+                led_at: 0,
                 not_before: start,
                 tried: None,
                 unlisted_leader: None,
@@ -757,6 +810,9 @@ async fn open(
         }),
         Err(s) => Err(match Refusal::from_status(&s) {
             Some(r) => Ended::Refused(r),
+            None if busy(&s) => {
+                Ended::Busy(format!("refused: {}", why::refused(&s, tls.is_some())))
+            }
             None => {
                 let failure = format!("refused: {}", why::refused(&s, tls.is_some()));
                 if why::answers_http1(&server).await {
@@ -767,6 +823,20 @@ async fn open(
             }
         }),
     }
+}
+
+/// Whether `s` is the server's own answer that it cannot take a stream
+/// now: UNAVAILABLE as a gRPC server sends it (its response's headers
+/// come with it), not one tonic made of a connection that failed (no
+/// headers, the transport error as its source), which says nothing of
+/// whether the server is up.
+fn busy(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unavailable
+        && std::error::Error::source(s).is_none()
+        && s.metadata()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
 /// A channel to `server` (mutual TLS when the agent holds certificates:
@@ -854,6 +924,8 @@ mod tests {
             .map(|u| Dial {
                 url: (*u).to_owned(),
                 failures: 0,
+                busy: 0,
+                led_at: 0,
                 not_before: now,
                 tried: Some(now - Duration::from_secs(1)),
                 unlisted_leader: None,
@@ -932,6 +1004,46 @@ mod tests {
         );
         assert!(wait(&d[0]).is_zero(), "the leader is dialled at once");
         assert!(wait(&d[1]) > Duration::ZERO);
+    }
+
+    #[test]
+    fn a_server_that_answers_it_cannot_take_the_stream_is_asked_again_soon() {
+        let mut d = dials(&[A, B]);
+        for _ in 0..20 {
+            replan(&mut d, 0, Ended::Busy("the event store".into()), BASE, MAX);
+            assert_eq!(d[0].failures, 0, "it is up");
+            assert!(wait(&d[0]) <= BUSY_MAX, "{:?}", wait(&d[0]));
+        }
+        // Once gone, its backoff starts from the base.
+        replan(&mut d, 0, Ended::Failed("cannot connect".into()), BASE, MAX);
+        assert!(wait(&d[0]) <= BASE);
+    }
+
+    #[test]
+    fn a_leader_newly_in_office_is_dialled_at_once_whatever_failed_there() {
+        let with_epoch = |epoch| {
+            let Ended::Refused(mut r) = refusal(9_000, Some(A)) else {
+                unreachable!()
+            };
+            r.epoch = epoch;
+            Ended::Refused(r)
+        };
+        let mut d = dials(&[A, B]);
+        for _ in 0..6 {
+            replan(&mut d, 0, Ended::Failed("cannot connect".into()), BASE, MAX);
+        }
+        assert!(wait(&d[0]) > Duration::from_secs(10));
+        replan(&mut d, 1, with_epoch(16), BASE, MAX);
+        assert!(wait(&d[0]).is_zero(), "a new term: dialled at once");
+        assert_eq!(d[0].failures, 0);
+        // Not reached in this term either: its backoff stands while the
+        // standby names it again, until a later term.
+        replan(&mut d, 0, Ended::Failed("cannot connect".into()), BASE, MAX);
+        replan(&mut d, 0, Ended::Failed("cannot connect".into()), BASE, MAX);
+        replan(&mut d, 1, with_epoch(16), BASE, MAX);
+        assert!(wait(&d[0]) > Duration::ZERO);
+        replan(&mut d, 1, with_epoch(17), BASE, MAX);
+        assert!(wait(&d[0]).is_zero());
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod engines;
 mod fetch;
 mod probe;
 mod provision;
+mod session;
 mod supervisor;
 mod supervisor_table;
 
