@@ -235,9 +235,10 @@ async fn after_a_store_outage_the_agent_is_on_the_new_leader_within_seconds() {
         .send_replace(Mode::Standby(Some((b.url.clone(), 16))));
     let on = b.seen(Seen::Stream, 1).await;
     let took = on - back;
-    // Five seconds at most between asks, and some for a loaded machine;
-    // the old backoff was at least 10 s here.
-    assert!(took < Duration::from_millis(6_500), "{took:?}");
+    // Five seconds at most between asks, and as much again for a loaded
+    // machine (CI runs many tests at once); the old backoff was at least
+    // 10 s here.
+    assert!(took < Duration::from_millis(9_000), "{took:?}");
     // Between asks while the store was out: never the long waits of a
     // server gone.
     let asks: Vec<Instant> = (a.log.borrow().iter())
@@ -245,13 +246,13 @@ async fn after_a_store_outage_the_agent_is_on_the_new_leader_within_seconds() {
         .map(|(t, _)| *t)
         .collect();
     let longest = asks.windows(2).map(|w| w[1] - w[0]).max().unwrap();
-    assert!(longest < Duration::from_millis(6_500), "{longest:?}");
+    assert!(longest < Duration::from_millis(9_000), "{longest:?}");
     stop.send_replace(true);
 }
 
 /// A leader newly in office that the agent could not reach before (it
 /// was restarting: its dials were closed unanswered until the agent
-/// waited 2.5 s and more between them) is dialled as soon as a standby
+/// waited 4 s and more between them) is dialled as soon as a standby
 /// names it: within moments of the standby's refusal, not when its old
 /// backoff runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,10 +260,10 @@ async fn a_standby_naming_a_leader_newly_in_office_sends_the_agent_there_at_once
     let a = Fake::start(Mode::Standby(None)).await;
     let b = Fake::start(Mode::Gone).await;
     let stop = agent(&[&a, &b]);
-    let long = Duration::from_millis(2_500);
+    let long = Duration::from_millis(4_000);
     // Until a failed dial, over (its look for plain HTTP done), came
-    // 2.5 s after the one before: the next is 2.5 s away at least.
-    b.until("a wait of 2.5 s between dials", |l| {
+    // 4 s after the one before: the next is 4 s away at least.
+    b.until("a wait of 4 s between dials", |l| {
         let probes: Vec<Instant> = (l.iter())
             .filter(|(_, s)| *s == Seen::Probe)
             .map(|(t, _)| *t)
@@ -288,8 +289,10 @@ async fn a_standby_naming_a_leader_newly_in_office_sends_the_agent_there_at_once
             on - back
         );
     };
+    // At once, with room for a loaded machine; the old backoff had 4 s
+    // and more to run.
     assert!(
-        on - named < Duration::from_secs(1),
+        on - named < Duration::from_secs(2),
         "{:?} after the standby named it, {:?} after it took office",
         on - named,
         on - back
