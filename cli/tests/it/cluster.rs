@@ -845,6 +845,68 @@ async fn an_on_demand_model_starts_for_a_request_and_stops_when_idle() {
     assert_eq!(r.status(), 404);
 }
 
+/// A model's context_length reaches its engine: a request whose prompt
+/// and completion do not fit is refused by the engine with its own
+/// message (it was read only to trim threads), and a change to it
+/// restarts the replica with the new length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_context_length_reaches_its_engine_and_a_change_restarts_it() {
+    let _sweep = EngineSweeper("127.0.16.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("llmgw.db").display());
+    let port = free_port();
+    let config = server_yaml(dir.path(), "ctx", &store, port, 0);
+    let server = start_server(&config);
+    let _agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.16.2");
+    let model = dir.path().join("short.json");
+    // `model add` adds, or updates a model that exists.
+    let add = |len: u32| {
+        std::fs::write(
+            &model,
+            json!({"name": "short", "context_length": len, "scaling": {"min": 1, "max": 1},
+                   "profiles": [{"name": "sim", "engine": "sim"}]})
+            .to_string(),
+        )
+        .unwrap();
+        let (ok, _, err) = ctl(&server.admin, &["model", "add", model.to_str().unwrap()]);
+        assert!(ok, "{err}");
+    };
+    add(64);
+    let ask = |words: usize| {
+        let url = format!("{}/v1/chat/completions", server.base);
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .json(&json!({"model": "short", "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "word ".repeat(words)}]}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    until("the model to serve", || async {
+        (ask(2).await.status() == 200).then_some(())
+    })
+    .await;
+    let refused = ask(60).await;
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 64 tokens"),
+        "{body}"
+    );
+    // A longer context: the replica is replaced, and the request fits.
+    add(4096);
+    until("the request to fit the new length", || async {
+        (ask(60).await.status() == 200).then_some(())
+    })
+    .await;
+}
+
 /// A server restarted while an on-demand model serves keeps it up for its
 /// idle time: when it was last asked for is memory, not log, and a new
 /// term knew none, so it drained every running on-demand model at once.
