@@ -45,13 +45,14 @@ pub fn router(door: Door, people: Arc<People>) -> Router {
         .route("/api/v1/keys/{key}/rotate", post(rotate_key))
         .route("/api/v1/limits", put(set_limits))
         .route("/api/v1/groups", get(crate::groups_api::list))
+        .merge(crate::people_api::routes())
+        .merge(crate::convo_api::routes())
         // An operator's name with a newline or an escape forged lines in
-        // `events log`; refused here as on every admin route.
+        // `events log`; refused on every route here (a layer covers the
+        // routes added before it).
         .layer(axum::middleware::from_fn(
             crate::admin::refuse_unprintable_actor,
         ))
-        .merge(crate::people_api::routes())
-        .merge(crate::convo_api::routes())
         .with_state(TenancyState { door, people })
 }
 

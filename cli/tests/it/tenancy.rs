@@ -1716,6 +1716,18 @@ async fn a_keys_command_by_an_unprintable_name_is_refused() {
     assert!(said.contains("holds U+000A"), "{said}");
     let log = super::ok(&store, &["events", "log", "--stream", "project-p"]);
     assert!(!log.contains("LimitsSet"), "{log}");
+    // The project's switches too (they were recorded as admin-api).
+    let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env_remove("LLMGW_STORE")
+        .args(["--store", &store, "keys", "--admin", &closed])
+        .args(["--as", "bob\u{1b}[2J"])
+        .args(["threads", "--project", "p"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("holds U+001B"), "{said}");
+    let log = super::ok(&store, &["events", "log", "--stream", "project-p"]);
+    assert!(!log.contains("ThreadsSet"), "{log}");
 }
 
 /// `keys init` and `events import` give a fresh store its schema, as a
