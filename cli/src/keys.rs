@@ -81,7 +81,7 @@ fn claim_lifetime(text: &str) -> Result<String, String> {
 }
 
 /// A duration flag checked against its bounds before any log is looked
-/// for, as seconds: `what` names the bounds' subject.
+/// for, as seconds; `bounds` says them when it is outside.
 fn bounded(flag: &str, text: &str, min: u64, max: u64, bounds: &str) -> Result<u64, String> {
     let d = crate::config::duration(flag, text).map_err(|e| e.0)?;
     if !(min..=max).contains(&d.as_secs()) {

@@ -90,7 +90,12 @@ fn refuse_settings(env: &[(String, String)]) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
-    refuse_settings(&std::env::vars().collect::<Vec<_>>())?;
+    // Only names and values that are text: a variable that is not (of
+    // another program) is none of llmgw's, and `vars()` would panic on it.
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    refuse_settings(&env)?;
     // The admin API has no authentication; `server` takes it off
     // loopback only with admin_open, which a try-out has no need of.
     if !a.admin_listen.ip().is_loopback() {

@@ -343,11 +343,11 @@ async fn rotate_key(
         let views = door.views();
         let views = views.read().unwrap_or_else(|p| p.into_inner());
         let tenancy = &views.tenancy.tenancy;
-        if let Some(key) = tenancy.keys.get(&key_id) {
-            tenancy
-                .ended_refusal(key, UnixMillis::now())
-                .map_err(|r| AdminError::from(crate::ControlError::Rejected(r)))?;
-        }
+        // Its end came, or its claim link ended unused, as a change of
+        // its limits is refused: the decision has no clock to tell.
+        tenancy
+            .limits_refusal_at(Scope::Key, &key_id, UnixMillis::now())
+            .map_err(|r| AdminError::from(crate::ControlError::Rejected(r)))?;
     }
     let (secret, hash) = new_secret();
     let prefix = secret[..12].to_owned();

@@ -243,8 +243,9 @@ pub struct Key {
     pub routing_profile: Option<String>,
     #[serde(default)]
     pub revoked: bool,
-    /// The person who made it for themselves on their profile page, so
-    /// their use counts as theirs; None for a key an operator made.
+    /// The person whose key it is, so their use counts as theirs: one who
+    /// made it on their profile page, or one an operator made it for
+    /// (`keys create --owner`); None for an operator's own key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// While its claim link is unused: when the link ends. An unclaimed
@@ -253,7 +254,7 @@ pub struct Key {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_by: Option<UnixMillis>,
     /// When it stops opening anything, for a key made to end
-    /// (`keys create --expires`): a key handed to a contractor or a demo
+    /// (`keys create --valid-for`): a key handed to a contractor or a demo
     /// should not outlive the need by being forgotten.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<UnixMillis>,
@@ -281,6 +282,19 @@ impl Key {
     /// Whether it ended: its claim link lapsed, or its own end came.
     pub fn ended(&self, now: UnixMillis) -> bool {
         self.claim_lapsed(now) || self.expires_at.is_some_and(|end| now >= end)
+    }
+
+    /// A key whose own end came is refused a change as a revoked one is
+    /// (limits, a new secret): it opens nothing, and no command revives
+    /// it. The decision has no clock to tell.
+    pub fn ended_refusal(&self, now: UnixMillis) -> Result<(), Rejection> {
+        match self.expires_at {
+            Some(end) if !self.revoked && now >= end => Err(Rejection::conflict(format!(
+                "key {} has expired: it opens nothing; make a new key",
+                self.key_id
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -635,20 +649,7 @@ impl Tenancy {
                     "key {scope_id}'s claim link expired unclaimed: it opens nothing; make a new key for whoever missed the link"
                 )))
             }
-            Some(k) if scope == Scope::Key => self.ended_refusal(k, now),
-            _ => Ok(()),
-        }
-    }
-
-    /// A key whose own end came is refused a change as a revoked one is
-    /// (limits, a new secret): it opens nothing, and no command revives
-    /// it. The decision has no clock to tell.
-    pub fn ended_refusal(&self, key: &Key, now: UnixMillis) -> Result<(), Rejection> {
-        match key.expires_at {
-            Some(end) if !key.revoked && now >= end => Err(Rejection::conflict(format!(
-                "key {} has expired: it opens nothing; make a new key",
-                key.key_id
-            ))),
+            Some(k) if scope == Scope::Key => k.ended_refusal(now),
             _ => Ok(()),
         }
     }
@@ -927,6 +928,12 @@ impl Tenancy {
                         "{key_id} is revoked: make a new key"
                     )));
                 }
+                // A new secret would open nothing.
+                if !self.key_stands(key) {
+                    return Err(Rejection::conflict(format!(
+                        "{key_id} belonged to a person who was erased: it opens nothing; make a new key"
+                    )));
+                }
                 // The sealed secret behind the link would be the old one.
                 if key.claim_by.is_some() {
                     return Err(Rejection::conflict(format!(
@@ -972,10 +979,10 @@ impl Tenancy {
                 {
                     vec![]
                 } else {
-                    // Moved out of a project, a person's own keys there go
-                    // with them: they kept opening it, counted against it,
-                    // while every page said they were elsewhere. Keys an
-                    // operator gave them in other projects stay.
+                    // Moved out of a project, a person's own keys there (made
+                    // by or for them) go with them: they kept opening it,
+                    // counted against it, while every page said they were
+                    // elsewhere. Their keys in other projects stay.
                     let left = user.project_id.as_ref().filter(|p| **p != project_id);
                     let revoked = (self.keys.values())
                         .filter(|k| {

@@ -270,7 +270,6 @@ pub(crate) fn quantization_of(args: &[String]) -> String {
     String::new()
 }
 
-/// An argument equal to `name` or starting with `name=`.
 /// The catalog's context length as `flag N`, unless the profile's own
 /// args set it (they are passed last and would win anyway).
 fn context_args(p: &Profile, names: &[&str]) -> Vec<String> {
@@ -280,6 +279,7 @@ fn context_args(p: &Profile, names: &[&str]) -> Vec<String> {
     vec![names[0].to_owned(), p.context_length.to_string()]
 }
 
+/// An argument equal to one of `names` or starting with `name=`.
 pub(crate) fn has_flag(args: &[String], names: &[&str]) -> bool {
     args.iter().any(|a| {
         names

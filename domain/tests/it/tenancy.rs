@@ -838,3 +838,35 @@ fn a_person_moved_to_another_project_loses_their_own_keys_in_the_old_one() {
     assert!(!t.keys["given-r"].revoked);
     assert!(!t.keys["k"].revoked, "an operator's key of p stays");
 }
+
+#[test]
+fn a_key_of_an_erased_person_gets_no_new_secret() {
+    let mut t = tree();
+    run(
+        &mut t,
+        C::SignUp {
+            user_id: "usr-1".into(),
+        },
+    );
+    let mut k = key("theirs", "p");
+    k.owner = Some("usr-1".into());
+    run(&mut t, C::IssueKey(k));
+    run(
+        &mut t,
+        C::Erase {
+            user_id: "usr-1".into(),
+            by: "ops".into(),
+        },
+    );
+    let why = t
+        .decide(C::RotateKey {
+            key_id: "theirs".into(),
+            hash: "cd".repeat(32),
+            prefix: "llmgw-sk-new".into(),
+            previous_until: None,
+            by: "ops".into(),
+        })
+        .unwrap_err()
+        .reason;
+    assert!(why.contains("belonged to a person who was erased"), "{why}");
+}
