@@ -606,6 +606,9 @@ pub struct KeyRow {
     /// After a rotation with a grace: until when the old secret works.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_until: Option<String>,
+    /// And its prefix, so the two can be told apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_prefix: Option<String>,
 }
 
 /// `POST /api/v1/join-tokens`: a single-use token for one node to join.

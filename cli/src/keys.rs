@@ -559,15 +559,17 @@ fn print_keys(out: &mut impl Write, rows: &[api::KeyRow]) -> anyhow::Result<()> 
         cells.extend(limit_cells(&k.limits));
         cells.push(or_dash(k.last_used.clone()));
         cells.push(or_dash(k.expires_at.clone()));
+        let width = cells.len();
         t.row(cells);
         // A rotated key's old secret in its grace, on a line of its own:
-        // whoever deploys the new one sees until when the old works.
+        // whoever deploys the new one sees its prefix and until when it
+        // works, under PREFIX, STATE and EXPIRES.
         if let Some(until) = &k.previous_until {
-            let mut cells = vec![String::new(); 13];
-            cells[1] = "(old secret)".to_owned();
-            cells[5] = "grace".to_owned();
-            cells[12] = until.clone();
-            t.row(cells);
+            let mut old = vec![String::new(); width];
+            old[1] = k.previous_prefix.clone().unwrap_or_default();
+            old[5] = "old secret".to_owned();
+            old[width - 1] = until.clone();
+            t.row(old);
         }
     }
     t.print(out)

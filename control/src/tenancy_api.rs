@@ -565,6 +565,9 @@ async fn list_keys(
                     .map(|p| p.until)
                     .filter(|u| *u > now)
                     .and_then(rfc3339),
+                previous_prefix: (k.previous.as_ref())
+                    .filter(|p| p.until > now)
+                    .map(|p| p.prefix.clone()),
             }
         })
         .collect();

@@ -126,6 +126,7 @@ fn admin_api(asked: Asked) -> Router {
         last_used: None,
         expires_at: None,
         previous_until: None,
+        previous_prefix: None,
     };
     let (list, made, revoked) = (asked.clone(), asked.clone(), asked);
     // The keys made through it, listed afterwards; a name made twice by
