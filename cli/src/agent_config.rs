@@ -71,7 +71,10 @@ pub(crate) fn load(path: &Path) -> Result<AgentFile, ConfigError> {
             path.display()
         ))
     };
-    if path.extension().is_some_and(|e| e == "toml") {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("toml"))
+    {
         toml::from_str(&text).map_err(|e| invalid(&e))
     } else if text.trim().is_empty() {
         Ok(AgentFile::default())
@@ -82,7 +85,7 @@ pub(crate) fn load(path: &Path) -> Result<AgentFile, ConfigError> {
 
 /// The variables agents were configured with before every variable was
 /// `LLMGW_AGENT_…`; still read when the new one is not set.
-const OLDER_NAMES: [&str; 4] = [
+pub(crate) const OLDER_NAMES: [&str; 4] = [
     "LLMGW_NODE_ID",
     "LLMGW_MGMT_ADDR",
     "LLMGW_JOIN_TOKEN",

@@ -72,6 +72,8 @@ fn refuse_settings(env: &[(String, String)]) -> anyhow::Result<()> {
         }
     }
     settings.insert("LLMGW_STORE".to_owned());
+    // The agent's older names, which it still reads.
+    settings.extend(crate::agent_config::OLDER_NAMES.map(String::from));
     every.extend(settings.iter().cloned());
     for (name, _) in env {
         let Some(rest) = name.strip_prefix("LLMGW_") else {

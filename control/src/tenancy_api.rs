@@ -339,22 +339,31 @@ async fn rotate_key(
     Json(r): Json<api::RotateKey>,
 ) -> Result<api::KeyRotated> {
     let grace = bounded_secs(r.grace_secs, 60, MAX_GRACE_SECS, "an old secret")?;
-    {
+    let now = chrono::Utc::now();
+    let mut previous_until = grace.map(|s| after(now, s));
+    let replaces = {
         let views = door.views();
         let views = views.read().unwrap_or_else(|p| p.into_inner());
         let tenancy = &views.tenancy.tenancy;
         // Its end came, or its claim link ended unused, as a change of
         // its limits is refused: the decision has no clock to tell.
         tenancy
-            .limits_refusal_at(Scope::Key, &key_id, UnixMillis::now())
+            .limits_refusal_at(Scope::Key, &key_id, UnixMillis(now.timestamp_millis()))
             .map_err(|r| AdminError::from(crate::ControlError::Rejected(r)))?;
-    }
+        let key = tenancy.keys.get(&key_id);
+        // The old secret works no longer than the key does (it did; the
+        // answer said it would).
+        if let (Some(until), Some(end)) = (&mut previous_until, key.and_then(|k| k.expires_at)) {
+            *until = (*until).min(end);
+        }
+        key.map(|k| k.hash.clone())
+    };
     let (secret, hash) = new_secret();
     let prefix = secret[..12].to_owned();
-    let previous_until = grace.map(|s| after(chrono::Utc::now(), s));
     let origin = origin(&headers);
     let command = T::RotateKey {
         key_id: key_id.clone(),
+        replaces,
         hash,
         prefix: prefix.clone(),
         previous_until,

@@ -359,6 +359,10 @@ pub enum TenancyCommand {
     /// history; the old one works until `previous_until` (None: no more).
     RotateKey {
         key_id: String,
+        /// The hash of the secret being replaced, as the one asking saw
+        /// it: two rotations at once both printed a secret, and the one
+        /// decided first opened nothing. None: whatever it is now.
+        replaces: Option<String>,
         hash: String,
         prefix: String,
         previous_until: Option<UnixMillis>,
@@ -809,6 +813,17 @@ impl Tenancy {
                 if scope == Scope::Key && self.keys.get(&scope_id).is_some_and(|k| k.revoked) {
                     return Err(Rejection::conflict(format!("key {scope_id} is revoked")));
                 }
+                // Nor does one whose person was erased.
+                if scope == Scope::Key
+                    && self
+                        .keys
+                        .get(&scope_id)
+                        .is_some_and(|k| !self.key_stands(k))
+                {
+                    return Err(Rejection::conflict(format!(
+                        "key {scope_id} belonged to a person who was erased: it opens nothing"
+                    )));
+                }
                 limits.check()?;
                 if self.limits_at(scope, &scope_id) == Some(&limits) {
                     vec![]
@@ -914,6 +929,7 @@ impl Tenancy {
             },
             C::RotateKey {
                 key_id,
+                replaces,
                 hash,
                 prefix,
                 previous_until,
@@ -932,6 +948,11 @@ impl Tenancy {
                 if !self.key_stands(key) {
                     return Err(Rejection::conflict(format!(
                         "{key_id} belonged to a person who was erased: it opens nothing; make a new key"
+                    )));
+                }
+                if replaces.as_ref().is_some_and(|r| *r != key.hash) {
+                    return Err(Rejection::conflict(format!(
+                        "{key_id} was rotated meanwhile, by another command: the secret it printed is the key's now; rotate again to replace that one"
                     )));
                 }
                 // The sealed secret behind the link would be the old one.

@@ -352,6 +352,20 @@ async fn auth_on(mode: Mode, backend: Backend) {
             .is_some_and(|t| t.ends_with('Z')),
         "{demo}"
     );
+    // Its old secret works no longer than the key itself, and is said so.
+    let out = keys(
+        &store,
+        admin,
+        &["rotate", demo["key_id"].as_str().unwrap(), "--grace", "30d"],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "the old one works until {}",
+            demo["expires_at"].as_str().unwrap()
+        )),
+        "{said}"
+    );
     let out = keys(
         &store,
         admin,
@@ -1515,6 +1529,8 @@ fn up_refuses_the_settings_of_a_server_it_does_not_read() {
         ("LLMGW_CONFIG", "/etc/llmgw/server.yaml"),
         ("LLMGW_STORE", "postgres://db/llmgw"),
         ("LLMGW_AGENT_JOIN", "llmgw-join-x"),
+        // An older name the agent still reads.
+        ("LLMGW_NODE_ID", "n1"),
     ] {
         let err = up(var);
         assert!(

@@ -722,6 +722,7 @@ fn a_rotated_key_keeps_its_id_and_its_old_secret_only_for_the_grace() {
     let mut t = tree();
     let rotate = |hash: &str, until: Option<i64>| C::RotateKey {
         key_id: "k".into(),
+        replaces: None,
         hash: hash.repeat(32),
         prefix: "llmgw-sk-new".into(),
         previous_until: until.map(UnixMillis),
@@ -745,6 +746,21 @@ fn a_rotated_key_keeps_its_id_and_its_old_secret_only_for_the_grace() {
     run(&mut t, rotate("ef", None));
     assert_eq!(t.keys["k"].previous, None);
     assert_eq!(t.keys["k"].hash, "ef".repeat(32));
+
+    // Two rotations at once: the one decided second names a secret that
+    // is no longer the key's, and is refused rather than printing a
+    // secret the first one's made useless.
+    let mut stale = rotate("77", None);
+    if let C::RotateKey { replaces, .. } = &mut stale {
+        *replaces = Some("cd".repeat(32));
+    }
+    let why = t.decide(stale).unwrap_err().reason;
+    assert!(why.contains("was rotated meanwhile"), "{why}");
+    let mut current = rotate("77", None);
+    if let C::RotateKey { replaces, .. } = &mut current {
+        *replaces = Some("ef".repeat(32));
+    }
+    assert!(t.decide(current).is_ok());
 
     // A secret in use, a revoked key, a key behind an unused claim link
     // and an unknown one are refused.
@@ -861,6 +877,7 @@ fn a_key_of_an_erased_person_gets_no_new_secret() {
     let why = t
         .decide(C::RotateKey {
             key_id: "theirs".into(),
+            replaces: None,
             hash: "cd".repeat(32),
             prefix: "llmgw-sk-new".into(),
             previous_until: None,
@@ -869,4 +886,13 @@ fn a_key_of_an_erased_person_gets_no_new_secret() {
         .unwrap_err()
         .reason;
     assert!(why.contains("belonged to a person who was erased"), "{why}");
+    let limits = t.decide(C::SetLimits {
+        scope: Scope::Key,
+        scope_id: "theirs".into(),
+        limits: Limits {
+            rpm: Some(3),
+            ..Limits::default()
+        },
+    });
+    assert!(limits.unwrap_err().reason.contains("was erased"));
 }

@@ -528,6 +528,7 @@ async fn a_key_stops_at_its_end_and_a_rotated_one_s_old_secret_at_its_grace() {
         .await;
     let rotate = |secret: &str, until: Option<i64>| T::RotateKey {
         key_id: "ending".into(),
+        replaces: None,
         hash: key_hash(secret),
         prefix: secret[..10].into(),
         previous_until: until.map(UnixMillis),
