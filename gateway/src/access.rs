@@ -188,6 +188,8 @@ pub(crate) enum StreamEnd {
     UpstreamError,
     /// The client went away before its end.
     ClientGone,
+    /// A graceful stop's grace ran out before its end: cut here.
+    ServerStopping,
 }
 
 /// The facts of one request's access line; shared by the stages that
@@ -302,6 +304,7 @@ impl Drop for Line {
             Some(StreamEnd::Complete) => Some("complete"),
             Some(StreamEnd::UpstreamError) => Some("upstream_error"),
             Some(StreamEnd::ClientGone) => Some("client_gone"),
+            Some(StreamEnd::ServerStopping) => Some("server_stopping"),
         };
         tracing::info!(
             target: "llmgw::access",

@@ -158,6 +158,9 @@ pub struct Gateway {
     /// node of the cluster could take it at all.
     pub(crate) placeable: std::sync::OnceLock<PlaceableHook>,
     pub(crate) routes_changed: tokio::sync::Notify,
+    /// Fired when a graceful stop's grace is over and what is in flight
+    /// is cut: a stream ended by it was cut here, not left by its client.
+    pub(crate) cut: listen::Signal,
     pub(crate) rates: limits::RateLimits,
     /// When this gateway started (seconds since the epoch): the `created`
     /// of a model no catalog dates, such as a configured endpoint's.
@@ -236,6 +239,7 @@ impl Gateway {
             demand: std::sync::OnceLock::new(),
             placeable: std::sync::OnceLock::new(),
             routes_changed: tokio::sync::Notify::new(),
+            cut: listen::Signal::default(),
             rates: limits::RateLimits::default(),
             started_s: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -512,7 +516,7 @@ pub async fn serve_with(
     let _stop_kv = (AbortOnDrop(kv), StopKv(gw.clone()));
 
     let (drain_tx, drain_rx) = watch::channel(false);
-    let grace_over = listen::Signal::default();
+    let grace_over = gw.cut.clone();
     let draining = || {
         let mut rx = drain_rx.clone();
         async move {

@@ -329,6 +329,9 @@ async fn a_stream_longer_than_the_grace_is_cut_at_the_grace() {
         "{text}"
     );
     Child::expect(&server.stderr, "the shutdown grace period is over");
+    // Its access line says it was cut here, not left by its client.
+    let line = Child::expect(&server.stderr, "stream_end=");
+    assert!(line.contains("stream_end=\"server_stopping\""), "{line}");
     let (status, body) = plain.await.unwrap();
     let body: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
     assert_eq!(

@@ -149,6 +149,14 @@ impl Drop for Finish {
         let gw = &self.ticket.gw;
         // Named before the access line is written, which carries it.
         let usage_id = gw.usage.as_ref().map(|_| request_id());
+        // A stream that ended without its end being seen was left by its
+        // client, or cut by a graceful stop's end (which a client did not
+        // choose, and is counted as the server's).
+        let cut = self.streamed && self.end.is_none() && gw.cut.fired();
+        if cut {
+            self.end = Some(crate::access::StreamEnd::ServerStopping);
+            self.status = 503;
+        }
         let end = match (self.streamed, self.end) {
             (false, _) => None,
             (true, None) => Some(crate::access::StreamEnd::ClientGone),
