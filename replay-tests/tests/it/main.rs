@@ -198,6 +198,7 @@ fn the_version_1_log_still_decodes() {
         "MemorySet",
         "AnchorRecorded",
         "UsageBatchRecorded",
+        "KeyRotated",
     ];
     let v1: BTreeSet<String> = Event::types()
         .filter(|(t, v)| *v == 1 && !BORN_AFTER_FREEZE.contains(t))
