@@ -14,7 +14,7 @@ mod file;
 pub(crate) mod filter;
 mod history;
 mod import;
-mod shown;
+pub(crate) mod shown;
 mod usage;
 mod verify_file;
 

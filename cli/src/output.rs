@@ -25,8 +25,11 @@ impl Table {
         }
     }
 
+    /// A row; stored text in it (a key's name, a person's email, an
+    /// operator's name) is printed escaped, never raw to the terminal
+    /// (older stores and imported logs may hold what is refused now).
     pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows.push(crate::events::shown::cells(cells));
     }
 
     pub(crate) fn print(&self, out: &mut impl Write) -> anyhow::Result<()> {
@@ -172,4 +175,25 @@ pub(crate) fn one_line(e: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `users list` printed an email taken before such characters were
+    /// refused raw: its escape sequence recoloured the operator's terminal.
+    #[test]
+    fn a_tables_cells_print_hidden_characters_escaped() {
+        let mut t = Table::new(vec!["EMAIL", "NAME"]);
+        t.row(vec!["eve\u{1b}]0;pwned\u{7}@x.com".into(), "Eve".into()]);
+        let mut out = Vec::new();
+        t.print(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("eve\\u{001b}]0;pwned\\u{0007}@x.com"),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'));
+    }
 }
