@@ -180,6 +180,12 @@ pub(crate) async fn dressed(
     };
     let chrome = match viewer {
         Some(v) => crate::Chrome::for_viewer(&web, &v),
+        // A 503 (the store down, or too busy): asking the store again who
+        // is signed in would wait as long as the handler's ask did, or
+        // add to the load.
+        None if refusal.status == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+            crate::Chrome::unsure(&web)
+        }
         None => match crate::session::resolve(&web, &cookies).await {
             Ok(visitor) => crate::Chrome::for_visitor(&web, &visitor),
             // The store is down (the refusal itself says so, and was
