@@ -229,12 +229,15 @@ pub struct Status {
     pub nodes_cordoned: usize,
     #[serde(default)]
     pub nodes_draining: usize,
-    /// Events in the log, and how far this server's views have read.
-    pub log_head: u64,
+    /// Events in the log (None when the store cannot be read: a lag
+    /// worked out from it would read 0), and how far this server's views
+    /// have read.
+    #[serde(default)]
+    pub log_head: Option<u64>,
     pub views_at: u64,
     /// Why the store could not be read for this answer: the figures are
-    /// this server's views as they stand, the lease as this server last
-    /// knew it, and `log_head` its views' position.
+    /// this server's views as they stand, and the lease as this server
+    /// last knew it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_error: Option<String>,
 }

@@ -457,7 +457,8 @@ pub(crate) async fn run(
                     writeln!(
                         out,
                         "log       head {}, views at {}",
-                        s.log_head, s.views_at
+                        s.log_head.map_or("unknown".into(), |h| h.to_string()),
+                        s.views_at
                     )?;
                 }
             }

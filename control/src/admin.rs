@@ -793,15 +793,15 @@ async fn leader(State(cp): State<Arc<ControlPlane>>) -> Result<api::Leader> {
 const STATUS_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The lease and the log's head, or, when the store does not answer, the
-/// lease as this server holds it and its views' position, with why.
-async fn status_from_store(cp: &ControlPlane, views_at: u64) -> (api::Leader, u64, Option<String>) {
+/// lease as this server holds it, no head, and why.
+async fn status_from_store(cp: &ControlPlane) -> (api::Leader, Option<u64>, Option<String>) {
     let read = async {
         let leader = leader_info(cp).await.map_err(|e| e.1)?;
         let head = cp.store.head().await.map_err(|e| e.to_string())?.0;
         Ok::<_, String>((leader, head))
     };
     let why = match tokio::time::timeout(STATUS_STORE_WAIT, read).await {
-        Ok(Ok((leader, head))) => return (leader, head, None),
+        Ok(Ok((leader, head))) => return (leader, Some(head), None),
         Ok(Err(why)) => why,
         Err(_) => format!("no answer within {} s", STATUS_STORE_WAIT.as_secs()),
     };
@@ -814,16 +814,13 @@ async fn status_from_store(cp: &ControlPlane, views_at: u64) -> (api::Leader, u6
         held: token.is_some(),
         expires_at: None,
     };
-    (leader, views_at, Some(why))
+    (leader, None, Some(why))
 }
 
 async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
     // The status is wanted most in an incident: a store that cannot be
     // read leaves the views this server holds, said as such.
-    let views_at = (cp.views.read().unwrap_or_else(|p| p.into_inner()))
-        .checkpoint
-        .position;
-    let (leader, head, store_error) = status_from_store(&cp, views_at).await;
+    let (leader, head, store_error) = status_from_store(&cp).await;
     let rt = {
         let mut rt = cp.memory().rt.clone();
         rt.now = cp.now();

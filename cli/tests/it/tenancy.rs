@@ -1464,6 +1464,13 @@ async fn ctl_status_answers_from_the_views_while_the_store_cannot_be_read() {
     .await;
     assert!(said.contains("models serving"), "{said}");
     assert!(said.contains("this server's views, at"), "{said}");
+    // No head to work a lag out from: none, not the views' own position.
+    let (_, json, _) = super::cluster::ctl(&server.admin, &["status", "--json"]);
+    let json: Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        json["log_head"].is_null() && json["store_error"].is_string(),
+        "{json}"
+    );
     pg.execute(closed(true).as_str()).await.unwrap();
     drop(server);
 }
