@@ -685,7 +685,10 @@ fn replicas_table(rows: Vec<api::ReplicaRow>) -> Table {
             .join("; ");
         let note = [
             yes(r.adopted, "adopted"),
-            yes(r.outdated, "profile edited: being replaced"),
+            yes(
+                r.outdated,
+                "profile or context length edited: being replaced",
+            ),
             // A shard's own error says most; else why the replica ended
             // (a lost node's replica was stopped with no word).
             r.shards

@@ -83,9 +83,7 @@ impl Profile {
     /// A digest of everything that shapes the running process, so that a
     /// replica started from an edited profile can be told apart.
     pub fn fingerprint(&self) -> String {
-        let bytes = serde_json::to_vec(self).expect("profiles serialise");
-        let digest = Sha256::digest(bytes);
-        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        short_digest(self)
     }
 
     pub fn is_cpu(&self) -> bool {
@@ -204,13 +202,17 @@ impl Model {
     pub fn profile_fp(&self, profile: &Profile) -> String {
         match self.context_length {
             None => profile.fingerprint(),
-            Some(c) => {
-                let bytes = serde_json::to_vec(&(profile, c)).expect("profiles serialise");
-                let digest = Sha256::digest(bytes);
-                digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-            }
+            Some(c) => short_digest(&(profile, c)),
         }
     }
+}
+
+/// The first 8 bytes of the SHA-256 of `value`'s JSON, in hex: a
+/// fingerprint that changes with anything in it.
+fn short_digest(value: &impl Serialize) -> String {
+    let bytes = serde_json::to_vec(value).expect("profiles serialise");
+    let digest = Sha256::digest(bytes);
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -652,9 +652,9 @@ pub fn plan(
                             format!("replaced: its node {node} drains")
                         }
                         Some(node) => {
-                            format!("replaced: its profile changed, and its node {node} drains")
+                            format!("replaced: what it runs changed (its profile or the model's context length), and its node {node} drains")
                         }
-                        None => "replaced: its profile changed".into(),
+                        None => "replaced: what it runs changed (its profile or the model's context length)".into(),
                     }
                 };
                 plan.actions.push(Action::Drain {

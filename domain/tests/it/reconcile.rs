@@ -799,7 +799,7 @@ fn a_renamed_profile_is_replaced_before_its_replica_stops() {
         actions
             .iter()
             .any(|a| matches!(a, Action::Drain { replica_id, why, .. }
-            if *replica_id == original && why == "replaced: its profile changed")),
+            if *replica_id == original && why == "replaced: what it runs changed (its profile or the model's context length)")),
         "{actions:?}"
     );
 }
