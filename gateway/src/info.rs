@@ -56,6 +56,12 @@ fn model_object(gw: &Gateway, routes: &Routes, id: &str) -> Value {
     if let Some(d) = routes.description(id) {
         m["description"] = json!(d);
     }
+    // The catalog's context length, which its engines are started with:
+    // what a client may send, as OpenRouter and others name it (vLLM's
+    // own listing says max_model_len).
+    if let Some(c) = routes.context(id) {
+        m["context_length"] = json!(c);
+    }
     m
 }
 

@@ -888,6 +888,8 @@ async fn a_models_context_length_reaches_its_engine_and_a_change_restarts_it() {
         (ask(2).await.status() == 200).then_some(())
     })
     .await;
+    let listed = get(format!("{}/v1/models", server.base)).await;
+    assert_eq!(listed["data"][0]["context_length"], 64, "{listed}");
     let refused = ask(60).await;
     assert_eq!(refused.status(), 400);
     let body: Value = refused.json().await.unwrap();
