@@ -471,6 +471,20 @@ pub struct NewKey {
     pub valid_for_secs: Option<u64>,
 }
 
+/// How long a key made to end may work, in seconds: at least an hour
+/// (less is a typo of units), at most ten years. The server and the CLI
+/// check alike.
+pub const KEY_VALID_SECS: std::ops::RangeInclusive<u64> = 3600..=3650 * 24 * 3600;
+
+/// How long an old secret may keep working after a rotation, in seconds:
+/// a minute to a month, as a claim link.
+pub const GRACE_SECS: std::ops::RangeInclusive<u64> = 60..=30 * 24 * 3600;
+
+/// How long a claim link may work, in seconds: a minute to a month, so
+/// that a forgotten link does not keep a live key's secret sealed for
+/// years.
+pub const CLAIM_TTL_SECS: std::ops::RangeInclusive<u64> = 60..=30 * 24 * 3600;
+
 /// `POST /api/v1/keys/{id}/rotate`: a new secret for the key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RotateKey {

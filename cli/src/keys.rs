@@ -72,7 +72,7 @@ fn per_minute(text: &str) -> Result<u32, String> {
 /// minute to 30 days, checked before any log is looked for.
 fn claim_lifetime(text: &str) -> Result<String, String> {
     let d = crate::config::duration("--expires-in", text).map_err(|e| e.0)?;
-    if !(60..=30 * 24 * 3600).contains(&d.as_secs()) {
+    if !api::CLAIM_TTL_SECS.contains(&d.as_secs()) {
         return Err(format!(
             "{text}: a claim link works for 1 minute to 30 days"
         ));
@@ -82,9 +82,14 @@ fn claim_lifetime(text: &str) -> Result<String, String> {
 
 /// A duration flag checked against its bounds before any log is looked
 /// for, as seconds; `bounds` says them when it is outside.
-fn bounded(flag: &str, text: &str, min: u64, max: u64, bounds: &str) -> Result<u64, String> {
+fn bounded(
+    flag: &str,
+    text: &str,
+    range: std::ops::RangeInclusive<u64>,
+    bounds: &str,
+) -> Result<u64, String> {
     let d = crate::config::duration(flag, text).map_err(|e| e.0)?;
-    if !(min..=max).contains(&d.as_secs()) {
+    if !range.contains(&d.as_secs()) {
         return Err(format!("{text}: {bounds}"));
     }
     Ok(d.as_secs())
@@ -93,13 +98,13 @@ fn bounded(flag: &str, text: &str, min: u64, max: u64, bounds: &str) -> Result<u
 /// `--valid-for`: 1 hour to 10 years.
 fn key_lifetime(text: &str) -> Result<u64, String> {
     let bounds = "a key works for 1 hour to 10 years (3650d)";
-    bounded("--valid-for", text, 3600, 3650 * 86_400, bounds)
+    bounded("--valid-for", text, api::KEY_VALID_SECS, bounds)
 }
 
 /// `--grace`: 1 minute to 30 days.
 fn grace(text: &str) -> Result<u64, String> {
     let bounds = "an old secret keeps working for 1 minute to 30 days";
-    bounded("--grace", text, 60, 30 * 86_400, bounds)
+    bounded("--grace", text, api::GRACE_SECS, bounds)
 }
 
 #[derive(Debug, Args)]

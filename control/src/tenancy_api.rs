@@ -220,7 +220,7 @@ async fn create_key(
 ) -> Result<api::KeyCreated> {
     let band = band_of(k.band.as_deref())?;
     let claim_ttl = claim_ttl(&k)?;
-    let valid_for = bounded_secs(k.valid_for_secs, MIN_VALID_SECS, MAX_VALID_SECS, "a key")?;
+    let valid_for = bounded_secs(k.valid_for_secs, api::KEY_VALID_SECS, "a key")?;
     // One moment for the log's end of the link and the link's own.
     let now = chrono::Utc::now();
     let (secret, hash) = new_secret();
@@ -292,27 +292,17 @@ fn rfc3339(at: UnixMillis) -> Option<String> {
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
-/// A key made to end works at least an hour (less is a typo of units) and
-/// at most ten years.
-const MIN_VALID_SECS: u64 = 3600;
-const MAX_VALID_SECS: u64 = 3650 * 24 * 3600;
-
-/// The most an old secret may keep working after a rotation: as a claim
-/// link, a month.
-const MAX_GRACE_SECS: u64 = 30 * 24 * 3600;
-
 /// A lifetime in seconds within its bounds, or the refusal naming them.
 fn bounded_secs(
     secs: Option<u64>,
-    min: u64,
-    max: u64,
+    bounds: std::ops::RangeInclusive<u64>,
     what: &str,
 ) -> std::result::Result<Option<u64>, AdminError> {
     match secs {
-        Some(s) if !(min..=max).contains(&s) => Err(bad(format!(
+        Some(s) if !bounds.contains(&s) => Err(bad(format!(
             "{what} works for {} to {}, not {s} s",
-            span(min),
-            span(max)
+            span(*bounds.start()),
+            span(*bounds.end())
         ))),
         _ => Ok(secs),
     }
@@ -338,7 +328,7 @@ async fn rotate_key(
     axum::extract::Path(key_id): axum::extract::Path<String>,
     Json(r): Json<api::RotateKey>,
 ) -> Result<api::KeyRotated> {
-    let grace = bounded_secs(r.grace_secs, 60, MAX_GRACE_SECS, "an old secret")?;
+    let grace = bounded_secs(r.grace_secs, api::GRACE_SECS, "an old secret")?;
     let now = chrono::Utc::now();
     let mut previous_until = grace.map(|s| after(now, s));
     let replaces = {
@@ -382,18 +372,12 @@ async fn rotate_key(
     }))
 }
 
-/// The longest a claim link may be asked to work: a month, so that a
-/// forgotten link does not keep a live key's secret sealed for years.
-const MAX_CLAIM_TTL_SECS: u64 = 30 * 24 * 3600;
-
 /// The link's own lifetime, checked before anything is decided.
 fn claim_ttl(k: &api::NewKey) -> std::result::Result<Option<std::time::Duration>, AdminError> {
     match k.claim_ttl_secs {
         None => Ok(None),
         Some(_) if !k.claim => Err(bad("a claim link's lifetime needs a claim link")),
-        Some(s) if (60..=MAX_CLAIM_TTL_SECS).contains(&s) => {
-            Ok(Some(std::time::Duration::from_secs(s)))
-        }
+        Some(s) if api::CLAIM_TTL_SECS.contains(&s) => Ok(Some(std::time::Duration::from_secs(s))),
         Some(s) => Err(bad(format!(
             "a claim link works for 1 minute to 30 days, not {s} s"
         ))),
