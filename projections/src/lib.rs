@@ -30,7 +30,7 @@ pub use runner::{Runner, RunnerError, SnapshotFloor, VIEWS_SNAPSHOT};
 pub use tenancy::{KeyEntry, TenancyView};
 pub use usage::{
     Bucket, DAILY_KEPT, DAY_MS, GroupBy, HOUR_MS, HOURLY_KEPT, ModelStats, PeriodSpend,
-    SESSION_KEY_PREFIX, Series, Spend, UsageView,
+    SESSION_KEY_PREFIX, Series, Spend, UsageView, person_of_key,
 };
 
 /// Where an event sits in the log, for views that care.

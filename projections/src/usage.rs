@@ -271,6 +271,19 @@ pub struct Flushed {
     pub at: i64,
 }
 
+/// The person a key's use counts for: the person behind a
+/// `session:<user id>` chat, or the key's owner as `owner` says it. One
+/// rule for the usage pages and `events usage --by person`.
+pub fn person_of_key<'a>(
+    key_id: &'a str,
+    owner: impl FnOnce(&'a str) -> Option<&'a str>,
+) -> Option<&'a str> {
+    key_id
+        .strip_prefix(SESSION_KEY_PREFIX)
+        .or_else(|| owner(key_id))
+        .filter(|p| !p.is_empty())
+}
+
 impl UsageView {
     /// The last request of `gateway`'s newest batch counted here. A
     /// gateway counts its own spend that is not yet in the view (queued,
@@ -294,10 +307,7 @@ impl UsageView {
     /// The person a key's use counts for: its owner, or the person behind
     /// a `session:<user id>` chat.
     pub fn person_of_key<'a>(&'a self, key_id: &'a str) -> Option<&'a str> {
-        key_id
-            .strip_prefix(SESSION_KEY_PREFIX)
-            .or_else(|| self.owner_of_key.get(key_id).map(String::as_str))
-            .filter(|p| !p.is_empty())
+        person_of_key(key_id, |k| self.owner_of_key.get(k).map(String::as_str))
     }
 
     /// Every group's series of one kind.

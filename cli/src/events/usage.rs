@@ -10,7 +10,6 @@ use clap::ValueEnum;
 use llmgw_domain::Event;
 use llmgw_domain::tenancy::TenancyEvent;
 use llmgw_eventstore::{AnyStore, EventFilter, EventStore};
-use llmgw_projections::SESSION_KEY_PREFIX;
 use serde::Serialize;
 
 use crate::Outcome;
@@ -339,10 +338,7 @@ fn person_of(key_id: &str, owners: &BTreeMap<String, String>) -> String {
     if key_id.is_empty() {
         return "-".to_owned();
     }
-    key_id
-        .strip_prefix(SESSION_KEY_PREFIX)
-        .or_else(|| owners.get(key_id).map(String::as_str))
-        .filter(|p| !p.is_empty())
+    llmgw_projections::person_of_key(key_id, |k| owners.get(k).map(String::as_str))
         .unwrap_or(OPERATORS)
         .to_owned()
 }
