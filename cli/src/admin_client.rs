@@ -200,7 +200,7 @@ async fn local(
                 routes
             } else {
                 let token = admin_token()?;
-                llmgw_control::ToLeader::new(log.clone(), "cli".to_owned(), token).around(routes)
+                llmgw_control::ToLeader::for_cli(log.clone(), token).around(routes)
             }
         },
         admin: admin.to_owned(),

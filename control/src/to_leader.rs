@@ -21,9 +21,6 @@ use llmgw_eventstore::{AnyStore, EventFilter, EventStore, StoreError};
 use crate::admin::AdminError;
 use crate::forward::{buffered, client, forward, token_refused};
 
-/// How the CLI names itself in a forward's mark (`admin_client.rs`).
-const CLI: &str = "cli";
-
 /// The store whose lease tells who leads, and how this process names
 /// itself in the forward's mark.
 #[derive(Debug, Clone)]
@@ -32,17 +29,35 @@ pub struct ToLeader {
     instance: String,
     /// The leader's admin token (admin_token), sent with what is forwarded.
     token: Option<String>,
+    /// The token sent is the operator's own (the CLI's), not this
+    /// server's admin_token: a leader refusing it refused the operator.
+    operators_token: bool,
     http: reqwest::Client,
     /// A control plane has led this store (see [`ToLeader::ever_led`]).
     led: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ToLeader {
+    /// For a server, sending its own admin_token with what it forwards.
     pub fn new(store: AnyStore, instance: String, token: Option<String>) -> Arc<ToLeader> {
         Arc::new(ToLeader {
             store,
             instance,
             token,
+            operators_token: false,
+            http: client(),
+            led: Default::default(),
+        })
+    }
+
+    /// For the CLI, named `cli` in a forward's mark, sending the
+    /// operator's own token.
+    pub fn for_cli(store: AnyStore, token: Option<String>) -> Arc<ToLeader> {
+        Arc::new(ToLeader {
+            store,
+            instance: "cli".to_owned(),
+            token,
+            operators_token: true,
             http: client(),
             led: Default::default(),
         })
@@ -157,10 +172,10 @@ impl ToLeader {
                 .into_response()
             }
             Ok(answer) => {
-                // The CLI (named `cli`) sends the operator's own token,
-                // which the leader's refusal rightly blames; a server sends
-                // its own admin_token, in place of the operator's.
-                let mut answer = if self.instance == CLI {
+                // The CLI sends the operator's own token, which the
+                // leader's refusal rightly blames; a server sends its own
+                // admin_token, in place of the operator's.
+                let mut answer = if self.operators_token {
                     answer
                 } else {
                     token_refused(answer, &self.instance, &holder, &url)
