@@ -188,7 +188,7 @@ pub(crate) fn stacked_bars(chart: &Chart) -> String {
     if max == 0 {
         let _ = write!(
             svg,
-            r##"<text x="{x}" y="{y}" font-size="13" text-anchor="middle" fill="#5b6570">no requests in this range</text>"##,
+            r##"<text x="{x}" y="{y}" font-size="13" text-anchor="middle" fill="#5b6570">nothing in this range</text>"##,
             x = LEFT + (WIDTH - LEFT - RIGHT) / 2.0,
             y = TOP + PLOT_HEIGHT / 2.0,
         );
@@ -324,14 +324,14 @@ mod tests {
     #[test]
     fn an_empty_range_says_so() {
         let svg = stacked_bars(&chart(vec![("p1", vec![0, 0, 0])]));
-        assert!(svg.contains("no requests in this range"));
+        assert!(svg.contains("nothing in this range"));
         assert_eq!(
             svg.matches("<rect").count(),
             1,
             "the legend's swatch, no bars"
         );
         let none = stacked_bars(&chart(vec![]));
-        assert!(none.contains("no requests in this range"));
+        assert!(none.contains("nothing in this range"));
     }
 
     #[test]
