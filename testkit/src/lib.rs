@@ -34,6 +34,28 @@ pub use webdriver::{Browser, Element, WebDriverError};
 use sqlx::{Connection, Executor};
 
 /// The server to create test databases on.
+/// Waits until `check` says yes, for up to 30 s. Another process's state
+/// (a server's API, an agent's files) offers nothing to await, so it is
+/// read again every 50 ms; this is the one place tests poll.
+pub async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(50));
+    loop {
+        every.tick().await;
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+    }
+}
+
 pub fn admin_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())

@@ -10,7 +10,7 @@ use llmgw_eventstore::{
     AnyStore, EventStore, ExpectedVersion, NewEvent, OpenOptions, RecordedEvent, StoreAddress,
     StreamAppend, Writer,
 };
-use llmgw_testkit::{Backend, Scratch};
+use llmgw_testkit::{Backend, Scratch, until};
 use serde_json::{Value, json};
 
 mod agent_config;
@@ -48,28 +48,6 @@ mod tenancy;
 mod tool_check;
 mod upstream;
 mod web;
-
-/// Waits until `check` says yes, for up to 30 s. Another process's state
-/// (a server's API, an agent's files) offers nothing to await, so it is
-/// read again every 50 ms; this is the one place tests poll.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut every = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        every.tick().await;
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-    }
-}
 
 fn llmgw(store: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_llmgw"))

@@ -21,6 +21,7 @@ use llmgw_domain::usage::{UsageEvent, UsageRecorded};
 use llmgw_eventstore::{AnyStore, OpenOptions, StoreAddress};
 use llmgw_people::{People, PeopleConfig};
 use llmgw_projections::{Projections, Stamp, View};
+use llmgw_testkit::until;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -398,26 +399,6 @@ async fn a_router_only_dashboard_shows_its_endpoints_and_says_the_cluster_is_not
         body.contains("<td class=\"mono\">e0</td>") && body.contains("http://127.0.0.1:9"),
         "{body}"
     );
-}
-
-/// Checks `check` every 20 ms until it answers, for up to 30 seconds.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut every = tokio::time::interval(std::time::Duration::from_millis(20));
-    loop {
-        every.tick().await;
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-    }
 }
 
 /// A stand-in engine whose `/metrics` page is `page`; its address.

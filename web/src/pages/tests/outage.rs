@@ -9,25 +9,7 @@ use super::harness::{Browser, Site, Wire, wire};
 
 const PASSWORD: &str = "correct horse battery";
 
-/// Checks `check` every 50 ms until it answers, for up to 30 seconds.
-async fn until<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut every = tokio::time::interval(std::time::Duration::from_millis(50));
-    loop {
-        every.tick().await;
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-    }
-}
+use llmgw_testkit::until;
 
 /// An approved person, signed in through the pages: their browser.
 async fn signed_in(site: &Site) -> Browser {
