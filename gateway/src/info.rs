@@ -140,7 +140,7 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
     let (day, month) = directory.key_spend(&key, unflushed, now);
     let routes = gw.routes.load();
     let models = models_for(&gw, &routes, Some(&*key));
-    axum::Json(json!({
+    let mut me = json!({
         "key_id": key.key_id,
         "prefix": key.prefix,
         "project_id": key.project_id,
@@ -151,8 +151,16 @@ pub(crate) async fn me(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
         "spend": spend,
         "used": {"day_micros": day, "month_micros": month},
         "models": models,
-    }))
-    .into_response()
+    });
+    // When the secret presented stops working (its key's end, or a
+    // rotated key's old secret's grace), so a client can renew in time.
+    if let Some(at) = key
+        .until
+        .and_then(|u| chrono::DateTime::from_timestamp_millis(u.0))
+    {
+        me["expires_at"] = json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    }
+    axum::Json(me).into_response()
 }
 
 pub(crate) async fn ready(State(gw): State<Arc<Gateway>>) -> Response {

@@ -546,6 +546,16 @@ async fn a_key_stops_at_its_end_and_a_rotated_one_s_old_secret_at_its_grace() {
     };
     assert_eq!(models(ended).await, 401, "its end came");
     assert_eq!(models(ending.clone()).await, 200);
+    // /me says when the secret presented stops, to renew it in time.
+    let me: serde_json::Value = get(format!("{}/me", gw.base), Some(&ending))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        me["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{me}"
+    );
 
     // In its grace the old secret works beside the new one; after it, or
     // after a rotation with none, only the newest does.
