@@ -462,6 +462,11 @@ pub(crate) async fn run(
                     )?;
                 }
             }
+            // Said, and failed: a script checking the status sees it.
+            if s.store_error.is_some() {
+                out.flush()?;
+                return Ok(Outcome::Failed);
+            }
         }
         ClusterCommand::Leader => {
             let l: api::Leader = a.get("/api/v1/leader").await?;

@@ -1457,9 +1457,10 @@ async fn ctl_status_answers_from_the_views_while_the_store_cannot_be_read() {
     )
     .await
     .unwrap();
+    // Said, and exit 1: a script checking the status sees it.
     let said = until("status to say the store cannot be read", || async {
         let (ok, out, _) = super::cluster::ctl(&server.admin, &["status"]);
-        (ok && out.contains("store     cannot be read")).then_some(out)
+        (!ok && out.contains("store     cannot be read")).then_some(out)
     })
     .await;
     assert!(said.contains("models serving"), "{said}");
