@@ -39,6 +39,22 @@ impl Door {
         }
     }
 
+    /// Records a command refused before it could be decided (a check the
+    /// decision cannot make), as the decider records its own refusals.
+    pub async fn record_refused(
+        &self,
+        origin: &Origin,
+        command: &Command,
+        rejection: &llmgw_domain::Rejection,
+    ) {
+        match self {
+            Door::Control(cp) => cp.record_refused(origin, command, rejection).await,
+            Door::Lease { store, .. } => {
+                llmgw_decider::offline::record_refused(store, origin, command, rejection).await
+            }
+        }
+    }
+
     pub fn views(&self) -> Arc<RwLock<Projections>> {
         match self {
             Door::Control(cp) => cp.views(),

@@ -176,31 +176,9 @@ async fn record_taken_address(s: &TenancyState, headers: &HeaderMap, email: &str
         "users add: the email given has an account already, {} (the address is not recorded here)",
         holder.user_id
     ));
-    record_refused(&s.door, &origin(headers), &command, &rejection).await;
-}
-
-/// A refusal made before the decider, recorded through the decider's own
-/// path for refusals (`CommandRefused` in `audit-<target>`, no lease).
-async fn record_refused(
-    door: &crate::Door,
-    origin: &llmgw_decider::Origin,
-    command: &Command,
-    rejection: &llmgw_domain::Rejection,
-) {
-    match door {
-        crate::Door::Control(cp) => cp.record_refused(origin, command, rejection).await,
-        // As a decision under the lease would name its writer.
-        crate::Door::Lease { store, .. } => {
-            let instance = format!(
-                "{}{}",
-                llmgw_decider::offline::CLI_HOLDER_PREFIX,
-                std::process::id()
-            );
-            llmgw_decider::Decider::new(store.clone(), instance)
-                .record_refused(origin, command, rejection)
-                .await;
-        }
-    }
+    s.door
+        .record_refused(&origin(headers), &command, &rejection)
+        .await;
 }
 
 async fn approve(

@@ -40,6 +40,20 @@ pub async fn execute(
     result
 }
 
+/// Records a refusal decided before the decider was asked (an observer's
+/// record, no lease needed), named as a decision here would name its
+/// writer.
+pub async fn record_refused(
+    store: &AnyStore,
+    origin: &Origin,
+    command: &Command,
+    rejection: &llmgw_domain::Rejection,
+) {
+    Decider::new(store.clone(), holder())
+        .record_refused(origin, command, rejection)
+        .await;
+}
+
 /// `cli-<pid>-<n>`: unique per call, so that two calls in one process do
 /// not take the lease from each other (a holder may re-acquire its own).
 fn holder() -> String {
