@@ -271,30 +271,19 @@ async fn sums(
             from: from.map(|f| f - Duration::hours(1)),
             ..EventFilter::default()
         };
-        let mut below = head + 1;
-        while below > 1 {
-            let page = store.read_backward_raw(&filter, 0..below, PAGE).await?;
-            let Some(last) = page.last() else {
-                break;
+        each_event(store, &filter, head, PAGE, "the usage event", |event| {
+            let Event::Usage(usage) = event else {
+                return;
             };
-            below = last.position;
-            for e in store.upcasters().upcast_all(page)? {
-                let event =
-                    Event::decode(&e.event_type, e.schema_version, &e.payload).map_err(|err| {
-                        anyhow::anyhow!("the usage event at position {}: {err}", e.position)
-                    })?;
-                let Event::Usage(usage) = event else {
+            for u in usage.rows() {
+                if !(from_ms..=to_ms).contains(&u.at.0) {
                     continue;
-                };
-                for u in usage.rows() {
-                    if !(from_ms..=to_ms).contains(&u.at.0) {
-                        continue;
-                    }
-                    let group = by.iter().map(|b| group_of(*b, u, &owners)).collect();
-                    rows.entry(group).or_default().add(u);
                 }
+                let group = by.iter().map(|b| group_of(*b, u, &owners)).collect();
+                rows.entry(group).or_default().add(u);
             }
-        }
+        })
+        .await?;
     }
     Ok(rows)
 }
@@ -307,28 +296,41 @@ async fn owners(store: &AnyStore, head: u64) -> anyhow::Result<BTreeMap<String, 
         ..EventFilter::default()
     };
     let mut owners = BTreeMap::new();
+    each_event(store, &filter, head, PAGE * 64, "the key issued", |event| {
+        if let Event::Tenancy(TenancyEvent::KeyIssued(k)) = event
+            && let Some(owner) = k.owner
+        {
+            owners.insert(k.key_id, owner);
+        }
+    })
+    .await?;
+    Ok(owners)
+}
+
+/// Every event `filter` matches up to `head`, newest first, upcast and
+/// decoded, read `page` at a time; `what` names one in an error.
+async fn each_event(
+    store: &AnyStore,
+    filter: &EventFilter,
+    head: u64,
+    page: usize,
+    what: &str,
+    mut each: impl FnMut(Event),
+) -> anyhow::Result<()> {
     let mut below = head + 1;
     while below > 1 {
-        let page = store
-            .read_backward_raw(&filter, 0..below, PAGE * 64)
-            .await?;
-        let Some(last) = page.last() else {
+        let events = store.read_backward_raw(filter, 0..below, page).await?;
+        let Some(last) = events.last() else {
             break;
         };
         below = last.position;
-        for e in store.upcasters().upcast_all(page)? {
-            let event =
-                Event::decode(&e.event_type, e.schema_version, &e.payload).map_err(|err| {
-                    anyhow::anyhow!("the key issued at position {}: {err}", e.position)
-                })?;
-            if let Event::Tenancy(TenancyEvent::KeyIssued(k)) = event
-                && let Some(owner) = k.owner
-            {
-                owners.insert(k.key_id, owner);
-            }
+        for e in store.upcasters().upcast_all(events)? {
+            let event = Event::decode(&e.event_type, e.schema_version, &e.payload)
+                .map_err(|err| anyhow::anyhow!("{what} at position {}: {err}", e.position))?;
+            each(event);
         }
     }
-    Ok(owners)
+    Ok(())
 }
 
 /// Who a request counts for: the person of a chat, a key's owner, else
