@@ -389,22 +389,20 @@ impl Agent {
 
     /// The shard failed, saying `error`.
     pub async fn report_failed(&self, start: &v1::StartShard, error: &str) {
-        self.tx
-            .send(AgentMessage {
-                msg: Some(agent_message::Msg::Shard(v1::ShardStatus {
-                    node_id: self.node.clone(),
-                    replica_id: start.replica_id.clone(),
-                    shard_id: start.shard_id.clone(),
-                    state: v1::shard_status::State::Failed as i32,
-                    error: error.into(),
-                    ..v1::ShardStatus::default()
-                })),
-            })
-            .await
-            .unwrap();
+        self.send_status(start, v1::shard_status::State::Failed, error)
+            .await;
     }
 
     pub async fn report(&self, start: &v1::StartShard, state: v1::shard_status::State) {
+        self.send_status(start, state, "").await;
+    }
+
+    async fn send_status(
+        &self,
+        start: &v1::StartShard,
+        state: v1::shard_status::State,
+        error: &str,
+    ) {
         self.tx
             .send(AgentMessage {
                 msg: Some(agent_message::Msg::Shard(v1::ShardStatus {
@@ -412,6 +410,7 @@ impl Agent {
                     replica_id: start.replica_id.clone(),
                     shard_id: start.shard_id.clone(),
                     state: state as i32,
+                    error: error.into(),
                     ..v1::ShardStatus::default()
                 })),
             })

@@ -476,6 +476,14 @@ async fn a_keys_entry_outlives_usage_in_the_log_but_not_a_change_of_its_limits()
     assert!(keys.authenticate(&headers).is_err());
 }
 
+/// The status `/v1/models` answers `secret` with: whether the key opens
+/// the gateway.
+async fn models_status(base: &str, secret: String) -> axum::http::StatusCode {
+    get(format!("{base}/v1/models"), Some(&secret))
+        .await
+        .status()
+}
+
 #[tokio::test]
 async fn a_key_handed_out_by_a_claim_link_stops_when_the_link_ends_unused() {
     let mut t = Tenants::new().await;
@@ -496,14 +504,7 @@ async fn a_key_handed_out_by_a_claim_link_stops_when_the_link_ends_unused() {
     .await;
     let engine = sim(support::sim_config()).await;
     let gw = t.serve_keyed(&engine).await;
-    let models = |secret: String| {
-        let base = gw.base.clone();
-        async move {
-            get(format!("{base}/v1/models"), Some(&secret))
-                .await
-                .status()
-        }
-    };
+    let models = |secret: String| models_status(&gw.base, secret);
     // Nobody opened its link in time: whoever finds the secret later
     // gets the answer an unknown key gets.
     assert_eq!(models(lapsed.clone()).await, 401);
@@ -536,14 +537,7 @@ async fn a_key_stops_at_its_end_and_a_rotated_one_s_old_secret_at_its_grace() {
     };
     let engine = sim(support::sim_config()).await;
     let gw = t.serve_keyed(&engine).await;
-    let models = |secret: String| {
-        let base = gw.base.clone();
-        async move {
-            get(format!("{base}/v1/models"), Some(&secret))
-                .await
-                .status()
-        }
-    };
+    let models = |secret: String| models_status(&gw.base, secret);
     assert_eq!(models(ended).await, 401, "its end came");
     assert_eq!(models(ending.clone()).await, 200);
     // /me says when the secret presented stops, to renew it in time.
