@@ -62,7 +62,14 @@ impl Provisioner {
         let (status_tx, status_rx) = watch::channel(Vec::<Status>::new());
         let status_tx = Arc::new(status_tx);
         let progress = status_tx.clone();
+        let hand_over = on_ready.clone();
         installer.on_status = Some(Arc::new(move |st: &Status| {
+            // A ready build is handed to the engines before its status is
+            // published: whoever sees "ready" (a restarted agent about to
+            // register) finds the engine able to run it.
+            if let (State::Ready, Some(bin)) = (st.state, &st.binary) {
+                hand_over(&st.engine, Some((bin.clone(), st.version.clone())));
+            }
             progress.send_modify(|all| match all.iter_mut().find(|s| s.engine == st.engine) {
                 Some(s) => *s = st.clone(),
                 None => all.push(st.clone()),
@@ -108,11 +115,6 @@ impl Provisioner {
                     .filter(|s| s.state == State::Ready)
                     .map(|s| s.engine.clone())
                     .collect();
-                for s in &statuses {
-                    if let (State::Ready, Some(bin)) = (s.state, &s.binary) {
-                        on_ready(&s.engine, Some((bin.clone(), s.version.clone())));
-                    }
-                }
                 for gone in ready.iter().filter(|e| !now_ready.contains(e)) {
                     on_ready(gone, None);
                 }

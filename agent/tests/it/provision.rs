@@ -659,8 +659,13 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
     let base = files.serve().await;
     let heard = Arc::new(Mutex::new(Vec::new()));
     let inst = installer(&dir.path().join("engines"), fake.system(), &heard);
-    // What the engine is handed, in order: awaited, never polled.
-    let (h, mut handed) = tokio::sync::mpsc::unbounded_channel::<Option<PathBuf>>();
+    // What the engine is handed, in order: awaited, never polled; with
+    // whether the build was already reported ready at that moment.
+    let (h, mut handed) = tokio::sync::mpsc::unbounded_channel::<(Option<PathBuf>, bool)>();
+    let reported = Arc::new(std::sync::OnceLock::<
+        tokio::sync::watch::Receiver<Vec<Status>>,
+    >::new());
+    let seen = reported.clone();
     let p = Provisioner::spawn(
         inst,
         Schedule {
@@ -669,9 +674,13 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
         },
         Arc::new(move |engine: &str, built: Option<(PathBuf, String)>| {
             assert_eq!(engine, "llamacpp");
-            h.send(built.map(|(b, _)| b)).unwrap();
+            let ready = seen
+                .get()
+                .is_some_and(|w| w.borrow().first().is_some_and(|s| s.state == State::Ready));
+            h.send((built.map(|(b, _)| b), ready)).unwrap();
         }),
     );
+    reported.set(p.watch()).unwrap();
     p.want(vec![want(&base, "b10", &sha256(&good))]);
     let mut watch = p.watch();
     let failed = tokio::time::timeout(
@@ -694,14 +703,17 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
     .expect("ready after a retry")
     .unwrap();
     assert_eq!(p.statuses()[0].detail, "llama-server version: 7 (loop)");
-    // Handed over before it was reported ready, and only once.
-    let first = handed.try_recv().expect("handed to the engine");
+    // Handed over before it was reported ready (a restarted agent
+    // registers once it reads "ready", and its registration must carry the
+    // engine), and only once.
+    let (first, already_reported) = handed.try_recv().expect("handed to the engine");
     assert!(
         first
             .as_ref()
             .unwrap()
             .ends_with("b10-cpu/llama-b10/llama-server")
     );
+    assert!(!already_reported, "reported ready before the engine had it");
     assert!(handed.try_recv().is_err(), "handed over once");
     // No longer wanted: no longer reported, and taken back from the engine.
     p.want(vec![]);
@@ -712,7 +724,7 @@ async fn a_failure_is_retried_and_a_ready_build_handed_to_the_engine() {
     let taken_back = tokio::time::timeout(Duration::from_secs(20), handed.recv())
         .await
         .expect("taken back");
-    assert_eq!(taken_back, Some(None));
+    assert_eq!(taken_back.map(|(b, _)| b), Some(None));
 }
 
 #[tokio::test]
