@@ -264,6 +264,13 @@ pub struct Changed {
 /// with the events it causes; the admin listener is on loopback, so this
 /// is an audit label, not a credential.
 pub const ACTOR_HEADER: &str = "x-llmgw-actor";
+/// Who the [`ACTOR_HEADER`] names: absent (or `operator`) for an operator
+/// at the CLI or a script, `person` for a signed-in person acting on the
+/// pages (the client listener's own calls), so that an auditor can tell
+/// the two apart. Any other value is refused.
+pub const ACTOR_KIND_HEADER: &str = "x-llmgw-actor-kind";
+/// The [`ACTOR_KIND_HEADER`] of a signed-in person.
+pub const ACTOR_KIND_PERSON: &str = "person";
 /// The command's id, recorded with its events: a retried command keeps it.
 pub const COMMAND_HEADER: &str = "x-llmgw-command-id";
 /// The longest command id kept; a longer (or empty) one is replaced.

@@ -65,8 +65,17 @@ pub async fn refuse_unprintable_actor(
     next.run(request).await
 }
 
-/// Why the request's operator name is refused, if it is.
+/// Why the request's operator name (or its kind) is refused, if it is.
 fn actor_refusal(headers: &axum::http::HeaderMap) -> Option<String> {
+    if let Some(kind) = headers.get(api::ACTOR_KIND_HEADER)
+        && !matches!(kind.to_str(), Ok("operator" | api::ACTOR_KIND_PERSON))
+    {
+        return Some(format!(
+            "the {} header is operator or {}, nothing else",
+            api::ACTOR_KIND_HEADER,
+            api::ACTOR_KIND_PERSON
+        ));
+    }
     let value = headers.get(api::ACTOR_HEADER)?;
     match value.to_str() {
         Ok(text) => api::actor_header_refusal(text),
@@ -924,5 +933,25 @@ mod tests {
             HeaderValue::from_bytes(b"bob\xff").unwrap(),
         );
         assert!(actor_refusal(&raw).is_some());
+    }
+
+    /// The pages say their caller is a person; an operator may say
+    /// operator; nothing else is recorded as a kind.
+    #[test]
+    fn an_actor_kind_is_operator_or_person() {
+        let kind = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(api::ACTOR_HEADER, HeaderValue::from_static("u-1"));
+            h.insert(
+                api::ACTOR_KIND_HEADER,
+                HeaderValue::from_str(value).unwrap(),
+            );
+            (actor_refusal(&h), crate::tenancy_api::origin(&h).actor)
+        };
+        use llmgw_decider::Actor;
+        assert_eq!(kind("person"), (None, Actor::Person("u-1".into())));
+        assert_eq!(kind("operator"), (None, Actor::Operator("u-1".into())));
+        let (refused, _) = kind("leader");
+        assert!(refused.unwrap().contains("operator or person"));
     }
 }

@@ -586,6 +586,7 @@ pub(crate) async fn forward(
         let keep = [
             axum::http::header::CONTENT_TYPE.as_str(),
             api::ACTOR_HEADER,
+            api::ACTOR_KIND_HEADER,
             api::COMMAND_HEADER,
         ];
         if keep.contains(&name.as_str()) {

@@ -67,10 +67,15 @@ pub(crate) fn origin(headers: &HeaderMap) -> Origin {
             .filter(|v| !v.is_empty() && v.len() <= api::COMMAND_ID_MAX)
             .map(str::to_owned)
     };
-    let actor = header(api::ACTOR_HEADER).and_then(|a| api::actor_from_header(&a));
-    let mut origin = Origin::new(Actor::Operator(
-        actor.unwrap_or_else(|| "admin-api".to_owned()),
-    ));
+    let actor = header(api::ACTOR_HEADER)
+        .and_then(|a| api::actor_from_header(&a))
+        .unwrap_or_else(|| "admin-api".to_owned());
+    // Any other kind was refused before the route
+    // (admin::refuse_unprintable_actor).
+    let mut origin = Origin::new(match header(api::ACTOR_KIND_HEADER).as_deref() {
+        Some(api::ACTOR_KIND_PERSON) => Actor::Person(actor),
+        _ => Actor::Operator(actor),
+    });
     if let Some(id) = header(api::COMMAND_HEADER) {
         origin.command_id = id;
     }

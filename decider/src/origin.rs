@@ -6,9 +6,15 @@ use std::fmt;
 /// `--as NAME`), a server's instance name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Actor {
-    /// A person: the OS user running the CLI, or `--as NAME`, or the name
-    /// the admin API was given.
+    /// An operator: the OS user running the CLI, or `--as NAME`, or the
+    /// name the admin API was given.
     Operator(String),
+    /// A signed-in person acting on the pages (their own keys, password,
+    /// or, for an admin, the dashboard's decisions), named by their id.
+    Person(String),
+    /// Someone not signed in acting through something they hold (a claim
+    /// link), named by that thing.
+    Visitor(String),
     /// The control plane's own decisions, named by its instance.
     Leader(String),
     /// A gateway's observations (usage, demand), named by its instance.
@@ -22,6 +28,8 @@ impl Actor {
     pub fn kind(&self) -> &'static str {
         match self {
             Actor::Operator(_) => "operator",
+            Actor::Person(_) => "person",
+            Actor::Visitor(_) => "visitor",
             Actor::Leader(_) => "leader",
             Actor::Gateway(_) => "gateway",
             Actor::Recorder(_) => "recorder",
@@ -31,7 +39,12 @@ impl Actor {
     /// The name as stored under `"actor"`.
     pub fn name(&self) -> &str {
         match self {
-            Actor::Operator(n) | Actor::Leader(n) | Actor::Gateway(n) | Actor::Recorder(n) => n,
+            Actor::Operator(n)
+            | Actor::Person(n)
+            | Actor::Visitor(n)
+            | Actor::Leader(n)
+            | Actor::Gateway(n)
+            | Actor::Recorder(n) => n,
         }
     }
 }

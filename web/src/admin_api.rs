@@ -10,7 +10,8 @@ use tower::ServiceExt;
 
 use crate::{Web, WebError};
 
-/// `method path` with `body` (JSON), on behalf of `actor` (a person's id);
+/// `method path` with `body` (JSON), on behalf of `actor` (a signed-in
+/// person's id, recorded as a person, not an operator);
 /// the answer's JSON, or the API's refusal as a page error.
 pub(crate) async fn call<T: DeserializeOwned>(
     web: &Web,
@@ -30,6 +31,10 @@ pub(crate) async fn call<T: DeserializeOwned>(
         .uri(path)
         .header(header::CONTENT_TYPE, "application/json")
         .header(llmgw_api::admin::ACTOR_HEADER, actor)
+        .header(
+            llmgw_api::admin::ACTOR_KIND_HEADER,
+            llmgw_api::admin::ACTOR_KIND_PERSON,
+        )
         .body(body)
         .map_err(|e| WebError::Internal(e.to_string()))?;
     let response = web

@@ -67,8 +67,26 @@ impl Visitor {
     }
 }
 
-/// A cookie's value from the request's `Cookie` headers.
-pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// A cookie's name as this server sets it: behind TLS with the `__Host-`
+/// prefix, which a browser accepts only from this very host over HTTPS
+/// (Secure, `Path=/`, no `Domain`), so a sibling subdomain or a plain-HTTP
+/// page cannot plant one (a planted pre-sign-in token would let another
+/// site forge our sign-in form). Plain HTTP cannot carry the prefix.
+pub(crate) fn cookie_name(web: &Web, name: &str) -> String {
+    if web.settings.secure_cookies {
+        format!("__Host-{name}")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// One of our cookies' value from the request's `Cookie` headers.
+pub(crate) fn cookie<'a>(web: &Web, headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    find_cookie(headers, &cookie_name(web, name))
+}
+
+/// A cookie's value by its exact name.
+fn find_cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -88,6 +106,7 @@ pub(crate) fn set_cookie(web: &Web, name: &str, value: Option<&str>) -> String {
     } else {
         ""
     };
+    let name = cookie_name(web, name);
     match value {
         Some(v) => format!("{name}={v}; Path=/; HttpOnly; SameSite=Lax{secure}"),
         None => format!("{name}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0{secure}"),
@@ -99,7 +118,7 @@ pub(crate) fn set_cookie(web: &Web, name: &str, value: Option<&str>) -> String {
 /// "signed out" sent people to `/login` with nothing logged, where signing
 /// in failed too, while their sessions were intact all along.
 pub(crate) async fn resolve(web: &Web, headers: &HeaderMap) -> Result<Visitor, WebError> {
-    let (Some(people), Some(token)) = (&web.people, cookie(headers, SESSION_COOKIE)) else {
+    let (Some(people), Some(token)) = (&web.people, cookie(web, headers, SESSION_COOKIE)) else {
         return Ok(Visitor::Anonymous);
     };
     let session = match people.resolve(token, Utc::now()).await {
@@ -116,7 +135,7 @@ pub(crate) async fn resolve(web: &Web, headers: &HeaderMap) -> Result<Visitor, W
             _ => return Ok(Visitor::Anonymous),
         }
     };
-    let csrf = cookie(headers, CSRF_COOKIE)
+    let csrf = cookie(web, headers, CSRF_COOKIE)
         .filter(|c| session.csrf_ok(c))
         .unwrap_or_default()
         .to_owned();

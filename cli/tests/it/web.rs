@@ -316,9 +316,17 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let history = super::ok(&store, &["events", "log", "--user", &id]);
     let row = |what: &str| history.lines().find(|l| l.contains(what));
     assert!(row("UserSignedUp").is_some(), "{history}");
-    assert!(row("KeyIssued").is_some(), "{history}");
+    // Her own acts say so (a person on the pages, not an operator).
     assert!(
-        row("UserApproved").is_some_and(|r| r.contains("alice")),
+        row("KeyIssued").is_some_and(|r| r.contains(&format!("{id} (person)"))),
+        "{history}"
+    );
+    assert!(
+        row("UserSignedUp").is_some_and(|r| r.contains(&format!("{id} (person)"))),
+        "{history}"
+    );
+    assert!(
+        row("UserApproved").is_some_and(|r| r.contains("alice") && !r.contains("(person)")),
         "approved by alice: {history}"
     );
     assert!(history.contains(" key-key-"), "her key's stream: {history}");
@@ -543,6 +551,21 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let claimed = secret_in(&revealed.body);
     assert_eq!(api_chat(&base, &claimed).await, StatusCode::OK);
     assert_eq!(state_of("shared"), "active");
+    // Claimed by someone not signed in: the log says a claim link, not an
+    // operator.
+    let log = super::ok(
+        &store,
+        &["events", "tail", "--type", "KeyClaimed", "--json"],
+    );
+    let claim = super::json_lines(&log).pop().expect("KeyClaimed");
+    assert_eq!(
+        (
+            &claim["metadata"]["actor"],
+            &claim["metadata"]["actor_kind"]
+        ),
+        (&json!("claim-link"), &json!("visitor")),
+        "{claim}"
+    );
     let mut late = Visit::new(&base);
     assert_eq!(late.get(&path).await.status, StatusCode::NOT_FOUND);
 
@@ -709,9 +732,11 @@ async fn a_session_ends_at_its_expiry() {
     tree(&store, &admin);
     let mut v = Visit::new(&base);
     let form = v.get("/signup").await;
-    // Served behind https (the base URL says so): the cookies are Secure.
+    // Served behind https (the base URL says so): the cookies are Secure
+    // and `__Host-` prefixed, so no other host can plant them.
     let cookie = form.headers["set-cookie"].to_str().unwrap();
     assert!(cookie.contains("; Secure"), "{cookie}");
+    assert!(cookie.starts_with("__Host-llmgw_pre="), "{cookie}");
     assert!(
         form.body.contains("https://llm.example.com")
             || v.get("/").await.body.contains("https://llm.example.com")
@@ -734,6 +759,11 @@ async fn a_session_ends_at_its_expiry() {
     users(&store, &admin, &["approve", &id, "--project", "p"]);
     v.sign_in("bo@example.com", GOOD).await;
     assert!(v.signed_in().await);
+    assert!(
+        v.jar.contains_key("__Host-llmgw_session") && v.jar.contains_key("__Host-llmgw_csrf"),
+        "{:?}",
+        v.jar.keys()
+    );
     // Polling touches the session, so only the absolute expiry can end it.
     until("the session to expire", || {
         let mut probe = Visit {
@@ -1026,6 +1056,14 @@ async fn a_standby_page_sends_its_decisions_to_the_leader() {
         "the leader decided: {event}"
     );
     assert_eq!(event["metadata"]["actor"], boss_id.as_str());
+    // A person on the dashboard, through the standby's forward; the CLI's
+    // approval of the boss, an operator.
+    assert_eq!(event["metadata"]["actor_kind"], "person", "{event}");
+    let by_cli = super::json_lines(&history)
+        .into_iter()
+        .find(|e| e["event_type"] == "UserApproved" && e["payload"]["user_id"] == boss_id.as_str())
+        .expect("UserApproved");
+    assert_eq!(by_cli["metadata"]["actor_kind"], "operator", "{by_cli}");
 }
 
 /// With auth off there are no accounts: the start page and chat work for

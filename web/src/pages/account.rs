@@ -139,7 +139,7 @@ pub(super) async fn login_form(
     if let Visitor::Person(_) = visitor {
         return Ok(see_other(return_to(&next)));
     }
-    let token = pre::token(&headers)?;
+    let token = pre::token(&web, &headers)?;
     let page = Login {
         chrome: Chrome::for_visitor(&web, &visitor),
         pre: token.clone(),
@@ -157,7 +157,7 @@ pub(super) async fn login(
     Form(form): Form<LoginForm>,
 ) -> Result<Response, WebError> {
     let people = super::people(&web)?;
-    pre::check(&headers, &form.csrf)?;
+    pre::check(&web, &headers, &form.csrf)?;
     let status = |user_id: &str| {
         web.views()
             .tenancy
@@ -270,7 +270,7 @@ pub(super) async fn signup_form(
     headers: HeaderMap,
 ) -> Result<Response, WebError> {
     signup_open(&web)?;
-    let token = pre::token(&headers)?;
+    let token = pre::token(&web, &headers)?;
     let page = Signup {
         chrome: Chrome::for_visitor(&web, &visitor),
         pre: token.clone(),
@@ -288,7 +288,7 @@ pub(super) async fn signup(
     Form(form): Form<SignupForm>,
 ) -> Result<Response, WebError> {
     let people = signup_open(&web)?;
-    pre::check(&headers, &form.csrf)?;
+    pre::check(&web, &headers, &form.csrf)?;
     let chrome = Chrome::for_visitor(&web, &visitor);
     let pending = (web.views().tenancy.tenancy.users.values())
         .filter(|u| u.status == llmgw_domain::tenancy::UserStatus::Pending)
@@ -309,7 +309,7 @@ pub(super) async fn signup(
             let event = Event::Tenancy(TenancyEvent::UserSignedUp {
                 user_id: user_id.clone(),
             });
-            if let Err(why) = super::observe(&web, Actor::Operator(user_id.clone()), event).await {
+            if let Err(why) = super::observe(&web, Actor::Person(user_id.clone()), event).await {
                 // Without its fact in the log the account could never be
                 // approved: take the personal data back out.
                 if let Err(e) = people.erase(&user_id).await {

@@ -66,7 +66,7 @@ pub(super) async fn page(
     if !open {
         return gone(&web, &visitor);
     }
-    let pre_token = pre::token(&headers)?;
+    let pre_token = pre::token(&web, &headers)?;
     let page = Ask {
         chrome: Chrome::for_visitor(&web, &visitor),
         pre: pre_token.clone(),
@@ -83,7 +83,7 @@ pub(super) async fn reveal(
     Form(form): Form<CsrfForm>,
 ) -> Result<Response, WebError> {
     let people = super::people(&web)?;
-    pre::check(&headers, &form.csrf)?;
+    pre::check(&web, &headers, &form.csrf)?;
     let claimed = match people.claim(&token, Utc::now()).await {
         Ok(c) => c,
         Err(PeopleError::ClaimInvalid) => return gone(&web, &visitor),
@@ -105,7 +105,13 @@ pub(super) async fn reveal(
     let event = Event::Tenancy(TenancyEvent::KeyClaimed {
         key_id: claimed.key_id.clone(),
     });
-    if let Err(why) = super::observe(&web, Actor::Operator("claim-link".into()), event).await {
+    // Whoever holds the link: a signed-in person by their id, else only
+    // "a claim link" (the key's history already says who it was made for).
+    let by = match &visitor {
+        Visitor::Person(p) => Actor::Person(p.user_id.clone()),
+        Visitor::Anonymous => Actor::Visitor("claim-link".into()),
+    };
+    if let Err(why) = super::observe(&web, by, event).await {
         // The sealed copy is already wiped: this is the only chance to
         // show the key, so show it; only the log's note is missing.
         tracing::error!(key_id = %claimed.key_id, error = %why, "recording a claim");

@@ -17,8 +17,8 @@ const TOKEN_LEN: usize = 64;
 
 /// The token this browser's forms carry: its cookie's when it has a
 /// well-formed one (several open tabs keep working), else a fresh one.
-pub(super) fn token(headers: &HeaderMap) -> Result<String, WebError> {
-    match cookie(headers, PRE_COOKIE).filter(|t| well_formed(t)) {
+pub(super) fn token(web: &Web, headers: &HeaderMap) -> Result<String, WebError> {
+    match cookie(web, headers, PRE_COOKIE).filter(|t| well_formed(t)) {
         Some(t) => Ok(t.to_owned()),
         None => random_token(),
     }
@@ -35,8 +35,8 @@ pub(super) fn clear(web: &Web) -> String {
 }
 
 /// Whether a posted form's token is this browser's cookie.
-pub(super) fn check(headers: &HeaderMap, submitted: &str) -> Result<(), WebError> {
-    match cookie(headers, PRE_COOKIE) {
+pub(super) fn check(web: &Web, headers: &HeaderMap, submitted: &str) -> Result<(), WebError> {
+    match cookie(web, headers, PRE_COOKIE) {
         Some(c) if well_formed(c) && ct_eq(c.as_bytes(), submitted.as_bytes()) => Ok(()),
         _ => Err(WebError::Csrf),
     }
@@ -64,45 +64,81 @@ mod tests {
     use axum::http::header;
 
     use super::*;
+    use crate::WebSettings;
 
-    fn with_cookie(value: &str) -> HeaderMap {
+    fn plain() -> std::sync::Arc<Web> {
+        super::super::tests::harness::web(WebSettings::default(), vec![])
+    }
+
+    fn with_cookie(name: &str, value: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(
             header::COOKIE,
-            format!("other=1; {PRE_COOKIE}={value}")
-                .parse()
-                .expect("header"),
+            format!("other=1; {name}={value}").parse().expect("header"),
         );
         h
     }
 
+    fn ours(value: &str) -> HeaderMap {
+        with_cookie(PRE_COOKIE, value)
+    }
+
     #[test]
     fn fresh_tokens_differ_and_are_well_formed() {
-        let a = token(&HeaderMap::new()).expect("token");
-        let b = token(&HeaderMap::new()).expect("token");
+        let web = plain();
+        let a = token(&web, &HeaderMap::new()).expect("token");
+        let b = token(&web, &HeaderMap::new()).expect("token");
         assert_ne!(a, b);
         assert!(well_formed(&a) && well_formed(&b));
     }
 
     #[test]
     fn a_browser_keeps_its_token() {
+        let web = plain();
         let t = random_token().expect("token");
-        assert_eq!(token(&with_cookie(&t)).expect("token"), t);
+        assert_eq!(token(&web, &ours(&t)).expect("token"), t);
         // A cookie we did not make is replaced, never echoed.
-        assert_ne!(token(&with_cookie("abc")).expect("token"), "abc");
+        assert_ne!(token(&web, &ours("abc")).expect("token"), "abc");
     }
 
     #[test]
     fn only_the_cookies_token_passes() {
+        let web = plain();
         let t = random_token().expect("token");
-        assert!(check(&with_cookie(&t), &t).is_ok());
+        assert!(check(&web, &ours(&t), &t).is_ok());
         let other = random_token().expect("token");
         assert!(matches!(
-            check(&with_cookie(&t), &other),
+            check(&web, &ours(&t), &other),
             Err(WebError::Csrf)
         ));
-        assert!(matches!(check(&with_cookie(&t), ""), Err(WebError::Csrf)));
-        assert!(matches!(check(&HeaderMap::new(), &t), Err(WebError::Csrf)));
-        assert!(matches!(check(&HeaderMap::new(), ""), Err(WebError::Csrf)));
+        assert!(matches!(check(&web, &ours(&t), ""), Err(WebError::Csrf)));
+        assert!(matches!(
+            check(&web, &HeaderMap::new(), &t),
+            Err(WebError::Csrf)
+        ));
+        assert!(matches!(
+            check(&web, &HeaderMap::new(), ""),
+            Err(WebError::Csrf)
+        ));
+    }
+
+    /// Behind TLS the cookie is `__Host-` prefixed, and one without the
+    /// prefix (which a sibling subdomain or a plain-HTTP page could have
+    /// planted) does not pass.
+    #[test]
+    fn behind_tls_only_a_host_prefixed_cookie_counts() {
+        let web = super::super::tests::harness::web(
+            WebSettings {
+                secure_cookies: true,
+                ..WebSettings::default()
+            },
+            vec![],
+        );
+        let t = random_token().expect("token");
+        assert!(set(&web, &t).starts_with(&format!("__Host-{PRE_COOKIE}={t}; Path=/;")));
+        assert!(set(&web, &t).ends_with("; Secure"));
+        assert!(check(&web, &with_cookie(&format!("__Host-{PRE_COOKIE}"), &t), &t).is_ok());
+        assert!(matches!(check(&web, &ours(&t), &t), Err(WebError::Csrf)));
+        assert_ne!(token(&web, &ours(&t)).expect("token"), t);
     }
 }

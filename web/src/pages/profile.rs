@@ -336,7 +336,7 @@ pub(super) async fn change_password(
     let event = Event::Tenancy(TenancyEvent::PasswordChanged {
         user_id: person.user_id.clone(),
     });
-    if let Err(why) = super::observe(&web, Actor::Operator(person.user_id.clone()), event).await {
+    if let Err(why) = super::observe(&web, Actor::Person(person.user_id.clone()), event).await {
         // The password has changed and the other browsers are signed out;
         // only the log's note of it is missing.
         tracing::error!(user_id = %person.user_id, error = %why, "recording a password change");
