@@ -249,30 +249,18 @@ pub(crate) async fn run(
         (Some(v), true) => Some(llmgw_gateway::auth::KeyDirectory::new(v.views.clone())),
         _ => None,
     };
-    let default_price = plan.gateway.default_price;
     let mut batcher = None;
     let usage = match (&log, &views, plan.usage) {
-        (Some(log), Some(v), Some(u)) => {
+        (Some(log), Some(_), Some(u)) => {
+            // Each request comes priced as it was served (the model that
+            // served it, at its price then).
             let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(u.buffer);
-            // Priced off the request path, from the catalog the views hold:
-            // the model that served is what is charged.
-            let prices = v.views.clone();
-            let price_of = move |model: &str| {
-                let views = prices.read().unwrap_or_else(|p| p.into_inner());
-                views
-                    .router
-                    .models
-                    .get(model)
-                    .and_then(|m| m.price)
-                    .unwrap_or(default_price)
-            };
             batcher = Some(tokio::spawn(llmgw_gateway::usage::run_batcher(
                 log.clone(),
                 format!("gateway-{instance}"),
                 rx,
                 u.batch,
                 u.flush,
-                price_of,
             )));
             Some(queue)
         }

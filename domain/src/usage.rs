@@ -101,7 +101,7 @@ impl UsageEvent {
     }
 }
 
-/// A request the gateway finished, before pricing.
+/// A request the gateway finished, with the price it was served at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinishedRequest {
     pub request_id: String,
@@ -116,21 +116,23 @@ pub struct FinishedRequest {
     pub ttft_ms: Option<u32>,
     pub band: Band,
     pub at: UnixMillis,
+    /// The price of the model that served it, in force when it was
+    /// served (what its budgets were charged then): a price changed
+    /// before the flush that records it does not reach back.
+    pub price: Price,
 }
 
-/// Prices a flush's requests, each with the price of the model that served
-/// it, into one batch; a request that cannot be recorded is left out and
-/// returned with its reason. `None` when no row is left.
+/// Prices a flush's requests, each at its own price, into one batch; a
+/// request that cannot be recorded is left out and returned with its
+/// reason. `None` when no row is left.
 pub fn record_batch(
     gateway: &str,
     requests: impl IntoIterator<Item = FinishedRequest>,
-    price_of: impl Fn(&str) -> Price,
 ) -> (Option<UsageEvent>, Vec<Rejection>) {
     let mut rows = Vec::new();
     let mut refused = Vec::new();
     for r in requests {
-        let price = price_of(&r.model_served);
-        match row(r, price) {
+        match row(r) {
             Ok(u) => rows.push(u),
             Err(e) => refused.push(e),
         }
@@ -147,12 +149,12 @@ pub fn record_batch(
 /// A finished request as a single-row event, the shape older logs hold
 /// (gateways append [`record_batch`]; fixtures that stand for older logs
 /// use this).
-pub fn record(request: FinishedRequest, served_price: Price) -> Result<UsageEvent, Rejection> {
-    row(request, served_price).map(UsageEvent::UsageRecorded)
+pub fn record(request: FinishedRequest) -> Result<UsageEvent, Rejection> {
+    row(request).map(UsageEvent::UsageRecorded)
 }
 
-/// Prices a finished request with the price of the model that served it.
-pub fn row(request: FinishedRequest, served_price: Price) -> Result<UsageRecorded, Rejection> {
+/// Prices a finished request at the price it was served at.
+pub fn row(request: FinishedRequest) -> Result<UsageRecorded, Rejection> {
     if request.request_id.is_empty() {
         return Err(Rejection::invalid("a usage record needs a request id"));
     }
@@ -163,7 +165,9 @@ pub fn row(request: FinishedRequest, served_price: Price) -> Result<UsageRecorde
         )));
     }
     Ok(UsageRecorded {
-        cost_micros: served_price.cost(request.prompt_tokens, request.completion_tokens),
+        cost_micros: request
+            .price
+            .cost(request.prompt_tokens, request.completion_tokens),
         request_id: request.request_id,
         key_id: request.key_id,
         project_id: request.project_id,

@@ -437,10 +437,6 @@ fn serve(up: SocketAddr, logged: bool) {
             rx,
             500,
             Duration::from_millis(200),
-            |_: &str| llmgw_domain::catalog::Price {
-                prompt_per_1k: 1,
-                completion_per_1k: 1,
-            },
         ));
         let unrecorded = Gateway::with_keys(
             config(up),
@@ -614,7 +610,6 @@ fn main() {
             rx,
             500,
             Duration::from_millis(200),
-            |_: &str| llmgw_domain::catalog::Price { prompt_per_1k: 1, completion_per_1k: 1 },
         ));
         let keyed = listen(keyed).await;
         let tenanted = format!("http://{keyed}/v1/chat/completions");
@@ -1001,15 +996,14 @@ async fn append_cost(store: &llmgw_eventstore::AnyStore) -> f64 {
             ttft_ms: None,
             band: llmgw_domain::tenancy::Band::Gold,
             at: llmgw_domain::UnixMillis(0),
+            price: llmgw_domain::catalog::Price::ZERO,
         })
         .collect();
     let decider = llmgw_decider::Decider::new(store.clone(), "bench".into());
     let origin = llmgw_decider::Origin::new(llmgw_decider::Actor::Gateway("bench".into()));
     let timed = Instant::now();
     for chunk in requests.chunks(500) {
-        let (batch, _) = llmgw_domain::usage::record_batch("bench", chunk.to_vec(), |_: &str| {
-            llmgw_domain::catalog::Price::ZERO
-        });
+        let (batch, _) = llmgw_domain::usage::record_batch("bench", chunk.to_vec());
         let batch = llmgw_domain::Event::Usage(batch.expect("rows"));
         decider.observe(&origin, vec![batch]).await.unwrap();
     }

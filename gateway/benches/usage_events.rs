@@ -58,10 +58,6 @@ async fn events_in(day: &Day, interval: Duration, batch: usize) -> (u64, u64) {
         rx,
         batch,
         interval,
-        |_: &str| Price {
-            prompt_per_1k: 1000,
-            completion_per_1k: 1000,
-        },
     ));
     // Poisson arrivals at the busy hours' mean rate.
     let busy = Duration::from_secs(day.busy_hours * 3600);
@@ -92,6 +88,10 @@ async fn events_in(day: &Day, interval: Duration, batch: usize) -> (u64, u64) {
             ttft_ms: Some(90),
             band: Band::Gold,
             at: UnixMillis(1_780_000_000_000 + (at * 1000.0) as i64),
+            price: Price {
+                prompt_per_1k: 1000,
+                completion_per_1k: 1000,
+            },
         });
     }
     // The rest goes on stop, as a server's does.

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use llmgw_decider::{Actor, Decider, Origin};
 use llmgw_domain::Event;
-use llmgw_domain::catalog::Price;
 use llmgw_domain::usage::{FinishedRequest, UsageBatchRecorded, UsageEvent, record_batch};
 use llmgw_eventstore::{AnyStore, StoreError};
 use serde_json::Value;
@@ -269,7 +268,6 @@ pub async fn run_batcher(
     mut rx: UsageReceiver,
     batch: usize,
     interval: Duration,
-    price_of: impl Fn(&str) -> Price,
 ) {
     let decider = Decider::new(store, instance.clone());
     let counts = rx.counts();
@@ -319,7 +317,7 @@ pub async fn run_batcher(
             if pending.is_empty() || !(full || ticked || closed) {
                 break;
             }
-            to.flush(pending.drain(..), &price_of).await;
+            to.flush(pending.drain(..)).await;
             if !full {
                 break;
             }
@@ -342,13 +340,13 @@ impl Flush<'_> {
     /// One event of `queued`, its id given once, here: every try of this
     /// batch carries it, so a try whose commit was unknown is not appended
     /// twice.
-    async fn flush(&self, queued: impl Iterator<Item = Queued>, price_of: &impl Fn(&str) -> Price) {
+    async fn flush(&self, queued: impl Iterator<Item = Queued>) {
         let mut spendings = Vec::new();
         let requests = queued.map(|q| {
             spendings.extend(q.spending);
             q.request
         });
-        let (batch, refused) = record_batch(self.instance, requests, price_of);
+        let (batch, refused) = record_batch(self.instance, requests);
         if !refused.is_empty() {
             tracing::error!(reason = %refused[0], "usage records that cannot be recorded; they are lost");
             self.counts
@@ -470,6 +468,7 @@ async fn deliver(to: &Delivery<'_>, (id, batch): (Uuid, UsageEvent), last: &str)
 
 #[cfg(test)]
 mod tests {
+    use llmgw_domain::catalog::Price;
     use llmgw_domain::tenancy::Band;
 
     use super::*;
@@ -490,6 +489,7 @@ mod tests {
             ttft_ms: None,
             band: Band::Gold,
             at: llmgw_domain::UnixMillis(0),
+            price: Price::ZERO,
         };
         q.record(r());
         q.record(r());

@@ -50,13 +50,10 @@ fn request(i: u64) -> FinishedRequest {
         ttft_ms: Some(40 + (i % 300) as u32),
         band: Band::Gold,
         at: llmgw_domain::UnixMillis(1_780_000_000_000 + i as i64 * 850),
-    }
-}
-
-fn price(_: &str) -> Price {
-    Price {
-        prompt_per_1k: 150,
-        completion_per_1k: 600,
+        price: Price {
+            prompt_per_1k: 150,
+            completion_per_1k: 600,
+        },
     }
 }
 
@@ -76,18 +73,15 @@ enum Shape {
 fn events(shape: Shape, n: u64) -> Vec<Vec<Event>> {
     let batches = |rows: u64| {
         (0..n).step_by(rows as usize).map(move |start| {
-            let (batch, _) = record_batch(
-                "gateway-cp-1",
-                (start..(start + rows).min(n)).map(request),
-                price,
-            );
+            let (batch, _) =
+                record_batch("gateway-cp-1", (start..(start + rows).min(n)).map(request));
             vec![Event::Usage(batch.unwrap())]
         })
     };
     match shape {
         // The old batcher: one event per request, 500 to an append.
         Shape::Single => (0..n)
-            .map(|i| Event::Usage(record(request(i), price("m")).unwrap()))
+            .map(|i| Event::Usage(record(request(i)).unwrap()))
             .collect::<Vec<_>>()
             .chunks(500)
             .map(<[Event]>::to_vec)

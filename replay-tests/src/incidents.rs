@@ -241,7 +241,7 @@ impl Recorder {
 
     /// Records a finished request, as any gateway does (not fenced).
     async fn usage(&mut self, request: FinishedRequest, price: Price) -> anyhow::Result<()> {
-        let e = Event::Usage(record(request, price)?);
+        let e = Event::Usage(record(FinishedRequest { price, ..request })?);
         let gateway = Decider::new(self.store.clone(), "gw-1".into());
         gateway
             .observe(&Origin::new(Actor::Gateway("gw-1".into())), vec![e])
@@ -388,6 +388,7 @@ fn request(id: &str, hour: i64) -> FinishedRequest {
         ttft_ms: Some(90),
         band: Band::Gold,
         at: llmgw_domain::UnixMillis(T0 + hour * HOUR),
+        price: Price::ZERO,
     }
 }
 

@@ -1088,12 +1088,12 @@ async fn served(store: &str, requests: &[(&str, u64, u64)]) {
             ttft_ms: None,
             band: llmgw_domain::tenancy::Band::Gold,
             at: now,
+            price: Price {
+                prompt_per_1k: 1000,
+                completion_per_1k: 1000,
+            },
         });
-    let price = Price {
-        prompt_per_1k: 1000,
-        completion_per_1k: 1000,
-    };
-    let (batch, refused) = record_batch("gw-1", finished, |_| price);
+    let (batch, refused) = record_batch("gw-1", finished);
     assert!(refused.is_empty(), "{refused:?}");
     Decider::new(log, "gw-1".into())
         .observe(

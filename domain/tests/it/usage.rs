@@ -41,7 +41,7 @@ fn prices_round_each_side_up() {
 }
 
 #[test]
-fn a_request_is_priced_by_the_model_that_served_it() {
+fn a_request_is_priced_at_the_price_it_was_served_at() {
     let served = Price {
         prompt_per_1k: 10,
         completion_per_1k: 30,
@@ -59,27 +59,34 @@ fn a_request_is_priced_by_the_model_that_served_it() {
         ttft_ms: Some(120),
         band: Band::Gold,
         at: llmgw_domain::UnixMillis(1_700_000_000_000),
+        price: served,
     };
-    let u = row(r.clone(), served).unwrap();
+    let u = row(r.clone()).unwrap();
     assert_eq!(u.cost_micros, 15 + 3);
-    let bad = row(
-        FinishedRequest {
-            status: 42,
-            ..r.clone()
-        },
-        served,
-    )
+    let bad = row(FinishedRequest {
+        status: 42,
+        ..r.clone()
+    })
     .unwrap_err();
     assert!(bad.reason.contains("42 is not an HTTP status"));
 
-    // A flush is one batch of its rows, each priced by its own model; a
+    // A flush is one batch of its rows, each at its own price (the same
+    // model served at two prices: the price changed between them); a
     // request that cannot be recorded is left out, with its reason.
-    let price_of = |m: &str| if m == "llama-8b" { served } else { Price::ZERO };
     let requests = [
         r.clone(),
         FinishedRequest {
             request_id: "req-2".into(),
+            price: Price {
+                prompt_per_1k: 1000,
+                completion_per_1k: 0,
+            },
+            ..r.clone()
+        },
+        FinishedRequest {
+            request_id: "req-3".into(),
             model_served: "free".into(),
+            price: Price::ZERO,
             ..r.clone()
         },
         FinishedRequest {
@@ -87,16 +94,16 @@ fn a_request_is_priced_by_the_model_that_served_it() {
             ..r.clone()
         },
     ];
-    let (batch, refused) = record_batch("gateway-a", requests, price_of);
-    let batch = batch.expect("two rows");
+    let (batch, refused) = record_batch("gateway-a", requests);
+    let batch = batch.expect("three rows");
     let UsageEvent::UsageBatchRecorded(b) = &batch else {
         panic!("a batch: {batch:?}")
     };
     assert_eq!(b.gateway, "gateway-a");
     let costs: Vec<u64> = batch.rows().iter().map(|u| u.cost_micros).collect();
-    assert_eq!(costs, [18, 0]);
+    assert_eq!(costs, [18, 1500, 0]);
     assert_eq!(refused.len(), 1);
-    let (none, _) = record_batch("gateway-a", [], price_of);
+    let (none, _) = record_batch("gateway-a", []);
     assert_eq!(none, None);
     // An older single-row event reads as a batch of one.
     assert_eq!(UsageEvent::UsageRecorded(u.clone()).rows(), [u]);

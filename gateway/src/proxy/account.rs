@@ -178,16 +178,16 @@ impl Drop for Finish {
         let t = &self.ticket;
         let millis = |d: Duration| d.as_millis().min(u128::from(u32::MAX)) as u32;
         let at = llmgw_domain::UnixMillis::now();
-        // What it costs its budgets counts here from now, not from the
-        // flush that takes it to the log.
+        // Priced now: the flush that takes it to the log may come after a
+        // price change, which must not reach back. What it costs its
+        // budgets counts here from now, not from that flush.
+        let price = gw.price_of(&self.served);
         let spending = t
             .key
             .as_ref()
             .filter(|k| !k.limits.budgets.is_empty())
             .and_then(|k| {
-                let cost = gw
-                    .price_of(&self.served)
-                    .cost(tokens.prompt, tokens.completion);
+                let cost = price.cost(tokens.prompt, tokens.completion);
                 crate::usage::Spending::of(k, cost, at.0)
             });
         let request = llmgw_domain::usage::FinishedRequest {
@@ -209,6 +209,7 @@ impl Drop for Finish {
             ttft_ms: self.first_content.map(millis),
             band: t.band,
             at,
+            price,
         };
         q.record_spending(request, spending);
     }

@@ -619,22 +619,21 @@ async fn usage_records_reach_the_event_log_through_the_batcher() {
     use llmgw_eventstore::EventStore;
     let (store, _scratch) = support::sqlite_log().await;
     let (queue, rx) = llmgw_gateway::usage::UsageQueue::new(64);
-    let price = |_: &str| llmgw_domain::catalog::Price {
-        prompt_per_1k: 1000,
-        completion_per_1k: 1000,
-    };
     tokio::spawn(llmgw_gateway::usage::run_batcher(
         store.clone(),
         "gw-test".into(),
         rx,
         500,
         Duration::from_millis(50),
-        price,
     ));
     let engine = sim(support::sim_config()).await;
     let gw = support::gateway_recording(
         GatewayConfig {
             endpoints: vec![spec("a", &engine, &["m"])],
+            default_price: llmgw_domain::catalog::Price {
+                prompt_per_1k: 1000,
+                completion_per_1k: 1000,
+            },
             ..GatewayConfig::default()
         },
         Some(queue),
@@ -700,10 +699,6 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
         rx,
         500,
         Duration::from_millis(50),
-        |_: &str| llmgw_domain::catalog::Price {
-            prompt_per_1k: 1000,
-            completion_per_1k: 1000,
-        },
     ));
     let records = 10;
     let budget = llmgw_domain::tenancy::BudgetLevel {
@@ -728,6 +723,10 @@ async fn a_usage_batch_whose_commit_went_unanswered_is_in_the_log_once() {
                 completion_tokens: 5,
                 ttft_ms: Some(2),
                 at: llmgw_domain::UnixMillis(0),
+                price: llmgw_domain::catalog::Price {
+                    prompt_per_1k: 1000,
+                    completion_per_1k: 1000,
+                },
                 ..finished(format!("r{i}"), "k".into(), 10)
             },
             spending(),
@@ -784,7 +783,6 @@ async fn a_full_batch_lands_without_waiting_for_the_tick() {
         rx,
         100,
         Duration::from_secs(3600),
-        |_: &str| llmgw_domain::catalog::Price::ZERO,
     ));
     let record = |i: u64| queue.record(finished(format!("r{i}"), "k".into(), 1));
     let mut sub = store.subscribe(0);
@@ -824,7 +822,6 @@ async fn a_queue_smaller_than_a_batch_flushes_at_half_full() {
         rx,
         500,
         Duration::from_secs(3600),
-        |_: &str| llmgw_domain::catalog::Price::ZERO,
     ));
     let mut sub = store.subscribe(0);
     tokio::task::yield_now().await;
@@ -852,6 +849,10 @@ async fn usage_is_one_event_per_flush_carrying_its_rows() {
         queue.record(llmgw_domain::usage::FinishedRequest {
             prompt_tokens: i,
             completion_tokens: 2,
+            price: llmgw_domain::catalog::Price {
+                prompt_per_1k: 1000,
+                completion_per_1k: 1000,
+            },
             ..finished(format!("r{i}"), format!("k{}", i % 3), 10)
         });
     }
@@ -863,10 +864,6 @@ async fn usage_is_one_event_per_flush_carrying_its_rows() {
         rx,
         500,
         Duration::from_secs(3600),
-        |_: &str| llmgw_domain::catalog::Price {
-            prompt_per_1k: 1000,
-            completion_per_1k: 1000,
-        },
     ));
     drop(queue);
     batcher.await.unwrap();
@@ -1531,6 +1528,7 @@ fn finished(
         ttft_ms: None,
         band: llmgw_domain::tenancy::Band::Gold,
         at: llmgw_domain::UnixMillis(1_780_000_000_000),
+        price: llmgw_domain::catalog::Price::ZERO,
     }
 }
 

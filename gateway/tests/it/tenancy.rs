@@ -832,6 +832,62 @@ async fn a_spent_budget_falls_back_to_a_free_model_the_key_may_use() {
     );
 }
 
+/// A request is charged the price its model had when it was served: a
+/// price changed before the flush that records it does not reach back
+/// (the batcher priced every waiting request at the price of the flush).
+#[tokio::test]
+async fn a_request_is_charged_the_price_it_was_served_at() {
+    let mut t = Tenants::new().await;
+    let key = t.key("k", "p").await;
+    let engine = sim(support::sim_config()).await;
+    let priced = |prompt_per_1k: u64| {
+        let mut m = Model::named("m");
+        m.scaling.min = 1;
+        m.price = Some(Price {
+            prompt_per_1k,
+            completion_per_1k: 0,
+        });
+        support::router_view(vec![m], &[("m", engine)])
+    };
+    let (queue, mut usage) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw =
+        Gateway::with_keys(GatewayConfig::default(), Some(queue), Some(t.directory())).unwrap();
+    gw.apply_router_view(&priced(1_000));
+    let gw = support::serve(gw).await;
+    assert_eq!(
+        call(&gw.base, Some(&key), &chat("m", 2)).await.status(),
+        200
+    );
+    let first = usage.recv().await.unwrap();
+    // The price goes up before the first request's flush.
+    gw.gateway.apply_router_view(&priced(50_000));
+    assert_eq!(
+        call(&gw.base, Some(&key), &chat("m", 2)).await.status(),
+        200
+    );
+    let second = usage.recv().await.unwrap();
+    assert_eq!(
+        (first.price.prompt_per_1k, second.price.prompt_per_1k),
+        (1_000, 50_000)
+    );
+    // One flush of both records each at its own price.
+    let (batch, _) = llmgw_domain::usage::record_batch("gw", [first.clone(), second.clone()]);
+    let costs: Vec<u64> = batch
+        .unwrap()
+        .rows()
+        .iter()
+        .map(|u| u.cost_micros)
+        .collect();
+    let at = |per_1k: u64, tokens: u64| tokens * per_1k / 1000;
+    assert_eq!(
+        costs,
+        [
+            at(1_000, first.prompt_tokens),
+            at(50_000, second.prompt_tokens)
+        ]
+    );
+}
+
 /// Requests still running count against a budget by their estimate: two
 /// streams that together nearly spend it leave no room for a third sent
 /// while they run (before, each was checked against finished spend only,

@@ -131,26 +131,24 @@ pub(crate) fn story(round: u32) -> Vec<Command> {
 
 pub(crate) fn usage(round: u32, i: u64) -> Event {
     Event::Usage(
-        record(
-            FinishedRequest {
-                request_id: format!("req-{round}-{i}"),
-                key_id: format!("k{round}").into(),
-                project_id: format!("p{round}").into(),
-                model_asked: format!("model-{round}-latest").into(),
-                model_served: format!("model-{round}").into(),
-                prompt_tokens: 100 + i,
-                completion_tokens: 20,
-                status: if i.is_multiple_of(7) { 500 } else { 200 },
-                latency_ms: 50 + i as u32,
-                ttft_ms: Some(10),
-                band: Band::Gold,
-                at: llmgw_domain::UnixMillis(1_780_000_000_000 + i as i64 * 3_600_000),
-            },
-            llmgw_domain::catalog::Price {
+        record(FinishedRequest {
+            request_id: format!("req-{round}-{i}"),
+            key_id: format!("k{round}").into(),
+            project_id: format!("p{round}").into(),
+            model_asked: format!("model-{round}-latest").into(),
+            model_served: format!("model-{round}").into(),
+            prompt_tokens: 100 + i,
+            completion_tokens: 20,
+            status: if i.is_multiple_of(7) { 500 } else { 200 },
+            latency_ms: 50 + i as u32,
+            ttft_ms: Some(10),
+            band: Band::Gold,
+            at: llmgw_domain::UnixMillis(1_780_000_000_000 + i as i64 * 3_600_000),
+            price: llmgw_domain::catalog::Price {
                 prompt_per_1k: 1000,
                 completion_per_1k: 3000,
             },
-        )
+        })
         .unwrap(),
     )
 }

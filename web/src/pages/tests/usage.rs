@@ -76,12 +76,12 @@ fn served(requests: &[(&str, i64, u64, u64)]) -> Event {
             ttft_ms: None,
             band: Band::Gold,
             at: UnixMillis(*at),
+            price: Price {
+                prompt_per_1k: 1_000_000,
+                completion_per_1k: 1_000_000,
+            },
         });
-    let price = Price {
-        prompt_per_1k: 1_000_000,
-        completion_per_1k: 1_000_000,
-    };
-    let (batch, refused) = record_batch("gw-1", finished, |_| price);
+    let (batch, refused) = record_batch("gw-1", finished);
     assert!(refused.is_empty(), "{refused:?}");
     Event::Usage(batch.expect("a batch"))
 }
