@@ -11,6 +11,7 @@ use llmgw_domain::tenancy::Band;
 use llmgw_projections::KeyEntry;
 
 use crate::Gateway;
+use crate::access::StreamEnd;
 use crate::limits::Charge;
 use crate::usage::Tokens;
 
@@ -96,6 +97,8 @@ fn none() -> Arc<str> {
 
 /// A request its client gave up on, as proxies log it.
 pub(crate) const GIVEN_UP: u16 = 499;
+/// The usage status of a stream its engine broke off: a bad gateway's.
+const BROKEN_OFF: u16 = 502;
 
 /// A served request: recorded when dropped, at the end of its stream or
 /// when the client goes away mid-stream.
@@ -154,12 +157,12 @@ impl Drop for Finish {
         // choose, and is counted as the server's).
         let cut = self.streamed && self.end.is_none() && gw.cut.fired();
         if cut {
-            self.end = Some(crate::access::StreamEnd::ServerStopping);
+            self.end = Some(StreamEnd::ServerStopping);
             self.status = 503;
         }
         let end = match (self.streamed, self.end) {
             (false, _) => None,
-            (true, None) => Some(crate::access::StreamEnd::ClientGone),
+            (true, None) => Some(StreamEnd::ClientGone),
             (true, end) => end,
         };
         self.ticket
@@ -199,11 +202,13 @@ impl Drop for Finish {
             prompt_tokens: tokens.prompt,
             completion_tokens: tokens.completion,
             // A stream its client left is recorded as given up, as a
-            // plain request left before its answer is.
-            status: if self.streamed && self.end.is_none() && self.status < 300 {
-                GIVEN_UP
-            } else {
-                self.status
+            // plain request left before its answer is; one its engine broke
+            // off (nowhere left to go on) as the failure it was, though its
+            // head said 200 (what it was sent is charged, as for a cut).
+            status: match end {
+                Some(StreamEnd::ClientGone) if self.status < 300 => GIVEN_UP,
+                Some(StreamEnd::UpstreamError) if self.status < 300 => BROKEN_OFF,
+                _ => self.status,
             },
             latency_ms: millis(t.started.elapsed()),
             ttft_ms: self.first_content.map(millis),

@@ -388,10 +388,27 @@ async fn the_migration_limit_is_honoured_and_a_stream_nobody_can_finish_ends_wit
         sim(slow(Vocabulary::Vllm)).await,
     );
     let ra = Relay::start(a).await;
-    let gw = gateway(vec![spec("a", &ra.addr, &["m"]), spec("b", &b, &["m"])], 0).await;
+    let (queue, mut records) = llmgw_gateway::usage::UsageQueue::new(16);
+    let gw = support::gateway_recording(
+        GatewayConfig {
+            endpoints: vec![spec("a", &ra.addr, &["m"]), spec("b", &b, &["m"])],
+            migration_limit: 0,
+            ..GatewayConfig::default()
+        },
+        Some(queue),
+    )
+    .await;
     let got = killed_after(&gw, &ra, "/v1/chat/completions", &chat(60), 3).await;
     assert!(!got.done && got.errors().len() == 1, "{got:?}");
     assert_eq!(metric(&b, "vllm:prefix_cache_queries_total").await, 0.0);
+    // Its usage says it failed (not the 200 its head said), and charges
+    // what was sent.
+    let record = records.recv().await.expect("a usage record");
+    assert_eq!(record.status, 502, "{record:?}");
+    assert!(
+        record.completion_tokens >= 3 && record.completion_tokens < 60,
+        "{record:?}"
+    );
 }
 
 #[tokio::test]
