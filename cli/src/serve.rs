@@ -540,16 +540,24 @@ pub(crate) async fn run(
         && let Some(queue) = usage_queue
     {
         queue.close();
-        if tokio::time::timeout(Duration::from_secs(5), &mut b)
-            .await
-            .is_err()
-        {
-            // Its retries stop here: nothing writes once the log is folded.
-            b.abort();
-            tracing::error!(
+        let quick = Duration::from_secs(1);
+        if tokio::time::timeout(quick, &mut b).await.is_err() {
+            tracing::warn!(
                 records = queue.pending(),
-                "stopping with usage the log could not take; those records are lost"
+                up_to_s = STOP_FLUSH.as_secs(),
+                "stopping: waiting for the log to take the usage still queued"
             );
+            if tokio::time::timeout(STOP_FLUSH - quick, &mut b)
+                .await
+                .is_err()
+            {
+                // Its retries stop here: nothing writes once the log is folded.
+                b.abort();
+                tracing::error!(
+                    records = queue.pending(),
+                    "stopping with usage the log could not take; those records are lost"
+                );
+            }
         }
     }
     // Nothing writes any more: a copy of a SQLite file alone is the log.
@@ -558,6 +566,12 @@ pub(crate) async fn run(
     }
     Ok(Outcome::Ok)
 }
+
+/// How long a stop waits for the log to take the usage still queued: a
+/// store that stalls for a while (a lock held, PostgreSQL failing over;
+/// its lock timeout alone is 5 s) loses nothing, and the 30 s grace plus
+/// this stay inside the systemd unit's TimeoutStopSec (60 s).
+const STOP_FLUSH: Duration = Duration::from_secs(20);
 
 /// Under a file-size limit (`ulimit -f`, `LimitFSIZE=`) the kernel answers
 /// a write past it with SIGXFSZ, whose default action kills the process:

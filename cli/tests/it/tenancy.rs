@@ -667,6 +667,58 @@ async fn own_unflushed_spend_counts(backend: Backend) {
     drop(server);
 }
 
+/// A stop (SIGTERM) waits for a log that stalls for longer than its lock
+/// timeout to take the usage still queued: it waited 5 s and dropped
+/// it, so one slow append at a stop lost the records for good (and their
+/// spend for the budgets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_waits_for_a_stalled_log_to_take_its_usage() {
+    use sqlx::{Connection, Executor};
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth:\n  enabled: true\n  flush_interval: 1h\n";
+    let mut server = start(&config(
+        dir.path(),
+        "gw-a",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        extra,
+    ));
+    tree(&store, &server.admin);
+    let (key, key_id) = new_key(&store, &server.admin, "k");
+    for _ in 0..3 {
+        assert_eq!(chat(&server.base, Some(&key), "paid").await.status(), 200);
+    }
+    // Every append waits on this lock, and gives up at the store's lock
+    // timeout.
+    let mut pg = sqlx::PgConnection::connect(&store).await.unwrap();
+    pg.execute("BEGIN").await.unwrap();
+    pg.execute("LOCK TABLE es_events IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    server.child.terminate();
+    Child::expect(
+        &server.child.stderr,
+        "waiting for the log to take the usage",
+    );
+    Child::expect(&server.child.stderr, "cannot append usage");
+    pg.execute("COMMIT").await.unwrap();
+    let stopped = server.child.process.wait().unwrap();
+    assert!(stopped.success(), "{stopped:?}");
+    let log = super::ok(&store, &["events", "tail", "--limit", "1000", "--json"]);
+    let rows = super::usage_rows_of(&super::json_lines(&log));
+    assert_eq!(
+        rows.iter()
+            .filter(|u| u["key_id"] == key_id.as_str())
+            .count(),
+        3,
+        "{log}"
+    );
+}
+
 macro_rules! cells {
     ($($name:ident => $body:expr),* $(,)?) => {
         $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { $body.await } )*
