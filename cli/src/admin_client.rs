@@ -51,6 +51,8 @@ pub(crate) enum Api {
         admin: String,
         /// Asked for (`--offline`), rather than fallen back to.
         offline: bool,
+        /// The store the routes decide on, settled when the command ends.
+        log: llmgw_eventstore::AnyStore,
         _follower: tokio::task::JoinHandle<()>,
     },
 }
@@ -205,6 +207,7 @@ async fn local(
         },
         admin: admin.to_owned(),
         offline,
+        log,
         _follower: follower,
     })
 }
@@ -268,6 +271,16 @@ pub(crate) struct Named {
 }
 
 impl Api {
+    /// At the end of a command decided here: a SQLite log's write-ahead
+    /// log is folded into its file, so that the file alone (copied, backed
+    /// up) holds what the command wrote. A server does this at its stop;
+    /// a command that exits without it left its events beside the file.
+    pub(crate) async fn settle(&self) {
+        if let Api::Local { log, .. } = self {
+            log.fold_wal().await;
+        }
+    }
+
     /// `admin` when a server answers there (unless `offline`), else the
     /// routes here over `store`. A store the command line names, without
     /// an admin address it names too, is where the command goes: through

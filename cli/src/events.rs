@@ -507,6 +507,8 @@ async fn import_into(
     };
     // After the events are in: a failure here keeps them (and the file).
     let erased = import::apply_erasures(&store, &erased).await?;
+    // The file alone holds what came in (a copy of it is the log).
+    store.fold_wal().await;
     Ok(Some(ImportDone { imported, erased }))
 }
 

@@ -286,6 +286,12 @@ pub(crate) async fn run(
 ) -> anyhow::Result<Outcome> {
     let starts = matches!(args.command, KeysCommand::Init { .. });
     let api = Api::connect(store, &args.to, named, starts).await?;
+    let done = run_on(&api, args).await;
+    api.settle().await;
+    done
+}
+
+async fn run_on(api: &Api, args: KeysArgs) -> anyhow::Result<Outcome> {
     let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     use reqwest::Method;

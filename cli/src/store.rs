@@ -38,6 +38,8 @@ pub(crate) async fn run(address: &str, cmd: StoreCommand) -> anyhow::Result<Outc
                 let list: Vec<String> = applied.iter().map(i64::to_string).collect();
                 println!("{address}: applied migration {}", list.join(", "));
             }
+            // The file alone holds the schema (a copy of it is a log).
+            store.fold_wal().await;
             Ok(Outcome::Ok)
         }
     }
@@ -138,6 +140,8 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
         .await
         .map_err(|e| half("the people were, the threads and notes were", e.to_string()))?;
     let ((people, claims), (threads, notes)) = (rows.counts(), convo.counts());
+    // A SQLite target's file alone holds the copy.
+    target.fold_wal().await;
     // Said once whole: the export file it went through is gone.
     match log {
         Some(log) => println!(

@@ -97,6 +97,12 @@ pub(crate) async fn run(
 ) -> anyhow::Result<Outcome> {
     let starts = matches!(args.command, UsersCommand::Add { .. });
     let api = Api::connect(store, &args.to, named, starts).await?;
+    let done = run_on(&api, args).await;
+    api.settle().await;
+    done
+}
+
+async fn run_on(api: &Api, args: UsersArgs) -> anyhow::Result<Outcome> {
     let origin = Origin::operator_from_env(args.to.as_name.clone());
     let mut out = std::io::stdout().lock();
     let none: Option<&()> = None;

@@ -1820,6 +1820,42 @@ async fn keys_init_and_events_import_give_a_fresh_store_its_schema() {
     super::ok(&imported, &["events", "import", file.to_str().unwrap()]);
     let stats = super::ok(&imported, &["events", "stats", "--json"]);
     assert!(stats.contains("ProjectCreated"), "{stats}");
+
+    // A SQLite file that a command wrote and then exited holds it alone:
+    // copied without its write-ahead log (as `cp` of a backup does), it
+    // is the same log. The events stayed in the WAL, so the copy had no
+    // schema at all.
+    let alone = |db: &std::path::Path| {
+        let wal = std::fs::metadata(format!("{}-wal", db.display()));
+        assert!(
+            wal.as_ref().map_or(true, |m| m.len() == 0),
+            "{}: {wal:?}",
+            db.display()
+        );
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(db, &copy).unwrap();
+        let copy = format!("sqlite://{}", copy.display());
+        let stats = super::ok(&copy, &["events", "stats", "--json"]);
+        std::fs::remove_file(dir.path().join("copy.db")).unwrap();
+        stats
+    };
+    let keys_db = dir.path().join("keys.db");
+    assert!(alone(&keys_db).contains("ProjectCreated"), "keys init");
+    let sqlite_import = dir.path().join("imported.db");
+    super::ok(
+        &format!("sqlite://{}", sqlite_import.display()),
+        &["events", "import", file.to_str().unwrap()],
+    );
+    assert!(
+        alone(&sqlite_import).contains("ProjectCreated"),
+        "events import"
+    );
+    let migrated = dir.path().join("migrated.db");
+    super::ok(
+        &format!("sqlite://{}", migrated.display()),
+        &["store", "migrate"],
+    );
+    assert!(alone(&migrated).contains("\"count\":0"), "store migrate");
 }
 
 /// `keys init` refused at one level makes none: a project already in
