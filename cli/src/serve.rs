@@ -232,8 +232,18 @@ pub(crate) async fn run(
     fit_open_files(&mut plan)?;
     warn_exposure(&plan);
     let instance = instance(&plan);
+    // Which log this server keeps, said in its "serving" line: a default
+    // ./llmgw.db made in whatever directory it started in was silent.
+    let mut store_said = "none".to_owned();
     let log = if plan.needs_log() {
         let address = llmgw_eventstore::StoreAddress::parse(&plan.store)?;
+        store_said = match &address {
+            llmgw_eventstore::StoreAddress::Sqlite(path) => std::path::absolute(path).map_or_else(
+                |_| address.redacted(),
+                |p| format!("sqlite://{}", p.display()),
+            ),
+            _ => address.redacted(),
+        };
         Some(
             llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
                 .await?,
@@ -490,6 +500,7 @@ pub(crate) async fn run(
                         client = %c,
                         admin = %a,
                         agent = agent_addr.map(tracing::field::display),
+                        store = %store_said,
                         "serving"
                     );
                     crate::notify::notify(crate::notify::READY);

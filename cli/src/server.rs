@@ -382,19 +382,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     if !store_named
         && !a.check
         && (control.is_some() || auth)
-        && let Some(env) = a
-            .config
-            .as_deref()
-            .and_then(std::path::Path::parent)
-            .map(|d| d.join("server.env"))
-            .filter(|f| {
-                std::fs::read_to_string(f)
-                    .map(|t| {
-                        t.lines()
-                            .any(|l| l.trim_start().starts_with("LLMGW_STORE="))
-                    })
-                    .unwrap_or(f.exists())
-            })
+        && let Some(env) = store_in_server_env(a.config.as_deref())
     {
         return Err(ConfigError(format!(
             "no store is named, but {} names one (LLMGW_STORE), which the service reads: run as the unit does, `sudo sh -c 'set -a; . {}; llmgw server --config …'`, or give --store",
@@ -960,6 +948,22 @@ pub(crate) fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// The `server.env` beside `config` when it names a store (LLMGW_STORE),
+/// as `server init` writes it for the unit to read.
+fn store_in_server_env(config: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+    config
+        .and_then(std::path::Path::parent)
+        .map(|d| d.join("server.env"))
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .map(|t| {
+                    t.lines()
+                        .any(|l| l.trim_start().starts_with("LLMGW_STORE="))
+                })
+                .unwrap_or(f.exists())
+        })
+}
+
 /// `--check` of a PostgreSQL store: the start fails before it binds when
 /// the server or the database cannot be reached, so the check does too.
 /// Nothing is created or migrated (a SQLite path was checked with the
@@ -1009,6 +1013,7 @@ pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<O
         return crate::init::run(&store.address, init).await;
     }
     let check = a.check;
+    let config = a.config.clone();
     let mut plan = settings(a, store)?;
     if check {
         // Run where the server runs (a unit's ExecStartPre, say), this
@@ -1024,6 +1029,22 @@ pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<O
             (None, false) => "router only, no keys",
         };
         println!("configuration ok: {mode}");
+        // Which log a start would open: a check by hand that passed while
+        // the start then refused (or opened ./llmgw.db) said nothing of it.
+        if !plan.needs_log() {
+            println!("store: none (a plain router keeps no log)");
+        } else if !plan.store_named
+            && let Some(env) = store_in_server_env(config.as_deref())
+        {
+            println!(
+                "store: the one {} names (LLMGW_STORE), which the unit reads; a start by hand needs it too: `sudo sh -c 'set -a; . {}; llmgw server --config …'`",
+                env.display(),
+                env.display()
+            );
+        } else {
+            let address = llmgw_eventstore::StoreAddress::parse(&plan.store)?;
+            println!("store: {}", address.redacted());
+        }
         return Ok(Outcome::Ok);
     }
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);

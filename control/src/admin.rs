@@ -656,8 +656,18 @@ async fn from_config_file(
     command: impl FnOnce() -> Command,
 ) -> std::result::Result<(), AdminError> {
     if cp.config.models.iter().any(|m| m.name == name) {
+        // A model the file stops naming stays in the catalog (a restart
+        // with a shorter list must not take models away unasked): removing
+        // one takes both steps.
+        let how = if verb == "removed" {
+            format!(
+                "delete it from the file, restart the server, then run `llmgw ctl model remove {name}`"
+            )
+        } else {
+            "edit the file and restart the server instead".to_owned()
+        };
         let why = format!(
-            "model {name} is defined in the leader's configuration file, which wins whenever a server takes office: it cannot be {verb} with ctl; edit the file and restart the server instead"
+            "model {name} is defined in the leader's configuration file, which wins whenever a server takes office: it cannot be {verb} with ctl; {how}"
         );
         let rejection = llmgw_domain::Rejection::conflict(why.clone());
         cp.record_refused(origin, &command(), &rejection).await;

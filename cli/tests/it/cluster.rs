@@ -1455,6 +1455,13 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
         !ok && err.contains("defined in the leader's configuration file"),
         "{err}"
     );
+    // Both steps: the file alone does not take a model away.
+    assert!(
+        err.contains(
+            "delete it from the file, restart the server, then run `llmgw ctl model remove chat`"
+        ),
+        "{err}"
+    );
     let edited = dir.path().join("chat.yaml");
     std::fs::write(&edited, model_yaml(2)).unwrap();
     let (ok, _, err) = ctl(admin, &["model", "add", edited.to_str().unwrap()]);

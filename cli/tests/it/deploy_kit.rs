@@ -488,16 +488,30 @@ fn a_start_without_the_store_its_server_env_names_is_refused() {
     assert!(!err.contains("secret"), "the password is not shown: {err}");
     assert!(!dir.path().join("llmgw.db").exists());
     // --check, which the deploy guides run by hand and which opens
-    // nothing, and a named store, pass.
+    // nothing, and a named store, pass, each saying which store a start
+    // opens (the first passed while the start then refused, silently).
     let here = format!("sqlite://{}", dir.path().join("here.db").display());
-    for extra in [&["--check"][..], &["--store", &here, "--check"]] {
+    for (extra, says) in [
+        (&["--check"][..], "store: the one "),
+        (&["--store", &here, "--check"], "store: sqlite://"),
+    ] {
         let out = run(extra);
+        let said = String::from_utf8_lossy(&out.stdout);
         assert!(
-            out.status.success(),
-            "{extra:?}: {}",
+            out.status.success() && said.contains(says),
+            "{extra:?}: {said} {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        assert!(!said.contains("secret"), "{said}");
     }
+    let out = run(&["--check"]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(
+            "server.env names (LLMGW_STORE), which the unit reads; a start by hand needs it too"
+        ),
+        "{said}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -861,10 +875,11 @@ async fn the_ha_example_runs_two_servers_on_one_postgresql() {
             .env("LLMGW_STORE", &store)
             .output()
             .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success()
-                && String::from_utf8_lossy(&out.stdout)
-                    .contains("configuration ok: control plane, keys required"),
+                && said.contains("configuration ok: control plane, keys required")
+                && said.contains("store: postgres://"),
             "{config:?}: {out:?}"
         );
     }

@@ -130,6 +130,8 @@ async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     let start = json_line(&server, "serving");
     assert_eq!(start["level"], "INFO", "{start}");
     assert_eq!(start["fields"]["message"], "serving", "{start}");
+    // A plain router keeps no log, and says so.
+    assert_eq!(start["fields"]["store"], "none", "{start}");
     assert_eq!(
         start["fields"]["client"].as_str(),
         base.strip_prefix("http://"),

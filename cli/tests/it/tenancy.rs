@@ -687,6 +687,9 @@ async fn a_stop_waits_for_a_stalled_log_to_take_its_usage() {
         Mode::RouterOnly,
         extra,
     ));
+    // Its start says which log it keeps.
+    let serving = Child::expect(&server.child.stderr, "serving");
+    assert!(serving.contains(&format!("store={store}")), "{serving}");
     tree(&store, &server.admin);
     let (key, key_id) = new_key(&store, &server.admin, "k");
     for _ in 0..3 {
