@@ -146,11 +146,26 @@ impl Engine for LlamaCpp {
         if !p.served_model_name.is_empty() {
             args.extend(strings(&["--alias", &p.served_model_name]));
         }
-        args.extend(super::context_args(p, &["--ctx-size", "-c"]));
-        if !has_flag(&p.args, &["--parallel", "-np"]) {
+        let parallel = ["--parallel", "-np"];
+        let slots = if has_flag(&p.args, &parallel) {
+            flag_value(&p.args, &parallel).unwrap_or(1)
+        } else {
             let n = if self.parallel > 0 { self.parallel } else { 4 };
             args.extend(strings(&["--parallel", &n.to_string()]));
+            n
+        };
+        // llama-server splits --ctx-size among its slots (unless their
+        // cache is unified): each request gets the catalog's context only
+        // when the whole is that times the slots. A quarter of it, as
+        // /v1/models advertised it all, refused requests that fit.
+        let unified = has_flag(&p.args, &["--kv-unified", "-kvu"]);
+        let mut per_request = super::context_args(p, &["--ctx-size", "-c"]);
+        if let [_, size] = per_request.as_mut_slice()
+            && !unified
+        {
+            *size = (u64::from(p.context_length) * u64::from(slots.max(1))).to_string();
         }
+        args.extend(per_request);
         if !s.gpu_indices.is_empty() && !has_flag(&p.args, &["--n-gpu-layers", "-ngl"]) {
             // Never 0: CPU builds may reject the flag.
             args.extend(strings(&["--n-gpu-layers", "999"]));
@@ -164,4 +179,18 @@ impl Engine for LlamaCpp {
             wait_for_leader_port: false,
         }])
     }
+}
+
+/// The number after one of `names` (`--parallel 8` or `--parallel=8`), if
+/// the arguments give one that reads.
+fn flag_value(args: &[String], names: &[&str]) -> Option<u32> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        names.iter().find_map(|n| {
+            if a == n {
+                args.get(i + 1)?.parse().ok()
+            } else {
+                a.strip_prefix(&format!("{n}="))?.parse().ok()
+            }
+        })
+    })
 }

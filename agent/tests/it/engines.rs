@@ -552,6 +552,28 @@ fn the_sim_engine_carries_its_rendezvous_and_stays_on_its_fabric() {
 
 /// The catalog's context length reaches each engine as its own flag, and
 /// a profile's args that set it themselves are left to (they come last).
+/// llama-server splits its --ctx-size among its slots: the catalog's
+/// context is each request's, so the whole is that times the slots (the
+/// profile's own --parallel counts; a unified cache is shared, not split).
+#[test]
+fn llama_cpp_gets_the_context_for_each_of_its_slots() {
+    let ctx = |args: &[&str], parallel: u32| {
+        let mut s = llama_spec(&[]);
+        s.profile.context_length = 2048;
+        s.profile.args = args.iter().map(|a| a.to_string()).collect();
+        let args = LlamaCpp::new(None, parallel).commands(&s).unwrap()[0]
+            .args
+            .clone();
+        let at = args.iter().position(|a| a == "--ctx-size").unwrap();
+        args[at + 1].clone()
+    };
+    assert_eq!(ctx(&[], 0), "8192");
+    assert_eq!(ctx(&[], 2), "4096");
+    assert_eq!(ctx(&["--parallel", "8"], 2), "16384");
+    assert_eq!(ctx(&["-np=3"], 0), "6144");
+    assert_eq!(ctx(&["--kv-unified"], 0), "2048");
+}
+
 #[test]
 fn each_engine_is_started_with_the_catalogs_context_length() {
     let with = |mut s: ShardSpec, args: &[&str]| {
@@ -568,7 +590,9 @@ fn each_engine_is_started_with_the_catalogs_context_length() {
     let cases: [(&dyn Engine, ShardSpec, &str); 4] = [
         (&vllm("mp"), single_node(), "--max-model-len 4096"),
         (&sg, single_node(), "--context-length 4096"),
-        (&LlamaCpp::default(), llama_spec(&[]), "--ctx-size 4096"),
+        // Four slots, each with the whole context (llama-server splits
+        // --ctx-size among them).
+        (&LlamaCpp::default(), llama_spec(&[]), "--ctx-size 16384"),
         (&sim, sim_spec(0, 1), "--max-model-len 4096"),
     ];
     for (engine, spec, flag) in cases {

@@ -2022,11 +2022,11 @@ control:
 models:
   - name: tiny
     source: {}
+    context_length: 512
     scaling: {{min: 1, max: 1}}
     profiles:
       - name: cpu
         engine: llamacpp
-        args: ["--ctx-size", "512"]
 "#,
             model.display()
         ),
@@ -2102,6 +2102,16 @@ models:
         text.contains("chat.completion.chunk") && text.trim_end().ends_with("data: [DONE]"),
         "{text}"
     );
+    // A prompt of ~314 tokens fits the catalog's 512: llama-server splits
+    // its --ctx-size among its four slots, and each got 128.
+    let r = http
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "tiny", "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "word ".repeat(300)}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
