@@ -98,18 +98,22 @@ pub(super) fn not_the_agent_listener(server: &str, failure: &str) -> String {
 fn with_meaning(text: String, tls: bool) -> String {
     // The close shows as any of these, by which end noticed it first:
     // "connection was not ready" when the request was not yet written.
-    let closed = tls
-        && [
-            "connection closed",
-            "broken pipe",
-            "connection was not ready",
-        ]
-        .iter()
-        .any(|c| text.contains(c));
+    let closed = [
+        "connection closed",
+        "broken pipe",
+        "connection was not ready",
+    ]
+    .iter()
+    .any(|c| text.contains(c));
     match meaning(&text) {
         Some(m) => format!("{m} ({text})"),
-        None if closed => format!(
+        None if closed && tls => format!(
             "the server closed the connection as the stream began: it may have refused this node's certificate (the server's log says why) ({text})"
+        ),
+        // A TLS listener closes on plaintext without a word the client
+        // can read; its own log says "the peer spoke plaintext".
+        None if closed => format!(
+            "the server closed the connection as the stream began: if its agent listener has tls: (its log says the peer spoke plaintext), dial https:// and join with a token (`llmgw ctl node token`, then --join TOKEN) or give --tls-ca, --tls-cert and --tls-key ({text})"
         ),
         None => text,
     }
@@ -157,7 +161,12 @@ mod tests {
         ] {
             let said = super::with_meaning(text.to_owned(), true);
             assert!(said.contains("refused this node's certificate"), "{said}");
-            assert_eq!(super::with_meaning(text.to_owned(), false), text);
+            // Plaintext: perhaps to a TLS listener, which closes on it.
+            let plain = super::with_meaning(text.to_owned(), false);
+            assert!(
+                plain.contains("dial https://") && plain.ends_with(&format!("({text})")),
+                "{plain}"
+            );
         }
     }
 }

@@ -1967,6 +1967,22 @@ async fn the_agent_stream_over_mutual_tls_refuses_the_wrong_certificate() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Holding none, it dials in the clear, and the TLS listener closes on
+    // it without a word it can read: it says what to check.
+    let plain = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &format!("http://127.0.0.1:{port}"),
+        "--node-id",
+        "c",
+        "--skip-gpus",
+        "--work-dir",
+        dir.path().join("work-plain").to_str().unwrap(),
+    ]);
+    let said = Child::expect(&plain.stderr, "no session with the control plane");
+    assert!(said.contains("dial https://"), "{said}");
+    drop(plain);
     drop(sweep);
 }
 
