@@ -410,12 +410,14 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     })
     .await;
     let cells: Vec<&str> = csv.split(',').collect();
-    assert_eq!(cells.len(), 8, "{csv}");
+    assert_eq!(cells.len(), 9, "{csv}");
     // Her chats: the one above and the page's first (512 tokens above).
     assert!(cells[3] == "Ayşe" && cells[4] != "0", "{csv}");
     assert!(cells[5].parse::<u64>().is_ok_and(|t| t > 512), "{csv}");
+    // Spend in whole micro-units, and the same in units.
+    assert!(cells[7].parse::<u64>().is_ok(), "{csv}");
     assert!(
-        cells[7].split_once('.').is_some_and(|(_, f)| f.len() == 6),
+        cells[8].split_once('.').is_some_and(|(_, f)| f.len() == 6),
         "{csv}"
     );
     // The groups with what is set on them, from the admin API.
@@ -1217,6 +1219,142 @@ async fn an_operator_makes_a_key_for_a_person_and_it_shows_on_their_profile() {
         .find(|k| k["name"] == "for-dee")
         .unwrap();
     assert_eq!(row["state"], "revoked", "{row}");
+}
+
+/// The cells of the usage page's "all" row.
+fn all_row(page: &str) -> Vec<String> {
+    let row = page
+        .split("<tfoot>")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no all row: {page}"));
+    let mut cells: Vec<&str> = row.split("</th>").collect();
+    cells.pop();
+    cells
+        .into_iter()
+        .filter_map(|c| c.rsplit_once('>').map(|(_, text)| text.to_owned()))
+        .collect()
+}
+
+/// By person, `events usage`, the admin usage page and its file count
+/// alike: every key made without an owner is one row, `(operators)`, of
+/// the same figures, so the page's "all" is everything, as by org (the
+/// page and the file had the people alone: 2 requests where the CLI and
+/// the page by org said 5). Spend in the file is whole micro-units, as
+/// the CLI's `cost_micros`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_by_person_is_the_same_on_the_page_in_its_file_and_from_the_cli() {
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let stage = Stage::new();
+    let extra = "auth:
+  enabled: true
+  flush_interval: 50ms
+  default_price: {prompt_per_1k: 1300, completion_per_1k: 700}
+";
+    let server = stage.start("by-person", &store, Mode::RouterOnly, extra);
+    let (base, admin) = (server.base.clone(), server.admin.clone());
+    tree(&store, &admin);
+    let mut v = Visit::new(&base);
+    let gus = sign_up(&mut v, &store, &admin, "gus@example.com").await;
+    users(&store, &admin, &["approve", &gus, "--project", "p"]);
+    let own = keys_ok(
+        &store,
+        &admin,
+        &[
+            "create",
+            "--project",
+            "p",
+            "--name",
+            "gus-laptop",
+            "--owner",
+            &gus,
+        ],
+    )
+    .trim()
+    .to_owned();
+    let (ops, _) = super::tenancy::new_key(&store, &admin, "ci");
+    for key in [&ops, &ops, &ops, &own, &own] {
+        assert_eq!(api_chat(&base, key).await, StatusCode::OK);
+    }
+
+    // (requests, cost in micro-units) by person, once the log has all five.
+    let cli = until("the five requests in the log", || async {
+        let rows = super::json_lines(&super::ok(
+            &store,
+            &["events", "usage", "--by", "person", "--json"],
+        ));
+        let sums: BTreeMap<String, (u64, u64)> = rows
+            .iter()
+            .map(|r| {
+                let n = |f: &str| r[f].as_u64().unwrap_or_default();
+                (
+                    r["person"].as_str().unwrap_or_default().to_owned(),
+                    (n("requests"), n("cost_micros")),
+                )
+            })
+            .collect();
+        (sums.values().map(|(n, _)| n).sum::<u64>() == 5).then_some(sums)
+    })
+    .await;
+    assert_eq!(
+        cli.iter()
+            .map(|(p, (n, _))| (p.as_str(), *n))
+            .collect::<Vec<_>>(),
+        [("(operators)", 3), (gus.as_str(), 2)],
+        "{cli:?}"
+    );
+    // The file's bars added up, once the server's views hold the five.
+    let file = until("the same in the usage file", || async {
+        let csv = reqwest::get(format!("{admin}/admin/usage.csv?by=person&range=24h"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        assert!(
+            csv.starts_with(
+                "start,end,person,name,requests,tokens,errors,spend_micros,spend_units\n"
+            ),
+            "{csv}"
+        );
+        let mut sums: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for line in csv.lines().skip(1) {
+            let person = line.split(',').nth(2).unwrap_or_default().to_owned();
+            // From the end: a name may hold a comma.
+            let tail: Vec<&str> = line.rsplitn(6, ',').collect();
+            let (requests, micros) = (tail[4].parse::<u64>(), tail[1].parse::<u64>());
+            let sum = sums.entry(person).or_default();
+            sum.0 += requests.unwrap_or_default();
+            sum.1 += micros.unwrap_or_default();
+        }
+        (sums == cli).then_some(sums)
+    })
+    .await;
+    let (requests, micros) = file
+        .values()
+        .fold((0, 0), |(n, m), (rn, rm)| (n + rn, m + rm));
+    let exact = format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000);
+    let page = |by: &str| {
+        let admin = admin.clone();
+        let by = by.to_owned();
+        async move {
+            reqwest::get(format!("{admin}/admin/usage?by={by}&range=24h"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let by_person = page("person").await;
+    assert!(by_person.contains(">(operators)</td>"), "{by_person}");
+    let all = all_row(&by_person);
+    assert_eq!(
+        (all[0].as_str(), all[2].as_str(), all[5].as_str()),
+        ("all", requests.to_string().as_str(), exact.as_str()),
+        "{by_person}"
+    );
+    assert_eq!(all_row(&page("org").await), all, "by org, the same all");
 }
 
 /// `store copy` moves a SQLite store to PostgreSQL with its people: the

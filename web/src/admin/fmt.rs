@@ -28,6 +28,13 @@ pub(crate) fn money(micros: u64) -> String {
     format!("{}.{frac:04}", count(whole))
 }
 
+/// Micro-units as units to the micro-unit, nothing rounded:
+/// `1234567890` → `1,234.567890`. For a table whose rows add up to its
+/// total: rounded rows need not add up to the rounded total.
+pub(crate) fn exact_money(micros: u64) -> String {
+    format!("{}.{:06}", count(micros / 1_000_000), micros % 1_000_000)
+}
+
 /// A large count, short: `12.3k`, `4.5M`; for chart axes.
 pub(crate) fn short(n: u64) -> String {
     match n {
@@ -108,6 +115,14 @@ mod tests {
         // Spent, if little: not shown as nothing.
         assert_eq!(money(49), "<0.0001");
         assert_eq!(money(50), "0.0001");
+    }
+
+    #[test]
+    fn exact_money_is_every_micro_unit() {
+        assert_eq!(exact_money(0), "0.000000");
+        assert_eq!(exact_money(7), "0.000007");
+        assert_eq!(exact_money(700), "0.000700");
+        assert_eq!(exact_money(1_234_567_890), "1,234.567890");
     }
 
     #[test]

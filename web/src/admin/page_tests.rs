@@ -316,7 +316,7 @@ async fn the_usage_page_draws_charts_by_group_and_range() {
     assert!(body.contains("<title>Spend</title>"));
     assert!(body.contains(">acme</text>"), "the org in the legend");
     assert!(body.contains("<td>Acme</td>"));
-    assert!(body.contains("3.0000"), "the range's spend");
+    assert!(body.contains(">3.000000<"), "the range's spend");
     assert!(!body.contains("<script"), "no script, inline or not");
 
     // The same figures as a file: every bar with requests, to the
@@ -338,10 +338,19 @@ async fn the_usage_page_draws_charts_by_group_and_range() {
         "{headers:?}"
     );
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines[0], "start,end,org,name,requests,tokens,errors,spend");
+    assert_eq!(
+        lines[0],
+        "start,end,org,name,requests,tokens,errors,spend_micros,spend_units"
+    );
     assert_eq!(lines.len(), 3, "one row an hour that had requests: {csv}");
-    assert!(lines[1].ends_with(",acme,Acme,1,120,0,1.000000"), "{csv}");
-    assert!(lines[2].ends_with(",acme,Acme,1,120,0,2.000000"), "{csv}");
+    assert!(
+        lines[1].ends_with(",acme,Acme,1,120,0,1000000,1.000000"),
+        "{csv}"
+    );
+    assert!(
+        lines[2].ends_with(",acme,Acme,1,120,0,2000000,2.000000"),
+        "{csv}"
+    );
     let (status, _) = get(&app, "/admin/usage.csv?range=nonsense").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
 
@@ -359,6 +368,134 @@ async fn the_usage_page_draws_charts_by_group_and_range() {
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{query}");
         assert!(body.contains(says), "{query}: {body}");
     }
+}
+
+/// The cells of each row of the usage page's totals table, its "all"
+/// row last.
+fn totals_table(body: &str) -> Vec<Vec<String>> {
+    let table = body
+        .split("<h2>Totals")
+        .nth(1)
+        .and_then(|t| t.split("</table>").next())
+        .unwrap_or_else(|| panic!("no totals table: {body}"));
+    table
+        .split("<tr>")
+        .skip(2)
+        .map(|row| {
+            let row = row.split("</tr>").next().unwrap_or_default();
+            // What comes before each closing tag, the row's own last.
+            let mut cells: Vec<&str> = row.split("</t").collect();
+            cells.pop();
+            cells
+                .into_iter()
+                .filter_map(|cell| cell.rsplit_once('>'))
+                .map(|(_, text)| text.replace("&#39;", "'"))
+                .collect()
+        })
+        .collect()
+}
+
+fn used_in(project: &str, key_id: &str, micros: u64, at: i64) -> Event {
+    match used(key_id, micros, at, 200) {
+        Event::Usage(UsageEvent::UsageRecorded(mut u)) => {
+            u.project_id = project.into();
+            Event::Usage(UsageEvent::UsageRecorded(u))
+        }
+        _ => unreachable!("used makes a UsageRecorded"),
+    }
+}
+
+/// By person, the keys no person owns are one row, `(operators)`, as
+/// `events usage --by person` has them, so "all" is everything, as by
+/// project: the page showed the people alone and "all" was theirs.
+#[tokio::test]
+async fn usage_by_person_adds_the_operators_keys_up_to_everything() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let now = Utc::now().timestamp_millis();
+    feed(
+        &mut views,
+        [
+            Event::Tenancy(TenancyEvent::UserSignedUp {
+                user_id: "ada".into(),
+            }),
+            key("k-ada", "ada's", Some("ada")),
+            key("k-ops", "deploy", None),
+            key("k-ci", "ci", None),
+            used("k-ops", 700, now, 200),
+            used("k-ci", 150, now, 502),
+            used("k-ada", 100, now, 200),
+            used("session:ada", 50, now, 200),
+        ],
+    );
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (status, body) = get(&app, "/admin/usage?by=person&range=24h").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let operators = "every key made without an owner (an operator's)";
+    assert_eq!(
+        totals_table(&body),
+        [
+            vec!["(operators)", operators, "2", "240", "1", "0.000850"],
+            vec!["ada", "", "2", "240", "0", "0.000150"],
+            vec!["all", "", "4", "480", "1", "0.001000"],
+        ],
+        "{body}"
+    );
+    assert!(
+        body.contains(">(operators)</text>"),
+        "in the charts' legend"
+    );
+    let (_, by_project) = get(&app, "/admin/usage?by=project&range=24h").await;
+    assert_eq!(
+        totals_table(&by_project).last().map(Vec::as_slice),
+        Some(&["all", "", "4", "480", "1", "0.001000"].map(str::to_owned)[..]),
+        "the same everything: {by_project}"
+    );
+
+    let (status, csv) = get(&app, "/admin/usage.csv?by=person&range=24h").await;
+    assert_eq!(status, StatusCode::OK, "{csv}");
+    let rows: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.splitn(3, ',').nth(2).unwrap_or_default())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            format!("(operators),{operators},2,240,1,850,0.000850"),
+            "ada,,2,240,0,150,0.000150".to_owned(),
+        ],
+        "{csv}"
+    );
+}
+
+/// Spend on the page is exact, so an auditor's sum of the rows is the
+/// "all" under them: rounded to four decimals, 0.000660 and 0.000060
+/// showed as 0.0007 and 0.0001 over an "all" of 0.0007.
+#[tokio::test]
+async fn usage_rows_add_up_to_all_to_the_micro_unit() {
+    let mut views = Projections::default();
+    feed(&mut views, tree());
+    let now = Utc::now().timestamp_millis();
+    feed(
+        &mut views,
+        [
+            used_in("chatbot", "k-1", 660, now),
+            used_in("search", "k-2", 60, now),
+        ],
+    );
+    let app = crate::admin_routes(web(views, None, Router::new()));
+    let (_, body) = get(&app, "/admin/usage?by=project&range=24h").await;
+    assert_eq!(
+        totals_table(&body),
+        [
+            vec!["chatbot", "Chat bot", "1", "120", "0", "0.000660"],
+            vec!["search", "Search", "1", "120", "0", "0.000060"],
+            vec!["all", "", "2", "240", "0", "0.000720"],
+        ],
+        "{body}"
+    );
+    assert!(body.contains("exact to the micro-unit"), "and says so");
 }
 
 /// Router-only, the dashboard shows the static endpoints that serve, and

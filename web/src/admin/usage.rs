@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use llmgw_projections::{Bucket, DAY_MS, GroupBy, HOUR_MS, Projections, Series};
+use llmgw_projections::{Bucket, DAY_MS, GroupBy, HOUR_MS, Projections, Series, UsageView};
 use serde::Deserialize;
 
 use super::chart::{self, Chart, OTHER};
@@ -156,6 +156,74 @@ struct UsagePage {
     csv: String,
 }
 
+/// The group, by person, of every key made without an owner (an
+/// operator's), named as `events usage --by person` names it (no
+/// person's id has parentheses, so it cannot be taken for one).
+const OPERATORS: &str = "(operators)";
+
+/// Every group of one kind with its series. By person that is one more
+/// than the view keeps, [`OPERATORS`], as `events usage --by person`
+/// counts: without it the people's rows added up to less than everything
+/// (and than the same range by project), and the two could not be
+/// reconciled.
+pub(super) struct Groups<'a> {
+    usage: &'a UsageView,
+    by: GroupBy,
+    operators: Option<(String, Series)>,
+}
+
+impl<'a> Groups<'a> {
+    /// The groups by `by`, with what the operators' keys did in
+    /// `[start, end)` when by person.
+    pub(super) fn of(usage: &'a UsageView, by: GroupBy, start: i64, end: i64) -> Groups<'a> {
+        let operators = (by == GroupBy::Person)
+            .then(|| operators(usage, start, end))
+            .filter(|s| !(s.hourly.is_empty() && s.daily.is_empty()))
+            .map(|s| (OPERATORS.to_owned(), s));
+        Groups {
+            usage,
+            by,
+            operators,
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&String, &Series)> {
+        (self.usage.series_by(self.by)).chain(self.operators.iter().map(|(id, s)| (id, s)))
+    }
+}
+
+/// What keys without an owner did in `[start, end)`, bucket by bucket:
+/// everything less what counts for a person. The view keeps no series
+/// for them, and everything is every project's: with keys on, each
+/// request is in a project (its key's, or for a chat the person's), and
+/// each that counts for a person is among them.
+fn operators(usage: &UsageView, start: i64, end: i64) -> Series {
+    let mut out = Series::default();
+    let each = |by: GroupBy, out: &mut Series, apply: fn(&mut Bucket, &Bucket)| {
+        for (_, s) in usage.series_by(by) {
+            for (t, b) in s.hourly.range(start..end.max(start)) {
+                apply(out.hourly.entry(*t).or_default(), b);
+            }
+            for (t, b) in s.daily.range(start..end.max(start)) {
+                apply(out.daily.entry(*t).or_default(), b);
+            }
+        }
+    };
+    each(GroupBy::Project, &mut out, Bucket::merge);
+    each(GroupBy::Person, &mut out, less);
+    out.hourly.retain(|_, b| b.requests > 0);
+    out.daily.retain(|_, b| b.requests > 0);
+    out
+}
+
+/// `from` less `what`, field by field.
+fn less(from: &mut Bucket, what: &Bucket) {
+    from.requests = from.requests.saturating_sub(what.requests);
+    from.errors = from.errors.saturating_sub(what.errors);
+    from.tokens = from.tokens.saturating_sub(what.tokens);
+    from.micros = from.micros.saturating_sub(what.micros);
+}
+
 /// One group's name as people know it: the tree's names, a person's
 /// name or email (from outside the log) when this server has them.
 fn display_name(
@@ -169,6 +237,9 @@ fn display_name(
         GroupBy::Org => t.orgs.get(id).map(|n| n.name.clone()),
         GroupBy::Team => t.teams.get(id).map(|n| n.name.clone()),
         GroupBy::Project => t.projects.get(id).map(|n| n.name.clone()),
+        GroupBy::Person if id == OPERATORS => {
+            Some("every key made without an owner (an operator's)".to_owned())
+        }
         GroupBy::Person => people.get(id).cloned(),
     };
     named.unwrap_or_default()
@@ -233,7 +304,8 @@ fn row(id: &str, name: String, b: &Bucket) -> GroupRow {
         requests: fmt::count(b.requests),
         tokens: fmt::count(b.tokens),
         errors: fmt::count(b.errors),
-        spend: fmt::money(b.micros),
+        // Exact, so that the rows add up to the total below them.
+        spend: fmt::exact_money(b.micros),
     }
 }
 
@@ -363,7 +435,8 @@ pub(crate) async fn page(
     });
     let page = {
         let views = web.views();
-        let stacked = stack(views.usage.series_by(by), range.step_ms, start, end);
+        let groups = Groups::of(&views.usage, by, start, end);
+        let stacked = stack(groups.iter(), range.step_ms, start, end);
         let legend = |id: &str| {
             if id == OTHER {
                 return OTHER.to_owned();
@@ -399,9 +472,8 @@ pub(crate) async fn page(
                 fmt::short_money,
             ),
         ];
-        let mut totals: Vec<(&String, Bucket)> = views
-            .usage
-            .series_by(by)
+        let mut totals: Vec<(&String, Bucket)> = groups
+            .iter()
             .map(|(id, s)| (id, s.total(range.step_ms, start, end)))
             .filter(|(_, t)| t.requests > 0)
             .collect();

@@ -1,7 +1,9 @@
 //! `/admin/usage.csv`: the usage page's figures as a spreadsheet takes
-//! them, every group (none stacked as "other") and every bar of the
-//! range that had requests, with spend to the micro-unit, for whoever
-//! reconciles it with an invoice.
+//! them, every group (none stacked as "other", the operators' keys
+//! together by person) and every bar of the range that had requests, for
+//! whoever reconciles it with an invoice. Spend is exact, twice: a whole
+//! number of micro-units (`spend_micros`, as `events usage` has
+//! `cost_micros`) and the same in units (`spend_units`, six decimals).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -13,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use llmgw_projections::Bucket;
 
-use super::{Shown, UsageQuery, day_of, display_name, shown};
+use super::{Groups, Shown, UsageQuery, day_of, display_name, shown};
 use crate::{Viewer, Web, WebError};
 
 pub(crate) async fn csv(
@@ -30,14 +32,15 @@ pub(crate) async fn csv(
         ..
     } = shown(&web, &q).await?;
     let mut out = format!(
-        "start,end,{},name,requests,tokens,errors,spend\n",
+        "start,end,{},name,requests,tokens,errors,spend_micros,spend_units\n",
         by.name()
     );
     {
         let views = web.views();
         // (bar's start, group) → the bar's figures.
         let mut cells: BTreeMap<(i64, &String), Bucket> = BTreeMap::new();
-        for (id, series) in views.usage.series_by(by) {
+        let groups = Groups::of(&views.usage, by, start, end);
+        for (id, series) in groups.iter() {
             for (t, b) in series.buckets(range.step_ms, start, end) {
                 let bar = start + (t - start).div_euclid(range.step_ms) * range.step_ms;
                 cells.entry((bar, id)).or_default().merge(b);
@@ -47,7 +50,7 @@ pub(crate) async fn csv(
             let name = display_name(&views, by, id, &people);
             let _ = writeln!(
                 out,
-                "{},{},{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{},{},{}",
                 instant(*bar),
                 instant(bar + range.step_ms),
                 cell(id),
@@ -55,6 +58,7 @@ pub(crate) async fn csv(
                 b.requests,
                 b.tokens,
                 b.errors,
+                b.micros,
                 units(b.micros),
             );
         }
