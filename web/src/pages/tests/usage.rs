@@ -210,6 +210,12 @@ async fn a_person_sees_their_own_use_and_limits_and_no_one_elses() {
     let page = ada.get(&site, "/profile/usage").await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.body);
     let body = &page.body;
+    // How far behind the figures may be is the operators' setting
+    // (`auth.flush_interval`): the page said a minute whatever it was.
+    assert!(
+        body.contains("up to one usage flush behind") && !body.contains("a minute behind"),
+        "{body}"
+    );
     let (chat_month, chat_month_tokens, chat_month_spend) = if yesterday_this_month {
         ("2", "85", "0.0850")
     } else {
