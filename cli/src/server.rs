@@ -240,8 +240,15 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
             (file.auth.default_price.is_some(), "auth.default_price"),
         ];
         if let Some((_, what)) = set.iter().find(|(s, _)| *s) {
+            // The flag turned off what the file turned on: the file's
+            // usage settings would be ignored, so it says both ways out.
+            let how = if a.auth == Some(false) && file.auth.enabled {
+                "--auth false (or LLMGW_AUTH=false) turned keys off, and usage with them: add --record-usage true to keep recording it, or leave the setting out of the file"
+            } else {
+                "set auth.enabled or record_usage"
+            };
             return Err(ConfigError(format!(
-                "{what} applies only when usage is recorded: set auth.enabled or record_usage"
+                "{what} applies only when usage is recorded: {how}"
             )));
         }
     }

@@ -1729,6 +1729,18 @@ fn a_flag_or_its_variable_wins_over_the_file_both_ways() {
     assert!(out.contains("usage is always recorded then"), "{out}");
     let (code, out) = check_with(keyed, &[], &["--record-usage=false", "--auth=false"]);
     assert_eq!(code, Some(0), "keys off, nothing recorded: {out}");
+    // Keys turned off by the flag take usage with them: the file's usage
+    // settings are refused, with both ways out said.
+    let keyed_flush = "auth: {enabled: true, flush_interval: 1s}\n";
+    let (code, out) = check_with(keyed_flush, &[], &["--auth=false"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--auth false (or LLMGW_AUTH=false) turned keys off")
+            && out.contains("--record-usage true"),
+        "{out}"
+    );
+    let (code, out) = check_with(keyed_flush, &[], &["--auth=false", "--record-usage=true"]);
+    assert_eq!(code, Some(0), "{out}");
 
     let (code, out) = check_with(
         "router: {prefix: {enabled: false}}\n",
