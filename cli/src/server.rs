@@ -276,6 +276,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     }
     let mut web = web_plan(&file, auth)?;
     web.settings.router_only = control.is_none();
+    web.settings.usage_flush = record_usage.then_some(usage.flush);
     if let Some(c) = &control {
         web.settings.place.port_range = c.port_range;
     }
@@ -727,6 +728,7 @@ fn web_plan(file: &FileConfig, auth: bool) -> Result<crate::serve::WebPlan, Conf
             base_url,
             place: Default::default(),
             router_only: false,
+            usage_flush: None,
         },
         people,
     })

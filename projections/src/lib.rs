@@ -29,7 +29,7 @@ pub use router::{Endpoint, RouterModel, RouterView};
 pub use runner::{Runner, RunnerError, SnapshotFloor, VIEWS_SNAPSHOT};
 pub use tenancy::{KeyEntry, TenancyView};
 pub use usage::{
-    Bucket, DAILY_KEPT, DAY_MS, GroupBy, HOUR_MS, HOURLY_KEPT, ModelStats, PeriodSpend,
+    Bucket, DAILY_KEPT, DAY_MS, GroupBy, HOUR_MS, HOURLY_KEPT, ModelStats, OPERATORS, PeriodSpend,
     SESSION_KEY_PREFIX, Series, Spend, UsageView, person_of_key,
 };
 

@@ -271,6 +271,11 @@ pub struct Flushed {
     pub at: i64,
 }
 
+/// By person, the group of every key made without an owner (an
+/// operator's), as `events usage --by person` and the usage pages name it
+/// (no person's id has parentheses, so it cannot be taken for one).
+pub const OPERATORS: &str = "(operators)";
+
 /// The person a key's use counts for: the person behind a
 /// `session:<user id>` chat, or the key's owner as `owner` says it. One
 /// rule for the usage pages and `events usage --by person`.

@@ -49,6 +49,9 @@ pub struct WebSettings {
     pub notice: Option<String>,
     /// Cookies get `Secure` (served over TLS, or behind a TLS proxy).
     pub secure_cookies: bool,
+    /// `auth.flush_interval` where usage is recorded: how far behind the
+    /// log's usage (the usage pages' figures) may be.
+    pub usage_flush: Option<std::time::Duration>,
     /// The base URL clients use, when configured (else from `Host`).
     pub base_url: Option<String>,
     /// The control plane's placement ranges, so the dashboard explains a

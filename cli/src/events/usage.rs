@@ -10,6 +10,7 @@ use clap::ValueEnum;
 use llmgw_domain::Event;
 use llmgw_domain::tenancy::TenancyEvent;
 use llmgw_eventstore::{AnyStore, EventFilter, EventStore};
+use llmgw_projections::OPERATORS;
 use serde::Serialize;
 
 use crate::Outcome;
@@ -30,10 +31,6 @@ pub(crate) enum By {
     /// keys made without an owner together as [`OPERATORS`].
     Person,
 }
-
-/// The group of every key made without an owner: an operator's (no
-/// person's id has parentheses, so it cannot be taken for one).
-pub(crate) const OPERATORS: &str = "(operators)";
 
 impl By {
     fn header(self) -> &'static str {

@@ -312,6 +312,13 @@ async fn the_people_pages(mode: Mode, backend: Backend) {
     let secret = secret_in(&made.body);
     assert_eq!(api_chat(&base, &secret).await, StatusCode::OK);
     assert!(!ayse.get("/profile").await.body.contains(&secret));
+    // Her usage page says how far behind it may be: this server's flush.
+    let usage = ayse.get("/profile/usage").await;
+    assert!(
+        usage.body.contains("may be up to 50 ms behind"),
+        "{}",
+        usage.body
+    );
     // Her history: signed up, approved by alice, and the key she made.
     let history = super::ok(&store, &["events", "log", "--user", &id]);
     let row = |what: &str| history.lines().find(|l| l.contains(what));

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use axum::extract::{Query, State};
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use llmgw_projections::{Bucket, DAY_MS, GroupBy, HOUR_MS, Projections, Series, UsageView};
+use llmgw_projections::{
+    Bucket, DAY_MS, GroupBy, HOUR_MS, OPERATORS, Projections, Series, UsageView,
+};
 use serde::Deserialize;
 
 use super::chart::{self, Chart, OTHER};
@@ -155,11 +157,6 @@ struct UsagePage {
     /// The same range and grouping as a CSV file.
     csv: String,
 }
-
-/// The group, by person, of every key made without an owner (an
-/// operator's), named as `events usage --by person` names it (no
-/// person's id has parentheses, so it cannot be taken for one).
-const OPERATORS: &str = "(operators)";
 
 /// Every group of one kind with its series. By person that is one more
 /// than the view keeps, [`OPERATORS`], as `events usage --by person`

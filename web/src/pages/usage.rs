@@ -136,6 +136,8 @@ struct UsagePage {
     limits: Vec<LimitSet>,
     /// Why there are no limits to show, when there are none.
     no_limits: Option<&'static str>,
+    /// How far behind the figures may be: the usage flush interval.
+    behind: String,
 }
 
 pub(super) async fn page(
@@ -146,10 +148,13 @@ pub(super) async fn page(
     let person = visitor.person()?;
     let chrome = Chrome::for_visitor(&web, &visitor);
     let now = UnixMillis::now();
-    let page = {
+    let mut page = {
         let views = web.views();
         mine(&views, person, chrome, now)
     };
+    if let Some(every) = web.settings.usage_flush {
+        page.behind = format!("up to {} behind", interval(every));
+    }
     render(&page)
 }
 
@@ -195,6 +200,7 @@ fn mine(views: &Projections, person: &Person, chrome: Chrome, now: UnixMillis) -
         rows: rows(views, me, now),
         charts: charts(views, me, now.0),
         no_limits: no_limits.or(limits.is_empty().then_some("none")),
+        behind: "up to one usage flush behind (how often is the operators' setting, a minute unless they chose another)".into(),
         limits,
     }
 }
@@ -399,4 +405,13 @@ fn month_label(now: i64) -> String {
     DateTime::<Utc>::from_timestamp_millis(now)
         .map(|t| t.format("%B %Y").to_string())
         .unwrap_or_default()
+}
+
+/// A flush interval as an operator wrote it: `50 ms`, `5 s`, `2 min`.
+fn interval(d: std::time::Duration) -> String {
+    match d.as_millis() {
+        ms if ms % 60_000 == 0 => format!("{} min", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
+        ms => format!("{ms} ms"),
+    }
 }
