@@ -263,6 +263,8 @@ pub(crate) fn say_forwarded(headers: &reqwest::header::HeaderMap, how: &str) -> 
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Named {
     pub store: bool,
+    /// Where the store's address came from, as the notice names it.
+    pub store_from: &'static str,
     /// --admin on the command line.
     pub admin: bool,
     /// --admin on the command line or in `LLMGW_ADMIN`: a server was
@@ -324,8 +326,8 @@ impl Api {
                 );
             }
             eprintln!(
-                "nothing answers at {}: using the log at {at} (--store)",
-                to.admin
+                "nothing answers at {}: using the log at {at} ({})",
+                to.admin, named.store_from
             );
         }
         local(store, &to.admin, to.offline, may_start_a_log).await

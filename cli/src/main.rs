@@ -223,6 +223,11 @@ fn main() -> ExitCode {
     // --admin the command line itself gave.
     let named = |command: &str| admin_client::Named {
         store: matches.value_source("store") == Some(clap::parser::ValueSource::CommandLine),
+        store_from: match matches.value_source("store") {
+            Some(clap::parser::ValueSource::CommandLine) => "--store",
+            Some(clap::parser::ValueSource::EnvVariable) => "LLMGW_STORE",
+            _ => "the default; --store or LLMGW_STORE names another",
+        },
         admin: matches
             .subcommand_matches(command)
             .and_then(|m| m.value_source("admin"))

@@ -176,7 +176,13 @@ async fn ask(http: &reqwest::Client, args: &ToolCheckArgs, stream: bool) -> anyh
             .ok()
             .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
             .unwrap_or(text);
-        bail!("the gateway answered {status}: {why}");
+        // A server with keys on: the check is a client like any other.
+        let hint = match (status.as_u16(), &args.api_key) {
+            (401, None) => "; it wants an API key: give --api-key (or LLMGW_API_KEY)",
+            (401, Some(_)) => "; the key given (--api-key or LLMGW_API_KEY) is not one it knows",
+            _ => "",
+        };
+        bail!("the gateway answered {status}: {why}{hint}");
     }
     if stream {
         Ok(from_stream(&text))

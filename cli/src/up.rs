@@ -250,6 +250,9 @@ pub(crate) async fn run(a: UpArgs) -> anyhow::Result<Outcome> {
             bound.admin, bound.admin
         )?;
         writeln!(out, "  data      {}", data.display())?;
+        // The log is in the data directory, not where `llmgw events`
+        // looks by default (./llmgw.db), which said there was none.
+        writeln!(out, "  log       llmgw events stats --store {store}")?;
         writeln!(out, "try:")?;
         writeln!(
             out,

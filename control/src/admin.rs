@@ -434,12 +434,23 @@ async fn explain(
     let live = (c.replicas.replicas.values())
         .filter(|r| r.is_live() && r.placement.model == model.name)
         .count();
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
     let summary = match live {
         0 => e.summary(),
+        // At its max no further one is placed: what follows is where one
+        // would go were the max higher, said so (it read as a placement
+        // to come).
+        n if n >= model.scaling.max as usize => format!(
+            "{} runs {n} replica{}, its most (scaling.max {}): no further one is placed; with a higher max, one would go: {}",
+            model.name,
+            plural(n),
+            model.scaling.max,
+            e.summary()
+        ),
         n => format!(
             "{} runs {n} replica{} (at most {}); a further one: {}",
             model.name,
-            if n == 1 { "" } else { "s" },
+            plural(n),
             model.scaling.max,
             e.summary()
         ),

@@ -646,6 +646,19 @@ async fn llmgw_up_serves_a_model_and_prints_a_curl_that_works() {
     let up = up(&data, &[]);
     assert!(Child::expect(&up.stdout, "llmgw is up").contains("serving"));
     let endpoint = up.addr_after("  endpoint  ");
+    // Where its log is, as a command that reads it.
+    let log = up.addr_after("  log       ");
+    let stats = log
+        .strip_prefix("llmgw ")
+        .unwrap_or_else(|| panic!("{log}"));
+    let read = std::process::Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .args(stats.split(' '))
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success() && String::from_utf8_lossy(&read.stdout).contains("events "),
+        "{read:?}"
+    );
     let curl = Child::expect(&up.stdout, "curl ");
     assert!(
         curl.contains(&format!("{endpoint}/chat/completions")),
@@ -1341,9 +1354,10 @@ async fn ctl_reads_and_changes_the_cluster_as_tables_and_json() {
         "{explained}"
     );
     // Of a model that runs, the verdict is about one more replica: said
-    // so, not "chat fits nowhere" over a model that serves.
+    // so, not "chat fits nowhere" over a model that serves; at its max,
+    // that none is placed (it read as one to come).
     assert!(
-        explained.starts_with("chat runs 1 replica (at most 1); a further one: chat "),
+        explained.starts_with("chat runs 1 replica, its most (scaling.max 1): no further one is placed; with a higher max, one would go: chat "),
         "{explained}"
     );
     let (_, json, _) = ctl(admin, &["explain-placement", "chat", "--json"]);

@@ -1163,7 +1163,19 @@ async fn a_store_on_the_command_line_is_where_keys_go_whatever_answers_nearby() 
     assert!(
         said.contains(&format!(
             "nothing answers at {closed}: using the log at sqlite://"
-        )),
+        )) && said.contains("(--store)"),
+        "{said}"
+    );
+    // Named by the variable, it says so (it said --store, which was not
+    // given).
+    let by_variable = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+        .env("LLMGW_STORE", &other)
+        .args(["keys", "list", "--admin", closed.as_str()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&by_variable.stderr);
+    assert!(
+        by_variable.status.success() && said.contains(&format!("{other} (LLMGW_STORE)")),
         "{said}"
     );
     let near = keys_ok(&served, &server.admin, &["list", "--json"]);

@@ -108,4 +108,28 @@ async fn tool_check_tells_a_parsed_call_from_a_textual_one_and_from_none() {
     let (code, _, err) = tool_check(&base, "nope", false);
     assert_eq!(code, Some(1));
     assert!(err.contains("the gateway answered 404"), "{err}");
+
+    // A gateway with keys on: the check says how to give it one.
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("keys.db").display());
+    let gateway = Child::spawn(&[
+        "--store",
+        &store,
+        "server",
+        "--endpoint",
+        &native,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--auth",
+    ]);
+    let keyed = format!("http://{}", gateway.addr_after("client listening on "));
+    let (code, _, err) = tool_check(&keyed, "native", false);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("the gateway answered 401")
+            && err.contains("give --api-key (or LLMGW_API_KEY)"),
+        "{err}"
+    );
 }
