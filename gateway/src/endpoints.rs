@@ -556,6 +556,18 @@ impl Endpoints {
         models
     }
 
+    /// Every model an endpoint is configured for, whatever its breaker
+    /// says: what the operator set up stays listed while an engine is
+    /// down (a client lists models once, at its start).
+    pub fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = (self.all().iter())
+            .flat_map(|e| e.spec.models.iter().cloned())
+            .collect();
+        models.sort();
+        models.dedup();
+        models
+    }
+
     /// Whether any endpoint publishes KV-cache events (a request's sim
     /// rendering is made only then).
     pub fn any_publish_kv_events(&self) -> bool {

@@ -1,7 +1,8 @@
 //! What a client may ask about itself and the models: `/v1/models` (every
-//! model the key may use, whether serving now or started on demand, with
-//! the catalog's description), `/v1/models/{id}`, and `/me` (the key's
-//! limits at every level, its spend this period, its models).
+//! model the key may use, whether serving now, down for a while or started
+//! on demand, with the catalog's description), `/v1/models/{id}`, and
+//! `/me` (the key's limits at every level, its spend this period, its
+//! models).
 
 use std::sync::Arc;
 
@@ -15,11 +16,15 @@ use serde_json::{Value, json};
 use crate::routes::Routes;
 use crate::{ApiError, Gateway};
 
-/// The models the key (or anyone, with authentication off) may use:
-/// serving now, or started on demand by asking; sorted.
+/// The models the key (or anyone, with authentication off) may use,
+/// sorted: each model a request may name and be routed for (a configured
+/// endpoint's, the catalog's), each once by its canonical name. Whether it
+/// serves right now is routing's to say (503, then the engine's return):
+/// a model left out while its engine was down was lost to the clients
+/// that list models once, at their start.
 fn models_for(gw: &Gateway, routes: &Routes, key: Option<&KeyEntry>) -> Vec<String> {
-    let mut all: Vec<String> = gw.endpoints.routable_models();
-    all.extend(routes.on_demand_models().map(str::to_owned));
+    let mut all: Vec<String> = gw.endpoints.models();
+    all.extend(routes.catalog_models().map(str::to_owned));
     all.sort();
     all.dedup();
     all.retain(|m| key.is_none_or(|k| k.limits.models.permits(m)));
@@ -44,7 +49,7 @@ pub fn model_cards(gw: &Gateway, key: Option<&KeyEntry>) -> Vec<ModelCard> {
         .into_iter()
         .map(|id| ModelCard {
             description: routes.description(&id).map(str::to_owned),
-            loading_on_demand: !serving.contains(&id),
+            loading_on_demand: routes.on_demand(&id) && !serving.contains(&id),
             id,
         })
         .collect()
@@ -90,12 +95,7 @@ pub(crate) async fn model(
     };
     let routes = gw.routes.load();
     let canonical = routes.canonical(&id);
-    let listed = (routes.on_demand(canonical)
-        || gw
-            .endpoints
-            .routable_models()
-            .iter()
-            .any(|m| m == canonical))
+    let listed = crate::proxy::known(&gw, &routes, canonical)
         && caller
             .key
             .as_ref()

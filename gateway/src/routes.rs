@@ -113,8 +113,11 @@ impl Routes {
         self.catalog.contains(model)
     }
 
-    pub(crate) fn on_demand_models(&self) -> impl Iterator<Item = &str> {
-        self.on_demand.iter().map(String::as_str)
+    /// The catalog's models this server routes (with a store but no
+    /// control plane, only those its endpoints serve); the on-demand ones
+    /// among them.
+    pub(crate) fn catalog_models(&self) -> impl Iterator<Item = &str> {
+        self.catalog.iter().map(String::as_str)
     }
 
     pub(crate) fn on_demand(&self, model: &str) -> bool {

@@ -35,7 +35,7 @@ use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 
 pub(crate) use admit::identify;
-pub(crate) use resolve::{now_ms, price};
+pub(crate) use resolve::{known, now_ms, price};
 
 use llmgw_projections::KeyEntry;
 

@@ -271,7 +271,8 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
             && !page.contains("nope"),
         "{page}"
     );
-    // Only what can serve now is listed, and the gateway is ready.
+    // Every configured model is listed, the one whose breaker is open
+    // too (serving is routing's to say), and the gateway is ready.
     let models: Value = client
         .get(format!("{}/v1/models", gw.base))
         .send()
@@ -280,7 +281,7 @@ async fn every_error_path_answers_with_its_status_and_the_openai_envelope() {
         .json()
         .await
         .unwrap();
-    assert_eq!(support::model_ids(&models), vec!["m"]);
+    assert_eq!(support::model_ids(&models), vec!["lonely", "m"]);
     // A configured endpoint's model is as old as the gateway, not 0.
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -365,6 +366,9 @@ async fn nothing_routable_means_not_ready() {
             .status(),
         503
     );
+    // The model the operator configured stays listed and retrievable
+    // while its engine is down (a client lists models once, at its
+    // start): serving is routing's to say, with a 503 and when to return.
     let models: Value = client
         .get(format!("{}/v1/models", gw.base))
         .send()
@@ -373,7 +377,53 @@ async fn nothing_routable_means_not_ready() {
         .json()
         .await
         .unwrap();
-    assert_eq!(models["data"], json!([]));
+    assert_eq!(support::model_ids(&models), vec!["m"], "{models}");
+    let one = client
+        .get(format!("{}/v1/models/m", gw.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 200);
+    assert_eq!(one.json::<Value>().await.unwrap()["id"], "m");
+    let r = gw.chat(&chat("m", false, 1)).await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "no_capacity"
+    );
+}
+
+/// With the control plane, a catalog model is listed and retrievable
+/// whether its replica's engine is down (breaker open) or it has no
+/// replica yet; each once, by its canonical name: an alias is not listed,
+/// and retrieved by it the model answers with its canonical id.
+#[tokio::test]
+async fn catalog_models_stay_listed_while_nothing_serves_them_and_aliases_are_not_listed() {
+    let mut m = llmgw_domain::catalog::Model::named("m");
+    m.aliases = vec!["m-latest".into()];
+    let mut gone = llmgw_domain::catalog::Model::named("gone");
+    // Kept up, not started on demand (a request would wait for them).
+    for model in [&mut m, &mut gone] {
+        model.scaling.min = 1;
+    }
+    let view = support::router_view(vec![m, gone], &[("m", dead_url())]);
+    let gw = gateway(vec![]).await;
+    gw.gateway.apply_router_view(&view);
+    for _ in 0..3 {
+        gw.chat(&chat("m", false, 1)).await;
+    }
+    let r = gw.chat(&chat("m-latest", false, 1)).await;
+    assert_eq!(r.status(), 503, "the breaker is open");
+    let get = |path: &str| reqwest::get(format!("{}{path}", gw.base));
+    let models: Value = get("/v1/models").await.unwrap().json().await.unwrap();
+    assert_eq!(support::model_ids(&models), vec!["gone", "m"], "{models}");
+    for (asked, id) in [("m", "m"), ("m-latest", "m"), ("gone", "gone")] {
+        let r = get(&format!("/v1/models/{asked}")).await.unwrap();
+        assert_eq!(r.status(), 200, "{asked}");
+        assert_eq!(r.json::<Value>().await.unwrap()["id"], id);
+    }
+    assert_eq!(get("/v1/models/nope").await.unwrap().status(), 404);
 }
 
 #[tokio::test]
