@@ -1558,6 +1558,40 @@ async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live
     drop(held);
 }
 
+/// A response repeats the settings it was made with, as OpenAI's does:
+/// `top_logprobs` (was always 0), `prompt_cache_key` and
+/// `safety_identifier` (were left out), whole and streamed.
+#[tokio::test]
+async fn a_response_repeats_its_top_logprobs_and_cache_key() {
+    let engine = sim(support::sim_config()).await;
+    let gw = gateway(vec![spec("a", &engine, &["m"])]).await;
+    let ask = |stream: bool| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/responses", gw.base))
+            .json(
+                &json!({"model": "m", "input": "tell me a story", "max_output_tokens": 3,
+                "top_logprobs": 2, "include": ["message.output_text.logprobs"],
+                "prompt_cache_key": "session-7", "safety_identifier": "user-9",
+                "stream": stream}),
+            )
+            .send()
+    };
+    let answer: Value = ask(false).await.unwrap().json().await.unwrap();
+    let said = |r: &Value| {
+        (
+            r["top_logprobs"].clone(),
+            r["prompt_cache_key"].clone(),
+            r["safety_identifier"].clone(),
+        )
+    };
+    let want = (json!(2), json!("session-7"), json!("user-9"));
+    assert_eq!(said(&answer), want, "{answer}");
+    let text = ask(true).await.unwrap().text().await.unwrap();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let data: Value = serde_json::from_str(last.split_once("data: ").unwrap().1).unwrap();
+    assert_eq!(said(&data["response"]), want, "{last}");
+}
+
 /// A finished request of one prompt and one completion token for
 /// project p, served by m.
 fn finished(
