@@ -365,7 +365,7 @@ fn server_yaml(dir: &Path, store: &str) -> String {
          admin_listen: \"127.0.0.1:9090\"\n\
          agent_listen: \":7443\"\n\
          # With a second server: admin_listen on an address it reaches,\n\
-         # admin_token: \"@/etc/llmgw/admin-token\" (one token on both servers;\n\
+         # admin_token: \"@{token}\" (one token on both servers;\n\
          # operators export LLMGW_ADMIN_TOKEN=@that file), and\n\
          # advertise_admin: \"http://THAT:9090\" under control (docs/install.md).\n\
          control:\n  enabled: true\n\
@@ -384,6 +384,7 @@ fn server_yaml(dir: &Path, store: &str) -> String {
         ca_key = at("ca-key.pem"),
         cert = at("server.pem"),
         key = at("server-key.pem"),
+        token = at("admin-token"),
     )
 }
 

@@ -621,6 +621,12 @@ async fn server_init_prepares_a_machine_once_and_its_admin_signs_in() {
         .to_owned();
     let yaml = std::fs::read_to_string(etc.join("server.yaml")).unwrap();
     assert!(yaml.contains(&format!("store: {store:?}")), "{yaml}");
+    // Its comments name the files of its own directory, not /etc/llmgw.
+    assert!(
+        !yaml.contains("/etc/llmgw")
+            && yaml.contains(&format!("@{}", etc.join("admin-token").display())),
+        "{yaml}"
+    );
     let server = Child::spawn_env(
         &[
             "server",
