@@ -46,7 +46,7 @@ impl Figures {
         Figures {
             requests: fmt::count(current.requests),
             tokens: fmt::count(current.tokens),
-            spend: fmt::money(current.micros),
+            spend: fmt::exact_money(current.micros),
         }
     }
 }
@@ -79,7 +79,7 @@ impl UseRow {
             today: Figures::of(&s.day, Period::Day, now),
             month: Figures::of(&s.month, Period::Month, now),
             requests_ever: fmt::count(s.requests),
-            spend_ever: fmt::money(s.total_micros),
+            spend_ever: fmt::exact_money(s.total_micros),
             last: fmt::when(s.last_at),
         }
     }

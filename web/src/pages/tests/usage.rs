@@ -217,49 +217,53 @@ async fn a_person_sees_their_own_use_and_limits_and_no_one_elses() {
         "{body}"
     );
     let (chat_month, chat_month_tokens, chat_month_spend) = if yesterday_this_month {
-        ("2", "85", "0.0850")
+        ("2", "85", "0.085000")
     } else {
-        ("1", "35", "0.0350")
+        ("1", "35", "0.035000")
     };
     // today: requests, tokens, spend; this month: the same; ever:
     // requests, spend.
     assert_eq!(
         figures(body, "use-key-ada-laptop"),
-        ["2", "240", "0.2400", "2", "240", "0.2400", "3", "1.2400"]
+        [
+            "2", "240", "0.240000", "2", "240", "0.240000", "3", "1.240000"
+        ]
     );
     assert_eq!(
         figures(body, "use-key-ada-phone"),
-        ["1", "10", "0.0100", "1", "10", "0.0100", "1", "0.0100"]
+        [
+            "1", "10", "0.010000", "1", "10", "0.010000", "1", "0.010000"
+        ]
     );
     assert_eq!(
         figures(body, "use-chat"),
         [
             "1",
             "35",
-            "0.0350",
+            "0.035000",
             chat_month,
             chat_month_tokens,
             chat_month_spend,
             "2",
-            "0.0850"
+            "0.085000"
         ]
     );
     let (month, month_tokens, month_spend) = if yesterday_this_month {
-        ("5", "335", "0.3350")
+        ("5", "335", "0.335000")
     } else {
-        ("4", "285", "0.2850")
+        ("4", "285", "0.285000")
     };
     assert_eq!(
         figures(body, "use-total"),
         [
             "4",
             "285",
-            "0.2850",
+            "0.285000",
             month,
             month_tokens,
             month_spend,
             "6",
-            "1.3350"
+            "1.335000"
         ],
         "keys and chat together"
     );
@@ -324,7 +328,7 @@ async fn a_person_sees_their_own_use_and_limits_and_no_one_elses() {
         "bob-key",
         bob_id.as_str(),
         "1,234",
-        "1.2340",
+        "1.234000",
         "999",
         "ops-ci",
         "ops-key",
@@ -336,7 +340,7 @@ async fn a_person_sees_their_own_use_and_limits_and_no_one_elses() {
     let profile = ada.get(&site, "/profile").await;
     assert_eq!(
         figures(&profile.body, "used-today"),
-        ["4", "285", "0.2850"],
+        ["4", "285", "0.285000"],
         "{}",
         profile.body
     );
@@ -351,7 +355,7 @@ async fn a_person_sees_their_own_use_and_limits_and_no_one_elses() {
     assert_eq!(
         figures(&his.body, "use-total"),
         [
-            "2", "2,233", "2.2330", "2", "2,233", "2.2330", "2", "2.2330"
+            "2", "2,233", "2.233000", "2", "2,233", "2.233000", "2", "2.233000"
         ]
     );
     for hers in ["laptop", "phone", "ada-laptop", ada_id.as_str(), "0.2400"] {
