@@ -9,11 +9,11 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::Gateway;
+use crate::{ApiError, Gateway};
 
 /// What a page's script may read of an answer beside the simple headers.
 const EXPOSED: HeaderValue = HeaderValue::from_static(
@@ -81,4 +81,20 @@ pub(crate) async fn layer(
     }
     h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, EXPOSED);
     response
+}
+
+/// A browser page may call the API only from an origin
+/// `router.cors_origins` names: a request with any other `Origin` is
+/// refused before its key is read or its body taken. Without it, any page a
+/// person opened could make their browser run generations on a server
+/// whose keys are off (a form post or a `text/plain` body needs no
+/// preflight), or reach one on their network through a name rebound to
+/// it. Clients that are not browsers (SDKs, curl) send no `Origin`. The
+/// server's own host is no exception: a rebound name is the page's host
+/// and origin alike (and the chat page calls its own path, not the API).
+pub(crate) fn foreign_origin(gw: &Gateway, headers: &HeaderMap) -> Option<ApiError> {
+    let origin = headers.get(header::ORIGIN)?;
+    let allowed =
+        (gw.config.cors_origins.iter()).any(|o| o == "*" || o.as_bytes() == origin.as_bytes());
+    (!allowed).then(|| ApiError::foreign_origin(&String::from_utf8_lossy(origin.as_bytes())))
 }

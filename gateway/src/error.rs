@@ -221,6 +221,18 @@ impl ApiError {
         )
     }
 
+    /// A browser page on an origin `router.cors_origins` does not name.
+    pub fn foreign_origin(origin: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "origin_refused",
+            format!(
+                "requests from the origin {origin:?} are refused: a web page may call this API only from an origin router.cors_origins names"
+            ),
+        )
+    }
+
     /// The one answer to a missing, unknown or revoked key.
     pub fn invalid_key() -> Self {
         Self::new(

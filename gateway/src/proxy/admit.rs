@@ -33,8 +33,13 @@ impl Caller {
     }
 }
 
-/// The key in the headers, or the one refusal for every failure.
+/// The key in the headers, or the one refusal for every failure; a
+/// browser page on a foreign origin is refused first, key or none
+/// ([`crate::cors::foreign_origin`]).
 pub(crate) fn identify(gw: &Gateway, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    if let Some(refused) = crate::cors::foreign_origin(gw, headers) {
+        return Err(refused);
+    }
     let key = match &gw.keys {
         Some(directory) => Some(directory.authenticate(headers)?),
         None => None,

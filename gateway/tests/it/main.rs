@@ -1442,6 +1442,72 @@ async fn a_listed_origins_page_may_call_the_api_from_a_browser() {
     assert!(r.headers().get("access-control-allow-origin").is_none());
 }
 
+/// With keys off, a page on any site the person opens could make their
+/// browser run generations here: a `text/plain` or form post needs no
+/// preflight. A request whose `Origin` `router.cors_origins` does not name
+/// is refused on every API path, in the API's envelope, before the engine
+/// sees it; a rebound name (the page's origin is this server's host) too.
+/// Clients that send no `Origin` (SDKs, curl) and listed origins are
+/// served.
+#[tokio::test]
+async fn a_page_on_a_foreign_origin_is_refused_on_the_api() {
+    let engine = sim(support::sim_config()).await;
+    let app = "https://app.example.com";
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![spec("a", &engine, &["m"])],
+        cors_origins: vec![app.to_owned()],
+        ..GatewayConfig::default()
+    })
+    .await;
+    let own = gw.base.clone();
+    let client = reqwest::Client::new();
+    let post = |path: &str, origin: Option<&str>| {
+        let body = json!({"model": "m", "max_tokens": 1, "input": "hi",
+            "messages": [{"role": "user", "content": "hi"}]});
+        let r = client
+            .post(format!("{}{path}", gw.base))
+            .header("content-type", "text/plain")
+            .body(body.to_string());
+        match origin {
+            Some(o) => r.header("origin", o),
+            None => r,
+        }
+        .send()
+    };
+    let served = || metric(&engine, "vllm:prompt_tokens_total");
+    for origin in ["https://evil.example", own.as_str(), "null"] {
+        for path in ["/v1/chat/completions", "/v1/responses", "/v1/embeddings"] {
+            let r = post(path, Some(origin)).await.unwrap();
+            assert_eq!(r.status(), 403, "{origin} {path}");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "origin_refused", "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("{origin:?}")),
+                "{body}"
+            );
+        }
+        let r = client
+            .get(format!("{}/v1/models", gw.base))
+            .header("origin", origin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{origin}");
+    }
+    assert_eq!(served().await, 0.0, "no refused request reached the engine");
+    assert_eq!(
+        post("/v1/chat/completions", None).await.unwrap().status(),
+        200
+    );
+    let r = post("/v1/chat/completions", Some(app)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], app);
+    assert!(served().await > 0.0);
+}
+
 #[tokio::test]
 async fn the_router_view_supplies_endpoints_and_aliases_and_an_update_keeps_live_state() {
     use llmgw_domain::Event;
