@@ -6,9 +6,11 @@
 //! busy 503 not at all; when none serves, the engine's error is the
 //! client's answer), and so is a plain answer that breaks off
 //! mid-body (the client has nothing of it yet); a stream that breaks after
-//! its first byte is continued on another replica ([`super::relay`]). A
-//! model with no capacity at all passes the request to the next model of
-//! the plan; one whose endpoints failed ends it.
+//! its first byte is continued on another replica ([`super::relay`]). An
+//! engine's refusal (a 4xx, a 501) is the client's answer, in OpenAI's
+//! shape whatever the engine ([`super::refusal`]). A model with no
+//! capacity at all passes the request to the next model of the plan; one
+//! whose endpoints failed ends it.
 
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ use axum::http::{HeaderName, header};
 use axum::response::Response;
 
 use super::account::{Finish, GIVEN_UP, Ticket};
+use super::refusal::message_of;
 use super::relay::{Resume, relay};
 use super::request::{ClientRequest, with_model};
 use super::resolve::Plan;
@@ -140,29 +143,10 @@ impl EngineError {
         self.status == axum::http::StatusCode::SERVICE_UNAVAILABLE && self.retry_after.is_some()
     }
 
-    /// The message of an OpenAI-shaped error body (`error.message`), a
-    /// FastAPI one (`detail`), or its first line of text; cut to a line's
-    /// worth, and nothing of an HTML page.
+    /// The engine's message ([`message_of`]), cut to a line's worth.
     fn read(status: axum::http::StatusCode, headers: &axum::http::HeaderMap, body: &[u8]) -> Self {
         let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
-        let from_json = json.as_ref().and_then(|v| {
-            [
-                &v["error"]["message"],
-                &v["message"],
-                &v["detail"],
-                &v["error"],
-            ]
-            .into_iter()
-            .find_map(|m| m.as_str().map(str::to_owned))
-        });
-        let text = String::from_utf8_lossy(body);
-        let text = text.trim();
-        let message = from_json
-            .or_else(|| {
-                (!text.starts_with('<')).then(|| text.lines().next().unwrap_or_default().to_owned())
-            })
-            .unwrap_or_default();
-        let message: String = message.chars().take(500).collect();
+        let message: String = message_of(json.as_ref(), body).chars().take(500).collect();
         let retry_after = headers
             .get(header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
@@ -281,14 +265,22 @@ async fn attempt(
                 break;
             }
         };
-        let status = head.status;
         // Another endpoint served what they failed: each is broken.
-        if status.is_success() {
+        if head.status.is_success() {
             for e in erred.drain(..) {
                 e.record(false);
             }
         }
-        let content_type = head.headers.get(header::CONTENT_TYPE).cloned();
+        let mut content_type = head.headers.get(header::CONTENT_TYPE).cloned();
+        // The engine's refusal, said as OpenAI says it whatever the engine.
+        let (status, body_answer, final_answer) = match body_answer {
+            Answer::Whole(bytes) if refused(head.status) => {
+                let said = super::refusal::normalise(head.status, &bytes, path, model);
+                content_type = Some(header::HeaderValue::from_static("application/json"));
+                (said.status, Answer::Whole(said.body), said.final_answer)
+            }
+            answer => (head.status, answer, false),
+        };
         // A hosted service's 429 says when to come back; an SDK waits that
         // long only if it is passed on.
         let retry_after = head.headers.get(header::RETRY_AFTER).cloned();
@@ -343,6 +335,12 @@ async fn attempt(
         if let Some(ra) = retry_after {
             headers.insert(header::RETRY_AFTER, ra);
         }
+        if final_answer {
+            headers.insert(
+                HeaderName::from_static("x-should-retry"),
+                header::HeaderValue::from_static("false"),
+            );
+        }
         if let Some(v) = endpoint.model_header(model) {
             headers.insert(SERVED_MODEL, v);
         }
@@ -392,9 +390,10 @@ async fn exchange(
             // told to come back when it says. A bare 503 (a proxy with no
             // engine behind it) counts as any server error. A 501 is the
             // engine saying what it does not do (llama.cpp's embeddings
-            // without --embeddings): about the request, relayed as it
-            // is, never the engine's health; three of them, any client's,
-            // opened the breaker and took the model from everyone.
+            // without --embeddings): about the request, answered as a
+            // final 400 ([`super::refusal`]), never the engine's health;
+            // three of them, any client's, opened the breaker and took
+            // the model from everyone.
             Ok(r)
                 if r.status().is_server_error()
                     && r.status() != reqwest::StatusCode::NOT_IMPLEMENTED =>
@@ -436,7 +435,10 @@ async fn exchange(
         };
         endpoint.record(true);
         let (head, upstream) = upstream.into_parts();
-        if stream {
+        // An error is answered whole, streamed request or not (engines
+        // refuse before they stream), and read whole to be said in
+        // OpenAI's shape; one sent as events is relayed as it is.
+        if stream && (!refused(head.status) || event_stream(&head.headers)) {
             return Ok((head, Answer::Stream(upstream)));
         }
         match super::whole(upstream).await {
@@ -455,6 +457,19 @@ async fn exchange(
     tokio::time::timeout(gw.config.response_timeout, exchanged)
         .await
         .unwrap_or_else(|_| Err(timed_out(endpoint, gw.config.response_timeout, stream)))
+}
+
+/// An engine's refusal, to be said in OpenAI's shape (a redirect is
+/// relayed as it came).
+fn refused(status: axum::http::StatusCode) -> bool {
+    status.is_client_error() || status.is_server_error()
+}
+
+fn event_stream(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// The request's account while an engine has it and nothing has come

@@ -21,6 +21,7 @@ mod admit;
 mod content;
 mod continuation;
 mod forward;
+mod refusal;
 mod relay;
 mod request;
 mod resolve;

@@ -7,7 +7,7 @@
 //! `store: true`, retrieval by id) is refused by name.
 //!
 //! Errors are the API's one envelope on both paths, so a refusal passes
-//! through untouched.
+//! through, naming the request's field as this API does (`input`).
 
 mod answer;
 mod input;
@@ -38,10 +38,11 @@ pub(crate) fn to_chat(body: &[u8]) -> Result<(Bytes, Asked), ApiError> {
     request::to_chat(body).map(|(b, a)| (Bytes::from(b), a))
 }
 
-/// The chat completion's answer as the Responses API's: an error as it is.
+/// The chat completion's answer as the Responses API's: an error as it is,
+/// but for the field it names.
 pub(crate) async fn answer(response: Response, asked: Asked) -> Response {
     if !response.status().is_success() {
-        return response;
+        return refusal(response).await;
     }
     let streamed = response
         .headers()
@@ -96,6 +97,25 @@ pub(crate) async fn answer(response: Response, asked: Asked) -> Response {
         header::HeaderValue::from_static("application/json"),
     );
     Response::from_parts(parts, Body::from(turned.to_string()))
+}
+
+/// An engine's refusal of the chat completion, naming the field of the
+/// request as this API does: a prompt that does not fit is in `input`
+/// here, not in the `messages` made of it.
+async fn refusal(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    let Ok(whole) = axum::body::to_bytes(body, 1 << 20).await else {
+        return ApiError::upstream("the engine's answer broke off before its end").into_response();
+    };
+    let body = match serde_json::from_slice::<serde_json::Value>(&whole) {
+        Ok(mut v) if v["error"]["param"] == "messages" => {
+            v["error"]["param"] = "input".into();
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Bytes::from(v.to_string())
+        }
+        _ => whole,
+    };
+    Response::from_parts(parts, Body::from(body))
 }
 
 /// `/v1/responses/{id}` and what hangs under it (retrieve, cancel,

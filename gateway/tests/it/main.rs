@@ -7,6 +7,7 @@ mod connections;
 mod hostile;
 mod kv_events;
 mod migration;
+mod refusals;
 mod support;
 mod tenancy;
 mod upstream;
@@ -1333,11 +1334,12 @@ async fn one_clients_bad_request_retried_does_not_take_the_model_from_everyone()
     }
     assert_eq!(ask("hello").await.unwrap().status(), 200);
     // What the engine does not do, asked by any number of different
-    // requests: relayed, and no breaker opens (three took the model from
-    // everyone for the cool-down).
+    // requests: a final 400, and no breaker opens (three took the model
+    // from everyone for the cool-down).
     for n in 0..6 {
         let r = ask(&format!("UNSUPPORTED {n}")).await.unwrap();
-        assert_eq!(r.status(), 501);
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.headers()["x-should-retry"], "false");
         let said: Value = r.json().await.unwrap();
         assert!(
             said["error"]["message"]
