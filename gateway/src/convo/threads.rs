@@ -90,15 +90,45 @@ pub(crate) fn trim(history: Vec<Value>, new: &[Value], budget: u64) -> (Vec<Valu
         total -= cost(m);
         k += 1;
     }
-    let k = whole_turns(&history, k);
+    let k = whole_turns(&history, new, k);
     (drop_oldest(&history, k), k)
 }
 
+fn role(m: &Value) -> Option<&str> {
+    m.get("role").and_then(Value::as_str)
+}
+
+/// How many messages (not system ones) may go, oldest first, with `new`
+/// after them: all of them, unless the new turn goes on with an open one
+/// (it starts with a tool's result or an assistant's message): then the
+/// open turn, from the history's last person's message on, stays, or a
+/// tool's result was sent without the call it answers and the question
+/// before it. Beyond that the engine says the prompt does not fit.
+pub(crate) fn droppable(history: &[Value], new: &[Value]) -> usize {
+    let turns: Vec<&Value> = history.iter().filter(|m| !is_system(m)).collect();
+    let goes_on = new
+        .iter()
+        .find(|m| !is_system(m))
+        .is_some_and(|m| role(m) != Some("user"));
+    if !goes_on {
+        return turns.len();
+    }
+    turns
+        .iter()
+        .rposition(|m| role(m) == Some("user"))
+        .unwrap_or(0)
+}
+
 /// `k` messages dropped, oldest first, rounded up to whole turns: what is
-/// left starts with a person's message. A reply left without its question,
-/// or a tool's result without the call it answers, is refused by the
-/// engines' chat templates (vLLM's among them).
-pub(crate) fn whole_turns(history: &[Value], k: usize) -> usize {
+/// left starts with a person's message, and the turn `new` goes on with
+/// stays ([`droppable`]). A reply left without its question, or a tool's
+/// result without the call it answers, is refused by the engines' chat
+/// templates (vLLM's among them).
+pub(crate) fn whole_turns(history: &[Value], new: &[Value], k: usize) -> usize {
+    whole(history, k).min(droppable(history, new))
+}
+
+fn whole(history: &[Value], k: usize) -> usize {
     if k == 0 {
         return 0;
     }
@@ -594,14 +624,44 @@ mod tests {
             json!({"role": "assistant", "content": "ok"}),
         ];
         // One message too many: the whole first turn goes, four messages.
-        assert_eq!(whole_turns(&history, 1), 4);
-        assert_eq!(whole_turns(&history, 4), 4);
-        assert_eq!(whole_turns(&history, 5), 6, "no person's message left");
-        assert_eq!(drop_oldest(&history, 4)[0], user(2));
         let new = [user(3)];
+        assert_eq!(whole_turns(&history, &new, 1), 4);
+        assert_eq!(whole_turns(&history, &new, 4), 4);
+        assert_eq!(
+            whole_turns(&history, &new, 5),
+            6,
+            "no person's message left"
+        );
+        assert_eq!(drop_oldest(&history, 4)[0], user(2));
         let all: u64 = history.iter().chain(&new).map(cost).sum();
         let (kept, dropped) = trim(history.clone(), &new, all - 1);
         assert_eq!((kept[0].clone(), dropped), (user(2), 4));
+    }
+
+    /// A turn that goes on with an open one (a tool's result for the call
+    /// the history ends with) keeps that turn whatever the budget: its
+    /// question and the call stay before the result.
+    #[test]
+    fn trimming_keeps_the_turn_a_tool_result_answers() {
+        let user = |i: u32| json!({"role": "user", "content": format!("q{i} {}", "x".repeat(80))});
+        let calls = json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]});
+        let history = vec![
+            user(1),
+            json!({"role": "assistant", "content": "a1"}),
+            user(2),
+            calls.clone(),
+        ];
+        let result = [json!({"role": "tool", "tool_call_id": "c", "content": "12:00"})];
+        assert_eq!(droppable(&history, &result), 2);
+        let (kept, dropped) = trim(history.clone(), &result, 0);
+        assert_eq!((kept, dropped), (vec![user(2), calls.clone()], 2));
+        // A new question may drop it all.
+        let (kept, dropped) = trim(history.clone(), &[user(3)], 0);
+        assert_eq!((kept.len(), dropped), (0, 4));
+        // No person's message in the history: nothing goes.
+        let only = vec![calls.clone()];
+        assert_eq!(trim(only.clone(), &result, 0), (only, 0));
     }
 
     /// A stream that broke off, or carried an error, is not kept; one

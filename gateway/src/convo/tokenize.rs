@@ -120,13 +120,11 @@ pub(crate) async fn trim_counted(
     budget: u64,
     tokenizer: &Tokenizer,
 ) -> Option<(Vec<Value>, usize)> {
-    let droppable = history
-        .iter()
-        .filter(|m| !super::threads::is_system(m))
-        .count();
-    // Whole turns only: what is left starts with a person's message.
+    let droppable = super::threads::droppable(history, new);
+    // Whole turns only: what is left starts with a person's message, and
+    // keeps the turn `new` goes on with.
     let keep = |k: usize| -> Vec<Value> {
-        super::threads::drop_oldest(history, super::threads::whole_turns(history, k))
+        super::threads::drop_oldest(history, super::threads::whole_turns(history, new, k))
     };
     let prompt = |k: usize| {
         let mut all = keep(k);
@@ -146,5 +144,5 @@ pub(crate) async fn trim_counted(
             lo = mid + 1;
         }
     }
-    Some((keep(lo), super::threads::whole_turns(history, lo)))
+    Some((keep(lo), super::threads::whole_turns(history, new, lo)))
 }
