@@ -83,7 +83,9 @@ pub(crate) enum UsersCommand {
         password: Option<String>,
     },
     /// Remove a person's personal data (email, name, password, sessions).
-    /// The log keeps their id and what was done, and still verifies.
+    /// The log keeps their id and what was done, and still verifies. The
+    /// threads and memory notes kept for their project are the project's
+    /// and stay (what is printed says how to delete them).
     Erase {
         /// The person's id (`users list` shows it).
         id: String,
@@ -180,12 +182,45 @@ async fn run_on(api: &Api, args: UsersArgs) -> anyhow::Result<Outcome> {
             .await?
         }
         UsersCommand::Erase { id } => {
-            api.call(&origin, Method::POST, &post(&id, "erase"), none)
-                .await?
+            // Read first: the row names the project whose threads and
+            // notes the erasure leaves.
+            let project = project_of(api, &origin, &id).await;
+            let changed: api::Changed = api
+                .call(&origin, Method::POST, &post(&id, "erase"), none)
+                .await?;
+            writeln!(out, "{}", changed.message)?;
+            writeln!(out, "{}", not_erased(project.as_deref()))?;
+            return Ok(Outcome::Ok);
         }
     };
     writeln!(out, "{}", changed.message)?;
     Ok(Outcome::Ok)
+}
+
+/// The project a person was let into, where the server says.
+async fn project_of(api: &Api, origin: &Origin, id: &str) -> Option<String> {
+    let none: Option<&()> = None;
+    let rows: Vec<api::UserRow> = api
+        .call(origin, Method::GET, "/api/v1/users", none)
+        .await
+        .ok()?;
+    rows.into_iter().find(|r| r.user_id == id)?.project
+}
+
+/// What an erasure leaves: a project's threads and memory notes are the
+/// project's, not tied to the person who wrote them, and how an operator
+/// deletes them.
+fn not_erased(project: Option<&str>) -> String {
+    let p = project.unwrap_or("P");
+    let whose = project.map_or("their project".to_owned(), |p| format!("project {p}"));
+    format!(
+        "Not erased: the threads and memory notes kept for {whose}, which belong to the project, \
+         not to a person. To delete them, switch them off (the next sweep deletes all the \
+         project keeps, and it keeps none until switched on again): \
+         llmgw keys threads --project {p} --off; llmgw keys memory --project {p} --off. \
+         A client with the project's key deletes one with DELETE /v1/threads/{{id}} or \
+         DELETE /v1/memory/{{key}}."
+    )
 }
 
 /// What the server answers to an added person: the id, which a server

@@ -72,13 +72,57 @@ pub enum Put {
     Replaced,
 }
 
-/// Per project, how long each kind is kept (hours since the last write).
-/// A project absent from a map keeps nothing of that kind: the sweep
-/// deletes what it still has.
+/// A thread as a turn read it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Thread {
+    /// Oldest first; empty for a thread that does not exist.
+    pub messages: Vec<serde_json::Value>,
+    pub seen: Seen,
+}
+
+/// Which thread was read: its creation time, or none where there was no
+/// thread (the default). A thread deleted and made again under the same
+/// id is another thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen(pub(crate) Option<i64>);
+
+/// What became of a turn's closing write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    Kept,
+    /// The thread the turn read was deleted since: nothing was written.
+    Deleted,
+}
+
+/// How long a project keeps one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Until unwritten this many hours.
+    Hours(u32),
+    /// Nothing: the kind is switched off, and the sweep deletes what the
+    /// project still has.
+    Nothing,
+}
+
+impl Keep {
+    /// What was last written before this goes.
+    fn before(self, now: DateTime<Utc>) -> i64 {
+        match self {
+            Keep::Hours(h) => micros(now) - i64::from(h) * 3_600_000_000,
+            Keep::Nothing => i64::MAX,
+        }
+    }
+}
+
+/// Per project, how long each kind is kept: only the projects the
+/// sweeping server knows of. A project absent from a map is left alone:
+/// servers of different kinds may share one store (a gateway without
+/// keys keeps the ownerless pool, one with keys its projects), and none
+/// may judge what another keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Retention {
-    pub threads: BTreeMap<String, u32>,
-    pub notes: BTreeMap<String, u32>,
+    pub threads: BTreeMap<String, Keep>,
+    pub notes: BTreeMap<String, Keep>,
 }
 
 /// What a sweep deleted.
@@ -96,10 +140,6 @@ pub struct Convo {
 
 fn micros(at: DateTime<Utc>) -> i64 {
     at.timestamp_micros()
-}
-
-fn cutoff(now: DateTime<Utc>, hours: u32) -> i64 {
-    micros(now) - i64::from(hours) * 3_600_000_000
 }
 
 impl Convo {
@@ -147,10 +187,18 @@ impl Convo {
     /// A thread's messages, oldest first; empty for a thread that does not
     /// exist (here: in this project).
     pub async fn history(&self, project: &str, thread: &str) -> Result<Vec<serde_json::Value>> {
-        self.db.history(project, thread).await
+        Ok(self.thread(project, thread).await?.messages)
     }
 
-    /// Appends messages to a thread, making it if new.
+    /// A thread's messages, and which thread they are: what a turn reads
+    /// when it opens, so that its closing write ([`Convo::append_seen`])
+    /// goes to the same thread or nowhere.
+    pub async fn thread(&self, project: &str, thread: &str) -> Result<Thread> {
+        self.db.thread(project, thread).await
+    }
+
+    /// Appends messages to a thread, making it if new, whatever became of
+    /// it meanwhile (a turn's closing write is [`Convo::append_seen`]).
     pub async fn append(
         &self,
         project: &str,
@@ -158,10 +206,28 @@ impl Convo {
         messages: &[serde_json::Value],
         now: DateTime<Utc>,
     ) -> Result<()> {
+        self.append_seen(project, thread, Seen::default(), messages, now)
+            .await
+            .map(drop)
+    }
+
+    /// Appends a turn's messages to the thread it read when it opened
+    /// (`seen`): a thread deleted since, or deleted and made again, is
+    /// not written (the delete wins over a turn in flight); a thread that
+    /// did not exist then is made, or appended to if another turn made it
+    /// meanwhile.
+    pub async fn append_seen(
+        &self,
+        project: &str,
+        thread: &str,
+        seen: Seen,
+        messages: &[serde_json::Value],
+        now: DateTime<Utc>,
+    ) -> Result<Appended> {
         limits::check_name("thread", thread)?;
         let messages: Vec<String> = messages.iter().map(|m| m.to_string()).collect();
         self.db
-            .append(project, thread, &messages, micros(now))
+            .append(project, thread, seen.0, &messages, micros(now))
             .await
     }
 
@@ -183,22 +249,19 @@ impl Convo {
     }
 
     /// Deletes what has outlived its project's retention, and everything
-    /// of a project that no longer keeps that kind.
+    /// of a project that no longer keeps that kind; a project `keep` does
+    /// not name is not touched.
     pub async fn sweep(&self, keep: &Retention, now: DateTime<Utc>) -> Result<Swept> {
         let mut swept = Swept::default();
         for project in self.db.projects_with_threads().await? {
-            let before = keep
-                .threads
-                .get(&project)
-                .map_or(i64::MAX, |h| cutoff(now, *h));
-            swept.threads += self.db.sweep_threads(&project, before).await?;
+            if let Some(k) = keep.threads.get(&project) {
+                swept.threads += self.db.sweep_threads(&project, k.before(now)).await?;
+            }
         }
         for project in self.db.projects_with_notes().await? {
-            let before = keep
-                .notes
-                .get(&project)
-                .map_or(i64::MAX, |h| cutoff(now, *h));
-            swept.notes += self.db.sweep_notes(&project, before).await?;
+            if let Some(k) = keep.notes.get(&project) {
+                swept.notes += self.db.sweep_notes(&project, k.before(now)).await?;
+            }
         }
         Ok(swept)
     }

@@ -137,24 +137,30 @@ fn message(v: &Value) -> &str {
     v["error"]["message"].as_str().unwrap_or("")
 }
 
-/// Starts a router-only server with keys on, two projects and their keys.
-async fn setup(
-    backend: Backend,
-    dir: &std::path::Path,
-) -> (
+type Setup = (
     String,
     Scratch,
     super::Child,
     super::tenancy::Server,
     String,
     String,
-) {
+);
+
+/// Starts a router-only server with keys on, two projects and their keys.
+async fn setup(backend: Backend, dir: &std::path::Path) -> Setup {
+    setup_sweeping(backend, dir, "100ms").await
+}
+
+/// The same, sweeping every `sweep` (the first at the start).
+async fn setup_sweeping(backend: Backend, dir: &std::path::Path, sweep: &str) -> Setup {
     let (store, scratch) = Scratch::new(backend).await;
     let engine = engine();
     let e = engine.addr_after("listening on ");
-    let extra = "auth: {enabled: true, flush_interval: 50ms}\n\
-                 conversations: {default_context: 220, sweep_interval: 100ms}\n";
-    let server = start(&config(dir, "convo", &store, &e, Mode::RouterOnly, extra));
+    let extra = format!(
+        "auth: {{enabled: true, flush_interval: 50ms}}\n\
+         conversations: {{default_context: 220, sweep_interval: {sweep}}}\n"
+    );
+    let server = start(&config(dir, "convo", &store, &e, Mode::RouterOnly, &extra));
     for p in ["p", "q"] {
         keys_ok(
             &store,
@@ -798,7 +804,7 @@ async fn mcp_story(backend: Backend) {
         .post(format!("{}/mcp", c.base))
         .bearer_auth(&kq)
         .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-            "params": {"name": "recall", "arguments": {"key": "from-mcp"}}}))
+            "params": {"name": "remember", "arguments": {"key": "k", "text": "x"}}}))
         .send()
         .await
         .unwrap()
@@ -1164,4 +1170,311 @@ async fn a_turn_whose_answer_breaks_off_is_not_kept() {
         .await
         .unwrap();
     assert_eq!(kept.status(), 404, "{}", kept.text().await.unwrap());
+}
+
+/// Servers of two kinds on one store, both sweeping: one with keys
+/// (projects pa and pb) and one without, whose `threads:` block keeps the
+/// ownerless pool. Each deletes only what it keeps: the keyless server's
+/// first sweep deleted every project's threads and notes, and the keyed
+/// server deleted the pool's threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_server_sweeps_only_what_it_keeps() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let sweep = "conversations: {sweep_interval: 100ms}\n";
+    let keyed = start(&config(
+        dir.path(),
+        "keyed",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        &format!("auth: {{enabled: true, flush_interval: 50ms}}\n{sweep}"),
+    ));
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: keyed.base.clone(),
+    };
+    let hello = json!([{"role": "user", "content": "hello"}]);
+    for p in ["pa", "pb"] {
+        let tree = ["init", "--org", "o", "--team", "t", "--project", p];
+        keys_ok(&store, &keyed.admin, &tree);
+        keys_ok(&store, &keyed.admin, &["threads", "--project", p]);
+        let memory = ["memory", "--project", p, "--retain-hours", "24"];
+        keys_ok(&store, &keyed.admin, &memory);
+        let key = key_for(&store, &keyed.admin, p);
+        c.turn(&key, "t", "paid", hello.clone()).await;
+        let note = Some(json!({"text": "x"}));
+        let (status, _) = c.memory(&key, None, Method::PUT, "/n", note).await;
+        assert_eq!(status, 201);
+    }
+    // The pool's threads, as the keyless server keeps them: one unwritten
+    // past its two hours, one fresh.
+    let log = AnyStore::open(
+        &StoreAddress::parse(&store).unwrap(),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    let tables = llmgw_convo::Convo::new(&log);
+    let turn = [json!({"role": "user", "content": "hello"})];
+    let now = chrono::Utc::now();
+    let stale = now - chrono::TimeDelta::hours(3);
+    tables.append("", "stale", &turn, stale).await.unwrap();
+    tables.append("", "fresh", &turn, now).await.unwrap();
+    let notes_of = |p: &str| llmgw_convo::Owner {
+        project: p.into(),
+        agent: "default".into(),
+    };
+
+    // The keyless server's first sweep, at its start: the pool's stale
+    // thread, and nothing of the projects.
+    let keyless = start(&config(
+        dir.path(),
+        "keyless",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        &format!("threads: {{retain_hours: 2}}\n{sweep}"),
+    ));
+    let swept = super::Child::expect(&keyless.child.stderr, "swept conversations");
+    assert!(swept.contains("threads=1 notes=0"), "{swept}");
+    assert!(tables.history("", "stale").await.unwrap().is_empty());
+    for p in ["pa", "pb"] {
+        assert_eq!(tables.history(p, "t").await.unwrap().len(), 1, "{p}");
+        let note = tables.note(&notes_of(p), "n").await.unwrap();
+        assert!(note.is_some(), "{p}'s note");
+    }
+
+    // The keyed server deletes pb's threads once pb switches them off,
+    // and leaves the pool's.
+    keys_ok(
+        &store,
+        &keyed.admin,
+        &["threads", "--project", "pb", "--off"],
+    );
+    let swept = super::Child::expect(&keyed.child.stderr, "swept conversations");
+    assert!(swept.contains("threads=1 notes=0"), "{swept}");
+    assert!(tables.history("pb", "t").await.unwrap().is_empty());
+    assert_eq!(tables.history("pa", "t").await.unwrap().len(), 1);
+    assert_eq!(
+        tables.history("", "fresh").await.unwrap().len(),
+        1,
+        "the pool's thread"
+    );
+}
+
+/// Switched off, a project keeps no more, but until the sweep deletes
+/// what it kept, its clients can still read and delete their own threads
+/// and notes (they were refused: 403 threads_off, "this request would
+/// lose its history"). Erasing a person of the project says that its
+/// threads and notes are not erased, and how an operator deletes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reads_and_deletes_its_own_after_the_switch_is_off() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    // One sweep, at the start: none while the test runs.
+    let (store, _scratch, _engine, server, kp, _) =
+        setup_sweeping(Backend::Sqlite, dir.path(), "1h").await;
+    keys_ok(&store, &server.admin, &["threads", "--project", "p"]);
+    let memory = ["memory", "--project", "p", "--retain-hours", "24"];
+    keys_ok(&store, &server.admin, &memory);
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let hello = json!([{"role": "user", "content": "hello"}]);
+    for thread in ["mine", "other"] {
+        c.turn(&kp, thread, "paid", hello.clone()).await;
+    }
+    for key in ["/plan", "/lunch"] {
+        let note = Some(json!({"text": "curry on fridays"}));
+        let (status, _) = c.memory(&kp, None, Method::PUT, key, note).await;
+        assert_eq!(status, 201);
+    }
+    let thread = |method: Method, id: &str| {
+        c.http
+            .request(method, format!("{}/v1/threads/{id}", c.base))
+            .bearer_auth(&kp)
+            .send()
+    };
+
+    // Erasure leaves the project's threads and notes, and says so.
+    let id = super::web::users(
+        &store,
+        &server.admin,
+        &[
+            "add",
+            "--email",
+            "gina@example.com",
+            "--project",
+            "p",
+            "--password",
+            "correct horse battery staple",
+        ],
+    );
+    let said = super::web::users(&store, &server.admin, &["erase", id.trim()]);
+    assert!(said.contains("personal data is erased"), "{said}");
+    assert!(
+        said.contains("Not erased: the threads and memory notes kept for project p"),
+        "{said}"
+    );
+    for off in [
+        "llmgw keys threads --project p --off",
+        "llmgw keys memory --project p --off",
+    ] {
+        assert!(said.contains(off), "{said}");
+    }
+    assert_eq!(thread(Method::GET, "mine").await.unwrap().status(), 200);
+
+    keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--off"],
+    );
+    keys_ok(
+        &store,
+        &server.admin,
+        &["memory", "--project", "p", "--off"],
+    );
+    // Nothing more is kept...
+    let r = c
+        .chat(&kp, "mine", json!({"model": "paid", "messages": hello}))
+        .await;
+    assert_eq!(r.status(), 403);
+    let note = Some(json!({"text": "x"}));
+    let (status, v) = c.memory(&kp, None, Method::PUT, "/late", note).await;
+    assert_eq!(status, 403);
+    assert!(message(&v).contains("keeps no memory notes"), "{v}");
+
+    // ...but what was kept is still the client's to read and delete.
+    let r = thread(Method::GET, "mine").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let kept: Value = r.json().await.unwrap();
+    assert_eq!(kept["messages"][0]["content"], "hello", "{kept}");
+    assert_eq!(thread(Method::DELETE, "mine").await.unwrap().status(), 204);
+    assert_eq!(thread(Method::GET, "mine").await.unwrap().status(), 404);
+    assert_eq!(thread(Method::GET, "other").await.unwrap().status(), 200);
+    let (status, v) = c.memory(&kp, None, Method::GET, "/plan", None).await;
+    assert_eq!((status, &v["text"]), (200, &json!("curry on fridays")));
+    let (status, v) = c.memory(&kp, None, Method::GET, "?q=curry", None).await;
+    assert_eq!((status, v["data"].as_array().map(Vec::len)), (200, Some(2)));
+    let (status, _) = c.memory(&kp, None, Method::DELETE, "/lunch", None).await;
+    assert_eq!(status, 204);
+    // And through MCP: recall and forget reach, remember is refused.
+    let tool = |name: &str, arguments: Value| {
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments}});
+        rpc(&c, &kp, None, call)
+    };
+    let (_, v) = tool("recall", json!({"key": "plan"})).await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let (_, v) = tool("forget", json!({"key": "plan"})).await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let (_, v) = tool("remember", json!({"key": "k", "text": "x"})).await;
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    let (status, _) = c.memory(&kp, None, Method::GET, "/plan", None).await;
+    assert_eq!(status, 404);
+}
+
+/// A raw JSON-RPC POST to /mcp with `key`, naming `version` in
+/// MCP-Protocol-Version: the status and the body (null when none).
+async fn rpc(c: &Client, key: &str, version: Option<&str>, body: Value) -> (u16, Value) {
+    let mut r = c
+        .http
+        .post(format!("{}/mcp", c.base))
+        .bearer_auth(key)
+        .json(&body);
+    if let Some(v) = version {
+        r = r.header("mcp-protocol-version", v);
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// /mcp answers as JSON-RPC 2.0 and MCP's transport say, in raw
+/// requests: an unknown tool, or none named, is Invalid params (-32602;
+/// it was a tool result marked as an error); a message without
+/// "jsonrpc": "2.0", or a request whose id is null, is an Invalid Request
+/// (-32600); a protocol version the server does not speak is 400. A
+/// batch is answered where the version has them (2025-03-26, which a
+/// request without the header is read as) and refused where it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_answers_json_rpc_as_the_specification_says() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch, _engine, server, kp, _) = setup(Backend::Sqlite, dir.path()).await;
+    let memory = ["memory", "--project", "p", "--retain-hours", "24"];
+    keys_ok(&store, &server.admin, &memory);
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let call = |id: u64, params: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    let ping = |id: Value| json!({"jsonrpc": "2.0", "id": id, "method": "ping"});
+    let error = |v: &Value| (v["id"].clone(), v["error"]["code"].as_i64());
+
+    for (body, id, code) in [
+        (
+            call(1, json!({"name": "nope", "arguments": {}})),
+            json!(1),
+            -32602,
+        ),
+        (call(2, json!({"arguments": {}})), json!(2), -32602),
+        (json!({"id": 3, "method": "ping"}), json!(3), -32600),
+        (
+            json!({"jsonrpc": "1.0", "id": 4, "method": "ping"}),
+            json!(4),
+            -32600,
+        ),
+        (ping(Value::Null), Value::Null, -32600),
+        (json!({"jsonrpc": "2.0", "id": 5}), json!(5), -32600),
+    ] {
+        let (status, v) = rpc(&c, &kp, None, body.clone()).await;
+        assert_eq!(status, 200, "{body}: {v}");
+        assert_eq!(error(&v), (id, Some(code)), "{body}: {v}");
+        assert!(v.get("result").is_none(), "{v}");
+    }
+
+    let (status, v) = rpc(&c, &kp, Some("2099-01-01"), ping(json!(6))).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2099-01-01")
+    );
+    let (status, v) = rpc(&c, &kp, Some("2025-06-18"), ping(json!(7))).await;
+    assert_eq!((status, &v["result"]), (200, &json!({})), "{v}");
+
+    // A batch, answered in its order; a notification in it has no answer.
+    let batch = json!([
+        ping(json!(8)),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        call(9, json!({"name": "remember", "arguments": {"key": "b", "text": "batched"}})),
+        {"jsonrpc": "2.0", "id": 10, "method": "initialize", "params": {}},
+    ]);
+    for version in [None, Some("2025-03-26")] {
+        let (status, v) = rpc(&c, &kp, version, batch.clone()).await;
+        assert_eq!(status, 200, "{v}");
+        let answers = v.as_array().unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(answers.len(), 3, "{v}");
+        assert_eq!(answers[0]["id"], 8);
+        assert_eq!(answers[1]["result"]["isError"], false, "{v}");
+        assert_eq!(error(&answers[2]), (json!(10), Some(-32600)), "{v}");
+    }
+    let (status, v) = c.memory(&kp, None, Method::GET, "/b", None).await;
+    assert_eq!((status, &v["text"]), (200, &json!("batched")));
+    let notified = json!([{"jsonrpc": "2.0", "method": "notifications/initialized"}]);
+    let (status, _) = rpc(&c, &kp, None, notified).await;
+    assert_eq!(status, 202);
+    let (_, v) = rpc(&c, &kp, None, json!([])).await;
+    assert_eq!(error(&v), (Value::Null, Some(-32600)), "{v}");
+    // 2025-06-18 took batches out.
+    let (_, v) = rpc(&c, &kp, Some("2025-06-18"), json!([ping(json!(11))])).await;
+    assert_eq!(error(&v), (Value::Null, Some(-32600)), "{v}");
 }

@@ -8,7 +8,7 @@ mod sqlite;
 use llmgw_eventstore::AnyStore;
 use sqlx::{PgPool, SqlitePool};
 
-use crate::{ConvoError, Note, Owner, Put, Result, Search};
+use crate::{Appended, ConvoError, Note, Owner, Put, Result, Search, Seen, Thread};
 
 #[derive(Debug, Clone)]
 pub(crate) enum Db {
@@ -107,22 +107,21 @@ impl Db {
         each!(self, search(owner, search, limit))
     }
 
-    pub(crate) async fn history(
-        &self,
-        project: &str,
-        thread: &str,
-    ) -> Result<Vec<serde_json::Value>> {
-        each!(self, history(project, thread))
+    pub(crate) async fn thread(&self, project: &str, thread: &str) -> Result<Thread> {
+        each!(self, thread(project, thread))
     }
 
+    /// Appends to the thread made at `seen` (None: to whichever there is,
+    /// made if there is none).
     pub(crate) async fn append(
         &self,
         project: &str,
         thread: &str,
+        seen: Option<i64>,
         messages: &[String],
         now: i64,
-    ) -> Result<()> {
-        each!(self, append(project, thread, messages, now))
+    ) -> Result<Appended> {
+        each!(self, append(project, thread, seen, messages, now))
     }
 
     pub(crate) async fn delete_thread(&self, project: &str, thread: &str) -> Result<bool> {
@@ -147,11 +146,30 @@ impl Db {
     }
 }
 
-/// The turns of stored messages, parsed.
-pub(crate) fn messages_of(rows: Vec<String>) -> Result<Vec<serde_json::Value>> {
-    rows.iter()
+/// The columns a thread is read with, on both backends: the thread's
+/// creation and its turns, in one statement so that they are of one
+/// thread even while it is deleted and made again.
+pub(crate) const THREAD_SQL: &str = "SELECT t.created_at, u.message FROM convo_threads t
+      LEFT JOIN convo_turns u ON u.project_id = t.project_id AND u.thread_id = t.thread_id
+     WHERE t.project_id = $1 AND t.thread_id = $2
+     ORDER BY u.seq";
+
+/// A thread from its rows (none: no thread), its turns parsed.
+pub(crate) fn thread_of(rows: Vec<(i64, Option<String>)>) -> Result<Thread> {
+    let seen = Seen(rows.first().map(|(created, _)| *created));
+    let messages = rows
+        .iter()
+        .filter_map(|(_, m)| m.as_deref())
         .map(|m| {
             serde_json::from_str(m).map_err(|e| ConvoError::Store(format!("a stored turn: {e}")))
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok(Thread { messages, seen })
 }
+
+/// A turn's closing write of the thread it read (made at `$5`): the
+/// first turn's number, or no row where that thread is gone.
+pub(crate) const APPEND_SEEN_SQL: &str = "UPDATE convo_threads
+        SET updated_at = $3, next_seq = next_seq + $4
+      WHERE project_id = $1 AND thread_id = $2 AND created_at = $5
+     RETURNING next_seq - $4";

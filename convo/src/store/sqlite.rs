@@ -3,8 +3,8 @@
 
 use sqlx::SqlitePool;
 
-use super::{NoteRow, db_err, messages_of, note_of};
-use crate::{ConvoError, Note, Owner, Put, Result, Search};
+use super::{APPEND_SEEN_SQL, NoteRow, THREAD_SQL, db_err, note_of, thread_of};
+use crate::{Appended, ConvoError, Note, Owner, Put, Result, Search, Thread};
 
 type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
 
@@ -139,45 +139,53 @@ pub(super) async fn search(
     rows.into_iter().map(note_of).collect()
 }
 
-pub(super) async fn history(
-    pool: &SqlitePool,
-    project: &str,
-    thread: &str,
-) -> Result<Vec<serde_json::Value>> {
-    let rows: Vec<String> = sqlx::query_scalar(
-        "SELECT message FROM convo_turns WHERE project_id = $1 AND thread_id = $2 ORDER BY seq",
-    )
-    .bind(project)
-    .bind(thread)
-    .fetch_all(pool)
-    .await
-    .map_err(db_err)?;
-    messages_of(rows)
+pub(super) async fn thread(pool: &SqlitePool, project: &str, thread: &str) -> Result<Thread> {
+    let rows: Vec<(i64, Option<String>)> = sqlx::query_as(THREAD_SQL)
+        .bind(project)
+        .bind(thread)
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    thread_of(rows)
 }
 
 pub(super) async fn append(
     pool: &SqlitePool,
     project: &str,
     thread: &str,
+    seen: Option<i64>,
     messages: &[String],
     now: i64,
-) -> Result<()> {
+) -> Result<Appended> {
     let mut tx = begin(pool).await?;
-    let first: i64 = sqlx::query_scalar(
-        "INSERT INTO convo_threads (project_id, thread_id, created_at, updated_at, next_seq)
-         VALUES ($1, $2, $3, $3, $4)
-         ON CONFLICT (project_id, thread_id)
-         DO UPDATE SET updated_at = excluded.updated_at,
-                       next_seq = convo_threads.next_seq + excluded.next_seq
-         RETURNING next_seq - $4",
-    )
-    .bind(project)
-    .bind(thread)
-    .bind(now)
-    .bind(messages.len() as i64)
-    .fetch_one(&mut *tx)
+    let count = messages.len() as i64;
+    let first: Option<i64> = match seen {
+        None => sqlx::query_scalar(
+            "INSERT INTO convo_threads (project_id, thread_id, created_at, updated_at, next_seq)
+             VALUES ($1, $2, $3, $3, $4)
+             ON CONFLICT (project_id, thread_id)
+             DO UPDATE SET updated_at = excluded.updated_at,
+                           next_seq = convo_threads.next_seq + excluded.next_seq
+             RETURNING next_seq - $4",
+        )
+        .bind(project)
+        .bind(thread)
+        .bind(now)
+        .bind(count)
+        .fetch_optional(&mut *tx),
+        Some(created) => sqlx::query_scalar(APPEND_SEEN_SQL)
+            .bind(project)
+            .bind(thread)
+            .bind(now)
+            .bind(count)
+            .bind(created)
+            .fetch_optional(&mut *tx),
+    }
     .await
     .map_err(db_err)?;
+    let Some(first) = first else {
+        return Ok(Appended::Deleted);
+    };
     for (i, m) in messages.iter().enumerate() {
         sqlx::query(
             "INSERT INTO convo_turns (project_id, thread_id, seq, message) VALUES ($1, $2, $3, $4)",
@@ -190,7 +198,8 @@ pub(super) async fn append(
         .await
         .map_err(db_err)?;
     }
-    tx.commit().await.map_err(db_err)
+    tx.commit().await.map_err(db_err)?;
+    Ok(Appended::Kept)
 }
 
 /// Deletes the threads and their turns; SQLite does not enforce foreign

@@ -1,4 +1,4 @@
-use llmgw_convo::{ConvoError, Put, Retention, Search};
+use llmgw_convo::{ConvoError, Keep, Put, Retention, Search};
 
 use crate::support::{BOTH, Backend, Fx, hours, owner, t0};
 
@@ -205,7 +205,11 @@ async fn the_sweep_deletes_notes_past_retention_and_those_of_projects_switched_o
             .await
             .unwrap();
         let keep = Retention {
-            notes: [("p".to_owned(), 10)].into(),
+            notes: [
+                ("p".to_owned(), Keep::Hours(10)),
+                ("off".to_owned(), Keep::Nothing),
+            ]
+            .into(),
             ..Retention::default()
         };
         let swept = fx.convo.sweep(&keep, hours(21)).await.unwrap();

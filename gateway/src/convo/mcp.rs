@@ -1,9 +1,10 @@
 //! `/mcp`: the memory notes as an MCP server (the streamable HTTP
-//! transport, protocol 2024-11-05 to 2025-11-25), with the tools `remember`, `recall` and
-//! `forget`. A client POSTs one JSON-RPC message at a time and is answered
+//! transport, protocol 2024-11-05 to 2025-11-25), with the tools
+//! `remember`, `recall` and `forget`. A client POSTs one JSON-RPC message
+//! at a time (or a batch, where its version has them) and is answered
 //! with one JSON body; the server keeps no session (every request carries
-//! its key, and a note's owner is the key's project and `x-llmgw-agent`, as
-//! on `/v1/memory`), so it offers no event stream (GET answers 405).
+//! its key, and a note's owner is the key's project and `x-llmgw-agent`,
+//! as on `/v1/memory`), so it offers no event stream (GET answers 405).
 //!
 //! Written here rather than with the `rmcp` SDK: three tools need four
 //! JSON-RPC methods, while the SDK's HTTP service brings its own session
@@ -24,7 +25,7 @@ use llmgw_convo::{Owner, Put};
 use serde_json::{Value, json};
 
 use super::memory::{MAX_RESULTS, note_json, search_by};
-use super::{convo_error, keeper, memory_of};
+use super::{Use, convo_error, keeper, memory_of};
 use crate::{ApiError, Gateway};
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
@@ -33,6 +34,16 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
 
 /// The protocol versions this server speaks, newest first.
 const VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// The header a client names its version with on every request after
+/// `initialize` (2025-06-18 on).
+const VERSION_HEADER: &str = "mcp-protocol-version";
+
+/// JSON-RPC's error codes.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const NO_METHOD: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
 
 /// No server-initiated stream and no session to end.
 async fn no_stream() -> Response {
@@ -53,44 +64,230 @@ async fn handle(State(gw): State<Arc<Gateway>>, request: axum::extract::Request)
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    let batches = match takes_batches(&headers) {
+        Ok(b) => b,
+        Err(unsupported) => {
+            let body = rpc_error(Value::Null, INVALID_REQUEST, &unsupported);
+            return (StatusCode::BAD_REQUEST, json_body(&body)).into_response();
+        }
+    };
     let body = match crate::proxy::body_within(request, super::BODY_LIMIT).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
     let message: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return rpc_error(Value::Null, -32700, &format!("not JSON: {e}")),
-    };
-    let Some(method) = message.get("method").and_then(Value::as_str) else {
-        // A response to us (we never ask) or garbage.
-        if message.get("id").is_some() && message.get("jsonrpc").is_some() {
-            return StatusCode::ACCEPTED.into_response();
+        Err(e) => {
+            return json_body(&rpc_error(
+                Value::Null,
+                PARSE_ERROR,
+                &format!("not JSON: {e}"),
+            ));
         }
-        return rpc_error(
+    };
+    let caller = Caller {
+        gw: &gw,
+        key: caller.key.as_deref(),
+        headers: &headers,
+    };
+    let answer = match message {
+        Value::Array(batch) if batches => caller.batch(batch).await,
+        Value::Array(_) => Some(rpc_error(
             Value::Null,
-            -32600,
-            "a JSON-RPC 2.0 request needs a method (one message per POST)",
-        );
+            INVALID_REQUEST,
+            "batches are not part of MCP since 2025-06-18: send one message per POST",
+        )),
+        one => caller.answer(&one).await,
     };
-    let Some(id) = message.get("id").cloned() else {
-        // A notification (initialized, cancelled): nothing to answer.
-        return StatusCode::ACCEPTED.into_response();
-    };
-    let params = message.get("params").cloned().unwrap_or(Value::Null);
-    let result = match method {
-        "initialize" => Ok(initialize(&params)),
-        "ping" => Ok(json!({})),
-        "tools/list" => Ok(json!({"tools": tools()})),
-        "tools/call" => Ok(call(&gw, caller.key.as_deref(), &headers, &params).await),
-        other => Err((-32601, format!("no method {other:?}"))),
-    };
-    match result {
-        Ok(result) => json_body(json!({"jsonrpc": "2.0", "id": id, "result": result})),
-        Err((code, message)) => rpc_error(id, code, &message),
+    match answer {
+        Some(v) => json_body(&v),
+        // Notifications and responses only: nothing to answer.
+        None => StatusCode::ACCEPTED.into_response(),
     }
 }
 
-fn json_body(v: Value) -> Response {
+/// Whether the client's version takes batches: 2025-03-26 does, and the
+/// specification has a server read a request without the header as
+/// 2025-03-26 (2024-11-05's clients send none either); 2025-06-18 took
+/// them out. A version this server does not speak is refused (400), as
+/// the specification requires.
+fn takes_batches(headers: &HeaderMap) -> Result<bool, String> {
+    let Some(v) = headers.get(VERSION_HEADER) else {
+        return Ok(true);
+    };
+    match v.to_str().ok().filter(|v| VERSIONS.contains(v)) {
+        Some(v) => Ok(v <= "2025-03-26"),
+        None => Err(format!(
+            "MCP-Protocol-Version {:?} is not one this server speaks: {}",
+            String::from_utf8_lossy(v.as_bytes()),
+            VERSIONS.join(", ")
+        )),
+    }
+}
+
+/// One JSON-RPC message, as JSON-RPC 2.0 and MCP shape it.
+enum Message<'a> {
+    Request {
+        id: &'a Value,
+        method: &'a str,
+        params: &'a Value,
+    },
+    /// A notification, or a response to us (we never ask): no answer.
+    Unanswered,
+}
+
+/// A request's id: a string or an integer, never null (MCP).
+fn valid_id(id: &Value) -> bool {
+    id.is_string() || id.is_i64() || id.is_u64()
+}
+
+impl<'a> Message<'a> {
+    /// The message, or why it is not a valid one (an Invalid Request).
+    fn of(m: &'a Value) -> Result<Self, &'static str> {
+        if m.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Err("a JSON-RPC 2.0 message is an object with \"jsonrpc\": \"2.0\"");
+        }
+        let id = m.get("id");
+        match (m.get("method"), id) {
+            (Some(Value::String(_)), None) => Ok(Message::Unanswered),
+            (Some(Value::String(method)), Some(id)) if valid_id(id) => Ok(Message::Request {
+                id,
+                method,
+                params: m.get("params").unwrap_or(&Value::Null),
+            }),
+            (Some(Value::String(_)), Some(_)) => {
+                Err("a request's id is a string or an integer, never null")
+            }
+            (Some(_), _) => Err("a request's method is a string"),
+            (None, Some(id))
+                if valid_id(id) && (m.get("result").is_some() || m.get("error").is_some()) =>
+            {
+                Ok(Message::Unanswered)
+            }
+            (None, _) => Err("a JSON-RPC 2.0 request needs a method"),
+        }
+    }
+}
+
+/// Who asks, for the tools.
+struct Caller<'a> {
+    gw: &'a Gateway,
+    key: Option<&'a llmgw_projections::KeyEntry>,
+    headers: &'a HeaderMap,
+}
+
+impl Caller<'_> {
+    /// A batch's answers, in its order; None when it held only
+    /// notifications and responses.
+    async fn batch(&self, batch: Vec<Value>) -> Option<Value> {
+        if batch.is_empty() {
+            return Some(rpc_error(Value::Null, INVALID_REQUEST, "an empty batch"));
+        }
+        let mut answers = Vec::new();
+        for m in &batch {
+            let answer = if m.get("method").and_then(Value::as_str) == Some("initialize") {
+                Some(rpc_error(
+                    id_of(m),
+                    INVALID_REQUEST,
+                    "initialize is sent alone, never in a batch",
+                ))
+            } else {
+                self.answer(m).await
+            };
+            answers.extend(answer);
+        }
+        (!answers.is_empty()).then_some(Value::Array(answers))
+    }
+
+    /// One message's answer; None for a notification or a response.
+    async fn answer(&self, m: &Value) -> Option<Value> {
+        let (id, method, params) = match Message::of(m) {
+            Ok(Message::Request { id, method, params }) => (id, method, params),
+            Ok(Message::Unanswered) => return None,
+            Err(why) => return Some(rpc_error(id_of(m), INVALID_REQUEST, why)),
+        };
+        let result = match method {
+            "initialize" => Ok(initialize(params)),
+            "ping" => Ok(json!({})),
+            "tools/list" => Ok(json!({"tools": tools()})),
+            "tools/call" => self.call(params).await,
+            other => Err((NO_METHOD, format!("no method {other:?}"))),
+        };
+        Some(match result {
+            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Err((code, message)) => rpc_error(id.clone(), code, &message),
+        })
+    }
+
+    /// `tools/call`: an unknown tool, or none named, is the caller's
+    /// mistake (Invalid params); what the tool itself refuses is a result
+    /// the model reads.
+    async fn call(&self, params: &Value) -> Result<Value, (i64, String)> {
+        let tool = match params.get("name") {
+            Some(Value::String(name)) => Tool::named(name).ok_or_else(|| {
+                (
+                    INVALID_PARAMS,
+                    format!("no tool {name:?}: the tools are remember, recall and forget"),
+                )
+            })?,
+            _ => {
+                return Err((
+                    INVALID_PARAMS,
+                    "tools/call names its tool in params.name".into(),
+                ));
+            }
+        };
+        let args = match params.get("arguments") {
+            None | Some(Value::Null) => json!({}),
+            Some(a @ Value::Object(_)) => a.clone(),
+            Some(_) => return Err((INVALID_PARAMS, "a tool's arguments are an object".into())),
+        };
+        Ok(outcome(
+            async {
+                let need = match tool {
+                    Tool::Remember => Use::Write,
+                    Tool::Recall | Tool::Forget => Use::Reach,
+                };
+                let owner = memory_of(self.gw, self.key, self.headers, need)?;
+                match tool {
+                    Tool::Remember => remember(self.gw, &owner, &args).await,
+                    Tool::Recall => recall(self.gw, &owner, &args).await,
+                    Tool::Forget => forget(self.gw, &owner, &args).await,
+                }
+            }
+            .await,
+        ))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Tool {
+    Remember,
+    Recall,
+    Forget,
+}
+
+impl Tool {
+    fn named(name: &str) -> Option<Tool> {
+        match name {
+            "remember" => Some(Tool::Remember),
+            "recall" => Some(Tool::Recall),
+            "forget" => Some(Tool::Forget),
+            _ => None,
+        }
+    }
+}
+
+/// A message's id for an error about it: its own where it is a valid
+/// one, else null (JSON-RPC's answer to a request whose id is unknown).
+fn id_of(m: &Value) -> Value {
+    m.get("id")
+        .filter(|id| valid_id(id))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn json_body(v: &Value) -> Response {
     (
         [(
             header::CONTENT_TYPE,
@@ -101,12 +298,12 @@ fn json_body(v: Value) -> Response {
         .into_response()
 }
 
-fn rpc_error(id: Value, code: i64, message: &str) -> Response {
-    json_body(json!({
+fn rpc_error(id: Value, code: i64, message: &str) -> Value {
+    json!({
         "jsonrpc": "2.0",
         "id": id,
         "error": {"code": code, "message": message},
-    }))
+    })
 }
 
 fn initialize(params: &Value) -> Value {
@@ -181,30 +378,6 @@ fn outcome(r: Result<(String, Value), ApiError>) -> Value {
             "isError": true,
         }),
     }
-}
-
-async fn call(
-    gw: &Gateway,
-    key: Option<&llmgw_projections::KeyEntry>,
-    headers: &HeaderMap,
-    params: &Value,
-) -> Value {
-    let name = params.get("name").and_then(Value::as_str).unwrap_or("");
-    let args = params.get("arguments").cloned().unwrap_or(json!({}));
-    outcome(
-        async {
-            let owner = memory_of(gw, key, headers)?.0;
-            match name {
-                "remember" => remember(gw, &owner, &args).await,
-                "recall" => recall(gw, &owner, &args).await,
-                "forget" => forget(gw, &owner, &args).await,
-                other => Err(ApiError::bad_request(format!(
-                    "no tool {other:?}: the tools are remember, recall and forget"
-                ))),
-            }
-        }
-        .await,
-    )
 }
 
 fn text_arg<'a>(args: &'a Value, name: &str) -> Result<Option<&'a str>, ApiError> {

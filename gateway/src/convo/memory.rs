@@ -17,7 +17,7 @@ use llmgw_convo::{Note, Put, Search};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{convo_error, keeper, memory_of};
+use super::{Use, convo_error, keeper, memory_of};
 use crate::{ApiError, Gateway};
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
@@ -90,7 +90,7 @@ async fn write(
         async {
             let key = path_key(key)?;
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
+            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Write)?;
             // Read only once the key is known to be good.
             let body = crate::proxy::body_within(request, super::BODY_LIMIT).await?;
             let note: NoteBody = serde_json::from_slice(&body).map_err(|e| {
@@ -127,7 +127,7 @@ async fn read(
         async {
             let key = path_key(key)?;
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
+            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Reach)?;
             let note = keeper(&gw)?
                 .store
                 .note(&owner, &key)
@@ -149,7 +149,7 @@ async fn forget(
         async {
             let key = path_key(key)?;
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
+            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Reach)?;
             if keeper(&gw)?
                 .store
                 .delete_note(&owner, &key)
@@ -192,7 +192,7 @@ async fn search(
             let Query(q) =
                 q.map_err(|e| ApiError::bad_request(format!("the query: {}", e.body_text())))?;
             let caller = crate::proxy::identify(&gw, &headers)?;
-            let (owner, _) = memory_of(&gw, caller.key.as_deref(), &headers)?;
+            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Reach)?;
             let how = search_by(
                 q.q.as_deref(),
                 q.tag.as_deref(),

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
-use llmgw_convo::{Convo, ConvoError, Retention};
-use llmgw_domain::conversations::{MemorySetting, ThreadsSetting};
+use llmgw_convo::{Convo, ConvoError, Keep, Retention};
+use llmgw_domain::conversations::ThreadsSetting;
 
 use crate::{ApiError, Gateway};
 
@@ -28,7 +28,7 @@ const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 pub(crate) use mcp::routes as mcp_routes;
 pub(crate) use memory::routes as memory_routes;
-pub(crate) use threads::{Turn, delete as delete_thread, read as read_thread, thread_header};
+pub(crate) use threads::{Turn, thread_header};
 
 /// How conversations are kept, beside the per-project switches.
 #[derive(Debug, Clone)]
@@ -68,25 +68,27 @@ impl Gateway {
         let _ = self.convo.set(Arc::new(Keeper { store, settings }));
     }
 
-    /// Per project, how long threads and notes are kept: the tenancy
-    /// view's switches, and the ownerless pool (project `""`).
+    /// Per project, how long threads and notes are kept: with keys, each
+    /// project the tenancy view knows (switched off: nothing); without,
+    /// the ownerless pool (project `""`). What this server does not know
+    /// of (another kind of server's, on the same store) is not named, so
+    /// the sweep leaves it alone.
     pub fn retention(&self) -> Retention {
         let mut keep = Retention::default();
         if let Some(keys) = &self.keys {
             let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
             let t = &views.tenancy.tenancy;
-            keep.threads = t
-                .threads
-                .iter()
-                .map(|(p, s)| (p.clone(), s.retain_hours))
-                .collect();
-            keep.notes = t
-                .memory
-                .iter()
-                .map(|(p, s)| (p.clone(), s.retain_hours))
-                .collect();
+            let per_project = |hours: &dyn Fn(&str) -> Option<u32>| {
+                t.projects
+                    .keys()
+                    .map(|p| (p.clone(), hours(p).map_or(Keep::Nothing, Keep::Hours)))
+                    .collect()
+            };
+            keep.threads = per_project(&|p| t.threads.get(p).map(|s| s.retain_hours));
+            keep.notes = per_project(&|p| t.memory.get(p).map(|s| s.retain_hours));
         } else if let Some(open) = self.convo.get().and_then(|k| k.settings.open_threads) {
-            keep.threads.insert(String::new(), open.retain_hours);
+            keep.threads
+                .insert(String::new(), Keep::Hours(open.retain_hours));
         }
         keep
     }
@@ -94,7 +96,9 @@ impl Gateway {
 
 /// Sweeps the conversation tables every `period` (the first at once):
 /// what outlived its retention goes, and everything of a project that
-/// switched a kind off. Any server may sweep: deletions are idempotent.
+/// switched a kind off; what this server does not know of stays (see
+/// [`Gateway::retention`]). Any server may sweep: deletions are
+/// idempotent.
 pub async fn sweep_every(gw: Arc<Gateway>, period: Duration) {
     let Some(keeper) = gw.convo.get().cloned() else {
         return;
@@ -155,17 +159,79 @@ fn keeper(gw: &Gateway) -> Result<Arc<Keeper>, ApiError> {
     })
 }
 
+/// What a request does with what is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    /// Keeps more: only where the project keeps that kind.
+    Write,
+    /// Reads or deletes what is kept: also once the project switched the
+    /// kind off, until the sweep deletes it, so that a client can always
+    /// read and delete its own.
+    Reach,
+}
+
+tokio::task_local! {
+    /// Set while a thread is read or deleted (`/v1/threads/{id}`): see
+    /// [`threads_of`].
+    static REACHING_THREADS: ();
+}
+
+/// `GET /v1/threads/{id}`, for a project that switched threads off too.
+pub(crate) async fn read_thread(
+    gw: axum::extract::State<Arc<Gateway>>,
+    headers: HeaderMap,
+    thread: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> axum::response::Response {
+    REACHING_THREADS
+        .scope((), threads::read(gw, headers, thread))
+        .await
+}
+
+/// `DELETE /v1/threads/{id}`, for a project that switched threads off too.
+pub(crate) async fn delete_thread(
+    gw: axum::extract::State<Arc<Gateway>>,
+    headers: HeaderMap,
+    thread: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> axum::response::Response {
+    REACHING_THREADS
+        .scope((), threads::delete(gw, headers, thread))
+        .await
+}
+
 /// Where a caller's threads are kept: its project, or the ownerless pool.
+/// A thread's turn needs the project to keep threads; reading or
+/// deleting one (inside [`read_thread`] and [`delete_thread`]) does not,
+/// and has no setting to use.
 fn threads_of(
     gw: &Gateway,
     key: Option<&llmgw_projections::KeyEntry>,
 ) -> Result<(String, ThreadsSetting), ApiError> {
+    let need = match REACHING_THREADS.try_with(|_| ()) {
+        Ok(()) => Use::Reach,
+        Err(_) => Use::Write,
+    };
+    let (project, setting) = threads_for(gw, key, need)?;
+    let unused = ThreadsSetting {
+        capture: false,
+        retain_hours: 0,
+    };
+    Ok((project, setting.unwrap_or(unused)))
+}
+
+/// The project whose threads the caller's key reaches, and its setting
+/// (None: switched off, where `need` allows that).
+fn threads_for(
+    gw: &Gateway,
+    key: Option<&llmgw_projections::KeyEntry>,
+    need: Use,
+) -> Result<(String, Option<ThreadsSetting>), ApiError> {
     let keeper = keeper(gw)?;
     match (key, &gw.keys) {
         (Some(k), Some(keys)) => {
             let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
             match views.tenancy.tenancy.threads.get(&*k.project_id) {
-                Some(s) => Ok((k.project_id.to_string(), *s)),
+                Some(s) => Ok((k.project_id.to_string(), Some(*s))),
+                None if need == Use::Reach => Ok((k.project_id.to_string(), None)),
                 None => Err(refusal(
                     StatusCode::FORBIDDEN,
                     "threads_off",
@@ -178,7 +244,7 @@ fn threads_of(
             }
         }
         _ => match keeper.settings.open_threads {
-            Some(s) => Ok((String::new(), s)),
+            Some(s) => Ok((String::new(), Some(s))),
             None => Err(refusal(
                 StatusCode::FORBIDDEN,
                 "conversations_off",
@@ -188,12 +254,15 @@ fn threads_of(
     }
 }
 
-/// Where a caller's notes are kept: its project and agent.
+/// Whose notes a request reaches: its key's project and agent. Writing
+/// needs the project to keep notes; reading, searching and deleting do
+/// not (see [`Use::Reach`]).
 fn memory_of(
     gw: &Gateway,
     key: Option<&llmgw_projections::KeyEntry>,
     headers: &HeaderMap,
-) -> Result<(llmgw_convo::Owner, MemorySetting), ApiError> {
+    need: Use,
+) -> Result<llmgw_convo::Owner, ApiError> {
     keeper(gw)?;
     let (Some(k), Some(keys)) = (key, &gw.keys) else {
         return Err(refusal(
@@ -204,11 +273,11 @@ fn memory_of(
                 .into(),
         ));
     };
-    let setting = {
+    let keeps = {
         let views = keys.views.read().unwrap_or_else(|p| p.into_inner());
-        views.tenancy.tenancy.memory.get(&*k.project_id).copied()
+        views.tenancy.tenancy.memory.contains_key(&*k.project_id)
     };
-    let Some(setting) = setting else {
+    if !keeps && need == Use::Write {
         return Err(refusal(
             StatusCode::FORBIDDEN,
             "memory_off",
@@ -218,7 +287,7 @@ fn memory_of(
                 p = k.project_id
             ),
         ));
-    };
+    }
     let agent = match headers.get("x-llmgw-agent") {
         None => "default".to_owned(),
         Some(v) => {
@@ -227,11 +296,8 @@ fn memory_of(
             a
         }
     };
-    Ok((
-        llmgw_convo::Owner {
-            project: k.project_id.to_string(),
-            agent,
-        },
-        setting,
-    ))
+    Ok(llmgw_convo::Owner {
+        project: k.project_id.to_string(),
+        agent,
+    })
 }
