@@ -110,24 +110,32 @@ impl Clocks {
                 self.drain_since.replicas.remove(replica_id.as_str());
                 self.placed_at.remove(replica_id.as_str());
             }
-            Event::Replica(ReplicaEvent::ReplicaFailed { replica_id, .. }) => {
-                if let Some(m) = model(replica_id) {
+            Event::Replica(ReplicaEvent::ReplicaFailed { replica_id, reason }) => {
+                if let Some(m) = model(replica_id)
+                    && !not_the_models_fault(reason)
+                {
                     // Ready a while since its last failure, it is a new
                     // run of failures; ready only a moment (an engine that
                     // dies seconds after it loads), the same run goes on,
                     // and its backoff grows instead of restarting each time.
                     // (Ready since the last failure, that is: another
                     // replica ready long ago does not end the run.)
-                    let n = match (self.failures.get(&m), self.ready_at.get(&m)) {
+                    let (n, last) = match (self.failures.get(&m), self.ready_at.get(&m)) {
                         (Some((_, last)), Some(ready))
                             if ready >= last && at - *ready >= STEADY_MS =>
                         {
-                            0
+                            (0, None)
                         }
-                        (Some((n, _)), _) => *n,
-                        (None, _) => 0,
+                        (Some((n, last)), _) => (*n, Some(*last)),
+                        (None, _) => (0, None),
                     };
-                    self.failures.insert(m, (n + 1, at));
+                    // Several replicas failing at once (a machine, a
+                    // shared cause) are one failure, not a run of them.
+                    let n = match last {
+                        Some(last) if at - last < SAME_INCIDENT_MS => n,
+                        _ => n + 1,
+                    };
+                    self.failures.insert(m, (n, at));
                 }
             }
             Event::Replica(ReplicaEvent::ReplicaReady { replica_id }) => {
@@ -177,6 +185,24 @@ impl Clocks {
 /// to start a new run of failures (backoff from the base again) rather
 /// than go on with the last run's.
 pub const STEADY_MS: Millis = 60_000;
+
+/// Failures of one model's replicas this close together are one incident:
+/// a machine, or one cause, taking several down at once counted as
+/// several failures in a row (a backoff of 23 s for two engines killed
+/// together, 39 s for three).
+pub const SAME_INCIDENT_MS: Millis = 500;
+
+/// A failure that says nothing of the model, which waits out no backoff
+/// for it: its node was lost or removed (its engines may well be fine),
+/// or the port it was given was taken by another program (the agent says
+/// "port N is not free on this node", agent/src/session/shards.rs, and
+/// the port is held out of placement there), so a new placement goes
+/// elsewhere at once.
+fn not_the_models_fault(reason: &str) -> bool {
+    let node_gone = reason.starts_with("node ")
+        && (reason.ends_with(" is lost") || reason.ends_with(" was removed"));
+    node_gone || reason.contains("is not free on this node")
+}
 
 /// A number in [0, 1) that depends only on `model` and `failures`
 /// (FNV-1a), standing in for a random draw every server must agree on.
@@ -279,6 +305,47 @@ mod tests {
         placed(&mut state, "r6", "chat");
         c.observe(&state, &failed("r6"), UnixMillis(200_000));
         assert_eq!(c.failures["chat"], (2, UnixMillis(200_000)));
+    }
+
+    /// A lost node or a taken port is not the model's failure, and
+    /// replicas failing together count once.
+    #[test]
+    fn failures_that_are_not_the_models_or_come_together_count_once_or_not_at_all() {
+        let mut state = State::default();
+        let mut c = Clocks::default();
+        let with = |id: &str, reason: &str| {
+            Event::Replica(ReplicaEvent::ReplicaFailed {
+                replica_id: id.into(),
+                reason: reason.into(),
+            })
+        };
+        for id in ["r1", "r2", "r3", "r4", "r5"] {
+            placed(&mut state, id, "chat");
+        }
+        c.observe(&state, &with("r1", "node n1 is lost"), UnixMillis(1_000));
+        c.observe(
+            &state,
+            &with("r2", "node n1 was removed"),
+            UnixMillis(1_000),
+        );
+        c.observe(
+            &state,
+            &with(
+                "r3",
+                "shard r3-0 failed: port 20000 is not free on this node; something else listens there",
+            ),
+            UnixMillis(2_000),
+        );
+        assert!(c.failures.is_empty(), "{:?}", c.failures);
+        assert_eq!(c.not_before("chat", 100, 10_000), None);
+        // Two engines killed together: one failure.
+        c.observe(&state, &failed("r4"), UnixMillis(10_000));
+        c.observe(
+            &state,
+            &failed("r5"),
+            UnixMillis(10_000 + SAME_INCIDENT_MS - 1),
+        );
+        assert_eq!(c.failures["chat"].0, 1);
     }
 
     #[test]
