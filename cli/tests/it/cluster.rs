@@ -73,12 +73,26 @@ impl Drop for StateFileSweeper {
     }
 }
 
+/// A port free now, for a listener a test names before it starts (an
+/// agent listener that agents and a standby are told of). Taken from
+/// 22000–26999, below the kernel's ephemeral range (32768 up): a port the
+/// kernel handed out (bind to 0) was soon another connection's source
+/// port, and the server meant to bind it failed to start. A counter keeps
+/// this process's tests from being given one port twice.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 22_000;
+    const SPAN: u32 = 5_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id() % SPAN;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < SPAN, "no free port left in {FIRST}..{}", FIRST + SPAN);
+        let port = (FIRST + (start + n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 pub(crate) fn model_yaml(min: u32) -> String {

@@ -1030,12 +1030,21 @@ impl Child {
 
     /// Waits for a line on `stream` containing `needle`; returns it.
     fn expect(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+        Child::expect_or(rx, needle, String::new)
+    }
+
+    /// As [`Child::expect`], saying `why()` when no such line comes (the
+    /// process's own account of a start that failed).
+    fn expect_or(
+        rx: &std::sync::mpsc::Receiver<String>,
+        needle: &str,
+        why: impl Fn() -> String,
+    ) -> String {
         loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|_| panic!("no line with {needle:?}"));
-            if line.contains(needle) {
-                return line;
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line with {needle:?} ({e:?}){}", why()),
             }
         }
     }
@@ -1055,7 +1064,13 @@ impl Child {
     /// What follows `prefix` on the next stdout line that has it (the
     /// line's message, for a process logging JSON).
     fn addr_after(&self, prefix: &str) -> String {
-        let line = Child::expect(&self.stdout, prefix);
+        // A start that failed (a port taken meanwhile, say) says why on
+        // stderr: shown, not only that the line never came.
+        let said = || {
+            let lines: Vec<String> = self.stderr.try_iter().collect();
+            format!("; its stderr:\n{}", lines.join("\n"))
+        };
+        let line = Child::expect_or(&self.stdout, prefix, said);
         serde_json::from_str::<Value>(&line)
             .ok()
             .and_then(|v| v["fields"]["message"].as_str().map(str::to_owned))
