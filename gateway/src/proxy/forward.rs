@@ -65,6 +65,15 @@ pub(crate) async fn forward(
             }
             // No capacity: the next model of the plan.
             Err(None) => continue,
+            // No endpoint of it could be reached (refused, or gone before
+            // an answer), and none is slow: as good as no capacity, so the
+            // next model of the plan, said if none serves. (An engine's
+            // own error is the request's, and a timeout may be work under
+            // way: those end here.)
+            Err(Some(why)) if why.answer.is_none() && !why.timed_out => {
+                failed = Some(why);
+                continue;
+            }
             Err(Some(why)) => {
                 failed = Some(why);
                 break;

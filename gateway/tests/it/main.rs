@@ -341,6 +341,38 @@ async fn an_engine_nothing_answers_for_makes_the_server_not_ready() {
     assert_eq!(ready(&alive).await, 200);
 }
 
+/// A model none of whose endpoints can be reached (refused: its engine
+/// died, its breaker not yet open) is as good as out of capacity: the
+/// plan's fallback serves, from the first request (they got 502 until
+/// the breaker opened, and one every cool-down after).
+#[tokio::test]
+async fn a_model_whose_engines_refuse_connections_falls_back() {
+    let engine = sim(llmgw_sim::SimConfig {
+        models: vec!["backup".into()],
+        ..support::sim_config()
+    })
+    .await;
+    let gw = support::gateway_with(GatewayConfig {
+        endpoints: vec![
+            spec("dead", &dead_url(), &["steady"]),
+            spec("live", &engine, &["backup"]),
+        ],
+        fallbacks: [("steady".to_string(), vec!["backup".to_string()])].into(),
+        ..GatewayConfig::default()
+    })
+    .await;
+    for stream in [false, true, false] {
+        let r = gw.chat(&chat("steady", stream, 2)).await;
+        assert_eq!(r.status(), 200, "stream {stream}");
+        assert_eq!(r.headers()["x-llmgw-served-model"], "backup");
+        r.text().await.unwrap();
+    }
+    // Nothing else to go to: said as before.
+    let alone = gateway(vec![spec("dead", &dead_url(), &["m"])]).await;
+    let r = alone.chat(&chat("m", false, 1)).await;
+    assert_eq!(r.status(), 502);
+}
+
 #[tokio::test]
 async fn nothing_routable_means_not_ready() {
     let gw = gateway(vec![spec("dead", &dead_url(), &["m"])]).await;
