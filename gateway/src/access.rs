@@ -144,7 +144,14 @@ pub(crate) fn plain_line(path: &str) -> bool {
     ) && !path.starts_with("/static/")
 }
 
-/// A request's plain access line: method, path, status and time.
+/// The key a request was made with, put on its answer by a handler of a
+/// route with a plain line (memory notes, threads, MCP), so that the line
+/// names who wrote or deleted what, as an inference line does.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyOf(pub(crate) Arc<str>);
+
+/// A request's plain access line: method, path, status and time, and the
+/// key where the handler named it ([`KeyOf`]).
 pub(crate) struct Plain {
     id: Option<RequestId>,
     method: axum::http::Method,
@@ -164,15 +171,16 @@ impl Plain {
 
     /// Names the request's id itself: outside `/v1` the request's span
     /// is kept for debugging, and at info it names nothing.
-    pub(crate) fn finish(self, status: u16) {
+    pub(crate) fn finish(self, answer: &axum::response::Response) {
         let ms = (self.started.elapsed().as_micros() as f64) / 1000.0;
         tracing::info!(
             target: "llmgw::access",
             request_id = self.id.as_ref().map_or("-", RequestId::as_str),
             client = self.id.as_ref().and_then(RequestId::client).map(tracing::field::display),
+            key_id = answer.extensions().get::<KeyOf>().map(|k| &*k.0),
             method = %self.method,
             path = self.path,
-            status,
+            status = answer.status().as_u16(),
             duration_ms = ms,
             "request"
         );

@@ -1172,6 +1172,68 @@ async fn a_turn_whose_answer_breaks_off_is_not_kept() {
     assert_eq!(kept.status(), 404, "{}", kept.text().await.unwrap());
 }
 
+/// A turn the store cannot keep (a lock held past its timeout) is not
+/// answered as if kept: the answer's end is cut, so the client sees the
+/// turn fail and sends it again; it read a whole 200 and went on with a
+/// thread that lacked the turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_the_store_cannot_keep_is_not_answered_as_kept() {
+    use sqlx::{Connection, Executor};
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch, _engine, server, kp, _) = setup(Backend::Postgres, dir.path()).await;
+    keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--capture"],
+    );
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let hello = json!([{"role": "user", "content": "hello"}]);
+    // The switch reached the server once a turn is taken.
+    until("threads on", || async {
+        let r = c
+            .chat(
+                &kp,
+                "warm",
+                json!({"model": "paid", "max_tokens": 2, "messages": hello}),
+            )
+            .await;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    // Every write of a turn waits on this lock, past the store's timeout.
+    let mut pg = sqlx::PgConnection::connect(&store).await.unwrap();
+    pg.execute("BEGIN").await.unwrap();
+    pg.execute("LOCK TABLE convo_turns IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    for stream in [false, true] {
+        let thread = format!("locked-{stream}");
+        let r = c
+            .chat(
+                &kp,
+                &thread,
+                json!({"model": "paid", "max_tokens": 2, "stream": stream, "messages": hello}),
+            )
+            .await;
+        assert_eq!(r.status(), 200, "the head goes before the turn is kept");
+        assert!(r.bytes().await.is_err(), "stream {stream}: the end is cut");
+    }
+    pg.execute("COMMIT").await.unwrap();
+    for stream in [false, true] {
+        let kept = c
+            .http
+            .get(format!("{}/v1/threads/locked-{stream}", c.base))
+            .bearer_auth(&kp)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(kept.status(), 404, "nothing of it was kept");
+    }
+}
+
 /// Servers of two kinds on one store, both sweeping: one with keys
 /// (projects pa and pb) and one without, whose `threads:` block keeps the
 /// ownerless pool. Each deletes only what it keeps: the keyless server's
@@ -1477,4 +1539,151 @@ async fn mcp_answers_json_rpc_as_the_specification_says() {
     // 2025-06-18 took batches out.
     let (_, v) = rpc(&c, &kp, Some("2025-06-18"), json!([ping(json!(11))])).await;
     assert_eq!(error(&v), (Value::Null, Some(-32600)), "{v}");
+}
+
+/// A thread deleted while a turn is answered stays deleted: the turn's
+/// closing write made it again, holding the turn in flight, though the
+/// DELETE had answered 204.
+async fn a_thread_deleted_during_a_turn_stays_deleted(backend: Backend) {
+    use tokio_stream::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch) = Scratch::new(backend).await;
+    let slow = super::Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "paid",
+        "--tps",
+        "40",
+    ]);
+    let e = slow.addr_after("listening on ");
+    let extra = "auth: {enabled: true, flush_interval: 50ms}\n";
+    let server = start(&config(
+        dir.path(),
+        "del",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        extra,
+    ));
+    let tree = ["init", "--org", "o", "--team", "t", "--project", "p"];
+    keys_ok(&store, &server.admin, &tree);
+    keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--capture"],
+    );
+    let kp = key_for(&store, &server.admin, "p");
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let thread = |method: reqwest::Method| {
+        c.http
+            .request(method, format!("{}/v1/threads/del1", c.base))
+            .bearer_auth(&kp)
+            .send()
+    };
+    c.turn(
+        &kp,
+        "del1",
+        "paid",
+        json!([{"role": "user", "content": "hi"}]),
+    )
+    .await;
+    // A second turn, two seconds long: deleted once its answer begins.
+    let ask = json!({"model": "paid", "stream": true, "max_tokens": 80,
+        "messages": [{"role": "user", "content": "tell me a long story"}]});
+    let r = c.chat(&kp, "del1", ask).await;
+    assert_eq!(r.status(), 200);
+    let mut body = Box::pin(r.bytes_stream());
+    let mut raw = Vec::new();
+    while !String::from_utf8_lossy(&raw).contains("\"content\"") {
+        raw.extend_from_slice(&body.next().await.expect("more").unwrap());
+    }
+    let deleted = thread(reqwest::Method::DELETE).await.unwrap();
+    assert_eq!(deleted.status(), 204);
+    // The turn is over once its answer has been read whole.
+    while let Some(chunk) = body.next().await {
+        raw.extend_from_slice(&chunk.unwrap());
+    }
+    assert!(String::from_utf8_lossy(&raw).contains("[DONE]"));
+    let kept = thread(reqwest::Method::GET).await.unwrap();
+    assert_eq!(kept.status(), 404, "{}", kept.text().await.unwrap());
+}
+
+on_both! {
+    deleting_during_a_turn_on_sqlite: a_thread_deleted_during_a_turn_stays_deleted(Backend::Sqlite);
+    deleting_during_a_turn_on_postgres: a_thread_deleted_during_a_turn_stays_deleted(Backend::Postgres);
+}
+
+/// The access line of a request on a note, a thread or MCP names its key,
+/// as a chat completion's does: nothing recorded which key wrote or
+/// deleted a note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_names_the_key_on_notes_threads_and_mcp() {
+    use reqwest::Method;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _scratch, _engine, server, kp, _) = setup(Backend::Sqlite, dir.path()).await;
+    keys_ok(&store, &server.admin, &["threads", "--project", "p"]);
+    let memory = ["memory", "--project", "p", "--retain-hours", "24"];
+    keys_ok(&store, &server.admin, &memory);
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let log = &server.child.stderr;
+    // The next access line for `path`.
+    let line_of = |path: &str| loop {
+        let line = super::Child::expect(log, "llmgw::access");
+        if line.contains(&format!("path=\"{path}\"")) {
+            return line;
+        }
+    };
+    let hello = json!([{"role": "user", "content": "hello"}]);
+    c.turn(&kp, "t", "paid", hello).await;
+    let chat = line_of("/v1/chat/completions");
+    let key_id = chat
+        .split_whitespace()
+        .find(|f| f.starts_with("key_id=\"key-"))
+        .unwrap_or_else(|| panic!("{chat}"))
+        .to_owned();
+
+    let note = Some(json!({"text": "x"}));
+    let (status, _) = c.memory(&kp, None, Method::PUT, "/plan", note).await;
+    assert_eq!(status, 201);
+    assert!(line_of("/v1/memory/plan").contains(&key_id));
+    let (status, _) = c.memory(&kp, None, Method::DELETE, "/plan", None).await;
+    assert_eq!(status, 204);
+    let deleted = line_of("/v1/memory/plan");
+    assert!(
+        deleted.contains(&key_id) && deleted.contains("DELETE"),
+        "{deleted}"
+    );
+    let (status, _) = c.memory(&kp, None, Method::GET, "?q=x", None).await;
+    assert_eq!(status, 200);
+    assert!(line_of("/v1/memory").contains(&key_id));
+    let r = c
+        .http
+        .delete(format!("{}/v1/threads/t", c.base))
+        .bearer_auth(&kp)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(line_of("/v1/threads/t").contains(&key_id));
+    let (status, _) = rpc(
+        &c,
+        &kp,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(line_of("/mcp").contains(&key_id));
+    // A request without a good key names none.
+    let (status, _) = c.memory("nope", None, Method::GET, "/plan", None).await;
+    assert_eq!(status, 401);
+    assert!(!line_of("/v1/memory/plan").contains("key_id"));
 }

@@ -64,7 +64,18 @@ async fn handle(State(gw): State<Arc<Gateway>>, request: axum::extract::Request)
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let batches = match takes_batches(&headers) {
+    let by = caller.key.as_deref();
+    super::keyed(by, serve(&gw, by, &headers, request).await)
+}
+
+/// A request from a caller with a good key.
+async fn serve(
+    gw: &Gateway,
+    key: Option<&llmgw_projections::KeyEntry>,
+    headers: &HeaderMap,
+    request: axum::extract::Request,
+) -> Response {
+    let batches = match takes_batches(headers) {
         Ok(b) => b,
         Err(unsupported) => {
             let body = rpc_error(Value::Null, INVALID_REQUEST, &unsupported);
@@ -85,11 +96,7 @@ async fn handle(State(gw): State<Arc<Gateway>>, request: axum::extract::Request)
             ));
         }
     };
-    let caller = Caller {
-        gw: &gw,
-        key: caller.key.as_deref(),
-        headers: &headers,
-    };
+    let caller = Caller { gw, key, headers };
     let answer = match message {
         Value::Array(batch) if batches => caller.batch(batch).await,
         Value::Array(_) => Some(rpc_error(

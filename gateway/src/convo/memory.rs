@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use llmgw_convo::{Note, Put, Search};
+use llmgw_projections::KeyEntry;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -67,8 +68,9 @@ fn missing(key: &str) -> ApiError {
     ApiError::not_found(format!("no note {key:?}"))
 }
 
-fn answer(r: Result<Response, ApiError>) -> Response {
-    r.unwrap_or_else(IntoResponse::into_response)
+/// The answer to `by`'s request, which its access line names.
+fn answer(by: Option<&KeyEntry>, r: Result<Response, ApiError>) -> Response {
+    super::keyed(by, r.unwrap_or_else(IntoResponse::into_response))
 }
 
 /// Unknown fields refused: `tag` for `tags` stored a note without them.
@@ -86,11 +88,16 @@ async fn write(
     request: axum::extract::Request,
 ) -> Response {
     let headers = request.headers().clone();
+    let caller = match crate::proxy::identify(&gw, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let by = caller.key.as_deref();
     answer(
+        by,
         async {
             let key = path_key(key)?;
-            let caller = crate::proxy::identify(&gw, &headers)?;
-            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Write)?;
+            let owner = memory_of(&gw, by, &headers, Use::Write)?;
             // Read only once the key is known to be good.
             let body = crate::proxy::body_within(request, super::BODY_LIMIT).await?;
             let note: NoteBody = serde_json::from_slice(&body).map_err(|e| {
@@ -123,11 +130,16 @@ async fn read(
     headers: HeaderMap,
     key: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let caller = match crate::proxy::identify(&gw, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let by = caller.key.as_deref();
     answer(
+        by,
         async {
             let key = path_key(key)?;
-            let caller = crate::proxy::identify(&gw, &headers)?;
-            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Reach)?;
+            let owner = memory_of(&gw, by, &headers, Use::Reach)?;
             let note = keeper(&gw)?
                 .store
                 .note(&owner, &key)
@@ -145,11 +157,16 @@ async fn forget(
     headers: HeaderMap,
     key: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let caller = match crate::proxy::identify(&gw, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let by = caller.key.as_deref();
     answer(
+        by,
         async {
             let key = path_key(key)?;
-            let caller = crate::proxy::identify(&gw, &headers)?;
-            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Reach)?;
+            let owner = memory_of(&gw, by, &headers, Use::Reach)?;
             if keeper(&gw)?
                 .store
                 .delete_note(&owner, &key)
@@ -187,12 +204,17 @@ async fn search(
     headers: HeaderMap,
     q: Result<Query<SearchQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let caller = match crate::proxy::identify(&gw, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let by = caller.key.as_deref();
     answer(
+        by,
         async {
             let Query(q) =
                 q.map_err(|e| ApiError::bad_request(format!("the query: {}", e.body_text())))?;
-            let caller = crate::proxy::identify(&gw, &headers)?;
-            let owner = memory_of(&gw, caller.key.as_deref(), &headers, Use::Reach)?;
+            let owner = memory_of(&gw, by, &headers, Use::Reach)?;
             let how = search_by(
                 q.q.as_deref(),
                 q.tag.as_deref(),

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use llmgw_convo::{Convo, ConvoError, Keep, Retention};
 use llmgw_domain::conversations::ThreadsSetting;
 
@@ -181,10 +182,10 @@ pub(crate) async fn read_thread(
     gw: axum::extract::State<Arc<Gateway>>,
     headers: HeaderMap,
     thread: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
-) -> axum::response::Response {
-    REACHING_THREADS
-        .scope((), threads::read(gw, headers, thread))
-        .await
+) -> Response {
+    let by = key_of(&gw, &headers);
+    let answer = REACHING_THREADS.scope((), threads::read(gw, headers, thread));
+    keyed(by.as_deref(), answer.await)
 }
 
 /// `DELETE /v1/threads/{id}`, for a project that switched threads off too.
@@ -192,10 +193,28 @@ pub(crate) async fn delete_thread(
     gw: axum::extract::State<Arc<Gateway>>,
     headers: HeaderMap,
     thread: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
-) -> axum::response::Response {
-    REACHING_THREADS
-        .scope((), threads::delete(gw, headers, thread))
-        .await
+) -> Response {
+    let by = key_of(&gw, &headers);
+    let answer = REACHING_THREADS.scope((), threads::delete(gw, headers, thread));
+    keyed(by.as_deref(), answer.await)
+}
+
+/// The request's key, where it has a good one (the handler refuses it
+/// otherwise).
+fn key_of(gw: &Gateway, headers: &HeaderMap) -> Option<Arc<llmgw_projections::KeyEntry>> {
+    crate::proxy::identify(gw, headers).ok()?.key
+}
+
+/// The answer to `by`'s request: its access line (the edge's plain one)
+/// names the key, as an inference line does, so that what a key wrote or
+/// deleted is on record.
+fn keyed(by: Option<&llmgw_projections::KeyEntry>, mut answer: Response) -> Response {
+    if let Some(k) = by {
+        answer
+            .extensions_mut()
+            .insert(crate::access::KeyOf(k.key_id.clone()));
+    }
+    answer
 }
 
 /// Where a caller's threads are kept: its project, or the ownerless pool.

@@ -55,6 +55,9 @@ pub(crate) struct Turn {
     keeper: Arc<Keeper>,
     project: String,
     thread: String,
+    /// The thread as the turn read it: its closing write goes there or
+    /// nowhere (a delete while the turn is answered wins).
+    seen: llmgw_convo::Seen,
     /// What is kept once the answer completes.
     keep: Vec<Value>,
     capture: bool,
@@ -195,9 +198,12 @@ pub(crate) async fn open_turn(
         .iter()
         .find_map(|f| request.get(*f).and_then(Value::as_u64))
         .unwrap_or(0);
-    let mut history = keeper
+    let llmgw_convo::Thread {
+        messages: mut history,
+        seen,
+    } = keeper
         .store
-        .history(&project, &thread)
+        .thread(&project, &thread)
         .await
         .map_err(convo_error)?;
     // A system message the client sends each turn (a Responses client's
@@ -248,6 +254,7 @@ pub(crate) async fn open_turn(
         keeper,
         project,
         thread,
+        seen,
         keep,
         capture: setting.capture,
         trimmed,
@@ -497,15 +504,35 @@ impl Turn {
                     messages.extend(r.finish());
                 }
             }
-            if let Err(e) = self
+            match self
                 .keeper
                 .store
-                .append(&self.project, &self.thread, &messages, chrono::Utc::now())
+                .append_seen(
+                    &self.project,
+                    &self.thread,
+                    self.seen,
+                    &messages,
+                    chrono::Utc::now(),
+                )
                 .await
             {
-                tracing::warn!(error = %e, thread = %self.thread, "keeping a thread's turn");
+                Ok(llmgw_convo::Appended::Kept) => None,
+                Ok(llmgw_convo::Appended::Deleted) => {
+                    tracing::debug!(thread = %self.thread, "the thread was deleted while its turn was answered: the turn is not kept");
+                    None
+                }
+                // The answer's end waits for this: a client told nothing
+                // read a whole 200 and went on with a thread that lacked
+                // the turn. The body ends in an error instead, so the
+                // client sees the turn fail and sends it again (nothing
+                // of it was kept).
+                Err(e) => {
+                    tracing::error!(error = %e, thread = %self.thread, "a thread's turn could not be kept; the answer is cut so that its client sends it again");
+                    Some(Err(axum::Error::new(std::io::Error::other(
+                        "the thread's turn could not be kept",
+                    ))))
+                }
             }
-            None::<Result<Bytes, axum::Error>>
         })
         .filter_map(std::future::ready);
         Response::from_parts(parts, Body::from_stream(scanning.chain(keep)))

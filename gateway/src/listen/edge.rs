@@ -98,7 +98,7 @@ where
                 None => response,
             };
             if let Some(plain) = plain {
-                plain.finish(response.status().as_u16());
+                plain.finish(&response);
             }
             Ok(with_id(response, id))
         };
