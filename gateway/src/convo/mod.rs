@@ -162,19 +162,13 @@ fn keeper(gw: &Gateway) -> Result<Arc<Keeper>, ApiError> {
 
 /// What a request does with what is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Use {
+pub(super) enum Use {
     /// Keeps more: only where the project keeps that kind.
     Write,
     /// Reads or deletes what is kept: also once the project switched the
     /// kind off, until the sweep deletes it, so that a client can always
     /// read and delete its own.
     Reach,
-}
-
-tokio::task_local! {
-    /// Set while a thread is read or deleted (`/v1/threads/{id}`): see
-    /// [`threads_of`].
-    static REACHING_THREADS: ();
 }
 
 /// `GET /v1/threads/{id}`, for a project that switched threads off too.
@@ -184,8 +178,7 @@ pub(crate) async fn read_thread(
     thread: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
     let by = key_of(&gw, &headers);
-    let answer = REACHING_THREADS.scope((), threads::read(gw, headers, thread));
-    keyed(by.as_deref(), answer.await)
+    keyed(by.as_deref(), threads::read(gw, headers, thread).await)
 }
 
 /// `DELETE /v1/threads/{id}`, for a project that switched threads off too.
@@ -195,8 +188,7 @@ pub(crate) async fn delete_thread(
     thread: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Response {
     let by = key_of(&gw, &headers);
-    let answer = REACHING_THREADS.scope((), threads::delete(gw, headers, thread));
-    keyed(by.as_deref(), answer.await)
+    keyed(by.as_deref(), threads::delete(gw, headers, thread).await)
 }
 
 /// The request's key, where it has a good one (the handler refuses it
@@ -217,29 +209,28 @@ fn keyed(by: Option<&llmgw_projections::KeyEntry>, mut answer: Response) -> Resp
     answer
 }
 
-/// Where a caller's threads are kept: its project, or the ownerless pool.
-/// A thread's turn needs the project to keep threads; reading or
-/// deleting one (inside [`read_thread`] and [`delete_thread`]) does not,
-/// and has no setting to use.
+/// Where a caller's thread turns are kept, and how: its project, which
+/// must keep threads, or the ownerless pool.
 fn threads_of(
     gw: &Gateway,
     key: Option<&llmgw_projections::KeyEntry>,
 ) -> Result<(String, ThreadsSetting), ApiError> {
-    let need = match REACHING_THREADS.try_with(|_| ()) {
-        Ok(()) => Use::Reach,
-        Err(_) => Use::Write,
-    };
-    let (project, setting) = threads_for(gw, key, need)?;
-    let unused = ThreadsSetting {
-        capture: false,
-        retain_hours: 0,
-    };
-    Ok((project, setting.unwrap_or(unused)))
+    match threads_for(gw, key, Use::Write)? {
+        (project, Some(setting)) => Ok((project, setting)),
+        // threads_for refuses a write there already, with how to turn
+        // threads on.
+        (project, None) => Err(refusal(
+            StatusCode::FORBIDDEN,
+            "threads_off",
+            format!("project {project} keeps no threads"),
+        )),
+    }
 }
 
 /// The project whose threads the caller's key reaches, and its setting
-/// (None: switched off, where `need` allows that).
-fn threads_for(
+/// (None: switched off, where `need` allows that: reading and deleting
+/// `/v1/threads/{id}` do).
+pub(super) fn threads_for(
     gw: &Gateway,
     key: Option<&llmgw_projections::KeyEntry>,
     need: Use,

@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use llmgw_projections::KeyEntry;
 use serde_json::{Value, json};
 
-use super::{Keeper, convo_error, keeper, threads_of};
+use super::{Keeper, Use, convo_error, keeper, threads_for, threads_of};
 use crate::{ApiError, Gateway};
 
 const THREAD_HEADER: &str = "x-llmgw-thread";
@@ -545,7 +545,9 @@ fn callers_threads(
     headers: &HeaderMap,
 ) -> Result<(String, Arc<super::Keeper>), ApiError> {
     let caller = crate::proxy::identify(gw, headers)?;
-    let (project, _) = threads_of(gw, caller.key.as_deref())?;
+    // Also once the project switched threads off, until the sweep: a
+    // client can always read and delete its own.
+    let (project, _) = threads_for(gw, caller.key.as_deref(), Use::Reach)?;
     Ok((project, keeper(gw)?))
 }
 
