@@ -52,7 +52,7 @@ pub use listen::admin_guard::AdminToken;
 pub use listen::conn::{Acceptor, Conn, ConnectionStats, Which};
 pub use listen::grpc::serve_grpc;
 pub use metrics::Metrics;
-pub use proxy::{body_of, chat_as};
+pub use proxy::{body_of, chat_as, fit_chat_turn};
 pub use tls::{Incoming, ServerTls, TlsError, TlsListener, handshakes};
 
 /// A map the request path looks up several times a request, keyed by what

@@ -917,6 +917,34 @@ async fn a_models_context_length_reaches_its_engine_and_a_change_restarts_it() {
     .await;
     let listed = get(format!("{}/v1/models", server.base)).await;
     assert_eq!(listed["data"][0]["context_length"], 64, "{listed}");
+    // The chat page asks up to 512 tokens and sends the whole
+    // conversation: fitted to the 64-token context (the oldest turns left
+    // out, the answer's length lowered), it is answered, where every turn
+    // was refused.
+    let mut conversation = vec![json!({"role": "system", "content": "be brief"})];
+    for i in 0..4 {
+        conversation.push(
+            json!({"role": "user", "content": format!("question {i} {}", "word ".repeat(8))}),
+        );
+        conversation.push(
+            json!({"role": "assistant", "content": format!("answer {i} {}", "word ".repeat(8))}),
+        );
+    }
+    conversation.push(json!({"role": "user", "content": "and now?"}));
+    let page = reqwest::Client::new()
+        .post(format!("{}/chat/completions", server.base))
+        .json(
+            &json!({"model": "short", "max_tokens": 512, "stream": true, "messages": conversation}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let said = page.text().await.unwrap();
+    assert!(
+        said.contains("[DONE]") && !said.contains("\"error\""),
+        "{said}"
+    );
     let refused = ask(60).await;
     assert_eq!(refused.status(), 400);
     let body: Value = refused.json().await.unwrap();

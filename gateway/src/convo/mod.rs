@@ -10,7 +10,7 @@
 
 mod mcp;
 mod memory;
-mod threads;
+pub(crate) mod threads;
 mod tokenize;
 
 use std::sync::Arc;

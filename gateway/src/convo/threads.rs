@@ -69,7 +69,7 @@ pub(crate) struct Turn {
 /// The tokens a message may take, never fewer than it does: its whole JSON
 /// at the gateway's estimate of about three bytes a token, plus a few for
 /// the chat template's framing.
-fn cost(m: &Value) -> u64 {
+pub(crate) fn cost(m: &Value) -> u64 {
     crate::limits::estimate_tokens(m.to_string().len(), None) + 4
 }
 

@@ -39,6 +39,7 @@ pub(crate) use admit::identify;
 pub(crate) use resolve::{known, now_ms, price};
 
 use llmgw_projections::KeyEntry;
+use serde_json::Value;
 
 use crate::access::{Access, RequestId};
 use crate::{ApiError, Gateway};
@@ -141,6 +142,51 @@ pub async fn chat_as(
     let caller = admit::Caller::standing_for(key);
     let answer = serve_body(&gw, CHAT, caller, body, &access).await;
     refusal_counted(&gw, answer, &access)
+}
+
+/// A chat page's turn (the whole conversation so far) fitted to its
+/// model's context where the catalog gives one: the oldest whole turns
+/// dropped (never a system message, nor the person's newest question),
+/// with at least half the context left for the prompt, and `max_tokens`
+/// lowered to what the context leaves. A conversation on a small model
+/// was refused from its second or third turn on (a 512-token answer
+/// asked of a 512-token context), however often it was sent again. A body
+/// that is not a chat turn is left as it is, for the API to refuse.
+pub fn fit_chat_turn(gw: &Gateway, body: Bytes) -> Bytes {
+    let Ok(Value::Object(mut turn)) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let context = {
+        let routes = gw.routes.load();
+        let asked = turn.get("model").and_then(Value::as_str).unwrap_or("");
+        let canonical = routes.canonical(asked).to_owned();
+        std::iter::once(&canonical)
+            .chain(routes.fallbacks(&canonical))
+            .filter_map(|m| routes.context(m))
+            .min()
+    };
+    let Some(context) = context.map(u64::from) else {
+        return body;
+    };
+    let asked = turn
+        .get("max_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(context);
+    let Some(Value::Array(messages)) = turn.get_mut("messages") else {
+        return body;
+    };
+    let is_user = |m: &Value| m.get("role").and_then(Value::as_str) == Some("user");
+    let newest = messages.iter().rposition(is_user).unwrap_or(0);
+    let new = messages.split_off(newest);
+    let history = std::mem::take(messages);
+    let budget = context - asked.min(context / 2);
+    let (mut kept, _) = crate::convo::threads::trim(history, &new, budget);
+    kept.extend(new);
+    let prompt: u64 = kept.iter().map(crate::convo::threads::cost).sum();
+    *messages = kept;
+    let room = context.saturating_sub(prompt).max(1);
+    turn.insert("max_tokens".into(), Value::from(asked.min(room)));
+    serde_json::to_vec(&turn).map_or(body, Bytes::from)
 }
 
 async fn serve_body(

@@ -129,7 +129,10 @@ pub(super) async fn completions(
         Err(e) => return e.into_response(),
     };
     match rewrite(&body) {
-        Ok(body) => llmgw_gateway::chat_as(web.gateway.clone(), key, body, id).await,
+        Ok(body) => {
+            let body = llmgw_gateway::fit_chat_turn(&web.gateway, body);
+            llmgw_gateway::chat_as(web.gateway.clone(), key, body, id).await
+        }
         Err(why) => refuse(StatusCode::BAD_REQUEST, "invalid_request", &why),
     }
 }
