@@ -1112,41 +1112,8 @@ async fn two_servers_share_threads_and_notes_and_the_standby_forwards_the_switch
 async fn a_turn_whose_answer_breaks_off_is_not_kept() {
     use tokio_stream::StreamExt;
     let dir = tempfile::tempdir().unwrap();
-    let (store, _scratch) = Scratch::new(Backend::Sqlite).await;
-    let mut slow = super::Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "paid",
-        "--tps",
-        "40",
-    ]);
-    let e = slow.addr_after("listening on ");
-    let extra = "auth: {enabled: true, flush_interval: 50ms}\n";
-    let server = start(&config(
-        dir.path(),
-        "cut",
-        &store,
-        &e,
-        Mode::RouterOnly,
-        extra,
-    ));
-    keys_ok(
-        &store,
-        &server.admin,
-        &["init", "--org", "o", "--team", "t", "--project", "p"],
-    );
-    keys_ok(
-        &store,
-        &server.admin,
-        &["threads", "--project", "p", "--capture"],
-    );
-    let kp = key_for(&store, &server.admin, "p");
-    let c = Client {
-        http: reqwest::Client::new(),
-        base: server.base.clone(),
-    };
+    let (_scratch, mut slow, _server, kp, c) =
+        slow_threads(Backend::Sqlite, dir.path(), "cut").await;
     let ask = json!({"model": "paid", "stream": true, "max_tokens": 200,
         "messages": [{"role": "user", "content": "tell me a long story"}]});
     let r = c.chat(&kp, "cut", ask).await;
@@ -1170,6 +1137,49 @@ async fn a_turn_whose_answer_breaks_off_is_not_kept() {
         .await
         .unwrap();
     assert_eq!(kept.status(), 404, "{}", kept.text().await.unwrap());
+}
+
+/// A router-only server with keys on before a slow engine (40 tokens a
+/// second, so an answer is still running when the test acts), project p
+/// keeping threads with its replies: the store's scratch, the engine, the
+/// server, p's key and a client.
+async fn slow_threads(
+    backend: Backend,
+    dir: &std::path::Path,
+    name: &str,
+) -> (
+    Scratch,
+    super::Child,
+    super::tenancy::Server,
+    String,
+    Client,
+) {
+    let (store, scratch) = Scratch::new(backend).await;
+    let slow = super::Child::spawn(&[
+        "sim-engine",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "paid",
+        "--tps",
+        "40",
+    ]);
+    let e = slow.addr_after("listening on ");
+    let extra = "auth: {enabled: true, flush_interval: 50ms}\n";
+    let server = start(&config(dir, name, &store, &e, Mode::RouterOnly, extra));
+    let tree = ["init", "--org", "o", "--team", "t", "--project", "p"];
+    keys_ok(&store, &server.admin, &tree);
+    keys_ok(
+        &store,
+        &server.admin,
+        &["threads", "--project", "p", "--capture"],
+    );
+    let kp = key_for(&store, &server.admin, "p");
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    (scratch, slow, server, kp, c)
 }
 
 /// A turn the store cannot keep (a lock held past its timeout) is not
@@ -1547,38 +1557,7 @@ async fn mcp_answers_json_rpc_as_the_specification_says() {
 async fn a_thread_deleted_during_a_turn_stays_deleted(backend: Backend) {
     use tokio_stream::StreamExt;
     let dir = tempfile::tempdir().unwrap();
-    let (store, _scratch) = Scratch::new(backend).await;
-    let slow = super::Child::spawn(&[
-        "sim-engine",
-        "--listen",
-        "127.0.0.1:0",
-        "--model",
-        "paid",
-        "--tps",
-        "40",
-    ]);
-    let e = slow.addr_after("listening on ");
-    let extra = "auth: {enabled: true, flush_interval: 50ms}\n";
-    let server = start(&config(
-        dir.path(),
-        "del",
-        &store,
-        &e,
-        Mode::RouterOnly,
-        extra,
-    ));
-    let tree = ["init", "--org", "o", "--team", "t", "--project", "p"];
-    keys_ok(&store, &server.admin, &tree);
-    keys_ok(
-        &store,
-        &server.admin,
-        &["threads", "--project", "p", "--capture"],
-    );
-    let kp = key_for(&store, &server.admin, "p");
-    let c = Client {
-        http: reqwest::Client::new(),
-        base: server.base.clone(),
-    };
+    let (_scratch, _slow, _server, kp, c) = slow_threads(backend, dir.path(), "del").await;
     let thread = |method: reqwest::Method| {
         c.http
             .request(method, format!("{}/v1/threads/del1", c.base))
