@@ -359,6 +359,18 @@ fn scale_down_why(model: &Model, want: u32, placed: usize) -> String {
     }
 }
 
+/// The lost node (known still, not removed) a replica has a shard on.
+fn on_lost_node_kept(state: &State, r: &Replica) -> Option<NodeId> {
+    r.placement.shards.iter().find_map(|s| {
+        state
+            .nodes
+            .nodes
+            .get(&s.node_id)
+            .filter(|n| n.reachability == Reachability::Lost)
+            .map(|n| n.id.clone())
+    })
+}
+
 fn on_draining_node(state: &State, r: &Replica) -> Option<NodeId> {
     r.placement.shards.iter().find_map(|s| {
         state
@@ -519,7 +531,16 @@ pub fn plan(
                 }
             }
             ReplicaStatus::Starting | ReplicaStatus::Ready => {
-                if let Some(reason) = on_lost_node(state, r) {
+                // A serving replica on a lost node goes on serving until
+                // its replacement does (below, as on a draining node): its
+                // engines may well be fine, only its agent is silent, and
+                // an engine loads for minutes. One not serving yet, or on a
+                // node removed, has nothing to keep.
+                let keeps_serving =
+                    r.status == ReplicaStatus::Ready && on_lost_node_kept(state, r).is_some();
+                if let Some(reason) = on_lost_node(state, r)
+                    && !keeps_serving
+                {
                     plan.actions.push(Action::Fail {
                         replica_id: id.clone(),
                         reason,
@@ -556,10 +577,13 @@ pub fn plan(
                 .find(|p| p.name == r.placement.profile)
                 .is_some_and(|p| model.profile_fp(p) == r.placement.profile_fp)
         };
-        // Replicas to move: on a draining node, or running an edited profile.
-        let (moving, keep): (Vec<&Replica>, Vec<&Replica>) = live
-            .iter()
-            .partition(|r| on_draining_node(state, r).is_some() || !current_fp(r));
+        // Replicas to move: on a draining or lost node, or running an
+        // edited profile.
+        let (moving, keep): (Vec<&Replica>, Vec<&Replica>) = live.iter().partition(|r| {
+            on_draining_node(state, r).is_some()
+                || on_lost_node_kept(state, r).is_some()
+                || !current_fp(r)
+        });
         let backing_off = failing.contains(&model.name)
             || rt.not_before.get(&model.name).is_some_and(|t| *t > rt.now);
         if (keep.len() as u32) < want && backing_off {
@@ -646,6 +670,8 @@ pub fn plan(
                 // for a replacement that was never placed.
                 let why = if want == 0 {
                     scale_down_why(model, want, keep.len() + moving.len())
+                } else if let Some(node) = on_lost_node_kept(state, first) {
+                    format!("replaced: its node {node} is lost")
                 } else {
                     match on_draining_node(state, first) {
                         Some(node) if current_fp(first) => {

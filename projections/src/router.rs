@@ -229,7 +229,13 @@ impl View for RouterView {
             Event::Node(NodeEvent::NodeRemoved { node_id, .. }) => {
                 self.lost_nodes.insert(node_id.clone())
             }
-            Event::Node(NodeEvent::NodeLost { node_id }) => self.lost_nodes.insert(node_id.clone()),
+            // A lost node's serving replicas are still routed: only its
+            // agent is known to be silent, and its engines may well serve
+            // (a dead machine's refuse, and the breakers and the next
+            // replica or model take over). Each is drained once its
+            // replacement serves, as on a draining node. (Logs from before
+            // kept them out from the loss; a snapshot of then still names
+            // such nodes, forgotten at their recovery.)
             Event::Node(NodeEvent::NodeRecovered { node_id }) => self.lost_nodes.remove(node_id),
             Event::Replica(ReplicaEvent::ReplicaPlaced(p) | ReplicaEvent::ReplicaAdopted(p)) => {
                 let facts = self.profiles.get(&p.model).and_then(|m| m.get(&p.profile));

@@ -8,7 +8,7 @@ use llmgw_domain::reconcile::{
     Action, Backoff, Runtime, Settings, ShardOnNode, adopted, asked_at_change, backoff, desired,
     grown, plan,
 };
-use llmgw_domain::replicas::{ReplicaEvent, ShardState};
+use llmgw_domain::replicas::{ReplicaEvent, ReplicaStatus, ShardState};
 use llmgw_domain::{Event, State, UnixMillis};
 
 fn sim_model(min: u32, max: u32) -> Model {
@@ -212,33 +212,68 @@ fn one_placement_per_model_per_pass_up_to_min() {
     assert!(again.actions.is_empty());
 }
 
+/// A lost node's serving replica goes on serving until its replacement
+/// does, as on a draining node: its engines may well be fine (only its
+/// agent is silent), and failing it at once left the model with nothing
+/// to route to for as long as an engine takes to load. One not serving
+/// yet is failed, as before.
 #[test]
-fn a_lost_node_fails_its_replica_which_is_stopped_and_rebuilt_elsewhere() {
+fn a_lost_nodes_serving_replica_is_replaced_before_it_goes() {
     let mut s = cluster(1, 1, &["a", "b"]);
     let mut rt = Runtime::default();
     settle(&mut s, &mut rt);
     ready_all(&mut s);
     let first = s.replicas.replicas.values().next().expect("one").clone();
+    let old = first.placement.replica_id.clone();
     let node = first.placement.shards[0].node_id.clone();
     s.evolve(&Event::Node(NodeEvent::NodeLost {
         node_id: node.clone(),
     }));
-    let actions = settle(&mut s, &mut rt);
-    assert!(matches!(&actions[0], Action::Fail { reason, .. } if reason.contains("lost")));
+    let p = plan(&s, &rt, &Settings::default(), |_| "r-new".into());
     assert!(
-        actions
-            .iter()
-            .any(|a| matches!(a, Action::Stop { failed: true, .. })),
-        "{actions:?}"
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.shards[0].node_id != node),
+        "a replacement elsewhere, nothing failed: {:?}",
+        p.actions
     );
-    let rebuilt: Vec<_> = s
+    settle(&mut s, &mut rt);
+    assert_eq!(
+        s.replicas.replicas[&old].status,
+        ReplicaStatus::Ready,
+        "still serving while its replacement loads"
+    );
+    // The replacement serves: the old one is drained, saying why.
+    ready_all(&mut s);
+    let p = plan(&s, &rt, &Settings::default(), |_| "r-x".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Drain { replica_id, why, .. }]
+            if *replica_id == old && why == &format!("replaced: its node {node} is lost")),
+        "{:?}",
+        p.actions
+    );
+    settle(&mut s, &mut rt);
+    let live: Vec<_> = s
         .replicas
         .replicas
         .values()
         .filter(|r| r.is_live())
         .collect();
-    assert_eq!(rebuilt.len(), 1);
-    assert_ne!(rebuilt[0].placement.shards[0].node_id, node);
+    assert_eq!(live.len(), 1);
+    assert_ne!(live[0].placement.shards[0].node_id, node);
+
+    // A replica still starting there has nothing to keep: failed at once.
+    let mut s = cluster(1, 1, &["a", "b"]);
+    let mut rt = Runtime::default();
+    settle(&mut s, &mut rt);
+    let starting = s.replicas.replicas.values().next().expect("one").clone();
+    let node = starting.placement.shards[0].node_id.clone();
+    s.evolve(&Event::Node(NodeEvent::NodeLost {
+        node_id: node.clone(),
+    }));
+    let actions = settle(&mut s, &mut rt);
+    assert!(
+        matches!(&actions[0], Action::Fail { reason, .. } if reason == &format!("node {node} is lost")),
+        "{actions:?}"
+    );
 }
 
 #[test]
