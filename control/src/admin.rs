@@ -189,6 +189,21 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
     Ok(Json(rows))
 }
 
+/// Why a model's newest replica failed, if it did: "on NODE: why". Only
+/// the newest's own (replica ids sort by creation), shown while a retry
+/// loads; an older failure said nothing of now, and an on-demand model
+/// idle since it served showed one from long ago for ever.
+fn last_failure<'a>(
+    replicas: impl Iterator<Item = &'a llmgw_domain::replicas::Replica>,
+) -> Option<String> {
+    let newest = replicas.max_by(|a, b| a.placement.replica_id.cmp(&b.placement.replica_id))?;
+    newest.shards.values().find_map(|s| {
+        s.error
+            .as_ref()
+            .map(|e| format!("on {}: {e}", s.placement.node_id))
+    })
+}
+
 /// Whether every node of a replica answers: one on a node gone quiet is
 /// not serving, whatever it last said (the summaries read "all serving"
 /// while the gateway had nothing to route to, until the node was lost).
@@ -247,27 +262,16 @@ async fn models(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::ModelRow
                 ready: of()
                     .filter(|r| r.status == ReplicaStatus::Ready && answers(&c.nodes, r))
                     .count(),
-                // The newest failure, even while a retry is loading.
                 last_failure: of()
                     .all(|r| r.status != ReplicaStatus::Ready)
-                    .then(|| {
-                        of().filter_map(|r| {
-                            let error = r.shards.values().find_map(|s| {
-                                s.error
-                                    .as_ref()
-                                    .map(|e| format!("on {}: {e}", s.placement.node_id))
-                            })?;
-                            Some((r.placement.replica_id.as_str(), error))
-                        })
-                        .max_by(|a, b| a.0.cmp(b.0))
-                        .map(|(_, e)| match cp.next_try_s(&m.name) {
-                            Some(s) => {
-                                format!("{e}; tried again in {s} s (backing off after failures)")
-                            }
-                            None => e,
-                        })
-                    })
-                    .flatten(),
+                    .then(|| last_failure(of()))
+                    .flatten()
+                    .map(|e| match cp.next_try_s(&m.name) {
+                        Some(s) => {
+                            format!("{e}; tried again in {s} s (backing off after failures)")
+                        }
+                        None => e,
+                    }),
                 unplaced: unplaced(m, of().filter(|r| r.is_live()).count()),
                 source: m.source.clone(),
                 shapes: m
@@ -954,6 +958,51 @@ mod tests {
             HeaderValue::from_bytes(b"bob\xff").unwrap(),
         );
         assert!(actor_refusal(&raw).is_some());
+    }
+
+    /// Only the newest replica's own failure is said: a replica that
+    /// served since (and stopped, as an idle on-demand one does) ends it.
+    #[test]
+    fn the_last_failure_is_the_newest_replicas_own() {
+        use llmgw_domain::replicas::{
+            Placement, ReplicaEvent, Replicas, ShardPlacement, ShardState,
+        };
+        let mut replicas = Replicas::default();
+        let place = |replicas: &mut Replicas, id: &str| {
+            replicas.evolve(&ReplicaEvent::ReplicaPlaced(Placement {
+                replica_id: id.into(),
+                model: "m".into(),
+                profile: "sim".into(),
+                profile_fp: String::new(),
+                pool: "cpu".into(),
+                fabric: None,
+                shards: vec![ShardPlacement {
+                    shard_id: format!("{id}-0").into(),
+                    rank: 0,
+                    node_id: "n1".into(),
+                    gpu_indices: vec![],
+                    hcas: vec![],
+                    port: 20000,
+                    memory_mb: 0,
+                }],
+                why: String::new(),
+            }));
+        };
+        place(&mut replicas, "r1");
+        replicas.evolve(&ReplicaEvent::ShardStateChanged {
+            replica_id: "r1".into(),
+            shard_id: "r1-0".into(),
+            state: ShardState::Failed,
+            error: Some("port 20000 is not free on this node".into()),
+            exit_code: None,
+            log_tail: None,
+        });
+        assert_eq!(
+            last_failure(replicas.replicas.values()).as_deref(),
+            Some("on n1: port 20000 is not free on this node")
+        );
+        place(&mut replicas, "r2");
+        assert_eq!(last_failure(replicas.replicas.values()), None);
     }
 
     /// The pages say their caller is a person; an operator may say
