@@ -862,9 +862,12 @@ fn replica_summary(s: &api::Status) -> String {
         .replicas_waiting
         .unwrap_or_else(|| s.replicas_wanted.saturating_sub(s.replicas));
     let mut text = format!("{} ready", s.replicas_ready);
+    // Not counted as serving (their nodes are silent), but the gateway
+    // still routes to them while their engines answer: said so, or an
+    // operator reads the model as down while it serves.
     if s.replicas_unreachable > 0 {
         text.push_str(&format!(
-            ", {} on unreachable nodes",
+            ", {} on unreachable nodes (still routed while their engines answer)",
             s.replicas_unreachable
         ));
     }
