@@ -82,10 +82,13 @@ fn router_routes_ready_replicas_by_name_or_alias_and_flags_edited_profiles() {
             node_id: "node-1".into(),
         })],
     );
+    // Only its agent is known to be silent: its serving replica is
+    // still routed until the reconciler drains it, once its replacement
+    // serves (a dead machine's engines refuse, and breakers take over).
     assert_eq!(
         router.endpoints_for("model-1").count(),
-        0,
-        "a lost node serves nothing"
+        1,
+        "a lost node's serving replica is still routed"
     );
     feed(
         &mut router,
