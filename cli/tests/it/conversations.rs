@@ -133,6 +133,14 @@ impl Client {
     }
 }
 
+/// The server's store, opened beside it to read or write its
+/// conversation tables directly.
+async fn open_log(store: &str) -> AnyStore {
+    AnyStore::open(&StoreAddress::parse(store).unwrap(), OpenOptions::default())
+        .await
+        .unwrap()
+}
+
 fn message(v: &Value) -> &str {
     v["error"]["message"].as_str().unwrap_or("")
 }
@@ -426,12 +434,7 @@ async fn threads_story(backend: Backend) {
         .chat(&kp, "t1", json!({"model": "paid", "messages": hello}))
         .await;
     assert_eq!(r.status(), 403);
-    let log = AnyStore::open(
-        &StoreAddress::parse(&store).unwrap(),
-        OpenOptions::default(),
-    )
-    .await
-    .unwrap();
+    let log = open_log(&store).await;
     let tables = llmgw_convo::Convo::new(&log);
     until("the sweep to delete project p's threads", || async {
         tables
@@ -648,12 +651,7 @@ async fn memory_story(backend: Backend) {
         .memory(&kp, None, Method::PUT, "/late", note("x", &[]))
         .await;
     assert_eq!(status, 403);
-    let log = AnyStore::open(
-        &StoreAddress::parse(&store).unwrap(),
-        OpenOptions::default(),
-    )
-    .await
-    .unwrap();
+    let log = open_log(&store).await;
     let tables = llmgw_convo::Convo::new(&log);
     let owner = llmgw_convo::Owner {
         project: "p".into(),
@@ -1284,12 +1282,7 @@ async fn each_server_sweeps_only_what_it_keeps() {
     }
     // The pool's threads, as the keyless server keeps them: one unwritten
     // past its two hours, one fresh.
-    let log = AnyStore::open(
-        &StoreAddress::parse(&store).unwrap(),
-        OpenOptions::default(),
-    )
-    .await
-    .unwrap();
+    let log = open_log(&store).await;
     let tables = llmgw_convo::Convo::new(&log);
     let turn = [json!({"role": "user", "content": "hello"})];
     let now = chrono::Utc::now();

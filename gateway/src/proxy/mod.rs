@@ -150,12 +150,9 @@ pub async fn chat_as(
 /// with at least half the context left for the prompt, and `max_tokens`
 /// lowered to what the context leaves. A conversation on a small model
 /// was refused from its second or third turn on (a 512-token answer
-/// asked of a 512-token context), however often it was sent again. A body
-/// that is not a chat turn is left as it is, for the API to refuse.
-pub fn fit_chat_turn(gw: &Gateway, body: Bytes) -> Bytes {
-    let Ok(Value::Object(mut turn)) = serde_json::from_slice::<Value>(&body) else {
-        return body;
-    };
+/// asked of a 512-token context), however often it was sent again. A turn
+/// without messages is left as it is, for the API to refuse.
+pub fn fit_chat_turn(gw: &Gateway, turn: &mut serde_json::Map<String, Value>) {
     let context = {
         let routes = gw.routes.load();
         let asked = turn.get("model").and_then(Value::as_str).unwrap_or("");
@@ -166,14 +163,14 @@ pub fn fit_chat_turn(gw: &Gateway, body: Bytes) -> Bytes {
             .min()
     };
     let Some(context) = context.map(u64::from) else {
-        return body;
+        return;
     };
     let asked = turn
         .get("max_tokens")
         .and_then(Value::as_u64)
         .unwrap_or(context);
     let Some(Value::Array(messages)) = turn.get_mut("messages") else {
-        return body;
+        return;
     };
     let is_user = |m: &Value| m.get("role").and_then(Value::as_str) == Some("user");
     let newest = messages.iter().rposition(is_user).unwrap_or(0);
@@ -186,7 +183,6 @@ pub fn fit_chat_turn(gw: &Gateway, body: Bytes) -> Bytes {
     *messages = kept;
     let room = context.saturating_sub(prompt).max(1);
     turn.insert("max_tokens".into(), Value::from(asked.min(room)));
-    serde_json::to_vec(&turn).map_or(body, Bytes::from)
 }
 
 async fn serve_body(

@@ -128,19 +128,17 @@ pub(super) async fn completions(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match rewrite(&body) {
-        Ok(body) => {
-            let body = llmgw_gateway::fit_chat_turn(&web.gateway, body);
-            llmgw_gateway::chat_as(web.gateway.clone(), key, body, id).await
-        }
+    match rewrite(&web.gateway, &body) {
+        Ok(body) => llmgw_gateway::chat_as(web.gateway.clone(), key, body, id).await,
         Err(why) => refuse(StatusCode::BAD_REQUEST, "invalid_request", &why),
     }
 }
 
 /// The turn as the gateway gets it: at most [`MAX_TOKENS`] and never more
 /// than the page asked for, in `max_tokens` alone (the newer
-/// `max_completion_tokens` would win over it), one answer.
-pub(super) fn rewrite(body: &[u8]) -> Result<Bytes, String> {
+/// `max_completion_tokens` would win over it), one answer, fitted to the
+/// model's context ([`llmgw_gateway::fit_chat_turn`]).
+pub(super) fn rewrite(gw: &llmgw_gateway::Gateway, body: &[u8]) -> Result<Bytes, String> {
     let mut turn: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| format!("the request is not a JSON object: {e}"))?;
     let mut cap = MAX_TOKENS;
@@ -159,6 +157,7 @@ pub(super) fn rewrite(body: &[u8]) -> Result<Bytes, String> {
     turn.insert("max_tokens".into(), Value::from(cap));
     // More than one answer a turn would multiply the tokens.
     turn.remove("n");
+    llmgw_gateway::fit_chat_turn(gw, &mut turn);
     serde_json::to_vec(&turn)
         .map(Bytes::from)
         .map_err(|e| e.to_string())
@@ -190,8 +189,15 @@ pub(super) async fn style() -> Response {
 mod tests {
     use super::*;
 
+    /// A gateway that knows no model's context: nothing is fitted.
+    fn gateway() -> Arc<llmgw_gateway::Gateway> {
+        super::super::tests::harness::web(Default::default(), vec![])
+            .gateway
+            .clone()
+    }
+
     fn rewritten(body: Value) -> Value {
-        let out = rewrite(body.to_string().as_bytes()).expect("rewrite");
+        let out = rewrite(&gateway(), body.to_string().as_bytes()).expect("rewrite");
         serde_json::from_slice(&out).expect("json")
     }
 
@@ -222,6 +228,8 @@ mod tests {
 
     #[test]
     fn nonsense_is_refused() {
+        let gw = gateway();
+        let rewrite = |body: &[u8]| rewrite(&gw, body);
         assert!(rewrite(b"[1,2]").is_err());
         assert!(rewrite(b"not json").is_err());
         assert!(rewrite(br#"{"model":"m","max_tokens":-1}"#).is_err());
