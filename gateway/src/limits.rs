@@ -418,6 +418,19 @@ fn window<'a>(
     by_id.get_mut(id).expect("inserted above")
 }
 
+/// Tokens a chat template adds to a conversation of `messages`: each
+/// message's role and markers (Llama 3's header and end, ChatML's start
+/// and end: 4 to 6), and once the begin token, the generation prompt and
+/// the system text some templates write when none is given (Llama 3.1's
+/// dates, Qwen's default system prompt: 20 to 30). Counted so that a burst
+/// of short messages cannot pass as a few bytes each: "hi" is 3 to 40
+/// tokens to an engine, never one.
+pub fn chat_framing(messages: usize) -> u64 {
+    const PER_CONVERSATION: u64 = 32;
+    const PER_MESSAGE: u64 = 8;
+    PER_CONVERSATION.saturating_add(PER_MESSAGE.saturating_mul(messages as u64))
+}
+
 /// A request's tokens before it is sent: its prompt at about three bytes a
 /// token (an overestimate for most text, on purpose) plus the completion
 /// it allows itself.

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use axum::body::Bytes;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::content::{Content, Part, Str};
@@ -47,6 +48,15 @@ struct Head<'a> {
     add_generation_prompt: Option<bool>,
     #[serde(default)]
     continue_final_message: Option<bool>,
+    /// What the engine renders into the prompt beside the messages (the
+    /// tools' schemas, a structured answer's): counted by its length, never
+    /// read.
+    #[serde(default, borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    functions: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    response_format: Option<&'a RawValue>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,6 +65,35 @@ struct Message<'a> {
     role: Option<Str<'a>>,
     #[serde(default, borrow)]
     content: Option<Content<'a>>,
+    /// An assistant's calls and the name a message goes by are rendered
+    /// too: counted by their length.
+    #[serde(default, borrow)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    function_call: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    name: Option<&'a RawValue>,
+}
+
+impl Head<'_> {
+    /// The prompt's tokens before the engine counts them: its text at about
+    /// three bytes a token, plus what a chat template adds around it (see
+    /// [`crate::limits::estimate_tokens`]), so that the estimate is not
+    /// below the engine's count however short the messages.
+    fn prompt_estimate(&self, text_bytes: usize) -> u64 {
+        let raw = |r: Option<&RawValue>| r.map_or(0, |r| r.get().len());
+        let mut bytes =
+            text_bytes + raw(self.tools) + raw(self.functions) + raw(self.response_format);
+        let messages = self.messages.as_deref().unwrap_or_default();
+        for m in messages {
+            bytes += raw(m.tool_calls) + raw(m.function_call) + raw(m.name);
+        }
+        let framing = match self.messages {
+            Some(_) => crate::limits::chat_framing(messages.len()),
+            None => 0,
+        };
+        crate::limits::estimate_tokens(bytes, None).saturating_add(framing)
+    }
 }
 
 impl Head<'_> {
@@ -238,6 +277,7 @@ impl ClientRequest {
         if let Some(i) = &head.input {
             i.each_text(|t| counted += t.len());
         }
+        let prompt_estimate = head.prompt_estimate(counted);
         let (stream, user) = (streamed, head.user.as_ref().map(|u| u.0.to_string()));
         let choices = head.n.max(head.best_of).unwrap_or(1).max(1);
         let max_completion = head
@@ -253,7 +293,7 @@ impl ClientRequest {
             stream,
             user,
             prompt,
-            prompt_estimate: crate::limits::estimate_tokens(counted, None),
+            prompt_estimate,
             max_completion,
             strip_usage: injected.is_some(),
             body: injected.unwrap_or(body),
@@ -369,8 +409,9 @@ mod tests {
         });
         let r = ClientRequest::parse(Bytes::from(body.to_string()), false).unwrap();
         assert_eq!(r.prompt, b"abcdefg");
-        // 7 bytes → 3 tokens, and the newer field wins over max_tokens.
-        assert_eq!((r.prompt_estimate, r.token_estimate()), (3, 13));
+        // 7 bytes → 3 tokens, 32 + 2 × 8 for the template's framing, and
+        // the newer field wins over max_tokens.
+        assert_eq!((r.prompt_estimate, r.token_estimate()), (51, 61));
         let embed = json!({"model": "e", "input": ["hello", "world"]});
         let r = ClientRequest::parse(Bytes::from(embed.to_string()), false).unwrap();
         assert_eq!(r.token_estimate(), 4);
@@ -384,12 +425,39 @@ mod tests {
         };
         assert_eq!(
             (chat(json!(4)), chat(json!(1)), chat(json!(null))),
-            (43, 13, 13)
+            (83, 53, 53)
         );
         let legacy = parse(
             json!({"model": "m", "prompt": "abcdefg", "n": 2, "best_of": 5, "max_tokens": 10}),
         );
         assert_eq!(legacy.token_estimate(), 53);
+    }
+
+    /// Tools' schemas, a structured answer's schema and an assistant's
+    /// calls are rendered into the prompt by the engine: a request with
+    /// a large `tools` and one short message is not a few tokens.
+    #[test]
+    fn the_estimate_counts_tools_schemas_and_calls() {
+        let parse = |v: Value| ClientRequest::parse(Bytes::from(v.to_string()), false).unwrap();
+        let plain = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let base = parse(plain.clone()).prompt_estimate;
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string", "description": "x".repeat(300)}}});
+        let mut tools = plain.clone();
+        tools["tools"] =
+            json!([{"type": "function", "function": {"name": "weather", "parameters": schema}}]);
+        let tools_bytes = tools["tools"].to_string().len() as u64;
+        assert!(parse(tools).prompt_estimate >= base + tools_bytes / 3);
+        let mut format = plain.clone();
+        format["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"schema": schema}});
+        assert!(parse(format).prompt_estimate > base + 100);
+        let call = json!({"model": "m", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "weather", "arguments": "x".repeat(300)}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ]});
+        assert!(parse(call).prompt_estimate > base + 2 * 8 + 100);
     }
 
     /// An explicit `null` is read as the field left out, as OpenAI reads

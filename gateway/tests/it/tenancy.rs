@@ -617,7 +617,7 @@ async fn tokens_are_charged_before_sending_so_a_burst_cannot_overshoot_tpm() {
         Scope::Project,
         "p",
         Limits {
-            tpm: Some(100),
+            tpm: Some(200),
             ..Limits::default()
         },
     )
@@ -630,17 +630,18 @@ async fn tokens_are_charged_before_sending_so_a_burst_cannot_overshoot_tpm() {
     })
     .await;
     let gw = t.serve_keyed(&engine).await;
-    let mut streamed = chat("m", 60);
+    let mut streamed = chat("m", 100);
     streamed["stream"] = json!(true);
     let first = call(&gw.base, Some(&key), &streamed).await;
     assert_eq!(first.status(), 200);
-    // Nothing is counted from the engine yet, but 60 + the prompt are
-    // charged: another 60 would overshoot the project's 100.
-    let r = call(&gw.base, Some(&key), &chat("m", 60)).await;
+    // Nothing is counted from the engine yet, but 100 + the prompt (45 with
+    // its framing) are charged: another 100 would overshoot the project's
+    // 200.
+    let r = call(&gw.base, Some(&key), &chat("m", 100)).await;
     assert_eq!(r.status(), 429);
     let body = r.text().await.unwrap();
     assert!(
-        body.contains("project p may use 100 tokens a minute"),
+        body.contains("project p may use 200 tokens a minute"),
         "{body}"
     );
     // A small one still fits.
@@ -649,6 +650,48 @@ async fn tokens_are_charged_before_sending_so_a_burst_cannot_overshoot_tpm() {
         200
     );
     drop(first);
+}
+
+/// The estimate counts what a chat template adds to a message, not only
+/// its text: a burst of "hi"s, a byte or two each, passed as a token each
+/// while the engine counted several, and spent tpm several times over.
+#[tokio::test]
+async fn a_burst_of_short_messages_cannot_overshoot_tpm() {
+    let mut t = Tenants::new().await;
+    let key = t.key("k", "p").await;
+    t.limit(
+        Scope::Key,
+        "k",
+        Limits {
+            tpm: Some(100),
+            ..Limits::default()
+        },
+    )
+    .await;
+    // Every request is still running when the last is admitted.
+    let engine = sim(llmgw_sim::SimConfig {
+        ttft: Duration::from_millis(300),
+        ..support::sim_config()
+    })
+    .await;
+    let gw = t.serve_keyed(&engine).await;
+    let hi = json!({"model": "m", "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "hi"}]});
+    let answers =
+        futures_util::future::join_all((0..40).map(|_| call(&gw.base, Some(&key), &hi))).await;
+    let mut used = 0;
+    let mut served = 0;
+    for r in answers {
+        if r.status() == 200 {
+            let body: Value = r.json().await.unwrap();
+            used += body["usage"]["total_tokens"].as_u64().unwrap();
+            served += 1;
+        } else {
+            assert_eq!(r.status(), 429);
+        }
+    }
+    assert!(served >= 1, "one request fits the minute");
+    assert!(used <= 100, "{served} requests used {used} tokens of 100");
 }
 
 /// `big` is priced; its fallbacks are `tiny` (free, not every key's) and
@@ -900,7 +943,7 @@ async fn requests_in_flight_count_against_a_budget_so_concurrency_cannot_oversho
         Scope::Project,
         "p",
         Limits {
-            budget_micros: Some(250),
+            budget_micros: Some(350),
             period: Some(Period::Day),
             ..Limits::default()
         },
@@ -928,8 +971,8 @@ async fn requests_in_flight_count_against_a_budget_so_concurrency_cannot_oversho
     let gw = support::serve(gw).await;
     let mut stream = chat("big", 50);
     stream["stream"] = json!(true);
-    // About 105 micro-units each (50 completion tokens at 2, the prompt at
-    // 1): two fit 250, a third would not.
+    // 145 micro-units each (50 completion tokens at 2, the prompt with its
+    // template's framing, 45 tokens, at 1): two fit 350, a third would not.
     let first = call(&gw.base, Some(&key), &stream).await;
     let second = call(&gw.base, Some(&key), &stream).await;
     assert_eq!(
