@@ -199,6 +199,10 @@ pub struct Status {
     pub leader: Leader,
     pub models: usize,
     pub models_ready: usize,
+    /// Models whose ready replicas are all on nodes gone quiet: not
+    /// counted in `models_ready`, yet routed while their engines answer.
+    #[serde(default)]
+    pub models_unreachable: usize,
     pub nodes: usize,
     pub nodes_ready: usize,
     /// Live replicas (placed, not stopped).

@@ -420,9 +420,10 @@ pub(crate) async fn run(
             } else {
                 writeln!(
                     out,
-                    "{} of {} models serving, on {}/{} nodes ready{}",
+                    "{} of {} models serving{}, on {}/{} nodes ready{}",
                     s.models_ready,
                     s.models,
+                    quiet_models(&s),
                     s.nodes_ready,
                     s.nodes,
                     closed_nodes(&s)
@@ -834,6 +835,16 @@ async fn follow_logs(
             Err(e) => eprintln!("warning: {e:#}"),
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// Models served only from nodes gone quiet, said beside the serving
+/// count: the gateway still routes to them, and an operator who read
+/// "0 of 1 models serving" alone took a model that answered for down.
+fn quiet_models(s: &api::Status) -> String {
+    match s.models_unreachable {
+        0 => String::new(),
+        n => format!(" ({n} more only on unreachable nodes, routed while their engines answer)"),
     }
 }
 

@@ -893,10 +893,16 @@ async fn status(State(cp): State<Arc<ControlPlane>>) -> Result<api::Status> {
         .filter(|r| answers(r))
         .map(|r| r.placement.model.as_str())
         .collect();
+    let routed_models: BTreeSet<&str> = ready()
+        .filter(|r| !answers(r))
+        .map(|r| r.placement.model.as_str())
+        .filter(|m| !ready_models.contains(m))
+        .collect();
     Ok(Json(api::Status {
         leader,
         models: c.catalog.models.len(),
         models_ready: ready_models.len(),
+        models_unreachable: routed_models.len(),
         nodes: c.nodes.nodes.len(),
         nodes_ready: c
             .nodes
