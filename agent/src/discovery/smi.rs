@@ -21,11 +21,13 @@ pub enum SmiError {
         #[source]
         source: std::io::Error,
     },
-    #[error("running {bin}: {status}: {stderr}")]
+    /// `said`: what it printed (its stderr, else its stdout, where
+    /// nvidia-smi writes why it failed), bounded.
+    #[error("running {bin}: {status}: {said}")]
     Failed {
         bin: String,
         status: String,
-        stderr: String,
+        said: String,
     },
     #[error("parsing nvidia-smi output: {0}")]
     Parse(String),
@@ -52,13 +54,40 @@ pub fn discover(bin: Option<&Path>) -> Result<Vec<Gpu>, SmiError> {
             source,
         })?;
     if !out.status.success() {
+        // nvidia-smi says why on stdout ("NVIDIA-SMI has failed because
+        // it couldn't communicate with the NVIDIA driver..."), and leaves
+        // stderr empty.
+        let said = [&out.stderr, &out.stdout]
+            .into_iter()
+            .map(|o| excerpt(&String::from_utf8_lossy(o)))
+            .find(|s| !s.is_empty())
+            .unwrap_or_else(|| "it printed nothing".into());
         return Err(SmiError::Failed {
             bin: shown,
             status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            said,
         });
     }
     parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The most of what a command printed that an error carries.
+const EXCERPT_CHARS: usize = 300;
+
+/// `text` as one line for an error (and, through the GPUs' problems, the
+/// event log): its lines trimmed and joined with "; ", cut to
+/// [`EXCERPT_CHARS`].
+pub fn excerpt(text: &str) -> String {
+    let joined = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    match joined.char_indices().nth(EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &joined[..cut]),
+        None => joined,
+    }
 }
 
 fn find_on_path(name: &str) -> Option<std::path::PathBuf> {

@@ -169,6 +169,45 @@ fn nvidia_smi_runs_as_a_command_and_a_missing_one_is_an_error() {
     assert!(err.to_string().contains("NVIDIA-SMI has failed"), "{err}");
 }
 
+/// nvidia-smi says why it failed on stdout, with stderr empty (the
+/// driver not loaded yet, at boot): the error carries it, where it said
+/// only "exit status: 9:" and nothing after.
+#[test]
+fn a_failing_nvidia_smi_says_why_from_its_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let why = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.";
+    let failing = executable(
+        dir.path(),
+        "nvidia-smi",
+        &format!("cat <<'EOF'\n{why}\n\nEOF\nexit 9\n"),
+    );
+    let err = smi::discover(Some(&failing)).unwrap_err().to_string();
+    assert!(err.ends_with(&format!("exit status: 9: {why}")), "{err}");
+    // stderr, when it says anything, is what it says.
+    let both = executable(
+        dir.path(),
+        "both",
+        "echo 'rows so far'\necho 'Failed to initialize NVML' >&2\nexit 9\n",
+    );
+    let err = smi::discover(Some(&both)).unwrap_err().to_string();
+    assert!(err.ends_with(": Failed to initialize NVML"), "{err}");
+    let silent = executable(dir.path(), "silent", "exit 9\n");
+    let err = smi::discover(Some(&silent)).unwrap_err().to_string();
+    assert!(err.ends_with("exit status: 9: it printed nothing"), "{err}");
+    // A flood is cut: the text goes into each card's problem and the log.
+    let flood = executable(
+        dir.path(),
+        "flood",
+        "i=0; while [ $i -lt 200 ]; do echo \"line $i of a driver dump\"; i=$((i+1)); done\nexit 9\n",
+    );
+    let err = smi::discover(Some(&flood)).unwrap_err().to_string();
+    assert!(
+        err.contains(": line 0 of a driver dump; line 1 of") && err.ends_with('…'),
+        "{err}"
+    );
+    assert!(err.chars().count() < 400, "{} chars", err.chars().count());
+}
+
 /// A shell script at `dir/name`, executable.
 ///
 /// Written by a `sh` child and renamed into place: a process running the
