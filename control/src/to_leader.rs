@@ -66,7 +66,7 @@ impl ToLeader {
     /// The holder of the lease and the admin address it recorded on taking
     /// office, while a server holds it. The newest `LeadershipAcquired` is
     /// read through the stream's index, however long the log.
-    async fn leader(&self) -> Result<Option<(String, String)>, StoreError> {
+    async fn leader(&self) -> Result<Option<Leader>, StoreError> {
         let info = self.store.lease_info().await?;
         let Some(holder) = info.holder.filter(|_| info.held) else {
             return Ok(None);
@@ -86,7 +86,11 @@ impl ToLeader {
                 _ => None,
             }
         });
-        Ok(admin.map(|a| (holder, a)))
+        Ok(admin.map(|url| Leader {
+            holder,
+            url,
+            expires_at: info.expires_at,
+        }))
     }
 
     /// Whether a control plane has ever led this store: then a moment
@@ -108,6 +112,37 @@ impl ToLeader {
         self.led.store(led, std::sync::atomic::Ordering::Relaxed);
         led
     }
+}
+
+/// Who holds the lease, the admin address it recorded on taking office,
+/// and when its lease runs out unless renewed.
+struct Leader {
+    holder: String,
+    url: String,
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What to do about a leader that does not answer: most often it has
+/// stopped without giving up its lease (killed, its machine lost), and the
+/// lease frees itself; else its recorded address is one others cannot
+/// reach. Both are said, the wait first: after a crash the address advice
+/// alone sent operators to edit a configuration that was right.
+fn silent_leader(holder: &str, expires_at: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    let wait = match expires_at {
+        Some(at) => {
+            let left = (at - chrono::Utc::now()).num_seconds().max(1);
+            format!(
+                "if {holder} has stopped or crashed, its lease runs out in {left} s ({}) and another server takes office: send the command again then",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )
+        }
+        None => format!(
+            "if {holder} has stopped or crashed, send the command again once another server takes office"
+        ),
+    };
+    format!(
+        "{wait}; if it is up, it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers"
+    )
 }
 
 /// The leaders' taking office, read newest first through the stream's
@@ -141,60 +176,64 @@ impl ToLeader {
     /// The leader's answer to the request, marked with where it came from;
     /// None while no server that recorded an admin address leads.
     async fn send(&self, parts: &Parts, body: Bytes) -> Option<Response> {
-        let (holder, url) = match self.leader().await {
+        let Leader {
+            holder,
+            url,
+            expires_at,
+        } = match self.leader().await {
             Ok(Some(leader)) => leader,
             Ok(None) => return None,
             Err(e) => return Some(AdminError::from(crate::ControlError::from(e)).into_response()),
         };
-        Some(match forward(
-            &self.http,
-            (&self.instance, self.token.as_deref()),
-            &url,
-            parts,
-            body,
-        ).await {
-            // What answers at the recorded address does not lead: most
-            // often this very server, or another one's loopback, because
-            // the leader recorded a loopback address.
-            Ok(answer) if answer.status() == StatusCode::LOCKED => {
-                let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
-                    .await
-                    .unwrap_or_default();
-                let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
-                    .map(|e| e.error)
-                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-                AdminError(
+        Some(
+            match forward(
+                &self.http,
+                (&self.instance, self.token.as_deref()),
+                &url,
+                parts,
+                body,
+            )
+            .await
+            {
+                // What answers at the recorded address does not lead: most
+                // often this very server, or another one's loopback, because
+                // the leader recorded a loopback address.
+                Ok(answer) if answer.status() == StatusCode::LOCKED => {
+                    let bytes = axum::body::to_bytes(answer.into_body(), 64 * 1024)
+                        .await
+                        .unwrap_or_default();
+                    let said = serde_json::from_slice::<api::ErrorBody>(&bytes)
+                        .map(|e| e.error)
+                        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                    AdminError(
                     StatusCode::BAD_GATEWAY,
                     format!(
                         "the leader {holder} recorded its admin address as {url}, but what answers there does not lead ({said}); set control.advertise_admin on the servers to an address the others reach"
                     ),
                 )
                 .into_response()
-            }
-            Ok(answer) => {
-                // The CLI sends the operator's own token, which the
-                // leader's refusal rightly blames; a server sends its own
-                // admin_token, in place of the operator's.
-                let mut answer = if self.operators_token {
-                    answer
-                } else {
-                    token_refused(answer, &self.instance, &holder, &url)
-                };
-                if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
-                    answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
                 }
-                answer
-            }
-            Err(why) => AdminError(
-                StatusCode::BAD_GATEWAY,
-                why.say(
-                    &holder,
-                    &url,
-                    "it records that address on taking office (control.advertise_admin): set it where others reach it, or send the command to an address where the leader answers",
-                ),
-            )
-            .into_response(),
-        })
+                Ok(answer) => {
+                    // The CLI sends the operator's own token, which the
+                    // leader's refusal rightly blames; a server sends its own
+                    // admin_token, in place of the operator's.
+                    let mut answer = if self.operators_token {
+                        answer
+                    } else {
+                        token_refused(answer, &self.instance, &holder, &url)
+                    };
+                    if let Ok(v) = HeaderValue::from_str(&format!("{holder} {url}")) {
+                        answer.headers_mut().insert(api::FORWARDED_TO_HEADER, v);
+                    }
+                    answer
+                }
+                Err(why) => AdminError(
+                    StatusCode::BAD_GATEWAY,
+                    why.say(&holder, &url, &silent_leader(&holder, expires_at)),
+                )
+                .into_response(),
+            },
+        )
     }
 }
 

@@ -2460,6 +2460,30 @@ async fn a_standby_says_when_the_leader_it_would_ask_does_not_answer() {
         err.contains("the leader gone does not answer at") && err.contains("its lease runs out in"),
         "{err}"
     );
+    // A write the CLI sends the leader itself (no server at --admin) is
+    // told the same, before the advice on addresses, which after a crash
+    // sent operators to edit a configuration that was right.
+    let out = crate::llmgw(
+        &db.url,
+        &[
+            "keys",
+            "init",
+            "--org",
+            "o",
+            "--team",
+            "t",
+            "--project",
+            "p",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("the leader gone does not answer at")
+            && err.contains("if gone has stopped or crashed, its lease runs out in"),
+        "{err}"
+    );
+    drop(standby);
 }
 
 /// Two servers started with different admin tokens: an operator's command
