@@ -10,7 +10,22 @@ use crate::discovery::gpu::{Gpu, Health};
 /// drivers leave it out, and the columns before it still line up.
 pub const QUERY: &str = "index,uuid,name,memory.total,memory.used,compute_cap,pci.bus_id,driver_version,temperature.gpu,ecc.errors.uncorrected.volatile.total,utilization.gpu";
 
-/// Rows with fewer fields than this are not GPUs we can use.
+/// [`QUERY`]'s fields, by column.
+const FIELDS: [&str; 11] = [
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "memory.used",
+    "compute_cap",
+    "pci.bus_id",
+    "driver_version",
+    "temperature.gpu",
+    "ecc.errors.uncorrected.volatile.total",
+    "utilization.gpu",
+];
+
+/// A card's row has at least these (all but `utilization.gpu`).
 const MANDATORY_FIELDS: usize = 10;
 
 #[derive(Debug, thiserror::Error)]
@@ -98,41 +113,76 @@ fn find_on_path(name: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A number from a CSV cell: units stripped; `[N/A]`, `Not Supported`, an
-/// empty cell or garbage all read as 0.
+/// A figure a card may lack, from a CSV cell: units stripped; `[N/A]`,
+/// `Not Supported`, an empty cell or anything else that is no number
+/// reads as 0, as NVML's discovery leaves a figure it cannot read (ECC on
+/// a card without it, a temperature the driver does not give).
 pub fn parse_csv_int(s: &str) -> u64 {
+    parse_mib(s).unwrap_or(0)
+}
+
+/// A number from a CSV cell, units stripped; None when the cell holds
+/// none (`[Insufficient Permissions]`, `[Unknown Error]`, `[N/A]`).
+pub fn parse_mib(s: &str) -> Option<u64> {
     let s = s.trim();
     let s = s.strip_suffix(" MiB").unwrap_or(s);
     let s = s.strip_suffix(" W").unwrap_or(s);
-    if s.is_empty() || s.starts_with('[') || s.eq_ignore_ascii_case("not supported") {
-        return 0;
-    }
-    s.parse().unwrap_or(0)
+    s.parse().ok()
 }
 
-/// The rows of `--format=csv,noheader,nounits` output.
+/// What nvidia-smi prints, with success, on a machine whose driver sees
+/// no card.
+const NO_DEVICES: &str = "No devices were found";
+
+/// The rows of `--format=csv,noheader,nounits` output, one card each.
+///
+/// Memory is what a card's class and health are made of: a card whose
+/// memory.total or memory.used is no number is kept with `memory
+/// unreadable: …` as a problem (out of placement), as NVML's discovery
+/// keeps it. Output with no card's row in it is an error that quotes it
+/// (a driver's complaint printed with success is not "no GPUs"), and so
+/// is a card's row with fewer fields than asked for. Other lines beside
+/// the rows (a driver's warning) are logged and left.
 pub fn parse(text: &str) -> Result<Vec<Gpu>, SmiError> {
     let mut gpus = Vec::new();
+    let mut other = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let fields = split_csv(line)?;
-        if fields.len() < MANDATORY_FIELDS {
-            continue;
-        }
         let Ok(index) = fields[0].parse::<u32>() else {
+            other.push(line.trim());
             continue;
         };
+        if fields.len() < MANDATORY_FIELDS {
+            return Err(SmiError::Parse(format!(
+                "the row of GPU {index} has {} of the {MANDATORY_FIELDS} fields asked for: {}",
+                fields.len(),
+                excerpt(line)
+            )));
+        }
+        let memory = |i: usize| parse_mib(&fields[i]).ok_or(i);
+        let (memory_total, memory_used) = (memory(3), memory(4));
+        let unreadable: Vec<String> = [&memory_total, &memory_used]
+            .into_iter()
+            .filter_map(|m| m.err())
+            .map(|i| format!("{} {}", FIELDS[i], fields[i]))
+            .collect();
         let gpu = Gpu {
             index,
             uuid: fields[1].clone(),
             name: fields[2].clone(),
-            memory_total_mb: parse_csv_int(&fields[3]),
-            memory_used_mb: parse_csv_int(&fields[4]),
+            memory_total_mb: memory_total.unwrap_or(0),
+            memory_used_mb: memory_used.unwrap_or(0),
             compute_capability: fields[5].clone(),
             pci_bus_id: fields[6].clone(),
             driver_version: fields[7].clone(),
             health: Health {
                 temperature_c: parse_csv_int(&fields[8]),
                 ecc_errors: parse_csv_int(&fields[9]),
+                unreadable: if unreadable.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![format!("memory unreadable: {}", unreadable.join(", "))]
+                },
                 ..Health::default()
             },
             utilization_percent: fields.get(10).map_or(0, |u| parse_csv_int(u)),
@@ -140,6 +190,18 @@ pub fn parse(text: &str) -> Result<Vec<Gpu>, SmiError> {
             ..Gpu::default()
         };
         gpus.push(gpu.finish());
+    }
+    if gpus.is_empty() && !other.is_empty() {
+        if other == [NO_DEVICES] {
+            return Ok(gpus);
+        }
+        return Err(SmiError::Parse(format!(
+            "no GPU's row in what it printed: {}",
+            excerpt(&other.join("\n"))
+        )));
+    }
+    for line in other {
+        tracing::warn!(line = %excerpt(line), "nvidia-smi printed a line that is no GPU's row");
     }
     Ok(gpus)
 }
@@ -170,4 +232,121 @@ fn split_csv(line: &str) -> Result<Vec<String>, SmiError> {
     }
     fields.push(cur.trim().to_owned());
     Ok(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
+
+    use super::{FIELDS, QUERY, SmiError, parse};
+
+    const ROW: &str =
+        "0, GPU-a, NVIDIA H100 80GB HBM3, 81559, 4, 9.0, 00000000:1B:00.0, 550.54.15, 34, 0, 0";
+
+    #[test]
+    fn the_fields_named_are_the_fields_asked_for() {
+        assert_eq!(FIELDS.join(","), QUERY);
+    }
+
+    /// A field the driver cannot read was 0: class `h100-0g`, counted
+    /// free and healthy. It is now the card's problem, as NVML words it.
+    #[test]
+    fn memory_that_is_no_number_keeps_the_card_out() {
+        for (total, used, says) in [
+            (
+                "[Insufficient Permissions]",
+                "4",
+                "memory unreadable: memory.total [Insufficient Permissions]",
+            ),
+            (
+                "81559",
+                "[Unknown Error]",
+                "memory unreadable: memory.used [Unknown Error]",
+            ),
+            (
+                "[N/A]",
+                "[N/A]",
+                "memory unreadable: memory.total [N/A], memory.used [N/A]",
+            ),
+        ] {
+            let row = ROW.replacen("81559, 4,", &format!("{total}, {used},"), 1);
+            let gpus = parse(&row).unwrap();
+            assert_eq!(gpus.len(), 1, "the card is kept: {row}");
+            let g = &gpus[0];
+            assert_eq!(g.health.problems, [says], "{row}");
+            assert!(!g.health.ok());
+            assert_eq!(g.problems_given(true), [says], "ours or not, it stays out");
+        }
+        let g = &parse(&ROW.replace("81559, 4,", "81559 MiB, 4 MiB,")).unwrap()[0];
+        assert!(g.health.ok() && g.class == "h100-80g", "{g:?}");
+    }
+
+    /// Figures a card may lack read as 0, as NVML's discovery leaves them.
+    #[test]
+    fn temperature_ecc_and_utilisation_a_card_lacks_are_no_problem() {
+        for cell in [
+            "[N/A]",
+            "Not Supported",
+            "[Not Supported]",
+            "",
+            "[Unknown Error]",
+        ] {
+            let row = ROW.replace(
+                "550.54.15, 34, 0, 0",
+                &format!("550.54.15, {cell}, {cell}, {cell}"),
+            );
+            let g = &parse(&row).unwrap()[0];
+            assert!(g.health.ok(), "{cell:?}: {:?}", g.health);
+            assert_eq!(
+                (
+                    g.health.temperature_c,
+                    g.health.ecc_errors,
+                    g.utilization_percent
+                ),
+                (0, 0, 0)
+            );
+        }
+    }
+
+    /// A driver's complaint printed with success was read as "no GPUs"
+    /// (a CPU node): it is an error that quotes it.
+    #[test]
+    fn output_without_a_gpus_row_is_an_error_that_quotes_it() {
+        let err =
+            parse("Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error\n")
+                .unwrap_err();
+        assert!(matches!(err, SmiError::Parse(_)));
+        assert_eq!(
+            err.to_string(),
+            "parsing nvidia-smi output: no GPU's row in what it printed: Unable to determine the device handle for GPU0000:1B:00.0: Unknown Error"
+        );
+        // A header (the CSV asked for without noheader) is no row either.
+        assert!(parse(&format!("{}\n", FIELDS.join(", "))).is_err());
+        // What says "none here" is none, and so is nothing at all.
+        assert!(parse("No devices were found\n").unwrap().is_empty());
+        assert!(parse("").unwrap().is_empty());
+        assert!(parse("\n  \n").unwrap().is_empty());
+    }
+
+    /// A card's row cut short was skipped, and the card with it.
+    #[test]
+    fn a_gpus_row_with_fields_missing_is_an_error() {
+        let err = parse(&format!("{ROW}\n1, GPU-short, NVIDIA H100\n"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "parsing nvidia-smi output: the row of GPU 1 has 3 of the 10 fields asked for: 1, GPU-short, NVIDIA H100"
+        );
+    }
+
+    /// A warning beside the rows (an infoROM the driver distrusts) leaves
+    /// the cards as they are.
+    #[test]
+    fn a_line_beside_the_rows_leaves_them() {
+        let text = format!("WARNING: infoROM is corrupted at gpu 0000:1B:00.0\n{ROW}\n");
+        let gpus = parse(&text).unwrap();
+        assert_eq!(gpus.len(), 1);
+        assert!(gpus[0].health.ok());
+    }
 }

@@ -48,10 +48,8 @@ fn nvidia_smi_rows_parse_into_healthy_gpus() {
 }
 
 #[test]
-fn unsupported_fields_read_as_zero_and_short_rows_are_skipped() {
-    let row = "0, GPU-abc, NVIDIA GeForce RTX 4090, 24564, 300, 8.9, 00000000:01:00.0, 550.54.15, 40, [N/A]\n\
-               1, GPU-short, NVIDIA H100\n\
-               x, GPU-noindex, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 0:0, 550, 30, 0\n\n";
+fn figures_a_card_lacks_read_as_zero_and_rows_cut_short_are_refused() {
+    let row = "0, GPU-abc, NVIDIA GeForce RTX 4090, 24564, 300, 8.9, 00000000:01:00.0, 550.54.15, 40, [N/A]\n\n";
     let gpus = smi::parse(row).unwrap();
     assert_eq!(gpus.len(), 1);
     assert_eq!(
@@ -70,6 +68,13 @@ fn unsupported_fields_read_as_zero_and_short_rows_are_skipped() {
         assert_eq!(smi::parse_csv_int(cell), want, "{cell:?}");
     }
     assert!(smi::parse("0, \"unterminated, x\n").is_err());
+    // A card's row with fields missing, or a row whose index is no
+    // number with no card's row beside it: not the CSV asked for.
+    assert!(smi::parse(&format!("{row}1, GPU-short, NVIDIA H100\n")).is_err());
+    assert!(
+        smi::parse("x, GPU-noindex, NVIDIA H100 80GB HBM3, 81559, 0, 9.0, 0:0, 550, 30, 0\n")
+            .is_err()
+    );
 }
 
 #[test]
