@@ -147,6 +147,14 @@ pub(crate) fn gateway_config(
             a.enabled = on;
         }
         if let Some(n) = p.min_match {
+            // Prompts are matched in whole blocks: less than one block
+            // would read as one block, silently.
+            let block = llmgw_gateway::affinity::AffinityConfig::default().block_bytes;
+            if n < block {
+                return Err(ConfigError(format!(
+                    "router.prefix.min_match: {n} is below {block}: prompts are matched in whole blocks of {block} bytes, so give at least {block}"
+                )));
+            }
             a.min_match = n;
         }
         if let Some(r) = p.match_ratio {
@@ -156,7 +164,14 @@ pub(crate) fn gateway_config(
             a.balance_abs = positive("router.prefix.balance_abs", v)?;
         }
         if let Some(v) = p.balance_rel {
-            a.balance_rel = positive("router.prefix.balance_rel", v)?;
+            // At 1 or below it never decides: balance_abs already asks
+            // that the preferred endpoint hold more than the least loaded.
+            if !(v.is_finite() && v > 1.0) {
+                return Err(ConfigError(format!(
+                    "router.prefix.balance_rel: {v} must be above 1 (the preferred endpoint's load as a multiple of the least loaded's, beyond which affinity gives way)"
+                )));
+            }
+            a.balance_rel = v;
         }
         if let Some(v) = &p.ttl {
             a.ttl = interval("router.prefix.ttl", v)?;

@@ -1317,6 +1317,15 @@ fn settings_a_mode_cannot_honour_are_refused_at_start() {
             "admission: {kv_ceiling: 0}\n",
             "admission.kv_ceiling: 0 would count every engine as full",
         ),
+        // Taken and never honoured: below a block, and at 1 or below.
+        (
+            "router: {prefix: {min_match: 1}}\n",
+            "router.prefix.min_match: 1 is below 64",
+        ),
+        (
+            "router: {prefix: {balance_rel: 0.5}}\n",
+            "router.prefix.balance_rel: 0.5 must be above 1",
+        ),
     ];
     for (extra, says) in cases {
         let path = config(
