@@ -170,6 +170,11 @@ pub trait Incoming: Send + Sync + 'static {
     type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
     fn next(&self) -> impl std::future::Future<Output = (Self::Io, SocketAddr)> + Send;
     fn local_addr(&self) -> std::io::Result<SocketAddr>;
+    /// The peer's first bytes, left to be read.
+    fn peek<'a>(
+        io: &'a Self::Io,
+        buf: &'a mut [u8],
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a;
 }
 
 impl Incoming for Acceptor {
@@ -179,6 +184,12 @@ impl Incoming for Acceptor {
     }
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
         Acceptor::local_addr(self)
+    }
+    fn peek<'a>(
+        io: &'a Conn,
+        buf: &'a mut [u8],
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
+        io.peek(buf)
     }
 }
 
@@ -195,6 +206,60 @@ impl Incoming for tokio::net::TcpListener {
     fn local_addr(&self) -> std::io::Result<SocketAddr> {
         tokio::net::TcpListener::local_addr(self)
     }
+    fn peek<'a>(
+        io: &'a tokio::net::TcpStream,
+        buf: &'a mut [u8],
+    ) -> impl std::future::Future<Output = std::io::Result<usize>> + Send + 'a {
+        io.peek(buf)
+    }
+}
+
+/// Whether a connection's first byte starts a plaintext HTTP request (a
+/// method's capital letter) rather than a TLS record (0x16, a handshake).
+fn plaintext_http(first: u8) -> bool {
+    first.is_ascii_uppercase()
+}
+
+/// Answers a plaintext HTTP request made to an HTTPS listener in HTTP, in
+/// the API's error shape, and closes: the peer is told what to change,
+/// where a TLS alert read as "Received HTTP/0.9" to curl and "Connection
+/// error." to the OpenAI SDK.
+async fn refuse_plaintext<Io>(mut io: Io, local: Option<SocketAddr>)
+where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let at = local.map_or_else(|| "this address".to_owned(), |a| format!("https://{a}"));
+    let body = serde_json::json!({"error": {
+        "message": format!("this listener speaks HTTPS only: send the request to {at} (https://, not http://)"),
+        "type": "invalid_request_error",
+        "param": null,
+        "code": "https_required",
+    }})
+    .to_string();
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    if io.write_all(head.as_bytes()).await.is_err() || io.write_all(body.as_bytes()).await.is_err()
+    {
+        return;
+    }
+    let _ = io.shutdown().await;
+    // The request is read to its end before closing: data left unread
+    // makes the kernel reset the connection, and the peer may lose the
+    // answer to the reset.
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut left: usize = 64 * 1024;
+        while left > 0 {
+            match io.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// Accepts connections from `tcp` (within its cap) and completes their
@@ -210,12 +275,29 @@ pub fn handshakes<I: Incoming>(
 ) -> (Handshaken<I>, tokio::task::JoinHandle<()>) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
     let (tx, ready) = mpsc::channel(64);
+    let local = tcp.local_addr().ok();
     let accepting = tokio::spawn(async move {
         loop {
             let (stream, peer) = tcp.next().await;
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                // A client's plain HTTP is answered in HTTP. Agents are
+                // not: theirs is gRPC, and they say themselves what a
+                // closed connection means.
+                let deadline = tokio::time::Instant::now() + HANDSHAKE;
+                if !loud {
+                    let mut first = [0u8; 1];
+                    let peeked =
+                        tokio::time::timeout_at(deadline, I::peek(&stream, &mut first)).await;
+                    if let Ok(Ok(1)) = peeked
+                        && plaintext_http(first[0])
+                    {
+                        tracing::debug!(%peer, "plain HTTP to the TLS listener: answered 400");
+                        refuse_plaintext(stream, local).await;
+                        return;
+                    }
+                }
+                match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
                         let _ = tx.send((tls, peer)).await;
                     }

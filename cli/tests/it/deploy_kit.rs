@@ -801,13 +801,28 @@ async fn the_client_listener_serves_https_with_a_certificate_from_ctl_cert() {
         .await
         .unwrap();
     assert_eq!(reply["choices"][0]["message"]["content"], "fox was ");
-    // Plain HTTP gets no answer, and neither does a client that does not
-    // trust the authority.
-    let plain = reqwest::Client::new()
-        .get(format!("http://{addr}/health"))
+    // Plain HTTP is answered in HTTP, saying to use https:// (a TLS
+    // alert read as "Connection error." to the OpenAI SDK); a client that
+    // does not trust the authority gets no answer.
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("http://{addr}/v1/chat/completions"))
+        .json(&json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}))
         .send()
-        .await;
-    assert!(plain.is_err(), "{plain:?}");
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 400);
+    let said: serde_json::Value = plain.json().await.unwrap();
+    assert_eq!(said["error"]["code"], "https_required", "{said}");
+    assert!(
+        said["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("send the request to https://{addr}")),
+        "{said}"
+    );
     let untrusting = reqwest::Client::builder()
         .no_proxy()
         .build()

@@ -255,6 +255,11 @@ impl Conn {
     pub fn peer_addr(&self) -> std::io::Result<SocketAddr> {
         self.io.peer_addr()
     }
+
+    /// The bytes the peer has sent, left to be read.
+    pub async fn peek(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.io.peek(buf).await
+    }
 }
 
 impl AsyncRead for Conn {
