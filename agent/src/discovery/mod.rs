@@ -81,7 +81,10 @@ pub enum DiscoveryError {
 /// Takes the inventory. Memory, host, weights and disks come first, so
 /// that a later failure (a broken driver, an unreadable sysfs) still leaves
 /// them: the inventory so far is returned with the error, and a node whose
-/// nvidia-smi fails still reports its RAM and its weights.
+/// nvidia-smi fails still reports its RAM and its weights. GPUs that cannot
+/// be read stop nothing after them: the adapters and fabrics are still
+/// read (a driver not up yet at boot must not take the node's fabrics
+/// away too), and the GPUs' error is the one returned.
 pub fn discover(o: &Options) -> (Inventory, Option<DiscoveryError>) {
     let mut inv = Inventory {
         source: "none".into(),
@@ -93,24 +96,25 @@ pub fn discover(o: &Options) -> (Inventory, Option<DiscoveryError>) {
         storage: storage::scan(&o.model_dirs),
         fabrics: Vec::new(),
     };
+    let mut error: Option<DiscoveryError> = None;
     if !o.skip_gpus {
         match gpus(o) {
             Ok((gpus, source)) => {
                 inv.gpus = gpus;
                 inv.source = source.into();
             }
-            Err(e) => return (inv, Some(e.into())),
+            Err(e) => error = Some(e.into()),
         }
     }
     match ib::discover(Some(&o.root.join("sys/class/infiniband"))) {
         Ok(hcas) => inv.hcas = hcas,
-        Err(e) => return (inv, Some(e.into())),
+        Err(e) => return (inv, error.or(Some(e.into()))),
     }
     match fabric::check(&o.fabrics, &inv.hcas) {
         Ok(f) => inv.fabrics = f,
-        Err(e) => return (inv, Some(e.into())),
+        Err(e) => return (inv, error.or(Some(e.into()))),
     }
-    (inv, None)
+    (inv, error)
 }
 
 static NVML_FAILURE_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

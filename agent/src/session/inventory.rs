@@ -49,6 +49,7 @@ impl Agent {
         let health = self.registered_health(&inv.gpus);
         self.host = inv.host.clone();
         self.registered_figures = super::recheck::wire_figures(&inv.gpus);
+        self.registered_cards = inv.gpus.iter().map(super::recheck::Card::of).collect();
         self.gpus = inv
             .gpus
             .iter()

@@ -1,7 +1,10 @@
 //! The agent's one outbound stream to the control plane.
 //!
 //! Register (the whole inventory and the running shards) on every stream,
-//! heartbeats with changed-only sections, shard status as it changes; starts
+//! and again on a new stream to the same server when a look at the GPUs
+//! reads cards the registration did not have (a driver that came up after
+//! the agent: only a registration carries cards); heartbeats with
+//! changed-only sections, shard status as it changes; starts
 //! and stops from the control plane carried out by the supervisor. The
 //! stream is redialled forever through every configured server: a server
 //! that cannot be reached is tried again after a jittered backoff of its
@@ -174,6 +177,9 @@ pub struct Agent {
     /// The GPUs' figures as the registration read them, sent until a
     /// later look exists.
     registered_figures: Vec<v1::GpuFigures>,
+    /// The cards the last registration carried: a later look that reads
+    /// one it did not have registers again (`recheck::unregistered`).
+    registered_cards: Vec<recheck::Card>,
     /// What the agent's metrics page shows.
     stats: Arc<crate::metrics::AgentStats>,
     /// The highest lease epoch seen: no command from a lower one is
@@ -267,6 +273,10 @@ enum Ended {
     Busy(String),
     /// No stream.
     Failed(String),
+    /// The agent left the stream to register again: a look at its GPUs
+    /// read cards its registration did not have (a driver that came up
+    /// after the agent), and only a registration carries cards.
+    Reregister,
 }
 
 /// A standby's refusal, as the metadata of its status says
@@ -418,6 +428,13 @@ fn replan(dials: &mut [Dial], i: usize, ended: Ended, base: Duration, max: Durat
                 "no session with the control plane: the server answered but cannot take the stream now"
             );
         }
+        Ended::Reregister => {
+            // The same server, at once: it was answering a moment ago.
+            let d = &mut dials[i];
+            d.failures = 0;
+            d.busy = 0;
+            d.not_before = now;
+        }
         Ended::Failed(e) => {
             let d = &mut dials[i];
             d.busy = 0;
@@ -476,6 +493,7 @@ impl Agent {
             progress: Arc::default(),
             gpus: Vec::new(),
             registered_figures: Vec::new(),
+            registered_cards: Vec::new(),
             stats: Arc::default(),
             epochs,
             host: Default::default(),
@@ -674,7 +692,13 @@ impl Agent {
         loop {
             self.publish_shards();
             tokio::select! {
-                _ = beat.tick() => send(&tx, agent_message::Msg::Heartbeat(self.heartbeat().await)),
+                _ = beat.tick() => {
+                    if let Some(cards) = self.unregistered() {
+                        tracing::info!(cards = %cards, "GPUs the registration did not have can be read now: registering again");
+                        return Ended::Reregister;
+                    }
+                    send(&tx, agent_message::Msg::Heartbeat(self.heartbeat().await));
+                }
                 Some(st) = self.stopped_rx.recv() => {
                     for reply in self.stop_finished(st) {
                         send(&tx, agent_message::Msg::Shard(reply));

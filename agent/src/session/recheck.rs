@@ -37,6 +37,41 @@ pub(super) struct Rechecked {
     pub gpus: Option<(Instant, GpuLook)>,
 }
 
+/// A card as placement knows it: which one and its class. A look that
+/// reads one the registration did not have (a driver that came up after
+/// the agent, memory that can be read now) registers again, since only a
+/// registration carries cards; problems go with heartbeats.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Card {
+    index: u32,
+    uuid: String,
+    class: String,
+}
+
+impl Card {
+    pub(super) fn of(g: &Gpu) -> Card {
+        Card {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            class: g.class.clone(),
+        }
+    }
+}
+
+/// The cards of `seen` that `registered` lacks, said for a log line; None
+/// when there are none. Only cards read whole count: one whose memory
+/// cannot be read has no class yet, and registering it again each time
+/// it flickers would gain nothing (its problem goes with heartbeats).
+pub(super) fn unregistered(registered: &[Card], seen: &[Gpu]) -> Option<String> {
+    let new: Vec<String> = seen
+        .iter()
+        .filter(|g| g.health.unreadable.is_empty())
+        .filter(|g| !registered.contains(&Card::of(g)))
+        .map(|g| format!("GPU {} {} ({})", g.index, g.class, g.uuid))
+        .collect();
+    (!new.is_empty()).then(|| new.join(", "))
+}
+
 /// A GPU's problems, knowing whether one of our shards ran on it.
 fn wire_health(gpus: &[Gpu], ours: impl Fn(u32) -> bool) -> Vec<v1::GpuHealth> {
     gpus.iter()
@@ -134,6 +169,17 @@ impl Agent {
         Some(health)
     }
 
+    /// The cards the latest look newer than the registration read that
+    /// the registration did not have.
+    pub(super) fn unregistered(&self) -> Option<String> {
+        match &self.rechecked.borrow().gpus {
+            Some((taken, GpuLook::Seen(gpus))) if *taken > self.registered_at => {
+                unregistered(&self.registered_cards, gpus)
+            }
+            _ => None,
+        }
+    }
+
     /// The GPUs' figures from the latest look newer than the registration,
     /// else the registration's; none while the driver cannot be read.
     pub(super) fn gpu_figures(&self) -> Vec<v1::GpuFigures> {
@@ -196,5 +242,61 @@ impl Agent {
             }
         });
         rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Card, unregistered};
+    use crate::discovery::gpu::Gpu;
+
+    fn h100(index: u32, memory_total_mb: u64) -> Gpu {
+        Gpu {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_total_mb,
+            ..Gpu::default()
+        }
+        .finish()
+    }
+
+    #[test]
+    fn cards_read_whole_that_the_registration_lacks_are_new() {
+        let (a, b) = (h100(0, 81559), h100(1, 81559));
+        assert_eq!(
+            unregistered(&[], &[a.clone(), b.clone()]).as_deref(),
+            Some("GPU 0 h100-80g (GPU-0), GPU 1 h100-80g (GPU-1)"),
+            "a driver that came up after the agent"
+        );
+        let registered = [Card::of(&a), Card::of(&b)];
+        assert_eq!(unregistered(&registered, &[a.clone(), b.clone()]), None);
+        assert_eq!(
+            unregistered(&registered, std::slice::from_ref(&a)),
+            None,
+            "a card gone is a heartbeat's problem"
+        );
+        let mut sick = b.clone();
+        sick.health.ecc_errors = 3;
+        assert_eq!(
+            unregistered(&registered, &[a.clone(), sick.finish()]),
+            None,
+            "a problem is a heartbeat's"
+        );
+        // Registered while its memory could not be read (class h100-0g):
+        // read whole now, it is a card of another class.
+        let mut blind = h100(1, 0);
+        blind.health.unreadable = vec!["memory unreadable: memory.total [Unknown Error]".into()];
+        let blind = blind.finish();
+        let registered = [Card::of(&a), Card::of(&blind)];
+        assert_eq!(
+            unregistered(&registered, &[a.clone(), b]).as_deref(),
+            Some("GPU 1 h100-80g (GPU-1)")
+        );
+        assert_eq!(
+            unregistered(&[Card::of(&a)], &[a, blind]),
+            None,
+            "a card still unreadable has no class to register"
+        );
     }
 }

@@ -61,13 +61,15 @@ fn skipping_gpus_still_reads_the_adapters() {
 }
 
 #[test]
-fn a_failing_gpu_discovery_still_reports_memory_host_and_weights() {
+fn a_failing_gpu_discovery_still_reports_memory_host_weights_and_fabrics() {
     let dir = tempfile::tempdir().unwrap();
     let models = machine(dir.path());
+    fake_sysfs(&dir.path().join("sys"));
     let (inv, error) = discover(&Options {
         root: dir.path().into(),
         nvidia_smi: Some("/nonexistent/nvidia-smi".into()),
         model_dirs: vec![models.clone()],
+        fabrics: [("ib-a".to_string(), vec!["mlx5_0".to_string()])].into(),
         ..Options::default()
     });
     let error = error.expect("an absent nvidia-smi named explicitly is an error");
@@ -85,6 +87,11 @@ fn a_failing_gpu_discovery_still_reports_memory_host_and_weights() {
         models.join("m.gguf").display().to_string()
     );
     assert_eq!(inv.storage.len(), 1);
+    // The adapters are read after the GPUs: a driver not up yet at boot
+    // took the node's fabrics away too.
+    assert_eq!(inv.hcas.len(), 3);
+    assert_eq!(inv.fabrics.len(), 1);
+    assert_eq!(inv.fabrics[0].usable, ["mlx5_0"]);
 }
 
 #[test]

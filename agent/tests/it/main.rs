@@ -19,6 +19,7 @@ mod fetch;
 mod probe;
 mod provision;
 mod session;
+mod session_gpus;
 mod supervisor;
 mod supervisor_table;
 
