@@ -385,7 +385,7 @@ fn settings(a: ServerArgs, store: &StoreArg) -> Result<crate::serve::Plan, Confi
     // `server init` keeps a database's address (it may hold a password)
     // in server.env beside server.yaml, which the unit reads: a start by
     // hand without it would make a new, empty ./llmgw.db and lead that.
-    // (Not under --check, which opens nothing and which the deploy
+    // (Not under --check, which writes nothing and which the deploy
     // guides run by hand, and not for a plain router, which opens none.)
     if !store_named
         && !a.check
@@ -973,29 +973,35 @@ fn store_in_server_env(config: Option<&std::path::Path>) -> Option<std::path::Pa
         })
 }
 
-/// `--check` of a PostgreSQL store: the start fails before it binds when
-/// the server or the database cannot be reached, so the check does too.
-/// Nothing is created or migrated (a SQLite path was checked with the
-/// settings, without opening it, as that would make the file).
-async fn reach(store: &str) -> Result<(), ConfigError> {
-    let address = llmgw_eventstore::StoreAddress::parse(store)
-        .map_err(|e| ConfigError(format!("store: {e}")))?;
-    if !matches!(address, llmgw_eventstore::StoreAddress::Postgres(_)) {
-        return Ok(());
-    }
-    let options = llmgw_eventstore::OpenOptions {
-        schema: llmgw_eventstore::Schema::Unchecked,
-        read_only: true,
-        max_connections: 1,
-        ..Default::default()
-    };
-    match tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        llmgw_eventstore::AnyStore::open(&address, options),
-    )
-    .await
+/// `--check` of a store a start opens: the start fails before it binds
+/// when a PostgreSQL server or database cannot be reached, or when the
+/// store's schema is newer than this binary's or an applied migration was
+/// edited (a binary rolled back), so the check does too, in the start's
+/// words. Read only: nothing is created or migrated, and a SQLite file
+/// that is not there yet is not made. Returns what a start will do about
+/// the schema, for the operator to read.
+async fn reach(store: &str) -> Result<String, ConfigError> {
+    use llmgw_eventstore::{SchemaState, StoreAddress};
+    let address = StoreAddress::parse(store).map_err(|e| ConfigError(format!("store: {e}")))?;
+    let shown = address.redacted();
+    if let StoreAddress::Sqlite(path) = &address
+        && !path.exists()
     {
-        Ok(Ok(_)) => Ok(()),
+        return Ok(format!(
+            "schema: none yet ({shown} is not there); a start makes it"
+        ));
+    }
+    let read = llmgw_eventstore::AnyStore::schema_state(&address);
+    match tokio::time::timeout(std::time::Duration::from_secs(10), read).await {
+        Ok(Ok(SchemaState::Empty { known })) => Ok(format!(
+            "schema: none yet in {shown}; a start creates it (version {known})"
+        )),
+        Ok(Ok(SchemaState::Behind { found, known })) => Ok(format!(
+            "schema: version {found} in {shown}; a start migrates it to version {known}"
+        )),
+        Ok(Ok(SchemaState::Current { version })) => Ok(format!(
+            "schema: version {version} in {shown}, this binary's"
+        )),
         Ok(Err(e)) => {
             // The store's error names the address; its causes say why.
             let mut said = e.to_string();
@@ -1011,8 +1017,7 @@ async fn reach(store: &str) -> Result<(), ConfigError> {
             Err(ConfigError(format!("store: {said}")))
         }
         Err(_) => Err(ConfigError(format!(
-            "store: {} did not answer within 10 s",
-            address.redacted()
+            "store: {shown} did not answer within 10 s"
         ))),
     }
 }
@@ -1028,8 +1033,15 @@ pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<O
         // Run where the server runs (a unit's ExecStartPre, say), this
         // sees the limit the server will.
         crate::serve::fit_open_files(&mut plan)?;
+        // The log a unit reads from server.env is not the one named here:
+        // reaching ./llmgw.db instead would judge the wrong store.
+        let env_store = !plan.store_named && store_in_server_env(config.as_deref()).is_some();
+        let mut schemas = Vec::new();
         for store in plan.stores() {
-            reach(store).await?;
+            if env_store && store == plan.store.as_str() {
+                continue;
+            }
+            schemas.push(reach(store).await?);
         }
         let mode = match (&plan.control, plan.auth) {
             (Some(_), true) => "control plane, keys required",
@@ -1053,6 +1065,9 @@ pub(crate) async fn run(store: &StoreArg, mut a: ServerArgs) -> anyhow::Result<O
         } else {
             let address = llmgw_eventstore::StoreAddress::parse(&plan.store)?;
             println!("store: {}", address.redacted());
+        }
+        for said in schemas {
+            println!("{said}");
         }
         return Ok(Outcome::Ok);
     }

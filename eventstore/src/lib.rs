@@ -63,6 +63,7 @@ pub use export::{
 };
 pub use group::GroupStats;
 pub use import::{ChainCheck, ImportOptions, Imported};
+pub use migrate::SchemaState;
 pub use postgres::PgStore;
 pub use reader::{DecodingReader, PageReader};
 pub use sqlite::SqliteStore;
@@ -537,6 +538,27 @@ impl AnyStore {
             StoreAddress::Postgres(_) => AnyStore::Postgres(PgStore::open(address, options).await?),
             StoreAddress::Sqlite(_) => AnyStore::Sqlite(SqliteStore::open(address, options).await?),
         })
+    }
+
+    /// Where the schema of the store at `address` stands against this
+    /// binary's, refused as a migrating open refuses it (a newer schema,
+    /// an edited migration): for a check before a start, which must change
+    /// nothing. A PostgreSQL database is read in read-only transactions; a
+    /// SQLite file with nothing beside it is read `immutable`, which makes
+    /// no `-wal` or `-shm` file either ([`StoreError::NoSuchFile`] where
+    /// there is no file).
+    pub async fn schema_state(address: &StoreAddress) -> Result<SchemaState> {
+        match address {
+            StoreAddress::Postgres(_) => {
+                let options = OpenOptions {
+                    schema: Schema::Unchecked,
+                    max_connections: 1,
+                    ..OpenOptions::reading()
+                };
+                PgStore::open(address, options).await?.schema_state().await
+            }
+            StoreAddress::Sqlite(path) => sqlite::schema_state(address, path).await,
+        }
     }
 
     /// The groups this store (and its clones) has written so far.

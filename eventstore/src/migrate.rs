@@ -41,6 +41,34 @@ pub(crate) fn pending<'a>(
     Ok(todo)
 }
 
+/// Where a store's schema stands against this binary's, read without
+/// changing the store (`llmgw server --check` before a start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaState {
+    /// No llmgw schema yet: an open that migrates creates it (`known`).
+    Empty { known: i64 },
+    /// Older than this binary's: an open that migrates brings it to `known`.
+    Behind { found: i64, known: i64 },
+    /// This binary's.
+    Current { version: i64 },
+}
+
+/// The state of a store with `applied` migrations (version to checksum),
+/// refused as a migration run would refuse it: a newer schema, or an
+/// applied migration edited since.
+pub(crate) fn state(known: &[Migration], applied: &HashMap<i64, Vec<u8>>) -> Result<SchemaState> {
+    let todo = pending(known, applied)?;
+    let newest = known.last().map_or(0, |m| m.version);
+    Ok(match applied.keys().max() {
+        None => SchemaState::Empty { known: newest },
+        Some(&found) if todo.is_empty() => SchemaState::Current { version: found },
+        Some(&found) => SchemaState::Behind {
+            found,
+            known: newest,
+        },
+    })
+}
+
 /// Whether the database's newest applied version is the binary's newest.
 pub(crate) fn check_current(known: &[Migration], found: Option<i64>, address: &str) -> Result<()> {
     let newest = known.last().map_or(0, |m| m.version);
@@ -104,5 +132,33 @@ mod tests {
             Err(StoreError::NotMigrated { .. })
         ));
         assert!(check_current(KNOWN, Some(2), "x").is_ok());
+    }
+
+    #[test]
+    fn a_state_is_read_as_a_migration_run_would_judge_it() {
+        let one = HashMap::from([(1, sum(KNOWN[0].sql))]);
+        let both = HashMap::from([(1, sum(KNOWN[0].sql)), (2, sum(KNOWN[1].sql))]);
+        assert_eq!(
+            state(KNOWN, &HashMap::new()).unwrap(),
+            SchemaState::Empty { known: 2 }
+        );
+        assert_eq!(
+            state(KNOWN, &one).unwrap(),
+            SchemaState::Behind { found: 1, known: 2 }
+        );
+        assert_eq!(
+            state(KNOWN, &both).unwrap(),
+            SchemaState::Current { version: 2 }
+        );
+        let edited = HashMap::from([(1, sum("CREATE TABLE a (y int)"))]);
+        assert!(matches!(
+            state(KNOWN, &edited),
+            Err(StoreError::MigrationChanged { version: 1, .. })
+        ));
+        let newer = HashMap::from([(3, vec![])]);
+        assert!(matches!(
+            state(KNOWN, &newer),
+            Err(StoreError::SchemaTooNew { found: 3, known: 2 })
+        ));
     }
 }

@@ -167,6 +167,22 @@ impl PgStore {
         crate::migrate::check_current(llmgw_migrations::POSTGRES, found, &self.address.redacted())
     }
 
+    /// See [`crate::AnyStore::schema_state`].
+    pub(crate) async fn schema_state(&self) -> Result<crate::SchemaState> {
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass('es_schema_migrations') IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
+        let applied: Vec<(i64, Vec<u8>)> = if exists {
+            sqlx::query_as("SELECT version, checksum FROM es_schema_migrations")
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            Vec::new()
+        };
+        crate::migrate::state(llmgw_migrations::POSTGRES, &applied.into_iter().collect())
+    }
+
     async fn hook(&self, point: AppendPoint) {
         if let Some(h) = &self.hook {
             h.at(point).await;

@@ -290,6 +290,55 @@ fn wal_beside(path: &std::path::Path) -> bool {
     })
 }
 
+/// See [`crate::AnyStore::schema_state`]. Immutable while nothing lies
+/// beside the file (no writer at work): `mode=ro` would make the `-wal`
+/// and `-shm` files a WAL file's reader needs, and leave them. With a
+/// `-wal` beside it (a server at work, or one that crashed), the events
+/// and migrations in it count, so it is read through it.
+pub(crate) async fn schema_state(
+    address: &StoreAddress,
+    path: &std::path::Path,
+) -> Result<crate::SchemaState> {
+    if !path.exists() {
+        return Err(StoreError::NoSuchFile {
+            address: address.redacted(),
+        });
+    }
+    let mut conn = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .immutable(!wal_beside(path))
+        .busy_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|source| StoreError::Connect {
+            address: address.redacted(),
+            source,
+        })?;
+    let applied = applied_migrations(&mut conn).await;
+    let _ = conn.close().await;
+    crate::migrate::state(llmgw_migrations::SQLITE, &applied?.into_iter().collect())
+}
+
+/// Every applied migration's version and checksum; none where the table
+/// is not there yet.
+async fn applied_migrations(conn: &mut sqlx::SqliteConnection) -> Result<Vec<(i64, Vec<u8>)>> {
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master
+          WHERE type = 'table' AND name = 'es_schema_migrations'",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if tables == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(
+        sqlx::query_as("SELECT version, checksum FROM es_schema_migrations")
+            .fetch_all(&mut *conn)
+            .await?,
+    )
+}
+
 /// Whether `path` can be read with `mode=ro` as it lies: a WAL file needs
 /// its shared-memory file, which a read-only directory cannot take.
 async fn reads_read_only(path: &std::path::Path) -> bool {

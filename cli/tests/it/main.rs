@@ -2692,3 +2692,131 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+mod check_schema {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        check_refuses_the_schema_a_start_refuses_and_changes_nothing(Backend::Postgres).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        check_refuses_the_schema_a_start_refuses_and_changes_nothing(Backend::Sqlite).await
+    }
+}
+
+/// `server --check` reads the store's applied migrations as a start does
+/// and refuses (exit 2), in the start's words, the stores a start refuses:
+/// one a newer binary migrated (a binary rolled back), and one with an
+/// applied migration edited. It said "configuration ok" and the start
+/// then failed before binding. An older schema passes, saying a start
+/// migrates it. The check changes nothing in the store, and makes no file
+/// beside a SQLite one.
+async fn check_refuses_the_schema_a_start_refuses_and_changes_nothing(b: Backend) {
+    let (address, scratch, store) = seeded(b, 2).await;
+    let exec = |sql: &'static str| {
+        let store = store.clone();
+        async move {
+            match &store {
+                AnyStore::Postgres(s) => sqlx::raw_sql(sql).execute(s.pool()).await.map(|_| ()),
+                AnyStore::Sqlite(s) => sqlx::raw_sql(sql).execute(s.pool()).await.map(|_| ()),
+            }
+            .unwrap()
+        }
+    };
+    let versions = || {
+        let store = store.clone();
+        async move {
+            let sql = "SELECT version FROM es_schema_migrations ORDER BY version";
+            match &store {
+                AnyStore::Postgres(s) => sqlx::query_scalar(sql).fetch_all(s.pool()).await,
+                AnyStore::Sqlite(s) => sqlx::query_scalar(sql).fetch_all(s.pool()).await,
+            }
+            .unwrap()
+        }
+    };
+    let check = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .args(["server", "--check", "--auth", "--store", &address])
+            .args(["--endpoint", "e=http://127.0.0.1:9=m"])
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), said)
+    };
+    let all: Vec<i64> = versions().await;
+    let newest = *all.last().unwrap();
+
+    let (code, said) = check();
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!("schema: version {newest} in ")) && said.contains("this binary's"),
+        "{said}"
+    );
+
+    // What a newer binary's migration leaves.
+    exec("UPDATE es_schema_migrations SET version = version + 100 WHERE version = (SELECT max(version) FROM es_schema_migrations)").await;
+    let (code, said) = check();
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains(&format!(
+            "error: store: the store's schema (version {}) is newer than this binary knows ({newest})",
+            newest + 100
+        )),
+        "{said}"
+    );
+    assert_eq!(versions().await.last(), Some(&(newest + 100)));
+
+    // Older: a start migrates it, and says so; the check does not.
+    exec("DELETE FROM es_schema_migrations WHERE version > (SELECT max(version) FROM es_schema_migrations) - 100").await;
+    let (code, said) = check();
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!(
+            "schema: version {} in {}; a start migrates it to version {newest}",
+            newest - 1,
+            StoreAddress::parse(&address).unwrap().redacted()
+        )),
+        "{said}"
+    );
+    assert_eq!(versions().await, all[..all.len() - 1]);
+
+    exec("UPDATE es_schema_migrations SET checksum = substr(checksum, 2) WHERE version = 3").await;
+    let (code, said) = check();
+    assert_eq!(code, Some(2), "{said}");
+    assert!(
+        said.contains("error: store: migration 3 (people) was changed after it was applied"),
+        "{said}"
+    );
+
+    // A SQLite file alone (a backup, a stopped server's store) stays as
+    // it was, and nothing is made beside it.
+    if let (AnyStore::Sqlite(s), Scratch::Sqlite(dir)) = (&store, &scratch) {
+        s.pool().close().await;
+        s.read_pool().close().await;
+        let listing = || {
+            let mut names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(listing(), ["llmgw.db"]);
+        let bytes = std::fs::read(&address).unwrap();
+        let (code, said) = check();
+        assert_eq!(code, Some(2), "{said}");
+        assert_eq!(listing(), ["llmgw.db"]);
+        assert!(
+            std::fs::read(&address).unwrap() == bytes,
+            "the file changed"
+        );
+    }
+}
