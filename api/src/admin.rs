@@ -38,6 +38,10 @@ pub struct NodeRow {
     /// reported them; only the leader knows (empty on a standby).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub provision: Vec<ProvisionRow>,
+    /// Why cards are kept out of placement: "GPU 1: 3 uncorrected ECC
+    /// errors", one a problem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_problems: Vec<String>,
 }
 
 /// One engine a node was asked to install.

@@ -261,6 +261,11 @@ pub(crate) async fn run(
                 // is a sentence, too long for a column.
                 let mut notes = Vec::new();
                 for n in rows {
+                    // A card kept out says so here: FREE alone read as a
+                    // node with fewer cards, and the agent logs nothing.
+                    for p in &n.gpu_problems {
+                        notes.push(format!("{}: {p} (kept out of placement)", n.id));
+                    }
                     for p in n.provision.iter().filter(|p| p.state != "ready") {
                         notes.push(format!(
                             "{}: {} {} {}: {}",

@@ -183,6 +183,13 @@ async fn nodes(State(cp): State<Arc<ControlPlane>>) -> Result<Vec<api::NodeRow>>
                 } else {
                     Vec::new()
                 },
+                gpu_problems: (n.inventory.gpus.iter())
+                    .flat_map(|g| {
+                        g.problems
+                            .iter()
+                            .map(move |p| format!("GPU {}: {p}", g.index))
+                    })
+                    .collect(),
             }
         })
         .collect();

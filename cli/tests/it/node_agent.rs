@@ -452,6 +452,14 @@ async fn a_gpu_that_turns_sick_while_the_agent_runs_leaves_placement() {
     );
     replace(&rows, &sick, 0o644);
     until("GPU 1 is out", || gpus_free(1)).await;
+    // ctl nodes says why, under its table (FREE alone read as a node
+    // with one card).
+    let (ok, nodes, err) = ctl(&server.admin, &["nodes"]);
+    assert!(ok, "{err}");
+    assert!(
+        nodes.contains("gpu-1: GPU 1: 7 uncorrected ECC errors (kept out of placement)"),
+        "{nodes}"
+    );
     replace(&rows, healthy, 0o644);
     until("GPU 1 is back", || gpus_free(2)).await;
     replace(&rows, healthy.lines().next().unwrap(), 0o644);
