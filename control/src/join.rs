@@ -114,14 +114,18 @@ pub(crate) async fn remove_node(
     if certified.is_some() {
         tracing::info!(node = %node, "removed: its stream is closed");
     }
-    let done = if certified == Some(false) {
-        format!(
+    let done = match certified {
+        Some(false) => format!(
             "node {node} removed: its replicas are rebuilt elsewhere. Its agent connected without a client certificate, so nothing refuses it: while it runs it registers again as a new node. Stop it on the machine, or have agents join with certificates (`llmgw ctl node token`)"
-        )
-    } else {
-        format!(
+        ),
+        Some(true) => format!(
             "node {node} removed: its replicas are rebuilt elsewhere and its certificates are refused until it joins again with a new token"
-        )
+        ),
+        // Not connected here: how it connects is not known, so both are
+        // said (a plaintext agent was told its certificates were refused).
+        None => format!(
+            "node {node} removed: its replicas are rebuilt elsewhere. Its agent is not connected: if it connects with a client certificate, that is refused until it joins again with a new token; if it connects without one, nothing refuses it and it registers again as a new node once it runs, so stop it on the machine"
+        ),
     };
     Ok(Json(crate::admin::changed(&decided, &done)))
 }

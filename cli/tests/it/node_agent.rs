@@ -351,6 +351,25 @@ async fn two_agents_on_one_address_get_different_ports() {
     assert!(good, "{err}");
     assert!(out.contains("without a client certificate"), "{out}");
     assert!(out.contains("registers again"), "{out}");
+    // A node whose agent is not connected: how it connects is not known,
+    // so it is not told that its certificates are refused as if it had any.
+    drop(_a);
+    until("twin-a's agent is gone", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        let a = nodes.as_array()?.iter().find(|n| n["id"] == "twin-a")?;
+        (a["connected"] == false).then_some(())
+    })
+    .await;
+    let (good, out, err) = ctl(&server.admin, &["node", "remove", "twin-a"]);
+    assert!(good, "{err}");
+    assert!(
+        out.contains("Its agent is not connected: if it connects with a client certificate"),
+        "{out}"
+    );
+    assert!(
+        out.contains("if it connects without one, nothing refuses it"),
+        "{out}"
+    );
 }
 
 /// A node gone quiet (its agent stopped, not yet lost) does not count as
