@@ -705,7 +705,13 @@ fn overlay(tree: &mut serde_json::Value, env: &[(String, String)]) -> Result<(),
         if v.trim().is_empty() {
             return Err(format!("{k} is empty: give it a value, or unset it"));
         }
-        let value = yaml_tree(v).map_err(|e| format!("{k}: {e}"))?;
+        // The parser's own words ("while scanning an alias" for `*`) do
+        // not say that the value is YAML, nor how to write it.
+        let value = yaml_tree(v).map_err(|e| {
+            format!(
+                "{k}: {e} (the value is read as YAML: write a list as '[\"a\", \"b\"]', and quote text that begins with *, &, !, |, > or %)"
+            )
+        })?;
         let mut at = &mut *tree;
         for (i, key) in path.iter().enumerate() {
             let obj = at

@@ -2505,6 +2505,13 @@ async fn the_example_control_plane_configuration_parses_and_bad_files_exit_2() {
             )],
             "router.cors_origins: \"https://app.example.com/\" has a path",
         ),
+        // A bare `*` is YAML's alias: the parser's words alone did not
+        // say how to write it.
+        (
+            good.clone(),
+            vec![("LLMGW_ROUTER__CORS_ORIGINS", "*")],
+            "the value is read as YAML: write a list as '[\"a\", \"b\"]'",
+        ),
         (
             good.clone(),
             vec![("LLMGW_CONTROL__INTERVAL", "0s")],
