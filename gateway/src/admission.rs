@@ -85,9 +85,33 @@ impl Admission {
     /// Admits `band` once `saturation()` is under its threshold, waiting up
     /// to the configured bound.
     pub async fn admit(&self, band: Band, saturation: impl Fn() -> f64) -> Result<(), Refused> {
-        if !self.config.enabled || saturation() < threshold(band) {
-            return Ok(());
+        self.admit_first(band, 1, |_| Some(saturation()))
+            .await
+            .map(|_| ())
+    }
+
+    /// Admits `band` to the first of `pools` pools (a model, then its
+    /// fallbacks in order) with room for it: `saturation(i)` under the
+    /// band's threshold (None: pool `i` cannot take requests at all).
+    /// The first pool is read alone while it has room; only when it has
+    /// none are the others read, and the request goes to the first of
+    /// them with room at once rather than wait (a saturated model whose
+    /// fallback was idle refused with 429). With no room anywhere it
+    /// waits, bounded, for the first pool to have room. The pool's index.
+    pub async fn admit_first(
+        &self,
+        band: Band,
+        pools: usize,
+        saturation: impl Fn(usize) -> Option<f64>,
+    ) -> Result<usize, Refused> {
+        let room = |i: usize| saturation(i).is_some_and(|s| s < threshold(band));
+        if !self.config.enabled || room(0) {
+            return Ok(0);
         }
+        if let Some(i) = (1..pools).find(|i| room(*i)) {
+            return Ok(i);
+        }
+        let first = || (0..pools).find(|i| room(*i));
         // Counted off however the wait ends, a client that leaves (the
         // future dropped) included: a count left behind would refuse
         // requests that should wait, for good.
@@ -98,15 +122,11 @@ impl Admission {
         let deadline = Instant::now() + self.config.max_wait;
         loop {
             let notified = self.changed.notified();
-            if saturation() < threshold(band) {
-                break Ok(());
+            if let Some(i) = first() {
+                break Ok(i);
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break if saturation() < threshold(band) {
-                    Ok(())
-                } else {
-                    Err(Refused::Saturated)
-                };
+                break first().ok_or(Refused::Saturated);
             }
         }
     }
@@ -175,6 +195,38 @@ mod tests {
             Ok(()),
             "platinum passes a little past full"
         );
+    }
+
+    /// A pool held back goes to the first of the others with room, at
+    /// once; one that cannot take requests (None) is passed over; with no
+    /// room anywhere, the first pool to get some takes the request.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_held_back_goes_to_the_first_pool_with_room() {
+        let adm = Arc::new(Admission::new(AdmissionConfig::default()));
+        let pools = [Some(1.5), None, Some(0.2)];
+        assert_eq!(adm.admit_first(Band::Gold, 3, |i| pools[i]).await, Ok(2));
+        assert_eq!(
+            adm.admit_first(Band::Gold, 3, |i| [Some(0.5), None, None][i])
+                .await,
+            Ok(0),
+            "room on the first: the others are not read"
+        );
+        let second = Arc::new(AtomicU64::new(2.0f64.to_bits()));
+        let waiting = {
+            let (adm, second) = (adm.clone(), second.clone());
+            tokio::spawn(async move {
+                let now = |i: usize| match i {
+                    0 => Some(1.5),
+                    _ => Some(f64::from_bits(second.load(Ordering::Relaxed))),
+                };
+                adm.admit_first(Band::Gold, 2, now).await
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "no room anywhere: held");
+        second.store(0.5f64.to_bits(), Ordering::Relaxed);
+        adm.load_changed();
+        assert_eq!(waiting.await.unwrap(), Ok(1));
     }
 
     /// A held request whose client leaves is no longer counted: the next

@@ -659,11 +659,16 @@ impl Endpoints {
     /// of waiting requests and KV occupancy against their ceilings.
     /// Endpoints without fresh figures count as empty.
     pub fn saturation(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> f64 {
+        self.saturation_of(model, waiting_ceiling, kv_ceiling)
+            .unwrap_or(0.0)
+    }
+
+    /// [`Self::saturation`], or None when no endpoint of `model` lets
+    /// requests through (none serves it, or every breaker is open).
+    pub fn saturation_of(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> Option<f64> {
         let all = self.all();
         let open = || all.iter().filter(|e| e.serves(model) && !e.breaker_open());
-        let Some(top) = open().map(|e| e.spec.priority).max() else {
-            return 0.0;
-        };
+        let top = open().map(|e| e.spec.priority).max()?;
         open()
             .filter(|e| e.spec.priority == top)
             .map(|e| match e.load() {
@@ -675,7 +680,6 @@ impl Endpoints {
                 _ => 0.0,
             })
             .reduce(f64::min)
-            .unwrap_or(0.0)
     }
 
     /// Whether anything runs or waits on an endpoint of `model`: by this

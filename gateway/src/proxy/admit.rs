@@ -10,6 +10,7 @@ use llmgw_domain::tenancy::Band;
 use llmgw_projections::KeyEntry;
 
 use crate::limits::Charge;
+use crate::routes::Routes;
 use crate::{ApiError, Gateway};
 
 /// Who is asking, from the headers alone.
@@ -56,19 +57,25 @@ pub(crate) fn identify(gw: &Gateway, headers: &HeaderMap) -> Result<Caller, ApiE
     })
 }
 
-/// A request let through: its band, and the tokens charged for it.
+/// A request let through: its band, the tokens charged for it, and the
+/// model of the plan it goes to first (an index into the models admitted
+/// against).
 #[derive(Debug)]
 pub(crate) struct Admitted {
     pub(crate) band: Band,
     pub(crate) charge: Charge,
+    pub(crate) model: usize,
 }
 
 /// Charges the request's rates (every level must admit it) and waits for
-/// its band's turn on `model`'s pool.
+/// its band's turn on the pool of the first of `models` (the plan's, in
+/// order) with room for it: a model held back goes to a fallback that
+/// has room rather than wait or be refused.
 pub(crate) async fn admit(
     gw: &Gateway,
+    routes: &Routes,
     caller: &Caller,
-    model: &str,
+    models: &[&str],
     estimate: u64,
 ) -> Result<Admitted, ApiError> {
     // With authentication off the header picks the band; with it on, the
@@ -93,17 +100,35 @@ pub(crate) async fn admit(
     // request and tokens are given back.
     let mut held = GiveBack(gw, caller.key.as_deref(), Some(charge));
     let cfg = &gw.admission.config;
-    let saturation = || {
-        gw.endpoints
-            .saturation(model, cfg.waiting_ceiling, cfg.kv_ceiling)
+    let saturation = |i: usize| {
+        let model = models.get(i)?;
+        match gw
+            .endpoints
+            .saturation_of(model, cfg.waiting_ceiling, cfg.kv_ceiling)
+        {
+            Some(s) => Some(s),
+            // The model asked for without an endpoint to take it: let
+            // through, for the stages after to start it or say why not.
+            None if i == 0 => Some(0.0),
+            // A fallback started on demand has all its room ahead of it;
+            // any other without an endpoint cannot take the request.
+            None => (routes.on_demand(model) && !gw.fits_nowhere(model)).then_some(0.0),
+        }
     };
-    if gw.admission.admit(band, saturation).await.is_err() {
+    let Ok(model) = (gw.admission)
+        .admit_first(band, models.len().max(1), saturation)
+        .await
+    else {
         let name = band.name();
         gw.metrics.rejected(name);
         return Err(ApiError::overloaded(name));
-    }
+    };
     let charge = held.2.take().unwrap_or_default();
-    Ok(Admitted { band, charge })
+    Ok(Admitted {
+        band,
+        charge,
+        model,
+    })
 }
 
 /// The charge to give back, with the key whose levels it was charged at.

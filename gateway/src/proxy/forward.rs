@@ -9,8 +9,10 @@
 //! its first byte is continued on another replica ([`super::relay`]). An
 //! engine's refusal (a 4xx, a 501) is the client's answer, in OpenAI's
 //! shape whatever the engine ([`super::refusal`]). A model with no
-//! capacity at all passes the request to the next model of the plan; one
-//! whose endpoints failed ends it.
+//! capacity (no endpoint lets the request through, none can be reached,
+//! or its engines all answer 503: full) passes the request to the next
+//! model of the plan, an on-demand one waited for; one whose endpoints
+//! failed (an engine's other error, a timeout) ends it.
 
 use std::sync::Arc;
 
@@ -42,7 +44,18 @@ pub(crate) async fn forward(
 ) -> Result<Response, ApiError> {
     let mut ticket = Some(ticket);
     let mut failed = None;
-    for model in &plan.candidates {
+    let mut not_started = plan.not_started;
+    for (i, model) in plan.candidates.iter().enumerate() {
+        // A fallback reached only now (the models before it full or out
+        // of reach) that is started on demand: started and waited for,
+        // as the model asked for would be.
+        if i > 0 && plan.waited != Some(*model) {
+            let routes = gw.routes.load();
+            if let Err(why) = super::resolve::wait_on_demand(gw, &routes, model).await {
+                not_started = Some(why);
+                continue;
+            }
+        }
         // The engine is asked for the model by its canonical name.
         let rewritten;
         let body = if *model == request.model {
@@ -66,11 +79,12 @@ pub(crate) async fn forward(
             // No capacity: the next model of the plan.
             Err(None) => continue,
             // No endpoint of it could be reached (refused, or gone before
-            // an answer), and none is slow: as good as no capacity, so the
-            // next model of the plan, said if none serves. (An engine's
-            // own error is the request's, and a timeout may be work under
-            // way: those end here.)
-            Err(Some(why)) if why.answer.is_none() && !why.timed_out => {
+            // an answer), and none is slow, or its engines said they are
+            // full: as good as no capacity, so the next model of the plan,
+            // said if none serves. (An engine's other errors are the
+            // request's, and a timeout may be work under way: those end
+            // here.)
+            Err(Some(why)) if why.full || (why.answer.is_none() && !why.timed_out) => {
                 failed = Some(why);
                 continue;
             }
@@ -105,7 +119,7 @@ pub(crate) async fn forward(
                 )
             }
         }
-        None => match plan.not_started {
+        None => match not_started {
             Some(n) if n.fits_nowhere => ApiError::fits_nowhere(n.model, true),
             Some(n) => ApiError::not_ready(n.model, gw.config.on_demand_wait),
             // No replica at all, and none could be placed as the cluster
@@ -126,6 +140,9 @@ struct Failure {
     /// The last error an engine answered (a 5xx), when one did: relayed
     /// when no endpoint serves the request.
     answer: Option<EngineError>,
+    /// Every engine of the model that answered said 503 (full), the last
+    /// endpoint tried among them: the model has no capacity now.
+    full: bool,
 }
 
 impl Failure {
@@ -134,6 +151,7 @@ impl Failure {
             why,
             timed_out: false,
             answer: None,
+            full: false,
         }
     }
 }
@@ -188,6 +206,9 @@ async fn attempt(
     // is known.
     let mut answer: Option<EngineError> = None;
     let mut erred: Vec<Arc<crate::Endpoint>> = Vec::new();
+    // An engine answered an error other than 503 (full): about the
+    // request, perhaps, so not passed to a fallback.
+    let mut other_error = false;
     // The engine logs the client's id, so one grep follows a request.
     let request_id = ticket
         .as_ref()
@@ -260,10 +281,11 @@ async fn attempt(
                 // The last failure's own answer, if it was one: an earlier
                 // engine's error does not stand for a later timeout.
                 answer = failure.answer.take();
-                if let Some(said) = &answer
-                    && !said.busy()
-                {
-                    erred.push(endpoint.clone());
+                if let Some(said) = &answer {
+                    other_error |= said.status != axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                    if !said.busy() {
+                        erred.push(endpoint.clone());
+                    }
                 }
                 last_error = Some(failure);
                 if again {
@@ -361,6 +383,10 @@ async fn attempt(
         e.record_erred(body);
     }
     Err(last_error.map(|mut f| {
+        f.full = !other_error
+            && !f.timed_out
+            && (answer.as_ref())
+                .is_some_and(|a| a.status == axum::http::StatusCode::SERVICE_UNAVAILABLE);
         f.answer = answer;
         f
     }))
@@ -527,8 +553,10 @@ fn timed_out(endpoint: &crate::Endpoint, after: std::time::Duration, stream: boo
         tracing::warn!(endpoint = %endpoint.spec.id, after_s = after.as_secs_f64(), "a plain answer took longer than router.response_timeout; given up, not sent again");
     }
     Failure {
-        why: format!("endpoint {} did not answer in time", endpoint.spec.id),
         timed_out: true,
-        answer: None,
+        ..Failure::said(format!(
+            "endpoint {} did not answer in time",
+            endpoint.spec.id
+        ))
     }
 }

@@ -5,7 +5,8 @@
 //!    ([`request`]);
 //! 3. [`resolve::plan`]: alias to canonical, allowlist, budgets, and the
 //!    models to try (fallbacks for a spent budget or for no capacity);
-//! 4. [`admit::admit`]: rates at every level, then the band's turn;
+//! 4. [`admit::admit`]: rates at every level, then the band's turn on
+//!    the first model of the plan with room for it;
 //! 5. [`resolve::wait_on_demand`]: an on-demand model is started and
 //!    waited for, bounded;
 //! 6. [`forward::forward`]: endpoints, retries, breakers, the answer
@@ -200,10 +201,17 @@ async fn serve_body(
     let routes = gw.routes.load();
     let mut plan = resolve::plan(gw, &routes, &caller, &request).map_err(|(l, e)| Refused(l, e))?;
     let label = || Some(plan.asked.to_owned());
-    let first = plan.candidates.first().copied().unwrap_or(plan.asked);
-    let admitted = admit::admit(gw, &caller, first, request.token_estimate())
+    let models = match plan.candidates.as_slice() {
+        [] => std::slice::from_ref(&plan.asked),
+        some => some,
+    };
+    let admitted = admit::admit(gw, &routes, &caller, models, request.token_estimate())
         .await
         .map_err(|e| Refused(label(), e))?;
+    // Held back on the models before it, the request goes to the first
+    // with room for it: those are not tried (they have none).
+    plan.candidates
+        .drain(..admitted.model.min(plan.candidates.len()));
     let room = admitted.charge.headroom();
     let ticket = account::Ticket::open(
         gw.clone(),
@@ -214,10 +222,11 @@ async fn serve_body(
         access.clone(),
         plan.hold.take(),
     );
-    if let Some(model) = resolve::to_wait_for(gw, &routes, &plan)
-        && let Err(why) = resolve::wait_on_demand(gw, &routes, model).await
-    {
-        plan.not_started = Some(why);
+    if let Some(model) = resolve::to_wait_for(gw, &routes, &plan) {
+        plan.waited = Some(model);
+        if let Err(why) = resolve::wait_on_demand(gw, &routes, model).await {
+            plan.not_started = Some(why);
+        }
     }
     let session = caller.session.as_deref().or(request.user.as_deref());
     let mut response = forward::forward(gw, path, &request, session, &plan, ticket)

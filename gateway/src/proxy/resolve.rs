@@ -16,7 +16,8 @@ use crate::routes::Routes;
 use crate::{ApiError, Gateway};
 
 /// The models to try, in order: the first is tried first, the others
-/// only when it (or the one before them) has no capacity.
+/// only when it (or the one before them) has no capacity: admission holds
+/// it back, its engines all say they are full, or none can be reached.
 /// Its names are borrowed from the routing table and the request, which
 /// the request holds to its end.
 #[derive(Debug)]
@@ -30,6 +31,9 @@ pub(crate) struct Plan<'a> {
     /// An on-demand model the request waited for in vain: with nothing
     /// else to serve it, the client is told that, not "no capacity".
     pub(crate) not_started: Option<NotStarted<'a>>,
+    /// The on-demand model the request already waited for, if any: not
+    /// waited for again when the request reaches it.
+    pub(crate) waited: Option<&'a str>,
 }
 
 /// An on-demand model that did not serve in time, and whether it never
@@ -172,6 +176,7 @@ pub(crate) fn plan<'a>(
         candidates,
         hold,
         not_started: None,
+        waited: None,
     })
 }
 

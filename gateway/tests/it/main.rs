@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
 
 mod connections;
+mod fallbacks;
 mod hostile;
 mod kv_events;
 mod migration;
