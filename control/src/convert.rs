@@ -9,7 +9,6 @@ use llmgw_domain::replicas::ShardState;
 /// What the scheduler keeps of a registration. Telemetry (used memory,
 /// temperatures) stays out: it would make every heartbeat an event.
 pub(crate) fn inventory(r: &v1::Register) -> Inventory {
-    let own: Vec<&v1::Storage> = r.storage.iter().filter(|s| !s.shared).collect();
     Inventory {
         hostname: r.hostname.clone(),
         mgmt_addr: r.mgmt_addr.clone(),
@@ -25,7 +24,7 @@ pub(crate) fn inventory(r: &v1::Register) -> Inventory {
             })
             .collect(),
         memory_total_mb: u64::try_from(r.memory_total_mb).unwrap_or(0),
-        disk_free_gb: disk_free_gb(&own),
+        disk_free_gb: disk_free_gb(&r.storage),
         engines: r.engine_versions.clone().into_iter().collect(),
         weights: r.weights.iter().map(|w| w.path.clone()).collect(),
     }
@@ -34,10 +33,9 @@ pub(crate) fn inventory(r: &v1::Register) -> Inventory {
 /// What a heartbeat says of the inventory, in the domain's terms: the
 /// facts an agent sends only on a change are `None` without one.
 pub(crate) fn heartbeat(hb: v1::Heartbeat) -> Heartbeat {
-    let own: Vec<&v1::Storage> = hb.storage.iter().filter(|s| !s.shared).collect();
     Heartbeat {
         memory_total_mb: u64::try_from(hb.memory_total_mb).ok().filter(|m| *m > 0),
-        disk_free_gb: (!hb.storage.is_empty()).then(|| disk_free_gb(&own)),
+        disk_free_gb: (!hb.storage.is_empty()).then(|| disk_free_gb(&hb.storage)),
         weights: hb
             .weights_changed
             .then(|| hb.weights.iter().map(|w| w.path.clone()).collect()),
@@ -59,15 +57,22 @@ pub(crate) fn heartbeat(hb: v1::Heartbeat) -> Heartbeat {
     }
 }
 
-pub(crate) fn disk_free_gb(storage: &[&v1::Storage]) -> Option<u64> {
-    if storage.is_empty() {
-        return None;
-    }
-    let bytes: u64 = storage
-        .iter()
-        .map(|s| u64::try_from(s.free_bytes).unwrap_or(0))
-        .sum();
-    Some(bytes / 1_000_000_000)
+/// The free disk `min_disk_gb` is checked against, in GB: the room where
+/// the node's weights go. An agent lists its weights cache's filesystem
+/// first (fetched weights land there), so that one's; None (no check)
+/// when it is a shared filer, whose space is not the node's own, or when
+/// the node lists none. The sum over every filesystem counted room the
+/// weights never go to: a 24 GB cache beside 79 GB free on / read as
+/// 104 GB, and a model needing 100 GB was placed there. An agent from
+/// before the cache came first listed its model directories first, the
+/// cache last: its first filesystem is the cache's when it has no model
+/// directory of its own or they share the cache's disk. The agent's
+/// `agent inventory` prints the same figure (its storage::weights_free_gb).
+pub(crate) fn disk_free_gb(storage: &[v1::Storage]) -> Option<u64> {
+    storage
+        .first()
+        .filter(|s| !s.shared)
+        .map(|s| u64::try_from(s.free_bytes).unwrap_or(0) / 1_000_000_000)
 }
 
 fn gpu(g: &v1::Gpu) -> Gpu {
@@ -208,4 +213,61 @@ pub(crate) fn provision(p: &[v1::ProvisionStatus]) -> Vec<llmgw_api::admin::Prov
             detail: clip(&s.detail, MAX_ERROR),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage(path: &str, free_gb: i64, shared: bool) -> v1::Storage {
+        v1::Storage {
+            path: path.into(),
+            free_bytes: free_gb * 1_000_000_000 + 123,
+            total_bytes: 2 * free_gb * 1_000_000_000,
+            shared,
+        }
+    }
+
+    /// The audit's node: the cache on a 24 GB tmpfs, a model directory on
+    /// / with 79 GB free. It read as 104 GB, and a model needing 100 GB
+    /// was placed where its weights could not land.
+    #[test]
+    fn free_disk_is_the_weights_caches_not_the_sum_of_every_disk() {
+        let listed = vec![
+            storage("/var/lib/llmgw-weights", 24, false),
+            storage("/models", 79, false),
+        ];
+        let reg = v1::Register {
+            storage: listed.clone(),
+            ..v1::Register::default()
+        };
+        assert_eq!(inventory(&reg).disk_free_gb, Some(24));
+        let hb = v1::Heartbeat {
+            storage: listed,
+            ..v1::Heartbeat::default()
+        };
+        assert_eq!(heartbeat(hb).disk_free_gb, Some(Some(24)));
+    }
+
+    /// A cache on a shared filer: its room is not the node's own, and the
+    /// node's local disks are not where weights go. No check, as when a
+    /// node lists nothing; a heartbeat without storage says nothing.
+    #[test]
+    fn a_cache_on_a_shared_filer_or_none_listed_checks_nothing() {
+        let shared = vec![
+            storage("/mnt/nfs/weights", 500, true),
+            storage("/models", 79, false),
+        ];
+        assert_eq!(disk_free_gb(&shared), None);
+        let hb = v1::Heartbeat {
+            storage: shared,
+            ..v1::Heartbeat::default()
+        };
+        assert_eq!(heartbeat(hb).disk_free_gb, Some(None));
+        assert_eq!(disk_free_gb(&[]), None);
+        assert_eq!(heartbeat(v1::Heartbeat::default()).disk_free_gb, None);
+        let mut odd = storage("/cache", 1, false);
+        odd.free_bytes = -5;
+        assert_eq!(disk_free_gb(&[odd]), Some(0), "a negative count is none");
+    }
 }

@@ -28,6 +28,9 @@ pub struct Options {
     /// that fixtures are read, never the machine's own cards.
     pub prefer_nvml: bool,
     pub model_dirs: Vec<PathBuf>,
+    /// Where fetched weights go: its filesystem is listed first in
+    /// `storage` (what `min_disk_gb` is checked against).
+    pub cache_dir: Option<PathBuf>,
     /// Fabric name → the adapters configured for it.
     pub fabrics: BTreeMap<String, Vec<String>>,
 }
@@ -40,6 +43,7 @@ impl Default for Options {
             skip_gpus: false,
             prefer_nvml: true,
             model_dirs: Vec::new(),
+            cache_dir: None,
             fabrics: BTreeMap::new(),
         }
     }
@@ -93,7 +97,7 @@ pub fn discover(o: &Options) -> (Inventory, Option<DiscoveryError>) {
         host: host::discover(&o.root),
         memory_total_mb: memory::total_mb(&o.root.join("proc/meminfo")),
         weights: weights::scan(&o.model_dirs),
-        storage: storage::scan(&o.model_dirs),
+        storage: storage::scan_cache_first(o.cache_dir.as_deref(), &o.model_dirs),
         fabrics: Vec::new(),
     };
     let mut error: Option<DiscoveryError> = None;

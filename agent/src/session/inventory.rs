@@ -188,7 +188,7 @@ impl Agent {
             let weights =
                 (!o.model_dirs.is_empty()).then(|| discovery::weights::scan(&o.model_dirs));
             (
-                discovery::storage::scan(&o.model_dirs),
+                discovery::storage::scan_cache_first(o.cache_dir.as_deref(), &o.model_dirs),
                 discovery::memory::total_mb(&o.root.join("proc/meminfo")),
                 weights,
             )

@@ -460,7 +460,12 @@ fn jitter() -> f64 {
 }
 
 impl Agent {
-    pub fn new(config: SessionConfig, engines: Registry) -> Self {
+    pub fn new(mut config: SessionConfig, engines: Registry) -> Self {
+        // Discovery lists the cache's filesystem first: where fetched
+        // weights land is the room `min_disk_gb` is checked against.
+        if config.discovery.cache_dir.is_none() {
+            config.discovery.cache_dir = config.cache_dir.clone();
+        }
         let (changes_tx, changes_rx) = mpsc::unbounded_channel();
         let (fetched_tx, fetched_rx) = mpsc::unbounded_channel();
         let (stopped_tx, stopped_rx) = mpsc::unbounded_channel();

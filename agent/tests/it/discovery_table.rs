@@ -275,3 +275,49 @@ fn a_real_h200_row_reads_as_its_class() {
     assert_eq!(nvml::normalize_bus_id(&g.pci_bus_id), "00:06.0");
     assert!(g.health.ok(), "{:?}", g.health);
 }
+
+/// The weights cache's filesystem is listed first, named by the cache,
+/// whatever the order of the directories: the control plane checks
+/// `min_disk_gb` against the first (it summed every disk, so a 24 GB cache
+/// beside 79 GB on / read as 104). A cache not made yet is measured where
+/// it would be made, and is not made.
+#[test]
+fn the_weights_caches_disk_is_listed_first_and_is_the_room_for_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = machine(dir.path());
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let (inv, error) = discover(&Options {
+        root: dir.path().into(),
+        skip_gpus: true,
+        model_dirs: vec![models.clone(), cache.clone()],
+        cache_dir: Some(cache.clone()),
+        ..Options::default()
+    });
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(inv.storage.len(), 1, "one disk: {:?}", inv.storage);
+    assert_eq!(inv.storage[0].path, cache.display().to_string());
+    let later = dir.path().join("not/yet/cache");
+    let found = storage::scan_cache_first(Some(&later), std::slice::from_ref(&models));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].path, later.display().to_string());
+    assert!(found[0].total_bytes > 0);
+    assert!(!later.exists(), "measuring makes nothing");
+    // The figure the control plane uses: the first filesystem's.
+    let disk = |path: &str, free_gb: u64, shared: bool| storage::Storage {
+        path: path.into(),
+        free_bytes: free_gb * 1_000_000_000 + 5,
+        total_bytes: 1 << 40,
+        shared,
+    };
+    assert_eq!(
+        storage::weights_free_gb(&[disk("/cache", 24, false), disk("/", 79, false)]),
+        Some(24)
+    );
+    assert_eq!(
+        storage::weights_free_gb(&[disk("/nfs/cache", 500, true), disk("/", 79, false)]),
+        None,
+        "a shared filer's room is not the node's own"
+    );
+    assert_eq!(storage::weights_free_gb(&[]), None);
+}
