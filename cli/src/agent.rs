@@ -507,8 +507,15 @@ pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
         return Err(e.into());
     }
     let mut out = std::io::stdout().lock();
+    // The figure placement's min_disk_gb is checked against, by the
+    // control plane's rule.
+    let disk_free_gb = discovery::storage::weights_free_gb(&inv.storage);
     if json {
-        json_line(&mut out, &inv)?;
+        let mut v = serde_json::to_value(&inv)?;
+        if let (Some(gb), Some(o)) = (disk_free_gb, v.as_object_mut()) {
+            o.insert("disk_free_gb".into(), gb.into());
+        }
+        json_line(&mut out, &v)?;
         return Ok(Outcome::Ok);
     }
     let h = &inv.host;
@@ -527,6 +534,15 @@ pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
         format!("{} MiB", inv.memory_total_mb)
     };
     writeln!(out, "memory   {mem}")?;
+    let disk = match (inv.storage.first(), disk_free_gb) {
+        (Some(s), Some(gb)) => format!("{gb} GB free where weights go ({})", s.path),
+        (Some(s), None) => format!(
+            "{} is on a shared filesystem: not this node's own space, so min_disk_gb is not checked",
+            s.path
+        ),
+        (None, _) => "unknown: no weights cache or model directory could be measured".to_owned(),
+    };
+    writeln!(out, "disk     {disk}")?;
     writeln!(out, "gpus     {} (from {})", inv.gpus.len(), inv.source)?;
     if !inv.gpus.is_empty() {
         let mut t = Table::new(vec!["INDEX", "CLASS", "NAME", "MEMORY MIB", "HEALTH"]);

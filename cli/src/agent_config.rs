@@ -280,7 +280,9 @@ pub(crate) fn resolve(mut a: RunArgs) -> Result<RunArgs, ConfigError> {
 
 /// What `agent inventory` discovers with: its flags and variables, over
 /// the agent's file, over the defaults, as `agent run` would (the cache
-/// is scanned like a model directory, when it exists).
+/// is scanned like a model directory, when it exists, and its disk is
+/// measured, where it would be made when it does not: `agent run` makes
+/// it, and a fresh node showed no disk).
 pub(crate) fn inventory_options(
     a: InventoryArgs,
 ) -> Result<llmgw_agent::discovery::Options, ConfigError> {
@@ -292,8 +294,9 @@ pub(crate) fn inventory_options(
     let (mut options, cache) = d.options();
     options.root = a.root;
     if cache.is_dir() {
-        options.model_dirs.push(cache);
+        options.model_dirs.push(cache.clone());
     }
+    options.cache_dir = Some(cache);
     Ok(options)
 }
 

@@ -575,3 +575,55 @@ fn a_certificate_names_the_node_by_default() {
     let host = llmgw_agent::discovery::host::hostname();
     assert_eq!((code, &s["node_id"]), (0, &Value::from(host)), "{err}");
 }
+
+/// `agent inventory` prints the disk placement's `min_disk_gb` is checked
+/// against: the weights cache's free space, measured where the cache
+/// would be made on a node where `agent run` has not made it yet. It
+/// printed no disk, and its JSON had none before the cache existed.
+#[test]
+fn inventory_prints_the_disk_placement_checks_before_the_cache_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("not/made/yet");
+    let inventory = |json: bool| -> String {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_llmgw"));
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .args(["agent", "inventory", "--skip-gpus", "--cache-dir"])
+            .arg(&cache);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let inv: Value = serde_json::from_str(&inventory(true)).unwrap();
+    assert_eq!(
+        inv["storage"][0]["path"],
+        cache.display().to_string(),
+        "{inv}"
+    );
+    let gb = inv["disk_free_gb"].as_u64().unwrap();
+    assert_eq!(
+        gb,
+        inv["storage"][0]["free_bytes"].as_u64().unwrap() / 1_000_000_000
+    );
+    let text = inventory(false);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("disk "))
+        .unwrap_or_else(|| panic!("no disk line: {text}"));
+    let suffix = format!(" GB free where weights go ({})", cache.display());
+    let said: u64 = line
+        .strip_prefix("disk")
+        .and_then(|l| l.strip_suffix(&suffix))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    // Other programs write to this disk between the two runs.
+    assert!(said.abs_diff(gb) <= 1, "{said} and {gb}");
+    assert!(!cache.exists(), "inventory makes nothing");
+}
