@@ -564,17 +564,7 @@ pub(crate) async fn run(cmd: AgentCommand) -> anyhow::Result<Outcome> {
     }
     writeln!(out, "adapters {}", inv.hcas.len())?;
     for c in &inv.fabrics {
-        let state = if c.ok() {
-            format!("ok at {} Gb/s", c.rate_gbps)
-        } else {
-            "NOT USABLE".to_owned()
-        };
-        writeln!(
-            out,
-            "fabric   {}: {state}; {}",
-            c.fabric,
-            c.problems.join("; ")
-        )?;
+        writeln!(out, "fabric   {}: {}", c.fabric, c.describe())?;
     }
     for w in &inv.weights {
         writeln!(out, "weights  {} ({} bytes)", w.path, w.size_bytes)?;

@@ -20,6 +20,41 @@ impl FabricCheck {
     pub fn ok(&self) -> bool {
         !self.usable.is_empty()
     }
+
+    /// Usable or not, and why, in the words `agent inventory` prints and
+    /// the agent logs.
+    pub fn describe(&self) -> String {
+        let state = if self.ok() {
+            format!("ok at {} Gb/s", self.rate_gbps)
+        } else {
+            "NOT USABLE".to_owned()
+        };
+        if self.problems.is_empty() {
+            state
+        } else {
+            format!("{state}; {}", self.problems.join("; "))
+        }
+    }
+}
+
+/// What a registration leaves out of the fabrics configured, one line a
+/// fabric: one none of whose adapters is usable is not registered, one
+/// with some is registered with those. A setting is honoured or said to
+/// be not, never dropped without a word; not refused either, since an
+/// adapter may come up after the agent.
+pub fn left_out(checks: &[FabricCheck]) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| !c.problems.is_empty())
+        .map(|c| {
+            let registered = if c.ok() {
+                format!("registered with {} only", c.usable.join(", "))
+            } else {
+                "not registered: no replica that needs it is placed on this node".to_owned()
+            };
+            format!("fabric {}: {}; {registered}", c.fabric, c.describe())
+        })
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -46,6 +46,15 @@ impl Agent {
         if let Some(e) = error {
             tracing::warn!(error = %e, "discovery was cut short; registering with what it found");
         }
+        // Said when it changes, not before every dial of a server that
+        // is down.
+        let left_out = discovery::fabric::left_out(&inv.fabrics);
+        if left_out != self.fabrics_said {
+            for line in &left_out {
+                tracing::warn!("{line}");
+            }
+            self.fabrics_said = left_out;
+        }
         let health = self.registered_health(&inv.gpus);
         self.host = inv.host.clone();
         self.registered_figures = super::recheck::wire_figures(&inv.gpus);

@@ -180,6 +180,8 @@ pub struct Agent {
     /// The cards the last registration carried: a later look that reads
     /// one it did not have registers again (`recheck::unregistered`).
     registered_cards: Vec<recheck::Card>,
+    /// The configured fabrics the last registration left out, as logged.
+    fabrics_said: Vec<String>,
     /// What the agent's metrics page shows.
     stats: Arc<crate::metrics::AgentStats>,
     /// The highest lease epoch seen: no command from a lower one is
@@ -499,6 +501,7 @@ impl Agent {
             gpus: Vec::new(),
             registered_figures: Vec::new(),
             registered_cards: Vec::new(),
+            fabrics_said: Vec::new(),
             stats: Arc::default(),
             epochs,
             host: Default::default(),

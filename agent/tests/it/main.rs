@@ -475,6 +475,34 @@ fn fabric_checks_name_missing_and_inactive_adapters_and_take_the_slowest_link() 
     assert_eq!(c.problems, vec!["mlx5_7 is not on this node (found: none)"]);
 }
 
+/// `agent run` dropped a fabric whose adapters are not on the node without
+/// a word (only `agent inventory` said it): what registration leaves out
+/// is said in the inventory's words, and a fabric in order is not.
+#[test]
+fn fabrics_a_registration_leaves_out_are_said_in_the_inventorys_words() {
+    use llmgw_agent::discovery::fabric::left_out;
+    let up = hca("mlx5_0", &[("ACTIVE", "LinkUp", 200)]);
+    let checks = check(
+        &declared(&[("ib-a", &["mlx5_7"]), ("ib-b", &["mlx5_0", "mlx5_9"])]),
+        std::slice::from_ref(&up),
+    )
+    .unwrap();
+    assert_eq!(
+        checks[0].describe(),
+        "NOT USABLE; mlx5_7 is not on this node (found: mlx5_0)"
+    );
+    assert_eq!(
+        left_out(&checks),
+        [
+            "fabric ib-a: NOT USABLE; mlx5_7 is not on this node (found: mlx5_0); not registered: no replica that needs it is placed on this node",
+            "fabric ib-b: ok at 200 Gb/s; mlx5_9 is not on this node (found: mlx5_0); registered with mlx5_0 only",
+        ]
+    );
+    let fine = check(&declared(&[("ib-a", &["mlx5_0"])]), &[up]).unwrap();
+    assert_eq!(fine[0].describe(), "ok at 200 Gb/s");
+    assert!(left_out(&fine).is_empty());
+}
+
 #[test]
 fn an_adapter_named_under_two_fabrics_is_refused() {
     let err = check(

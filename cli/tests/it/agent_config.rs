@@ -627,3 +627,38 @@ fn inventory_prints_the_disk_placement_checks_before_the_cache_is_made() {
     assert!(said.abs_diff(gb) <= 1, "{said} and {gb}");
     assert!(!cache.exists(), "inventory makes nothing");
 }
+
+/// A fabric configured whose adapters are not on the node was dropped by
+/// `agent run` without a word (`--check` accepted it, the log was silent,
+/// `ctl nodes` showed no fabric). The registration says so, in the words
+/// `agent inventory` uses; the agent still runs (an adapter may come up
+/// later). No server is needed: a registration is made before each dial.
+#[test]
+fn a_fabric_the_registration_leaves_out_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let cache = dir.path().join("cache");
+    let server = format!("http://127.0.0.1:{}", free_port());
+    let agent = Child::spawn(&[
+        "agent",
+        "run",
+        "--server",
+        &server,
+        "--node-id",
+        "fabricless",
+        "--skip-gpus",
+        "--fabric",
+        "ib-a=mlx5_llmgw_absent",
+        "--work-dir",
+        work.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    let line = Child::expect(&agent.stderr, "fabric ib-a: ");
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("fabric ib-a: NOT USABLE; mlx5_llmgw_absent is not on this node (found: ")
+            && line.contains("not registered"),
+        "{line}"
+    );
+}
