@@ -5,8 +5,11 @@
 //! queue depth and KV-cache occupancy, each against its ceiling, on the
 //! least saturated endpoint of the pool. Waiting is bounded in time and in
 //! number; past either, the request is refused with 429 and Retry-After.
+//! A full waiting room makes room for a higher band: its lowest band's
+//! newest request is refused, so a flood of bronze never shuts out gold.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llmgw_domain::tenancy::Band;
@@ -54,8 +57,25 @@ pub fn threshold(band: Band) -> f64 {
 #[derive(Debug)]
 pub struct Admission {
     pub(crate) config: AdmissionConfig,
-    waiting: AtomicUsize,
+    room: Mutex<Room>,
     changed: Notify,
+}
+
+/// The requests held now, across bands.
+#[derive(Debug, Default)]
+struct Room {
+    /// Places handed out so far: the newest place has the highest number.
+    handed: u64,
+    held: Vec<Place>,
+}
+
+/// One held request's place in the room.
+#[derive(Debug)]
+struct Place {
+    band: Band,
+    number: u64,
+    /// Given up to a higher band's request: its holder is refused.
+    given_up: Arc<AtomicBool>,
 }
 
 /// Why a request was not admitted.
@@ -63,17 +83,64 @@ pub struct Admission {
 pub enum Refused {
     /// Still saturated when its wait ran out.
     Saturated,
-    /// Too many requests already waiting.
+    /// Too many requests already waiting, none of a lower band.
     QueueFull,
+    /// Its place was given to a higher band's request.
+    Displaced,
 }
 
 impl Admission {
     pub fn new(config: AdmissionConfig) -> Self {
         Admission {
             config,
-            waiting: AtomicUsize::new(0),
+            room: Mutex::default(),
             changed: Notify::new(),
         }
+    }
+
+    fn room(&self) -> std::sync::MutexGuard<'_, Room> {
+        self.room.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests held now, waiting for room.
+    pub fn held(&self) -> usize {
+        self.room().held.len()
+    }
+
+    /// A place for a request of `band`: a free one, else the one of the
+    /// newest request of the lowest band below it, whose holder is
+    /// refused. None when the room is full of its band and higher.
+    fn enter(&self, band: Band) -> Option<Seat<'_>> {
+        let mut room = self.room();
+        let mut displaced = false;
+        if room.held.len() >= self.config.max_waiting {
+            let (i, _) = (room.held.iter().enumerate())
+                .filter(|(_, p)| p.band < band)
+                .min_by_key(|(_, p)| (p.band, std::cmp::Reverse(p.number)))?;
+            room.held
+                .swap_remove(i)
+                .given_up
+                .store(true, Ordering::Relaxed);
+            displaced = true;
+        }
+        room.handed += 1;
+        let number = room.handed;
+        let given_up = Arc::new(AtomicBool::new(false));
+        room.held.push(Place {
+            band,
+            number,
+            given_up: given_up.clone(),
+        });
+        drop(room);
+        if displaced {
+            // The displaced request is woken to be refused.
+            self.changed.notify_waiters();
+        }
+        Some(Seat {
+            admission: self,
+            number,
+            given_up,
+        })
     }
 
     /// Something that may lower saturation happened (a request finished,
@@ -112,32 +179,49 @@ impl Admission {
             return Ok(i);
         }
         let first = || (0..pools).find(|i| room(*i));
-        // Counted off however the wait ends, a client that leaves (the
-        // future dropped) included: a count left behind would refuse
+        // Given back however the wait ends, a client that leaves (the
+        // future dropped) included: a place left behind would refuse
         // requests that should wait, for good.
-        let _held = Waiting(&self.waiting);
-        if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.config.max_waiting {
-            return Err(Refused::QueueFull);
-        }
+        let seat = self.enter(band).ok_or(Refused::QueueFull)?;
         let deadline = Instant::now() + self.config.max_wait;
         loop {
             let notified = self.changed.notified();
+            if seat.given_up() {
+                break Err(Refused::Displaced);
+            }
             if let Some(i) = first() {
                 break Ok(i);
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break first().ok_or(Refused::Saturated);
+                break match first() {
+                    _ if seat.given_up() => Err(Refused::Displaced),
+                    Some(i) => Ok(i),
+                    None => Err(Refused::Saturated),
+                };
             }
         }
     }
 }
 
-/// One held request in the count, until dropped.
-struct Waiting<'a>(&'a AtomicUsize);
+/// A held request's place in the room, until dropped.
+struct Seat<'a> {
+    admission: &'a Admission,
+    number: u64,
+    given_up: Arc<AtomicBool>,
+}
 
-impl Drop for Waiting<'_> {
+impl Seat<'_> {
+    fn given_up(&self) -> bool {
+        self.given_up.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Seat<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let mut room = self.admission.room();
+        if let Some(i) = room.held.iter().position(|p| p.number == self.number) {
+            room.held.swap_remove(i);
+        }
     }
 }
 
@@ -227,6 +311,53 @@ mod tests {
         second.store(0.5f64.to_bits(), Ordering::Relaxed);
         adm.load_changed();
         assert_eq!(waiting.await.unwrap(), Ok(1));
+    }
+
+    /// A full room makes room for a higher band: the newest request of
+    /// the lowest band below it is refused; one of the lowest band held
+    /// finds no room.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_room_gives_the_lowest_bands_newest_place_to_a_higher_band() {
+        let adm = Arc::new(Admission::new(AdmissionConfig {
+            max_waiting: 3,
+            ..AdmissionConfig::default()
+        }));
+        let hold = |band| {
+            let adm = adm.clone();
+            tokio::spawn(async move { adm.admit(band, || 2.0).await })
+        };
+        let mut held = Vec::new();
+        for band in [Band::Silver, Band::Bronze, Band::Bronze] {
+            held.push(hold(band));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(adm.held(), 3);
+        assert_eq!(
+            adm.admit(Band::Bronze, || 2.0).await,
+            Err(Refused::QueueFull),
+            "no lower band to make room"
+        );
+        let gold = hold(Band::Gold);
+        let newest_bronze = held.pop().unwrap();
+        assert_eq!(newest_bronze.await.unwrap(), Err(Refused::Displaced));
+        tokio::task::yield_now().await;
+        assert!(!held.iter().any(|h| h.is_finished()), "the others wait on");
+        assert_eq!(adm.held(), 3);
+        let platinum = hold(Band::Platinum);
+        let bronze = held.pop().unwrap();
+        assert_eq!(bronze.await.unwrap(), Err(Refused::Displaced));
+        let platinum_too = hold(Band::Platinum);
+        let silver = held.pop().unwrap();
+        assert_eq!(silver.await.unwrap(), Err(Refused::Displaced));
+        assert_eq!(
+            adm.admit(Band::Gold, || 2.0).await,
+            Err(Refused::QueueFull),
+            "gold and platinum held: none lower"
+        );
+        for h in [gold, platinum, platinum_too] {
+            assert_eq!(h.await.unwrap(), Err(Refused::Saturated));
+        }
+        assert_eq!(adm.held(), 0);
     }
 
     /// A held request whose client leaves is no longer counted: the next

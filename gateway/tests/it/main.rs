@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, reason = "in tests an unwrap is an assertion")]
 
+mod bands;
 mod connections;
 mod fallbacks;
 mod hostile;
