@@ -45,16 +45,40 @@ pub(crate) enum Api {
         base: String,
         http: reqwest::Client,
     },
-    /// No server answered: the routes, here, over the store.
+    /// No server answered: the routes, here, over the store, opened at
+    /// the first call as that call needs it (see [`Opened`]).
     Local {
-        routes: axum::Router,
+        store: String,
         admin: String,
         /// Asked for (`--offline`), rather than fallen back to.
         offline: bool,
-        /// The store the routes decide on, settled when the command ends.
-        log: llmgw_eventstore::AnyStore,
-        _follower: tokio::task::JoinHandle<()>,
+        may_start_a_log: bool,
+        opened: tokio::sync::Mutex<Option<Box<Opened>>>,
     },
+}
+
+/// The store a command decided here works on, with the routes over it.
+/// A read (`keys list`, `keys groups`, `users list`) opens it read-only
+/// and replays the views without saving a snapshot: opened for writing,
+/// a read-only backup was refused ("attempt to write a readonly
+/// database") and a large one rewritten by the snapshot the catch-up
+/// saved. A command that writes opens it for writing, once it first
+/// writes (a read it made first is opened again).
+pub(crate) struct Opened {
+    routes: axum::Router,
+    /// Settled when the command ends, when it was written.
+    log: llmgw_eventstore::AnyStore,
+    writes: bool,
+    /// A writer's views follow the log; a reader's stay as replayed.
+    follower: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        if let Some(f) = &self.follower {
+            f.abort();
+        }
+    }
 }
 
 /// The admin API's token the operator gave (`LLMGW_ADMIN_TOKEN`: the
@@ -142,21 +166,23 @@ pub(crate) fn http_address(s: &str, what: &str, example: &str) -> Result<String,
     }
 }
 
-async fn local(
+/// Opens `store` for a command decided here: for writing when `writes`,
+/// else read-only.
+async fn open_local(
     store: &str,
-    admin: &str,
     offline: bool,
     may_start_a_log: bool,
-) -> anyhow::Result<Api> {
+    writes: bool,
+) -> anyhow::Result<Opened> {
     let address = llmgw_eventstore::StoreAddress::parse(store)?;
     // Only the first `keys init` or `users add` starts a log (and gives
     // it its schema, as a server would). Any other command refuses a
     // store that is not one: a typo in --store made an empty log to
     // answer from, and another program's database got llmgw's tables.
-    let options = if may_start_a_log {
-        llmgw_eventstore::OpenOptions::migrating()
-    } else {
-        llmgw_eventstore::OpenOptions::default()
+    let options = match (writes, may_start_a_log) {
+        (false, _) => llmgw_eventstore::OpenOptions::reading(),
+        (true, true) => llmgw_eventstore::OpenOptions::migrating(),
+        (true, false) => llmgw_eventstore::OpenOptions::default(),
     };
     let log = match llmgw_eventstore::AnyStore::open(&address, options).await {
         Err(llmgw_eventstore::StoreError::NoSuchFile { address }) => {
@@ -165,11 +191,17 @@ async fn local(
             )
         }
         // A log of an older schema (after an upgrade) is brought up to
-        // date, as a server would; anything else is not a log.
+        // date by a command that writes, as a server would; a read
+        // changes nothing, and says how. Anything else is not a log.
         Err(llmgw_eventstore::StoreError::NotMigrated { address: said }) => {
             if !is_older_log(&address).await {
                 bail!(
                     "{said} holds no llmgw log; `llmgw keys init` or `llmgw users add` starts one there"
+                )
+            }
+            if !writes {
+                bail!(
+                    "the log at {said} has an older schema, and reading it here changes nothing: `llmgw store migrate --store {said}` brings it up to date (a server does at its start)"
                 )
             }
             llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
@@ -177,38 +209,51 @@ async fn local(
         }
         opened => opened?,
     };
-    let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
-    let door = llmgw_control::Door::Lease {
-        store: log.clone(),
-        views: runner.views(),
-        views_at: runner.watch_position(),
-    };
-    let follower = tokio::spawn(async move {
-        if let Err(e) = runner.follow().await {
-            tracing::warn!(error = %e, "the views stopped following the event log");
-        }
-    });
-    Ok(Api::Local {
-        // Claim links and password resets touch the people tables of the
-        // same store.
-        routes: {
-            let routes = llmgw_control::tenancy_api::router(
-                door,
-                Arc::new(llmgw_people::People::new(&log, Default::default())),
-            );
-            // Without --offline, a command that a leading server's lease
-            // refuses here goes to the admin address that server recorded.
-            if offline {
-                routes
-            } else {
-                let token = admin_token()?;
-                llmgw_control::ToLeader::for_cli(log.clone(), token).around(routes)
+    let (door, follower) = if writes {
+        let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
+        let door = llmgw_control::Door::Lease {
+            store: log.clone(),
+            views: runner.views(),
+            views_at: runner.watch_position(),
+        };
+        let follower = tokio::spawn(async move {
+            if let Err(e) = runner.follow().await {
+                tracing::warn!(error = %e, "the views stopped following the event log");
             }
-        },
-        admin: admin.to_owned(),
-        offline,
+        });
+        (door, Some(follower))
+    } else {
+        // Replayed whole: a snapshot is a cache of the writers', and
+        // this leaves none behind.
+        let mut views = llmgw_projections::Projections::default();
+        llmgw_projections::replay_to(&log, &mut views, u64::MAX).await?;
+        let (_, views_at) = tokio::sync::watch::channel(views.checkpoint.position);
+        let door = llmgw_control::Door::Lease {
+            store: log.clone(),
+            views: Arc::new(std::sync::RwLock::new(views)),
+            views_at,
+        };
+        (door, None)
+    };
+    // Claim links and password resets touch the people tables of the
+    // same store.
+    let routes = llmgw_control::tenancy_api::router(
+        door,
+        Arc::new(llmgw_people::People::new(&log, Default::default())),
+    );
+    // Without --offline, a command that a leading server's lease refuses
+    // here goes to the admin address that server recorded.
+    let routes = if offline {
+        routes
+    } else {
+        let token = admin_token()?;
+        llmgw_control::ToLeader::for_cli(log.clone(), token).around(routes)
+    };
+    Ok(Opened {
+        routes,
         log,
-        _follower: follower,
+        writes,
+        follower,
     })
 }
 
@@ -278,8 +323,10 @@ impl Api {
     /// up) holds what the command wrote. A server does this at its stop;
     /// a command that exits without it left its events beside the file.
     pub(crate) async fn settle(&self) {
-        if let Api::Local { log, .. } = self {
-            log.fold_wal().await;
+        if let Api::Local { opened, .. } = self
+            && let Some(o) = opened.lock().await.as_ref().filter(|o| o.writes)
+        {
+            o.log.fold_wal().await;
         }
     }
 
@@ -330,7 +377,27 @@ impl Api {
                 to.admin, named.store_from
             );
         }
-        local(store, &to.admin, to.offline, may_start_a_log).await
+        // The log is opened at the first call, as that call needs it; a
+        // file that is not there is said now, before a password is asked.
+        if let Ok(address @ llmgw_eventstore::StoreAddress::Sqlite(path)) =
+            &llmgw_eventstore::StoreAddress::parse(store)
+            && !may_start_a_log
+            && !path.exists()
+        {
+            bail!(
+                "{}; `llmgw keys init` or `llmgw users add` starts one",
+                llmgw_eventstore::StoreError::NoSuchFile {
+                    address: address.redacted()
+                }
+            )
+        }
+        Ok(Api::Local {
+            store: store.to_owned(),
+            admin: to.admin.clone(),
+            offline: to.offline,
+            may_start_a_log,
+            opened: tokio::sync::Mutex::new(None),
+        })
     }
 
     pub(crate) async fn call<T: DeserializeOwned>(
@@ -356,8 +423,29 @@ impl Api {
                     .with_context(|| format!("the admin API at {base} stopped answering"))?;
                 (resp.status().as_u16(), resp.bytes().await?.to_vec())
             }
-            Api::Local { routes, .. } => {
+            Api::Local {
+                store,
+                offline,
+                may_start_a_log,
+                opened,
+                ..
+            } => {
                 use tower::ServiceExt;
+                let writes = method != reqwest::Method::GET;
+                let routes = {
+                    let mut opened = opened.lock().await;
+                    if !opened.as_ref().is_some_and(|o| o.writes || !writes) {
+                        // The reader goes first: one store open at a time.
+                        *opened = None;
+                        *opened = Some(Box::new(
+                            open_local(store, *offline, *may_start_a_log, writes).await?,
+                        ));
+                    }
+                    opened
+                        .as_ref()
+                        .map(|o| o.routes.clone())
+                        .unwrap_or_default()
+                };
                 let request = axum::http::Request::builder()
                     .method(method.as_str())
                     .uri(path)

@@ -2827,3 +2827,82 @@ async fn check_refuses_the_schema_a_start_refuses_and_changes_nothing(b: Backend
         );
     }
 }
+
+/// `keys list`, `keys groups` and `users list` decided here (--offline, a
+/// backup's file) only read the log: opened for writing, a read-only
+/// backup was refused ("attempt to write a readonly database") and a
+/// large one was rewritten, its catch-up saving a `cli-keys` snapshot
+/// past 10,000 events. The file's bytes now stay as they were and no
+/// snapshot is saved; a command that writes still saves one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_keys_and_users_here_leaves_the_log_as_it_was() {
+    use std::os::unix::fs::PermissionsExt;
+    let (address, _scratch) = Scratch::new(Backend::Sqlite).await;
+    let init = [
+        "keys",
+        "init",
+        "--org",
+        "o",
+        "--team",
+        "t",
+        "--project",
+        "p",
+    ];
+    ok(&address, &init);
+    ok(
+        &address,
+        &["keys", "create", "--project", "p", "--name", "k1"],
+    );
+    let at = StoreAddress::parse(&address).unwrap();
+    let store = AnyStore::open(&at, OpenOptions::default()).await.unwrap();
+    let lease = store
+        .acquire_lease("seed", Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Past the views' snapshot floor, of a kind the views skip.
+    let filler = (0..10_050)
+        .map(|i| NewEvent::new("TestFiller", 1, json!({"i": i})))
+        .collect();
+    let batch = [StreamAppend::new("filler", ExpectedVersion::Any, filler)];
+    let w = Writer::Leader(lease.token.clone());
+    store.append(&w, &batch).await.unwrap();
+    store.release_lease(&lease.token).await.unwrap();
+    let AnyStore::Sqlite(s) = &store else {
+        unreachable!()
+    };
+    s.pool().close().await;
+    s.read_pool().close().await;
+    let snapshots = || async {
+        let read = AnyStore::open(&at, OpenOptions::reading()).await.unwrap();
+        let AnyStore::Sqlite(r) = &read else {
+            unreachable!()
+        };
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM es_snapshots")
+            .fetch_all(r.read_pool())
+            .await
+            .unwrap();
+        r.read_pool().close().await;
+        names
+    };
+    let before = snapshots().await;
+    let file = std::path::Path::new(&address);
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let bytes = std::fs::read(file).unwrap();
+    let keys = ok(&address, &["keys", "list", "--offline"]);
+    assert!(keys.contains("k1"), "{keys}");
+    let groups = ok(&address, &["keys", "groups", "--offline"]);
+    assert!(groups.contains("project p"), "{groups}");
+    ok(&address, &["users", "list", "--offline"]);
+    assert!(
+        std::fs::read(file).unwrap() == bytes,
+        "the log's file changed"
+    );
+    assert_eq!(snapshots().await, before);
+
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    ok(
+        &address,
+        &["keys", "create", "--project", "p", "--name", "k2"],
+    );
+    assert!(snapshots().await.contains(&"cli-keys".to_owned()));
+}
