@@ -215,17 +215,37 @@ pub(crate) fn names_in(pem: &[u8]) -> anyhow::Result<Vec<String>> {
     })
 }
 
+/// What a command wrote, as `--json` says it: `{"kind", "name", "cert",
+/// "key"}` (the help promised one JSON document; these printed text).
+fn written(
+    out: &mut impl Write,
+    kind: &str,
+    name: &str,
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<()> {
+    crate::output::json_line(
+        out,
+        &serde_json::json!({"kind": kind, "name": name, "cert": cert, "key": key}),
+    )?;
+    Ok(())
+}
+
 pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
     let mut out = std::io::stdout().lock();
     match cmd {
         CertCommand::InitCa { dir, name } => {
             let (c, k) = init_ca(&dir, &name)?;
-            writeln!(
-                out,
-                "authority {name:?}: {} and {} (keep the key offline)",
-                c.display(),
-                k.display()
-            )?;
+            if json {
+                written(&mut out, "authority", &name, &c, &k)?;
+            } else {
+                writeln!(
+                    out,
+                    "authority {name:?}: {} and {} (keep the key offline)",
+                    c.display(),
+                    k.display()
+                )?;
+            }
         }
         CertCommand::IssueServer {
             name,
@@ -240,13 +260,17 @@ pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
                 hosts.clone(),
                 ExtendedKeyUsagePurpose::ServerAuth,
             )?;
-            writeln!(
-                out,
-                "server {name} for {}: {} and {}",
-                hosts.join(", "),
-                c.display(),
-                k.display()
-            )?;
+            if json {
+                written(&mut out, "server", &name, &c, &k)?;
+            } else {
+                writeln!(
+                    out,
+                    "server {name} for {}: {} and {}",
+                    hosts.join(", "),
+                    c.display(),
+                    k.display()
+                )?;
+            }
         }
         CertCommand::IssueClient { node, dir, out: o } => {
             let (c, k) = issue(
@@ -256,7 +280,11 @@ pub(crate) fn run(cmd: CertCommand, json: bool) -> anyhow::Result<Outcome> {
                 Vec::new(),
                 ExtendedKeyUsagePurpose::ClientAuth,
             )?;
-            writeln!(out, "node {node}: {} and {}", c.display(), k.display())?;
+            if json {
+                written(&mut out, "client", &node, &c, &k)?;
+            } else {
+                writeln!(out, "node {node}: {} and {}", c.display(), k.display())?;
+            }
         }
         CertCommand::Inspect { file } => {
             let pem =

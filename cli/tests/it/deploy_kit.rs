@@ -719,6 +719,47 @@ fn server_init_writes_the_address_an_at_file_holds() {
 
 /// An authority and a server certificate for 127.0.0.1, as `llmgw ctl
 /// cert` makes them.
+/// `--json` on the commands that write certificates says what they wrote
+/// as one JSON document (they printed their text line).
+#[test]
+fn cert_commands_say_what_they_wrote_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for (args, kind, name) in [
+        (
+            vec!["init-ca", "--name", "lab", "--dir", d],
+            "authority",
+            "lab",
+        ),
+        (
+            vec!["issue-server", "gw", "--host", "127.0.0.1", "--dir", d],
+            "server",
+            "gw",
+        ),
+        (
+            vec!["issue-client", "node-z", "--dir", d],
+            "client",
+            "node-z",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .args(["ctl", "cert", "--json"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let said: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out:?}"));
+        assert_eq!(
+            (said["kind"].as_str(), said["name"].as_str()),
+            (Some(kind), Some(name))
+        );
+        for file in ["cert", "key"] {
+            assert!(Path::new(said[file].as_str().unwrap()).is_file(), "{said}");
+        }
+    }
+}
+
 fn authority(dir: &Path) {
     let d = dir.to_str().unwrap();
     for args in [
