@@ -425,28 +425,11 @@ pub const FORWARDED_HEADER: &str = "x-llmgw-forwarded-by";
 /// behalf: the leader's name and admin address, space-separated.
 pub const FORWARDED_TO_HEADER: &str = "x-llmgw-forwarded-to";
 
-/// `POST /api/v1/orgs`.
+/// A level of the tenancy tree in `POST /api/v1/tree`: its id, and its
+/// name when it is made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewOrg {
     pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-}
-
-/// `POST /api/v1/teams`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NewTeam {
-    pub id: String,
-    pub org: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-}
-
-/// `POST /api/v1/projects`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NewProject {
-    pub id: String,
-    pub team: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }

@@ -36,9 +36,6 @@ impl FromRef<TenancyState> for Door {
 
 pub fn router(door: Door, people: Arc<People>) -> Router {
     Router::new()
-        .route("/api/v1/orgs", post(create_org))
-        .route("/api/v1/teams", post(create_team))
-        .route("/api/v1/projects", post(create_project))
         .route("/api/v1/tree", post(create_tree))
         .route("/api/v1/keys", get(list_keys).post(create_key))
         .route("/api/v1/keys/{key}/revoke", post(revoke_key))
@@ -112,53 +109,6 @@ fn name_held(
     groups(&views.tenancy.tenancy)
         .get(id)
         .map_or_else(|| id.to_owned(), |g| g.name.clone())
-}
-
-async fn create_org(
-    State(door): State<Door>,
-    headers: HeaderMap,
-    Json(o): Json<api::NewOrg>,
-) -> Result<api::Changed> {
-    let done = format!("org {} exists", o.id);
-    let name = o
-        .name
-        .unwrap_or_else(|| name_held(&door, |t| &t.orgs, &o.id));
-    let c = T::CreateOrg { org_id: o.id, name };
-    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
-}
-
-async fn create_team(
-    State(door): State<Door>,
-    headers: HeaderMap,
-    Json(t): Json<api::NewTeam>,
-) -> Result<api::Changed> {
-    let done = format!("team {} exists in org {}", t.id, t.org);
-    let name = t
-        .name
-        .unwrap_or_else(|| name_held(&door, |t| &t.teams, &t.id));
-    let c = T::CreateTeam {
-        team_id: t.id,
-        org_id: t.org,
-        name,
-    };
-    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
-}
-
-async fn create_project(
-    State(door): State<Door>,
-    headers: HeaderMap,
-    Json(p): Json<api::NewProject>,
-) -> Result<api::Changed> {
-    let done = format!("project {} exists in team {}", p.id, p.team);
-    let name = p
-        .name
-        .unwrap_or_else(|| name_held(&door, |t| &t.projects, &p.id));
-    let c = T::CreateProject {
-        project_id: p.id,
-        team_id: p.team,
-        name,
-    };
-    change(&door, &headers, vec![Command::Tenancy(c)], &done).await
 }
 
 /// The three as one change: a level refused (a team already in another
