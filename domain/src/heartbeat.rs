@@ -19,8 +19,9 @@ use crate::nodes::{Node, NodeCommand, Reachability};
 pub struct Heartbeat {
     /// Total RAM, when reported.
     pub memory_total_mb: Option<u64>,
-    /// Free disk of the node's own filesystems, when it reported storage
-    /// (itself `None` when none of it is the node's own).
+    /// Free disk where the node's fetched weights go (its weights cache's
+    /// filesystem), when it reported storage (itself `None` when that is
+    /// a filer shared with other nodes).
     pub disk_free_gb: Option<Option<u64>>,
     /// Model sources on local disk, when they changed.
     pub weights: Option<Vec<String>>,
