@@ -238,6 +238,10 @@ const MIN_GAP: Duration = Duration::from_millis(100);
 /// unreachable.
 const BUSY_MAX: Duration = Duration::from_secs(5);
 
+/// A stream up this long was a session, not a server that takes streams
+/// and drops them at once: its end starts the backoff afresh.
+const STABLE: Duration = Duration::from_secs(5);
+
 /// One configured server, as the dialling loop sees it.
 #[derive(Debug)]
 struct Dial {
@@ -355,14 +359,20 @@ fn replan(dials: &mut [Dial], i: usize, ended: Ended, base: Duration, max: Durat
             }
             // The leader is gone or stepped down: the others are asked
             // at once (one of them is about to lead). A stream that
-            // lasted resets this server's backoff; one that ended at
-            // once counts as a failure.
+            // served a while resets this server's backoff (the failures
+            // counted while it was down ended when it took the stream: a
+            // restart a few seconds into a stream was redialled 15 to 30 s
+            // later); one that ended at once counts as a failure.
             for d in dials.iter_mut() {
                 d.not_before = d.not_before.min(now);
             }
             let d = &mut dials[i];
             d.busy = 0;
-            d.failures = if lasted > max { 0 } else { d.failures + 1 };
+            d.failures = if lasted >= STABLE.min(max) {
+                0
+            } else {
+                d.failures + 1
+            };
             d.not_before = now + backoff(base, max, d.failures.max(1));
         }
         Ended::Refused(r) => {
@@ -1022,6 +1032,42 @@ mod tests {
             assert!(wait(&d[0]) > Duration::ZERO);
         }
         assert!(d[1].not_before < d[0].not_before, "the standby comes first");
+    }
+
+    /// Failures counted while a server was down end with the stream it
+    /// then took: a restart seconds into that stream is redialled from the
+    /// base, not after the backoff the outage had reached. A stream that
+    /// ends at once still counts as a failure.
+    #[test]
+    fn a_stream_that_served_a_while_starts_the_backoff_afresh() {
+        let mut d = dials(&[A]);
+        for _ in 0..5 {
+            replan(&mut d, 0, Ended::Failed("cannot connect".into()), BASE, MAX);
+        }
+        replan(
+            &mut d,
+            0,
+            Ended::Served(Duration::from_secs(14), None),
+            BASE,
+            MAX,
+        );
+        assert_eq!(d[0].failures, 0);
+        assert!(wait(&d[0]) <= BASE * 2, "{:?}", wait(&d[0]));
+        replan(
+            &mut d,
+            0,
+            Ended::Served(Duration::from_millis(200), None),
+            BASE,
+            MAX,
+        );
+        replan(
+            &mut d,
+            0,
+            Ended::Served(Duration::from_millis(200), None),
+            BASE,
+            MAX,
+        );
+        assert_eq!(d[0].failures, 2, "streams dropped at once back off");
     }
 
     #[test]
