@@ -18,7 +18,9 @@ pub struct EndpointSpec {
     pub models: Vec<String>,
     pub pool: String,
     pub weight: u32,
-    /// Higher-priority pools are tried first.
+    /// A tier: the highest-priority endpoints of a model take its
+    /// requests while one of them has room; the next priority takes them
+    /// when every one is full or cannot be used.
     pub priority: i32,
     pub engine: EngineKind,
     /// The node a placed replica runs on (for its metrics' labels); None
@@ -449,6 +451,38 @@ impl Endpoint {
     pub fn serves(&self, model: &str) -> bool {
         self.spec.models.iter().any(|m| m == model)
     }
+
+    /// How full the engine is by its fresh figures: the worse of waiting
+    /// requests and KV occupancy against their ceilings (1 is full); 0
+    /// without fresh figures.
+    fn fill(&self, max_age: Duration, ceilings: Ceilings) -> f64 {
+        match self.load() {
+            Some(l) if l.at.elapsed() <= max_age => {
+                let queue = l.waiting / ceilings.waiting.max(f64::EPSILON);
+                let kv = (l.kv_usage).map_or(0.0, |k| k / ceilings.kv.max(f64::EPSILON));
+                queue.max(kv)
+            }
+            _ => 0.0,
+        }
+    }
+}
+
+/// Where an engine counts as full: `admission.waiting_ceiling` requests
+/// waiting, `admission.kv_ceiling` of its KV cache in use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ceilings {
+    pub(crate) waiting: f64,
+    pub(crate) kv: f64,
+}
+
+impl Default for Ceilings {
+    fn default() -> Self {
+        let admission = crate::admission::AdmissionConfig::default();
+        Ceilings {
+            waiting: admission.waiting_ceiling,
+            kv: admission.kv_ceiling,
+        }
+    }
 }
 
 /// Counts a request against an endpoint until dropped.
@@ -494,6 +528,8 @@ pub struct Endpoints {
     breaker: BreakerConfig,
     /// Scraped figures older than this are stale.
     max_age: Duration,
+    /// Where an engine is full, and a tier without room.
+    ceilings: Ceilings,
 }
 
 impl Endpoints {
@@ -502,9 +538,16 @@ impl Endpoints {
             all: RwLock::new(Vec::new()),
             breaker,
             max_age,
+            ceilings: Ceilings::default(),
         };
         e.update(specs);
         e
+    }
+
+    /// The set, with engines full at `ceilings` (admission's).
+    pub(crate) fn with_ceilings(mut self, ceilings: Ceilings) -> Self {
+        self.ceilings = ceilings;
+        self
     }
 
     /// Replaces the set. An endpoint whose id survives keeps its in-flight
@@ -583,9 +626,9 @@ impl Endpoints {
     }
 
     /// Filter (serves the model, not excluded, breaker lets it through,
-    /// figures fresh when any are), keep the highest-priority pool, and
-    /// order by load per unit of weight, least first (the least loaded
-    /// picked longest ago first, other ties by id).
+    /// figures fresh when any are), keep the tier requests go to
+    /// ([`Self::tier`]), and order by load per unit of weight, least first
+    /// (the least loaded picked longest ago first, other ties by id).
     pub fn candidates(&self, model: &str, exclude: &[String]) -> Vec<(Arc<Endpoint>, f64)> {
         let mut candidates: Vec<(Arc<Endpoint>, bool)> = self
             .all()
@@ -597,7 +640,7 @@ impl Endpoints {
         if candidates.iter().any(|(_, stale)| !stale) {
             candidates.retain(|(_, stale)| !stale);
         }
-        let Some(top) = candidates.iter().map(|(e, _)| e.spec.priority).max() else {
+        let Some(top) = self.tier(candidates.iter().map(|(e, _)| e), self.ceilings) else {
             return Vec::new();
         };
         // Collected in place: a pair of the same size and alignment.
@@ -654,10 +697,35 @@ impl Endpoints {
         }
     }
 
-    /// How full the pool serving `model` is: on its least saturated
-    /// endpoint of those requests go to (the highest priority), the worse
-    /// of waiting requests and KV occupancy against their ceilings.
-    /// Endpoints without fresh figures count as empty.
+    /// The priority whose endpoints take requests, of `endpoints` (those
+    /// that may be used): the highest with an endpoint that is not full
+    /// ([`Endpoint::fill`] under 1), else, every one full, the highest. So
+    /// a lower priority takes the overflow of a full higher one (it got
+    /// nothing while the higher was full, and admission read the model
+    /// as full though the lower sat idle), and a higher one takes
+    /// everything while it has room.
+    fn tier<'a>(
+        &self,
+        endpoints: impl Iterator<Item = &'a Arc<Endpoint>> + Clone,
+        ceilings: Ceilings,
+    ) -> Option<i32> {
+        let top = endpoints.clone().map(|e| e.spec.priority).max()?;
+        // One priority, as most models have: nothing to read.
+        if endpoints.clone().all(|e| e.spec.priority == top) {
+            return Some(top);
+        }
+        let room = endpoints
+            .filter(|e| e.fill(self.max_age, ceilings) < 1.0)
+            .map(|e| e.spec.priority)
+            .max();
+        Some(room.unwrap_or(top))
+    }
+
+    /// How full the pool serving `model` is, read where requests go: on
+    /// the least saturated endpoint of the tier that takes them (as
+    /// [`Self::candidates`] chooses it), the worse of waiting requests
+    /// and KV occupancy against their ceilings. So it is full only when
+    /// no tier has room. Endpoints without fresh figures count as empty.
     pub fn saturation(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> f64 {
         self.saturation_of(model, waiting_ceiling, kv_ceiling)
             .unwrap_or(0.0)
@@ -666,19 +734,20 @@ impl Endpoints {
     /// [`Self::saturation`], or None when no endpoint of `model` lets
     /// requests through (none serves it, or every breaker is open).
     pub fn saturation_of(&self, model: &str, waiting_ceiling: f64, kv_ceiling: f64) -> Option<f64> {
+        let ceilings = Ceilings {
+            waiting: waiting_ceiling,
+            kv: kv_ceiling,
+        };
         let all = self.all();
         let open = || all.iter().filter(|e| e.serves(model) && !e.breaker_open());
-        let top = open().map(|e| e.spec.priority).max()?;
-        open()
+        // Stale figures are routed around unless nothing else is left, so
+        // they are read only then.
+        let fresh = open().any(|e| !e.stale(self.max_age));
+        let usable = || open().filter(move |e| !fresh || !e.stale(self.max_age));
+        let top = self.tier(usable(), ceilings)?;
+        usable()
             .filter(|e| e.spec.priority == top)
-            .map(|e| match e.load() {
-                Some(l) if l.at.elapsed() <= self.max_age => {
-                    let queue = l.waiting / waiting_ceiling.max(f64::EPSILON);
-                    let kv = l.kv_usage.map_or(0.0, |k| k / kv_ceiling.max(f64::EPSILON));
-                    queue.max(kv)
-                }
-                _ => 0.0,
-            })
+            .map(|e| e.fill(self.max_age, ceilings))
             .reduce(f64::min)
     }
 
@@ -825,23 +894,38 @@ mod tests {
         assert_eq!(set.load_of(&now[1]), 2.0);
     }
 
-    /// Saturation is read where requests go: a lower pool that gets none
-    /// (a hosted fallback, say) does not make a full one look empty.
+    /// Saturation is read where requests go: a lower tier that gets none
+    /// while the higher has room (a hosted overflow, say) does not make a
+    /// busy one look empty; once the higher is full, the lower takes the
+    /// requests and is read; with every tier full, the highest is.
     #[test]
-    fn saturation_reads_the_pool_requests_go_to() {
+    fn saturation_reads_the_tier_requests_go_to() {
         let set = Endpoints::new(
             vec![spec("hi", 10, 1), spec("lo", 0, 1)],
             BreakerConfig::default(),
             Duration::from_secs(6),
         );
-        set.snapshot()[0].scraped(Some(crate::scrape::Load {
-            running: 4.0,
-            waiting: 8.0,
-            kv_usage: None,
-            at: tokio::time::Instant::now(),
-        }));
-        assert_eq!(set.saturation("m", 8.0, 0.9), 1.0);
+        let waiting = |i: usize, waiting: f64| {
+            set.snapshot()[i].scraped(Some(crate::scrape::Load {
+                running: 1.0,
+                waiting,
+                kv_usage: None,
+                at: tokio::time::Instant::now(),
+            }))
+        };
+        let first = |set: &Endpoints| set.candidates("m", &[])[0].0.spec.id.clone();
+        waiting(0, 4.0);
+        assert_eq!(set.saturation("m", 8.0, 0.9), 0.5);
+        assert_eq!(first(&set), "hi");
+        assert_eq!(set.candidates("m", &[]).len(), 1, "lo gets nothing");
+        waiting(0, 8.0);
+        assert_eq!(set.saturation("m", 8.0, 0.9), 0.0, "lo has room");
+        assert_eq!(first(&set), "lo", "the overflow");
+        waiting(1, 12.0);
+        assert_eq!(set.saturation("m", 8.0, 0.9), 1.0, "no tier has room");
+        assert_eq!(first(&set), "hi");
         assert_eq!(set.saturation("other", 8.0, 0.9), 0.0);
+        assert_eq!(set.saturation_of("other", 8.0, 0.9), None);
     }
 
     /// What `llmgw_endpoint_breaker_open` shows: a cooled-down breaker

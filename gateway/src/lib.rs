@@ -220,7 +220,11 @@ impl Gateway {
                 config.endpoints.clone(),
                 config.breaker,
                 config.scrape_interval * 3,
-            ),
+            )
+            .with_ceilings(endpoints::Ceilings {
+                waiting: config.admission.waiting_ceiling,
+                kv: config.admission.kv_ceiling,
+            }),
             metrics: Metrics::new(me.clone()),
             client,
             upstream,

@@ -12,6 +12,7 @@ mod migration;
 mod refusals;
 mod support;
 mod tenancy;
+mod tiers;
 mod upstream;
 
 use std::sync::Arc;
