@@ -82,6 +82,19 @@ impl CtlArgs {
             CtlCommand::Cluster(_) | CtlCommand::Plan(_) => None,
         }
     }
+
+    /// Why `--as` means nothing to this command, for those that change
+    /// nothing the log records: given, it read as the action being
+    /// recorded under that name, so it is refused.
+    pub(crate) fn ignores_as(&self) -> Option<&'static str> {
+        match (&self.command, &self.as_name) {
+            (CtlCommand::Cluster(_), _) | (_, None) => None,
+            (CtlCommand::Cert(_), Some(_)) => {
+                Some("cert writes files here, and the log records nothing of it")
+            }
+            (_, Some(_)) => Some("this command changes nothing the log records"),
+        }
+    }
 }
 
 /// The binary asked when none is given: what the agent would run.

@@ -196,6 +196,12 @@ fn main() -> ExitCode {
         eprintln!("error: --admin does not apply here: {why}");
         return ExitCode::from(2);
     }
+    if let Command::Ctl(c) = &cli.command
+        && let Some(why) = c.ignores_as()
+    {
+        eprintln!("error: --as does not apply here: {why}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

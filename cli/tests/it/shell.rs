@@ -174,6 +174,28 @@ fn admin_is_refused_where_it_would_be_ignored() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--max-concurrency"), "{err}");
+    // `--as` names the operator of a change the log records: a command
+    // that records nothing refuses it (it read as recorded under it).
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for args in [
+        &[
+            "ctl",
+            "cert",
+            "issue-client",
+            "node-q",
+            "--dir",
+            d,
+            "--as",
+            "bob",
+        ][..],
+        &["ctl", "--as", "bob", "tool-check", "m"],
+    ] {
+        let out = llmgw(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("--as does not apply here"), "{args:?}: {err}");
+    }
 }
 
 /// A ctl flag out of range is a bad question (exit 2) before anything is
