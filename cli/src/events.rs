@@ -444,15 +444,22 @@ pub(crate) async fn copy_log(
             .create(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let path = dir.join("log.jsonl");
-    let copied = match export_file(store, 1, head, head, None, &path).await {
-        Ok(_) => {
-            (import_into(to, &path, false, &[], None).await).map(|done| done.map(|d| d.imported))
-        }
-        Err(e) => Err(e),
-    };
-    let _ = std::fs::remove_dir_all(&dir);
-    copied
+    let aside = Aside(dir);
+    let path = aside.0.join("log.jsonl");
+    export_file(store, 1, head, head, None, &path).await?;
+    let done = import_into(to, &path, false, &[], None).await?;
+    Ok(done.map(|d| d.imported))
+}
+
+/// The directory a copy's export is written in, removed however the copy
+/// ends: returned, failed, or dropped at a stop (`store copy` stopped with
+/// Ctrl-C left the whole log there in plain text).
+struct Aside(PathBuf);
+
+impl Drop for Aside {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The chain head an import left, as HASH@POSITION (an anchor).

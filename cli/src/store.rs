@@ -45,10 +45,78 @@ pub(crate) async fn run(address: &str, cmd: StoreCommand) -> anyhow::Result<Outc
     }
 }
 
-/// `store copy`: refused before anything is written where the copy could
-/// not be whole (a server writes the source, the source is a range, the
-/// destination holds something).
+/// `store copy`, stopped cleanly by SIGINT (Ctrl-C) or SIGTERM: the
+/// copy is dropped, which removes the export file it goes through (the
+/// whole log in plain text, left in the temporary directory), and a
+/// SQLite file it made is removed while it holds nothing committed. Exits
+/// 130 or 143, as a shell says of a command such a signal ended.
 async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
+    let dest = StoreAddress::parse(to)?;
+    // A SQLite file made here and left empty by a copy that failed (a
+    // source whose chain breaks, say) is removed: it looked like a store.
+    let made_here = match &dest {
+        StoreAddress::Sqlite(path) => (!path.exists()).then(|| path.clone()),
+        StoreAddress::Postgres(_) => None,
+    };
+    let log_in = std::sync::atomic::AtomicBool::new(false);
+    let stop = stop_signal()?;
+    let (signal, code) = tokio::select! {
+        done = copy_whole(from, to, made_here.as_deref(), &log_in) => return done,
+        stopped = stop => stopped,
+    };
+    // The copy was dropped with the select, its export file with it.
+    let said = if log_in.load(std::sync::atomic::Ordering::SeqCst) {
+        format!(
+            "store copy stopped ({signal}) after the log was copied: {} holds the log, perhaps without all the people, threads and notes; drop it and copy again",
+            dest.redacted()
+        )
+    } else if let Some(path) = &made_here {
+        remove_sqlite(path);
+        format!(
+            "store copy stopped ({signal}): nothing was written ({}, which it had made, is removed)",
+            dest.redacted()
+        )
+    } else {
+        format!(
+            "store copy stopped ({signal}): nothing was written to {}",
+            dest.redacted()
+        )
+    };
+    eprintln!("{said}");
+    std::process::exit(code)
+}
+
+/// SIGINT or SIGTERM, whichever comes first, listened for from now on:
+/// its name and the status a shell gives a command it ends.
+fn stop_signal() -> anyhow::Result<impl Future<Output = (&'static str, i32)>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => ("SIGINT", 130),
+            _ = term.recv() => ("SIGTERM", 143),
+        }
+    })
+}
+
+/// A SQLite file and what SQLite keeps beside it.
+fn remove_sqlite(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+/// The copy: refused before anything is written where it could not be
+/// whole (a server writes the source, the source is a range, the
+/// destination holds something). `log_in` is set once the log is
+/// committed in the destination.
+async fn copy_whole(
+    from: &str,
+    to: &str,
+    made_here: Option<&std::path::Path>,
+    log_in: &std::sync::atomic::AtomicBool,
+) -> anyhow::Result<Outcome> {
     let (source, dest) = (StoreAddress::parse(from)?, StoreAddress::parse(to)?);
     if source.redacted() == dest.redacted() {
         anyhow::bail!("--to names the store being copied");
@@ -68,19 +136,7 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
             "this log begins after position {base} (an imported range): copy the store it came from"
         );
     }
-    // A SQLite file made here and left empty by a copy that failed (a
-    // source whose chain breaks, say) is removed: it looked like a store.
-    let made_here = match &dest {
-        StoreAddress::Sqlite(path) => (!path.exists()).then(|| path.clone()),
-        StoreAddress::Postgres(_) => None,
-    };
-    let remove_made = || {
-        if let Some(path) = &made_here {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-        }
-    };
+    let remove_made = || made_here.map(remove_sqlite);
     {
         let target = open_migrating(to).await?;
         let (head, _) = target.head().await?;
@@ -112,6 +168,7 @@ async fn copy(from: &str, to: &str) -> anyhow::Result<Outcome> {
             return Err(e);
         }
     };
+    log_in.store(true, std::sync::atomic::Ordering::SeqCst);
     let (after, _) = store.head().await?;
     let people_after = llmgw_people::People::new(&store, Default::default())
         .dump()

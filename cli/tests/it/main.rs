@@ -2906,3 +2906,69 @@ async fn reading_keys_and_users_here_leaves_the_log_as_it_was() {
     );
     assert!(snapshots().await.contains(&"cli-keys".to_owned()));
 }
+
+/// `store copy` stopped by SIGINT (Ctrl-C) or SIGTERM removes the export
+/// file it goes through: it left the whole log in plain text in the
+/// temporary directory, and an empty SQLite file it had made. Stopped
+/// before the log is in, it says that nothing was written and exits as a
+/// shell says of such a signal (130, 143); a store it did not make stays.
+/// The source's events are locked away from the copy's export meanwhile,
+/// so the stop lands at a known point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_store_copy_leaves_neither_its_export_nor_a_file_it_made() {
+    let (from, _scratch, log) = seeded(Backend::Postgres, 5).await;
+    let AnyStore::Postgres(pg) = &log else {
+        unreachable!()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (signal, code, made) in [("INT", 130, true), ("TERM", 143, false)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let to = dir.path().join(format!("copy-{signal}.db"));
+        let to = to.to_str().unwrap();
+        if !made {
+            ok(to, &["store", "migrate"]);
+        }
+        let mut locked = pg.pool().begin().await.unwrap();
+        sqlx::query("LOCK TABLE es_events IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut *locked)
+            .await
+            .unwrap();
+        let copy = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .env("TMPDIR", tmp.path())
+            .args(["--store", &from, "store", "copy", "--to", to])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The export has begun (its directory is there) and waits for
+        // the lock.
+        until("the copy's export to begin", || async {
+            let entries = std::fs::read_dir(tmp.path()).unwrap().count();
+            (entries > 0 && std::path::Path::new(to).exists()).then_some(())
+        })
+        .await;
+        let kill = Command::new("kill")
+            .args([format!("-{signal}"), copy.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let out = copy.wait_with_output().unwrap();
+        locked.rollback().await.unwrap();
+        let told = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{told}");
+        assert!(
+            told.contains(&format!(
+                "store copy stopped (SIG{signal}): nothing was written"
+            )),
+            "{told}"
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(left.is_empty(), "left in the temporary directory: {left:?}");
+        assert_eq!(std::path::Path::new(to).exists(), !made, "{told}");
+        if !made {
+            let stats = &json_lines(&ok(to, &["events", "stats", "--json"]))[0];
+            assert_eq!(stats["head"].as_u64(), Some(0), "{stats}");
+        }
+    }
+}
