@@ -1,3 +1,5 @@
+use std::io::Write;
+
 use clap::Subcommand;
 use llmgw_eventstore::{AnyStore, EventStore, OpenOptions, Schema, StoreAddress};
 
@@ -32,14 +34,16 @@ pub(crate) async fn run(address: &str, cmd: StoreCommand) -> anyhow::Result<Outc
             };
             let store = AnyStore::open(&address, options).await?;
             let applied = store.migrate().await?;
+            // The file alone holds the schema (a copy of it is a log),
+            // whatever becomes of what is said (a closed pipe).
+            store.fold_wal().await;
+            let mut out = std::io::stdout().lock();
             if applied.is_empty() {
-                println!("{address}: schema is up to date");
+                writeln!(out, "{address}: schema is up to date")?;
             } else {
                 let list: Vec<String> = applied.iter().map(i64::to_string).collect();
-                println!("{address}: applied migration {}", list.join(", "));
+                writeln!(out, "{address}: applied migration {}", list.join(", "))?;
             }
-            // The file alone holds the schema (a copy of it is a log).
-            store.fold_wal().await;
             Ok(Outcome::Ok)
         }
     }
@@ -199,24 +203,30 @@ async fn copy_whole(
     let ((people, claims), (threads, notes)) = (rows.counts(), convo.counts());
     // A SQLite target's file alone holds the copy.
     target.fold_wal().await;
-    // Said once whole: the export file it went through is gone.
+    // Said once whole: the export file it went through is gone. Written,
+    // not printed: a reader that has gone (`| head -1`) is an error the
+    // caller takes quietly, where `println!` panicked.
+    let mut out = std::io::stdout().lock();
     match log {
-        Some(log) => println!(
+        Some(log) => writeln!(
+            out,
             "copied {} events from {} to {} (the chain head is {})",
             log.written,
             source.redacted(),
             dest.redacted(),
             crate::events::head_of(&log)
-        ),
-        None => println!(
+        )?,
+        None => writeln!(
+            out,
             "the log of {} is empty: no event to copy",
             source.redacted()
-        ),
+        )?,
     }
-    println!(
+    writeln!(
+        out,
         "copied {people} people, {claims} claim links, {threads} threads and {notes} notes into {} (sessions stay behind: people sign in again)",
         dest.redacted()
-    );
+    )?;
     Ok(Outcome::Ok)
 }
 

@@ -2972,3 +2972,33 @@ async fn a_stopped_store_copy_leaves_neither_its_export_nor_a_file_it_made() {
         }
     }
 }
+
+/// `store migrate` and `store copy` whose reader has gone (`| head -1`)
+/// end quietly, their work done, as `events tail | head` does: they
+/// panicked ("failed printing to stdout: Broken pipe", exit 101) after
+/// the copy was whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_commands_whose_reader_has_gone_end_quietly() {
+    let (from, _scratch, _log) = seeded(Backend::Sqlite, 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("copy.db");
+    let to = to.to_str().unwrap();
+    for args in [&["store", "migrate"][..], &["store", "copy", "--to", to]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_llmgw"))
+            .env_remove("LLMGW_STORE")
+            .arg("--store")
+            .arg(&from)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before anything is said: every line meets a closed pipe.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let told = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {told}");
+        assert!(!told.contains("panicked"), "{args:?}: {told}");
+    }
+    ok(to, &["events", "verify"]);
+}
