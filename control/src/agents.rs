@@ -605,7 +605,9 @@ impl ControlPlane {
             })],
         )
         .await?;
-        self.observed.seen(node);
+        // Its clock restarts, but it is heard (and placed on) only once
+        // what it runs is known: `after_register`.
+        self.observed.start_clock(node);
         // A new stream: the agent reports its engines afresh (its first
         // heartbeat), so what an earlier stream said is not kept.
         self.observed.set_provision(node, Vec::new());
@@ -614,8 +616,20 @@ impl ControlPlane {
     }
 
     /// Adopts, reports or stops the shards the agent says it runs, and
-    /// re-sends starts the agent never got (`llmgw_domain::registration`).
+    /// re-sends starts the agent never got (`llmgw_domain::registration`);
+    /// then the node is heard, and new work may go there.
     async fn after_register(&self, node: &NodeId, reg: &v1::Register) {
+        self.carry_out_registration(node, reg).await;
+        // What the node runs is known now (adopted, reported, or gathered
+        // and held): until here a pass placed nothing on it, or an engine
+        // the log did not know (a restore from an older backup) could
+        // clash with that placement and be stopped. The registration's
+        // own append may have woken a pass before this: another is asked.
+        self.observed.seen(node);
+        self.wake.notify_one();
+    }
+
+    async fn carry_out_registration(&self, node: &NodeId, reg: &v1::Register) {
         let running: Vec<_> = reg
             .running_shards
             .iter()

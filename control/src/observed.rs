@@ -7,8 +7,9 @@
 //! Memory, not the log: a new leader starts from a fresh look (every known
 //! node's clock reset when it takes office, the rest re-reported as agents
 //! register). The decisions these feed are the domain's (placement leaves
-//! held resources alone; registration adopts from the gathered groups);
-//! this module only keeps the facts, under one lock.
+//! held resources alone, and nodes not heard from in this office;
+//! registration adopts from the gathered groups); this module only keeps
+//! the facts, under one lock.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -31,9 +32,11 @@ pub(crate) struct Observed(Mutex<Inner>);
 #[derive(Debug, Default)]
 struct Inner {
     last_seen: HashMap<NodeId, Instant>,
-    /// Nodes heard from in this office: the others' `last_seen` is the
-    /// office's start, which the reachability timers count from but no
-    /// page should show as a heartbeat.
+    /// Nodes heard from in this office (a registration carried out, or a
+    /// heartbeat): the others' `last_seen` is the office's start, which
+    /// the reachability timers count from but no page should show as a
+    /// heartbeat, and what they run is not known yet (nothing new is
+    /// placed there).
     heard: std::collections::HashSet<NodeId>,
     /// Processes agents reported that the log does not count as live, by
     /// node (replaced at each registration of the node).
@@ -74,8 +77,9 @@ impl Observed {
         inner.heard.insert(node.clone());
     }
 
-    /// Starts a node's clock without its being heard from (a node the
-    /// views hold that no clock counted yet).
+    /// Starts a node's clock without its being heard from: a node the
+    /// views hold that no clock counted yet, or one whose registration is
+    /// being carried out (it is heard once what it runs is known).
     pub(crate) fn start_clock(&self, node: &NodeId) {
         self.lock().last_seen.insert(node.clone(), Instant::now());
     }
@@ -95,6 +99,19 @@ impl Observed {
             .flatten()
     }
 
+    /// Of `nodes`, those not heard from in this office: what they run is
+    /// not known yet, so the reconciler places nothing new on them.
+    pub(crate) fn unheard<'a>(
+        &self,
+        nodes: impl Iterator<Item = &'a NodeId>,
+    ) -> std::collections::BTreeSet<NodeId> {
+        let inner = self.lock();
+        nodes
+            .filter(|n| !inner.heard.contains(*n))
+            .cloned()
+            .collect()
+    }
+
     /// What a node's processes hold that the log does not count, as of its
     /// last registration.
     pub(crate) fn set_held(&self, node: &NodeId, held: Vec<Held>) {
@@ -105,19 +122,38 @@ impl Observed {
     /// (a node back from lost stops its orphans; its GPUs were held until
     /// it registered again, and a model that fits only there waited).
     pub(crate) fn released(&self, node: &NodeId, replica: &ReplicaId) {
-        if let Some(held) = self.lock().held.get_mut(node) {
+        let mut inner = self.lock();
+        if let Some(held) = inner.held.get_mut(node) {
             held.retain(|h| h.replica_id != *replica);
+        }
+        // A rank awaiting adoption that stopped holds nothing either.
+        if let Some(group) = inner.adopting.get_mut(replica) {
+            group.retain(|(n, _)| n != node);
+            if group.is_empty() {
+                inner.adopting.remove(replica);
+            }
         }
     }
 
     /// Everything placement must leave alone beyond the log's replicas:
-    /// processes being stopped, and ports other programs hold (until they
-    /// have been left alone for a while: they may be freed).
+    /// processes being stopped, ranks running that await their replica's
+    /// other ranks before adoption (a placement onto their GPUs or port
+    /// would clash with the adoption, and the running engine would be
+    /// stopped for it), and ports other programs hold (until they have
+    /// been left alone for a while: they may be freed).
     pub(crate) fn held(&self) -> Vec<Held> {
         let mut inner = self.lock();
         let now = Instant::now();
         inner.foreign_ports.retain(|_, until| *until > now);
         let mut held: Vec<_> = inner.held.values().flatten().cloned().collect();
+        held.extend(inner.adopting.iter().flat_map(|(replica, ranks)| {
+            ranks.iter().map(|(node, s)| Held {
+                node_id: node.clone(),
+                replica_id: replica.clone(),
+                port: s.port,
+                gpus: s.gpu_indices.clone(),
+            })
+        }));
         held.extend(inner.foreign_ports.keys().map(|(node, port)| Held {
             node_id: node.clone(),
             replica_id: "(another program)".into(),

@@ -308,6 +308,13 @@ impl ControlPlane {
             self.config.max_backoff.as_millis() as i64,
         );
         m.rt.held = self.observed.held();
+        // Ready ones only: the others take no placement anyway, and a node
+        // long gone would otherwise be counted on every pass.
+        m.rt.unheard = self.observed.unheard(
+            (state.nodes.nodes.values())
+                .filter(|n| n.reachability == Reachability::Ready)
+                .map(|n| &n.id),
+        );
         m.rt.clone()
     }
 

@@ -5,16 +5,20 @@
 //! memory) and returns what to do. Running it twice on the same input gives
 //! the same plan; carrying out a plan changes the log, so the next pass sees
 //! the result. At most one placement per model per pass, because the next
-//! placement must see the GPUs the previous one took.
+//! placement must see the GPUs the previous one took. Nothing is placed on
+//! a node the leader has not heard from in its office ([`Runtime::unheard`]):
+//! what runs there is known first, so an engine the log does not know is
+//! adopted, never stopped for a clash with a placement made meanwhile.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::State;
 use crate::catalog::Model;
 use crate::clocks::Drains;
 use crate::ids::{NodeId, ReplicaId, ShardId};
-use crate::nodes::Reachability;
-use crate::placement::{self, Explanation, Held, PlaceOptions};
+use crate::nodes::{Nodes, Reachability};
+use crate::placement::{self, Candidate, Explanation, Held, PlaceOptions};
 use crate::registration::{self, Start};
 use crate::replicas::{Placement, Replica, ReplicaStatus, ShardPlacement};
 use crate::{Millis, UnixMillis};
@@ -76,6 +80,46 @@ pub struct Runtime {
     /// Model → the replicas load has asked for (see [`grown`]); held in
     /// memory, so a new leader takes over what it finds ([`adopted`]).
     pub grown: BTreeMap<String, u32>,
+    /// Nodes the log holds that this leader has not heard from since it
+    /// took office (its registration not yet carried out). What they run
+    /// is unknown until their agents register: an engine a restored log
+    /// does not know would clash with a placement made meanwhile, and be
+    /// stopped for it. Nothing new goes there until they register, or the
+    /// clocks mark them unreachable (then nothing goes there anyway).
+    pub unheard: BTreeSet<NodeId>,
+}
+
+/// Why a pass places nothing on a node in [`Runtime::unheard`].
+pub const UNHEARD: &str =
+    "not heard from since this server took office: what it runs is known once its agent registers";
+
+/// The nodes a pass may place on: the log's, less those this leader has
+/// not heard from yet. Borrowed unless one of those is in the log (for a
+/// few seconds after a leader takes office).
+fn placeable<'a>(state: &'a State, rt: &Runtime) -> Cow<'a, Nodes> {
+    if !rt.unheard.iter().any(|n| state.nodes.nodes.contains_key(n)) {
+        return Cow::Borrowed(&state.nodes);
+    }
+    let mut nodes = state.nodes.clone();
+    nodes.nodes.retain(|id, _| !rt.unheard.contains(id));
+    Cow::Owned(nodes)
+}
+
+/// An explanation made over [`placeable`]'s nodes, with each node left out
+/// given its verdict (said, not silently missing, while a model waits).
+fn with_unheard(mut e: Explanation, state: &State, rt: &Runtime) -> Explanation {
+    let away: Vec<&NodeId> = (rt.unheard.iter())
+        .filter(|n| state.nodes.nodes.contains_key(*n))
+        .collect();
+    for verdict in &mut e.profiles {
+        verdict.candidates.extend(away.iter().map(|n| Candidate {
+            node: (*n).clone(),
+            fits: false,
+            reason: UNHEARD.into(),
+        }));
+        verdict.candidates.sort_by(|a, b| a.node.cmp(&b.node));
+    }
+    e
 }
 
 /// What one action's messages to agents need, decided with the plan so
@@ -393,6 +437,7 @@ fn on_draining_node(state: &State, r: &Replica) -> Option<NodeId> {
 /// a second victim is not taken while the first one's GPUs are freed.
 fn evictable<'a>(
     state: &State,
+    nodes: &Nodes,
     replicas: &'a crate::replicas::Replicas,
     rt: &Runtime,
     settings: &Settings,
@@ -439,15 +484,8 @@ fn evictable<'a>(
     candidates.into_iter().find_map(|(_, victim)| {
         let mut without = replicas.clone();
         without.replicas.remove(&victim.placement.replica_id);
-        placement::place_quiet(
-            model,
-            &state.nodes,
-            &without,
-            &rt.held,
-            new_id,
-            settings.place,
-        )
-        .map(|_| victim)
+        placement::place_quiet(model, nodes, &without, &rt.held, new_id, settings.place)
+            .map(|_| victim)
     })
 }
 
@@ -555,6 +593,7 @@ pub fn plan(
     // Replicas as this pass leaves them: a placement takes resources the
     // next model's placement must see.
     let mut placed_now: Option<crate::replicas::Replicas> = None;
+    let nodes = placeable(state, rt);
     for model in state.catalog.models.values() {
         let want = desired(model, rt, settings);
         let live: Vec<&Replica> = state
@@ -600,14 +639,8 @@ pub fn plan(
             let replicas = placed_now.as_ref().unwrap_or(&state.replicas);
             // Quiet: the per-node verdicts on a big fleet cost more than the
             // choice, and are wanted only when nothing fits.
-            let placed = placement::place_quiet(
-                model,
-                &state.nodes,
-                replicas,
-                &rt.held,
-                &id,
-                settings.place,
-            );
+            let placed =
+                placement::place_quiet(model, &nodes, replicas, &rt.held, &id, settings.place);
             match placed {
                 Some(p) => {
                     placed_now
@@ -619,7 +652,23 @@ pub fn plan(
                     });
                 }
                 None => {
-                    if let Some(victim) = evictable(state, replicas, rt, settings, model, &id) {
+                    // A node not heard from yet that would take it is
+                    // waited for (its agent is back within seconds):
+                    // evicting would take a replica down for nothing.
+                    let awaits_node = matches!(nodes, Cow::Owned(_))
+                        && placement::place_quiet(
+                            model,
+                            &state.nodes,
+                            replicas,
+                            &rt.held,
+                            &id,
+                            settings.place,
+                        )
+                        .is_some();
+                    if !awaits_node
+                        && let Some(victim) =
+                            evictable(state, &nodes, replicas, rt, settings, model, &id)
+                    {
                         plan.actions.push(Action::Evict {
                             replica_id: victim.placement.replica_id.clone(),
                             model: victim.placement.model.clone(),
@@ -627,14 +676,9 @@ pub fn plan(
                             shards: shards_of(&victim.placement),
                         });
                     }
-                    plan.unplaced.push(placement::place(
-                        model,
-                        &state.nodes,
-                        replicas,
-                        &rt.held,
-                        &id,
-                        settings.place,
-                    ));
+                    let why =
+                        placement::place(model, &nodes, replicas, &rt.held, &id, settings.place);
+                    plan.unplaced.push(with_unheard(why, state, rt));
                 }
             }
         }

@@ -2595,3 +2595,94 @@ async fn a_leader_refusing_a_standbys_admin_token_says_the_servers_tokens_differ
     let err = llmgw(lead_token, &["ctl", "nodes", "--admin", &standby.admin]);
     assert!(err.contains("is not this admin API's"), "{err}");
 }
+
+/// A restore from an older backup that holds the node but not the replica
+/// its engine serves (the auditor's: the first lines of an export, up to
+/// the node's registration, imported into a new file). The new server
+/// placed a replica on the node before its agent was back; the agent's
+/// engine then clashed with it on its port, the adoption was refused and
+/// the serving engine stopped, for a replica started anew beside it. Now
+/// nothing is placed on a node the server has not heard from: the agent,
+/// held back here until the new server has marked the node unreachable,
+/// comes back and its engine is adopted, the same process serving on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restored_from_an_older_log_adopts_the_engine_the_log_does_not_know() {
+    let sweep = EngineSweeper("127.0.73.".into());
+    let dir = tempfile::tempdir().unwrap();
+    let live = format!("sqlite://{}", dir.path().join("live.db").display());
+    let older = format!("sqlite://{}", dir.path().join("older.db").display());
+    let port = free_port();
+    let server = start_server(&server_yaml(dir.path(), "live", &live, port, 1));
+    let agent = start_agent(&format!("http://127.0.0.1:{port}"), "a", "127.0.73.2");
+    let first = until("ready", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        ready_replicas(&rows).into_iter().next()
+    })
+    .await;
+    let pids = until("one engine", || async {
+        let e = sweep.engines();
+        (e.len() == 1).then_some(e)
+    })
+    .await;
+    server.child.terminate();
+    drop(server);
+
+    // The backup: the log up to the node's registration.
+    let exported = super::ok(&live, &["events", "export"]);
+    let registered = (exported.lines())
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["event_type"] == "NodeRegistered")
+        .expect("the node registered")["position"]
+        .as_u64()
+        .unwrap();
+    let backup = dir.path().join("backup.jsonl");
+    let to = registered.to_string();
+    std::fs::write(
+        &backup,
+        super::ok(&live, &["events", "export", "--to", &to]),
+    )
+    .unwrap();
+    super::ok(&older, &["events", "import", backup.to_str().unwrap()]);
+
+    let signal = |sig: &str| {
+        let pid = agent.process.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let server = start_server(&server_yaml(dir.path(), "restored", &older, port, 1));
+    until("the unheard node marked unreachable", || async {
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        (nodes[0]["state"] == "unreachable").then_some(())
+    })
+    .await;
+    let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+    assert_eq!(rows, json!([]), "placed on a node not heard from");
+    signal("-CONT");
+    let ready = until("the engine adopted through the restored server", || async {
+        let rows = get(format!("{}/api/v1/replicas", server.admin)).await;
+        let nodes = get(format!("{}/api/v1/nodes", server.admin)).await;
+        let ready = ready_replicas(&rows);
+        (nodes[0]["connected"] == true && ready.len() == 1).then_some(rows)
+    })
+    .await;
+    assert_eq!(ready.as_array().unwrap().len(), 1, "{ready}");
+    assert_eq!(ready[0]["id"], first["id"], "adopted, not replaced");
+    assert_eq!(ready[0]["adopted"], true);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({"model": "chat", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(sweep.engines(), pids, "the engine kept its process id");
+    drop(agent);
+    drop(server);
+    drop(sweep);
+}

@@ -9,6 +9,7 @@ mod fence;
 mod harness;
 mod hostile;
 mod provision;
+mod restore;
 
 use harness::{Agent, Server, eventually, fast, register, running, sim_model, types};
 use llmgw_api::v1::control_message::Msg;

@@ -1171,3 +1171,92 @@ fn a_running_model_made_on_demand_is_kept_for_its_idle_time_from_the_change() {
     clocks.observe(&s, &raised, changed + 70_000);
     assert!(clocks.made_on_demand.is_empty());
 }
+
+/// After a restore from an older backup the log knew the node but not the
+/// replica its engine served: a new leader placed onto the node before its
+/// agent came back, the engine's port clashed with that placement, and
+/// the serving engine was stopped instead of adopted. A node the leader
+/// has not heard from takes nothing new, and the model's explanation says
+/// why; heard (its registration carried out), it is placed on at once.
+#[test]
+fn nothing_is_placed_on_a_node_the_leader_has_not_heard_from() {
+    let s = cluster(1, 1, &["a"]);
+    let mut rt = Runtime {
+        unheard: ["a".into()].into(),
+        ..Runtime::default()
+    };
+    let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(p.unplaced.len(), 1);
+    let why = p.unplaced[0].summary();
+    assert!(
+        why.contains("a: not heard from since this server took office"),
+        "{why}"
+    );
+    rt.unheard.clear();
+    let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.shards[0].node_id == "a"),
+        "{:?}",
+        p.actions
+    );
+}
+
+/// The rule holds placement back only from the nodes not heard from: a
+/// model goes at once to a node that has registered (the first to come
+/// back after a failover, or a new cluster's first), and an id the log
+/// does not hold changes nothing.
+#[test]
+fn a_node_heard_from_is_placed_on_while_another_is_not() {
+    let s = cluster(1, 1, &["a", "b"]);
+    let rt = Runtime {
+        unheard: ["a".into(), "gone".into()].into(),
+        ..Runtime::default()
+    };
+    let p = plan(&s, &rt, &Settings::default(), |_| "r1".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.shards[0].node_id == "b"),
+        "{:?}",
+        p.actions
+    );
+    let only_stale = Runtime {
+        unheard: ["gone".into()].into(),
+        ..Runtime::default()
+    };
+    let p = plan(&s, &only_stale, &Settings::default(), |_| "r1".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.shards[0].node_id == "a"),
+        "{:?}",
+        p.actions
+    );
+}
+
+/// A new leader's on-demand model that fits on a node not heard from yet
+/// waits for it (its agent is back within seconds) rather than evicting
+/// an idle replica elsewhere, which would take that down for nothing.
+#[test]
+fn an_unheard_node_that_would_take_a_model_is_waited_for_not_evicted_for() {
+    let mut s = full_node();
+    s.evolve(&Event::Node(NodeEvent::NodeRegistered {
+        node_id: "b".into(),
+        inventory: Inventory {
+            hostname: "b".into(),
+            memory_total_mb: 16_000,
+            engines: [("sim".to_string(), "1".to_string())].into(),
+            ..Inventory::default()
+        },
+    }));
+    let settings = Settings::default();
+    let mut rt = asked(10 * 60_000, 1_000);
+    rt.unheard.insert("b".into());
+    let p = plan(&s, &rt, &settings, |_| "r-new".into());
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(p.unplaced.len(), 1);
+    rt.unheard.clear();
+    let p = plan(&s, &rt, &settings, |_| "r-new".into());
+    assert!(
+        matches!(&p.actions[..], [Action::Place { placement, .. }] if placement.shards[0].node_id == "b"),
+        "{:?}",
+        p.actions
+    );
+}
