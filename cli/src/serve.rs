@@ -352,6 +352,12 @@ pub(crate) async fn run(
             })));
         }
         {
+            let plane = plane.clone();
+            gw.held_back_with(llmgw_gateway::HeldBackHook(Box::new(move |m| {
+                plane.held_back(m)
+            })));
+        }
+        {
             // How full a model's engines are, as admission reads it: the
             // engines' own figures, so every server's traffic counts.
             let gw = gw.clone();

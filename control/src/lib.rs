@@ -275,6 +275,15 @@ impl ControlPlane {
         Some(((until - self.now()).max(0) + 999) / 1000)
     }
 
+    /// How long the reconciler holds `model` back after its failed
+    /// starts, before it tries again; None while it is not held back, and
+    /// on a standby (the backoff is the leader's, in its memory).
+    pub fn held_back(&self, model: &str) -> Option<std::time::Duration> {
+        let until = (*self.memory().backing_off.get(model)?)?;
+        let left = u64::try_from(until - self.now()).unwrap_or(0);
+        Some(std::time::Duration::from_millis(left))
+    }
+
     /// The admin token this server sends with a command it forwards.
     pub(crate) fn admin_token(&self) -> Option<&str> {
         self.config.admin_token.as_ref().map(|t| t.0.as_str())

@@ -143,6 +143,25 @@ impl ApiError {
         }
     }
 
+    /// An on-demand model asked for whose engine failed to start: the
+    /// control plane holds it back `wait` before the next start. Why it
+    /// failed is the operator's to read (an engine's flags, a path), not
+    /// the client's.
+    pub fn start_failed(model: &str, wait: std::time::Duration) -> Self {
+        ApiError {
+            retry_after: Some(secs(wait).max(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "model_start_failed",
+                format!(
+                    "`{model}` is started on demand, but its engine failed to start; the next try is in {} s: retry then (`llmgw ctl models` tells the operator why)",
+                    wait.as_secs_f64().ceil()
+                ),
+            )
+        }
+    }
+
     /// An on-demand model asked for was not serving within
     /// `router.on_demand_wait`: it may still be starting (a large one
     /// loads for minutes), or fit on no node; it is kept up for its idle

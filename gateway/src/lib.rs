@@ -157,6 +157,7 @@ pub struct Gateway {
     /// Asked, before a request waits for an on-demand model, whether any
     /// node of the cluster could take it at all.
     pub(crate) placeable: std::sync::OnceLock<PlaceableHook>,
+    pub(crate) held_back: std::sync::OnceLock<HeldBackHook>,
     pub(crate) routes_changed: tokio::sync::Notify,
     /// Fired when a graceful stop's grace is over and what is in flight
     /// is cut: a stream ended by it was cut here, not left by its client.
@@ -188,6 +189,19 @@ pub struct PlaceableHook(pub Box<dyn Fn(&str) -> bool + Send + Sync>);
 impl std::fmt::Debug for PlaceableHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PlaceableHook")
+    }
+}
+
+/// How long the control plane holds an on-demand model back after its
+/// starts failed (canonical name; None while it is not held back).
+pub struct HeldBackHook(pub Box<HeldBackFn>);
+
+/// What a [`HeldBackHook`] calls.
+pub type HeldBackFn = dyn Fn(&str) -> Option<Duration> + Send + Sync;
+
+impl std::fmt::Debug for HeldBackHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldBackHook")
     }
 }
 
@@ -242,6 +256,7 @@ impl Gateway {
             usage,
             demand: std::sync::OnceLock::new(),
             placeable: std::sync::OnceLock::new(),
+            held_back: std::sync::OnceLock::new(),
             routes_changed: tokio::sync::Notify::new(),
             cut: listen::Signal::default(),
             rates: limits::RateLimits::default(),
@@ -262,6 +277,19 @@ impl Gateway {
     /// once. Without it every such request waits `router.on_demand_wait`.
     pub fn placeable_with(&self, hook: PlaceableHook) {
         let _ = self.placeable.set(hook);
+    }
+
+    /// Sets what says how long an on-demand model is held back after its
+    /// starts failed; once. Without it a request waits for such a model
+    /// the whole `router.on_demand_wait`.
+    pub fn held_back_with(&self, hook: HeldBackHook) {
+        let _ = self.held_back.set(hook);
+    }
+
+    /// How long the control plane holds `model` back after failed
+    /// starts, if it does (never without one).
+    pub(crate) fn held_back(&self, model: &str) -> Option<Duration> {
+        self.held_back.get().and_then(|hook| (hook.0)(model))
     }
 
     /// Whether the control plane says no node could ever take `model`

@@ -1131,6 +1131,47 @@ async fn an_on_demand_fallback_is_started_for_a_model_without_capacity() {
     );
     let (_, models, _) = ctl(&server.admin, &["models"]);
     assert!(!models.contains("mirrored"), "{models}");
+    // An on-demand model whose engine fails at every start: the request
+    // is told so once the first start failed, with when the next is, not
+    // after the whole on_demand_wait (10 min here).
+    std::fs::write(
+        &file,
+        "name: broken
+scaling: {min: 0, max: 1}
+profiles:
+  - name: sim
+    engine: sim
+    args: [\"--no-such-flag\"]
+",
+    )
+    .unwrap();
+    let (ok, out, err) = ctl(&server.admin, &["model", "add", file.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.base))
+        .timeout(std::time::Duration::from_secs(60))
+        .json(&json!({"model": "broken", "max_tokens": 2, "messages": [{"role": "user", "content": "anyone?"}]}))
+        .send()
+        .await
+        .expect("answered once the start failed, not after router.on_demand_wait");
+    assert_eq!(r.status(), 503);
+    assert!(retry_after_s(&r) >= 1, "{:?}", r.headers());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "model_start_failed", "{body}");
+    // The engine's complaint is the operator's, not the client's.
+    let said = body["error"]["message"].as_str().unwrap();
+    assert!(
+        !said.contains("no-such-flag") && said.contains("ctl models"),
+        "{said}"
+    );
+}
+
+fn retry_after_s(r: &reqwest::Response) -> u64 {
+    r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// `scaling.max` above `min` is reached under load: while the engines of

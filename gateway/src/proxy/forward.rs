@@ -25,7 +25,7 @@ use super::account::{Finish, GIVEN_UP, Ticket};
 use super::refusal::message_of;
 use super::relay::{Resume, relay};
 use super::request::{ClientRequest, with_model};
-use super::resolve::Plan;
+use super::resolve::{NotStarted, Plan};
 use super::splice::{Form, Splice};
 use crate::{ApiError, Gateway};
 
@@ -121,6 +121,11 @@ pub(crate) async fn forward(
         }
         None => match not_started {
             Some(n) if n.fits_nowhere => ApiError::fits_nowhere(n.model, true),
+            Some(NotStarted {
+                model,
+                held_back: Some(wait),
+                ..
+            }) => ApiError::start_failed(model, wait),
             Some(n) => ApiError::not_ready(n.model, gw.config.on_demand_wait),
             // No replica at all, and none could be placed as the cluster
             // stands: said so, not "right now" with a retry for ever.

@@ -6,6 +6,7 @@
 //! and its budgets. Then, for an on-demand model, a bounded wait.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use llmgw_domain::catalog::Price;
 use llmgw_domain::tenancy::BudgetLevel;
@@ -37,12 +38,19 @@ pub(crate) struct Plan<'a> {
 }
 
 /// An on-demand model that did not serve in time, and whether it never
-/// could here (no node of the cluster could take it: not waited for).
+/// could here (no node of the cluster could take it: not waited for), or
+/// its starts failed and it is held back this long before the next.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NotStarted<'a> {
     pub(crate) model: &'a str,
     pub(crate) fits_nowhere: bool,
+    pub(crate) held_back: Option<Duration>,
 }
+
+/// How often a request waiting for an on-demand model looks whether its
+/// start failed: the reconciler holds a model back on its own pass, which
+/// changes no route to wake the request.
+const HELD_BACK_POLL: Duration = Duration::from_millis(500);
 
 /// Completion tokens a request that sets no `max_tokens` is held at while
 /// it runs: enough that concurrent requests cannot each fit a budget's
@@ -251,6 +259,7 @@ pub(crate) async fn wait_on_demand<'a>(
     let not_started = |fits_nowhere| NotStarted {
         model,
         fits_nowhere,
+        held_back: None,
     };
     // Not asked for when no node could ever take it: the ask kept a
     // replica "waiting for a place" in `ctl status` for the model's idle
@@ -278,7 +287,19 @@ pub(crate) async fn wait_on_demand<'a>(
         if serving() {
             return started();
         }
-        if tokio::time::timeout_at(deadline, changed).await.is_err() {
+        // Its engine failed to start and the next try is a backoff away:
+        // said now, with when, rather than after the whole wait (every
+        // start of an engine given a bad flag fails at once).
+        if let Some(wait) = gw.held_back(model) {
+            return Err(NotStarted {
+                held_back: Some(wait),
+                ..not_started(false)
+            });
+        }
+        let look = deadline.min(tokio::time::Instant::now() + HELD_BACK_POLL);
+        if tokio::time::timeout_at(look, changed).await.is_err()
+            && tokio::time::Instant::now() >= deadline
+        {
             return if serving() {
                 started()
             } else {
