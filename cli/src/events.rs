@@ -870,11 +870,34 @@ async fn verify(
         }
     }
     out.flush()?;
+    if !report.is_ok()
+        && let Some(wal) = foreign_wal_suspect(store)
+    {
+        eprintln!(
+            "note: {wal} lies beside it: a write-ahead log from another copy of this database (a crashed server's, with a backup copied over its file) gives this same picture. If the file was restored so, restore it again with the server stopped and {wal} and its -shm removed first (docs/operations.md, Backup and restore)"
+        );
+    }
     Ok(if report.is_ok() {
         Outcome::Ok
     } else {
         Outcome::Failed
     })
+}
+
+/// The `-wal` file beside a SQLite store when it holds frames (more than
+/// its 32-byte header): SQLite reads them over the file's pages whatever
+/// copy of the database wrote them, so one left by another copy (a
+/// crashed server's, a backup restored over its file with `cp`) shows as
+/// rows missing or rewritten.
+fn foreign_wal_suspect(store: &AnyStore) -> Option<String> {
+    let llmgw_eventstore::StoreAddress::Sqlite(path) = store.address() else {
+        return None;
+    };
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let wal = PathBuf::from(wal);
+    let frames = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 32);
+    frames.then(|| wal.display().to_string())
 }
 
 async fn export(

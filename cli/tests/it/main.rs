@@ -3002,3 +3002,74 @@ async fn store_commands_whose_reader_has_gone_end_quietly() {
     }
     ok(to, &["events", "verify"]);
 }
+
+/// A SQLite backup restored with `cp` over a crashed server's file, its
+/// write-ahead log left beside it, reads as neither (the log's pages over
+/// the backup's: 23 events, head 63): `events verify` calls it tampered,
+/// and now says that a `-wal` from another copy of the database gives
+/// that picture. Without the `-wal` the backup reads whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_names_a_foreign_write_ahead_log_beside_a_restored_file() {
+    let (address, scratch) = Scratch::new(Backend::Sqlite).await;
+    let Scratch::Sqlite(dir) = &scratch else {
+        unreachable!()
+    };
+    ok(&address, &["store", "migrate"]);
+    let at = StoreAddress::parse(&address).unwrap();
+    let store = AnyStore::open(&at, OpenOptions::default()).await.unwrap();
+    let lease = store
+        .acquire_lease("server", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let w = Writer::Leader(lease.token.clone());
+    let append = |n: usize| {
+        let (store, w) = (store.clone(), w.clone());
+        async move {
+            for i in 0..n {
+                let e = NewEvent::new("ModelAdded", 1, json!({"i": i}));
+                let batch = [StreamAppend::new(
+                    format!("model-{i}"),
+                    ExpectedVersion::Any,
+                    vec![e],
+                )];
+                store.append(&w, &batch).await.unwrap();
+            }
+        }
+    };
+    append(23).await;
+    store.fold_wal().await;
+    let backup = dir.path().join("backup.db");
+    std::fs::copy(&address, &backup).unwrap();
+    // The server goes on: a checkpoint, then events only its
+    // write-ahead log holds when it crashes.
+    append(20).await;
+    store.fold_wal().await;
+    append(20).await;
+    let crashed_wal = dir.path().join("crashed.db-wal");
+    std::fs::copy(format!("{address}-wal"), &crashed_wal).unwrap();
+
+    let restored = dir.path().join("restored.db");
+    std::fs::copy(&backup, &restored).unwrap();
+    std::fs::copy(&crashed_wal, dir.path().join("restored.db-wal")).unwrap();
+    let restored = restored.to_str().unwrap();
+    let out = llmgw(restored, &["events", "verify"]);
+    let (said, told) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}{told}");
+    assert!(
+        said.contains("TAMPERED: position 24 is missing"),
+        "{said}{told}"
+    );
+    assert!(
+        told.contains(&format!("{restored}-wal lies beside it")),
+        "{said}{told}"
+    );
+    // The backup alone, as the restore in docs/operations.md leaves it.
+    for end in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{restored}{end}"));
+    }
+    let whole = ok(restored, &["events", "verify"]);
+    assert!(whole.contains("ok: 23 events in 1..=23"), "{whole}");
+}
