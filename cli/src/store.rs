@@ -129,9 +129,10 @@ async fn copy_whole(
     let lease = store.lease_info().await?;
     if lease.held {
         anyhow::bail!(
-            "{} holds the append lease of {}: stop every server on it first (a copy taken while they write misses what they write after)",
+            "{} holds the append lease of {}{}: stop every server on it first (a copy taken while they write misses what they write after); a holder that crashed (a server, or an import that was killed) holds it until then, and it frees itself: copy after that",
             lease.holder.as_deref().unwrap_or("a server"),
-            source.redacted()
+            source.redacted(),
+            lease_runs_out(lease.expires_at),
         );
     }
     let (base, _) = store.base().await?;
@@ -228,6 +229,18 @@ async fn copy_whole(
         dest.redacted()
     )?;
     Ok(Outcome::Ok)
+}
+
+/// When a held append lease runs out, as a refusal says it: " until
+/// TIME (in N s)". A holder that crashed (a killed server or import)
+/// holds it until then, and nothing need be done but wait; said, an
+/// operator waits rather than hunts for a server that is not there.
+pub(crate) fn lease_runs_out(expires_at: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    let Some(at) = expires_at else {
+        return String::new();
+    };
+    let left = (at - chrono::Utc::now()).num_seconds().max(0);
+    format!(" until {} (in {left} s)", crate::events::filter::when(at))
 }
 
 /// Opens an existing, migrated store for the operator's reading

@@ -121,8 +121,22 @@ pub(super) async fn run(
         .acquire_lease(&holder, TTL)
         .await
         .map_err(|e| match e {
-            StoreError::LeaseHeld { .. } => anyhow::Error::new(e)
-                .context("an import appends under the append lease; stop the server that holds it"),
+            StoreError::LeaseHeld {
+                holder, expires_at, ..
+            } => {
+                let until = crate::store::lease_runs_out(Some(expires_at));
+                // A killed import's lease, or a crashed server's, has no
+                // one to stop: it is waited out.
+                if holder.starts_with("import-") {
+                    anyhow::anyhow!(
+                        "an import appends under the append lease, and another import, {holder}, holds it{until}: one that was killed holds it until then, and it frees itself: import after that"
+                    )
+                } else {
+                    anyhow::anyhow!(
+                        "an import appends under the append lease, and {holder} holds it{until}: stop the server that holds it (a stop releases it at once); a server that crashed holds it until then, and it frees itself: import after that"
+                    )
+                }
+            }
             other => other.into(),
         })?;
     let options = ImportOptions {

@@ -3073,3 +3073,53 @@ async fn verify_names_a_foreign_write_ahead_log_beside_a_restored_file() {
     let whole = ok(restored, &["events", "verify"]);
     assert!(whole.contains("ok: 23 events in 1..=23"), "{whole}");
 }
+
+/// `store copy` and `events import` refused for a lease held say when it
+/// runs out, and that a holder that crashed (a killed server, a killed
+/// import) frees it then: they named a holder to stop, and an operator
+/// hunted for a server that was no longer there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_refusal_says_when_it_runs_out() {
+    let (from, _s1, source) = seeded(Backend::Sqlite, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("log.jsonl");
+    let file = file.to_str().unwrap();
+    ok(&from, &["events", "export", "-o", file]);
+    // What a crashed server, then a killed import, leave behind.
+    source
+        .acquire_lease("cp-back", Duration::from_secs(300))
+        .await
+        .unwrap();
+    let (into, _s2) = Scratch::new(Backend::Sqlite).await;
+    ok(&into, &["store", "migrate"]);
+    let target = AnyStore::open(&StoreAddress::parse(&into).unwrap(), OpenOptions::default())
+        .await
+        .unwrap();
+    target
+        .acquire_lease("import-24061", Duration::from_secs(300))
+        .await
+        .unwrap();
+    let to = dir.path().join("copy.db");
+    for (store, args, says) in [
+        (
+            &from,
+            &["store", "copy", "--to", to.to_str().unwrap()][..],
+            "cp-back holds the append lease of sqlite://",
+        ),
+        (
+            &into,
+            &["events", "import", file],
+            "another import, import-24061, holds it until ",
+        ),
+    ] {
+        let out = llmgw(store, args);
+        let told = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{told}");
+        assert!(told.contains(says), "{told}");
+        assert!(
+            told.contains(" until 20") && told.contains(" s): ") && told.contains("frees itself"),
+            "{told}"
+        );
+    }
+    assert!(!to.exists());
+}
