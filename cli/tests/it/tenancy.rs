@@ -521,15 +521,17 @@ async fn groups_read_back(store: &str, admin: &str) {
     );
 }
 
-/// A new key named `budgeted` with a budget of 10,000 micro-units a day:
-/// its secret and id.
+/// A new key named `budgeted` with a budget of 50,000 micro-units a day
+/// (at the tests' 1,000 a token, one short request's estimate, 48 tokens
+/// with its template's framing, fits it, and a second's does not after
+/// the first's cost): its secret and id.
 fn budgeted_key(store: &str, admin: &str) -> (String, String) {
     let (secret, id) = new_key(store, admin, "budgeted");
     keys_ok(
         store,
         admin,
         &[
-            "limits", "--scope", "key", "--id", &id, "--budget", "10000", "--period", "day",
+            "limits", "--scope", "key", "--id", &id, "--budget", "50000", "--period", "day",
         ],
     );
     (secret, id)
