@@ -121,10 +121,17 @@ impl std::str::FromStr for EndpointSpec {
             kv_events: None,
         };
         let (mut kv_events, mut kv_replay, mut tokenizer) = (None, None, None);
+        let mut given: Vec<&str> = Vec::new();
         for opt in options.filter(|o| !o.is_empty()) {
             let (k, v) = opt
                 .split_once('=')
                 .ok_or_else(|| format!("{s:?}: option {opt:?} is not key=value"))?;
+            // The last one given won, unsaid: refused, as a key given
+            // twice in the file is.
+            if given.contains(&k) {
+                return Err(format!("{s:?}: {k} is given twice; give it once"));
+            }
+            given.push(k);
             let num = |v: &str| {
                 v.parse::<i64>()
                     .map_err(|_| format!("{s:?}: {k} must be a number"))
@@ -824,6 +831,7 @@ mod tests {
                 "priority must fit 32 bits",
             ),
             ("a=http://x=m;weight=0", "weight must be positive"),
+            ("a=http://x=m;weight=2;weight=3", "weight is given twice"),
             ("a=http://x=m;pool=gpu", "pool= is not used"),
             ("a=http://x:8000/v1=m", "without /v1"),
             ("a=https://x/proxy/v1/=m", "without /v1"),
