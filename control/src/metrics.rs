@@ -296,7 +296,15 @@ impl Collector for ControlMetrics {
         }
         put(&mut enc, "replicas", "Replicas by state", &replicas)?;
         if leader {
-            self.encode_telemetry(&mut enc, figures.nodes.keys())?;
+            // Figures only of nodes that answer: a node gone quiet or lost
+            // kept its last ones (a GPU at 100% for ever), and a removed
+            // one its series until the leader restarted (ghost cards on
+            // the dashboard, a disk alert for a node no longer there).
+            let answering: Vec<&NodeId> = (figures.nodes.iter())
+                .filter(|(_, (state, _))| !matches!(*state, "unreachable" | "lost"))
+                .map(|(node, _)| node)
+                .collect();
+            self.encode_telemetry(&mut enc, figures.nodes.keys(), &answering)?;
         }
         Ok(())
     }
@@ -308,6 +316,7 @@ impl ControlMetrics {
         &self,
         enc: &mut DescriptorEncoder,
         nodes: impl Iterator<Item = &'a NodeId>,
+        answering: &[&NodeId],
     ) -> Result<(), std::fmt::Error> {
         let cp = &self.0;
         let seen = Family::<NodeLabels, FloatGauge>::default();
@@ -335,6 +344,9 @@ impl ControlMetrics {
         let ecc = Family::<GpuLabels, Gauge>::default();
         const MIB: i64 = 1024 * 1024;
         for (node, f) in telemetry {
+            if !answering.contains(&&node) {
+                continue;
+            }
             if let Some((f, t)) = f.disk {
                 let n = NodeLabels {
                     node: node.to_string(),

@@ -300,7 +300,25 @@ async fn exported(backend: Backend, net: &str) {
         page.value(&format!("llmgw_build_info{{version=\"{version}\"}}")),
         1.0
     );
+    // A node gone quiet shows no figures: its last ones (a card's
+    // temperature, its disk) stayed for ever, and a removed node's until
+    // the leader restarted.
     drop(agent);
+    let page = until("the quiet node's figures gone", || async {
+        let page = scrape(&server_metrics).await;
+        (page
+            .get("llmgw_node_up{node=\"n1\",state=\"ready\"}")
+            .is_none()
+            && page.get(&gpu("temperature_celsius")).is_none())
+        .then_some(page)
+    })
+    .await;
+    assert!(
+        page.get("llmgw_node_disk_free_bytes{node=\"n1\"}")
+            .is_none(),
+        "{}",
+        page.text
+    );
     drop(server);
     drop(sweep);
 }
