@@ -462,7 +462,9 @@ async fn serve_metrics(
         }),
     );
     let mut out = std::io::stdout().lock();
-    writeln!(out, "metrics listening on {bound}")?;
+    // In the log's form: a plain line among JSON ones stopped a shipper.
+    let line = crate::logging::stdout_line(&format!("metrics listening on {bound}"));
+    writeln!(out, "{line}")?;
     out.flush()?;
     Ok(AbortOnDrop(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {

@@ -122,6 +122,39 @@ fn is_uuid(id: &str) -> bool {
     id.len() == 36 && id.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
+/// An agent logging JSON says where its metrics listen as JSON too: one
+/// plain line among JSON ones stopped a log shipper reading the journal.
+#[test]
+fn a_json_agent_says_where_its_metrics_listen_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let agent = Child::spawn(&[
+        "--log-format",
+        "json",
+        "agent",
+        "run",
+        "--server",
+        &server,
+        "--node-id",
+        "j1",
+        "--skip-gpus",
+        "--work-dir",
+        dir.path().to_str().unwrap(),
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let said = Child::expect(&agent.stdout, "metrics listening on");
+    let said: Value = serde_json::from_str(&said).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert!(
+        said["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("metrics listening on 127.0.0.1:")),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_server_logs_one_access_line_per_request_under_its_id() {
     let engine = tiny_engine();
