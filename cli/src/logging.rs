@@ -248,6 +248,7 @@ struct OnRuntime {
 impl HttpClient for OnRuntime {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let request = reqwest::Request::try_from(request)?;
+        let to = request.url().clone();
         let client = self.client.clone();
         let sent = self.runtime.spawn(async move {
             let answer = client.execute(request).await?;
@@ -258,6 +259,34 @@ impl HttpClient for OnRuntime {
             let body = answer.bytes().await?;
             Ok::<_, HttpError>(response.body(body)?)
         });
-        sent.await?
+        let answer = sent.await?;
+        // The SDK drops a batch it could not send without a word: an
+        // operator whose collector is down or misnamed lost every trace
+        // unaware. Said at most once a minute.
+        let failed = match &answer {
+            Ok(r) if r.status().is_success() => None,
+            Ok(r) => Some(format!("the collector answered {}", r.status())),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = failed
+            && warn_due()
+        {
+            tracing::warn!(collector = %to, error = %why, "traces could not be exported (OTEL_EXPORTER_OTLP_ENDPOINT): this batch is lost");
+        }
+        answer
     }
+}
+
+/// Whether a failed export is to be said now: once a minute at most.
+fn warn_due() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    (last == 0 || now >= last + 60)
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }

@@ -454,6 +454,28 @@ async fn a_server_with_an_otlp_endpoint_exports_the_request_span() {
     );
 }
 
+/// A collector that cannot be reached is said once, not left to lose
+/// every trace unaware (the SDK dropped each batch without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traces_that_cannot_be_exported_are_said() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let engine = tiny_engine();
+    let (server, base) = server(
+        &engine,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
+        ],
+    );
+    let (_, status, _) = send(&base, Some("lost-1"), &chat(false)).await;
+    assert_eq!(status, 200);
+    let said = Child::expect(&server.stderr, "traces could not be exported");
+    assert!(said.contains("WARN"), "{said}");
+}
+
 /// An auditor joins a client's request id to what was billed: the access
 /// line names the request's usage row, and the row is in the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
