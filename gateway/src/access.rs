@@ -223,6 +223,8 @@ struct Line {
     /// The id of the request's usage row, when usage is recorded: the
     /// line joins the client's request id to what was billed.
     usage_id: Option<String>,
+    /// Its usage record was lost, not queued.
+    usage_lost: bool,
 }
 
 /// A client's model name, bounded for the log.
@@ -251,6 +253,7 @@ impl Access {
             stream: false,
             end: None,
             usage_id: None,
+            usage_lost: false,
         })))
     }
 
@@ -298,6 +301,15 @@ impl Access {
             l.usage_id = usage_id.map(str::to_owned);
         });
     }
+
+    /// The request's usage record was lost (its queue full): no row will
+    /// bear the id the line would have named.
+    pub(crate) fn usage_lost(&self) {
+        self.with(|l| {
+            l.usage_id = None;
+            l.usage_lost = true;
+        });
+    }
 }
 
 impl Drop for Line {
@@ -329,6 +341,7 @@ impl Drop for Line {
             stream = self.stream,
             stream_end,
             usage_id = self.usage_id.as_deref(),
+            usage_lost = self.usage_lost.then_some(true),
             "request"
         );
     }

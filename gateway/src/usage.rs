@@ -197,14 +197,15 @@ impl UsageQueue {
         self.wake.notify.notify_one();
     }
 
-    /// Never waits: a full queue loses the record and counts it.
-    pub fn record(&self, r: FinishedRequest) {
-        self.record_spending(r, None);
+    /// Never waits: a full queue loses the record and counts it. Whether
+    /// it was queued.
+    pub fn record(&self, r: FinishedRequest) -> bool {
+        self.record_spending(r, None)
     }
 
     /// As [`UsageQueue::record`], and `spending` counts in this gateway's
     /// budget checks from now until the views hold the record.
-    pub fn record_spending(&self, r: FinishedRequest, spending: Option<Spending>) {
+    pub fn record_spending(&self, r: FinishedRequest, spending: Option<Spending>) -> bool {
         // Counted before it is sent: the batcher may take it at once.
         if let Some(s) = &spending {
             self.unflushed.queued(s);
@@ -218,8 +219,12 @@ impl UsageQueue {
                 if queued >= self.wake.at.load(Ordering::Relaxed) {
                     self.wake.notify.notify_one();
                 }
+                true
             }
-            Err(e) => self.lost(e),
+            Err(e) => {
+                self.lost(e);
+                false
+            }
         }
     }
 

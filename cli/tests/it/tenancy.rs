@@ -724,6 +724,42 @@ async fn a_stop_waits_for_a_stalled_log_to_take_its_usage() {
     );
 }
 
+/// A request whose usage record the full queue loses says so on its
+/// access line, with no usage id: the id named a row an auditor then
+/// looked for in vain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_usage_record_is_said_on_the_access_line() {
+    use sqlx::{Connection, Executor};
+    let (store, _scratch) = Scratch::new(Backend::Postgres).await;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine();
+    let e = engine.addr_after("listening on ");
+    let extra = "auth:\n  enabled: true\n  flush_interval: 1h\n  buffer_size: 2\n";
+    let server = start(&config(
+        dir.path(),
+        "gw-a",
+        &store,
+        &e,
+        Mode::RouterOnly,
+        extra,
+    ));
+    tree(&store, &server.admin);
+    let (key, _) = new_key(&store, &server.admin, "k");
+    // Appends wait on this lock: the batcher holds the first record, the
+    // queue's two places fill, and the next record has nowhere to go.
+    let mut pg = sqlx::PgConnection::connect(&store).await.unwrap();
+    pg.execute("BEGIN").await.unwrap();
+    pg.execute("LOCK TABLE es_events IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        assert_eq!(chat(&server.base, Some(&key), "paid").await.status(), 200);
+    }
+    let lost = Child::expect(&server.child.stderr, "usage_lost=true");
+    assert!(!lost.contains("usage_id="), "{lost}");
+    pg.execute("COMMIT").await.unwrap();
+}
+
 macro_rules! cells {
     ($($name:ident => $body:expr),* $(,)?) => {
         $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { $body.await } )*
