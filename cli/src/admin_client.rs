@@ -210,17 +210,7 @@ async fn open_local(
         opened => opened?,
     };
     let (door, follower) = if writes {
-        let mut runner = llmgw_projections::Runner::start(log.clone(), "cli-keys").await?;
-        let door = llmgw_control::Door::Lease {
-            store: log.clone(),
-            views: runner.views(),
-            views_at: runner.watch_position(),
-        };
-        let follower = tokio::spawn(async move {
-            if let Err(e) = runner.follow().await {
-                tracing::warn!(error = %e, "the views stopped following the event log");
-            }
-        });
+        let (door, follower) = following_door(&log, "cli-keys").await?;
         (door, Some(follower))
     } else {
         // Replayed whole: a snapshot is a cache of the writers', and
@@ -498,4 +488,25 @@ impl Api {
         }
         Ok(serde_json::from_slice(&bytes)?)
     }
+}
+
+/// A door that decides under the append lease here, over views that
+/// follow the log (their runner snapshots as `name`), and the task that
+/// keeps them following: for commands run against a store with no server.
+pub(crate) async fn following_door(
+    log: &llmgw_eventstore::AnyStore,
+    name: &str,
+) -> anyhow::Result<(llmgw_control::Door, tokio::task::JoinHandle<()>)> {
+    let mut runner = llmgw_projections::Runner::start(log.clone(), name).await?;
+    let door = llmgw_control::Door::Lease {
+        store: log.clone(),
+        views: runner.views(),
+        views_at: runner.watch_position(),
+    };
+    let follower = tokio::spawn(async move {
+        if let Err(e) = runner.follow().await {
+            tracing::warn!(error = %e, "the views stopped following the event log");
+        }
+    });
+    Ok((door, follower))
 }

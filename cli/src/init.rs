@@ -397,17 +397,7 @@ async fn tenancy_and_admin(store: &str, admin: &str, say: &mut Report) -> anyhow
     let log =
         llmgw_eventstore::AnyStore::open(&address, llmgw_eventstore::OpenOptions::migrating())
             .await?;
-    let mut runner = llmgw_projections::Runner::start(log.clone(), "server-init").await?;
-    let door = llmgw_control::Door::Lease {
-        store: log.clone(),
-        views: runner.views(),
-        views_at: runner.watch_position(),
-    };
-    let follower = tokio::spawn(async move {
-        if let Err(e) = runner.follow().await {
-            tracing::warn!(error = %e, "the views stopped following the event log");
-        }
-    });
+    let (door, follower) = crate::admin_client::following_door(&log, "server-init").await?;
     let result = async {
         let origin = Origin::operator_from_env(None);
         let decide = |commands: Vec<T>| {

@@ -167,6 +167,16 @@ pub(crate) fn thread_of(rows: Vec<(i64, Option<String>)>) -> Result<Thread> {
     Ok(Thread { messages, seen })
 }
 
+/// A turn's write to a thread it did not read first: made if missing, and
+/// the first turn's number (both backends' upsert reads it alike).
+pub(crate) const APPEND_SQL: &str =
+    "INSERT INTO convo_threads (project_id, thread_id, created_at, updated_at, next_seq)
+     VALUES ($1, $2, $3, $3, $4)
+     ON CONFLICT (project_id, thread_id)
+     DO UPDATE SET updated_at = EXCLUDED.updated_at,
+                   next_seq = convo_threads.next_seq + EXCLUDED.next_seq
+     RETURNING next_seq - $4";
+
 /// A turn's closing write of the thread it read (made at `$5`): the
 /// first turn's number, or no row where that thread is gone.
 pub(crate) const APPEND_SEEN_SQL: &str = "UPDATE convo_threads

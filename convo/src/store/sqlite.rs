@@ -3,7 +3,7 @@
 
 use sqlx::SqlitePool;
 
-use super::{APPEND_SEEN_SQL, NoteRow, THREAD_SQL, db_err, note_of, thread_of};
+use super::{APPEND_SEEN_SQL, APPEND_SQL, NoteRow, THREAD_SQL, db_err, note_of, thread_of};
 use crate::{Appended, ConvoError, Note, Owner, Put, Result, Search, Thread};
 
 type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
@@ -160,19 +160,12 @@ pub(super) async fn append(
     let mut tx = begin(pool).await?;
     let count = messages.len() as i64;
     let first: Option<i64> = match seen {
-        None => sqlx::query_scalar(
-            "INSERT INTO convo_threads (project_id, thread_id, created_at, updated_at, next_seq)
-             VALUES ($1, $2, $3, $3, $4)
-             ON CONFLICT (project_id, thread_id)
-             DO UPDATE SET updated_at = excluded.updated_at,
-                           next_seq = convo_threads.next_seq + excluded.next_seq
-             RETURNING next_seq - $4",
-        )
-        .bind(project)
-        .bind(thread)
-        .bind(now)
-        .bind(count)
-        .fetch_optional(&mut *tx),
+        None => sqlx::query_scalar(APPEND_SQL)
+            .bind(project)
+            .bind(thread)
+            .bind(now)
+            .bind(count)
+            .fetch_optional(&mut *tx),
         Some(created) => sqlx::query_scalar(APPEND_SEEN_SQL)
             .bind(project)
             .bind(thread)
